@@ -1,0 +1,21 @@
+#!/bin/sh
+# Installs the host packages atoll's local worker needs (Debian 12, as root) when any is missing.
+# Called by `make run` / `make test` before the Python environment is set up.
+set -eu
+need=""
+command -v runsc >/dev/null 2>&1 || need="$need runsc"
+command -v mmdebstrap >/dev/null 2>&1 || need="$need mmdebstrap"
+command -v ip >/dev/null 2>&1 || need="$need iproute2"
+command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
+command -v unshare >/dev/null 2>&1 || need="$need util-linux"
+command -v nft >/dev/null 2>&1 || need="$need nftables"
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need="$need python3-venv"
+if [ -n "$need" ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "atoll: missing host packages:$need — run as root (apt-get install$need)" >&2
+    exit 1
+  fi
+  echo "atoll: installing host packages:$need" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
+fi

@@ -1,0 +1,121 @@
+"""atoll: self-hostable sandboxes for AI agents. This package's root is the Python SDK.
+
+    import atoll
+
+    with atoll.Client() as client:            # $ATOLL_URL, $ATOLL_API_KEY
+        sandbox = client.sandboxes.create(template="base")
+        print(sandbox.exec("echo hello").stdout)
+        sandbox.pause(tier="disk")
+        sandbox.delete()
+
+`AsyncClient` / `AsyncSandbox` are the asyncio twins. Errors are in `atoll.errors` and are
+re-exported here. The client classes are imported lazily (PEP 562) so that server-side and
+in-sandbox code importing `atoll.<subpackage>` does not pull in httpx; `atoll.errors` is
+stdlib-only and imported eagerly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
+
+from atoll import errors
+from atoll.errors import (
+    APIConnectionError,
+    APITimeoutError,
+    AtollError,
+    Conflict,
+    FileNotFound,
+    InvalidRequest,
+    InvalidState,
+    NotFound,
+    PayloadTooLarge,
+    ProcessNotFound,
+    SandboxBusy,
+    SandboxNotFound,
+    ServerError,
+    TemplateNotFound,
+    Unauthorized,
+)
+
+if TYPE_CHECKING:
+    from atoll._client import (
+        AsyncClient,
+        AsyncFiles,
+        AsyncProcess,
+        AsyncSandbox,
+        Client,
+        ExecResult,
+        FileEntry,
+        Files,
+        Process,
+        ProcessInfo,
+        Sandbox,
+        Template,
+    )
+
+try:
+    __version__ = _metadata.version("atoll")
+except _metadata.PackageNotFoundError:  # running from a source checkout
+    __version__ = "0.0.0+unknown"
+
+_LAZY = {
+    "AsyncClient": "atoll._client",
+    "AsyncFiles": "atoll._client",
+    "AsyncProcess": "atoll._client",
+    "AsyncSandbox": "atoll._client",
+    "Client": "atoll._client",
+    "ExecResult": "atoll._client",
+    "FileEntry": "atoll._client",
+    "Files": "atoll._client",
+    "Process": "atoll._client",
+    "ProcessInfo": "atoll._client",
+    "Sandbox": "atoll._client",
+    "Template": "atoll._client",
+}
+
+__all__ = [
+    "APIConnectionError",
+    "APITimeoutError",
+    "AsyncClient",
+    "AsyncFiles",
+    "AsyncProcess",
+    "AsyncSandbox",
+    "AtollError",
+    "Client",
+    "Conflict",
+    "ExecResult",
+    "FileEntry",
+    "FileNotFound",
+    "Files",
+    "InvalidRequest",
+    "InvalidState",
+    "NotFound",
+    "PayloadTooLarge",
+    "Process",
+    "ProcessInfo",
+    "ProcessNotFound",
+    "Sandbox",
+    "SandboxBusy",
+    "SandboxNotFound",
+    "ServerError",
+    "Template",
+    "TemplateNotFound",
+    "Unauthorized",
+    "__version__",
+    "errors",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'atoll' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,437 @@
+"""The asynchronous atoll client: `AsyncClient`, `AsyncSandbox`, its files and processes.
+
+Hand-written; the source of truth for the SDK. `scripts/unasync_sdk.py` generates the sync
+twin `_sync.py` (`Client`, `Sandbox`, ...) from this file, so write only code that still
+makes sense with `async`/`await` removed: swap helpers through the name pairs that script
+lists (e.g. `_base.acall_callback` becomes `_base.call_callback`). Users reach it as
+`atoll.AsyncClient`; the CLI uses the sync twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import IO, Any, Literal, overload
+
+import httpx
+
+from atoll import errors
+from atoll._client import _base
+from atoll._client._models import ExecResult, FileEntry, ProcessInfo, SandboxFields, Template
+
+__all__ = ["AsyncClient", "AsyncFiles", "AsyncProcess", "AsyncSandbox", "AsyncSandboxes", "AsyncTemplates"]
+
+
+class AsyncClient:
+    """Connection to an atoll server.
+
+    `base_url` defaults to `$ATOLL_URL` or http://127.0.0.1:7080, `api_key` to
+    `$ATOLL_API_KEY`. `timeout` (seconds) bounds ordinary calls; `create_timeout` bounds
+    sandbox creation, pause and resume, which may build a template or move memory to disk.
+    `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
+    Use it as a context manager, or close it when done.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = _base.DEFAULT_TIMEOUT,
+        create_timeout: float = _base.DEFAULT_CREATE_TIMEOUT,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._config = _base.resolve_config(base_url, api_key, timeout, create_timeout)
+        self._http = httpx.AsyncClient(
+            base_url=self._config.base_url,
+            headers=self._config.headers(headers),
+            timeout=timeout,
+            transport=transport,
+        )
+        self.sandboxes = AsyncSandboxes(self)
+        self.templates = AsyncTemplates(self)
+
+    @property
+    def base_url(self) -> str:
+        return self._config.base_url
+
+    @property
+    def timeout(self) -> float:
+        return self._config.timeout
+
+    @property
+    def create_timeout(self) -> float:
+        return self._config.create_timeout
+
+    async def health(self) -> dict[str, Any]:
+        """The server's `/healthz` document, e.g. `{"status": "ok", ...}`."""
+        response = await self._request("GET", "/healthz")
+        return _base.json_body(response)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        content: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - passed on to httpx
+    ) -> httpx.Response:
+        """Send one request; raise the mapped `AtollError` for any non-2xx answer."""
+        try:
+            response = await self._http.request(
+                method,
+                path,
+                json=json,
+                params=params,
+                content=content,
+                headers=headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TransportError as exc:
+            raise _base.connection_error(exc, self.base_url) from exc
+        _base.raise_for_status(response)
+        return response
+
+    @asynccontextmanager
+    async def _stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - passed on to httpx
+    ) -> AsyncIterator[httpx.Response]:
+        """Send one request and yield the response unread, after checking its status."""
+        try:
+            async with self._http.stream(
+                method,
+                path,
+                json=json,
+                params=params,
+                headers=headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            ) as response:
+                if not response.is_success:
+                    await response.aread()
+                    raise _base.error_from_response(response)
+                yield response
+        except httpx.TransportError as exc:
+            raise _base.connection_error(exc, self.base_url) from exc
+
+
+class AsyncSandboxes:
+    """`client.sandboxes`: create, look up, list and delete sandboxes."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        template: str = "base",
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        idle_timeout_s: float | None = None,
+        disk_after_s: float | None = None,
+        memory_mb: int | None = None,
+        cpus: float | None = None,
+        user: str | None = None,
+        disk_mb: int | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the HTTP timeout of this call
+    ) -> AsyncSandbox:
+        """Create a sandbox and return it once running.
+
+        Only the arguments given are sent; the server fills in its defaults. The first
+        sandbox of a template may take a minute (the template is built), hence the long
+        default `timeout` (the client's `create_timeout`).
+        """
+        body = _base.without_none(
+            template=template,
+            env=dict(env) if env is not None else None,
+            metadata=dict(metadata) if metadata is not None else None,
+            idle_timeout_s=idle_timeout_s,
+            disk_after_s=disk_after_s,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            user=user,
+            disk_mb=disk_mb,
+        )
+        response = await self._client._request(
+            "POST",
+            "/v1/sandboxes",
+            json=body,
+            timeout=timeout if timeout is not None else self._client.create_timeout,
+        )
+        return AsyncSandbox(self._client, _base.json_body(response))
+
+    async def get(self, sandbox_id: str) -> AsyncSandbox:
+        response = await self._client._request("GET", _base.sandbox_path(sandbox_id))
+        return AsyncSandbox(self._client, _base.json_body(response))
+
+    async def list(
+        self, state: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> list[AsyncSandbox]:
+        """Sandboxes, optionally only those in `state` whose metadata has all the given pairs."""
+        response = await self._client._request(
+            "GET", "/v1/sandboxes", params=_base.list_params(state, metadata)
+        )
+        return [AsyncSandbox(self._client, item) for item in _base.items(response)]
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self._client._request("DELETE", _base.sandbox_path(sandbox_id))
+
+
+class AsyncTemplates:
+    """`client.templates`: the sandbox templates the server can start."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self) -> list[Template]:
+        response = await self._client._request("GET", "/v1/templates")
+        return [Template(item) for item in _base.items(response)]
+
+
+class AsyncSandbox(SandboxFields):
+    """One sandbox. Attributes mirror the server's sandbox object (see `SandboxFields`);
+    methods that get a sandbox object back (`refresh`, `pause`, `resume`) update it in place.
+    Used as a context manager, the sandbox is deleted on exit.
+    """
+
+    def __init__(self, client: AsyncClient, data: Mapping[str, Any]) -> None:
+        self._client = client
+        self.data = dict(data)
+        self.files = AsyncFiles(self)
+
+    def _path(self, *rest: str) -> str:
+        return _base.sandbox_path(self.id, *rest)
+
+    async def refresh(self) -> AsyncSandbox:
+        """Re-read the sandbox from the server."""
+        response = await self._client._request("GET", self._path())
+        self._update(_base.json_body(response))
+        return self
+
+    async def pause(self, tier: str = "memory") -> AsyncSandbox:
+        """Put the sandbox in standby: "memory" (fast resume) or "disk" (frees the memory)."""
+        response = await self._client._request(
+            "POST", self._path("pause"), json={"tier": tier}, timeout=self._client.create_timeout
+        )
+        self._update(_base.json_body(response))
+        return self
+
+    async def resume(self) -> AsyncSandbox:
+        """Bring the sandbox back from standby with its memory and processes intact."""
+        response = await self._client._request(
+            "POST", self._path("resume"), timeout=self._client.create_timeout
+        )
+        self._update(_base.json_body(response))
+        return self
+
+    async def delete(self) -> None:
+        await self._client._request("DELETE", self._path())
+        self.data["state"] = "deleted"
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self.delete()
+        except errors.SandboxNotFound:
+            pass
+
+    @overload
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        background: Literal[False] = False,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: _base.TextCallback | None = None,
+        on_stderr: _base.TextCallback | None = None,
+        user: str | None = None,
+    ) -> ExecResult: ...
+
+    @overload
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        background: Literal[True],
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: None = None,
+        on_stderr: None = None,
+        user: str | None = None,
+    ) -> AsyncProcess: ...
+
+    @overload
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        background: bool = False,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: _base.TextCallback | None = None,
+        on_stderr: _base.TextCallback | None = None,
+        user: str | None = None,
+    ) -> ExecResult | AsyncProcess: ...
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        background: bool = False,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: _base.TextCallback | None = None,
+        on_stderr: _base.TextCallback | None = None,
+        user: str | None = None,
+    ) -> ExecResult | AsyncProcess:
+        """Run a command: a string goes through the shell, a list is an argv.
+
+        Returns an `ExecResult`. With `on_stdout` / `on_stderr` the output is streamed and
+        each chunk of text is passed to the callback as it arrives (the result still holds
+        the whole output). With `background=True` returns at once with a process handle.
+        A sandbox in standby is resumed by the server first.
+        """
+        body = _base.exec_body(cmd, background=background, timeout_s=timeout_s, cwd=cwd, env=env, user=user)
+        if background:
+            if on_stdout is not None or on_stderr is not None:
+                raise ValueError("on_stdout/on_stderr cannot be used with background=True")
+            response = await self._client._request("POST", self._path("exec"), json=body)
+            data = _base.json_body(response)
+            return AsyncProcess(self, int(data["pid"]), data)
+        http_timeout = _base.exec_timeout(timeout_s, self._client.timeout)
+        if on_stdout is None and on_stderr is None:
+            response = await self._client._request(
+                "POST", self._path("exec"), json=body, timeout=http_timeout
+            )
+            return ExecResult.from_json(_base.json_body(response))
+        callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        decoder = _base.ExecStream()
+        async with self._client._stream(
+            "POST", self._path("exec"), json=body, headers={"Accept": _base.NDJSON}, timeout=http_timeout
+        ) as response:
+            if _base.is_ndjson(response):
+                async for line in response.aiter_lines():
+                    for name, text in decoder.feed(line):
+                        callback = callbacks[name]
+                        if callback is not None:
+                            await _base.acall_callback(callback, text)
+            else:
+                # A server that ignores Accept answers with the whole result at once.
+                await response.aread()
+                for name, text in decoder.feed_object(_base.json_body(response)):
+                    callback = callbacks[name]
+                    if callback is not None:
+                        await _base.acall_callback(callback, text)
+        return decoder.result()
+
+    async def processes(self) -> list[ProcessInfo]:
+        """The background processes started in this sandbox, running or finished."""
+        response = await self._client._request("GET", self._path("processes"))
+        return [ProcessInfo(item) for item in _base.items(response)]
+
+    async def kill_process(self, pid: int) -> None:
+        """Kill a background process (and its process group)."""
+        await self._client._request("DELETE", self._path("processes", str(int(pid))))
+
+
+class AsyncProcess:
+    """Handle on a background process, returned by `sandbox.exec(..., background=True)`."""
+
+    def __init__(self, sandbox: AsyncSandbox, pid: int, data: Mapping[str, Any] | None = None) -> None:
+        self.sandbox = sandbox
+        self.pid = pid
+        self.data = dict(data or {"pid": pid})
+
+    async def kill(self) -> None:
+        await self.sandbox.kill_process(self.pid)
+
+    async def info(self) -> ProcessInfo:
+        """This process's entry in `sandbox.processes()` (`running`, `exit_code`, ...)."""
+        for entry in await self.sandbox.processes():
+            if entry.pid == self.pid:
+                return entry
+        raise errors.ProcessNotFound(f"process {self.pid} not found in sandbox {self.sandbox.id}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pid={self.pid}, sandbox={self.sandbox.id!r})"
+
+
+class AsyncFiles:
+    """`sandbox.files`: read and write files inside the sandbox by absolute path."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sandbox = sandbox
+
+    @property
+    def _client(self) -> AsyncClient:
+        return self._sandbox._client
+
+    async def write(self, path: str, data: _base.AsyncUploadData) -> None:
+        """Create or replace the file at `path`.
+
+        `data` may be bytes, str (UTF-8), an open file or an iterable of chunks; files and
+        iterables are streamed to the server in chunks rather than loaded whole.
+        """
+        await self._client._request(
+            "PUT",
+            self._sandbox._path("files"),
+            params={"path": path},
+            content=_base.arequest_body(data),
+            headers=_base.upload_headers(data),
+        )
+
+    async def read(self, path: str) -> bytes:
+        """The whole content of the file at `path`."""
+        response = await self._client._request("GET", self._sandbox._path("files"), params={"path": path})
+        return response.content
+
+    async def stream(self, path: str, chunk_size: int = _base.CHUNK_SIZE) -> AsyncIterator[bytes]:
+        """Iterate over the content of the file at `path` without holding it all in memory."""
+        async with self._client._stream(
+            "GET", self._sandbox._path("files"), params={"path": path}
+        ) as response:
+            async for chunk in response.aiter_bytes(chunk_size):  # noqa: UP028 - async has no `yield from`
+                yield chunk
+
+    async def read_to(self, path: str, fileobj: IO[bytes]) -> int:
+        """Copy the file at `path` into an open binary file; returns the number of bytes."""
+        total = 0
+        async for chunk in self.stream(path):
+            fileobj.write(chunk)
+            total += len(chunk)
+        return total
+
+    async def list(self, path: str = "/") -> list[FileEntry]:
+        """The entries of the directory at `path`."""
+        response = await self._client._request(
+            "GET", self._sandbox._path("files", "list"), params={"path": path}
+        )
+        return [FileEntry(item) for item in _base.items(response)]
+
+    async def remove(self, path: str) -> None:
+        await self._client._request("DELETE", self._sandbox._path("files"), params={"path": path})

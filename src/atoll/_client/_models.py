@@ -1,0 +1,226 @@
+"""Plain result objects of the SDK: views over the JSON the server returns. No I/O.
+
+Built by the clients in `_async.py` / `_sync.py`; re-exported from `atoll`. Every object keeps
+the full JSON it came from (`.data`, `.to_dict()`, `obj["field"]`), so fields the server adds
+later stay reachable without an SDK release. `SandboxFields` is the attribute half of
+`Sandbox` / `AsyncSandbox`; their I/O methods live in the generated/handwritten clients.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["ExecResult", "FileEntry", "ProcessInfo", "Record", "SandboxFields", "Template"]
+
+
+class Record:
+    """A read-only view of one JSON object: known fields as attributes, every field by key."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data: dict[str, Any] = dict(data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A deep copy of the JSON object this record was built from."""
+        return copy.deepcopy(self.data)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.data == other.data  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.data!r})"
+
+
+class Template(Record):
+    """One entry of `client.templates.list()`."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+
+class FileEntry(Record):
+    """One entry of `sandbox.files.list(dir)`; `type` is e.g. "file", "dir" or "symlink"."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def path(self) -> str:
+        return self.data["path"]
+
+    @property
+    def type(self) -> str:
+        return self.data.get("type", "file")
+
+    @property
+    def size(self) -> int | None:
+        return self.data.get("size")
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type in ("dir", "directory")
+
+
+class ProcessInfo(Record):
+    """One entry of `sandbox.processes()`: a background process started with `exec(background=True)`."""
+
+    __slots__ = ()
+
+    @property
+    def pid(self) -> int:
+        return int(self.data["pid"])
+
+    @property
+    def cmd(self) -> str | list[str] | None:
+        return self.data.get("cmd")
+
+    @property
+    def running(self) -> bool:
+        return bool(self.data.get("running", False))
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.data.get("exit_code")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of a foreground `sandbox.exec(...)`."""
+
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    duration_ms: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0 within its timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ExecResult:
+        return cls(
+            exit_code=data.get("exit_code"),
+            stdout=data.get("stdout") or "",
+            stderr=data.get("stderr") or "",
+            timed_out=bool(data.get("timed_out", False)),
+            duration_ms=data.get("duration_ms"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SandboxFields:
+    """Attribute access to a sandbox's JSON; mixed into `Sandbox` and `AsyncSandbox`.
+
+    `created_at` / `updated_at` are the server's ISO-8601 strings. Methods of the sandbox
+    classes that get a sandbox object back call `_update` so the instance stays current.
+    """
+
+    data: dict[str, Any]
+
+    def _update(self, data: Mapping[str, Any]) -> None:
+        self.data = dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A deep copy of the latest sandbox object the server returned."""
+        return copy.deepcopy(self.data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    @property
+    def state(self) -> str:
+        """One of creating, running, standby, deleted, failed."""
+        return self.data.get("state", "")
+
+    @property
+    def standby_tier(self) -> str | None:
+        """None while running; "memory" or "disk" while in standby."""
+        return self.data.get("standby_tier")
+
+    @property
+    def standby_reason(self) -> str | None:
+        return self.data.get("standby_reason")
+
+    @property
+    def template(self) -> str | None:
+        return self.data.get("template")
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.data.get("metadata") or {}
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.data.get("env") or {}
+
+    @property
+    def created_at(self) -> str | None:
+        return self.data.get("created_at")
+
+    @property
+    def updated_at(self) -> str | None:
+        return self.data.get("updated_at")
+
+    @property
+    def idle_timeout_s(self) -> float | None:
+        return self.data.get("idle_timeout_s")
+
+    @property
+    def disk_after_s(self) -> float | None:
+        return self.data.get("disk_after_s")
+
+    @property
+    def memory_mb(self) -> int | None:
+        return self.data.get("memory_mb")
+
+    @property
+    def cpus(self) -> float | None:
+        return self.data.get("cpus")
+
+    @property
+    def disk_mb(self) -> int | None:
+        return self.data.get("disk_mb")
+
+    @property
+    def user(self) -> str | None:
+        """Default user of exec calls (None: the template's default, root)."""
+        return self.data.get("user")
+
+    @property
+    def failure_reason(self) -> str | None:
+        return self.data.get("failure_reason")
+
+    def __repr__(self) -> str:
+        tier = f", standby_tier={self.standby_tier!r}" if self.standby_tier else ""
+        return f"{type(self).__name__}(id={self.data.get('id')!r}, state={self.state!r}{tier})"

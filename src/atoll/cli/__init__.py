@@ -1,0 +1,1 @@
+"""The `atoll` command line. The typer app lives in `atoll.cli.main` (console script `atoll`)."""

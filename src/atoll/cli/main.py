@@ -1,0 +1,297 @@
+"""The `atoll` command line (typer + rich): `atoll up` and `atoll sandbox ...`.
+
+Entry point of the `atoll` console script (`atoll = atoll.cli.main:app`). `atoll up` starts
+the server by importing `atoll.up` lazily, so the CLI works with the SDK alone; every
+`atoll sandbox` command talks to a server through the sync SDK client built by
+`make_client` (tests monkeypatch it to inject an `httpx.MockTransport`). SDK errors are
+printed as `error: <code>: <message>` on stderr with exit status 1, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from atoll import errors
+from atoll._client import Client, Sandbox
+
+app = typer.Typer(
+    name="atoll",
+    help="Self-hostable sandboxes for AI agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+sandbox_app = typer.Typer(help="Create, inspect and drive sandboxes.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+
+
+def make_client(url: str | None, api_key: str | None) -> Client:
+    """The SDK client the `sandbox` commands use; None means "from the environment"."""
+    return Client(base_url=url, api_key=api_key)
+
+
+@dataclass(frozen=True)
+class _Connection:
+    url: str | None
+    api_key: str | None
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _session(ctx: typer.Context) -> Iterator[Client]:
+    """A client for one command; SDK errors become `error: <code>: <message>` and exit 1."""
+    conn: _Connection = ctx.obj or _Connection(None, None)
+    try:
+        with make_client(conn.url, conn.api_key) as client:
+            yield client
+    except errors.AtollError as exc:
+        _fail(f"{exc.code}: {exc.message}")
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _pairs(values: list[str] | None, option: str) -> dict[str, str] | None:
+    """Parse repeated `KEY=VALUE` options."""
+    if not values:
+        return None
+    result: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
+        result[key] = value
+    return result
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _write(stream_name: str) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        # Look the stream up per call: test runners swap sys.stdout / sys.stderr.
+        stream = sys.stdout if stream_name == "stdout" else sys.stderr
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+def exit_status(exit_code: int | None, timed_out: bool) -> int:
+    """The CLI's exit status for a finished command: its own, 128+N for signal N, 124 on timeout."""
+    if exit_code is None:
+        return 124 if timed_out else 1
+    if exit_code < 0:
+        return 128 + min(-exit_code, 127)
+    return min(exit_code, 255)
+
+
+# ---------------------------------------------------------------- atoll up
+
+
+@app.command()
+def up(
+    port: Annotated[int | None, typer.Option(help="Port to listen on (default $ATOLL_PORT or 7080).")] = None,
+    home: Annotated[
+        Path | None,
+        typer.Option(help="State directory: database, images, snapshots (default $ATOLL_HOME)."),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (default $ATOLL_HOST or 127.0.0.1).")
+    ] = None,
+) -> None:
+    """Run the atoll server (control plane and worker) in the foreground."""
+    try:
+        from atoll import up as _up
+    except ImportError as exc:
+        _fail(f"the atoll server is not installed ({exc}); install it with: pip install 'atoll[server]'")
+    _up.main(port=port, home=str(home) if home is not None else None, host=host)
+
+
+# ---------------------------------------------------------------- atoll sandbox
+
+
+@sandbox_app.callback()
+def sandbox_main(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", envvar="ATOLL_URL", help="Server URL (default http://127.0.0.1:7080)."),
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="ATOLL_API_KEY", help="API key.", show_default=False)
+    ] = None,
+) -> None:
+    """Create, inspect and drive sandboxes."""
+    ctx.obj = _Connection(url, api_key)
+
+
+@sandbox_app.command("create")
+def create(
+    ctx: typer.Context,
+    template: Annotated[str, typer.Option(help="Template to start from.")] = "base",
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE environment variable.")] = None,
+    metadata: Annotated[list[str] | None, typer.Option("--metadata", help="KEY=VALUE label.")] = None,
+    idle_timeout: Annotated[
+        float | None, typer.Option("--idle-timeout", help="Seconds idle before memory standby.")
+    ] = None,
+    disk_after: Annotated[
+        float | None, typer.Option("--disk-after", help="Seconds in memory standby before moving to disk.")
+    ] = None,
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory limit in MiB.")] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU limit.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the sandbox object as JSON.")] = False,
+) -> None:
+    """Create a sandbox and print its id once it is running."""
+    env_vars = _pairs(env, "--env")
+    labels = _pairs(metadata, "--metadata")
+    with _session(ctx) as client:
+        sandbox = client.sandboxes.create(
+            template=template,
+            env=env_vars,
+            metadata=labels,
+            idle_timeout_s=idle_timeout,
+            disk_after_s=disk_after,
+            memory_mb=memory_mb,
+            cpus=cpus,
+        )
+    if as_json:
+        _print_json(sandbox.to_dict())
+    else:
+        typer.echo(sandbox.id)
+
+
+def _sandbox_table(sandboxes: list[Sandbox]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("ID", no_wrap=True, min_width=max(len(sb.id) for sb in sandboxes))
+    table.add_column("STATE", no_wrap=True)
+    table.add_column("TIER", no_wrap=True)
+    table.add_column("TEMPLATE")
+    table.add_column("CREATED", no_wrap=True)
+    table.add_column("METADATA", overflow="fold")
+    for sb in sandboxes:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(sb.metadata.items()))
+        created = (sb.created_at or "-").replace("T", " ")[:19]
+        table.add_row(sb.id, sb.state, sb.standby_tier or "-", sb.template or "-", created, labels)
+    return table
+
+
+@sandbox_app.command("list")
+def list_(
+    ctx: typer.Context,
+    state: Annotated[
+        str | None, typer.Option(help="Only sandboxes in this state (running, standby, ...).")
+    ] = None,
+    metadata: Annotated[
+        list[str] | None, typer.Option("--metadata", help="KEY=VALUE the sandbox must carry.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
+    """List sandboxes."""
+    labels = _pairs(metadata, "--metadata")
+    with _session(ctx) as client:
+        sandboxes = client.sandboxes.list(state=state, metadata=labels)
+    if as_json:
+        _print_json([sb.to_dict() for sb in sandboxes])
+    elif not sandboxes:
+        typer.echo("no sandboxes", err=True)
+    else:
+        console = Console()
+        if not console.is_terminal:  # piped: one line per sandbox, whatever the width
+            console = Console(width=1000)
+        console.print(_sandbox_table(sandboxes))
+
+
+@sandbox_app.command("get")
+def get(ctx: typer.Context, sandbox_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Print a sandbox as JSON."""
+    with _session(ctx) as client:
+        sandbox = client.sandboxes.get(sandbox_id)
+    _print_json(sandbox.to_dict())
+
+
+@sandbox_app.command("exec")
+def exec_(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    cmd: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="-- CMD...",
+            help="The command, after `--`. One argument with spaces runs through the shell.",
+        ),
+    ],
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Kill the command after this many seconds.")
+    ] = None,
+    cwd: Annotated[str | None, typer.Option(help="Working directory inside the sandbox.")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE environment variable.")] = None,
+    user: Annotated[str | None, typer.Option(help="User to run as inside the sandbox.")] = None,
+) -> None:
+    """Run a command in a sandbox, streaming its output; exit with its exit code."""
+    command: str | list[str] = cmd[0] if len(cmd) == 1 and any(c.isspace() for c in cmd[0]) else list(cmd)
+    env_vars = _pairs(env, "--env")
+    with _session(ctx) as client:
+        sandbox = Sandbox(client, {"id": sandbox_id})
+        result = sandbox.exec(
+            command,
+            timeout_s=timeout,
+            cwd=cwd,
+            env=env_vars,
+            user=user,
+            on_stdout=_write("stdout"),
+            on_stderr=_write("stderr"),
+        )
+    if result.timed_out:
+        typer.echo(f"error: timed_out: the command did not finish within {timeout}s", err=True)
+    raise typer.Exit(exit_status(result.exit_code, result.timed_out))
+
+
+class Tier(StrEnum):
+    memory = "memory"
+    disk = "disk"
+
+
+@sandbox_app.command("pause")
+def pause(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    tier: Annotated[
+        Tier, typer.Option(help="memory: fast resume; disk: frees the memory.", case_sensitive=False)
+    ] = Tier.memory,
+) -> None:
+    """Put a sandbox in standby."""
+    with _session(ctx) as client:
+        sandbox = Sandbox(client, {"id": sandbox_id}).pause(tier=tier.value)
+    typer.echo(f"{sandbox.id} {sandbox.state} ({sandbox.standby_tier or '-'})")
+
+
+@sandbox_app.command("resume")
+def resume(ctx: typer.Context, sandbox_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Bring a sandbox back from standby."""
+    with _session(ctx) as client:
+        sandbox = Sandbox(client, {"id": sandbox_id}).resume()
+    typer.echo(f"{sandbox.id} {sandbox.state}")
+
+
+@sandbox_app.command("rm")
+def rm(ctx: typer.Context, sandbox_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Delete a sandbox."""
+    with _session(ctx) as client:
+        client.sandboxes.delete(sandbox_id)
+    typer.echo(sandbox_id)

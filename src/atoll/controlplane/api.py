@@ -1,0 +1,310 @@
+"""The public REST API (FastAPI): sandboxes, exec, processes, files, standby, templates, health, metrics.
+
+Errors are always `{"error": {"code", "message", "request_id", "retryable"}}`; internal causes are
+logged with the request id, never sent to the caller. Bodies are parsed by hand (size-limited,
+malformed JSON → 400 invalid_request) and validated with the models in controlplane.schemas.
+Built by atoll.up (create_app); talks only to controlplane.lifecycle.SandboxManager.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import time
+import typing
+
+import pydantic
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from atoll.controlplane import schemas
+from atoll.controlplane.lifecycle import SandboxManager
+from atoll.core import errors
+from atoll.core.lifecycle import Tier
+
+log = logging.getLogger(__name__)
+
+MAX_JSON_BYTES = 1024 * 1024
+NDJSON = "application/x-ndjson"
+PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+
+def _error(status: int, code: str, message: str, request_id: str, retryable: bool = False) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message, "request_id": request_id, "retryable": retryable}},
+        status_code=status,
+        headers={"X-Request-Id": request_id},
+    )
+
+
+def _body_schema(model: type[pydantic.BaseModel]) -> dict:
+    return {"requestBody": {"content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def _read_json(request: Request, model: type[pydantic.BaseModel], *, optional: bool = False):
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_JSON_BYTES:
+        raise errors.PayloadTooLarge(f"request body is {declared} bytes; JSON bodies are limited to {MAX_JSON_BYTES} bytes")
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > MAX_JSON_BYTES:
+            raise errors.PayloadTooLarge(f"request body exceeds {MAX_JSON_BYTES} bytes, the limit for JSON bodies")
+    if not buf.strip():
+        if optional:
+            return model()
+        raise errors.InvalidRequest(f"request body is empty; send a JSON object ({model.__name__})")
+    try:
+        data = json.loads(buf)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise errors.InvalidRequest(f"request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as e:
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "body"
+            parts.append(f"{loc}: {err['msg']} (got {json.dumps(err.get('input'), default=str)[:100]})")
+        raise errors.InvalidRequest("invalid request body: " + "; ".join(parts)) from None
+
+
+def _check_path(path: str | None) -> str:
+    if path is None or path == "":
+        raise errors.InvalidPath("query parameter 'path' is required: an absolute path inside the sandbox, e.g. /home/user/a.txt")
+    if "\x00" in path:
+        raise errors.InvalidPath("path contains a NUL byte")
+    if not path.startswith("/"):
+        raise errors.InvalidPath(f"path {path!r} is relative; give an absolute path inside the sandbox, e.g. /{path}")
+    if any(part == ".." for part in path.split("/")):
+        raise errors.InvalidPath(f"path {path!r} contains '..'; give the absolute path without parent references")
+    if len(path) > 4096:
+        raise errors.InvalidPath(f"path is {len(path)} characters; the limit is 4096")
+    return path
+
+
+def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) -> FastAPI:
+    app = FastAPI(
+        title="atoll",
+        version="0.1.0",
+        description="Execution substrate for AI agents: gVisor sandboxes with memory-preserving standby.",
+    )
+    m = manager.m
+    key_bytes = api_key.encode()
+
+    @app.middleware("http")
+    async def request_context(request: Request, call_next):
+        rid = "req_" + secrets.token_hex(8)
+        request.state.request_id = rid
+        t0 = time.perf_counter()
+        if request.url.path not in PUBLIC_PATHS:
+            auth = request.headers.get("authorization", "")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key_bytes):
+                return _error(401, "unauthorized",
+                              "missing or wrong API key; send 'Authorization: Bearer <key>' "
+                              "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)", rid)
+        try:
+            response = await call_next(request)
+        except Exception:  # noqa: BLE001 - last line of defence: never a traceback to the client
+            log.exception("unhandled error", extra={"request_id": rid, "path": request.url.path})
+            return _error(500, "internal_error", f"internal error; the server logged it as {rid}", rid, True)
+        response.headers["X-Request-Id"] = rid
+        route = request.scope.get("route")
+        m.requests.labels(route=getattr(route, "path", "unmatched"), status=str(response.status_code)).observe(
+            time.perf_counter() - t0
+        )
+        return response
+
+    @app.exception_handler(errors.AtollError)
+    async def atoll_error(request: Request, exc: errors.AtollError):
+        rid = getattr(request.state, "request_id", "req_unknown")
+        if exc.status >= 500:
+            log.error("request failed: %s", exc.message, extra={"request_id": rid, "path": request.url.path})
+        return _error(exc.status, exc.code, exc.message, rid, exc.retryable)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        rid = getattr(request.state, "request_id", "req_unknown")
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        msg = f"{request.method} {request.url.path}: {exc.detail}; see /openapi.json for the API"
+        return _error(exc.status_code, code, msg, rid)
+
+    @app.exception_handler(Exception)
+    async def unhandled(request: Request, exc: Exception):
+        rid = getattr(request.state, "request_id", "req_unknown")
+        log.error("unhandled error", exc_info=exc, extra={"request_id": rid, "path": request.url.path})
+        return _error(500, "internal_error", f"internal error; the server logged it as {rid}", rid, True)
+
+    # ---- public ----------------------------------------------------------------------------
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "version": app.version, "templates": {t["name"]: t["status"] for t in manager.worker.templates.status()}}
+
+    @app.get("/metrics")
+    async def metrics_endpoint():
+        return Response(m.render(), media_type="text/plain; version=0.0.4")
+
+    # ---- templates -------------------------------------------------------------------------
+    @app.get("/v1/templates")
+    async def list_templates():
+        return {"items": manager.worker.templates.status()}
+
+    # ---- sandboxes -------------------------------------------------------------------------
+    @app.post("/v1/sandboxes", status_code=201, openapi_extra=_body_schema(schemas.CreateSandbox))
+    async def create_sandbox(request: Request):
+        req = await _read_json(request, schemas.CreateSandbox, optional=True)
+        rec = await manager.create(req)
+        return JSONResponse(schemas.sandbox_view(rec), status_code=201)
+
+    @app.get("/v1/sandboxes")
+    async def list_sandboxes(request: Request, state: str | None = None):
+        md = {k[len("metadata."):]: v for k, v in request.query_params.items() if k.startswith("metadata.")}
+        return {"items": [schemas.sandbox_view(r) for r in manager.list(state, md)]}
+
+    @app.get("/v1/sandboxes/{sid}")
+    async def get_sandbox(sid: str):
+        return schemas.sandbox_view(manager.get(sid))
+
+    @app.delete("/v1/sandboxes/{sid}", status_code=204)
+    async def delete_sandbox(sid: str):
+        await manager.delete(sid)
+        return Response(status_code=204)
+
+    @app.post("/v1/sandboxes/{sid}/pause", openapi_extra=_body_schema(schemas.PauseRequest))
+    async def pause_sandbox(sid: str, request: Request):
+        manager.get(sid)
+        req = await _read_json(request, schemas.PauseRequest, optional=True)
+        return schemas.sandbox_view(await manager.pause(sid, Tier(req.tier)))
+
+    @app.post("/v1/sandboxes/{sid}/resume")
+    async def resume_sandbox(sid: str):
+        return schemas.sandbox_view(await manager.resume(sid))
+
+    # ---- exec ------------------------------------------------------------------------------
+    @app.post("/v1/sandboxes/{sid}/exec", openapi_extra=_body_schema(schemas.ExecRequest))
+    async def exec_command(sid: str, request: Request):
+        rec = manager.get(sid)
+        req = await _read_json(request, schemas.ExecRequest)
+        payload = req.model_dump()
+        payload["user"] = req.user or rec.user
+        agent_timeout = None if req.background or req.timeout_s is None else req.timeout_s + 30
+        if NDJSON in request.headers.get("accept", "") and not req.background:
+            return await _exec_stream(sid, payload, agent_timeout)
+        async with manager.activity(sid):
+            r = await manager.worker.agent_request(sid, "POST", "/exec", json=payload, timeout=agent_timeout)
+            return JSONResponse(r.json())
+
+    async def _exec_stream(sid: str, payload: dict, agent_timeout: float | None):
+        cm = manager.activity(sid)
+        await cm.__aenter__()
+        try:
+            stream_cm = manager.worker.agent_stream(
+                sid, "POST", "/exec", json=payload, headers={"Accept": NDJSON}, timeout=agent_timeout
+            )
+            resp = await stream_cm.__aenter__()
+        except BaseException as e:
+            await cm.__aexit__(type(e), e, e.__traceback__)
+            raise
+
+        async def body() -> typing.AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            except Exception as e:  # noqa: BLE001
+                log.warning("exec stream broke: %s", e, extra={"sandbox_id": sid})
+                yield (json.dumps({"error": {"code": "runtime_error", "message": f"exec stream broke: {e}"}}) + "\n").encode()
+            finally:
+                await stream_cm.__aexit__(None, None, None)
+                await cm.__aexit__(None, None, None)
+
+        return StreamingResponse(body(), media_type=NDJSON)
+
+    @app.get("/v1/sandboxes/{sid}/processes")
+    async def list_processes(sid: str):
+        async with manager.activity(sid):
+            r = await manager.worker.agent_request(sid, "GET", "/processes")
+            return r.json()
+
+    @app.delete("/v1/sandboxes/{sid}/processes/{pid}", status_code=204)
+    async def kill_process(sid: str, pid: str):
+        manager.get(sid)
+        if not pid.isdigit() or int(pid) <= 0:
+            raise errors.InvalidRequest(f"pid {pid!r} is not a positive integer; list processes with GET …/processes")
+        async with manager.activity(sid):
+            await manager.worker.agent_request(sid, "DELETE", f"/processes/{int(pid)}")
+        return Response(status_code=204)
+
+    # ---- files -----------------------------------------------------------------------------
+    @app.put("/v1/sandboxes/{sid}/files", status_code=204)
+    async def write_file(sid: str, request: Request, path: str | None = None):
+        manager.get(sid)
+        path = _check_path(path)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_file_bytes:
+            raise errors.PayloadTooLarge(
+                f"file body is {declared} bytes; the limit is {max_file_bytes} (ATOLL_MAX_FILE_MB)"
+            )
+
+        async def limited() -> typing.AsyncIterator[bytes]:
+            n = 0
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > max_file_bytes:
+                    raise errors.PayloadTooLarge(f"file body exceeds {max_file_bytes} bytes (ATOLL_MAX_FILE_MB)")
+                yield chunk
+
+        headers = {"Content-Length": declared} if declared and declared.isdigit() else {}
+        async with manager.activity(sid):
+            await manager.worker.agent_request(
+                sid, "PUT", "/files", params={"path": path}, content=limited(), headers=headers, timeout=None
+            )
+        return Response(status_code=204)
+
+    @app.get("/v1/sandboxes/{sid}/files")
+    async def read_file(sid: str, path: str | None = None):
+        manager.get(sid)
+        path = _check_path(path)
+        cm = manager.activity(sid)
+        await cm.__aenter__()
+        try:
+            stream_cm = manager.worker.agent_stream(sid, "GET", "/files", params={"path": path}, timeout=None)
+            resp = await stream_cm.__aenter__()
+        except BaseException as e:
+            await cm.__aexit__(type(e), e, e.__traceback__)
+            raise
+
+        async def body() -> typing.AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            finally:
+                await stream_cm.__aexit__(None, None, None)
+                await cm.__aexit__(None, None, None)
+
+        headers = {}
+        if "content-length" in resp.headers:
+            headers["Content-Length"] = resp.headers["content-length"]
+        return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
+
+    @app.get("/v1/sandboxes/{sid}/files/list")
+    async def list_files(sid: str, path: str | None = None):
+        manager.get(sid)
+        path = _check_path(path)
+        async with manager.activity(sid):
+            r = await manager.worker.agent_request(sid, "GET", "/files/list", params={"path": path})
+            return r.json()
+
+    @app.delete("/v1/sandboxes/{sid}/files", status_code=204)
+    async def delete_file(sid: str, path: str | None = None):
+        manager.get(sid)
+        path = _check_path(path)
+        async with manager.activity(sid):
+            await manager.worker.agent_request(sid, "DELETE", "/files", params={"path": path})
+        return Response(status_code=204)
+
+    return app

@@ -1,0 +1,108 @@
+"""Records of the control plane (SQLAlchemy 2; SQLite embedded by default).
+
+Every record carries a tenant id. Schema changes go through Alembic migrations
+(`controlplane/migrations`); `open_database` upgrades the database to the newest revision at start-up.
+Called by controlplane.lifecycle.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class SandboxRecord(Base):
+    __tablename__ = "sandboxes"
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(64), index=True)
+    worker_id: Mapped[str] = mapped_column(sa.String(64))
+    state: Mapped[str] = mapped_column(sa.String(16), index=True)
+    standby_tier: Mapped[str | None] = mapped_column(sa.String(16), nullable=True)
+    standby_reason: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    failure_reason: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    template: Mapped[str] = mapped_column(sa.String(64))
+    metadata_: Mapped[dict] = mapped_column("metadata", sa.JSON, default=dict)
+    env: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    user: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    memory_mb: Mapped[int] = mapped_column(sa.Integer)
+    cpus: Mapped[float] = mapped_column(sa.Float)
+    disk_mb: Mapped[int] = mapped_column(sa.Integer)
+    idle_timeout_s: Mapped[float] = mapped_column(sa.Float)
+    disk_after_s: Mapped[float] = mapped_column(sa.Float)
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    standby_since: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+    last_activity_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+
+
+class Database:
+    def __init__(self, url: str):
+        self.engine = sa.create_engine(url)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def get(self, sid: str) -> SandboxRecord | None:
+        with self.session() as s:
+            return s.get(SandboxRecord, sid)
+
+    def add(self, rec: SandboxRecord) -> None:
+        with self.session.begin() as s:
+            s.add(rec)
+
+    def save(self, rec: SandboxRecord) -> None:
+        rec.updated_at = utcnow()
+        with self.session.begin() as s:
+            s.merge(rec)
+
+    def list(self, tenant_id: str | None = None, state: str | None = None, include_deleted: bool = False) -> list[SandboxRecord]:
+        q = sa.select(SandboxRecord).order_by(SandboxRecord.created_at)
+        if tenant_id is not None:
+            q = q.where(SandboxRecord.tenant_id == tenant_id)
+        if state is not None:
+            q = q.where(SandboxRecord.state == state)
+        elif not include_deleted:
+            q = q.where(SandboxRecord.state != "deleted")
+        with self.session() as s:
+            return list(s.scalars(q))
+
+    def count_by_state(self) -> dict[str, int]:
+        with self.session() as s:
+            rows = s.execute(sa.select(SandboxRecord.state, sa.func.count()).group_by(SandboxRecord.state))
+            return {st: n for st, n in rows}
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+def open_database(url: str) -> Database:
+    """Open the database and bring its schema to the newest Alembic revision."""
+    from alembic import command
+    from alembic.config import Config
+
+    here = os.path.dirname(__file__)
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(here, "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url)
+    cfg.attributes["configure_logger"] = False
+    command.upgrade(cfg, "head")
+    return Database(url)

@@ -1,0 +1,79 @@
+"""Stable machine-readable error codes and the domain exception tree.
+
+    AtollError                      (code, message, status, retryable)
+    ├── InvalidRequest              400 invalid_request / invalid_path
+    ├── NotFound                    404 sandbox_not_found / template_not_found / file_not_found / process_not_found
+    ├── Conflict                    409 sandbox_busy / invalid_state
+    ├── PayloadTooLarge             413 payload_too_large
+    └── RuntimeFailure              500 runtime_error (a bug or a host failure; logged with its cause)
+
+Raised by the worker and the control plane; the control plane's HTTP layer turns them into
+`{"error": {"code", "message", "request_id", "retryable"}}`.
+"""
+
+from __future__ import annotations
+
+
+class AtollError(Exception):
+    status = 500
+    code = "internal_error"
+    retryable = False
+
+    def __init__(self, message: str, *, code: str | None = None, retryable: bool | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class InvalidRequest(AtollError):
+    status = 400
+    code = "invalid_request"
+
+
+class InvalidPath(InvalidRequest):
+    code = "invalid_path"
+
+
+class NotFound(AtollError):
+    status = 404
+    code = "not_found"
+
+
+class SandboxNotFound(NotFound):
+    code = "sandbox_not_found"
+
+
+class TemplateNotFound(NotFound):
+    code = "template_not_found"
+
+
+class FileNotFound(NotFound):
+    code = "file_not_found"
+
+
+class ProcessNotFound(NotFound):
+    code = "process_not_found"
+
+
+class Conflict(AtollError):
+    status = 409
+    code = "invalid_state"
+
+
+class SandboxBusy(Conflict):
+    code = "sandbox_busy"
+    retryable = True
+
+
+class PayloadTooLarge(AtollError):
+    status = 413
+    code = "payload_too_large"
+
+
+class RuntimeFailure(AtollError):
+    status = 500
+    code = "runtime_error"
+    retryable = True

@@ -1,0 +1,41 @@
+"""Identifier formats (sandbox ids, installation ids, host-wide runtime names).
+
+Called by the control plane (to mint and validate ids) and the worker (to derive host-wide names for
+runsc containers, cgroups, network namespaces and mounts that never collide between installations).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-hjkmnp-tv-z]{16}$")
+DEFAULT_TENANT = "default"
+
+
+def new_sandbox_id() -> str:
+    """A fresh sandbox id: `sb-` + 16 base32 characters (80 random bits)."""
+    return "sb-" + "".join(secrets.choice(_ALPHABET) for _ in range(16))
+
+
+def is_sandbox_id(value: str) -> bool:
+    return bool(SANDBOX_ID_RE.match(value))
+
+
+def installation_id(home: str) -> str:
+    """Short stable id of one installation, derived from its ATOLL_HOME path.
+
+    Two installations on one host differ in ATOLL_HOME, so every host-wide name derived from this id
+    (container ids, cgroups, netns names) differs too.
+    """
+    return hashlib.sha256(home.encode()).hexdigest()[:6]
+
+
+def runtime_name(install_id: str, sandbox_id: str) -> str:
+    """Host-wide name for one sandbox: runsc container id, cgroup leaf and netns name.
+
+    Kept short because network-interface names are limited to 15 bytes elsewhere.
+    """
+    return f"atoll-{install_id}-{sandbox_id[3:]}"

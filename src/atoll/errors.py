@@ -1,0 +1,214 @@
+"""The SDK's exception tree and the mapping from the server's error codes to it.
+
+Raised by `atoll.Client` / `atoll.AsyncClient` (via `atoll._client._base.raise_for_status`)
+and caught by the CLI (`atoll.cli.main`), which prints `error: <code>: <message>`.
+Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imported here.
+
+    AtollError                  .code .message .status_code .request_id .retryable
+    ├── APIConnectionError      connection_error: the server could not be reached (also a ConnectionError)
+    │   └── APITimeoutError     timeout: no answer within the client's timeout (also a TimeoutError)
+    ├── InvalidRequest          400/422 invalid_request, invalid_path
+    ├── Unauthorized            401/403 unauthorized
+    ├── NotFound                404
+    │   ├── SandboxNotFound         sandbox_not_found
+    │   ├── TemplateNotFound        template_not_found
+    │   ├── FileNotFound            file_not_found
+    │   └── ProcessNotFound         process_not_found
+    ├── Conflict                409
+    │   ├── SandboxBusy             sandbox_busy (retryable)
+    │   └── InvalidState            invalid_state
+    ├── PayloadTooLarge         413 payload_too_large
+    └── ServerError             5xx runtime_error, internal_error, and any other 5xx
+
+A response whose body is not the server's JSON error envelope (a proxy's HTML page, say) still
+raises: the code is `http_<status>` and the message is the start of the body text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AtollError",
+    "APIConnectionError",
+    "APITimeoutError",
+    "InvalidRequest",
+    "Unauthorized",
+    "NotFound",
+    "SandboxNotFound",
+    "TemplateNotFound",
+    "FileNotFound",
+    "ProcessNotFound",
+    "Conflict",
+    "SandboxBusy",
+    "InvalidState",
+    "PayloadTooLarge",
+    "ServerError",
+    "error_from_payload",
+]
+
+
+class AtollError(Exception):
+    """Base of every error the SDK raises. `str(err)` is `"<code>: <message>"`."""
+
+    default_code = "error"
+    default_retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        status_code: int | None = None,
+        request_id: str | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.status_code = status_code
+        self.request_id = request_id
+        self.retryable = self.default_retryable if retryable is None else retryable
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, "
+            f"status_code={self.status_code!r}, request_id={self.request_id!r})"
+        )
+
+
+class APIConnectionError(AtollError, ConnectionError):
+    """The server could not be reached (refused, DNS failure, dropped connection)."""
+
+    default_code = "connection_error"
+    default_retryable = True
+
+
+class APITimeoutError(APIConnectionError, TimeoutError):
+    """The server did not answer within the client's timeout."""
+
+    default_code = "timeout"
+
+
+class InvalidRequest(AtollError):
+    default_code = "invalid_request"
+
+
+class Unauthorized(AtollError):
+    default_code = "unauthorized"
+
+
+class NotFound(AtollError):
+    default_code = "not_found"
+
+
+class SandboxNotFound(NotFound):
+    default_code = "sandbox_not_found"
+
+
+class TemplateNotFound(NotFound):
+    default_code = "template_not_found"
+
+
+class FileNotFound(NotFound):
+    default_code = "file_not_found"
+
+
+class ProcessNotFound(NotFound):
+    default_code = "process_not_found"
+
+
+class Conflict(AtollError):
+    default_code = "conflict"
+
+
+class SandboxBusy(Conflict):
+    default_code = "sandbox_busy"
+    default_retryable = True
+
+
+class InvalidState(Conflict):
+    default_code = "invalid_state"
+
+
+class PayloadTooLarge(AtollError):
+    default_code = "payload_too_large"
+
+
+class ServerError(AtollError):
+    default_code = "internal_error"
+
+
+_BY_CODE: dict[str, type[AtollError]] = {
+    "invalid_request": InvalidRequest,
+    "invalid_path": InvalidRequest,
+    "unauthorized": Unauthorized,
+    "forbidden": Unauthorized,
+    "not_found": NotFound,
+    "sandbox_not_found": SandboxNotFound,
+    "template_not_found": TemplateNotFound,
+    "file_not_found": FileNotFound,
+    "process_not_found": ProcessNotFound,
+    "conflict": Conflict,
+    "sandbox_busy": SandboxBusy,
+    "invalid_state": InvalidState,
+    "payload_too_large": PayloadTooLarge,
+    "runtime_error": ServerError,
+    "internal_error": ServerError,
+}
+
+_BY_STATUS: dict[int, type[AtollError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    403: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: InvalidRequest,
+}
+
+
+def error_class(code: str, status_code: int | None) -> type[AtollError]:
+    """The most specific class for a server error code, falling back on the HTTP status."""
+    if code in _BY_CODE:
+        return _BY_CODE[code]
+    if status_code is not None:
+        if status_code in _BY_STATUS:
+            return _BY_STATUS[status_code]
+        if status_code >= 500:
+            return ServerError
+    return AtollError
+
+
+def error_from_payload(
+    payload: Any, *, status_code: int | None, text: str = "", request_id: str | None = None
+) -> AtollError:
+    """Build the exception for an error response.
+
+    `payload` is the decoded JSON body (or None when the body was not JSON); `text` is the raw
+    body, used when the payload is not the `{"error": {"code", "message", ...}}` envelope;
+    `request_id` (the X-Request-Id header) is used when the envelope carries none.
+    """
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("code"), str):
+        code = err["code"]
+        message = str(err.get("message") or code)
+        request_id = err.get("request_id") or request_id
+        retryable = err.get("retryable")
+        return error_class(code, status_code)(
+            message,
+            code=code,
+            status_code=status_code,
+            request_id=str(request_id) if request_id is not None else None,
+            retryable=bool(retryable) if retryable is not None else None,
+        )
+    code = f"http_{status_code}" if status_code is not None else "bad_response"
+    body = text.strip()
+    message = body[:500] if body else f"HTTP {status_code} with an empty body"
+    retryable = status_code in (502, 503, 504)
+    return error_class(code, status_code)(
+        message, code=code, status_code=status_code, request_id=request_id, retryable=retryable
+    )

@@ -1,0 +1,102 @@
+"""OCI runtime bundle (config.json) for one gVisor sandbox.
+
+Pure apart from writing the file: the process is the guest agent (PID 1), the root is the overlay
+rootfs, the agent directory is bind-mounted read-only at /opt/atoll, resources come from the sandbox
+spec. Called by worker.service at create and before every restore (the cgroup path changes with
+each generation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+AGENT_PORT = 49999
+AGENT_DIR_IN_SANDBOX = "/opt/atoll"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The runtime's own overhead (sentry, gofer, page tables) and the growth a restore brings
+# (DESIGN facts: a restored sandbox uses 17–80 MB more) are put on top of what the programs may use.
+RUNTIME_OVERHEAD_MB = 96
+RESTORE_GROWTH_MB = 96
+
+CAPS = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
+    "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
+    "CAP_MKNOD", "CAP_SETFCAP", "CAP_SYS_ADMIN",
+]
+
+
+@dataclass
+class BundleSpec:
+    sandbox_id: str
+    hostname: str
+    rootfs: str
+    agent_dir: str
+    netns_path: str
+    cgroup_path: str
+    memory_mb: int
+    cpus: float
+    env: dict[str, str]
+    generation: int = 0
+
+
+def cgroup_limit_bytes(memory_mb: int) -> int:
+    return (memory_mb + RUNTIME_OVERHEAD_MB + RESTORE_GROWTH_MB) * 1024 * 1024
+
+
+def render(spec: BundleSpec) -> dict:
+    env = {"PATH": PATH, "LANG": "C.UTF-8", "HOME": "/root", **spec.env}
+    env["ATOLL_SANDBOX_ID"] = spec.sandbox_id
+    env["ATOLL_GENERATION"] = str(spec.generation)
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": ["python3", "-I", "-u", f"{AGENT_DIR_IN_SANDBOX}/agent.py", "--port", str(AGENT_PORT)],
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "cwd": "/",
+            "capabilities": {k: CAPS for k in ("bounding", "effective", "permitted")},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}],
+        },
+        "root": {"path": spec.rootfs, "readonly": False},
+        "hostname": spec.hostname,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
+            {
+                "destination": AGENT_DIR_IN_SANDBOX,
+                "type": "bind",
+                "source": spec.agent_dir,
+                "options": ["rbind", "ro"],
+            },
+        ],
+        "linux": {
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "network", "path": spec.netns_path},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"},
+            ],
+            "cgroupsPath": spec.cgroup_path,
+            "resources": {
+                "memory": {"limit": cgroup_limit_bytes(spec.memory_mb)},
+                "cpu": {"quota": int(spec.cpus * 100000), "period": 100000},
+                "pids": {"limit": 4096},
+            },
+        },
+    }
+
+
+def write(bundle_dir: str, spec: BundleSpec) -> str:
+    os.makedirs(bundle_dir, exist_ok=True)
+    path = os.path.join(bundle_dir, "config.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(render(spec), f, indent=1)
+    os.replace(tmp, path)
+    return path

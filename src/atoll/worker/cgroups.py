@@ -1,0 +1,81 @@
+"""cgroup v1 access for one sandbox: freezer (memory-tier standby), memory and cpu accounting.
+
+runsc places the sandbox's processes in the cgroup named by the bundle's `cgroupsPath`; the worker
+freezes that cgroup directly (0.3–3 ms) instead of `runsc pause` (~30 ms of CLI start-up).
+Called by worker.service.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from atoll.core import errors
+
+ROOT = "/sys/fs/cgroup"
+CONTROLLERS = ("freezer", "memory", "cpu", "cpuacct", "pids", "cpuset", "devices", "blkio")
+
+
+def _p(controller: str, cgpath: str, leaf: str = "") -> str:
+    return os.path.join(ROOT, controller, cgpath.lstrip("/"), leaf)
+
+
+def freezer_state(cgpath: str) -> str | None:
+    try:
+        with open(_p("freezer", cgpath, "freezer.state")) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _set_freezer(cgpath: str, want: str, timeout: float) -> None:
+    path = _p("freezer", cgpath, "freezer.state")
+    try:
+        with open(path, "w") as f:
+            f.write(want)
+    except FileNotFoundError:
+        raise errors.RuntimeFailure(f"freezer cgroup {cgpath} is missing; the sandbox is not running") from None
+    deadline = time.monotonic() + timeout
+    delay = 0.0001
+    while True:
+        with open(path) as f:
+            if f.read().strip() == want:
+                return
+        if time.monotonic() > deadline:
+            raise errors.RuntimeFailure(f"cgroup {cgpath} did not reach {want} within {timeout}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
+
+
+def freeze(cgpath: str, timeout: float = 5.0) -> None:
+    _set_freezer(cgpath, "FROZEN", timeout)
+
+
+def thaw(cgpath: str, timeout: float = 5.0) -> None:
+    _set_freezer(cgpath, "THAWED", timeout)
+
+
+def memory_usage_bytes(cgpath: str) -> int | None:
+    try:
+        with open(_p("memory", cgpath, "memory.usage_in_bytes")) as f:
+            return int(f.read())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def cpu_usage_ns(cgpath: str) -> int | None:
+    try:
+        with open(_p("cpuacct", cgpath, "cpuacct.usage")) as f:
+            return int(f.read())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def remove(cgpath: str) -> None:
+    """Remove the sandbox's (empty) cgroups after runsc deleted it; ignore what is already gone."""
+    for c in CONTROLLERS:
+        p = _p(c, cgpath)
+        try:
+            os.rmdir(p)
+        except (FileNotFoundError, OSError):
+            pass

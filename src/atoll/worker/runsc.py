@@ -1,0 +1,106 @@
+"""Adapter over the `runsc` CLI (gVisor 20221219 from Debian, ptrace platform).
+
+Every runsc that starts or restores a sandbox runs
+  * in its own session (the gofer otherwise joins the caller's process group, and Ctrl-C to atoll
+    would kill the sandbox),
+  * with stdio redirected to a log file (a detached sandbox holds the caller's pipes open),
+  * inside a private mount namespace with an empty tmpfs over /proc/sys/net (gVisor issue #10704:
+    this runsc refuses `--network=sandbox` because it misreads rmem_default on new kernels).
+Checkpoints run through a small shell wrapper that writes a `done` marker only on success, so a
+worker killed mid-checkpoint can tell on restart whether the image is complete.
+Called by worker.service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+
+from atoll.core import errors
+from atoll.worker import hostcmd
+
+RUNSC = os.environ.get("ATOLL_RUNSC", "runsc")
+_NET_WORKAROUND = "mount -t tmpfs tmpfs /proc/sys/net && exec "
+
+
+def base_flags(root: str) -> list[str]:
+    return [RUNSC, f"--root={root}", "--platform=ptrace", "--network=sandbox"]
+
+
+async def _spawn_detached(argv: list[str], log_path: str, timeout: float) -> None:
+    script = _NET_WORKAROUND + shlex.join(argv)
+    with open(log_path, "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            "unshare", "-m", "--propagation", "private", "sh", "-c", script,
+            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )
+    try:
+        rc = await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        raise errors.RuntimeFailure(f"runsc did not finish within {timeout}s: {' '.join(argv[:4])}") from None
+    if rc != 0:
+        raise errors.RuntimeFailure(f"runsc {argv[3] if len(argv) > 3 else ''} failed (exit {rc}): {tail(log_path)}")
+
+
+def tail(path: str, n: int = 600) -> str:
+    """Last meaningful runsc log lines (error text rather than Go stack traces)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            lines = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no runsc log)"
+    keep = [ln for ln in lines if ln.strip() and not ln.startswith(("\t", "goroutine ", "created by "))]
+    text = " | ".join(keep[-4:])
+    # gVisor prints whole Go structs in errors; the cause is at the end.
+    return text[-n:]
+
+
+async def run(root: str, bundle: str, cid: str, log_path: str) -> None:
+    await _spawn_detached(base_flags(root) + ["run", "--bundle", bundle, "--detach", cid], log_path, 60)
+
+
+async def restore(root: str, bundle: str, cid: str, image_dir: str, log_path: str) -> None:
+    await _spawn_detached(
+        base_flags(root) + ["restore", "--bundle", bundle, "--detach", f"--image-path={image_dir}", cid],
+        log_path,
+        300,
+    )
+
+
+def checkpoint_argv(root: str, cid: str, image_dir: str) -> list[str]:
+    return base_flags(root) + ["checkpoint", f"--image-path={image_dir}", cid]
+
+
+async def start_checkpoint(root: str, cid: str, image_dir: str, log_path: str) -> asyncio.subprocess.Process:
+    """Start `runsc checkpoint` detached from atoll; `<image_dir>/done` appears only on success."""
+    os.makedirs(image_dir, exist_ok=True)
+    done = os.path.join(image_dir, "done")
+    script = f"{shlex.join(checkpoint_argv(root, cid, image_dir))} && echo ok > {shlex.quote(done)}"
+    with open(log_path, "ab") as log:
+        return await asyncio.create_subprocess_exec(
+            "sh", "-c", script, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
+
+
+async def state(root: str, cid: str) -> dict | None:
+    """runsc's view of a container ({"status": "running"|"paused"|"stopped"|"created", "pid": ...})."""
+    rc, out, _ = await hostcmd.run(RUNSC, f"--root={root}", "state", cid, check=False, timeout=30)
+    if rc != 0:
+        return None
+    try:
+        return json.loads(out)
+    except ValueError:
+        return None
+
+
+async def delete(root: str, cid: str) -> None:
+    await hostcmd.run(RUNSC, f"--root={root}", "delete", "--force", cid, check=False, timeout=60)
+
+
+async def kill(root: str, cid: str) -> None:
+    await hostcmd.run(RUNSC, f"--root={root}", "kill", "--all", cid, "KILL", check=False, timeout=30)

@@ -1,0 +1,92 @@
+"""Stopping atoll never loses a sandbox; the next `atoll up` with the same home reattaches to it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from atoll.testing import LocalAtoll
+from tests.conftest import TEMPLATE_CACHE
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def local(tmp_path):
+    la = LocalAtoll(home=tmp_path / "home", env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE})
+    yield la
+    # Reap whatever the test left, with a server running.
+    if la.proc is None:
+        la.start(timeout=120)
+    la.stop(reap=True)
+
+
+def _client(la):
+    return httpx.Client(base_url=la.url, headers=la.headers(), timeout=300)
+
+
+def _exec(c, sid, cmd):
+    r = c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_restart_reattaches_running_memory_and_disk(local):
+    local.start(timeout=120)
+    with _client(local) as c:
+        sids = {}
+        for name in ("running", "memory", "disk"):
+            sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"role": name}}).json()["id"]
+            _exec(c, sid, f"echo {name} > /root/name")
+            _exec(c, sid, "python3 -c 'import time\nx=[0]\nwhile True:\n  x[0]+=1; open(\"/tmp/beat\",\"w\").write(str(x[0])); time.sleep(0.1)' &")
+            sids[name] = sid
+        assert c.post(f"/v1/sandboxes/{sids['memory']}/pause", json={"tier": "memory"}).json()["standby_tier"] == "memory"
+        assert c.post(f"/v1/sandboxes/{sids['disk']}/pause", json={"tier": "disk"}).json()["standby_tier"] == "disk"
+    t0 = time.monotonic()
+    local.stop(reap=False)
+    assert time.monotonic() - t0 < 10, "stopping atoll must take seconds"
+    time.sleep(1)
+    local.start(timeout=120)
+    with _client(local) as c:
+        got = {n: c.get(f"/v1/sandboxes/{sid}").json() for n, sid in sids.items()}
+        assert got["running"]["state"] == "running"
+        assert (got["memory"]["state"], got["memory"]["standby_tier"]) == ("standby", "memory")
+        assert (got["disk"]["state"], got["disk"]["standby_tier"]) == ("standby", "disk")
+        for name, sid in sids.items():
+            assert _exec(c, sid, "cat /root/name")["stdout"] == f"{name}\n"
+            a = int(_exec(c, sid, "cat /tmp/beat")["stdout"])
+            time.sleep(0.5)
+            b = int(_exec(c, sid, "cat /tmp/beat")["stdout"])
+            assert b > a, f"{name}: the background process must still be running after the restart"
+
+
+def test_sigkill_during_checkpoint_never_loses_the_sandbox(local):
+    local.start(timeout=120)
+    with _client(local) as c:
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "memory_mb": 1024}).json()["id"]
+        _exec(c, sid, "echo safe > /root/file")
+        _exec(c, sid, "python3 -c 'import os,time; b=os.urandom(300*1024*1024); time.sleep(10**6)' &")
+        time.sleep(3)
+        th = threading.Thread(target=lambda: _try_pause(c, sid))
+        th.start()
+        time.sleep(0.4)
+        local.kill()
+        th.join()
+    local.start(timeout=120)
+    with _client(local) as c:
+        sb = c.get(f"/v1/sandboxes/{sid}").json()
+        assert sb["state"] in ("running", "standby", "failed"), sb
+        if sb["state"] == "failed":
+            assert sb["failure_reason"], "a failed sandbox must say why"
+        else:
+            assert _exec(c, sid, "cat /root/file")["stdout"] == "safe\n"
+
+
+def _try_pause(c, sid):
+    try:
+        c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    except httpx.HTTPError:
+        pass

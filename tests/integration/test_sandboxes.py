@@ -1,0 +1,166 @@
+"""Sandboxes, exec, processes and files against a real `atoll up` with real gVisor sandboxes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import pytest
+
+from tests.integration.conftest import run
+
+pytestmark = pytest.mark.integration
+
+
+def test_create_get_list_delete(api, atoll_server):
+    r = api.post("/v1/sandboxes", json={"metadata": {"team": "a", "n": "1"}, "env": {"GREETING": "hi"}, "idle_timeout_s": 0})
+    assert r.status_code == 201, r.text
+    sb = r.json()
+    assert sb["state"] == "running" and sb["standby_tier"] is None and sb["template"] == "base"
+    assert sb["id"].startswith("sb-") and sb["created_at"] and sb["tenant_id"] == "default"
+    sid = sb["id"]
+    assert api.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    ids = [s["id"] for s in api.get("/v1/sandboxes", params={"state": "running", "metadata.team": "a"}).json()["items"]]
+    assert sid in ids
+    assert sid not in [s["id"] for s in api.get("/v1/sandboxes", params={"metadata.team": "b"}).json()["items"]]
+    assert sid not in [s["id"] for s in api.get("/v1/sandboxes", params={"state": "standby"}).json()["items"]]
+    assert run(api, sid, "echo $GREETING")["stdout"] == "hi\n"
+    sbx_dir = os.path.join(atoll_server.home, "sandboxes", sid)
+    assert os.path.isdir(sbx_dir)
+    assert api.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    assert api.get(f"/v1/sandboxes/{sid}").status_code == 404
+    deadline = time.monotonic() + 30
+    while os.path.exists(sbx_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not os.path.exists(sbx_dir), "delete must remove the sandbox's upper dir and images"
+
+
+def test_base_template_contents(api, sandbox):
+    out = run(api, sandbox["id"], "python3 -c 'import venv, ssl; print(1)' && pip --version >/dev/null && "
+              "bash --version >/dev/null && git --version >/dev/null && curl --version >/dev/null && "
+              "ps --version >/dev/null && test -s /etc/ssl/certs/ca-certificates.crt && echo ok")
+    assert out["exit_code"] == 0, out
+    assert out["stdout"].strip().endswith("ok")
+
+
+def test_exec_forms_and_exit_codes(api, sandbox):
+    sid = sandbox["id"]
+    r = run(api, sid, ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"])
+    assert (r["exit_code"], r["stdout"], r["stderr"], r["timed_out"]) == (3, "out\n", "err\n", False)
+    assert isinstance(r["duration_ms"], (int, float))
+    r = run(api, sid, "echo a && echo b 1>&2; exit 5")
+    assert (r["exit_code"], r["stdout"], r["stderr"]) == (5, "a\n", "b\n")
+    r = run(api, sid, "pwd; echo $FOO", cwd="/tmp", env={"FOO": "bar"})
+    assert r["stdout"] == "/tmp\nbar\n"
+    r = run(api, sid, "no-such-binary-xyz")
+    assert r["exit_code"] == 127 and "not found" in r["stderr"]
+    r = run(api, sid, ["no-such-binary-xyz"])
+    assert r["exit_code"] == 127 and r["stderr"]
+    r = run(api, sid, ["python3", "-c", "import sys; sys.stdout.buffer.write(b'ok\\xff\\xfe')"])
+    assert r["stdout"] == "ok\ufffd\ufffd"
+    assert run(api, sid, "id -u")["stdout"] == "0\n"
+    assert run(api, sid, "id -un", user="nobody")["stdout"] == "nobody\n"
+
+
+def test_exec_timeout_kills_tree(api, sandbox):
+    sid = sandbox["id"]
+    t0 = time.monotonic()
+    r = run(api, sid, "sleep 300 & sleep 300; echo never", timeout_s=1)
+    assert r["timed_out"] is True and "never" not in r["stdout"]
+    assert time.monotonic() - t0 < 30
+    ps = run(api, sid, "ps -eo args")["stdout"]
+    assert "sleep 300" not in ps, ps
+
+
+def test_exec_streaming(api, sandbox):
+    sid = sandbox["id"]
+    body = {"cmd": "for i in 1 2 3; do echo line$i; sleep 0.2; done; echo e >&2; exit 4"}
+    lines = []
+    with api.stream("POST", f"/v1/sandboxes/{sid}/exec", json=body, headers={"Accept": "application/x-ndjson"}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        for line in r.iter_lines():
+            if line.strip():
+                lines.append(json.loads(line))
+    out = "".join(x.get("stdout", "") for x in lines)
+    assert out == "line1\nline2\nline3\n"
+    assert "".join(x.get("stderr", "") for x in lines) == "e\n"
+    assert lines[-1]["exit_code"] == 4 and lines[-1]["timed_out"] is False
+    assert sum(1 for x in lines if "stdout" in x) >= 2, "output must arrive in several chunks as it is produced"
+
+
+def test_background_processes(api, sandbox):
+    sid = sandbox["id"]
+    r = run(api, sid, "sleep 1000", background=True)
+    pid = r["pid"]
+    assert isinstance(pid, int)
+    items = api.get(f"/v1/sandboxes/{sid}/processes").json()["items"]
+    mine = [p for p in items if p["pid"] == pid]
+    assert mine and mine[0]["running"] is True and "sleep 1000" in mine[0]["cmd"]
+    assert api.delete(f"/v1/sandboxes/{sid}/processes/{pid}").status_code == 204
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        p = [x for x in api.get(f"/v1/sandboxes/{sid}/processes").json()["items"] if x["pid"] == pid]
+        if not p or not p[0]["running"]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("killed background process still running")
+    r = api.delete(f"/v1/sandboxes/{sid}/processes/999999")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found"
+
+
+def test_files_roundtrip_and_errors(api, sandbox):
+    sid = sandbox["id"]
+    data = bytes(range(256)) * 1000
+    r = api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/work/deep/dir/blob.bin"}, content=data)
+    assert r.status_code == 204, r.text
+    r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/work/deep/dir/blob.bin"})
+    assert r.status_code == 200 and r.content == data
+    items = api.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/work/deep/dir"}).json()["items"]
+    assert [(i["name"], i["type"], i["size"]) for i in items] == [("blob.bin", "file", len(data))]
+    assert items[0]["path"] == "/work/deep/dir/blob.bin"
+    assert run(api, sid, "sha256sum /work/deep/dir/blob.bin")["stdout"].split()[0] == hashlib.sha256(data).hexdigest()
+    assert api.delete(f"/v1/sandboxes/{sid}/files", params={"path": "/work/deep/dir/blob.bin"}).status_code == 204
+    r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/work/deep/dir/blob.bin"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "file_not_found"
+    for bad in ("relative/path", "/work/../etc/passwd", ""):
+        r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": bad})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", (bad, r.text)
+        assert bad in r.json()["error"]["message"] or bad == ""
+
+
+def test_symlinks_cannot_reach_the_host(api, sandbox, tmp_path):
+    sid = sandbox["id"]
+    marker = tmp_path / "host-secret.txt"
+    marker.write_text("host secret")
+    run(api, sid, f"ln -s / /tmp/rootlink && ln -s {marker} /tmp/direct && ln -s ../../../../../../../.. /tmp/up")
+    # Resolved inside the sandbox's own root: the host file does not exist there.
+    r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/direct"})
+    assert r.status_code == 404
+    r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": f"/tmp/rootlink{marker}"})
+    assert r.status_code == 404
+    r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/up/etc/hostname"})
+    assert r.status_code == 200 and r.content.strip().decode() == sid
+
+
+def test_dns_never_leaves_the_sandbox(api, sandbox):
+    sid = sandbox["id"]
+    r = run(api, sid, "python3 -c 'import socket; print(socket.gethostbyname(socket.gethostname()))'")
+    assert r["exit_code"] == 0 and r["stdout"].startswith("127."), r
+    assert "nameserver 127.0.0.1" in run(api, sid, "cat /etc/resolv.conf")["stdout"]
+
+
+def test_memory_and_cpu_limits(api):
+    r = api.post("/v1/sandboxes", json={"memory_mb": 128, "cpus": 0.5, "idle_timeout_s": 0})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    try:
+        hog = run(api, sid, ["python3", "-c", "b = bytearray(600 * 1024 * 1024); print('allocated')"], timeout_s=60)
+        assert hog["exit_code"] != 0 and "allocated" not in hog["stdout"], hog
+        ok = run(api, sid, ["python3", "-c", "b = bytearray(48 * 1024 * 1024); print('allocated')"], timeout_s=60)
+        assert ok["exit_code"] == 0, ok
+    finally:
+        api.delete(f"/v1/sandboxes/{sid}")
