@@ -110,7 +110,10 @@ class SandboxManager:
             await self.worker.templates.ensure("base")
 
     async def _reattach(self, rec: dbm.SandboxRecord) -> None:
-        obs = await self.worker.reattach(rec.id)
+        try:
+            obs = await asyncio.wait_for(self.worker.reattach(rec.id), 60)
+        except (errors.AtollError, TimeoutError, OSError) as e:
+            obs = workersvc.Observed("failed", f"could not reattach after a restart: {e!r}")
         now = dbm.utcnow()
         self._cache[rec.id] = rec
         if obs.phase == "running":

@@ -55,6 +55,14 @@ def thaw(cgpath: str, timeout: float = 5.0) -> None:
     _set_freezer(cgpath, "THAWED", timeout)
 
 
+def has_tasks(cgpath: str) -> bool:
+    try:
+        with open(_p("freezer", cgpath, "cgroup.procs")) as f:
+            return bool(f.read().strip())
+    except FileNotFoundError:
+        return False
+
+
 def memory_usage_bytes(cgpath: str) -> int | None:
     try:
         with open(_p("memory", cgpath, "memory.usage_in_bytes")) as f:

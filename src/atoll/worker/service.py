@@ -365,14 +365,19 @@ class Worker:
             rt.phase, rt.failure = "failed", "its committed snapshot is missing from disk"
             self._save(rt)
             return Observed("failed", rt.failure)
+        cg = rt.cgroup(self.install_id)
+        if cgroups.freezer_state(cg) == "FROZEN" and cgroups.has_tasks(cg):
+            # `runsc state` would hang asking a frozen sentry: the cgroup is the truth here.
+            rt.phase = "frozen"
+            self._save(rt)
+            return Observed("frozen")
         st = await runsc.state(self.runsc_root, rt.cid)
         if not st or st.get("status") not in ("running", "paused"):
             rt.phase = "failed"
             rt.failure = f"runsc reports the sandbox as {st.get('status') if st else 'gone'} after a restart"
             self._save(rt)
             return Observed("failed", rt.failure)
-        fz = cgroups.freezer_state(rt.cgroup(self.install_id))
-        rt.phase = "frozen" if fz == "FROZEN" else "running"
+        rt.phase = "running"
         self._save(rt)
         return Observed(rt.phase)
 
