@@ -251,7 +251,7 @@ class SandboxManager:
         """Run a worker step; an unexpected runtime failure marks the sandbox failed with its cause."""
         try:
             return await aw
-        except errors.RuntimeFailure as e:
+        except (errors.RuntimeFailure, errors.SandboxDied) as e:
             self._fail(rec, e.message)
             raise
 
@@ -291,6 +291,9 @@ class SandboxManager:
                 await self.resume(sid)
             self._activity[sid] = time.monotonic()
             yield
+        except errors.SandboxDied as e:
+            self._fail(rec, e.message)
+            raise
         finally:
             self._inflight[sid] -= 1
             self._activity[sid] = time.monotonic()
@@ -310,6 +313,10 @@ class SandboxManager:
         for sid, rec in list(self._cache.items()):
             lock = self._lock(sid)
             if lock.locked() or self._inflight.get(sid):
+                continue
+            if rec.state in (State.RUNNING, State.STANDBY) and not self._alive(sid):
+                self._fail(rec, self.worker.death_cause(sid))
+                log.warning("sandbox.died", extra={"sandbox_id": sid, "reason": rec.failure_reason})
                 continue
             if rec.state == State.RUNNING and rec.idle_timeout_s > 0:
                 idle_for = now - self._activity.get(sid, now)
@@ -331,6 +338,12 @@ class SandboxManager:
                 if (wall - since).total_seconds() >= rec.disk_after_s:
                     with contextlib.suppress(errors.AtollError):
                         await self.pause(sid, Tier.DISK, reason="idle")
+
+    def _alive(self, sid: str) -> bool:
+        try:
+            return self.worker.alive(sid)
+        except errors.AtollError:
+            return True  # no runtime yet (creating elsewhere); nothing to judge
 
     def counts(self) -> dict[str, int]:
         return self.db.count_by_state()

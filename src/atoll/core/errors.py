@@ -3,7 +3,7 @@
     AtollError                      (code, message, status, retryable)
     ├── InvalidRequest              400 invalid_request / invalid_path
     ├── NotFound                    404 sandbox_not_found / template_not_found / file_not_found / process_not_found
-    ├── Conflict                    409 sandbox_busy / invalid_state
+    ├── Conflict                    409 sandbox_busy / invalid_state / sandbox_failed
     ├── PayloadTooLarge             413 payload_too_large
     └── RuntimeFailure              500 runtime_error (a bug or a host failure; logged with its cause)
 
@@ -66,6 +66,12 @@ class Conflict(AtollError):
 class SandboxBusy(Conflict):
     code = "sandbox_busy"
     retryable = True
+
+
+class SandboxDied(Conflict):
+    """The sandbox's runtime stopped underneath a call (e.g. the host OOM killer); it is now failed."""
+
+    code = "sandbox_failed"
 
 
 class PayloadTooLarge(AtollError):

@@ -67,6 +67,9 @@ class _NetnsBackend(httpcore.AsyncNetworkBackend):
         sock = await loop.run_in_executor(_ns_thread, _socket_in_netns, self._ns_path)
         try:
             await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout or 5)
+        except (OSError, TimeoutError) as e:
+            sock.close()
+            raise httpcore.ConnectError(f"connect to the guest agent failed: {e!r}") from e
         except BaseException:
             sock.close()
             raise

@@ -63,6 +63,18 @@ def has_tasks(cgpath: str) -> bool:
         return False
 
 
+def oom_kills(cgpath: str) -> int:
+    """How often the host's OOM killer struck inside this cgroup (0 if unknown)."""
+    try:
+        with open(_p("memory", cgpath, "memory.oom_control")) as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ValueError):
+        pass
+    return 0
+
+
 def memory_usage_bytes(cgpath: str) -> int | None:
     try:
         with open(_p("memory", cgpath, "memory.usage_in_bytes")) as f:

@@ -98,6 +98,25 @@ async def state(root: str, cid: str) -> dict | None:
         return None
 
 
+def sandbox_pid(root: str, cid: str) -> int | None:
+    """PID of the sentry, read from runsc's state file (never asks the sandbox: it may be frozen)."""
+    try:
+        with open(os.path.join(root, f"{cid}_sandbox:{cid}.state")) as f:
+            return int(json.load(f)["sandbox"]["pid"])
+    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        return None
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 async def delete(root: str, cid: str) -> None:
     await hostcmd.run(RUNSC, f"--root={root}", "delete", "--force", cid, check=False, timeout=60)
 

@@ -62,6 +62,7 @@ class Runtime:
     generation: int = 0
     phase: str = "creating"  # creating | running | frozen | checkpointing | checkpointed | failed | deleting
     failure: str | None = None
+    sentry_pid: int | None = None
 
     @property
     def cid(self) -> str:
@@ -175,6 +176,7 @@ class Worker:
             self._write_bundle(rt)
             await runsc.run(self.runsc_root, self._p(sid, "bundle"), rt.cid, self._p(sid, "runsc.log"))
             rt.phase = "running"
+            rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
             self._save(rt)
             await self.wait_agent(sid, timeout=30)
         except BaseException as e:
@@ -320,6 +322,7 @@ class Worker:
             self._save(rt)
             raise
         rt.phase = "running"
+        rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
         self._save(rt)
         await self.wait_agent(sid, timeout=30)
         await self._set_identity(sid, rt.generation)
@@ -374,10 +377,13 @@ class Worker:
         st = await runsc.state(self.runsc_root, rt.cid)
         if not st or st.get("status") not in ("running", "paused"):
             rt.phase = "failed"
-            rt.failure = f"runsc reports the sandbox as {st.get('status') if st else 'gone'} after a restart"
+            rt.failure = f"runsc reports the sandbox as {st.get('status') if st else 'gone'} after a restart: " + (
+                self.death_cause(sid)
+            )
             self._save(rt)
             return Observed("failed", rt.failure)
         rt.phase = "running"
+        rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
         self._save(rt)
         return Observed(rt.phase)
 
@@ -410,11 +416,56 @@ class Worker:
         await storage.unmount(self._p(sid, "upper"))
         await asyncio.to_thread(shutil.rmtree, self._dir(sid), True)
 
+    # ---- liveness ------------------------------------------------------------------------------
+    def alive(self, sid: str) -> bool:
+        """Is the sandbox's sentry still there? (A file read; safe on a frozen sandbox.)"""
+        rt = self.runtime(sid)
+        if rt.phase in ("checkpointed", "checkpointing"):
+            return True
+        if rt.sentry_pid is None:
+            rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+        return runsc.pid_alive(rt.sentry_pid)
+
+    def death_cause(self, sid: str) -> str:
+        rt = self.runtime(sid)
+        if cgroups.oom_kills(rt.cgroup(self.install_id)):
+            return (
+                f"sandbox {sid} was stopped by the host's OOM killer: its programs used more than "
+                f"memory_mb={rt.memory_mb} (plus {bundle.RUNTIME_OVERHEAD_MB + bundle.RESTORE_GROWTH_MB} MB for "
+                "the runtime); create a new sandbox with a larger memory_mb"
+            )
+        return f"sandbox {sid} stopped unexpectedly; runsc log: {runsc.tail(self._p(sid, 'runsc.log'))}"
+
+    def _died(self, sid: str) -> errors.SandboxDied:
+        rt = self.runtime(sid)
+        rt.phase, rt.failure = "failed", self.death_cause(sid)
+        with contextlib.suppress(OSError):
+            self._save(rt)
+        return errors.SandboxDied(rt.failure + " (the sandbox is now failed; its files are kept until you delete it)")
+
+    async def _watch(self, sid: str, aw: typing.Awaitable) -> typing.Any:
+        """Await `aw`, but give up as soon as the sandbox's sentry dies (its netstack then never answers)."""
+        task = asyncio.ensure_future(aw)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=1.0)
+                if done:
+                    return task.result()
+                if not self.alive(sid):
+                    raise self._died(sid)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
     # ---- guest agent proxy -----------------------------------------------------------------------
     async def agent_request(self, sid: str, method: str, url: str, **kw: typing.Any) -> httpx.Response:
         try:
-            r = await self.channel(sid).request(method, url, **kw)
+            r = await self._watch(sid, self.channel(sid).request(method, url, **kw))
         except httpx.HTTPError as e:
+            if not self.alive(sid):
+                raise self._died(sid) from None
             raise errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer: {e!r}") from None
         if r.status_code >= 400:
             raise _agent_error(r)
@@ -429,6 +480,8 @@ class Worker:
                     raise _agent_error(r)
                 yield r
         except httpx.HTTPError as e:
+            if not self.alive(sid):
+                raise self._died(sid) from None
             raise errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer: {e!r}") from None
 
     def usage(self, sid: str) -> dict:
