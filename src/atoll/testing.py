@@ -27,6 +27,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def purge(home: str | os.PathLike) -> list[str]:
+    """Remove every sandbox of the installation at `home` from this host (no server needed)."""
+    import asyncio
+
+    from atoll.worker import service
+
+    return asyncio.run(service.purge_installation(os.fspath(home)))
+
+
 class LocalAtoll:
     def __init__(
         self,
@@ -57,14 +66,20 @@ class LocalAtoll:
         }
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "atoll", "up"], env=env, stdin=subprocess.DEVNULL,
-            stdout=log, stderr=log, start_new_session=True,
+            [sys.executable, "-m", "atoll", "up"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"atoll up exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}")
+                raise RuntimeError(
+                    f"atoll up exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
+                )
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
                     return self
@@ -111,6 +126,8 @@ class LocalAtoll:
                 self.proc.wait()
         rc = self.proc.returncode
         self.proc = None
+        if self.reap if reap is None else reap:
+            purge(self.home)  # whatever the API could not delete (e.g. after a failed test)
         return rc
 
     def kill(self) -> None:

@@ -74,7 +74,9 @@ def admin_key(s: settings_mod.Settings) -> str:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
-    print(f"atoll: generated admin API key (saved to {path}; shown once):\n  {key}", file=sys.stderr, flush=True)
+    print(
+        f"atoll: generated admin API key (saved to {path}; shown once):\n  {key}", file=sys.stderr, flush=True
+    )
     return key
 
 
@@ -83,7 +85,9 @@ def build(s: settings_mod.Settings):
     os.makedirs(s.home, exist_ok=True)
     key = admin_key(s)
     database = db.open_database(s.database_url)
-    worker = workersvc.Worker(workersvc.WorkerSettings(home=s.home, template_dir=s.template_dir, debian_mirror=s.debian_mirror))
+    worker = workersvc.Worker(
+        workersvc.WorkerSettings(home=s.home, template_dir=s.template_dir, debian_mirror=s.debian_mirror)
+    )
     m = metrics.Metrics()
     manager = lifecycle.SandboxManager(database, worker, m)
     m.bind_state_counts(manager.counts)
@@ -106,8 +110,13 @@ def build(s: settings_mod.Settings):
 async def serve(s: settings_mod.Settings) -> None:
     _manager, app = build(s)
     config = uvicorn.Config(
-        app, host=s.host, port=s.port, log_config=None, access_log=False,
-        timeout_graceful_shutdown=3, lifespan="on",
+        app,
+        host=s.host,
+        port=s.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        lifespan="on",
     )
     await uvicorn.Server(config).serve()
 
@@ -120,8 +129,10 @@ def main(port: int | None = None, home: str | None = None, host: str | None = No
         raise SystemExit(2) from None
     configure_logging(s.log_format, s.log_level)
     if os.geteuid() != 0:
-        print("atoll: the local worker needs root (runsc, mounts, network namespaces, cgroups); run as root",
-              file=sys.stderr)
+        print(
+            "atoll: the local worker needs root (runsc, mounts, network namespaces, cgroups); run as root",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     log.info("starting atoll", extra={"settings": s.redacted()})
     asyncio.run(serve(s))

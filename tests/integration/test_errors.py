@@ -25,7 +25,9 @@ def test_auth_required(atoll_server):
     _err(r, 401, "unauthorized")
     assert httpx.get(atoll_server.url + "/healthz").status_code == 200
     m = httpx.get(atoll_server.url + "/metrics")
-    assert m.status_code == 200 and "atoll_sandboxes" in m.text and "atoll_lifecycle_duration_seconds" in m.text
+    assert (
+        m.status_code == 200 and "atoll_sandboxes" in m.text and "atoll_lifecycle_duration_seconds" in m.text
+    )
     spec = httpx.get(atoll_server.url + "/openapi.json").json()
     assert "/v1/sandboxes/{sid}/exec" in spec["paths"]
 
@@ -42,8 +44,13 @@ def test_unknown_and_malformed(api):
     e = _err(api.post("/v1/sandboxes", json={"memory_mb": -5}), (400, 422), "invalid_request")
     assert "memory_mb" in e["message"]
     _err(api.post("/v1/sandboxes", json={"idle_timeout_s": "soon"}), (400, 422), "invalid_request")
-    _err(api.post("/v1/sandboxes", content=b"x" * (2 * 1024 * 1024), headers={"Content-Type": "application/json"}),
-         413, "payload_too_large")
+    _err(
+        api.post(
+            "/v1/sandboxes", content=b"x" * (2 * 1024 * 1024), headers={"Content-Type": "application/json"}
+        ),
+        413,
+        "payload_too_large",
+    )
     _err(api.get("/v1/sandboxes", params={"state": "sleepy"}), 400, "invalid_request")
     _err(api.get("/v1/nothing-here"), 404, "not_found")
 
@@ -53,9 +60,17 @@ def test_sandbox_level_errors(api, sandbox):
     _err(api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ""}), 400, "invalid_request")
     _err(api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": []}), 400, "invalid_request")
     _err(api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "cwd": "rel"}), 400, "invalid_request")
-    e = _err(api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "cwd": "/does/not/exist"}), 400, "invalid_request")
+    e = _err(
+        api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "cwd": "/does/not/exist"}),
+        400,
+        "invalid_request",
+    )
     assert "/does/not/exist" in e["message"]
-    _err(api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "timeout_s": -1}), (400, 422), "invalid_request")
+    _err(
+        api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "timeout_s": -1}),
+        (400, 422),
+        "invalid_request",
+    )
     _err(api.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "ice"}), (400, 422), "invalid_request")
     _err(api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/etc"}), 400, "invalid_path")
     _err(api.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/nope"}), 404, "file_not_found")
@@ -70,7 +85,9 @@ def test_delete_during_pause_waits_and_loses_nothing(api):
 
     sid = api.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
     res = {}
-    t = threading.Thread(target=lambda: res.setdefault("pause", api.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})))
+    t = threading.Thread(
+        target=lambda: res.setdefault("pause", api.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"}))
+    )
     t.start()
     r = api.delete(f"/v1/sandboxes/{sid}")
     t.join()

@@ -41,10 +41,20 @@ def test_restart_reattaches_running_memory_and_disk(local):
         for name in ("running", "memory", "disk"):
             sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"role": name}}).json()["id"]
             _exec(c, sid, f"echo {name} > /root/name")
-            _exec(c, sid, "python3 -c 'import time\nx=[0]\nwhile True:\n  x[0]+=1; open(\"/tmp/beat\",\"w\").write(str(x[0])); time.sleep(0.1)' &")
+            _exec(
+                c,
+                sid,
+                'python3 -c \'import time\nx=[0]\nwhile True:\n  x[0]+=1; open("/tmp/beat","w").write(str(x[0])); time.sleep(0.1)\' &',
+            )
             sids[name] = sid
-        assert c.post(f"/v1/sandboxes/{sids['memory']}/pause", json={"tier": "memory"}).json()["standby_tier"] == "memory"
-        assert c.post(f"/v1/sandboxes/{sids['disk']}/pause", json={"tier": "disk"}).json()["standby_tier"] == "disk"
+        assert (
+            c.post(f"/v1/sandboxes/{sids['memory']}/pause", json={"tier": "memory"}).json()["standby_tier"]
+            == "memory"
+        )
+        assert (
+            c.post(f"/v1/sandboxes/{sids['disk']}/pause", json={"tier": "disk"}).json()["standby_tier"]
+            == "disk"
+        )
     t0 = time.monotonic()
     local.stop(reap=False)
     assert time.monotonic() - t0 < 10, "stopping atoll must take seconds"

@@ -16,16 +16,24 @@ pytestmark = pytest.mark.integration
 
 
 def test_create_get_list_delete(api, atoll_server):
-    r = api.post("/v1/sandboxes", json={"metadata": {"team": "a", "n": "1"}, "env": {"GREETING": "hi"}, "idle_timeout_s": 0})
+    r = api.post(
+        "/v1/sandboxes",
+        json={"metadata": {"team": "a", "n": "1"}, "env": {"GREETING": "hi"}, "idle_timeout_s": 0},
+    )
     assert r.status_code == 201, r.text
     sb = r.json()
     assert sb["state"] == "running" and sb["standby_tier"] is None and sb["template"] == "base"
     assert sb["id"].startswith("sb-") and sb["created_at"] and sb["tenant_id"] == "default"
     sid = sb["id"]
     assert api.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
-    ids = [s["id"] for s in api.get("/v1/sandboxes", params={"state": "running", "metadata.team": "a"}).json()["items"]]
+    ids = [
+        s["id"]
+        for s in api.get("/v1/sandboxes", params={"state": "running", "metadata.team": "a"}).json()["items"]
+    ]
     assert sid in ids
-    assert sid not in [s["id"] for s in api.get("/v1/sandboxes", params={"metadata.team": "b"}).json()["items"]]
+    assert sid not in [
+        s["id"] for s in api.get("/v1/sandboxes", params={"metadata.team": "b"}).json()["items"]
+    ]
     assert sid not in [s["id"] for s in api.get("/v1/sandboxes", params={"state": "standby"}).json()["items"]]
     assert run(api, sid, "echo $GREETING")["stdout"] == "hi\n"
     sbx_dir = os.path.join(atoll_server.home, "sandboxes", sid)
@@ -39,16 +47,22 @@ def test_create_get_list_delete(api, atoll_server):
 
 
 def test_base_template_contents(api, sandbox):
-    out = run(api, sandbox["id"], "python3 -c 'import venv, ssl; print(1)' && pip --version >/dev/null && "
-              "bash --version >/dev/null && git --version >/dev/null && curl --version >/dev/null && "
-              "ps --version >/dev/null && test -s /etc/ssl/certs/ca-certificates.crt && echo ok")
+    out = run(
+        api,
+        sandbox["id"],
+        "python3 -c 'import venv, ssl; print(1)' && pip --version >/dev/null && "
+        "bash --version >/dev/null && git --version >/dev/null && curl --version >/dev/null && "
+        "ps --version >/dev/null && test -s /etc/ssl/certs/ca-certificates.crt && echo ok",
+    )
     assert out["exit_code"] == 0, out
     assert out["stdout"].strip().endswith("ok")
 
 
 def test_exec_forms_and_exit_codes(api, sandbox):
     sid = sandbox["id"]
-    r = run(api, sid, ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"])
+    r = run(
+        api, sid, ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"]
+    )
     assert (r["exit_code"], r["stdout"], r["stderr"], r["timed_out"]) == (3, "out\n", "err\n", False)
     assert isinstance(r["duration_ms"], (int, float))
     r = run(api, sid, "echo a && echo b 1>&2; exit 5")
@@ -79,7 +93,9 @@ def test_exec_streaming(api, sandbox):
     sid = sandbox["id"]
     body = {"cmd": "for i in 1 2 3; do echo line$i; sleep 0.2; done; echo e >&2; exit 4"}
     lines = []
-    with api.stream("POST", f"/v1/sandboxes/{sid}/exec", json=body, headers={"Accept": "application/x-ndjson"}) as r:
+    with api.stream(
+        "POST", f"/v1/sandboxes/{sid}/exec", json=body, headers={"Accept": "application/x-ndjson"}
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("application/x-ndjson")
         for line in r.iter_lines():
@@ -89,7 +105,9 @@ def test_exec_streaming(api, sandbox):
     assert out == "line1\nline2\nline3\n"
     assert "".join(x.get("stderr", "") for x in lines) == "e\n"
     assert lines[-1]["exit_code"] == 4 and lines[-1]["timed_out"] is False
-    assert sum(1 for x in lines if "stdout" in x) >= 2, "output must arrive in several chunks as it is produced"
+    assert sum(1 for x in lines if "stdout" in x) >= 2, (
+        "output must arrive in several chunks as it is produced"
+    )
 
 
 def test_background_processes(api, sandbox):
@@ -123,8 +141,14 @@ def test_files_roundtrip_and_errors(api, sandbox):
     items = api.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/work/deep/dir"}).json()["items"]
     assert [(i["name"], i["type"], i["size"]) for i in items] == [("blob.bin", "file", len(data))]
     assert items[0]["path"] == "/work/deep/dir/blob.bin"
-    assert run(api, sid, "sha256sum /work/deep/dir/blob.bin")["stdout"].split()[0] == hashlib.sha256(data).hexdigest()
-    assert api.delete(f"/v1/sandboxes/{sid}/files", params={"path": "/work/deep/dir/blob.bin"}).status_code == 204
+    assert (
+        run(api, sid, "sha256sum /work/deep/dir/blob.bin")["stdout"].split()[0]
+        == hashlib.sha256(data).hexdigest()
+    )
+    assert (
+        api.delete(f"/v1/sandboxes/{sid}/files", params={"path": "/work/deep/dir/blob.bin"}).status_code
+        == 204
+    )
     r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/work/deep/dir/blob.bin"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "file_not_found"
     for bad in ("relative/path", "/work/../etc/passwd", ""):
@@ -137,7 +161,11 @@ def test_symlinks_cannot_reach_the_host(api, sandbox, tmp_path):
     sid = sandbox["id"]
     marker = tmp_path / "host-secret.txt"
     marker.write_text("host secret")
-    run(api, sid, f"ln -s / /tmp/rootlink && ln -s {marker} /tmp/direct && ln -s ../../../../../../../.. /tmp/up")
+    run(
+        api,
+        sid,
+        f"ln -s / /tmp/rootlink && ln -s {marker} /tmp/direct && ln -s ../../../../../../../.. /tmp/up",
+    )
     # Resolved inside the sandbox's own root: the host file does not exist there.
     for p in ("/tmp/direct", f"/tmp/rootlink{marker}", f"/tmp/up{marker}"):
         r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": p})
@@ -161,13 +189,19 @@ def test_memory_and_cpu_limits(api):
     try:
         quota = glob.glob(f"/sys/fs/cgroup/cpu/atoll-*/{sid}-0/cpu.cfs_quota_us")
         assert quota and open(quota[0]).read().strip() == "50000"
-        ok = run(api, sid, ["python3", "-c", "b = bytearray(64 * 1024 * 1024); print('allocated')"], timeout_s=60)
+        ok = run(
+            api, sid, ["python3", "-c", "b = bytearray(64 * 1024 * 1024); print('allocated')"], timeout_s=60
+        )
         assert ok["exit_code"] == 0 and ok["stdout"] == "allocated\n", ok
         # Past the limit the host's OOM killer stops the sandbox: the call says so at once and the
         # sandbox is marked failed with the cause (see docs/security-model.md, "Memory limits").
-        r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["python3", "-c", "b = bytearray(900 * 1024 * 1024)"]})
+        r = api.post(
+            f"/v1/sandboxes/{sid}/exec", json={"cmd": ["python3", "-c", "b = bytearray(900 * 1024 * 1024)"]}
+        )
         assert r.status_code == 409, r.text
-        assert r.json()["error"]["code"] == "sandbox_failed" and "memory_mb=128" in r.json()["error"]["message"]
+        assert (
+            r.json()["error"]["code"] == "sandbox_failed" and "memory_mb=128" in r.json()["error"]["message"]
+        )
         sb = api.get(f"/v1/sandboxes/{sid}").json()
         assert sb["state"] == "failed" and "OOM" in sb["failure_reason"]
     finally:

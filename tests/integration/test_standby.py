@@ -47,8 +47,12 @@ while True:
 
 
 def _ping(api, sid) -> str:
-    out = run(api, sid, "rm -f /tmp/reply; echo -n ping > /tmp/ctl; for i in $(seq 200); do "
-                        "[ -f /tmp/reply ] && cat /tmp/reply && exit 0; sleep 0.05; done; exit 1")
+    out = run(
+        api,
+        sid,
+        "rm -f /tmp/reply; echo -n ping > /tmp/ctl; for i in $(seq 200); do "
+        "[ -f /tmp/reply ] && cat /tmp/reply && exit 0; sleep 0.05; done; exit 1",
+    )
     assert out["exit_code"] == 0, out
     return out["stdout"]
 
@@ -103,7 +107,9 @@ def test_disk_tier_keeps_everything(api, stateful, atoll_server):
     # memory -> disk moves it; file calls also resume transparently.
     _pause(api, sid, "memory")
     assert _pause(api, sid, "disk")["standby_tier"] == "disk"
-    assert api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/on-disk.txt"}).content == b"persisted\n"
+    assert (
+        api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/on-disk.txt"}).content == b"persisted\n"
+    )
     assert _ping(api, sid) == "PING 3 kept open"
     # A disk sandbox cannot be "paused" back to memory without a resume.
     _pause(api, sid, "disk")
@@ -113,8 +119,10 @@ def test_disk_tier_keeps_everything(api, stateful, atoll_server):
 
 def test_gate_keeps_epoll_server_in_memory(api, sandbox):
     sid = sandbox["id"]
-    code = ("import asyncio\nasync def main():\n    s = await asyncio.start_server(lambda r, w: None, '0.0.0.0', 8080)\n"
-            "    await asyncio.sleep(10**6)\nasyncio.run(main())\n")
+    code = (
+        "import asyncio\nasync def main():\n    s = await asyncio.start_server(lambda r, w: None, '0.0.0.0', 8080)\n"
+        "    await asyncio.sleep(10**6)\nasyncio.run(main())\n"
+    )
     api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/srv/aio.py"}, content=code.encode())
     run(api, sid, "python3 /srv/aio.py", background=True)
     time.sleep(1.5)

@@ -48,6 +48,12 @@ def test_path_ok():
 
 def test_exec_request_validation():
     assert schemas.ExecRequest.model_validate({"cmd": ["ls", "-l"]}).cmd == ["ls", "-l"]
-    for bad in ({"cmd": ""}, {"cmd": []}, {"cmd": "x", "cwd": "tmp"}, {"cmd": "x", "env": {"A-B": "1"}}, {"cmd": "x", "extra": 1}):
+    for bad in (
+        {"cmd": ""},
+        {"cmd": []},
+        {"cmd": "x", "cwd": "tmp"},
+        {"cmd": "x", "env": {"A-B": "1"}},
+        {"cmd": "x", "extra": 1},
+    ):
         with pytest.raises(ValueError):
             schemas.ExecRequest.model_validate(bad)

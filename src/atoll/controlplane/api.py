@@ -47,12 +47,16 @@ def _body_schema(model: type[pydantic.BaseModel]) -> dict:
 async def _read_json(request: Request, model: type[pydantic.BaseModel], *, optional: bool = False):
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > MAX_JSON_BYTES:
-        raise errors.PayloadTooLarge(f"request body is {declared} bytes; JSON bodies are limited to {MAX_JSON_BYTES} bytes")
+        raise errors.PayloadTooLarge(
+            f"request body is {declared} bytes; JSON bodies are limited to {MAX_JSON_BYTES} bytes"
+        )
     buf = bytearray()
     async for chunk in request.stream():
         buf += chunk
         if len(buf) > MAX_JSON_BYTES:
-            raise errors.PayloadTooLarge(f"request body exceeds {MAX_JSON_BYTES} bytes, the limit for JSON bodies")
+            raise errors.PayloadTooLarge(
+                f"request body exceeds {MAX_JSON_BYTES} bytes, the limit for JSON bodies"
+            )
     if not buf.strip():
         if optional:
             return model()
@@ -75,13 +79,19 @@ async def _read_json(request: Request, model: type[pydantic.BaseModel], *, optio
 
 def _check_path(path: str | None) -> str:
     if path is None or path == "":
-        raise errors.InvalidPath("query parameter 'path' is required: an absolute path inside the sandbox, e.g. /home/user/a.txt")
+        raise errors.InvalidPath(
+            "query parameter 'path' is required: an absolute path inside the sandbox, e.g. /home/user/a.txt"
+        )
     if "\x00" in path:
         raise errors.InvalidPath("path contains a NUL byte")
     if not path.startswith("/"):
-        raise errors.InvalidPath(f"path {path!r} is relative; give an absolute path inside the sandbox, e.g. /{path}")
+        raise errors.InvalidPath(
+            f"path {path!r} is relative; give an absolute path inside the sandbox, e.g. /{path}"
+        )
     if any(part == ".." for part in path.split("/")):
-        raise errors.InvalidPath(f"path {path!r} contains '..'; give the absolute path without parent references")
+        raise errors.InvalidPath(
+            f"path {path!r} contains '..'; give the absolute path without parent references"
+        )
     if len(path) > 4096:
         raise errors.InvalidPath(f"path is {len(path)} characters; the limit is 4096")
     return path
@@ -105,9 +115,13 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
             auth = request.headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key_bytes):
-                return _error(401, "unauthorized",
-                              "missing or wrong API key; send 'Authorization: Bearer <key>' "
-                              "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)", rid)
+                return _error(
+                    401,
+                    "unauthorized",
+                    "missing or wrong API key; send 'Authorization: Bearer <key>' "
+                    "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)",
+                    rid,
+                )
         try:
             response = await call_next(request)
         except Exception:  # noqa: BLE001 - last line of defence: never a traceback to the client
@@ -115,9 +129,9 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
             return _error(500, "internal_error", f"internal error; the server logged it as {rid}", rid, True)
         response.headers["X-Request-Id"] = rid
         route = request.scope.get("route")
-        m.requests.labels(route=getattr(route, "path", "unmatched"), status=str(response.status_code)).observe(
-            time.perf_counter() - t0
-        )
+        m.requests.labels(
+            route=getattr(route, "path", "unmatched"), status=str(response.status_code)
+        ).observe(time.perf_counter() - t0)
         return response
 
     @app.exception_handler(errors.AtollError)
@@ -143,7 +157,11 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
     # ---- public ----------------------------------------------------------------------------
     @app.get("/healthz")
     async def healthz():
-        return {"status": "ok", "version": app.version, "templates": {t["name"]: t["status"] for t in manager.worker.templates.status()}}
+        return {
+            "status": "ok",
+            "version": app.version,
+            "templates": {t["name"]: t["status"] for t in manager.worker.templates.status()},
+        }
 
     @app.get("/metrics")
     async def metrics_endpoint():
@@ -163,7 +181,7 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
 
     @app.get("/v1/sandboxes")
     async def list_sandboxes(request: Request, state: str | None = None):
-        md = {k[len("metadata."):]: v for k, v in request.query_params.items() if k.startswith("metadata.")}
+        md = {k[len("metadata.") :]: v for k, v in request.query_params.items() if k.startswith("metadata.")}
         return {"items": [schemas.sandbox_view(r) for r in manager.list(state, md)]}
 
     @app.get("/v1/sandboxes/{sid}")
@@ -217,7 +235,10 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
                     yield chunk
             except Exception as e:  # noqa: BLE001
                 log.warning("exec stream broke: %s", e, extra={"sandbox_id": sid})
-                yield (json.dumps({"error": {"code": "runtime_error", "message": f"exec stream broke: {e}"}}) + "\n").encode()
+                yield (
+                    json.dumps({"error": {"code": "runtime_error", "message": f"exec stream broke: {e}"}})
+                    + "\n"
+                ).encode()
             finally:
                 await stream_cm.__aexit__(None, None, None)
                 await cm.__aexit__(None, None, None)
@@ -234,7 +255,9 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
     async def kill_process(sid: str, pid: str):
         manager.get(sid)
         if not pid.isdigit() or int(pid) <= 0:
-            raise errors.InvalidRequest(f"pid {pid!r} is not a positive integer; list processes with GET …/processes")
+            raise errors.InvalidRequest(
+                f"pid {pid!r} is not a positive integer; list processes with GET …/processes"
+            )
         async with manager.activity(sid):
             await manager.worker.agent_request(sid, "DELETE", f"/processes/{int(pid)}")
         return Response(status_code=204)
@@ -255,7 +278,9 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
             async for chunk in request.stream():
                 n += len(chunk)
                 if n > max_file_bytes:
-                    raise errors.PayloadTooLarge(f"file body exceeds {max_file_bytes} bytes (ATOLL_MAX_FILE_MB)")
+                    raise errors.PayloadTooLarge(
+                        f"file body exceeds {max_file_bytes} bytes (ATOLL_MAX_FILE_MB)"
+                    )
                 yield chunk
 
         headers = {"Content-Length": declared} if declared and declared.isdigit() else {}

@@ -12,7 +12,7 @@ import os
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 
 class Base(DeclarativeBase):
@@ -69,7 +69,9 @@ class Database:
         with self.session.begin() as s:
             s.merge(rec)
 
-    def list(self, tenant_id: str | None = None, state: str | None = None, include_deleted: bool = False) -> list[SandboxRecord]:
+    def list(
+        self, tenant_id: str | None = None, state: str | None = None, include_deleted: bool = False
+    ) -> list[SandboxRecord]:
         q = sa.select(SandboxRecord).order_by(SandboxRecord.created_at)
         if tenant_id is not None:
             q = q.where(SandboxRecord.tenant_id == tenant_id)

@@ -52,7 +52,9 @@ class SandboxManager:
             )
         rec = self._cache.get(sid) or self.db.get(sid)
         if rec is None or rec.state == State.DELETED:
-            raise errors.SandboxNotFound(f"sandbox {sid} does not exist (or was deleted); list yours with GET /v1/sandboxes")
+            raise errors.SandboxNotFound(
+                f"sandbox {sid} does not exist (or was deleted); list yours with GET /v1/sandboxes"
+            )
         self._cache[sid] = rec
         return rec
 
@@ -80,7 +82,11 @@ class SandboxManager:
             yield
         except BaseException as e:
             dur = time.perf_counter() - t0
-            log.warning("sandbox.%s.failed", verb, extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2), "error": str(e)})
+            log.warning(
+                "sandbox.%s.failed",
+                verb,
+                extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2), "error": str(e)},
+            )
             self.m.lifecycle.labels(verb=verb, outcome="failed").observe(dur)
             raise
         dur = time.perf_counter() - t0
@@ -134,7 +140,10 @@ class SandboxManager:
             rec.failure_reason = obs.reason or f"lost after a restart ({obs.phase})"
             self.db.save(rec)
         self._activity[rec.id] = time.monotonic()
-        log.info("sandbox.reattach.complete", extra={"sandbox_id": rec.id, "state": rec.state, "tier": rec.standby_tier})
+        log.info(
+            "sandbox.reattach.complete",
+            extra={"sandbox_id": rec.id, "state": rec.state, "tier": rec.standby_tier},
+        )
 
     async def stop(self) -> None:
         """Stop policy loops and let go of sandboxes; they keep running under runsc."""
@@ -156,11 +165,22 @@ class SandboxManager:
         sid = ids.new_sandbox_id()
         now = dbm.utcnow()
         rec = dbm.SandboxRecord(
-            id=sid, tenant_id=ids.DEFAULT_TENANT, worker_id=WORKER_ID, state=State.CREATING.value,
-            template=req.template, metadata_=dict(req.metadata), env=dict(req.env), user=req.user,
-            memory_mb=req.memory_mb, cpus=req.cpus, disk_mb=req.disk_mb or self.worker.s.default_disk_mb,
-            idle_timeout_s=req.idle_timeout_s, disk_after_s=req.disk_after_s,
-            created_at=now, updated_at=now, last_activity_at=now,
+            id=sid,
+            tenant_id=ids.DEFAULT_TENANT,
+            worker_id=WORKER_ID,
+            state=State.CREATING.value,
+            template=req.template,
+            metadata_=dict(req.metadata),
+            env=dict(req.env),
+            user=req.user,
+            memory_mb=req.memory_mb,
+            cpus=req.cpus,
+            disk_mb=req.disk_mb or self.worker.s.default_disk_mb,
+            idle_timeout_s=req.idle_timeout_s,
+            disk_after_s=req.disk_after_s,
+            created_at=now,
+            updated_at=now,
+            last_activity_at=now,
         )
         self.db.add(rec)
         self._cache[sid] = rec
@@ -168,7 +188,12 @@ class SandboxManager:
         async with self._lock(sid), self._step("create", sid):
             try:
                 await self.worker.create(
-                    sid, template=req.template, env=env, memory_mb=req.memory_mb, cpus=req.cpus, disk_mb=rec.disk_mb
+                    sid,
+                    template=req.template,
+                    env=env,
+                    memory_mb=req.memory_mb,
+                    cpus=req.cpus,
+                    disk_mb=rec.disk_mb,
                 )
             except errors.AtollError as e:
                 self._fail(rec, str(e))
@@ -225,8 +250,13 @@ class SandboxManager:
         if tier == Tier.MEMORY:
             async with self._step("pause_memory", sid):
                 await self._guard(rec, self.worker.freeze(sid))
-                self._persist(rec, "pause", standby_tier=Tier.MEMORY.value, standby_reason=None,
-                              standby_since=dbm.utcnow())
+                self._persist(
+                    rec,
+                    "pause",
+                    standby_tier=Tier.MEMORY.value,
+                    standby_reason=None,
+                    standby_since=dbm.utcnow(),
+                )
             return rec
         # disk tier
         async with self._step("pause_disk", sid):
@@ -237,14 +267,20 @@ class SandboxManager:
             if not gate.ok:
                 await self._guard(rec, self.worker.freeze(sid))
                 why = "kept in the memory tier: " + "; ".join(gate.blockers)
-                self._persist(rec, "pause", standby_tier=Tier.MEMORY.value, standby_reason=why,
-                              standby_since=rec.standby_since if was_frozen else dbm.utcnow())
+                self._persist(
+                    rec,
+                    "pause",
+                    standby_tier=Tier.MEMORY.value,
+                    standby_reason=why,
+                    standby_since=rec.standby_since if was_frozen else dbm.utcnow(),
+                )
                 self._gate_retry[sid] = time.monotonic() + max(60.0, rec.disk_after_s)
                 log.info("sandbox.pause_disk.gated", extra={"sandbox_id": sid, "reason": why})
                 return rec
             await self._guard(rec, self.worker.checkpoint(sid))
-            self._persist(rec, "pause", standby_tier=Tier.DISK.value, standby_reason=None,
-                          standby_since=dbm.utcnow())
+            self._persist(
+                rec, "pause", standby_tier=Tier.DISK.value, standby_reason=None, standby_since=dbm.utcnow()
+            )
         return rec
 
     async def _guard(self, rec: dbm.SandboxRecord, aw: typing.Awaitable) -> typing.Any:
@@ -334,7 +370,11 @@ class SandboxManager:
                 and rec.standby_since is not None
                 and now >= self._gate_retry.get(sid, 0.0)  # a gated sandbox retries the gate later
             ):
-                since = rec.standby_since if rec.standby_since.tzinfo else rec.standby_since.replace(tzinfo=dt.UTC)
+                since = (
+                    rec.standby_since
+                    if rec.standby_since.tzinfo
+                    else rec.standby_since.replace(tzinfo=dt.UTC)
+                )
                 if (wall - since).total_seconds() >= rec.disk_after_s:
                     with contextlib.suppress(errors.AtollError):
                         await self.pause(sid, Tier.DISK, reason="idle")

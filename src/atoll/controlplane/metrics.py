@@ -37,8 +37,11 @@ class Metrics:
             registry=self.registry,
         )
         self.requests = Histogram(
-            "atoll_api_request_duration_seconds", "API request durations", ["route", "status"],
-            buckets=BUCKETS, registry=self.registry,
+            "atoll_api_request_duration_seconds",
+            "API request durations",
+            ["route", "status"],
+            buckets=BUCKETS,
+            registry=self.registry,
         )
 
     def bind_state_counts(self, count: typing.Callable[[], dict[str, int]]) -> None:

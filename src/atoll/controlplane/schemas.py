@@ -21,7 +21,9 @@ def _check_env(v: dict[str, str] | None) -> dict[str, str] | None:
         return v
     for k, val in v.items():
         if not _ENV_KEY.match(k):
-            raise ValueError(f"environment variable name {k!r} is invalid; use letters, digits and '_' (not first a digit)")
+            raise ValueError(
+                f"environment variable name {k!r} is invalid; use letters, digits and '_' (not first a digit)"
+            )
         if "\x00" in val:
             raise ValueError(f"environment variable {k!r} contains a NUL byte")
     return v
@@ -31,15 +33,23 @@ class CreateSandbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     template: str = Field("base", max_length=64, description="Template name (GET /v1/templates)")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment of every process in the sandbox")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment of every process in the sandbox"
+    )
     metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=64
     )
-    idle_timeout_s: float = Field(15, ge=0, le=7 * 86400, description="Seconds without activity before standby (0 = never)")
-    disk_after_s: float = Field(300, ge=0, le=30 * 86400, description="Seconds in the memory tier before moving to disk (0 = never)")
+    idle_timeout_s: float = Field(
+        15, ge=0, le=7 * 86400, description="Seconds without activity before standby (0 = never)"
+    )
+    disk_after_s: float = Field(
+        300, ge=0, le=30 * 86400, description="Seconds in the memory tier before moving to disk (0 = never)"
+    )
     memory_mb: int = Field(512, ge=64, le=65536, description="Memory the sandbox's programs may use")
     cpus: float = Field(1, gt=0, le=64, description="CPU cores (enforced with a CFS quota)")
-    disk_mb: int | None = Field(None, ge=64, le=1024 * 1024, description="Quota of the writable layer (default 4096)")
+    disk_mb: int | None = Field(
+        None, ge=64, le=1024 * 1024, description="Quota of the writable layer (default 4096)"
+    )
     user: str | None = Field(None, description="Default user of exec calls (default root)")
 
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))

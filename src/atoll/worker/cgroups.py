@@ -34,7 +34,9 @@ def _set_freezer(cgpath: str, want: str, timeout: float) -> None:
         with open(path, "w") as f:
             f.write(want)
     except FileNotFoundError:
-        raise errors.RuntimeFailure(f"freezer cgroup {cgpath} is missing; the sandbox is not running") from None
+        raise errors.RuntimeFailure(
+            f"freezer cgroup {cgpath} is missing; the sandbox is not running"
+        ) from None
     deadline = time.monotonic() + timeout
     delay = 0.0001
     while True:

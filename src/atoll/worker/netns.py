@@ -55,7 +55,11 @@ async def create(name: str) -> None:
     )
     await hostcmd.run("ip", "-batch", "-", input=batch.encode())
     await hostcmd.run(
-        "ip", "-n", name, "-batch", "-",
+        "ip",
+        "-n",
+        name,
+        "-batch",
+        "-",
         input="\n".join(
             [
                 f"link set {tmp_a} name eth0",
@@ -66,7 +70,11 @@ async def create(name: str) -> None:
         ).encode(),
     )
     await hostcmd.run(
-        "ip", "-n", hs, "-batch", "-",
+        "ip",
+        "-n",
+        hs,
+        "-batch",
+        "-",
         input="\n".join(
             [
                 f"link set {tmp_b} name peer0",

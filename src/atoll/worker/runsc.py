@@ -33,15 +33,26 @@ async def _spawn_detached(argv: list[str], log_path: str, timeout: float) -> Non
     script = _NET_WORKAROUND + shlex.join(argv)
     with open(log_path, "ab") as log:
         proc = await asyncio.create_subprocess_exec(
-            "unshare", "-m", "--propagation", "private", "sh", "-c", script,
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
     try:
         rc = await asyncio.wait_for(proc.wait(), timeout)
     except TimeoutError:
         raise errors.RuntimeFailure(f"runsc did not finish within {timeout}s: {' '.join(argv[:4])}") from None
     if rc != 0:
-        raise errors.RuntimeFailure(f"runsc {argv[3] if len(argv) > 3 else ''} failed (exit {rc}): {tail(log_path)}")
+        raise errors.RuntimeFailure(
+            f"runsc {argv[3] if len(argv) > 3 else ''} failed (exit {rc}): {tail(log_path)}"
+        )
 
 
 def tail(path: str, n: int = 600) -> str:
@@ -83,7 +94,13 @@ async def start_checkpoint(root: str, cid: str, image_dir: str, log_path: str) -
     script = f"{shlex.join(checkpoint_argv(root, cid, image_dir))} && echo ok > {shlex.quote(done)}"
     with open(log_path, "ab") as log:
         return await asyncio.create_subprocess_exec(
-            "sh", "-c", script, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            "sh",
+            "-c",
+            script,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
 
 

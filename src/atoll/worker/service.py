@@ -90,7 +90,7 @@ class GateResult:
 class Worker:
     def __init__(self, settings: WorkerSettings):
         self.s = settings
-        self.install_id = ids.installation_id(os.path.realpath(settings.home))
+        self.install_id = _installation_id(settings.home)
         self.sbx_root = os.path.join(settings.home, "sandboxes")
         self.runsc_root = os.path.join(settings.home, "runsc")
         self.agent_dir = os.path.join(settings.home, "agent")
@@ -145,7 +145,9 @@ class Worker:
             os.makedirs(d, exist_ok=True)
         # The agent is copied (not bind-mounted from site-packages) so an upgrade of atoll never
         # changes a file a running sandbox has mounted.
-        shutil.copyfile(os.path.join(AGENT_SOURCE_DIR, "agent.py"), os.path.join(self.agent_dir, "agent.py.tmp"))
+        shutil.copyfile(
+            os.path.join(AGENT_SOURCE_DIR, "agent.py"), os.path.join(self.agent_dir, "agent.py.tmp")
+        )
         os.replace(os.path.join(self.agent_dir, "agent.py.tmp"), os.path.join(self.agent_dir, "agent.py"))
         _raise_pid_max()
 
@@ -157,12 +159,24 @@ class Worker:
 
     # ---- create --------------------------------------------------------------------------------
     async def create(
-        self, sid: str, *, template: str, env: dict[str, str], memory_mb: int, cpus: float, disk_mb: int | None
+        self,
+        sid: str,
+        *,
+        template: str,
+        env: dict[str, str],
+        memory_mb: int,
+        cpus: float,
+        disk_mb: int | None,
     ) -> Runtime:
         lower = await self.templates.ensure(template)
         rt = Runtime(
-            sandbox_id=sid, name=ids.runtime_name(self.install_id, sid), template=template,
-            memory_mb=memory_mb, cpus=cpus, env=env, disk_mb=disk_mb or self.s.default_disk_mb,
+            sandbox_id=sid,
+            name=ids.runtime_name(self.install_id, sid),
+            template=template,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            env=env,
+            disk_mb=disk_mb or self.s.default_disk_mb,
         )
         os.makedirs(self._dir(sid), exist_ok=True)
         self._runtimes[sid] = rt
@@ -184,17 +198,25 @@ class Worker:
             self._save(rt)
             log.warning("sandbox create failed", extra={"sandbox_id": sid, "error": str(e)})
             raise
-        log.info("sandbox runtime started in %.0f ms", (time.perf_counter() - t0) * 1000, extra={"sandbox_id": sid})
+        log.info(
+            "sandbox runtime started in %.0f ms", (time.perf_counter() - t0) * 1000, extra={"sandbox_id": sid}
+        )
         return rt
 
     def _write_bundle(self, rt: Runtime) -> None:
         bundle.write(
             self._p(rt.sandbox_id, "bundle"),
             bundle.BundleSpec(
-                sandbox_id=rt.sandbox_id, hostname=_hostname(rt.sandbox_id),
-                rootfs=self._p(rt.sandbox_id, "rootfs"), agent_dir=self.agent_dir,
-                netns_path=netns.path(rt.name), cgroup_path=rt.cgroup(self.install_id),
-                memory_mb=rt.memory_mb, cpus=rt.cpus, env=rt.env, generation=rt.generation,
+                sandbox_id=rt.sandbox_id,
+                hostname=_hostname(rt.sandbox_id),
+                rootfs=self._p(rt.sandbox_id, "rootfs"),
+                agent_dir=self.agent_dir,
+                netns_path=netns.path(rt.name),
+                cgroup_path=rt.cgroup(self.install_id),
+                memory_mb=rt.memory_mb,
+                cpus=rt.cpus,
+                env=rt.env,
+                generation=rt.generation,
             ),
         )
 
@@ -278,8 +300,15 @@ class Worker:
         digest, size = await asyncio.to_thread(_checksum, img)
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(
-                {"sandbox_id": sid, "generation": rt.generation, "image": "checkpoint.img", "size": size,
-                 "blake2b": digest, "runsc": "0.0~20221219.0", "created_at": time.time()},
+                {
+                    "sandbox_id": sid,
+                    "generation": rt.generation,
+                    "image": "checkpoint.img",
+                    "size": size,
+                    "blake2b": digest,
+                    "runsc": "0.0~20221219.0",
+                    "created_at": time.time(),
+                },
                 f,
             )
         final = self._p(sid, "snapshot")
@@ -316,7 +345,9 @@ class Worker:
         self._save(rt)
         t0 = time.perf_counter()
         try:
-            await runsc.restore(self.runsc_root, self._p(sid, "bundle"), rt.cid, snap, self._p(sid, "runsc.log"))
+            await runsc.restore(
+                self.runsc_root, self._p(sid, "bundle"), rt.cid, snap, self._p(sid, "runsc.log")
+            )
         except errors.AtollError as e:
             rt.phase, rt.failure = "failed", str(e)
             self._save(rt)
@@ -377,8 +408,9 @@ class Worker:
         st = await runsc.state(self.runsc_root, rt.cid)
         if not st or st.get("status") not in ("running", "paused"):
             rt.phase = "failed"
-            rt.failure = f"runsc reports the sandbox as {st.get('status') if st else 'gone'} after a restart: " + (
-                self.death_cause(sid)
+            rt.failure = (
+                f"runsc reports the sandbox as {st.get('status') if st else 'gone'} after a restart: "
+                + (self.death_cause(sid))
             )
             self._save(rt)
             return Observed("failed", rt.failure)
@@ -441,7 +473,9 @@ class Worker:
         rt.phase, rt.failure = "failed", self.death_cause(sid)
         with contextlib.suppress(OSError):
             self._save(rt)
-        return errors.SandboxDied(rt.failure + " (the sandbox is now failed; its files are kept until you delete it)")
+        return errors.SandboxDied(
+            rt.failure + " (the sandbox is now failed; its files are kept until you delete it)"
+        )
 
     async def _watch(self, sid: str, aw: typing.Awaitable) -> typing.Any:
         """Await `aw`, but give up as soon as the sandbox's sentry dies (its netstack then never answers)."""
@@ -503,13 +537,35 @@ class Worker:
             await asyncio.wait(list(self._bg), timeout=5)
 
 
+def _installation_id(home: str) -> str:
+    """This installation's id, kept in `<home>/installation-id` so names survive a moved home."""
+    path = os.path.join(home, "installation-id")
+    try:
+        with open(path) as f:
+            value = f.read().strip()
+        if value:
+            return value
+    except FileNotFoundError:
+        pass
+    value = ids.installation_id(os.path.realpath(home))
+    os.makedirs(home, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(value + "\n")
+    return value
+
+
 def _agent_error(r: httpx.Response) -> errors.AtollError:
     try:
         err = r.json()["error"]
         code, message = err.get("code", "runtime_error"), err.get("message", r.text)
     except (ValueError, KeyError, TypeError):
         code, message = "runtime_error", f"guest agent answered {r.status_code}: {r.text[:300]}"
-    by_status = {400: errors.InvalidRequest, 404: errors.NotFound, 409: errors.Conflict, 413: errors.PayloadTooLarge}
+    by_status = {
+        400: errors.InvalidRequest,
+        404: errors.NotFound,
+        409: errors.Conflict,
+        413: errors.PayloadTooLarge,
+    }
     cls = by_status.get(r.status_code, errors.RuntimeFailure)
     return cls(message, code=code)
 
@@ -560,3 +616,58 @@ def _raise_pid_max() -> None:
             log.info("raised kernel.pid_max from %d to 4194304 (gVisor sandboxes use ~40 threads each)", cur)
     except OSError as e:
         log.warning("could not raise kernel.pid_max: %s", e)
+
+
+async def purge_installation(home: str) -> list[str]:
+    """Remove every sandbox of the installation at `home` from this host, without a control plane.
+
+    For test fixtures and `atoll.testing`: deletes what the runtime records name, then sweeps
+    leftovers by their installation-specific names (runsc processes rooted in `<home>/runsc`,
+    network namespaces `atoll-<install id>-*`, mounts under `<home>`). Returns what it removed.
+    """
+    home = os.path.realpath(home)
+    w = Worker(WorkerSettings(home=home))
+    removed: list[str] = []
+    for sid in w.known_sandbox_dirs():
+        with contextlib.suppress(Exception):
+            await w.delete(sid)
+            removed.append(sid)
+    root_flag = f"--root={w.runsc_root}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if root_flag in argv and argv[0] in (b"runsc-sandbox", b"runsc-gofer"):
+            with contextlib.suppress(OSError, errors.AtollError):
+                with open(f"/proc/{pid}/cgroup") as f:
+                    for line in f:
+                        _, ctrl, path = line.rstrip("\n").split(":", 2)
+                        if ctrl == "freezer" and cgroups.freezer_state(path) == "FROZEN":
+                            cgroups.thaw(path)  # a frozen process cannot die
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), 9)
+                removed.append(f"pid {pid}")
+    prefix = f"atoll-{w.install_id}-"
+    if os.path.isdir(netns.NETNS_DIR):
+        for name in os.listdir(netns.NETNS_DIR):
+            if name.startswith(prefix) and not name.endswith("-h"):
+                await netns.delete(name)
+                removed.append(name)
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split()[4] for line in f]
+    for mp in sorted((m for m in mounts if m.startswith(home + "/")), key=len, reverse=True):
+        await storage.unmount(mp)
+    for c in cgroups.CONTROLLERS:
+        parent = os.path.join(cgroups.ROOT, c, f"atoll-{w.install_id}")
+        if os.path.isdir(parent):
+            for leaf in os.listdir(parent):
+                if os.path.isdir(os.path.join(parent, leaf)):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(parent, leaf))
+            with contextlib.suppress(OSError):
+                os.rmdir(parent)
+    return removed

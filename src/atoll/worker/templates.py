@@ -42,8 +42,16 @@ class Recipe:
 BASE = Recipe(
     name="base",
     packages=(
-        "python3", "python3-pip", "python3-venv", "bash", "coreutils", "procps", "curl", "git",
-        "ca-certificates", "iproute2",
+        "python3",
+        "python3-pip",
+        "python3-venv",
+        "bash",
+        "coreutils",
+        "procps",
+        "curl",
+        "git",
+        "ca-certificates",
+        "iproute2",
     ),
     description="Debian 12 (bookworm) with python3 (pip, venv), bash, coreutils, procps, curl, git, CA certificates",
 )
@@ -132,12 +140,19 @@ class TemplateStore:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         argv = [
-            "mmdebstrap", f"--variant={r.variant}", f"--include={','.join(r.packages)}",
-            "--verbose", r.suite, os.path.join(tmp, "rootfs"), self.mirror,
+            "mmdebstrap",
+            f"--variant={r.variant}",
+            f"--include={','.join(r.packages)}",
+            "--verbose",
+            r.suite,
+            os.path.join(tmp, "rootfs"),
+            self.mirror,
         ]
         log.info("template %s: building layer %s with mmdebstrap (first use; ~30-60 s)", r.name, h)
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
         assert proc.stdout is not None
@@ -159,7 +174,10 @@ class TemplateStore:
         _customize(os.path.join(tmp, "rootfs"))
         size = _du(os.path.join(tmp, "rootfs"))
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
-            json.dump({"name": r.name, "hash": h, "recipe": asdict(r), "built_at": time.time(), "size_bytes": size}, f)
+            json.dump(
+                {"name": r.name, "hash": h, "recipe": asdict(r), "built_at": time.time(), "size_bytes": size},
+                f,
+            )
         final = self._layer_dir(r)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
