@@ -1,10 +1,15 @@
-"""Shared test configuration: markers and the template cache shared by every test installation."""
+"""Shared test configuration: markers, the template cache shared by every test installation, and the
+session-wide real `atoll up` (integration and e2e tiers) with fixtures that reap what they start."""
 
 from __future__ import annotations
 
 import os
+import shutil
 
+import httpx
 import pytest
+
+from atoll.testing import LocalAtoll
 
 # One template layer cache for all test installations, so the Debian base layer is built once per
 # machine (~30-60 s) rather than once per test home.
@@ -15,3 +20,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "integration" in str(item.fspath) or "e2e" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+
+
+def _skip_unless_root():
+    if os.geteuid() != 0 or not shutil.which("runsc"):
+        pytest.skip("integration tests need root and runsc (run `make test`, which installs them)")
+
+
+@pytest.fixture(scope="session")
+def atoll_server(tmp_path_factory):
+    _skip_unless_root()
+    home = tmp_path_factory.mktemp("atoll-home")
+    local = LocalAtoll(home=home, env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE})
+    local.start(timeout=120)
+    yield local
+    local.stop()
+
+
+@pytest.fixture(scope="session")
+def api(atoll_server):
+    with httpx.Client(base_url=atoll_server.url, headers=atoll_server.headers(), timeout=600) as c:
+        yield c
+
+
+@pytest.fixture
+def sandbox(api):
+    """A fresh running sandbox (auto-standby disabled), deleted afterwards."""
+    r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"test": "fixture"}})
+    assert r.status_code == 201, r.text
+    sb = r.json()
+    yield sb
+    api.delete(f"/v1/sandboxes/{sb['id']}")
+
+
+def run(api, sid, cmd, **kw):
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -1,0 +1,285 @@
+"""Shared helpers of atoll's benchmarks: timing, summaries, machine info, a local atoll, runsc look-ups.
+
+Every benchmark module (bench_api, bench_standby, bench_peers) imports this; bench/run_all.py uses it
+to start one atoll for all of them. Nothing here sends traffic anywhere but loopback: atoll listens
+on 127.0.0.1 and its sandboxes have no route out (the worker's host-side netns has none).
+
+Conventions: samples are wall-clock milliseconds from `time.perf_counter_ns()`; `summarize()` keeps
+the raw samples next to p50/p90/min/max/mean/n; percentiles interpolate linearly between ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import glob
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import typing
+
+import httpx
+
+from atoll.core import ids
+from atoll.testing import LocalAtoll
+
+TEMPLATE_DIR = os.environ.get("ATOLL_TEST_TEMPLATE_DIR", "/var/tmp/atoll-test-templates")
+RUNSC = os.environ.get("ATOLL_RUNSC", "runsc")
+BENCH_TMP = os.environ.get("ATOLL_BENCH_TMP", "/var/tmp")
+
+
+# ---- timing and summaries ---------------------------------------------------------------------
+def now_ms() -> float:
+    return time.perf_counter_ns() / 1e6
+
+
+class Timer:
+    """`with Timer() as t: ...` then `t.ms`."""
+
+    def __enter__(self) -> Timer:
+        self._t0 = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ms = (time.perf_counter_ns() - self._t0) / 1e6
+
+
+def percentile(sorted_xs: list[float], q: float) -> float:
+    if not sorted_xs:
+        return float("nan")
+    if len(sorted_xs) == 1:
+        return sorted_xs[0]
+    pos = (len(sorted_xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+def summarize(samples: list[float], unit: str = "ms", keep_samples: bool = True) -> dict:
+    xs = sorted(samples)
+    out: dict[str, typing.Any] = {"unit": unit, "n": len(xs)}
+    if xs:
+        out.update(
+            p50=round(percentile(xs, 0.5), 3),
+            p90=round(percentile(xs, 0.9), 3),
+            min=round(xs[0], 3),
+            max=round(xs[-1], 3),
+            mean=round(sum(xs) / len(xs), 3),
+        )
+    if keep_samples:
+        out["samples"] = [round(x, 3) for x in samples]
+    return out
+
+
+def ratio(a: dict, b: dict, key: str = "p50") -> float | None:
+    try:
+        return round(a[key] / b[key], 3)
+    except (KeyError, ZeroDivisionError, TypeError):
+        return None
+
+
+def timestamp() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+# ---- machine info ------------------------------------------------------------------------------
+def _first_line(argv: list[str]) -> str | None:
+    try:
+        out = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+        return out.strip().splitlines()[0] if out.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def machine_info() -> dict:
+    cpu_model = None
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    mem_gib = None
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo") as f:
+            mem_gib = round(int(f.readline().split()[1]) / 2**20, 1)
+    try:
+        from importlib.metadata import version
+
+        gvisor_pkg = version("gvisor")
+    except Exception:  # noqa: BLE001 - optional peer
+        gvisor_pkg = None
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "mem_gib": mem_gib,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "runsc": _first_line([RUNSC, "--version"]),
+        "runsc_platform": "ptrace",
+        "gvisor_python_package": gvisor_pkg,
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def emit(doc: dict) -> None:
+    json.dump(doc, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (stdout carries only the JSON document)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- a local atoll -----------------------------------------------------------------------------
+class Atoll:
+    """One `atoll up` (LocalAtoll) plus a kept-alive httpx client to its API."""
+
+    def __init__(self, local: LocalAtoll):
+        self.local = local
+        self.home = os.path.realpath(local.home)
+        self.install_id = ids.installation_id(self.home)
+        self.runsc_root = os.path.join(self.home, "runsc")
+        self.api = httpx.Client(base_url=local.url, headers=local.headers(), timeout=600)
+
+    # sandboxes ---------------------------------------------------------------------------------
+    def create(self, **body: typing.Any) -> dict:
+        body.setdefault("idle_timeout_s", 0)
+        body.setdefault("disk_after_s", 0)
+        r = self.api.post("/v1/sandboxes", json=body)
+        if r.status_code != 201:
+            raise RuntimeError(f"create failed: {r.status_code} {r.text}")
+        return r.json()
+
+    def exec(self, sid: str, cmd: str | list[str], **kw: typing.Any) -> dict:
+        r = self.api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd, **kw})
+        if r.status_code != 200:
+            raise RuntimeError(f"exec {cmd!r} failed: {r.status_code} {r.text}")
+        return r.json()
+
+    def delete(self, sid: str, wait: bool = True, timeout: float = 60) -> None:
+        """Delete; with wait, also wait until the worker removed its directory (runsc delete is async)."""
+        self.api.delete(f"/v1/sandboxes/{sid}")
+        if wait:
+            self.wait_gone(sid, timeout)
+
+    def wait_gone(self, sid: str, timeout: float = 60) -> None:
+        d = os.path.join(self.home, "sandboxes", sid)
+        deadline = time.monotonic() + timeout
+        while os.path.exists(d) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    # runtime facts (read-only peeks at the worker's files) ---------------------------------------
+    def runtime(self, sid: str) -> dict:
+        with open(os.path.join(self.home, "sandboxes", sid, "runtime.json")) as f:
+            return json.load(f)
+
+    def cid(self, sid: str) -> str:
+        """runsc container id of the sandbox's current generation: atoll-<install>-<sid w/o sb->-<gen>."""
+        return f"{ids.runtime_name(self.install_id, sid)}-{self.runtime(sid)['generation']}"
+
+    def cgroup(self, sid: str) -> str:
+        return f"/atoll-{self.install_id}/{sid}-{self.runtime(sid)['generation']}"
+
+    def memory_usage_mb(self, sid: str) -> float | None:
+        path = f"/sys/fs/cgroup/memory{self.cgroup(sid)}/memory.usage_in_bytes"
+        try:
+            with open(path) as f:
+                return round(int(f.read()) / 2**20, 1)
+        except (OSError, ValueError):
+            return None
+
+    def containers(self) -> list[str]:
+        """Container ids runsc keeps state for under this installation's root (a directory listing)."""
+        return sorted(
+            os.path.basename(p).split("_sandbox:")[0]
+            for p in glob.glob(os.path.join(self.runsc_root, "*_sandbox:*.state"))
+        )
+
+    def runsc_list(self) -> list[str]:
+        out = subprocess.run(
+            [RUNSC, f"--root={self.runsc_root}", "list", "-q"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+        ).stdout
+        return [ln.strip() for ln in out.splitlines() if ln.strip()]
+
+    def wait_containers_at_most(self, sid: str, n: int = 1, timeout: float = 30) -> None:
+        """Wait until background `runsc delete`s of older generations of `sid` are done."""
+        stem = ids.runtime_name(self.install_id, sid)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sum(1 for c in self.containers() if c.startswith(stem)) <= n:
+                return
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.api.close()
+
+
+@contextlib.contextmanager
+def local_atoll(keep_home: bool = False) -> typing.Iterator[Atoll]:
+    """Start `atoll up` in a fresh home under /var/tmp, yield it, delete its sandboxes and stop it."""
+    home = tempfile.mkdtemp(prefix="atoll-bench-", dir=BENCH_TMP)
+    local = LocalAtoll(home=home, env={"ATOLL_TEMPLATE_DIR": TEMPLATE_DIR, "ATOLL_LOG_LEVEL": "WARNING"})
+    log(f"starting atoll up (home {home})")
+    local.start(timeout=300)
+    a = Atoll(local)
+    try:
+        yield a
+    finally:
+        a.close()
+        local.stop()
+        if not keep_home and not _has_mounts_under(home):
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _has_mounts_under(path: str) -> bool:
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4].startswith(path + "/") for line in f)
+
+
+def warm_up(a: Atoll) -> None:
+    """One create + exec + delete that is not counted (builds the template layer if it is missing)."""
+    log("warm-up create (not counted)")
+    sb = a.create()
+    a.exec(sb["id"], ["true"])
+    a.delete(sb["id"])
+
+
+def template_rootfs(name: str = "base") -> str:
+    """The cached read-only root filesystem of an atoll template (built by a warm-up create)."""
+    for man in sorted(glob.glob(os.path.join(TEMPLATE_DIR, "*", "manifest.json"))):
+        with contextlib.suppress(OSError, ValueError):
+            with open(man) as f:
+                data = json.load(f)
+            if data.get("name", name) == name:
+                root = os.path.join(os.path.dirname(man), "rootfs")
+                if os.path.isdir(root):
+                    return root
+    raise RuntimeError(f"no built template {name!r} under {TEMPLATE_DIR}; run a warm-up create first")
+
+
+def run_quiet(argv: list[str], timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a host command with stdin from /dev/null, in its own session, output captured."""
+    return subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=check,
+        start_new_session=True,
+    )
+
+
+def run_main(fn: typing.Callable[[Atoll], dict], name: str) -> None:
+    """Standalone entry point of one benchmark module: own atoll, warm-up, one JSON document."""
+    with local_atoll() as a:
+        warm_up(a)
+        result = fn(a)
+    emit({"benchmark": name, "timestamp": timestamp(), "machine": machine_info(), "results": result})
