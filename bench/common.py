@@ -11,12 +11,17 @@ the raw samples next to p50/p90/min/max/mean/n; percentiles interpolate linearly
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as dt
 import glob
+import http.client
 import json
 import os
 import platform
+import re
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -27,6 +32,8 @@ import httpx
 
 from atoll.core import ids
 from atoll.testing import LocalAtoll
+from atoll.worker.bundle import AGENT_PORT
+from atoll.worker.netns import SANDBOX_IP
 
 TEMPLATE_DIR = os.environ.get("ATOLL_TEST_TEMPLATE_DIR", "/var/tmp/atoll-test-templates")
 RUNSC = os.environ.get("ATOLL_RUNSC", "runsc")
@@ -207,8 +214,12 @@ class Atoll:
 
     def runsc_list(self) -> list[str]:
         out = subprocess.run(
-            [RUNSC, f"--root={self.runsc_root}", "list", "-q"],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+            [RUNSC, f"--root={self.runsc_root}", "list", "-quiet"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         ).stdout
         return [ln.strip() for ln in out.splitlines() if ln.strip()]
 
@@ -221,15 +232,107 @@ class Atoll:
                 return
             time.sleep(0.05)
 
+    def server_events(self, sid: str | None = None, prefix: str = "") -> list[dict]:
+        """The server's JSON log records (optionally of one sandbox, message starting with `prefix`)."""
+        out = []
+        with contextlib.suppress(OSError), open(self.local.log_path, errors="replace") as f:
+            for line in f:
+                if not line.startswith("{"):
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if sid is not None and rec.get("sandbox_id") != sid:
+                    continue
+                if rec.get("msg", "").startswith(prefix):
+                    out.append(rec)
+        return out
+
+    def server_durations(self, sid: str | None, prefix: str) -> list[float]:
+        """Durations (ms) the server logged for one kind of event: `duration_ms` or 'took/in N ms'."""
+        xs = []
+        for rec in self.server_events(sid, prefix):
+            if "duration_ms" in rec:
+                xs.append(float(rec["duration_ms"]))
+            else:
+                m = re.search(r"(?:took|in) ([0-9.]+) ms", rec.get("msg", ""))
+                if m:
+                    xs.append(float(m.group(1)))
+        return xs
+
+    def agent_conn(self, sid: str) -> AgentConn:
+        """A kept-alive HTTP connection straight to the sandbox's guest agent (bypassing the API)."""
+        name = ids.runtime_name(self.install_id, sid)
+        return AgentConn(os.path.join("/run/netns", f"{name}-h"))
+
     def close(self) -> None:
         self.api.close()
+
+
+# ---- a direct channel to a guest agent ---------------------------------------------------------
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def socket_in_netns(ns_path: str) -> socket.socket:
+    """A TCP socket born in another network namespace (this thread enters it and comes back)."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(ns_path, os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+        os.close(target)
+    # Close with RST (no TIME_WAIT inside the sandbox) and send small requests at once.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class AgentConn:
+    """HTTP/1.1 keep-alive to a guest agent at SANDBOX_IP:AGENT_PORT from the sandbox's host-side netns.
+
+    Used only to split the API's exec round trip into its parts; the sandbox's own network is the
+    veth pair atoll created, so nothing leaves the machine.
+    """
+
+    def __init__(self, ns_path: str):
+        self.conn = http.client.HTTPConnection(SANDBOX_IP, AGENT_PORT, timeout=30)
+        sock = socket_in_netns(ns_path)
+        sock.settimeout(30)
+        sock.connect((SANDBOX_IP, AGENT_PORT))
+        self.conn.sock = sock
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        self.conn.request(method, path, body=data, headers=headers)
+        r = self.conn.getresponse()
+        raw = r.read()
+        return r.status, (json.loads(raw) if raw else {})
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 @contextlib.contextmanager
 def local_atoll(keep_home: bool = False) -> typing.Iterator[Atoll]:
     """Start `atoll up` in a fresh home under /var/tmp, yield it, delete its sandboxes and stop it."""
     home = tempfile.mkdtemp(prefix="atoll-bench-", dir=BENCH_TMP)
-    local = LocalAtoll(home=home, env={"ATOLL_TEMPLATE_DIR": TEMPLATE_DIR, "ATOLL_LOG_LEVEL": "WARNING"})
+    # INFO + JSON: the server's lifecycle events (with their own durations) are parsed by server_events().
+    env = {"ATOLL_TEMPLATE_DIR": TEMPLATE_DIR, "ATOLL_LOG_LEVEL": "INFO", "ATOLL_LOG_FORMAT": "json"}
+    local = LocalAtoll(home=home, env=env)
     log(f"starting atoll up (home {home})")
     local.start(timeout=300)
     a = Atoll(local)
@@ -272,7 +375,11 @@ def template_rootfs(name: str = "base") -> str:
 def run_quiet(argv: list[str], timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
     """Run a host command with stdin from /dev/null, in its own session, output captured."""
     return subprocess.run(
-        argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=check,
+        argv,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=timeout,
+        check=check,
         start_new_session=True,
     )
 
@@ -283,3 +390,41 @@ def run_main(fn: typing.Callable[[Atoll], dict], name: str) -> None:
         warm_up(a)
         result = fn(a)
     emit({"benchmark": name, "timestamp": timestamp(), "machine": machine_info(), "results": result})
+
+
+# ---- the gvisor PyPI package as a peer ---------------------------------------------------------
+def gvisor_mounts(rootfs: str) -> list:
+    """Mounts that make the gvisor package's sandbox see atoll's template rootfs instead of the host's.
+
+    The package's bundle root is an empty read-only dir with the *host's* /bin, /usr, /lib, /lib64
+    and /etc/alternatives bind-mounted read-only; it has no rootfs option. gVisor stacks mounts, so
+    the template's directories bound (read-only) at the same places shadow the host's. /tmp is a tmpfs
+    as in atoll. (Only /etc/alternatives stays the host's; python3 does not use it.)
+    """
+    import gvisor
+
+    m = gvisor.Mount
+    return [
+        m.bind(os.path.join(rootfs, "usr"), "/usr", readonly=True),
+        m.bind(os.path.join(rootfs, "usr/bin"), "/bin", readonly=True),
+        m.bind(os.path.join(rootfs, "usr/lib"), "/lib", readonly=True),
+        m.bind(os.path.join(rootfs, "usr/lib64"), "/lib64", readonly=True),
+        m.bind(os.path.join(rootfs, "etc"), "/etc", readonly=True),
+        m.tmpfs("/tmp"),
+    ]
+
+
+def gvisor_sandbox(rootfs: str):
+    """A started `gvisor.Sandbox` (network none) over the template rootfs; use it as a context manager."""
+    import gvisor
+
+    return gvisor.Sandbox(network="none", mounts=gvisor_mounts(rootfs))
+
+
+def gvisor_sees_template(sb, rootfs: str) -> bool:
+    """Check (untimed) that the package's sandbox really runs the template's /usr/bin."""
+    # (coreutils' statx fails with EINVAL on this runsc's bind mounts, so ask Python.)
+    out, _ = sb.exec(
+        "python3", "-I", "-c", "import os; print('\\n'.join(os.listdir('/usr/bin')))", timeout=60
+    )
+    return sorted(out.split()) == sorted(os.listdir(os.path.join(rootfs, "usr/bin")))

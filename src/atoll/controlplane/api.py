@@ -106,33 +106,56 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
     m = manager.m
     key_bytes = api_key.encode()
 
-    @app.middleware("http")
-    async def request_context(request: Request, call_next):
+    async def request_context(scope, receive, send, inner):
+        """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
+        duration metric, and a JSON 500 if anything escapes."""
+        if scope["type"] != "http":
+            return await inner(scope, receive, send)
         rid = "req_" + secrets.token_hex(8)
-        request.state.request_id = rid
+        scope.setdefault("state", {})["request_id"] = rid
         t0 = time.perf_counter()
-        if request.url.path not in PUBLIC_PATHS:
-            auth = request.headers.get("authorization", "")
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key_bytes):
-                return _error(
+        path = scope["path"]
+        if path not in PUBLIC_PATHS:
+            token = b""
+            for k, v in scope["headers"]:
+                if k == b"authorization":
+                    scheme, _, token = v.partition(b" ")
+                    if scheme.lower() != b"bearer":
+                        token = b""
+                    break
+            if not hmac.compare_digest(token.strip(), key_bytes):
+                resp = _error(
                     401,
                     "unauthorized",
                     "missing or wrong API key; send 'Authorization: Bearer <key>' "
                     "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)",
                     rid,
                 )
+                return await resp(scope, receive, send)
+        status = {"code": 500, "started": False}
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())],
+                }
+            await send(message)
+
         try:
-            response = await call_next(request)
+            await inner(scope, receive, send_wrapper)
         except Exception:  # noqa: BLE001 - last line of defence: never a traceback to the client
-            log.exception("unhandled error", extra={"request_id": rid, "path": request.url.path})
-            return _error(500, "internal_error", f"internal error; the server logged it as {rid}", rid, True)
-        response.headers["X-Request-Id"] = rid
-        route = request.scope.get("route")
-        m.requests.labels(
-            route=getattr(route, "path", "unmatched"), status=str(response.status_code)
-        ).observe(time.perf_counter() - t0)
-        return response
+            log.exception("unhandled error", extra={"request_id": rid, "path": path})
+            if not status["started"]:
+                resp = _error(
+                    500, "internal_error", f"internal error; the server logged it as {rid}", rid, True
+                )
+                await resp(scope, receive, send)
+        route = scope.get("route")
+        m.requests.labels(route=getattr(route, "path", "unmatched"), status=str(status["code"])).observe(
+            time.perf_counter() - t0
+        )
 
     @app.exception_handler(errors.AtollError)
     async def atoll_error(request: Request, exc: errors.AtollError):
@@ -332,4 +355,12 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
             await manager.worker.agent_request(sid, "DELETE", "/files", params={"path": path})
         return Response(status_code=204)
 
+    class RequestContext:
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, scope, receive, send):
+            await request_context(scope, receive, send, self.inner)
+
+    app.add_middleware(RequestContext)
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import typing
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -64,10 +65,23 @@ class Database:
         with self.session.begin() as s:
             s.add(rec)
 
-    def save(self, rec: SandboxRecord) -> None:
+    _COLUMNS: dict[str, str] | None = None
+
+    def save(self, rec: SandboxRecord, fields: typing.Iterable[str] | None = None) -> None:
+        """Write `rec` with one UPDATE (no SELECT first, unlike Session.merge): all columns, or only
+        the attributes named in `fields` (plus updated_at)."""
         rec.updated_at = utcnow()
-        with self.session.begin() as s:
-            s.merge(rec)
+        if Database._COLUMNS is None:
+            Database._COLUMNS = {
+                attr.key: attr.columns[0].name
+                for attr in sa.inspect(SandboxRecord).column_attrs
+                if attr.key != "id"
+            }
+        keys = Database._COLUMNS if fields is None else [*fields, "updated_at"]
+        values = {Database._COLUMNS[k]: getattr(rec, k) for k in keys}
+        table = SandboxRecord.__table__
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(table).where(table.c.id == rec.id).values(**values))
 
     def list(
         self, tenant_id: str | None = None, state: str | None = None, include_deleted: bool = False

@@ -71,7 +71,7 @@ class SandboxManager:
         rec.state = new_state.value
         for k, v in changes.items():
             setattr(rec, k, v)
-        self.db.save(rec)
+        self.db.save(rec, fields=["state", *changes])
         self._cache[rec.id] = rec
 
     @contextlib.asynccontextmanager

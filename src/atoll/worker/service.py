@@ -24,8 +24,6 @@ import time
 import typing
 from dataclasses import asdict, dataclass
 
-import httpx
-
 from atoll.core import errors, ids
 from atoll.worker import agent_channel, bundle, cgroups, netns, runsc, storage, templates
 
@@ -108,13 +106,16 @@ class Worker:
     def _p(self, sid: str, *parts: str) -> str:
         return os.path.join(self._dir(sid), *parts)
 
-    def _save(self, rt: Runtime) -> None:
+    def _save(self, rt: Runtime, durable: bool = True) -> None:
+        """Write runtime.json atomically; `durable=False` skips the fsync for facts that a restart
+        re-reads from the host anyway (frozen vs running is the freezer cgroup's state)."""
         path = self._p(rt.sandbox_id, "runtime.json")
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(asdict(rt), f)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
 
     def _load(self, sid: str) -> Runtime | None:
@@ -229,7 +230,7 @@ class Worker:
                 r = await self.channel(sid).request("GET", "/health", timeout=2)
                 if r.status_code == 200:
                     return r.json()
-            except (httpx.HTTPError, OSError) as e:
+            except (agent_channel.ChannelError, OSError) as e:
                 last = e
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.05)
@@ -242,14 +243,12 @@ class Worker:
     async def freeze(self, sid: str) -> None:
         rt = self.runtime(sid)
         cgroups.freeze(rt.cgroup(self.install_id))
-        rt.phase = "frozen"
-        self._save(rt)
+        rt.phase = "frozen"  # not written: after a restart the freezer cgroup itself says so
 
     async def thaw(self, sid: str) -> None:
         rt = self.runtime(sid)
         cgroups.thaw(rt.cgroup(self.install_id))
         rt.phase = "running"
-        self._save(rt)
 
     # ---- disk tier -----------------------------------------------------------------------------
     async def gate(self, sid: str) -> GateResult:
@@ -260,7 +259,7 @@ class Worker:
         try:
             r = await self.channel(sid).request("GET", "/gate", timeout=10)
             data = r.json()
-        except (httpx.HTTPError, ValueError) as e:
+        except (agent_channel.ChannelError, ValueError) as e:
             return GateResult(False, [f"the checkpoint gate could not be evaluated: {e!r}"])
         blockers = list(data.get("blockers", []))
         return GateResult(not blockers, blockers, int(data.get("external_connections", 0)))
@@ -362,7 +361,7 @@ class Worker:
         self._spawn(asyncio.to_thread(shutil.rmtree, snap, True))
 
     async def _set_identity(self, sid: str, generation: int) -> None:
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(agent_channel.ChannelError):
             await self.channel(sid).request(
                 "POST", "/identity", json={"sandbox_id": sid, "generation": generation, "hostname": None}
             )
@@ -494,10 +493,12 @@ class Worker:
                     await task
 
     # ---- guest agent proxy -----------------------------------------------------------------------
-    async def agent_request(self, sid: str, method: str, url: str, **kw: typing.Any) -> httpx.Response:
+    async def agent_request(
+        self, sid: str, method: str, url: str, **kw: typing.Any
+    ) -> agent_channel.Response:
         try:
             r = await self._watch(sid, self.channel(sid).request(method, url, **kw))
-        except httpx.HTTPError as e:
+        except agent_channel.ChannelError as e:
             if not self.alive(sid):
                 raise self._died(sid) from None
             raise errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer: {e!r}") from None
@@ -513,7 +514,7 @@ class Worker:
                     await r.aread()
                     raise _agent_error(r)
                 yield r
-        except httpx.HTTPError as e:
+        except agent_channel.ChannelError as e:
             if not self.alive(sid):
                 raise self._died(sid) from None
             raise errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer: {e!r}") from None
@@ -554,7 +555,7 @@ def _installation_id(home: str) -> str:
     return value
 
 
-def _agent_error(r: httpx.Response) -> errors.AtollError:
+def _agent_error(r: agent_channel.Response) -> errors.AtollError:
     try:
         err = r.json()["error"]
         code, message = err.get("code", "runtime_error"), err.get("message", r.text)

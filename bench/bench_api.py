@@ -1,0 +1,292 @@
+"""Benchmark: sandbox create latency and the exec round trip of `true`, with its parts and peers.
+
+Run standalone (`.venv/bin/python bench/bench_api.py`, root, starts its own `atoll up`) or from
+bench/run_all.py, which calls `run(atoll)`. Prints one JSON document to stdout; progress on stderr.
+
+Measured (wall clock on the caller's side, `perf_counter_ns`, kept-alive httpx client on loopback):
+  create            POST /v1/sandboxes sent → 201 received (sandbox running, its guest agent has
+                    answered a health ping). n=10; each sandbox is deleted afterwards, untimed, and
+                    the next create waits until the background `runsc delete` is done.
+  exec, interleaved per round (n=50 after 5 warm-ups of each):
+    api_exec_true        POST /v1/sandboxes/{id}/exec {"cmd": ["true"]} → 200
+    agent_exec_true      the same request sent straight to the guest agent (no API / control plane)
+    agent_health         GET /health straight to the guest agent (network + agent, no spawn)
+    api_get_sandbox      GET /v1/sandboxes/{id} (HTTP + FastAPI + auth + record; no agent)
+    runsc_exec_true      `runsc --root <home>/runsc exec <cid> true` on the same atoll sandbox
+    gvisor_pkg_exec_true `gvisor.Sandbox.exec("true")` (the PyPI package; it shells out to runsc exec)
+                         on its own sandbox over the same Debian rootfs
+  agent_duration_ms  the agent's own `duration_ms` of each API exec (spawn → exit → pipes closed;
+                     whole milliseconds)
+  in_sandbox         spawn and syscall costs measured by a Python script inside the sandbox, and the
+                     same script on the host, to show where an exec's time goes under gVisor ptrace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common as c  # noqa: E402
+
+# Runs inside the sandbox (and on the host for comparison): per-operation cost in ms.
+SPAWN_PROBE = r"""
+import json, os, subprocess, time
+def t(f, n):
+    xs = []
+    for _ in range(n):
+        t0 = time.perf_counter(); f(); xs.append((time.perf_counter() - t0) * 1000)
+    xs.sort(); return {"p50": round(xs[len(xs) // 2], 3), "min": round(xs[0], 3), "n": n}
+def spawn():
+    pid = os.posix_spawn("/usr/bin/true", ["true"], os.environ); os.waitpid(pid, 0)
+def syscalls():
+    for _ in range(1000): os.getppid()
+print(json.dumps({
+    "subprocess_run_true_ms": t(lambda: subprocess.run(["/usr/bin/true"]), 30),
+    "posix_spawn_wait_true_ms": t(spawn, 30),
+    "syscall_getppid_us": t(syscalls, 5)["p50"],
+}))
+"""
+
+
+def bench_create(a: c.Atoll, n: int = 10) -> dict:
+    samples, sids = [], []
+    timeline: dict[str, list[float]] = {k: [] for k in ("sentry_boot", "agent_pid1_start", "agent_ready")}
+    for i in range(n):
+        w0 = time.time()
+        with c.Timer() as t:
+            sb = a.create()
+        if sb["state"] != "running":
+            raise RuntimeError(f"create returned state {sb['state']}")
+        samples.append(t.ms)
+        sids.append(sb["id"])
+        for k, v in _create_timeline(a, sb["id"], w0).items():
+            timeline[k].append(v)
+        a.delete(sb["id"])
+        c.log(f"create {i + 1}/{n}: {t.ms:.0f} ms")
+    server_create = [x for sid in sids for x in a.server_durations(sid, "sandbox.create.complete")]
+    runtime_start = [x for sid in sids for x in a.server_durations(sid, "sandbox runtime started")]
+    return {
+        "create_api": c.summarize(samples),
+        "server_create_step": c.summarize(server_create),
+        "server_runtime_start": c.summarize(runtime_start),
+        "timeline_ms_after_post": {k: c.summarize(v) for k, v in timeline.items()},
+        "notes": "server_create_step: the control plane's create step (worker create incl. template check, "
+        "overlay, netns, runsc run, agent health); server_runtime_start: the worker's part from the "
+        "upper layer to the agent's first answer. timeline_ms_after_post (untimed probes after each "
+        "create, 10 ms resolution for the first two): when the sentry's kernel started "
+        "(now - /proc/uptime inside), when PID 1 (the agent's python3) started (/proc/1/stat), and "
+        "when the agent finished importing and built its state (its /health time - uptime_s), all "
+        "against the wall clock when POST was sent (gVisor reads the host's clock).",
+    }
+
+
+TIMELINE_PROBE = (
+    "import json, os, time; up = float(open('/proc/uptime').read().split()[0]); "
+    "st = int(open('/proc/1/stat').read().rsplit(')', 1)[1].split()[19]); "
+    "print(json.dumps({'now': time.time(), 'uptime': up, 'pid1_ticks': st, 'hz': os.sysconf('SC_CLK_TCK')}))"
+)
+
+
+def _create_timeline(a: c.Atoll, sid: str, w0: float) -> dict[str, float]:
+    agent = a.agent_conn(sid)
+    try:
+        _, h = agent.request("GET", "/health")
+    finally:
+        agent.close()
+    p = json.loads(a.exec(sid, ["python3", "-I", "-c", TIMELINE_PROBE])["stdout"])
+    boot = p["now"] - p["uptime"]
+    return {
+        "sentry_boot": round((boot - w0) * 1000, 1),
+        "agent_pid1_start": round((boot + p["pid1_ticks"] / p["hz"] - w0) * 1000, 1),
+        "agent_ready": round((h["time"] - h["uptime_s"] - w0) * 1000, 1),
+    }
+
+
+def bench_exec(a: c.Atoll, n: int = 50, warmup: int = 5) -> dict:
+    sb = a.create()
+    sid = sb["id"]
+    cid = a.cid(sid)
+    listed = a.runsc_list()
+    if cid not in listed:
+        raise RuntimeError(f"container {cid} not in `runsc list` ({listed})")
+    rootfs = c.template_rootfs()
+    agent = a.agent_conn(sid)
+    gv = None
+    gv_error = None
+    try:
+        try:
+            gv = c.gvisor_sandbox(rootfs)
+            if not c.gvisor_sees_template(gv, rootfs):
+                gv_error = "the gvisor package's sandbox does not see the template's /usr/bin"
+        except Exception as e:  # noqa: BLE001 - the peer is optional; report why it is missing
+            gv_error = f"gvisor package unavailable: {e!r}"
+        runsc_argv = [c.RUNSC, f"--root={a.runsc_root}", "exec", cid, "true"]
+        durations: list[float] = []
+
+        def api_exec() -> None:
+            r = a.exec(sid, ["true"])
+            if r["exit_code"] != 0:
+                raise RuntimeError(f"true exited {r['exit_code']}")
+            durations.append(r["duration_ms"])
+
+        def agent_exec() -> None:
+            st, r = agent.request("POST", "/exec", {"cmd": ["true"]})
+            if st != 200 or r["exit_code"] != 0:
+                raise RuntimeError(f"agent exec: {st} {r}")
+
+        def agent_health() -> None:
+            st, _ = agent.request("GET", "/health")
+            if st != 200:
+                raise RuntimeError(f"agent health: {st}")
+
+        def api_get() -> None:
+            r = a.api.get(f"/v1/sandboxes/{sid}")
+            if r.status_code != 200:
+                raise RuntimeError(f"GET sandbox: {r.status_code}")
+
+        def runsc_exec() -> None:
+            p = subprocess.run(
+                runsc_argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=60,
+                check=False,
+            )
+            if p.returncode != 0:
+                raise RuntimeError(f"runsc exec: {p.returncode} {p.stderr[-300:]!r}")
+
+        def gv_exec() -> None:
+            gv.exec("true", timeout=60)
+
+        methods = {
+            "api_exec_true": api_exec,
+            "agent_exec_true": agent_exec,
+            "agent_health": agent_health,
+            "api_get_sandbox": api_get,
+            "runsc_exec_true": runsc_exec,
+        }
+        if gv is not None and gv_error is None:
+            methods["gvisor_pkg_exec_true"] = gv_exec
+        names = list(methods)
+        for _ in range(warmup):
+            for name in names:
+                methods[name]()
+        durations.clear()
+        samples: dict[str, list[float]] = {k: [] for k in names}
+        c.log(f"exec: {n} rounds of {', '.join(names)}")
+        for i in range(n):
+            for k in range(len(names)):  # rotate the order so no method always follows another
+                name = names[(i + k) % len(names)]
+                with c.Timer() as t:
+                    methods[name]()
+                samples[name].append(t.ms)
+        out = {k: c.summarize(v) for k, v in samples.items()}
+        out["agent_duration_ms_of_api_exec"] = c.summarize(durations)
+        out["ratios_p50"] = {
+            "runsc_exec/api_exec": c.ratio(out["runsc_exec_true"], out["api_exec_true"]),
+            "api_exec/agent_exec": c.ratio(out["api_exec_true"], out["agent_exec_true"]),
+        }
+        if "gvisor_pkg_exec_true" in out:
+            out["ratios_p50"]["gvisor_pkg_exec/api_exec"] = c.ratio(
+                out["gvisor_pkg_exec_true"], out["api_exec_true"]
+            )
+        if gv_error:
+            out["gvisor_pkg_error"] = gv_error
+        out["in_sandbox"] = json.loads(a.exec(sid, ["python3", "-I", "-c", SPAWN_PROBE])["stdout"])
+        host = subprocess.run(
+            [sys.executable, "-I", "-c", SPAWN_PROBE],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        out["on_host"] = json.loads(host.stdout)
+        out["python_startup_in_sandbox"] = python_startup(a, sid)
+        out["memory_tier_floor"] = memory_tier_floor(a, sid, agent)
+        out["container_id"] = cid
+        return out
+    finally:
+        agent.close()
+        if gv is not None:
+            gv.close()
+        a.delete(sid)
+
+
+def memory_tier_floor(a: c.Atoll, sid: str, agent: c.AgentConn, n: int = 20) -> dict:
+    """The memory tier without atoll's API: write the sandbox's freezer cgroup, then ping the agent.
+
+    freeze: FROZEN written → freezer.state reads FROZEN. thaw_plus_health: THAWED written →
+    state reads THAWED → GET /health answered on the kept-alive direct connection. This is what
+    POST /resume does inside the worker, minus HTTP, FastAPI, the lock and the database write.
+    """
+    path = f"/sys/fs/cgroup/freezer{a.cgroup(sid)}/freezer.state"
+
+    def set_state(want: str) -> None:
+        with open(path, "w") as f:
+            f.write(want)
+        deadline = time.monotonic() + 5
+        while True:
+            with open(path) as f:
+                if f.read().strip() == want:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{path} did not reach {want}")
+            time.sleep(0.0001)
+
+    freeze, thaw = [], []
+    try:
+        for _ in range(n + 2):
+            with c.Timer() as t:
+                set_state("FROZEN")
+            freeze.append(t.ms)
+            time.sleep(0.02)
+            with c.Timer() as t:
+                set_state("THAWED")
+                st, _ = agent.request("GET", "/health")
+            if st != 200:
+                raise RuntimeError(f"agent health after thaw: {st}")
+            thaw.append(t.ms)
+            time.sleep(0.02)
+    finally:
+        set_state("THAWED")
+    return {"freeze": c.summarize(freeze[2:]), "thaw_plus_health": c.summarize(thaw[2:])}
+
+
+def python_startup(a: c.Atoll, sid: str, n: int = 5) -> dict:
+    """Where part of create goes: a bare `python3 -c pass` and the agent's own import, inside gVisor.
+
+    Both as the agent's duration_ms (spawn → exit) of an exec, so the exec path itself is excluded.
+    """
+    imp = (
+        "import importlib.util as u; s = u.spec_from_file_location('agent', '/opt/atoll/agent.py'); "
+        "s.loader.exec_module(u.module_from_spec(s))"
+    )
+    bare, agent_import = [], []
+    for _ in range(n):
+        bare.append(a.exec(sid, ["python3", "-I", "-c", "pass"])["duration_ms"])
+        r = a.exec(sid, ["python3", "-I", "-c", imp])
+        if r["exit_code"] != 0:
+            return {"error": r["stderr"][-300:]}
+        agent_import.append(r["duration_ms"])
+    return {
+        "python3_c_pass_ms": c.summarize(bare),
+        "python3_import_agent_ms": c.summarize(agent_import),
+    }
+
+
+def run(a: c.Atoll, n_create: int = 10, n_exec: int = 50) -> dict:
+    t0 = time.monotonic()
+    out = {"create": bench_create(a, n_create), "exec": bench_exec(a, n_exec)}
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+if __name__ == "__main__":
+    c.run_main(run, "api")

@@ -1,0 +1,122 @@
+"""Run every atoll benchmark against one local atoll and write one combined JSON document.
+
+Called by `make bench` (`.venv/bin/python bench/run_all.py`); needs root, runsc and the host tools
+`make run` installs. Starts `atoll up` in a fresh home under /var/tmp (template layers from the
+shared cache /var/tmp/atoll-test-templates, built on the untimed warm-up create if missing), runs
+bench_api, bench_standby and bench_peers in that order, checks the issue's targets, prints the
+document to stdout and saves it to bench/results/latest.json. Progress goes to stderr. Everything
+started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
+Takes about 4-6 minutes on 2 cores. `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_api  # noqa: E402
+import bench_peers  # noqa: E402
+import bench_standby  # noqa: E402
+import common as c  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+TARGETS = {
+    "memory_resume_p50_ms": 5.0,
+    "disk_resume_50MB_p50_ms": 300.0,
+    "exec_true_p50_ms": 10.0,
+    "create_first_exec_over_gvisor_pkg": 1.0,
+}
+
+
+def check_targets(res: dict) -> dict:
+    out: dict = {}
+    sb = res.get("standby", {})
+    mem = {
+        k: v["memory"]["resume_api"]["p50"] for k, v in sb.items() if isinstance(v, dict) and "memory" in v
+    }
+    if mem:
+        worst = max(mem.values())
+        out["memory_resume_p50_ms"] = {
+            "target": TARGETS["memory_resume_p50_ms"],
+            "by_size": mem,
+            "value": worst,
+            "met": worst <= TARGETS["memory_resume_p50_ms"],
+            "how": "POST /resume of a memory-tier sandbox (thaw + agent health ping), worst size",
+        }
+    if "50MB" in sb:
+        v = sb["50MB"]["disk"]["resume_api"]["p50"]
+        out["disk_resume_50MB_p50_ms"] = {
+            "target": TARGETS["disk_resume_50MB_p50_ms"],
+            "value": v,
+            "met": v <= TARGETS["disk_resume_50MB_p50_ms"],
+            "how": "POST /resume of a disk-tier sandbox holding 50 MB (runsc restore + agent health)",
+        }
+    if "api" in res:
+        v = res["api"]["exec"]["api_exec_true"]["p50"]
+        out["exec_true_p50_ms"] = {
+            "target": TARGETS["exec_true_p50_ms"],
+            "value": v,
+            "met": v <= TARGETS["exec_true_p50_ms"],
+            "how": 'POST /v1/sandboxes/{id}/exec {cmd: ["true"]} round trip',
+        }
+    if "peers" in res:
+        v = res["peers"]["ratios_p50"]["atoll/gvisor_pkg"]
+        out["create_first_exec_over_gvisor_pkg"] = {
+            "target": TARGETS["create_first_exec_over_gvisor_pkg"],
+            "value": v,
+            "met": v is not None and v <= TARGETS["create_first_exec_over_gvisor_pkg"],
+            "how": "p50 of (create + first exec of python3 -c pass) atoll / gvisor package",
+        }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
+    ap.add_argument("--only", default="api,standby,peers", help="comma-separated subset")
+    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    q = args.quick
+    t0 = time.monotonic()
+    doc: dict = {"benchmark": "atoll", "timestamp": c.timestamp(), "machine": c.machine_info(), "results": {}}
+    res = doc["results"]
+    with c.local_atoll() as a:
+        c.warm_up(a)
+        if "api" in only:
+            c.log("== api: create and exec")
+            res["api"] = bench_api.run(a, n_create=3 if q else 10, n_exec=10 if q else 50)
+        if "standby" in only:
+            c.log("== standby: pause/resume per tier and size")
+            res["standby"] = bench_standby.run(
+                a, sizes=(1, 50) if q else (1, 50, 200), n_mem=5 if q else 20, n_disk=2 if q else 8
+            )
+        if "peers" in only:
+            c.log("== peers: create + first command")
+            res["peers"] = bench_peers.run(a, n=2 if q else 10)
+        doc["atoll_server_log_errors"] = [
+            r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")
+        ][:20]
+    doc["targets"] = check_targets(res)
+    doc["quick"] = q
+    doc["wall_s"] = round(time.monotonic() - t0, 1)
+    c.emit(doc)
+    if not args.no_save:
+        os.makedirs(RESULTS, exist_ok=True)
+        tmp = os.path.join(RESULTS, "latest.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, os.path.join(RESULTS, "latest.json"))
+        c.log(f"saved {os.path.join(RESULTS, 'latest.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
