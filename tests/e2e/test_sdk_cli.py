@@ -22,7 +22,9 @@ def client(atoll_server):
 
 
 def test_sdk_sync_flow(client):
-    sb = client.sandboxes.create(template="base", env={"A": "1"}, metadata={"suite": "e2e"}, idle_timeout_s=0, memory_mb=512, cpus=1)
+    sb = client.sandboxes.create(
+        template="base", env={"A": "1"}, metadata={"suite": "e2e"}, idle_timeout_s=0, memory_mb=512, cpus=1
+    )
     try:
         assert sb.state == "running" and sb.standby_tier is None
         r = sb.exec("echo $A; echo err >&2; exit 2")
@@ -111,19 +113,35 @@ def test_sdk_100mb_file_streams(client, tmp_path):
 
 def _cli(atoll_server, *args, check=True):
     env = {**os.environ, "ATOLL_URL": atoll_server.url, "ATOLL_API_KEY": atoll_server.api_key}
-    p = subprocess.run([sys.executable, "-m", "atoll", *args], env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "atoll", *args], env=env, capture_output=True, text=True, timeout=300
+    )
     if check:
         assert p.returncode == 0, (args, p.stdout, p.stderr)
     return p
 
 
 def test_cli(atoll_server):
-    sid = _cli(atoll_server, "sandbox", "create", "--metadata", "via=cli", "--idle-timeout", "0").stdout.strip()
+    sid = _cli(
+        atoll_server, "sandbox", "create", "--metadata", "via=cli", "--idle-timeout", "0"
+    ).stdout.strip()
     try:
         assert sid.startswith("sb-")
-        p = _cli(atoll_server, "sandbox", "exec", sid, "--", "sh", "-c", "echo out; echo err >&2; exit 7", check=False)
+        p = _cli(
+            atoll_server,
+            "sandbox",
+            "exec",
+            sid,
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 7",
+            check=False,
+        )
         assert (p.returncode, p.stdout, p.stderr) == (7, "out\n", "err\n")
-        assert _cli(atoll_server, "sandbox", "exec", sid, "--", "python3", "-c", "print(6*7)").stdout == "42\n"
+        assert (
+            _cli(atoll_server, "sandbox", "exec", sid, "--", "python3", "-c", "print(6*7)").stdout == "42\n"
+        )
         listed = _cli(atoll_server, "sandbox", "list", "--metadata", "via=cli", "--json").stdout
         assert sid in [s["id"] for s in json.loads(listed)]
         _cli(atoll_server, "sandbox", "pause", sid, "--tier", "disk")
