@@ -17,8 +17,16 @@ Measured (wall clock on the caller's side, `perf_counter_ns`, kept-alive httpx c
                          on its own sandbox over the same Debian rootfs
   agent_duration_ms  the agent's own `duration_ms` of each API exec (spawn → exit → pipes closed;
                      whole milliseconds)
-  in_sandbox         spawn and syscall costs measured by a Python script inside the sandbox, and the
-                     same script on the host, to show where an exec's time goes under gVisor ptrace.
+Where the time goes (untimed probes next to the timed loops):
+  create.timeline_ms_after_post  per create: when the sentry's kernel started, when the agent's
+                     python3 (PID 1) started and when the agent was ready, against the POST's clock
+  in_sandbox / on_host  spawn and syscall costs measured by one Python script inside the sandbox and
+                     on the host
+  python_startup_in_sandbox  `python3 -c pass` and the import of the agent's module, inside gVisor
+  memory_tier_floor  freezer cgroup FROZEN / THAWED written directly + GET /health to the agent: the
+                     memory tier without atoll's API and control plane
+  host_fsync_ms      write + fsync + rename of a small file in ATOLL_HOME (the worker does this for
+                     runtime.json on every lifecycle step)
 """
 
 from __future__ import annotations
@@ -210,6 +218,7 @@ def bench_exec(a: c.Atoll, n: int = 50, warmup: int = 5) -> dict:
         out["on_host"] = json.loads(host.stdout)
         out["python_startup_in_sandbox"] = python_startup(a, sid)
         out["memory_tier_floor"] = memory_tier_floor(a, sid, agent)
+        out["host_fsync_ms"] = host_fsync(a.home)
         out["container_id"] = cid
         return out
     finally:
@@ -257,6 +266,25 @@ def memory_tier_floor(a: c.Atoll, sid: str, agent: c.AgentConn, n: int = 20) -> 
     finally:
         set_state("THAWED")
     return {"freeze": c.summarize(freeze[2:]), "thaw_plus_health": c.summarize(thaw[2:])}
+
+
+def host_fsync(directory: str, n: int = 20) -> dict:
+    tmp, final = os.path.join(directory, "bench-fsync.tmp"), os.path.join(directory, "bench-fsync.json")
+    xs = []
+    try:
+        for _ in range(n):
+            with c.Timer() as t:
+                with open(tmp, "w") as f:
+                    f.write("x" * 300)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            xs.append(t.ms)
+    finally:
+        for p in (tmp, final):
+            if os.path.exists(p):
+                os.unlink(p)
+    return c.summarize(xs)
 
 
 def python_startup(a: c.Atoll, sid: str, n: int = 5) -> dict:

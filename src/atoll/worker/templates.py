@@ -11,6 +11,7 @@ templates) grows from `Recipe`. Called by worker.service.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import logging
@@ -105,6 +106,8 @@ class TemplateStore:
         out = []
         for r in RECIPES.values():
             st = self._status[r.name]
+            if st.status != "ready" and os.path.exists(self._manifest_path(r)):
+                st.status, st.progress = "ready", "ready"  # built by another installation sharing the dir
             out.append(
                 {
                     "name": r.name,
@@ -129,7 +132,16 @@ class TemplateStore:
         lock = self._locks.setdefault(r.name, asyncio.Lock())
         async with lock:
             if not os.path.exists(self._manifest_path(r)):
-                await self._build(r)
+                # Installations may share a template dir: one builds, the others wait for it.
+                fd = os.open(os.path.join(self.dir, f".lock-{r.content_hash()}"), os.O_CREAT | os.O_RDWR, 0o644)
+                try:
+                    await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                    if not os.path.exists(self._manifest_path(r)):
+                        await self._build(r)
+                    else:
+                        self._status[r.name].status = "ready"
+                finally:
+                    os.close(fd)
         return rootfs
 
     async def _build(self, r: Recipe) -> None:
