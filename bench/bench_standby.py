@@ -21,12 +21,22 @@ answer, so `resume_api` is "API call until the agent answers a health ping". The
 durations of each step (from its JSON log) are reported next to the client-side ones; the difference
 is HTTP + API overhead. At the end the holder process must still be running (checked via
 GET …/processes), so the memory really was preserved across every cycle.
+
+disk_runsc_floor (n=3 per size): the same holder under plain runsc without atoll (template rootfs,
+--network=none): `runsc checkpoint` until it exits, `runsc restore --detach` until it returns, then
+`runsc exec true` — what the disk tier costs before atoll adds its network namespace, bundle,
+agent health ping and bookkeeping.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -149,9 +159,114 @@ def bench_size(a: c.Atoll, mb: int, n_mem: int, n_disk: int) -> dict:
         a.delete(sid)
 
 
-def run(a: c.Atoll, sizes: tuple[int, ...] = (1, 50, 200), n_mem: int = 20, n_disk: int = 8) -> dict:
+RAW_HOG = "import os, sys, time; b = os.urandom({mb} * 2**20); print('ready', flush=True); time.sleep(10**6)"
+
+
+def runsc_floor(mb: int, n: int) -> dict:
+    """The disk tier without atoll: plain runsc checkpoint / restore of the same holder program.
+
+    A bundle over the template rootfs (read-only, /tmp tmpfs, --network=none, ptrace) runs the
+    N MB holder detached; then n times: `runsc checkpoint` (timed until it exits), `runsc restore
+    --detach` under a new container id (timed until it returns: this runsc restores eagerly) and
+    `runsc exec true` (timed). Old containers are deleted untimed before the next step.
+    """
+    rootfs = c.template_rootfs()
+    work = tempfile.mkdtemp(prefix="atoll-bench-raw-", dir=c.BENCH_TMP)
+    root = os.path.join(work, "root")
+    bundle = os.path.join(work, "bundle")
+    os.makedirs(bundle)
+    spec = {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": ["python3", "-I", "-c", RAW_HOG.format(mb=mb)],
+            "env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
+            "cwd": "/",
+        },
+        "root": {"path": rootfs, "readonly": True},
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+        ],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")]},
+    }
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump(spec, f)
+    flags = [c.RUNSC, f"--root={root}", "--network=none", "--platform=ptrace"]
+    log_path = os.path.join(work, "runsc.log")
+    cids: list[str] = []
+
+    def runsc(*args: str, timeout: float = 300) -> float:
+        with open(log_path, "ab") as lf, c.Timer() as t:
+            p = subprocess.run(
+                [*flags, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=lf,
+                stderr=lf,
+                start_new_session=True,
+                timeout=timeout,
+                check=False,
+            )
+        if p.returncode != 0:
+            raise RuntimeError(f"runsc {args[0]} exited {p.returncode}: {c.tail_file(log_path)}")
+        return t.ms
+
+    def delete(cid: str) -> None:
+        c.run_quiet([c.RUNSC, f"--root={root}", "delete", "-force", cid], check=False)
+
+    ckpt, restore, first_exec, image = [], [], [], []
+    try:
+        cid = "atoll-bench-raw-" + secrets.token_hex(5)
+        cids.append(cid)
+        runsc("run", "--detach", "--bundle", bundle, cid)
+        deadline = time.monotonic() + 120
+        while "ready" not in c.tail_file(log_path, 4000):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"raw {mb} MB holder not ready: {c.tail_file(log_path)}")
+            time.sleep(0.1)
+        for i in range(n + 1):  # the first cycle is a warm-up
+            img = os.path.join(work, f"img-{i}")
+            os.makedirs(img)
+            t_ck = runsc("checkpoint", f"--image-path={img}", cid)
+            delete(cid)
+            size = os.path.getsize(os.path.join(img, "checkpoint.img"))
+            cid = "atoll-bench-raw-" + secrets.token_hex(5)
+            cids.append(cid)
+            t_rs = runsc("restore", "--detach", "--bundle", bundle, f"--image-path={img}", cid)
+            t_ex = runsc("exec", cid, "true")
+            shutil.rmtree(img, ignore_errors=True)
+            if i > 0:
+                ckpt.append(t_ck)
+                restore.append(t_rs)
+                first_exec.append(t_ex)
+                image.append(size / 2**20)
+            time.sleep(0.2)
+        c.log(
+            f"raw runsc {mb} MB: checkpoint p50 {c.summarize(ckpt)['p50']:.0f} ms, "
+            f"restore p50 {c.summarize(restore)['p50']:.0f} ms"
+        )
+        return {
+            "checkpoint": c.summarize(ckpt),
+            "restore_detach": c.summarize(restore),
+            "runsc_exec_true_after": c.summarize(first_exec),
+            "image_mb": c.summarize(image, unit="MiB", keep_samples=False),
+        }
+    finally:
+        for x in cids:
+            delete(x)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(
+    a: c.Atoll, sizes: tuple[int, ...] = (1, 50, 200), n_mem: int = 20, n_disk: int = 8, n_raw: int = 3
+) -> dict:
     t0 = time.monotonic()
     out = {f"{mb}MB": bench_size(a, mb, n_mem, n_disk) for mb in sizes}
+    if n_raw:
+        for mb in sizes:
+            out[f"{mb}MB"]["disk_runsc_floor"] = runsc_floor(mb, n_raw)
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
 

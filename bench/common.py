@@ -123,7 +123,18 @@ def machine_info() -> dict:
         gvisor_pkg = version("gvisor")
     except Exception:  # noqa: BLE001 - optional peer
         gvisor_pkg = None
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirty = subprocess.run(
+        ["git", "-C", repo, "status", "--porcelain", "--", "src"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout.split("\n")
     return {
+        "atoll_commit": _first_line(["git", "-C", repo, "rev-parse", "--short", "HEAD"]),
+        "atoll_src_modified_files": [ln[3:] for ln in dirty if ln.strip()],
         "cpus": os.cpu_count(),
         "cpu_model": cpu_model,
         "mem_gib": mem_gib,
@@ -382,6 +393,16 @@ def run_quiet(argv: list[str], timeout: float = 120, check: bool = True) -> subp
         check=check,
         start_new_session=True,
     )
+
+
+def tail_file(path: str, n: int = 600) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def run_main(fn: typing.Callable[[Atoll], dict], name: str) -> None:

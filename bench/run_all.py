@@ -95,7 +95,11 @@ def main() -> int:
         if "standby" in only:
             c.log("== standby: pause/resume per tier and size")
             res["standby"] = bench_standby.run(
-                a, sizes=(1, 50) if q else (1, 50, 200), n_mem=5 if q else 20, n_disk=2 if q else 8
+                a,
+                sizes=(1, 50) if q else (1, 50, 200),
+                n_mem=5 if q else 20,
+                n_disk=2 if q else 8,
+                n_raw=1 if q else 3,
             )
         if "peers" in only:
             c.log("== peers: create + first command")

@@ -16,7 +16,8 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   └── ProcessNotFound         process_not_found
     ├── Conflict                409
     │   ├── SandboxBusy             sandbox_busy (retryable)
-    │   └── InvalidState            invalid_state
+    │   ├── InvalidState            invalid_state
+    │   └── SandboxFailed           sandbox_failed: the sandbox died under the call (e.g. out of memory)
     ├── PayloadTooLarge         413 payload_too_large
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
 
@@ -42,6 +43,7 @@ __all__ = [
     "Conflict",
     "SandboxBusy",
     "InvalidState",
+    "SandboxFailed",
     "PayloadTooLarge",
     "ServerError",
     "error_from_payload",
@@ -134,6 +136,10 @@ class InvalidState(Conflict):
     default_code = "invalid_state"
 
 
+class SandboxFailed(Conflict):
+    default_code = "sandbox_failed"
+
+
 class PayloadTooLarge(AtollError):
     default_code = "payload_too_large"
 
@@ -155,6 +161,8 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "conflict": Conflict,
     "sandbox_busy": SandboxBusy,
     "invalid_state": InvalidState,
+    "sandbox_failed": SandboxFailed,
+    "method_not_allowed": InvalidRequest,
     "payload_too_large": PayloadTooLarge,
     "runtime_error": ServerError,
     "internal_error": ServerError,

@@ -67,6 +67,9 @@ def load(port: int | None = None, home: str | None = None, host: str | None = No
     log_format = env.get("ATOLL_LOG_FORMAT", "text")
     if log_format not in ("text", "json"):
         raise SettingsError(f"ATOLL_LOG_FORMAT={log_format!r}; use 'text' or 'json'")
+    log_level = env.get("ATOLL_LOG_LEVEL", "INFO").upper()
+    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise SettingsError(f"ATOLL_LOG_LEVEL={log_level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
     max_file = _int("ATOLL_MAX_FILE_MB", env.get("ATOLL_MAX_FILE_MB", "4096"))
     if max_file <= 0:
         raise SettingsError(f"ATOLL_MAX_FILE_MB={max_file} must be positive")
@@ -80,5 +83,5 @@ def load(port: int | None = None, home: str | None = None, host: str | None = No
         template_dir=os.path.abspath(env.get("ATOLL_TEMPLATE_DIR") or os.path.join(home_v, "templates")),
         debian_mirror=env.get("ATOLL_DEBIAN_MIRROR", "http://deb.debian.org/debian"),
         log_format=log_format,
-        log_level=env.get("ATOLL_LOG_LEVEL", "INFO").upper(),
+        log_level=log_level,
     )

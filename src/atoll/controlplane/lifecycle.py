@@ -117,16 +117,19 @@ class SandboxManager:
 
     async def _reattach(self, rec: dbm.SandboxRecord) -> None:
         try:
-            obs = await asyncio.wait_for(self.worker.reattach(rec.id), 60)
+            obs = await asyncio.wait_for(self.worker.reattach(rec.id), 180)
         except (errors.AtollError, TimeoutError, OSError) as e:
             obs = workersvc.Observed("failed", f"could not reattach after a restart: {e!r}")
         now = dbm.utcnow()
         self._cache[rec.id] = rec
-        if obs.phase == "running":
+        if rec.state == State.FAILED:
+            pass  # failed is final until deleted, whatever the host still holds
+        elif obs.phase == "running":
             if rec.state != State.RUNNING:
-                rec.state, rec.standby_tier = State.RUNNING.value, None
-                rec.standby_reason = obs.reason
+                rec.state, rec.standby_tier, rec.standby_reason = State.RUNNING.value, None, None
                 self.db.save(rec)
+            if obs.reason:
+                log.info("sandbox.reattach.note", extra={"sandbox_id": rec.id, "note": obs.reason})
         elif obs.phase == "frozen":
             rec.state, rec.standby_tier = State.STANDBY.value, Tier.MEMORY.value
             rec.standby_since = rec.standby_since or now
@@ -222,13 +225,13 @@ class SandboxManager:
         self._locks.pop(sid, None)
 
     # ---- standby -------------------------------------------------------------------------------
-    async def pause(self, sid: str, tier: Tier, *, reason: str = "requested") -> dbm.SandboxRecord:
+    async def pause(self, sid: str, tier: Tier) -> dbm.SandboxRecord:
         self.get(sid)
         async with self._lock(sid):
             rec = self.get(sid)
-            return await self._pause_locked(rec, tier, reason)
+            return await self._pause_locked(rec, tier)
 
-    async def _pause_locked(self, rec: dbm.SandboxRecord, tier: Tier, reason: str) -> dbm.SandboxRecord:
+    async def _pause_locked(self, rec: dbm.SandboxRecord, tier: Tier) -> dbm.SandboxRecord:
         sid = rec.id
         if rec.state == State.STANDBY:
             cur = Tier(rec.standby_tier)
@@ -293,7 +296,7 @@ class SandboxManager:
 
     async def resume(self, sid: str) -> dbm.SandboxRecord:
         rec = self.get(sid)
-        if rec.state == State.RUNNING:
+        if rec.state == State.RUNNING and not self._lock(sid).locked():
             self._activity[sid] = time.monotonic()
             return rec
         async with self._lock(sid):
@@ -323,7 +326,9 @@ class SandboxManager:
             )
         self._inflight[sid] = self._inflight.get(sid, 0) + 1
         try:
-            if rec.state != State.RUNNING:
+            # A pause (or another step) in flight holds the lock: wait for it, then resume if needed,
+            # so a call never reaches a sandbox that is being checkpointed under it.
+            if rec.state != State.RUNNING or self._lock(sid).locked():
                 await self.resume(sid)
             self._activity[sid] = time.monotonic()
             yield
@@ -362,7 +367,7 @@ class SandboxManager:
                         self._activity[sid] = now  # an open connection is activity
                         continue
                     with contextlib.suppress(errors.AtollError):
-                        await self.pause(sid, Tier.MEMORY, reason="idle")
+                        await self.pause(sid, Tier.MEMORY)
             elif (
                 rec.state == State.STANDBY
                 and rec.standby_tier == Tier.MEMORY
@@ -377,7 +382,7 @@ class SandboxManager:
                 )
                 if (wall - since).total_seconds() >= rec.disk_after_s:
                     with contextlib.suppress(errors.AtollError):
-                        await self.pause(sid, Tier.DISK, reason="idle")
+                        await self.pause(sid, Tier.DISK)
 
     def _alive(self, sid: str) -> bool:
         try:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from atoll.controlplane import db as dbm
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$|^[0-9]{1,10}$")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def _check_env(v: dict[str, str] | None) -> dict[str, str] | None:
@@ -58,7 +58,9 @@ class CreateSandbox(BaseModel):
     @classmethod
     def _v_user(cls, v: str | None) -> str | None:
         if v is not None and not _USER.match(v):
-            raise ValueError(f"user {v!r} is not a valid user name or uid")
+            raise ValueError(
+                f"user {v!r} is not a valid user name (lower-case letters, digits, '_' or '-'); uids are not accepted"
+            )
         return v
 
 
@@ -73,6 +75,13 @@ class ExecRequest(BaseModel):
     user: str | None = None
 
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+    @field_validator("user")
+    @classmethod
+    def _v_user(cls, v: str | None) -> str | None:
+        if v is not None and not _USER.match(v):
+            raise ValueError(f"user {v!r} is not a valid user name (lower-case letters, digits, '_' or '-')")
+        return v
 
     @field_validator("cmd")
     @classmethod

@@ -82,4 +82,4 @@ class PayloadTooLarge(AtollError):
 class RuntimeFailure(AtollError):
     status = 500
     code = "runtime_error"
-    retryable = True
+    retryable = False  # the sandbox is usually marked failed by then: a retry would only get 409

@@ -35,6 +35,8 @@ _ns_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_pr
 _LINGER0 = struct.pack("ii", 1, 0)
 _READ = 256 * 1024
 _UPLOAD_CHUNK = 1024 * 1024
+# Whole answers (exec results with up to 64 MiB per stream, JSON-escaped) are capped; files stream.
+MAX_ANSWER_BYTES = 512 * 1024 * 1024
 
 
 class ChannelError(Exception):
@@ -76,9 +78,18 @@ class Response:
         self._body_iter = body
         self.content = b""
 
-    async def aread(self) -> bytes:
+    async def aread(self, limit: int = MAX_ANSWER_BYTES) -> bytes:
+        """Read the whole body; the agent is untrusted, so its answers are bounded."""
         if self._body_iter is not None:
-            self.content = b"".join([c async for c in self._body_iter])
+            parts, n = [], 0
+            async for c in self._body_iter:
+                n += len(c)
+                if n > limit:
+                    raise ChannelError(
+                        f"the guest agent's answer exceeds {limit} bytes; refusing to buffer it"
+                    )
+                parts.append(c)
+            self.content = b"".join(parts)
             self._body_iter = None
         return self.content
 

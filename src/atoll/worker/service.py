@@ -343,20 +343,41 @@ class Worker:
         self._write_bundle(rt)
         self._save(rt)
         t0 = time.perf_counter()
+        # The checksum is verified while runsc restores (both read the same image; two cores), and a
+        # mismatch throws the restored sandbox away: damaged state is never run.
+        verify = asyncio.ensure_future(asyncio.to_thread(_checksum, img))
         try:
             await runsc.restore(
                 self.runsc_root, self._p(sid, "bundle"), rt.cid, snap, self._p(sid, "runsc.log")
             )
+            t_runsc = time.perf_counter()
+            digest, _size = await verify
+            if digest != man["blake2b"]:
+                await runsc.delete(self.runsc_root, rt.cid)
+                raise errors.RuntimeFailure(
+                    f"snapshot of {sid} is damaged: checksum {digest} differs from the committed {man['blake2b']}"
+                )
         except errors.AtollError as e:
+            if not verify.done():
+                verify.cancel()
             rt.phase, rt.failure = "failed", str(e)
             self._save(rt)
             raise
         rt.phase = "running"
         rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
         self._save(rt)
+        t_verified = time.perf_counter()
         await self.wait_agent(sid, timeout=30)
         await self._set_identity(sid, rt.generation)
-        log.info("restore took %.0f ms", (time.perf_counter() - t0) * 1000, extra={"sandbox_id": sid})
+        t_end = time.perf_counter()
+        log.info(
+            "restore took %.0f ms (runsc %.0f, checksum wait %.0f, agent %.0f)",
+            (t_end - t0) * 1000,
+            (t_runsc - t0) * 1000,
+            (t_verified - t_runsc) * 1000,
+            (t_end - t_verified) * 1000,
+            extra={"sandbox_id": sid},
+        )
         # The image is stale once the sandbox runs on; the next standby writes a fresh one.
         self._spawn(asyncio.to_thread(shutil.rmtree, snap, True))
 
@@ -509,11 +530,15 @@ class Worker:
     @contextlib.asynccontextmanager
     async def agent_stream(self, sid: str, method: str, url: str, **kw: typing.Any):
         try:
-            async with self.channel(sid).stream(method, url, **kw) as r:
+            cm = self.channel(sid).stream(method, url, **kw)
+            r = await self._watch(sid, cm.__aenter__())
+            try:
                 if r.status_code >= 400:
                     await r.aread()
                     raise _agent_error(r)
                 yield r
+            finally:
+                await cm.__aexit__(None, None, None)
         except agent_channel.ChannelError as e:
             if not self.alive(sid):
                 raise self._died(sid) from None

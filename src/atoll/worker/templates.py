@@ -133,7 +133,9 @@ class TemplateStore:
         async with lock:
             if not os.path.exists(self._manifest_path(r)):
                 # Installations may share a template dir: one builds, the others wait for it.
-                fd = os.open(os.path.join(self.dir, f".lock-{r.content_hash()}"), os.O_CREAT | os.O_RDWR, 0o644)
+                fd = os.open(
+                    os.path.join(self.dir, f".lock-{r.content_hash()}"), os.O_CREAT | os.O_RDWR, 0o644
+                )
                 try:
                     await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
                     if not os.path.exists(self._manifest_path(r)):
