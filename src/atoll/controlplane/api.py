@@ -8,6 +8,8 @@ Built by atoll.up (create_app); talks only to controlplane.lifecycle.SandboxMana
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -75,6 +77,28 @@ async def _read_json(request: Request, model: type[pydantic.BaseModel], *, optio
             loc = ".".join(str(x) for x in err["loc"]) or "body"
             parts.append(f"{loc}: {err['msg']} (got {json.dumps(err.get('input'), default=str)[:100]})")
         raise errors.InvalidRequest("invalid request body: " + "; ".join(parts)) from None
+
+
+async def _unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.Any:
+    """Await `aw` unless the API client hangs up first: then cancel it (the worker resets its
+    connection to the guest agent, which kills the command) instead of running on unobserved."""
+    task = asyncio.ensure_future(aw)
+
+    async def hangup() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(hangup())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise errors.InvalidRequest("the client disconnected; the command was stopped")
+        return task.result()
+    finally:
+        watcher.cancel()
 
 
 def _check_path(path: str | None) -> str:
@@ -237,7 +261,10 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
         if NDJSON in request.headers.get("accept", "") and not req.background:
             return await _exec_stream(sid, payload, agent_timeout)
         async with manager.activity(sid):
-            r = await manager.worker.agent_request(sid, "POST", "/exec", json=payload, timeout=agent_timeout)
+            r = await _unless_disconnected(
+                request,
+                manager.worker.agent_request(sid, "POST", "/exec", json=payload, timeout=agent_timeout),
+            )
             return JSONResponse(r.json())
 
     async def _exec_stream(sid: str, payload: dict, agent_timeout: float | None):

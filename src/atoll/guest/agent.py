@@ -1349,7 +1349,7 @@ class Agent:
             sink = _Stream(conn) if streaming else _Capture()
             if streaming:
                 conn.start_chunked("application/x-ndjson")
-            exit_code, timed_out = self._collect(proc, pipes, q, sink, started, spec.timeout)
+            exit_code, timed_out = self._collect(proc, pipes, q, sink, started, spec.timeout, conn.sock)
         except BaseException:
             # The caller went away (or the agent failed): cancel the command rather than orphan it.
             self.procs.forget(proc)
@@ -1381,7 +1381,7 @@ class Agent:
             )
 
     @staticmethod
-    def _collect(proc: Proc, pipes: list, q, sink, started: float, timeout) -> tuple[int, bool]:
+    def _collect(proc: Proc, pipes: list, q, sink, started: float, timeout, client=None) -> tuple[int, bool]:
         """Feed the command's output to `sink` until it exited and its pipes closed.
 
         The pipes are read with poll() in this thread (poll registers nothing that outlives the call,
@@ -1396,6 +1396,11 @@ class Agent:
         poller = select.poll()
         for fd in kinds:
             poller.register(fd, select.POLLIN)
+        # Watch the caller's connection too: if it goes away (reset by the worker because the API
+        # client disconnected), the command is killed rather than left running unobserved.
+        client_fd = client.fileno() if client is not None else -1
+        if client_fd >= 0:
+            poller.register(client_fd, select.POLLIN | getattr(select, "POLLRDHUP", 0x2000))
         check = 0.02  # how often to look for the command's own exit while its pipes stay open
         grace_end = None
         while kinds:
@@ -1418,6 +1423,19 @@ class Agent:
                 check = min(check * 2, 0.5)
                 continue
             for fd, _ in events:
+                if fd == client_fd:
+                    try:
+                        gone = client.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                    except BlockingIOError:
+                        gone = False
+                    except OSError:
+                        gone = True
+                    poller.unregister(client_fd)
+                    client_fd = -1
+                    if gone:
+                        kill_tree(proc.pid, root_alive=proc.exit_code is None)
+                        raise _PeerGone()
+                    continue
                 try:
                     data = os.read(fd, PIPE_READ)
                 except OSError:
