@@ -87,11 +87,15 @@ async def create(name: str) -> None:
 
 
 async def readdress(name: str) -> None:
-    """Give eth0 its address back: runsc removes it when it takes the interface over."""
-    rc, out, _ = await hostcmd.run("ip", "-n", name, "-o", "-4", "addr", "show", "dev", "eth0", check=False)
-    if SANDBOX_IP not in out:
-        await hostcmd.run("ip", "-n", name, "addr", "add", f"{SANDBOX_IP}/{PREFIX}", "dev", "eth0")
-    await hostcmd.run("ip", "-n", name, "link", "set", "eth0", "up")
+    """Give eth0 its address back: runsc removes it when it takes the interface over (one `ip`)."""
+    await hostcmd.run(
+        "ip",
+        "-n",
+        name,
+        "-batch",
+        "-",
+        input=f"addr replace {SANDBOX_IP}/{PREFIX} dev eth0\nlink set eth0 up\n".encode(),
+    )
 
 
 async def delete(name: str) -> None:
