@@ -27,7 +27,8 @@ DEFAULT_TIMEOUT = 60.0
 DEFAULT_CREATE_TIMEOUT = 600.0
 #: Extra seconds the HTTP timeout of an exec gets beyond the command's own `timeout_s`.
 EXEC_TIMEOUT_MARGIN = 60.0
-#: HTTP timeout of an exec without `timeout_s` (the server applies its own default limit).
+#: HTTP timeout of an exec without `timeout_s`. The server sets no limit of its own; when this
+#: expires the client hangs up, and the server then kills the command (it watches for hang-ups).
 EXEC_DEFAULT_HTTP_TIMEOUT = 600.0
 CHUNK_SIZE = 1024 * 1024
 NDJSON = "application/x-ndjson"
