@@ -25,11 +25,16 @@ GET …/processes), so the memory really was preserved across every cycle.
 disk_runsc_floor (n=3 per size): the same holder under plain runsc without atoll (template rootfs,
 --network=none): `runsc checkpoint` until it exits, `runsc restore --detach` until it returns, then
 `runsc exec true` — what the disk tier costs before atoll adds its network namespace, bundle,
-agent health ping and bookkeeping.
+agent health ping and bookkeeping. disk_runsc_floor_1cpu: the same with a 1-core CFS quota, which
+every atoll sandbox has by default (cpus=1). host_blake2b: how long the worker's checksum of a
+checkpoint image takes per 100 MiB on this host (part of every disk-tier pause).
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import hashlib
 import json
 import os
 import secrets
@@ -147,6 +152,11 @@ def bench_size(a: c.Atoll, mb: int, n_mem: int, n_disk: int) -> dict:
                 },
             }
             if tier == "disk":
+                n_before = skip["restore"]
+                res["server"]["restore_parts"] = {
+                    part: c.summarize(v[n_before:], keep_samples=False)
+                    for part, v in a.server_parts(sid, "restore took").items()
+                }
                 sizes = [r["image"] for r in rows]
                 res["image_mb"] = c.summarize([s / 2**20 for s in sizes], unit="MiB", keep_samples=False)
             out[tier] = res
@@ -162,13 +172,15 @@ def bench_size(a: c.Atoll, mb: int, n_mem: int, n_disk: int) -> dict:
 RAW_HOG = "import os, sys, time; b = os.urandom({mb} * 2**20); print('ready', flush=True); time.sleep(10**6)"
 
 
-def runsc_floor(mb: int, n: int) -> dict:
+def runsc_floor(mb: int, n: int, cpus: float | None = None) -> dict:
     """The disk tier without atoll: plain runsc checkpoint / restore of the same holder program.
 
     A bundle over the template rootfs (read-only, /tmp tmpfs, --network=none, ptrace) runs the
     N MB holder detached; then n times: `runsc checkpoint` (timed until it exits), `runsc restore
     --detach` under a new container id (timed until it returns: this runsc restores eagerly) and
     `runsc exec true` (timed). Old containers are deleted untimed before the next step.
+    With `cpus`, the container gets a CFS quota of that many cores, like an atoll sandbox (whose
+    sentry compresses the image inside that quota).
     """
     rootfs = c.template_rootfs()
     work = tempfile.mkdtemp(prefix="atoll-bench-raw-", dir=c.BENCH_TMP)
@@ -192,6 +204,11 @@ def runsc_floor(mb: int, n: int) -> dict:
         ],
         "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")]},
     }
+    cgroup = None
+    if cpus:
+        cgroup = "/atoll-bench-raw-" + secrets.token_hex(5)
+        spec["linux"]["cgroupsPath"] = cgroup
+        spec["linux"]["resources"] = {"cpu": {"quota": int(cpus * 100000), "period": 100000}}
     with open(os.path.join(bundle, "config.json"), "w") as f:
         json.dump(spec, f)
     flags = [c.RUNSC, f"--root={root}", "--network=none", "--platform=ptrace"]
@@ -244,7 +261,7 @@ def runsc_floor(mb: int, n: int) -> dict:
                 image.append(size / 2**20)
             time.sleep(0.2)
         c.log(
-            f"raw runsc {mb} MB: checkpoint p50 {c.summarize(ckpt)['p50']:.0f} ms, "
+            f"raw runsc {mb} MB (cpus {cpus}): checkpoint p50 {c.summarize(ckpt)['p50']:.0f} ms, "
             f"restore p50 {c.summarize(restore)['p50']:.0f} ms"
         )
         return {
@@ -256,7 +273,25 @@ def runsc_floor(mb: int, n: int) -> dict:
     finally:
         for x in cids:
             delete(x)
+        if cgroup:
+            for ctl in glob.glob("/sys/fs/cgroup/*/"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(ctl, cgroup.lstrip("/")))
         shutil.rmtree(work, ignore_errors=True)
+
+
+def blake2b_speed(mb: int = 64, n: int = 3) -> dict:
+    """Host-side cost of the worker's image checksum (blake2b, 4 MiB chunks), in ms per 100 MiB."""
+    buf = os.urandom(mb * 2**20)
+    view = memoryview(buf)
+    xs = []
+    for _ in range(n):
+        with c.Timer() as t:
+            h = hashlib.blake2b(digest_size=20)
+            for off in range(0, len(buf), 4 * 2**20):
+                h.update(view[off : off + 4 * 2**20])
+        xs.append(t.ms * 100 / mb)
+    return c.summarize(xs, unit="ms per 100 MiB")
 
 
 def run(
@@ -267,6 +302,8 @@ def run(
     if n_raw:
         for mb in sizes:
             out[f"{mb}MB"]["disk_runsc_floor"] = runsc_floor(mb, n_raw)
+            out[f"{mb}MB"]["disk_runsc_floor_1cpu"] = runsc_floor(mb, n_raw, cpus=1)
+    out["host_blake2b"] = blake2b_speed()
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
 

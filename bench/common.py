@@ -272,6 +272,19 @@ class Atoll:
                     xs.append(float(m.group(1)))
         return xs
 
+    def server_parts(self, sid: str | None, prefix: str) -> dict[str, list[float]]:
+        """Breakdowns the server logs as '… took N ms (part A, other part B)': {part: [ms, …]}."""
+        out: dict[str, list[float]] = {}
+        for rec in self.server_events(sid, prefix):
+            m = re.search(r"\(([^)]*)\)", rec.get("msg", ""))
+            if not m:
+                continue
+            for item in m.group(1).split(","):
+                pm = re.match(r"\s*(.*?)\s+([0-9.]+)\s*(?:ms)?\s*$", item)
+                if pm:
+                    out.setdefault(pm.group(1), []).append(float(pm.group(2)))
+        return out
+
     def agent_conn(self, sid: str) -> AgentConn:
         """A kept-alive HTTP connection straight to the sandbox's guest agent (bypassing the API)."""
         name = ids.runtime_name(self.install_id, sid)
