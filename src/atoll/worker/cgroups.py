@@ -67,6 +67,18 @@ def has_tasks(cgpath: str) -> bool:
         return False
 
 
+def set_cpu_limit(cgpath: str, cpus: float | None, period_us: int = 100000) -> None:
+    """CFS quota for the sandbox: `cpus` cores, or no limit (None)."""
+    quota = -1 if cpus is None else max(1000, int(cpus * period_us))
+    try:
+        with open(_p("cpu", cgpath, "cpu.cfs_period_us"), "w") as f:
+            f.write(str(period_us))
+        with open(_p("cpu", cgpath, "cpu.cfs_quota_us"), "w") as f:
+            f.write(str(quota))
+    except FileNotFoundError:
+        raise errors.RuntimeFailure(f"cpu cgroup {cgpath} is missing; the sandbox is not running") from None
+
+
 def oom_kills(cgpath: str) -> int:
     """How often the host's OOM killer struck inside this cgroup (0 if unknown)."""
     try:
