@@ -38,6 +38,9 @@ class Settings:
     template_dir: str
     """ATOLL_TEMPLATE_DIR: where template layers are cached (default $ATOLL_HOME/templates); installations
     may share one."""
+    template_snapshots: bool
+    """ATOLL_TEMPLATE_SNAPSHOTS: '1' (default) creates sandboxes from a checkpoint of a booted template
+    sandbox; '0' boots every sandbox cold."""
     debian_mirror: str
     """ATOLL_DEBIAN_MIRROR: Debian mirror for building template layers."""
     log_format: str
@@ -56,6 +59,14 @@ def _int(name: str, raw: str) -> int:
         return int(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not an integer") from None
+
+
+def _bool(name: str, raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r}; use 1 or 0")
 
 
 def load(port: int | None = None, home: str | None = None, host: str | None = None) -> Settings:
@@ -81,6 +92,7 @@ def load(port: int | None = None, home: str | None = None, host: str | None = No
         database_url=env.get("ATOLL_DATABASE_URL") or f"sqlite:///{os.path.join(home_v, 'atoll.db')}",
         max_file_mb=max_file,
         template_dir=os.path.abspath(env.get("ATOLL_TEMPLATE_DIR") or os.path.join(home_v, "templates")),
+        template_snapshots=_bool("ATOLL_TEMPLATE_SNAPSHOTS", env.get("ATOLL_TEMPLATE_SNAPSHOTS", "1")),
         debian_mirror=env.get("ATOLL_DEBIAN_MIRROR", "http://deb.debian.org/debian"),
         log_format=log_format,
         log_level=log_level,

@@ -86,7 +86,12 @@ def build(s: settings_mod.Settings):
     key = admin_key(s)
     database = db.open_database(s.database_url)
     worker = workersvc.Worker(
-        workersvc.WorkerSettings(home=s.home, template_dir=s.template_dir, debian_mirror=s.debian_mirror)
+        workersvc.WorkerSettings(
+            home=s.home,
+            template_dir=s.template_dir,
+            debian_mirror=s.debian_mirror,
+            template_snapshots=s.template_snapshots,
+        )
     )
     m = metrics.Metrics()
     manager = lifecycle.SandboxManager(database, worker, m)

@@ -50,6 +50,9 @@ class FakeWorker:
     async def start(self):
         pass
 
+    async def prepare_template(self, name):
+        pass
+
     def known_sandbox_dirs(self):
         return []
 

@@ -111,13 +111,20 @@ def test_two_installations_side_by_side(local, api, atoll_server):
         theirs = api.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
         try:
             assert _exec(c, mine, "echo one")["stdout"] == "one\n"
-            assert api.post(f"/v1/sandboxes/{theirs}/exec", json={"cmd": "echo two"}).json()["stdout"] == "two\n"
+            assert (
+                api.post(f"/v1/sandboxes/{theirs}/exec", json={"cmd": "echo two"}).json()["stdout"] == "two\n"
+            )
             ids = {open(os.path.join(h, "installation-id")).read() for h in (local.home, atoll_server.home)}
             assert len(ids) == 2
             assert c.get(f"/v1/sandboxes/{theirs}").status_code == 404
             # Pausing and deleting in one installation leaves the other alone.
-            assert c.post(f"/v1/sandboxes/{mine}/pause", json={"tier": "disk"}).json()["standby_tier"] == "disk"
+            assert (
+                c.post(f"/v1/sandboxes/{mine}/pause", json={"tier": "disk"}).json()["standby_tier"] == "disk"
+            )
             c.delete(f"/v1/sandboxes/{mine}")
-            assert api.post(f"/v1/sandboxes/{theirs}/exec", json={"cmd": "echo still"}).json()["stdout"] == "still\n"
+            assert (
+                api.post(f"/v1/sandboxes/{theirs}/exec", json={"cmd": "echo still"}).json()["stdout"]
+                == "still\n"
+            )
         finally:
             api.delete(f"/v1/sandboxes/{theirs}")

@@ -36,6 +36,8 @@ def test_create_get_list_delete(api, atoll_server):
     ]
     assert sid not in [s["id"] for s in api.get("/v1/sandboxes", params={"state": "standby"}).json()["items"]]
     assert run(api, sid, "echo $GREETING")["stdout"] == "hi\n"
+    # Each sandbox has its own identity, also when it was created from the template's image.
+    assert run(api, sid, "hostname")["stdout"] == f"{sid}\n"
     sbx_dir = os.path.join(atoll_server.home, "sandboxes", sid)
     assert os.path.isdir(sbx_dir)
     assert api.delete(f"/v1/sandboxes/{sid}").status_code == 204

@@ -113,7 +113,7 @@ class SandboxManager:
 
     async def _prebuild_templates(self) -> None:
         with contextlib.suppress(errors.AtollError):
-            await self.worker.templates.ensure("base")
+            await self.worker.prepare_template("base")
 
     async def _reattach(self, rec: dbm.SandboxRecord) -> None:
         try:

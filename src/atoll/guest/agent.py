@@ -34,7 +34,7 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
 413 (payload_too_large) or 500 (runtime_error).
 
   GET    /health               {"ok", "pid", "generation", "sandbox_id", "hostname", "time", "uptime_s"}
-  POST   /identity             {"sandbox_id": str, "generation": int, "hostname": str|null}
+  POST   /identity             {"sandbox_id": str, "generation": int, "hostname": str|null, "env": {..}|null}
                                -> 200 {"sandbox_id", "generation", "hostname"}; sethostname failures ignored
   POST   /exec                 {"cmd": str|[str], "cwd", "env", "timeout_s", "background", "user"}
       str cmd runs as /bin/sh -c cmd; a list is the argv (a missing binary gives exit_code 127 and
@@ -1200,6 +1200,21 @@ class Agent:
             raise _invalid(f"generation must be a non-negative integer, got {generation!r}")
         if hostname is not None and (not isinstance(hostname, str) or not hostname or "\x00" in hostname):
             raise _invalid(f"hostname must be a non-empty string or null, got {hostname!r}")
+        env = body.get("env")
+        if env is not None:
+            if not isinstance(env, dict) or not all(
+                isinstance(k, str)
+                and k
+                and "=" not in k
+                and "\x00" not in k
+                and isinstance(v, str)
+                and "\x00" not in v
+                for k, v in env.items()
+            ):
+                raise _invalid("env must be an object of string values with names without '=' or NUL")
+            # A sandbox restored from its template's image gets its own environment here: every
+            # later exec starts from it.
+            self.base_env.update(env)
         self.sandbox_id = sandbox_id
         self.generation = generation
         if hostname is not None and hostname != socket.gethostname():
