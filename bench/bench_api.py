@@ -22,7 +22,8 @@ Where the time goes (untimed probes next to the timed loops):
                      python3 (PID 1) started and when the agent was ready, against the POST's clock
   in_sandbox / on_host  spawn and syscall costs measured by one Python script inside the sandbox and
                      on the host
-  python_startup_in_sandbox  `python3 -c pass` and the import of the agent's module, inside gVisor
+  python_startup_in_sandbox  `python3 -c pass` and the import of the agent's module, inside gVisor,
+                     both as plain `-I` and the way the agent starts (`-I -S`, module from agent.pyc)
   memory_tier_floor  freezer cgroup FROZEN / THAWED written directly + GET /health to the agent: the
                      memory tier without atoll's API and control plane
   host_fsync_ms      write + fsync + rename of a small file in ATOLL_HOME (the worker does this for
@@ -78,14 +79,23 @@ def bench_create(a: c.Atoll, n: int = 10) -> dict:
         c.log(f"create {i + 1}/{n}: {t.ms:.0f} ms")
     server_create = [x for sid in sids for x in a.server_durations(sid, "sandbox.create.complete")]
     runtime_start = [x for sid in sids for x in a.server_durations(sid, "sandbox runtime started")]
+    runtime_parts: dict[str, list[float]] = {}
+    for sid in sids:
+        for part, xs in a.server_parts(sid, "sandbox runtime started").items():
+            runtime_parts.setdefault(part, []).extend(xs)
     return {
         "create_api": c.summarize(samples),
         "server_create_step": c.summarize(server_create),
         "server_runtime_start": c.summarize(runtime_start),
+        "server_runtime_start_parts": {
+            k: c.summarize(v, keep_samples=False) for k, v in runtime_parts.items()
+        },
         "timeline_ms_after_post": {k: c.summarize(v) for k, v in timeline.items()},
         "notes": "server_create_step: the control plane's create step (worker create incl. template check, "
         "overlay, netns, runsc run, agent health); server_runtime_start: the worker's part from the "
-        "upper layer to the agent's first answer. timeline_ms_after_post (untimed probes after each "
+        "upper layer to the agent's first answer, with its parts as the worker logs them "
+        "(server_runtime_start_parts: rootfs+netns set up concurrently, runsc run, agent up). "
+        "timeline_ms_after_post (untimed probes after each "
         "create, 10 ms resolution for the first two): when the sentry's kernel started "
         "(now - /proc/uptime inside), when PID 1 (the agent's python3) started (/proc/1/stat), and "
         "when the agent finished importing and built its state (its /health time - uptime_s), all "
@@ -290,23 +300,41 @@ def host_fsync(directory: str, n: int = 20) -> dict:
 def python_startup(a: c.Atoll, sid: str, n: int = 5) -> dict:
     """Where part of create goes: a bare `python3 -c pass` and the agent's own import, inside gVisor.
 
-    Both as the agent's duration_ms (spawn → exit) of an exec, so the exec path itself is excluded.
+    All as the agent's duration_ms (spawn → exit) of an exec, so the exec path itself is excluded.
+    `python3 -I` with the agent compiled from agent.py is how the agent started before df6432d;
+    `python3 -I -S` loading the module from agent.pyc (no compile, no `site`) is how it starts now
+    when the template's python3 matches the worker's (otherwise it runs agent.py under -I -S).
     """
-    imp = (
+    src = (
         "import importlib.util as u; s = u.spec_from_file_location('agent', '/opt/atoll/agent.py'); "
         "s.loader.exec_module(u.module_from_spec(s))"
     )
-    bare, agent_import = [], []
-    for _ in range(n):
-        bare.append(a.exec(sid, ["python3", "-I", "-c", "pass"])["duration_ms"])
-        r = a.exec(sid, ["python3", "-I", "-c", imp])
-        if r["exit_code"] != 0:
-            return {"error": r["stderr"][-300:]}
-        agent_import.append(r["duration_ms"])
-    return {
-        "python3_c_pass_ms": c.summarize(bare),
-        "python3_import_agent_ms": c.summarize(agent_import),
+    pyc = (
+        "import importlib.machinery as m, importlib.util as u; "
+        "l = m.SourcelessFileLoader('agent', '/opt/atoll/agent.pyc'); "
+        "l.exec_module(u.module_from_spec(u.spec_from_loader('agent', l)))"
+    )
+    argvs = {
+        "python3_c_pass_ms": ["python3", "-I", "-c", "pass"],
+        "python3_S_c_pass_ms": ["python3", "-I", "-S", "-c", "pass"],
+        "python3_import_agent_ms": ["python3", "-I", "-c", src],
+        "python3_S_load_agent_pyc_ms": ["python3", "-I", "-S", "-c", pyc],
     }
+    xs: dict[str, list[float]] = {k: [] for k in argvs}
+    errors: dict[str, str] = {}
+    for _ in range(n):
+        for k, argv in argvs.items():
+            if k in errors:
+                continue
+            r = a.exec(sid, argv)
+            if r["exit_code"] != 0:
+                errors[k] = r["stderr"][-300:]  # e.g. no agent.pyc (template python3 differs)
+                continue
+            xs[k].append(r["duration_ms"])
+    out: dict = {k: c.summarize(v) for k, v in xs.items() if k not in errors}
+    if errors:
+        out["errors"] = errors
+    return out
 
 
 def run(a: c.Atoll, n_create: int = 10, n_exec: int = 50) -> dict:

@@ -25,9 +25,12 @@ GET …/processes), so the memory really was preserved across every cycle.
 disk_runsc_floor (n=3 per size): the same holder under plain runsc without atoll (template rootfs,
 --network=none): `runsc checkpoint` until it exits, `runsc restore --detach` until it returns, then
 `runsc exec true` — what the disk tier costs before atoll adds its network namespace, bundle,
-agent health ping and bookkeeping. disk_runsc_floor_1cpu: the same with a 1-core CFS quota, which
-every atoll sandbox has by default (cpus=1). host_blake2b: how long the worker's checksum of a
-checkpoint image takes per 100 MiB on this host (part of every disk-tier pause).
+agent health ping and bookkeeping. No CPU quota: the worker, too, lifts the sandbox's CFS quota for
+`runsc checkpoint` and restores without one (it sets `cpus` again once the agent has answered), so
+this is the like-for-like floor. disk_runsc_floor_1cpu: the same with a 1-core CFS quota (the
+default `cpus`=1) during checkpoint and restore — what the quota would cost if it stayed on, as it
+did in atoll before df6432d. host_blake2b: how long the worker's checksum of a checkpoint image
+takes per 100 MiB on this host (part of every disk-tier pause).
 """
 
 from __future__ import annotations
@@ -179,8 +182,10 @@ def runsc_floor(mb: int, n: int, cpus: float | None = None) -> dict:
     N MB holder detached; then n times: `runsc checkpoint` (timed until it exits), `runsc restore
     --detach` under a new container id (timed until it returns: this runsc restores eagerly) and
     `runsc exec true` (timed). Old containers are deleted untimed before the next step.
-    With `cpus`, the container gets a CFS quota of that many cores, like an atoll sandbox (whose
-    sentry compresses the image inside that quota).
+    Without `cpus` there is no CPU quota, as in atoll's own checkpoint and restore (the worker lifts
+    the sandbox's quota for the checkpoint and sets it only after the restored agent answers). With
+    `cpus`, the container keeps a CFS quota of that many cores throughout, so the sentry saves and
+    loads the image inside it: the cost the worker now avoids.
     """
     rootfs = c.template_rootfs()
     work = tempfile.mkdtemp(prefix="atoll-bench-raw-", dir=c.BENCH_TMP)

@@ -11,7 +11,6 @@ the raw samples next to p50/p90/min/max/mean/n; percentiles interpolate linearly
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime as dt
 import glob
 import http.client
@@ -20,8 +19,6 @@ import os
 import platform
 import re
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -32,6 +29,7 @@ import httpx
 
 from atoll.core import ids
 from atoll.testing import LocalAtoll
+from atoll.worker import agent_channel, netns
 from atoll.worker.bundle import AGENT_PORT
 from atoll.worker.netns import SANDBOX_IP
 
@@ -288,52 +286,28 @@ class Atoll:
     def agent_conn(self, sid: str) -> AgentConn:
         """A kept-alive HTTP connection straight to the sandbox's guest agent (bypassing the API)."""
         name = ids.runtime_name(self.install_id, sid)
-        return AgentConn(os.path.join("/run/netns", f"{name}-h"))
+        return AgentConn(netns.path(netns.host_side(name)))
 
     def close(self) -> None:
         self.api.close()
 
 
 # ---- a direct channel to a guest agent ---------------------------------------------------------
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-
-
-def socket_in_netns(ns_path: str) -> socket.socket:
-    """A TCP socket born in another network namespace (this thread enters it and comes back)."""
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(ns_path, os.O_RDONLY)
-    try:
-        _setns(target)
-        try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        finally:
-            _setns(own)
-    finally:
-        os.close(own)
-        os.close(target)
-    # Close with RST (no TIME_WAIT inside the sandbox) and send small requests at once.
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
 class AgentConn:
     """HTTP/1.1 keep-alive to a guest agent at SANDBOX_IP:AGENT_PORT from the sandbox's host-side netns.
 
     Used only to split the API's exec round trip into its parts; the sandbox's own network is the
-    veth pair atoll created, so nothing leaves the machine.
+    veth pair atoll created, so nothing leaves the machine. The socket comes from the worker's
+    `agent_channel._socket_in_netns`, so the bench opens it exactly as the worker does; the HTTP on
+    top is the standard library's blocking client, not the worker's asyncio/h11 channel.
     """
 
     def __init__(self, ns_path: str):
         self.conn = http.client.HTTPConnection(SANDBOX_IP, AGENT_PORT, timeout=30)
-        sock = socket_in_netns(ns_path)
+        # The worker's own setns helper: the socket is born in the host-side netns (this thread enters
+        # it and comes back), with SO_LINGER 0 (close = RST, no TIME_WAIT inside the sandbox) and
+        # TCP_NODELAY. It comes non-blocking for asyncio; settimeout() makes it blocking again.
+        sock = agent_channel._socket_in_netns(ns_path)
         sock.settimeout(30)
         sock.connect((SANDBOX_IP, AGENT_PORT))
         self.conn.sock = sock
