@@ -486,7 +486,7 @@ class Worker:
         self._save(rt)
         t0 = time.perf_counter()
         # The checksum is verified while runsc restores (both read the same image; two cores), and a
-        # mismatch throws the restored sandbox away: damaged state is never run.
+        # mismatch throws the restored sandbox away before it serves any call.
         verify = asyncio.ensure_future(asyncio.to_thread(_checksum, img))
         try:
             await runsc.restore(
