@@ -6,7 +6,9 @@ bench/run_all.py, which calls `run(atoll)`. Prints one JSON document to stdout; 
 Measured (wall clock on the caller's side, `perf_counter_ns`, kept-alive httpx client on loopback):
   create            POST /v1/sandboxes sent → 201 received (sandbox running, its guest agent has
                     answered a health ping). n=10; each sandbox is deleted afterwards, untimed, and
-                    the next create waits until the background `runsc delete` is done.
+                    the next create waits until the background `runsc delete` is done. With the
+                    server's defaults a create restores the template image; `created_by` counts
+                    what the worker logged ("template image" / "cold boot").
   exec, interleaved per round (n=50 after 5 warm-ups of each):
     api_exec_true        POST /v1/sandboxes/{id}/exec {"cmd": ["true"]} → 200
     agent_exec_true      the same request sent straight to the guest agent (no API / control plane)
@@ -18,7 +20,8 @@ Measured (wall clock on the caller's side, `perf_counter_ns`, kept-alive httpx c
   agent_duration_ms  the agent's own `duration_ms` of each API exec (spawn → exit → pipes closed;
                      whole milliseconds)
 Where the time goes (untimed probes next to the timed loops):
-  create.timeline_ms_after_post  per create: when the sentry's kernel started, when the agent's
+  create.timeline_ms_after_post  per cold-boot create only (null for template-image creates, whose
+                     uptime is the image's): when the sentry's kernel started, when the agent's
                      python3 (PID 1) started and when the agent was ready, against the POST's clock
   in_sandbox / on_host  spawn and syscall costs measured by one Python script inside the sandbox and
                      on the host
@@ -63,8 +66,9 @@ print(json.dumps({
 
 
 def bench_create(a: c.Atoll, n: int = 10) -> dict:
+    """n creates on `a` (template image unless the server runs with ATOLL_TEMPLATE_SNAPSHOTS=0)."""
     samples, sids = [], []
-    timeline: dict[str, list[float]] = {k: [] for k in ("sentry_boot", "agent_pid1_start", "agent_ready")}
+    timeline = CreateTimeline()
     for i in range(n):
         w0 = time.time()
         with c.Timer() as t:
@@ -73,34 +77,74 @@ def bench_create(a: c.Atoll, n: int = 10) -> dict:
             raise RuntimeError(f"create returned state {sb['state']}")
         samples.append(t.ms)
         sids.append(sb["id"])
-        for k, v in _create_timeline(a, sb["id"], w0).items():
-            timeline[k].append(v)
+        timeline.probe(a, sb["id"], w0)
         a.delete(sb["id"])
         c.log(f"create {i + 1}/{n}: {t.ms:.0f} ms")
     server_create = [x for sid in sids for x in a.server_durations(sid, "sandbox.create.complete")]
-    runtime_start = [x for sid in sids for x in a.server_durations(sid, "sandbox runtime started")]
-    runtime_parts: dict[str, list[float]] = {}
-    for sid in sids:
-        for part, xs in a.server_parts(sid, "sandbox runtime started").items():
-            runtime_parts.setdefault(part, []).extend(xs)
-    return {
+    out = {
         "create_api": c.summarize(samples),
         "server_create_step": c.summarize(server_create),
-        "server_runtime_start": c.summarize(runtime_start),
-        "server_runtime_start_parts": {
-            k: c.summarize(v, keep_samples=False) for k, v in runtime_parts.items()
-        },
-        "timeline_ms_after_post": {k: c.summarize(v) for k, v in timeline.items()},
-        "notes": "server_create_step: the control plane's create step (worker create incl. template check, "
-        "overlay, netns, runsc run, agent health); server_runtime_start: the worker's part from the "
-        "upper layer to the agent's first answer, with its parts as the worker logs them "
-        "(server_runtime_start_parts: rootfs+netns set up concurrently, runsc run, agent up). "
-        "timeline_ms_after_post (untimed probes after each "
-        "create, 10 ms resolution for the first two): when the sentry's kernel started "
-        "(now - /proc/uptime inside), when PID 1 (the agent's python3) started (/proc/1/stat), and "
-        "when the agent finished importing and built its state (its /health time - uptime_s), all "
-        "against the wall clock when POST was sent (gVisor reads the host's clock).",
+        **runtime_start_summary(a, sids),
+        "notes": "server_create_step: the control plane's create step (worker create incl. template "
+        "check, overlay, netns, runsc restore of the template image or runsc run, agent health, identity); "
+        "server_runtime_start: the worker's part from the upper layer to the agent's answer, with its "
+        "parts as the worker logs them (rootfs+netns set up concurrently; runsc = `runsc restore` of the "
+        "template image or `runsc run` of a cold boot; agent = health ping, plus the /identity call "
+        "after an image restore). created_by counts the worker's 'by template image|cold boot'.",
     }
+    out.update(timeline.result())
+    return out
+
+
+def runtime_start_summary(a: c.Atoll, sids: list[str]) -> dict:
+    """The worker's create lines of `sids`: how each was made, its duration and its parts."""
+    starts = [r for sid in sids for r in a.runtime_starts(sid)]
+    parts: dict[str, list[float]] = {}
+    for r in starts:
+        for k, v in r["parts"].items():
+            parts.setdefault(k, []).append(v)
+    created_by: dict[str, int] = {}
+    for r in starts:
+        created_by[r["how"]] = created_by.get(r["how"], 0) + 1
+    return {
+        "created_by": created_by,
+        "server_runtime_start": c.summarize([r["ms"] for r in starts]),
+        "server_runtime_start_parts": {k: c.summarize(v, keep_samples=False) for k, v in parts.items()},
+    }
+
+
+class CreateTimeline:
+    """Untimed probes after cold-boot creates: when the sentry's kernel, PID 1 and the agent started.
+
+    Only meaningful for a cold boot: a sandbox restored from a template image carries the image's
+    /proc/uptime and PID 1 start time, so creates the worker logged 'by template image' are skipped.
+    """
+
+    KEYS = ("sentry_boot", "agent_pid1_start", "agent_ready")
+
+    def __init__(self) -> None:
+        self.xs: dict[str, list[float]] = {k: [] for k in self.KEYS}
+        self.skipped = 0
+
+    def probe(self, a: c.Atoll, sid: str, w0: float) -> None:
+        if [r["how"] for r in a.runtime_starts(sid)] != ["cold boot"]:
+            self.skipped += 1
+            return
+        for k, v in _create_timeline(a, sid, w0).items():
+            self.xs[k].append(v)
+
+    def result(self) -> dict:
+        if not self.xs["sentry_boot"]:
+            return {"timeline_ms_after_post": None, "timeline_skipped_not_cold": self.skipped}
+        return {
+            "timeline_ms_after_post": {k: c.summarize(v) for k, v in self.xs.items()},
+            "timeline_skipped_not_cold": self.skipped,
+            "timeline_notes": "cold boots only (untimed probes after each create, 10 ms resolution for "
+            "the first two): when the sentry's kernel started (now - /proc/uptime inside), when PID 1 "
+            "(the agent's python3) started (/proc/1/stat), and when the agent finished importing and "
+            "built its state (its /health time - uptime_s), all against the wall clock when POST was "
+            "sent (gVisor reads the host's clock).",
+        }
 
 
 TIMELINE_PROBE = (
@@ -302,8 +346,9 @@ def python_startup(a: c.Atoll, sid: str, n: int = 5) -> dict:
 
     All as the agent's duration_ms (spawn → exit) of an exec, so the exec path itself is excluded.
     `python3 -I` with the agent compiled from agent.py is how the agent started before df6432d;
-    `python3 -I -S` loading the module from agent.pyc (no compile, no `site`) is how it starts now
-    when the template's python3 matches the worker's (otherwise it runs agent.py under -I -S).
+    `python3 -I -S` loading the module from agent.pyc (no compile, no `site`) is how it starts on a
+    cold boot when the template's python3 matches the worker's (otherwise it runs agent.py under
+    -I -S); a sandbox made from the template image restores an agent that is already running.
     """
     src = (
         "import importlib.util as u; s = u.spec_from_file_location('agent', '/opt/atoll/agent.py'); "

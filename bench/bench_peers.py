@@ -6,11 +6,19 @@ bench/run_all.py, which calls `run(atoll)`. Prints one JSON document to stdout; 
 Every peer runs `python3 -c pass` from the same Debian 12 root filesystem (atoll's cached `base`
 template layer, used read-only), with no network, under the same runsc (ptrace). The peers are
 interleaved round by round (the order rotates) so that the machine's noise hits all of them alike;
-n=8 each. Tear-down is never timed, and every round waits until the previous sandbox is gone.
+n=10 each after one untimed warm-up each. Tear-down is never timed, and every round waits until the
+previous sandbox is gone.
 
-  atoll             clock: POST /v1/sandboxes sent → 201 (running, agent answered) → POST /exec
+  atoll_image       the atoll under test (server defaults: a create restores the template image,
+                    a checkpoint of a booted template sandbox the server made at start-up). Clock:
+                    POST /v1/sandboxes sent → 201 (running, agent answered) → POST /exec
                     ["python3", "-c", "pass"] → answer received. Kept-alive httpx client.
-  atoll_sdk         the same through the Python SDK (`atoll.Client`): sandboxes.create() + sb.exec().
+  atoll_cold        the same against a second `atoll up` started here with
+                    ATOLL_TEMPLATE_SNAPSHOTS=0: every create boots the sandbox cold (`runsc run`).
+                    After each timed round, untimed, the cold-boot timeline probe of bench_api.
+                    For both, after the clock stopped, a second `python3 -c pass` exec is timed on
+                    its own (parts.second_exec_untimed): is a slow first exec a one-time cost?
+  atoll_sdk         atoll_image through the Python SDK (`atoll.Client`): sandboxes.create() + sb.exec().
   gvisor_pkg        Google's `gvisor` PyPI package: `gvisor.Sandbox(network="none", mounts=…)`
                     (runsc run --detach of `sleep infinity` in a bundle whose /usr, /bin, /lib,
                     /lib64 and /etc are the template's, read-only; /tmp tmpfs) → `sb.exec("python3",
@@ -18,8 +26,10 @@ n=8 each. Tear-down is never timed, and every round waits until the previous san
   runsc_run         plain cold `runsc --network=none --platform=ptrace run --bundle B <id>` of
                     `python3 -c pass` with the template rootfs read-only as the bundle root and /tmp
                     a tmpfs; clock from spawning runsc until it exits (container torn down by runsc).
-The ratio atoll / gvisor_pkg (p50) is the issue's target "create + first exec ≤ 1.0× the gvisor
-package's cold create + run".
+The ratio atoll_image / gvisor_pkg (p50) is the target "create + first exec ≤ 1.0× the gvisor
+package's cold create + run"; atoll_cold / gvisor_pkg is the same for atoll's cold-boot fallback.
+Before timing, each atoll's warm-up create must have been made the expected way (common.warm_up
+waits for the template image first), and every timed create is checked against the worker's log.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bench_api  # noqa: E402
 import common as c  # noqa: E402
 
 import atoll  # noqa: E402
@@ -69,31 +80,49 @@ def _bundle(rootfs: str) -> str:
 
 
 class Peers:
-    def __init__(self, a: c.Atoll, rootfs: str, work: str):
+    def __init__(self, a: c.Atoll, cold: c.Atoll, rootfs: str, work: str):
         self.a = a
+        self.cold = cold
         self.rootfs = rootfs
         self.bundle = _bundle(rootfs)
         self.runsc_root = os.path.join(work, "runsc-root")
         os.makedirs(self.runsc_root, exist_ok=True)
         self.sdk = atoll.Client(base_url=a.local.url, api_key=a.local.api_key)
         self.split: dict[str, dict[str, list[float]]] = {}
+        self.sids: dict[str, list[str]] = {"atoll_image": [], "atoll_cold": []}
+        self.timeline = bench_api.CreateTimeline()
 
     def _note(self, peer: str, part: str, ms: float) -> None:
         self.split.setdefault(peer, {}).setdefault(part, []).append(ms)
 
-    def atoll(self) -> float:
+    def _atoll(self, peer: str, a: c.Atoll) -> float:
+        w0 = time.time()
         t0 = c.now_ms()
-        sb = self.a.create()
+        sb = a.create()
         t1 = c.now_ms()
-        r = self.a.exec(sb["id"], CMD)
+        r = a.exec(sb["id"], CMD)
         t2 = c.now_ms()
         if r["exit_code"] != 0:
-            raise RuntimeError(f"atoll: python3 exited {r['exit_code']}: {r['stderr'][-300:]}")
-        self._note("atoll", "create", t1 - t0)
-        self._note("atoll", "first_exec", t2 - t1)
-        self._note("atoll", "agent_duration_ms", r["duration_ms"])
-        self.a.delete(sb["id"])
+            raise RuntimeError(f"{peer}: python3 exited {r['exit_code']}: {r['stderr'][-300:]}")
+        self._note(peer, "create", t1 - t0)
+        self._note(peer, "first_exec", t2 - t1)
+        self._note(peer, "agent_duration_ms", r["duration_ms"])
+        self.sids[peer].append(sb["id"])
+        # After the clock stopped: a second python3 (is a slow first exec a one-time cost?) and,
+        # for cold boots, the timeline probe. The warm-up round (first call) is not probed.
+        with c.Timer() as t:
+            a.exec(sb["id"], CMD)
+        self._note(peer, "second_exec_untimed", t.ms)
+        if peer == "atoll_cold" and len(self.sids[peer]) > 1:
+            self.timeline.probe(a, sb["id"], w0)
+        a.delete(sb["id"])
         return t2 - t0
+
+    def atoll_image(self) -> float:
+        return self._atoll("atoll_image", self.a)
+
+    def atoll_cold(self) -> float:
+        return self._atoll("atoll_cold", self.cold)
 
     def atoll_sdk(self) -> float:
         t0 = c.now_ms()
@@ -143,47 +172,68 @@ class Peers:
         shutil.rmtree(self.bundle, ignore_errors=True)
 
 
-def run(a: c.Atoll, n: int = 8) -> dict:
+def run(a: c.Atoll, n: int = 10) -> dict:
     t_start = time.monotonic()
     rootfs = c.template_rootfs()
     work = tempfile.mkdtemp(prefix="atoll-bench-peers-", dir=c.BENCH_TMP)
-    peers = Peers(a, rootfs, work)
-    try:
-        with c.gvisor_sandbox(rootfs) as sb:  # untimed: prove the package runs the template's files
-            if not c.gvisor_sees_template(sb, rootfs):
-                raise RuntimeError("the gvisor package's sandbox does not see the template's /usr/bin")
-        fns = {
-            "atoll": peers.atoll,
-            "atoll_sdk": peers.atoll_sdk,
-            "gvisor_pkg": peers.gvisor_pkg,
-            "runsc_run": peers.runsc_run,
-        }
-        names = list(fns)
-        for name in names:  # one untimed warm-up each (page cache, runsc binary)
-            fns[name]()
-        samples: dict[str, list[float]] = {k: [] for k in names}
-        for i in range(n):
-            for k in range(len(names)):
-                name = names[(i + k) % len(names)]
-                samples[name].append(fns[name]())
-            c.log(f"peers round {i + 1}/{n}: " + ", ".join(f"{k} {samples[k][-1]:.0f} ms" for k in names))
-        out: dict = {k: c.summarize(v) for k, v in samples.items()}
-        for k in ("atoll", "gvisor_pkg"):
-            # The warm-up's parts are dropped so that they match the n timed samples.
-            out[k]["parts"] = {p: c.summarize(v[1:]) for p, v in peers.split[k].items()}
-        out["ratios_p50"] = {
-            "atoll/gvisor_pkg": c.ratio(out["atoll"], out["gvisor_pkg"]),
-            "atoll_sdk/gvisor_pkg": c.ratio(out["atoll_sdk"], out["gvisor_pkg"]),
-            "atoll/runsc_run": c.ratio(out["atoll"], out["runsc_run"]),
-            "gvisor_pkg/runsc_run": c.ratio(out["gvisor_pkg"], out["runsc_run"]),
-        }
-        out["ratios_mean"] = {"atoll/gvisor_pkg": c.ratio(out["atoll"], out["gvisor_pkg"], "mean")}
-        out["target_atoll_over_gvisor_pkg_max"] = 1.0
-        out["wall_s"] = round(time.monotonic() - t_start, 1)
-        return out
-    finally:
-        peers.close()
-        shutil.rmtree(work, ignore_errors=True)
+    with c.local_atoll(env={"ATOLL_TEMPLATE_SNAPSHOTS": "0"}) as cold:
+        c.warm_up(cold)
+        peers = Peers(a, cold, rootfs, work)
+        try:
+            return _run(a, cold, peers, n, t_start)
+        finally:
+            peers.close()
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(a: c.Atoll, cold: c.Atoll, peers: Peers, n: int, t_start: float) -> dict:
+    with c.gvisor_sandbox(peers.rootfs) as sb:  # untimed: prove the package runs the template's files
+        if not c.gvisor_sees_template(sb, peers.rootfs):
+            raise RuntimeError("the gvisor package's sandbox does not see the template's /usr/bin")
+    fns = {
+        "atoll_image": peers.atoll_image,
+        "atoll_cold": peers.atoll_cold,
+        "atoll_sdk": peers.atoll_sdk,
+        "gvisor_pkg": peers.gvisor_pkg,
+        "runsc_run": peers.runsc_run,
+    }
+    names = list(fns)
+    for name in names:  # one untimed warm-up each (page cache, runsc binary)
+        fns[name]()
+    samples: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(n):
+        for k in range(len(names)):
+            name = names[(i + k) % len(names)]
+            samples[name].append(fns[name]())
+        c.log(f"peers round {i + 1}/{n}: " + ", ".join(f"{k} {samples[k][-1]:.0f} ms" for k in names))
+    out: dict = {k: c.summarize(v) for k, v in samples.items()}
+    for k in ("atoll_image", "atoll_cold", "gvisor_pkg"):
+        # The warm-up's parts are dropped so that they match the n timed samples.
+        out[k]["parts"] = {p: c.summarize(v[1:]) for p, v in peers.split[k].items()}
+    for k, atl, want in (("atoll_image", a, "template image"), ("atoll_cold", cold, "cold boot")):
+        out[k]["worker"] = bench_api.runtime_start_summary(atl, peers.sids[k][1:])
+        made = out[k]["worker"]["created_by"]
+        if set(made) != {want}:
+            raise RuntimeError(f"{k}: timed creates were made by {made}, expected only {want!r}")
+    out["atoll_cold"].update(peers.timeline.result())
+    out["ratios_p50"] = {
+        "atoll_image/gvisor_pkg": c.ratio(out["atoll_image"], out["gvisor_pkg"]),
+        "atoll_cold/gvisor_pkg": c.ratio(out["atoll_cold"], out["gvisor_pkg"]),
+        "atoll_sdk/gvisor_pkg": c.ratio(out["atoll_sdk"], out["gvisor_pkg"]),
+        "atoll_image/atoll_cold": c.ratio(out["atoll_image"], out["atoll_cold"]),
+        "atoll_image/runsc_run": c.ratio(out["atoll_image"], out["runsc_run"]),
+        "gvisor_pkg/runsc_run": c.ratio(out["gvisor_pkg"], out["runsc_run"]),
+    }
+    out["ratios_mean"] = {
+        "atoll_image/gvisor_pkg": c.ratio(out["atoll_image"], out["gvisor_pkg"], "mean"),
+        "atoll_cold/gvisor_pkg": c.ratio(out["atoll_cold"], out["gvisor_pkg"], "mean"),
+    }
+    out["cold_server_log_errors"] = [
+        r["msg"] for r in cold.server_events() if r.get("level") in ("error", "critical")
+    ][:20]
+    out["target_atoll_over_gvisor_pkg_max"] = 1.0
+    out["wall_s"] = round(time.monotonic() - t_start, 1)
+    return out
 
 
 if __name__ == "__main__":

@@ -162,6 +162,8 @@ class Atoll:
 
     def __init__(self, local: LocalAtoll):
         self.local = local
+        # ATOLL_TEMPLATE_SNAPSHOTS=0: every create boots cold; otherwise creates restore the template image.
+        self.template_snapshots = local.env.get("ATOLL_TEMPLATE_SNAPSHOTS", "1") not in ("0", "false", "no")
         self.home = os.path.realpath(local.home)
         self.install_id = ids.installation_id(self.home)
         self.runsc_root = os.path.join(self.home, "runsc")
@@ -283,6 +285,48 @@ class Atoll:
                     out.setdefault(pm.group(1), []).append(float(pm.group(2)))
         return out
 
+    def runtime_starts(self, sid: str | None = None) -> list[dict]:
+        """The worker's create lines: 'sandbox runtime started in N ms by template image|cold boot
+        (rootfs+netns A, runsc B, agent C)' as {sandbox_id, ms, how, parts: {part: ms}}."""
+        out = []
+        for rec in self.server_events(sid, "sandbox runtime started"):
+            m = re.match(r"sandbox runtime started in ([0-9.]+) ms by ([^(]+?) \(([^)]*)\)", rec["msg"])
+            if not m:
+                continue
+            parts = {}
+            for item in m.group(3).split(","):
+                pm = re.match(r"\s*(.*?)\s+([0-9.]+)\s*$", item)
+                if pm:
+                    parts[pm.group(1)] = float(pm.group(2))
+            out.append(
+                {
+                    "sandbox_id": rec.get("sandbox_id"),
+                    "ms": float(m.group(1)),
+                    "how": m.group(2),
+                    "parts": parts,
+                }
+            )
+        return out
+
+    def template_images(self) -> list[str]:
+        """Committed template images of this installation (<home>/template-images/<key>/manifest.json)."""
+        return sorted(
+            os.path.dirname(p)
+            for p in glob.glob(os.path.join(self.home, "template-images", "*", "manifest.json"))
+        )
+
+    def wait_template_image(self, timeout: float = 600) -> str:
+        """Wait until the worker's start-up `prepare_template` has committed the base image."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            imgs = self.template_images()
+            if imgs:
+                return imgs[0]
+            if any("no template image" in r.get("msg", "") for r in self.server_events()):
+                raise RuntimeError(f"the server could not make a template image: {self.local.tail()}")
+            time.sleep(0.2)
+        raise RuntimeError(f"no template image under {self.home}/template-images after {timeout} s")
+
     def agent_conn(self, sid: str) -> AgentConn:
         """A kept-alive HTTP connection straight to the sandbox's guest agent (bypassing the API)."""
         name = ids.runtime_name(self.install_id, sid)
@@ -325,13 +369,23 @@ class AgentConn:
 
 
 @contextlib.contextmanager
-def local_atoll(keep_home: bool = False) -> typing.Iterator[Atoll]:
-    """Start `atoll up` in a fresh home under /var/tmp, yield it, delete its sandboxes and stop it."""
+def local_atoll(keep_home: bool = False, env: dict[str, str] | None = None) -> typing.Iterator[Atoll]:
+    """Start `atoll up` in a fresh home under /var/tmp, yield it, delete its sandboxes and stop it.
+
+    `env` adds server variables, e.g. {"ATOLL_TEMPLATE_SNAPSHOTS": "0"} for an atoll that boots
+    every sandbox cold."""
     home = tempfile.mkdtemp(prefix="atoll-bench-", dir=BENCH_TMP)
     # INFO + JSON: the server's lifecycle events (with their own durations) are parsed by server_events().
-    env = {"ATOLL_TEMPLATE_DIR": TEMPLATE_DIR, "ATOLL_LOG_LEVEL": "INFO", "ATOLL_LOG_FORMAT": "json"}
+    env = {
+        "ATOLL_TEMPLATE_DIR": TEMPLATE_DIR,
+        "ATOLL_LOG_LEVEL": "INFO",
+        "ATOLL_LOG_FORMAT": "json",
+        **(env or {}),
+    }
     local = LocalAtoll(home=home, env=env)
-    log(f"starting atoll up (home {home})")
+    log(
+        f"starting atoll up (home {home}, ATOLL_TEMPLATE_SNAPSHOTS={env.get('ATOLL_TEMPLATE_SNAPSHOTS', '1')})"
+    )
     local.start(timeout=300)
     a = Atoll(local)
     try:
@@ -350,11 +404,22 @@ def _has_mounts_under(path: str) -> bool:
 
 
 def warm_up(a: Atoll) -> None:
-    """One create + exec + delete that is not counted (builds the template layer if it is missing)."""
+    """One create + exec + delete that is not counted (builds the template layer if it is missing).
+
+    With template images on, first wait until start-up's `prepare_template` has committed the image
+    (a create before that waits for it), and check that the warm-up create really restored it."""
+    if a.template_snapshots:
+        t0 = time.monotonic()
+        img = a.wait_template_image()
+        log(f"template image ready after {time.monotonic() - t0:.1f} s: {os.path.basename(img)}")
     log("warm-up create (not counted)")
     sb = a.create()
     a.exec(sb["id"], ["true"])
     a.delete(sb["id"])
+    how = [r["how"] for r in a.runtime_starts(sb["id"])]
+    want = "template image" if a.template_snapshots else "cold boot"
+    if how != [want]:
+        raise RuntimeError(f"warm-up create was made by {how}, expected {want!r}: {a.local.tail()}")
 
 
 def template_rootfs(name: str = "base") -> str:
