@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import threading
 import time
@@ -128,3 +129,27 @@ def test_two_installations_side_by_side(local, api, atoll_server):
             )
         finally:
             api.delete(f"/v1/sandboxes/{theirs}")
+
+
+def test_create_boots_cold_when_the_template_image_is_damaged(local):
+    """Sandboxes normally start from the template image; a damaged image costs speed, not a create."""
+    local.start(timeout=120)
+    deadline = time.monotonic() + 120
+    images = []
+    while time.monotonic() < deadline and not images:
+        images = glob.glob(os.path.join(local.home, "template-images", "base-*", "manifest.json"))
+        time.sleep(0.2)
+    assert images, "the base template image was not made at start-up"
+    with _client(local) as c:
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        assert _exec(c, sid, "hostname")["stdout"] == f"{sid}\n"
+        img = os.path.join(os.path.dirname(images[0]), "checkpoint.img")
+        with open(img, "r+b") as f:
+            f.write(b"\x00" * 4096)
+        r = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "env": {"K": "v"}})
+        assert r.status_code == 201, r.text
+        sid2 = r.json()["id"]
+        assert _exec(c, sid2, "echo $K; hostname")["stdout"] == f"v\n{sid2}\n"
+    log = open(local.log_path).read()
+    assert "sandbox runtime started" in log and "by template image" in log
+    assert "booting cold" in log

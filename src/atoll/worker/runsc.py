@@ -48,11 +48,11 @@ async def _spawn_detached(argv: list[str], log_path: str, timeout: float) -> Non
     try:
         rc = await asyncio.wait_for(proc.wait(), timeout)
     except TimeoutError:
-        raise errors.RuntimeFailure(f"runsc did not finish within {timeout}s: {' '.join(argv[:4])}") from None
-    if rc != 0:
         raise errors.RuntimeFailure(
-            f"runsc {argv[3] if len(argv) > 3 else ''} failed (exit {rc}): {tail(log_path)}"
-        )
+            f"runsc {argv[len(base_flags(''))]} did not finish within {timeout}s"
+        ) from None
+    if rc != 0:
+        raise errors.RuntimeFailure(f"runsc {argv[len(base_flags(''))]} failed (exit {rc}): {tail(log_path)}")
 
 
 def tail(path: str, n: int = 600) -> str:

@@ -210,26 +210,36 @@ class Worker:
             if image is not None:
                 try:
                     await self._start_from_image(rt, image)
+                    marks["runsc"] = time.perf_counter()
+                    rt.phase = "running"
+                    rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+                    self._save(rt)
+                    await self.wait_agent(sid, timeout=30)
+                    await self._identify(sid, rt.generation, hostname=_hostname(sid), env=rt.env)
                     how = "template image"
                 except errors.AtollError as e:
                     log.warning(
-                        "restoring the template image failed; booting cold: %s", e, extra={"sandbox_id": sid}
+                        "starting from the template image failed; booting cold: %s",
+                        e,
+                        extra={"sandbox_id": sid},
                     )
+                    ch = self._channels.pop(sid, None)
+                    if ch is not None:
+                        await ch.aclose()
                     await runsc.delete(self.runsc_root, rt.cid)
                     cgroups.remove(rt.cgroup(self.install_id))
                     rt.generation += 1
+                    rt.sentry_pid = None
                     await netns.readdress(rt.name)
                     self._write_bundle(rt, lower)
                     image = None
             if image is None:
                 await runsc.run(self.runsc_root, self._p(sid, "bundle"), rt.cid, self._p(sid, "runsc.log"))
-            marks["runsc"] = time.perf_counter()
-            rt.phase = "running"
-            rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
-            self._save(rt)
-            await self.wait_agent(sid, timeout=30)
-            if image is not None:
-                await self._identify(sid, rt.generation, hostname=_hostname(sid), env=rt.env)
+                marks["runsc"] = time.perf_counter()
+                rt.phase = "running"
+                rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+                self._save(rt)
+                await self.wait_agent(sid, timeout=30)
             marks["agent"] = time.perf_counter()
             self._limit_cpu(rt)
         except BaseException as e:
