@@ -462,6 +462,8 @@ class Worker:
                 },
                 f,
             )
+            f.flush()
+            os.fsync(f.fileno())  # the commit below must never expose a manifest that is not on disk
         final = self._p(sid, "snapshot")
         old = self._p(sid, "snapshot.old")
         if os.path.exists(final):
@@ -559,6 +561,8 @@ class Worker:
                 shutil.rmtree(tmp, ignore_errors=True)
                 rt.phase = "running"
                 self._save(rt)
+                with contextlib.suppress(errors.AtollError):
+                    self._limit_cpu(rt)  # lifted for the checkpoint
                 return Observed("running", "an interrupted checkpoint left the sandbox running")
             rt.phase = "failed"
             rt.failure = "the worker stopped during a checkpoint and runsc did not finish it: " + runsc.tail(
@@ -567,6 +571,15 @@ class Worker:
             self._save(rt)
             return Observed("failed", rt.failure)
         if rt.phase == "checkpointed":
+            st = await runsc.state(self.runsc_root, rt.cid)
+            if st and st.get("status") in ("running", "paused"):
+                # The worker stopped in the middle of a restore that runsc completed.
+                rt.phase = "running"
+                rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+                self._save(rt)
+                with contextlib.suppress(errors.AtollError):
+                    self._limit_cpu(rt)
+                return Observed("running", "a restore interrupted by a restart had completed")
             if os.path.exists(self._p(sid, "snapshot", "manifest.json")):
                 return Observed("checkpointed")
             rt.phase, rt.failure = "failed", "its committed snapshot is missing from disk"
@@ -590,6 +603,8 @@ class Worker:
         rt.phase = "running"
         rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
         self._save(rt)
+        with contextlib.suppress(errors.AtollError):
+            self._limit_cpu(rt)  # idempotent; covers a restart between a start and its quota
         return Observed(rt.phase)
 
     async def _wait_orphan_checkpoint(self, rt: Runtime, timeout: float = 120) -> None:
