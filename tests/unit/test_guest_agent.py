@@ -389,7 +389,10 @@ def test_background_process_is_listed_and_killable(client, tmp_path):
     assert item["running"] is True and item["background"] is True and item["exit_code"] is None
     assert item["cmd"].startswith("sleep 60")
     deadline = time.monotonic() + 5
-    while not (tmp_path / "child").exists() and time.monotonic() < deadline:
+    # The shell creates the file before it writes the pid: wait for the content, not the file.
+    while time.monotonic() < deadline:
+        if (tmp_path / "child").exists() and (tmp_path / "child").read_text().strip():
+            break
         time.sleep(0.02)
     child = int((tmp_path / "child").read_text())
     assert client.delete(f"/processes/{pid}").status_code == 204

@@ -29,22 +29,17 @@ def base_flags(root: str) -> list[str]:
     return [RUNSC, f"--root={root}", "--platform=ptrace", "--network=sandbox"]
 
 
+async def _start_logged(argv: list[str], log_path: str) -> asyncio.subprocess.Process:
+    """Start argv in its own session, stdin from /dev/null, stdout and stderr appended to log_path."""
+    with open(log_path, "ab") as log:
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
+
+
 async def _spawn_detached(argv: list[str], log_path: str, timeout: float) -> None:
     script = _NET_WORKAROUND + shlex.join(argv)
-    with open(log_path, "ab") as log:
-        proc = await asyncio.create_subprocess_exec(
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+    proc = await _start_logged(["unshare", "-m", "--propagation", "private", "sh", "-c", script], log_path)
     try:
         rc = await asyncio.wait_for(proc.wait(), timeout)
     except TimeoutError:
@@ -92,16 +87,7 @@ async def start_checkpoint(root: str, cid: str, image_dir: str, log_path: str) -
     os.makedirs(image_dir, exist_ok=True)
     done = os.path.join(image_dir, "done")
     script = f"{shlex.join(checkpoint_argv(root, cid, image_dir))} && echo ok > {shlex.quote(done)}"
-    with open(log_path, "ab") as log:
-        return await asyncio.create_subprocess_exec(
-            "sh",
-            "-c",
-            script,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+    return await _start_logged(["sh", "-c", script], log_path)
 
 
 async def state(root: str, cid: str) -> dict | None:
