@@ -32,7 +32,7 @@ def atoll_server(tmp_path_factory):
     _skip_unless_root()
     home = tmp_path_factory.mktemp("atoll-home")
     local = LocalAtoll(home=home, env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE})
-    local.start(timeout=120)
+    local.start(timeout=600)
     yield local
     local.stop()
 

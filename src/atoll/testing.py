@@ -55,7 +55,7 @@ class LocalAtoll:
         self.log_path = os.fspath(log_path) if log_path else os.path.join(self.home, "atoll-server.log")
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 300) -> LocalAtoll:
+    def start(self, timeout: float = 600) -> LocalAtoll:
         os.makedirs(self.home, exist_ok=True)
         env = {
             **os.environ,

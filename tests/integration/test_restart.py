@@ -22,7 +22,7 @@ def local(tmp_path):
     yield la
     # Reap whatever the test left, with a server running.
     if la.proc is None:
-        la.start(timeout=120)
+        la.start(timeout=600)
     la.stop(reap=True)
 
 
@@ -37,7 +37,7 @@ def _exec(c, sid, cmd):
 
 
 def test_restart_reattaches_running_memory_and_disk(local):
-    local.start(timeout=120)
+    local.start(timeout=600)
     with _client(local) as c:
         sids = {}
         for name in ("running", "memory", "disk"):
@@ -61,7 +61,7 @@ def test_restart_reattaches_running_memory_and_disk(local):
     local.stop(reap=False)
     assert time.monotonic() - t0 < 10, "stopping atoll must take seconds"
     time.sleep(1)
-    local.start(timeout=120)
+    local.start(timeout=600)
     with _client(local) as c:
         got = {n: c.get(f"/v1/sandboxes/{sid}").json() for n, sid in sids.items()}
         assert got["running"]["state"] == "running"
@@ -76,7 +76,7 @@ def test_restart_reattaches_running_memory_and_disk(local):
 
 
 def test_sigkill_during_checkpoint_never_loses_the_sandbox(local):
-    local.start(timeout=120)
+    local.start(timeout=600)
     with _client(local) as c:
         sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "memory_mb": 1024}).json()["id"]
         _exec(c, sid, "echo safe > /root/file")
@@ -87,7 +87,7 @@ def test_sigkill_during_checkpoint_never_loses_the_sandbox(local):
         time.sleep(0.4)
         local.kill()
         th.join()
-    local.start(timeout=120)
+    local.start(timeout=600)
     with _client(local) as c:
         sb = c.get(f"/v1/sandboxes/{sid}").json()
         assert sb["state"] in ("running", "standby", "failed"), sb
@@ -106,7 +106,7 @@ def _try_pause(c, sid):
 
 def test_two_installations_side_by_side(local, api, atoll_server):
     """A second installation (other home and port) runs beside the session one; names never collide."""
-    local.start(timeout=120)
+    local.start(timeout=600)
     with _client(local) as c:
         mine = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
         theirs = api.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
@@ -133,7 +133,7 @@ def test_two_installations_side_by_side(local, api, atoll_server):
 
 def test_create_boots_cold_when_the_template_image_is_damaged(local):
     """Sandboxes normally start from the template image; a damaged image costs speed, not a create."""
-    local.start(timeout=120)
+    local.start(timeout=600)
     deadline = time.monotonic() + 120
     images = []
     while time.monotonic() < deadline and not images:

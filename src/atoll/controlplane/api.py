@@ -204,11 +204,19 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
     # ---- public ----------------------------------------------------------------------------
     @app.get("/healthz")
     async def healthz():
-        return {
+        """200 once atoll can create sandboxes; 503 while the base template is still being prepared
+        (its first build takes a minute), so that "wait for /healthz" means "ready to use"."""
+        body = {
             "status": "ok",
             "version": app.version,
             "templates": {t["name"]: t["status"] for t in manager.worker.templates.status()},
         }
+        if not manager.ready.is_set():
+            body["status"] = "starting"
+            return JSONResponse(body, status_code=503)
+        if manager.startup_error:
+            body["status"], body["error"] = "degraded", manager.startup_error
+        return body
 
     @app.get("/metrics")
     async def metrics_endpoint():

@@ -40,6 +40,8 @@ class SandboxManager:
         self._tasks: set[asyncio.Task] = set()
         self._reaps: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
+        self.ready = asyncio.Event()  # set once the base template (layer and image) is prepared
+        self.startup_error: str | None = None
 
     # ---- records -------------------------------------------------------------------------------
     def _lock(self, sid: str) -> asyncio.Lock:
@@ -112,8 +114,12 @@ class SandboxManager:
         self._spawn(self.idle_loop())
 
     async def _prebuild_templates(self) -> None:
-        with contextlib.suppress(errors.AtollError):
+        try:
             await self.worker.prepare_template("base")
+        except errors.AtollError as e:
+            self.startup_error = e.message
+        finally:
+            self.ready.set()
 
     async def _reattach(self, rec: dbm.SandboxRecord) -> None:
         try:
