@@ -46,7 +46,8 @@ def test_restart_reattaches_running_memory_and_disk(local):
             _exec(
                 c,
                 sid,
-                'python3 -c \'import time\nx=[0]\nwhile True:\n  x[0]+=1; open("/tmp/beat","w").write(str(x[0])); time.sleep(0.1)\' &',
+                # The beat file is replaced atomically, so a reader never sees it half written.
+                'python3 -c \'import os, time\nx=[0]\nwhile True:\n  x[0]+=1; open("/tmp/beat.tmp","w").write(str(x[0])); os.replace("/tmp/beat.tmp", "/tmp/beat"); time.sleep(0.1)\' &',
             )
             sids[name] = sid
         assert (
