@@ -55,25 +55,7 @@ CMD = ["python3", "-c", "pass"]
 
 def _bundle(rootfs: str) -> str:
     d = tempfile.mkdtemp(prefix="atoll-bench-runsc-", dir=c.BENCH_TMP)
-    spec = {
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": False,
-            "user": {"uid": 0, "gid": 0},
-            "args": CMD,
-            "env": ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"],
-            "cwd": "/",
-        },
-        "root": {"path": rootfs, "readonly": True},
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
-            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
-        ],
-        "linux": {
-            "namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")],
-        },
-    }
+    spec = c.raw_runsc_spec(rootfs, CMD, ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"])
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(spec, f)
     return d

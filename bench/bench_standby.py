@@ -192,23 +192,9 @@ def runsc_floor(mb: int, n: int, cpus: float | None = None) -> dict:
     root = os.path.join(work, "root")
     bundle = os.path.join(work, "bundle")
     os.makedirs(bundle)
-    spec = {
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": False,
-            "user": {"uid": 0, "gid": 0},
-            "args": ["python3", "-I", "-c", RAW_HOG.format(mb=mb)],
-            "env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
-            "cwd": "/",
-        },
-        "root": {"path": rootfs, "readonly": True},
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
-            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
-        ],
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")]},
-    }
+    spec = c.raw_runsc_spec(
+        rootfs, ["python3", "-I", "-c", RAW_HOG.format(mb=mb)], ["PATH=/usr/local/bin:/usr/bin:/bin"]
+    )
     cgroup = None
     if cpus:
         cgroup = "/atoll-bench-raw-" + secrets.token_hex(5)

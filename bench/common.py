@@ -501,3 +501,19 @@ def gvisor_sees_template(sb, rootfs: str) -> bool:
         "python3", "-I", "-c", "import os; print('\\n'.join(os.listdir('/usr/bin')))", timeout=60
     )
     return sorted(out.split()) == sorted(os.listdir(os.path.join(rootfs, "usr/bin")))
+
+
+def raw_runsc_spec(rootfs: str, args: list[str], env: list[str]) -> dict:
+    """OCI config of a plain runsc peer container: read-only `rootfs`, /tmp tmpfs, no network
+    (the benchmarks run it with --network=none). Used by bench_peers and bench_standby."""
+    return {
+        "ociVersion": "1.0.2",
+        "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": args, "env": env, "cwd": "/"},
+        "root": {"path": rootfs, "readonly": True},
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+        ],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")]},
+    }

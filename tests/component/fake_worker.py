@@ -109,8 +109,5 @@ class FakeWorker:
     async def agent_stream(self, sid, method, url, **kw):
         yield await self.agent_request(sid, method, url, **kw)
 
-    def usage(self, sid):
-        return {}
-
     async def aclose(self):
         pass

@@ -253,21 +253,12 @@ class AgentChannel:
             raise
 
     async def request(
-        self,
-        method: str,
-        url: str,
-        *,
-        params: dict[str, str] | None = None,
-        json: typing.Any = None,
-        content: bytes | typing.AsyncIterator[bytes] | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float | None = 30,
+        self, method: str, url: str, *, timeout: float | None = 30, **kw: typing.Any
     ) -> Response:
-        """Send a request and read the whole answer (bounded by `timeout`; None = unbounded)."""
+        """Send a request (same keywords as `stream`) and read the whole answer, all within `timeout`
+        (None = unbounded)."""
         try:
-            async with asyncio.timeout(timeout):
-                conn, head = await self._start(method, url, params, json, content, headers)
-                resp = Response(head.status_code, _headers(head), self._body(conn))
+            async with asyncio.timeout(timeout), self.stream(method, url, timeout=None, **kw) as resp:
                 await resp.aread()
                 return resp
         except TimeoutError:

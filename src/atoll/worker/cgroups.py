@@ -91,22 +91,6 @@ def oom_kills(cgpath: str) -> int:
     return 0
 
 
-def memory_usage_bytes(cgpath: str) -> int | None:
-    try:
-        with open(_p("memory", cgpath, "memory.usage_in_bytes")) as f:
-            return int(f.read())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def cpu_usage_ns(cgpath: str) -> int | None:
-    try:
-        with open(_p("cpuacct", cgpath, "cpuacct.usage")) as f:
-            return int(f.read())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def remove(cgpath: str) -> None:
     """Remove the sandbox's (empty) cgroups after runsc deleted it; ignore what is already gone."""
     for c in CONTROLLERS:

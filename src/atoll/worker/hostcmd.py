@@ -20,8 +20,6 @@ async def run(
     check: bool = True,
     input: bytes | None = None,
     timeout: float | None = 120,
-    new_session: bool = False,
-    env: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
     """Run argv, return (returncode, stdout, stderr). Raise RuntimeFailure on non-zero when check."""
     proc = await asyncio.create_subprocess_exec(
@@ -29,8 +27,6 @@ async def run(
         stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        start_new_session=new_session,
-        env=env,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(input), timeout)

@@ -104,6 +104,7 @@ class Worker:
         self._bg: set[asyncio.Task] = set()
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._template_failed: set[str] = set()
+        self._template_keys: dict[str, str] = {}
 
     # ---- paths and persistence -------------------------------------------------------------
     def _dir(self, sid: str) -> str:
@@ -260,6 +261,14 @@ class Worker:
 
     # ---- template images ---------------------------------------------------------------------
     def _template_key(self, template: str) -> str:
+        """Hash of what a template image depends on; computed once per template and process (the
+        agent bytecode is rewritten only at start-up), not on every create."""
+        key = self._template_keys.get(template)
+        if key is None:
+            key = self._template_keys[template] = self._compute_template_key(template)
+        return key
+
+    def _compute_template_key(self, template: str) -> str:
         h = hashlib.blake2b(digest_size=8)
         h.update(self.templates.recipe(template).content_hash().encode())
         with open(os.path.join(self.agent_dir, "agent.pyc"), "rb") as f:
@@ -711,11 +720,6 @@ class Worker:
             if not self.alive(sid):
                 raise self._died(sid) from None
             raise errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer: {e!r}") from None
-
-    def usage(self, sid: str) -> dict:
-        rt = self.runtime(sid)
-        cg = rt.cgroup(self.install_id)
-        return {"memory_bytes": cgroups.memory_usage_bytes(cg), "cpu_ns": cgroups.cpu_usage_ns(cg)}
 
     def _spawn(self, coro: typing.Awaitable) -> None:
         t = asyncio.ensure_future(coro)
