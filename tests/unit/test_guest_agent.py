@@ -284,7 +284,8 @@ def test_exec_returns_when_a_background_child_keeps_the_pipes(client, tmp_path):
     res = _exec(client, cmd=cmd)
     assert time.monotonic() - t0 < 3
     assert res["exit_code"] == 0
-    assert res["stdout"].startswith("started\n")
+    # the child may print a tick before or after "started": only the line set is certain
+    assert "started" in res["stdout"].splitlines()
     pid = int((tmp_path / "pid").read_text())
     time.sleep(0.5)
     assert _alive(pid)  # its output is still being read (a closed pipe would SIGPIPE it)
