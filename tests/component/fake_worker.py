@@ -40,6 +40,7 @@ class FakeWorker:
         self.fail: set[str] = set()
         self.gate_blockers: list[str] = []
         self.dead: set[str] = set()
+        self.freeze_stuck = False
 
     async def _step(self, verb, sid):
         self.calls.append((verb, sid))
@@ -62,6 +63,9 @@ class FakeWorker:
 
     async def freeze(self, sid):
         await self._step("freeze", sid)
+        if self.freeze_stuck:  # as the real worker: thawed again, still running
+            self.phase[sid] = "running"
+            raise errors.FreezeTimeout(f"fake: sandbox {sid} stayed FREEZING")
         self.phase[sid] = "frozen"
 
     async def thaw(self, sid):

@@ -86,6 +86,28 @@ async def test_gate_keeps_memory_tier_with_reason(env):
     assert ("checkpoint", sid) not in worker.calls
 
 
+async def test_a_freeze_that_times_out_leaves_the_sandbox_running(env):
+    c, worker, _ = env
+    sid = await _create(c)
+    worker.freeze_stuck = True
+    r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "sandbox_busy" and r.json()["error"]["retryable"] is True
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+    # frozen, then thawed for a gated disk pause, then the re-freeze fails: the record says running
+    worker.freeze_stuck = False
+    assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})).status_code == 200
+    worker.gate_blockers = ["process 7 (node) watches TCP sockets with epoll"]
+    worker.freeze_stuck = True
+    r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_busy"
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert (sb["state"], sb["standby_tier"]) == ("running", None)
+    assert worker.phase[sid] == "running"
+    worker.freeze_stuck = False
+    assert (await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
+
+
 async def test_runtime_failure_marks_failed_with_cause(env):
     c, worker, _ = env
     sid = await _create(c)

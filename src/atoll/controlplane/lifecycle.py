@@ -274,7 +274,15 @@ class SandboxManager:
                 await self._guard(rec, self.worker.thaw(sid))
             gate = await self.worker.gate(sid)
             if not gate.ok:
-                await self._guard(rec, self.worker.freeze(sid))
+                try:
+                    await self._guard(rec, self.worker.freeze(sid))
+                except errors.FreezeTimeout:
+                    if was_frozen:  # thawed for the gate and could not be frozen again: it runs
+                        self._persist(
+                            rec, "resume", standby_tier=None, standby_reason=None, standby_since=None
+                        )
+                        self._activity[sid] = time.monotonic()
+                    raise
                 why = "kept in the memory tier: " + "; ".join(gate.blockers)
                 self._persist(
                     rec,

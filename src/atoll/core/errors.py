@@ -68,6 +68,10 @@ class SandboxBusy(Conflict):
     retryable = True
 
 
+class FreezeTimeout(SandboxBusy):
+    """The sandbox's cgroup could not be frozen in time; it was thawed and keeps running."""
+
+
 class SandboxDied(Conflict):
     """The sandbox's runtime stopped underneath a call (e.g. the host OOM killer); it is now failed."""
 

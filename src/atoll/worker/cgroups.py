@@ -7,6 +7,7 @@ Called by worker.service.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -28,35 +29,65 @@ def freezer_state(cgpath: str) -> str | None:
         return None
 
 
-def _set_freezer(cgpath: str, want: str, timeout: float) -> None:
-    path = _p("freezer", cgpath, "freezer.state")
+def _write(path: str, cgpath: str, value: str) -> None:
     try:
         with open(path, "w") as f:
-            f.write(want)
+            f.write(value)
     except FileNotFoundError:
         raise errors.RuntimeFailure(
             f"freezer cgroup {cgpath} is missing; the sandbox is not running"
         ) from None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def freeze(cgpath: str, timeout: float = 5.0) -> None:
+    """Freeze every task of the cgroup; on failure thaw it again and raise FreezeTimeout.
+
+    A v1 freezer can stay in FREEZING while tasks are being created (gVisor's ptrace platform starts
+    stub processes as the sandbox forks). As runc does, write FROZEN again on every poll (that
+    freezes newcomers) and, when stuck for a while, thaw briefly and start over.
+    """
+    path = _p("freezer", cgpath, "freezer.state")
     deadline = time.monotonic() + timeout
     spins = 0
-    with open(path) as f:
-        while True:
-            f.seek(0)
-            if f.read().strip() == want:
-                return
-            if time.monotonic() > deadline:
-                raise errors.RuntimeFailure(f"cgroup {cgpath} did not reach {want} within {timeout}s")
-            spins += 1
+    while True:
+        _write(path, cgpath, "FROZEN")
+        if _read(path) == "FROZEN":
+            return
+        spins += 1
+        if time.monotonic() > deadline:
+            with contextlib.suppress(errors.AtollError):
+                thaw(cgpath)
+            raise errors.FreezeTimeout(
+                f"the sandbox's processes could not be frozen within {timeout}s (cgroup {cgpath} "
+                "stayed FREEZING, usually because they kept starting processes); it was left "
+                "running: retry the pause"
+            )
+        if spins % 200 == 0:  # stuck: cancel and retry from scratch, as runc does for cgroup v1
+            _write(path, cgpath, "THAWED")
+            time.sleep(0.01)
+        else:
             # The kernel usually settles within a millisecond: spin briefly, then back off.
             time.sleep(0 if spins < 50 else 0.001)
 
 
-def freeze(cgpath: str, timeout: float = 5.0) -> None:
-    _set_freezer(cgpath, "FROZEN", timeout)
-
-
 def thaw(cgpath: str, timeout: float = 5.0) -> None:
-    _set_freezer(cgpath, "THAWED", timeout)
+    path = _p("freezer", cgpath, "freezer.state")
+    _write(path, cgpath, "THAWED")
+    deadline = time.monotonic() + timeout
+    spins = 0
+    while _read(path) not in ("THAWED", ""):
+        if time.monotonic() > deadline:
+            raise errors.RuntimeFailure(f"cgroup {cgpath} did not reach THAWED within {timeout}s")
+        spins += 1
+        time.sleep(0 if spins < 50 else 0.001)
 
 
 def has_tasks(cgpath: str) -> bool:
