@@ -72,6 +72,12 @@ class FakeWorker:
         await self._step("thaw", sid)
         self.phase[sid] = "running"
 
+    async def thaw_and_ping(self, sid, timeout, while_waiting=None):
+        await self.thaw(sid)
+        if while_waiting is not None:
+            while_waiting()
+        return {"ok": True}
+
     async def wait_agent(self, sid, timeout):
         return {"ok": True}
 

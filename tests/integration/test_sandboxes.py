@@ -81,6 +81,15 @@ def test_exec_forms_and_exit_codes(api, sandbox):
     assert run(api, sid, "id -un", user="nobody")["stdout"] == "nobody\n"
 
 
+def test_commands_inherit_only_stdin_stdout_stderr(api, sandbox):
+    # the agent spawns with close_fds=False: none of its own descriptors may leak into a command
+    listing = "import os; print(' '.join(sorted(os.listdir('/proc/self/fd'), key=int)))"
+    for kw in ({}, {"user": "nobody"}):
+        r = run(api, sandbox["id"], ["python3", "-c", listing], **kw)
+        assert r["exit_code"] == 0, r
+        assert r["stdout"] == "0 1 2 3\n", r  # 3 is the listing's own directory handle
+
+
 def test_exec_timeout_kills_tree(api, sandbox):
     sid = sandbox["id"]
     t0 = time.monotonic()

@@ -183,6 +183,17 @@ def test_exec_string_and_exit_code(client):
     assert isinstance(res["duration_ms"], int)
 
 
+def test_commands_inherit_no_agent_descriptor(client, agent):
+    # another connection is open (and a background process's log) while the command starts
+    bg = _exec(client, cmd="sleep 5", background=True)
+    with httpx.Client(base_url=agent.url, timeout=30) as other:
+        assert other.get("/health").status_code == 200
+        listing = "import os; print(' '.join(sorted(os.listdir('/proc/self/fd'), key=int)))"
+        res = _exec(client, cmd=[sys.executable, "-c", listing])
+    assert res["stdout"] == "0 1 2 3\n", res  # 3 is the listing's own directory handle
+    client.delete(f"/processes/{bg['pid']}")
+
+
 def test_exec_argv_is_not_split_by_a_shell(client):
     res = _exec(client, cmd=["printf", "%s|", "a b", "$HOME", "c"])
     assert res == {**res, "exit_code": 0, "stdout": "a b|$HOME|c|", "stderr": ""}

@@ -273,7 +273,8 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
                 request,
                 manager.worker.agent_request(sid, "POST", "/exec", json=payload, timeout=agent_timeout),
             )
-            return JSONResponse(r.json())
+            # the agent's answer is already the API's JSON: pass its bytes on, no re-encoding
+            return Response(r.content, media_type="application/json")
 
     async def _exec_stream(sid: str, payload: dict, agent_timeout: float | None):
         cm = manager.activity(sid)

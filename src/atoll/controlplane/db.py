@@ -66,10 +66,14 @@ class Database:
             s.add(rec)
 
     _COLUMNS: dict[str, str] | None = None
+    _UPDATES: typing.ClassVar[dict[tuple[str, ...], sa.Update]] = {}
 
     def save(self, rec: SandboxRecord, fields: typing.Iterable[str] | None = None) -> None:
         """Write `rec` with one UPDATE (no SELECT first, unlike Session.merge): all columns, or only
-        the attributes named in `fields` (plus updated_at)."""
+        the attributes named in `fields` (plus updated_at).
+
+        The UPDATE for each set of fields is built once and cached with bind parameters: building
+        it per call cost ~0.2 ms, more than the write itself (resume and pause call this)."""
         rec.updated_at = utcnow()
         if Database._COLUMNS is None:
             Database._COLUMNS = {
@@ -77,11 +81,20 @@ class Database:
                 for attr in sa.inspect(SandboxRecord).column_attrs
                 if attr.key != "id"
             }
-        keys = Database._COLUMNS if fields is None else [*fields, "updated_at"]
-        values = {Database._COLUMNS[k]: getattr(rec, k) for k in keys}
-        table = SandboxRecord.__table__
+        cols = Database._COLUMNS
+        keys = tuple(cols) if fields is None else (*fields, "updated_at")
+        stmt = Database._UPDATES.get(keys)
+        if stmt is None:
+            table = SandboxRecord.__table__
+            stmt = (
+                sa.update(table)
+                .where(table.c.id == sa.bindparam("b_id"))
+                .values({cols[k]: sa.bindparam("v_" + k, type_=table.c[cols[k]].type) for k in keys})
+            )
+            Database._UPDATES[keys] = stmt
+        params = {"b_id": rec.id, **{"v_" + k: getattr(rec, k) for k in keys}}
         with self.engine.begin() as conn:
-            conn.execute(sa.update(table).where(table.c.id == rec.id).values(**values))
+            conn.execute(stmt, params)
 
     def list(
         self, tenant_id: str | None = None, state: str | None = None, include_deleted: bool = False

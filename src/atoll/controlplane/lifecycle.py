@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import time
 import typing
@@ -320,12 +321,15 @@ class SandboxManager:
             check_transition(State(rec.state), "resume")
             tier = Tier(rec.standby_tier)
             async with self._step(f"resume_{tier.value}", sid):
+                done = functools.partial(
+                    self._persist, rec, "resume", standby_tier=None, standby_reason=None, standby_since=None
+                )
                 if tier == Tier.MEMORY:
-                    await self._guard(rec, self.worker.thaw(sid))
-                    await self._guard(rec, self.worker.wait_agent(sid, timeout=10))
+                    # the record is written while the thawed sandbox answers the health ping
+                    await self._guard(rec, self.worker.thaw_and_ping(sid, timeout=10, while_waiting=done))
                 else:
                     await self._guard(rec, self.worker.restore(sid))
-                self._persist(rec, "resume", standby_tier=None, standby_reason=None, standby_since=None)
+                    done()
             self._activity[sid] = time.monotonic()
         return rec
 

@@ -409,6 +409,35 @@ class Worker:
         cgroups.thaw(rt.cgroup(self.install_id))
         rt.phase = "running"
 
+    async def thaw_and_ping(
+        self, sid: str, timeout: float, while_waiting: typing.Callable[[], None] | None = None
+    ) -> dict:
+        """Thaw a memory-tier sandbox and return its agent's health answer.
+
+        The health request is written on a kept-alive connection before the thaw (it waits in the
+        frozen sentry's socket and is served as soon as its threads run again); `while_waiting`
+        (the caller's bookkeeping, e.g. the database write) runs after the thaw, while the sandbox
+        wakes up and answers, instead of after the answer.
+        """
+        rt = self.runtime(sid)
+        ping = asyncio.ensure_future(self.channel(sid).request("GET", "/health", timeout=min(2.0, timeout)))
+        await asyncio.sleep(0)  # lets the request go out on an idle connection, if there is one
+        try:
+            cgroups.thaw(rt.cgroup(self.install_id))
+            rt.phase = "running"
+            if while_waiting is not None:
+                while_waiting()
+        except BaseException:
+            ping.cancel()
+            raise
+        try:
+            r = await ping
+            if r.status_code == 200:
+                return r.json()
+        except (agent_channel.ChannelError, OSError):
+            pass
+        return await self.wait_agent(sid, timeout=timeout)
+
     # ---- disk tier -----------------------------------------------------------------------------
     async def gate(self, sid: str) -> GateResult:
         """Ask the guest agent what this runsc could not save. The sandbox must be thawed."""
