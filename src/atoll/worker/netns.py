@@ -12,8 +12,8 @@ Called by worker.service.
 
 from __future__ import annotations
 
+import asyncio
 import os
-import secrets
 
 from atoll.worker import hostcmd
 
@@ -36,53 +36,30 @@ def path(name: str) -> str:
 
 
 async def create(name: str) -> None:
-    """Create the namespace pair and the veth between them (idempotent: recreates from scratch)."""
+    """Create the namespace pair and the veth between them (idempotent: recreates from scratch).
+
+    Both veth ends are created directly inside their namespaces (`link add … netns A … peer …
+    netns B`): moving an existing interface to another namespace costs ~28 ms per end on this
+    kernel (an RCU grace period each), creating it in place ~2 ms. Names are per namespace, so the
+    fixed `eth0`/`peer0` never collide with anything on the host or in another installation.
+    """
     await delete(name)
     hs = host_side(name)
-    # Interface names are per-namespace, so short fixed names are fine once moved.
-    # Both ends are born in the host netns for an instant: random names keep concurrent creates
-    # (here or in another installation) from colliding.
-    suffix = secrets.token_hex(5)
-    tmp_a, tmp_b = f"va{suffix}", f"vb{suffix}"
     batch = "\n".join(
         [
             f"netns add {name}",
             f"netns add {hs}",
-            f"link add {tmp_a} type veth peer name {tmp_b}",
-            f"link set {tmp_a} netns {name}",
-            f"link set {tmp_b} netns {hs}",
+            f"link add eth0 netns {name} type veth peer name peer0 netns {hs}",
         ]
     )
     await hostcmd.run("ip", "-batch", "-", input=batch.encode())
-    await hostcmd.run(
-        "ip",
-        "-n",
-        name,
-        "-batch",
-        "-",
-        input="\n".join(
-            [
-                f"link set {tmp_a} name eth0",
-                f"addr add {SANDBOX_IP}/{PREFIX} dev eth0",
-                "link set eth0 up",
-                "link set lo up",
-            ]
-        ).encode(),
+    sandbox_side = "\n".join(
+        [f"addr add {SANDBOX_IP}/{PREFIX} dev eth0", "link set eth0 up", "link set lo up"]
     )
-    await hostcmd.run(
-        "ip",
-        "-n",
-        hs,
-        "-batch",
-        "-",
-        input="\n".join(
-            [
-                f"link set {tmp_b} name peer0",
-                f"addr add {HOST_IP}/{PREFIX} dev peer0",
-                "link set peer0 up",
-                "link set lo up",
-            ]
-        ).encode(),
+    host = "\n".join([f"addr add {HOST_IP}/{PREFIX} dev peer0", "link set peer0 up", "link set lo up"])
+    await asyncio.gather(
+        hostcmd.run("ip", "-n", name, "-batch", "-", input=sandbox_side.encode()),
+        hostcmd.run("ip", "-n", hs, "-batch", "-", input=host.encode()),
     )
 
 
