@@ -46,7 +46,9 @@ class FakeWorker:
         self.calls.append((verb, sid))
         await asyncio.sleep(self.delay.get(verb, 0))
         if verb in self.fail:
-            raise errors.RuntimeFailure(f"fake {verb} failure")
+            raise errors.RuntimeFailure(
+                f"fake {verb} failure", detail=f"runsc log: /var/lib/atoll/sandboxes/{sid}/runsc.log said no"
+            )
 
     async def start(self):
         pass

@@ -108,7 +108,7 @@ async def test_a_freeze_that_times_out_leaves_the_sandbox_running(env):
     assert (await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
 
 
-async def test_runtime_failure_marks_failed_with_cause(env):
+async def test_runtime_failure_marks_failed_with_cause(env, caplog):
     c, worker, _ = env
     sid = await _create(c)
     worker.fail.add("checkpoint")
@@ -116,6 +116,9 @@ async def test_runtime_failure_marks_failed_with_cause(env):
     assert r.status_code == 500 and r.json()["error"]["code"] == "runtime_error"
     sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
     assert sb["state"] == "failed" and "fake checkpoint failure" in sb["failure_reason"]
+    # the internal cause (host paths, runsc's log) is logged, never sent to the caller
+    assert "runsc.log" not in r.text and "runsc.log" not in sb["failure_reason"]
+    assert any("runsc.log said no" in str(getattr(rec, "detail", "")) for rec in caplog.records)
     r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
     assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state"
 

@@ -184,8 +184,13 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
     @app.exception_handler(errors.AtollError)
     async def atoll_error(request: Request, exc: errors.AtollError):
         rid = getattr(request.state, "request_id", "req_unknown")
-        if exc.status >= 500:
-            log.error("request failed: %s", exc.message, extra={"request_id": rid, "path": request.url.path})
+        if exc.status >= 500 or exc.detail:
+            log.log(
+                logging.ERROR if exc.status >= 500 else logging.INFO,
+                "request failed: %s",
+                exc.message,
+                extra={"request_id": rid, "path": request.url.path, "detail": exc.detail},
+            )
         return _error(exc.status, exc.code, exc.message, rid, exc.retryable)
 
     @app.exception_handler(StarletteHTTPException)

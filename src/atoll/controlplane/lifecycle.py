@@ -96,9 +96,12 @@ class SandboxManager:
         log.info("sandbox.%s.complete", verb, extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2)})
         self.m.lifecycle.labels(verb=verb, outcome="complete").observe(dur)
 
-    def _fail(self, rec: dbm.SandboxRecord, cause: str) -> None:
+    def _fail(self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None) -> None:
+        """Mark the sandbox failed: `cause` goes on the record (callers see it), `detail` (runsc log
+        lines, host paths) only to the log."""
         if rec.state in (State.DELETED, State.FAILED):
             return
+        log.warning("sandbox.fail", extra={"sandbox_id": rec.id, "reason": cause, "detail": detail})
         self._persist(rec, "fail", failure_reason=cause, standby_tier=None)
 
     # ---- start / stop --------------------------------------------------------------------------
@@ -206,7 +209,7 @@ class SandboxManager:
                     disk_mb=rec.disk_mb,
                 )
             except errors.AtollError as e:
-                self._fail(rec, str(e))
+                self._fail(rec, e.message, e.detail)
                 raise errors.RuntimeFailure(f"sandbox {sid} could not be started: {e.message}") from None
             self._persist(rec, "start")
             self._activity[sid] = time.monotonic()
@@ -306,7 +309,7 @@ class SandboxManager:
         try:
             return await aw
         except (errors.RuntimeFailure, errors.SandboxDied) as e:
-            self._fail(rec, e.message)
+            self._fail(rec, e.message, e.detail)
             raise
 
     async def resume(self, sid: str) -> dbm.SandboxRecord:

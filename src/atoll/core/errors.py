@@ -7,6 +7,8 @@
     ├── PayloadTooLarge             413 payload_too_large
     └── RuntimeFailure              500 runtime_error (a bug or a host failure; logged with its cause)
 
+`message` is what the caller reads; `detail`, when set, is the internal cause, only logged.
+
 Raised by the worker and the control plane; the control plane's HTTP layer turns them into
 `{"error": {"code", "message", "request_id", "retryable"}}`.
 """
@@ -19,9 +21,19 @@ class AtollError(Exception):
     code = "internal_error"
     retryable = False
 
-    def __init__(self, message: str, *, code: str | None = None, retryable: bool | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        retryable: bool | None = None,
+        detail: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
+        # The internal cause (runsc log lines, host paths, command lines): logged by the server,
+        # never sent to the caller (CONVENTIONS 4).
+        self.detail = detail
         if code is not None:
             self.code = code
         if retryable is not None:

@@ -36,11 +36,14 @@ async def run(
         except ProcessLookupError:
             pass
         await proc.wait()
-        raise errors.RuntimeFailure(f"host command timed out after {timeout}s: {' '.join(argv)}") from None
+        raise errors.RuntimeFailure(
+            f"host command {os.path.basename(argv[0])} timed out after {timeout}s", detail=" ".join(argv)
+        ) from None
     rc = proc.returncode or 0
     so, se = out.decode(errors="replace"), err.decode(errors="replace")
     if check and rc != 0:
         raise errors.RuntimeFailure(
-            f"host command failed (exit {rc}): {' '.join(argv)}: {se.strip()[-800:] or so.strip()[-800:]}"
+            f"host command {os.path.basename(argv[0])} failed (exit {rc})",
+            detail=f"{' '.join(argv)}: {se.strip()[-800:] or so.strip()[-800:]}",
         )
     return rc, so, se

@@ -47,7 +47,9 @@ async def _spawn_detached(argv: list[str], log_path: str, timeout: float) -> Non
             f"runsc {argv[len(base_flags(''))]} did not finish within {timeout}s"
         ) from None
     if rc != 0:
-        raise errors.RuntimeFailure(f"runsc {argv[len(base_flags(''))]} failed (exit {rc}): {tail(log_path)}")
+        raise errors.RuntimeFailure(
+            f"runsc {argv[len(base_flags(''))]} failed (exit {rc})", detail=f"runsc log: {tail(log_path)}"
+        )
 
 
 def tail(path: str, n: int = 600) -> str:

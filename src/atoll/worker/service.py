@@ -394,8 +394,8 @@ class Worker:
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.005)
         raise errors.RuntimeFailure(
-            f"guest agent of sandbox {sid} did not answer within {timeout}s ({last!r}); "
-            f"runsc log: {runsc.tail(self._p(sid, 'runsc.log'))}"
+            f"the guest agent of sandbox {sid} did not answer within {timeout}s",
+            detail=f"last error: {last!r}; runsc log: {runsc.tail(self._p(sid, 'runsc.log'))}",
         )
 
     # ---- memory tier -------------------------------------------------------------------------
@@ -484,7 +484,10 @@ class Worker:
             self._save(rt)
             shutil.rmtree(tmp, ignore_errors=True)
             self._spawn(self._discard_container(rt.cid, rt.cgroup(self.install_id)))
-            raise errors.RuntimeFailure(f"checkpoint of sandbox {sid} failed and runsc stopped it: {cause}")
+            raise errors.RuntimeFailure(
+                f"checkpoint of sandbox {sid} failed and runsc stopped it (runsc's error is in the server log)",
+                detail=f"runsc log: {cause}",
+            )
         img = os.path.join(tmp, "checkpoint.img")
         digest, size = await asyncio.to_thread(_checksum, img)
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
@@ -528,7 +531,9 @@ class Worker:
         img = os.path.join(snap, man["image"])
         if os.path.getsize(img) != man["size"]:
             raise errors.RuntimeFailure(
-                f"snapshot of {sid} is damaged: {img} has {os.path.getsize(img)} bytes, manifest says {man['size']}"
+                f"snapshot of {sid} is damaged: its image has {os.path.getsize(img)} bytes, "
+                f"the manifest says {man['size']}",
+                detail=img,
             )
         await netns.readdress(rt.name)
         rt.generation += 1
@@ -692,7 +697,11 @@ class Worker:
                 f"memory_mb={rt.memory_mb} (plus {bundle.RUNTIME_OVERHEAD_MB + bundle.RESTORE_GROWTH_MB} MB for "
                 "the runtime); create a new sandbox with a larger memory_mb"
             )
-        return f"sandbox {sid} stopped unexpectedly; runsc log: {runsc.tail(self._p(sid, 'runsc.log'))}"
+        log.warning(
+            "sandbox.runtime.died",
+            extra={"sandbox_id": sid, "detail": f"runsc log: {runsc.tail(self._p(sid, 'runsc.log'))}"},
+        )
+        return f"sandbox {sid} stopped unexpectedly (its gVisor sentry exited; the server log has runsc's last lines)"
 
     def _died(self, sid: str) -> errors.SandboxDied:
         rt = self.runtime(sid)
@@ -728,7 +737,9 @@ class Worker:
         except agent_channel.ChannelError as e:
             if not self.alive(sid):
                 raise self._died(sid) from None
-            raise errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer: {e!r}") from None
+            raise errors.RuntimeFailure(
+                f"the guest agent of sandbox {sid} did not answer", detail=repr(e)
+            ) from None
         if r.status_code >= 400:
             raise _agent_error(r)
         return r
@@ -748,7 +759,9 @@ class Worker:
         except agent_channel.ChannelError as e:
             if not self.alive(sid):
                 raise self._died(sid) from None
-            raise errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer: {e!r}") from None
+            raise errors.RuntimeFailure(
+                f"the guest agent of sandbox {sid} did not answer", detail=repr(e)
+            ) from None
 
     def _spawn(self, coro: typing.Awaitable) -> None:
         t = asyncio.ensure_future(coro)
