@@ -117,8 +117,10 @@ class _Conn:
         self.writer = writer
         self.h11 = h11.Connection(h11.CLIENT)
 
-    async def send(self, event: typing.Any) -> None:
-        data = self.h11.send(event)
+    async def send(self, *events: typing.Any) -> None:
+        """Send h11 events with one write: a small request goes out as one segment, so the agent
+        (every recv costs ~70 us in gVisor, a wake-up more) reads head and body at once."""
+        data = b"".join(self.h11.send(ev) or b"" for ev in events)
         if data:
             self.writer.write(data)
             await self.writer.drain()
@@ -208,14 +210,21 @@ class AgentChannel:
         reused = bool(self._idle)
         conn = self._idle.pop() if reused else await self._connect()
         try:
-            await conn.send(h11.Request(method=method, target=target, headers=hdrs))
-            if body:
-                await conn.send(h11.Data(data=body))
-            elif content is not None and body is None:
-                async for chunk in content:  # type: ignore[union-attr]
-                    for i in range(0, len(chunk), _UPLOAD_CHUNK):
-                        await conn.send(h11.Data(data=chunk[i : i + _UPLOAD_CHUNK]))
-            await conn.send(h11.EndOfMessage())
+            request = h11.Request(method=method, target=target, headers=hdrs)
+            if body is not None and len(body) <= _UPLOAD_CHUNK:
+                await conn.send(request, *([h11.Data(data=body)] if body else []), h11.EndOfMessage())
+            elif content is None and body is None:
+                await conn.send(request, h11.EndOfMessage())
+            else:
+                await conn.send(request)
+                if body is not None:
+                    for i in range(0, len(body), _UPLOAD_CHUNK):
+                        await conn.send(h11.Data(data=body[i : i + _UPLOAD_CHUNK]))
+                else:
+                    async for chunk in content:  # type: ignore[union-attr]
+                        for i in range(0, len(chunk), _UPLOAD_CHUNK):
+                            await conn.send(h11.Data(data=chunk[i : i + _UPLOAD_CHUNK]))
+                await conn.send(h11.EndOfMessage())
             while True:
                 ev = await conn.next_event()
                 if isinstance(ev, h11.Response):
