@@ -217,3 +217,31 @@ def test_memory_and_cpu_limits(api):
         assert sb["state"] == "failed" and "OOM" in sb["failure_reason"]
     finally:
         api.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_sandbox_dying_during_a_streamed_exec_ends_the_stream(api):
+    # The headers are sent before the sandbox dies (host OOM killer): the stream must still end,
+    # with an in-band error line, rather than stay open until the caller gives up.
+    r = api.post("/v1/sandboxes", json={"memory_mb": 128, "idle_timeout_s": 0})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    hog = "import time; print('started', flush=True); time.sleep(1); b = bytearray(900 * 1024 * 1024)"
+    try:
+        t0 = time.monotonic()
+        with api.stream(
+            "POST",
+            f"/v1/sandboxes/{sid}/exec",
+            json={"cmd": ["python3", "-c", hog]},
+            headers={"Accept": "application/x-ndjson"},
+            timeout=60,
+        ) as s:
+            assert s.status_code == 200
+            lines = [json.loads(line) for line in s.iter_lines() if line]
+        assert time.monotonic() - t0 < 30
+        assert lines[0] == {"stdout": "started\n"}, lines
+        assert lines[-1]["error"]["code"] == "sandbox_failed", lines
+        assert "memory_mb=128" in lines[-1]["error"]["message"]
+        sb = api.get(f"/v1/sandboxes/{sid}").json()
+        assert sb["state"] == "failed" and "OOM" in sb["failure_reason"]
+    finally:
+        api.delete(f"/v1/sandboxes/{sid}")

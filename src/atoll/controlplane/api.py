@@ -294,18 +294,24 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
             raise
 
         async def body() -> typing.AsyncIterator[bytes]:
+            failure: BaseException | None = None
             try:
                 async for chunk in resp.aiter_raw():
                     yield chunk
-            except Exception as e:  # noqa: BLE001
-                log.warning("exec stream broke: %s", e, extra={"sandbox_id": sid})
-                yield (
-                    json.dumps({"error": {"code": "runtime_error", "message": f"exec stream broke: {e}"}})
-                    + "\n"
-                ).encode()
+            except Exception as e:  # noqa: BLE001 - the headers are sent: report in-band, as a last line
+                failure = e
+                if isinstance(e, errors.AtollError):
+                    code, message = e.code, e.message
+                else:
+                    code, message = "runtime_error", "the exec stream from the sandbox broke"
+                log.warning(
+                    "exec stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)}
+                )
+                yield (json.dumps({"error": {"code": code, "message": message}}) + "\n").encode()
             finally:
                 await stream_cm.__aexit__(None, None, None)
-                await cm.__aexit__(None, None, None)
+                # a SandboxDied passed on marks the sandbox failed (see SandboxManager.activity)
+                await cm.__aexit__(type(failure) if failure else None, failure, None)
 
         return StreamingResponse(body(), media_type=NDJSON)
 
@@ -368,12 +374,17 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
             raise
 
         async def body() -> typing.AsyncIterator[bytes]:
+            failure: BaseException | None = None
             try:
                 async for chunk in resp.aiter_raw():
                     yield chunk
+            except Exception as e:  # the headers are sent: the connection is cut short, as it must be
+                failure = e
+                log.warning("file download broke: %r", e, extra={"sandbox_id": sid})
+                raise
             finally:
                 await stream_cm.__aexit__(None, None, None)
-                await cm.__aexit__(None, None, None)
+                await cm.__aexit__(type(failure) if failure else None, failure, None)
 
         headers = {}
         if "content-length" in resp.headers:

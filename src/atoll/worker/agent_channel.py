@@ -93,6 +93,13 @@ class Response:
             self._body_iter = None
         return self.content
 
+    def wrap_body(
+        self, wrap: typing.Callable[[typing.AsyncIterator[bytes]], typing.AsyncIterator[bytes]]
+    ) -> None:
+        """Route the body still to be read through `wrap` (the worker adds a liveness watch)."""
+        if self._body_iter is not None:
+            self._body_iter = wrap(self._body_iter)
+
     async def aiter_raw(self) -> typing.AsyncIterator[bytes]:
         if self._body_iter is None:
             if self.content:

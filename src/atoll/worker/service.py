@@ -728,6 +728,29 @@ class Worker:
                 with contextlib.suppress(BaseException):
                     await task
 
+    async def _watched_body(self, sid: str, body: typing.AsyncIterator[bytes]) -> typing.AsyncIterator[bytes]:
+        """Relay a streamed answer chunk by chunk, each wait under `_watch`: a sentry that dies
+        mid-stream (its netstack never answers again) ends the stream with SandboxDied within ~1 s
+        instead of leaving it open until the caller gives up."""
+        end = object()
+
+        async def step() -> typing.Any:
+            try:
+                return await anext(body)
+            except StopAsyncIteration:
+                return end
+
+        try:
+            while (chunk := await self._watch(sid, step())) is not end:
+                yield chunk
+        except agent_channel.ChannelError:
+            if not self.alive(sid):
+                raise self._died(sid) from None
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await body.aclose()  # type: ignore[attr-defined]
+
     # ---- guest agent proxy -----------------------------------------------------------------------
     async def agent_request(
         self, sid: str, method: str, url: str, **kw: typing.Any
@@ -753,6 +776,7 @@ class Worker:
                 if r.status_code >= 400:
                     await r.aread()
                     raise _agent_error(r)
+                r.wrap_body(lambda body: self._watched_body(sid, body))
                 yield r
             finally:
                 await cm.__aexit__(None, None, None)
