@@ -30,7 +30,8 @@ Where the time goes (untimed probes next to the timed loops):
   memory_tier_floor  freezer cgroup FROZEN / THAWED written directly + GET /health to the agent: the
                      memory tier without atoll's API and control plane
   host_fsync_ms      write + fsync + rename of a small file in ATOLL_HOME (the worker does this for
-                     runtime.json on every lifecycle step)
+                     runtime.json on create, checkpoint, restore and delete; freeze and thaw write
+                     no file)
 """
 
 from __future__ import annotations
