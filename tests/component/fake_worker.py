@@ -53,7 +53,7 @@ class FakeWorker:
     async def start(self):
         pass
 
-    async def prepare_template(self, name):
+    async def prepare_template(self, name, memory_mb):
         pass
 
     def known_sandbox_dirs(self):

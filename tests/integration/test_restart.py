@@ -132,6 +132,22 @@ def test_two_installations_side_by_side(local, api, atoll_server):
             api.delete(f"/v1/sandboxes/{theirs}")
 
 
+def test_start_removes_template_images_of_other_versions(local):
+    root = os.path.join(local.home, "template-images")
+    stale = [os.path.join(root, n) for n in ("base-0123456789abcdef", "base-512m-0123456789abcdef")]
+    other = os.path.join(root, "base-gpu-512m-0123456789abcdef")  # another template's: kept
+    for d in [*stale, other]:
+        os.makedirs(d)
+        open(os.path.join(d, "manifest.json"), "w").write("{}")
+    local.start(timeout=600)
+    deadline = time.monotonic() + 120
+    while not glob.glob(os.path.join(root, "base-512m-*", "manifest.json")) or any(map(os.path.exists, stale)):
+        assert time.monotonic() < deadline, os.listdir(root)
+        time.sleep(0.2)
+    assert os.path.exists(other)
+    assert len(glob.glob(os.path.join(root, "base-512m-*"))) == 1
+
+
 def test_create_boots_cold_when_the_template_image_is_damaged(local):
     """Sandboxes normally start from the template image; a damaged image costs speed, not a create."""
     local.start(timeout=600)

@@ -245,3 +245,44 @@ def test_a_sandbox_dying_during_a_streamed_exec_ends_the_stream(api):
         assert sb["state"] == "failed" and "OOM" in sb["failure_reason"]
     finally:
         api.delete(f"/v1/sandboxes/{sid}")
+
+
+def _mem_total_mib(api, sid) -> int:
+    out = run(api, sid, "grep MemTotal /proc/meminfo")["stdout"]  # "MemTotal:  720896 kB"
+    return int(out.split()[1]) // 1024
+
+
+def _started_how(atoll_server, sid) -> str:
+    for line in open(atoll_server.log_path):
+        if sid in line and "sandbox runtime started" in line:
+            return "template image" if "by template image" in line else "cold boot"
+    return "unknown"
+
+
+def test_memtotal_follows_memory_mb_and_each_size_gets_its_own_template_image(api, atoll_server):
+    # The sentry keeps the memory size it booted with, so a restored image would show the image's
+    # size: sandboxes of another size boot cold until their own image exists (made in the background).
+    images = os.path.join(atoll_server.home, "template-images")
+    created = []
+    try:
+        default = api.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        created.append(default)
+        assert _started_how(atoll_server, default) == "template image"
+        overhead = _mem_total_mib(api, default) - 512
+        assert 0 < overhead <= 256, overhead
+
+        first = api.post("/v1/sandboxes", json={"memory_mb": 320, "idle_timeout_s": 0}).json()["id"]
+        created.append(first)
+        assert _started_how(atoll_server, first) == "cold boot"
+        assert _mem_total_mib(api, first) == 320 + overhead
+        deadline = time.monotonic() + 120
+        while not glob.glob(os.path.join(images, "base-320m-*", "manifest.json")):
+            assert time.monotonic() < deadline, os.listdir(images)
+            time.sleep(0.2)
+        second = api.post("/v1/sandboxes", json={"memory_mb": 320, "idle_timeout_s": 0}).json()["id"]
+        created.append(second)
+        assert _started_how(atoll_server, second) == "template image"
+        assert _mem_total_mib(api, second) == 320 + overhead
+    finally:
+        for sid in created:
+            api.delete(f"/v1/sandboxes/{sid}")

@@ -304,9 +304,7 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
                     code, message = e.code, e.message
                 else:
                     code, message = "runtime_error", "the exec stream from the sandbox broke"
-                log.warning(
-                    "exec stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)}
-                )
+                log.warning("exec stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)})
                 yield (json.dumps({"error": {"code": code, "message": message}}) + "\n").encode()
             finally:
                 await stream_cm.__aexit__(None, None, None)

@@ -19,7 +19,7 @@ import time
 import typing
 
 from atoll.controlplane import db as dbm
-from atoll.controlplane import metrics
+from atoll.controlplane import metrics, schemas
 from atoll.core import errors, ids
 from atoll.core.lifecycle import TIER_ORDER, State, Tier, check_transition
 from atoll.worker import service as workersvc
@@ -119,7 +119,7 @@ class SandboxManager:
 
     async def _prebuild_templates(self) -> None:
         try:
-            await self.worker.prepare_template("base")
+            await self.worker.prepare_template("base", schemas.DEFAULT_MEMORY_MB)
         except errors.AtollError as e:
             self.startup_error = e.message
         finally:

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from atoll.controlplane import db as dbm
 
+DEFAULT_MEMORY_MB = 512  # also the size of the template image made at start-up
+
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
@@ -45,7 +47,9 @@ class CreateSandbox(BaseModel):
     disk_after_s: float = Field(
         300, ge=0, le=30 * 86400, description="Seconds in the memory tier before moving to disk (0 = never)"
     )
-    memory_mb: int = Field(512, ge=64, le=65536, description="Memory the sandbox's programs may use")
+    memory_mb: int = Field(
+        DEFAULT_MEMORY_MB, ge=64, le=65536, description="Memory the sandbox's programs may use"
+    )
     cpus: float = Field(1, gt=0, le=64, description="CPU cores (enforced with a CFS quota)")
     disk_mb: int | None = Field(
         None, ge=64, le=1024 * 1024, description="Quota of the writable layer (default 4096)"

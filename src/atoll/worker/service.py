@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import py_compile
+import re
 import shutil
 import sys
 import time
@@ -31,6 +32,9 @@ from atoll.worker import agent_channel, bundle, cgroups, netns, runsc, storage, 
 
 log = logging.getLogger(__name__)
 
+# Template images are kept for at most this many memory sizes per template (the default size's is
+# made at start-up; others on first use, in the background); sandboxes of further sizes boot cold.
+MAX_IMAGE_SIZES = 8
 AGENT_SOURCE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "guest")
 
 
@@ -105,6 +109,7 @@ class Worker:
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._template_failed: set[str] = set()
         self._template_keys: dict[str, str] = {}
+        self._image_builds: dict[str, asyncio.Task] = {}
 
     # ---- paths and persistence -------------------------------------------------------------
     def _dir(self, sid: str) -> str:
@@ -199,7 +204,7 @@ class Worker:
         self._runtimes[sid] = rt
         self._save(rt)
         use_image = from_image and self.s.template_snapshots
-        image = await self._template_image(template, lower) if use_image else None
+        image = await self._template_image(template, memory_mb) if use_image else None
         t0 = time.perf_counter()
         marks: dict[str, float] = {}
         try:
@@ -260,13 +265,15 @@ class Worker:
         return rt
 
     # ---- template images ---------------------------------------------------------------------
-    def _template_key(self, template: str) -> str:
-        """Hash of what a template image depends on; computed once per template and process (the
-        agent bytecode is rewritten only at start-up), not on every create."""
-        key = self._template_keys.get(template)
-        if key is None:
-            key = self._template_keys[template] = self._compute_template_key(template)
-        return key
+    def _template_key(self, template: str, memory_mb: int) -> str:
+        """Name of the image for `template` at `memory_mb`: the hash of what an image depends on is
+        computed once per template and process (the agent bytecode is rewritten only at start-up).
+        The size is part of the key because the sentry keeps the memory size it booted with:
+        `MemTotal` inside a restored sandbox is that of the image's sandbox."""
+        digest = self._template_keys.get(template)
+        if digest is None:
+            digest = self._template_keys[template] = self._compute_template_key(template)
+        return f"{template}-{memory_mb}m-{digest}"
 
     def _compute_template_key(self, template: str) -> str:
         h = hashlib.blake2b(digest_size=8)
@@ -275,40 +282,84 @@ class Worker:
             h.update(f.read())
         st = os.stat(shutil.which(runsc.RUNSC) or runsc.RUNSC)
         h.update(f"{st.st_size}-{st.st_mtime_ns}-{bundle.AGENT_PORT}-{netns.SANDBOX_IP}".encode())
-        return f"{template}-{h.hexdigest()}"
+        return h.hexdigest()
 
-    async def _template_image(self, template: str, lower: str) -> str | None:
-        """A checkpoint of a freshly booted sandbox of `template` (agent ready), made once per
-        template, agent and runsc version. Creating a sandbox restores it instead of booting the
-        sentry and starting Python (~200 ms less). None when it cannot be made: cold boot then."""
-        key = self._template_key(template)
+    async def _template_image(self, template: str, memory_mb: int, wait: bool = False) -> str | None:
+        """A checkpoint of a freshly booted sandbox of `template` with `memory_mb` (agent ready),
+        made once per template, size, agent and runsc version. Creating a sandbox restores it
+        instead of booting the sentry and starting Python (~200 ms less). None when there is none
+        (yet): that create boots cold. The image of the default size is made at start-up
+        (`prepare_template`, `wait=True`); one of another size is made in the background the first
+        time a sandbox of that size is created, up to MAX_IMAGE_SIZES sizes per template."""
+        key = self._template_key(template, memory_mb)
         dest = os.path.join(self.s.home, "template-images", key)
         if os.path.exists(os.path.join(dest, "manifest.json")):
             return dest
         if key in self._template_failed:
+            return None
+        if not wait:
+            self._build_image_later(template, memory_mb, key, dest)
             return None
         lock = self._template_locks.setdefault(key, asyncio.Lock())
         async with lock:
             if os.path.exists(os.path.join(dest, "manifest.json")):
                 return dest
             try:
-                await self._make_template_image(template, dest)
+                await self._make_template_image(template, memory_mb, dest)
             except Exception as e:  # noqa: BLE001 - any failure means: boot cold, and say why
                 self._template_failed.add(key)
                 log.warning("template %s: no template image (%s); sandboxes boot cold", template, e)
                 return None
         return dest
 
-    async def prepare_template(self, template: str) -> None:
-        """Build the template layer and its image ahead of the first create (called at start-up)."""
-        lower = await self.templates.ensure(template)
-        if self.s.template_snapshots:
-            await self._template_image(template, lower)
+    def _build_image_later(self, template: str, memory_mb: int, key: str, dest: str) -> None:
+        if key in self._image_builds:
+            return
+        if len(self._image_dirs(template)) + len(self._image_builds) >= MAX_IMAGE_SIZES:
+            return  # enough sizes kept: other sizes boot cold
 
-    async def _make_template_image(self, template: str, dest: str) -> None:
+        async def build() -> None:
+            try:
+                await self._template_image(template, memory_mb, wait=True)
+            finally:
+                self._image_builds.pop(key, None)
+
+        self._image_builds[key] = asyncio.ensure_future(build())
+
+    def _image_dirs(self, template: str, current: bool = True) -> list[str]:
+        """This template's image directories: those of the current key (agent, runsc, layer), or
+        with current=False the stale ones other versions left."""
+        digest = self._template_key(template, 0).rsplit("-", 1)[1]
+        root = os.path.join(self.s.home, "template-images")
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return []
+        # <template>-<hex16> (before images were kept per size) or <template>-<N>m-<hex16>
+        ours = re.compile(rf"{re.escape(template)}-(?:\d+m-)?([0-9a-f]{{16}})")
+        out = []
+        for d in names:
+            m = ours.fullmatch(d)
+            if m and (m.group(1) == digest and "m-" in d) == current:
+                out.append(os.path.join(root, d))
+        return out
+
+    async def prepare_template(self, template: str, memory_mb: int) -> None:
+        """Build the template layer and its image for the default size ahead of the first create
+        (called at start-up); remove images of this template that older versions made."""
+        await self.templates.ensure(template)
+        for stale in self._image_dirs(template, current=False):
+            log.info("template %s: removing a stale template image %s", template, stale)
+            await asyncio.to_thread(shutil.rmtree, stale, True)
+        if self.s.template_snapshots:
+            await self._template_image(template, memory_mb, wait=True)
+
+    async def _make_template_image(self, template: str, memory_mb: int, dest: str) -> None:
         t0 = time.perf_counter()
         sid = ids.new_sandbox_id()
-        await self.create(sid, template=template, env={}, memory_mb=512, cpus=1, disk_mb=64, from_image=False)
+        await self.create(
+            sid, template=template, env={}, memory_mb=memory_mb, cpus=1, disk_mb=64, from_image=False
+        )
         try:
             gate = await self.gate(sid)
             if not gate.ok:
@@ -793,7 +844,13 @@ class Worker:
         t.add_done_callback(self._bg.discard)
 
     async def aclose(self) -> None:
-        """Stop talking to sandboxes (they keep running). Waits briefly for background clean-ups."""
+        """Stop talking to sandboxes (they keep running). Waits briefly for background clean-ups;
+        template images still being made are abandoned (their sandboxes are deleted)."""
+        builds = list(self._image_builds.values())
+        for t in builds:
+            t.cancel()
+        if builds:
+            await asyncio.wait(builds, timeout=10)
         for ch in list(self._channels.values()):
             await ch.aclose()
         self._channels.clear()
