@@ -151,3 +151,13 @@ async def test_file_limit_and_metrics(env):
     text = (await c.get("/metrics")).text
     assert 'atoll_sandboxes{state="running"} 1.0' in text
     assert 'atoll_lifecycle_duration_seconds_count{outcome="complete",verb="create"} 1.0' in text
+
+
+async def test_timestamps_are_utc_whether_cached_or_read_back(env):
+    c, _, _ = env
+    sid = await _create(c)
+    created = (await c.get(f"/v1/sandboxes/{sid}")).json()["created_at"]
+    listed = [s for s in (await c.get("/v1/sandboxes")).json()["items"] if s["id"] == sid][0]
+    for t in (created, listed["created_at"], listed["updated_at"]):
+        assert t.endswith("+00:00"), t
+    assert listed["created_at"] == created

@@ -5,6 +5,7 @@ Called by controlplane.api; the same models feed /openapi.json.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Annotated, Literal
 
@@ -117,8 +118,10 @@ class PauseRequest(BaseModel):
 
 
 def sandbox_view(rec: dbm.SandboxRecord) -> dict:
-    def iso(t):
-        return t.isoformat() if t is not None else None
+    def iso(t):  # SQLite hands datetimes back naive; they are UTC
+        if t is None:
+            return None
+        return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).isoformat()
 
     return {
         "id": rec.id,
