@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
 import threading
 import time
 
@@ -170,3 +171,23 @@ def test_create_boots_cold_when_the_template_image_is_damaged(local):
     log = open(local.log_path).read()
     assert "sandbox runtime started" in log and "by template image" in log
     assert "booting cold" in log
+
+
+def test_stop_during_a_background_template_image_build_leaves_no_sandbox_behind(local):
+    local.start(timeout=600)
+    with _client(local) as c:
+        # a size without an image: this create boots cold and starts that size's image build
+        sid = c.post("/v1/sandboxes", json={"memory_mb": 192, "idle_timeout_s": 0}).json()["id"]
+    sandboxes = os.path.join(local.home, "sandboxes")
+    deadline = time.monotonic() + 10
+    while len(os.listdir(sandboxes)) < 2:  # the build's temporary sandbox has appeared
+        assert time.monotonic() < deadline, os.listdir(sandboxes)
+        time.sleep(0.01)
+    # wherever the cancellation lands (its cold boot, the checkpoint, the commit), nothing may stay
+    assert local.stop(reap=False) is not None
+    assert os.listdir(sandboxes) == [sid]  # the temporary one was deleted on the way out
+    root = os.path.join(local.home, "template-images")
+    assert not glob.glob(os.path.join(root, "base-192m-*")), os.listdir(root)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    others = [line for line in ps.splitlines() if local.home in line and sid not in line]
+    assert not [line for line in others if "runsc" in line], others

@@ -357,10 +357,10 @@ class Worker:
     async def _make_template_image(self, template: str, memory_mb: int, dest: str) -> None:
         t0 = time.perf_counter()
         sid = ids.new_sandbox_id()
-        await self.create(
-            sid, template=template, env={}, memory_mb=memory_mb, cpus=1, disk_mb=64, from_image=False
-        )
-        try:
+        try:  # the temporary sandbox is deleted even when this is cancelled half-way (shutdown)
+            await self.create(
+                sid, template=template, env={}, memory_mb=memory_mb, cpus=1, disk_mb=64, from_image=False
+            )
             gate = await self.gate(sid)
             if not gate.ok:
                 raise errors.RuntimeFailure("; ".join(gate.blockers))
