@@ -680,6 +680,10 @@ class Worker:
             self._save(rt)
             return Observed("failed", rt.failure)
         cg = rt.cgroup(self.install_id)
+        if cgroups.freezer_state(cg) == "FREEZING":
+            # stopped in the middle of a freeze: finish nothing half-way, let it run again
+            with contextlib.suppress(errors.AtollError):
+                cgroups.thaw(cg)
         if cgroups.freezer_state(cg) == "FROZEN" and cgroups.has_tasks(cg):
             # `runsc state` would hang asking a frozen sentry: the cgroup is the truth here.
             rt.phase = "frozen"
@@ -720,7 +724,7 @@ class Worker:
             with contextlib.suppress(OSError):
                 self._save(rt)
             cg = rt.cgroup(self.install_id)
-            if cgroups.freezer_state(cg) == "FROZEN":
+            if cgroups.freezer_state(cg) in ("FROZEN", "FREEZING"):  # frozen processes cannot die
                 with contextlib.suppress(errors.AtollError):
                     cgroups.thaw(cg)
             await runsc.delete(self.runsc_root, rt.cid)
@@ -967,7 +971,7 @@ async def purge_installation(home: str) -> list[str]:
                 with open(f"/proc/{pid}/cgroup") as f:
                     for line in f:
                         _, ctrl, path = line.rstrip("\n").split(":", 2)
-                        if ctrl == "freezer" and cgroups.freezer_state(path) == "FROZEN":
+                        if ctrl == "freezer" and cgroups.freezer_state(path) in ("FROZEN", "FREEZING"):
                             cgroups.thaw(path)  # a frozen process cannot die
             with contextlib.suppress(OSError):
                 os.kill(int(pid), 9)
