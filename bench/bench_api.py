@@ -25,8 +25,8 @@ Where the time goes (untimed probes next to the timed loops):
                      python3 (PID 1) started and when the agent was ready, against the POST's clock
   in_sandbox / on_host  spawn and syscall costs measured by one Python script inside the sandbox and
                      on the host
-  python_startup_in_sandbox  `python3 -c pass` and the import of the agent's module, inside gVisor,
-                     both as plain `-I` and the way the agent starts (`-I -S`, module from agent.pyc)
+  python_startup_in_sandbox  `python3 -c pass` and the agent's start up to listening, inside gVisor,
+                     both as plain `-I` from sources and the way it starts (`-I -S`, agent.pyz)
   memory_tier_floor  freezer cgroup FROZEN / THAWED written directly + GET /health to the agent: the
                      memory tier without atoll's API and control plane
   host_fsync_ms      write + fsync + rename of a small file in ATOLL_HOME (the worker does this for
@@ -343,28 +343,23 @@ def host_fsync(directory: str, n: int = 20) -> dict:
 
 
 def python_startup(a: c.Atoll, sid: str, n: int = 5) -> dict:
-    """Where part of create goes: a bare `python3 -c pass` and the agent's own import, inside gVisor.
+    """Where part of create goes: a bare `python3 -c pass` and the agent's own start, inside gVisor.
 
     All as the agent's duration_ms (spawn → exit) of an exec, so the exec path itself is excluded.
-    `python3 -I` with the agent compiled from agent.py is how the agent started before df6432d;
-    `python3 -I -S` loading the module from agent.pyc (no compile, no `site`) is how it starts on a
-    cold boot when the template's python3 matches the worker's (otherwise it runs agent.py under
-    -I -S); a sandbox made from the template image restores an agent that is already running.
+    The agent probes run its zipapp with `--help`: everything a cold boot does before it listens
+    (interpreter, runpy, every module of the package imported, arguments parsed), then exit.
+    `python3 -I` on agent-source.pyz compiles every module (the cost df6432d removed);
+    `python3 -I -S` on agent.pyz (bytecode only, no `site`) is exactly how it starts on a cold boot
+    when the template's python3 matches the worker's (otherwise agent-source.pyz under -I -S); a
+    sandbox made from the template image restores an agent that is already running. Since the
+    agent became a zipapp these include runpy and main(); the keys were renamed because results of
+    the earlier probes (module import only, agent.py / agent.pyc) are not comparable.
     """
-    src = (
-        "import importlib.util as u; s = u.spec_from_file_location('agent', '/opt/atoll/agent.py'); "
-        "s.loader.exec_module(u.module_from_spec(s))"
-    )
-    pyc = (
-        "import importlib.machinery as m, importlib.util as u; "
-        "l = m.SourcelessFileLoader('agent', '/opt/atoll/agent.pyc'); "
-        "l.exec_module(u.module_from_spec(u.spec_from_loader('agent', l)))"
-    )
     argvs = {
         "python3_c_pass_ms": ["python3", "-I", "-c", "pass"],
         "python3_S_c_pass_ms": ["python3", "-I", "-S", "-c", "pass"],
-        "python3_import_agent_ms": ["python3", "-I", "-c", src],
-        "python3_S_load_agent_pyc_ms": ["python3", "-I", "-S", "-c", pyc],
+        "python3_agent_source_pyz_ms": ["python3", "-I", "/opt/atoll/agent-source.pyz", "--help"],
+        "python3_S_agent_pyz_ms": ["python3", "-I", "-S", "/opt/atoll/agent.pyz", "--help"],
     }
     xs: dict[str, list[float]] = {k: [] for k in argvs}
     errors: dict[str, str] = {}
@@ -374,7 +369,7 @@ def python_startup(a: c.Atoll, sid: str, n: int = 5) -> dict:
                 continue
             r = a.exec(sid, argv)
             if r["exit_code"] != 0:
-                errors[k] = r["stderr"][-300:]  # e.g. no agent.pyc (template python3 differs)
+                errors[k] = r["stderr"][-300:]  # e.g. bytecode of another version (template python3 differs)
                 continue
             xs[k].append(r["duration_ms"])
     out: dict = {k: c.summarize(v) for k, v in xs.items() if k not in errors}

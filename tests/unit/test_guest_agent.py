@@ -1,4 +1,5 @@
-"""The guest agent (src/atoll/guest/agent.py), run natively as a subprocess on 127.0.0.1.
+"""The guest agent (src/atoll/guest/agent/), packed into its zipapps the way the worker does it and
+run natively as a subprocess on 127.0.0.1.
 
 Natively the agent is not PID 1 and runs outside gVisor, so these tests cover its HTTP API, process
 handling and file streaming; the /gate parsing is also checked against a fake /proc tree.
@@ -22,9 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atoll.guest import agent as agent_mod
-
-AGENT_PATH = Path(agent_mod.__file__)
+from atoll.guest.agent import capture, gate, routing
+from atoll.worker import agent_zipapp
 
 
 def _free_port() -> int:
@@ -71,17 +71,20 @@ class RunningAgent:
         return self.proc.returncode
 
 
-def _start_agent(tmp: Path) -> RunningAgent:
+def _start_agent(tmp: Path, archive: str = agent_zipapp.COMPILED) -> RunningAgent:
+    """Build the zipapps into `tmp` and run `archive` with the flags a sandbox uses (bundle.py)."""
+    agent_zipapp.build(str(tmp))
     port = _free_port()
     env = {
-        "PATH": os.environ.get("PATH", agent_mod.DEFAULT_PATH),
+        "PATH": os.environ.get("PATH", routing.DEFAULT_PATH),
         "ATOLL_SANDBOX_ID": "sbx-unit",
         "ATOLL_GENERATION": "4",
     }
     stderr_path = tmp / f"agent-{port}.stderr"
+    python = [sys.executable, "-I", "-S", "-u"]
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(AGENT_PATH), "--host", "127.0.0.1", "--port", str(port)],
+            [*python, str(tmp / archive), "--host", "127.0.0.1", "--port", str(port)],
             stdin=subprocess.DEVNULL,
             stdout=err,
             stderr=err,
@@ -375,8 +378,8 @@ def test_exec_streaming_timeout_and_missing_binary(client):
 
 
 def test_capture_is_capped_with_a_marker(monkeypatch):
-    monkeypatch.setattr(agent_mod, "MAX_CAPTURE", 10)
-    cap = agent_mod._Capture()
+    monkeypatch.setattr(capture, "MAX_CAPTURE", 10)
+    cap = capture.Capture()
     cap.add("stdout", b"0123456")
     cap.add("stdout", b"789abcdef")
     cap.add("stderr", b"ok")
@@ -611,7 +614,7 @@ def _agent_time_waits(port: int) -> list:
     rows = []
     for name in ("tcp", "tcp6"):
         try:
-            rows += agent_mod._read_tcp_table(f"/proc/net/{name}")
+            rows += gate._read_tcp_table(f"/proc/net/{name}")
         except FileNotFoundError:
             pass
     return [r for r in rows if r[1] == port and r[4] == 0x06]
@@ -766,7 +769,7 @@ def test_gate_report_on_a_fake_proc(tmp_path):
         14: ["socket:[999]", "anon_inode:[eventpoll]"],  # an unknown socket counts as TCP
     }
     _fake_proc(tmp_path, tcp, tcp6, fds)
-    report = agent_mod.gate_report(str(tmp_path), own_pid=13, own_port=49999)
+    report = gate.gate_report(str(tmp_path), own_pid=13, own_port=49999)
     assert report["epoll_tcp_pids"] == [10, 14]
     assert report["external_connections"] == 3
     assert report["blockers"][0] == (
@@ -783,14 +786,14 @@ def test_gate_report_on_a_fake_proc(tmp_path):
 def test_gate_report_clean_and_unreadable(tmp_path):
     clean = tmp_path / "clean"
     _fake_proc(clean, [], [], {20: ["/dev/null", "pipe:[5]"]})
-    assert agent_mod.gate_report(str(clean), own_pid=1, own_port=49999) == {
+    assert gate.gate_report(str(clean), own_pid=1, own_port=49999) == {
         "blockers": [],
         "external_connections": 0,
         "epoll_tcp_pids": [],
     }
     broken = tmp_path / "broken"
     broken.mkdir()
-    report = agent_mod.gate_report(str(broken), own_pid=1, own_port=49999)
+    report = gate.gate_report(str(broken), own_pid=1, own_port=49999)
     assert len(report["blockers"]) == 1
     assert "could not be evaluated" in report["blockers"][0]
 
@@ -810,3 +813,17 @@ def test_sigterm_exits_0_and_kills_background_commands(tmp_path):
     Path(started["log_path"]).unlink(missing_ok=True)
     assert code == 0
     assert _wait_gone([pid]) == []
+
+
+def test_source_zipapp_runs_the_same_agent(tmp_path):
+    """agent-source.pyz is what a template whose python3 is another version runs."""
+    running = _start_agent(tmp_path, agent_zipapp.SOURCE)
+    try:
+        with httpx.Client(base_url=running.url, timeout=10) as c:
+            health = c.get("/health").json()
+            res = c.post("/exec", json={"cmd": ["echo", "hi"]}).json()
+    finally:
+        code = running.stop()
+    assert code == 0
+    assert health["sandbox_id"] == "sbx-unit" and health["generation"] == 4
+    assert res["exit_code"] == 0 and res["stdout"] == "hi\n"

@@ -1,7 +1,8 @@
-"""The in-sandbox side of atoll: the guest agent (`agent.py`) that runs as PID 1 in every gVisor sandbox.
+"""The in-sandbox side of atoll: the guest agent (the `agent` package) that runs as PID 1 in every gVisor
+sandbox.
 
-`agent.py` is a standalone, standard-library-only script: the image build copies it to
-/opt/atoll/agent.py and the sandbox starts it as `python3 /opt/atoll/agent.py --port 49999`. The
-worker on the host is its only client. Nothing in atoll imports it at runtime (tests load it to
-exercise its pure helpers).
+`agent` is standard-library-only and imports nothing else from atoll (an import-linter contract). The
+worker (`atoll.worker.agent_zipapp`) packs it into one zipapp that every sandbox runs as
+`python3 -I -S -u /opt/atoll/agent.pyz --port 49999`. The worker on the host is its only client.
+Nothing in atoll imports it at runtime (tests import its modules to exercise their pure helpers).
 """

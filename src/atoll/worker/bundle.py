@@ -50,7 +50,7 @@ class BundleSpec:
     cpus: float | None
     env: dict[str, str]
     generation: int = 0
-    agent_entry: str = "agent.py"
+    agent_entry: str = "agent-source.pyz"
 
 
 def cgroup_limit_bytes(memory_mb: int) -> int:

@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import py_compile
 import re
 import shutil
 import sys
@@ -28,14 +27,13 @@ import typing
 from dataclasses import asdict, dataclass
 
 from atoll.core import errors, ids
-from atoll.worker import agent_channel, bundle, cgroups, netns, runsc, storage, templates
+from atoll.worker import agent_channel, agent_zipapp, bundle, cgroups, netns, runsc, storage, templates
 
 log = logging.getLogger(__name__)
 
 # Template images are kept for at most this many memory sizes per template (the default size's is
 # made at start-up; others on first use, in the background); sandboxes of further sizes boot cold.
 MAX_IMAGE_SIZES = 8
-AGENT_SOURCE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "guest")
 
 
 @dataclass
@@ -156,20 +154,14 @@ class Worker:
     async def start(self) -> None:
         for d in (self.sbx_root, self.runsc_root, self.agent_dir):
             os.makedirs(d, exist_ok=True)
-        # The agent is copied (not bind-mounted from site-packages) so an upgrade of atoll never
-        # changes a file a running sandbox has mounted.
-        shutil.copyfile(
-            os.path.join(AGENT_SOURCE_DIR, "agent.py"), os.path.join(self.agent_dir, "agent.py.tmp")
-        )
-        os.replace(os.path.join(self.agent_dir, "agent.py.tmp"), os.path.join(self.agent_dir, "agent.py"))
-        # A script is compiled at every start (~20 ms inside gVisor); a .pyc is only loaded. It is
-        # used for templates whose python3 has this interpreter's version (same bytecode).
-        py_compile.compile(
-            os.path.join(self.agent_dir, "agent.py"),
-            cfile=os.path.join(self.agent_dir, "agent.pyc"),
-            doraise=True,
-            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
-        )
+        # The agent is packed into zipapps here (not bind-mounted from site-packages) so an upgrade
+        # of atoll never changes a file a running sandbox has mounted. Sources are compiled at every
+        # start (~20 ms inside gVisor); bytecode is only loaded. The bytecode archive is used for
+        # templates whose python3 has this interpreter's version (same bytecode).
+        agent_zipapp.build(self.agent_dir, dir_in_sandbox=bundle.AGENT_DIR_IN_SANDBOX)
+        for stale in ("agent.py", "agent.pyc"):  # the single-file agent of earlier versions
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.agent_dir, stale))
         _raise_pid_max()
 
     def known_sandbox_dirs(self) -> list[str]:
@@ -267,7 +259,7 @@ class Worker:
     # ---- template images ---------------------------------------------------------------------
     def _template_key(self, template: str, memory_mb: int) -> str:
         """Name of the image for `template` at `memory_mb`: the hash of what an image depends on is
-        computed once per template and process (the agent bytecode is rewritten only at start-up).
+        computed once per template and process (the agent's zipapps are rewritten only at start-up).
         The size is part of the key because the sentry keeps the memory size it booted with:
         `MemTotal` inside a restored sandbox is that of the image's sandbox."""
         digest = self._template_keys.get(template)
@@ -278,8 +270,9 @@ class Worker:
     def _compute_template_key(self, template: str) -> str:
         h = hashlib.blake2b(digest_size=8)
         h.update(self.templates.recipe(template).content_hash().encode())
-        with open(os.path.join(self.agent_dir, "agent.pyc"), "rb") as f:
-            h.update(f.read())
+        for name in (agent_zipapp.COMPILED, agent_zipapp.SOURCE):  # whichever the template runs
+            with open(os.path.join(self.agent_dir, name), "rb") as f:
+                h.update(f.read())
         st = os.stat(shutil.which(runsc.RUNSC) or runsc.RUNSC)
         h.update(f"{st.st_size}-{st.st_mtime_ns}-{bundle.AGENT_PORT}-{netns.SANDBOX_IP}".encode())
         return h.hexdigest()
@@ -422,11 +415,11 @@ class Worker:
 
     def _agent_entry(self, lower: str | None) -> str:
         if lower is None:  # restore: the process already runs; the entry is not used
-            return "agent.py"
+            return agent_zipapp.SOURCE
         py = os.path.realpath(os.path.join(lower, "usr/bin/python3"))
         ours = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        has_pyc = os.path.exists(os.path.join(self.agent_dir, "agent.pyc"))
-        return "agent.pyc" if has_pyc and os.path.basename(py) == ours else "agent.py"
+        has_pyc = os.path.exists(os.path.join(self.agent_dir, agent_zipapp.COMPILED))
+        return agent_zipapp.COMPILED if has_pyc and os.path.basename(py) == ours else agent_zipapp.SOURCE
 
     def _limit_cpu(self, rt: Runtime) -> None:
         cgroups.set_cpu_limit(rt.cgroup(self.install_id), rt.cpus)

@@ -1,0 +1,101 @@
+"""atoll guest agent: the daemon that runs as PID 1 inside every gVisor sandbox.
+
+The atoll worker on the host is its only client: it calls this agent over HTTP/1.1 on TCP to run
+commands, move files, list and kill processes, check health, set the sandbox identity after a
+restore or fork, and ask whether the sandbox can be checkpointed right now (`GET /gate`).
+
+Deployment: at every start the worker (`atoll.worker.agent_zipapp`, called by `Worker.start()`)
+packs this package into one file in `$ATOLL_HOME/agent`, bind-mounted read-only at /opt/atoll:
+`agent.pyz` holds bytecode compiled by the worker's interpreter (no sources), `agent-source.pyz`
+the .py files, for templates whose python3 is another version. The sandbox starts it as
+
+    python3 -I -S -u /opt/atoll/agent.pyz --port 49999 [--host 0.0.0.0]
+
+and a checkout runs it as `python -m atoll.guest.agent --host 127.0.0.1 --port N`. Imports inside
+the package are relative (it is named `agent` inside the zipapps). This module imports nothing: the
+entry point (`__main__`) imports the rest.
+
+Modules, bottom up:
+
+  errors           ApiError (answered as JSON), BadRequest, PeerGone
+  common           stderr logging, compact JSON, printable names, small /proc reads
+  threads          the pool of reused daemon threads (connections, leftover pipe readers)
+  proctree         SIGKILL a command's session, group and descendants
+  processes        process records, spawning, the reaper (the only waitpid caller)
+  gate             what would make a checkpoint fail now (GET /gate)
+  connection       HTTP/1.1 parsing and responses on one keep-alive connection
+  capture          a command's output: captured head, ndjson stream, leftover drain
+  handlers_status  GET /health, POST /identity, GET /gate
+  handlers_exec    POST /exec, GET /processes, DELETE /processes/<pid>
+  handlers_files   GET|PUT|DELETE /files, GET /files/list
+  routing          the Agent (shared state, mixing in the handlers) and its route table
+  __main__         arguments, signals as PID 1, listen and accept
+
+Standard library only (Python 3.11). Design rules, from measured gVisor behaviour:
+
+* No epoll anywhere. gVisor cannot checkpoint a TCP endpoint registered with epoll ("endpoint still
+  has waiters upon save"), so there is no asyncio/selectors: the main thread blocks in accept() and
+  each connection gets a (pooled) thread doing blocking recv. A command's two pipes are read with a
+  plain poll() by the thread serving the exec request: poll, like a blocking recv, registers nothing
+  that outlives the call, and one thread instead of two reader threads saves ~50 futex calls of GIL
+  hand-offs per exec.
+* The agent never closes a connection first on the normal path (the closer keeps TIME_WAIT, which
+  blocks a checkpoint for 60 s): HTTP/1.1 keep-alive, every response has Content-Length or is
+  chunked, no `Connection: close` on success; the host closes (with RST). If the agent must end a
+  connection (malformed request, or the client sent `Connection: close`) it waits up to 2 s for the
+  client to close and otherwise resets it (SO_LINGER 0) rather than sending the first FIN.
+* PID 1 duties. One reaper thread is the only code that collects exit statuses (waitpid(-1)):
+  statuses of processes the agent started go to their records, orphans' statuses are dropped.
+  subprocess.Popen objects are made inert right after the spawn so they never wait on a pid.
+  SIGCHLD is reset to default, SIGPIPE is ignored (children get the default back through
+  subprocess's restore_signals), SIGTERM/SIGINT SIGKILL the tracked process groups and exit 0.
+* Syscalls are slow in gVisor (~50 us) and spawns ~9x slower than native: an exec of `true` is one
+  Popen (vfork path unless switching users; no shell for argv commands), a poll loop and the
+  reaper's wait4: about 30 syscalls in the agent.
+
+HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}} with status
+400 (invalid_request, invalid_path), 404 (not_found, file_not_found, process_not_found),
+413 (payload_too_large) or 500 (runtime_error).
+
+  GET    /health               {"ok", "pid", "generation", "sandbox_id", "hostname", "time", "uptime_s"}
+  POST   /identity             {"sandbox_id": str, "generation": int, "hostname": str|null, "env": {..}|null}
+                               -> 200 {"sandbox_id", "generation", "hostname"}; sethostname failures ignored
+  POST   /exec                 {"cmd": str|[str], "cwd", "env", "timeout_s", "background", "user"}
+      str cmd runs as /bin/sh -c cmd; a list is the argv (a missing binary gives exit_code 127 and
+      "<name>: command not found", a non-executable file 126). stdin is /dev/null. env is merged over
+      the agent's environment (ATOLL_* removed, PATH and LANG=C.UTF-8 defaulted, HOME/USER/LOGNAME
+      from the user's passwd entry). cwd defaults to the agent's cwd. Each command is a new session;
+      on timeout the session, its process group and every descendant (by /proc ppid links) get
+      SIGKILL and the result has timed_out=true and exit_code 137. A command killed by signal N
+      reports 128+N, like a shell.
+      * default: 200 {"exit_code", "stdout", "stderr", "duration_ms", "timed_out"}, output decoded as
+        UTF-8 (errors replaced), each stream capped at 64 MiB (the head is kept, then
+        "…[truncated N bytes]").
+      * `Accept: application/x-ndjson`: a chunked stream of {"stdout": text} / {"stderr": text} lines
+        as output arrives, then {"exit_code", "timed_out", "duration_ms"}. If the client goes away
+        mid-stream the command's process tree is killed.
+      * Once the command itself has exited, output is collected for 0.3 s more; a descendant that
+        still holds the pipes (`cmd &` without redirection) is then left running, its further output
+        is read and dropped, and the call returns.
+      * background=true: 200 {"pid", "log_path"} at once; stdout+stderr go to
+        /tmp/.atoll/proc-<pid>.log (removed with the record). timeout_s still applies to it. A
+        background command that cannot start is a 400.
+  GET    /processes            {"items": [{"pid", "cmd", "running", "exit_code", "background",
+                               "started_at", "log_path"}]}: background commands (finished ones stay
+                               until deleted; the 1000 newest finished are kept) and running
+                               foreground ones.
+  DELETE /processes/<pid>      SIGKILL its session, group and descendants; forget a background
+                               record and its log -> 204; unknown pid -> 404 process_not_found
+  PUT    /files?path=/abs[&mode=0644]   raw body (Content-Length or chunked), streamed to a temp
+                               file in the same directory, then renamed over the path -> 204.
+                               Parents are created. Mode defaults to the replaced file's (else 0644).
+  GET    /files?path=/abs      200 application/octet-stream with Content-Length
+  GET    /files/list?path=/dir {"items": [{"name", "path", "type": file|dir|symlink|other, "size",
+                               "mode": permission bits as int, "mtime": unix float}]} sorted by name
+  DELETE /files?path=/abs      unlink a file/symlink or remove a directory tree -> 204
+  GET    /gate                 {"blockers": [str], "external_connections": int, "epoll_tcp_pids": [int]}
+      Blockers: non-loopback TCP connections in /proc/net/tcp{,6} that are not LISTEN and not the
+      worker's own connections to the agent port (a TIME_WAIT on the agent port still counts: the
+      worker cannot abort it); processes holding an epoll fd and a TCP socket (a socket whose inode
+      is in no /proc/net table counts as TCP: conservative); or why /proc could not be read.
+"""

@@ -1,0 +1,96 @@
+"""The agent's entry point: parse `--host` / `--port`, set up signals as PID 1, listen, and hand every
+accepted connection to the thread pool.
+
+Run in a sandbox as `python3 -I -S -u /opt/atoll/agent.pyz --port 49999` (the zipapp's top-level
+`__main__` calls `main()`), or from a checkout as `python -m atoll.guest.agent --host 127.0.0.1
+--port N`. Every module of the package is imported before `main()` runs, so a running agent never
+reads its zipapp again (a restored sandbox may see one rewritten by a newer worker).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+
+from .common import log
+from .connection import Conn
+from .routing import Agent
+from .threads import pool
+
+DEFAULT_PORT = 49999
+
+
+def _parse_args(argv: list[str]) -> tuple[str, int]:
+    host, port = "0.0.0.0", DEFAULT_PORT
+    usage = "usage: agent.py [--host ADDR] [--port PORT]"
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("-h", "--help"):
+            print(usage)
+            sys.exit(0)
+        name, eq, value = arg.partition("=")
+        if name not in ("--host", "--port"):
+            sys.exit(f"{usage}\nunknown argument {arg!r}")
+        if not eq:
+            if not args:
+                sys.exit(f"{usage}\n{name} needs a value")
+            value = args.pop(0)
+        if name == "--host":
+            host = value
+        else:
+            try:
+                port = int(value)
+            except ValueError:
+                sys.exit(f"{usage}\n--port must be an integer, got {value!r}")
+    return host, port
+
+
+def main(argv: list[str] | None = None) -> None:
+    host, port = _parse_args(sys.argv[1:] if argv is None else argv)
+    agent = Agent(host, port)
+
+    def on_term(signum, frame):
+        agent.kill_all()
+        os._exit(0)
+
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # SIG_IGN inherited from a parent would auto-reap
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as e:
+        sys.exit(f"atoll-agent: cannot listen on {host}:{port}: {e}")
+    listener.listen(128)
+    agent.procs.start_reaper()
+    log(f"pid {agent.pid} listening on {host}:{port}")
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except OSError as e:
+            log(f"accept failed: {e}")
+            time.sleep(0.05)
+            continue
+        try:
+            pool.submit(Conn(agent, sock).run)
+        except Exception as e:
+            log(f"cannot serve a connection: {e!r}")
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Small helpers shared by the agent's modules: logging to stderr, compact JSON, printable file names
+and bounded reads of /proc files. Imported by nearly every other module of the package; imports none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def log(message: str) -> None:
+    try:
+        sys.stderr.write(f"atoll-agent: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def format_exc() -> str:
+    import traceback  # only on failures: keeps start-up imports small
+
+    return traceback.format_exc()
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+
+
+def printable(name: str) -> str:
+    """A file name as valid Unicode (names that are not UTF-8 come from os.* with surrogate escapes)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def read_small(path: str, limit: int = 65536) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)

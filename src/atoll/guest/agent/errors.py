@@ -1,0 +1,44 @@
+"""The agent's exceptions: what a handler raises to answer with an error, and what ends a connection.
+
+    Exception
+     ├── ApiError      answered as {"error": {"code", "message"}} with its status; the connection
+     │                 stays open (connection.Conn turns it into the response)
+     ├── BadRequest    the request cannot be parsed: answered with its status, then the connection ends
+     └── PeerGone      the client closed or reset the connection: stop serving it quietly
+
+`invalid` and `invalid_path` make the two 400 ApiErrors. Raised by every handler module and by
+`connection`; `processes.NotRunnable` (exit status 126/127) is not an error of the API and lives there.
+"""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """An error reported to the client as {"error": {"code", "message"}}."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def invalid(message: str) -> ApiError:
+    return ApiError(400, "invalid_request", message)
+
+
+def invalid_path(message: str) -> ApiError:
+    return ApiError(400, "invalid_path", message)
+
+
+class PeerGone(Exception):
+    """The client closed or reset the connection; stop serving it quietly."""
+
+
+class BadRequest(Exception):
+    """The request cannot be parsed; answer with an error and end the connection."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message

@@ -1,0 +1,78 @@
+"""The health, identity and checkpoint-gate handlers: who this sandbox is (sandbox id, generation,
+hostname; set again by the worker after a restore or fork) and whether it can be checkpointed now.
+
+`StatusHandlers` is mixed into `routing.Agent`, which routes /health, /identity and /gate here.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from .common import log
+from .connection import Conn, Request, json_body
+from .errors import invalid
+from .gate import gate_report
+
+
+class StatusHandlers:
+    """GET /health, POST /identity and GET /gate.
+
+    A mixin of `routing.Agent`, whose __init__ sets what these methods use and `identity` changes:
+    `pid`, `port`, `started`, `sandbox_id`, `generation` and `base_env`.
+    """
+
+    def health(self, conn: Conn) -> None:
+        conn.send_json(
+            200,
+            {
+                "ok": True,
+                "pid": self.pid,
+                "generation": self.generation,
+                "sandbox_id": self.sandbox_id,
+                "hostname": socket.gethostname(),
+                "time": time.time(),
+                "uptime_s": round(time.monotonic() - self.started, 3),
+            },
+        )
+
+    def identity(self, conn: Conn, req: Request) -> None:
+        body = json_body(req)
+        sandbox_id = body.get("sandbox_id")
+        generation = body.get("generation")
+        hostname = body.get("hostname")
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise invalid(f"sandbox_id must be a non-empty string, got {sandbox_id!r}")
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise invalid(f"generation must be a non-negative integer, got {generation!r}")
+        if hostname is not None and (not isinstance(hostname, str) or not hostname or "\x00" in hostname):
+            raise invalid(f"hostname must be a non-empty string or null, got {hostname!r}")
+        env = body.get("env")
+        if env is not None:
+            if not isinstance(env, dict) or not all(
+                isinstance(k, str)
+                and k
+                and "=" not in k
+                and "\x00" not in k
+                and isinstance(v, str)
+                and "\x00" not in v
+                for k, v in env.items()
+            ):
+                raise invalid("env must be an object of string values with names without '=' or NUL")
+            # A sandbox restored from its template's image gets its own environment here: every
+            # later exec starts from it.
+            self.base_env.update(env)
+        self.sandbox_id = sandbox_id
+        self.generation = generation
+        if hostname is not None and hostname != socket.gethostname():
+            try:
+                socket.sethostname(hostname)
+            except OSError as e:
+                log(f"sethostname({hostname!r}) failed (ignored): {e}")
+        conn.send_json(
+            200, {"sandbox_id": sandbox_id, "generation": generation, "hostname": socket.gethostname()}
+        )
+
+    def gate(self, conn: Conn) -> None:
+        report = gate_report("/proc", own_pid=self.pid, own_port=self.port)
+        conn.send_json(200, report)

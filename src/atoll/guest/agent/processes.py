@@ -1,0 +1,219 @@
+"""The processes the agent started (PID 1 duties): their records, spawning them, and the reaper thread
+that is the only caller of waitpid in the agent.
+
+`routing.Agent` owns one ProcessTable (`agent.procs`); `handlers_exec` spawns through it, lists its
+records and kills them; `__main__` starts the reaper. `spawn_error` maps a failed spawn to what a shell
+reports (126/127, `NotRunnable`) or to an ApiError.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import subprocess
+import threading
+import time
+
+from .common import format_exc, log
+from .errors import ApiError, invalid
+
+MAX_PROCESS_RECORDS = 1000
+
+
+class Proc:
+    __slots__ = ("pid", "cmd", "background", "started_at", "exit_code", "notify", "log_path", "timer")
+
+    def __init__(self, pid: int, cmd, background: bool, notify, log_path):
+        self.pid = pid
+        self.cmd = cmd
+        self.background = background
+        self.started_at = time.time()
+        self.exit_code: int | None = None
+        self.notify = notify  # queue that receives ("exit", code), for foreground commands
+        self.log_path = log_path
+        self.timer = None
+
+    def info(self) -> dict:
+        item = {
+            "pid": self.pid,
+            "cmd": self.cmd,
+            "running": self.exit_code is None,
+            "exit_code": self.exit_code,
+            "background": self.background,
+            "started_at": self.started_at,
+        }
+        if self.background:
+            item["log_path"] = self.log_path
+        return item
+
+
+class NotRunnable(Exception):
+    """exec() of the command failed the way a shell reports as exit status 126/127."""
+
+    def __init__(self, exit_code: int, message: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.message = message
+
+
+_REAPER_OWNS_STATUS = -(1 << 30)  # returncode given to inert Popen objects; never reported
+
+
+class ProcessTable:
+    """Records of the processes the agent started, and the reaper that collects every exit status.
+
+    The reaper is the only caller of waitpid. A child can exit before its spawner registered it, so
+    a reaped pid that is not (yet) in the table is matched after the spawns that were in flight at
+    reap time have finished; if still unknown it was an orphan and its status is dropped.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._procs: dict[int, Proc] = {}
+        self._inflight: set[int] = set()
+        self._tickets = itertools.count()
+        self._seq = 0  # bumped after every spawn, so the reaper notices new children
+        try:
+            self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._devnull = subprocess.DEVNULL
+
+    def start_reaper(self) -> None:
+        threading.Thread(target=self._reap_forever, name="reaper", daemon=True).start()
+
+    def spawn(self, argv, *, cmd, background, cwd, env, user_kwargs, stdout, stderr, notify=None):
+        ticket = next(self._tickets)
+        with self._cond:
+            self._inflight.add(ticket)
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=self._devnull,
+                stdout=stdout,
+                stderr=stderr,
+                cwd=cwd,
+                env=env,
+                # Every fd the agent opens is non-inheritable (PEP 446; checked by a test), so the
+                # child need not scan /proc/self/fd to close them: ~0.3 ms less per spawn in gVisor.
+                close_fds=False,
+                start_new_session=True,
+                bufsize=0,
+                **user_kwargs,
+            )
+            # The reaper owns this pid's exit status: make the Popen inert so neither it nor
+            # subprocess's _cleanup() ever waits on the pid (which may be reused later).
+            popen.returncode = _REAPER_OWNS_STATUS
+            proc = Proc(popen.pid, cmd, background, notify, None)
+            with self._cond:
+                stale = self._procs.pop(popen.pid, None)  # the pid was reused
+                self._procs[popen.pid] = proc
+                evicted = self._evict_locked() if background else []
+            for old in ([stale] if stale else []) + evicted:
+                remove_log(old)
+            return proc, popen
+        finally:
+            with self._cond:
+                self._inflight.discard(ticket)
+                self._seq += 1
+                self._cond.notify_all()
+
+    def _evict_locked(self) -> list[Proc]:
+        finished = [p for p in self._procs.values() if p.background and p.exit_code is not None]
+        evicted = finished[: max(0, len(finished) - MAX_PROCESS_RECORDS)]
+        for p in evicted:
+            del self._procs[p.pid]
+        return evicted
+
+    def _reap_forever(self) -> None:
+        while True:
+            with self._cond:
+                seq = self._seq
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                with self._cond:
+                    if self._seq == seq:
+                        # No children. Wake on the next spawn, or now and then in case runsc-exec'd
+                        # processes leave orphans to PID 1.
+                        self._cond.wait(5.0)
+                continue
+            except Exception as e:  # never let the reaper die
+                log(f"reaper: waitpid failed: {e!r}")
+                time.sleep(0.1)
+                continue
+            try:
+                self._deliver(pid, status)
+            except Exception:
+                log("reaper: delivering an exit status failed:\n" + format_exc())
+
+    def _deliver(self, pid: int, status: int) -> None:
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            code = 128 - code  # killed by signal N -> 128+N, like a shell
+        with self._cond:
+            pending = set(self._inflight)
+            deadline = time.monotonic() + 60.0
+            proc = self._procs.get(pid)
+            while (proc is None or proc.exit_code is not None) and (pending & self._inflight):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(min(remaining, 1.0))
+                proc = self._procs.get(pid)
+            if proc is None or proc.exit_code is not None:
+                return  # an orphan (PID 1 inherits them) or a forgotten record
+            proc.exit_code = code
+            notify, timer = proc.notify, proc.timer
+        if timer is not None:
+            timer.cancel()
+        if notify is not None:
+            notify.put(("exit", code))
+
+    def get(self, pid: int) -> Proc | None:
+        with self._cond:
+            return self._procs.get(pid)
+
+    def forget(self, proc: Proc) -> None:
+        with self._cond:
+            if self._procs.get(proc.pid) is proc:
+                del self._procs[proc.pid]
+
+    def items(self) -> list[dict]:
+        with self._cond:
+            procs = list(self._procs.values())
+        procs.sort(key=lambda p: p.started_at)
+        return [p.info() for p in procs]
+
+    def all_pids(self) -> list[int]:
+        return list(self._procs)
+
+
+def remove_log(proc: Proc) -> None:
+    if proc.log_path:
+        try:
+            os.unlink(proc.log_path)
+        except OSError:
+            pass
+
+
+def spawn_error(e: OSError, argv: list[str], cwd, user) -> Exception:
+    """Map a Popen failure to what a shell would report (126/127) or to an API error."""
+    name = argv[0]
+    if e.filename is not None and e.filename == name:  # exec() itself failed
+        if isinstance(e, (FileNotFoundError, NotADirectoryError)):
+            if "/" in name:
+                return NotRunnable(127, f"{name}: No such file or directory\n")
+            return NotRunnable(127, f"{name}: command not found\n")
+        if isinstance(e, (PermissionError, IsADirectoryError)):
+            return NotRunnable(126, f"{name}: Permission denied\n")
+        if e.errno == errno.ENOEXEC:
+            return NotRunnable(126, f"{name}: cannot execute: Exec format error\n")
+        return NotRunnable(126, f"{name}: {e.strerror or e}\n")
+    if cwd is not None and isinstance(e, (FileNotFoundError, NotADirectoryError, PermissionError)):
+        return invalid(f"cannot change to cwd {cwd!r}: {e.strerror}; pass an existing, accessible directory")
+    if user is not None and isinstance(e, PermissionError):
+        return invalid(
+            f"cannot start the command as user {user!r}: {e.strerror}; the agent must run as root to switch users"
+        )
+    return ApiError(500, "runtime_error", f"could not start {name!r}: {e}")

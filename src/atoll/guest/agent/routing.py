@@ -1,0 +1,89 @@
+"""The `Agent` object: the state the handlers share, and `dispatch`, which routes each request to
+the handler for its method and path (404 not_found with the list of routes otherwise).
+
+The handlers are mixins by area: `handlers_status` (health, identity, gate), `handlers_exec` (exec,
+processes), `handlers_files` (files). `__main__` makes the one Agent; `connection.Conn` calls
+`dispatch` for every request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pwd
+import time
+
+from .common import log
+from .connection import Conn, Request
+from .errors import ApiError
+from .handlers_exec import ExecHandlers
+from .handlers_files import FileHandlers
+from .handlers_status import StatusHandlers
+from .processes import ProcessTable
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+_ROUTES_HELP = (
+    "the agent serves GET /health, POST /identity, POST /exec, GET /processes, DELETE /processes/<pid>, "
+    "GET|PUT|DELETE /files?path=, GET /files/list?path=, GET /gate"
+)
+
+
+class Agent(StatusHandlers, ExecHandlers, FileHandlers):
+    """The agent's state (identity, environment for commands, the process table) and its route table.
+
+    One instance per process, made by `__main__`; every `connection.Conn` calls `dispatch`.
+    """
+
+    def __init__(self, host: str, port: int):
+        self.host = host
+        self.port = port
+        self.pid = os.getpid()
+        self.started = time.monotonic()
+        self.sandbox_id = os.environ.get("ATOLL_SANDBOX_ID", "")
+        try:
+            self.generation = int(os.environ.get("ATOLL_GENERATION", "0") or 0)
+        except ValueError:
+            log(f"ignoring ATOLL_GENERATION={os.environ.get('ATOLL_GENERATION')!r}: not an integer")
+            self.generation = 0
+        self.procs = ProcessTable()
+        self._log_dir_ready = False
+        self._log_names = itertools.count()
+        self._tmp_names = itertools.count()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ATOLL_")}
+        env.setdefault("PATH", DEFAULT_PATH)
+        env.setdefault("LANG", "C.UTF-8")
+        try:
+            env["HOME"] = pwd.getpwuid(os.geteuid()).pw_dir
+        except KeyError:
+            env.setdefault("HOME", "/root" if os.geteuid() == 0 else "/")
+        self.base_env = env
+
+    # ---- routing
+
+    def dispatch(self, conn: Conn, req: Request) -> None:
+        method, path = req.method, req.path
+        if len(path) > 1:
+            path = path.rstrip("/")
+        if path == "/health" and method == "GET":
+            return self.health(conn)
+        if path == "/exec" and method == "POST":
+            return self.exec(conn, req)
+        if path == "/files":
+            if method == "GET":
+                return self.read_file(conn, req)
+            if method == "PUT":
+                return self.write_file(conn, req)
+            if method == "DELETE":
+                return self.delete_file(conn, req)
+        if path == "/files/list" and method == "GET":
+            return self.list_dir(conn, req)
+        if path == "/processes" and method == "GET":
+            return self.list_processes(conn)
+        if path.startswith("/processes/") and method == "DELETE":
+            return self.kill_process(conn, path[len("/processes/") :])
+        if path == "/identity" and method == "POST":
+            return self.identity(conn, req)
+        if path == "/gate" and method == "GET":
+            return self.gate(conn)
+        raise ApiError(404, "not_found", f"no route for {method} {req.path}; {_ROUTES_HELP}")
