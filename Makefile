@@ -26,6 +26,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/unasync_sdk.py --check
 

@@ -142,7 +142,9 @@ def test_start_removes_template_images_of_other_versions(local):
         open(os.path.join(d, "manifest.json"), "w").write("{}")
     local.start(timeout=600)
     deadline = time.monotonic() + 120
-    while not glob.glob(os.path.join(root, "base-512m-*", "manifest.json")) or any(map(os.path.exists, stale)):
+    while not glob.glob(os.path.join(root, "base-512m-*", "manifest.json")) or any(
+        map(os.path.exists, stale)
+    ):
         assert time.monotonic() < deadline, os.listdir(root)
         time.sleep(0.2)
     assert os.path.exists(other)
