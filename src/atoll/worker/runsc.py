@@ -14,6 +14,7 @@ Called by worker.service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -42,6 +43,12 @@ async def _spawn_detached(argv: list[str], log_path: str, timeout: float) -> Non
     proc = await _start_logged(["unshare", "-m", "--propagation", "private", "sh", "-c", script], log_path)
     try:
         rc = await asyncio.wait_for(proc.wait(), timeout)
+    except asyncio.CancelledError:
+        # runsc goes on in its own session: let it finish, so whoever cleans up after this
+        # cancelled call (a `runsc delete`) finds the container as runsc left it, not half-made
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.wait(), timeout)
+        raise
     except TimeoutError:
         raise errors.RuntimeFailure(
             f"runsc {argv[len(base_flags(''))]} did not finish within {timeout}s"

@@ -364,7 +364,12 @@ class Worker:
             os.replace(self._p(sid, "snapshot"), tmp)
             os.replace(tmp, dest)
         finally:
-            await self.delete(sid)
+            # shielded and tracked in _bg: a cancel (shutdown) must not stop the deletion half-way;
+            # aclose() waits for _bg
+            deletion = asyncio.ensure_future(self.delete(sid))
+            self._bg.add(deletion)
+            deletion.add_done_callback(self._bg.discard)
+            await asyncio.shield(deletion)
         log.info("template %s: image made in %.0f ms (%s)", template, (time.perf_counter() - t0) * 1000, dest)
 
     async def _start_from_image(self, rt: Runtime, image: str) -> None:
