@@ -26,7 +26,7 @@ Where the time goes (untimed probes next to the timed loops):
   in_sandbox / on_host  spawn and syscall costs measured by one Python script inside the sandbox and
                      on the host
   python_startup_in_sandbox  `python3 -c pass` and the agent's start up to listening, inside gVisor,
-                     both as plain `-I` from sources and the way it starts (`-I -S`, agent.pyz)
+                     both as plain `-I` from sources and the way it starts (`-I -S`, agent.pyc)
   memory_tier_floor  freezer cgroup FROZEN / THAWED written directly + GET /health to the agent: the
                      memory tier without atoll's API and control plane
   host_fsync_ms      write + fsync + rename of a small file in ATOLL_HOME (the worker does this for
@@ -346,20 +346,20 @@ def python_startup(a: c.Atoll, sid: str, n: int = 5) -> dict:
     """Where part of create goes: a bare `python3 -c pass` and the agent's own start, inside gVisor.
 
     All as the agent's duration_ms (spawn → exit) of an exec, so the exec path itself is excluded.
-    The agent probes run its zipapp with `--help`: everything a cold boot does before it listens
-    (interpreter, runpy, every module of the package imported, arguments parsed), then exit.
-    `python3 -I` on agent-source.pyz compiles every module (the cost df6432d removed);
-    `python3 -I -S` on agent.pyz (bytecode only, no `site`) is exactly how it starts on a cold boot
-    when the template's python3 matches the worker's (otherwise agent-source.pyz under -I -S); a
-    sandbox made from the template image restores an agent that is already running. Since the
-    agent became a zipapp these include runpy and main(); the keys were renamed because results of
-    the earlier probes (module import only, agent.py / agent.pyc) are not comparable.
+    The agent probes run it with `--help`: everything a cold boot does before it listens (every
+    module of the package imported, arguments parsed), then exit. `python3 -I` on
+    agent-source.pyz (a zipapp, through runpy) compiles every module (the cost df6432d removed);
+    `python3 -I -S` on agent.pyc (one bytecode file holding every module, no `site`) is exactly how
+    it starts on a cold boot when the template's python3 matches the worker's (otherwise
+    agent-source.pyz under -I -S); a sandbox made from the template image restores an agent that is
+    already running. Keys were renamed when the agent became a package: results of the earlier
+    probes (module import only, single-file agent.py / agent.pyc) are not comparable.
     """
     argvs = {
         "python3_c_pass_ms": ["python3", "-I", "-c", "pass"],
         "python3_S_c_pass_ms": ["python3", "-I", "-S", "-c", "pass"],
         "python3_agent_source_pyz_ms": ["python3", "-I", "/opt/atoll/agent-source.pyz", "--help"],
-        "python3_S_agent_pyz_ms": ["python3", "-I", "-S", "/opt/atoll/agent.pyz", "--help"],
+        "python3_S_agent_pyc_bundle_ms": ["python3", "-I", "-S", "/opt/atoll/agent.pyc", "--help"],
     }
     xs: dict[str, list[float]] = {k: [] for k in argvs}
     errors: dict[str, str] = {}

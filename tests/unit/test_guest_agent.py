@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from atoll.guest.agent import capture, gate, routing
-from atoll.worker import agent_zipapp
+from atoll.worker import agent_pack
 
 
 def _free_port() -> int:
@@ -71,9 +71,9 @@ class RunningAgent:
         return self.proc.returncode
 
 
-def _start_agent(tmp: Path, archive: str = agent_zipapp.COMPILED) -> RunningAgent:
+def _start_agent(tmp: Path, archive: str = agent_pack.COMPILED) -> RunningAgent:
     """Build the zipapps into `tmp` and run `archive` with the flags a sandbox uses (bundle.py)."""
-    agent_zipapp.build(str(tmp))
+    agent_pack.build(str(tmp))
     port = _free_port()
     env = {
         "PATH": os.environ.get("PATH", routing.DEFAULT_PATH),
@@ -817,7 +817,7 @@ def test_sigterm_exits_0_and_kills_background_commands(tmp_path):
 
 def test_source_zipapp_runs_the_same_agent(tmp_path):
     """agent-source.pyz is what a template whose python3 is another version runs."""
-    running = _start_agent(tmp_path, agent_zipapp.SOURCE)
+    running = _start_agent(tmp_path, agent_pack.SOURCE)
     try:
         with httpx.Client(base_url=running.url, timeout=10) as c:
             health = c.get("/health").json()

@@ -27,7 +27,7 @@ import typing
 from dataclasses import asdict, dataclass
 
 from atoll.core import errors, ids
-from atoll.worker import agent_channel, agent_zipapp, bundle, cgroups, netns, runsc, storage, templates
+from atoll.worker import agent_channel, agent_pack, bundle, cgroups, netns, runsc, storage, templates
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +154,12 @@ class Worker:
     async def start(self) -> None:
         for d in (self.sbx_root, self.runsc_root, self.agent_dir):
             os.makedirs(d, exist_ok=True)
-        # The agent is packed into zipapps here (not bind-mounted from site-packages) so an upgrade
-        # of atoll never changes a file a running sandbox has mounted. Sources are compiled at every
-        # start (~20 ms inside gVisor); bytecode is only loaded. The bytecode archive is used for
-        # templates whose python3 has this interpreter's version (same bytecode).
-        agent_zipapp.build(self.agent_dir, dir_in_sandbox=bundle.AGENT_DIR_IN_SANDBOX)
-        for stale in ("agent.py", "agent.pyc"):  # the single-file agent of earlier versions
+        # The agent is packed here into one file (not bind-mounted from site-packages): agent.pyc,
+        # every module's bytecode in one file, for templates whose python3 has this interpreter's
+        # version (nothing compiles in the sandbox, ~20 ms at every boot in gVisor), else a zipapp
+        # of the sources. See agent_pack.
+        agent_pack.build(self.agent_dir, dir_in_sandbox=bundle.AGENT_DIR_IN_SANDBOX)
+        for stale in ("agent.py", "agent.pyz"):  # what earlier versions ran
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.agent_dir, stale))
         _raise_pid_max()
@@ -270,7 +270,7 @@ class Worker:
     def _compute_template_key(self, template: str) -> str:
         h = hashlib.blake2b(digest_size=8)
         h.update(self.templates.recipe(template).content_hash().encode())
-        for name in (agent_zipapp.COMPILED, agent_zipapp.SOURCE):  # whichever the template runs
+        for name in (agent_pack.COMPILED, agent_pack.SOURCE):  # whichever the template runs
             with open(os.path.join(self.agent_dir, name), "rb") as f:
                 h.update(f.read())
         st = os.stat(shutil.which(runsc.RUNSC) or runsc.RUNSC)
@@ -420,11 +420,11 @@ class Worker:
 
     def _agent_entry(self, lower: str | None) -> str:
         if lower is None:  # restore: the process already runs; the entry is not used
-            return agent_zipapp.SOURCE
+            return agent_pack.SOURCE
         py = os.path.realpath(os.path.join(lower, "usr/bin/python3"))
         ours = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        has_pyc = os.path.exists(os.path.join(self.agent_dir, agent_zipapp.COMPILED))
-        return agent_zipapp.COMPILED if has_pyc and os.path.basename(py) == ours else agent_zipapp.SOURCE
+        has_pyc = os.path.exists(os.path.join(self.agent_dir, agent_pack.COMPILED))
+        return agent_pack.COMPILED if has_pyc and os.path.basename(py) == ours else agent_pack.SOURCE
 
     def _limit_cpu(self, rt: Runtime) -> None:
         cgroups.set_cpu_limit(rt.cgroup(self.install_id), rt.cpus)

@@ -4,15 +4,16 @@ The atoll worker on the host is its only client: it calls this agent over HTTP/1
 commands, move files, list and kill processes, check health, set the sandbox identity after a
 restore or fork, and ask whether the sandbox can be checkpointed right now (`GET /gate`).
 
-Deployment: at every start the worker (`atoll.worker.agent_zipapp`, called by `Worker.start()`)
+Deployment: at every start the worker (`atoll.worker.agent_pack`, called by `Worker.start()`)
 packs this package into one file in `$ATOLL_HOME/agent`, bind-mounted read-only at /opt/atoll:
-`agent.pyz` holds bytecode compiled by the worker's interpreter (no sources), `agent-source.pyz`
-the .py files, for templates whose python3 is another version. The sandbox starts it as
+`agent.pyc` holds every module's bytecode, compiled by the worker's interpreter, and a small
+importer that serves them from memory; `agent-source.pyz`, a zipapp of the .py files, is for
+templates whose python3 is another version. The sandbox starts it as
 
-    python3 -I -S -u /opt/atoll/agent.pyz --port 49999 [--host 0.0.0.0]
+    python3 -I -S -u /opt/atoll/agent.pyc --port 49999 [--host 0.0.0.0]
 
 and a checkout runs it as `python -m atoll.guest.agent --host 127.0.0.1 --port N`. Imports inside
-the package are relative (it is named `agent` inside the zipapps). This module imports nothing: the
+the package are relative (it is named `agent` inside both files). This module imports nothing: the
 entry point (`__main__`) imports the rest.
 
 Modules, bottom up:

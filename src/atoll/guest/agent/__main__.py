@@ -1,10 +1,11 @@
 """The agent's entry point: parse `--host` / `--port`, set up signals as PID 1, listen, and hand every
 accepted connection to the thread pool.
 
-Run in a sandbox as `python3 -I -S -u /opt/atoll/agent.pyz --port 49999` (the zipapp's top-level
-`__main__` calls `main()`), or from a checkout as `python -m atoll.guest.agent --host 127.0.0.1
---port N`. Every module of the package is imported before `main()` runs, so a running agent never
-reads its zipapp again (a restored sandbox may see one rewritten by a newer worker).
+Run in a sandbox as `python3 -I -S -u /opt/atoll/agent.pyc --port 49999` (the bundle's importer
+imports this module and calls `main()`; see atoll.worker.agent_pack), or from a checkout as
+`python -m atoll.guest.agent --host 127.0.0.1 --port N`. Every module of the package is imported
+before `main()` runs, so a running agent never reads its file again (a restored sandbox may see
+one rewritten by a newer worker).
 """
 
 from __future__ import annotations
