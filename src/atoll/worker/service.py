@@ -262,10 +262,13 @@ class Worker:
         computed once per template and process (the agent's zipapps are rewritten only at start-up).
         The size is part of the key because the sentry keeps the memory size it booted with:
         `MemTotal` inside a restored sandbox is that of the image's sandbox."""
+        return f"{template}-{memory_mb}m-{self._template_digest(template)}"
+
+    def _template_digest(self, template: str) -> str:
         digest = self._template_keys.get(template)
         if digest is None:
             digest = self._template_keys[template] = self._compute_template_key(template)
-        return f"{template}-{memory_mb}m-{digest}"
+        return digest
 
     def _compute_template_key(self, template: str) -> str:
         h = hashlib.blake2b(digest_size=8)
@@ -322,7 +325,7 @@ class Worker:
     def _image_dirs(self, template: str, current: bool = True) -> list[str]:
         """This template's image directories: those of the current key (agent, runsc, layer), or
         with current=False the stale ones other versions left."""
-        digest = self._template_key(template, 0).rsplit("-", 1)[1]
+        digest = self._template_digest(template)
         root = os.path.join(self.s.home, "template-images")
         try:
             names = os.listdir(root)
@@ -805,17 +808,19 @@ class Worker:
                 await body.aclose()  # type: ignore[attr-defined]
 
     # ---- guest agent proxy -----------------------------------------------------------------------
+    def _unreachable(self, sid: str, e: agent_channel.ChannelError) -> errors.AtollError:
+        """What a failed agent call means: the sandbox died (SandboxDied), or the agent did not answer."""
+        if not self.alive(sid):
+            return self._died(sid)
+        return errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer", detail=repr(e))
+
     async def agent_request(
         self, sid: str, method: str, url: str, **kw: typing.Any
     ) -> agent_channel.Response:
         try:
             r = await self._watch(sid, self.channel(sid).request(method, url, **kw))
         except agent_channel.ChannelError as e:
-            if not self.alive(sid):
-                raise self._died(sid) from None
-            raise errors.RuntimeFailure(
-                f"the guest agent of sandbox {sid} did not answer", detail=repr(e)
-            ) from None
+            raise self._unreachable(sid, e) from None
         if r.status_code >= 400:
             raise _agent_error(r)
         return r
@@ -834,11 +839,7 @@ class Worker:
             finally:
                 await cm.__aexit__(None, None, None)
         except agent_channel.ChannelError as e:
-            if not self.alive(sid):
-                raise self._died(sid) from None
-            raise errors.RuntimeFailure(
-                f"the guest agent of sandbox {sid} did not answer", detail=repr(e)
-            ) from None
+            raise self._unreachable(sid, e) from None
 
     def _spawn(self, coro: typing.Awaitable) -> None:
         t = asyncio.ensure_future(coro)
