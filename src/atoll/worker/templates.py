@@ -6,12 +6,17 @@ renamed when complete, so a crash never leaves a half layer), then shared read-o
 layer of every sandbox of that template. Build progress is logged line by line and exposed through
 `status()` for GET /v1/templates. The full template system (user images, snapshots of booted
 templates) grows from `Recipe`. Called by worker.service.
+
+Every layer also gets atoll's compatibility shim (compat/atoll-compat.c, compiled on the host with
+gcc and preloaded through /etc/ld.so.preload), which works around system-call flags this runsc
+rejects; the shim's source is part of the layer's content hash.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -21,10 +26,16 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from atoll.core import errors
+from atoll.worker import hostcmd
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: the compatibility shim preloaded in every layer
+
+# The shim's source ships as package data; the compiled library and the preload entry in a layer.
+COMPAT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compat", "atoll-compat.c")
+COMPAT_LIBRARY = "/usr/lib/atoll/libatoll-compat.so"
+COMPAT_CFLAGS = ("-shared", "-fPIC", "-O2", "-fno-stack-protector", "-Wall", "-Wextra", "-Werror")
 
 
 @dataclass(frozen=True)
@@ -36,8 +47,18 @@ class Recipe:
     description: str = ""
 
     def content_hash(self) -> str:
-        blob = json.dumps({"v": RECIPE_VERSION, **asdict(self)}, sort_keys=True).encode()
+        """The layer's identity: the recipe and the source of everything `_customize` adds to it."""
+        blob = json.dumps(
+            {"v": RECIPE_VERSION, **asdict(self), "compat_shim": compat_source_digest(COMPAT_SOURCE)},
+            sort_keys=True,
+        ).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@functools.cache
+def compat_source_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 BASE = Recipe(
@@ -185,7 +206,12 @@ class TemplateStore:
                 f"building template {r.name!r} failed: {st.error}. Check that Debian's mirror "
                 f"{self.mirror} is reachable (set ATOLL_DEBIAN_MIRROR) and retry."
             )
-        _customize(os.path.join(tmp, "rootfs"))
+        try:
+            await _customize(os.path.join(tmp, "rootfs"))
+        except errors.RuntimeFailure as e:
+            st.status, st.error = "failed", f"{e.message} {e.detail or ''}".strip()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         size = _du(os.path.join(tmp, "rootfs"))
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(
@@ -199,8 +225,9 @@ class TemplateStore:
         log.info("template %s: ready (%d MB, %.0fs)", r.name, size // 2**20, time.time() - st.started_at)
 
 
-def _customize(rootfs: str) -> None:
-    """Post-build files: a local-only resolver and the guest agent's mount point."""
+async def _customize(rootfs: str) -> None:
+    """Post-build files: a local-only resolver, the guest agent's mount point, the compat shim."""
+    await install_compat_shim(rootfs)
     os.makedirs(os.path.join(rootfs, "opt/atoll"), exist_ok=True)
     resolv = os.path.join(rootfs, "etc/resolv.conf")
     if os.path.islink(resolv) or os.path.exists(resolv):
@@ -209,6 +236,28 @@ def _customize(rootfs: str) -> None:
         # No egress in this release: lookups go to the sandbox's own loopback and fail fast,
         # never to the host machine's resolver.
         f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+
+
+async def install_compat_shim(rootfs: str, source: str = COMPAT_SOURCE) -> str:
+    """Compile the shim into `rootfs` and preload it into every dynamically linked program there.
+
+    /etc/ld.so.preload (unlike LD_PRELOAD) survives a user clearing the environment and applies to
+    setuid programs too. The host compiler builds for the host's architecture, which is the
+    template's (mmdebstrap builds the native one). Returns the library's path on the host.
+    """
+    cc = shutil.which("gcc")
+    if cc is None:
+        raise errors.RuntimeFailure(
+            "building a template needs gcc and libc6-dev on the host (for atoll's compatibility shim); "
+            "install them with scripts/install-deps.sh or `apt-get install gcc libc6-dev`"
+        )
+    out = os.path.join(rootfs, COMPAT_LIBRARY.lstrip("/"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    await hostcmd.run(cc, *COMPAT_CFLAGS, "-o", out, source)
+    os.chmod(out, 0o644)
+    with open(os.path.join(rootfs, "etc/ld.so.preload"), "w") as f:
+        f.write(COMPAT_LIBRARY + "\n")
+    return out
 
 
 def _du(path: str) -> int:
