@@ -126,7 +126,9 @@ def _check_path(path: str | None, path_b64: str | None = None) -> str | bytes:
         if path:
             raise errors.InvalidPath("give either 'path' or 'path_b64', not both")
         try:
-            raw = base64.b64decode(path_b64.replace("-", "+").replace("_", "/"), validate=True)
+            raw = base64.b64decode(
+                path_b64.replace(" ", "+").replace("-", "+").replace("_", "/"), validate=True
+            )
         except (ValueError, binascii.Error):
             raise errors.InvalidPath(
                 f"path_b64 {path_b64[:100]!r} is not base64; pass the path_b64 of a GET …/files/list entry "
