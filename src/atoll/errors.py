@@ -7,8 +7,9 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     AtollError                  .code .message .status_code .request_id .retryable
     ├── APIConnectionError      connection_error: the server could not be reached (also a ConnectionError)
     │   └── APITimeoutError     timeout: no answer within the client's timeout (also a TimeoutError)
-    ├── InvalidRequest          400/422 invalid_request, invalid_path
+    ├── InvalidRequest          400/422 invalid_request, invalid_path, io_error
     ├── Unauthorized            401/403 unauthorized
+    ├── PermissionDenied        403 permission_denied, read_only_path: the sandbox's file system refused
     ├── NotFound                404
     │   ├── SandboxNotFound         sandbox_not_found
     │   ├── TemplateNotFound        template_not_found
@@ -19,6 +20,7 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── InvalidState            invalid_state
     │   └── SandboxFailed           sandbox_failed: the sandbox died under the call (e.g. out of memory)
     ├── PayloadTooLarge         413 payload_too_large
+    ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
 
 A response whose body is not the server's JSON error envelope (a proxy's HTML page, say) still
@@ -35,6 +37,7 @@ __all__ = [
     "APITimeoutError",
     "InvalidRequest",
     "Unauthorized",
+    "PermissionDenied",
     "NotFound",
     "SandboxNotFound",
     "TemplateNotFound",
@@ -45,6 +48,7 @@ __all__ = [
     "InvalidState",
     "SandboxFailed",
     "PayloadTooLarge",
+    "DiskFull",
     "ServerError",
     "error_from_payload",
 ]
@@ -103,6 +107,12 @@ class Unauthorized(AtollError):
     default_code = "unauthorized"
 
 
+class PermissionDenied(AtollError):
+    """The sandbox refused a file operation: permissions, or a read-only file system."""
+
+    default_code = "permission_denied"
+
+
 class NotFound(AtollError):
     default_code = "not_found"
 
@@ -144,6 +154,12 @@ class PayloadTooLarge(AtollError):
     default_code = "payload_too_large"
 
 
+class DiskFull(AtollError):
+    """The sandbox's writable layer is full: delete files, or use a larger `disk_mb`."""
+
+    default_code = "disk_full"
+
+
 class ServerError(AtollError):
     default_code = "internal_error"
 
@@ -151,6 +167,10 @@ class ServerError(AtollError):
 _BY_CODE: dict[str, type[AtollError]] = {
     "invalid_request": InvalidRequest,
     "invalid_path": InvalidRequest,
+    "io_error": InvalidRequest,
+    "permission_denied": PermissionDenied,
+    "read_only_path": PermissionDenied,
+    "disk_full": DiskFull,
     "unauthorized": Unauthorized,
     "forbidden": Unauthorized,
     "not_found": NotFound,
@@ -176,6 +196,7 @@ _BY_STATUS: dict[int, type[AtollError]] = {
     409: Conflict,
     413: PayloadTooLarge,
     422: InvalidRequest,
+    507: DiskFull,
 }
 
 

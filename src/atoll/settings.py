@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
+MAX_EXEC_OUTPUT_KB = 65536  # the guest agent keeps at most 64 MiB per stream
+
 
 class SettingsError(ValueError):
     pass
@@ -35,6 +37,10 @@ class Settings:
     """ATOLL_DATABASE_URL: SQLAlchemy URL of the records (default SQLite at $ATOLL_HOME/atoll.db)."""
     max_file_mb: int
     """ATOLL_MAX_FILE_MB: largest file body accepted by PUT …/files (default 4096)."""
+    max_exec_output_kb: int
+    """ATOLL_MAX_EXEC_OUTPUT_KB: KiB of each output stream kept in a non-streamed exec answer (its first
+    and last halves; default 1024, at most 65536); also the upper bound of a call's max_output_bytes.
+    Streamed exec output is not limited."""
     template_dir: str
     """ATOLL_TEMPLATE_DIR: where template layers are cached (default $ATOLL_HOME/templates); installations
     may share one."""
@@ -84,6 +90,12 @@ def load(port: int | None = None, home: str | None = None, host: str | None = No
     max_file = _int("ATOLL_MAX_FILE_MB", env.get("ATOLL_MAX_FILE_MB", "4096"))
     if max_file <= 0:
         raise SettingsError(f"ATOLL_MAX_FILE_MB={max_file} must be positive")
+    max_exec_output = _int("ATOLL_MAX_EXEC_OUTPUT_KB", env.get("ATOLL_MAX_EXEC_OUTPUT_KB", "1024"))
+    if not 1 <= max_exec_output <= MAX_EXEC_OUTPUT_KB:
+        raise SettingsError(
+            f"ATOLL_MAX_EXEC_OUTPUT_KB={max_exec_output} is out of range 1-{MAX_EXEC_OUTPUT_KB} "
+            "(KiB per output stream of a non-streamed exec)"
+        )
     return Settings(
         host=host or env.get("ATOLL_HOST", "127.0.0.1"),
         port=port_v,
@@ -91,6 +103,7 @@ def load(port: int | None = None, home: str | None = None, host: str | None = No
         api_key=env.get("ATOLL_API_KEY") or None,
         database_url=env.get("ATOLL_DATABASE_URL") or f"sqlite:///{os.path.join(home_v, 'atoll.db')}",
         max_file_mb=max_file,
+        max_exec_output_kb=max_exec_output,
         template_dir=os.path.abspath(env.get("ATOLL_TEMPLATE_DIR") or os.path.join(home_v, "templates")),
         template_snapshots=_bool("ATOLL_TEMPLATE_SNAPSHOTS", env.get("ATOLL_TEMPLATE_SNAPSHOTS", "1")),
         debian_mirror=env.get("ATOLL_DEBIAN_MIRROR", "http://deb.debian.org/debian"),

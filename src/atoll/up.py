@@ -96,7 +96,12 @@ def build(s: settings_mod.Settings):
     m = metrics.Metrics()
     manager = lifecycle.SandboxManager(database, worker, m)
     m.bind_state_counts(manager.counts)
-    app = api.create_app(manager, api_key=key, max_file_bytes=s.max_file_mb * 1024 * 1024)
+    app = api.create_app(
+        manager,
+        api_key=key,
+        max_file_bytes=s.max_file_mb * 1024 * 1024,
+        max_exec_output_bytes=s.max_exec_output_kb * 1024,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):

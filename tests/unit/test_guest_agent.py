@@ -7,6 +7,7 @@ handling and file streaming; the /gate parsing is also checked against a fake /p
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import json
@@ -23,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atoll.guest.agent import capture, gate, routing
+from atoll.guest.agent import gate, routing
 from atoll.worker import agent_pack
 
 
@@ -377,14 +378,18 @@ def test_exec_streaming_timeout_and_missing_binary(client):
     assert lines[-1]["exit_code"] == 127
 
 
-def test_capture_is_capped_with_a_marker(monkeypatch):
-    monkeypatch.setattr(capture, "MAX_CAPTURE", 10)
-    cap = capture.Capture()
-    cap.add("stdout", b"0123456")
-    cap.add("stdout", b"789abcdef")
-    cap.add("stderr", b"ok")
-    assert cap.text("stdout") == "0123456789…[truncated 6 bytes]"
-    assert cap.text("stderr") == "ok"
+def test_exec_answer_keeps_head_and_tail(client):
+    res = _exec(client, cmd="seq 1 20000; echo bye >&2", max_output_bytes=100)
+    assert res["stdout"].startswith("1\n2\n") and res["stdout"].endswith("19999\n20000\n")
+    assert res["stdout_truncated_bytes"] == len("".join(f"{i}\n" for i in range(1, 20001))) - 100
+    assert res["stderr"] == "bye\n" and res["stderr_truncated_bytes"] == 0
+    for bad in (0, -5, True, "10", 1 << 40):
+        _error(client.post("/exec", json={"cmd": "true", "max_output_bytes": bad}), 400, "invalid_request")
+
+
+def test_deeply_nested_body_is_400(client):
+    r = client.post("/exec", content=b"[" * 100000)
+    assert "nested" in _error(r, 400, "invalid_request")
 
 
 # ---- processes
@@ -536,6 +541,8 @@ def test_files_list_and_delete(client, tmp_path):
         "size": 5,
         "mode": (tmp_path / "b.txt").stat().st_mode & 0o7777,
         "mtime": (tmp_path / "b.txt").stat().st_mtime,
+        "name_b64": base64.b64encode(b"b.txt").decode(),
+        "path_b64": base64.b64encode(f"{tmp_path}/b.txt".encode()).decode(),
     }
     assert by["link"]["type"] == "symlink"
     assert by["pipe"]["type"] == "other"

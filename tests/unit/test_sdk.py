@@ -195,8 +195,8 @@ def _aclient(fake: FakeAtoll) -> atoll.AsyncClient:
 
 EXPECTED_ALL = """
     APIConnectionError APITimeoutError AsyncClient AsyncFiles AsyncProcess AsyncSandbox AtollError Client
-    Conflict ExecResult FileEntry FileNotFound Files InvalidRequest InvalidState NotFound PayloadTooLarge
-    Process ProcessInfo ProcessNotFound Sandbox SandboxBusy SandboxNotFound ServerError Template
+    Conflict DiskFull ExecResult FileEntry FileNotFound Files InvalidRequest InvalidState NotFound
+    PayloadTooLarge PermissionDenied Process ProcessInfo ProcessNotFound Sandbox SandboxBusy SandboxNotFound ServerError Template
     TemplateNotFound Unauthorized __version__ errors
 """.split()
 
@@ -530,6 +530,12 @@ def test_files_streamed_upload_and_download(client, fake, tmp_path):
         (409, "invalid_state", errors.InvalidState),
         (409, "something_new", errors.Conflict),
         (413, "payload_too_large", errors.PayloadTooLarge),
+        (403, "permission_denied", errors.PermissionDenied),
+        (403, "read_only_path", errors.PermissionDenied),
+        (403, "unauthorized", errors.Unauthorized),
+        (400, "io_error", errors.InvalidRequest),
+        (507, "disk_full", errors.DiskFull),
+        (507, "something_new", errors.DiskFull),
         (500, "runtime_error", errors.ServerError),
         (500, "internal_error", errors.ServerError),
         (503, "whatever", errors.ServerError),
@@ -656,3 +662,27 @@ async def test_async_background_and_errors(fake):
     with pytest.raises(errors.APIConnectionError, match="down.test"):
         await failing.health()
     await failing.aclose()
+
+
+# ---------------------------------------------------------------- issue 5: output limits, raw paths
+
+
+def test_exec_result_truncation_fields():
+    r = atoll.ExecResult.from_json({"exit_code": 0, "stdout": "a", "stdout_truncated_bytes": 7})
+    assert r.stdout_truncated_bytes == 7 and r.stderr_truncated_bytes == 0 and r.truncated
+    old_server = atoll.ExecResult.from_json({"exit_code": 0, "stdout": "a"})
+    assert old_server.stdout_truncated_bytes == 0 and not old_server.truncated
+
+
+def test_file_entry_raw_path_and_bytes_params():
+    from atoll._client import _base
+
+    e = atoll.FileEntry({"name": "a\ufffd", "path": "/r/a\ufffd", "path_b64": "L3IvYf8="})
+    assert e.raw_path == b"/r/a\xff"
+    assert atoll.FileEntry({"name": "b", "path": "/r/b"}).raw_path == b"/r/b"
+    assert _base.path_params(b"/r/a\xff") == {"path_b64": "L3IvYf8="}
+    assert _base.path_params("/r/b") == {"path": "/r/b"}
+    body = _base.exec_body(
+        "true", background=False, timeout_s=None, cwd=None, env=None, user=None, max_output_bytes=9
+    )
+    assert body == {"cmd": "true", "max_output_bytes": 9}

@@ -270,6 +270,7 @@ class AsyncSandbox(SandboxFields):
         on_stdout: _base.TextCallback | None = None,
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult: ...
 
     @overload
@@ -283,6 +284,7 @@ class AsyncSandbox(SandboxFields):
         on_stdout: None = None,
         on_stderr: None = None,
         user: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> AsyncProcess: ...
 
     @overload
@@ -296,6 +298,7 @@ class AsyncSandbox(SandboxFields):
         on_stdout: _base.TextCallback | None = None,
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult | AsyncProcess: ...
 
     async def exec(
@@ -308,6 +311,7 @@ class AsyncSandbox(SandboxFields):
         on_stdout: _base.TextCallback | None = None,
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult | AsyncProcess:
         """Run a command: a string goes through the shell, a list is an argv.
 
@@ -315,8 +319,21 @@ class AsyncSandbox(SandboxFields):
         each chunk of text is passed to the callback as it arrives (the result still holds
         the whole output). With `background=True` returns at once with a process handle.
         A sandbox in standby is resumed by the server first.
+
+        Without callbacks the server keeps at most `max_output_bytes` of each stream (default and
+        upper bound: its ATOLL_MAX_EXEC_OUTPUT_KB, 1 MiB unless configured): the first and the last
+        half, with a marker between; `ExecResult.stdout_truncated_bytes` / `stderr_truncated_bytes`
+        say how much was left out. Streamed output (callbacks) is never cut.
         """
-        body = _base.exec_body(cmd, background=background, timeout_s=timeout_s, cwd=cwd, env=env, user=user)
+        body = _base.exec_body(
+            cmd,
+            background=background,
+            timeout_s=timeout_s,
+            cwd=cwd,
+            env=env,
+            user=user,
+            max_output_bytes=max_output_bytes,
+        )
         if background:
             if on_stdout is not None or on_stderr is not None:
                 raise ValueError("on_stdout/on_stderr cannot be used with background=True")
@@ -382,7 +399,11 @@ class AsyncProcess:
 
 
 class AsyncFiles:
-    """`sandbox.files`: read and write files inside the sandbox by absolute path."""
+    """`sandbox.files`: read and write files inside the sandbox by absolute path.
+
+    A path is a `str`, or `bytes` for names that are not UTF-8 (`FileEntry.raw_path` of a listing
+    gives them; they are sent as `path_b64`).
+    """
 
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sandbox = sandbox
@@ -391,7 +412,7 @@ class AsyncFiles:
     def _client(self) -> AsyncClient:
         return self._sandbox._client
 
-    async def write(self, path: str, data: _base.AsyncUploadData) -> None:
+    async def write(self, path: str | bytes, data: _base.AsyncUploadData) -> None:
         """Create or replace the file at `path`.
 
         `data` may be bytes, str (UTF-8), an open file or an iterable of chunks; files and
@@ -400,25 +421,27 @@ class AsyncFiles:
         await self._client._request(
             "PUT",
             self._sandbox._path("files"),
-            params={"path": path},
+            params=_base.path_params(path),
             content=_base.arequest_body(data),
             headers=_base.upload_headers(data),
         )
 
-    async def read(self, path: str) -> bytes:
+    async def read(self, path: str | bytes) -> bytes:
         """The whole content of the file at `path`."""
-        response = await self._client._request("GET", self._sandbox._path("files"), params={"path": path})
+        response = await self._client._request(
+            "GET", self._sandbox._path("files"), params=_base.path_params(path)
+        )
         return response.content
 
-    async def stream(self, path: str, chunk_size: int = _base.CHUNK_SIZE) -> AsyncIterator[bytes]:
+    async def stream(self, path: str | bytes, chunk_size: int = _base.CHUNK_SIZE) -> AsyncIterator[bytes]:
         """Iterate over the content of the file at `path` without holding it all in memory."""
         async with self._client._stream(
-            "GET", self._sandbox._path("files"), params={"path": path}
+            "GET", self._sandbox._path("files"), params=_base.path_params(path)
         ) as response:
             async for chunk in response.aiter_bytes(chunk_size):  # noqa: UP028 - async has no `yield from`
                 yield chunk
 
-    async def read_to(self, path: str, fileobj: IO[bytes]) -> int:
+    async def read_to(self, path: str | bytes, fileobj: IO[bytes]) -> int:
         """Copy the file at `path` into an open binary file; returns the number of bytes."""
         total = 0
         async for chunk in self.stream(path):
@@ -426,12 +449,12 @@ class AsyncFiles:
             total += len(chunk)
         return total
 
-    async def list(self, path: str = "/") -> list[FileEntry]:
+    async def list(self, path: str | bytes = "/") -> list[FileEntry]:
         """The entries of the directory at `path`."""
         response = await self._client._request(
-            "GET", self._sandbox._path("files", "list"), params={"path": path}
+            "GET", self._sandbox._path("files", "list"), params=_base.path_params(path)
         )
         return [FileEntry(item) for item in _base.items(response)]
 
-    async def remove(self, path: str) -> None:
-        await self._client._request("DELETE", self._sandbox._path("files"), params={"path": path})
+    async def remove(self, path: str | bytes) -> None:
+        await self._client._request("DELETE", self._sandbox._path("files"), params=_base.path_params(path))

@@ -8,6 +8,7 @@ sync client. Nothing here opens a connection.
 
 from __future__ import annotations
 
+import base64
 import inspect
 import io
 import json
@@ -103,6 +104,7 @@ def exec_body(
     cwd: str | None,
     env: Mapping[str, str] | None,
     user: str | None,
+    max_output_bytes: int | None = None,
 ) -> dict[str, Any]:
     if isinstance(cmd, str):
         command: str | list[str] = cmd
@@ -111,11 +113,23 @@ def exec_body(
         if not command:
             raise ValueError("cmd must be a non-empty string or argv list")
     body = without_none(
-        cmd=command, cwd=cwd, env=dict(env) if env is not None else None, timeout_s=timeout_s, user=user
+        cmd=command,
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        timeout_s=timeout_s,
+        user=user,
+        max_output_bytes=max_output_bytes,
     )
     if background:
         body["background"] = True
     return body
+
+
+def path_params(path: str | bytes) -> dict[str, str]:
+    """Query parameters naming a file: `path`, or `path_b64` (base64 of the exact bytes) for bytes."""
+    if isinstance(path, (bytes, bytearray)):
+        return {"path_b64": base64.b64encode(bytes(path)).decode("ascii")}
+    return {"path": path}
 
 
 def exec_timeout(timeout_s: float | None, default: float) -> float:

@@ -8,6 +8,7 @@ later stay reachable without an SDK release. `SandboxFields` is the attribute ha
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -72,6 +73,15 @@ class FileEntry(Record):
         return self.data["path"]
 
     @property
+    def raw_path(self) -> bytes:
+        """The path's exact bytes (from `path_b64`): pass it to read/remove/list when `path` is lossy,
+        as it is for names that are not UTF-8."""
+        encoded = self.data.get("path_b64")
+        if encoded is None:
+            return str(self.data["path"]).encode("utf-8", "surrogateescape")
+        return base64.b64decode(encoded)
+
+    @property
     def type(self) -> str:
         return self.data.get("type", "file")
 
@@ -115,11 +125,19 @@ class ExecResult:
     stderr: str = ""
     timed_out: bool = False
     duration_ms: int | None = None
+    stdout_truncated_bytes: int = 0
+    """Bytes of stdout the server left out (a marker in `stdout` shows where); 0 when complete."""
+    stderr_truncated_bytes: int = 0
 
     @property
     def ok(self) -> bool:
         """True when the command exited 0 within its timeout."""
         return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def truncated(self) -> bool:
+        """True when part of the output was left out (see `max_output_bytes` of `exec`)."""
+        return bool(self.stdout_truncated_bytes or self.stderr_truncated_bytes)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ExecResult:
@@ -129,6 +147,8 @@ class ExecResult:
             stderr=data.get("stderr") or "",
             timed_out=bool(data.get("timed_out", False)),
             duration_ms=data.get("duration_ms"),
+            stdout_truncated_bytes=int(data.get("stdout_truncated_bytes") or 0),
+            stderr_truncated_bytes=int(data.get("stderr_truncated_bytes") or 0),
         )
 
     def to_dict(self) -> dict[str, Any]:

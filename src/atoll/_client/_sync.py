@@ -262,6 +262,7 @@ class Sandbox(SandboxFields):
         on_stdout: _base.TextCallback | None = None,
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult: ...
 
     @overload
@@ -275,6 +276,7 @@ class Sandbox(SandboxFields):
         on_stdout: None = None,
         on_stderr: None = None,
         user: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> Process: ...
 
     @overload
@@ -288,6 +290,7 @@ class Sandbox(SandboxFields):
         on_stdout: _base.TextCallback | None = None,
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult | Process: ...
 
     def exec(
@@ -300,6 +303,7 @@ class Sandbox(SandboxFields):
         on_stdout: _base.TextCallback | None = None,
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult | Process:
         """Run a command: a string goes through the shell, a list is an argv.
 
@@ -307,8 +311,21 @@ class Sandbox(SandboxFields):
         each chunk of text is passed to the callback as it arrives (the result still holds
         the whole output). With `background=True` returns at once with a process handle.
         A sandbox in standby is resumed by the server first.
+
+        Without callbacks the server keeps at most `max_output_bytes` of each stream (default and
+        upper bound: its ATOLL_MAX_EXEC_OUTPUT_KB, 1 MiB unless configured): the first and the last
+        half, with a marker between; `ExecResult.stdout_truncated_bytes` / `stderr_truncated_bytes`
+        say how much was left out. Streamed output (callbacks) is never cut.
         """
-        body = _base.exec_body(cmd, background=background, timeout_s=timeout_s, cwd=cwd, env=env, user=user)
+        body = _base.exec_body(
+            cmd,
+            background=background,
+            timeout_s=timeout_s,
+            cwd=cwd,
+            env=env,
+            user=user,
+            max_output_bytes=max_output_bytes,
+        )
         if background:
             if on_stdout is not None or on_stderr is not None:
                 raise ValueError("on_stdout/on_stderr cannot be used with background=True")
@@ -372,7 +389,11 @@ class Process:
 
 
 class Files:
-    """`sandbox.files`: read and write files inside the sandbox by absolute path."""
+    """`sandbox.files`: read and write files inside the sandbox by absolute path.
+
+    A path is a `str`, or `bytes` for names that are not UTF-8 (`FileEntry.raw_path` of a listing
+    gives them; they are sent as `path_b64`).
+    """
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
@@ -381,7 +402,7 @@ class Files:
     def _client(self) -> Client:
         return self._sandbox._client
 
-    def write(self, path: str, data: _base.UploadData) -> None:
+    def write(self, path: str | bytes, data: _base.UploadData) -> None:
         """Create or replace the file at `path`.
 
         `data` may be bytes, str (UTF-8), an open file or an iterable of chunks; files and
@@ -390,23 +411,25 @@ class Files:
         self._client._request(
             "PUT",
             self._sandbox._path("files"),
-            params={"path": path},
+            params=_base.path_params(path),
             content=_base.request_body(data),
             headers=_base.upload_headers(data),
         )
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str | bytes) -> bytes:
         """The whole content of the file at `path`."""
-        response = self._client._request("GET", self._sandbox._path("files"), params={"path": path})
+        response = self._client._request("GET", self._sandbox._path("files"), params=_base.path_params(path))
         return response.content
 
-    def stream(self, path: str, chunk_size: int = _base.CHUNK_SIZE) -> Iterator[bytes]:
+    def stream(self, path: str | bytes, chunk_size: int = _base.CHUNK_SIZE) -> Iterator[bytes]:
         """Iterate over the content of the file at `path` without holding it all in memory."""
-        with self._client._stream("GET", self._sandbox._path("files"), params={"path": path}) as response:
+        with self._client._stream(
+            "GET", self._sandbox._path("files"), params=_base.path_params(path)
+        ) as response:
             for chunk in response.iter_bytes(chunk_size):  # noqa: UP028 - async has no `yield from`
                 yield chunk
 
-    def read_to(self, path: str, fileobj: IO[bytes]) -> int:
+    def read_to(self, path: str | bytes, fileobj: IO[bytes]) -> int:
         """Copy the file at `path` into an open binary file; returns the number of bytes."""
         total = 0
         for chunk in self.stream(path):
@@ -414,10 +437,12 @@ class Files:
             total += len(chunk)
         return total
 
-    def list(self, path: str = "/") -> list[FileEntry]:
+    def list(self, path: str | bytes = "/") -> list[FileEntry]:
         """The entries of the directory at `path`."""
-        response = self._client._request("GET", self._sandbox._path("files", "list"), params={"path": path})
+        response = self._client._request(
+            "GET", self._sandbox._path("files", "list"), params=_base.path_params(path)
+        )
         return [FileEntry(item) for item in _base.items(response)]
 
-    def remove(self, path: str) -> None:
-        self._client._request("DELETE", self._sandbox._path("files"), params={"path": path})
+    def remove(self, path: str | bytes) -> None:
+        self._client._request("DELETE", self._sandbox._path("files"), params=_base.path_params(path))

@@ -9,10 +9,13 @@ Built by atoll.up (create_app); talks only to controlplane.lifecycle.SandboxMana
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hmac
 import json
 import logging
+import os
 import secrets
 import time
 import typing
@@ -30,6 +33,7 @@ from atoll.core.lifecycle import Tier
 log = logging.getLogger(__name__)
 
 MAX_JSON_BYTES = 1024 * 1024
+DEFAULT_MAX_EXEC_OUTPUT_BYTES = 1024 * 1024  # per stream of a non-streamed exec (ATOLL_MAX_EXEC_OUTPUT_KB)
 NDJSON = "application/x-ndjson"
 PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 
@@ -67,6 +71,11 @@ async def _read_json(request: Request, model: type[pydantic.BaseModel], *, optio
         data = json.loads(buf)
     except (ValueError, UnicodeDecodeError) as e:
         raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise errors.InvalidRequest(
+            f"request body is nested too deeply to parse; send a JSON object ({model.__name__}) "
+            "without deeply nested arrays or objects"
+        ) from None
     if not isinstance(data, dict):
         raise errors.InvalidRequest(f"request body must be a JSON object, got {type(data).__name__}")
     try:
@@ -75,8 +84,16 @@ async def _read_json(request: Request, model: type[pydantic.BaseModel], *, optio
         parts = []
         for err in e.errors():
             loc = ".".join(str(x) for x in err["loc"]) or "body"
-            parts.append(f"{loc}: {err['msg']} (got {json.dumps(err.get('input'), default=str)[:100]})")
+            parts.append(f"{loc}: {err['msg']} (got {_excerpt(err.get('input'))})")
         raise errors.InvalidRequest("invalid request body: " + "; ".join(parts)) from None
+
+
+def _excerpt(value: typing.Any) -> str:
+    """The start of a rejected value for an error message (a deeply nested one by its type only)."""
+    try:
+        return json.dumps(value, default=str)[:100]
+    except (RecursionError, ValueError):
+        return f"a deeply nested {type(value).__name__}"
 
 
 async def _unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.Any:
@@ -101,10 +118,35 @@ async def _unless_disconnected(request: Request, aw: typing.Awaitable) -> typing
         watcher.cancel()
 
 
-def _check_path(path: str | None) -> str:
+def _check_path(path: str | None, path_b64: str | None = None) -> str | bytes:
+    """The target of a files call: `path` (text), or `path_b64` (the exact bytes, standard or URL-safe
+    base64, as GET …/files/list gives them) for names that are not UTF-8; bytes go to the agent
+    percent-encoded as they are."""
+    if path_b64 is not None:
+        if path:
+            raise errors.InvalidPath("give either 'path' or 'path_b64', not both")
+        try:
+            raw = base64.b64decode(
+                path_b64.replace(" ", "+").replace("-", "+").replace("_", "/"), validate=True
+            )
+        except (ValueError, binascii.Error):
+            raise errors.InvalidPath(
+                f"path_b64 {path_b64[:100]!r} is not base64; pass the path_b64 of a GET …/files/list entry "
+                "or base64 of the path's bytes"
+            ) from None
+        if b"\x00" in raw:
+            raise errors.InvalidPath("path_b64 decodes to a path that contains a NUL byte")
+        if not raw.startswith(b"/"):
+            raise errors.InvalidPath(f"path_b64 decodes to {raw[:100]!r}, which is not an absolute path")
+        if b".." in raw.split(b"/"):
+            raise errors.InvalidPath(f"path_b64 decodes to {raw[:100]!r}, which contains '..'")
+        if len(raw) > 4096:
+            raise errors.InvalidPath(f"path_b64 decodes to {len(raw)} bytes; the limit is 4096")
+        return raw
     if path is None or path == "":
         raise errors.InvalidPath(
-            "query parameter 'path' is required: an absolute path inside the sandbox, e.g. /home/user/a.txt"
+            "query parameter 'path' is required: an absolute path inside the sandbox, e.g. /home/user/a.txt "
+            "(or 'path_b64', its bytes in base64, for names that are not UTF-8)"
         )
     if "\x00" in path:
         raise errors.InvalidPath("path contains a NUL byte")
@@ -121,7 +163,17 @@ def _check_path(path: str | None) -> str:
     return path
 
 
-def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) -> FastAPI:
+def _host_memory_mb() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+def create_app(
+    manager: SandboxManager,
+    *,
+    api_key: str,
+    max_file_bytes: int,
+    max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES,
+) -> FastAPI:
     app = FastAPI(
         title="atoll",
         version="0.1.0",
@@ -236,6 +288,12 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
     @app.post("/v1/sandboxes", status_code=201, openapi_extra=_body_schema(schemas.CreateSandbox))
     async def create_sandbox(request: Request):
         req = await _read_json(request, schemas.CreateSandbox, optional=True)
+        host_mb = _host_memory_mb()
+        if req.memory_mb > host_mb:
+            raise errors.InvalidRequest(
+                f"memory_mb={req.memory_mb} is more than this worker's memory ({host_mb} MB); "
+                f"ask for at most {host_mb} MB (less leaves room for other sandboxes)"
+            )
         rec = await manager.create(req)
         return JSONResponse(schemas.sandbox_view(rec), status_code=201)
 
@@ -268,18 +326,49 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
     async def exec_command(sid: str, request: Request):
         rec = manager.get(sid)
         req = await _read_json(request, schemas.ExecRequest)
+        if req.max_output_bytes is not None and req.max_output_bytes > max_exec_output_bytes:
+            raise errors.InvalidRequest(
+                f"max_output_bytes={req.max_output_bytes} is above this server's limit of "
+                f"{max_exec_output_bytes} bytes per stream (ATOLL_MAX_EXEC_OUTPUT_KB); ask for less, or "
+                "stream the output (Accept: application/x-ndjson), which has no limit"
+            )
         payload = req.model_dump()
         payload["user"] = req.user or rec.user
+        payload["max_output_bytes"] = req.max_output_bytes or max_exec_output_bytes
         agent_timeout = None if req.background or req.timeout_s is None else req.timeout_s + 30
         if NDJSON in request.headers.get("accept", "") and not req.background:
             return await _exec_stream(sid, payload, agent_timeout)
-        async with manager.activity(sid):
-            r = await _unless_disconnected(
-                request,
-                manager.worker.agent_request(sid, "POST", "/exec", json=payload, timeout=agent_timeout),
-            )
-            # the agent's answer is already the API's JSON: pass its bytes on, no re-encoding
-            return Response(r.content, media_type="application/json")
+        return await _exec_relay(sid, request, payload, agent_timeout)
+
+    async def _exec_relay(sid: str, request: Request, payload: dict, agent_timeout: float | None):
+        """A plain exec: wait for the agent's answer (the command's end), then pass its bytes on as
+        they arrive — already the API's JSON, bounded by max_output_bytes — never holding it whole."""
+        cm = manager.activity(sid)
+        await cm.__aenter__()
+        stream_cm = manager.worker.agent_stream(sid, "POST", "/exec", json=payload, timeout=agent_timeout)
+        try:
+            resp = await _unless_disconnected(request, stream_cm.__aenter__())
+        except BaseException as e:
+            await cm.__aexit__(type(e), e, e.__traceback__)
+            raise
+
+        async def body() -> typing.AsyncIterator[bytes]:
+            failure: BaseException | None = None
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            except Exception as e:  # the headers are sent: the answer is cut short, as it must be
+                failure = e
+                log.warning("exec answer broke: %r", e, extra={"sandbox_id": sid})
+                raise
+            finally:
+                await stream_cm.__aexit__(None, None, None)
+                await cm.__aexit__(type(failure) if failure else None, failure, None)
+
+        headers = {}
+        if "content-length" in resp.headers:
+            headers["Content-Length"] = resp.headers["content-length"]
+        return StreamingResponse(body(), media_type="application/json", headers=headers)
 
     async def _exec_stream(sid: str, payload: dict, agent_timeout: float | None):
         cm = manager.activity(sid)
@@ -322,7 +411,7 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
     @app.delete("/v1/sandboxes/{sid}/processes/{pid}", status_code=204)
     async def kill_process(sid: str, pid: str):
         manager.get(sid)
-        if not pid.isdigit() or int(pid) <= 0:
+        if not (pid.isascii() and pid.isdigit()) or int(pid) <= 0:
             raise errors.InvalidRequest(
                 f"pid {pid!r} is not a positive integer; list processes with GET …/processes"
             )
@@ -332,9 +421,9 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
 
     # ---- files -----------------------------------------------------------------------------
     @app.put("/v1/sandboxes/{sid}/files", status_code=204)
-    async def write_file(sid: str, request: Request, path: str | None = None):
+    async def write_file(sid: str, request: Request, path: str | None = None, path_b64: str | None = None):
         manager.get(sid)
-        path = _check_path(path)
+        target = _check_path(path, path_b64)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_file_bytes:
             raise errors.PayloadTooLarge(
@@ -354,18 +443,26 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
         headers = {"Content-Length": declared} if declared and declared.isdigit() else {}
         async with manager.activity(sid):
             await manager.worker.agent_request(
-                sid, "PUT", "/files", params={"path": path}, content=limited(), headers=headers, timeout=None
+                sid,
+                "PUT",
+                "/files",
+                params={"path": target},
+                content=limited(),
+                headers=headers,
+                timeout=None,
             )
         return Response(status_code=204)
 
     @app.get("/v1/sandboxes/{sid}/files")
-    async def read_file(sid: str, path: str | None = None):
+    async def read_file(sid: str, path: str | None = None, path_b64: str | None = None):
         manager.get(sid)
-        path = _check_path(path)
+        target = _check_path(path, path_b64)
         cm = manager.activity(sid)
         await cm.__aenter__()
         try:
-            stream_cm = manager.worker.agent_stream(sid, "GET", "/files", params={"path": path}, timeout=None)
+            stream_cm = manager.worker.agent_stream(
+                sid, "GET", "/files", params={"path": target}, timeout=None
+            )
             resp = await stream_cm.__aenter__()
         except BaseException as e:
             await cm.__aexit__(type(e), e, e.__traceback__)
@@ -390,19 +487,19 @@ def create_app(manager: SandboxManager, *, api_key: str, max_file_bytes: int) ->
         return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
 
     @app.get("/v1/sandboxes/{sid}/files/list")
-    async def list_files(sid: str, path: str | None = None):
+    async def list_files(sid: str, path: str | None = None, path_b64: str | None = None):
         manager.get(sid)
-        path = _check_path(path)
+        target = _check_path(path, path_b64)
         async with manager.activity(sid):
-            r = await manager.worker.agent_request(sid, "GET", "/files/list", params={"path": path})
+            r = await manager.worker.agent_request(sid, "GET", "/files/list", params={"path": target})
             return r.json()
 
     @app.delete("/v1/sandboxes/{sid}/files", status_code=204)
-    async def delete_file(sid: str, path: str | None = None):
+    async def delete_file(sid: str, path: str | None = None, path_b64: str | None = None):
         manager.get(sid)
-        path = _check_path(path)
+        target = _check_path(path, path_b64)
         async with manager.activity(sid):
-            await manager.worker.agent_request(sid, "DELETE", "/files", params={"path": path})
+            await manager.worker.agent_request(sid, "DELETE", "/files", params={"path": target})
         return Response(status_code=204)
 
     class RequestContext:

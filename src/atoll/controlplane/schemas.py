@@ -51,7 +51,12 @@ class CreateSandbox(BaseModel):
     memory_mb: int = Field(
         DEFAULT_MEMORY_MB, ge=64, le=65536, description="Memory the sandbox's programs may use"
     )
-    cpus: float = Field(1, gt=0, le=64, description="CPU cores (enforced with a CFS quota)")
+    cpus: float = Field(
+        1,
+        ge=0.01,
+        le=64,
+        description="CPU cores (enforced with a CFS quota; at least 0.01, its 1 ms per 100 ms minimum)",
+    )
     disk_mb: int | None = Field(
         None, ge=64, le=1024 * 1024, description="Quota of the writable layer (default 4096)"
     )
@@ -78,6 +83,15 @@ class ExecRequest(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=86400)
     background: bool = False
     user: str | None = None
+    max_output_bytes: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Bytes of each stream kept in a non-streamed answer (its first and last halves, with a marker "
+            "naming the bytes dropped between); default and upper bound: the server's "
+            "ATOLL_MAX_EXEC_OUTPUT_KB. Streamed output (Accept: application/x-ndjson) is never cut."
+        ),
+    )
 
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 

@@ -1,10 +1,12 @@
 """Stable machine-readable error codes and the domain exception tree.
 
     AtollError                      (code, message, status, retryable)
-    ├── InvalidRequest              400 invalid_request / invalid_path
+    ├── InvalidRequest              400 invalid_request / invalid_path / io_error
+    ├── PermissionDenied            403 permission_denied / read_only_path (inside the sandbox)
     ├── NotFound                    404 sandbox_not_found / template_not_found / file_not_found / process_not_found
     ├── Conflict                    409 sandbox_busy / invalid_state / sandbox_failed
     ├── PayloadTooLarge             413 payload_too_large
+    ├── InsufficientStorage         507 disk_full (the sandbox's disk_mb quota is used up)
     └── RuntimeFailure              500 runtime_error (a bug or a host failure; logged with its cause)
 
 `message` is what the caller reads; `detail`, when set, is the internal cause, only logged.
@@ -47,6 +49,13 @@ class InvalidRequest(AtollError):
 
 class InvalidPath(InvalidRequest):
     code = "invalid_path"
+
+
+class PermissionDenied(AtollError):
+    """The sandbox's file system refused the call (permissions, or a read-only file system)."""
+
+    status = 403
+    code = "permission_denied"
 
 
 class NotFound(AtollError):
@@ -93,6 +102,13 @@ class SandboxDied(Conflict):
 class PayloadTooLarge(AtollError):
     status = 413
     code = "payload_too_large"
+
+
+class InsufficientStorage(AtollError):
+    """The sandbox's writable layer is full; deleting files or a larger disk_mb helps, a retry does not."""
+
+    status = 507
+    code = "disk_full"
 
 
 class RuntimeFailure(AtollError):

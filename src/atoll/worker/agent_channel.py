@@ -35,8 +35,9 @@ _ns_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_pr
 _LINGER0 = struct.pack("ii", 1, 0)
 _READ = 256 * 1024
 _UPLOAD_CHUNK = 1024 * 1024
-# Whole answers (exec results with up to 64 MiB per stream, JSON-escaped) are capped; files stream.
-MAX_ANSWER_BYTES = 512 * 1024 * 1024
+# Answers read whole (listings, process tables, errors) are capped; exec answers and files are
+# relayed chunk by chunk (`stream`) and never held whole.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
 class ChannelError(Exception):
@@ -194,7 +195,7 @@ class AgentChannel:
         self,
         method: str,
         url: str,
-        params: dict[str, str] | None,
+        params: dict[str, str | bytes] | None,
         json: typing.Any,
         content: bytes | typing.AsyncIterator[bytes] | None,
         headers: dict[str, str] | None,
@@ -286,7 +287,7 @@ class AgentChannel:
         method: str,
         url: str,
         *,
-        params: dict[str, str] | None = None,
+        params: dict[str, str | bytes] | None = None,
         json: typing.Any = None,
         content: bytes | typing.AsyncIterator[bytes] | None = None,
         headers: dict[str, str] | None = None,

@@ -886,9 +886,11 @@ def _agent_error(r: agent_channel.Response) -> errors.AtollError:
         code, message = "runtime_error", f"guest agent answered {r.status_code}: {r.text[:300]}"
     by_status = {
         400: errors.InvalidRequest,
+        403: errors.PermissionDenied,
         404: errors.NotFound,
         409: errors.Conflict,
         413: errors.PayloadTooLarge,
+        507: errors.InsufficientStorage,
     }
     cls = by_status.get(r.status_code, errors.RuntimeFailure)
     return cls(message, code=code)

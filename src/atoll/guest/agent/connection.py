@@ -31,6 +31,7 @@ _REASONS = {
     200: "OK",
     204: "No Content",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     413: "Payload Too Large",
     414: "URI Too Long",
@@ -38,6 +39,7 @@ _REASONS = {
     500: "Internal Server Error",
     501: "Not Implemented",
     505: "HTTP Version Not Supported",
+    507: "Insufficient Storage",
 }
 
 
@@ -388,6 +390,8 @@ def json_body(req: Request) -> dict:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise invalid(f"request body is not valid JSON ({e}); send a JSON object") from None
+    except RecursionError:
+        raise invalid("request body is nested too deeply to parse; send a flat JSON object") from None
     if not isinstance(obj, dict):
         raise invalid(f"request body must be a JSON object, got {type(obj).__name__}")
     return obj

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 
-from .capture import PIPE_READ, Capture, Stream, drain_leftovers
+from .capture import DEFAULT_CAPTURE, MAX_CAPTURE, PIPE_READ, Capture, Stream, drain_leftovers
 from .common import dumps
 from .connection import Conn, Request, json_body
 from .errors import ApiError, PeerGone, invalid
@@ -32,7 +32,17 @@ EXIT_DRAIN_GRACE_S = 0.3
 
 
 class ExecSpec:
-    __slots__ = ("argv", "cmd", "cwd", "env", "timeout", "background", "user", "user_kwargs")
+    __slots__ = (
+        "argv",
+        "cmd",
+        "cwd",
+        "env",
+        "timeout",
+        "background",
+        "user",
+        "user_kwargs",
+        "max_output",
+    )
 
 
 class ExecHandlers:
@@ -88,6 +98,20 @@ class ExecHandlers:
         if not isinstance(background, bool):
             raise invalid(f"background must be true or false, got {background!r}")
         spec.background = background
+
+        max_output = body.get("max_output_bytes")
+        if max_output is None:
+            max_output = DEFAULT_CAPTURE
+        elif (
+            isinstance(max_output, bool)
+            or not isinstance(max_output, int)
+            or not 0 < max_output <= MAX_CAPTURE
+        ):
+            raise invalid(
+                f"max_output_bytes must be an integer from 1 to {MAX_CAPTURE} (bytes kept per stream), "
+                f"got {max_output!r}"
+            )
+        spec.max_output = max_output
 
         user = body.get("user")
         env = dict(self.base_env)
@@ -173,12 +197,14 @@ class ExecHandlers:
                         "stderr": e.message,
                         "duration_ms": duration,
                         "timed_out": False,
+                        "stdout_truncated_bytes": 0,
+                        "stderr_truncated_bytes": 0,
                     },
                 )
             return
         pipes = [popen.stdout, popen.stderr]
         try:
-            sink = Stream(conn) if streaming else Capture()
+            sink = Stream(conn) if streaming else Capture(spec.max_output)
             if streaming:
                 conn.start_chunked("application/x-ndjson")
             exit_code, timed_out = self._collect(proc, pipes, q, sink, started, spec.timeout, conn.sock)
@@ -201,14 +227,18 @@ class ExecHandlers:
             )
             conn.end_chunked()
         else:
+            stdout, stdout_dropped = sink.result("stdout")
+            stderr, stderr_dropped = sink.result("stderr")
             conn.send_json(
                 200,
                 {
                     "exit_code": exit_code,
-                    "stdout": sink.text("stdout"),
-                    "stderr": sink.text("stderr"),
+                    "stdout": stdout,
+                    "stderr": stderr,
                     "duration_ms": duration,
                     "timed_out": timed_out,
+                    "stdout_truncated_bytes": stdout_dropped,
+                    "stderr_truncated_bytes": stderr_dropped,
                 },
             )
 

@@ -1,22 +1,84 @@
 """The file handlers: read a file (sendfile, Content-Length), write one (streamed to a temp file in
 the same directory, then renamed over the path), list a directory and delete a path. Paths are
-resolved here, inside the sandbox, with ordinary system calls.
+resolved here, inside the sandbox, with ordinary system calls; a path's query value is percent-decoded
+to its exact bytes (names that are not UTF-8 arrive as surrogate escapes), and listings give each
+entry's exact bytes as `name_b64`/`path_b64`. Failed system calls become answers by errno
+(`_os_error`: 403 permission_denied / read_only_path, 400 io_error, 507 disk_full, ...).
 
 `FileHandlers` is mixed into `routing.Agent`, which routes /files and /files/list here.
 """
 
 from __future__ import annotations
 
+import binascii
 import errno
 import os
 import stat
 
 from .common import printable
 from .connection import Conn, Request
-from .errors import ApiError, PeerGone, invalid, invalid_path
+from .errors import ApiError, BadRequest, PeerGone, invalid, invalid_path
 
 IO_CHUNK = 1 << 20  # file transfer piece
 MAX_ZERO_SIZE_READ = 16 << 20  # /proc-style files that report size 0
+MAX_UPLOAD_DRAIN = 1 << 40  # a refused upload is read to its end (the server caps uploads far lower)
+
+_NOT_A_GOOD_PATH = {
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.ENAMETOOLONG,
+    errno.ELOOP,
+    errno.EINVAL,
+    errno.EXDEV,
+    errno.ENOTEMPTY,
+    errno.EEXIST,
+    errno.EBUSY,
+    errno.ETXTBSY,
+    errno.ENXIO,
+    errno.ENODEV,
+}
+
+
+def _os_error(e: OSError, doing: str, path: str) -> ApiError:
+    """A failed system call on `path` as the answer that tells the caller what to do instead."""
+    n = e.errno
+    what = f"{doing} {path!r} failed: {e.strerror}"
+    if n in (errno.ENOSPC, errno.EDQUOT):
+        return ApiError(
+            507,
+            "disk_full",
+            f"{what}; the sandbox's disk is full (its disk_mb quota): delete files, or create the "
+            "sandbox with a larger disk_mb",
+        )
+    if n == errno.EROFS:
+        return ApiError(
+            403,
+            "read_only_path",
+            f"{what}; it is on a read-only file system: choose a writable path such as /tmp",
+        )
+    if n in (errno.EACCES, errno.EPERM):
+        return ApiError(
+            403,
+            "permission_denied",
+            f"{what}; the guest agent may not do this there: choose another path, or change the "
+            "permissions with exec (chmod, chown)",
+        )
+    if n == errno.EIO:
+        return ApiError(
+            400,
+            "io_error",
+            f"{what}; it is probably a special file (such as /proc/<pid>/mem) that cannot be read or "
+            "written whole: use exec with a program that knows how to read it",
+        )
+    if n == errno.EFBIG:
+        return ApiError(413, "payload_too_large", f"{what}; the file would exceed the largest size allowed")
+    if n in _NOT_A_GOOD_PATH:
+        return invalid_path(what)
+    return ApiError(500, "runtime_error", f"{what} (errno {n})")
+
+
+def _b64(raw: bytes) -> str:
+    return binascii.b2a_base64(raw, newline=False).decode("ascii")
 
 
 class FileHandlers:
@@ -39,6 +101,18 @@ class FileHandlers:
         return path
 
     def write_file(self, conn: Conn, req: Request) -> None:
+        try:
+            self._write_file(conn, req)
+        except ApiError:
+            # Read the rest of the upload before answering: the caller sends all of it before it reads
+            # the answer, and a connection closed under it would turn this error into a broken upload.
+            try:
+                req.body.drain(MAX_UPLOAD_DRAIN)
+            except BadRequest:
+                pass
+            raise
+
+    def _write_file(self, conn: Conn, req: Request) -> None:
         path = self._path(req)
         mode = None
         mode_text = req.query.get("mode")
@@ -56,7 +130,7 @@ class FileHandlers:
         except NotADirectoryError:
             raise invalid_path(f"cannot write {path!r}: a parent of it is a file, not a directory") from None
         except OSError as e:
-            raise invalid_path(f"cannot write {path!r}: {e.strerror}") from None
+            raise _os_error(e, "writing", path) from None
         if old is not None and stat.S_ISDIR(old.st_mode):
             raise invalid_path(f"path {path!r} is a directory; pass a file path")
         parent, base = os.path.split(path)
@@ -68,9 +142,7 @@ class FileHandlers:
         except (FileExistsError, NotADirectoryError):
             raise invalid_path(f"cannot create {parent!r} for {path!r}: a component is a file") from None
         except OSError as e:
-            raise ApiError(
-                500, "runtime_error", f"cannot create directory {parent!r}: {e.strerror}"
-            ) from None
+            raise _os_error(e, "creating the directory", parent) from None
         while True:
             tmp = f"{parent.rstrip('/')}/.{base[:64]}.atoll-{os.getpid()}-{next(self._tmp_names)}.tmp"
             try:
@@ -79,9 +151,7 @@ class FileHandlers:
             except FileExistsError:
                 continue
             except OSError as e:
-                raise ApiError(
-                    500, "runtime_error", f"cannot create a temp file in {parent!r}: {e}"
-                ) from None
+                raise _os_error(e, "writing", path) from None
         try:
             buf = memoryview(bytearray(IO_CHUNK))
             while True:
@@ -93,9 +163,7 @@ class FileHandlers:
                     try:
                         written = os.write(fd, view)
                     except OSError as e:
-                        raise ApiError(
-                            500, "runtime_error", f"writing {path!r} failed: {e.strerror}"
-                        ) from None
+                        raise _os_error(e, "writing", path) from None
                     view = view[written:]
             try:
                 if old is not None and stat.S_ISREG(old.st_mode):
@@ -110,7 +178,7 @@ class FileHandlers:
                 fd = -1
                 os.replace(tmp, path)
             except OSError as e:
-                raise ApiError(500, "runtime_error", f"finishing {path!r} failed: {e}") from None
+                raise _os_error(e, "finishing", path) from None
         except BaseException:
             if fd >= 0:
                 os.close(fd)
@@ -128,7 +196,7 @@ class FileHandlers:
         except (FileNotFoundError, NotADirectoryError):
             raise ApiError(404, "file_not_found", f"file {path!r} does not exist") from None
         except OSError as e:
-            raise invalid_path(f"cannot open {path!r}: {e.strerror}") from None
+            raise _os_error(e, "reading", path) from None
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
@@ -139,7 +207,10 @@ class FileHandlers:
             if size == 0:  # empty, or a /proc-style file that does not know its size
                 data = bytearray()
                 while len(data) < MAX_ZERO_SIZE_READ:
-                    piece = os.read(fd, 65536)
+                    try:
+                        piece = os.read(fd, 65536)
+                    except OSError as e:
+                        raise _os_error(e, "reading", path) from None
                     if not piece:
                         break
                     data += piece
@@ -172,7 +243,7 @@ class FileHandlers:
                 try:
                     data = os.pread(fd, min(IO_CHUNK, size - offset), offset)
                 except OSError as e:
-                    raise ApiError(500, "runtime_error", f"reading {path!r} failed: {e}") from None
+                    raise _os_error(e, "reading", path) from None
                 conn.send_raw(data)
                 sent = len(data)
             if sent == 0:  # the file shrank after we promised Content-Length bytes
@@ -192,9 +263,10 @@ class FileHandlers:
                 ) from None
             raise ApiError(404, "file_not_found", f"directory {path!r} does not exist") from None
         except OSError as e:
-            raise invalid_path(f"cannot list {path!r}: {e.strerror}") from None
+            raise _os_error(e, "listing", path) from None
         items = []
         prefix = path.rstrip("/")
+        raw_prefix = os.fsencode(prefix)
         with it:
             for entry in it:
                 try:
@@ -210,17 +282,20 @@ class FileHandlers:
                     kind = "file"
                 else:
                     kind = "other"
+                raw_name = os.fsencode(entry.name)
                 items.append(
                     {
                         "name": printable(entry.name),
                         "path": printable(f"{prefix}/{entry.name}"),
+                        "name_b64": _b64(raw_name),
+                        "path_b64": _b64(raw_prefix + b"/" + raw_name),
                         "type": kind,
                         "size": st.st_size,
                         "mode": stat.S_IMODE(mode),
                         "mtime": st.st_mtime,
                     }
                 )
-        items.sort(key=lambda i: i["name"])
+        items.sort(key=lambda i: (i["name"], i["name_b64"]))
         conn.send_json(200, {"items": items})
 
     def delete_file(self, conn: Conn, req: Request) -> None:
@@ -231,6 +306,8 @@ class FileHandlers:
             st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             raise ApiError(404, "file_not_found", f"path {path!r} does not exist") from None
+        except OSError as e:
+            raise _os_error(e, "deleting", path) from None
         try:
             if stat.S_ISDIR(st.st_mode):
                 import shutil  # only needed here
@@ -241,5 +318,5 @@ class FileHandlers:
         except FileNotFoundError:
             pass
         except OSError as e:
-            raise ApiError(500, "runtime_error", f"deleting {path!r} failed: {e}") from None
+            raise _os_error(e, "deleting", path) from None
         conn.send_no_content()
