@@ -209,6 +209,21 @@ def test_delete_right_before_a_stop_leaves_nothing_running(local):
         assert c.get(f"/v1/sandboxes/{sid}").status_code == 404
 
 
+def test_delete_kills_the_sandbox_when_runsc_lost_track_of_it(local):
+    """`runsc delete` cannot stop a sandbox whose runsc state is gone: the delete finds the sentry
+    and gofer by their command lines and kills them by pid."""
+    local.start(timeout=600)
+    with _client(local) as c:
+        sid = _create(c)
+        name = f"atoll-{_install_id(local)}-{sid[3:]}"
+        for p in glob.glob(os.path.join(local.home, "runsc", f"{name}-*")):
+            os.unlink(p)
+        assert [x for x in _leftovers(local, sid) if x.startswith("process")]
+        assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+        assert _wait_gone(local, sid) == []
+    assert "runsc delete left" in local.tail(200)
+
+
 def test_start_removes_sandboxes_no_record_owns(local):
     local.start(timeout=600)
     with _client(local) as c:

@@ -153,6 +153,20 @@ def _rmdir_tree(path: str) -> bool:
     return ok
 
 
+def tasks(cgpath: str) -> set[int]:
+    """PIDs in the cgroup, in any hierarchy."""
+    out: set[int] = set()
+    for c in hierarchies():
+        with contextlib.suppress(OSError, ValueError):
+            with open(_p(c, cgpath, "cgroup.procs")) as f:
+                out.update(int(x) for x in f.read().split())
+    return out
+
+
+def exists(cgpath: str) -> bool:
+    return any(os.path.isdir(_p(c, cgpath)) for c in hierarchies())
+
+
 def installation_parent(install_id: str) -> str:
     """The cgroup all of an installation's sandboxes live under (see service.Runtime.cgroup)."""
     return f"/atoll-{install_id}"

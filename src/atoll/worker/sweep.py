@@ -137,6 +137,22 @@ def _state_entries(inst: Installation) -> dict[str, list[str]]:
     return out
 
 
+async def _remove_cgroup(cgpath: str, timeout: float = 5) -> bool:
+    """Remove an orphan sandbox's cgroup in every hierarchy, killing what still runs in it (the
+    ptrace platform's stub processes, a process that escaped the command-line match) and waiting
+    for exiting tasks to leave it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cgroups.remove(cgpath)
+        pids = cgroups.tasks(cgpath)
+        if not pids and not cgroups.exists(cgpath):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await kill([Process(pid, [b""], None) for pid in pids], timeout=1)
+        await asyncio.sleep(0.02)
+
+
 async def _sweep(
     inst: Installation, orphan: typing.Callable[[str | None], bool], *, parents: bool
 ) -> list[str]:
@@ -151,21 +167,13 @@ async def _sweep(
     await kill(doomed)
     for p in doomed:
         note(f"runsc process {p.pid} ({p.argv[0].decode(errors='replace')})", p.sandbox_id)
-    # 2. runsc's state entries: `runsc delete` where runsc still knows the container, then the files
-    entries = {cid: paths for cid, paths in _state_entries(inst).items() if orphan(inst.owner(cid))}
-    sem = asyncio.Semaphore(4)
-
-    async def delete(cid: str) -> None:
-        async with sem:
-            await runsc.delete(inst.runsc_root, cid)
-
-    await asyncio.gather(*(delete(cid) for cid in entries))
-    await kill([p for p in processes(inst) if orphan(p.sandbox_id) and p.sandbox_id])
-    for cid, paths in entries.items():
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        note(f"runsc state of {cid}", inst.owner(cid))
+    # 2. runsc's state entries (their processes are gone, so `runsc delete` would add only time)
+    for cid, paths in sorted(_state_entries(inst).items()):
+        if orphan(inst.owner(cid)):
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            note(f"runsc state of {cid}", inst.owner(cid))
     # 3. network namespaces (each sandbox has a pair: <name> and <name>-h)
     if os.path.isdir(netns.NETNS_DIR):
         for name in sorted(os.listdir(netns.NETNS_DIR)):
@@ -186,8 +194,10 @@ async def _sweep(
     for leaf, hierarchies in sorted(cgroups.installation_leaves(inst.install_id).items()):
         sid = inst.owner(leaf)
         if orphan(sid) and sid is not None:
-            cgroups.remove(f"{cgroups.installation_parent(inst.install_id)}/{leaf}")
-            note(f"cgroup {leaf} ({', '.join(hierarchies)})", sid)
+            if await _remove_cgroup(f"{cgroups.installation_parent(inst.install_id)}/{leaf}"):
+                note(f"cgroup {leaf} ({', '.join(hierarchies)})", sid)
+            else:
+                log.warning("sweep: cgroup %s is still busy; kept", leaf, extra={"sandbox_id": sid})
     if parents:  # not beside running creates: runsc makes a new sandbox's parent and leaf in two steps
         for path in cgroups.remove_empty_parents(inst.install_id):
             note(f"empty cgroup {path}", None)
