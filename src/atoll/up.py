@@ -20,6 +20,7 @@ import uvicorn
 from atoll import settings as settings_mod
 from atoll.controlplane import api, db, lifecycle, metrics
 from atoll.worker import service as workersvc
+from atoll.worker import storage
 
 log = logging.getLogger("atoll.up")
 
@@ -82,7 +83,7 @@ def admin_key(s: settings_mod.Settings) -> str:
 
 def build(s: settings_mod.Settings):
     """Assemble manager + app (the caller runs them)."""
-    os.makedirs(s.home, exist_ok=True)
+    storage.private_dir(s.home)  # 0700 before anything is written there (Worker.start fixes the rest)
     key = admin_key(s)
     database = db.open_database(s.database_url)
     worker = workersvc.Worker(

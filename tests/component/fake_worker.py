@@ -56,7 +56,11 @@ class FakeWorker:
     async def prepare_template(self, name, memory_mb):
         pass
 
-    def known_sandbox_dirs(self):
+    async def sweep(self, live):
+        self.swept_with = set(live)
+        return []
+
+    def remove_empty_cgroups(self):
         return []
 
     async def create(self, sid, **kw):

@@ -68,3 +68,29 @@ def test_freeze_of_a_missing_cgroup_is_a_runtime_error():
 
     with pytest.raises(errors.RuntimeFailure, match="missing"):
         cgroups.freeze("/atoll-test-does-not-exist")
+
+
+def test_installation_cgroups_are_removed_in_every_hierarchy_only_when_empty():
+    inst = f"test{uuid.uuid4().hex[:6]}"
+    parent = cgroups.installation_parent(inst)
+    leaves = ("sb-0123456789abcdef-0", "sb-0123456789abcdef-1")
+    for h in ("freezer", "systemd"):  # runsc makes the leaf in name=systemd too
+        for leaf in leaves:
+            os.makedirs(os.path.join("/sys/fs/cgroup", h, parent.lstrip("/"), leaf), exist_ok=True)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        with open(f"/sys/fs/cgroup/freezer{parent}/{leaves[1]}/cgroup.procs", "w") as f:
+            f.write(str(sleeper.pid))
+        assert set(cgroups.installation_leaves(inst)) == set(leaves)
+        assert cgroups.remove_empty_parents(inst) == []  # children left: nothing removed
+        cgroups.remove(f"{parent}/{leaves[0]}")
+        cgroups.remove(f"{parent}/{leaves[1]}")  # busy in freezer: kept there, gone elsewhere
+        assert cgroups.installation_leaves(inst) == {leaves[1]: ["freezer"]}
+        removed = cgroups.remove_empty_parents(inst)
+        assert removed == [f"/sys/fs/cgroup/systemd{parent}/"]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    cgroups.remove(f"{parent}/{leaves[1]}")
+    assert cgroups.remove_empty_parents(inst) == [f"/sys/fs/cgroup/freezer{parent}/"]
+    assert not [h for h in cgroups.hierarchies() if os.path.exists(f"/sys/fs/cgroup/{h}{parent}")]

@@ -109,11 +109,13 @@ class SandboxManager:
         await self.worker.start()
         for rec in self.db.list(include_deleted=False):
             await self._reattach(rec)
-        # Finish deletions a previous process did not complete, and drop runtimes without records.
+        # Finish deletions a previous process did not complete and remove whatever of this
+        # installation no live record owns (processes, runsc state, netns, cgroups, mounts, dirs),
+        # before the API serves and before template images are built (they make unrecorded sandboxes).
         live = {r.id for r in self.db.list(include_deleted=False)}
-        for sid in self.worker.known_sandbox_dirs():
-            if sid not in live:
-                self._spawn(self.worker.delete(sid))
+        removed = await self.worker.sweep(live)
+        if removed:
+            log.info("start-up sweep removed %d runtime object(s) no live sandbox owns", len(removed))
         self._spawn(self._prebuild_templates())
         self._spawn(self.idle_loop())
 
@@ -166,6 +168,7 @@ class SandboxManager:
         if self._reaps:  # deletions in flight get a few seconds; the next start finishes the rest
             await asyncio.wait(list(self._reaps), timeout=10)
         await self.worker.aclose()
+        self.worker.remove_empty_cgroups()  # where no sandbox is left; running ones keep theirs
 
     def _spawn(self, coro: typing.Awaitable) -> None:
         t = asyncio.ensure_future(coro)

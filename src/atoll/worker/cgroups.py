@@ -122,11 +122,78 @@ def oom_kills(cgpath: str) -> int:
     return 0
 
 
+def hierarchies() -> list[str]:
+    """Every cgroup hierarchy mounted under ROOT (the v1 controllers, name=systemd, a v2 `unified`):
+    runsc creates the sandbox's cgroup in each of them, so each must be cleaned."""
+    try:
+        return sorted(e.name for e in os.scandir(ROOT) if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return list(CONTROLLERS)
+
+
 def remove(cgpath: str) -> None:
     """Remove the sandbox's (empty) cgroups after runsc deleted it; ignore what is already gone."""
-    for c in CONTROLLERS:
-        p = _p(c, cgpath)
+    for c in hierarchies():
+        _rmdir_tree(_p(c, cgpath))
+
+
+def _rmdir_tree(path: str) -> bool:
+    """rmdir a cgroup and its child cgroups, deepest first; False if one is still busy (has tasks)."""
+    try:
+        children = [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    ok = all([_rmdir_tree(c) for c in children])
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return ok
+
+
+def tasks(cgpath: str) -> set[int]:
+    """PIDs in the cgroup, in any hierarchy."""
+    out: set[int] = set()
+    for c in hierarchies():
+        with contextlib.suppress(OSError, ValueError):
+            with open(_p(c, cgpath, "cgroup.procs")) as f:
+                out.update(int(x) for x in f.read().split())
+    return out
+
+
+def exists(cgpath: str) -> bool:
+    return any(os.path.isdir(_p(c, cgpath)) for c in hierarchies())
+
+
+def installation_parent(install_id: str) -> str:
+    """The cgroup all of an installation's sandboxes live under (see service.Runtime.cgroup)."""
+    return f"/atoll-{install_id}"
+
+
+def installation_leaves(install_id: str) -> dict[str, list[str]]:
+    """Leaf cgroup name (`<sandbox id>-<generation>`) -> the hierarchies it exists in."""
+    out: dict[str, list[str]] = {}
+    for c in hierarchies():
+        try:
+            names = [e.name for e in os.scandir(_p(c, installation_parent(install_id))) if e.is_dir()]
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for n in names:
+            out.setdefault(n, []).append(c)
+    return out
+
+
+def remove_empty_parents(install_id: str) -> list[str]:
+    """rmdir the installation's parent cgroup in every hierarchy where it has no child left (the
+    kernel refuses to remove a cgroup with children or tasks, so a running sandbox keeps its own)."""
+    removed = []
+    for c in hierarchies():
+        p = _p(c, installation_parent(install_id))
         try:
             os.rmdir(p)
-        except (FileNotFoundError, OSError):
+            removed.append(p)
+        except OSError:
             pass
+    return removed

@@ -20,13 +20,19 @@ async def run(
     check: bool = True,
     input: bytes | None = None,
     timeout: float | None = 120,
+    new_session: bool = False,
 ) -> tuple[int, str, str]:
-    """Run argv, return (returncode, stdout, stderr). Raise RuntimeFailure on non-zero when check."""
+    """Run argv, return (returncode, stdout, stderr). Raise RuntimeFailure on non-zero when check.
+
+    `new_session=True` starts the command in its own session, out of reach of a signal sent to
+    atoll's process group (Ctrl-C, `kill -- -pgid`): for steps that must finish even when atoll
+    is being stopped, like `runsc delete`."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=new_session,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(input), timeout)

@@ -130,7 +130,11 @@ def pid_alive(pid: int | None) -> bool:
 
 
 async def delete(root: str, cid: str) -> None:
-    await hostcmd.run(RUNSC, f"--root={root}", "delete", "--force", cid, check=False, timeout=60)
+    """`runsc delete --force`, in its own session: a stop signal to atoll's process group must not
+    kill it half-way (that left a deleted sandbox's sentry running)."""
+    await hostcmd.run(
+        RUNSC, f"--root={root}", "delete", "--force", cid, check=False, timeout=60, new_session=True
+    )
 
 
 async def kill(root: str, cid: str) -> None:

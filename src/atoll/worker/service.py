@@ -27,7 +27,7 @@ import typing
 from dataclasses import asdict, dataclass
 
 from atoll.core import errors, ids
-from atoll.worker import agent_channel, agent_pack, bundle, cgroups, netns, runsc, storage, templates
+from atoll.worker import agent_channel, agent_pack, bundle, cgroups, netns, runsc, storage, sweep, templates
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class Worker:
     def __init__(self, settings: WorkerSettings):
         self.s = settings
         self.install_id = _installation_id(settings.home)
+        self.host = sweep.Installation(os.path.realpath(settings.home), self.install_id)
         self.sbx_root = os.path.join(settings.home, "sandboxes")
         self.runsc_root = os.path.join(settings.home, "runsc")
         self.agent_dir = os.path.join(settings.home, "agent")
@@ -117,11 +118,12 @@ class Worker:
         return os.path.join(self._dir(sid), *parts)
 
     def _save(self, rt: Runtime, durable: bool = True) -> None:
-        """Write runtime.json atomically; `durable=False` skips the fsync for facts that a restart
-        re-reads from the host anyway (frozen vs running is the freezer cgroup's state)."""
+        """Write runtime.json (0600: it holds the sandbox's env) atomically; `durable=False` skips
+        the fsync for facts that a restart re-reads from the host anyway (frozen vs running is the
+        freezer cgroup's state)."""
         path = self._p(rt.sandbox_id, "runtime.json")
         tmp = path + ".tmp"
-        with open(tmp, "w") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             json.dump(asdict(rt), f)
             if durable:
                 f.flush()
@@ -152,8 +154,15 @@ class Worker:
 
     # ---- start-up ----------------------------------------------------------------------------
     async def start(self) -> None:
-        for d in (self.sbx_root, self.runsc_root, self.agent_dir):
-            os.makedirs(d, exist_ok=True)
+        """Prepare the host: private modes on the home (fixing what earlier versions left), nosuid,
+        nodev on mounts that lack them, the packed agent, pid_max. Sandboxes are left alone."""
+        for d in (self.sbx_root, self.runsc_root):
+            storage.private_dir(d)
+        os.makedirs(self.agent_dir, exist_ok=True)  # bind-mounted into sandboxes: keeps 0755
+        storage.secure_home(self.s.home)
+        storage.private_dir(self.templates.dir)
+        for mp in await storage.harden_mounts(self.s.home):
+            log.warning("added nosuid,nodev to %s (mounted by an earlier version without them)", mp)
         # The agent is packed here into one file (not bind-mounted from site-packages): agent.pyc,
         # every module's bytecode in one file, for templates whose python3 has this interpreter's
         # version (nothing compiles in the sandbox, ~20 ms at every boot in gVisor), else a zipapp
@@ -164,11 +173,13 @@ class Worker:
                 os.unlink(os.path.join(self.agent_dir, stale))
         _raise_pid_max()
 
-    def known_sandbox_dirs(self) -> list[str]:
-        try:
-            return sorted(d for d in os.listdir(self.sbx_root) if ids.is_sandbox_id(d))
-        except FileNotFoundError:
-            return []
+    async def sweep(self, live: typing.Collection[str]) -> list[str]:
+        """Remove this installation's runtime objects that no sandbox in `live` owns (start-up)."""
+        return await sweep.sweep(self.host, live)
+
+    def remove_empty_cgroups(self) -> list[str]:
+        """Remove the installation's parent cgroups where no sandbox is left (at stop)."""
+        return cgroups.remove_empty_parents(self.install_id)
 
     # ---- create --------------------------------------------------------------------------------
     async def create(
@@ -192,7 +203,7 @@ class Worker:
             env=env,
             disk_mb=disk_mb or self.s.default_disk_mb,
         )
-        os.makedirs(self._dir(sid), exist_ok=True)
+        storage.private_dir(self._dir(sid))
         self._runtimes[sid] = rt
         self._save(rt)
         use_image = from_image and self.s.template_snapshots
@@ -361,7 +372,7 @@ class Worker:
             if not gate.ok:
                 raise errors.RuntimeFailure("; ".join(gate.blockers))
             await self.checkpoint(sid)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            storage.private_dir(os.path.dirname(dest))
             tmp = dest + ".tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             os.replace(self._p(sid, "snapshot"), tmp)
@@ -715,7 +726,13 @@ class Worker:
 
     # ---- delete --------------------------------------------------------------------------------
     async def delete(self, sid: str) -> None:
-        """Stop the sandbox and remove everything it had on this host (runsc state, images, upper)."""
+        """Stop the sandbox and remove everything it had on this host (runsc state, images, upper).
+
+        `runsc delete` runs in its own session (a stop signal to atoll cannot cut it short); then
+        whatever it left — a sentry or gofer still running, state of other generations, a cgroup,
+        a namespace, a mount — is found by name and removed (worker.sweep), down to the directory.
+        If this is interrupted, the runtime says `deleting` and the next start-up's sweep finishes.
+        """
         rt = self._runtimes.pop(sid, None) or self._load(sid)
         ch = self._channels.pop(sid, None)
         if ch is not None:
@@ -729,11 +746,9 @@ class Worker:
                 with contextlib.suppress(errors.AtollError):
                     cgroups.thaw(cg)
             await runsc.delete(self.runsc_root, rt.cid)
-            cgroups.remove(cg)
-            await netns.delete(rt.name)
-        await storage.unmount(self._p(sid, "rootfs"))
-        await storage.unmount(self._p(sid, "upper"))
-        await asyncio.to_thread(shutil.rmtree, self._dir(sid), True)
+        for what in await sweep.remove_sandbox(self.host, sid):
+            if what.startswith("runsc process"):
+                log.warning("runsc delete left %s running; killed it", what, extra={"sandbox_id": sid})
 
     # ---- liveness ------------------------------------------------------------------------------
     def alive(self, sid: str) -> bool:
@@ -872,8 +887,8 @@ def _installation_id(home: str) -> str:
     except FileNotFoundError:
         pass
     value = ids.installation_id(os.path.realpath(home))
-    os.makedirs(home, exist_ok=True)
-    with open(path, "w") as f:
+    storage.private_dir(home)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(value + "\n")
     return value
 
@@ -947,53 +962,8 @@ def _raise_pid_max() -> None:
 async def purge_installation(home: str) -> list[str]:
     """Remove every sandbox of the installation at `home` from this host, without a control plane.
 
-    For test fixtures and `atoll.testing`: deletes what the runtime records name, then sweeps
-    leftovers by their installation-specific names (runsc processes rooted in `<home>/runsc`,
-    network namespaces `atoll-<install id>-*`, mounts under `<home>`). Returns what it removed.
+    For test fixtures and `atoll.testing`: a sweep with no live sandbox (see worker.sweep), which
+    also removes the installation's parent cgroups. Returns what it removed.
     """
     home = os.path.realpath(home)
-    w = Worker(WorkerSettings(home=home))
-    removed: list[str] = []
-    for sid in w.known_sandbox_dirs():
-        with contextlib.suppress(Exception):
-            await w.delete(sid)
-            removed.append(sid)
-    root_flag = f"--root={w.runsc_root}".encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if root_flag in argv and argv[0] in (b"runsc-sandbox", b"runsc-gofer"):
-            with contextlib.suppress(OSError, errors.AtollError):
-                with open(f"/proc/{pid}/cgroup") as f:
-                    for line in f:
-                        _, ctrl, path = line.rstrip("\n").split(":", 2)
-                        if ctrl == "freezer" and cgroups.freezer_state(path) in ("FROZEN", "FREEZING"):
-                            cgroups.thaw(path)  # a frozen process cannot die
-            with contextlib.suppress(OSError):
-                os.kill(int(pid), 9)
-                removed.append(f"pid {pid}")
-    prefix = f"atoll-{w.install_id}-"
-    if os.path.isdir(netns.NETNS_DIR):
-        for name in os.listdir(netns.NETNS_DIR):
-            if name.startswith(prefix) and not name.endswith("-h"):
-                await netns.delete(name)
-                removed.append(name)
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split()[4] for line in f]
-    for mp in sorted((m for m in mounts if m.startswith(home + "/")), key=len, reverse=True):
-        await storage.unmount(mp)
-    for c in cgroups.CONTROLLERS:
-        parent = os.path.join(cgroups.ROOT, c, f"atoll-{w.install_id}")
-        if os.path.isdir(parent):
-            for leaf in os.listdir(parent):
-                if os.path.isdir(os.path.join(parent, leaf)):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(parent, leaf))
-            with contextlib.suppress(OSError):
-                os.rmdir(parent)
-    return removed
+    return await sweep.sweep(sweep.Installation(home, _installation_id(home)), live=())

@@ -97,7 +97,7 @@ class TemplateStore:
     def __init__(self, directory: str, mirror: str):
         self.dir = directory
         self.mirror = mirror
-        os.makedirs(self.dir, exist_ok=True)
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)  # layers hold setuid programs: owner only
         self._locks: dict[str, asyncio.Lock] = {}
         self._status: dict[str, BuildStatus] = {}
         for r in RECIPES.values():

@@ -1,0 +1,229 @@
+"""Find and remove the runtime objects of one installation that no live sandbox owns.
+
+An installation's objects on the host, and how each names its sandbox:
+  runsc processes (CLI, sentry, gofer) with `--root=<home>/runsc`  — the container id
+      `atoll-<install id>-<id>-<generation>` or a path under `<home>/sandboxes/<sandbox id>/`
+  runsc state entries `<home>/runsc/<cid>_sandbox:<cid>.{state,lock}` — the container id
+  network namespaces `/run/netns/atoll-<install id>-<id>[-h]`
+  cgroups `/sys/fs/cgroup/<hierarchy>/atoll-<install id>/<sandbox id>-<generation>`
+  mounts below `<home>` and sandbox directories `<home>/sandboxes/<sandbox id>`.
+`sweep` removes every one whose sandbox is not in the live set (and mounts and processes that name
+no sandbox at all), then the installation's parent cgroups once empty; `remove_sandbox` removes
+one sandbox's (every generation's), whatever `runsc delete` left. Everything removed is logged.
+
+Called by worker.service: `Worker.sweep` at start-up (controlplane.lifecycle passes the ids of
+its live records), `Worker.delete`, and `purge_installation` (live set empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import time
+import typing
+from dataclasses import dataclass
+
+from atoll.core import errors, ids
+from atoll.worker import cgroups, netns, runsc, storage
+
+log = logging.getLogger(__name__)
+
+_RUNSC_DAEMONS = (b"runsc-sandbox", b"runsc-gofer")
+
+
+@dataclass(frozen=True)
+class Installation:
+    home: str
+    """The installation's ATOLL_HOME (a real path)."""
+    install_id: str
+
+    @property
+    def runsc_root(self) -> str:
+        return os.path.join(self.home, "runsc")
+
+    @property
+    def sandboxes(self) -> str:
+        return os.path.join(self.home, "sandboxes")
+
+    @property
+    def prefix(self) -> str:
+        """Start of every host-wide runtime name (container ids, netns) of this installation."""
+        return f"atoll-{self.install_id}-"
+
+    def owner(self, name: str) -> str | None:
+        """The sandbox id a runtime name, container id, cgroup leaf or path names (None if none)."""
+        if name.startswith(self.prefix):
+            m = re.match(r"([0-9a-z]{16})(?:-|$)", name[len(self.prefix) :])
+            return "sb-" + m.group(1) if m else None
+        m = re.match(r"(sb-[0-9a-z]{16})(?:-\d+)?$", name)
+        if m and ids.is_sandbox_id(m.group(1)):
+            return m.group(1)
+        base = self.sandboxes + "/"
+        if name.startswith(base):
+            sid = name[len(base) :].split("/", 1)[0]
+            return sid if ids.is_sandbox_id(sid) else None
+        return None
+
+
+@dataclass
+class Process:
+    pid: int
+    argv: list[bytes]
+    sandbox_id: str | None
+
+    @property
+    def daemon(self) -> bool:
+        """A sentry or gofer (always some sandbox's), rather than a runsc command."""
+        return self.argv[0] in _RUNSC_DAEMONS
+
+
+def processes(inst: Installation) -> list[Process]:
+    """runsc processes rooted in this installation's runsc root, with the sandbox each serves."""
+    root_flag = f"--root={inst.runsc_root}".encode()
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if root_flag not in argv or not os.path.basename(argv[0]).startswith(b"runsc"):
+            continue
+        sid = None
+        for arg in argv[1:]:
+            text = arg.decode(errors="replace").split("=", 1)[-1]
+            sid = inst.owner(text)
+            if sid:
+                break
+        out.append(Process(int(pid), argv, sid))
+    return out
+
+
+async def kill(procs: typing.Sequence[Process], timeout: float = 10) -> None:
+    """SIGKILL `procs` (thawing their freezer cgroup first: a frozen process cannot die) and wait
+    until they are gone."""
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError, errors.AtollError):
+            with open(f"/proc/{p.pid}/cgroup") as f:
+                for line in f:
+                    _, ctrl, path = line.rstrip("\n").split(":", 2)
+                    if ctrl == "freezer" and cgroups.freezer_state(path) in ("FROZEN", "FREEZING"):
+                        cgroups.thaw(path, timeout=2)
+        with contextlib.suppress(OSError):
+            os.kill(p.pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(runsc.pid_alive(p.pid) for p in procs) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def _state_entries(inst: Installation) -> dict[str, list[str]]:
+    """runsc state entries by container id."""
+    out: dict[str, list[str]] = {}
+    try:
+        names = os.listdir(inst.runsc_root)
+    except FileNotFoundError:
+        return out
+    for n in names:
+        cid = n.split("_sandbox:", 1)[0]
+        if "_sandbox:" in n and cid.startswith(inst.prefix):
+            out.setdefault(cid, []).append(os.path.join(inst.runsc_root, n))
+    return out
+
+
+async def _remove_cgroup(cgpath: str, timeout: float = 5) -> bool:
+    """Remove an orphan sandbox's cgroup in every hierarchy, killing what still runs in it (the
+    ptrace platform's stub processes, a process that escaped the command-line match) and waiting
+    for exiting tasks to leave it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cgroups.remove(cgpath)
+        pids = cgroups.tasks(cgpath)
+        if not pids and not cgroups.exists(cgpath):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await kill([Process(pid, [b""], None) for pid in pids], timeout=1)
+        await asyncio.sleep(0.02)
+
+
+async def _sweep(
+    inst: Installation, orphan: typing.Callable[[str | None], bool], *, parents: bool
+) -> list[str]:
+    removed: list[str] = []
+
+    def note(what: str, sid: str | None) -> None:
+        removed.append(what)
+        log.info("sweep removed %s", what, extra={"sandbox_id": sid})
+
+    # 1. processes first: nothing else can be removed while a sentry or gofer holds it
+    doomed = [p for p in processes(inst) if orphan(p.sandbox_id) and (p.sandbox_id or p.daemon)]
+    await kill(doomed)
+    for p in doomed:
+        note(f"runsc process {p.pid} ({p.argv[0].decode(errors='replace')})", p.sandbox_id)
+    # 2. runsc's state entries (their processes are gone, so `runsc delete` would add only time)
+    for cid, paths in sorted(_state_entries(inst).items()):
+        if orphan(inst.owner(cid)):
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            note(f"runsc state of {cid}", inst.owner(cid))
+    # 3. network namespaces (each sandbox has a pair: <name> and <name>-h)
+    if os.path.isdir(netns.NETNS_DIR):
+        for name in sorted(os.listdir(netns.NETNS_DIR)):
+            if name.startswith(inst.prefix) and not name.endswith("-h") and orphan(inst.owner(name)):
+                await netns.delete(name)
+                note(f"network namespace {name}", inst.owner(name))
+        for name in sorted(os.listdir(netns.NETNS_DIR)):  # a host side whose sandbox side is gone
+            if name.startswith(inst.prefix) and name.endswith("-h") and orphan(inst.owner(name)):
+                await netns.delete(name[:-2])
+                note(f"network namespace {name}", inst.owner(name))
+    # 4. mounts below the home that belong to no live sandbox
+    for mp in storage.mounts_under(inst.home):
+        sid = inst.owner(mp)
+        if orphan(sid):
+            await storage.unmount(mp)
+            note(f"mount {mp}", sid)
+    # 5. cgroups (the processes are gone, so they are empty), then empty parents
+    for leaf, hierarchies in sorted(cgroups.installation_leaves(inst.install_id).items()):
+        sid = inst.owner(leaf)
+        if orphan(sid) and sid is not None:
+            if await _remove_cgroup(f"{cgroups.installation_parent(inst.install_id)}/{leaf}"):
+                note(f"cgroup {leaf} ({', '.join(hierarchies)})", sid)
+            else:
+                log.warning("sweep: cgroup %s is still busy; kept", leaf, extra={"sandbox_id": sid})
+    if parents:  # not beside running creates: runsc makes a new sandbox's parent and leaf in two steps
+        for path in cgroups.remove_empty_parents(inst.install_id):
+            note(f"empty cgroup {path}", None)
+    # 6. sandbox directories
+    with contextlib.suppress(FileNotFoundError):
+        for sid in sorted(os.listdir(inst.sandboxes)):
+            path = os.path.join(inst.sandboxes, sid)
+            if not ids.is_sandbox_id(sid) or not orphan(sid):
+                continue
+            if storage.mounts_under(path) or storage.is_mounted(path):
+                log.warning(
+                    "sweep: %s is still mounted; kept for the next sweep", path, extra={"sandbox_id": sid}
+                )
+                continue
+            await asyncio.to_thread(shutil.rmtree, path, True)
+            note(f"directory {path}", sid)
+    return removed
+
+
+async def sweep(inst: Installation, live: typing.Collection[str]) -> list[str]:
+    """Remove everything of the installation that no sandbox in `live` owns; return what went."""
+    keep = set(live)
+    return await _sweep(inst, lambda sid: sid not in keep, parents=True)
+
+
+async def remove_sandbox(inst: Installation, sid: str) -> list[str]:
+    """Remove whatever of sandbox `sid` is still on the host (any generation): processes, runsc
+    state, network namespaces, cgroups, mounts, its directory."""
+    return await _sweep(inst, lambda owner: owner == sid, parents=False)
