@@ -74,7 +74,8 @@ class SandboxManager:
         rec.state = new_state.value
         for k, v in changes.items():
             setattr(rec, k, v)
-        self.db.save(rec, fields=["state", *changes])
+        # a delete must survive a power loss once acknowledged (the next start finishes it)
+        self.db.save(rec, fields=["state", *changes], durable=verb == "delete")
         self._cache[rec.id] = rec
 
     @contextlib.asynccontextmanager
