@@ -337,47 +337,33 @@ def create_app(
         payload["max_output_bytes"] = req.max_output_bytes or max_exec_output_bytes
         agent_timeout = None if req.background or req.timeout_s is None else req.timeout_s + 30
         if NDJSON in request.headers.get("accept", "") and not req.background:
-            return await _exec_stream(sid, payload, agent_timeout)
-        return await _exec_relay(sid, request, payload, agent_timeout)
-
-    async def _exec_relay(sid: str, request: Request, payload: dict, agent_timeout: float | None):
-        """A plain exec: wait for the agent's answer (the command's end), then pass its bytes on as
-        they arrive — already the API's JSON, bounded by max_output_bytes — never holding it whole."""
-        cm = manager.activity(sid)
-        await cm.__aenter__()
-        stream_cm = manager.worker.agent_stream(sid, "POST", "/exec", json=payload, timeout=agent_timeout)
-        try:
-            resp = await _unless_disconnected(request, stream_cm.__aenter__())
-        except BaseException as e:
-            await cm.__aexit__(type(e), e, e.__traceback__)
-            raise
-
-        async def body() -> typing.AsyncIterator[bytes]:
-            failure: BaseException | None = None
-            try:
-                async for chunk in resp.aiter_raw():
-                    yield chunk
-            except Exception as e:  # the headers are sent: the answer is cut short, as it must be
-                failure = e
-                log.warning("exec answer broke: %r", e, extra={"sandbox_id": sid})
-                raise
-            finally:
-                await stream_cm.__aexit__(None, None, None)
-                await cm.__aexit__(type(failure) if failure else None, failure, None)
-
-        headers = {}
-        if "content-length" in resp.headers:
-            headers["Content-Length"] = resp.headers["content-length"]
-        return StreamingResponse(body(), media_type="application/json", headers=headers)
-
-    async def _exec_stream(sid: str, payload: dict, agent_timeout: float | None):
-        cm = manager.activity(sid)
-        await cm.__aenter__()
-        try:
-            stream_cm = manager.worker.agent_stream(
+            stream = manager.worker.agent_stream(
                 sid, "POST", "/exec", json=payload, headers={"Accept": NDJSON}, timeout=agent_timeout
             )
-            resp = await stream_cm.__aenter__()
+            return await _relay(sid, stream, media_type=NDJSON, what="exec stream", in_band_errors=True)
+        # A plain exec: the agent answers when the command ends; its answer is already the API's
+        # JSON (bounded by max_output_bytes) and is passed on without re-encoding.
+        stream = manager.worker.agent_stream(sid, "POST", "/exec", json=payload, timeout=agent_timeout)
+        return await _relay(sid, stream, media_type="application/json", what="exec answer", request=request)
+
+    async def _relay(
+        sid: str,
+        stream_cm: typing.AsyncContextManager,
+        *,
+        media_type: str,
+        what: str,
+        request: Request | None = None,
+        in_band_errors: bool = False,
+    ) -> StreamingResponse:
+        """Pass an agent answer on piece by piece, never holding it whole, counted as activity for
+        as long as it flows. Until the agent's headers arrive an error is an ordinary error answer
+        (and, with `request`, an API client that hangs up cancels the call); once ours are sent, a
+        broken stream either ends with an in-band ndjson error line (`in_band_errors`) or is cut short."""
+        cm = manager.activity(sid)
+        await cm.__aenter__()
+        try:
+            opening = stream_cm.__aenter__()
+            resp = await (_unless_disconnected(request, opening) if request is not None else opening)
         except BaseException as e:
             await cm.__aexit__(type(e), e, e.__traceback__)
             raise
@@ -387,20 +373,25 @@ def create_app(
             try:
                 async for chunk in resp.aiter_raw():
                     yield chunk
-            except Exception as e:  # noqa: BLE001 - the headers are sent: report in-band, as a last line
+            except Exception as e:  # noqa: BLE001 - the headers are sent
                 failure = e
                 if isinstance(e, errors.AtollError):
                     code, message = e.code, e.message
                 else:
-                    code, message = "runtime_error", "the exec stream from the sandbox broke"
-                log.warning("exec stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)})
+                    code, message = "runtime_error", f"the {what} from the sandbox broke"
+                log.warning("%s broke: %s", what, message, extra={"sandbox_id": sid, "detail": repr(e)})
+                if not in_band_errors:
+                    raise
                 yield (json.dumps({"error": {"code": code, "message": message}}) + "\n").encode()
             finally:
                 await stream_cm.__aexit__(None, None, None)
                 # a SandboxDied passed on marks the sandbox failed (see SandboxManager.activity)
                 await cm.__aexit__(type(failure) if failure else None, failure, None)
 
-        return StreamingResponse(body(), media_type=NDJSON)
+        headers = {}
+        if "content-length" in resp.headers:
+            headers["Content-Length"] = resp.headers["content-length"]
+        return StreamingResponse(body(), media_type=media_type, headers=headers)
 
     @app.get("/v1/sandboxes/{sid}/processes")
     async def list_processes(sid: str):
@@ -457,34 +448,8 @@ def create_app(
     async def read_file(sid: str, path: str | None = None, path_b64: str | None = None):
         manager.get(sid)
         target = _check_path(path, path_b64)
-        cm = manager.activity(sid)
-        await cm.__aenter__()
-        try:
-            stream_cm = manager.worker.agent_stream(
-                sid, "GET", "/files", params={"path": target}, timeout=None
-            )
-            resp = await stream_cm.__aenter__()
-        except BaseException as e:
-            await cm.__aexit__(type(e), e, e.__traceback__)
-            raise
-
-        async def body() -> typing.AsyncIterator[bytes]:
-            failure: BaseException | None = None
-            try:
-                async for chunk in resp.aiter_raw():
-                    yield chunk
-            except Exception as e:  # the headers are sent: the connection is cut short, as it must be
-                failure = e
-                log.warning("file download broke: %r", e, extra={"sandbox_id": sid})
-                raise
-            finally:
-                await stream_cm.__aexit__(None, None, None)
-                await cm.__aexit__(type(failure) if failure else None, failure, None)
-
-        headers = {}
-        if "content-length" in resp.headers:
-            headers["Content-Length"] = resp.headers["content-length"]
-        return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
+        stream = manager.worker.agent_stream(sid, "GET", "/files", params={"path": target}, timeout=None)
+        return await _relay(sid, stream, media_type="application/octet-stream", what="file download")
 
     @app.get("/v1/sandboxes/{sid}/files/list")
     async def list_files(sid: str, path: str | None = None, path_b64: str | None = None):
