@@ -64,6 +64,8 @@ class StatusHandlers:
             self.base_env.update(env)
         self.sandbox_id = sandbox_id
         self.generation = generation
+        if self.procs.init is not None:  # what /proc/1/environ shows to the sandbox's processes
+            self.procs.init.set_identity(sandbox_id)
         if hostname is not None and hostname != socket.gethostname():
             try:
                 socket.sethostname(hostname)
