@@ -68,3 +68,16 @@ def test_freeze_of_a_missing_cgroup_is_a_runtime_error():
 
     with pytest.raises(errors.RuntimeFailure, match="missing"):
         cgroups.freeze("/atoll-test-does-not-exist")
+
+
+def test_death_cause_names_the_host_pids_limit(tmp_path, monkeypatch):
+    """Issue 5 item 4: a sandbox killed by its host pids cgroup used to fail with 'stopped unexpectedly'."""
+    from atoll.worker import cgroups
+
+    monkeypatch.setattr(cgroups, "ROOT", str(tmp_path))
+    d = tmp_path / "pids" / "inst" / "sb-1"
+    d.mkdir(parents=True)
+    (d / "pids.events").write_text("max 3\n")
+    (d / "pids.max").write_text("9216\n")
+    assert cgroups.pids_limit_hits("inst/sb-1") == (3, 9216)
+    assert cgroups.pids_limit_hits("inst/none") == (0, None)

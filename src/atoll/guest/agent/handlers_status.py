@@ -76,5 +76,5 @@ class StatusHandlers:
         )
 
     def gate(self, conn: Conn) -> None:
-        report = gate_report("/proc", own_pid=self.pid, own_port=self.port)
+        report = gate_report(self.procs.proc_root, own_pid=self.pid, own_port=self.port)
         conn.send_json(200, report)

@@ -21,6 +21,7 @@ from .common import log
 from .errors import ApiError
 
 RESTART_WAIT_S = 30.0
+REPLY_WAIT_S = 60.0  # a live init answers a spawn in milliseconds; SIGCONT is sent when it stops
 
 
 class Spawned:
@@ -61,6 +62,8 @@ class InitClient:
             except OSError:
                 data = b""
             if not data:
+                if self._sock is sock:
+                    self._ready.clear()  # later requests wait for the successor (see died)
                 replies.put(None)
                 return
             msg = json.loads(data)
@@ -118,20 +121,27 @@ class InitClient:
             if user_kwargs:
                 user = [user_kwargs["user"], user_kwargs["group"], list(user_kwargs.get("extra_groups", []))]
             msg = {"op": "spawn", "argv": argv, "cwd": cwd, "env": env, "user": user}
+            answer = None
             for _attempt in range(2):
                 with self._lock:
                     replies = self._replies
                     try:
                         self._request(msg, fds)
-                        answer = replies.get()
-                    except OSError:
+                    except OSError:  # not delivered (the init is gone): safe to send again
+                        self._ready.clear()
+                        continue
+                    try:
+                        answer = replies.get(timeout=REPLY_WAIT_S)
+                    except queue.Empty:
                         answer = None
-                if answer is not None:
-                    break
-                # the init died under this request: wait for its successor and try once more
-                self._wait_replaced(replies)
-            else:
-                raise ApiError(500, "runtime_error", "the sandbox's process init restarted twice; retry")
+                break
+            if answer is None:
+                # Never sent twice: the init may have started it before it died (at most once).
+                raise ApiError(
+                    500,
+                    "runtime_error",
+                    "the sandbox's process init (atoll-init) died during the spawn; retry",
+                )
         except BaseException:
             for f in ends:
                 if f is not None:
@@ -151,12 +161,6 @@ class InitClient:
         if err.get("kind") == "value":
             raise ValueError(err.get("message"))
         raise subprocess.SubprocessError(err.get("message", "unknown failure in atoll-init"))
-
-    def _wait_replaced(self, replies: queue.SimpleQueue) -> None:
-        deadline = RESTART_WAIT_S
-        while deadline > 0 and (self._replies is replies or not self._ready.is_set()):
-            threading.Event().wait(0.05)
-            deadline -= 0.05
 
     def kill_tree(self, pid: int, *, root_alive: bool = True) -> None:
         try:

@@ -7,6 +7,9 @@ pids controller inside the sandbox (at CGROUP_MOUNT, on the sandbox's /dev tmpfs
     <mount>/user          pids.max = USER_PIDS_MAX: every user process and thread, the init included
     <mount>/user/c<pid>   pids.max = COMMAND_PIDS_MAX: one per command tree, made at its spawn
 
+The numbers are bounded by memory too: each guest process costs the host ~0.5 MB (measured: 200
+sleeps ~100 MB), so 512 per command keeps a flood inside a 512 MB sandbox's memory limit (1,000
+sleeps there end in the host OOM killer).
 A fork or thread creation past a limit fails with EAGAIN inside the sandbox. One command at its
 limit leaves room for others (a new exec still starts). A command is moved into its cgroup right
 after its spawn; a child it forks before that (within microseconds of its exec) stays in `user`,
@@ -22,8 +25,8 @@ import os
 from .common import log
 
 CGROUP_MOUNT = "/dev/.atoll-cgroup"
-USER_PIDS_MAX = 2048
-COMMAND_PIDS_MAX = 1024
+USER_PIDS_MAX = 1024
+COMMAND_PIDS_MAX = 512
 MAX_LINGERING = 4096
 
 

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 
-from . import proctree
+from . import proctree, zygote
 from .common import format_exc, log
 from .errors import ApiError, invalid
 from .initclient import InitClient
@@ -78,6 +78,7 @@ class ProcessTable:
         self._tickets = itertools.count()
         self._seq = 0  # bumped after every spawn, so the reaper notices new children
         self.init: InitClient | None = None  # commands run under atoll-init (see zygote)
+        self.proc_root = "/proc"  # where the agent reads its own namespace's processes
         try:
             self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -86,6 +87,7 @@ class ProcessTable:
     def start_init(self) -> None:
         """Run commands in a child PID namespace under atoll-init. Call before any thread starts."""
         client = InitClient(self._exit_reported, self._init_restarting)
+        self.proc_root = zygote.mount_agent_proc()
         client.start_first()
         self.init = client
         proctree.remote = client.kill_tree
@@ -113,7 +115,13 @@ class ProcessTable:
         try:
             if self.init is not None:
                 popen = self.init.spawn(
-                    argv, cwd=cwd, env=env, user_kwargs=user_kwargs, stdin=self._devnull, stdout=stdout, stderr=stderr
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    user_kwargs=user_kwargs,
+                    stdin=self._devnull,
+                    stdout=stdout,
+                    stderr=stderr,
                 )
                 return self._register(popen, cmd, background, notify)
             popen = subprocess.Popen(

@@ -146,6 +146,26 @@ def _become_init(sock: socket.socket, sandbox_id: str) -> None:
     os._exit(70)
 
 
+AGENT_PROC = "/dev/.atoll-proc"
+
+
+def mount_agent_proc() -> str:
+    """A proc of the sandbox's root PID namespace for the agent's own reads (the checkpoint gate):
+    /proc becomes the init's namespace view, where the agent has no pid and /proc/self and
+    /proc/net (a link to self/net) do not resolve for it. Returns the path to read, /proc if the
+    mount failed."""
+    try:
+        os.makedirs(AGENT_PROC, exist_ok=True)
+        if not os.path.exists(f"{AGENT_PROC}/self"):
+            _check(
+                libc().mount(b"proc", AGENT_PROC.encode(), b"proc", 0, None), f"mount proc on {AGENT_PROC}"
+            )
+        return AGENT_PROC
+    except OSError as e:
+        log(f"cannot mount the agent's own proc ({e}); the checkpoint gate reads /proc")
+        return "/proc"
+
+
 def unmount_proc() -> None:
     """Drop the proc mount of a namespace whose init died (the next init mounts its own)."""
     libc().umount2(b"/proc", MNT_DETACH)
