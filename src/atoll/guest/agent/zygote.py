@@ -44,6 +44,7 @@ from .common import log
 
 CLONE_NEWPID = 0x20000000
 MNT_DETACH = 2
+MSG_CMSG_CLOEXEC = getattr(socket, "MSG_CMSG_CLOEXEC", 0x40000000)
 PR_SET_NAME = 15
 NAME = b"atoll-init"
 MAX_MESSAGE = 1 << 20  # an exec request with its environment; the agent checks sizes before
@@ -252,11 +253,14 @@ class Init:
     def _serve(self) -> None:
         while True:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, 3)
+                # commands are spawned with close_fds=False and must inherit only 0, 1, 2
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, 3, MSG_CMSG_CLOEXEC)
             except InterruptedError:
                 continue
             if not data:
                 os._exit(0)
+            for fd in fds:  # this gVisor ignores MSG_CMSG_CLOEXEC (measured): set it by hand
+                os.set_inheritable(fd, False)
             try:
                 msg = json.loads(data)
                 op = msg.get("op")
