@@ -41,6 +41,7 @@ class FakeWorker:
         self.gate_blockers: list[str] = []
         self.dead: set[str] = set()
         self.freeze_stuck = False
+        self.gate_stalled: set[str] = set()  # sandboxes whose agent never answers the gate
 
     async def _step(self, verb, sid):
         self.calls.append((verb, sid))
@@ -88,6 +89,9 @@ class FakeWorker:
         return {"ok": True}
 
     async def gate(self, sid):
+        self.calls.append(("gate", sid))
+        if sid in self.gate_stalled:
+            await asyncio.sleep(3600)
         return service.GateResult(not self.gate_blockers, list(self.gate_blockers))
 
     async def checkpoint(self, sid):

@@ -143,6 +143,23 @@ async def test_idle_policy_walks_tiers(env):
     assert "freeze" in verbs and "checkpoint" in verbs
 
 
+async def test_a_stalled_sandbox_does_not_delay_another_ones_standby(env):
+    """Issue 5: the idle policy used to walk sandboxes one by one, so a stopped agent (a gate call
+    hanging) held up every other sandbox's standby."""
+    c, worker, _ = env
+    stuck = [await _create(c, idle_timeout_s=0.1, disk_after_s=0.1) for _ in range(3)]
+    worker.gate_stalled.update(stuck)
+    sid = await _create(c, idle_timeout_s=0.2, disk_after_s=0.2)
+    for _ in range(40):
+        await asyncio.sleep(0.1)
+        if (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "disk":
+            break
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "disk"
+    assert all(("gate", s) in worker.calls for s in stuck)  # they were tried, and are still waiting
+    for s in stuck:
+        assert (await c.get(f"/v1/sandboxes/{s}")).json()["state"] == "running"
+
+
 async def test_file_limit_and_metrics(env):
     c, worker, _ = env
     sid = await _create(c)

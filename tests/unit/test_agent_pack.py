@@ -36,3 +36,15 @@ def test_archives_are_reproducible(tmp_path):
     agent_pack.build(str(b))
     for name in (agent_pack.COMPILED, agent_pack.SOURCE):
         assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+def test_host_pids_ceiling_is_8x_the_guest_limit():
+    """Issue 5 item 4: the host-side pids cgroup counts ~6-8 host tasks per guest task; it must sit
+    well above the limit the guest agent sets inside, or a flood kills the sentry."""
+    from atoll.guest.agent import limits
+    from atoll.worker import bundle
+
+    assert bundle.GUEST_PIDS_MAX == limits.USER_PIDS_MAX
+    assert bundle.HOST_PIDS_LIMIT >= 8 * limits.USER_PIDS_MAX
+    spec = bundle.BundleSpec("sb-x", "h", "/r", "/a", "/n", "/c", 512, None, {})
+    assert bundle.render(spec)["linux"]["resources"]["pids"]["limit"] == bundle.HOST_PIDS_LIMIT

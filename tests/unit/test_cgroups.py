@@ -94,3 +94,16 @@ def test_installation_cgroups_are_removed_in_every_hierarchy_only_when_empty():
     cgroups.remove(f"{parent}/{leaves[1]}")
     assert cgroups.remove_empty_parents(inst) == [f"/sys/fs/cgroup/freezer{parent}/"]
     assert not [h for h in cgroups.hierarchies() if os.path.exists(f"/sys/fs/cgroup/{h}{parent}")]
+
+
+def test_death_cause_names_the_host_pids_limit(tmp_path, monkeypatch):
+    """Issue 5 item 4: a sandbox killed by its host pids cgroup used to fail with 'stopped unexpectedly'."""
+    from atoll.worker import cgroups
+
+    monkeypatch.setattr(cgroups, "ROOT", str(tmp_path))
+    d = tmp_path / "pids" / "inst" / "sb-1"
+    d.mkdir(parents=True)
+    (d / "pids.events").write_text("max 3\n")
+    (d / "pids.max").write_text("9216\n")
+    assert cgroups.pids_limit_hits("inst/sb-1") == (3, 9216)
+    assert cgroups.pids_limit_hits("inst/none") == (0, None)

@@ -237,7 +237,7 @@ def test_exec_cwd_and_env(client, tmp_path):
     assert res["exit_code"] == 0, res
     pwd_line, foo, lang, leaked, path = res["stdout"].splitlines()
     assert os.path.realpath(pwd_line) == os.path.realpath(tmp_path)
-    assert (foo, lang, leaked) == ("bar baz", "C.UTF-8", "unset")
+    assert (foo, lang, leaked) == ("bar baz", "C.UTF-8", "sbx-unit")  # its own id, nothing else
     assert path
     res = _exec(client, cmd="echo $LANG", env={"LANG": "en_US.UTF-8"})
     assert res["stdout"] == "en_US.UTF-8\n"

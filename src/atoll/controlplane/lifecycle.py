@@ -26,6 +26,7 @@ from atoll.worker import service as workersvc
 
 log = logging.getLogger(__name__)
 WORKER_ID = "local"
+POLICY_CONCURRENCY = 8  # idle-policy steps (gate, freeze, checkpoint) running at once
 
 
 class SandboxManager:
@@ -39,6 +40,8 @@ class SandboxManager:
         self._cache: dict[str, dbm.SandboxRecord] = {}
         self._gate_retry: dict[str, float] = {}  # monotonic time before which a gated sandbox stays put
         self._tasks: set[asyncio.Task] = set()
+        self._policy_steps: dict[str, asyncio.Task] = {}  # the idle policy's step running per sandbox
+        self._policy_limit = asyncio.Semaphore(POLICY_CONCURRENCY)
         self._reaps: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self.ready = asyncio.Event()  # set once the base template (layer and image) is prepared
@@ -164,7 +167,7 @@ class SandboxManager:
     async def stop(self) -> None:
         """Stop policy loops and let go of sandboxes; they keep running under runsc."""
         self._stopping.set()
-        for t in list(self._tasks):
+        for t in [*self._tasks, *self._policy_steps.values()]:
             t.cancel()
         if self._reaps:  # deletions in flight get a few seconds; the next start finishes the rest
             await asyncio.wait(list(self._reaps), timeout=10)
@@ -374,9 +377,15 @@ class SandboxManager:
             await asyncio.sleep(interval)
 
     async def _policy_pass(self) -> None:
+        """Decide, for every cached sandbox, whether a tier step is due, and run the due steps as
+        tasks, at most POLICY_CONCURRENCY at once: one sandbox whose agent or runtime is slow (a
+        stalled gate call) delays no other sandbox's standby. A sandbox with a step still running
+        is skipped until that step ends."""
         now = time.monotonic()
         wall = dbm.utcnow()
         for sid, rec in list(self._cache.items()):
+            if sid in self._policy_steps:
+                continue
             lock = self._lock(sid)
             if lock.locked() or self._inflight.get(sid):
                 continue
@@ -384,15 +393,11 @@ class SandboxManager:
                 self._fail(rec, self.worker.death_cause(sid))
                 log.warning("sandbox.died", extra={"sandbox_id": sid, "reason": rec.failure_reason})
                 continue
+            step: typing.Awaitable | None = None
             if rec.state == State.RUNNING and rec.idle_timeout_s > 0:
                 idle_for = now - self._activity.get(sid, now)
                 if idle_for >= rec.idle_timeout_s:
-                    gate = await self.worker.gate(sid)
-                    if gate.external_connections:
-                        self._activity[sid] = now  # an open connection is activity
-                        continue
-                    with contextlib.suppress(errors.AtollError):
-                        await self.pause(sid, Tier.MEMORY)
+                    step = self._idle_to_memory(sid)
             elif (
                 rec.state == State.STANDBY
                 and rec.standby_tier == Tier.MEMORY
@@ -406,8 +411,29 @@ class SandboxManager:
                     else rec.standby_since.replace(tzinfo=dt.UTC)
                 )
                 if (wall - since).total_seconds() >= rec.disk_after_s:
-                    with contextlib.suppress(errors.AtollError):
-                        await self.pause(sid, Tier.DISK)
+                    step = self._policy_pause(sid, Tier.DISK)
+            if step is not None:
+                task = asyncio.ensure_future(self._policy_slot(step))
+                self._policy_steps[sid] = task
+                task.add_done_callback(lambda _t, sid=sid: self._policy_steps.pop(sid, None))
+
+    async def _policy_slot(self, step: typing.Awaitable) -> None:
+        async with self._policy_limit:
+            try:
+                await step
+            except Exception:
+                log.exception("idle policy step failed")
+
+    async def _idle_to_memory(self, sid: str) -> None:
+        gate = await self.worker.gate(sid)
+        if gate.external_connections:
+            self._activity[sid] = time.monotonic()  # an open connection is activity
+            return
+        await self._policy_pause(sid, Tier.MEMORY)
+
+    async def _policy_pause(self, sid: str, tier: Tier) -> None:
+        with contextlib.suppress(errors.AtollError):
+            await self.pause(sid, tier)
 
     def _alive(self, sid: str) -> bool:
         try:

@@ -131,6 +131,22 @@ def hierarchies() -> list[str]:
         return list(CONTROLLERS)
 
 
+def pids_limit_hits(cgpath: str) -> tuple[int, int | None]:
+    """(how often a fork or clone failed at the pids limit of this cgroup, that limit); (0, None) if unknown."""
+    hits, limit = 0, None
+    try:
+        with open(_p("pids", cgpath, "pids.events")) as f:
+            for line in f:
+                if line.startswith("max "):
+                    hits = int(line.split()[1])
+        with open(_p("pids", cgpath, "pids.max")) as f:
+            text = f.read().strip()
+            limit = int(text) if text.isdigit() else None
+    except (FileNotFoundError, ValueError):
+        pass
+    return hits, limit
+
+
 def remove(cgpath: str) -> None:
     """Remove the sandbox's (empty) cgroups after runsc deleted it; ignore what is already gone."""
     for c in hierarchies():

@@ -768,6 +768,14 @@ class Worker:
                 f"memory_mb={rt.memory_mb} (plus {bundle.RUNTIME_OVERHEAD_MB + bundle.RESTORE_GROWTH_MB} MB for "
                 "the runtime); create a new sandbox with a larger memory_mb"
             )
+        hits, limit = cgroups.pids_limit_hits(rt.cgroup(self.install_id))
+        if hits:
+            return (
+                f"sandbox {sid} was stopped after its runtime reached the host's task limit "
+                f"(pids.max={limit} host tasks, ~{bundle.HOST_TASKS_PER_GUEST_TASK} per guest process or "
+                f"thread); programs inside are limited to {bundle.GUEST_PIDS_MAX} tasks, so something "
+                "outran that limit; create a new sandbox and run fewer processes at once"
+            )
         log.warning(
             "sandbox.runtime.died",
             extra={"sandbox_id": sid, "detail": f"runsc log: {runsc.tail(self._p(sid, 'runsc.log'))}"},

@@ -17,6 +17,7 @@ import struct
 import sys
 import time
 
+from . import limits, zygote  # noqa: F401 - every module is imported before main() (see above)
 from .common import log
 from .connection import Conn
 from .routing import Agent
@@ -51,12 +52,32 @@ def _parse_args(argv: list[str]) -> tuple[str, int]:
     return host, port
 
 
+def _isolate(mode: str) -> bool:
+    """Run commands under atoll-init in a child PID namespace? Yes as PID 1 (in a sandbox), where a
+    user's `kill -9 1` would otherwise end the sandbox; a checkout run on the host spawns directly
+    unless ATOLL_AGENT_ISOLATE=1 (tests run it so inside `unshare --pid --mount`)."""
+    if mode in ("0", "1"):
+        return mode == "1"
+    return os.getpid() == 1
+
+
 def main(argv: list[str] | None = None) -> None:
-    host, port = _parse_args(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--zygote":  # a restarted atoll-init (see zygote.start_exec)
+        zygote.exec_main(int(args[1]))
+    host, port = _parse_args(args)
     agent = Agent(host, port)
+    if _isolate(os.environ.get("ATOLL_AGENT_ISOLATE", "")):
+        try:
+            agent.procs.start_init()  # forks: must come before any thread starts
+        except OSError as e:
+            log(f"cannot start atoll-init ({e}); commands run beside the agent, which they can signal")
 
     def on_term(signum, frame):
-        agent.kill_all()
+        if agent.procs.init is not None:
+            agent.procs.init.kill_all()
+        else:
+            agent.kill_all()
         os._exit(0)
 
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

@@ -151,13 +151,17 @@ class ExecHandlers:
         return spec
 
     def _spawn(self, spec: ExecSpec, *, stdout, stderr, notify=None):
+        # Every process of the sandbox carries its current identity (set again after a restore).
+        env = spec.env
+        if self.sandbox_id:
+            env = {**env, "ATOLL_SANDBOX_ID": self.sandbox_id, "ATOLL_GENERATION": str(self.generation)}
         try:
             return self.procs.spawn(
                 spec.argv,
                 cmd=spec.cmd,
                 background=spec.background,
                 cwd=spec.cwd,
-                env=spec.env,
+                env=env,
                 user_kwargs=spec.user_kwargs,
                 stdout=stdout,
                 stderr=stderr,

@@ -64,6 +64,8 @@ class StatusHandlers:
             self.base_env.update(env)
         self.sandbox_id = sandbox_id
         self.generation = generation
+        if self.procs.init is not None:  # what /proc/1/environ shows to the sandbox's processes
+            self.procs.init.set_identity(sandbox_id)
         if hostname is not None and hostname != socket.gethostname():
             try:
                 socket.sethostname(hostname)
@@ -74,5 +76,5 @@ class StatusHandlers:
         )
 
     def gate(self, conn: Conn) -> None:
-        report = gate_report("/proc", own_pid=self.pid, own_port=self.port)
+        report = gate_report(self.procs.proc_root, own_pid=self.pid, own_port=self.port)
         conn.send_json(200, report)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import signal
 import subprocess
 import threading
 import time
 
+from . import proctree, zygote
 from .common import format_exc, log
 from .errors import ApiError, invalid
+from .initclient import InitClient
 
 MAX_PROCESS_RECORDS = 1000
 
@@ -74,19 +77,53 @@ class ProcessTable:
         self._inflight: set[int] = set()
         self._tickets = itertools.count()
         self._seq = 0  # bumped after every spawn, so the reaper notices new children
+        self.init: InitClient | None = None  # commands run under atoll-init (see zygote)
+        self.proc_root = "/proc"  # where the agent reads its own namespace's processes
         try:
             self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             self._devnull = subprocess.DEVNULL
 
+    def start_init(self) -> None:
+        """Run commands in a child PID namespace under atoll-init. Call before any thread starts."""
+        client = InitClient(self._exit_reported, self._init_restarting)
+        self.proc_root = zygote.mount_agent_proc()
+        client.start_first()
+        self.init = client
+        proctree.remote = client.kill_tree
+
     def start_reaper(self) -> None:
         threading.Thread(target=self._reap_forever, name="reaper", daemon=True).start()
+
+    def _exit_reported(self, pid: int, code: int) -> None:
+        try:
+            self._deliver_code(pid, code)
+        except Exception:
+            log("delivering an exit status from atoll-init failed:\n" + format_exc())
+
+    def _init_restarting(self) -> None:
+        """The init died with its namespace: every command still running was killed with it."""
+        with self._cond:
+            running = [p for p in self._procs.values() if p.exit_code is None]
+        for p in running:
+            self._deliver_code(p.pid, 128 + 9)
 
     def spawn(self, argv, *, cmd, background, cwd, env, user_kwargs, stdout, stderr, notify=None):
         ticket = next(self._tickets)
         with self._cond:
             self._inflight.add(ticket)
         try:
+            if self.init is not None:
+                popen = self.init.spawn(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    user_kwargs=user_kwargs,
+                    stdin=self._devnull,
+                    stdout=stdout,
+                    stderr=stderr,
+                )
+                return self._register(popen, cmd, background, notify)
             popen = subprocess.Popen(
                 argv,
                 stdin=self._devnull,
@@ -104,19 +141,22 @@ class ProcessTable:
             # The reaper owns this pid's exit status: make the Popen inert so neither it nor
             # subprocess's _cleanup() ever waits on the pid (which may be reused later).
             popen.returncode = _REAPER_OWNS_STATUS
-            proc = Proc(popen.pid, cmd, background, notify, None)
-            with self._cond:
-                stale = self._procs.pop(popen.pid, None)  # the pid was reused
-                self._procs[popen.pid] = proc
-                evicted = self._evict_locked() if background else []
-            for old in ([stale] if stale else []) + evicted:
-                remove_log(old)
-            return proc, popen
+            return self._register(popen, cmd, background, notify)
         finally:
             with self._cond:
                 self._inflight.discard(ticket)
                 self._seq += 1
                 self._cond.notify_all()
+
+    def _register(self, popen, cmd, background: bool, notify):
+        proc = Proc(popen.pid, cmd, background, notify, None)
+        with self._cond:
+            stale = self._procs.pop(popen.pid, None)  # the pid was reused
+            self._procs[popen.pid] = proc
+            evicted = self._evict_locked() if background else []
+        for old in ([stale] if stale else []) + evicted:
+            remove_log(old)
+        return proc, popen
 
     def _evict_locked(self) -> list[Proc]:
         finished = [p for p in self._procs.values() if p.background and p.exit_code is not None]
@@ -130,7 +170,7 @@ class ProcessTable:
             with self._cond:
                 seq = self._seq
             try:
-                pid, status = os.waitpid(-1, 0)
+                pid, status = os.waitpid(-1, os.WUNTRACED if self.init is not None else 0)
             except ChildProcessError:
                 with self._cond:
                     if self._seq == seq:
@@ -142,6 +182,16 @@ class ProcessTable:
                 log(f"reaper: waitpid failed: {e!r}")
                 time.sleep(0.1)
                 continue
+            init = self.init
+            if init is not None and pid == init.pid:
+                if os.WIFSTOPPED(status):  # user code sent SIGSTOP to its PID 1: let it go on
+                    log(f"atoll-init (pid {pid}) was stopped by signal {os.WSTOPSIG(status)}; continuing it")
+                    os.kill(pid, signal.SIGCONT)
+                else:
+                    init.died()
+                continue
+            if os.WIFSTOPPED(status):
+                continue  # not ours to judge (only atoll-init is watched with WUNTRACED)
             try:
                 self._deliver(pid, status)
             except Exception:
@@ -151,6 +201,9 @@ class ProcessTable:
         code = os.waitstatus_to_exitcode(status)
         if code < 0:
             code = 128 - code  # killed by signal N -> 128+N, like a shell
+        self._deliver_code(pid, code)
+
+    def _deliver_code(self, pid: int, code: int) -> None:
         with self._cond:
             pending = set(self._inflight)
             deadline = time.monotonic() + 60.0

@@ -11,6 +11,10 @@ import signal
 
 from .common import read_small
 
+# Set by the agent when commands run under atoll-init (see zygote): pids are then the child
+# namespace's, so the init itself kills the tree. None in the init and when spawning directly.
+remote = None
+
 
 def _scan_stats(proc_root: str = "/proc") -> list[tuple[int, bytes, int, int, int]]:
     """(pid, state, ppid, pgrp, session) of every process visible in /proc; unreadable ones skipped."""
@@ -65,6 +69,8 @@ def _tree_members(root: int, *, root_alive: bool) -> set[int]:
 
 def kill_tree(root: int, *, root_alive: bool = True) -> None:
     """SIGKILL a command's session/process group and every descendant (re-scanned a few times for forks)."""
+    if remote is not None:
+        return remote(root, root_alive=root_alive)
     for _ in range(3):
         victims = _tree_members(root, root_alive=root_alive)
         if root_alive:

@@ -1,0 +1,184 @@
+"""The agent's side of `atoll-init` (see `zygote`): start it, send it spawn/kill/identity requests,
+receive the exit statuses of the commands it started, and restart it if user code killed it.
+
+`processes.ProcessTable` owns one InitClient when the agent runs as PID 1 (`__main__` calls
+`ProcessTable.start_init`); `proctree.kill_tree` is routed here so that pids are the namespace's.
+Spawns are serialised (one request, one answer, on one socket); a reader thread takes the answers
+and the exit messages, which it hands to `on_exit`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import subprocess
+import threading
+
+from . import zygote
+from .common import log
+from .errors import ApiError
+
+RESTART_WAIT_S = 30.0
+REPLY_WAIT_S = 60.0  # a live init answers a spawn in milliseconds; SIGCONT is sent when it stops
+
+
+class Spawned:
+    """What the exec handlers use of a started command: its pid and the read ends of its pipes."""
+
+    __slots__ = ("pid", "stdout", "stderr")
+
+    def __init__(self, pid: int, stdout, stderr):
+        self.pid, self.stdout, self.stderr = pid, stdout, stderr
+
+
+class InitClient:
+    def __init__(self, on_exit, on_restart):
+        self._on_exit = on_exit  # (pid, code) for every exit message
+        self._on_restart = on_restart  # () after a dead init was replaced: running commands died
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self.pid = 0
+        self.sandbox_id = os.environ.get("ATOLL_SANDBOX_ID", "")
+        self._sock: socket.socket | None = None
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+
+    def start_first(self) -> None:
+        self._attach(*zygote.start_first(self.sandbox_id))
+
+    def _attach(self, pid: int, sock: socket.socket) -> None:
+        self.pid, self._sock = pid, sock
+        self._replies = queue.SimpleQueue()
+        threading.Thread(target=self._read_forever, args=(sock, self._replies), daemon=True).start()
+        self._ready.set()
+
+    def _read_forever(self, sock: socket.socket, replies: queue.SimpleQueue) -> None:
+        while True:
+            try:
+                data = sock.recv(1 << 16)
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                if self._sock is sock:
+                    self._ready.clear()  # later requests wait for the successor (see died)
+                replies.put(None)
+                return
+            msg = json.loads(data)
+            if "exit" in msg:
+                self._on_exit(int(msg["exit"]), int(msg["code"]))
+            else:
+                replies.put(msg)
+
+    # ---- the init died or stopped (called by the agent's reaper) --------------------------------
+
+    def died(self) -> None:
+        """User code killed the init (and with it every process of its namespace): start a new one."""
+        self._ready.clear()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        log(f"atoll-init (pid {self.pid}) died; its commands are reported killed; starting a new one")
+        threading.Thread(target=self._restart, daemon=True).start()
+
+    def _restart(self) -> None:
+        self._on_restart()
+        delay = 0.1
+        while True:
+            try:
+                zygote.unmount_proc()  # the dead namespace's proc
+                env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C.UTF-8"}
+                self._attach(*zygote.start_exec(self.sandbox_id, env))
+                return
+            except Exception as e:  # keep trying: without an init no command can run
+                log(f"cannot restart atoll-init: {e!r}")
+                threading.Event().wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def _request(self, msg: dict, fds: list[int] = ()) -> None:
+        if not self._ready.wait(RESTART_WAIT_S) or self._sock is None:
+            raise ApiError(500, "runtime_error", "the sandbox's process init (atoll-init) is not running")
+        socket.send_fds(self._sock, [json.dumps(msg).encode()], list(fds))
+
+    def spawn(self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr) -> Spawned:
+        pipes: list[int] = []
+        ends: list = [None, None]
+        try:
+            fds = [stdin]
+            for i, target in enumerate((stdout, stderr)):
+                if target == subprocess.PIPE:
+                    r, w = os.pipe2(os.O_CLOEXEC)
+                    pipes.append(w)
+                    ends[i] = open(r, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
+                    fds.append(w)
+                else:
+                    fds.append(target)
+            user = None
+            if user_kwargs:
+                user = [user_kwargs["user"], user_kwargs["group"], list(user_kwargs.get("extra_groups", []))]
+            msg = {"op": "spawn", "argv": argv, "cwd": cwd, "env": env, "user": user}
+            answer = None
+            for _attempt in range(2):
+                with self._lock:
+                    replies = self._replies
+                    try:
+                        self._request(msg, fds)
+                    except OSError:  # not delivered (the init is gone): safe to send again
+                        self._ready.clear()
+                        continue
+                    try:
+                        answer = replies.get(timeout=REPLY_WAIT_S)
+                    except queue.Empty:
+                        answer = None
+                break
+            if answer is None:
+                # Never sent twice: the init may have started it before it died (at most once).
+                raise ApiError(
+                    500,
+                    "runtime_error",
+                    "the sandbox's process init (atoll-init) died during the spawn; retry",
+                )
+        except BaseException:
+            for f in ends:
+                if f is not None:
+                    f.close()
+            raise
+        finally:
+            for w in pipes:
+                os.close(w)
+        if "pid" in answer:
+            return Spawned(int(answer["pid"]), ends[0], ends[1])
+        for f in ends:
+            if f is not None:
+                f.close()
+        err = answer.get("error", {})
+        if err.get("kind") == "os":
+            raise OSError(err.get("errno"), err.get("strerror"), err.get("filename"))
+        if err.get("kind") == "value":
+            raise ValueError(err.get("message"))
+        raise subprocess.SubprocessError(err.get("message", "unknown failure in atoll-init"))
+
+    def kill_tree(self, pid: int, *, root_alive: bool = True) -> None:
+        try:
+            self._request({"op": "kill", "pid": pid, "root_alive": root_alive})
+        except (OSError, ApiError) as e:
+            log(f"cannot ask atoll-init to kill {pid}: {e}")
+
+    def set_identity(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        zygote.set_environ_in_place("ATOLL_SANDBOX_ID", sandbox_id)  # the agent's own
+        try:
+            self._request({"op": "identity", "sandbox_id": sandbox_id})
+        except (OSError, ApiError) as e:
+            log(f"cannot pass the identity to atoll-init: {e}")
+
+    def kill_all(self) -> None:
+        if self.pid:
+            try:
+                os.kill(self.pid, 9)  # the namespace's init: every user process dies with it
+            except OSError:
+                pass

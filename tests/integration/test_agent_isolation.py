@@ -1,0 +1,156 @@
+"""User code against the guest agent and the sandbox's process limits, on real gVisor (issue 5 items
+4, 5 and 7): everyday cleanup (`pkill python3`, signals to PID 1) must not end the sandbox, process
+floods and fork bombs hit a limit inside the sandbox (EAGAIN) instead of killing it, and every
+process sees its sandbox's own id in ATOLL_SANDBOX_ID."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.conftest import run
+
+pytestmark = pytest.mark.integration
+
+
+def _usable(api, sid: str) -> None:
+    """The sandbox still runs commands and its record says running."""
+    out = run(api, sid, "echo alive", timeout_s=60)
+    assert out["exit_code"] == 0 and out["stdout"] == "alive\n", out
+    rec = api.get(f"/v1/sandboxes/{sid}").json()
+    assert rec["state"] == "running", rec
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "pkill python3; sleep 0.5",
+        "kill -TERM 1; sleep 0.5",
+        "kill -INT 1; sleep 0.5",
+        "kill -HUP 1; sleep 0.5",
+        "kill -9 1; sleep 0.5",
+        "kill -9 -1; sleep 0.5",
+    ],
+)
+def test_signals_from_user_code_do_not_end_the_sandbox(api, sandbox, cmd):
+    sid = sandbox["id"]
+    bg = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 600", "background": True})
+    assert bg.status_code == 200, bg.text
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd, "timeout_s": 60})
+    assert r.status_code == 200, r.text  # the command itself may have been killed (137): fine
+    time.sleep(0.5)
+    _usable(api, sid)
+    # what a later command sees: the agent is not among the sandbox's processes
+    ps = run(api, sid, "cat /proc/[0-9]*/comm")
+    assert "python3" not in ps["stdout"].split(), ps
+
+
+def test_stopped_init_does_not_hang_later_calls(api, sandbox):
+    sid = sandbox["id"]
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "kill -STOP 1; sleep 0.3", "timeout_s": 30})
+    assert r.status_code == 200, r.text
+    for _ in range(3):
+        out = run(api, sid, "echo ok", timeout_s=30)
+        assert out["stdout"] == "ok\n", out
+    assert api.get(f"/v1/sandboxes/{sid}/processes", timeout=30).status_code == 200
+    _usable(api, sid)
+
+
+def test_ps_shows_the_users_processes_with_pids_the_api_reports(api, sandbox):
+    sid = sandbox["id"]
+    bg = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["sleep", "600"], "background": True}).json()
+    out = run(api, sid, f"cat /proc/{bg['pid']}/cmdline | tr '\\0' ' '")
+    assert out["stdout"].startswith("sleep 600"), out
+    assert api.delete(f"/v1/sandboxes/{sid}/processes/{bg['pid']}").status_code == 204
+    out = run(api, sid, f"sleep 0.3; cat /proc/{bg['pid']}/cmdline 2>/dev/null | tr '\\0' ' '; true")
+    assert "sleep" not in out["stdout"], out
+
+
+def _count_procs(api, sid) -> int:
+    return int(run(api, sid, "set -- /proc/[0-9]*; echo $#")["stdout"])
+
+
+def test_process_flood_hits_the_limit_inside_and_the_sandbox_lives(api, sandbox):
+    sid = sandbox["id"]
+    # 2000 background sleeps (the old limit killed the sandbox at ~500): the shell's forks fail
+    # with EAGAIN once its command tree is at its limit
+    flood = "for i in $(seq 2000); do sleep 600 & done 2>/tmp/flood.err; wait"
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": flood, "background": True})
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        out = run(api, sid, "cat /tmp/flood.err 2>/dev/null | head -c 300; true", timeout_s=60)
+        if out["stdout"]:
+            break
+        time.sleep(1)
+    assert "fork" in out["stdout"].lower(), out  # dash: "Cannot fork"
+    # a new exec starts while the flood's sleeps still sit at the limit
+    _usable(api, sid)
+    assert 400 <= _count_procs(api, sid) <= 600
+    # and they can be killed
+    assert api.delete(f"/v1/sandboxes/{sid}/processes/{r.json()['pid']}").status_code == 204
+    run(api, sid, "pkill sleep; sleep 1; true", timeout_s=120)
+    assert _count_procs(api, sid) < 20
+    _usable(api, sid)
+
+
+def test_fork_bomb_gets_eagain_and_the_sandbox_lives(api, sandbox):
+    sid = sandbox["id"]
+    # Each child execs a small `sleep` at once: a bomb of Python copies would hit memory_mb first.
+    bomb = r"""
+import os, time, errno
+kids, err = 0, None
+deadline = time.time() + 120
+while time.time() < deadline:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e.errno
+        break
+    if pid == 0:
+        try:
+            os.execvp("sleep", ["sleep", "300"])
+        finally:
+            os._exit(127)
+    kids += 1
+print(kids, errno.errorcode.get(err, err))
+"""
+    out = run(api, sid, ["python3", "-c", bomb], timeout_s=300)
+    assert out["exit_code"] == 0, out
+    kids, err = out["stdout"].split()
+    assert err == "EAGAIN" and 400 <= int(kids) < 600, out
+    _usable(api, sid)
+    run(api, sid, "pkill sleep; sleep 1; true", timeout_s=120)
+    assert _count_procs(api, sid) < 20
+    _usable(api, sid)
+
+
+def test_sandbox_id_in_every_process(api, sandbox):
+    sid = sandbox["id"]
+    out = run(api, sid, "echo $ATOLL_SANDBOX_ID; tr '\\0' '\\n' < /proc/1/environ | grep ^ATOLL_SANDBOX_ID=")
+    assert out["stdout"] == f"{sid}\nATOLL_SANDBOX_ID={sid}\n", out
+    out = run(api, sid, "echo $ATOLL_SANDBOX_ID", env={"ATOLL_SANDBOX_ID": "sb-forged0000000000"})
+    assert out["stdout"] == f"{sid}\n", out
+
+
+def test_sandbox_id_after_disk_resume(api, sandbox):
+    sid = sandbox["id"]
+    r = api.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 200 and r.json()["standby_tier"] == "disk", r.text
+    out = run(api, sid, "echo $ATOLL_SANDBOX_ID; tr '\\0' '\\n' < /proc/1/environ | grep ^ATOLL_SANDBOX_ID=")
+    assert out["stdout"] == f"{sid}\nATOLL_SANDBOX_ID={sid}\n", out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: after a disk restore, restarting a killed atoll-init hangs (start_exec never "
+    "gets the new init's hello); without a restore the restart works",
+)
+def test_killed_init_is_replaced_after_disk_resume(api, sandbox):
+    sid = sandbox["id"]
+    r = api.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 200 and r.json()["standby_tier"] == "disk", r.text
+    run(api, sid, "kill -9 1; sleep 0.3; true")
+    out = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo alive", "timeout_s": 30}, timeout=60)
+    assert out.status_code == 200 and out.json()["stdout"] == "alive\n", out.text
