@@ -7,7 +7,8 @@
      └── PeerGone      the client closed or reset the connection: stop serving it quietly
 
 `invalid` and `invalid_path` make the two 400 ApiErrors. Raised by every handler module and by
-`connection`; `processes.NotRunnable` (exit status 126/127) is not an error of the API and lives there.
+`connection`. `NotRunnable` is not an error of the API: the exec answers with its exit status
+(126/127 when exec() failed, 137 when the init died while starting the command).
 """
 
 from __future__ import annotations
@@ -41,4 +42,14 @@ class BadRequest(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+        self.message = message
+
+
+class NotRunnable(Exception):
+    """The command did not run the way a shell reports it: exec() failed (126/127), or the
+    sandbox's process init was killed while it started it (137)."""
+
+    def __init__(self, exit_code: int, message: str):
+        super().__init__(message)
+        self.exit_code = exit_code
         self.message = message

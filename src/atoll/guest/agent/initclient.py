@@ -9,16 +9,18 @@ and the exit messages, which it hands to `on_exit`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
 import socket
 import subprocess
 import threading
+import time
 
 from . import zygote
 from .common import log
-from .errors import ApiError
+from .errors import ApiError, NotRunnable
 
 RESTART_WAIT_S = 30.0
 REPLY_WAIT_S = 60.0  # a live init answers a spawn in milliseconds; SIGCONT is sent when it stops
@@ -42,15 +44,17 @@ class InitClient:
         self.pid = 0
         self.sandbox_id = os.environ.get("ATOLL_SANDBOX_ID", "")
         self._sock: socket.socket | None = None
+        # the queue of the answers that arrive on self._sock (a new one with each init)
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._ids = itertools.count(1)
 
     def start_first(self) -> None:
         self._attach(*zygote.start_first(self.sandbox_id))
 
     def _attach(self, pid: int, sock: socket.socket) -> None:
-        self.pid, self._sock = pid, sock
-        self._replies = queue.SimpleQueue()
-        threading.Thread(target=self._read_forever, args=(sock, self._replies), daemon=True).start()
+        replies: queue.SimpleQueue = queue.SimpleQueue()
+        self.pid, self._sock, self._replies = pid, sock, replies
+        threading.Thread(target=self._read_forever, args=(sock, replies), daemon=True).start()
         self._ready.set()
 
     def _read_forever(self, sock: socket.socket, replies: queue.SimpleQueue) -> None:
@@ -99,10 +103,21 @@ class InitClient:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    def _request(self, msg: dict, fds: list[int] = ()) -> None:
-        if not self._ready.wait(RESTART_WAIT_S) or self._sock is None:
+    def _request(self, msg: dict, fds: list[int] = ()) -> queue.SimpleQueue:
+        """Send `msg` to the current init (waiting for a restarted one); return the queue its
+        answers arrive in — the queue of the socket it was sent on, never a dead init's."""
+        if not self._ready.wait(RESTART_WAIT_S):
             raise ApiError(500, "runtime_error", "the sandbox's process init (atoll-init) is not running")
-        socket.send_fds(self._sock, [json.dumps(msg).encode()], list(fds))
+        sock, replies = self._sock, self._replies
+        if sock is None:
+            raise ApiError(500, "runtime_error", "the sandbox's process init (atoll-init) is not running")
+        try:
+            socket.send_fds(sock, [json.dumps(msg).encode()], list(fds))
+        except OSError:
+            if self._sock is sock:
+                self._ready.clear()  # it died: wait for the successor (see died), not a timeout
+            raise
+        return replies
 
     def spawn(self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr) -> Spawned:
         pipes: list[int] = []
@@ -120,27 +135,24 @@ class InitClient:
             user = None
             if user_kwargs:
                 user = [user_kwargs["user"], user_kwargs["group"], list(user_kwargs.get("extra_groups", []))]
-            msg = {"op": "spawn", "argv": argv, "cwd": cwd, "env": env, "user": user}
+            msg = {"op": "spawn", "id": next(self._ids), "argv": argv, "cwd": cwd, "env": env, "user": user}
             answer = None
             for _attempt in range(2):
                 with self._lock:
-                    replies = self._replies
                     try:
-                        self._request(msg, fds)
+                        replies = self._request(msg, fds)
                     except OSError:  # not delivered (the init is gone): safe to send again
-                        self._ready.clear()
                         continue
-                    try:
-                        answer = replies.get(timeout=REPLY_WAIT_S)
-                    except queue.Empty:
-                        answer = None
+                    answer = self._answer(replies, msg["id"])
                 break
             if answer is None:
-                # Never sent twice: the init may have started it before it died (at most once).
-                raise ApiError(
-                    500,
-                    "runtime_error",
-                    "the sandbox's process init (atoll-init) died during the spawn; retry",
+                # Never sent twice: the init may have started it before it died (at most once). A
+                # command that kills the init at once (`kill -9 1`) ends here too: killed, like every
+                # process of the init's namespace.
+                raise NotRunnable(
+                    137,
+                    "atoll: the sandbox's process init was killed while this command started (kill -9 1?); "
+                    "the command was killed with it, if it ran at all; atoll started a new init\n",
                 )
         except BaseException:
             for f in ends:
@@ -161,6 +173,20 @@ class InitClient:
         if err.get("kind") == "value":
             raise ValueError(err.get("message"))
         raise subprocess.SubprocessError(err.get("message", "unknown failure in atoll-init"))
+
+    @staticmethod
+    def _answer(replies: queue.SimpleQueue, request_id: int) -> dict | None:
+        """The init's answer to request `request_id`; None if it died first. Answers to earlier
+        requests (whose caller gave up) are dropped."""
+        deadline = time.monotonic() + REPLY_WAIT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                answer = replies.get(timeout=left)
+            except queue.Empty:
+                return None
+            if answer is None or answer.get("id") == request_id:
+                return answer
+        return None
 
     def kill_tree(self, pid: int, *, root_alive: bool = True) -> None:
         try:

@@ -18,7 +18,7 @@ import time
 
 from . import proctree, zygote
 from .common import format_exc, log
-from .errors import ApiError, invalid
+from .errors import ApiError, NotRunnable, invalid
 from .initclient import InitClient
 
 MAX_PROCESS_RECORDS = 1000
@@ -49,15 +49,6 @@ class Proc:
         if self.background:
             item["log_path"] = self.log_path
         return item
-
-
-class NotRunnable(Exception):
-    """exec() of the command failed the way a shell reports as exit status 126/127."""
-
-    def __init__(self, exit_code: int, message: str):
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.message = message
 
 
 _REAPER_OWNS_STATUS = -(1 << 30)  # returncode given to inert Popen objects; never reported

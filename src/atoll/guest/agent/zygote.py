@@ -19,8 +19,8 @@ it; `processes.ProcessTable` reports the commands it ran as killed). The init:
   EAGAIN instead of exhausting the host-side pids cgroup that would kill the sentry;
 * serves the agent over an AF_UNIX SOCK_SEQPACKET socketpair with JSON messages (blocking I/O and
   threads only, no epoll: see the package docstring):
-    agent -> init  {"op": "spawn", "argv", "cwd", "env", "user": [uid, gid, groups]|null}
-                   + 3 fds (stdin, stdout, stderr) by SCM_RIGHTS  -> {"pid"} | {"error": {...}}
+    agent -> init  {"op": "spawn", "id", "argv", "cwd", "env", "user": [uid, gid, groups]|null}
+                   + 3 fds (stdin, stdout, stderr) by SCM_RIGHTS  -> {"id", "pid"} | {"id", "error": {...}}
                    {"op": "kill", "pid", "root_alive"}   (kill_tree inside; no answer)
                    {"op": "identity", "sandbox_id"}      (rewrites ATOLL_SANDBOX_ID in its environ)
     init -> agent  {"exit": pid, "code": exit code as a shell reports it}, for spawned commands
@@ -299,11 +299,11 @@ class Init:
                 )
             except OSError as e:
                 err = {"kind": "os", "errno": e.errno, "strerror": e.strerror, "filename": e.filename}
-                self._send({"error": err})
+                self._send({"id": msg.get("id"), "error": err})
                 return
             except Exception as e:
                 kind = "value" if isinstance(e, ValueError) else "other"
-                self._send({"error": {"kind": kind, "message": str(e)}})
+                self._send({"id": msg.get("id"), "error": {"kind": kind, "message": str(e)}})
                 return
             finally:
                 for fd in fds:
@@ -311,7 +311,7 @@ class Init:
             popen.returncode = _REAPER_OWNS_STATUS
             self.spawned.add(popen.pid)
             self.limits.confine(popen.pid)
-            self._send({"pid": popen.pid})
+            self._send({"id": msg.get("id"), "pid": popen.pid})
         self.children.set()
 
     def _reap_forever(self) -> None:
