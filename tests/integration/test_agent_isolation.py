@@ -5,6 +5,9 @@ process sees its sandbox's own id in ATOLL_SANDBOX_ID."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import time
 
 import pytest
@@ -152,3 +155,44 @@ def test_killed_init_is_replaced_after_disk_resume(api, sandbox):
     for _ in range(3):
         out = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo alive", "timeout_s": 30}, timeout=60)
         assert out.status_code == 200 and out.json()["stdout"] == "alive\n", out.text
+
+
+def _runtime(atoll_server, sid: str) -> dict:
+    with open(os.path.join(atoll_server.home, "sandboxes", sid, "runtime.json")) as f:
+        return json.load(f)
+
+
+def test_stopped_agent_is_continued_and_the_call_answers(api, atoll_server, sandbox):
+    """Something stopped the agent itself (here: the host, as nothing inside can name it any more):
+    a call without timeout_s used to hang forever; the worker's health checks notice and SIGCONT it."""
+    sid = sandbox["id"]
+    rt = _runtime(atoll_server, sid)
+    cid = f"{rt['name']}-{rt['generation']}"
+    root = os.path.join(atoll_server.home, "runsc")
+    subprocess.run(["runsc", f"--root={root}", "kill", cid, "STOP"], check=True, timeout=30)
+    t0 = time.monotonic()
+    out = run(api, sid, "echo after-stop")
+    assert out["stdout"] == "after-stop\n", out
+    assert time.monotonic() - t0 < 60
+    _usable(api, sid)
+
+
+def test_unresponsive_agent_fails_the_call_and_the_sandbox(api, atoll_server, sandbox):
+    """A sandbox that cannot answer at all (its cgroup frozen behind atoll's back): the call ends
+    with 409 sandbox_failed naming the cause instead of hanging, and the record says failed."""
+    sid = sandbox["id"]
+    rt = _runtime(atoll_server, sid)
+    cg = f"/sys/fs/cgroup/freezer/atoll-{open(os.path.join(atoll_server.home, 'installation-id')).read().strip()}"
+    leaf = f"{cg}/{sid}-{rt['generation']}"
+    with open(f"{leaf}/freezer.state", "w") as f:
+        f.write("FROZEN")
+    try:
+        r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo never"}, timeout=120)
+        assert r.status_code == 409, r.text
+        assert r.json()["error"]["code"] == "sandbox_failed"
+        assert "stopped answering" in r.json()["error"]["message"]
+        rec = api.get(f"/v1/sandboxes/{sid}").json()
+        assert rec["state"] == "failed" and "stopped answering" in rec["failure_reason"], rec
+    finally:
+        with open(f"{leaf}/freezer.state", "w") as f:
+            f.write("THAWED")

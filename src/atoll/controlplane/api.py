@@ -335,7 +335,12 @@ def create_app(
         payload = req.model_dump()
         payload["user"] = req.user or rec.user
         payload["max_output_bytes"] = req.max_output_bytes or max_exec_output_bytes
-        agent_timeout = None if req.background or req.timeout_s is None else req.timeout_s + 30
+        # The agent answers a background exec once it is spawned; a foreground one when it ends (a
+        # call without timeout_s is watched by the worker's health checks instead of a deadline).
+        if req.background:
+            agent_timeout: float | None = 30.0
+        else:
+            agent_timeout = None if req.timeout_s is None else req.timeout_s + 30
         if NDJSON in request.headers.get("accept", "") and not req.background:
             stream = manager.worker.agent_stream(
                 sid, "POST", "/exec", json=payload, headers={"Accept": NDJSON}, timeout=agent_timeout

@@ -139,3 +139,10 @@ async def delete(root: str, cid: str) -> None:
 
 async def kill(root: str, cid: str) -> None:
     await hostcmd.run(RUNSC, f"--root={root}", "kill", "--all", cid, "KILL", check=False, timeout=30)
+
+
+async def signal(root: str, cid: str, sig: str) -> None:
+    """Send `sig` (e.g. "CONT") to the container's init process, the guest agent; best effort (a
+    hung sentry times out and that is all)."""
+    with contextlib.suppress(errors.AtollError):
+        await hostcmd.run(RUNSC, f"--root={root}", "kill", cid, sig, check=False, timeout=10)

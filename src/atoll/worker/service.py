@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 # Template images are kept for at most this many memory sizes per template (the default size's is
 # made at start-up; others on first use, in the background); sandboxes of further sizes boot cold.
 MAX_IMAGE_SIZES = 8
+# Health checks of the guest agent while a call waits on it (see Worker._watch).
+PROBE_AFTER_S = 5.0
+PROBE_EVERY_S = 3.0
+PROBE_TIMEOUT_S = 4.0
+PROBE_FAILURES = 3
 
 
 @dataclass
@@ -792,20 +797,68 @@ class Worker:
         )
 
     async def _watch(self, sid: str, aw: typing.Awaitable) -> typing.Any:
-        """Await `aw`, but give up as soon as the sandbox's sentry dies (its netstack then never answers)."""
+        """Await `aw` (an agent call), but give up as soon as the sandbox's sentry dies (its netstack
+        then never answers), or when its guest agent stops answering health checks.
+
+        A call may rightly take long (an exec without timeout_s, a large file): while it runs past
+        PROBE_AFTER_S, the agent's /health is asked on another connection every PROBE_EVERY_S. A
+        probe that fails once gets the agent a SIGCONT (`runsc kill`: the one way something inside
+        can have stopped it); PROBE_FAILURES failures in a row end the call and mark the sandbox
+        failed (AgentUnresponsive), so no call hangs forever on a sandbox that cannot answer."""
         task = asyncio.ensure_future(aw)
+        probe: asyncio.Future | None = None
+        failures = 0
+        next_probe = time.monotonic() + PROBE_AFTER_S
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=1.0)
-                if done:
+                waiting = {task} if probe is None else {task, probe}
+                await asyncio.wait(waiting, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
                     return task.result()
                 if not self.alive(sid):
                     raise self._died(sid)
+                if probe is not None and probe.done():
+                    failures = 0 if probe.result() else failures + 1
+                    probe = None
+                    next_probe = time.monotonic() + PROBE_EVERY_S
+                    if failures >= PROBE_FAILURES:
+                        raise self._unresponsive(sid, failures)
+                    if failures:
+                        self._continue_agent(sid)
+                if probe is None and time.monotonic() >= next_probe:
+                    probe = asyncio.ensure_future(self._agent_answers(sid))
         finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            for t in (task, probe):
+                if t is not None and not t.done():
+                    t.cancel()
+                    with contextlib.suppress(BaseException):
+                        await t
+
+    async def _agent_answers(self, sid: str) -> bool:
+        try:
+            r = await self.channel(sid).request("GET", "/health", timeout=PROBE_TIMEOUT_S)
+            return r.status_code == 200
+        except (agent_channel.ChannelError, OSError):
+            return False
+
+    def _continue_agent(self, sid: str) -> None:
+        """SIGCONT to the agent, in the background (`runsc kill` would hang on a hung sentry)."""
+        rt = self.runtime(sid)
+        log.warning("sandbox.agent.unresponsive: sending SIGCONT", extra={"sandbox_id": sid})
+        self._spawn(runsc.signal(self.runsc_root, rt.cid, "CONT"))
+
+    def _unresponsive(self, sid: str, failures: int) -> errors.SandboxDied:
+        rt = self.runtime(sid)
+        rt.phase = "failed"
+        rt.failure = (
+            f"the guest agent of sandbox {sid} stopped answering: {failures} health checks in a row "
+            f"failed within {PROBE_TIMEOUT_S:.0f}s each (a SIGCONT did not help) while a call was waiting; "
+            "the sandbox is marked failed — its files are kept until you delete it"
+        )
+        with contextlib.suppress(OSError):
+            self._save(rt)
+        log.warning("sandbox.agent.unresponsive", extra={"sandbox_id": sid, "reason": rt.failure})
+        return errors.SandboxDied(rt.failure)
 
     async def _watched_body(self, sid: str, body: typing.AsyncIterator[bytes]) -> typing.AsyncIterator[bytes]:
         """Relay a streamed answer chunk by chunk, each wait under `_watch`: a sentry that dies
