@@ -310,8 +310,9 @@ class Init:
                     os.close(fd)
             popen.returncode = _REAPER_OWNS_STATUS
             self.spawned.add(popen.pid)
-            self.limits.confine(popen.pid)
+            # answer first: the agent waits for the pid, the cgroup write need not delay it
             self._send({"id": msg.get("id"), "pid": popen.pid})
+            self.limits.confine(popen.pid)
         self.children.set()
 
     def _reap_forever(self) -> None:
