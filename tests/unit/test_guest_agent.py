@@ -171,6 +171,9 @@ def test_identity(client):
     h = client.get("/health").json()
     assert (h["sandbox_id"], h["generation"]) == ("sbx-forked", 9)
     _error(client.post("/identity", json={"sandbox_id": "x", "generation": "nine"}), 400, "invalid_request")
+    for bad in (0, -1, "2", True):
+        body = {"sandbox_id": "x", "generation": 1, "cpus": bad}
+        _error(client.post("/identity", json=body), 400, "invalid_request")
     r = client.post("/identity", json={"sandbox_id": "sbx-unit", "generation": 4, "hostname": None})
     assert r.status_code == 200
 

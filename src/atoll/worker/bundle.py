@@ -59,6 +59,9 @@ class BundleSpec:
     env: dict[str, str]
     generation: int = 0
     agent_entry: str = "agent-source.pyz"
+    visible_cpus: float | None = None
+    """The CPU count the sandbox's programs see (`ATOLL_CPUS` for the agent, which narrows the
+    CPU affinity of commands to it); the quota itself is set on the host cgroup."""
 
 
 def cgroup_limit_bytes(memory_mb: int) -> int:
@@ -69,6 +72,8 @@ def render(spec: BundleSpec) -> dict:
     env = {"PATH": PATH, "LANG": "C.UTF-8", "HOME": "/root", **spec.env}
     env["ATOLL_SANDBOX_ID"] = spec.sandbox_id
     env["ATOLL_GENERATION"] = str(spec.generation)
+    if spec.visible_cpus:
+        env["ATOLL_CPUS"] = str(spec.visible_cpus)
     return {
         "ociVersion": "1.0.2",
         "process": {

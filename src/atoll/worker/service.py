@@ -229,7 +229,9 @@ class Worker:
                     rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
                     self._save(rt)
                     await self.wait_agent(sid, timeout=30)
-                    await self._identify(sid, rt.generation, hostname=_hostname(sid), env=rt.env)
+                    await self._identify(
+                        sid, rt.generation, hostname=_hostname(sid), env=rt.env, cpus=rt.cpus
+                    )
                     how = "template image"
                 except errors.AtollError as e:
                     log.warning(
@@ -400,13 +402,22 @@ class Worker:
             self._p(rt.sandbox_id, "runsc.log"),
         )
 
-    async def _identify(self, sid: str, generation: int, *, hostname: str, env: dict[str, str]) -> None:
-        """Give a sandbox restored from a shared image its own identity: id, generation, hostname, env."""
+    async def _identify(
+        self, sid: str, generation: int, *, hostname: str, env: dict[str, str], cpus: float
+    ) -> None:
+        """Give a sandbox restored from a shared image its own identity: id, generation, hostname,
+        env, and the CPU count its programs see (the image's was that of the sandbox it was made from)."""
         r = await self.agent_request(
             sid,
             "POST",
             "/identity",
-            json={"sandbox_id": sid, "generation": generation, "hostname": hostname, "env": env},
+            json={
+                "sandbox_id": sid,
+                "generation": generation,
+                "hostname": hostname,
+                "env": env,
+                "cpus": cpus,
+            },
         )
         if r.json().get("hostname") != hostname:
             raise errors.RuntimeFailure(f"sandbox {sid} kept the template's hostname after restore")
@@ -434,6 +445,7 @@ class Worker:
                 env=rt.env,
                 generation=rt.generation,
                 agent_entry=self._agent_entry(lower),
+                visible_cpus=rt.cpus,
             ),
         )
 
@@ -634,7 +646,7 @@ class Worker:
         t_verified = time.perf_counter()
         await self.wait_agent(sid, timeout=30)
         self._limit_cpu(rt)
-        await self._set_identity(sid, rt.generation)
+        await self._set_identity(sid, rt.generation, rt.cpus)
         t_end = time.perf_counter()
         log.info(
             "restore took %.0f ms (runsc %.0f, checksum wait %.0f, agent %.0f)",
@@ -647,10 +659,12 @@ class Worker:
         # The image is stale once the sandbox runs on; the next standby writes a fresh one.
         self._spawn(asyncio.to_thread(shutil.rmtree, snap, True))
 
-    async def _set_identity(self, sid: str, generation: int) -> None:
+    async def _set_identity(self, sid: str, generation: int, cpus: float) -> None:
         with contextlib.suppress(agent_channel.ChannelError):
             await self.channel(sid).request(
-                "POST", "/identity", json={"sandbox_id": sid, "generation": generation, "hostname": None}
+                "POST",
+                "/identity",
+                json={"sandbox_id": sid, "generation": generation, "hostname": None, "cpus": cpus},
             )
 
     # ---- reattach after a worker restart --------------------------------------------------------

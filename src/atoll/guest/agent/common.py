@@ -5,6 +5,7 @@ and bounded reads of /proc files. Imported by nearly every other module of the p
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -30,6 +31,23 @@ def dumps(obj) -> bytes:
 def printable(name: str) -> str:
     """A file name as valid Unicode (names that are not UTF-8 come from os.* with surrogate escapes)."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def limit_cpus(cpus) -> None:
+    """Narrow the calling thread's CPU affinity to ceil(cpus) CPUs (children inherit it), so that
+    `nproc`, sched_getaffinity and the thread pools sized by them match the sandbox's CPU quota.
+    The quota (cgroup on the host) is what limits; this only makes programs see it. None or a bad
+    value leaves the mask alone."""
+    try:
+        n = math.ceil(float(cpus))
+        available = list(range(os.cpu_count() or 1))  # all of them: the mask may widen again
+    except (TypeError, ValueError, OSError):
+        return
+    if n >= 1:
+        try:
+            os.sched_setaffinity(0, available[: max(1, min(n, len(available)))])
+        except OSError as e:
+            log(f"cannot narrow the CPU affinity to {n} CPUs: {e}")
 
 
 def read_small(path: str, limit: int = 65536) -> bytes:

@@ -47,6 +47,11 @@ class StatusHandlers:
             raise invalid(f"generation must be a non-negative integer, got {generation!r}")
         if hostname is not None and (not isinstance(hostname, str) or not hostname or "\x00" in hostname):
             raise invalid(f"hostname must be a non-empty string or null, got {hostname!r}")
+        cpus = body.get("cpus")
+        if cpus is not None and (
+            isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus > 0
+        ):
+            raise invalid(f"cpus must be a positive number or null, got {cpus!r}")
         env = body.get("env")
         if env is not None:
             if not isinstance(env, dict) or not all(
@@ -65,7 +70,7 @@ class StatusHandlers:
         self.sandbox_id = sandbox_id
         self.generation = generation
         if self.procs.init is not None:  # what /proc/1/environ shows to the sandbox's processes
-            self.procs.init.set_identity(sandbox_id)
+            self.procs.init.set_identity(sandbox_id, cpus)
         if hostname is not None and hostname != socket.gethostname():
             try:
                 socket.sethostname(hostname)

@@ -43,6 +43,7 @@ class InitClient:
         self._ready = threading.Event()
         self.pid = 0
         self.sandbox_id = os.environ.get("ATOLL_SANDBOX_ID", "")
+        self.cpus: float | str | None = os.environ.get("ATOLL_CPUS")  # the sandbox's CPU quota
         self._sock: socket.socket | None = None
         # the queue of the answers that arrive on self._sock (a new one with each init)
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
@@ -94,6 +95,8 @@ class InitClient:
             try:
                 zygote.unmount_proc()  # the dead namespace's proc
                 env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C.UTF-8"}
+                if self.cpus is not None:
+                    env["ATOLL_CPUS"] = str(self.cpus)
                 self._attach(*zygote.start_exec(self.sandbox_id, env))
                 return
             except Exception as e:  # keep trying: without an init no command can run
@@ -194,11 +197,13 @@ class InitClient:
         except (OSError, ApiError) as e:
             log(f"cannot ask atoll-init to kill {pid}: {e}")
 
-    def set_identity(self, sandbox_id: str) -> None:
+    def set_identity(self, sandbox_id: str, cpus: float | None = None) -> None:
         self.sandbox_id = sandbox_id
+        if cpus is not None:
+            self.cpus = cpus
         zygote.set_environ_in_place("ATOLL_SANDBOX_ID", sandbox_id)  # the agent's own
         try:
-            self._request({"op": "identity", "sandbox_id": sandbox_id})
+            self._request({"op": "identity", "sandbox_id": sandbox_id, "cpus": self.cpus})
         except (OSError, ApiError) as e:
             log(f"cannot pass the identity to atoll-init: {e}")
 

@@ -22,7 +22,8 @@ it; `processes.ProcessTable` reports the commands it ran as killed). The init:
     agent -> init  {"op": "spawn", "id", "argv", "cwd", "env", "user": [uid, gid, groups]|null}
                    + 3 fds (stdin, stdout, stderr) by SCM_RIGHTS  -> {"id", "pid"} | {"id", "error": {...}}
                    {"op": "kill", "pid", "root_alive"}   (kill_tree inside; no answer)
-                   {"op": "identity", "sandbox_id"}      (rewrites ATOLL_SANDBOX_ID in its environ)
+                   {"op": "identity", "sandbox_id", "cpus"} (rewrites ATOLL_SANDBOX_ID in its environ;
+                                                          narrows the CPU affinity commands inherit)
     init -> agent  {"exit": pid, "code": exit code as a shell reports it}, for spawned commands
 
 Pids in messages are pids in the child namespace: what `ps` shows and what the API reports.
@@ -40,7 +41,7 @@ import sys
 import threading
 
 from . import limits, proctree
-from .common import log
+from .common import limit_cpus, log
 
 CLONE_NEWPID = 0x20000000
 MNT_DETACH = 2
@@ -240,6 +241,7 @@ class Init:
             log(f"atoll-init: {e}; ps in the sandbox lists the agent too")
         if self.sandbox_id:
             set_environ_in_place("ATOLL_SANDBOX_ID", self.sandbox_id)
+        limit_cpus(os.environ.get("ATOLL_CPUS"))  # this thread forks every command
         self.limits.setup()
         threading.Thread(target=self._reap_forever, name="init-reaper", daemon=True).start()
         self._serve()
@@ -272,6 +274,8 @@ class Init:
                 elif op == "identity":
                     self.sandbox_id = str(msg["sandbox_id"])
                     set_environ_in_place("ATOLL_SANDBOX_ID", self.sandbox_id)
+                    if msg.get("cpus") is not None:
+                        limit_cpus(msg["cpus"])
             except Exception as e:  # never let the init die on one bad message
                 log(f"atoll-init: request failed: {e!r}")
             finally:
