@@ -184,6 +184,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "sandbox_failed": SandboxFailed,
     "method_not_allowed": InvalidRequest,
     "payload_too_large": PayloadTooLarge,
+    "answer_too_large": PayloadTooLarge,
     "runtime_error": ServerError,
     "internal_error": ServerError,
 }

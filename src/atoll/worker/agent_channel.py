@@ -44,6 +44,10 @@ class ChannelError(Exception):
     """The agent could not be reached or broke the protocol (connect, timeout, reset, bad HTTP)."""
 
 
+class AnswerTooLarge(ChannelError):
+    """An answer read whole was larger than the limit (e.g. a listing of a huge directory)."""
+
+
 def _setns(fd: int) -> None:
     if _libc.setns(fd, _CLONE_NEWNET) != 0:
         e = ctypes.get_errno()
@@ -86,7 +90,7 @@ class Response:
             async for c in self._body_iter:
                 n += len(c)
                 if n > limit:
-                    raise ChannelError(
+                    raise AnswerTooLarge(
                         f"the guest agent's answer exceeds {limit} bytes; refusing to buffer it"
                     )
                 parts.append(c)

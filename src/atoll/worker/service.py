@@ -899,9 +899,16 @@ class Worker:
 
     # ---- guest agent proxy -----------------------------------------------------------------------
     def _unreachable(self, sid: str, e: agent_channel.ChannelError) -> errors.AtollError:
-        """What a failed agent call means: the sandbox died (SandboxDied), or the agent did not answer."""
+        """What a failed agent call means: the sandbox died (SandboxDied), its answer was too large
+        to hold, or the agent did not answer."""
         if not self.alive(sid):
             return self._died(sid)
+        if isinstance(e, agent_channel.AnswerTooLarge):
+            return errors.PayloadTooLarge(
+                f"the answer from sandbox {sid} is larger than {agent_channel.MAX_ANSWER_BYTES >> 20} MiB, "
+                "the most atoll holds for a listing; list a smaller directory (or read a file instead)",
+                code="answer_too_large",
+            )
         return errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer", detail=repr(e))
 
     async def agent_request(
