@@ -426,6 +426,25 @@ def test_exec_callbacks_fire_as_lines_arrive():
     assert log == ["sent {'stdout': '1'}", "out 1", "sent {'stderr': '2'}", "err 2", "sent {'exit_code': 0}"]
 
 
+def test_exec_stream_lines_split_only_at_newline():
+    """Output holding U+0085 or U+2028 raw (valid in JSON strings) broke the SDK and the CLI:
+    httpx's iter_lines splits at every Unicode line break. Chunks also split lines anywhere."""
+    text = "a\u0085b\u2028c\u2029d\x1ce\n"
+    body = (json.dumps({"stdout": text}, ensure_ascii=False) + "\n" + json.dumps({"exit_code": 0})).encode()
+
+    def chunks():
+        for i in range(0, len(body), 3):
+            yield body[i : i + 3]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=chunks(), headers={"content-type": NDJSON})
+
+    out: list[str] = []
+    with atoll.Client(URL, transport=httpx.MockTransport(handler)) as c:
+        result = atoll.Sandbox(c, {"id": "sb_1"}).exec("x", on_stdout=out.append)
+    assert "".join(out) == text and result.stdout == text and result.exit_code == 0
+
+
 def test_exec_stream_error_and_truncation(client, fake):
     sb = client.sandboxes.create()
     fake.stream_lines = [

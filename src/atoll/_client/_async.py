@@ -352,11 +352,15 @@ class AsyncSandbox(SandboxFields):
             "POST", self._path("exec"), json=body, headers={"Accept": _base.NDJSON}, timeout=http_timeout
         ) as response:
             if _base.is_ndjson(response):
-                async for line in response.aiter_lines():
-                    for name, text in decoder.feed(line):
+                async for chunk in response.aiter_bytes():
+                    for name, text in decoder.feed_bytes(chunk):
                         callback = callbacks[name]
                         if callback is not None:
                             await _base.acall_callback(callback, text)
+                for name, text in decoder.feed_bytes(b"", final=True):
+                    callback = callbacks[name]
+                    if callback is not None:
+                        await _base.acall_callback(callback, text)
             else:
                 # A server that ignores Accept answers with the whole result at once.
                 await response.aread()

@@ -342,11 +342,15 @@ class Sandbox(SandboxFields):
             "POST", self._path("exec"), json=body, headers={"Accept": _base.NDJSON}, timeout=http_timeout
         ) as response:
             if _base.is_ndjson(response):
-                for line in response.iter_lines():
-                    for name, text in decoder.feed(line):
+                for chunk in response.iter_bytes():
+                    for name, text in decoder.feed_bytes(chunk):
                         callback = callbacks[name]
                         if callback is not None:
                             _base.call_callback(callback, text)
+                for name, text in decoder.feed_bytes(b"", final=True):
+                    callback = callbacks[name]
+                    if callback is not None:
+                        _base.call_callback(callback, text)
             else:
                 # A server that ignores Accept answers with the whole result at once.
                 response.read()
