@@ -196,3 +196,33 @@ def test_unresponsive_agent_fails_the_call_and_the_sandbox(api, atoll_server, sa
     finally:
         with open(f"{leaf}/freezer.state", "w") as f:
             f.write("THAWED")
+
+
+SQUAT = r"""
+import errno, socket, sys
+results = []
+for addr in ("10.99.0.2", "0.0.0.0", "127.0.0.1"):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        s.bind((addr, 49999))
+        s.listen(5)
+        results.append(f"{addr}:bound")
+    except OSError as e:
+        results.append(f"{addr}:{errno.errorcode.get(e.errno, e.errno)}")
+print(" ".join(results))
+"""
+
+
+def test_sandbox_code_cannot_listen_on_the_agents_port(api, sandbox):
+    """A program that bound the agent's port beside it (SO_REUSEADDR/SO_REUSEPORT) used to answer
+    the worker's calls after the next disk resume (fake exec output) or hang them: the agent now
+    listens on the sandbox's own address without either option."""
+    sid = sandbox["id"]
+    out = run(api, sid, ["python3", "-c", SQUAT])
+    assert out["exit_code"] == 0, out
+    assert "10.99.0.2:EADDRINUSE" in out["stdout"] and "0.0.0.0:EADDRINUSE" in out["stdout"], out
+    r = api.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 200, r.text
+    assert run(api, sid, "echo real")["stdout"] == "real\n"

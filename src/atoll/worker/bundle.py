@@ -59,6 +59,9 @@ class BundleSpec:
     env: dict[str, str]
     generation: int = 0
     agent_entry: str = "agent-source.pyz"
+    agent_host: str = "0.0.0.0"
+    """The address the agent listens on: the sandbox's own (not the wildcard), so that no program
+    in the sandbox can bind the agent's port beside it."""
     visible_cpus: float | None = None
     """The CPU count the sandbox's programs see (`ATOLL_CPUS` for the agent, which narrows the
     CPU affinity of commands to it); the quota itself is set on the host cgroup."""
@@ -86,6 +89,8 @@ def render(spec: BundleSpec) -> dict:
                 "-S",
                 "-u",
                 f"{AGENT_DIR_IN_SANDBOX}/{spec.agent_entry}",
+                "--host",
+                spec.agent_host,
                 "--port",
                 str(AGENT_PORT),
             ],

@@ -295,7 +295,8 @@ class Worker:
             with open(os.path.join(self.agent_dir, name), "rb") as f:
                 h.update(f.read())
         st = os.stat(shutil.which(runsc.RUNSC) or runsc.RUNSC)
-        h.update(f"{st.st_size}-{st.st_mtime_ns}-{bundle.AGENT_PORT}-{netns.SANDBOX_IP}".encode())
+        # images before the agent bound SANDBOX_IP:AGENT_PORT (not the wildcard) are not reused
+        h.update(f"{st.st_size}-{st.st_mtime_ns}-{bundle.AGENT_PORT}-{netns.SANDBOX_IP}-bound".encode())
         return h.hexdigest()
 
     async def _template_image(self, template: str, memory_mb: int, wait: bool = False) -> str | None:
@@ -446,6 +447,7 @@ class Worker:
                 generation=rt.generation,
                 agent_entry=self._agent_entry(lower),
                 visible_cpus=rt.cpus,
+                agent_host=netns.SANDBOX_IP,
             ),
         )
 

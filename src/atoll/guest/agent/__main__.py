@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> None:
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # No SO_REUSEADDR / SO_REUSEPORT: with them a program in the sandbox could bind the agent's
+    # port beside it and answer the worker's calls (the agent starts once per sandbox, so there is
+    # no TIME_WAIT of an earlier listener to rebind over).
     try:
         listener.bind((host, port))
     except OSError as e:
