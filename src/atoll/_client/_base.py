@@ -299,16 +299,15 @@ class ExecStream:
         self._final: dict[str, Any] | None = None
         self._pending = b""
 
-    def feed_bytes(self, chunk: bytes, final: bool = False) -> list[tuple[str, str]]:
+    def feed_bytes(self, chunk: bytes, final: bool = False) -> Iterator[tuple[str, str]]:
         """Feed raw bytes of the stream; lines end at b"\\n" only. (httpx's iter_lines splits on
-        every Unicode line break, U+0085 and U+2028 included, which JSON strings may carry raw.)"""
+        every Unicode line break, U+0085 and U+2028 included, which JSON strings may carry raw.)
+        A generator: the chunks of one line reach the caller before a later line can raise."""
         data = self._pending + chunk
         lines = data.split(b"\n")
         self._pending = b"" if final else lines.pop()
-        out: list[tuple[str, str]] = []
         for line in lines:
-            out += self.feed(line)
-        return out
+            yield from self.feed(line)
 
     def feed(self, line: str | bytes) -> list[tuple[str, str]]:
         line = line.strip()
