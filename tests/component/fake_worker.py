@@ -42,6 +42,7 @@ class FakeWorker:
         self.dead: set[str] = set()
         self.freeze_stuck = False
         self.gate_stalled: set[str] = set()  # sandboxes whose agent never answers the gate
+        self.pressure: dict[str, float] = {}  # share of the host task limit in use, per sandbox
 
     async def _step(self, verb, sid):
         self.calls.append((verb, sid))
@@ -101,6 +102,7 @@ class FakeWorker:
     async def restore(self, sid):
         await self._step("restore", sid)
         self.phase[sid] = "running"
+        self.pressure.pop(sid, None)  # a fresh sentry
 
     async def reattach(self, sid):
         return service.Observed(self.phase.get(sid, "missing"))
@@ -108,6 +110,13 @@ class FakeWorker:
     async def delete(self, sid):
         await self._step("delete", sid)
         self.phase.pop(sid, None)
+
+    def task_pressure(self, sid):
+        return self.pressure.get(sid, 0.0) if self.phase.get(sid) == "running" else 0.0
+
+    async def kill_user_processes(self, sid):
+        self.calls.append(("kill_user_processes", sid))
+        self.pressure[sid] = 0.5  # processes gone, the runtime's leftover host tasks stay
 
     def alive(self, sid):
         return sid not in self.dead

@@ -178,3 +178,35 @@ async def test_timestamps_are_utc_whether_cached_or_read_back(env):
     for t in (created, listed["created_at"], listed["updated_at"]):
         assert t.endswith("+00:00"), t
     assert listed["created_at"] == created
+
+
+async def test_host_task_pressure_kills_user_processes_then_compacts(env):
+    """Issue 5 item 4: churning processes (a fork bomb, repeated bursts) leave host tasks behind
+    under the ptrace platform until the host pids limit kills the sandbox. Near the limit the user
+    processes are killed, busy or not; an idle sandbox past half of it is checkpointed and restored
+    in place (a fresh sentry), and keeps running."""
+    c, worker, _ = env
+    sid = await _create(c)
+    calm = await _create(c)
+    worker.pressure[sid] = 0.9
+    worker.pressure[calm] = 0.2
+    for _ in range(40):
+        await asyncio.sleep(0.1)
+        if ("restore", sid) in worker.calls:
+            break
+    verbs = [v for v, s in worker.calls if s == sid]
+    assert verbs.index("kill_user_processes") < verbs.index("checkpoint") < verbs.index("restore")
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+    assert not [v for v, s in worker.calls if s == calm and v in ("kill_user_processes", "checkpoint")]
+
+
+async def test_compaction_waits_for_the_gate(env):
+    c, worker, _ = env
+    sid = await _create(c)
+    worker.gate_blockers = ["a TCP connection"]
+    worker.pressure[sid] = 0.5
+    for _ in range(10):
+        await asyncio.sleep(0.1)
+    verbs = [v for v, s in worker.calls if s == sid]
+    assert "gate" in verbs and "freeze" not in verbs and "checkpoint" not in verbs
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"

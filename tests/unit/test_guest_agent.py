@@ -808,6 +808,17 @@ def test_gate_report_clean_and_unreadable(tmp_path):
     assert "could not be evaluated" in report["blockers"][0]
 
 
+def test_gate_refuses_a_checkpoint_of_many_processes(tmp_path, monkeypatch):
+    """A checkpoint of ~512 processes was OOM-killed half-way (and a failed checkpoint kills the
+    sandbox): past MAX_PROCESSES the gate keeps the sandbox in the memory tier."""
+    monkeypatch.setattr(gate, "MAX_PROCESSES", 3)
+    _fake_proc(tmp_path / "three", [], [], {pid: ["/dev/null"] for pid in (20, 21, 22)})
+    assert gate.gate_report(str(tmp_path / "three"), own_pid=1, own_port=49999)["blockers"] == []
+    _fake_proc(tmp_path / "four", [], [], {pid: ["/dev/null"] for pid in (20, 21, 22, 23)})
+    (blocker,) = gate.gate_report(str(tmp_path / "four"), own_pid=1, own_port=49999)["blockers"]
+    assert blocker.startswith("4 processes are running")
+
+
 # ---- lifecycle
 
 

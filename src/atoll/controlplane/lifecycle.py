@@ -27,6 +27,14 @@ from atoll.worker import service as workersvc
 log = logging.getLogger(__name__)
 WORKER_ID = "local"
 POLICY_CONCURRENCY = 8  # idle-policy steps (gate, freeze, checkpoint) running at once
+# Host task pressure (share of the sandbox's host pids limit, see Worker.task_pressure): past
+# TASKS_COMPACT_AT an idle sandbox is checkpointed and restored in place (a fresh sentry sheds the
+# leftover host tasks); past TASKS_KILL_AT its user processes are killed, busy or not, so that a
+# fork bomb ends its processes rather than the sandbox.
+TASKS_COMPACT_AT = 0.3  # one burst of 300 processes adds ~4,500 host tasks (~half of the limit)
+TASKS_KILL_AT = 0.6  # a fork bomb adds ~900 host tasks a second and goes on for ~2 s after the kill
+COMPACT_RETRY_S = 30.0
+RELIEF_EVERY_S = 5.0  # the host tasks a kill leaves stay until a compaction: do not kill again at once
 
 
 class SandboxManager:
@@ -42,6 +50,9 @@ class SandboxManager:
         self._tasks: set[asyncio.Task] = set()
         self._policy_steps: dict[str, asyncio.Task] = {}  # the idle policy's step running per sandbox
         self._policy_limit = asyncio.Semaphore(POLICY_CONCURRENCY)
+        self._relief: dict[str, asyncio.Task] = {}  # user processes being killed (task pressure)
+        self._compact_retry: dict[str, float] = {}  # monotonic time before which no compaction
+        self._relieved_at: dict[str, float] = {}  # when the user processes were last killed
         self._reaps: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self.ready = asyncio.Event()  # set once the base template (layer and image) is prepared
@@ -384,6 +395,16 @@ class SandboxManager:
         now = time.monotonic()
         wall = dbm.utcnow()
         for sid, rec in list(self._cache.items()):
+            pressure = self._task_pressure(sid) if rec.state == State.RUNNING else 0.0
+            if (
+                pressure >= TASKS_KILL_AT
+                and sid not in self._relief
+                and now - self._relieved_at.get(sid, -RELIEF_EVERY_S) >= RELIEF_EVERY_S
+            ):
+                self._relieved_at[sid] = now
+                relief = asyncio.ensure_future(self._relieve(sid, pressure))
+                self._relief[sid] = relief
+                relief.add_done_callback(lambda _t, sid=sid: self._relief.pop(sid, None))
             if sid in self._policy_steps:
                 continue
             lock = self._lock(sid)
@@ -394,7 +415,13 @@ class SandboxManager:
                 log.warning("sandbox.died", extra={"sandbox_id": sid, "reason": rec.failure_reason})
                 continue
             step: typing.Awaitable | None = None
-            if rec.state == State.RUNNING and rec.idle_timeout_s > 0:
+            if (
+                pressure >= TASKS_COMPACT_AT
+                and sid not in self._relief
+                and now >= self._compact_retry.get(sid, 0.0)
+            ):
+                step = self._compact(sid, pressure)
+            elif rec.state == State.RUNNING and rec.idle_timeout_s > 0:
                 idle_for = now - self._activity.get(sid, now)
                 if idle_for >= rec.idle_timeout_s:
                     step = self._idle_to_memory(sid)
@@ -434,6 +461,42 @@ class SandboxManager:
     async def _policy_pause(self, sid: str, tier: Tier) -> None:
         with contextlib.suppress(errors.AtollError):
             await self.pause(sid, tier)
+
+    def _task_pressure(self, sid: str) -> float:
+        try:
+            return self.worker.task_pressure(sid)
+        except errors.AtollError:
+            return 0.0
+
+    async def _relieve(self, sid: str, pressure: float) -> None:
+        log.warning(
+            "sandbox.tasks.relief",
+            extra={"sandbox_id": sid, "reason": f"{pressure:.0%} of its host task limit in use"},
+        )
+        try:
+            await self.worker.kill_user_processes(sid)
+        except errors.AtollError as e:
+            log.warning("sandbox.tasks.relief.failed", extra={"sandbox_id": sid, "error": e.message})
+
+    async def _compact(self, sid: str, pressure: float) -> None:
+        """Checkpoint and restore an idle sandbox in place to shed the host tasks its runtime kept
+        (see Worker.task_pressure), when the gate allows it; its processes, memory and files go on."""
+        gate = await self.worker.gate(sid)
+        if not gate.ok:
+            self._compact_retry[sid] = time.monotonic() + COMPACT_RETRY_S
+            log.info("sandbox.compact.gated", extra={"sandbox_id": sid, "reason": "; ".join(gate.blockers)})
+            return
+        log.info("sandbox.compact", extra={"sandbox_id": sid, "reason": f"{pressure:.0%} of its host tasks"})
+        try:
+            rec = await self.pause(sid, Tier.DISK)
+            if rec.standby_tier != Tier.DISK:  # gated after all: it stays running, try later
+                self._compact_retry[sid] = time.monotonic() + COMPACT_RETRY_S
+        except errors.AtollError as e:
+            self._compact_retry[sid] = time.monotonic() + COMPACT_RETRY_S
+            log.info("sandbox.compact.skipped", extra={"sandbox_id": sid, "error": e.message})
+        with contextlib.suppress(errors.AtollError):  # (a delete may have come in between)
+            if self.get(sid).state == State.STANDBY:
+                await self.resume(sid)
 
     def _alive(self, sid: str) -> bool:
         try:

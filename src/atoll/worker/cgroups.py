@@ -131,6 +131,18 @@ def hierarchies() -> list[str]:
         return list(CONTROLLERS)
 
 
+def pids_usage(cgpath: str) -> tuple[int, int] | None:
+    """(pids.current, pids.max) of a sandbox's host pids cgroup; None if unknown or unlimited."""
+    try:
+        with open(_p("pids", cgpath, "pids.current")) as f:
+            current = int(f.read())
+        with open(_p("pids", cgpath, "pids.max")) as f:
+            text = f.read().strip()
+    except (FileNotFoundError, ValueError):
+        return None
+    return (current, int(text)) if text.isdigit() else None
+
+
 def pids_limit_hits(cgpath: str) -> tuple[int, int | None]:
     """(how often a fork or clone failed at the pids limit of this cgroup, that limit); (0, None) if unknown."""
     hits, limit = 0, None

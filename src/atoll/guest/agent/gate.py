@@ -3,7 +3,7 @@
 Blockers: non-loopback TCP connections in /proc/net/tcp{,6} that are not LISTEN and not the worker's
 own connections to the agent port (a TIME_WAIT on the agent port still counts: the worker cannot abort
 it); processes holding an epoll fd and a TCP socket (a socket whose inode is in no /proc/net table
-counts as TCP: conservative); or why /proc could not be read. Pure apart from reading `proc_root`, so
+counts as TCP: conservative); more than MAX_PROCESSES processes; or why /proc could not be read. Pure apart from reading `proc_root`, so
 tests run `gate_report` against a fake /proc tree. Called by `handlers_status`.
 """
 
@@ -30,6 +30,11 @@ _TCP_STATES = {
 }
 _TCP_LISTEN = 0x0A
 _TCP_TIME_WAIT = 0x06
+
+
+# Measured: a checkpoint of a sandbox with ~512 processes (default memory) was killed by the host's
+# OOM killer half-way, and a failed checkpoint kills the sandbox.
+MAX_PROCESSES = 256
 
 
 def _decode_addr(field: str) -> tuple[bytes, int]:
@@ -141,7 +146,13 @@ def gate_report(proc_root: str = "/proc", *, own_pid: int | None = None, own_por
     except OSError as e:
         blockers.append(f"the checkpoint gate could not be evaluated: listing {proc_root} failed: {e}")
         names = []
-    for name in sorted((n for n in names if n.isdigit()), key=int):
+    pids = [n for n in names if n.isdigit()]
+    if len(pids) > MAX_PROCESSES:
+        blockers.append(
+            f"{len(pids)} processes are running; this runsc's checkpoint of more than {MAX_PROCESSES} "
+            "can exceed the sandbox's memory limit, which kills it (end some to allow the disk tier)"
+        )
+    for name in sorted(pids, key=int):
         pid = int(name)
         if pid == own_pid:
             continue

@@ -396,6 +396,16 @@ class ExecHandlers:
             remove_log(proc)
         conn.send_no_content()
 
+    def kill_everything(self, conn: Conn) -> None:
+        """POST /processes/kill-all: every user process dies (the worker's relief when the sandbox
+        nears its host task limit): atoll-init and with it its namespace, or, without an init, the
+        process groups the agent started."""
+        if self.procs.init is not None:
+            self.procs.init.kill_all()
+        else:
+            self.kill_all()
+        conn.send_no_content()
+
     def kill_all(self) -> None:
         for pid in self.procs.all_pids():
             try:

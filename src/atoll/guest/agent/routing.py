@@ -80,6 +80,8 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers):
             return self.list_dir(conn, req)
         if path == "/processes" and method == "GET":
             return self.list_processes(conn)
+        if path == "/processes/kill-all" and method == "POST":
+            return self.kill_everything(conn)
         if path.startswith("/processes/") and method == "DELETE":
             return self.kill_process(conn, path[len("/processes/") :])
         if path == "/identity" and method == "POST":
