@@ -240,6 +240,8 @@ class SandboxManager:
             self._persist(rec, "delete", deleted_at=dbm.utcnow(), standby_tier=None)
             self._cache.pop(sid, None)
             self._activity.pop(sid, None)
+            for per_sandbox in (self._gate_retry, self._compact_retry, self._relieved_at):
+                per_sandbox.pop(sid, None)
         # runsc delete takes 1.5–2 s; the record is already gone for the caller.
         t = asyncio.ensure_future(self._reap(sid))
         self._reaps.add(t)
