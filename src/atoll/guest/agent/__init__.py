@@ -22,12 +22,15 @@ Modules, bottom up:
   common           stderr logging, compact JSON, printable names, small /proc reads
   threads          the pool of reused daemon threads (connections, leftover pipe readers)
   proctree         SIGKILL a command's session, group and descendants
-  processes        process records, spawning, the reaper (the only waitpid caller)
+  limits           the pids cgroup inside the sandbox: 1,024 user tasks, 512 per command
+  zygote           atoll-init: PID 1 of the user processes' PID namespace, which spawns them
+  initclient       the agent's side of atoll-init (start, requests, restart after a kill)
+  processes        process records, spawning (through atoll-init), the agent's reaper
   gate             what would make a checkpoint fail now (GET /gate)
   connection       HTTP/1.1 parsing and responses on one keep-alive connection
   capture          a command's output: captured head, ndjson stream, leftover drain
   handlers_status  GET /health, POST /identity, GET /gate
-  handlers_exec    POST /exec, GET /processes, DELETE /processes/<pid>
+  handlers_exec    POST /exec, GET /processes, DELETE /processes/<pid>, POST /processes/kill-all
   handlers_files   GET|PUT|DELETE /files, GET /files/list
   routing          the Agent (shared state, mixing in the handlers) and its route table
   __main__         arguments, signals as PID 1, listen and accept
@@ -50,6 +53,11 @@ Standard library only (Python 3.11). Design rules, from measured gVisor behaviou
   subprocess.Popen objects are made inert right after the spawn so they never wait on a pid.
   SIGCHLD is reset to default, SIGPIPE is ignored (children get the default back through
   subprocess's restore_signals), SIGTERM/SIGINT SIGKILL the tracked process groups and exit 0.
+* User commands never run beside the agent: atoll-init (`zygote`), PID 1 of a child PID namespace
+  with its own /proc, spawns them on the agent's request over a unix socketpair and reports their
+  exits, so no command can see or signal the agent (`pkill python3`, `kill -9 1`). A killed init
+  is restarted (its commands report 137), a stopped one continued. When the agent is not PID 1 (a
+  checkout on the host) it spawns directly unless ATOLL_AGENT_ISOLATE=1.
 * Syscalls are slow in gVisor (~50 us) and spawns ~9x slower than native: an exec of `true` is one
   Popen (vfork path unless switching users; no shell for argv commands), a poll loop and the
   reaper's wait4: about 30 syscalls in the agent.
@@ -59,8 +67,10 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
 413 (payload_too_large) or 500 (runtime_error).
 
   GET    /health               {"ok", "pid", "generation", "sandbox_id", "hostname", "time", "uptime_s"}
-  POST   /identity             {"sandbox_id": str, "generation": int, "hostname": str|null, "env": {..}|null}
-                               -> 200 {"sandbox_id", "generation", "hostname"}; sethostname failures ignored
+  POST   /identity             {"sandbox_id": str, "generation": int, "hostname": str|null, "env": {..}|null,
+                                "cpus": number|null}
+                               -> 200 {"sandbox_id", "generation", "hostname"}; sethostname failures ignored;
+                               cpus narrows the CPU affinity commands inherit to ceil(cpus) CPUs
   POST   /exec                 {"cmd": str|[str], "cwd", "env", "timeout_s", "background", "user"}
       str cmd runs as /bin/sh -c cmd; a list is the argv (a missing binary gives exit_code 127 and
       "<name>: command not found", a non-executable file 126). stdin is /dev/null. env is merged over
@@ -87,6 +97,8 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
                                foreground ones.
   DELETE /processes/<pid>      SIGKILL its session, group and descendants; forget a background
                                record and its log -> 204; unknown pid -> 404 process_not_found
+  POST   /processes/kill-all   every user process dies (atoll-init and its namespace) -> 204; the
+                               worker's relief when the sandbox nears its host task limit
   PUT    /files?path=/abs[&mode=0644]   raw body (Content-Length or chunked), streamed to a temp
                                file in the same directory, then renamed over the path -> 204.
                                Parents are created. Mode defaults to the replaced file's (else 0644).
