@@ -31,10 +31,10 @@ POLICY_CONCURRENCY = 8  # idle-policy steps (gate, freeze, checkpoint) running a
 # TASKS_COMPACT_AT an idle sandbox is checkpointed and restored in place (a fresh sentry sheds the
 # leftover host tasks); past TASKS_KILL_AT its user processes are killed, busy or not, so that a
 # fork bomb ends its processes rather than the sandbox.
-TASKS_COMPACT_AT = 0.3  # one burst of 300 processes adds ~4,500 host tasks (~half of the limit)
-TASKS_KILL_AT = 0.6  # a fork bomb adds ~900 host tasks a second and goes on for ~2 s after the kill
+TASKS_COMPACT_AT = 0.25  # one burst of 200 processes adds ~2,000 host tasks (a fifth of the limit)
+TASKS_KILL_AT = 0.45  # a fork bomb adds ~900 host tasks a second, for 1-3 s more after the kill
 COMPACT_RETRY_S = 30.0
-RELIEF_EVERY_S = 5.0  # the host tasks a kill leaves stay until a compaction: do not kill again at once
+RELIEF_EVERY_S = 2.0  # the host tasks a kill leaves stay until a compaction: do not kill again at once
 
 
 class SandboxManager:
@@ -53,6 +53,8 @@ class SandboxManager:
         self._relief: dict[str, asyncio.Task] = {}  # user processes being killed (task pressure)
         self._compact_retry: dict[str, float] = {}  # monotonic time before which no compaction
         self._relieved_at: dict[str, float] = {}  # when the user processes were last killed
+        self._compact_due: set[str] = set()  # relieved: compact before the next call starts
+        self._compacting: dict[str, asyncio.Task] = {}
         self._reaps: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self.ready = asyncio.Event()  # set once the base template (layer and image) is prepared
@@ -242,6 +244,7 @@ class SandboxManager:
             self._activity.pop(sid, None)
             for per_sandbox in (self._gate_retry, self._compact_retry, self._relieved_at):
                 per_sandbox.pop(sid, None)
+            self._compact_due.discard(sid)
         # runsc delete takes 1.5–2 s; the record is already gone for the caller.
         t = asyncio.ensure_future(self._reap(sid))
         self._reaps.add(t)
@@ -365,6 +368,12 @@ class SandboxManager:
                 f"sandbox {sid} has failed ({rec.failure_reason}); delete it and create a new one",
                 code="invalid_state",
             )
+        if sid in self._compact_due and not self._inflight.get(sid):
+            # its user processes were just killed for host task pressure: shed the runtime's
+            # leftover host tasks before anything runs again (a second fork bomb right after the
+            # first would otherwise start from where the first left off)
+            await self._compact_due_now(sid)
+            rec = self.get(sid)
         self._inflight[sid] = self._inflight.get(sid, 0) + 1
         try:
             # A pause (or another step) in flight holds the lock: wait for it, then resume if needed,
@@ -479,10 +488,23 @@ class SandboxManager:
             await self.worker.kill_user_processes(sid)
         except errors.AtollError as e:
             log.warning("sandbox.tasks.relief.failed", extra={"sandbox_id": sid, "error": e.message})
+        self._compact_due.add(sid)
+
+    async def _compact_due_now(self, sid: str) -> None:
+        """One compaction, shared by the calls that arrive while it runs."""
+        task = self._compacting.get(sid)
+        if task is None:
+            self._compact_due.discard(sid)
+            task = asyncio.ensure_future(self._compact(sid, self._task_pressure(sid)))
+            self._compacting[sid] = task
+            task.add_done_callback(lambda _t: self._compacting.pop(sid, None))
+        await asyncio.shield(task)
 
     async def _compact(self, sid: str, pressure: float) -> None:
         """Checkpoint and restore an idle sandbox in place to shed the host tasks its runtime kept
         (see Worker.task_pressure), when the gate allows it; its processes, memory and files go on."""
+        if self.get(sid).state != State.RUNNING:  # failed or paused meanwhile
+            return
         gate = await self.worker.gate(sid)
         if not gate.ok:
             self._compact_retry[sid] = time.monotonic() + COMPACT_RETRY_S
