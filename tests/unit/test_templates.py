@@ -79,11 +79,15 @@ print(ok, bad, raw, nosys, at, libc.syscall(ctypes.c_long(39)) == os.getpid())
 def test_shim_clears_at_no_automount(shim, tmp_path):
     """The kernel underneath sees coreutils' statx without AT_NO_AUTOMOUNT, and the output is unchanged."""
     _rootfs, lib = shim
+    listed = tmp_path / "listed"  # a directory nothing else changes (the host's / holds /proc)
+    listed.mkdir()
+    (listed / "file").write_text("x")
+    (listed / "link").symlink_to("file")
 
     def traced(preload: bool) -> tuple[str, str]:
         log = tmp_path / f"trace-{preload}"
         env = {**os.environ, **({"LD_PRELOAD": lib} if preload else {})}
-        cmd = ["strace", "-f", "-o", str(log), "-e", "trace=statx,newfstatat", "ls", "-la", "/"]
+        cmd = ["strace", "-f", "-o", str(log), "-e", "trace=statx,newfstatat", "ls", "-la", str(listed)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
         return out, log.read_text()
 

@@ -32,7 +32,7 @@ POLICY_CONCURRENCY = 8  # idle-policy steps (gate, freeze, checkpoint) running a
 # leftover host tasks); past TASKS_KILL_AT its user processes are killed, busy or not, so that a
 # fork bomb ends its processes rather than the sandbox.
 TASKS_COMPACT_AT = 0.25  # one burst of 200 processes adds ~2,000 host tasks (a fifth of the limit)
-TASKS_KILL_AT = 0.45  # a fork bomb adds ~900 host tasks a second, for 1-3 s more after the kill
+TASKS_KILL_AT = 0.6  # above what ~512 live processes hold (~45%); a fork bomb adds ~900 a second
 COMPACT_RETRY_S = 30.0
 RELIEF_EVERY_S = 2.0  # the host tasks a kill leaves stay until a compaction: do not kill again at once
 
