@@ -238,7 +238,9 @@ def create_app(
         rid = getattr(request.state, "request_id", "req_unknown")
         if exc.status >= 500 or exc.detail:
             log.log(
-                logging.ERROR if exc.status >= 500 else logging.INFO,
+                logging.ERROR
+                if exc.status >= 500 and exc.status != 507
+                else logging.INFO,  # 507: the user's full disk
                 "request failed: %s",
                 exc.message,
                 extra={"request_id": rid, "path": request.url.path, "detail": exc.detail},
