@@ -12,34 +12,15 @@ import stat
 import subprocess
 import time
 
-import httpx
 import pytest
 
-from atoll.testing import LocalAtoll
 from tests.conftest import TEMPLATE_CACHE
+from tests.integration.conftest import client as _client
+from tests.integration.conftest import exec_ok as _exec
 
 pytestmark = pytest.mark.integration
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-@pytest.fixture
-def local(tmp_path):
-    la = LocalAtoll(home=tmp_path / "home", env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE})
-    yield la
-    if la.proc is None:
-        la.start(timeout=600)
-    la.stop(reap=True)
-
-
-def _client(la):
-    return httpx.Client(base_url=la.url, headers=la.headers(), timeout=300)
-
-
-def _exec(c, sid, cmd):
-    r = c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd})
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def _create(c):
