@@ -3,6 +3,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The control plane <-> worker seam, type-checked in `make lint` (scripts/check_seam.py holds the
+# structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
+SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/controlplane/workers.py \
+	src/atoll/worker/node.py src/atoll/worker/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py
 
 .PHONY: run test test-fast lint bench install clean
 
@@ -28,6 +32,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench scripts
 	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy $(SEAM)
 	$(PY) scripts/unasync_sdk.py --check
 
 bench: $(STAMP)

@@ -37,6 +37,7 @@ REPLACEMENTS = {
     "AsyncBaseTransport": "BaseTransport",
     "AsyncSandboxes": "Sandboxes",
     "AsyncTemplates": "Templates",
+    "AsyncWorkers": "Workers",
     "AsyncSandbox": "Sandbox",
     "AsyncProcess": "Process",
     "AsyncFiles": "Files",

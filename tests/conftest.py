@@ -1,5 +1,9 @@
 """Shared test configuration: markers, the template cache shared by every test installation, and the
-session-wide real `atoll up` (integration and e2e tiers) with fixtures that reap what they start."""
+session-wide real atoll (integration and e2e tiers) with fixtures that reap what they start.
+
+`atoll_server` is a real `atoll up`; in the modules listed in BOTH_DEPLOYMENTS every test using it
+runs twice: against `atoll up` and against `atoll server` + one separate `atoll worker`
+(LocalCluster), since every route and SDK/CLI call must behave the same in both."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import shutil
 import httpx
 import pytest
 
-from atoll.testing import LocalAtoll
+from atoll.testing import LocalAtoll, LocalCluster
 
 # One template layer cache for all test installations, so the Debian base layer is built once per
 # machine (~30-60 s) rather than once per test home.
@@ -27,14 +31,48 @@ def _skip_unless_root():
         pytest.skip("integration tests need root and runsc (run `make test`, which installs them)")
 
 
+BOTH_DEPLOYMENTS = (
+    "tests/e2e/",
+    "test_sandboxes.py",
+    "test_standby.py",
+    "test_errors.py",
+    "test_output_limits.py",
+)
+
+
+def pytest_generate_tests(metafunc):
+    path = str(metafunc.definition.path)
+    if "atoll_server" in metafunc.fixturenames and any(part in path for part in BOTH_DEPLOYMENTS):
+        metafunc.parametrize("atoll_server", ["up", "split"], indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def atoll_server(tmp_path_factory):
+def atoll_up(tmp_path_factory):
     _skip_unless_root()
     home = tmp_path_factory.mktemp("atoll-home")
     local = LocalAtoll(home=home, env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE})
     local.start(timeout=600)
     yield local
     local.stop()
+
+
+@pytest.fixture(scope="session")
+def atoll_split(tmp_path_factory):
+    _skip_unless_root()
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("atoll-split"), workers=1, env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE}
+    )
+    cluster.start(timeout=600)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def atoll_server(request):
+    """`atoll up`, or (parametrized "split") `atoll server` + one `atoll worker`."""
+    return request.getfixturevalue(
+        "atoll_split" if getattr(request, "param", "up") == "split" else "atoll_up"
+    )
 
 
 @pytest.fixture(scope="session")

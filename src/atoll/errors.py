@@ -18,10 +18,13 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     ├── Conflict                409
     │   ├── SandboxBusy             sandbox_busy (retryable)
     │   ├── InvalidState            invalid_state
-    │   └── SandboxFailed           sandbox_failed: the sandbox died under the call (e.g. out of memory)
+    │   ├── SandboxFailed           sandbox_failed: the sandbox died under the call (e.g. out of memory)
+    │   └── (Conflict)              worker_conflict, incompatible_protocol, worker_not_registered
     ├── PayloadTooLarge         413 payload_too_large
     ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
+        └── Unavailable         503 worker_unavailable, no_worker (retryable): the sandbox's worker,
+                                    or any worker, cannot take the call right now
 
 A response whose body is not the server's JSON error envelope (a proxy's HTML page, say) still
 raises: the code is `http_<status>` and the message is the start of the body text.
@@ -50,6 +53,8 @@ __all__ = [
     "PayloadTooLarge",
     "DiskFull",
     "ServerError",
+    "Unavailable",
+    "WorkerNotFound",
     "error_from_payload",
 ]
 
@@ -133,6 +138,10 @@ class ProcessNotFound(NotFound):
     default_code = "process_not_found"
 
 
+class WorkerNotFound(NotFound):
+    default_code = "worker_not_found"
+
+
 class Conflict(AtollError):
     default_code = "conflict"
 
@@ -164,6 +173,13 @@ class ServerError(AtollError):
     default_code = "internal_error"
 
 
+class Unavailable(ServerError):
+    """The sandbox's worker (or any worker, for a create) cannot take the call now; retry later."""
+
+    default_code = "worker_unavailable"
+    default_retryable = True
+
+
 _BY_CODE: dict[str, type[AtollError]] = {
     "invalid_request": InvalidRequest,
     "invalid_path": InvalidRequest,
@@ -178,15 +194,21 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "template_not_found": TemplateNotFound,
     "file_not_found": FileNotFound,
     "process_not_found": ProcessNotFound,
+    "worker_not_found": WorkerNotFound,
     "conflict": Conflict,
     "sandbox_busy": SandboxBusy,
     "invalid_state": InvalidState,
     "sandbox_failed": SandboxFailed,
+    "worker_conflict": Conflict,
+    "incompatible_protocol": Conflict,
+    "worker_not_registered": Conflict,
     "method_not_allowed": InvalidRequest,
     "payload_too_large": PayloadTooLarge,
     "answer_too_large": PayloadTooLarge,
     "runtime_error": ServerError,
     "internal_error": ServerError,
+    "worker_unavailable": Unavailable,
+    "no_worker": Unavailable,
 }
 
 _BY_STATUS: dict[int, type[AtollError]] = {
@@ -197,6 +219,7 @@ _BY_STATUS: dict[int, type[AtollError]] = {
     409: Conflict,
     413: PayloadTooLarge,
     422: InvalidRequest,
+    503: Unavailable,
     507: DiskFull,
 }
 

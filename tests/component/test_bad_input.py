@@ -8,29 +8,16 @@ import base64
 import httpx
 import pytest
 
-from atoll import settings
-from atoll.controlplane import api, db, lifecycle, metrics
-from tests.component.fake_worker import FakeWorker
-
-KEY = "component-key"
+from atoll.controlplane import settings
+from atoll.core import config
+from atoll.testing import FakeAtoll, FakeWorker
+from tests.component.conftest import create
 
 
 @pytest.fixture
-async def env(tmp_path):
-    worker = FakeWorker()
-    m = metrics.Metrics()
-    manager = lifecycle.SandboxManager(db.open_database(f"sqlite:///{tmp_path}/db.sqlite"), worker, m)
-    app = api.create_app(manager, api_key=KEY, max_file_bytes=1024, max_exec_output_bytes=4096)
-    await manager.start()
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app),
-        base_url="http://atoll",
-        headers={"Authorization": f"Bearer {KEY}"},
-    ) as c:
-        r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
-        assert r.status_code == 201, r.text
-        yield c, worker, r.json()["id"]
-    await manager.stop()
+async def env(fake):
+    sid = await create(fake.http)
+    yield fake.http, fake.worker, sid
 
 
 def _msg(r: httpx.Response, status: int = 400, code: str = "invalid_request") -> str:
@@ -51,16 +38,18 @@ async def test_pids_must_be_ascii_digits(env):
     c, worker, sid = env
     for pid in ("%D9%A3", "%EF%BC%93", "3%C2%B2", "-1", "0"):
         assert "pid" in _msg(await c.delete(f"/v1/sandboxes/{sid}/processes/{pid}"))
-    assert not [v for v, s in worker.calls if v.startswith("agent DELETE")]
+    assert not [v for v, s in worker.calls if v.startswith("kill")]
 
 
-async def test_resources(env):
+async def test_resources(env, tmp_path):
     c, _, _ = env
     assert "cpus" in _msg(await c.post("/v1/sandboxes", json={"cpus": 1e-9}))
     assert "memory_mb" in _msg(await c.post("/v1/sandboxes", json={"memory_mb": 65536 * 1024}))
-    host_mb = api._host_memory_mb()
-    if host_mb < 65536:
-        assert str(host_mb) in _msg(await c.post("/v1/sandboxes", json={"memory_mb": host_mb + 1}))
+    # more than any worker's memory: refused before any work, naming the largest worker's
+    async with FakeAtoll(tmp_path / "small", [FakeWorker("small", memory_mb=4096)]) as small:
+        msg = _msg(await small.http.post("/v1/sandboxes", json={"memory_mb": 8192}))
+        assert "4096" in msg and "8192" in msg
+        assert not small.worker.calls
 
 
 async def test_max_output_bytes_is_bounded_by_the_server(env):
@@ -73,7 +62,7 @@ async def test_max_output_bytes_is_bounded_by_the_server(env):
 
 
 async def test_path_b64_checks(env):
-    c, _, sid = env
+    c, worker, sid = env
     files = f"/v1/sandboxes/{sid}/files"
 
     def b64(raw: bytes) -> str:
@@ -88,6 +77,8 @@ async def test_path_b64_checks(env):
         {"path": "/a", "path_b64": b64(b"/a")},
     ):
         _msg(await c.get(files, params=params), 400, "invalid_path")
+    worker.runtimes[sid].files[b"/a\xff"] = b"x"  # names that are not UTF-8
+    worker.runtimes[sid].files[b"/\xfb\xff"] = b"x"
     assert (await c.delete(files, params={"path_b64": b64(b"/a\xff")})).status_code == 204
     assert (
         await c.delete(files, params={"path_b64": base64.urlsafe_b64encode(b"/\xfb\xff").decode()})
@@ -100,5 +91,5 @@ def test_exec_output_setting(monkeypatch):
     assert settings.load().max_exec_output_kb == 64
     for bad in ("0", "65537", "lots"):
         monkeypatch.setenv("ATOLL_MAX_EXEC_OUTPUT_KB", bad)
-        with pytest.raises(settings.SettingsError, match="ATOLL_MAX_EXEC_OUTPUT_KB"):
+        with pytest.raises(config.SettingsError, match="ATOLL_MAX_EXEC_OUTPUT_KB"):
             settings.load()

@@ -1,43 +1,24 @@
-"""The control plane in process (real FastAPI app, real SQLite, real lifecycle) over a fake worker."""
+"""The control plane in process (real FastAPI app, real SQLite, real lifecycle and policy) over the
+fake worker of atoll.testing: locks, shared resumes, pause outcomes, failures, events, the policy."""
 
 from __future__ import annotations
 
 import asyncio
 
-import httpx
-import pytest
-
-from atoll.controlplane import api, db, lifecycle, metrics
-from tests.component.fake_worker import FakeWorker
-
-KEY = "component-key"
+from tests.component.conftest import create
 
 
-@pytest.fixture
-async def env(tmp_path):
-    worker = FakeWorker()
-    m = metrics.Metrics()
-    manager = lifecycle.SandboxManager(db.open_database(f"sqlite:///{tmp_path}/db.sqlite"), worker, m)
-    m.bind_state_counts(manager.counts)
-    app = api.create_app(manager, api_key=KEY, max_file_bytes=1024)
-    await manager.start()
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://atoll", headers={"Authorization": f"Bearer {KEY}"}
-    ) as c:
-        yield c, worker, manager
-    await manager.stop()
+async def _until(pred, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if await pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
 
 
-async def _create(c, **kw):
-    r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0, **kw})
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
-async def test_concurrent_callers_share_one_resume(env):
-    c, worker, _ = env
-    sid = await _create(c)
+async def test_concurrent_callers_share_one_resume(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
     assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).json()[
         "standby_tier"
     ] == "disk"
@@ -47,10 +28,10 @@ async def test_concurrent_callers_share_one_resume(env):
     assert [v for v, s in worker.calls if s == sid].count("restore") == 1
 
 
-async def test_pause_is_refused_while_exec_runs(env):
-    c, worker, _ = env
-    sid = await _create(c)
-    worker.delay["agent POST /exec"] = 0.3
+async def test_pause_is_refused_while_exec_runs(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
+    worker.delay["exec"] = 0.3
     ex = asyncio.ensure_future(c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 1"}))
     await asyncio.sleep(0.05)
     r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})
@@ -58,9 +39,9 @@ async def test_pause_is_refused_while_exec_runs(env):
     assert (await ex).status_code == 200
 
 
-async def test_delete_waits_for_pause(env):
-    c, worker, _ = env
-    sid = await _create(c)
+async def test_delete_waits_for_pause(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
     worker.delay["checkpoint"] = 0.2
     p = asyncio.ensure_future(c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"}))
     await asyncio.sleep(0.05)
@@ -68,27 +49,32 @@ async def test_delete_waits_for_pause(env):
     assert d.status_code == 204
     assert (await p).status_code == 200
     assert (await c.get(f"/v1/sandboxes/{sid}")).status_code == 404
-    for _ in range(50):  # the runtime is removed in the background after the 204
-        if ("delete", sid) in worker.calls:
-            break
-        await asyncio.sleep(0.02)
+
+    async def deleted():
+        return ("delete", sid) in worker.calls
+
+    await _until(deleted)  # the runtime is removed in the background after the 204
     verbs = [v for v, s in worker.calls if s == sid]
-    assert "delete" in verbs and verbs.index("checkpoint") < verbs.index("delete")
+    assert verbs.index("checkpoint") < verbs.index("delete")
 
 
-async def test_gate_keeps_memory_tier_with_reason(env):
-    c, worker, _ = env
-    sid = await _create(c)
+async def test_gate_keeps_memory_tier_with_reason(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
     worker.gate_blockers = ["process 7 (node) watches TCP sockets with epoll"]
     sb = (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).json()
     assert (sb["state"], sb["standby_tier"]) == ("standby", "memory")
     assert "epoll" in sb["standby_reason"]
     assert ("checkpoint", sid) not in worker.calls
+    # from the memory tier, gated again: it stays, with the reason, since the same moment
+    since = sb["standby_since"]
+    sb = (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).json()
+    assert (sb["standby_tier"], sb["standby_since"]) == ("memory", since) and "epoll" in sb["standby_reason"]
 
 
-async def test_a_freeze_that_times_out_leaves_the_sandbox_running(env):
-    c, worker, _ = env
-    sid = await _create(c)
+async def test_a_freeze_that_times_out_leaves_the_sandbox_running(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
     worker.freeze_stuck = True
     r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})
     assert r.status_code == 409, r.text
@@ -103,14 +89,14 @@ async def test_a_freeze_that_times_out_leaves_the_sandbox_running(env):
     assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_busy"
     sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
     assert (sb["state"], sb["standby_tier"]) == ("running", None)
-    assert worker.phase[sid] == "running"
+    assert worker.phase(sid) == "running"
     worker.freeze_stuck = False
     assert (await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
 
 
-async def test_runtime_failure_marks_failed_with_cause(env, caplog):
-    c, worker, _ = env
-    sid = await _create(c)
+async def test_runtime_failure_marks_failed_with_cause(fake, caplog):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
     worker.fail.add("checkpoint")
     r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
     assert r.status_code == 500 and r.json()["error"]["code"] == "runtime_error"
@@ -123,46 +109,80 @@ async def test_runtime_failure_marks_failed_with_cause(env, caplog):
     assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state"
 
 
-async def test_died_sandbox_reports_sandbox_failed(env):
-    c, worker, manager = env
-    sid = await _create(c)
-    worker.dead.add(sid)
-    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+async def test_a_death_during_a_call_is_sandbox_failed(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
+    worker.delay["exec"] = 0.2
+    call = asyncio.ensure_future(c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"}))
+    await asyncio.sleep(0.05)
+    worker.kill(sid, "stopped by the host's OOM killer")
+    r = await call
     assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_failed"
-    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "failed"
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert sb["state"] == "failed" and "OOM" in sb["failure_reason"]
 
 
-async def test_idle_policy_walks_tiers(env):
-    c, worker, manager = env
-    sid = await _create(c, idle_timeout_s=0.2, disk_after_s=0.3)
-    for _ in range(60):
-        await asyncio.sleep(0.1)
-        if (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "disk":
-            break
+async def test_a_death_event_fails_the_record_without_any_call(fake):
+    """No poll: the worker's SandboxDied event alone marks the record failed, with its cause."""
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
+    worker.kill(sid, "sandbox was stopped by the host's OOM killer")
+
+    async def failed():
+        return (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "failed"
+
+    await _until(failed)
+    assert "OOM" in (await c.get(f"/v1/sandboxes/{sid}")).json()["failure_reason"]
+    assert not [v for v, s in worker.calls if s == sid and v != "create"]
+
+
+async def test_idle_policy_walks_tiers(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c, idle_timeout_s=0.2, disk_after_s=0.3)
+
+    async def on_disk():
+        return (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "disk"
+
+    await _until(on_disk, 6)
     verbs = [v for v, s in worker.calls if s == sid]
     assert "freeze" in verbs and "checkpoint" in verbs
 
 
-async def test_a_stalled_sandbox_does_not_delay_another_ones_standby(env):
-    """Issue 5: the idle policy used to walk sandboxes one by one, so a stopped agent (a gate call
-    hanging) held up every other sandbox's standby."""
-    c, worker, _ = env
-    stuck = [await _create(c, idle_timeout_s=0.1, disk_after_s=0.1) for _ in range(3)]
+async def test_an_open_connection_keeps_an_idle_sandbox_running(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c, idle_timeout_s=0.2)
+    worker.open_connections[sid] = 1
+    await asyncio.sleep(1.0)
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+    assert ("pause", sid) in worker.calls  # asked, declined: activity
+    worker.open_connections[sid] = 0
+
+    async def frozen():
+        return (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "memory"
+
+    await _until(frozen)
+
+
+async def test_a_stalled_sandbox_does_not_delay_another_ones_standby(fake):
+    """The idle policy used to walk sandboxes one by one, so a stopped agent (a pause hanging) held
+    up every other sandbox's standby."""
+    c, worker = fake.http, fake.worker
+    stuck = [await create(c, idle_timeout_s=0.1, disk_after_s=0.1) for _ in range(3)]
     worker.gate_stalled.update(stuck)
-    sid = await _create(c, idle_timeout_s=0.2, disk_after_s=0.2)
-    for _ in range(40):
-        await asyncio.sleep(0.1)
-        if (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "disk":
-            break
-    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "disk"
-    assert all(("gate", s) in worker.calls for s in stuck)  # they were tried, and are still waiting
+    sid = await create(c, idle_timeout_s=0.2, disk_after_s=0.2)
+
+    async def on_disk():
+        return (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "disk"
+
+    await _until(on_disk, 6)
+    assert all(("pause", s) in worker.calls for s in stuck)  # they were tried, and are still waiting
     for s in stuck:
         assert (await c.get(f"/v1/sandboxes/{s}")).json()["state"] == "running"
 
 
-async def test_file_limit_and_metrics(env):
-    c, worker, _ = env
-    sid = await _create(c)
+async def test_file_limit_and_metrics(fake):
+    c = fake.http
+    sid = await create(c)
     r = await c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/x"}, content=b"x" * 2048)
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
     text = (await c.get("/metrics")).text
@@ -170,9 +190,9 @@ async def test_file_limit_and_metrics(env):
     assert 'atoll_lifecycle_duration_seconds_count{outcome="complete",verb="create"} 1.0' in text
 
 
-async def test_timestamps_are_utc_whether_cached_or_read_back(env):
-    c, _, _ = env
-    sid = await _create(c)
+async def test_timestamps_are_utc_whether_cached_or_read_back(fake):
+    c = fake.http
+    sid = await create(c)
     created = (await c.get(f"/v1/sandboxes/{sid}")).json()["created_at"]
     listed = [s for s in (await c.get("/v1/sandboxes")).json()["items"] if s["id"] == sid][0]
     for t in (created, listed["created_at"], listed["updated_at"]):
@@ -180,33 +200,14 @@ async def test_timestamps_are_utc_whether_cached_or_read_back(env):
     assert listed["created_at"] == created
 
 
-async def test_host_task_pressure_kills_user_processes_then_compacts(env):
-    """Issue 5 item 4: churning processes (a fork bomb, repeated bursts) leave host tasks behind
-    under the ptrace platform until the host pids limit kills the sandbox. Near the limit the user
-    processes are killed, busy or not; an idle sandbox past half of it is checkpointed and restored
-    in place (a fresh sentry), and keeps running."""
-    c, worker, _ = env
-    sid = await _create(c)
-    calm = await _create(c)
-    worker.pressure[sid] = 0.9
-    worker.pressure[calm] = 0.2
-    for _ in range(40):
-        await asyncio.sleep(0.1)
-        if ("restore", sid) in worker.calls:
-            break
-    verbs = [v for v, s in worker.calls if s == sid]
-    assert verbs.index("kill_user_processes") < verbs.index("checkpoint") < verbs.index("restore")
-    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
-    assert not [v for v, s in worker.calls if s == calm and v in ("kill_user_processes", "checkpoint")]
-
-
-async def test_compaction_waits_for_the_gate(env):
-    c, worker, _ = env
-    sid = await _create(c)
-    worker.gate_blockers = ["a TCP connection"]
-    worker.pressure[sid] = 0.5
-    for _ in range(10):
-        await asyncio.sleep(0.1)
-    verbs = [v for v, s in worker.calls if s == sid]
-    assert "gate" in verbs and "freeze" not in verbs and "checkpoint" not in verbs
-    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+async def test_sandboxes_say_which_worker_holds_them(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    ws = (await c.get("/v1/workers")).json()["items"]
+    assert [w["name"] for w in ws] == [worker.name] and ws[0]["state"] == "ready"
+    assert sb["worker"] == worker.name and sb["worker_id"] == ws[0]["id"]
+    assert ws[0]["sandboxes"] == 1 and ws[0]["allocated"]["memory_mb"] == sb["memory_mb"]
+    assert ws[0]["capacity"]["memory_mb"] == worker.capacity.memory_mb
+    assert (await c.get(f"/v1/workers/{ws[0]['id']}")).json()["name"] == worker.name
+    assert (await c.get("/v1/workers/wk-nonexistent00000")).json()["error"]["code"] == "worker_not_found"

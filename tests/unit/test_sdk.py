@@ -557,7 +557,8 @@ def test_files_streamed_upload_and_download(client, fake, tmp_path):
         (507, "something_new", errors.DiskFull),
         (500, "runtime_error", errors.ServerError),
         (500, "internal_error", errors.ServerError),
-        (503, "whatever", errors.ServerError),
+        (503, "whatever", errors.Unavailable),
+        (503, "worker_unavailable", errors.Unavailable),
         (418, "teapot", errors.AtollError),
     ],
 )

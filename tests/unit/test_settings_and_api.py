@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from atoll import settings
-from atoll.controlplane import api, schemas
-from atoll.core import errors
+from atoll.controlplane import http, schemas, settings
+from atoll.core import config, errors
+from atoll.worker import settings as worker_settings
 
 
 def test_flag_beats_env_beats_default(monkeypatch, tmp_path):
@@ -19,31 +19,42 @@ def test_flag_beats_env_beats_default(monkeypatch, tmp_path):
     s = settings.load(home=str(tmp_path / "flag"))
     assert s.home == str(tmp_path / "flag")
     assert s.database_url.endswith("flag/atoll.db")
-    assert s.template_dir == str(tmp_path / "flag" / "templates")
+    w = worker_settings.load(home=str(tmp_path / "flag"))
+    assert w.templates == str(tmp_path / "flag" / "templates")
+    assert w.listen == ("127.0.0.1", 0) and w.name == "local"
+    assert worker_settings.load(listen=":7400", name="w-1").listen == ("127.0.0.1", 7400)
 
 
 def test_bad_settings_say_which_variable(monkeypatch):
     monkeypatch.setenv("ATOLL_PORT", "seventy")
-    with pytest.raises(settings.SettingsError, match="ATOLL_PORT"):
+    with pytest.raises(config.SettingsError, match="ATOLL_PORT"):
         settings.load()
     monkeypatch.setenv("ATOLL_PORT", "70000")
-    with pytest.raises(settings.SettingsError, match="out of range"):
+    with pytest.raises(config.SettingsError, match="out of range"):
         settings.load()
+    monkeypatch.delenv("ATOLL_PORT")
+    monkeypatch.setenv("ATOLL_WORKER_LOST_S", "60")
+    with pytest.raises(config.SettingsError, match="ATOLL_WORKER_LOST_S"):
+        settings.load()
+    for bad in ({"name": "no spaces"}, {"server": "ftp://x"}, {"listen": "host:port"}, {"advertise": "x:1"}):
+        with pytest.raises(config.SettingsError):
+            worker_settings.load(env={}, **bad)
 
 
 def test_api_key_is_redacted(monkeypatch):
     monkeypatch.setenv("ATOLL_API_KEY", "s3cret")
     assert "s3cret" not in str(settings.load().redacted())
+    assert "s3cret" not in str(worker_settings.load().redacted())
 
 
 @pytest.mark.parametrize("bad", ["rel/x", "/a/../b", "", "/a\x00b", "/" + "x" * 5000])
 def test_path_checks(bad):
     with pytest.raises(errors.InvalidPath):
-        api._check_path(bad)
+        http.check_path(bad)
 
 
 def test_path_ok():
-    assert api._check_path("/a/b..c/./d") == "/a/b..c/./d"
+    assert http.check_path("/a/b..c/./d") == "/a/b..c/./d"
 
 
 def test_exec_request_validation():

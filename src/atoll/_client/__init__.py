@@ -12,9 +12,10 @@ from atoll._client._async import (
     AsyncSandbox,
     AsyncSandboxes,
     AsyncTemplates,
+    AsyncWorkers,
 )
 from atoll._client._models import ExecResult, FileEntry, ProcessInfo, Template
-from atoll._client._sync import Client, Files, Process, Sandbox, Sandboxes, Templates
+from atoll._client._sync import Client, Files, Process, Sandbox, Sandboxes, Templates, Workers
 
 __all__ = [
     "AsyncClient",
@@ -23,6 +24,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncTemplates",
+    "AsyncWorkers",
     "Client",
     "ExecResult",
     "FileEntry",
@@ -33,4 +35,5 @@ __all__ = [
     "Sandboxes",
     "Template",
     "Templates",
+    "Workers",
 ]

@@ -19,7 +19,15 @@ from atoll import errors
 from atoll._client import _base
 from atoll._client._models import ExecResult, FileEntry, ProcessInfo, SandboxFields, Template
 
-__all__ = ["AsyncClient", "AsyncFiles", "AsyncProcess", "AsyncSandbox", "AsyncSandboxes", "AsyncTemplates"]
+__all__ = [
+    "AsyncClient",
+    "AsyncFiles",
+    "AsyncProcess",
+    "AsyncSandbox",
+    "AsyncSandboxes",
+    "AsyncTemplates",
+    "AsyncWorkers",
+]
 
 
 class AsyncClient:
@@ -51,6 +59,7 @@ class AsyncClient:
         )
         self.sandboxes = AsyncSandboxes(self)
         self.templates = AsyncTemplates(self)
+        self.workers = AsyncWorkers(self)
 
     @property
     def base_url(self) -> str:
@@ -208,6 +217,21 @@ class AsyncTemplates:
     async def list(self) -> list[Template]:
         response = await self._client._request("GET", "/v1/templates")
         return [Template(item) for item in _base.items(response)]
+
+
+class AsyncWorkers:
+    """`client.workers`: the workers of the server (name, state, capacity, what they hold)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self) -> list[dict[str, Any]]:
+        response = await self._client._request("GET", "/v1/workers")
+        return _base.items(response)
+
+    async def get(self, worker_id: str) -> dict[str, Any]:
+        response = await self._client._request("GET", f"/v1/workers/{worker_id}")
+        return _base.json_body(response)
 
 
 class AsyncSandbox(SandboxFields):

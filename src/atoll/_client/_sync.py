@@ -17,7 +17,15 @@ from atoll import errors
 from atoll._client import _base
 from atoll._client._models import ExecResult, FileEntry, ProcessInfo, SandboxFields, Template
 
-__all__ = ["Client", "Files", "Process", "Sandbox", "Sandboxes", "Templates"]
+__all__ = [
+    "Client",
+    "Files",
+    "Process",
+    "Sandbox",
+    "Sandboxes",
+    "Templates",
+    "Workers",
+]
 
 
 class Client:
@@ -49,6 +57,7 @@ class Client:
         )
         self.sandboxes = Sandboxes(self)
         self.templates = Templates(self)
+        self.workers = Workers(self)
 
     @property
     def base_url(self) -> str:
@@ -202,6 +211,21 @@ class Templates:
     def list(self) -> list[Template]:
         response = self._client._request("GET", "/v1/templates")
         return [Template(item) for item in _base.items(response)]
+
+
+class Workers:
+    """`client.workers`: the workers of the server (name, state, capacity, what they hold)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self) -> list[dict[str, Any]]:
+        response = self._client._request("GET", "/v1/workers")
+        return _base.items(response)
+
+    def get(self, worker_id: str) -> dict[str, Any]:
+        response = self._client._request("GET", f"/v1/workers/{worker_id}")
+        return _base.json_body(response)
 
 
 class Sandbox(SandboxFields):

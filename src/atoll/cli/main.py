@@ -1,7 +1,9 @@
-"""The `atoll` command line (typer + rich): `atoll up` and `atoll sandbox ...`.
+"""The `atoll` command line (typer + rich): `atoll up`, `atoll server`, `atoll worker`,
+`atoll workers` and `atoll sandbox ...`.
 
-Entry point of the `atoll` console script (`atoll = atoll.cli.main:app`). `atoll up` starts
-the server by importing `atoll.up` lazily, so the CLI works with the SDK alone; every
+Entry point of the `atoll` console script (`atoll = atoll.cli.main:app`). `atoll up`, `atoll server`
+and `atoll worker` start processes by importing their modules lazily (`atoll.up`,
+`atoll.controlplane.main`, `atoll.worker.main`), so the CLI works with the SDK alone; every
 `atoll sandbox` command talks to a server through the sync SDK client built by
 `make_client` (tests monkeypatch it to inject an `httpx.MockTransport`). SDK errors are
 printed as `error: <code>: <message>` on stderr with exit status 1, never as a traceback.
@@ -115,12 +117,105 @@ def up(
         str | None, typer.Option(help="Address to bind (default $ATOLL_HOST or 127.0.0.1).")
     ] = None,
 ) -> None:
-    """Run the atoll server (control plane and worker) in the foreground."""
+    """Run atoll on this machine in the foreground: the control plane and one local worker."""
     try:
         from atoll import up as _up
     except ImportError as exc:
         _fail(f"the atoll server is not installed ({exc}); install it with: pip install 'atoll[server]'")
     _up.main(port=port, home=str(home) if home is not None else None, host=host)
+
+
+@app.command()
+def server(
+    port: Annotated[int | None, typer.Option(help="Port to listen on (default $ATOLL_PORT or 7080).")] = None,
+    home: Annotated[
+        Path | None, typer.Option(help="State directory: records and the admin key (default $ATOLL_HOME).")
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (default $ATOLL_HOST or 127.0.0.1).")
+    ] = None,
+) -> None:
+    """Run the control plane alone in the foreground; workers join it with `atoll worker`."""
+    try:
+        from atoll.controlplane import main as _server
+    except ImportError as exc:
+        _fail(f"the atoll server is not installed ({exc}); install it with: pip install 'atoll[server]'")
+    _server.main(port=port, home=str(home) if home is not None else None, host=host)
+
+
+@app.command()
+def worker(
+    server_url: Annotated[
+        str | None,
+        typer.Option("--server", envvar="ATOLL_SERVER_URL", help="URL of the atoll server to join."),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="This worker's name at the server (default $ATOLL_WORKER_NAME or 'local')."),
+    ] = None,
+    home: Annotated[
+        Path | None,
+        typer.Option(
+            help="State directory: sandboxes, snapshots, images (default $ATOLL_HOME); one per worker."
+        ),
+    ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT the worker API listens on (default 127.0.0.1:0, a free port)."),
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(help="URL the server calls this worker at (default http://<listen address>)."),
+    ] = None,
+) -> None:
+    """Run a worker in the foreground: it registers with the server, heartbeats and runs sandboxes.
+    Needs root and ATOLL_API_KEY (the server's admin key)."""
+    try:
+        from atoll.worker import main as _worker
+    except ImportError as exc:
+        _fail(f"the atoll worker is not installed ({exc}); install it with: pip install 'atoll[server]'")
+    _worker.main(
+        server=server_url,
+        name=name,
+        home=str(home) if home is not None else None,
+        listen=listen,
+        advertise=advertise,
+    )
+
+
+@app.command("workers")
+def workers_(
+    url: Annotated[
+        str | None,
+        typer.Option("--url", envvar="ATOLL_URL", help="Server URL (default http://127.0.0.1:7080)."),
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="ATOLL_API_KEY", help="API key.", show_default=False)
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
+    """List the server's workers: name, state, sandboxes, memory allocated of capacity."""
+    try:
+        with make_client(url, api_key) as client:
+            items = client.workers.list()
+    except errors.AtollError as exc:
+        _fail(f"{exc.code}: {exc.message}")
+    if as_json:
+        _print_json(items)
+        return
+    if not items:
+        typer.echo("no workers", err=True)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("NAME", "STATE", "SANDBOXES", "MEMORY (MB)", "VERSION", "ID"):
+        table.add_column(col, no_wrap=True)
+    for w in items:
+        mem = f"{int(w['allocated']['memory_mb'])}/{int(w['capacity']['memory_mb'])}"
+        table.add_row(w["name"], w["state"], str(w["sandboxes"]), mem, str(w.get("version") or "-"), w["id"])
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=1000)
+    console.print(table)
 
 
 # ---------------------------------------------------------------- atoll sandbox

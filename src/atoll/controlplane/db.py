@@ -1,12 +1,13 @@
-"""Records of the control plane (SQLAlchemy 2; SQLite embedded by default).
+"""Records of the control plane (SQLAlchemy 2; SQLite embedded by default): sandboxes and workers.
 
-Every record carries a tenant id. Schema changes go through Alembic migrations
+Every sandbox record carries a tenant id and the id of the worker that holds it. Schema changes go through Alembic migrations
 (`controlplane/migrations`); `open_database` upgrades the database to the newest revision at start-up.
-Called by controlplane.lifecycle.
+Called by controlplane.lifecycle and controlplane.workers.
 """
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import os
 import typing
@@ -48,6 +49,25 @@ class SandboxRecord(Base):
     standby_since: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
     last_activity_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+
+
+class WorkerRecord(Base):
+    """A worker the control plane knows: registered at least once. Its token is never stored (a
+    restarted server waits for each worker to register again)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    installation: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    url: Mapped[str | None] = mapped_column(sa.String(512), nullable=True)
+    state: Mapped[str] = mapped_column(sa.String(16))
+    state_reason: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    version: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    protocol: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    capacity: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    registered_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+    last_heartbeat_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
 
 
 class Database:
@@ -124,6 +144,14 @@ class Database:
             q = q.where(SandboxRecord.state != "deleted")
         with self.session() as s:
             return list(s.scalars(q))
+
+    def workers(self) -> builtins.list[WorkerRecord]:
+        with self.session() as s:
+            return list(s.scalars(sa.select(WorkerRecord).order_by(WorkerRecord.name)))
+
+    def put_worker(self, rec: WorkerRecord) -> None:
+        with self.session.begin() as s:
+            s.merge(rec)
 
     def count_by_state(self) -> dict[str, int]:
         with self.session() as s:

@@ -1,6 +1,7 @@
-"""Wire models of the public REST API (pydantic v2): request bodies with their limits, the sandbox view.
+"""Wire models of the public REST API (pydantic v2): request bodies with their limits, the sandbox
+view, and the models of every answer (they feed /openapi.json; answers are built as plain JSON).
 
-Called by controlplane.api; the same models feed /openapi.json.
+Called by the routers (controlplane.routes_*); the same models feed /openapi.json.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class PauseRequest(BaseModel):
     tier: Literal["memory", "disk"] = "memory"
 
 
-def sandbox_view(rec: dbm.SandboxRecord) -> dict:
+def sandbox_view(rec: dbm.SandboxRecord, worker: str | None) -> dict:
     def iso(t):  # SQLite hands datetimes back naive; they are UTC
         if t is None:
             return None
@@ -153,8 +154,174 @@ def sandbox_view(rec: dbm.SandboxRecord) -> dict:
         "disk_mb": rec.disk_mb,
         "idle_timeout_s": rec.idle_timeout_s,
         "disk_after_s": rec.disk_after_s,
+        "worker": worker,
         "worker_id": rec.worker_id,
         "created_at": iso(rec.created_at),
         "updated_at": iso(rec.updated_at),
         "standby_since": iso(rec.standby_since),
     }
+
+
+# ---- answers (for /openapi.json) ----------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable code (see docs/api.md)")
+    message: str = Field(description="What failed, the value involved and how to fix it")
+    request_id: str
+    retryable: bool = Field(description="Whether repeating the same request can succeed")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Sandbox(BaseModel):
+    id: str
+    tenant_id: str
+    state: Literal["creating", "running", "standby", "failed", "deleted"]
+    standby_tier: Literal["memory", "disk"] | None
+    standby_reason: str | None
+    failure_reason: str | None
+    template: str
+    metadata: dict[str, str]
+    env: dict[str, str]
+    user: str | None
+    memory_mb: int
+    cpus: float
+    disk_mb: int
+    idle_timeout_s: float
+    disk_after_s: float
+    worker: str | None = Field(description="Name of the worker that holds the sandbox")
+    worker_id: str
+    created_at: str | None
+    updated_at: str | None
+    standby_since: str | None
+
+
+class SandboxList(BaseModel):
+    items: list[Sandbox]
+
+
+class ExecResult(BaseModel):
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timed_out: bool
+    stdout_truncated_bytes: int = 0
+    stderr_truncated_bytes: int = 0
+
+
+class ProcessStarted(BaseModel):
+    pid: int
+    log_path: str | None = None
+
+
+class ProcessInfo(BaseModel):
+    pid: int
+    cmd: str | list[str] | None
+    running: bool
+    exit_code: int | None
+    background: bool
+    started_at: float
+    log_path: str | None = None
+
+
+class ProcessList(BaseModel):
+    items: list[ProcessInfo]
+
+
+class FileEntry(BaseModel):
+    name: str
+    path: str
+    name_b64: str
+    path_b64: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+
+
+class FileList(BaseModel):
+    items: list[FileEntry]
+
+
+class TemplateInfo(BaseModel):
+    name: str
+    status: Literal["missing", "building", "ready", "failed"]
+    hash: str
+    progress: str
+    error: str | None
+    description: str
+    packages: list[str]
+    built_at: float | None
+    size_bytes: int | None
+
+
+class TemplateList(BaseModel):
+    items: list[TemplateInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "starting", "degraded"]
+    version: str
+    templates: dict[str, str]
+    workers: dict[str, str] = Field(default_factory=dict, description="worker name -> state")
+    error: str | None = None
+
+
+class Resources(BaseModel):
+    memory_mb: float
+    cpus: float
+    disk_mb: float
+
+
+class Worker(BaseModel):
+    id: str
+    name: str
+    state: Literal["joining", "ready", "lost", "draining"]
+    state_reason: str | None
+    capacity: Resources
+    allocated: Resources
+    sandboxes: int = Field(description="Live sandboxes on this worker")
+    version: str | None
+    protocol: int | None
+    url: str | None = Field(description="Where the server calls it (null for the in-process worker)")
+    installation: str | None
+    registered_at: str | None
+    last_heartbeat_at: str | None
+
+
+class WorkerList(BaseModel):
+    items: list[Worker]
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    draining: bool = True
+
+
+class RegisterRequest(BaseModel):
+    """What `atoll worker` sends when it registers (the `info` is core.worker_api.WorkerInfo)."""
+
+    url: str = Field(max_length=512, description="Where the server can call the worker")
+    info: dict
+
+
+class RegisterAnswer(BaseModel):
+    worker_id: str
+    token: str = Field(description="What the server presents to this worker from now on")
+    epoch: str
+    protocol: int
+    heartbeat_s: float
+    lost_after_s: float
+
+
+class HeartbeatRequest(BaseModel):
+    epoch: str | None = Field(None, max_length=64)
+
+
+class HeartbeatAnswer(BaseModel):
+    state: str

@@ -1,21 +1,68 @@
-"""Stable machine-readable error codes and the domain exception tree.
+"""Stable machine-readable error codes (one registry) and the domain exception tree.
 
     AtollError                      (code, message, status, retryable)
     ├── InvalidRequest              400 invalid_request / invalid_path / io_error
+    ├── Unauthorized                401 unauthorized
     ├── PermissionDenied            403 permission_denied / read_only_path (inside the sandbox)
-    ├── NotFound                    404 sandbox_not_found / template_not_found / file_not_found / process_not_found
-    ├── Conflict                    409 sandbox_busy / invalid_state / sandbox_failed
-    ├── PayloadTooLarge             413 payload_too_large
+    ├── NotFound                    404 not_found / sandbox_not_found / template_not_found /
+    │                                   file_not_found / process_not_found / worker_not_found
+    ├── Conflict                    409 invalid_state / sandbox_failed / worker_conflict /
+    │   │                               incompatible_protocol / worker_not_registered
+    │   └── SandboxBusy             409 sandbox_busy (retryable)
+    ├── PayloadTooLarge             413 payload_too_large / answer_too_large
     ├── InsufficientStorage         507 disk_full (the sandbox's disk_mb quota is used up)
-    └── RuntimeFailure              500 runtime_error (a bug or a host failure; logged with its cause)
+    ├── RuntimeFailure              500 runtime_error (a host step failed; logged with its cause)
+    └── Unavailable                 503 worker_unavailable / no_worker (retryable)
 
+`CODES` is the registry: every code the server may answer, with its status, whether a retry makes
+sense, and what it means (docs/api.md lists the same; a test keeps the SDK mapping every code).
 `message` is what the caller reads; `detail`, when set, is the internal cause, only logged.
 
 Raised by the worker and the control plane; the control plane's HTTP layer turns them into
-`{"error": {"code", "message", "request_id", "retryable"}}`.
+`{"error": {"code", "message", "request_id", "retryable"}}`, and the worker's HTTP layer into the
+same envelope, which `from_code` turns back into the same class on the control plane's side.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    status: int
+    retryable: bool
+    meaning: str
+
+
+CODES: dict[str, Code] = {
+    "invalid_request": Code(400, False, "the request is malformed or fails validation"),
+    "invalid_path": Code(400, False, "a file path is missing, relative, or otherwise unusable"),
+    "io_error": Code(400, False, "a file call hit an input/output error inside the sandbox"),
+    "unauthorized": Code(401, False, "missing or wrong bearer key or worker token"),
+    "permission_denied": Code(403, False, "the sandbox's file system refused the call"),
+    "read_only_path": Code(403, False, "the call would write to a read-only file system"),
+    "not_found": Code(404, False, "no such route"),
+    "sandbox_not_found": Code(404, False, "no such sandbox, or it was deleted"),
+    "template_not_found": Code(404, False, "no such template"),
+    "file_not_found": Code(404, False, "no file or directory at the path"),
+    "process_not_found": Code(404, False, "no process with that pid was started in the sandbox"),
+    "worker_not_found": Code(404, False, "no such worker"),
+    "method_not_allowed": Code(405, False, "known route, wrong method"),
+    "invalid_state": Code(409, False, "the sandbox's state does not allow the call"),
+    "sandbox_busy": Code(409, True, "the sandbox is busy (calls in flight, or it could not be frozen)"),
+    "sandbox_failed": Code(409, False, "the sandbox died underneath the call; it is now failed"),
+    "worker_conflict": Code(409, False, "a worker of that name with another home is registered"),
+    "incompatible_protocol": Code(409, False, "control plane and worker speak different protocol versions"),
+    "worker_not_registered": Code(409, False, "the server does not know this registration: register again"),
+    "payload_too_large": Code(413, False, "a request body is over its limit"),
+    "answer_too_large": Code(413, False, "an answer atoll reads whole is over 64 MiB"),
+    "disk_full": Code(507, False, "the sandbox's disk (disk_mb) is full"),
+    "runtime_error": Code(500, False, "a host step failed (runsc, mount, template build, the guest agent)"),
+    "internal_error": Code(500, True, "a bug; the server log has the traceback"),
+    "worker_unavailable": Code(503, True, "the sandbox's worker cannot be reached right now"),
+    "no_worker": Code(503, True, "no worker is ready to take a new sandbox"),
+}
 
 
 class AtollError(Exception):
@@ -38,6 +85,9 @@ class AtollError(Exception):
         self.detail = detail
         if code is not None:
             self.code = code
+            known = CODES.get(code)
+            if known is not None:
+                self.status, self.retryable = known.status, known.retryable
         if retryable is not None:
             self.retryable = retryable
 
@@ -49,6 +99,11 @@ class InvalidRequest(AtollError):
 
 class InvalidPath(InvalidRequest):
     code = "invalid_path"
+
+
+class Unauthorized(AtollError):
+    status = 401
+    code = "unauthorized"
 
 
 class PermissionDenied(AtollError):
@@ -79,6 +134,10 @@ class ProcessNotFound(NotFound):
     code = "process_not_found"
 
 
+class WorkerNotFound(NotFound):
+    code = "worker_not_found"
+
+
 class Conflict(AtollError):
     status = 409
     code = "invalid_state"
@@ -99,6 +158,10 @@ class SandboxDied(Conflict):
     code = "sandbox_failed"
 
 
+class IncompatibleProtocol(Conflict):
+    code = "incompatible_protocol"
+
+
 class PayloadTooLarge(AtollError):
     status = 413
     code = "payload_too_large"
@@ -115,3 +178,50 @@ class RuntimeFailure(AtollError):
     status = 500
     code = "runtime_error"
     retryable = False  # the sandbox is usually marked failed by then: a retry would only get 409
+
+
+class Unavailable(AtollError):
+    """Nothing is wrong with the sandbox; the worker that holds it (or any worker) cannot take the
+    call right now. The record is left as it was; retrying later makes sense."""
+
+    status = 503
+    code = "worker_unavailable"
+    retryable = True
+
+
+# The class a code is raised as (codes not listed are raised as the class of their status).
+_CLASS_OF_CODE: dict[str, type[AtollError]] = {
+    "invalid_path": InvalidPath,
+    "sandbox_not_found": SandboxNotFound,
+    "template_not_found": TemplateNotFound,
+    "file_not_found": FileNotFound,
+    "process_not_found": ProcessNotFound,
+    "worker_not_found": WorkerNotFound,
+    "sandbox_busy": SandboxBusy,
+    "sandbox_failed": SandboxDied,
+    "incompatible_protocol": IncompatibleProtocol,
+}
+_CLASS_OF_STATUS: dict[int, type[AtollError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    403: PermissionDenied,
+    404: NotFound,
+    405: InvalidRequest,
+    409: Conflict,
+    413: PayloadTooLarge,
+    507: InsufficientStorage,
+    500: RuntimeFailure,
+    503: Unavailable,
+}
+
+
+def from_code(code: str, message: str, *, status: int | None = None) -> AtollError:
+    """Rebuild the domain error a peer (a worker, a guest agent) answered with: the class of its
+    code, else of its status. An unknown code keeps its text but counts as a runtime error."""
+    known = CODES.get(code)
+    cls = _CLASS_OF_CODE.get(code) or _CLASS_OF_STATUS.get(
+        known.status if known else (status or 500), RuntimeFailure
+    )
+    if known is None:  # not ours (an untrusted guest agent's, say): the status class's own code
+        return cls(message)
+    return cls(message, code=code)

@@ -1,6 +1,6 @@
 """Identifier formats (sandbox ids, installation ids, host-wide runtime names).
 
-Called by the control plane (to mint and validate ids) and the worker (to derive host-wide names for
+Called by the control plane (to mint and validate sandbox and worker ids, worker tokens) and the worker (to derive host-wide names for
 runsc containers, cgroups, network namespaces and mounts that never collide between installations).
 """
 
@@ -22,6 +22,19 @@ def new_sandbox_id() -> str:
 
 def is_sandbox_id(value: str) -> bool:
     return bool(SANDBOX_ID_RE.match(value))
+
+
+WORKER_ID_RE = re.compile(r"^wk-[0-9a-hjkmnp-tv-z]{16}$")
+
+
+def new_worker_id() -> str:
+    """A fresh worker id: `wk-` + 16 base32 characters (kept for a name across its restarts)."""
+    return "wk-" + "".join(secrets.choice(_ALPHABET) for _ in range(16))
+
+
+def new_token() -> str:
+    """A worker token: what the server presents to one worker (issued at each registration)."""
+    return "wkt_" + secrets.token_urlsafe(32)
 
 
 def installation_id(home: str) -> str:

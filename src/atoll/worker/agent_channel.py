@@ -1,51 +1,36 @@
 """The worker's HTTP/1.1 channel to one sandbox's guest agent, opened inside that sandbox's host-side netns.
 
 Sockets are created on a dedicated thread that enters the host-side namespace with setns(2) and
-leaves again (a socket keeps the namespace it was born in), then driven on the event loop with
-asyncio streams and h11 (the sans-IO HTTP/1.1 library httpcore builds on). Going without httpx's
-pool and anyio layers matters here: it takes ~1 ms off every exec and every resume ping.
-Connections are kept alive and reused.
+leaves again (a socket keeps the namespace it was born in), then driven on the event loop by the
+shared HTTP/1.1 client (atoll.http11: asyncio streams and h11, ~1 ms less per exec and per resume
+ping than httpx). Connections are kept alive and reused.
 
 Every socket has SO_LINGER 0 and TCP_NODELAY: when the worker closes a connection it sends an RST,
 so no TIME_WAIT endpoint ever lands inside the sandbox (this runsc cannot checkpoint one). Before a
 disk checkpoint the worker calls `abort_all()`.
-Called by worker.service.
+Called by worker.guest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import ctypes
-import json as jsonlib
 import os
 import socket
 import struct
-import typing
-import urllib.parse
 
-import h11
-
+from atoll import http11
 from atoll.worker import netns
 
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 _ns_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="atoll-netns")
 _LINGER0 = struct.pack("ii", 1, 0)
-_READ = 256 * 1024
-_UPLOAD_CHUNK = 1024 * 1024
-# Answers read whole (listings, process tables, errors) are capped; exec answers and files are
-# relayed chunk by chunk (`stream`) and never held whole.
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
-
-
-class ChannelError(Exception):
-    """The agent could not be reached or broke the protocol (connect, timeout, reset, bad HTTP)."""
-
-
-class AnswerTooLarge(ChannelError):
-    """An answer read whole was larger than the limit (e.g. a listing of a huge directory)."""
+MAX_ANSWER_BYTES = http11.MAX_ANSWER_BYTES
+ChannelError = http11.ChannelError
+AnswerTooLarge = http11.AnswerTooLarge
+Response = http11.Response
 
 
 def _setns(fd: int) -> None:
@@ -72,255 +57,12 @@ def _socket_in_netns(ns_path: str) -> socket.socket:
     return sock
 
 
-class Response:
-    """What the agent answered: status, headers, and the body (read whole or streamed)."""
-
-    def __init__(
-        self, status_code: int, headers: dict[str, str], body: typing.AsyncIterator[bytes] | None = None
-    ):
-        self.status_code = status_code
-        self.headers = headers
-        self._body_iter = body
-        self.content = b""
-
-    async def aread(self, limit: int = MAX_ANSWER_BYTES) -> bytes:
-        """Read the whole body; the agent is untrusted, so its answers are bounded."""
-        if self._body_iter is not None:
-            parts, n = [], 0
-            async for c in self._body_iter:
-                n += len(c)
-                if n > limit:
-                    raise AnswerTooLarge(
-                        f"the guest agent's answer exceeds {limit} bytes; refusing to buffer it"
-                    )
-                parts.append(c)
-            self.content = b"".join(parts)
-            self._body_iter = None
-        return self.content
-
-    def wrap_body(
-        self, wrap: typing.Callable[[typing.AsyncIterator[bytes]], typing.AsyncIterator[bytes]]
-    ) -> None:
-        """Route the body still to be read through `wrap` (the worker adds a liveness watch)."""
-        if self._body_iter is not None:
-            self._body_iter = wrap(self._body_iter)
-
-    async def aiter_raw(self) -> typing.AsyncIterator[bytes]:
-        if self._body_iter is None:
-            if self.content:
-                yield self.content
-            return
-        async for chunk in self._body_iter:
-            yield chunk
-        self._body_iter = None
-
-    @property
-    def text(self) -> str:
-        return self.content.decode(errors="replace")
-
-    def json(self) -> typing.Any:
-        return jsonlib.loads(self.content)
-
-
-class _Conn:
-    def __init__(self, sock: socket.socket, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.sock = sock
-        self.reader = reader
-        self.writer = writer
-        self.h11 = h11.Connection(h11.CLIENT)
-
-    async def send(self, *events: typing.Any) -> None:
-        """Send h11 events with one write: a small request goes out as one segment, so the agent
-        (every recv costs ~70 us in gVisor, a wake-up more) reads head and body at once."""
-        data = b"".join(self.h11.send(ev) or b"" for ev in events)
-        if data:
-            self.writer.write(data)
-            await self.writer.drain()
-
-    async def next_event(self) -> typing.Any:
-        while True:
-            ev = self.h11.next_event()
-            if ev is not h11.NEED_DATA:
-                return ev
-            data = await self.reader.read(_READ)
-            if not data:
-                raise ChannelError("the guest agent closed the connection")
-            self.h11.receive_data(data)
-
-    def reusable(self) -> bool:
-        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.writer.transport.abort()  # SO_LINGER 0: an RST, never a TIME_WAIT in the sandbox
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-
-class AgentChannel:
-    """HTTP/1.1 client bound to one sandbox's guest agent."""
+class AgentChannel(http11.Channel):
+    """HTTP/1.1 client bound to one sandbox's guest agent (sockets born in its host-side netns)."""
 
     def __init__(self, ns_name: str, ip: str, port: int):
+        super().__init__(ip, port)
         self._ns_path = netns.path(netns.host_side(ns_name))
-        self._addr = (ip, port)
-        self._host = f"{ip}:{port}"
-        self._idle: list[_Conn] = []
-        self._open: set[_Conn] = set()
 
-    async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
-        sock = await loop.run_in_executor(_ns_thread, _socket_in_netns, self._ns_path)
-        try:
-            await asyncio.wait_for(loop.sock_connect(sock, self._addr), 5)
-            reader, writer = await asyncio.open_connection(sock=sock, limit=_READ)
-        except (OSError, TimeoutError) as e:
-            sock.close()
-            raise ChannelError(f"connect to the guest agent at {self._host} failed: {e!r}") from e
-        except BaseException:
-            sock.close()
-            raise
-        conn = _Conn(sock, reader, writer)
-        self._open.add(conn)
-        return conn
-
-    def _release(self, conn: _Conn) -> None:
-        if conn.reusable():
-            conn.h11.start_next_cycle()
-            self._idle.append(conn)
-        else:
-            conn.close()
-            self._open.discard(conn)
-
-    def _discard(self, conn: _Conn) -> None:
-        conn.close()
-        self._open.discard(conn)
-
-    async def _start(
-        self,
-        method: str,
-        url: str,
-        params: dict[str, str | bytes] | None,
-        json: typing.Any,
-        content: bytes | typing.AsyncIterator[bytes] | None,
-        headers: dict[str, str] | None,
-    ) -> tuple[_Conn, h11.Response]:
-        target = url + ("?" + urllib.parse.urlencode(params) if params else "")
-        hdrs = [("Host", self._host)] + [(k, v) for k, v in (headers or {}).items()]
-        names = {k.lower() for k, _ in hdrs}
-        body: bytes | None = None
-        if json is not None:
-            body = jsonlib.dumps(json).encode()
-            hdrs.append(("Content-Type", "application/json"))
-        elif isinstance(content, (bytes, bytearray)):
-            body = bytes(content)
-        if body is not None:
-            hdrs.append(("Content-Length", str(len(body))))
-        elif content is not None and "content-length" not in names:
-            hdrs.append(("Transfer-Encoding", "chunked"))
-        elif content is None and method in ("POST", "PUT"):
-            hdrs.append(("Content-Length", "0"))
-        reused = bool(self._idle)
-        conn = self._idle.pop() if reused else await self._connect()
-        try:
-            request = h11.Request(method=method, target=target, headers=hdrs)
-            if body is not None and len(body) <= _UPLOAD_CHUNK:
-                await conn.send(request, *([h11.Data(data=body)] if body else []), h11.EndOfMessage())
-            elif content is None and body is None:
-                await conn.send(request, h11.EndOfMessage())
-            else:
-                await conn.send(request)
-                if body is not None:
-                    for i in range(0, len(body), _UPLOAD_CHUNK):
-                        await conn.send(h11.Data(data=body[i : i + _UPLOAD_CHUNK]))
-                else:
-                    async for chunk in content:  # type: ignore[union-attr]
-                        for i in range(0, len(chunk), _UPLOAD_CHUNK):
-                            await conn.send(h11.Data(data=chunk[i : i + _UPLOAD_CHUNK]))
-                await conn.send(h11.EndOfMessage())
-            while True:
-                ev = await conn.next_event()
-                if isinstance(ev, h11.Response):
-                    return conn, ev
-                if isinstance(ev, h11.InformationalResponse):
-                    continue
-                raise ChannelError(f"unexpected answer from the guest agent: {ev!r}")
-        except (OSError, h11.ProtocolError, ChannelError) as e:
-            self._discard(conn)
-            if reused and method == "GET" and isinstance(e, (ConnectionError, ChannelError)):
-                # A kept-alive connection may have died: retry an idempotent request once, fresh.
-                return await self._start(method, url, params, json, content, headers)
-            raise ChannelError(f"request {method} {url} to the guest agent failed: {e!r}") from e
-        except BaseException:
-            self._discard(conn)
-            raise
-
-    async def _body(self, conn: _Conn) -> typing.AsyncIterator[bytes]:
-        try:
-            while True:
-                ev = await conn.next_event()
-                if isinstance(ev, h11.Data):
-                    yield bytes(ev.data)
-                elif isinstance(ev, h11.EndOfMessage):
-                    self._release(conn)
-                    return
-                else:
-                    raise ChannelError(f"unexpected event in the guest agent's answer: {ev!r}")
-        except (OSError, h11.ProtocolError) as e:
-            self._discard(conn)
-            raise ChannelError(f"reading the guest agent's answer failed: {e!r}") from e
-        except BaseException:
-            if conn in self._open and conn not in self._idle:
-                self._discard(conn)
-            raise
-
-    async def request(
-        self, method: str, url: str, *, timeout: float | None = 30, **kw: typing.Any
-    ) -> Response:
-        """Send a request (same keywords as `stream`) and read the whole answer, all within `timeout`
-        (None = unbounded)."""
-        try:
-            async with asyncio.timeout(timeout), self.stream(method, url, timeout=None, **kw) as resp:
-                await resp.aread()
-                return resp
-        except TimeoutError:
-            raise ChannelError(f"the guest agent did not answer {method} {url} within {timeout}s") from None
-
-    @contextlib.asynccontextmanager
-    async def stream(
-        self,
-        method: str,
-        url: str,
-        *,
-        params: dict[str, str | bytes] | None = None,
-        json: typing.Any = None,
-        content: bytes | typing.AsyncIterator[bytes] | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float | None = 30,
-    ) -> typing.AsyncIterator[Response]:
-        """Send a request; yield the answer with its body still to be streamed (`aiter_raw`)."""
-        try:
-            async with asyncio.timeout(timeout):
-                conn, head = await self._start(method, url, params, json, content, headers)
-        except TimeoutError:
-            raise ChannelError(f"the guest agent did not answer {method} {url} within {timeout}s") from None
-        body = self._body(conn)
-        try:
-            yield Response(head.status_code, _headers(head), body)
-        finally:
-            await body.aclose()
-            if conn in self._open and conn not in self._idle:
-                self._discard(conn)  # the caller stopped early: drop the half-read connection
-
-    async def abort_all(self) -> None:
-        """Reset every connection to the agent (RST, no TIME_WAIT inside the sandbox)."""
-        for conn in list(self._open):
-            conn.close()
-        self._open.clear()
-        self._idle.clear()
-
-    async def aclose(self) -> None:
-        await self.abort_all()
-
-
-def _headers(resp: h11.Response) -> dict[str, str]:
-    return {k.decode().lower(): v.decode(errors="replace") for k, v in resp.headers}
+    async def make_socket(self) -> socket.socket:
+        return await asyncio.get_running_loop().run_in_executor(_ns_thread, _socket_in_netns, self._ns_path)

@@ -225,3 +225,17 @@ def remove_empty_parents(install_id: str) -> list[str]:
         except OSError:
             pass
     return removed
+
+
+def usage(cgpath: str) -> tuple[float, int, int] | None:
+    """(CPU seconds used, memory bytes in use, host tasks) of a sandbox's cgroups; None when gone."""
+    try:
+        with open(_p("cpuacct", cgpath, "cpuacct.usage")) as f:
+            cpu_ns = int(f.read())
+        with open(_p("memory", cgpath, "memory.usage_in_bytes")) as f:
+            mem = int(f.read())
+        with open(_p("pids", cgpath, "pids.current")) as f:
+            tasks = int(f.read())
+    except (FileNotFoundError, ValueError):
+        return None
+    return cpu_ns / 1e9, mem, tasks

@@ -7,12 +7,14 @@ An installation's objects on the host, and how each names its sandbox:
   network namespaces `/run/netns/atoll-<install id>-<id>[-h]`
   cgroups `/sys/fs/cgroup/<hierarchy>/atoll-<install id>/<sandbox id>-<generation>`
   mounts below `<home>` and sandbox directories `<home>/sandboxes/<sandbox id>`.
-`sweep` removes every one whose sandbox is not in the live set (and mounts and processes that name
-no sandbox at all), then the installation's parent cgroups once empty; `remove_sandbox` removes
-one sandbox's (every generation's), whatever `runsc delete` left. Everything removed is logged.
+`scan` finds them all in one pass (`HostObjects`, also what reconciliation compares the worker's
+runtime records with); `remove` removes those whose sandbox is an orphan (and mounts and processes
+that name no sandbox at all); `sweep` = both, for the sandboxes not in a live set, then the
+installation's parent cgroups once empty; `remove_sandbox` removes one sandbox's (every
+generation's), whatever `runsc delete` left. Everything removed is logged.
 
-Called by worker.service: `Worker.sweep` at start-up (controlplane.lifecycle passes the ids of
-its live records), `Worker.delete`, and `purge_installation` (live set empty).
+Called by worker.recovery (start-up and periodic reconciliation: the live set is the worker's
+runtime records), worker.sandboxes (delete) and `purge_installation` (live set empty).
 """
 
 from __future__ import annotations
@@ -153,9 +155,68 @@ async def _remove_cgroup(cgpath: str, timeout: float = 5) -> bool:
         await asyncio.sleep(0.02)
 
 
-async def _sweep(
-    inst: Installation, orphan: typing.Callable[[str | None], bool], *, parents: bool
+@dataclass
+class HostObjects:
+    """Everything of one installation found on the host in one scan (see the module docstring)."""
+
+    processes: list[Process]
+    states: dict[str, list[str]]  # container id -> runsc state files
+    netns: list[str]
+    mounts: list[str]  # deepest first
+    cgroups: dict[str, list[str]]  # leaf -> hierarchies
+    dirs: list[str]  # sandbox ids with a directory
+
+    def owner_ids(self, inst: Installation) -> set[str]:
+        """The sandbox ids anything found here belongs to."""
+        out = {p.sandbox_id for p in self.processes if p.sandbox_id}
+        out |= {inst.owner(c) for c in self.states}
+        out |= {inst.owner(n) for n in self.netns}
+        out |= {inst.owner(m) for m in self.mounts}
+        out |= {inst.owner(leaf) for leaf in self.cgroups}
+        out |= set(self.dirs)
+        return {x for x in out if x}
+
+    def of(self, inst: Installation, sid: str) -> dict[str, list[str]]:
+        """What exists for sandbox `sid`, by kind (sentry = its runsc sandbox daemon)."""
+        return {
+            "sentry": [
+                str(p.pid) for p in self.processes if p.sandbox_id == sid and p.argv[0] == b"runsc-sandbox"
+            ],
+            "netns": [n for n in self.netns if inst.owner(n) == sid],
+            "mounts": [m for m in self.mounts if inst.owner(m) == sid],
+            "cgroups": [leaf for leaf in self.cgroups if inst.owner(leaf) == sid],
+        }
+
+
+def scan(inst: Installation) -> HostObjects:
+    """One pass over /proc, runsc's root, /run/netns, mountinfo, the cgroup hierarchies and the
+    sandboxes directory: what of this installation exists on the host."""
+    try:
+        netns_names = sorted(n for n in os.listdir(netns.NETNS_DIR) if n.startswith(inst.prefix))
+    except FileNotFoundError:
+        netns_names = []
+    try:
+        dirs = sorted(d for d in os.listdir(inst.sandboxes) if ids.is_sandbox_id(d))
+    except FileNotFoundError:
+        dirs = []
+    return HostObjects(
+        processes=processes(inst),
+        states=_state_entries(inst),
+        netns=netns_names,
+        mounts=storage.mounts_under(inst.home),
+        cgroups=cgroups.installation_leaves(inst.install_id),
+        dirs=dirs,
+    )
+
+
+async def remove(
+    inst: Installation,
+    found: HostObjects,
+    orphan: typing.Callable[[str | None], bool],
+    *,
+    parents: bool,
 ) -> list[str]:
+    """Remove what of `found` belongs to orphans (`orphan(sandbox_id)`; None = names no sandbox)."""
     removed: list[str] = []
 
     def note(what: str, sid: str | None) -> None:
@@ -163,35 +224,34 @@ async def _sweep(
         log.info("sweep removed %s", what, extra={"sandbox_id": sid})
 
     # 1. processes first: nothing else can be removed while a sentry or gofer holds it
-    doomed = [p for p in processes(inst) if orphan(p.sandbox_id) and (p.sandbox_id or p.daemon)]
+    doomed = [p for p in found.processes if orphan(p.sandbox_id) and (p.sandbox_id or p.daemon)]
     await kill(doomed)
     for p in doomed:
         note(f"runsc process {p.pid} ({p.argv[0].decode(errors='replace')})", p.sandbox_id)
     # 2. runsc's state entries (their processes are gone, so `runsc delete` would add only time)
-    for cid, paths in sorted(_state_entries(inst).items()):
+    for cid, paths in sorted(found.states.items()):
         if orphan(inst.owner(cid)):
             for path in paths:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             note(f"runsc state of {cid}", inst.owner(cid))
     # 3. network namespaces (each sandbox has a pair: <name> and <name>-h)
-    if os.path.isdir(netns.NETNS_DIR):
-        for name in sorted(os.listdir(netns.NETNS_DIR)):
-            if name.startswith(inst.prefix) and not name.endswith("-h") and orphan(inst.owner(name)):
-                await netns.delete(name)
-                note(f"network namespace {name}", inst.owner(name))
-        for name in sorted(os.listdir(netns.NETNS_DIR)):  # a host side whose sandbox side is gone
-            if name.startswith(inst.prefix) and name.endswith("-h") and orphan(inst.owner(name)):
-                await netns.delete(name[:-2])
-                note(f"network namespace {name}", inst.owner(name))
+    for name in found.netns:
+        if not name.endswith("-h") and orphan(inst.owner(name)):
+            await netns.delete(name)
+            note(f"network namespace {name}", inst.owner(name))
+    for name in found.netns:  # a host side whose sandbox side is gone
+        if name.endswith("-h") and orphan(inst.owner(name)) and netns.exists(name):
+            await netns.delete(name[:-2])
+            note(f"network namespace {name}", inst.owner(name))
     # 4. mounts below the home that belong to no live sandbox
-    for mp in storage.mounts_under(inst.home):
+    for mp in found.mounts:
         sid = inst.owner(mp)
         if orphan(sid):
             await storage.unmount(mp)
             note(f"mount {mp}", sid)
     # 5. cgroups (the processes are gone, so they are empty), then empty parents
-    for leaf, hierarchies in sorted(cgroups.installation_leaves(inst.install_id).items()):
+    for leaf, hierarchies in sorted(found.cgroups.items()):
         sid = inst.owner(leaf)
         if orphan(sid) and sid is not None:
             if await _remove_cgroup(f"{cgroups.installation_parent(inst.install_id)}/{leaf}"):
@@ -202,28 +262,27 @@ async def _sweep(
         for path in cgroups.remove_empty_parents(inst.install_id):
             note(f"empty cgroup {path}", None)
     # 6. sandbox directories
-    with contextlib.suppress(FileNotFoundError):
-        for sid in sorted(os.listdir(inst.sandboxes)):
-            path = os.path.join(inst.sandboxes, sid)
-            if not ids.is_sandbox_id(sid) or not orphan(sid):
-                continue
-            if storage.mounts_under(path) or storage.is_mounted(path):
-                log.warning(
-                    "sweep: %s is still mounted; kept for the next sweep", path, extra={"sandbox_id": sid}
-                )
-                continue
-            await asyncio.to_thread(shutil.rmtree, path, True)
-            note(f"directory {path}", sid)
+    for sid in found.dirs:
+        if not orphan(sid):
+            continue
+        path = os.path.join(inst.sandboxes, sid)
+        if storage.mounts_under(path) or storage.is_mounted(path):
+            log.warning(
+                "sweep: %s is still mounted; kept for the next sweep", path, extra={"sandbox_id": sid}
+            )
+            continue
+        await asyncio.to_thread(shutil.rmtree, path, True)
+        note(f"directory {path}", sid)
     return removed
 
 
-async def sweep(inst: Installation, live: typing.Collection[str]) -> list[str]:
+async def sweep(inst: Installation, live: typing.Collection[str], *, parents: bool = True) -> list[str]:
     """Remove everything of the installation that no sandbox in `live` owns; return what went."""
     keep = set(live)
-    return await _sweep(inst, lambda sid: sid not in keep, parents=True)
+    return await remove(inst, scan(inst), lambda sid: sid not in keep, parents=parents)
 
 
 async def remove_sandbox(inst: Installation, sid: str) -> list[str]:
     """Remove whatever of sandbox `sid` is still on the host (any generation): processes, runsc
     state, network namespaces, cgroups, mounts, its directory."""
-    return await _sweep(inst, lambda owner: owner == sid, parents=False)
+    return await remove(inst, scan(inst), lambda owner: owner == sid, parents=False)

@@ -1,0 +1,159 @@
+"""The public REST API as one FastAPI app: middleware (request id, auth, durations), the error
+envelope, the routers (controlplane.routes_*), and an OpenAPI document you can drive.
+
+Errors are always `{"error": {"code", "message", "request_id", "retryable"}}`; internal causes are
+logged with the request id, never sent to the caller, and nothing escapes as a traceback (a last
+line of defence answers 500 internal_error). Every route but the public ones needs
+`Authorization: Bearer <admin key>`, checked before routing.
+Built by atoll.up and controlplane.main (create_app); the routers talk only to SandboxManager.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from atoll.controlplane import (
+    context,
+    http,
+    routes_exec,
+    routes_files,
+    routes_sandboxes,
+    routes_system,
+    routes_workers,
+)
+from atoll.controlplane.context import Context
+from atoll.controlplane.lifecycle import SandboxManager
+from atoll.core import errors
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_EXEC_OUTPUT_BYTES = 1024 * 1024  # per stream of a non-streamed exec (ATOLL_MAX_EXEC_OUTPUT_KB)
+PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+
+def create_app(
+    manager: SandboxManager,
+    *,
+    api_key: str,
+    max_file_bytes: int,
+    max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES,
+) -> FastAPI:
+    app = FastAPI(
+        title="atoll",
+        version=context.VERSION,
+        description=(
+            "Execution substrate for AI agents: gVisor sandboxes with memory-preserving standby, "
+            "on one or more workers. Authenticate with `Authorization: Bearer <admin key>`."
+        ),
+    )
+    app.state.ctx = Context(manager, max_file_bytes, max_exec_output_bytes)
+    m = manager.m
+    key_bytes = api_key.encode()
+
+    async def request_context(scope, receive, send, inner):
+        """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
+        duration metric, and a JSON 500 if anything escapes."""
+        if scope["type"] != "http":
+            return await inner(scope, receive, send)
+        rid = "req_" + secrets.token_hex(8)
+        scope.setdefault("state", {})["request_id"] = rid
+        t0 = time.perf_counter()
+        path = scope["path"]
+        if path not in PUBLIC_PATHS:
+            token = b""
+            for k, v in scope["headers"]:
+                if k == b"authorization":
+                    scheme, _, token = v.partition(b" ")
+                    if scheme.lower() != b"bearer":
+                        token = b""
+                    break
+            if not hmac.compare_digest(token.strip(), key_bytes):
+                resp = http.error_response(
+                    401,
+                    "unauthorized",
+                    "missing or wrong API key; send 'Authorization: Bearer <key>' "
+                    "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)",
+                    rid,
+                )
+                return await resp(scope, receive, send)
+        status = {"code": 500, "started": False}
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())],
+                }
+            await send(message)
+
+        try:
+            await inner(scope, receive, send_wrapper)
+        except Exception:  # noqa: BLE001 - last line of defence: never a traceback to the client
+            log.exception("unhandled error", extra={"request_id": rid, "path": path})
+            if not status["started"]:
+                resp = http.error_response(
+                    500, "internal_error", f"internal error; the server logged it as {rid}", rid, True
+                )
+                await resp(scope, receive, send)
+        route = scope.get("route")
+        m.requests.labels(route=getattr(route, "path", "unmatched"), status=str(status["code"])).observe(
+            time.perf_counter() - t0
+        )
+
+    @app.exception_handler(errors.AtollError)
+    async def atoll_error(request: Request, exc: errors.AtollError):
+        rid = getattr(request.state, "request_id", "req_unknown")
+        if exc.status >= 500 or exc.detail:
+            level = logging.ERROR if exc.status >= 500 and exc.status not in (503, 507) else logging.INFO
+            log.log(
+                level,
+                "request failed: %s",
+                exc.message,
+                extra={"request_id": rid, "path": request.url.path, "detail": exc.detail},
+            )
+        return http.error_response(exc.status, exc.code, exc.message, rid, exc.retryable)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        rid = getattr(request.state, "request_id", "req_unknown")
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ())) or "request"
+            parts.append(f"{loc}: {err.get('msg')} (got {http.excerpt(err.get('input'))})")
+        return http.error_response(400, "invalid_request", "invalid request: " + "; ".join(parts), rid)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        rid = getattr(request.state, "request_id", "req_unknown")
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        msg = f"{request.method} {request.url.path}: {exc.detail}; see /openapi.json for the API"
+        return http.error_response(exc.status_code, code, msg, rid)
+
+    @app.exception_handler(Exception)
+    async def unhandled(request: Request, exc: Exception):
+        rid = getattr(request.state, "request_id", "req_unknown")
+        log.error("unhandled error", exc_info=exc, extra={"request_id": rid, "path": request.url.path})
+        return http.error_response(
+            500, "internal_error", f"internal error; the server logged it as {rid}", rid, True
+        )
+
+    for module in (routes_system, routes_sandboxes, routes_exec, routes_files, routes_workers):
+        app.include_router(module.router)
+
+    class RequestContext:
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, scope, receive, send):
+            await request_context(scope, receive, send, self.inner)
+
+    app.add_middleware(RequestContext)
+    return app

@@ -1,0 +1,177 @@
+"""What every router of the public API shares: the error envelope, size-limited JSON bodies, file
+paths, and calls that end when the API client hangs up.
+
+Bodies are parsed by hand (size-limited before they are read whole; malformed JSON, a non-object or a
+failed validation is `400 invalid_request` naming the field and the value) and validated with the
+pydantic models of controlplane.schemas. Called by the routers (controlplane.routes_*) and app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import typing
+
+import pydantic
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from atoll.core import errors
+
+MAX_JSON_BYTES = 1024 * 1024
+NDJSON = "application/x-ndjson"
+
+
+def dumps(obj: typing.Any) -> bytes:
+    """Compact JSON, UTF-8 as is (output with non-ASCII text is not inflated by escapes)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+
+def json_response(obj: typing.Any, status: int = 200) -> Response:
+    return Response(dumps(obj), status_code=status, media_type="application/json")
+
+
+def error_response(
+    status: int, code: str, message: str, request_id: str, retryable: bool = False
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message, "request_id": request_id, "retryable": retryable}},
+        status_code=status,
+        headers={"X-Request-Id": request_id},
+    )
+
+
+def body_schema(model: type[pydantic.BaseModel], *, required: bool = True) -> dict:
+    """openapi_extra for a route whose JSON body is read by hand."""
+    return {
+        "requestBody": {
+            "required": required,
+            "content": {
+                "application/json": {
+                    "schema": model.model_json_schema(ref_template="#/components/schemas/{model}")
+                }
+            },
+        }
+    }
+
+
+M = typing.TypeVar("M", bound=pydantic.BaseModel)
+
+
+async def read_json(request: Request, model: type[M], *, optional: bool = False) -> M:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_JSON_BYTES:
+        raise errors.PayloadTooLarge(
+            f"request body is {declared} bytes; JSON bodies are limited to {MAX_JSON_BYTES} bytes"
+        )
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > MAX_JSON_BYTES:
+            raise errors.PayloadTooLarge(
+                f"request body exceeds {MAX_JSON_BYTES} bytes, the limit for JSON bodies"
+            )
+    if not buf.strip():
+        if optional:
+            return model()
+        raise errors.InvalidRequest(f"request body is empty; send a JSON object ({model.__name__})")
+    try:
+        data = json.loads(buf)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise errors.InvalidRequest(
+            f"request body is nested too deeply to parse; send a JSON object ({model.__name__}) "
+            "without deeply nested arrays or objects"
+        ) from None
+    if not isinstance(data, dict):
+        raise errors.InvalidRequest(f"request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise errors.InvalidRequest("invalid request body: " + validation_message(e)) from None
+
+
+def validation_message(e: pydantic.ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "body"
+        parts.append(f"{loc}: {err['msg']} (got {excerpt(err.get('input'))})")
+    return "; ".join(parts)
+
+
+def excerpt(value: typing.Any) -> str:
+    """The start of a rejected value for an error message (a deeply nested one by its type only)."""
+    try:
+        return json.dumps(value, default=str)[:100]
+    except (RecursionError, ValueError):
+        return f"a deeply nested {type(value).__name__}"
+
+
+async def unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.Any:
+    """Await `aw` unless the API client hangs up first: then cancel it (the worker resets its
+    connection to the guest agent, which kills the command) instead of running on unobserved."""
+    task = asyncio.ensure_future(aw)
+
+    async def hangup() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(hangup())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise errors.InvalidRequest("the client disconnected; the command was stopped")
+        return task.result()
+    finally:
+        watcher.cancel()
+
+
+def check_path(path: str | None, path_b64: str | None = None) -> str | bytes:
+    """The target of a files call: `path` (text), or `path_b64` (the exact bytes, standard or URL-safe
+    base64, as GET …/files/list gives them) for names that are not UTF-8."""
+    if path_b64 is not None:
+        if path:
+            raise errors.InvalidPath("give either 'path' or 'path_b64', not both")
+        try:
+            raw = base64.b64decode(
+                path_b64.replace(" ", "+").replace("-", "+").replace("_", "/"), validate=True
+            )
+        except (ValueError, binascii.Error):
+            raise errors.InvalidPath(
+                f"path_b64 {path_b64[:100]!r} is not base64; pass the path_b64 of a GET …/files/list entry "
+                "or base64 of the path's bytes"
+            ) from None
+        if b"\x00" in raw:
+            raise errors.InvalidPath("path_b64 decodes to a path that contains a NUL byte")
+        if not raw.startswith(b"/"):
+            raise errors.InvalidPath(f"path_b64 decodes to {raw[:100]!r}, which is not an absolute path")
+        if b".." in raw.split(b"/"):
+            raise errors.InvalidPath(f"path_b64 decodes to {raw[:100]!r}, which contains '..'")
+        if len(raw) > 4096:
+            raise errors.InvalidPath(f"path_b64 decodes to {len(raw)} bytes; the limit is 4096")
+        return raw
+    if path is None or path == "":
+        raise errors.InvalidPath(
+            "query parameter 'path' is required: an absolute path inside the sandbox, e.g. /home/user/a.txt "
+            "(or 'path_b64', its bytes in base64, for names that are not UTF-8)"
+        )
+    if "\x00" in path:
+        raise errors.InvalidPath("path contains a NUL byte")
+    if not path.startswith("/"):
+        raise errors.InvalidPath(
+            f"path {path!r} is relative; give an absolute path inside the sandbox, e.g. /{path}"
+        )
+    if any(part == ".." for part in path.split("/")):
+        raise errors.InvalidPath(
+            f"path {path!r} contains '..'; give the absolute path without parent references"
+        )
+    if len(path) > 4096:
+        raise errors.InvalidPath(f"path is {len(path)} characters; the limit is 4096")
+    return path

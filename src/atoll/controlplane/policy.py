@@ -1,0 +1,103 @@
+"""The tier policy: when an idle sandbox goes to standby, and when a memory-tier one moves to disk.
+
+Every PASS_EVERY_S the policy looks at each live record whose worker is ready and that has no call in
+flight and no lifecycle step running, and starts at most POLICY_CONCURRENCY steps at once (one
+sandbox whose worker or agent is slow delays no other's standby):
+  * running → memory after `idle_timeout_s` without exec, file or process calls (0 = never); the
+    worker declines while the sandbox has open TCP connections on its interface (activity);
+  * memory → disk after `disk_after_s` in the memory tier, on the wall clock from the persisted
+    `standby_since` (so it survives restarts); a sandbox the checkpoint gate refuses stays in
+    memory and is retried after max(60 s, disk_after_s).
+The policy decides *when*; the worker owns *how* (core.worker_api.WorkerAPI.pause).
+Called by atoll.up and controlplane.main (run as a task beside the API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+import typing
+
+from atoll.controlplane import db as dbm
+from atoll.controlplane.lifecycle import SandboxManager
+from atoll.core import errors
+from atoll.core.lifecycle import State, Tier
+
+log = logging.getLogger(__name__)
+
+PASS_EVERY_S = 0.5
+POLICY_CONCURRENCY = 8
+GATE_RETRY_MIN_S = 60.0
+
+
+class TierPolicy:
+    def __init__(self, manager: SandboxManager):
+        self.manager = manager
+        self._steps: dict[str, asyncio.Task] = {}
+        self._limit = asyncio.Semaphore(POLICY_CONCURRENCY)
+        self._gate_retry: dict[str, float] = {}  # monotonic time before which a gated sandbox stays
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.pass_once()
+            except Exception:
+                log.exception("tier policy pass failed")
+            await asyncio.sleep(PASS_EVERY_S)
+
+    def pass_once(self) -> None:
+        m = self.manager
+        now, wall = time.monotonic(), dbm.utcnow()
+        ready = {h.id for h in m.workers.ready()} | {
+            h.id for h in m.workers.handles.values() if h.state == "draining"
+        }
+        live = set()
+        for rec in m.live():
+            sid = rec.id
+            live.add(sid)
+            if sid in self._steps or rec.worker_id not in ready or m.busy(sid):
+                continue
+            step: typing.Awaitable | None = None
+            if rec.state == State.RUNNING and rec.idle_timeout_s > 0:
+                if m.idle_for(sid, now) >= rec.idle_timeout_s:
+                    step = self._pause(sid, Tier.MEMORY, only_if_idle=True)
+            elif (
+                rec.state == State.STANDBY
+                and rec.standby_tier == Tier.MEMORY
+                and rec.disk_after_s > 0
+                and rec.standby_since is not None
+                and now >= self._gate_retry.get(sid, 0.0)
+            ):
+                since = (
+                    rec.standby_since
+                    if rec.standby_since.tzinfo
+                    else rec.standby_since.replace(tzinfo=dt.UTC)
+                )
+                if (wall - since).total_seconds() >= rec.disk_after_s:
+                    step = self._pause(sid, Tier.DISK)
+            if step is not None:
+                task = asyncio.ensure_future(self._slot(step))
+                self._steps[sid] = task
+                task.add_done_callback(lambda _t, sid=sid: self._steps.pop(sid, None))
+        for sid in [s for s in self._gate_retry if s not in live]:
+            self._gate_retry.pop(sid, None)
+
+    async def _slot(self, step: typing.Awaitable) -> None:
+        async with self._limit:
+            try:
+                await step
+            except Exception:
+                log.exception("tier policy step failed")
+
+    async def _pause(self, sid: str, tier: Tier, *, only_if_idle: bool = False) -> None:
+        with contextlib.suppress(errors.AtollError):
+            rec = await self.manager.pause(sid, tier, only_if_idle=only_if_idle)
+            if tier == Tier.DISK and rec.standby_tier == Tier.MEMORY:  # gated: try again later
+                self._gate_retry[sid] = time.monotonic() + max(GATE_RETRY_MIN_S, rec.disk_after_s)
+
+    async def aclose(self) -> None:
+        for t in list(self._steps.values()):
+            t.cancel()

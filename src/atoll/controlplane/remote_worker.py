@@ -1,0 +1,257 @@
+"""`RemoteWorker`: the seam (core.worker_api.WorkerAPI) over HTTP, to one `atoll worker` process.
+
+It rides on the small HTTP/1.1 client atoll.http11 (kept-alive connections; ~1 ms less per call
+than httpx, which on the exec path is the difference between the split and `atoll up`). Every
+request carries the token the server issued at registration and `Atoll-Protocol`; an answer
+that lacks it or speaks another version is refused. Worker errors come back as the same domain
+errors (core.wire.error_from_body); a worker that cannot be reached is `Unavailable` (503,
+retryable: nothing is known about the sandbox then, and its record is left alone). Exec output and
+file bodies are streamed both ways, never held whole. Long calls have no read timeout (the worker
+watches its sandboxes itself); connecting has one.
+Made by controlplane.workers at registration; used by controlplane.lifecycle and the routers.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import typing
+import urllib.parse
+from collections.abc import AsyncIterator, Sequence
+
+from atoll import http11
+from atoll.core import errors, wire
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import Tier
+
+NDJSON = "application/x-ndjson"
+CONNECT_TIMEOUT_S = 5.0  # (http11 connects within 5 s)
+STEP_TIMEOUT_S = 900.0  # create (a first template build), pause, resume, delete
+CALL_TIMEOUT_S = 60.0  # inventory, info, listings
+PREFIX = "/worker/v1"
+
+
+def _path_params(path: api.FilePath) -> dict[str, str]:
+    if isinstance(path, bytes):
+        return {"path_b64": base64.b64encode(path).decode("ascii")}
+    return {"path": path}
+
+
+class RemoteWorker:
+    def __init__(self, url: str, token: str, name: str):
+        self.url = url.rstrip("/")
+        self.name = name
+        parsed = urllib.parse.urlsplit(self.url)
+        if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
+            raise errors.InvalidRequest(
+                f"worker URL {url!r} must be http://HOST:PORT (TLS between server and workers is not "
+                "supported yet: keep workers on a private network or loopback)"
+            )
+        self._channel = http11.Channel(parsed.hostname, parsed.port)
+        self._headers = {"Authorization": f"Bearer {token}", wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION)}
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def _unreachable(self, e: Exception) -> errors.Unavailable:
+        return errors.Unavailable(
+            f"worker {self.name!r} cannot be reached at {self.url} ({type(e).__name__}); "
+            "its sandboxes keep their state — retry once it is back (GET /v1/workers)",
+            detail=repr(e),
+        )
+
+    def _check(self, r: http11.Response) -> None:
+        wire.check_protocol(r.headers.get(wire.PROTOCOL_HEADER.lower()), f"worker {self.name!r}")
+
+    def _raise(self, r: http11.Response) -> typing.NoReturn:
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        raise wire.error_from_body(r.status_code, body, f"worker {self.name!r} answered {r.status_code}")
+
+    def _hdrs(self, extra: dict[str, str] | None) -> dict[str, str]:
+        return {**self._headers, **extra} if extra else self._headers
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: float | None = CALL_TIMEOUT_S,
+        headers: dict[str, str] | None = None,
+        **kw: typing.Any,
+    ) -> typing.Any:
+        try:
+            r = await self._channel.request(
+                method, PREFIX + path, timeout=timeout, headers=self._hdrs(headers), **kw
+            )
+        except http11.ChannelError as e:
+            raise self._unreachable(e) from None
+        self._check(r)
+        if r.status_code >= 400:
+            self._raise(r)
+        if r.status_code == 204 or not r.content:
+            return None
+        try:
+            return r.json()
+        except ValueError:
+            raise errors.RuntimeFailure(
+                f"worker {self.name!r} answered {path} with something that is not JSON"
+            ) from None
+
+    @contextlib.asynccontextmanager
+    async def _stream(
+        self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: typing.Any
+    ) -> AsyncIterator[http11.Response]:
+        try:
+            async with self._channel.stream(
+                method,
+                PREFIX + path,
+                timeout=CONNECT_TIMEOUT_S + CALL_TIMEOUT_S,
+                headers=self._hdrs(headers),
+                **kw,
+            ) as r:
+                self._check(r)
+                if r.status_code >= 400:
+                    await r.aread()
+                    self._raise(r)
+                yield r
+        except http11.ChannelError as e:
+            raise self._unreachable(e) from None
+
+    def _sb(self, sid: str, *rest: str) -> str:
+        return "/".join([f"/sandboxes/{sid}", *rest])
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    async def info(self) -> api.WorkerInfo:
+        return wire.load(api.WorkerInfo, await self._call("GET", "/info"), "worker info")
+
+    async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
+        data = await self._call("POST", "/sandboxes", json=wire.dump(spec), timeout=STEP_TIMEOUT_S)
+        return wire.load(api.CreateOutcome, data, "create outcome")
+
+    async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
+        data = await self._call(
+            "POST",
+            self._sb(sandbox_id, "pause"),
+            json={"tier": tier.value, "only_if_idle": only_if_idle},
+            timeout=STEP_TIMEOUT_S,
+        )
+        return wire.load(api.PauseOutcome, data, "pause outcome")
+
+    async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
+        data = await self._call("POST", self._sb(sandbox_id, "resume"), timeout=STEP_TIMEOUT_S)
+        return wire.load(api.ResumeOutcome, data, "resume outcome")
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self._call("DELETE", self._sb(sandbox_id), timeout=STEP_TIMEOUT_S)
+
+    async def inventory(self) -> api.Inventory:
+        return wire.load(api.Inventory, await self._call("GET", "/inventory"), "inventory")
+
+    # ---- exec and processes ---------------------------------------------------------------------
+    async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:
+        data = await self._call("POST", self._sb(sandbox_id, "exec"), json=wire.dump(spec), timeout=None)
+        return wire.load(api.ExecResult, data, "exec result")
+
+    @contextlib.asynccontextmanager
+    async def exec_stream(
+        self, sandbox_id: str, spec: api.ExecSpec
+    ) -> AsyncIterator[AsyncIterator[api.ExecEvent]]:
+        async with self._stream(
+            "POST", self._sb(sandbox_id, "exec"), json=wire.dump(spec), headers={"Accept": NDJSON}
+        ) as r:
+            yield self._exec_events(r)
+
+    async def _exec_events(self, r: http11.Response) -> AsyncIterator[api.ExecEvent]:
+        async for line in _lines(r, self):
+            obj = _json_line(line)
+            if "error" in obj:
+                raise wire.error_from_body(500, obj, f"the exec stream from worker {self.name!r} broke")
+            yield wire.load_exec_event(obj)
+
+    async def start_process(self, sandbox_id: str, spec: api.ExecSpec) -> api.ProcessStarted:
+        data = await self._call("POST", self._sb(sandbox_id, "processes"), json=wire.dump(spec))
+        return wire.load(api.ProcessStarted, data, "process")
+
+    async def list_processes(self, sandbox_id: str) -> Sequence[api.ProcessInfo]:
+        data = await self._call("GET", self._sb(sandbox_id, "processes"))
+        return wire.load(list[api.ProcessInfo], data, "process list")
+
+    async def kill_process(self, sandbox_id: str, pid: int) -> None:
+        await self._call("DELETE", self._sb(sandbox_id, "processes", str(int(pid))))
+
+    # ---- files ----------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
+        async with self._stream("GET", self._sb(sandbox_id, "files"), params=_path_params(path)) as r:
+            length = r.headers.get("content-length")
+
+            async def chunks() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in r.aiter_raw():
+                        yield chunk
+                except http11.ChannelError as e:
+                    raise self._unreachable(e) from None
+
+            yield api.FileDownload(int(length) if length and length.isdigit() else None, chunks())
+
+    async def write_file(
+        self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> None:
+        headers = {"Content-Type": "application/octet-stream"}
+        if size is not None:
+            headers["Content-Length"] = str(size)
+        await self._call(
+            "PUT",
+            self._sb(sandbox_id, "files"),
+            params=_path_params(path),
+            content=chunks,
+            headers=headers,
+            timeout=None,
+        )
+
+    async def list_files(self, sandbox_id: str, path: api.FilePath) -> Sequence[api.FileEntry]:
+        data = await self._call("GET", self._sb(sandbox_id, "files", "list"), params=_path_params(path))
+        return wire.load(list[api.FileEntry], data, "file listing")
+
+    async def delete_file(self, sandbox_id: str, path: api.FilePath) -> None:
+        await self._call("DELETE", self._sb(sandbox_id, "files"), params=_path_params(path))
+
+    # ---- events ---------------------------------------------------------------------------------
+    async def events(self) -> AsyncIterator[api.WorkerEvent]:
+        async with self._stream("GET", "/events") as r:
+            async for line in _lines(r, self):
+                obj = _json_line(line)
+                if obj.get("kind") == "ping":
+                    continue
+                yield wire.load_event(obj)
+
+    async def aclose(self) -> None:
+        await self._channel.aclose()
+
+
+async def _lines(r: http11.Response, worker: RemoteWorker) -> AsyncIterator[bytes]:
+    """ndjson lines, split at b"\\n" only (JSON strings carry U+2028 and U+0085 raw)."""
+    pending = b""
+    try:
+        async for chunk in r.aiter_raw():
+            parts = (pending + chunk).split(b"\n")
+            pending = parts.pop()
+            for line in parts:
+                if line.strip():
+                    yield line
+    except http11.ChannelError as e:
+        raise worker._unreachable(e) from None
+    if pending.strip():
+        yield pending
+
+
+def _json_line(line: bytes) -> dict:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise errors.RuntimeFailure("a malformed line arrived from a worker", detail=repr(line[:200]))
+    return obj

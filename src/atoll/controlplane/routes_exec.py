@@ -1,0 +1,151 @@
+"""Public routes that run things in a sandbox: exec (plain, streamed as ndjson, background) and its
+background processes. A call resumes a sandbox in standby first and counts as activity while it runs.
+
+The answers are atoll's own (core.worker_api types rendered here), whatever the guest agent speaks.
+A plain exec answers when the command ends (output bounded by max_output_bytes per stream); with
+`Accept: application/x-ndjson` every piece of output is one line `{"stdout": …}` / `{"stderr": …}`,
+then `{"exit_code", "timed_out", "duration_ms"}`, or an `{"error": {…}}` line if the stream broke.
+An API client that hangs up cancels the call, and the worker then kills the command.
+Part of the app built by controlplane.app.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import typing
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from atoll.controlplane import http, schemas
+from atoll.controlplane.context import ctx
+from atoll.controlplane.routes_sandboxes import ERRORS
+from atoll.core import errors
+from atoll.core import worker_api as api
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["exec"])
+
+
+@router.post(
+    "/v1/sandboxes/{sid}/exec",
+    openapi_extra=http.body_schema(schemas.ExecRequest),
+    responses={
+        200: {
+            "description": "the command's result; `{pid, log_path}` for a background one; ndjson lines when streamed",
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "anyOf": [
+                            {"$ref": "#/components/schemas/ExecResult"},
+                            {"$ref": "#/components/schemas/ProcessStarted"},
+                        ]
+                    }
+                },
+                http.NDJSON: {"schema": {"type": "string"}},
+            },
+        },
+        **ERRORS,
+    },
+)
+async def exec_command(request: Request, sid: str):
+    c = ctx(request)
+    rec = c.manager.get(sid)
+    req = await http.read_json(request, schemas.ExecRequest)
+    if req.max_output_bytes is not None and req.max_output_bytes > c.max_exec_output_bytes:
+        raise errors.InvalidRequest(
+            f"max_output_bytes={req.max_output_bytes} is above this server's limit of "
+            f"{c.max_exec_output_bytes} bytes per stream (ATOLL_MAX_EXEC_OUTPUT_KB); ask for less, or "
+            "stream the output (Accept: application/x-ndjson), which has no limit"
+        )
+    spec = api.ExecSpec(
+        cmd=req.cmd,
+        max_output_bytes=req.max_output_bytes or c.max_exec_output_bytes,
+        cwd=req.cwd,
+        env=req.env,
+        timeout_s=req.timeout_s,
+        user=req.user or rec.user,
+    )
+    if req.background:
+        async with c.manager.activity(sid) as worker:
+            started = await worker.start_process(sid, spec)
+        return http.json_response(dataclasses.asdict(started))
+    if http.NDJSON in request.headers.get("accept", ""):
+        return await _stream(request, sid, spec)
+    async with c.manager.activity(sid) as worker:
+        result = await http.unless_disconnected(request, worker.exec(sid, spec))
+    return http.json_response(dataclasses.asdict(result))
+
+
+async def _stream(request: Request, sid: str, spec: api.ExecSpec) -> StreamingResponse:
+    """A streamed exec: counted as activity for as long as it flows. Until its first line an error
+    is an ordinary error answer; after that, a broken stream ends with an in-band error line."""
+    manager = ctx(request).manager
+    activity = manager.activity(sid)
+    worker = await activity.__aenter__()
+    stream = worker.exec_stream(sid, spec)
+    try:
+        events = await stream.__aenter__()
+    except BaseException as e:
+        await activity.__aexit__(type(e), e, e.__traceback__)
+        raise
+
+    async def body() -> typing.AsyncIterator[bytes]:
+        failure: BaseException | None = None
+        try:
+            async for ev in events:
+                if isinstance(ev, api.ExecOutput):
+                    yield http.dumps({ev.stream: ev.text}) + b"\n"
+                else:
+                    yield (
+                        http.dumps(
+                            {
+                                "exit_code": ev.exit_code,
+                                "timed_out": ev.timed_out,
+                                "duration_ms": ev.duration_ms,
+                            }
+                        )
+                        + b"\n"
+                    )
+        except Exception as e:  # noqa: BLE001 - the headers are sent: report it in-band
+            failure = e
+            code, message = (
+                (e.code, e.message)
+                if isinstance(e, errors.AtollError)
+                else ("runtime_error", "the exec stream from the sandbox broke")
+            )
+            log.warning("exec stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)})
+            yield http.dumps({"error": {"code": code, "message": message}}) + b"\n"
+        finally:
+            await stream.__aexit__(None, None, None)
+            # a SandboxDied passed on marks the sandbox failed (see SandboxManager.activity)
+            await activity.__aexit__(type(failure) if failure else None, failure, None)
+
+    return StreamingResponse(body(), media_type=http.NDJSON)
+
+
+@router.get("/v1/sandboxes/{sid}/processes", responses={200: {"model": schemas.ProcessList}, **ERRORS})
+async def list_processes(request: Request, sid: str):
+    """The background processes started in the sandbox, running or finished."""
+    async with ctx(request).manager.activity(sid) as worker:
+        procs = await worker.list_processes(sid)
+    return http.json_response({"items": [dataclasses.asdict(p) for p in procs]})
+
+
+@router.delete(
+    "/v1/sandboxes/{sid}/processes/{pid}",
+    status_code=204,
+    response_class=Response,
+    responses={204: {"description": "killed (with its process group)"}, **ERRORS},
+)
+async def kill_process(request: Request, sid: str, pid: str):
+    manager = ctx(request).manager
+    manager.get(sid)
+    if not (pid.isascii() and pid.isdigit()) or int(pid) <= 0:
+        raise errors.InvalidRequest(
+            f"pid {pid!r} is not a positive integer; list processes with GET …/processes"
+        )
+    async with manager.activity(sid) as worker:
+        await worker.kill_process(sid, int(pid))
+    return Response(status_code=204)

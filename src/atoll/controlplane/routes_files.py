@@ -1,0 +1,147 @@
+"""Public routes of a sandbox's files: upload, download (both streamed, never held whole), list, delete.
+
+A path is `?path=` (absolute, no `..`) or `?path_b64=` (its exact bytes, for names that are not
+UTF-8). A call resumes a sandbox in standby first. Part of the app built by controlplane.app.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import typing
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from atoll.controlplane import http, schemas
+from atoll.controlplane.context import ctx
+from atoll.controlplane.routes_sandboxes import ERRORS
+from atoll.core import errors
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["files"])
+
+PATH = Query(None, description="Absolute path inside the sandbox, e.g. /root/a.txt")
+PATH_B64 = Query(
+    None,
+    description="The path's exact bytes in base64 (for names that are not UTF-8; see `path_b64` in listings)",
+)
+FILE_ERRORS = {
+    **ERRORS,
+    403: {"model": schemas.ErrorBody, "description": "permission_denied or read_only_path"},
+    404: {"model": schemas.ErrorBody, "description": "sandbox_not_found or file_not_found"},
+    507: {"model": schemas.ErrorBody, "description": "disk_full: the sandbox's disk_mb is used up"},
+}
+
+
+@router.put(
+    "/v1/sandboxes/{sid}/files",
+    status_code=204,
+    response_class=Response,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "The file's content (up to ATOLL_MAX_FILE_MB MiB), streamed",
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+    responses={
+        204: {"description": "written (parents created; an existing file keeps its mode)"},
+        **FILE_ERRORS,
+    },
+)
+async def write_file(request: Request, sid: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+    c = ctx(request)
+    c.manager.get(sid)
+    target = http.check_path(path, path_b64)
+    limit = c.max_file_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise errors.PayloadTooLarge(
+            f"file body is {declared} bytes; the limit is {limit} (ATOLL_MAX_FILE_MB)"
+        )
+
+    async def limited() -> typing.AsyncIterator[bytes]:
+        n = 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise errors.PayloadTooLarge(f"file body exceeds {limit} bytes (ATOLL_MAX_FILE_MB)")
+            if chunk:
+                yield chunk
+
+    size = int(declared) if declared and declared.isdigit() else None
+    async with c.manager.activity(sid) as worker:
+        await worker.write_file(sid, target, limited(), size)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/v1/sandboxes/{sid}/files",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "the file's content, streamed",
+        },
+        **FILE_ERRORS,
+    },
+)
+async def read_file(request: Request, sid: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+    manager = ctx(request).manager
+    manager.get(sid)
+    target = http.check_path(path, path_b64)
+    activity = manager.activity(sid)
+    worker = await activity.__aenter__()
+    reading = worker.read_file(sid, target)
+    try:
+        download = await reading.__aenter__()
+    except BaseException as e:
+        await activity.__aexit__(type(e), e, e.__traceback__)
+        raise
+
+    async def body() -> typing.AsyncIterator[bytes]:
+        failure: BaseException | None = None
+        try:
+            async for chunk in download.chunks:
+                yield chunk
+        except Exception as e:  # the headers are sent: the download is cut short
+            failure = e
+            log.warning(
+                "file download broke: %s",
+                getattr(e, "message", e),
+                extra={"sandbox_id": sid, "detail": repr(e)},
+            )
+            raise
+        finally:
+            await reading.__aexit__(None, None, None)
+            await activity.__aexit__(type(failure) if failure else None, failure, None)
+
+    headers = {"Content-Length": str(download.size)} if download.size is not None else {}
+    return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
+
+
+@router.get("/v1/sandboxes/{sid}/files/list", responses={200: {"model": schemas.FileList}, **FILE_ERRORS})
+async def list_files(request: Request, sid: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+    """The entries of a directory, sorted by name; `name_b64`/`path_b64` carry the exact bytes."""
+    manager = ctx(request).manager
+    manager.get(sid)
+    target = http.check_path(path, path_b64)
+    async with manager.activity(sid) as worker:
+        entries = await worker.list_files(sid, target)
+    return http.json_response({"items": [dataclasses.asdict(e) for e in entries]})
+
+
+@router.delete(
+    "/v1/sandboxes/{sid}/files",
+    status_code=204,
+    response_class=Response,
+    responses={204: {"description": "removed (a directory with everything in it)"}, **FILE_ERRORS},
+)
+async def delete_file(request: Request, sid: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+    manager = ctx(request).manager
+    manager.get(sid)
+    target = http.check_path(path, path_b64)
+    async with manager.activity(sid) as worker:
+        await worker.delete_file(sid, target)
+    return Response(status_code=204)

@@ -1,0 +1,64 @@
+"""Public routes about the installation itself: `/healthz`, `/metrics`, `GET /v1/templates`.
+
+Part of the app built by controlplane.app.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from atoll.controlplane import schemas
+from atoll.controlplane.context import VERSION, ctx
+from atoll.core import wire
+
+router = APIRouter()
+BASE = "base"
+
+
+@router.get(
+    "/healthz",
+    tags=["system"],
+    response_model=schemas.Health,
+    responses={
+        503: {"model": schemas.Health, "description": "starting: no worker has the base template ready yet"}
+    },
+)
+async def healthz(request: Request):
+    """200 once atoll can create sandboxes: a worker is ready and has the `base` template (layer and
+    template image) prepared; 503 `starting` until then (its first build takes a minute), so that
+    "wait for /healthz" means "ready to use"; 200 `degraded` when preparing it failed."""
+    c = ctx(request)
+    reg = c.manager.workers
+    templates = {t.name: t for t in reg.templates()}
+    body: dict = {
+        "status": "ok",
+        "version": VERSION,
+        "templates": {name: t.status for name, t in templates.items()},
+        "workers": {h.name: h.state for h in reg.handles.values()},
+    }
+    base = templates.get(BASE)
+    if not c.started or base is None or base.status in ("building", "missing"):
+        body["status"] = "starting"
+        if c.started and not reg.ready():
+            body["error"] = "no worker is ready yet (GET /v1/workers)"
+        return JSONResponse(body, status_code=503)
+    if base.status == "failed":
+        body["status"], body["error"] = "degraded", base.error
+    return body
+
+
+@router.get(
+    "/metrics",
+    tags=["system"],
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+)
+async def metrics_endpoint(request: Request):
+    return Response(ctx(request).manager.m.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/v1/templates", tags=["templates"], response_model=schemas.TemplateList)
+async def list_templates(request: Request):
+    """The templates the ready workers can start, with their build status."""
+    return {"items": [wire.dump(t) for t in ctx(request).manager.workers.templates()]}

@@ -1,0 +1,83 @@
+"""Typed settings of the control plane (`atoll server`, and the control-plane half of `atoll up`).
+
+Precedence, highest first: command-line flag, `ATOLL_*` environment variable, built-in default
+(core.config). Validated at start-up (a bad value stops atoll with a message naming the variable);
+logged redacted. Called by controlplane.main and atoll.up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from atoll.core import config
+
+MAX_EXEC_OUTPUT_KB = 65536  # the guest agent keeps at most 64 MiB per stream
+
+
+@dataclass
+class ServerSettings:
+    host: str
+    """ATOLL_HOST (`--host`): address the API listens on (default 127.0.0.1)."""
+    port: int
+    """ATOLL_PORT (`--port`): API port (default 7080)."""
+    home: str
+    """ATOLL_HOME (`--home`): state directory (records, admin key; default /var/lib/atoll as root)."""
+    api_key: str | None
+    """ATOLL_API_KEY: admin API key; generated and saved to $ATOLL_HOME/admin.key when unset."""
+    database_url: str
+    """ATOLL_DATABASE_URL: SQLAlchemy URL of the records (default SQLite at $ATOLL_HOME/atoll.db)."""
+    max_file_mb: int
+    """ATOLL_MAX_FILE_MB: largest file body accepted by PUT …/files (default 4096)."""
+    max_exec_output_kb: int
+    """ATOLL_MAX_EXEC_OUTPUT_KB: KiB of each output stream kept in a non-streamed exec answer (its
+    first and last halves; default 1024, at most 65536); also the upper bound of a call's
+    max_output_bytes. Streamed exec output is not limited."""
+    lost_after_s: float
+    """ATOLL_WORKER_LOST_S: a worker without a heartbeat for this long is shown `lost` (default 15)."""
+    reconcile_s: float
+    """ATOLL_RECONCILE_S: seconds between reconciliations of the records with each worker's inventory."""
+    log_format: str
+    """ATOLL_LOG_FORMAT: 'text' (default) or 'json'."""
+    log_level: str
+    """ATOLL_LOG_LEVEL: logging level (default INFO)."""
+
+    def redacted(self) -> dict:
+        d = asdict(self)
+        d["api_key"] = "***" if self.api_key else None
+        return d
+
+
+def load(
+    env: Mapping[str, str] | None = None,
+    *,
+    port: int | None = None,
+    home: str | None = None,
+    host: str | None = None,
+) -> ServerSettings:
+    env = os.environ if env is None else env
+    port_v = config.port(config.integer(env, "ATOLL_PORT", 7080, flag=port), "flag --port or ATOLL_PORT")
+    home_v = config.home(home, env)
+    return ServerSettings(
+        host=host or env.get("ATOLL_HOST", "127.0.0.1"),
+        port=port_v,
+        home=home_v,
+        api_key=env.get("ATOLL_API_KEY") or None,
+        database_url=env.get("ATOLL_DATABASE_URL") or f"sqlite:///{os.path.join(home_v, 'atoll.db')}",
+        max_file_mb=config.integer(env, "ATOLL_MAX_FILE_MB", 4096, lo=1),
+        max_exec_output_kb=config.integer(
+            env,
+            "ATOLL_MAX_EXEC_OUTPUT_KB",
+            1024,
+            lo=1,
+            hi=MAX_EXEC_OUTPUT_KB,
+            what="KiB per output stream of a non-streamed exec",
+        ),
+        lost_after_s=config.number(env, "ATOLL_WORKER_LOST_S", 15.0, lo=1, hi=30),
+        reconcile_s=config.number(env, "ATOLL_RECONCILE_S", 30.0, lo=1, hi=3600),
+        log_format=config.choice(env, "ATOLL_LOG_FORMAT", "text", ("text", "json")),
+        log_level=config.choice(
+            env, "ATOLL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
+        ),
+    )

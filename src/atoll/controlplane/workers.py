@@ -1,0 +1,356 @@
+"""The workers the control plane knows: registration, heartbeats, `lost`, and what each holds.
+
+A worker joins in one of two ways: `attach_local` (the in-process worker of `atoll up`) or
+`register` (an `atoll worker` process over HTTP: protocol version checked, a fresh token issued,
+a `RemoteWorker` made for it). Either way it is *adopted*: its info and inventory are read, the
+records are reconciled with that inventory (the listener's `worker_joined`), and only then is it
+`ready`; its events are consumed from then on, and it is reconciled again every `reconcile_s`.
+
+States: joining → ready; ready → lost (no heartbeat for `lost_after_s`, or it said it stops) →
+joining when it registers again (same name and installation: the same worker id, its sandboxes
+taken back); ready ⇄ draining (an operator's choice: no new sandboxes). A worker of the same name
+from another installation is refused (`worker_conflict`). Tokens live only in memory: a restarted
+server shows every remote worker `lost` until it registers again (each does within a heartbeat).
+Called by controlplane.lifecycle (which is the listener) and controlplane.routes_workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import time
+import typing
+from dataclasses import dataclass, field
+
+from atoll.controlplane import db as dbm
+from atoll.controlplane.remote_worker import RemoteWorker
+from atoll.core import errors, ids, wire
+from atoll.core import worker_api as api
+
+log = logging.getLogger(__name__)
+
+LOCAL = "local"
+
+
+class Listener(typing.Protocol):
+    async def worker_joined(self, handle: WorkerHandle, inventory: api.Inventory, started: float) -> None: ...
+
+    async def worker_event(self, handle: WorkerHandle, ev: api.WorkerEvent) -> None: ...
+
+
+@dataclass
+class WorkerHandle:
+    id: str
+    name: str
+    record: dbm.WorkerRecord
+    worker: api.WorkerAPI | None = None
+    info: api.WorkerInfo | None = None
+    state: str = "lost"  # joining | ready | lost | draining
+    reason: str | None = None
+    local: bool = False
+    epoch: str | None = None
+    last_seen: float = 0.0
+    templates: dict[str, api.TemplateInfo] = field(default_factory=dict)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    @property
+    def usable(self) -> bool:
+        return self.worker is not None and self.state in ("ready", "draining")
+
+
+class WorkerRegistry:
+    def __init__(
+        self, database: dbm.Database, listener: Listener, *, lost_after_s: float, reconcile_s: float
+    ):
+        self.db = database
+        self.listener = listener
+        self.lost_after_s = lost_after_s
+        self.reconcile_s = reconcile_s
+        self.handles: dict[str, WorkerHandle] = {}
+        self._by_name: dict[str, str] = {}
+        self._loop: asyncio.Task | None = None
+        self.changed = asyncio.Event()  # set whenever a worker becomes ready or its templates change
+
+    # ---- records --------------------------------------------------------------------------------
+    def load(self) -> None:
+        """The workers of earlier runs: every one is `lost` until it joins again."""
+        for rec in self.db.workers():
+            reason = (
+                rec.state_reason
+                if rec.state == "lost"
+                else "waiting for it to register again after a server restart"
+            )
+            h = WorkerHandle(rec.id, rec.name, rec, state="lost", reason=reason, local=False)
+            rec.state, rec.state_reason = "lost", reason
+            self.handles[rec.id] = h
+            self._by_name[rec.name] = rec.id
+            self._save(h)
+        self._loop = asyncio.ensure_future(self._watch())
+
+    def _save(self, h: WorkerHandle) -> None:
+        h.record.state, h.record.state_reason = h.state, h.reason
+        self.db.put_worker(h.record)
+
+    def get(self, worker_id: str) -> WorkerHandle:
+        h = self.handles.get(worker_id)
+        if h is None:
+            raise errors.WorkerNotFound(f"worker {worker_id} does not exist; list them with GET /v1/workers")
+        return h
+
+    def name_of(self, worker_id: str) -> str | None:
+        h = self.handles.get(worker_id)
+        return h.name if h else None
+
+    def api_for(self, worker_id: str) -> api.WorkerAPI:
+        """The worker holding a sandbox, if it can be called now (else 503 worker_unavailable)."""
+        h = self.handles.get(worker_id)
+        if h is None or not h.usable or h.worker is None:
+            name = h.name if h else worker_id
+            why = f" ({h.reason})" if h and h.reason else ""
+            raise errors.Unavailable(
+                f"the sandbox's worker {name!r} is {h.state if h else 'unknown'}{why}; "
+                "its sandboxes keep their state — retry once it is ready again (GET /v1/workers)"
+            )
+        return h.worker
+
+    def ready(self) -> list[WorkerHandle]:
+        return [h for h in self.handles.values() if h.state == "ready" and h.worker is not None]
+
+    def templates(self) -> list[api.TemplateInfo]:
+        """Every template a usable worker reports, once (the best status wins: ready > building >
+        missing > failed), so that one worker still building does not hide another one's."""
+        rank = {"ready": 0, "building": 1, "missing": 2, "failed": 3}
+        best: dict[str, api.TemplateInfo] = {}
+        for h in self.handles.values():
+            if not h.usable:
+                continue
+            for t in h.templates.values():
+                cur = best.get(t.name)
+                if cur is None or rank.get(t.status, 9) < rank.get(cur.status, 9):
+                    best[t.name] = t
+        return [best[n] for n in sorted(best)]
+
+    # ---- joining ----------------------------------------------------------------------------------
+    async def attach_local(self, node: api.WorkerAPI) -> WorkerHandle:
+        """The in-process worker of `atoll up`, adopted before the API serves."""
+        info = await node.info()
+        h = self._handle_for(info.name, info.installation)
+        self._replace(h, node, info, local=True)
+        await self._adopt(h)
+        return h
+
+    def register(self, body: dict, url: str) -> dict:
+        """A remote worker registers (or registers again): issue a token, adopt it in the background."""
+        info = wire.load(api.WorkerInfo, body.get("info"), "worker registration")
+        if info.protocol != api.PROTOCOL_VERSION:
+            raise errors.IncompatibleProtocol(
+                f"worker {info.name!r} speaks worker protocol {info.protocol}, this server speaks "
+                f"{api.PROTOCOL_VERSION}; run the same atoll version on the server and its workers"
+            )
+        h = self._handle_for(info.name, info.installation)
+        if h.local:
+            raise errors.Conflict(
+                f"worker name {info.name!r} is this server's own in-process worker; give yours another --name",
+                code="worker_conflict",
+            )
+        token = ids.new_token()
+        self._replace(h, RemoteWorker(url, token, info.name), info, local=False)
+        h.record.url = url
+        h.record.last_heartbeat_at = dbm.utcnow()
+        h.epoch = secrets.token_hex(8)
+        h.last_seen = time.monotonic()
+        self._save(h)
+        h.tasks.append(asyncio.ensure_future(self._adopt(h)))
+        log.info("worker.registered", extra={"worker": h.name, "worker_id": h.id, "url": url})
+        return {
+            "worker_id": h.id,
+            "token": token,
+            "epoch": h.epoch,
+            "protocol": api.PROTOCOL_VERSION,
+            "heartbeat_s": min(3.0, self.lost_after_s / 5),
+            "lost_after_s": self.lost_after_s,
+        }
+
+    def heartbeat(self, worker_id: str, epoch: str | None) -> dict:
+        h = self.handles.get(worker_id)
+        if h is None or h.local or not epoch or not h.epoch or not hmac.compare_digest(epoch, h.epoch):
+            raise errors.Conflict(
+                f"this server does not know registration {epoch!r} of worker {worker_id}; register again",
+                code="worker_not_registered",
+            )
+        h.last_seen = time.monotonic()
+        h.record.last_heartbeat_at = dbm.utcnow()
+        if h.state == "lost":  # came back before it noticed: take it over again
+            h.state, h.reason = "joining", "heartbeats resumed"
+            self._save(h)
+            h.tasks.append(asyncio.ensure_future(self._adopt(h)))
+        return {"state": h.state}
+
+    def stopping(self, worker_id: str, epoch: str | None) -> None:
+        """The worker says it stops (SIGTERM): lost at once, its sandboxes keep running."""
+        self.heartbeat(worker_id, epoch)
+        h = self.handles[worker_id]
+        self._lose(h, "the worker stopped (its sandboxes keep running; they come back when it does)")
+
+    def drain(self, worker_id: str, on: bool) -> WorkerHandle:
+        h = self.get(worker_id)
+        if on and h.state == "ready":
+            h.state, h.reason = "draining", "draining: no new sandboxes are placed here"
+        elif not on and h.state == "draining":
+            h.state, h.reason = "ready", None
+        elif h.state not in ("ready", "draining"):
+            raise errors.Conflict(
+                f"worker {h.name!r} is {h.state}; only a ready worker can be drained or undrained",
+                code="invalid_state",
+            )
+        self._save(h)
+        return h
+
+    def forget(self, worker_id: str) -> WorkerHandle:
+        """Remove a lost worker for good (its sandboxes become failed: their host is gone)."""
+        h = self.get(worker_id)
+        if h.state != "lost" or h.local:
+            raise errors.Conflict(
+                f"worker {h.name!r} is {h.state}; only a lost remote worker can be removed",
+                code="invalid_state",
+            )
+        self._stop_tasks(h)
+        self.handles.pop(worker_id, None)
+        self._by_name.pop(h.name, None)
+        with self.db.session.begin() as s:
+            rec = s.get(dbm.WorkerRecord, worker_id)
+            if rec is not None:
+                s.delete(rec)
+        return h
+
+    def _handle_for(self, name: str, installation: str) -> WorkerHandle:
+        wid = self._by_name.get(name)
+        if wid is not None:
+            h = self.handles[wid]
+            if h.record.installation and h.record.installation != installation:
+                raise errors.Conflict(
+                    f"a worker named {name!r} with another home (installation {h.record.installation}, "
+                    f"this one is {installation}) is registered here; give this worker another --name, "
+                    f"or remove the old one once it is lost (DELETE /v1/workers/{wid})",
+                    code="worker_conflict",
+                )
+            return h
+        rec = dbm.WorkerRecord(id=ids.new_worker_id(), name=name, state="joining", capacity={})
+        h = WorkerHandle(rec.id, name, rec)
+        self.handles[rec.id] = h
+        self._by_name[name] = rec.id
+        return h
+
+    def _replace(self, h: WorkerHandle, worker: api.WorkerAPI, info: api.WorkerInfo, *, local: bool) -> None:
+        self._stop_tasks(h)
+        old = h.worker
+        if old is not None and old is not worker:
+            t = asyncio.ensure_future(old.aclose())
+            h.tasks.append(t)
+        h.worker, h.info, h.local = worker, info, local
+        h.state, h.reason = "joining", "reading its inventory"
+        h.templates = {t.name: t for t in info.templates}
+        rec = h.record
+        rec.installation, rec.version, rec.protocol = info.installation, info.version, info.protocol
+        rec.capacity = wire.dump(info.capacity)
+        rec.registered_at = dbm.utcnow()
+        self._save(h)
+
+    def _stop_tasks(self, h: WorkerHandle) -> None:
+        current = asyncio.current_task()
+        for t in h.tasks:
+            if t is not current:
+                t.cancel()
+        h.tasks = [t for t in h.tasks if t is current]
+
+    async def _adopt(self, h: WorkerHandle) -> None:
+        """Read the worker's inventory, reconcile the records with it, then serve it."""
+        worker = h.worker
+        assert worker is not None
+        try:
+            started = dbm.utcnow().timestamp()
+            inv = await worker.inventory()
+            await self.listener.worker_joined(h, inv, started)
+        except errors.AtollError as e:
+            if h.worker is worker and not h.local:
+                self._lose(h, f"could not take it over: {e.message}")
+            log.warning("worker.adopt.failed", extra={"worker": h.name, "error": e.message})
+            if h.local:
+                raise
+            return
+        if h.worker is not worker:
+            return
+        h.state, h.reason = "ready", None
+        h.last_seen = time.monotonic()
+        self._save(h)
+        self.changed.set()
+        log.info("worker.ready", extra={"worker": h.name, "worker_id": h.id})
+        h.tasks.append(asyncio.ensure_future(self._consume(h, worker)))
+        h.tasks.append(asyncio.ensure_future(self._reconcile_every(h, worker)))
+
+    async def _consume(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
+        """The worker's events, for as long as it is this handle's worker (reconnecting after a
+        broken stream: what was missed meanwhile, the next reconciliation finds)."""
+        while h.worker is worker:
+            try:
+                async for ev in worker.events():
+                    if isinstance(ev, api.TemplateChanged):
+                        h.templates[ev.template.name] = ev.template
+                        self.changed.set()
+                        continue
+                    try:
+                        await self.listener.worker_event(h, ev)
+                    except Exception:
+                        log.exception("worker event failed", extra={"worker": h.name})
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a broken stream: try again shortly
+                log.debug("worker event stream broke: %r", e, extra={"worker": h.name})
+            await asyncio.sleep(1.0)
+
+    async def _reconcile_every(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
+        while h.worker is worker:
+            await asyncio.sleep(self.reconcile_s)
+            if h.state not in ("ready", "draining"):
+                continue
+            try:
+                await self.reconcile(h)
+            except errors.AtollError as e:
+                log.info("worker.reconcile.skipped", extra={"worker": h.name, "error": e.message})
+
+    async def reconcile(self, h: WorkerHandle) -> None:
+        if h.worker is None:
+            raise errors.Unavailable(f"worker {h.name!r} is {h.state}")
+        started = dbm.utcnow().timestamp()
+        inv = await h.worker.inventory()
+        await self.listener.worker_joined(h, inv, started)
+
+    def _lose(self, h: WorkerHandle, reason: str) -> None:
+        if h.state == "lost":
+            return
+        log.warning("worker.lost", extra={"worker": h.name, "reason": reason})
+        h.state, h.reason = "lost", reason
+        self._save(h)
+
+    async def _watch(self) -> None:
+        """Mark remote workers whose heartbeats stopped `lost`."""
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for h in list(self.handles.values()):
+                if h.local or h.state not in ("ready", "draining", "joining"):
+                    continue
+                if now - h.last_seen > self.lost_after_s:
+                    self._lose(h, f"no heartbeat for {now - h.last_seen:.0f}s")
+
+    async def aclose(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+        for h in self.handles.values():
+            self._stop_tasks(h)
+            if h.worker is not None and not h.local:
+                with contextlib.suppress(Exception):
+                    await h.worker.aclose()

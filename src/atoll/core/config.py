@@ -1,0 +1,108 @@
+"""Reading typed settings from `ATOLL_*` variables: one precedence, one error type.
+
+Precedence, highest first: a command-line flag (passed in as a value), the environment variable,
+the built-in default. A bad value is a `SettingsError` naming the variable, the value and what is
+allowed; the entry points print it and exit with status 2. Pure (the environment is passed in);
+called by controlplane.settings and worker.settings.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from collections.abc import Mapping
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def default_home() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/atoll"
+    return os.path.join(os.path.expanduser("~"), ".local", "share", "atoll")
+
+
+def home(flag: str | None, env: Mapping[str, str]) -> str:
+    return os.path.abspath(flag or env.get("ATOLL_HOME") or default_home())
+
+
+def integer(
+    env: Mapping[str, str],
+    name: str,
+    default: int,
+    *,
+    lo: int | None = None,
+    hi: int | None = None,
+    flag: int | None = None,
+    what: str = "",
+) -> int:
+    raw = flag if flag is not None else env.get(name)
+    if raw is None or raw == "":
+        value = default
+    else:
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"{lo if lo is not None else '-inf'}-{hi if hi is not None else 'inf'}"
+        raise SettingsError(f"{name}={value} is out of range {bounds}{f' ({what})' if what else ''}")
+    return value
+
+
+def number(
+    env: Mapping[str, str], name: str, default: float, *, lo: float | None = None, hi: float | None = None
+) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise SettingsError(f"{name}={value} is out of range {lo}-{hi}")
+    return value
+
+
+def boolean(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r}; use 1 or 0")
+
+
+def choice(
+    env: Mapping[str, str], name: str, default: str, allowed: typing.Iterable[str], *, upper: bool = False
+) -> str:
+    raw = env.get(name) or default
+    value = raw.upper() if upper else raw
+    options = list(allowed)
+    if value not in options:
+        raise SettingsError(f"{name}={raw!r}; use one of {', '.join(options)}")
+    return value
+
+
+def port(value: int, where: str) -> int:
+    if not 1 <= value <= 65535:
+        raise SettingsError(f"port {value} is out of range 1-65535 ({where})")
+    return value
+
+
+def host_port(raw: str, name: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT` or `PORT` (port 0 = any free port)."""
+    host, sep, p = raw.rpartition(":")
+    if not sep:
+        host, p = "", raw
+    try:
+        number_ = int(p)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not HOST:PORT") from None
+    if not 0 <= number_ <= 65535:
+        raise SettingsError(f"{name}={raw!r}: port out of range 0-65535")
+    return (host.strip("[]") or default_host), number_

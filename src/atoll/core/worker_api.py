@@ -1,0 +1,316 @@
+"""The seam between the control plane and a worker: the typed interface and its plain data types.
+
+The control plane holds one `WorkerAPI` per worker: the worker itself in `atoll up`
+(`worker.node.Node`), an HTTP client of a separate `atoll worker` process
+(`controlplane.remote_worker.RemoteWorker`), or `atoll.testing.FakeWorker` in tests. Verbs are
+coarse, one per intent; the worker owns every runtime-specific step of them (thaw before a
+checkpoint, the checkpoint gate, re-freezing a gated sandbox, host task pressure, liveness) and
+answers with an outcome that says what it reached and why. Nothing crosses the seam but these
+types: no callbacks, no shared objects. Exec, processes and files are defined here, in atoll's
+own terms; the guest agent's protocol stays behind the worker.
+
+The worker reports what happens on its own as `events()`: a sandbox died, its runtime changed
+phase on the worker's initiative, a template's status changed, resource usage. Events are hints
+delivered at most once; `inventory()` is the truth the control plane reconciles against.
+
+`PROTOCOL_VERSION` is the version of this interface on the wire (core.wire): both sides send it
+and refuse a peer that speaks another.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from atoll.core.lifecycle import Phase, Tier
+
+PROTOCOL_VERSION = 1
+
+FilePath = str | bytes
+"""A path inside the sandbox: text, or its exact bytes for names that are not UTF-8."""
+
+
+# ---- describing and placing sandboxes --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a worker needs to make a sandbox. Later issues add network policy, volumes,
+    drives and secret placeholders here."""
+
+    sandbox_id: str
+    template: str
+    memory_mb: int
+    cpus: float
+    disk_mb: int
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    memory_mb: int
+    cpus: float
+    disk_mb: int
+
+
+@dataclass(frozen=True)
+class TemplateInfo:
+    """A template a worker can start, with its build status on that worker."""
+
+    name: str
+    status: str  # missing | building | ready | failed
+    hash: str = ""
+    progress: str = ""
+    error: str | None = None
+    description: str = ""
+    packages: tuple[str, ...] = ()
+    built_at: float | None = None
+    size_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    name: str
+    version: str
+    protocol: int
+    installation: str
+    """The worker's installation id (derived from its ATOLL_HOME): the same name with another
+    installation is another machine, not a restart."""
+    capacity: Capacity
+    templates: tuple[TemplateInfo, ...] = ()
+    default_disk_mb: int = 4096
+
+
+# ---- lifecycle outcomes ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateOutcome:
+    how: str  # "template image" | "cold boot"
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class PauseOutcome:
+    """Where a pause left the sandbox: `tier` reached, None when it is (still or again) running.
+    `reason` says why it is not in the tier asked for (the checkpoint gate's blockers, open
+    connections); `busy` that the sandbox could not be paused now and a retry may succeed."""
+
+    tier: Tier | None
+    reason: str | None = None
+    busy: bool = False
+
+
+@dataclass(frozen=True)
+class ResumeOutcome:
+    tier: Tier  # the tier it came back from
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class RuntimeReport:
+    """One runtime a worker holds, as its inventory reports it."""
+
+    sandbox_id: str
+    phase: Phase
+    generation: int
+    failure: str | None = None
+    busy: bool = False
+    """A step (create, pause, resume, delete, compaction) is running on it right now: its phase is
+    about to change, so reconciliation leaves it alone this time."""
+
+
+@dataclass(frozen=True)
+class Inventory:
+    worker: str
+    runtimes: tuple[RuntimeReport, ...]
+
+
+# ---- exec, processes, files ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecSpec:
+    cmd: str | list[str]
+    """A shell string (run with /bin/sh -c) or an argv list."""
+    max_output_bytes: int
+    """Bytes of each stream kept in a plain (not streamed) answer: the first and last halves."""
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    timeout_s: float | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timed_out: bool
+    stdout_truncated_bytes: int = 0
+    stderr_truncated_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    """A piece of a streamed command's output."""
+
+    stream: Literal["stdout", "stderr"]
+    text: str
+    kind: Literal["output"] = "output"
+
+
+@dataclass(frozen=True)
+class ExecExit:
+    """The end of a streamed command."""
+
+    exit_code: int | None
+    timed_out: bool
+    duration_ms: int
+    kind: Literal["exit"] = "exit"
+
+
+ExecEvent = ExecOutput | ExecExit
+
+
+@dataclass(frozen=True)
+class ProcessStarted:
+    pid: int
+    log_path: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    cmd: str | list[str] | None
+    running: bool
+    exit_code: int | None
+    background: bool
+    started_at: float
+    log_path: str | None = None
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    path: str
+    name_b64: str
+    path_b64: str
+    type: str  # file | dir | symlink | other
+    size: int
+    mode: int
+    mtime: float
+
+
+@dataclass
+class FileDownload:
+    """An open file: its size when known, and its content, read chunk by chunk (never whole)."""
+
+    size: int | None
+    chunks: AsyncIterator[bytes]
+
+
+# ---- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SandboxDied:
+    sandbox_id: str
+    cause: str
+    kind: Literal["died"] = "died"
+
+
+@dataclass(frozen=True)
+class RuntimeChanged:
+    """The worker moved a runtime on its own (e.g. it compacted it, or a reconciliation pass
+    found it in another phase)."""
+
+    sandbox_id: str
+    phase: Phase
+    reason: str = ""
+    kind: Literal["changed"] = "changed"
+
+
+@dataclass(frozen=True)
+class TemplateChanged:
+    template: TemplateInfo
+    kind: Literal["template"] = "template"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Resource use of one running sandbox since its runtime started (cgroup counters)."""
+
+    sandbox_id: str
+    cpu_seconds: float
+    memory_bytes: int
+    host_tasks: int
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    items: tuple[Usage, ...]
+    kind: Literal["usage"] = "usage"
+
+
+WorkerEvent = SandboxDied | RuntimeChanged | TemplateChanged | UsageReport
+
+
+# ---- the interface ---------------------------------------------------------------------------
+
+
+@typing.runtime_checkable
+class WorkerAPI(Protocol):
+    """What the control plane may ask of a worker. Errors are `core.errors.AtollError`s:
+    `SandboxNotFound` (the worker has no such runtime), `SandboxDied` (it died under the call),
+    `Unavailable` (the worker cannot be reached; nothing is known about the sandbox's state)."""
+
+    async def info(self) -> WorkerInfo: ...
+
+    async def create(self, spec: SandboxSpec) -> CreateOutcome: ...
+
+    async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> PauseOutcome:
+        """Freeze (memory) or checkpoint (disk). `only_if_idle`: the idle policy asks; a sandbox
+        with open connections on its external interface stays running (outcome tier None)."""
+        ...
+
+    async def resume(self, sandbox_id: str) -> ResumeOutcome: ...
+
+    async def delete(self, sandbox_id: str) -> None: ...
+
+    async def inventory(self) -> Inventory: ...
+
+    async def exec(self, sandbox_id: str, spec: ExecSpec) -> ExecResult: ...
+
+    def exec_stream(
+        self, sandbox_id: str, spec: ExecSpec
+    ) -> typing.AsyncContextManager[AsyncIterator[ExecEvent]]:
+        """Run a command and stream its output; the iterator raises an AtollError if the stream
+        breaks. Leaving the context early kills the command."""
+        ...
+
+    async def start_process(self, sandbox_id: str, spec: ExecSpec) -> ProcessStarted: ...
+
+    async def list_processes(self, sandbox_id: str) -> Sequence[ProcessInfo]: ...
+
+    async def kill_process(self, sandbox_id: str, pid: int) -> None: ...
+
+    def read_file(self, sandbox_id: str, path: FilePath) -> typing.AsyncContextManager[FileDownload]: ...
+
+    async def write_file(
+        self, sandbox_id: str, path: FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> None: ...
+
+    async def list_files(self, sandbox_id: str, path: FilePath) -> Sequence[FileEntry]: ...
+
+    async def delete_file(self, sandbox_id: str, path: FilePath) -> None: ...
+
+    def events(self) -> AsyncIterator[WorkerEvent]:
+        """The worker's events, from now on, until the worker goes away or `aclose()`."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,26 @@
+"""Tools for testing against atoll: real local installations and a fake worker.
+
+    LocalAtoll      `atoll up` in a subprocess (control plane + local worker)
+    LocalCluster    `atoll server` + N `atoll worker` processes (LocalServer, LocalWorker)
+    purge(home)     remove an installation's sandboxes from the host without a server
+    FakeWorker      the control plane ↔ worker seam in memory (no runsc), for control-plane tests
+    FakeAtoll       the real control plane in process over FakeWorkers (no root, no runsc)
+
+The first three need root and the host packages `make run` installs; FakeWorker needs nothing.
+"""
+
+from atoll.testing.control_plane import FakeAtoll
+from atoll.testing.fake_worker import FakeRuntime, FakeWorker
+from atoll.testing.local import LocalAtoll, LocalCluster, LocalServer, LocalWorker, free_port, purge
+
+__all__ = [
+    "FakeAtoll",
+    "FakeRuntime",
+    "FakeWorker",
+    "LocalAtoll",
+    "LocalCluster",
+    "LocalServer",
+    "LocalWorker",
+    "free_port",
+    "purge",
+]

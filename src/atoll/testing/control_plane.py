@@ -1,0 +1,84 @@
+"""`FakeAtoll`: the real control plane in process (its FastAPI app, SQLite records, lifecycle and tier
+policy) over `FakeWorker`s — an atoll without root or runsc, for tests of code that drives atoll.
+
+    async with atoll.testing.FakeAtoll(tmp_path) as fake:
+        client = atoll.AsyncClient(base_url="http://atoll", api_key=fake.api_key, transport=fake.transport)
+        sandbox = await client.sandboxes.create()
+        fake.worker.exec_handler = lambda spec: ExecResult(0, "hi\\n", "", 1, False)
+
+`fake.http` is an httpx.AsyncClient on the API (the key already set); `fake.worker` the first fake
+worker (`fake.workers` all of them); `fake.manager` the control plane's SandboxManager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import typing
+
+import httpx
+
+from atoll.controlplane import app as app_mod
+from atoll.controlplane import db, lifecycle, metrics, policy
+from atoll.testing.fake_worker import FakeWorker
+
+
+class FakeAtoll:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        workers: typing.Sequence[FakeWorker] | None = None,
+        *,
+        api_key: str = "fake-key",
+        max_file_bytes: int = 64 * 1024 * 1024,
+        max_exec_output_bytes: int = app_mod.DEFAULT_MAX_EXEC_OUTPUT_BYTES,
+        tier_policy: bool = True,
+        reconcile_s: float = 30.0,
+    ):
+        self.dir = os.fspath(directory)
+        os.makedirs(self.dir, exist_ok=True)
+        self.workers = list(workers) if workers is not None else [FakeWorker()]
+        self.api_key = api_key
+        m = metrics.Metrics()
+        self.manager = lifecycle.SandboxManager(
+            db.open_database(f"sqlite:///{os.path.join(self.dir, 'atoll.db')}"), m, reconcile_s=reconcile_s
+        )
+        m.bind_state_counts(self.manager.counts)
+        self.app = app_mod.create_app(
+            self.manager,
+            api_key=api_key,
+            max_file_bytes=max_file_bytes,
+            max_exec_output_bytes=max_exec_output_bytes,
+        )
+        self.transport = httpx.ASGITransport(app=self.app)
+        self.http = httpx.AsyncClient(
+            transport=self.transport, base_url="http://atoll", headers={"Authorization": f"Bearer {api_key}"}
+        )
+        self.policy = policy.TierPolicy(self.manager) if tier_policy else None
+        self._policy_task: asyncio.Task | None = None
+
+    @property
+    def worker(self) -> FakeWorker:
+        return self.workers[0]
+
+    async def start(self) -> FakeAtoll:
+        await self.manager.start()
+        for w in self.workers:
+            await self.manager.workers.attach_local(w)
+        self.app.state.ctx.started = True
+        if self.policy is not None:
+            self._policy_task = asyncio.ensure_future(self.policy.run())
+        return self
+
+    async def stop(self) -> None:
+        if self._policy_task is not None:
+            self._policy_task.cancel()
+            await self.policy.aclose()  # type: ignore[union-attr]
+        await self.http.aclose()
+        await self.manager.stop()
+
+    async def __aenter__(self) -> FakeAtoll:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

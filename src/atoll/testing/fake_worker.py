@@ -1,0 +1,328 @@
+"""`FakeWorker`: the seam (core.worker_api.WorkerAPI) in memory, for tests of the control plane —
+atoll's own and yours.
+
+It keeps each sandbox as Python state (a phase, files, processes), follows the same phase table
+as a real worker (core.lifecycle.PHASE_TRANSITIONS), answers pauses with the same outcomes (gate
+blockers keep a sandbox in memory, a freeze that cannot finish leaves it running and busy), and
+emits the same events. Knobs provoke what a real host does: `delay[verb]`, `fail` (verbs that
+raise a RuntimeFailure), `gate_blockers`, `open_connections[sid]`, `freeze_stuck`,
+`gate_stalled` (a pause that never answers), `kill(sid)` (the runtime dies), `vanish(sid)` (it is
+gone without a word), `exec_handler` (what a command "prints"). Every call is recorded in `calls`.
+
+    manager = SandboxManager(db, metrics)           # controlplane.lifecycle
+    await manager.start()
+    await manager.workers.attach_local(FakeWorker())
+
+Commands do not run: `exec` answers `exec_handler(spec)` (by default exit 0, no output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+import typing
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from atoll.core import errors
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import Phase, Step, Tier, advance
+
+
+@dataclass
+class FakeRuntime:
+    spec: api.SandboxSpec
+    phase: Phase = Phase.CREATING
+    generation: int = 0
+    failure: str | None = None
+    files: dict[bytes, bytes] = field(default_factory=dict)
+    processes: dict[int, api.ProcessInfo] = field(default_factory=dict)
+
+
+def _key(path: api.FilePath) -> bytes:
+    return path if isinstance(path, bytes) else path.encode("utf-8", "surrogateescape")
+
+
+class FakeWorker:
+    def __init__(
+        self,
+        name: str = "fake",
+        *,
+        installation: str = "fake00",
+        memory_mb: int = 65536,
+        cpus: float = 16,
+        templates: Sequence[str] = ("base",),
+    ):
+        self.name = name
+        self.installation = installation
+        self.capacity = api.Capacity(memory_mb=memory_mb, cpus=cpus, disk_mb=1 << 20)
+        self.template_names = list(templates)
+        self.runtimes: dict[str, FakeRuntime] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.delay: dict[str, float] = {}
+        self.fail: set[str] = set()
+        self.gate_blockers: list[str] = []
+        self.open_connections: dict[str, int] = {}
+        self.freeze_stuck = False
+        self.gate_stalled: set[str] = set()
+        self.exec_handler: typing.Callable[[api.ExecSpec], api.ExecResult] = lambda spec: api.ExecResult(
+            exit_code=0, stdout="", stderr="", duration_ms=1, timed_out=False
+        )
+        self._pids = itertools.count(100)
+        self._queues: set[asyncio.Queue] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.closed = False
+
+    # ---- test knobs -----------------------------------------------------------------------------
+    def emit(self, ev: api.WorkerEvent) -> None:
+        for q in self._queues:
+            q.put_nowait(ev)
+
+    def kill(self, sid: str, cause: str | None = None) -> None:
+        """The sandbox's runtime dies (as under the host OOM killer); the control plane is told."""
+        rt = self.runtimes[sid]
+        rt.failure = cause or f"fake death of {sid}"
+        rt.phase = advance(rt.phase, Step.FAIL)
+        self.emit(api.SandboxDied(sid, rt.failure))
+
+    def vanish(self, sid: str) -> None:
+        """The runtime disappears without an event (only reconciliation notices)."""
+        self.runtimes.pop(sid, None)
+
+    def phase(self, sid: str) -> Phase | None:
+        rt = self.runtimes.get(sid)
+        return rt.phase if rt else None
+
+    async def _step(self, verb: str, sid: str) -> None:
+        self.calls.append((verb, sid))
+        await asyncio.sleep(self.delay.get(verb, 0))
+        if verb in self.fail:
+            raise errors.RuntimeFailure(
+                f"fake {verb} failure", detail=f"runsc log: /var/lib/atoll/sandboxes/{sid}/runsc.log said no"
+            )
+
+    def _get(self, sid: str) -> FakeRuntime:
+        rt = self.runtimes.get(sid)
+        if rt is None:
+            raise errors.SandboxNotFound(f"sandbox {sid} has no runtime on worker {self.name}")
+        return rt
+
+    def _running(self, sid: str) -> FakeRuntime:
+        rt = self._get(sid)
+        if rt.phase == Phase.FAILED:
+            raise errors.SandboxDied(rt.failure or f"sandbox {sid} has failed")
+        if rt.phase != Phase.RUNNING:
+            raise errors.Conflict(
+                f"fake: sandbox {sid} is {rt.phase.value}; resume it first", code="invalid_state"
+            )
+        return rt
+
+    def _advance(self, rt: FakeRuntime, step: Step) -> None:
+        rt.phase = advance(rt.phase, step)
+
+    # ---- the seam: lifecycle --------------------------------------------------------------------
+    async def info(self) -> api.WorkerInfo:
+        return api.WorkerInfo(
+            name=self.name,
+            version="fake",
+            protocol=api.PROTOCOL_VERSION,
+            installation=self.installation,
+            capacity=self.capacity,
+            templates=tuple(
+                api.TemplateInfo(t, "ready", description=f"fake {t}") for t in self.template_names
+            ),
+        )
+
+    async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
+        if spec.template not in self.template_names:
+            raise errors.TemplateNotFound(f"template {spec.template!r} does not exist")
+        if spec.sandbox_id in self.runtimes:
+            raise errors.Conflict(f"sandbox {spec.sandbox_id} already exists", code="invalid_state")
+        rt = FakeRuntime(spec)
+        self.runtimes[spec.sandbox_id] = rt
+        try:
+            await self._step("create", spec.sandbox_id)
+        except errors.AtollError as e:
+            rt.phase, rt.failure = Phase.FAILED, e.message
+            raise
+        self._advance(rt, Step.BOOTED)
+        return api.CreateOutcome("fake", 0.0)
+
+    async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
+        self.calls.append(("pause", sandbox_id))
+        if sandbox_id in self.gate_stalled:
+            await asyncio.sleep(3600)
+        rt = self._get(sandbox_id)
+        if rt.phase == Phase.CHECKPOINTED:
+            return api.PauseOutcome(Tier.DISK)
+        if rt.phase not in (Phase.RUNNING, Phase.FROZEN):
+            raise errors.Conflict(f"fake: sandbox {sandbox_id} is {rt.phase.value}", code="invalid_state")
+        if tier == Tier.MEMORY:
+            if rt.phase == Phase.FROZEN:
+                return api.PauseOutcome(Tier.MEMORY)
+            if only_if_idle and self.open_connections.get(sandbox_id):
+                return api.PauseOutcome(None, f"{self.open_connections[sandbox_id]} open TCP connection(s)")
+            return await self._freeze(rt, Tier.MEMORY, None)
+        if rt.phase == Phase.FROZEN:
+            await self._step("thaw", sandbox_id)
+            self._advance(rt, Step.THAW)
+        self.calls.append(("gate", sandbox_id))
+        if self.gate_blockers:
+            return await self._freeze(
+                rt, Tier.MEMORY, "kept in the memory tier: " + "; ".join(self.gate_blockers)
+            )
+        self._advance(rt, Step.BEGIN_CHECKPOINT)
+        try:
+            await self._step("checkpoint", sandbox_id)
+        except errors.AtollError as e:  # as this runsc: a failed checkpoint kills the sandbox
+            rt.failure = e.message
+            self._advance(rt, Step.FAIL)
+            raise
+        self._advance(rt, Step.COMMIT_CHECKPOINT)
+        return api.PauseOutcome(Tier.DISK)
+
+    async def _freeze(self, rt: FakeRuntime, tier: Tier, reason: str | None) -> api.PauseOutcome:
+        await self._step("freeze", rt.spec.sandbox_id)
+        if self.freeze_stuck:  # as the real worker: thawed again, still running
+            return api.PauseOutcome(
+                None, f"fake: sandbox {rt.spec.sandbox_id} stayed FREEZING; retry", busy=True
+            )
+        self._advance(rt, Step.FREEZE)
+        return api.PauseOutcome(tier, reason)
+
+    async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
+        rt = self._get(sandbox_id)
+        t0 = time.perf_counter()
+        if rt.phase == Phase.FROZEN:
+            await self._step("thaw", sandbox_id)
+            self._advance(rt, Step.THAW)
+            tier = Tier.MEMORY
+        elif rt.phase == Phase.CHECKPOINTED:
+            self._advance(rt, Step.BEGIN_RESTORE)
+            try:
+                await self._step("restore", sandbox_id)
+            except errors.AtollError as e:
+                rt.failure = e.message
+                self._advance(rt, Step.FAIL)
+                raise
+            rt.generation += 1
+            self._advance(rt, Step.RESTORED)
+            tier = Tier.DISK
+        elif rt.phase == Phase.RUNNING:
+            return api.ResumeOutcome(Tier.MEMORY, 0.0)
+        else:
+            raise errors.Conflict(f"fake: sandbox {sandbox_id} is {rt.phase.value}", code="invalid_state")
+        return api.ResumeOutcome(tier, (time.perf_counter() - t0) * 1000)
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self._step("delete", sandbox_id)
+        self.runtimes.pop(sandbox_id, None)
+
+    async def inventory(self) -> api.Inventory:
+        return api.Inventory(
+            self.name,
+            tuple(
+                api.RuntimeReport(sid, rt.phase, rt.generation, rt.failure)
+                for sid, rt in self.runtimes.items()
+            ),
+        )
+
+    # ---- the seam: calls --------------------------------------------------------------------------
+    async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:
+        self._running(sandbox_id)
+        await self._step("exec", sandbox_id)
+        self._running(sandbox_id)  # it may have died meanwhile
+        return self.exec_handler(spec)
+
+    @contextlib.asynccontextmanager
+    async def exec_stream(
+        self, sandbox_id: str, spec: api.ExecSpec
+    ) -> AsyncIterator[AsyncIterator[api.ExecEvent]]:
+        result = await self.exec(sandbox_id, spec)
+
+        async def events() -> AsyncIterator[api.ExecEvent]:
+            if result.stdout:
+                yield api.ExecOutput("stdout", result.stdout)
+            if result.stderr:
+                yield api.ExecOutput("stderr", result.stderr)
+            yield api.ExecExit(result.exit_code, result.timed_out, result.duration_ms)
+
+        yield events()
+
+    async def start_process(self, sandbox_id: str, spec: api.ExecSpec) -> api.ProcessStarted:
+        rt = self._running(sandbox_id)
+        await self._step("start_process", sandbox_id)
+        pid = next(self._pids)
+        rt.processes[pid] = api.ProcessInfo(
+            pid, spec.cmd, True, None, True, time.time(), f"/tmp/.atoll/proc-{pid}.log"
+        )
+        return api.ProcessStarted(pid, f"/tmp/.atoll/proc-{pid}.log")
+
+    async def list_processes(self, sandbox_id: str) -> Sequence[api.ProcessInfo]:
+        return list(self._running(sandbox_id).processes.values())
+
+    async def kill_process(self, sandbox_id: str, pid: int) -> None:
+        rt = self._running(sandbox_id)
+        if rt.processes.pop(pid, None) is None:
+            raise errors.ProcessNotFound(f"no process with pid {pid} was started in sandbox {sandbox_id}")
+
+    @contextlib.asynccontextmanager
+    async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
+        rt = self._running(sandbox_id)
+        data = rt.files.get(_key(path))
+        if data is None:
+            raise errors.FileNotFound(f"file {path!r} does not exist")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield data
+
+        yield api.FileDownload(len(data), chunks())
+
+    async def write_file(
+        self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> None:
+        rt = self._running(sandbox_id)
+        await self._step("write_file", sandbox_id)
+        rt.files[_key(path)] = b"".join([c async for c in chunks])
+
+    async def list_files(self, sandbox_id: str, path: api.FilePath) -> Sequence[api.FileEntry]:
+        import base64
+
+        rt = self._running(sandbox_id)
+        prefix = _key(path).rstrip(b"/") + b"/"
+        out = []
+        for p, data in sorted(rt.files.items()):
+            if p.startswith(prefix) and b"/" not in p[len(prefix) :]:
+                name = p[len(prefix) :]
+                out.append(
+                    api.FileEntry(
+                        name.decode(errors="replace"),
+                        p.decode(errors="replace"),
+                        base64.b64encode(name).decode(),
+                        base64.b64encode(p).decode(),
+                        "file",
+                        len(data),
+                        0o644,
+                        0.0,
+                    )
+                )
+        return out
+
+    async def delete_file(self, sandbox_id: str, path: api.FilePath) -> None:
+        rt = self._running(sandbox_id)
+        if rt.files.pop(_key(path), None) is None:
+            raise errors.FileNotFound(f"file {path!r} does not exist")
+
+    async def events(self) -> AsyncIterator[api.WorkerEvent]:
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues.add(q)
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self._queues.discard(q)
+
+    async def aclose(self) -> None:
+        self.closed = True

@@ -1,0 +1,391 @@
+"""Start a real local atoll for your own tests, and stop it cleanly: `atoll up` (`LocalAtoll`), or
+`atoll server` with separate `atoll worker` processes (`LocalCluster`, built from `LocalServer` and
+`LocalWorker`).
+
+    with atoll.testing.LocalAtoll(home=tmp_path / "atoll") as local:
+        client = atoll.Client(base_url=local.url, api_key=local.api_key)
+
+    with atoll.testing.LocalCluster(tmp_path / "cluster", workers=2) as cluster:
+        client = atoll.Client(base_url=cluster.url, api_key=cluster.api_key)
+
+Each process runs in its own process group; `stop()` sends SIGTERM to that group only and waits.
+With `reap=True` (default) every sandbox still alive is deleted first, and whatever the API could
+not delete is purged from the host, so nothing started is left behind. Needs root and the host
+packages `make run` installs. Used by atoll's own integration tests.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import typing
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def purge(home: str | os.PathLike) -> list[str]:
+    """Remove every sandbox of the installation at `home` from this host (no server needed)."""
+    import asyncio
+
+    from atoll.worker import node
+
+    return asyncio.run(node.purge_installation(os.fspath(home)))
+
+
+class _Process:
+    """One atoll process (its own session), its log, and how to stop or kill it."""
+
+    argv: list[str]
+
+    def __init__(
+        self,
+        home: str | os.PathLike,
+        env: dict[str, str] | None,
+        log_path: str | os.PathLike | None,
+        log_name: str,
+    ):
+        self.home = os.fspath(home)
+        self.env = env or {}
+        self.log_path = os.fspath(log_path) if log_path else os.path.join(self.home, log_name)
+        self.proc: subprocess.Popen | None = None
+
+    def _environment(self) -> dict[str, str]:
+        return {**os.environ, "ATOLL_HOME": self.home, **self.env}
+
+    def spawn(self) -> None:
+        os.makedirs(self.home, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "atoll", *self.argv],
+            env=self._environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+    def terminate(self, timeout: float = 30) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        rc = self.proc.returncode
+        self.proc = None
+        return rc
+
+    def kill(self) -> None:
+        """SIGKILL the process (not its sandboxes: they run in sessions of their own)."""
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+
+class _Api:
+    """What a running atoll offers a test: its URL, key and a way to delete every sandbox."""
+
+    url: str
+    api_key: str
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def wait_healthy(self, timeout: float, alive: typing.Callable[[], str | None]) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            why = alive()
+            if why:
+                raise RuntimeError(why)
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.url} did not become healthy within {timeout}s")
+
+    def delete_all(self) -> None:
+        try:
+            with httpx.Client(base_url=self.url, headers=self.headers(), timeout=120) as c:
+                for sb in c.get("/v1/sandboxes").json().get("items", []):
+                    c.delete(f"/v1/sandboxes/{sb['id']}")
+        except httpx.HTTPError:
+            pass
+
+    @staticmethod
+    def wait_no_sandboxes(home: str, timeout: float = 60) -> None:
+        """Deletion finishes in the background (runsc delete takes 1-2 s): wait for it."""
+        sbx = os.path.join(home, "sandboxes")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and os.path.isdir(sbx) and os.listdir(sbx):
+            time.sleep(0.2)
+
+
+class LocalAtoll(_Process, _Api):
+    """`atoll up` in a subprocess: the control plane and its local worker in one process."""
+
+    def __init__(
+        self,
+        home: str | os.PathLike,
+        port: int | None = None,
+        api_key: str | None = None,
+        env: dict[str, str] | None = None,
+        reap: bool = True,
+        log_path: str | os.PathLike | None = None,
+    ):
+        _Process.__init__(self, home, env, log_path, "atoll-server.log")
+        self.port = port or free_port()
+        self.api_key = api_key or "test_" + secrets.token_hex(12)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.reap = reap
+        self.argv = ["up"]
+
+    def _environment(self) -> dict[str, str]:
+        return {**super()._environment(), "ATOLL_PORT": str(self.port), "ATOLL_API_KEY": self.api_key}
+
+    def start(self, timeout: float = 600) -> LocalAtoll:
+        self.spawn()
+
+        def alive() -> str | None:
+            rc = self.exited()
+            return None if rc is None else f"atoll up exited with {rc}; see {self.log_path}:\n{self.tail()}"
+
+        try:
+            self.wait_healthy(timeout, alive)
+        except RuntimeError:
+            self.stop(reap=False)
+            raise
+        return self
+
+    def reap_sandboxes(self) -> None:
+        self.delete_all()
+        self.wait_no_sandboxes(self.home)
+
+    def stop(self, reap: bool | None = None, timeout: float = 30) -> int | None:
+        reap = self.reap if reap is None else reap
+        if self.proc is None:
+            return None
+        if reap and self.proc.poll() is None:
+            self.reap_sandboxes()
+        rc = self.terminate(timeout)
+        if reap:
+            purge(self.home)  # whatever the API could not delete (e.g. after a failed test)
+        return rc
+
+    def __enter__(self) -> LocalAtoll:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class LocalServer(_Process, _Api):
+    """`atoll server` in a subprocess (no worker of its own)."""
+
+    def __init__(
+        self,
+        home: str | os.PathLike,
+        port: int | None = None,
+        api_key: str | None = None,
+        env: dict[str, str] | None = None,
+        log_path: str | os.PathLike | None = None,
+    ):
+        _Process.__init__(self, home, env, log_path, "atoll-server.log")
+        self.port = port or free_port()
+        self.api_key = api_key or "test_" + secrets.token_hex(12)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = ["server"]
+
+    def _environment(self) -> dict[str, str]:
+        return {**super()._environment(), "ATOLL_PORT": str(self.port), "ATOLL_API_KEY": self.api_key}
+
+    def start(self, timeout: float = 60) -> LocalServer:
+        """Start and wait until it answers (healthy needs a worker: see LocalCluster)."""
+        self.spawn()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rc = self.exited()
+            if rc is not None:
+                raise RuntimeError(f"atoll server exited with {rc}; see {self.log_path}:\n{self.tail()}")
+            try:
+                httpx.get(self.url + "/healthz", timeout=1)
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError(f"atoll server did not answer within {timeout}s; see {self.log_path}")
+
+
+class LocalWorker(_Process):
+    """`atoll worker --server URL --name NAME` in a subprocess, with a home of its own."""
+
+    def __init__(
+        self,
+        home: str | os.PathLike,
+        server_url: str,
+        api_key: str,
+        name: str,
+        env: dict[str, str] | None = None,
+        log_path: str | os.PathLike | None = None,
+        listen: str | None = None,
+    ):
+        _Process.__init__(self, home, env, log_path, "atoll-worker.log")
+        self.server_url = server_url
+        self.api_key = api_key
+        self.name = name
+        self.argv = [
+            "worker",
+            "--server",
+            server_url,
+            "--name",
+            name,
+            *(["--listen", listen] if listen else []),
+        ]
+
+    def _environment(self) -> dict[str, str]:
+        env = {**super()._environment(), "ATOLL_API_KEY": self.api_key}
+        env.pop("ATOLL_PORT", None)
+        return env
+
+    def start(self) -> LocalWorker:
+        self.spawn()
+        return self
+
+    def worker_state(self) -> str | None:
+        """This worker's state at the server (None if the server does not list it)."""
+        try:
+            r = httpx.get(
+                self.server_url + "/v1/workers",
+                headers={"Authorization": f"Bearer {self.api_key}"},
+                timeout=5,
+            )
+            for w in r.json().get("items", []):
+                if w["name"] == self.name:
+                    return w["state"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        return None
+
+    def wait_state(self, state: str, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rc = self.exited()
+            if rc is not None:
+                raise RuntimeError(
+                    f"atoll worker {self.name} exited with {rc}; see {self.log_path}:\n{self.tail()}"
+                )
+            if self.worker_state() == state:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"worker {self.name} did not become {state} within {timeout}s; see {self.log_path}"
+        )
+
+
+class LocalCluster(_Api):
+    """`atoll server` plus `workers` separate `atoll worker` processes, each with its own home
+    under `root` (`root/server`, `root/worker-<i>`).
+
+    `home`, `log_path` and `proc` mirror LocalAtoll's for tests that look at the host: the first
+    worker's home (where sandboxes, snapshots and template images live) and log, and the server's
+    process."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+        reap: bool = True,
+        api_key: str | None = None,
+    ):
+        self.root = os.fspath(root)
+        self.env = env or {}
+        self.reap = reap
+        self.server = LocalServer(os.path.join(self.root, "server"), api_key=api_key, env=self.env)
+        self.url, self.api_key = self.server.url, self.server.api_key
+        self.workers = [
+            LocalWorker(os.path.join(self.root, f"worker-{i}"), self.url, self.api_key, f"w{i}", env=self.env)
+            for i in range(workers)
+        ]
+
+    @property
+    def home(self) -> str:
+        return self.workers[0].home if self.workers else self.server.home
+
+    @property
+    def log_path(self) -> str:
+        return self.workers[0].log_path if self.workers else self.server.log_path
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.server.proc
+
+    def tail(self, n: int = 40) -> str:
+        return "".join(p.tail(n) for p in (self.server, *self.workers))
+
+    def start(self, timeout: float = 600) -> LocalCluster:
+        self.server.start()
+        for w in self.workers:
+            w.start()
+
+        def alive() -> str | None:
+            for p in (self.server, *self.workers):
+                rc = p.exited()
+                if rc is not None:
+                    return f"{' '.join(p.argv[:1])} exited with {rc}; see {p.log_path}:\n{p.tail()}"
+            return None
+
+        try:
+            self.wait_healthy(timeout, alive)
+            for w in self.workers:
+                w.wait_state("ready", timeout)
+        except RuntimeError:
+            self.stop(reap=False)
+            raise
+        return self
+
+    def stop(self, reap: bool | None = None, timeout: float = 30) -> None:
+        reap = self.reap if reap is None else reap
+        if reap and self.server.proc is not None:
+            self.delete_all()
+            for w in self.workers:
+                if w.proc is not None:
+                    self.wait_no_sandboxes(w.home)
+        for w in self.workers:
+            w.terminate(timeout)
+        self.server.terminate(timeout)
+        if reap:
+            for w in self.workers:
+                purge(w.home)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

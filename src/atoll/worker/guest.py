@@ -1,0 +1,394 @@
+"""Calls to each sandbox's guest agent, watched, and translated into the seam's types.
+
+The guest agent speaks its own small HTTP/JSON protocol (guest/agent); this module is the only
+place that knows it. Every call runs under `_watch`: it ends at once when the sandbox's runtime
+dies (liveness), and a call that waits long has the agent's `/health` asked on another connection
+every PROBE_EVERY_S: one failure gets the agent a SIGCONT (`runsc kill`, the one way something
+inside can have stopped it), PROBE_FAILURES in a row end the call and mark the sandbox failed.
+Answers are untrusted data (the agent runs beside the code it serves): they are bounded, and
+decoded into core.worker_api types before anything else sees them.
+Called by worker.node (exec, files, processes), worker.tiers (health, gate, identity) and
+worker.pressure (kill-all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import typing
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from atoll.core import errors, wire
+from atoll.core import worker_api as api
+from atoll.worker import agent_channel, bundle, netns, runsc
+from atoll.worker.liveness import Liveness
+from atoll.worker.runtime import RuntimeStore
+
+log = logging.getLogger(__name__)
+
+PROBE_AFTER_S = 5.0
+PROBE_EVERY_S = 3.0
+PROBE_TIMEOUT_S = 4.0
+PROBE_FAILURES = 3
+SPAWN_TIMEOUT_S = 30.0  # a background exec answers once its process is spawned
+EXEC_MARGIN_S = 30.0  # an exec with timeout_s gets this long beyond it for its answer
+NDJSON = "application/x-ndjson"
+
+
+@dataclass
+class Gate:
+    """What the checkpoint gate found: whether this runsc could save the sandbox now."""
+
+    ok: bool
+    blockers: list[str]
+    external_connections: int = 0
+
+
+def _agent_error(r: agent_channel.Response) -> errors.AtollError:
+    try:
+        err = r.json()["error"]
+        code, message = str(err.get("code", "runtime_error")), str(err.get("message", r.text))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code, message = "runtime_error", f"guest agent answered {r.status_code}: {r.text[:300]}"
+    return errors.from_code(code, message, status=r.status_code)
+
+
+def _path_param(path: api.FilePath) -> dict[str, str | bytes]:
+    return {"path": path}
+
+
+class Guest:
+    def __init__(self, runtimes: RuntimeStore, runsc_root: str, liveness: Liveness):
+        self.runtimes = runtimes
+        self.runsc_root = runsc_root
+        self.liveness = liveness
+        self._channels: dict[str, agent_channel.AgentChannel] = {}
+        self._bg: set[asyncio.Task] = set()
+
+    # ---- channels -------------------------------------------------------------------------------
+    def channel(self, sid: str) -> agent_channel.AgentChannel:
+        ch = self._channels.get(sid)
+        if ch is None:
+            rt = self.runtimes.get(sid)
+            ch = agent_channel.AgentChannel(rt.name, netns.SANDBOX_IP, bundle.AGENT_PORT)
+            self._channels[sid] = ch
+        return ch
+
+    async def close(self, sid: str) -> None:
+        """Reset every connection to the sandbox's agent (RSTs, no TIME_WAIT inside it)."""
+        ch = self._channels.pop(sid, None)
+        if ch is not None:
+            await ch.aclose()
+
+    async def aclose(self) -> None:
+        for sid in list(self._channels):
+            await self.close(sid)
+        if self._bg:
+            await asyncio.wait(list(self._bg), timeout=5)
+
+    # ---- watched calls --------------------------------------------------------------------------
+    async def _watch(self, sid: str, aw: typing.Awaitable) -> typing.Any:
+        """Await `aw` (an agent call), but give up as soon as the sandbox's runtime dies, or when its
+        agent stops answering health checks (see the module docstring)."""
+        task = asyncio.ensure_future(aw)
+        died = asyncio.ensure_future(self.liveness.exited(sid).wait())
+        probe: asyncio.Future | None = None
+        failures = 0
+        next_probe = time.monotonic() + PROBE_AFTER_S
+        try:
+            while True:
+                waiting = {task, died} if probe is None else {task, died, probe}
+                timeout = max(0.0, next_probe - time.monotonic()) if probe is None else None
+                await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    return task.result()
+                if died.done() or not self.liveness.alive(sid):
+                    raise self.liveness.died(sid)
+                if probe is not None and probe.done():
+                    failures = 0 if probe.result() else failures + 1
+                    probe = None
+                    next_probe = time.monotonic() + PROBE_EVERY_S
+                    if failures >= PROBE_FAILURES:
+                        raise self._unresponsive(sid, failures)
+                    if failures:
+                        self._continue_agent(sid)
+                elif probe is None and time.monotonic() >= next_probe:
+                    probe = asyncio.ensure_future(self.answers(sid))
+        finally:
+            for t in (task, probe, died):
+                if t is not None and not t.done():
+                    t.cancel()
+                    with contextlib.suppress(BaseException):
+                        await t
+
+    async def answers(self, sid: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+        try:
+            r = await self.channel(sid).request("GET", "/health", timeout=timeout)
+            return r.status_code == 200
+        except (agent_channel.ChannelError, OSError):
+            return False
+
+    def _continue_agent(self, sid: str) -> None:
+        """SIGCONT to the agent, in the background (`runsc kill` would hang on a hung sentry)."""
+        rt = self.runtimes.get(sid)
+        log.warning("sandbox.agent.unresponsive: sending SIGCONT", extra={"sandbox_id": sid})
+        t = asyncio.ensure_future(runsc.signal(self.runsc_root, rt.cid, "CONT"))
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    def _unresponsive(self, sid: str, failures: int) -> errors.SandboxDied:
+        rt = self.runtimes.get(sid)
+        cause = (
+            f"the guest agent of sandbox {sid} stopped answering: {failures} health checks in a row "
+            f"failed within {PROBE_TIMEOUT_S:.0f}s each (a SIGCONT did not help) while a call was waiting; "
+            "the sandbox is marked failed — its files are kept until you delete it"
+        )
+        log.warning("sandbox.agent.unresponsive", extra={"sandbox_id": sid, "generation": rt.generation})
+        self.liveness.failed(sid, cause)
+        return errors.SandboxDied(cause)
+
+    def _unreachable(self, sid: str, e: agent_channel.ChannelError) -> errors.AtollError:
+        """What a failed agent call means: the sandbox died, its answer was too large to hold, or
+        the agent did not answer."""
+        if not self.liveness.alive(sid):
+            return self.liveness.died(sid)
+        if isinstance(e, agent_channel.AnswerTooLarge):
+            return errors.PayloadTooLarge(
+                f"the answer from sandbox {sid} is larger than {agent_channel.MAX_ANSWER_BYTES >> 20} MiB, "
+                "the most atoll holds for a listing; list a smaller directory (or read a file instead)",
+                code="answer_too_large",
+            )
+        return errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer", detail=repr(e))
+
+    async def request(self, sid: str, method: str, url: str, **kw: typing.Any) -> agent_channel.Response:
+        try:
+            r = await self._watch(sid, self.channel(sid).request(method, url, **kw))
+        except agent_channel.ChannelError as e:
+            raise self._unreachable(sid, e) from None
+        if r.status_code >= 400:
+            raise _agent_error(r)
+        return r
+
+    @contextlib.asynccontextmanager
+    async def stream(self, sid: str, method: str, url: str, **kw: typing.Any):
+        """An agent answer whose body is read chunk by chunk, each wait watched: a sentry that dies
+        mid-stream ends it with SandboxDied at once instead of leaving it open."""
+        try:
+            cm = self.channel(sid).stream(method, url, **kw)
+            r = await self._watch(sid, cm.__aenter__())
+            try:
+                if r.status_code >= 400:
+                    await r.aread()
+                    raise _agent_error(r)
+                r.wrap_body(lambda body: self._watched_body(sid, body))
+                yield r
+            finally:
+                await cm.__aexit__(None, None, None)
+        except agent_channel.ChannelError as e:
+            raise self._unreachable(sid, e) from None
+
+    async def _watched_body(self, sid: str, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        end = object()
+
+        async def step() -> typing.Any:
+            try:
+                return await anext(body)
+            except StopAsyncIteration:
+                return end
+
+        try:
+            while (chunk := await self._watch(sid, step())) is not end:
+                yield chunk
+        except agent_channel.ChannelError:
+            if not self.liveness.alive(sid):
+                raise self.liveness.died(sid) from None
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await body.aclose()  # type: ignore[attr-defined]
+
+    # ---- lifecycle helpers (tiers, create) -------------------------------------------------------
+    async def wait_ready(self, sid: str, timeout: float, log_path: str) -> dict:
+        """Wait until the agent answers /health after a boot or a restore."""
+        deadline = time.monotonic() + timeout
+        delay = 0.002
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                r = await self.channel(sid).request("GET", "/health", timeout=2)
+                if r.status_code == 200:
+                    return r.json()
+            except (agent_channel.ChannelError, OSError, ValueError) as e:
+                last = e
+            if self.liveness.exited(sid).is_set():
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.005)
+        raise errors.RuntimeFailure(
+            f"the guest agent of sandbox {sid} did not answer within {timeout}s",
+            detail=f"last error: {last!r}; runsc log: {runsc.tail(log_path)}",
+        )
+
+    async def identify(
+        self, sid: str, generation: int, *, hostname: str | None, env: dict | None, cpus: float
+    ) -> str | None:
+        """Tell the agent who it is now (after a restore): id, generation, hostname, env, the CPU
+        count its commands see. Returns the hostname it answers."""
+        r = await self.request(
+            sid,
+            "POST",
+            "/identity",
+            json={
+                "sandbox_id": sid,
+                "generation": generation,
+                "hostname": hostname,
+                "env": env,
+                "cpus": cpus,
+            },
+        )
+        try:
+            return r.json().get("hostname")
+        except (ValueError, AttributeError):
+            return None
+
+    async def gate(self, sid: str) -> Gate:
+        """Ask the agent what this runsc could not save (the sandbox must be thawed)."""
+        try:
+            r = await self.channel(sid).request("GET", "/gate", timeout=10)
+            data = r.json()
+            blockers = [str(b) for b in data.get("blockers", [])]
+            return Gate(not blockers, blockers, int(data.get("external_connections", 0)))
+        except (agent_channel.ChannelError, ValueError, TypeError, AttributeError) as e:
+            return Gate(False, [f"the checkpoint gate could not be evaluated: {e!r}"])
+
+    async def kill_all(self, sid: str) -> None:
+        await self.request(sid, "POST", "/processes/kill-all", timeout=10)
+
+    # ---- exec -----------------------------------------------------------------------------------
+    @staticmethod
+    def _exec_payload(spec: api.ExecSpec, background: bool) -> dict:
+        return {
+            "cmd": spec.cmd,
+            "cwd": spec.cwd,
+            "env": spec.env,
+            "timeout_s": spec.timeout_s,
+            "background": background,
+            "user": spec.user,
+            "max_output_bytes": spec.max_output_bytes,
+        }
+
+    @staticmethod
+    def _exec_timeout(spec: api.ExecSpec) -> float | None:
+        # A foreground exec without timeout_s has no deadline; the health checks watch it instead.
+        return None if spec.timeout_s is None else spec.timeout_s + EXEC_MARGIN_S
+
+    async def exec(self, sid: str, spec: api.ExecSpec) -> api.ExecResult:
+        r = await self.request(
+            sid, "POST", "/exec", json=self._exec_payload(spec, False), timeout=self._exec_timeout(spec)
+        )
+        return wire.load(api.ExecResult, r.json(), "exec answer from the guest agent")
+
+    @contextlib.asynccontextmanager
+    async def exec_stream(self, sid: str, spec: api.ExecSpec) -> AsyncIterator[AsyncIterator[api.ExecEvent]]:
+        async with self.stream(
+            sid,
+            "POST",
+            "/exec",
+            json=self._exec_payload(spec, False),
+            headers={"Accept": NDJSON},
+            timeout=self._exec_timeout(spec),
+        ) as r:
+            yield _exec_events(r.aiter_raw())
+
+    async def start_process(self, sid: str, spec: api.ExecSpec) -> api.ProcessStarted:
+        r = await self.request(
+            sid, "POST", "/exec", json=self._exec_payload(spec, True), timeout=SPAWN_TIMEOUT_S
+        )
+        return wire.load(api.ProcessStarted, r.json(), "process from the guest agent")
+
+    async def list_processes(self, sid: str) -> list[api.ProcessInfo]:
+        r = await self.request(sid, "GET", "/processes")
+        return wire.load(list[api.ProcessInfo], _items(r), "process list from the guest agent")
+
+    async def kill_process(self, sid: str, pid: int) -> None:
+        await self.request(sid, "DELETE", f"/processes/{int(pid)}")
+
+    # ---- files ----------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def read_file(self, sid: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
+        async with self.stream(sid, "GET", "/files", params=_path_param(path), timeout=None) as r:
+            length = r.headers.get("content-length")
+            yield api.FileDownload(int(length) if length and length.isdigit() else None, r.aiter_raw())
+
+    async def write_file(
+        self, sid: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> None:
+        headers = {"Content-Length": str(size)} if size is not None else {}
+        await self.request(
+            sid, "PUT", "/files", params=_path_param(path), content=chunks, headers=headers, timeout=None
+        )
+
+    async def list_files(self, sid: str, path: api.FilePath) -> list[api.FileEntry]:
+        r = await self.request(sid, "GET", "/files/list", params=_path_param(path))
+        return wire.load(list[api.FileEntry], _items(r), "file listing from the guest agent")
+
+    async def delete_file(self, sid: str, path: api.FilePath) -> None:
+        await self.request(sid, "DELETE", "/files", params=_path_param(path))
+
+
+def _items(r: agent_channel.Response) -> typing.Any:
+    try:
+        return r.json()["items"]
+    except (ValueError, KeyError, TypeError):
+        raise errors.RuntimeFailure(
+            "the guest agent answered a list without items", detail=r.text[:300]
+        ) from None
+
+
+async def _exec_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.ExecEvent]:
+    """The agent's ndjson exec stream as seam events. Lines end at b"\\n" only (JSON strings carry
+    U+2028 and U+0085 raw); a line the agent could not have meant is a RuntimeFailure."""
+    pending = b""
+    exited = False
+    async for chunk in raw:
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if line.strip():
+                ev = _exec_event(line)
+                exited = exited or isinstance(ev, api.ExecExit)
+                yield ev
+    if pending.strip():
+        ev = _exec_event(pending)
+        exited = exited or isinstance(ev, api.ExecExit)
+        yield ev
+    if not exited:
+        raise errors.RuntimeFailure(
+            "the exec stream from the guest agent ended before the command's exit status"
+        )
+
+
+def _exec_event(line: bytes) -> api.ExecEvent:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        raise errors.RuntimeFailure(
+            "the guest agent sent a malformed exec stream line", detail=repr(line[:200])
+        ) from None
+    if not isinstance(obj, dict):
+        raise errors.RuntimeFailure(
+            "the guest agent sent a malformed exec stream line", detail=repr(line[:200])
+        )
+    if "error" in obj:
+        raise wire.error_from_body(500, obj, "the guest agent's exec stream broke")
+    for name in ("stdout", "stderr"):
+        text = obj.get(name)
+        if isinstance(text, str):
+            return api.ExecOutput(name, text)  # type: ignore[arg-type]
+    if "exit_code" in obj or "timed_out" in obj:
+        return wire.load(api.ExecExit, obj, "exec exit from the guest agent")
+    raise errors.RuntimeFailure("the guest agent sent an unknown exec stream line", detail=repr(line[:200]))

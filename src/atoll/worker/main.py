@@ -1,0 +1,125 @@
+"""`atoll worker --server URL --name NAME`: one worker process, registered with a control plane.
+
+Loads the worker's settings, prepares the host and reattaches to the sandboxes of its home
+(worker.node), serves the worker API (worker.httpapi) on `--listen` (a free loopback port by
+default), and registers and heartbeats (worker.registration). SIGINT/SIGTERM stop the worker, never
+its sandboxes: the server is told it stops (shown lost), and the next `atoll worker` with the same
+name and home takes them back. Exit status 2 for a bad setting or a refusal no retry can fix.
+Called by the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+import typing
+
+import uvicorn
+
+from atoll import logconfig
+from atoll.core import config
+from atoll.worker import httpapi, node, registration, storage
+from atoll.worker import settings as settings_mod
+
+log = logging.getLogger("atoll.worker")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, ending the worker's event streams as soon as shutdown begins (uvicorn would wait
+    for those long-lived answers until its graceful timeout)."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: typing.Callable[[], None]):
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only then, and
+    # without it every answer (headers, then body) waited ~40 ms for a delayed ACK (measured)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(s: settings_mod.WorkerSettings) -> int:
+    storage.private_dir(s.home)
+    worker = node.Node(s)
+    await worker.start()
+    creds = httpapi.Credentials()
+    app = httpapi.create_app(worker, creds)
+    sock = _bind(*s.listen)
+    host, port = sock.getsockname()[:2]
+    url = s.advertise or f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    server = _Server(
+        uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=3, lifespan="off"),
+        worker.hub.close,
+    )
+    reg = registration.Registration(s, worker, creds, url)
+    status = 0
+
+    async def join() -> None:
+        nonlocal status
+        try:
+            await reg.run()
+        except registration.Fatal as e:
+            print(f"atoll worker: {e}", file=sys.stderr, flush=True)
+            log.error("worker.refused: %s", e)
+            status = 2
+            server.should_exit = True
+
+    log.info("worker %s listening on %s (home %s), joining %s", s.name, url, s.home, s.server_url)
+    joining = asyncio.ensure_future(join())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        joining.cancel()
+        with contextlib.suppress(BaseException):
+            await joining
+        await reg.stopping()
+        await reg.aclose()
+        await worker.aclose()
+        log.info("worker stopped; its sandboxes keep running and are taken back by the next `atoll worker`")
+    return status
+
+
+def main(
+    server: str | None = None,
+    name: str | None = None,
+    home: str | None = None,
+    listen: str | None = None,
+    advertise: str | None = None,
+) -> None:
+    try:
+        s = settings_mod.load(home=home, name=name, server=server, listen=listen, advertise=advertise)
+        if not s.server_url:
+            raise config.SettingsError(
+                "--server URL (or ATOLL_SERVER_URL) is required: the control plane to join"
+            )
+        if not s.api_key:
+            raise config.SettingsError(
+                "ATOLL_API_KEY is required: the server's admin key, which the worker presents when it registers"
+            )
+    except config.SettingsError as e:
+        print(f"atoll worker: invalid setting: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logconfig.configure(s.log_format, s.log_level)
+    if os.geteuid() != 0:
+        print(
+            "atoll worker: needs root (runsc, mounts, network namespaces, cgroups); run as root",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    log.info("starting atoll worker", extra={"settings": s.redacted()})
+    raise SystemExit(asyncio.run(serve(s)))

@@ -1,0 +1,469 @@
+"""One worker: `Node` implements the seam (core.worker_api.WorkerAPI) over this host's gVisor sandboxes.
+
+It wires the worker's parts and owns what spans them: one lock per sandbox (its steps — create,
+pause, resume, delete, a compaction — run one at a time, and a call waits for a step in progress),
+the count of calls in flight (a sandbox with calls is not paused or compacted), the events to the
+control plane, and the monitor loop (host task pressure every MONITOR_EVERY_S, usage every
+USAGE_EVERY_S, reconciliation every `reconcile_s`, template status changes).
+
+    templates ─▶ template_images ─▶ sandboxes, tiers ─▶ guest, liveness, runtime, snapshots
+    recovery (reattach, reconcile) and pressure sit beside them; node is the only caller of all.
+
+Used in-process by `atoll up` and behind worker.httpapi by `atoll worker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import time
+import typing
+from collections.abc import AsyncIterator, Sequence
+
+from atoll.core import errors, ids
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import Phase, Tier
+from atoll.worker import agent_pack, bundle, cgroups, storage, sweep, templates
+from atoll.worker.guest import Guest
+from atoll.worker.liveness import Liveness
+from atoll.worker.pressure import Pressure
+from atoll.worker.recovery import PassReport, Recovery
+from atoll.worker.runtime import RuntimeStore
+from atoll.worker.sandboxes import Sandboxes
+from atoll.worker.settings import WorkerSettings
+from atoll.worker.snapshots import LocalSnapshotStore
+from atoll.worker.template_images import TemplateImages
+from atoll.worker.tiers import Tiers
+
+log = logging.getLogger(__name__)
+
+MONITOR_EVERY_S = 0.5
+USAGE_EVERY_S = 10.0
+REATTACH_TIMEOUT_S = 180.0
+EVENT_QUEUE = 1000
+
+
+def installation_id(home: str) -> str:
+    """This installation's id, kept in `<home>/installation-id` so names survive a moved home."""
+    path = os.path.join(home, "installation-id")
+    try:
+        with open(path) as f:
+            value = f.read().strip()
+        if value:
+            return value
+    except FileNotFoundError:
+        pass
+    value = ids.installation_id(os.path.realpath(home))
+    storage.private_dir(home)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(value + "\n")
+    return value
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("atoll")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def _raise_pid_max() -> None:
+    """Each gVisor sandbox holds ~40 host threads; the default pid_max of 32768 caps a host at ~800."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            cur = int(f.read())
+        if cur < 4194304:
+            with open("/proc/sys/kernel/pid_max", "w") as f:
+                f.write("4194304")
+            log.info("raised kernel.pid_max from %d to 4194304 (gVisor sandboxes use ~40 threads each)", cur)
+    except OSError as e:
+        log.warning("could not raise kernel.pid_max: %s", e)
+
+
+class EventHub:
+    """Fan-out of the worker's events: each `subscribe()` gets its own bounded queue (the oldest
+    event is dropped when a subscriber falls behind: events are hints, inventory is the truth).
+    A new subscriber first gets `prime()`'s events (the current template statuses), so that no
+    change between its last look and its subscription goes unseen."""
+
+    def __init__(self, prime: typing.Callable[[], typing.Iterable[api.WorkerEvent]] = tuple) -> None:
+        self._queues: set[asyncio.Queue] = set()
+        self._prime = prime
+
+    def emit(self, ev: api.WorkerEvent) -> None:
+        for q in self._queues:
+            if q.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    q.get_nowait()
+            q.put_nowait(ev)
+
+    async def subscribe(self) -> AsyncIterator[api.WorkerEvent]:
+        q: asyncio.Queue = asyncio.Queue(EVENT_QUEUE)
+        for ev in self._prime():
+            q.put_nowait(ev)
+        self._queues.add(q)
+        try:
+            while True:
+                ev = await q.get()
+                if ev is None:
+                    return
+                yield ev
+        finally:
+            self._queues.discard(q)
+
+    def close(self) -> None:
+        for q in self._queues:
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(None)
+
+
+class Node:
+    def __init__(self, settings: WorkerSettings):
+        self.s = settings
+        self.install_id = installation_id(settings.home)
+        self.host = sweep.Installation(os.path.realpath(settings.home), self.install_id)
+        self.agent_dir = os.path.join(settings.home, "agent")
+        self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror)
+        self.runtimes = RuntimeStore(settings.home, self.install_id)
+        self.hub = EventHub(lambda: [api.TemplateChanged(t) for t in self.template_infos()])
+        self.liveness = Liveness(self.runtimes, self.install_id, self.host.runsc_root, self.hub.emit)
+        self.guest = Guest(self.runtimes, self.host.runsc_root, self.liveness)
+        self.snapshots = LocalSnapshotStore(self.runtimes.root)
+        self.sandboxes = Sandboxes(self.runtimes, self.guest, self.liveness, self.host, self.agent_dir)
+        self.tiers = Tiers(
+            self.runtimes, self.guest, self.liveness, self.sandboxes, self.snapshots, self._spawn
+        )
+        self.images = TemplateImages(
+            settings.home,
+            self.templates,
+            self.runtimes,
+            self.sandboxes,
+            self.tiers,
+            self.guest,
+            self._delete_runtime,
+            self._spawn,
+        )
+        self.pressure = Pressure(
+            self.runtimes, self.guest, self.tiers, self.install_id, idle=self._idle, lock=self._lock
+        )
+        self.recovery = Recovery(
+            self.runtimes,
+            self.host,
+            self.guest,
+            self.liveness,
+            self.sandboxes,
+            self.tiers,
+            self.snapshots,
+            busy=self._busy,
+        )
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._inflight: dict[str, int] = {}
+        self._bg: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task] = []
+        self._preparing: dict[str, str] = {}  # template -> what is being prepared
+        self._template_seen: dict[str, api.TemplateInfo] = {}
+        self.last_reconcile: PassReport | None = None
+
+    # ---- bookkeeping ----------------------------------------------------------------------------
+    def _lock(self, sid: str) -> asyncio.Lock:
+        return self._locks.setdefault(sid, asyncio.Lock())
+
+    def _busy(self, sid: str) -> bool:
+        lock = self._locks.get(sid)
+        return bool(lock and lock.locked()) or sid in self.images.temporary
+
+    def _idle(self, sid: str) -> bool:
+        return not self._inflight.get(sid) and not self._busy(sid)
+
+    def _spawn(self, coro: typing.Awaitable) -> None:
+        t = asyncio.ensure_future(coro)
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    # ---- start and stop -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Prepare the host (private modes, nosuid/nodev mounts, the packed agent, pid_max), reattach
+        every recorded runtime, reconcile the host with the records, start the monitor loop and
+        the preparation of the `base` template. Sandboxes are never stopped by this."""
+        for d in (self.runtimes.root, self.host.runsc_root):
+            storage.private_dir(d)
+        os.makedirs(self.agent_dir, exist_ok=True)  # bind-mounted into sandboxes: keeps 0755
+        storage.secure_home(self.s.home)
+        storage.private_dir(self.templates.dir)
+        for mp in await storage.harden_mounts(self.s.home):
+            log.warning("added nosuid,nodev to %s (mounted by an earlier version without them)", mp)
+        agent_pack.build(self.agent_dir, dir_in_sandbox=bundle.AGENT_DIR_IN_SANDBOX)
+        for stale in ("agent.py", "agent.pyz"):  # what earlier versions ran
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.agent_dir, stale))
+        _raise_pid_max()
+        doomed = []
+        for rt in self.runtimes.all():
+            if rt.temporary or rt.phase == Phase.DELETING:
+                doomed.append(rt.sandbox_id)
+                continue
+            async with self._lock(rt.sandbox_id):
+                try:
+                    await asyncio.wait_for(self.recovery.reattach(rt), REATTACH_TIMEOUT_S)
+                except TimeoutError:
+                    self.runtimes.fail(
+                        rt,
+                        f"reattaching to sandbox {rt.sandbox_id} took longer than {REATTACH_TIMEOUT_S:.0f}s",
+                    )
+        for sid in doomed:  # deletes a previous process did not finish, template-image leftovers
+            await self._delete_runtime(sid)
+        self.last_reconcile = await self.recovery.reconcile(parents=True)
+        self._loops.append(asyncio.ensure_future(self._monitor()))
+        self._loops.append(asyncio.ensure_future(self._prepare_templates()))
+
+    async def _prepare_templates(self) -> None:
+        name = "base"
+        self._preparing[name] = "building the template layer"
+        try:
+            await self.templates.ensure(name)
+            if self.s.template_snapshots:
+                self._preparing[name] = "making the template image"
+                self._emit_templates()
+                await self.images.prepare(name, self.s.default_memory_mb)
+        except errors.AtollError as e:
+            log.warning("template %s could not be prepared: %s", name, e.message)
+        finally:
+            self._preparing.pop(name, None)
+            self._emit_templates()
+
+    async def aclose(self) -> None:
+        """Stop talking to sandboxes (they keep running). Waits briefly for background clean-ups;
+        template images still being made are abandoned (their sandboxes are deleted)."""
+        for t in self._loops:
+            t.cancel()
+        await self.images.aclose()
+        for t in self._loops:
+            with contextlib.suppress(BaseException):
+                await t
+        await self.pressure.aclose()
+        await self.guest.aclose()
+        self.liveness.close()
+        self.hub.close()
+        if self._bg:
+            await asyncio.wait(list(self._bg), timeout=10)
+        cgroups.remove_empty_parents(self.install_id)  # where no sandbox is left
+
+    # ---- monitor --------------------------------------------------------------------------------
+    async def _monitor(self) -> None:
+        last_usage = last_reconcile = time.monotonic()
+        while True:
+            await asyncio.sleep(MONITOR_EVERY_S)
+            try:
+                for rt in self.runtimes.cached():
+                    if rt.phase == Phase.RUNNING and not rt.temporary and not self._busy(rt.sandbox_id):
+                        self.pressure.check(rt.sandbox_id)
+                self._emit_templates()
+                now = time.monotonic()
+                if now - last_usage >= USAGE_EVERY_S:
+                    last_usage = now
+                    self._emit_usage()
+                if now - last_reconcile >= self.s.reconcile_s:
+                    last_reconcile = now
+                    self.last_reconcile = await self.recovery.reconcile()
+            except Exception:
+                log.exception("worker monitor pass failed")
+
+    def _emit_usage(self) -> None:
+        items = []
+        for rt in self.runtimes.cached():
+            if rt.phase == Phase.RUNNING and not rt.temporary:
+                u = cgroups.usage(rt.cgroup(self.install_id))
+                if u is not None:
+                    items.append(api.Usage(rt.sandbox_id, round(u[0], 3), u[1], u[2]))
+        if items:
+            self.hub.emit(api.UsageReport(tuple(items)))
+
+    def _emit_templates(self) -> None:
+        for t in self.template_infos():
+            if self._template_seen.get(t.name) != t:
+                self._template_seen[t.name] = t
+                self.hub.emit(api.TemplateChanged(t))
+
+    def template_infos(self) -> tuple[api.TemplateInfo, ...]:
+        out = []
+        for t in self.templates.status():
+            status, progress = t["status"], t["progress"]
+            if t["name"] in self._preparing and status == "ready":
+                status, progress = "building", self._preparing[t["name"]]
+            out.append(
+                api.TemplateInfo(
+                    name=t["name"],
+                    status=status,
+                    hash=t["hash"],
+                    progress=progress or "",
+                    error=t["error"],
+                    description=t["description"],
+                    packages=tuple(t["packages"]),
+                    built_at=t["built_at"],
+                    size_bytes=t["size_bytes"],
+                )
+            )
+        return tuple(out)
+
+    # ---- the seam: lifecycle --------------------------------------------------------------------
+    async def info(self) -> api.WorkerInfo:
+        disk = shutil.disk_usage(self.s.home)
+        return api.WorkerInfo(
+            name=self.s.name,
+            version=_version(),
+            protocol=api.PROTOCOL_VERSION,
+            installation=self.install_id,
+            capacity=api.Capacity(
+                memory_mb=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20,
+                cpus=float(os.cpu_count() or 1),
+                disk_mb=disk.total // 2**20,
+            ),
+            templates=self.template_infos(),
+            default_disk_mb=self.s.default_disk_mb,
+        )
+
+    async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
+        sid = spec.sandbox_id
+        if not ids.is_sandbox_id(sid):
+            raise errors.InvalidRequest(f"malformed sandbox id {sid!r}")
+        self.templates.recipe(spec.template)  # 404 template_not_found before any work
+        t0 = time.perf_counter()
+        async with self._lock(sid):
+            if self.runtimes.find(sid) is not None:
+                raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
+            lower = await self.templates.ensure(spec.template)
+            image = self.images.find(spec.template, spec.memory_mb) if self.s.template_snapshots else None
+            rt = self.runtimes.new(
+                sid,
+                template=spec.template,
+                memory_mb=spec.memory_mb,
+                cpus=spec.cpus,
+                env=dict(spec.env),
+                disk_mb=spec.disk_mb or self.s.default_disk_mb,
+                user=spec.user,
+            )
+            how = await self.sandboxes.start(rt, lower, image)
+        return api.CreateOutcome(how, round((time.perf_counter() - t0) * 1000, 1))
+
+    async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
+        async with self._lock(sandbox_id):
+            rt = self.runtimes.get(sandbox_id)
+            if self._inflight.get(sandbox_id):
+                return api.PauseOutcome(
+                    None,
+                    f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress",
+                    busy=True,
+                )
+            return await self.tiers.pause(rt, tier, only_if_idle=only_if_idle)
+
+    async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
+        async with self._lock(sandbox_id):
+            return await self.tiers.resume(self.runtimes.get(sandbox_id))
+
+    async def delete(self, sandbox_id: str) -> None:
+        if not ids.is_sandbox_id(sandbox_id):
+            raise errors.InvalidRequest(f"malformed sandbox id {sandbox_id!r}")
+        await self._delete_runtime(sandbox_id)
+
+    async def _delete_runtime(self, sid: str) -> None:
+        async with self._lock(sid):
+            await self.sandboxes.delete(sid)
+            self.pressure.forget(sid)
+            self._inflight.pop(sid, None)
+        if not self._lock(sid).locked():
+            self._locks.pop(sid, None)
+
+    async def inventory(self) -> api.Inventory:
+        reports = []
+        for rt in self.runtimes.cached():
+            if rt.temporary or rt.phase == Phase.DELETING:
+                continue
+            reports.append(
+                api.RuntimeReport(
+                    rt.sandbox_id, rt.phase, rt.generation, rt.failure, busy=self._busy(rt.sandbox_id)
+                )
+            )
+        return api.Inventory(self.s.name, tuple(reports))
+
+    async def reconcile(self) -> PassReport:
+        """One reconciliation pass now (the monitor loop runs one every `reconcile_s`)."""
+        self.last_reconcile = await self.recovery.reconcile()
+        return self.last_reconcile
+
+    # ---- the seam: calls into a running sandbox ---------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _serving(self, sid: str) -> AsyncIterator[None]:
+        """A call into a running sandbox: waits for a step in progress (a compaction, say), then
+        counts as in flight so that no pause or compaction starts under it."""
+        await self.pressure.before_call(sid)
+        async with self._lock(sid):
+            rt = self.runtimes.get(sid)
+            if rt.phase != Phase.RUNNING:
+                if rt.phase == Phase.FAILED:
+                    raise errors.SandboxDied(rt.failure or f"sandbox {sid} has failed")
+                raise errors.Conflict(
+                    f"sandbox {sid} is {rt.phase.value} on its worker; resume it first", code="invalid_state"
+                )
+            self._inflight[sid] = self._inflight.get(sid, 0) + 1
+        try:
+            yield
+        finally:
+            self._inflight[sid] = self._inflight.get(sid, 1) - 1
+
+    async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:
+        async with self._serving(sandbox_id):
+            return await self.guest.exec(sandbox_id, spec)
+
+    @contextlib.asynccontextmanager
+    async def exec_stream(
+        self, sandbox_id: str, spec: api.ExecSpec
+    ) -> AsyncIterator[AsyncIterator[api.ExecEvent]]:
+        async with self._serving(sandbox_id), self.guest.exec_stream(sandbox_id, spec) as events:
+            yield events
+
+    async def start_process(self, sandbox_id: str, spec: api.ExecSpec) -> api.ProcessStarted:
+        async with self._serving(sandbox_id):
+            return await self.guest.start_process(sandbox_id, spec)
+
+    async def list_processes(self, sandbox_id: str) -> Sequence[api.ProcessInfo]:
+        async with self._serving(sandbox_id):
+            return await self.guest.list_processes(sandbox_id)
+
+    async def kill_process(self, sandbox_id: str, pid: int) -> None:
+        async with self._serving(sandbox_id):
+            await self.guest.kill_process(sandbox_id, pid)
+
+    @contextlib.asynccontextmanager
+    async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
+        async with self._serving(sandbox_id), self.guest.read_file(sandbox_id, path) as download:
+            yield download
+
+    async def write_file(
+        self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> None:
+        async with self._serving(sandbox_id):
+            await self.guest.write_file(sandbox_id, path, chunks, size)
+
+    async def list_files(self, sandbox_id: str, path: api.FilePath) -> Sequence[api.FileEntry]:
+        async with self._serving(sandbox_id):
+            return await self.guest.list_files(sandbox_id, path)
+
+    async def delete_file(self, sandbox_id: str, path: api.FilePath) -> None:
+        async with self._serving(sandbox_id):
+            await self.guest.delete_file(sandbox_id, path)
+
+    def events(self) -> AsyncIterator[api.WorkerEvent]:
+        return self.hub.subscribe()
+
+
+async def purge_installation(home: str) -> list[str]:
+    """Remove every sandbox of the installation at `home` from this host, without a control plane
+    or worker running: a sweep with no live sandbox, also of the installation's parent cgroups.
+    For test fixtures and `atoll.testing`. Returns what it removed."""
+    home = os.path.realpath(home)
+    return await sweep.sweep(sweep.Installation(home, installation_id(home)), live=())

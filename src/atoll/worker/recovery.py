@@ -1,0 +1,272 @@
+"""Records and reality on this host: reattach at start-up, reconcile periodically, report inventory.
+
+`reattach` (start-up, per runtime record) finds where each sandbox really is after the worker was
+stopped or killed, and moves its phase there through the phase table:
+
+| phase on disk   | what is checked                                   | becomes                          |
+|-----------------|---------------------------------------------------|----------------------------------|
+| creating        | —                                                 | failed (the create was cut short) |
+| checkpointing   | wait for an orphaned `runsc checkpoint`, `done`   | checkpointed (commit) / running / failed |
+| checkpointed    | committed snapshot                                | checkpointed / failed            |
+| restoring       | wait for an orphaned `runsc restore`, runsc state | running (agent, quota, identity) / checkpointed / failed |
+| running, frozen | freezer cgroup (never `runsc state` on a frozen sentry), runsc state | frozen / running / failed |
+| deleting        | —                                                 | deleted now                      |
+
+`reconcile` (start-up and every RECONCILE_EVERY_S) scans the host once (worker.sweep.scan): objects
+no live runtime record owns are removed (logged), and a runtime whose objects vanished (no sentry,
+no root filesystem mount, no network namespace, no snapshot) becomes failed with the cause.
+Runtimes with a step in progress are left alone. Called by worker.node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import time
+import typing
+from dataclasses import dataclass
+
+from atoll.core import errors
+from atoll.core.lifecycle import Phase, Step
+from atoll.worker import cgroups, runsc, sweep
+from atoll.worker.guest import Guest
+from atoll.worker.liveness import Liveness
+from atoll.worker.runtime import Runtime, RuntimeStore
+from atoll.worker.sandboxes import Sandboxes
+from atoll.worker.snapshots import SnapshotStore
+from atoll.worker.tiers import Tiers
+
+log = logging.getLogger(__name__)
+
+RECONCILE_EVERY_S = 30.0
+ORPHAN_WAIT_S = 120.0
+
+
+@dataclass
+class PassReport:
+    """What one reconciliation pass did, and what it cost."""
+
+    runtimes: int
+    removed: list[str]
+    failed: list[str]
+    wall_ms: float
+    cpu_ms: float
+
+
+def _process_running_with(needle: str) -> bool:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if needle.encode() in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+class Recovery:
+    def __init__(
+        self,
+        runtimes: RuntimeStore,
+        host: sweep.Installation,
+        guest: Guest,
+        liveness: Liveness,
+        sandboxes: Sandboxes,
+        tiers: Tiers,
+        snapshots: SnapshotStore,
+        busy: typing.Callable[[str], bool],
+    ):
+        self.runtimes = runtimes
+        self.host = host
+        self.guest = guest
+        self.liveness = liveness
+        self.sandboxes = sandboxes
+        self.tiers = tiers
+        self.snapshots = snapshots
+        self._busy = busy
+        self.install_id = host.install_id
+        self.runsc_root = host.runsc_root
+
+    # ---- reattach -------------------------------------------------------------------------------
+    async def reattach(self, rt: Runtime) -> None:
+        """Bring `rt`'s phase in line with the host after a restart (see the module table)."""
+        sid, before = rt.sandbox_id, rt.phase
+        try:
+            note = await self._reattach(rt)
+        except (errors.AtollError, OSError, TimeoutError) as e:
+            note = None
+            self.runtimes.fail(rt, f"could not reattach to sandbox {sid} after the worker restarted: {e}")
+        if rt.phase in (Phase.RUNNING, Phase.FROZEN):
+            self.liveness.watch(rt)
+        log.info(
+            "sandbox.reattach.complete",
+            extra={"sandbox_id": sid, "before": before.value, "phase": rt.phase.value, "note": note},
+        )
+
+    async def _reattach(self, rt: Runtime) -> str | None:
+        sid = rt.sandbox_id
+        if rt.phase == Phase.FAILED:
+            return None
+        if rt.phase == Phase.CREATING:
+            self.runtimes.fail(rt, f"the worker stopped while sandbox {sid} was being created")
+            return "the create was cut short"
+        if rt.phase == Phase.CHECKPOINTING:
+            tmp = self.snapshots.staging_path(sid, rt.generation)
+            await self._wait_orphan(f"--image-path={tmp}")
+            if self.snapshots.staged_complete(tmp):
+                await self.tiers.finish_checkpoint(rt, tmp)
+                return "committed a checkpoint the previous worker process had finished"
+            st = await runsc.state(self.runsc_root, rt.cid)
+            if st and st.get("status") in ("running", "paused"):
+                self.snapshots.drop_staging(tmp)
+                self.runtimes.advance(rt, Step.ABORT_CHECKPOINT)
+                with contextlib.suppress(errors.AtollError):
+                    self.sandboxes.limit_cpu(rt)  # lifted for the checkpoint
+                return "an interrupted checkpoint left the sandbox running"
+            self.runtimes.fail(
+                rt, f"the worker stopped during a checkpoint of sandbox {sid} and runsc did not finish it"
+            )
+            return "runsc log: " + runsc.tail(self.runtimes.path(sid, "runsc.log"))
+        if rt.phase == Phase.CHECKPOINTED:
+            st = await runsc.state(self.runsc_root, rt.cid)
+            if st and st.get("status") in ("running", "paused"):  # a restore of an older version
+                self.runtimes.advance(rt, Step.BEGIN_RESTORE)
+                return await self._finish_restore(rt)
+            if self.snapshots.committed(sid) is not None:
+                return None
+            self.runtimes.fail(rt, f"the committed snapshot of sandbox {sid} is missing from disk")
+            return None
+        if rt.phase == Phase.RESTORING:
+            await self._wait_orphan(f"{rt.cid}")
+            st = await runsc.state(self.runsc_root, rt.cid)
+            if st and st.get("status") in ("running", "paused"):
+                return await self._finish_restore(rt)
+            with contextlib.suppress(errors.AtollError):
+                await self.sandboxes.discard_container(rt.cid, rt.cgroup(self.install_id))
+            if self.snapshots.committed(sid) is not None:
+                self.runtimes.advance(rt, Step.RESTORE_FAILED)
+                return "a restore cut short by the restart did not complete; the snapshot is kept"
+            self.runtimes.fail(
+                rt, f"the worker stopped while restoring sandbox {sid} and its snapshot is gone"
+            )
+            return None
+        # running or frozen
+        cg = rt.cgroup(self.install_id)
+        if cgroups.freezer_state(cg) == "FREEZING":
+            # stopped in the middle of a freeze: finish nothing half-way, let it run again
+            with contextlib.suppress(errors.AtollError):
+                cgroups.thaw(cg)
+        if cgroups.freezer_state(cg) == "FROZEN" and cgroups.has_tasks(cg):
+            # `runsc state` would hang asking a frozen sentry: the cgroup is the truth here.
+            if rt.phase == Phase.RUNNING:
+                self.runtimes.advance(rt, Step.FREEZE, durable=False)
+            rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+            return None
+        st = await runsc.state(self.runsc_root, rt.cid)
+        if not st or st.get("status") not in ("running", "paused"):
+            self.runtimes.fail(
+                rt,
+                f"runsc reports the sandbox as {st.get('status') if st else 'gone'} after a restart: "
+                + self.liveness.death_cause(rt),
+            )
+            return None
+        if rt.phase == Phase.FROZEN:
+            self.runtimes.advance(rt, Step.THAW, durable=False)
+        rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+        self.runtimes.save(rt)
+        with contextlib.suppress(errors.AtollError):
+            self.sandboxes.limit_cpu(rt)  # idempotent; covers a restart between a start and its quota
+        return None
+
+    async def _finish_restore(self, rt: Runtime) -> str:
+        """A restore the previous worker process started has completed in runsc: finish our part."""
+        rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+        self.runtimes.advance(rt, Step.RESTORED)
+        self.liveness.watch(rt)
+        await self.guest.wait_ready(rt.sandbox_id, 30, self.runtimes.path(rt.sandbox_id, "runsc.log"))
+        with contextlib.suppress(errors.AtollError):
+            self.sandboxes.limit_cpu(rt)
+        await self.tiers.set_identity(rt)
+        await self.snapshots.discard(rt.sandbox_id)
+        return "a restore interrupted by the restart had completed"
+
+    async def _wait_orphan(self, needle: str, timeout: float = ORPHAN_WAIT_S) -> None:
+        """Wait while a runsc command started by a previous worker process is still running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and await asyncio.to_thread(_process_running_with, needle):
+            await asyncio.sleep(0.1)
+
+    # ---- reconcile ------------------------------------------------------------------------------
+    def _live(self) -> set[str]:
+        return {rt.sandbox_id for rt in self.runtimes.cached() if rt.phase != Phase.DELETING}
+
+    async def reconcile(self, *, parents: bool = False) -> PassReport:
+        """One pass: remove host objects no live runtime owns; fail runtimes whose objects vanished."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        found = sweep.scan(self.host)
+        live = self._live()
+        busy = {sid for sid in found.owner_ids(self.host) | live if self._busy(sid)}
+        removed = await sweep.remove(
+            self.host, found, lambda sid: sid not in live and sid not in busy, parents=parents
+        )
+        failed = []
+        for rt in self.runtimes.cached():
+            if rt.sandbox_id in busy:
+                continue
+            missing = self._vanished(rt, found)
+            if missing:
+                failed.append(rt.sandbox_id)
+                self.liveness.failed(
+                    rt.sandbox_id,
+                    f"the runtime of sandbox {rt.sandbox_id} vanished from its worker's host ({missing}); "
+                    "its files may be gone — delete it and create a new one",
+                )
+            removed += self._stale_images(rt)
+        report = PassReport(
+            runtimes=len(live),
+            removed=removed,
+            failed=failed,
+            wall_ms=round((time.perf_counter() - t0) * 1000, 2),
+            cpu_ms=round((time.thread_time() - c0) * 1000, 2),
+        )
+        if removed or failed:
+            log.info("reconcile: removed %d object(s), failed %d sandbox(es)", len(removed), len(failed))
+        return report
+
+    def _vanished(self, rt: Runtime, found: sweep.HostObjects) -> str | None:
+        """What a runtime needs on the host and does not have (None when all is there)."""
+        if rt.phase in (Phase.FAILED, Phase.DELETING, Phase.CREATING):
+            return None
+        has = found.of(self.host, rt.sandbox_id)
+        if not any(m.endswith("/rootfs") for m in has["mounts"]):
+            return "its root filesystem is not mounted"
+        if rt.phase == Phase.CHECKPOINTED:
+            return None if self.snapshots.committed(rt.sandbox_id) else "its snapshot is gone"
+        if rt.phase in (Phase.RUNNING, Phase.FROZEN):
+            if not has["sentry"] and not self.liveness.alive(rt.sandbox_id):
+                return "its gVisor sentry is not running"
+            if len(has["netns"]) < 2:
+                return "its network namespaces are gone"
+        return None
+
+    def _stale_images(self, rt: Runtime) -> list[str]:
+        """Checkpoint images a runtime no longer needs (a staging directory outside a checkpoint,
+        a committed snapshot of a sandbox that runs again)."""
+        out = []
+        if rt.phase != Phase.CHECKPOINTING:
+            for tmp in glob.glob(self.runtimes.path(rt.sandbox_id, "snapshot.tmp-*")):
+                shutil.rmtree(tmp, ignore_errors=True)
+                out.append(f"image {tmp}")
+        if rt.phase in (Phase.RUNNING, Phase.FROZEN) and self.snapshots.committed(rt.sandbox_id):
+            snap = self.runtimes.path(rt.sandbox_id, "snapshot")
+            shutil.rmtree(snap, ignore_errors=True)
+            out.append(f"image {snap}")
+        for what in out:
+            log.info("reconcile removed %s", what, extra={"sandbox_id": rt.sandbox_id})
+        return out

@@ -1,0 +1,215 @@
+"""Making and removing one sandbox's runtime on this host: rootfs, network namespaces, the OCI bundle,
+`runsc run` (cold boot) or `runsc restore` of a template image, the CPU quota, and delete.
+
+`start` boots a recorded runtime (phase creating): it sets up the upper layer + overlay rootfs and
+the namespace pair concurrently, writes the bundle, and either restores the template image it is
+given (then tells the agent its own identity) or boots cold; a failed image restore falls back to a
+cold boot in a new generation. `delete` runs `runsc delete` in its own session and then removes by
+name whatever it left (worker.sweep). Called by worker.node and worker.template_images; the tiers
+module uses `write_bundle`, `limit_cpu` and `discard_container`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+
+from atoll.core import errors
+from atoll.core.lifecycle import Phase, Step
+from atoll.worker import agent_pack, bundle, cgroups, netns, runsc, storage, sweep
+from atoll.worker.guest import Guest
+from atoll.worker.liveness import Liveness
+from atoll.worker.runtime import Runtime, RuntimeStore
+
+log = logging.getLogger(__name__)
+
+AGENT_READY_TIMEOUT_S = 30.0
+
+
+def hostname(sid: str) -> str:
+    return sid
+
+
+def _write_identity_files(rootfs: str, name: str) -> None:
+    """Name resolution that never leaves the sandbox: the hostname resolves from /etc/hosts."""
+    with open(os.path.join(rootfs, "etc/hosts"), "w") as f:
+        f.write(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n127.0.1.1\t{name}\n")
+    with open(os.path.join(rootfs, "etc/hostname"), "w") as f:
+        f.write(name + "\n")
+
+
+class Sandboxes:
+    def __init__(
+        self,
+        runtimes: RuntimeStore,
+        guest: Guest,
+        liveness: Liveness,
+        host: sweep.Installation,
+        agent_dir: str,
+    ):
+        self.runtimes = runtimes
+        self.guest = guest
+        self.liveness = liveness
+        self.host = host
+        self.install_id = host.install_id
+        self.runsc_root = host.runsc_root
+        self.agent_dir = agent_dir
+
+    def _p(self, rt: Runtime, *parts: str) -> str:
+        return self.runtimes.path(rt.sandbox_id, *parts)
+
+    # ---- start ----------------------------------------------------------------------------------
+    async def start(self, rt: Runtime, lower: str, image: str | None) -> str:
+        """Boot `rt` (phase creating) from the template layer `lower`: restore `image` if given,
+        else boot cold. Returns how ("template image" or "cold boot"); on failure the runtime is
+        failed and the error raised."""
+        sid = rt.sandbox_id
+        t0 = time.perf_counter()
+        marks: dict[str, float] = {}
+        how = "cold boot"
+        try:
+            await asyncio.gather(self._prepare_rootfs(rt, lower), netns.create(rt.name))
+            marks["prepare"] = time.perf_counter()
+            self.write_bundle(rt, lower)
+            if image is not None:
+                try:
+                    await runsc.restore(
+                        self.runsc_root, self._p(rt, "bundle"), rt.cid, image, self._p(rt, "runsc.log")
+                    )
+                    marks["runsc"] = time.perf_counter()
+                    self._booted(rt)
+                    await self.guest.wait_ready(sid, AGENT_READY_TIMEOUT_S, self._p(rt, "runsc.log"))
+                    # A sandbox restored from a shared image gets its own identity: id, generation,
+                    # hostname, env, and the CPU count its programs see.
+                    name = await self.guest.identify(
+                        sid, rt.generation, hostname=hostname(sid), env=rt.env, cpus=rt.cpus
+                    )
+                    if name != hostname(sid):
+                        raise errors.RuntimeFailure(
+                            f"sandbox {sid} kept the template's hostname after restore"
+                        )
+                    how = "template image"
+                except errors.AtollError as e:
+                    log.warning(
+                        "starting from the template image failed; booting cold: %s",
+                        e,
+                        extra={"sandbox_id": sid},
+                    )
+                    await self._reset_for_cold_boot(rt, lower)
+                    image = None
+            if image is None:
+                await runsc.run(self.runsc_root, self._p(rt, "bundle"), rt.cid, self._p(rt, "runsc.log"))
+                marks["runsc"] = time.perf_counter()
+                self._booted(rt)
+                await self.guest.wait_ready(sid, AGENT_READY_TIMEOUT_S, self._p(rt, "runsc.log"))
+            marks["agent"] = time.perf_counter()
+            self.limit_cpu(rt)
+        except BaseException as e:
+            self.runtimes.fail(rt, f"sandbox {sid} could not be started: {getattr(e, 'message', e)!s}")
+            log.warning("sandbox create failed", extra={"sandbox_id": sid, "error": str(e)})
+            raise
+        log.info(
+            "sandbox runtime started in %.0f ms by %s (rootfs+netns %.0f, runsc %.0f, agent %.0f)",
+            (time.perf_counter() - t0) * 1000,
+            how,
+            (marks["prepare"] - t0) * 1000,
+            (marks["runsc"] - marks["prepare"]) * 1000,
+            (marks["agent"] - marks["runsc"]) * 1000,
+            extra={"sandbox_id": sid},
+        )
+        return how
+
+    def _booted(self, rt: Runtime) -> None:
+        rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+        if rt.phase == Phase.CREATING:
+            self.runtimes.advance(rt, Step.BOOTED)
+        else:
+            self.runtimes.save(rt)
+        self.liveness.watch(rt)
+
+    async def _reset_for_cold_boot(self, rt: Runtime, lower: str) -> None:
+        """Throw away a failed image restore: the next generation boots cold in the same rootfs."""
+        self.liveness.unwatch(rt.sandbox_id)
+        await self.guest.close(rt.sandbox_id)
+        await runsc.delete(self.runsc_root, rt.cid)
+        cgroups.remove(rt.cgroup(self.install_id))
+        rt.generation += 1
+        rt.sentry_pid = None
+        self.liveness.exited(rt.sandbox_id).clear()
+        await netns.readdress(rt.name)
+        self.write_bundle(rt, lower)
+        self.runtimes.save(rt)
+
+    async def _prepare_rootfs(self, rt: Runtime, lower: str) -> None:
+        await storage.create_upper(self._p(rt, "upper.img"), self._p(rt, "upper"), rt.disk_mb)
+        await storage.mount_rootfs(lower, self._p(rt, "upper"), self._p(rt, "rootfs"))
+        _write_identity_files(self._p(rt, "rootfs"), hostname(rt.sandbox_id))
+
+    def write_bundle(self, rt: Runtime, lower: str | None = None) -> None:
+        """Write config.json. The CPU quota is left out: runsc would apply it while the sentry boots
+        or restores (runtime work, 50-300 ms slower on one core); `limit_cpu` sets it right after."""
+        bundle.write(
+            self._p(rt, "bundle"),
+            bundle.BundleSpec(
+                sandbox_id=rt.sandbox_id,
+                hostname=hostname(rt.sandbox_id),
+                rootfs=self._p(rt, "rootfs"),
+                agent_dir=self.agent_dir,
+                netns_path=netns.path(rt.name),
+                cgroup_path=rt.cgroup(self.install_id),
+                memory_mb=rt.memory_mb,
+                cpus=None,
+                env=rt.env,
+                generation=rt.generation,
+                agent_entry=self._agent_entry(lower),
+                visible_cpus=rt.cpus,
+                agent_host=netns.SANDBOX_IP,
+            ),
+        )
+
+    def _agent_entry(self, lower: str | None) -> str:
+        if lower is None:  # restore: the process already runs; the entry is not used
+            return agent_pack.SOURCE
+        py = os.path.realpath(os.path.join(lower, "usr/bin/python3"))
+        ours = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        has_pyc = os.path.exists(os.path.join(self.agent_dir, agent_pack.COMPILED))
+        return agent_pack.COMPILED if has_pyc and os.path.basename(py) == ours else agent_pack.SOURCE
+
+    def limit_cpu(self, rt: Runtime) -> None:
+        cgroups.set_cpu_limit(rt.cgroup(self.install_id), rt.cpus)
+
+    async def discard_container(self, cid: str, cg: str) -> None:
+        await runsc.delete(self.runsc_root, cid)
+        cgroups.remove(cg)
+
+    # ---- delete ---------------------------------------------------------------------------------
+    async def delete(self, sid: str) -> list[str]:
+        """Stop the sandbox and remove everything it had on this host (runsc state, images, upper).
+
+        `runsc delete` runs in its own session (a stop signal to the worker cannot cut it short);
+        then whatever it left — a sentry or gofer still running, state of other generations, a
+        cgroup, a namespace, a mount — is found by name and removed (worker.sweep), down to the
+        directory. If this is interrupted, the runtime says `deleting` and the next sweep finishes.
+        Returns what the sweep had to remove."""
+        rt = self.runtimes.find(sid)
+        self.liveness.unwatch(sid)
+        await self.guest.close(sid)
+        if rt is not None:
+            if rt.phase != Phase.DELETING:
+                with contextlib.suppress(OSError):
+                    self.runtimes.advance(rt, Step.DELETE)
+            cg = rt.cgroup(self.install_id)
+            if cgroups.freezer_state(cg) in ("FROZEN", "FREEZING"):  # frozen processes cannot die
+                with contextlib.suppress(errors.AtollError):
+                    cgroups.thaw(cg)
+            await runsc.delete(self.runsc_root, rt.cid)
+        removed = await sweep.remove_sandbox(self.host, sid)
+        for what in removed:
+            if what.startswith("runsc process"):
+                log.warning("runsc delete left %s running; killed it", what, extra={"sandbox_id": sid})
+        self.runtimes.forget(sid)
+        return removed

@@ -1,0 +1,104 @@
+"""Typed settings of a worker (`atoll worker`, and the local worker of `atoll up`).
+
+Precedence, highest first: command-line flag, `ATOLL_*` environment variable, built-in default
+(core.config). Validated at start-up; logged redacted. Called by worker.main and atoll.up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from atoll.core import config
+
+
+@dataclass
+class WorkerSettings:
+    home: str
+    """ATOLL_HOME (`--home`): this worker's state: sandboxes, runsc state, snapshots, images. Several
+    workers on one machine need one home each; a server may share its home with one worker."""
+    name: str = "local"
+    """`--name`: the worker's name at the server (a restart under the same name and home takes its
+    sandboxes back)."""
+    server_url: str | None = None
+    """`--server` (ATOLL_SERVER_URL): the control plane to register with (None in `atoll up`)."""
+    api_key: str | None = None
+    """ATOLL_API_KEY: the admin key the worker presents when it registers."""
+    listen: tuple[str, int] = ("127.0.0.1", 0)
+    """`--listen` (ATOLL_WORKER_LISTEN): HOST:PORT the worker's API listens on; port 0 = a free one."""
+    advertise: str | None = None
+    """`--advertise` (ATOLL_WORKER_ADVERTISE): the URL the server calls the worker at (default
+    http://<listen address>:<port>)."""
+    template_dir: str | None = None
+    """ATOLL_TEMPLATE_DIR: template layer cache (default <home>/templates); may be shared."""
+    debian_mirror: str = "http://deb.debian.org/debian"
+    """ATOLL_DEBIAN_MIRROR: mirror mmdebstrap builds template layers from."""
+    default_disk_mb: int = 4096
+    """Disk quota of a sandbox's writable layer when the caller gives none."""
+    default_memory_mb: int = 512
+    """The memory size whose template image is made at start-up."""
+    template_snapshots: bool = True
+    """ATOLL_TEMPLATE_SNAPSHOTS: create sandboxes by restoring a checkpoint of a booted template
+    sandbox ('1', default) or boot each cold ('0')."""
+    heartbeat_s: float = 3.0
+    """ATOLL_HEARTBEAT_S: seconds between heartbeats to the server."""
+    reconcile_s: float = 30.0
+    """ATOLL_RECONCILE_S: seconds between reconciliation passes over the host."""
+    log_format: str = "text"
+    """ATOLL_LOG_FORMAT: 'text' or 'json'."""
+    log_level: str = "INFO"
+    """ATOLL_LOG_LEVEL: logging level."""
+
+    def redacted(self) -> dict:
+        d = asdict(self)
+        d["api_key"] = "***" if self.api_key else None
+        return d
+
+    @property
+    def templates(self) -> str:
+        return self.template_dir or os.path.join(self.home, "templates")
+
+
+def load(
+    env: Mapping[str, str] | None = None,
+    *,
+    home: str | None = None,
+    name: str | None = None,
+    server: str | None = None,
+    listen: str | None = None,
+    advertise: str | None = None,
+) -> WorkerSettings:
+    env = os.environ if env is None else env
+    home_v = config.home(home, env)
+    name_v = name or env.get("ATOLL_WORKER_NAME") or "local"
+    if not name_v or len(name_v) > 64 or not all(c.isalnum() or c in "-_." for c in name_v):
+        raise config.SettingsError(
+            f"worker name {name_v!r} is not valid; use 1-64 letters, digits, '-', '_' or '.' (--name)"
+        )
+    server_v = server or env.get("ATOLL_SERVER_URL") or None
+    if server_v is not None and not server_v.startswith(("http://", "https://")):
+        raise config.SettingsError(f"server URL {server_v!r} must start with http:// or https:// (--server)")
+    listen_v = config.host_port(listen or env.get("ATOLL_WORKER_LISTEN") or "127.0.0.1:0", "--listen")
+    advertise_v = advertise or env.get("ATOLL_WORKER_ADVERTISE") or None
+    if advertise_v is not None and not advertise_v.startswith(("http://", "https://")):
+        raise config.SettingsError(
+            f"advertised URL {advertise_v!r} must start with http:// or https:// (--advertise)"
+        )
+    return WorkerSettings(
+        home=home_v,
+        name=name_v,
+        server_url=server_v.rstrip("/") if server_v else None,
+        api_key=env.get("ATOLL_API_KEY") or None,
+        listen=listen_v,
+        advertise=advertise_v.rstrip("/") if advertise_v else None,
+        template_dir=os.path.abspath(env["ATOLL_TEMPLATE_DIR"]) if env.get("ATOLL_TEMPLATE_DIR") else None,
+        debian_mirror=env.get("ATOLL_DEBIAN_MIRROR", "http://deb.debian.org/debian"),
+        template_snapshots=config.boolean(env, "ATOLL_TEMPLATE_SNAPSHOTS", True),
+        heartbeat_s=config.number(env, "ATOLL_HEARTBEAT_S", 3.0, lo=0.2, hi=60),
+        reconcile_s=config.number(env, "ATOLL_RECONCILE_S", 30.0, lo=1, hi=3600),
+        log_format=config.choice(env, "ATOLL_LOG_FORMAT", "text", ("text", "json")),
+        log_level=config.choice(
+            env, "ATOLL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
+        ),
+    )

@@ -1,0 +1,156 @@
+"""Where checkpoint images live, and how one is committed and verified (`SnapshotStore`).
+
+A disk-tier standby is written in steps, so a crash at any point leaves either the old snapshot or
+a complete new one: `runsc checkpoint` writes into `staging(...)` (`snapshot.tmp-<generation>/`,
+with a `done` marker only on success); `commit` checksums the image (BLAKE2b-160), writes and
+fsyncs `manifest.json`, renames the directory to `snapshot/` and only then drops the previous one.
+A restore checks the size against the manifest first and the checksum while runsc reads the image.
+
+`LocalSnapshotStore` keeps them on the worker's disk under each sandbox's directory; an object
+store or a shared filesystem (archive tier, cross-worker resume) is another implementation of the
+same interface. Called by worker.tiers and worker.recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import time
+import typing
+from dataclasses import dataclass
+
+from atoll.core import errors
+
+RUNSC_VERSION = "0.0~20221219.0"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    sandbox_id: str
+    generation: int
+    image: str
+    size: int
+    blake2b: str
+    runsc: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A committed snapshot: the directory runsc restores from, and its manifest."""
+
+    dir: str
+    manifest: Manifest
+
+    @property
+    def image(self) -> str:
+        return os.path.join(self.dir, self.manifest.image)
+
+
+class SnapshotStore(typing.Protocol):
+    def staging_path(self, sid: str, generation: int) -> str: ...
+
+    def staging(self, sid: str, generation: int) -> str: ...
+
+    def staged_complete(self, staging_dir: str) -> bool: ...
+
+    async def commit(self, sid: str, generation: int, staging_dir: str) -> Snapshot: ...
+
+    def committed(self, sid: str) -> Snapshot | None: ...
+
+    def checked(self, sid: str) -> Snapshot: ...
+
+    async def verify(self, snap: Snapshot) -> None: ...
+
+    async def discard(self, sid: str) -> None: ...
+
+    def drop_staging(self, staging_dir: str) -> None: ...
+
+
+def checksum(path: str) -> tuple[str, int]:
+    h = hashlib.blake2b(digest_size=20)
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * 1024 * 1024):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+class LocalSnapshotStore:
+    """Snapshots in `<sandboxes>/<id>/snapshot/` on the worker's own disk."""
+
+    def __init__(self, sandboxes_root: str):
+        self.root = sandboxes_root
+
+    def _p(self, sid: str, *parts: str) -> str:
+        return os.path.join(self.root, sid, *parts)
+
+    def staging_path(self, sid: str, generation: int) -> str:
+        return self._p(sid, f"snapshot.tmp-{generation}")
+
+    def staging(self, sid: str, generation: int) -> str:
+        """A fresh path for `runsc checkpoint --image-path` of `generation` (runsc creates it)."""
+        tmp = self.staging_path(sid, generation)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return tmp
+
+    def staged_complete(self, staging_dir: str) -> bool:
+        return os.path.exists(os.path.join(staging_dir, "done"))
+
+    def drop_staging(self, staging_dir: str) -> None:
+        shutil.rmtree(staging_dir, ignore_errors=True)
+
+    async def commit(self, sid: str, generation: int, staging_dir: str) -> Snapshot:
+        img = os.path.join(staging_dir, "checkpoint.img")
+        digest, size = await asyncio.to_thread(checksum, img)
+        man = Manifest(sid, generation, "checkpoint.img", size, digest, RUNSC_VERSION, time.time())
+        with open(os.path.join(staging_dir, "manifest.json"), "w") as f:
+            json.dump(man.__dict__, f)
+            f.flush()
+            os.fsync(f.fileno())  # the rename below must never expose a manifest that is not on disk
+        final, old = self._p(sid, "snapshot"), self._p(sid, "snapshot.old")
+        if os.path.exists(final):
+            os.replace(final, old)
+        os.replace(staging_dir, final)
+        shutil.rmtree(old, ignore_errors=True)
+        return Snapshot(final, man)
+
+    def committed(self, sid: str) -> Snapshot | None:
+        final = self._p(sid, "snapshot")
+        try:
+            with open(os.path.join(final, "manifest.json")) as f:
+                return Snapshot(final, Manifest(**json.load(f)))
+        except (FileNotFoundError, TypeError, ValueError):
+            return None
+
+    def checked(self, sid: str) -> Snapshot:
+        """The committed snapshot, its image's size checked against the manifest."""
+        snap = self.committed(sid)
+        if snap is None:
+            raise errors.RuntimeFailure(f"sandbox {sid} has no committed snapshot to restore")
+        try:
+            size = os.path.getsize(snap.image)
+        except FileNotFoundError:
+            size = -1
+        if size != snap.manifest.size:
+            raise errors.RuntimeFailure(
+                f"snapshot of {sid} is damaged: its image has {size} bytes, the manifest says "
+                f"{snap.manifest.size}",
+                detail=snap.image,
+            )
+        return snap
+
+    async def verify(self, snap: Snapshot) -> None:
+        digest, _ = await asyncio.to_thread(checksum, snap.image)
+        if digest != snap.manifest.blake2b:
+            raise errors.RuntimeFailure(
+                f"snapshot of {snap.manifest.sandbox_id} is damaged: checksum {digest} differs from "
+                f"the committed {snap.manifest.blake2b}"
+            )
+
+    async def discard(self, sid: str) -> None:
+        await asyncio.to_thread(shutil.rmtree, self._p(sid, "snapshot"), True)

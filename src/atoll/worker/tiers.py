@@ -1,0 +1,244 @@
+"""Standby tiers of one sandbox, and how this runsc gets there and back: the worker's *how* of pause
+and resume.
+
+memory: freeze the sandbox's freezer cgroup directly (0.3–3 ms; `runsc pause` costs ~30 ms of CLI),
+        thaw to resume (the agent's health request is written on a kept-alive connection first).
+disk:   thaw if frozen, ask the checkpoint gate (a failed checkpoint kills the sandbox, so what this
+        runsc cannot save is refused first), `runsc checkpoint` into the snapshot store's staging
+        directory, commit; a gated sandbox is frozen again and stays in the memory tier with the
+        reason. Resume = readdress eth0, next generation, `runsc restore` (checksum verified
+        meanwhile), agent health, CPU quota, identity.
+`pause` answers a `PauseOutcome` (tier reached and why); nothing here decides *when* (the control
+plane's policy does). Called by worker.node, worker.pressure and worker.template_images.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import typing
+
+from atoll.core import errors
+from atoll.core.lifecycle import Phase, Step, Tier
+from atoll.core.worker_api import PauseOutcome, ResumeOutcome
+from atoll.worker import cgroups, netns, runsc
+from atoll.worker.guest import Guest
+from atoll.worker.liveness import Liveness
+from atoll.worker.runtime import Runtime, RuntimeStore
+from atoll.worker.sandboxes import Sandboxes
+from atoll.worker.snapshots import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+THAW_READY_TIMEOUT_S = 10.0
+RESTORE_READY_TIMEOUT_S = 30.0
+
+
+class Tiers:
+    def __init__(
+        self,
+        runtimes: RuntimeStore,
+        guest: Guest,
+        liveness: Liveness,
+        sandboxes: Sandboxes,
+        snapshots: SnapshotStore,
+        spawn: typing.Callable[[typing.Awaitable], None],
+    ):
+        self.runtimes = runtimes
+        self.guest = guest
+        self.liveness = liveness
+        self.sandboxes = sandboxes
+        self.snapshots = snapshots
+        self.install_id = sandboxes.install_id
+        self.runsc_root = sandboxes.runsc_root
+        self._spawn = spawn
+
+    def _cg(self, rt: Runtime) -> str:
+        return rt.cgroup(self.install_id)
+
+    # ---- memory tier ----------------------------------------------------------------------------
+    def freeze(self, rt: Runtime) -> None:
+        """Freeze (raises FreezeTimeout, the sandbox thawed and running, when it cannot)."""
+        cgroups.freeze(self._cg(rt))
+        self.runtimes.advance(rt, Step.FREEZE, durable=False)
+
+    def thaw(self, rt: Runtime) -> None:
+        cgroups.thaw(self._cg(rt))
+        self.runtimes.advance(rt, Step.THAW, durable=False)
+
+    async def thaw_and_ping(self, rt: Runtime) -> None:
+        """Thaw a memory-tier sandbox and wait for its agent's answer. The health request is
+        written on a kept-alive connection before the thaw: it waits in the frozen sentry's socket
+        and is served as soon as its threads run again."""
+        sid = rt.sandbox_id
+        ping = asyncio.ensure_future(self.guest.channel(sid).request("GET", "/health", timeout=2.0))
+        await asyncio.sleep(0)  # lets the request go out on an idle connection, if there is one
+        try:
+            self.thaw(rt)
+        except BaseException:
+            ping.cancel()
+            raise
+        try:
+            r = await ping
+            if r.status_code == 200:
+                return
+        except Exception:  # noqa: BLE001 - any failure: wait for the agent the slow way
+            pass
+        await self.guest.wait_ready(sid, THAW_READY_TIMEOUT_S, self.runtimes.path(sid, "runsc.log"))
+
+    # ---- pause ----------------------------------------------------------------------------------
+    async def pause(self, rt: Runtime, tier: Tier, *, only_if_idle: bool = False) -> PauseOutcome:
+        if rt.phase == Phase.CHECKPOINTED:
+            return PauseOutcome(Tier.DISK)  # colder than anything asked: the control plane checks order
+        if rt.phase not in (Phase.RUNNING, Phase.FROZEN):
+            raise errors.Conflict(
+                f"sandbox {rt.sandbox_id} is {rt.phase.value} on its worker and cannot be paused now",
+                code="invalid_state",
+            )
+        if tier == Tier.MEMORY:
+            if rt.phase == Phase.FROZEN:
+                return PauseOutcome(Tier.MEMORY)
+            if only_if_idle:
+                gate = await self.guest.gate(rt.sandbox_id)
+                if gate.external_connections:
+                    return PauseOutcome(
+                        None,
+                        f"{gate.external_connections} open TCP connection(s) on its network interface "
+                        "count as activity",
+                    )
+            return self._freeze_outcome(rt, Tier.MEMORY, None)
+        was_frozen = rt.phase == Phase.FROZEN
+        if was_frozen:
+            self.thaw(rt)
+        gate = await self.guest.gate(rt.sandbox_id)
+        if not gate.ok:
+            why = "kept in the memory tier: " + "; ".join(gate.blockers)
+            log.info("sandbox.pause_disk.gated", extra={"sandbox_id": rt.sandbox_id, "reason": why})
+            return self._freeze_outcome(rt, Tier.MEMORY, why)
+        await self.checkpoint(rt)
+        return PauseOutcome(Tier.DISK)
+
+    def _freeze_outcome(self, rt: Runtime, tier: Tier, reason: str | None) -> PauseOutcome:
+        try:
+            self.freeze(rt)
+        except errors.FreezeTimeout as e:
+            return PauseOutcome(None, e.message, busy=True)
+        return PauseOutcome(tier, reason)
+
+    # ---- disk tier ------------------------------------------------------------------------------
+    async def checkpoint(self, rt: Runtime) -> None:
+        """Checkpoint a running, gated sandbox to disk and release its memory. On failure the
+        sandbox is dead (this runsc kills it): the runtime is failed with the cause."""
+        sid = rt.sandbox_id
+        await self.guest.close(sid)
+        # Let the agent's threads see the RSTs and close their sockets before the sentry saves.
+        await asyncio.sleep(0.02)
+        tmp = self.snapshots.staging(sid, rt.generation)
+        self.runtimes.advance(rt, Step.BEGIN_CHECKPOINT)
+        # Saving is the runtime's work, not the sandbox's: do not throttle it to the sandbox's cpus.
+        cgroups.set_cpu_limit(self._cg(rt), None)
+        t0 = time.perf_counter()
+        proc = await runsc.start_checkpoint(
+            self.runsc_root, rt.cid, tmp, self.runtimes.path(sid, "runsc.log")
+        )
+        await proc.wait()
+        await self.finish_checkpoint(rt, tmp)
+        log.info("checkpoint took %.0f ms", (time.perf_counter() - t0) * 1000, extra={"sandbox_id": sid})
+
+    async def finish_checkpoint(self, rt: Runtime, tmp: str) -> None:
+        """Commit the image `runsc checkpoint` wrote into `tmp` (or fail the runtime if it did not
+        complete); the old container is discarded in the background."""
+        sid = rt.sandbox_id
+        old_cid, old_cg = rt.cid, self._cg(rt)
+        if not self.snapshots.staged_complete(tmp):
+            cause = runsc.tail(self.runtimes.path(sid, "runsc.log"))
+            self.snapshots.drop_staging(tmp)
+            message = f"checkpoint of sandbox {sid} failed and runsc stopped it (runsc's error is in the worker log)"
+            self.liveness.failed(sid, message)
+            self._spawn(self.sandboxes.discard_container(old_cid, old_cg))
+            raise errors.RuntimeFailure(message, detail=f"runsc log: {cause}")
+        await self.snapshots.commit(sid, rt.generation, tmp)
+        self.liveness.unwatch(sid)
+        self.runtimes.advance(rt, Step.COMMIT_CHECKPOINT)
+        self._spawn(self.sandboxes.discard_container(old_cid, old_cg))
+
+    async def restore(self, rt: Runtime) -> None:
+        sid = rt.sandbox_id
+        snap = self.snapshots.checked(sid)
+        await netns.readdress(rt.name)
+        rt.generation += 1
+        rt.sentry_pid = None
+        self.liveness.exited(sid).clear()
+        self.sandboxes.write_bundle(rt)
+        self.runtimes.advance(rt, Step.BEGIN_RESTORE)  # written once, with the new generation
+        t0 = time.perf_counter()
+        # The checksum is verified while runsc restores (both read the same image; two cores), and
+        # a mismatch throws the restored sandbox away before it serves any call.
+        verify = asyncio.ensure_future(self.snapshots.verify(snap))
+        try:
+            await runsc.restore(
+                self.runsc_root,
+                self.runtimes.path(sid, "bundle"),
+                rt.cid,
+                snap.dir,
+                self.runtimes.path(sid, "runsc.log"),
+            )
+            t_runsc = time.perf_counter()
+            try:
+                await verify
+            except errors.AtollError:
+                await runsc.delete(self.runsc_root, rt.cid)
+                raise
+        except errors.AtollError as e:
+            if not verify.done():
+                verify.cancel()
+            self.liveness.failed(sid, e.message)
+            raise
+        rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+        self.runtimes.advance(rt, Step.RESTORED)
+        self.liveness.watch(rt)
+        t_verified = time.perf_counter()
+        await self.guest.wait_ready(sid, RESTORE_READY_TIMEOUT_S, self.runtimes.path(sid, "runsc.log"))
+        self.sandboxes.limit_cpu(rt)
+        await self.set_identity(rt)
+        t_end = time.perf_counter()
+        log.info(
+            "restore took %.0f ms (runsc %.0f, checksum wait %.0f, agent %.0f)",
+            (t_end - t0) * 1000,
+            (t_runsc - t0) * 1000,
+            (t_verified - t_runsc) * 1000,
+            (t_end - t_verified) * 1000,
+            extra={"sandbox_id": sid},
+        )
+        # The image is stale once the sandbox runs on; the next standby writes a fresh one.
+        self._spawn(self.snapshots.discard(sid))
+
+    async def set_identity(self, rt: Runtime) -> None:
+        """The restored agent still has the generation (and CPU count) of its image."""
+        try:
+            await self.guest.identify(rt.sandbox_id, rt.generation, hostname=None, env=None, cpus=rt.cpus)
+        except errors.AtollError as e:
+            log.warning(
+                "could not set the identity after a restore: %s",
+                e.message,
+                extra={"sandbox_id": rt.sandbox_id},
+            )
+
+    # ---- resume ---------------------------------------------------------------------------------
+    async def resume(self, rt: Runtime) -> ResumeOutcome:
+        t0 = time.perf_counter()
+        if rt.phase == Phase.FROZEN:
+            await self.thaw_and_ping(rt)
+            tier = Tier.MEMORY
+        elif rt.phase == Phase.CHECKPOINTED:
+            await self.restore(rt)
+            tier = Tier.DISK
+        elif rt.phase == Phase.RUNNING:
+            return ResumeOutcome(Tier.MEMORY, 0.0)  # nothing to do (e.g. a resume shared with another)
+        else:
+            raise errors.Conflict(
+                f"sandbox {rt.sandbox_id} is {rt.phase.value} on its worker and cannot be resumed",
+                code="invalid_state",
+            )
+        return ResumeOutcome(tier, round((time.perf_counter() - t0) * 1000, 3))

@@ -1,0 +1,248 @@
+"""The control plane ↔ worker protocol over real HTTP, without runsc: the control plane's app and the
+worker's API (worker.httpapi) each under uvicorn on a loopback port, a FakeWorker behind the worker
+API, and the worker's real registration loop. Every public call then crosses the seam as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+
+import httpx
+import pytest
+import uvicorn
+
+from atoll.core import worker_api as api
+from atoll.testing import FakeAtoll, FakeWorker, free_port
+from atoll.worker import httpapi, registration
+from atoll.worker import settings as worker_settings
+
+KEY = "protocol-key"
+
+
+@contextlib.asynccontextmanager
+async def _serve(app, port: int):
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=None, lifespan="off", timeout_graceful_shutdown=1
+        )
+    )
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await task
+
+
+@contextlib.asynccontextmanager
+async def _worker(server_url: str, fake: FakeWorker, *, key: str = KEY, home: str = "/nonexistent"):
+    creds = httpapi.Credentials()
+    port = free_port()
+    s = worker_settings.WorkerSettings(
+        home=home, name=fake.name, server_url=server_url, api_key=key, heartbeat_s=0.2
+    )
+    reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{port}")  # type: ignore[arg-type]
+    async with _serve(httpapi.create_app(fake, creds), port):
+        task = asyncio.ensure_future(reg.run())
+        try:
+            yield reg, task, port
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            await reg.aclose()
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    async with FakeAtoll(tmp_path, [], api_key=KEY, max_file_bytes=1 << 20) as cp:
+        cp.manager.workers.lost_after_s = 1.0
+        port = free_port()
+        async with _serve(cp.app, port):
+            url = f"http://127.0.0.1:{port}"
+            fake = FakeWorker("w1")
+            async with _worker(url, fake) as (reg, task, wport):
+                http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+                for _ in range(200):
+                    if (await http.get("/healthz")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.02)
+                yield cp, http, fake, reg, wport
+                await http.aclose()
+
+
+async def test_every_call_crosses_the_seam(cluster):
+    cp, c, fake, reg, _ = cluster
+    ws = (await c.get("/v1/workers")).json()["items"]
+    assert [(w["name"], w["state"], w["protocol"]) for w in ws] == [("w1", "ready", api.PROTOCOL_VERSION)]
+    assert ws[0]["url"].startswith("http://127.0.0.1:") and ws[0]["last_heartbeat_at"]
+    r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "env": {"A": "1"}})
+    assert r.status_code == 201, r.text
+    sb = r.json()
+    sid = sb["id"]
+    assert sb["worker"] == "w1" and fake.runtimes[sid].spec.env == {"A": "1"}
+    fake.exec_handler = lambda spec: api.ExecResult(3, f"ran {spec.cmd}\u2028é", "err", 7, False, 0, 0)
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["echo", "hi"]})
+    assert r.json() == {
+        "exit_code": 3,
+        "stdout": "ran ['echo', 'hi']\u2028é",
+        "stderr": "err",
+        "duration_ms": 7,
+        "timed_out": False,
+        "stdout_truncated_bytes": 0,
+        "stderr_truncated_bytes": 0,
+    }
+    r = await c.post(
+        f"/v1/sandboxes/{sid}/exec", json={"cmd": "x"}, headers={"Accept": "application/x-ndjson"}
+    )
+    lines = [json.loads(x) for x in r.content.split(b"\n") if x]
+    assert lines == [
+        {"stdout": "ran x\u2028é"},
+        {"stderr": "err"},
+        {"exit_code": 3, "timed_out": False, "duration_ms": 7},
+    ]
+    assert (
+        await c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/d/f"}, content=b"\x00data")
+    ).status_code == 204
+    assert (await c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/d/f"})).content == b"\x00data"
+    raw = base64.b64encode(b"/d/\xff").decode()
+    assert (
+        await c.put(f"/v1/sandboxes/{sid}/files", params={"path_b64": raw}, content=b"z")
+    ).status_code == 204
+    assert fake.runtimes[sid].files[b"/d/\xff"] == b"z"
+    names = [
+        e["name_b64"]
+        for e in (await c.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/d"})).json()["items"]
+    ]
+    assert sorted(names) == sorted([base64.b64encode(b"f").decode(), base64.b64encode(b"\xff").decode()])
+    r = await c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/nope"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "file_not_found"
+    pid = (await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 9", "background": True})).json()[
+        "pid"
+    ]
+    assert [p["pid"] for p in (await c.get(f"/v1/sandboxes/{sid}/processes")).json()["items"]] == [pid]
+    assert (await c.delete(f"/v1/sandboxes/{sid}/processes/{pid}")).status_code == 204
+    r = await c.delete(f"/v1/sandboxes/{sid}/processes/{pid}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found"
+    fake.gate_blockers = ["an epoll server"]
+    sb = (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).json()
+    assert (sb["standby_tier"], sb["standby_reason"]) == (
+        "memory",
+        "kept in the memory tier: an epoll server",
+    )
+    fake.gate_blockers = []
+    assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).json()[
+        "standby_tier"
+    ] == "disk"
+    assert (await c.post(f"/v1/sandboxes/{sid}/resume")).json()["state"] == "running"
+    fake.fail.add("checkpoint")
+    r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "runtime_error"
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "failed"
+    assert (await c.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    for _ in range(100):
+        if sid not in fake.runtimes:
+            break
+        await asyncio.sleep(0.02)
+    assert sid not in fake.runtimes
+
+
+async def test_a_death_reported_by_the_worker_fails_the_record(cluster):
+    cp, c, fake, reg, _ = cluster
+    sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+    fake.kill(sid, "stopped by the host's OOM killer")
+    for _ in range(100):
+        sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+        if sb["state"] == "failed":
+            break
+        await asyncio.sleep(0.02)
+    assert sb["state"] == "failed" and "OOM" in sb["failure_reason"]
+
+
+async def test_the_worker_refuses_calls_without_its_token(cluster):
+    cp, c, fake, reg, wport = cluster
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{wport}") as w:
+        hdr = {"Atoll-Protocol": str(api.PROTOCOL_VERSION)}
+        r = await w.get("/worker/v1/inventory", headers=hdr)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        r = await w.get("/worker/v1/inventory", headers={**hdr, "Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 401  # the admin key is not the worker token
+        r = await w.get("/worker/v1/inventory", headers={"Atoll-Protocol": "99", "Authorization": "Bearer x"})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "incompatible_protocol"
+        assert "99" in r.json()["error"]["message"]
+
+
+async def test_server_side_protocol_checks(cluster):
+    cp, c, fake, reg, _ = cluster
+    info = {
+        "name": "old",
+        "version": "0",
+        "protocol": 99,
+        "installation": "x",
+        "capacity": {"memory_mb": 1, "cpus": 1, "disk_mb": 1},
+    }
+    r = await c.post("/v1/workers/register", json={"url": "http://127.0.0.1:1", "info": info})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "incompatible_protocol"  # no header
+    r = await c.post(
+        "/v1/workers/register",
+        json={"url": "http://127.0.0.1:1", "info": info},
+        headers={"Atoll-Protocol": "1"},
+    )
+    assert r.status_code == 409 and "protocol 99" in r.json()["error"]["message"]
+    r = await c.post(
+        f"/v1/workers/{reg.worker_id}/heartbeat", json={"epoch": "stale"}, headers={"Atoll-Protocol": "1"}
+    )
+    assert r.status_code == 409 and r.json()["error"]["code"] == "worker_not_registered"
+    r = await c.post(
+        "/v1/workers/register", json={"url": "ftp://x", "info": info}, headers={"Atoll-Protocol": "1"}
+    )
+    assert r.status_code == 400
+    async with httpx.AsyncClient(base_url=str(c.base_url)) as anon:
+        r = await anon.post("/v1/workers/register", json={}, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+
+
+async def test_a_wrong_key_stops_the_worker_with_a_clear_message(cluster):
+    cp, c, fake, reg, _ = cluster
+    async with _worker(str(c.base_url), FakeWorker("w2", installation="w2"), key="wrong") as (_reg, task, _):
+        with pytest.raises(registration.Fatal, match="ATOLL_API_KEY"):
+            await asyncio.wait_for(task, 10)
+    assert "w2" not in [w["name"] for w in (await c.get("/v1/workers")).json()["items"]]
+
+
+async def test_a_forgotten_registration_registers_again(cluster):
+    """What a server restart looks like to a worker: its epoch is unknown; it registers again,
+    under the same id, and is taken over (ready) with its sandboxes."""
+    cp, c, fake, reg, _ = cluster
+    sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+    handle = cp.manager.workers.handles[reg.worker_id]
+    handle.epoch = "forgotten"
+    cp.manager.workers._lose(handle, "server restarted")
+    for _ in range(200):
+        if handle.state == "ready" and handle.epoch != "forgotten":
+            break
+        await asyncio.sleep(0.02)
+    assert handle.state == "ready" and reg.worker_id == handle.id
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 200, r.text
+
+
+async def test_a_worker_without_heartbeats_is_lost_then_back(cluster):
+    cp, c, fake, reg, _ = cluster
+    reg.heartbeat_s = 60  # stops heartbeating
+    for _ in range(200):
+        if (await c.get("/v1/workers")).json()["items"][0]["state"] == "lost":
+            break
+        await asyncio.sleep(0.05)
+    w = (await c.get("/v1/workers")).json()["items"][0]
+    assert w["state"] == "lost" and "heartbeat" in w["state_reason"]
+    assert await reg.heartbeat()  # it comes back: taken over again
+    for _ in range(100):
+        if (await c.get("/v1/workers")).json()["items"][0]["state"] == "ready":
+            break
+        await asyncio.sleep(0.02)
+    assert (await c.get("/v1/workers")).json()["items"][0]["state"] == "ready"

@@ -1,0 +1,339 @@
+"""`atoll server` + separate `atoll worker` processes with real gVisor sandboxes: registration and
+`GET /v1/workers`, takeover after a worker's SIGKILL (processes, memory and files intact), the
+server restarted under running workers, SIGKILL of a worker during a checkpoint and during a
+restore, SIGKILL of the server between a create's placement and its answer, a worker with a wrong
+key, heartbeats that stop (`lost`), and reconciliation of what runs on the host with the records."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from atoll.testing import LocalCluster, LocalWorker
+from atoll.worker import runsc
+from tests.conftest import TEMPLATE_CACHE
+
+pytestmark = pytest.mark.integration
+
+ENV = {"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE, "ATOLL_WORKER_LOST_S": "6", "ATOLL_HEARTBEAT_S": "1"}
+BEAT = (
+    'python3 -c \'import os, time\nx=[0]\nwhile True:\n  x[0]+=1; open("/tmp/beat.tmp","w").write(str(x[0])); '
+    'os.replace("/tmp/beat.tmp", "/tmp/beat"); time.sleep(0.1)\' &'
+)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    cl = LocalCluster(tmp_path / "cluster", workers=1, env=ENV)
+    cl.start(timeout=600)
+    yield cl
+    # Reap whatever the test left, with every process running again.
+    if cl.server.proc is None:
+        cl.server.start()
+    for w in cl.workers:
+        if w.proc is None:
+            w.start()
+    try:
+        cl.wait_healthy(120, lambda: None)
+    except RuntimeError:
+        pass
+    cl.stop(reap=True)
+
+
+def _client(cl) -> httpx.Client:
+    return httpx.Client(base_url=cl.url, headers=cl.headers(), timeout=300)
+
+
+def _exec(c, sid, cmd):
+    r = c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _beats(c, sid) -> None:
+    a = int(_exec(c, sid, "cat /tmp/beat")["stdout"])
+    time.sleep(0.5)
+    b = int(_exec(c, sid, "cat /tmp/beat")["stdout"])
+    assert b > a, "the background process must still be running"
+
+
+def _restart_worker(cl) -> LocalWorker:
+    w = cl.workers[0]
+    w.start()
+    w.wait_state("ready", 300)
+    return w
+
+
+def _runtimes(worker: LocalWorker) -> set[str]:
+    """The sandboxes that have runtime objects on the worker's host (dirs, runsc processes)."""
+    found = {d for d in os.listdir(os.path.join(worker.home, "sandboxes")) if d.startswith("sb-")}
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    for line in ps.splitlines():
+        if f"--root={os.path.realpath(worker.home)}/runsc" in line and "runsc" in line:
+            for part in line.split():
+                if "/sandboxes/sb-" in part:
+                    found.add(part.split("/sandboxes/")[1].split("/")[0])
+    return found
+
+
+def test_a_worker_registers_and_serves_the_whole_api(cluster):
+    with _client(cluster) as c:
+        ws = c.get("/v1/workers").json()["items"]
+        assert [(w["name"], w["state"]) for w in ws] == [("w0", "ready")]
+        w = ws[0]
+        assert (
+            w["capacity"]["memory_mb"] > 1000 and w["capacity"]["cpus"] >= 1 and w["capacity"]["disk_mb"] > 0
+        )
+        assert w["version"] and w["url"].startswith("http://127.0.0.1:")
+        sb = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "env": {"GREETING": "hi"}}).json()
+        sid = sb["id"]
+        assert sb["worker"] == "w0" and sb["worker_id"] == w["id"]
+        assert _exec(c, sid, "echo $GREETING; ls / | head -1")["stdout"] == "hi\nbin\n"
+        r = c.post(
+            f"/v1/sandboxes/{sid}/exec",
+            json={"cmd": "echo a; echo b >&2"},
+            headers={"Accept": "application/x-ndjson"},
+        )
+        assert r.text.splitlines() == ['{"stdout":"a\\n"}', '{"stderr":"b\\n"}'] + r.text.splitlines()[2:]
+        assert '"exit_code":0' in r.text.splitlines()[-1]
+        blob = os.urandom(3 * 1024 * 1024)
+        assert (
+            c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/b.bin"}, content=blob).status_code
+            == 204
+        )
+        assert c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/b.bin"}).content == blob
+        assert c.get("/v1/workers").json()["items"][0]["sandboxes"] == 1
+        assert c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"}).json()["standby_tier"] == "disk"
+        assert _exec(c, sid, "sha256sum /root/b.bin | cut -c1-8")["exit_code"] == 0
+        assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    deadline = time.monotonic() + 60
+    while _runtimes(cluster.workers[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _runtimes(cluster.workers[0]) == set()
+
+
+def test_a_killed_worker_comes_back_with_its_sandboxes(cluster):
+    """SIGKILL, then the same name and home on a new port: processes, memory and files intact."""
+    w = cluster.workers[0]
+    with _client(cluster) as c:
+        sids = {}
+        for name in ("running", "memory", "disk"):
+            sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+            _exec(c, sid, f"echo {name} > /root/name")
+            _exec(c, sid, BEAT)
+            sids[name] = sid
+        assert c.post(f"/v1/sandboxes/{sids['memory']}/pause", json={"tier": "memory"}).status_code == 200
+        assert (
+            c.post(f"/v1/sandboxes/{sids['disk']}/pause", json={"tier": "disk"}).json()["standby_tier"]
+            == "disk"
+        )
+        old_url = c.get("/v1/workers").json()["items"][0]["url"]
+        w.kill()
+        r = c.post(f"/v1/sandboxes/{sids['running']}/exec", json={"cmd": "true"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable"
+        t0 = time.monotonic()
+        while c.get("/v1/workers").json()["items"][0]["state"] != "lost":
+            assert time.monotonic() - t0 < 30, "a silent worker must be shown lost within 30 s"
+            time.sleep(0.2)
+        _restart_worker(cluster)
+        assert c.get("/v1/workers").json()["items"][0]["url"] != old_url
+        got = {n: c.get(f"/v1/sandboxes/{sid}").json() for n, sid in sids.items()}
+        assert got["running"]["state"] == "running"
+        assert (got["memory"]["state"], got["memory"]["standby_tier"]) == ("standby", "memory")
+        assert (got["disk"]["state"], got["disk"]["standby_tier"]) == ("standby", "disk")
+        for name, sid in sids.items():
+            assert _exec(c, sid, "cat /root/name")["stdout"] == f"{name}\n"
+            _beats(c, sid)
+
+
+def test_the_server_restarted_under_a_running_worker_loses_nothing(cluster):
+    with _client(cluster) as c:
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        _exec(c, sid, BEAT)
+        cluster.server.kill()
+        cluster.server.start()
+        t0 = time.monotonic()
+        while c.get("/v1/workers").json()["items"][0]["state"] != "ready":
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.2)
+        assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        _beats(c, sid)
+    assert "registering again" in cluster.workers[0].tail(100)
+
+
+def _in_thread(fn):
+    t = threading.Thread(target=fn)
+    t.start()
+    return t
+
+
+def _quietly(c, method, path, **kw):
+    try:
+        c.request(method, path, **kw)
+    except httpx.HTTPError:
+        pass
+
+
+def test_sigkill_of_the_worker_during_a_checkpoint(cluster):
+    w = cluster.workers[0]
+    with _client(cluster) as c:
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "memory_mb": 1024}).json()["id"]
+        _exec(c, sid, "echo safe > /root/file")
+        _exec(c, sid, "python3 -c 'import os,time; b=os.urandom(300*1024*1024); time.sleep(10**6)' &")
+        time.sleep(3)
+        t = _in_thread(lambda: _quietly(c, "POST", f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"}))
+        deadline = time.monotonic() + 10
+        while not glob.glob(os.path.join(w.home, "sandboxes", sid, "snapshot.tmp-*")):
+            assert time.monotonic() < deadline, "the checkpoint did not start"
+            time.sleep(0.01)
+        w.kill()
+        t.join()
+        _restart_worker(cluster)
+        sb = c.get(f"/v1/sandboxes/{sid}").json()
+        assert sb["state"] in ("running", "standby", "failed"), sb
+        if sb["state"] == "failed":
+            assert sb["failure_reason"], "a failed sandbox must say why"
+        else:
+            assert _exec(c, sid, "cat /root/file")["stdout"] == "safe\n"
+            assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+
+
+def test_sigkill_of_the_worker_during_a_restore(cluster):
+    w = cluster.workers[0]
+    with _client(cluster) as c:
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "memory_mb": 1024}).json()["id"]
+        _exec(c, sid, "echo safe > /root/file")
+        _exec(c, sid, BEAT)
+        _exec(c, sid, "python3 -c 'import os,time; b=os.urandom(200*1024*1024); time.sleep(10**6)' &")
+        time.sleep(2)
+        assert c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"}).json()["standby_tier"] == "disk"
+        t = _in_thread(lambda: _quietly(c, "POST", f"/v1/sandboxes/{sid}/resume"))
+        runtime = os.path.join(w.home, "sandboxes", sid, "runtime.json")
+        deadline = time.monotonic() + 10
+        while '"restoring"' not in open(runtime).read():
+            assert time.monotonic() < deadline, "the restore did not start"
+            time.sleep(0.005)
+        w.kill()
+        t.join()
+        _restart_worker(cluster)
+        sb = c.get(f"/v1/sandboxes/{sid}").json()
+        assert sb["state"] in ("running", "standby"), sb  # the snapshot is kept until a restore completes
+        assert _exec(c, sid, "cat /root/file")["stdout"] == "safe\n"
+        _beats(c, sid)
+
+
+@pytest.mark.parametrize("after_s", [0.05, 0.25])
+def test_sigkill_of_the_server_between_placement_and_answer(cluster, after_s):
+    """No sandbox without a record and no record without a sandbox, once reconciled."""
+    w = cluster.workers[0]
+    with _client(cluster) as c:
+        t = _in_thread(lambda: _quietly(c, "POST", "/v1/sandboxes", json={"idle_timeout_s": 0}))
+        time.sleep(after_s)
+        cluster.server.kill()
+        t.join()
+        cluster.server.start()
+        t0 = time.monotonic()
+        while c.get("/v1/workers").json()["items"][0]["state"] != "ready":
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while True:
+            records = {s["id"] for s in c.get("/v1/sandboxes").json()["items"] if s["state"] != "failed"}
+            if records == _runtimes(w) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert records == _runtimes(w)
+        for sid in records:
+            assert _exec(c, sid, "echo ok")["stdout"] == "ok\n"
+
+
+def test_a_worker_with_a_wrong_key_is_refused_with_a_clear_message(cluster, tmp_path):
+    bad = LocalWorker(tmp_path / "bad", cluster.url, "wrong-key", "bad", env=ENV)
+    bad.start()
+    assert bad.proc is not None
+    rc = bad.proc.wait(120)
+    assert rc == 2
+    assert "ATOLL_API_KEY" in bad.tail(20)
+    with _client(cluster) as c:
+        assert "bad" not in [w["name"] for w in c.get("/v1/workers").json()["items"]]
+        # a peer speaking another protocol version is refused, naming both versions
+        info = {
+            "name": "old",
+            "version": "0",
+            "protocol": 99,
+            "installation": "x",
+            "capacity": {"memory_mb": 1, "cpus": 1, "disk_mb": 1},
+        }
+        r = c.post(
+            "/v1/workers/register",
+            json={"url": "http://127.0.0.1:1", "info": info},
+            headers={"Atoll-Protocol": "99"},
+        )
+        assert r.status_code == 409 and r.json()["error"]["code"] == "incompatible_protocol"
+        assert "99" in r.json()["error"]["message"] and "1" in r.json()["error"]["message"]
+
+
+def test_a_stopped_worker_is_lost_then_ready_again(cluster):
+    w = cluster.workers[0]
+    with _client(cluster) as c:
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        _exec(c, sid, BEAT)
+        assert w.proc is not None
+        os.kill(w.proc.pid, signal.SIGSTOP)  # heartbeats stop; its sandboxes run on
+        try:
+            t0 = time.monotonic()
+            while c.get("/v1/workers").json()["items"][0]["state"] != "lost":
+                assert time.monotonic() - t0 < 30
+                time.sleep(0.2)
+        finally:
+            os.kill(w.proc.pid, signal.SIGCONT)
+        t0 = time.monotonic()
+        while c.get("/v1/workers").json()["items"][0]["state"] != "ready":
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.2)
+        _beats(c, sid)
+
+
+def test_reconciliation_finds_what_vanished_and_removes_what_nobody_owns(tmp_path):
+    env = {**ENV, "ATOLL_RECONCILE_S": "2"}
+    with LocalCluster(tmp_path / "rc", workers=1, env=env) as cl, _client(cl) as c:
+        w = cl.workers[0]
+        killed, vanished = (
+            c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"] for _ in range(2)
+        )
+        inst = open(os.path.join(w.home, "installation-id")).read().strip()
+        # a sentry killed from outside: noticed at once (pidfd), the record says what happened
+        pid = runsc.sandbox_pid(os.path.join(w.home, "runsc"), f"atoll-{inst}-{killed[3:]}-0")
+        assert pid
+        os.kill(pid, signal.SIGKILL)
+        # a runtime whose root filesystem went away behind the worker's back
+        subprocess.run(["umount", "-l", os.path.join(w.home, "sandboxes", vanished, "rootfs")], check=True)
+        # an object of this installation that no sandbox owns
+        stray = f"atoll-{inst}-zzzzzzzzzzzzzzzz"
+        subprocess.run(["ip", "netns", "add", stray], check=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = {sid: c.get(f"/v1/sandboxes/{sid}").json() for sid in (killed, vanished)}
+            if all(s["state"] == "failed" for s in states.values()) and not os.path.exists(
+                f"/run/netns/{stray}"
+            ):
+                break
+            time.sleep(0.3)
+        assert (
+            states[killed]["state"] == "failed" and "stopped unexpectedly" in states[killed]["failure_reason"]
+        )
+        assert states[vanished]["state"] == "failed" and "vanished" in states[vanished]["failure_reason"]
+        assert not os.path.exists(f"/run/netns/{stray}")
+        assert "sweep removed network namespace " + stray in w.tail(400)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-x", "-q"]))

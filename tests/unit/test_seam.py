@@ -1,0 +1,198 @@
+"""The seam's wire form (core.wire), the error registry (core.errors.CODES) and the worker's own
+records (runtime.json, snapshots): hermetic."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from atoll import errors as sdk_errors
+from atoll.core import errors, wire
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import Phase, Step
+from atoll.worker.runtime import RuntimeStore
+from atoll.worker.snapshots import LocalSnapshotStore
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TYPES = [
+    api.SandboxSpec,
+    api.WorkerInfo,
+    api.CreateOutcome,
+    api.PauseOutcome,
+    api.ResumeOutcome,
+    api.Inventory,
+    api.ExecSpec,
+    api.ExecResult,
+    api.ProcessStarted,
+    api.ProcessInfo,
+    api.FileEntry,
+]
+_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
+st.register_type_strategy(str, _text)
+st.register_type_strategy(float, st.floats(allow_nan=False, allow_infinity=False))
+
+
+@pytest.mark.parametrize("tp", TYPES, ids=lambda t: t.__name__)
+@given(data=st.data())
+def test_every_seam_type_survives_the_wire(tp, data):
+    obj = data.draw(st.builds(tp))
+    blob = json.dumps(wire.dump(obj))
+    assert wire.load(tp, json.loads(blob)) == obj
+
+
+@given(
+    ev=st.one_of(
+        *(st.builds(t) for t in (api.SandboxDied, api.RuntimeChanged, api.TemplateChanged, api.UsageReport))
+    )
+)
+def test_events_survive_the_wire_by_their_kind(ev):
+    assert wire.load_event(json.loads(json.dumps(wire.dump_event(ev)))) == ev
+
+
+def test_exec_events_by_their_kind():
+    for ev in (api.ExecOutput("stderr", "x\u2028"), api.ExecExit(137, True, 5)):
+        assert wire.load_exec_event(wire.dump_exec_event(ev)) == ev
+
+
+def test_a_malformed_message_is_a_runtime_failure_not_a_crash():
+    with pytest.raises(errors.RuntimeFailure, match="malformed pause outcome"):
+        wire.load(api.PauseOutcome, {"tier": "tape"}, "pause outcome")
+    with pytest.raises(errors.RuntimeFailure):
+        wire.load_event({"kind": "nope"})
+
+
+def test_errors_cross_the_wire_as_the_same_class():
+    for e in (
+        errors.SandboxNotFound("x"),
+        errors.SandboxBusy("y"),
+        errors.SandboxDied("z"),
+        errors.InsufficientStorage("d"),
+        errors.Unavailable("u"),
+        errors.InvalidPath("p"),
+    ):
+        back = wire.error_from_body(e.status, wire.error_body(e), "?")
+        assert (type(back), back.code, back.message, back.status, back.retryable) == (
+            type(e),
+            e.code,
+            e.message,
+            e.status,
+            e.retryable,
+        )
+    odd = wire.error_from_body(418, {"error": {"code": "teapot", "message": "short and stout"}}, "?")
+    assert (
+        odd.code not in ("teapot",) and odd.message == "short and stout"
+    )  # untrusted codes are not passed on
+    assert isinstance(wire.error_from_body(502, b"<html>", "a proxy answered 502"), errors.RuntimeFailure)
+
+
+def test_protocol_versions_must_match():
+    wire.check_protocol(str(api.PROTOCOL_VERSION), "peer")
+    for bad in (None, "0", "2", "x"):
+        with pytest.raises(errors.IncompatibleProtocol) as e:
+            wire.check_protocol(bad, "the worker")
+        assert e.value.code == "incompatible_protocol" and str(api.PROTOCOL_VERSION) in e.value.message
+
+
+def test_the_registry_knows_every_code_the_server_raises():
+    raised = set()
+    for cls in _subclasses(errors.AtollError):
+        raised.add(cls.code)
+    assert raised <= set(errors.CODES), raised - set(errors.CODES)
+    for code, info in errors.CODES.items():
+        e = errors.from_code(code, "m")
+        assert e.code == code and e.status == info.status and e.retryable == info.retryable
+
+
+def test_the_sdk_maps_every_code_of_the_registry():
+    unmapped = [c for c in errors.CODES if c not in sdk_errors._BY_CODE]
+    assert not unmapped, f"the SDK has no class for {unmapped}"
+    for code, info in errors.CODES.items():
+        cls = sdk_errors.error_class(code, info.status)
+        assert cls is not sdk_errors.AtollError
+
+
+def test_docs_list_every_code():
+    text = (ROOT / "docs" / "api.md").read_text()
+    missing = [c for c in errors.CODES if f"`{c}`" not in text]
+    assert not missing, f"docs/api.md does not list {missing}"
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+# ---- the worker's own records ------------------------------------------------------------------
+
+
+def test_runtime_records_walk_the_phase_table_and_survive_a_reload(tmp_path):
+    store = RuntimeStore(str(tmp_path), "abc123")
+    rt = store.new("sb-0000000000000001", template="base", memory_mb=512, cpus=1, env={"A": "1"}, disk_mb=64)
+    assert oct(os.stat(store.path(rt.sandbox_id, "runtime.json")).st_mode & 0o777) == "0o600"
+    store.advance(rt, Step.BOOTED)
+    store.advance(rt, Step.FREEZE, durable=False)
+    with pytest.raises(errors.RuntimeFailure):
+        store.advance(rt, Step.COMMIT_CHECKPOINT)  # out of order: a bug, and nothing is written
+    again = RuntimeStore(str(tmp_path), "abc123").get(rt.sandbox_id)
+    assert again.phase == Phase.FROZEN and again.env == {"A": "1"} and again.history == ["booted", "freeze"]
+    store.fail(rt, "it died")
+    store.fail(rt, "twice")  # the first cause stays
+    assert RuntimeStore(str(tmp_path), "abc123").get(rt.sandbox_id).failure == "it died"
+    assert [r.sandbox_id for r in RuntimeStore(str(tmp_path), "abc123").all()] == [rt.sandbox_id]
+
+
+def test_a_runtime_record_of_the_previous_version_loads(tmp_path):
+    sid = "sb-0000000000000002"
+    d = tmp_path / "sandboxes" / sid
+    d.mkdir(parents=True)
+    old = {
+        "sandbox_id": sid,
+        "name": "atoll-abc123-0000000000000002",
+        "template": "base",
+        "memory_mb": 512,
+        "cpus": 1,
+        "env": {},
+        "disk_mb": 64,
+        "generation": 3,
+        "phase": "checkpointed",
+        "failure": None,
+        "sentry_pid": None,
+    }
+    (d / "runtime.json").write_text(json.dumps(old))
+    rt = RuntimeStore(str(tmp_path), "abc123").get(sid)
+    assert (rt.phase, rt.generation, rt.cid) == (Phase.CHECKPOINTED, 3, "atoll-abc123-0000000000000002-3")
+
+
+async def test_a_snapshot_is_committed_whole_and_verified(tmp_path):
+    sid = "sb-0000000000000003"
+    store = LocalSnapshotStore(str(tmp_path))
+    (tmp_path / sid).mkdir()
+    tmp = store.staging(sid, 0)
+    os.makedirs(tmp)
+    pathlib.Path(tmp, "checkpoint.img").write_bytes(os.urandom(4096))
+    assert not store.staged_complete(tmp)  # no `done` marker: runsc did not finish
+    pathlib.Path(tmp, "done").write_text("ok")
+    assert store.staged_complete(tmp)
+    snap = await store.commit(sid, 0, tmp)
+    assert not os.path.exists(tmp) and store.committed(sid) == snap
+    await store.verify(store.checked(sid))
+    with open(snap.image, "r+b") as f:  # one flipped byte
+        b = f.read(1)
+        f.seek(0)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(errors.RuntimeFailure, match="damaged"):
+        await store.verify(snap)
+    with open(snap.image, "ab") as f:
+        f.write(b"x")
+    with pytest.raises(errors.RuntimeFailure, match="damaged"):
+        store.checked(sid)
+    await store.discard(sid)
+    assert store.committed(sid) is None
+    assert dataclasses.asdict(snap.manifest)["size"] == 4096
