@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json as jsonlib
+import select
 import socket
 import typing
 import urllib.parse
@@ -29,6 +30,10 @@ MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 class ChannelError(Exception):
     """The peer could not be reached or broke the protocol (connect, timeout, reset, bad HTTP)."""
+
+
+class ConnectFailed(ChannelError):
+    """No connection could be made (refused, unreachable, timed out): the peer is not there."""
 
 
 class AnswerTooLarge(ChannelError):
@@ -108,6 +113,14 @@ class _Conn:
                 raise ChannelError("the peer closed the connection")
             self.h11.receive_data(data)
 
+    def stale(self) -> bool:
+        """An idle connection with something to read has been closed (or broken) by the peer."""
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable) or self.reader.at_eof() or self.writer.transport.is_closing()
+
     def reusable(self) -> bool:
         return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
 
@@ -143,7 +156,7 @@ class Channel:
             reader, writer = await asyncio.open_connection(sock=sock, limit=_READ)
         except (OSError, TimeoutError) as e:
             sock.close()
-            raise ChannelError(f"connect to {self._host} failed: {e!r}") from e
+            raise ConnectFailed(f"connect to {self._host} failed: {e!r}") from e
         except BaseException:
             sock.close()
             raise
@@ -187,8 +200,15 @@ class Channel:
             hdrs.append(("Transfer-Encoding", "chunked"))
         elif content is None and method in ("POST", "PUT"):
             hdrs.append(("Content-Length", "0"))
-        reused = bool(self._idle)
-        conn = self._idle.pop() if reused else await self._connect()
+        conn = None
+        while self._idle and conn is None:
+            conn = self._idle.pop()
+            if conn.stale():  # the peer closed it while it sat idle (a keep-alive timeout, say)
+                self._discard(conn)
+                conn = None
+        reused = conn is not None
+        if conn is None:
+            conn = await self._connect()
         try:
             request = h11.Request(method=method, target=target, headers=hdrs)
             if body is not None and len(body) <= _UPLOAD_CHUNK:

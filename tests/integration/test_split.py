@@ -65,9 +65,20 @@ def _beats(c, sid) -> None:
     assert b > a, "the background process must still be running"
 
 
+def _registered_at(cl) -> str | None:
+    with _client(cl) as c:
+        return c.get("/v1/workers").json()["items"][0]["registered_at"]
+
+
 def _restart_worker(cl) -> LocalWorker:
+    """Start the worker again and wait until the server has taken over its new registration."""
     w = cl.workers[0]
+    before = _registered_at(cl)
     w.start()
+    deadline = time.monotonic() + 300
+    while _registered_at(cl) == before:
+        assert time.monotonic() < deadline and w.exited() is None, w.tail()
+        time.sleep(0.1)
     w.wait_state("ready", 300)
     return w
 

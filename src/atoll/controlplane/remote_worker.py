@@ -39,9 +39,12 @@ def _path_params(path: api.FilePath) -> dict[str, str]:
 
 
 class RemoteWorker:
-    def __init__(self, url: str, token: str, name: str):
+    def __init__(
+        self, url: str, token: str, name: str, on_unreachable: typing.Callable[[str], None] | None = None
+    ):
         self.url = url.rstrip("/")
         self.name = name
+        self._on_unreachable = on_unreachable
         parsed = urllib.parse.urlsplit(self.url)
         if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
             raise errors.InvalidRequest(
@@ -53,6 +56,8 @@ class RemoteWorker:
 
     # ---- plumbing -------------------------------------------------------------------------------
     def _unreachable(self, e: Exception) -> errors.Unavailable:
+        if self._on_unreachable is not None and isinstance(e, http11.ConnectFailed):
+            self._on_unreachable(f"cannot be reached at {self.url} (connecting failed)")
         return errors.Unavailable(
             f"worker {self.name!r} cannot be reached at {self.url} ({type(e).__name__}); "
             "its sandboxes keep their state — retry once it is back (GET /v1/workers)",
@@ -148,6 +153,13 @@ class RemoteWorker:
 
     async def inventory(self) -> api.Inventory:
         return wire.load(api.Inventory, await self._call("GET", "/inventory"), "inventory")
+
+    async def reconcile(self) -> api.ReconcileReport:
+        return wire.load(
+            api.ReconcileReport,
+            await self._call("POST", "/reconcile", timeout=STEP_TIMEOUT_S),
+            "reconcile report",
+        )
 
     # ---- exec and processes ---------------------------------------------------------------------
     async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:

@@ -297,6 +297,18 @@ class WorkerList(BaseModel):
     items: list[Worker]
 
 
+class WorkerPass(BaseModel):
+    runtimes: int = Field(description="Live runtimes on the worker")
+    removed: list[str] = Field(description="Host objects no sandbox owned, removed")
+    failed: list[str] = Field(description="Sandboxes whose runtime had vanished, now failed")
+    wall_ms: float
+    cpu_ms: float = Field(description="CPU time of the worker's pass")
+
+
+class ReconcileAnswer(BaseModel):
+    worker: WorkerPass
+
+
 class DrainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -116,6 +116,13 @@ class WorkerRegistry:
             )
         return h.worker
 
+    def api_for_worker(self, h: WorkerHandle) -> api.WorkerAPI:
+        if not h.usable or h.worker is None:
+            raise errors.Unavailable(
+                f"worker {h.name!r} is {h.state}" + (f" ({h.reason})" if h.reason else "")
+            )
+        return h.worker
+
     def ready(self) -> list[WorkerHandle]:
         return [h for h in self.handles.values() if h.state == "ready" and h.worker is not None]
 
@@ -157,7 +164,10 @@ class WorkerRegistry:
                 code="worker_conflict",
             )
         token = ids.new_token()
-        self._replace(h, RemoteWorker(url, token, info.name), info, local=False)
+        remote = RemoteWorker(
+            url, token, info.name, on_unreachable=lambda why: self._unreachable(h, remote, why)
+        )
+        self._replace(h, remote, info, local=False)
         h.record.url = url
         h.record.last_heartbeat_at = dbm.utcnow()
         h.epoch = secrets.token_hex(8)
@@ -327,6 +337,12 @@ class WorkerRegistry:
         started = dbm.utcnow().timestamp()
         inv = await h.worker.inventory()
         await self.listener.worker_joined(h, inv, started)
+
+    def _unreachable(self, h: WorkerHandle, worker: api.WorkerAPI, why: str) -> None:
+        """A call found the worker gone (connection refused, reset): lost now, not only when its
+        heartbeats stop; it is taken over again when it registers or heartbeats."""
+        if h.worker is worker and h.state in ("ready", "draining"):
+            self._lose(h, why)
 
     def _lose(self, h: WorkerHandle, reason: str) -> None:
         if h.state == "lost":

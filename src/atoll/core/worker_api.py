@@ -129,6 +129,17 @@ class Inventory:
     runtimes: tuple[RuntimeReport, ...]
 
 
+@dataclass(frozen=True)
+class ReconcileReport:
+    """What one reconciliation pass of a worker's host did, and what it cost the worker."""
+
+    runtimes: int
+    removed: tuple[str, ...]
+    failed: tuple[str, ...]
+    wall_ms: float
+    cpu_ms: float
+
+
 # ---- exec, processes, files ------------------------------------------------------------------
 
 
@@ -283,6 +294,10 @@ class WorkerAPI(Protocol):
     async def delete(self, sandbox_id: str) -> None: ...
 
     async def inventory(self) -> Inventory: ...
+
+    async def reconcile(self) -> ReconcileReport:
+        """Reconcile the host with the worker's records now (it also does so periodically)."""
+        ...
 
     async def exec(self, sandbox_id: str, spec: ExecSpec) -> ExecResult: ...
 

@@ -229,6 +229,10 @@ class FakeWorker:
             ),
         )
 
+    async def reconcile(self) -> api.ReconcileReport:
+        self.calls.append(("reconcile", ""))
+        return api.ReconcileReport(len(self.runtimes), (), (), 0.0, 0.0)
+
     # ---- the seam: calls --------------------------------------------------------------------------
     async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:
         self._running(sandbox_id)

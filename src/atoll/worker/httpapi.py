@@ -167,6 +167,10 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> FastAPI:
     async def inventory():
         return _answer(wire.dump(await node.inventory()))
 
+    @app.post(PREFIX + "/reconcile")
+    async def reconcile():
+        return _answer(wire.dump(await node.reconcile()))
+
     @app.post(PREFIX + "/sandboxes")
     async def create(request: Request):
         spec = await _body(request, api.SandboxSpec, "sandbox spec")

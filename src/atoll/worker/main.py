@@ -63,7 +63,15 @@ async def serve(s: settings_mod.WorkerSettings) -> int:
     host, port = sock.getsockname()[:2]
     url = s.advertise or f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     server = _Server(
-        uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=3, lifespan="off"),
+        # the server keeps its connections to the worker alive for as long as it likes
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=3,
+            lifespan="off",
+            timeout_keep_alive=3600,
+        ),
         worker.hub.close,
     )
     reg = registration.Registration(s, worker, creds, url)

@@ -30,7 +30,7 @@ from atoll.worker import agent_pack, bundle, cgroups, storage, sweep, templates
 from atoll.worker.guest import Guest
 from atoll.worker.liveness import Liveness
 from atoll.worker.pressure import Pressure
-from atoll.worker.recovery import PassReport, Recovery
+from atoll.worker.recovery import Recovery
 from atoll.worker.runtime import RuntimeStore
 from atoll.worker.sandboxes import Sandboxes
 from atoll.worker.settings import WorkerSettings
@@ -167,7 +167,7 @@ class Node:
         self._loops: list[asyncio.Task] = []
         self._preparing: dict[str, str] = {}  # template -> what is being prepared
         self._template_seen: dict[str, api.TemplateInfo] = {}
-        self.last_reconcile: PassReport | None = None
+        self.last_reconcile: api.ReconcileReport | None = None
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _lock(self, sid: str) -> asyncio.Lock:
@@ -390,7 +390,7 @@ class Node:
             )
         return api.Inventory(self.s.name, tuple(reports))
 
-    async def reconcile(self) -> PassReport:
+    async def reconcile(self) -> api.ReconcileReport:
         """One reconciliation pass now (the monitor loop runs one every `reconcile_s`)."""
         self.last_reconcile = await self.recovery.reconcile()
         return self.last_reconcile

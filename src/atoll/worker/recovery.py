@@ -28,10 +28,10 @@ import os
 import shutil
 import time
 import typing
-from dataclasses import dataclass
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
+from atoll.core.worker_api import ReconcileReport
 from atoll.worker import cgroups, runsc, sweep
 from atoll.worker.guest import Guest
 from atoll.worker.liveness import Liveness
@@ -44,17 +44,6 @@ log = logging.getLogger(__name__)
 
 RECONCILE_EVERY_S = 30.0
 ORPHAN_WAIT_S = 120.0
-
-
-@dataclass
-class PassReport:
-    """What one reconciliation pass did, and what it cost."""
-
-    runtimes: int
-    removed: list[str]
-    failed: list[str]
-    wall_ms: float
-    cpu_ms: float
 
 
 def _process_running_with(needle: str) -> bool:
@@ -206,7 +195,7 @@ class Recovery:
     def _live(self) -> set[str]:
         return {rt.sandbox_id for rt in self.runtimes.cached() if rt.phase != Phase.DELETING}
 
-    async def reconcile(self, *, parents: bool = False) -> PassReport:
+    async def reconcile(self, *, parents: bool = False) -> ReconcileReport:
         """One pass: remove host objects no live runtime owns; fail runtimes whose objects vanished."""
         t0, c0 = time.perf_counter(), time.thread_time()
         found = sweep.scan(self.host)
@@ -228,10 +217,10 @@ class Recovery:
                     "its files may be gone — delete it and create a new one",
                 )
             removed += self._stale_images(rt)
-        report = PassReport(
+        report = ReconcileReport(
             runtimes=len(live),
-            removed=removed,
-            failed=failed,
+            removed=tuple(removed),
+            failed=tuple(failed),
             wall_ms=round((time.perf_counter() - t0) * 1000, 2),
             cpu_ms=round((time.thread_time() - c0) * 1000, 2),
         )

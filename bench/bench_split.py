@@ -1,0 +1,234 @@
+"""The control plane ↔ worker seam: what `atoll server` + a separate `atoll worker` cost against
+`atoll up`, side by side in one run.
+
+Run standalone (`.venv/bin/python bench/bench_split.py`, root; starts its own `atoll up` and its own
+`atoll server` + `atoll worker`) or from bench/run_all.py (section `split`). Prints one JSON document.
+
+  exec_true         POST …/exec {"cmd": ["true"]} on two fresh idle sandboxes, one per deployment,
+                    interleaved (up, split, up, split, …); p50 each and split/up
+  memory_resume     POST …/resume of a memory-tier sandbox holding 50 MB, 50 ms after the pause
+                    (the VM's idle wake-up counted the same way on both), interleaved
+  disk_resume_50MB  POST …/resume of a disk-tier sandbox holding 50 MB through each deployment, next
+                    to a bare `runsc restore --detach` of the same holder without a CPU quota
+                    (bench_standby.runsc_floor); split/floor
+  reconcile         POST /v1/workers/{id}/reconcile with N live sandbox records on the worker: the
+                    worker's own CPU time for one pass (thread CPU), and its wall time
+
+Traffic goes only to loopback and to the sandboxes' own veth pairs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import typing
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common as c  # noqa: E402
+from bench_standby import HOG, runsc_floor  # noqa: E402
+
+from atoll.testing import LocalCluster  # noqa: E402
+
+
+@contextlib.contextmanager
+def local_cluster() -> typing.Iterator[c.Atoll]:
+    """`atoll server` + one `atoll worker` in fresh homes under /var/tmp, as a bench `Atoll`."""
+    root = tempfile.mkdtemp(prefix="atoll-bench-split-", dir=c.BENCH_TMP)
+    env = {"ATOLL_TEMPLATE_DIR": c.TEMPLATE_DIR, "ATOLL_LOG_LEVEL": "INFO", "ATOLL_LOG_FORMAT": "json"}
+    cl = LocalCluster(root, workers=1, env=env)
+    c.log(f"starting atoll server + atoll worker (root {root})")
+    cl.start(timeout=600)
+    a = c.Atoll(cl)  # type: ignore[arg-type]  (home, url, headers, env: the worker's home)
+    try:
+        yield a
+    finally:
+        a.close()
+        cl.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _hold(a: c.Atoll, sid: str, mb: int) -> None:
+    a.exec(sid, ["python3", "-I", "-c", HOG.format(mb=mb)], background=True)
+    deadline = time.monotonic() + 120
+    while (
+        a.api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/.bench-hog-ready"}).status_code != 200
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the holder did not get ready")
+        time.sleep(0.2)
+
+
+def _post(a: c.Atoll, path: str, **body: typing.Any) -> tuple[float, dict]:
+    with c.Timer() as t:
+        r = a.api.post(path, json=body or None)
+    if r.status_code != 200:
+        raise RuntimeError(f"POST {path}: {r.status_code} {r.text}")
+    return t.ms, r.json()
+
+
+def exec_true(up: c.Atoll, split: c.Atoll, n: int) -> dict:
+    sids = {"up": up.create()["id"], "split": split.create()["id"]}
+    by = {"up": up, "split": split}
+    xs: dict[str, list[float]] = {"up": [], "split": []}
+    try:
+        for i in range(n + 20):
+            for name in ("up", "split"):
+                with c.Timer() as t:
+                    r = by[name].api.post(f"/v1/sandboxes/{sids[name]}/exec", json={"cmd": ["true"]})
+                if r.status_code != 200 or r.json()["exit_code"] != 0:
+                    raise RuntimeError(f"exec on {name}: {r.status_code} {r.text}")
+                if i >= 20:  # warm-up
+                    xs[name].append(t.ms)
+    finally:
+        up.delete(sids["up"])
+        split.delete(sids["split"])
+    out = {k: c.summarize(v) for k, v in xs.items()}
+    out["split_over_up"] = c.ratio(out["split"], out["up"])
+    c.log(
+        f"exec true p50: up {out['up']['p50']:.2f} ms, split {out['split']['p50']:.2f} ms ({out['split_over_up']:.2f}x)"
+    )
+    return out
+
+
+def memory_resume(up: c.Atoll, split: c.Atoll, n: int, mb: int = 50) -> dict:
+    by = {"up": up, "split": split}
+    sids = {name: a.create()["id"] for name, a in by.items()}
+    xs: dict[str, list[float]] = {"up": [], "split": []}
+    try:
+        for name, a in by.items():
+            _hold(a, sids[name], mb)
+        for i in range(n + 3):
+            for name, a in by.items():
+                base = f"/v1/sandboxes/{sids[name]}"
+                _, sb = _post(a, base + "/pause", tier="memory")
+                assert sb["standby_tier"] == "memory", sb
+                time.sleep(0.05)
+                ms, sb = _post(a, base + "/resume")
+                assert sb["state"] == "running", sb
+                if i >= 3:
+                    xs[name].append(ms)
+                time.sleep(0.05)
+    finally:
+        for name, a in by.items():
+            a.delete(sids[name])
+    out = {k: c.summarize(v) for k, v in xs.items()}
+    out["split_over_up"] = c.ratio(out["split"], out["up"])
+    c.log(f"memory resume p50: up {out['up']['p50']:.2f} ms, split {out['split']['p50']:.2f} ms")
+    return out
+
+
+def disk_resume(up: c.Atoll, split: c.Atoll, n: int, n_raw: int, mb: int = 50) -> dict:
+    by = {"up": up, "split": split}
+    sids = {name: a.create()["id"] for name, a in by.items()}
+    xs: dict[str, list[float]] = {"up": [], "split": []}
+    try:
+        for name, a in by.items():
+            _hold(a, sids[name], mb)
+        for i in range(n + 1):
+            for name, a in by.items():
+                sid = sids[name]
+                base = f"/v1/sandboxes/{sid}"
+                _, sb = _post(a, base + "/pause", tier="disk")
+                assert sb["standby_tier"] == "disk", sb
+                a.wait_containers_at_most(sid, 0)
+                time.sleep(0.1)
+                ms, sb = _post(a, base + "/resume")
+                assert sb["state"] == "running", sb
+                if i >= 1:
+                    xs[name].append(ms)
+                snap = os.path.join(a.home, "sandboxes", sid, "snapshot")
+                deadline = time.monotonic() + 30
+                while os.path.exists(snap) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(0.1)
+    finally:
+        for name, a in by.items():
+            a.delete(sids[name])
+    out: dict = {k: c.summarize(v) for k, v in xs.items()}
+    out["runsc_restore_floor"] = runsc_floor(mb, n_raw)["restore_detach"]
+    out["split_over_floor"] = c.ratio(out["split"], out["runsc_restore_floor"])
+    out["up_over_floor"] = c.ratio(out["up"], out["runsc_restore_floor"])
+    c.log(
+        f"disk resume {mb} MB p50: up {out['up']['p50']:.0f} ms, split {out['split']['p50']:.0f} ms, "
+        f"bare runsc restore {out['runsc_restore_floor']['p50']:.0f} ms"
+    )
+    return out
+
+
+def reconcile(a: c.Atoll, records: int, passes: int) -> dict:
+    wid = a.api.get("/v1/workers").json()["items"][0]["id"]
+    sids = []
+    try:
+        for i in range(records):
+            sids.append(a.create(memory_mb=128)["id"])
+            if (i + 1) % 50 == 0:
+                c.log(f"reconcile: {i + 1} sandboxes")
+        wall, cpu = [], []
+        for _ in range(passes + 1):
+            r = a.api.post(f"/v1/workers/{wid}/reconcile")
+            if r.status_code != 200:
+                raise RuntimeError(f"reconcile: {r.status_code} {r.text}")
+            rep = r.json()["worker"]
+            if rep["removed"] or rep["failed"]:
+                raise RuntimeError(f"a pass over healthy sandboxes changed something: {rep}")
+            wall.append(rep["wall_ms"])
+            cpu.append(rep["cpu_ms"])
+            time.sleep(0.5)
+        out = {
+            "records": rep["runtimes"],
+            "worker_cpu": c.summarize(cpu[1:]),
+            "worker_wall": c.summarize(wall[1:]),
+        }
+        c.log(
+            f"reconcile pass over {rep['runtimes']} runtimes: worker CPU p50 {out['worker_cpu']['p50']:.1f} ms"
+        )
+        return out
+    finally:
+        for sid in sids:
+            a.api.delete(f"/v1/sandboxes/{sid}")
+        for sid in sids:
+            a.wait_gone(sid, 120)
+
+
+def run(
+    up: c.Atoll,
+    split: c.Atoll,
+    n_exec: int = 300,
+    n_mem: int = 30,
+    n_disk: int = 8,
+    n_raw: int = 3,
+    records: int = 200,
+    passes: int = 10,
+) -> dict:
+    t0 = time.monotonic()
+    out = {
+        "exec_true": exec_true(up, split, n_exec),
+        "memory_resume_50MB": memory_resume(up, split, n_mem),
+        "disk_resume_50MB": disk_resume(up, split, n_disk, n_raw),
+        "reconcile": reconcile(split, records, passes),
+    }
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def main() -> None:
+    with c.local_atoll() as up, local_cluster() as split:
+        c.warm_up(up)
+        c.warm_up(split)
+        c.emit(
+            {
+                "benchmark": "split",
+                "when": c.timestamp(),
+                "machine": c.machine_info(),
+                "results": run(up, split),
+            }
+        )
+
+
+if __name__ == "__main__":
+    main()
