@@ -8,9 +8,12 @@ Run standalone (`.venv/bin/python bench/bench_split.py`, root; starts its own `a
                     interleaved (up, split, up, split, …); p50 each and split/up
   memory_resume     POST …/resume of a memory-tier sandbox holding 50 MB, 50 ms after the pause
                     (the VM's idle wake-up counted the same way on both), interleaved
-  disk_resume_50MB  POST …/resume of a disk-tier sandbox holding 50 MB through each deployment, next
-                    to a bare `runsc restore --detach` of the same holder without a CPU quota
-                    (bench_standby.runsc_floor); split/floor
+  disk_resume_50MB  POST …/resume of a disk-tier sandbox holding 50 MB through each deployment,
+                    interleaved with a bare `runsc restore --detach` of the *same image* (a copy of
+                    the sandbox's committed snapshot, its own bundle with another cgroup, its
+                    network namespace; no CPU quota, no checksum, no atoll), timed until runsc
+                    returns; split/floor. Beside it the older floor of bench_standby.runsc_floor (a
+                    holder of its own, --network=none, no cgroup), for comparison with earlier runs
   reconcile         POST /v1/workers/{id}/reconcile with N live sandbox records on the worker: the
                     worker's own CPU time for one pass (thread CPU), and its wall time
 
@@ -19,8 +22,12 @@ Traffic goes only to loopback and to the sandboxes' own veth pairs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import glob
+import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -32,7 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as c  # noqa: E402
 from bench_standby import HOG, runsc_floor  # noqa: E402
 
+from atoll.core import ids  # noqa: E402
 from atoll.testing import LocalCluster  # noqa: E402
+from atoll.worker import netns, runsc  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -122,10 +131,49 @@ def memory_resume(up: c.Atoll, split: c.Atoll, n: int, mb: int = 50) -> dict:
     return out
 
 
+def bare_restore_same_image(a: c.Atoll, sid: str) -> float:
+    """`runsc restore` of a copy of `sid`'s committed snapshot, with its own bundle (another
+    container id, runsc root and cgroup) and its network namespace, timed until runsc returns; the
+    copy is deleted and eth0 addressed again before the sandbox itself is resumed."""
+    work = tempfile.mkdtemp(prefix="atoll-bench-floor-", dir=c.BENCH_TMP)
+    sbx = os.path.join(a.home, "sandboxes", sid)
+    cid = "atoll-bench-floor-" + secrets.token_hex(4)
+    cg = "/" + cid
+    root = os.path.join(work, "root")
+    name = ids.runtime_name(a.install_id, sid)
+    try:
+        shutil.copytree(os.path.join(sbx, "snapshot"), os.path.join(work, "img"))
+        with open(os.path.join(sbx, "bundle", "config.json")) as f:
+            spec = json.load(f)
+        spec["linux"]["cgroupsPath"] = cg
+        os.makedirs(os.path.join(work, "bundle"))
+        with open(os.path.join(work, "bundle", "config.json"), "w") as f:
+            json.dump(spec, f)
+        asyncio.run(netns.readdress(name))
+        with c.Timer() as t:
+            asyncio.run(
+                runsc.restore(
+                    root,
+                    os.path.join(work, "bundle"),
+                    cid,
+                    os.path.join(work, "img"),
+                    os.path.join(work, "log"),
+                )
+            )
+        return t.ms
+    finally:
+        c.run_quiet([c.RUNSC, f"--root={root}", "delete", "-force", cid], check=False)
+        for ctl in glob.glob("/sys/fs/cgroup/*/"):
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(ctl, cg.lstrip("/")))
+        asyncio.run(netns.readdress(name))
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def disk_resume(up: c.Atoll, split: c.Atoll, n: int, n_raw: int, mb: int = 50) -> dict:
     by = {"up": up, "split": split}
     sids = {name: a.create()["id"] for name, a in by.items()}
-    xs: dict[str, list[float]] = {"up": [], "split": []}
+    xs: dict[str, list[float]] = {"up": [], "split": [], "floor_up": [], "floor_split": []}
     try:
         for name, a in by.items():
             _hold(a, sids[name], mb)
@@ -136,11 +184,14 @@ def disk_resume(up: c.Atoll, split: c.Atoll, n: int, n_raw: int, mb: int = 50) -
                 _, sb = _post(a, base + "/pause", tier="disk")
                 assert sb["standby_tier"] == "disk", sb
                 a.wait_containers_at_most(sid, 0)
+                time.sleep(0.3)  # the worker's background delete and readdress of the old container
+                floor = bare_restore_same_image(a, sid)
                 time.sleep(0.1)
                 ms, sb = _post(a, base + "/resume")
                 assert sb["state"] == "running", sb
                 if i >= 1:
                     xs[name].append(ms)
+                    xs["floor_" + name].append(floor)
                 snap = os.path.join(a.home, "sandboxes", sid, "snapshot")
                 deadline = time.monotonic() + 30
                 while os.path.exists(snap) and time.monotonic() < deadline:
@@ -150,12 +201,14 @@ def disk_resume(up: c.Atoll, split: c.Atoll, n: int, n_raw: int, mb: int = 50) -
         for name, a in by.items():
             a.delete(sids[name])
     out: dict = {k: c.summarize(v) for k, v in xs.items()}
-    out["runsc_restore_floor"] = runsc_floor(mb, n_raw)["restore_detach"]
-    out["split_over_floor"] = c.ratio(out["split"], out["runsc_restore_floor"])
-    out["up_over_floor"] = c.ratio(out["up"], out["runsc_restore_floor"])
+    out["split_over_same_image_floor"] = c.ratio(out["split"], out["floor_split"])
+    out["up_over_same_image_floor"] = c.ratio(out["up"], out["floor_up"])
+    out["runsc_floor_own_holder"] = runsc_floor(mb, n_raw)["restore_detach"]
+    out["split_over_own_holder_floor"] = c.ratio(out["split"], out["runsc_floor_own_holder"])
     c.log(
-        f"disk resume {mb} MB p50: up {out['up']['p50']:.0f} ms, split {out['split']['p50']:.0f} ms, "
-        f"bare runsc restore {out['runsc_restore_floor']['p50']:.0f} ms"
+        f"disk resume {mb} MB p50: up {out['up']['p50']:.0f} ms (bare restore of its image "
+        f"{out['floor_up']['p50']:.0f}), split {out['split']['p50']:.0f} ms (bare "
+        f"{out['floor_split']['p50']:.0f}); own-holder floor {out['runsc_floor_own_holder']['p50']:.0f} ms"
     )
     return out
 
@@ -195,6 +248,9 @@ def reconcile(a: c.Atoll, records: int, passes: int) -> dict:
             a.wait_gone(sid, 120)
 
 
+SECTIONS = ("exec", "memory", "disk", "reconcile")
+
+
 def run(
     up: c.Atoll,
     split: c.Atoll,
@@ -204,30 +260,39 @@ def run(
     n_raw: int = 3,
     records: int = 200,
     passes: int = 10,
+    only: typing.Collection[str] = SECTIONS,
 ) -> dict:
     t0 = time.monotonic()
-    out = {
-        "exec_true": exec_true(up, split, n_exec),
-        "memory_resume_50MB": memory_resume(up, split, n_mem),
-        "disk_resume_50MB": disk_resume(up, split, n_disk, n_raw),
-        "reconcile": reconcile(split, records, passes),
-    }
+    out: dict = {}
+    if "exec" in only:
+        out["exec_true"] = exec_true(up, split, n_exec)
+    if "memory" in only:
+        out["memory_resume_50MB"] = memory_resume(up, split, n_mem)
+    if "disk" in only:
+        out["disk_resume_50MB"] = disk_resume(up, split, n_disk, n_raw)
+    if "reconcile" in only:
+        out["reconcile"] = reconcile(split, records, passes)
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--only", default=",".join(SECTIONS), help="comma-separated sections: " + ", ".join(SECTIONS)
+    )
+    ap.add_argument(
+        "--records", type=int, default=200, help="sandboxes on the worker for the reconcile section"
+    )
+    args = ap.parse_args()
+    only = set(args.only.split(","))
     with c.local_atoll() as up, local_cluster() as split:
         c.warm_up(up)
         c.warm_up(split)
-        c.emit(
-            {
-                "benchmark": "split",
-                "when": c.timestamp(),
-                "machine": c.machine_info(),
-                "results": run(up, split),
-            }
-        )
+        res = run(up, split, records=args.records, only=only)
+        c.emit({"benchmark": "split", "when": c.timestamp(), "machine": c.machine_info(), "results": res})
 
 
 if __name__ == "__main__":

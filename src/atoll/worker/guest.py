@@ -233,6 +233,33 @@ class Guest:
             detail=f"last error: {last!r}; runsc log: {runsc.tail(log_path)}",
         )
 
+    async def identify_when_ready(
+        self, sid: str, generation: int, cpus: float, timeout: float, log_path: str
+    ) -> None:
+        """After a restore: POST /identity (new generation, the CPU count) until the agent answers
+        it — one round trip instead of a /health poll and then the identity."""
+        body = {"sandbox_id": sid, "generation": generation, "hostname": None, "env": None, "cpus": cpus}
+        deadline = time.monotonic() + timeout
+        delay = 0.002
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                r = await self.channel(sid).request("POST", "/identity", json=body, timeout=2)
+            except (agent_channel.ChannelError, OSError) as e:
+                last = e
+            else:
+                if r.status_code == 200:
+                    return
+                raise _agent_error(r)
+            if self.liveness.exited(sid).is_set():
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.005)
+        raise errors.RuntimeFailure(
+            f"the guest agent of sandbox {sid} did not answer within {timeout}s after its restore",
+            detail=f"last error: {last!r}; runsc log: {runsc.tail(log_path)}",
+        )
+
     async def identify(
         self, sid: str, generation: int, *, hostname: str | None, env: dict | None, cpus: float
     ) -> str | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import logging
 import os
 import shutil
@@ -233,14 +232,14 @@ class Recovery:
         if rt.phase in (Phase.FAILED, Phase.DELETING, Phase.CREATING):
             return None
         has = found.of(self.host, rt.sandbox_id)
-        if not any(m.endswith("/rootfs") for m in has["mounts"]):
+        if not any(m.endswith("/rootfs") for m in has.get("mounts", ())):
             return "its root filesystem is not mounted"
         if rt.phase == Phase.CHECKPOINTED:
             return None if self.snapshots.committed(rt.sandbox_id) else "its snapshot is gone"
         if rt.phase in (Phase.RUNNING, Phase.FROZEN):
-            if not has["sentry"] and not self.liveness.alive(rt.sandbox_id):
+            if not has.get("sentry") and not self.liveness.alive(rt.sandbox_id):
                 return "its gVisor sentry is not running"
-            if len(has["netns"]) < 2:
+            if len(has.get("netns", ())) < 2:
                 return "its network namespaces are gone"
         return None
 
@@ -248,14 +247,18 @@ class Recovery:
         """Checkpoint images a runtime no longer needs (a staging directory outside a checkpoint,
         a committed snapshot of a sandbox that runs again)."""
         out = []
-        if rt.phase != Phase.CHECKPOINTING:
-            for tmp in glob.glob(self.runtimes.path(rt.sandbox_id, "snapshot.tmp-*")):
-                shutil.rmtree(tmp, ignore_errors=True)
-                out.append(f"image {tmp}")
-        if rt.phase in (Phase.RUNNING, Phase.FROZEN) and self.snapshots.committed(rt.sandbox_id):
-            snap = self.runtimes.path(rt.sandbox_id, "snapshot")
-            shutil.rmtree(snap, ignore_errors=True)
-            out.append(f"image {snap}")
+        try:  # one listing per sandbox (a pass looks at every runtime)
+            names = os.listdir(self.runtimes.dir(rt.sandbox_id))
+        except FileNotFoundError:
+            return out
+        for name in names:
+            stale = (name.startswith("snapshot.tmp-") and rt.phase != Phase.CHECKPOINTING) or (
+                name == "snapshot" and rt.phase in (Phase.RUNNING, Phase.FROZEN)
+            )
+            if stale:
+                path = self.runtimes.path(rt.sandbox_id, name)
+                shutil.rmtree(path, ignore_errors=True)
+                out.append(f"image {path}")
         for what in out:
             log.info("reconcile removed %s", what, extra={"sandbox_id": rt.sandbox_id})
         return out

@@ -166,26 +166,42 @@ class HostObjects:
     cgroups: dict[str, list[str]]  # leaf -> hierarchies
     dirs: list[str]  # sandbox ids with a directory
 
+    _index: dict[str, dict[str, list[str]]] | None = None
+
+    def by_owner(self, inst: Installation) -> dict[str, dict[str, list[str]]]:
+        """sandbox id -> kind -> what exists for it (sentry = its runsc sandbox daemon), built once
+        (a reconciliation asks for every runtime; one pass over the objects, not one per runtime)."""
+        if self._index is None:
+            index: dict[str, dict[str, list[str]]] = {}
+
+            def add(sid: str | None, kind: str, what: str) -> None:
+                if sid:
+                    index.setdefault(sid, {}).setdefault(kind, []).append(what)
+
+            for p in self.processes:
+                if p.argv[0] == b"runsc-sandbox":
+                    add(p.sandbox_id, "sentry", str(p.pid))
+                add(p.sandbox_id, "process", str(p.pid))
+            for cid in self.states:
+                add(inst.owner(cid), "state", cid)
+            for n in self.netns:
+                add(inst.owner(n), "netns", n)
+            for m in self.mounts:
+                add(inst.owner(m), "mounts", m)
+            for leaf in self.cgroups:
+                add(inst.owner(leaf), "cgroups", leaf)
+            for d in self.dirs:
+                add(d, "dir", d)
+            self._index = index
+        return self._index
+
     def owner_ids(self, inst: Installation) -> set[str]:
         """The sandbox ids anything found here belongs to."""
-        out = {p.sandbox_id for p in self.processes if p.sandbox_id}
-        out |= {inst.owner(c) for c in self.states}
-        out |= {inst.owner(n) for n in self.netns}
-        out |= {inst.owner(m) for m in self.mounts}
-        out |= {inst.owner(leaf) for leaf in self.cgroups}
-        out |= set(self.dirs)
-        return {x for x in out if x}
+        return set(self.by_owner(inst))
 
     def of(self, inst: Installation, sid: str) -> dict[str, list[str]]:
-        """What exists for sandbox `sid`, by kind (sentry = its runsc sandbox daemon)."""
-        return {
-            "sentry": [
-                str(p.pid) for p in self.processes if p.sandbox_id == sid and p.argv[0] == b"runsc-sandbox"
-            ],
-            "netns": [n for n in self.netns if inst.owner(n) == sid],
-            "mounts": [m for m in self.mounts if inst.owner(m) == sid],
-            "cgroups": [leaf for leaf in self.cgroups if inst.owner(leaf) == sid],
-        }
+        """What exists for sandbox `sid`, by kind."""
+        return self.by_owner(inst).get(sid, {})
 
 
 def scan(inst: Installation) -> HostObjects:
