@@ -196,3 +196,23 @@ async def test_a_snapshot_is_committed_whole_and_verified(tmp_path):
     await store.discard(sid)
     assert store.committed(sid) is None
     assert dataclasses.asdict(snap.manifest)["size"] == 4096
+
+
+async def test_a_snapshot_an_earlier_version_committed_with_blake2b_still_verifies(tmp_path):
+    import hashlib
+
+    sid = "sb-0000000000000004"
+    snap = tmp_path / sid / "snapshot"
+    snap.mkdir(parents=True)
+    data = os.urandom(8192)
+    (snap / "checkpoint.img").write_bytes(data)
+    old = {"sandbox_id": sid, "generation": 2, "image": "checkpoint.img", "size": len(data),
+           "blake2b": hashlib.blake2b(data, digest_size=20).hexdigest(), "runsc": "x", "created_at": 0.0}
+    (snap / "manifest.json").write_text(json.dumps(old))
+    store = LocalSnapshotStore(str(tmp_path))
+    committed = store.checked(sid)
+    assert committed.manifest.algorithm == "blake2b"
+    await store.verify(committed)
+    (snap / "checkpoint.img").write_bytes(os.urandom(8192))
+    with pytest.raises(errors.RuntimeFailure, match="blake2b checksum"):
+        await store.verify(store.checked(sid))

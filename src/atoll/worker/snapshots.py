@@ -97,7 +97,8 @@ def checksum(path: str, algorithm: str = "crc32") -> tuple[str, int]:
 
 def _manifest(data: dict) -> Manifest:
     if "blake2b" in data:  # written by an earlier version
-        data = {**data, "digest": data.pop("blake2b"), "algorithm": "blake2b"}
+        data = dict(data)
+        data["digest"], data["algorithm"] = data.pop("blake2b"), "blake2b"
     return Manifest(**data)
 
 
