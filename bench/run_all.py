@@ -4,8 +4,9 @@ Called by `make bench` (`.venv/bin/python bench/run_all.py`); needs root, runsc 
 `make run` installs. Starts `atoll up` in a fresh home under /var/tmp (template layers from the
 shared cache /var/tmp/atoll-test-templates, built at start-up if missing), waits for the server's
 template image and does one untimed warm-up create, runs
-bench_api, bench_standby and bench_peers in that order (bench_peers starts a second atoll with
-ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison), checks the issue's targets, prints the
+bench_api, bench_standby, bench_peers and bench_split in that order (bench_peers starts a second
+atoll with ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison, bench_split an `atoll server`
+with one `atoll worker`), checks the issues' targets, prints the
 document to stdout and saves it to bench/results/latest.json. Progress goes to stderr. Everything
 started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
 Takes about 4-6 minutes on 2 cores. `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_api  # noqa: E402
 import bench_peers  # noqa: E402
+import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
 import common as c  # noqa: E402
 
@@ -34,6 +36,11 @@ TARGETS = {
     "disk_resume_50MB_p50_ms": 300.0,
     "exec_true_p50_ms": 10.0,
     "create_first_exec_over_gvisor_pkg": 1.0,
+    # issue 6, the worker seam (section `split`: atoll server + atoll worker beside atoll up)
+    "split_exec_true_over_up": 1.25,
+    "split_memory_resume_p50_ms": 5.0,
+    "split_disk_resume_50MB_over_bare_restore": 1.1,
+    "reconcile_200_worker_cpu_ms": 50.0,
 }
 
 
@@ -81,13 +88,42 @@ def check_targets(res: dict) -> dict:
             cold_boot_value=cold,
             cold_boot_met=cold is not None and cold <= TARGETS[name],
         )
+    sp = res.get("split", {})
+    if "exec_true" in sp:
+        out["split_exec_true_over_up"] = _verdict(
+            "split_exec_true_over_up",
+            sp["exec_true"]["split_over_up"],
+            "p50 of exec ['true'] through atoll server + atoll worker / through atoll up, interleaved",
+        )
+    if "memory_resume_50MB" in sp:
+        out["split_memory_resume_p50_ms"] = _verdict(
+            "split_memory_resume_p50_ms",
+            sp["memory_resume_50MB"]["split"]["p50"],
+            "POST /resume of a memory-tier sandbox holding 50 MB through the split",
+            up_value=sp["memory_resume_50MB"]["up"]["p50"],
+        )
+    if "disk_resume_50MB" in sp:
+        out["split_disk_resume_50MB_over_bare_restore"] = _verdict(
+            "split_disk_resume_50MB_over_bare_restore",
+            sp["disk_resume_50MB"]["split_over_same_image_floor"],
+            "p50 of POST /resume (disk tier, 50 MB) through the split / a bare runsc restore of a copy of "
+            "the same image (its bundle, netns; no quota), interleaved; own_holder_floor: "
+            "bench_standby's floor (its own holder, --network=none, no cgroup)",
+            own_holder_floor_ratio=sp["disk_resume_50MB"]["split_over_own_holder_floor"],
+        )
+    if "reconcile" in sp:
+        out["reconcile_200_worker_cpu_ms"] = _verdict(
+            "reconcile_200_worker_cpu_ms",
+            sp["reconcile"]["worker_cpu"]["p50"],
+            f"worker CPU of one reconciliation pass over {sp['reconcile']['records']} live sandboxes",
+        )
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
-    ap.add_argument("--only", default="api,standby,peers", help="comma-separated subset")
+    ap.add_argument("--only", default="api,standby,peers,split", help="comma-separated subset")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -112,6 +148,20 @@ def main() -> int:
         if "peers" in only:
             c.log("== peers: create + first command")
             res["peers"] = bench_peers.run(a, n=2 if q else 10)
+        if "split" in only:
+            c.log("== split: atoll server + atoll worker beside atoll up")
+            with bench_split.local_cluster() as split:
+                c.warm_up(split)
+                res["split"] = bench_split.run(
+                    a,
+                    split,
+                    n_exec=30 if q else 300,
+                    n_mem=5 if q else 30,
+                    n_disk=2 if q else 8,
+                    n_raw=1 if q else 3,
+                    records=10 if q else 200,
+                    passes=3 if q else 10,
+                )
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")

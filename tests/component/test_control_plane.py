@@ -211,3 +211,20 @@ async def test_sandboxes_say_which_worker_holds_them(fake):
     assert ws[0]["capacity"]["memory_mb"] == worker.capacity.memory_mb
     assert (await c.get(f"/v1/workers/{ws[0]['id']}")).json()["name"] == worker.name
     assert (await c.get("/v1/workers/wk-nonexistent00000")).json()["error"]["code"] == "worker_not_found"
+
+
+async def test_a_busy_sandbox_the_worker_reports_is_not_frozen_for_idleness(fake):
+    """SandboxActivity events (the worker sees its processes use CPU) count as activity."""
+    from atoll.core import worker_api as api
+
+    c, worker = fake.http, fake.worker
+    sid = await create(c, idle_timeout_s=0.3)
+    for _ in range(12):
+        worker.emit(api.SandboxActivity(sid, "80% of a CPU"))
+        await asyncio.sleep(0.1)
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+
+    async def frozen():
+        return (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "memory"
+
+    await _until(frozen)

@@ -348,3 +348,32 @@ def test_reconciliation_finds_what_vanished_and_removes_what_nobody_owns(tmp_pat
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-x", "-q"]))
+
+
+def test_two_workers_on_one_machine(tmp_path):
+    """Each with its own home: their names on the host never collide, placement uses both, and each
+    sandbox is served by the worker that holds it."""
+    with LocalCluster(tmp_path / "two", workers=2, env=ENV) as cl, _client(cl) as c:
+        ws = {w["name"]: w for w in c.get("/v1/workers").json()["items"]}
+        assert set(ws) == {"w0", "w1"} and all(w["state"] == "ready" for w in ws.values())
+        assert ws["w0"]["installation"] != ws["w1"]["installation"]
+        sids = [c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"] for _ in range(4)]
+        where = {sid: c.get(f"/v1/sandboxes/{sid}").json()["worker"] for sid in sids}
+        assert set(where.values()) == {"w0", "w1"}
+        for sid, name in where.items():
+            assert _exec(c, sid, "hostname")["stdout"] == f"{sid}\n"
+            home = cl.workers[int(name[1])].home
+            assert os.path.isdir(os.path.join(home, "sandboxes", sid))
+        one = next(s for s, n in where.items() if n == "w1")
+        assert c.post(f"/v1/sandboxes/{one}/pause", json={"tier": "disk"}).json()["standby_tier"] == "disk"
+        cl.workers[1].kill()  # the other worker's sandboxes are not affected
+        other = next(s for s, n in where.items() if n == "w0")
+        assert _exec(c, other, "echo still")["stdout"] == "still\n"
+        r = c.post(f"/v1/sandboxes/{one}/exec", json={"cmd": "true"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable"
+        cl.workers[1].start()
+        cl.workers[1].wait_state("ready", 300)
+        deadline = time.monotonic() + 60
+        while c.post(f"/v1/sandboxes/{one}/exec", json={"cmd": "true"}).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)

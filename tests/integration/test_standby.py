@@ -170,6 +170,23 @@ def test_long_foreground_command_is_activity(api):
         api.delete(f"/v1/sandboxes/{sid}")
 
 
+def test_a_busy_background_process_is_activity(api):
+    """A build in the background uses CPU: the worker reports it, the sandbox is not frozen for
+    idleness; once it ends, the sandbox goes to standby as usual."""
+    sid = api.post("/v1/sandboxes", json={"idle_timeout_s": 1, "disk_after_s": 0}).json()["id"]
+    try:
+        pid = run(api, sid, ["python3", "-c", "while True: pass"], background=True)["pid"]
+        time.sleep(6)
+        assert api.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        assert api.delete(f"/v1/sandboxes/{sid}/processes/{pid}").status_code == 204
+        deadline = time.monotonic() + 15
+        while api.get(f"/v1/sandboxes/{sid}").json()["state"] != "standby":
+            assert time.monotonic() < deadline, "an idle sandbox must go to standby"
+            time.sleep(0.2)
+    finally:
+        api.delete(f"/v1/sandboxes/{sid}")
+
+
 @pytest.mark.slow
 def test_hundred_standby_cycles(api, stateful):
     sid = stateful["id"]

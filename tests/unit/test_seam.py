@@ -206,8 +206,15 @@ async def test_a_snapshot_an_earlier_version_committed_with_blake2b_still_verifi
     snap.mkdir(parents=True)
     data = os.urandom(8192)
     (snap / "checkpoint.img").write_bytes(data)
-    old = {"sandbox_id": sid, "generation": 2, "image": "checkpoint.img", "size": len(data),
-           "blake2b": hashlib.blake2b(data, digest_size=20).hexdigest(), "runsc": "x", "created_at": 0.0}
+    old = {
+        "sandbox_id": sid,
+        "generation": 2,
+        "image": "checkpoint.img",
+        "size": len(data),
+        "blake2b": hashlib.blake2b(data, digest_size=20).hexdigest(),
+        "runsc": "x",
+        "created_at": 0.0,
+    }
     (snap / "manifest.json").write_text(json.dumps(old))
     store = LocalSnapshotStore(str(tmp_path))
     committed = store.checked(sid)

@@ -484,6 +484,8 @@ class SandboxManager:
             return
         if isinstance(ev, api.SandboxDied):
             self._fail(rec, ev.cause)
+        elif isinstance(ev, api.SandboxActivity):
+            self._activity[rec.id] = time.monotonic()
         elif isinstance(ev, api.RuntimeChanged) and not self._lock(rec.id).locked():
             self._follow(rec, api.RuntimeReport(rec.id, ev.phase, 0), handle)
 

@@ -9,8 +9,9 @@ answers with an outcome that says what it reached and why. Nothing crosses the s
 types: no callbacks, no shared objects. Exec, processes and files are defined here, in atoll's
 own terms; the guest agent's protocol stays behind the worker.
 
-The worker reports what happens on its own as `events()`: a sandbox died, its runtime changed
-phase on the worker's initiative, a template's status changed, resource usage. Events are hints
+The worker reports what happens on its own as `events()`: a sandbox died, it is busy (its
+processes use CPU), its runtime changed phase on the worker's initiative, a template's status
+changed, resource usage. Events are hints
 delivered at most once; `inventory()` is the truth the control plane reconciles against.
 
 `PROTOCOL_VERSION` is the version of this interface on the wire (core.wire): both sides send it
@@ -236,6 +237,16 @@ class SandboxDied:
 
 
 @dataclass(frozen=True)
+class SandboxActivity:
+    """The sandbox is busy in a way only its worker sees (its processes use CPU): the control
+    plane counts it as activity, so the idle policy leaves it running."""
+
+    sandbox_id: str
+    reason: str
+    kind: Literal["activity"] = "activity"
+
+
+@dataclass(frozen=True)
 class RuntimeChanged:
     """The worker moved a runtime on its own (e.g. it compacted it, or a reconciliation pass
     found it in another phase)."""
@@ -268,7 +279,7 @@ class UsageReport:
     kind: Literal["usage"] = "usage"
 
 
-WorkerEvent = SandboxDied | RuntimeChanged | TemplateChanged | UsageReport
+WorkerEvent = SandboxDied | SandboxActivity | RuntimeChanged | TemplateChanged | UsageReport
 
 
 # ---- the interface ---------------------------------------------------------------------------

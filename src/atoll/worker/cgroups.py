@@ -227,6 +227,15 @@ def remove_empty_parents(install_id: str) -> list[str]:
     return removed
 
 
+def cpu_seconds(cgpath: str) -> float | None:
+    """CPU time the sandbox's cgroup has used (cpuacct), None when it is gone."""
+    try:
+        with open(_p("cpuacct", cgpath, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def usage(cgpath: str) -> tuple[float, int, int] | None:
     """(CPU seconds used, memory bytes in use, host tasks) of a sandbox's cgroups; None when gone."""
     try:

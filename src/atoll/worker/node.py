@@ -15,6 +15,7 @@ Used in-process by `atoll up` and behind worker.httpapi by `atoll worker`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -42,8 +43,23 @@ log = logging.getLogger(__name__)
 
 MONITOR_EVERY_S = 0.5
 USAGE_EVERY_S = 10.0
+# A running sandbox whose processes used more than ACTIVITY_CPU_SHARE of one CPU over the last
+# ACTIVITY_WINDOW_S is busy (a build, a test run): the idle policy's pause declines it, and a
+# SandboxActivity event (at most every ACTIVITY_EVENT_EVERY_S) tells the control plane. An idle dev
+# server or REPL stays far below (a sleeping sandbox uses ~0.02% of a core here). Samples come from
+# the sandbox cgroup's cpuacct, read in every monitor pass.
+ACTIVITY_CPU_SHARE = 0.1
+ACTIVITY_WINDOW_S = 2.0
+ACTIVITY_EVENT_EVERY_S = 2.0
 REATTACH_TIMEOUT_S = 180.0
 EVENT_QUEUE = 1000
+
+
+def _share(samples: typing.Sequence[tuple[float, float]]) -> float | None:
+    """CPU seconds per second between the first and the last (time, CPU seconds) sample."""
+    if len(samples) < 2 or samples[-1][0] - samples[0][0] < 0.25:
+        return None
+    return (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
 
 
 def installation_id(home: str) -> str:
@@ -168,6 +184,8 @@ class Node:
         self._preparing: dict[str, str] = {}  # template -> what is being prepared
         self._template_seen: dict[str, api.TemplateInfo] = {}
         self.last_reconcile: api.ReconcileReport | None = None
+        self._cpu: dict[str, collections.deque] = {}  # "<sandbox>-<generation>" -> (time, CPU s)
+        self._activity_told: dict[str, float] = {}
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _lock(self, sid: str) -> asyncio.Lock:
@@ -264,6 +282,7 @@ class Node:
                         self.pressure.check(rt.sandbox_id)
                 self._emit_templates()
                 now = time.monotonic()
+                self._sample_cpu(now)
                 if now - last_usage >= USAGE_EVERY_S:
                     last_usage = now
                     self._emit_usage()
@@ -272,6 +291,38 @@ class Node:
                     self.last_reconcile = await self.recovery.reconcile()
             except Exception:
                 log.exception("worker monitor pass failed")
+
+    def _sample_cpu(self, now: float) -> None:
+        """Record each running sandbox's CPU time; tell the control plane about busy ones."""
+        samples: dict[str, collections.deque] = {}
+        for rt in self.runtimes.cached():
+            if rt.phase != Phase.RUNNING or rt.temporary:
+                continue
+            cpu = cgroups.cpu_seconds(rt.cgroup(self.install_id))
+            if cpu is None:
+                continue
+            key = f"{rt.sandbox_id}-{rt.generation}"  # a restore starts a new cgroup at 0
+            dq = self._cpu.get(key) or collections.deque(maxlen=int(ACTIVITY_WINDOW_S / MONITOR_EVERY_S) + 1)
+            dq.append((now, cpu))
+            samples[key] = dq
+            share = _share(dq)
+            told = self._activity_told.get(rt.sandbox_id, 0.0)
+            if share is not None and share > ACTIVITY_CPU_SHARE and now - told >= ACTIVITY_EVENT_EVERY_S:
+                self._activity_told[rt.sandbox_id] = now
+                self.hub.emit(api.SandboxActivity(rt.sandbox_id, f"its processes use {share:.0%} of a CPU"))
+        self._cpu = samples
+
+    def cpu_share(self, sid: str) -> float | None:
+        """The share of one CPU the sandbox's processes used over about the last ACTIVITY_WINDOW_S
+        (a fresh reading against the oldest sample); None without a sample yet."""
+        rt = self.runtimes.find(sid)
+        if rt is None:
+            return None
+        dq = self._cpu.get(f"{sid}-{rt.generation}")
+        cpu = cgroups.cpu_seconds(rt.cgroup(self.install_id))
+        if not dq or cpu is None:
+            return None
+        return _share([dq[0], (time.monotonic(), cpu)])
 
     def _emit_usage(self) -> None:
         items = []
@@ -359,6 +410,10 @@ class Node:
                     f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress",
                     busy=True,
                 )
+            if only_if_idle and rt.phase == Phase.RUNNING:
+                share = self.cpu_share(sandbox_id)
+                if share is not None and share > ACTIVITY_CPU_SHARE:
+                    return api.PauseOutcome(None, f"its processes use {share:.0%} of a CPU (activity)")
             return await self.tiers.pause(rt, tier, only_if_idle=only_if_idle)
 
     async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
