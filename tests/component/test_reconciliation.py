@@ -184,3 +184,15 @@ async def test_a_worker_name_from_another_home_is_refused(tmp_path):
         with pytest.raises(errors.Conflict) as e:
             reg.register({"info": old}, "http://127.0.0.1:9")
         assert e.value.code == "incompatible_protocol" and "99" in e.value.message
+
+
+async def test_reconcile_now_runs_both_passes(fake):
+    c = fake.http
+    sid = await create(c)
+    fake.worker.vanish(sid)
+    wid = (await c.get("/v1/workers")).json()["items"][0]["id"]
+    r = await c.post(f"/v1/workers/{wid}/reconcile")
+    assert r.status_code == 200 and r.json()["worker"]["runtimes"] == 0
+    assert ("reconcile", "") in fake.worker.calls
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "failed"
+    assert (await c.post("/v1/workers/wk-0000000000000000/reconcile")).status_code == 404

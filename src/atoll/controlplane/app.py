@@ -5,6 +5,11 @@ Errors are always `{"error": {"code", "message", "request_id", "retryable"}}`; i
 logged with the request id, never sent to the caller, and nothing escapes as a traceback (a last
 line of defence answers 500 internal_error). Every route but the public ones needs
 `Authorization: Bearer <admin key>`, checked before routing.
+
+/openapi.json is FastAPI's document finished by `finish_openapi` to say what this server really
+does: the bearer scheme on every protected operation (so /docs can "Authorize" and "Try it out"),
+the 401 and 500 any of them may answer, 400 invalid_request where FastAPI would say 422 (this server
+never answers 422), and the component schemas of the bodies the routers read by hand.
 Built by atoll.up and controlplane.main (create_app); the routers talk only to SandboxManager.
 """
 
@@ -27,6 +32,7 @@ from atoll.controlplane import (
     routes_sandboxes,
     routes_system,
     routes_workers,
+    schemas,
 )
 from atoll.controlplane.context import Context
 from atoll.controlplane.lifecycle import SandboxManager
@@ -36,6 +42,61 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EXEC_OUTPUT_BYTES = 1024 * 1024  # per stream of a non-streamed exec (ATOLL_MAX_EXEC_OUTPUT_KB)
 PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+BEARER = "bearerAuth"  # the security scheme's name in /openapi.json
+
+
+def finish_openapi(doc: dict) -> dict:
+    """FastAPI's document (changed in place, and returned) made true to this server; see the module
+    docstring. Every `$ref` in the result resolves (tests/component/test_openapi.py checks)."""
+    components = doc.setdefault("components", {})
+    error_ref = http.ref(schemas.ErrorBody)
+    found = components.setdefault("schemas", {})
+    for name, schema in http.component_schemas().items():
+        found.setdefault(name, schema)
+    components["securitySchemes"] = {
+        BEARER: {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The admin API key: ATOLL_API_KEY, or the one in $ATOLL_HOME/admin.key",
+        }
+    }
+
+    def error(description: str) -> dict:
+        return {"description": description, "content": {"application/json": {"schema": error_ref}}}
+
+    internal = "internal_error: a bug; the server logged it under the request id (retryable)"
+    for path, operations in doc.get("paths", {}).items():
+        for op in operations.values():
+            answers = op.setdefault("responses", {})
+            answers.pop("422", None)  # a failed validation is 400 invalid_request (validation_error)
+            if op.get("parameters") or op.get("requestBody"):
+                answers.setdefault("400", error("invalid_request: a parameter or the body is malformed"))
+            if path not in PUBLIC_PATHS:
+                op["security"] = [{BEARER: []}]
+                answers.setdefault("401", error("unauthorized: missing or wrong API key"))
+            if "500" in answers:
+                answers["500"]["description"] += "; or " + internal
+            else:
+                answers["500"] = error(internal)
+    used = set()
+
+    def refs(node: object) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "$ref" and isinstance(v, str):
+                    used.add(v.rsplit("/", 1)[-1])
+                else:
+                    refs(v)
+        elif isinstance(node, list):
+            for v in node:
+                refs(v)
+
+    refs(doc.get("paths", {}))
+    refs({k: v for k, v in found.items() if k not in ("HTTPValidationError", "ValidationError")})
+    for name in ("HTTPValidationError", "ValidationError"):  # only FastAPI's 422s named them
+        if name not in used:
+            found.pop(name, None)
+    return doc
 
 
 def create_app(
@@ -52,7 +113,15 @@ def create_app(
             "Execution substrate for AI agents: gVisor sandboxes with memory-preserving standby, "
             "on one or more workers. Authenticate with `Authorization: Bearer <admin key>`."
         ),
+        swagger_ui_parameters={"persistAuthorization": True},
     )
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = finish_openapi(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.state.ctx = Context(manager, max_file_bytes, max_exec_output_bytes)
     m = manager.m
     key_bytes = api_key.encode()

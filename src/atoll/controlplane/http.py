@@ -1,9 +1,13 @@
 """What every router of the public API shares: the error envelope, size-limited JSON bodies, file
-paths, and calls that end when the API client hangs up.
+paths, calls that end when the API client hangs up, and the pieces of /openapi.json the routers
+declare by hand.
 
 Bodies are parsed by hand (size-limited before they are read whole; malformed JSON, a non-object or a
 failed validation is `400 invalid_request` naming the field and the value) and validated with the
-pydantic models of controlplane.schemas. Called by the routers (controlplane.routes_*) and app.
+pydantic models of controlplane.schemas. Since FastAPI does not see those bodies (nor the models a
+route names only in a `$ref`), `body_schema` and `ref` record their models, and `component_schemas`
+gives app the schemas to add to the document's `components/schemas`.
+Called by the routers (controlplane.routes_*) and app.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import json
 import typing
 
 import pydantic
+import pydantic.json_schema
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from atoll.controlplane import schemas
 from atoll.core import errors
 
 MAX_JSON_BYTES = 1024 * 1024
@@ -44,17 +50,40 @@ def error_response(
     )
 
 
+REF_TEMPLATE = "#/components/schemas/{model}"
+# Models the document names only by `$ref` (hand-read bodies, hand-built answers), with the JSON
+# Schema mode they are seen in: "validation" for what the server reads, "serialization" for answers.
+_COMPONENTS: dict[type[pydantic.BaseModel], pydantic.json_schema.JsonSchemaMode] = {}
+
+
+def ref(model: type[pydantic.BaseModel], mode: pydantic.json_schema.JsonSchemaMode = "serialization") -> dict:
+    """`{"$ref": …}` to `model` in components/schemas (which app fills from component_schemas)."""
+    _COMPONENTS.setdefault(model, mode)
+    return {"$ref": REF_TEMPLATE.format(model=model.__name__)}
+
+
+def component_schemas() -> dict[str, dict]:
+    """The JSON Schemas of every model recorded by `ref`, with the models they use, by name."""
+    if not _COMPONENTS:
+        return {}
+    _, top = pydantic.json_schema.models_json_schema(list(_COMPONENTS.items()), ref_template=REF_TEMPLATE)
+    return top.get("$defs", {})
+
+
 def body_schema(model: type[pydantic.BaseModel], *, required: bool = True) -> dict:
-    """openapi_extra for a route whose JSON body is read by hand."""
+    """openapi_extra for a route whose JSON body is read by hand (see read_json)."""
     return {
         "requestBody": {
             "required": required,
-            "content": {
-                "application/json": {
-                    "schema": model.model_json_schema(ref_template="#/components/schemas/{model}")
-                }
-            },
+            "content": {"application/json": {"schema": ref(model, "validation")}},
         }
+    }
+
+
+def error_responses(descriptions: dict[int, str]) -> dict:
+    """`responses=` entries of error answers, all the envelope (schemas.ErrorBody), by status."""
+    return {
+        status: {"model": schemas.ErrorBody, "description": text} for status, text in descriptions.items()
     }
 
 

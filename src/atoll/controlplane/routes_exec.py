@@ -14,18 +14,28 @@ from __future__ import annotations
 import dataclasses
 import logging
 import typing
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response, StreamingResponse
 
 from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
-from atoll.controlplane.routes_sandboxes import ERRORS
+from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
 from atoll.core import errors
 from atoll.core import worker_api as api
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["exec"])
+# An answer the control plane reads whole from a remote worker is bounded (64 MiB).
+ANSWER_TOO_LARGE = http.error_responses({413: "answer_too_large: the worker's answer is over 64 MiB"})
+Pid = Annotated[
+    str,
+    Path(
+        description="A background process's pid (POST …/exec with background, GET …/processes)",
+        json_schema_extra={"pattern": "^[1-9][0-9]*$"},
+    ),
+]
 
 
 @router.post(
@@ -36,20 +46,24 @@ router = APIRouter(tags=["exec"])
             "description": "the command's result; `{pid, log_path}` for a background one; ndjson lines when streamed",
             "content": {
                 "application/json": {
-                    "schema": {
-                        "anyOf": [
-                            {"$ref": "#/components/schemas/ExecResult"},
-                            {"$ref": "#/components/schemas/ProcessStarted"},
-                        ]
-                    }
+                    "schema": {"anyOf": [http.ref(schemas.ExecResult), http.ref(schemas.ProcessStarted)]}
                 },
-                http.NDJSON: {"schema": {"type": "string"}},
+                http.NDJSON: {
+                    "schema": {"type": "string"},
+                    "description": (
+                        "with `Accept: application/x-ndjson`: one JSON object a line, `{stdout}` or "
+                        "`{stderr}` pieces, then `{exit_code, timed_out, duration_ms}` (or `{error}`)"
+                    ),
+                },
             },
         },
         **ERRORS,
+        **http.error_responses(
+            {413: "payload_too_large (the JSON body is over 1 MiB) or answer_too_large (the worker's answer)"}
+        ),
     },
 )
-async def exec_command(request: Request, sid: str):
+async def exec_command(request: Request, sid: SandboxId):
     c = ctx(request)
     rec = c.manager.get(sid)
     req = await http.read_json(request, schemas.ExecRequest)
@@ -125,8 +139,11 @@ async def _stream(request: Request, sid: str, spec: api.ExecSpec) -> StreamingRe
     return StreamingResponse(body(), media_type=http.NDJSON)
 
 
-@router.get("/v1/sandboxes/{sid}/processes", responses={200: {"model": schemas.ProcessList}, **ERRORS})
-async def list_processes(request: Request, sid: str):
+@router.get(
+    "/v1/sandboxes/{sid}/processes",
+    responses={200: {"model": schemas.ProcessList}, **ERRORS, **ANSWER_TOO_LARGE},
+)
+async def list_processes(request: Request, sid: SandboxId):
     """The background processes started in the sandbox, running or finished."""
     async with ctx(request).manager.activity(sid) as worker:
         procs = await worker.list_processes(sid)
@@ -137,9 +154,12 @@ async def list_processes(request: Request, sid: str):
     "/v1/sandboxes/{sid}/processes/{pid}",
     status_code=204,
     response_class=Response,
-    responses={204: {"description": "killed (with its process group)"}, **ERRORS},
+    responses={
+        204: {"description": "killed (with its process group)"},
+        **http.error_responses({**ERROR_TEXTS, 404: "sandbox_not_found or process_not_found"}),
+    },
 )
-async def kill_process(request: Request, sid: str, pid: str):
+async def kill_process(request: Request, sid: SandboxId, pid: Pid):
     manager = ctx(request).manager
     manager.get(sid)
     if not (pid.isascii() and pid.isdigit()) or int(pid) <= 0:

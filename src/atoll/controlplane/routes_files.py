@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
-from atoll.controlplane.routes_sandboxes import ERRORS
+from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, SandboxId
 from atoll.core import errors
 
 log = logging.getLogger(__name__)
@@ -26,12 +26,13 @@ PATH_B64 = Query(
     None,
     description="The path's exact bytes in base64 (for names that are not UTF-8; see `path_b64` in listings)",
 )
-FILE_ERRORS = {
-    **ERRORS,
-    403: {"model": schemas.ErrorBody, "description": "permission_denied or read_only_path"},
-    404: {"model": schemas.ErrorBody, "description": "sandbox_not_found or file_not_found"},
-    507: {"model": schemas.ErrorBody, "description": "disk_full: the sandbox's disk_mb is used up"},
+FILE_ERROR_TEXTS = {
+    **ERROR_TEXTS,
+    400: "invalid_request or invalid_path (a missing, relative or malformed path), or io_error",
+    403: "permission_denied or read_only_path",
+    404: "sandbox_not_found or file_not_found",
 }
+FILE_ERRORS = http.error_responses(FILE_ERROR_TEXTS)
 
 
 @router.put(
@@ -47,10 +48,18 @@ FILE_ERRORS = {
     },
     responses={
         204: {"description": "written (parents created; an existing file keeps its mode)"},
-        **FILE_ERRORS,
+        **http.error_responses(
+            {
+                **FILE_ERROR_TEXTS,
+                413: "payload_too_large: the body is over ATOLL_MAX_FILE_MB",
+                507: "disk_full: the sandbox's disk_mb is used up",
+            }
+        ),
     },
 )
-async def write_file(request: Request, sid: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+async def write_file(
+    request: Request, sid: SandboxId, path: str | None = PATH, path_b64: str | None = PATH_B64
+):
     c = ctx(request)
     c.manager.get(sid)
     target = http.check_path(path, path_b64)
@@ -87,7 +96,9 @@ async def write_file(request: Request, sid: str, path: str | None = PATH, path_b
         **FILE_ERRORS,
     },
 )
-async def read_file(request: Request, sid: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+async def read_file(
+    request: Request, sid: SandboxId, path: str | None = PATH, path_b64: str | None = PATH_B64
+):
     manager = ctx(request).manager
     manager.get(sid)
     target = http.check_path(path, path_b64)
@@ -121,8 +132,18 @@ async def read_file(request: Request, sid: str, path: str | None = PATH, path_b6
     return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
 
 
-@router.get("/v1/sandboxes/{sid}/files/list", responses={200: {"model": schemas.FileList}, **FILE_ERRORS})
-async def list_files(request: Request, sid: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+@router.get(
+    "/v1/sandboxes/{sid}/files/list",
+    responses={
+        200: {"model": schemas.FileList},
+        **http.error_responses(
+            {**FILE_ERROR_TEXTS, 413: "answer_too_large: the worker's answer is over 64 MiB"}
+        ),
+    },
+)
+async def list_files(
+    request: Request, sid: SandboxId, path: str | None = PATH, path_b64: str | None = PATH_B64
+):
     """The entries of a directory, sorted by name; `name_b64`/`path_b64` carry the exact bytes."""
     manager = ctx(request).manager
     manager.get(sid)
@@ -138,7 +159,9 @@ async def list_files(request: Request, sid: str, path: str | None = PATH, path_b
     response_class=Response,
     responses={204: {"description": "removed (a directory with everything in it)"}, **FILE_ERRORS},
 )
-async def delete_file(request: Request, sid: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+async def delete_file(
+    request: Request, sid: SandboxId, path: str | None = PATH, path_b64: str | None = PATH_B64
+):
     manager = ctx(request).manager
     manager.get(sid)
     target = http.check_path(path, path_b64)

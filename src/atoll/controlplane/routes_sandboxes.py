@@ -5,27 +5,41 @@ Part of the app built by controlplane.app; everything goes through SandboxManage
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
-from atoll.core.lifecycle import Tier
+from atoll.core import ids
+from atoll.core.lifecycle import State, Tier
 
 router = APIRouter(tags=["sandboxes"])
 
-ERRORS = {
-    400: {
-        "model": schemas.ErrorBody,
-        "description": "invalid_request: the body, a parameter or the id is malformed",
-    },
-    401: {"model": schemas.ErrorBody, "description": "unauthorized"},
-    404: {"model": schemas.ErrorBody, "description": "sandbox_not_found"},
-    409: {"model": schemas.ErrorBody, "description": "invalid_state, sandbox_busy or sandbox_failed"},
-    413: {"model": schemas.ErrorBody, "description": "payload_too_large"},
-    500: {"model": schemas.ErrorBody, "description": "runtime_error or internal_error"},
-    503: {"model": schemas.ErrorBody, "description": "worker_unavailable or no_worker (retryable)"},
+# A sandbox id in a path. The pattern is documented, not enforced here: SandboxManager.get answers
+# 400 invalid_request for a malformed id with a message that says what ids look like.
+SandboxId = Annotated[
+    str,
+    Path(
+        description="The sandbox's id: `sb-` and 16 lower-case letters/digits",
+        json_schema_extra={"pattern": ids.SANDBOX_ID_RE.pattern},
+    ),
+]
+
+# The error answers of the routes (all schemas.ErrorBody). 401 unauthorized and 500 internal_error
+# can come from every protected route (the middleware's auth and last line of defence): app declares
+# them on all of them. ERRORS are those of a call that reaches the sandbox's worker.
+BAD_ID = {400: "invalid_request: the id (or a parameter) is malformed", 404: "sandbox_not_found"}
+ERROR_TEXTS = {
+    400: "invalid_request: the body, a parameter or the id is malformed",
+    404: "sandbox_not_found",
+    409: "invalid_state, sandbox_busy (retryable) or sandbox_failed",
+    500: "runtime_error: a host step failed (the sandbox is then failed)",
+    503: "worker_unavailable: the sandbox's worker cannot be reached now (retryable)",
 }
+ERRORS = http.error_responses(ERROR_TEXTS)
+TOO_LARGE = http.error_responses({413: "payload_too_large: the JSON body is over 1 MiB"})
 
 
 def view(request: Request, rec) -> dict:
@@ -40,7 +54,18 @@ def answer(request: Request, rec, status: int = 200) -> Response:
     "/v1/sandboxes",
     status_code=201,
     openapi_extra=http.body_schema(schemas.CreateSandbox, required=False),
-    responses={201: {"model": schemas.Sandbox, "description": "the sandbox, running"}, **ERRORS},
+    responses={
+        201: {"model": schemas.Sandbox, "description": "the sandbox, running"},
+        **http.error_responses(
+            {
+                400: "invalid_request: the body is malformed, or asks for more than any worker has",
+                404: "template_not_found",
+                500: "runtime_error: the sandbox could not be started (it is left failed)",
+                503: "no_worker, or worker_unavailable: no worker can take it now (retryable)",
+            }
+        ),
+        **TOO_LARGE,
+    },
 )
 async def create_sandbox(request: Request):
     """Create a sandbox on a ready worker and answer once it runs (every field optional)."""
@@ -49,11 +74,44 @@ async def create_sandbox(request: Request):
     return answer(request, rec, 201)
 
 
-@router.get("/v1/sandboxes", responses={200: {"model": schemas.SandboxList}, **ERRORS})
+# `metadata.<KEY>=<VALUE>` query parameters: OpenAPI has no parameters named by a pattern, but an
+# object parameter in the form style, exploded, is sent as one query parameter per property, so an
+# object whose property names are `metadata.<KEY>` is exactly these (clients and Swagger UI send
+# {"metadata.team": "a"} as `metadata.team=a`; `metadata` itself never appears in the query).
+METADATA_FILTER = {
+    "name": "metadata",
+    "in": "query",
+    "required": False,
+    "style": "form",
+    "explode": True,
+    "description": (
+        "Label filters: any number of `metadata.<KEY>=<VALUE>` query parameters, all of which must "
+        "match exactly (e.g. `?metadata.team=a&metadata.env=ci`). Each property of this object is one "
+        "query parameter: its name is `metadata.` followed by the label's key."
+    ),
+    "schema": {
+        "type": "object",
+        "propertyNames": {"pattern": r"^metadata\..+$"},
+        "additionalProperties": {"type": "string"},
+    },
+    "example": {"metadata.team": "a"},
+}
+
+
+@router.get(
+    "/v1/sandboxes",
+    openapi_extra={"parameters": [METADATA_FILTER]},
+    responses={
+        200: {"model": schemas.SandboxList},
+        **http.error_responses({400: "invalid_request: unknown state filter"}),
+    },
+)
 async def list_sandboxes(
     request: Request,
     state: str | None = Query(
-        None, description="Only sandboxes in this state (creating, running, standby, failed, deleted)"
+        None,
+        description="Only sandboxes in this state",
+        json_schema_extra={"enum": [s.value for s in State]},  # checked by SandboxManager.list
     ),
 ):
     """Sandboxes, oldest first. Filter by `state`, and by labels with any number of
@@ -63,8 +121,10 @@ async def list_sandboxes(
     return http.json_response({"items": [view(request, r) for r in ctx(request).manager.list(state, md)]})
 
 
-@router.get("/v1/sandboxes/{sid}", responses={200: {"model": schemas.Sandbox}, **ERRORS})
-async def get_sandbox(request: Request, sid: str):
+@router.get(
+    "/v1/sandboxes/{sid}", responses={200: {"model": schemas.Sandbox}, **http.error_responses(BAD_ID)}
+)
+async def get_sandbox(request: Request, sid: SandboxId):
     """The sandbox object. Does not resume it."""
     return answer(request, ctx(request).manager.get(sid))
 
@@ -73,9 +133,12 @@ async def get_sandbox(request: Request, sid: str):
     "/v1/sandboxes/{sid}",
     status_code=204,
     response_class=Response,
-    responses={204: {"description": "deleted; its runtime is removed in the background"}, **ERRORS},
+    responses={
+        204: {"description": "deleted; its runtime is removed in the background"},
+        **http.error_responses(BAD_ID),
+    },
 )
-async def delete_sandbox(request: Request, sid: str):
+async def delete_sandbox(request: Request, sid: SandboxId):
     await ctx(request).manager.delete(sid)
     return Response(status_code=204)
 
@@ -83,9 +146,9 @@ async def delete_sandbox(request: Request, sid: str):
 @router.post(
     "/v1/sandboxes/{sid}/pause",
     openapi_extra=http.body_schema(schemas.PauseRequest, required=False),
-    responses={200: {"model": schemas.Sandbox}, **ERRORS},
+    responses={200: {"model": schemas.Sandbox}, **ERRORS, **TOO_LARGE},
 )
-async def pause_sandbox(request: Request, sid: str):
+async def pause_sandbox(request: Request, sid: SandboxId):
     """Standby: `memory` (frozen in RAM) or `disk` (checkpointed; the memory is freed). A sandbox
     the checkpoint gate refuses stays in the memory tier and `standby_reason` says why."""
     manager = ctx(request).manager
@@ -95,5 +158,5 @@ async def pause_sandbox(request: Request, sid: str):
 
 
 @router.post("/v1/sandboxes/{sid}/resume", responses={200: {"model": schemas.Sandbox}, **ERRORS})
-async def resume_sandbox(request: Request, sid: str):
+async def resume_sandbox(request: Request, sid: SandboxId):
     return answer(request, await ctx(request).manager.resume(sid))

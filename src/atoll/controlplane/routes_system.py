@@ -52,7 +52,12 @@ async def healthz(request: Request):
     "/metrics",
     tags=["system"],
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "Prometheus text format",
+        }
+    },
 )
 async def metrics_endpoint(request: Request):
     return Response(ctx(request).manager.m.render(), media_type="text/plain; version=0.0.4")

@@ -8,18 +8,41 @@ Part of the app built by controlplane.app; registrations go to controlplane.work
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
-from atoll.controlplane.routes_sandboxes import ERRORS
+from atoll.controlplane.routes_sandboxes import TOO_LARGE
 from atoll.controlplane.workers import WorkerHandle
-from atoll.core import errors, wire
+from atoll.core import errors, ids, wire
+from atoll.core import worker_api as api
 
 router = APIRouter(tags=["workers"])
-W_ERRORS = {**ERRORS, 404: {"model": schemas.ErrorBody, "description": "worker_not_found"}}
+NOT_FOUND = http.error_responses({404: "worker_not_found"})
+WorkerId = Annotated[
+    str,
+    Path(
+        description="The worker's id (GET /v1/workers): `wk-` and 16 lower-case letters/digits",
+        json_schema_extra={"pattern": ids.WORKER_ID_RE.pattern},
+    ),
+]
+BAD_BODY = http.error_responses({400: "invalid_request: the body is malformed"})
+# The worker protocol's routes: the `Atoll-Protocol` header, and what they refuse.
+PROTOCOL = {
+    "parameters": [
+        {
+            "name": wire.PROTOCOL_HEADER,
+            "in": "header",
+            "required": True,
+            "description": "The worker protocol version the caller speaks (another one is refused with "
+            "409 incompatible_protocol)",
+            "schema": {"type": "string", "enum": [str(api.PROTOCOL_VERSION)]},
+        }
+    ]
+}
 
 
 def _iso(t: dt.datetime | None) -> str | None:
@@ -54,7 +77,7 @@ def view(request: Request, h: WorkerHandle) -> dict:
     }
 
 
-@router.get("/v1/workers", responses={200: {"model": schemas.WorkerList}, **ERRORS})
+@router.get("/v1/workers", responses={200: {"model": schemas.WorkerList}})
 async def list_workers(request: Request):
     """Every worker the server knows, by name: state (`ready`, `lost`, `draining`; `joining` while
     it is taken over), capacity, what its sandboxes hold, how many it holds, its version."""
@@ -63,29 +86,64 @@ async def list_workers(request: Request):
     return http.json_response({"items": items})
 
 
-@router.get("/v1/workers/{wid}", responses={200: {"model": schemas.Worker}, **W_ERRORS})
-async def get_worker(request: Request, wid: str):
+@router.get("/v1/workers/{wid}", responses={200: {"model": schemas.Worker}, **NOT_FOUND})
+async def get_worker(request: Request, wid: WorkerId):
     return http.json_response(view(request, ctx(request).manager.workers.get(wid)))
 
 
 @router.post(
     "/v1/workers/{wid}/drain",
     openapi_extra=http.body_schema(schemas.DrainRequest, required=False),
-    responses={200: {"model": schemas.Worker}, **W_ERRORS},
+    responses={
+        200: {"model": schemas.Worker},
+        **BAD_BODY,
+        **NOT_FOUND,
+        **http.error_responses({409: "invalid_state: the worker is neither ready nor draining"}),
+        **TOO_LARGE,
+    },
 )
-async def drain_worker(request: Request, wid: str):
+async def drain_worker(request: Request, wid: WorkerId):
     """`{"draining": true}` (default): no new sandboxes go to this worker; `false` undoes it."""
     req = await http.read_json(request, schemas.DrainRequest, optional=True)
     return http.json_response(view(request, ctx(request).manager.workers.drain(wid, req.draining)))
+
+
+@router.post(
+    "/v1/workers/{wid}/reconcile",
+    responses={
+        200: {"model": schemas.ReconcileAnswer},
+        **NOT_FOUND,
+        **http.error_responses(
+            {
+                413: "answer_too_large: the worker's answer is over 64 MiB",
+                500: "runtime_error: the worker's pass failed",
+                503: "worker_unavailable: the worker is not ready, or cannot be reached (retryable)",
+            }
+        ),
+    },
+)
+async def reconcile_worker(request: Request, wid: WorkerId):
+    """Reconcile now: the worker compares its host with its runtime records (removing what no
+    sandbox owns, failing sandboxes whose runtime vanished), then the server compares the records
+    with the worker's inventory. Both also run every ATOLL_RECONCILE_S on their own."""
+    reg = ctx(request).manager.workers
+    h = reg.get(wid)
+    report = await reg.api_for_worker(h).reconcile()
+    await reg.reconcile(h)
+    return http.json_response({"worker": wire.dump(report)})
 
 
 @router.delete(
     "/v1/workers/{wid}",
     status_code=204,
     response_class=Response,
-    responses={204: {"description": "forgotten; its sandboxes are failed"}, **W_ERRORS},
+    responses={
+        204: {"description": "forgotten; its sandboxes are failed"},
+        **NOT_FOUND,
+        **http.error_responses({409: "invalid_state: only a lost remote worker can be removed"}),
+    },
 )
-async def remove_worker(request: Request, wid: str):
+async def remove_worker(request: Request, wid: WorkerId):
     """Forget a lost worker for good (its machine is gone): its sandboxes become failed."""
     manager = ctx(request).manager
     h = manager.workers.forget(wid)
@@ -97,6 +155,11 @@ async def remove_worker(request: Request, wid: str):
 # ---- the worker protocol (server side) ---------------------------------------------------------
 
 
+NOT_REGISTERED = http.error_responses(
+    {409: "incompatible_protocol, or worker_not_registered: the server does not know this registration"}
+)
+
+
 def _protocol(request: Request) -> None:
     wire.check_protocol(request.headers.get(wire.PROTOCOL_HEADER), "this worker")
 
@@ -104,8 +167,18 @@ def _protocol(request: Request) -> None:
 @router.post(
     "/v1/workers/register",
     status_code=201,
-    openapi_extra=http.body_schema(schemas.RegisterRequest),
-    responses={201: {"model": schemas.RegisterAnswer}, **W_ERRORS},
+    openapi_extra={**http.body_schema(schemas.RegisterRequest), **PROTOCOL},
+    responses={
+        201: {"model": schemas.RegisterAnswer},
+        **BAD_BODY,
+        **http.error_responses(
+            {
+                409: "incompatible_protocol, or worker_conflict: the name is taken by another "
+                "installation or by the server's own worker"
+            }
+        ),
+        **TOO_LARGE,
+    },
 )
 async def register_worker(request: Request):
     """Called by `atoll worker` at start and whenever the server forgot it: answers the worker id
@@ -123,10 +196,10 @@ async def register_worker(request: Request):
 
 @router.post(
     "/v1/workers/{wid}/heartbeat",
-    openapi_extra=http.body_schema(schemas.HeartbeatRequest),
-    responses={200: {"model": schemas.HeartbeatAnswer}, **W_ERRORS},
+    openapi_extra={**http.body_schema(schemas.HeartbeatRequest, required=False), **PROTOCOL},
+    responses={200: {"model": schemas.HeartbeatAnswer}, **BAD_BODY, **NOT_REGISTERED, **TOO_LARGE},
 )
-async def heartbeat(request: Request, wid: str):
+async def heartbeat(request: Request, wid: WorkerId):
     """409 worker_not_registered: the server does not know this registration (it restarted): register again."""
     _protocol(request)
     req = await http.read_json(request, schemas.HeartbeatRequest, optional=True)
@@ -137,10 +210,10 @@ async def heartbeat(request: Request, wid: str):
     "/v1/workers/{wid}/stopping",
     status_code=204,
     response_class=Response,
-    openapi_extra=http.body_schema(schemas.HeartbeatRequest),
-    responses={204: {"description": "shown lost at once"}, **W_ERRORS},
+    openapi_extra={**http.body_schema(schemas.HeartbeatRequest, required=False), **PROTOCOL},
+    responses={204: {"description": "shown lost at once"}, **BAD_BODY, **NOT_REGISTERED, **TOO_LARGE},
 )
-async def stopping(request: Request, wid: str):
+async def stopping(request: Request, wid: WorkerId):
     _protocol(request)
     req = await http.read_json(request, schemas.HeartbeatRequest, optional=True)
     ctx(request).manager.workers.stopping(wid, req.epoch)

@@ -10,21 +10,27 @@ import datetime as dt
 import re
 from typing import Annotated, Literal
 
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import JsonDict
 
 from atoll.controlplane import db as dbm
+from atoll.core import worker_api
 
 DEFAULT_MEMORY_MB = 512  # also the size of the template image made at start-up
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# What the validators below check, told in /openapi.json too (the validators' messages stay theirs).
+_ENV_SCHEMA: JsonDict = {"propertyNames": {"pattern": _ENV_KEY.pattern}}
+_USER_SCHEMA: JsonDict = {"pattern": _USER.pattern}
 
 
 def _check_env(v: dict[str, str] | None) -> dict[str, str] | None:
     if v is None:
         return v
     for k, val in v.items():
-        if not _ENV_KEY.match(k):
+        if not _ENV_KEY.fullmatch(k):
             raise ValueError(
                 f"environment variable name {k!r} is invalid; use letters, digits and '_' (not first a digit)"
             )
@@ -38,7 +44,9 @@ class CreateSandbox(BaseModel):
 
     template: str = Field("base", max_length=64, description="Template name (GET /v1/templates)")
     env: dict[str, str] = Field(
-        default_factory=dict, description="Environment of every process in the sandbox"
+        default_factory=dict,
+        description="Environment of every process in the sandbox",
+        json_schema_extra=_ENV_SCHEMA,
     )
     metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=64
@@ -61,14 +69,16 @@ class CreateSandbox(BaseModel):
     disk_mb: int | None = Field(
         None, ge=64, le=1024 * 1024, description="Quota of the writable layer (default 4096)"
     )
-    user: str | None = Field(None, description="Default user of exec calls (default root)")
+    user: str | None = Field(
+        None, description="Default user of exec calls (default root)", json_schema_extra=_USER_SCHEMA
+    )
 
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
     @field_validator("user")
     @classmethod
     def _v_user(cls, v: str | None) -> str | None:
-        if v is not None and not _USER.match(v):
+        if v is not None and not _USER.fullmatch(v):
             raise ValueError(
                 f"user {v!r} is not a valid user name (lower-case letters, digits, '_' or '-'); uids are not accepted"
             )
@@ -78,12 +88,18 @@ class CreateSandbox(BaseModel):
 class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    cmd: str | list[str] = Field(..., description="Shell string (run with /bin/sh -c) or argv list")
-    cwd: str | None = None
-    env: dict[str, str] | None = None
+    cmd: str | list[str] = Field(
+        ...,
+        description="Shell string (run with /bin/sh -c) or argv list",
+        json_schema_extra={"minLength": 1, "minItems": 1},
+    )
+    cwd: str | None = Field(
+        None, description="Absolute working directory inside the sandbox", json_schema_extra={"pattern": "^/"}
+    )
+    env: dict[str, str] | None = Field(None, json_schema_extra=_ENV_SCHEMA)
     timeout_s: float | None = Field(None, gt=0, le=86400)
     background: bool = False
-    user: str | None = None
+    user: str | None = Field(None, json_schema_extra=_USER_SCHEMA)
     max_output_bytes: int | None = Field(
         None,
         ge=1,
@@ -99,7 +115,7 @@ class ExecRequest(BaseModel):
     @field_validator("user")
     @classmethod
     def _v_user(cls, v: str | None) -> str | None:
-        if v is not None and not _USER.match(v):
+        if v is not None and not _USER.fullmatch(v):
             raise ValueError(f"user {v!r} is not a valid user name (lower-case letters, digits, '_' or '-')")
         return v
 
@@ -315,11 +331,31 @@ class DrainRequest(BaseModel):
     draining: bool = True
 
 
+_WORKER_INFO = pydantic.TypeAdapter(worker_api.WorkerInfo)
+
+
 class RegisterRequest(BaseModel):
     """What `atoll worker` sends when it registers (the `info` is core.worker_api.WorkerInfo)."""
 
     url: str = Field(max_length=512, description="Where the server can call the worker")
-    info: dict
+    info: dict = Field(
+        description="The worker's core.worker_api.WorkerInfo: name, version, protocol, installation, "
+        "capacity {memory_mb, cpus, disk_mb}, templates, default_disk_mb"
+    )
+
+    @field_validator("info")
+    @classmethod
+    def _v_info(cls, v: dict) -> dict:
+        """Checked here, so that a malformed one is the caller's 400 (not a protocol failure)."""
+        try:
+            _WORKER_INFO.validate_python(v)
+        except pydantic.ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"]) or "info"
+            raise ValueError(
+                f"not a worker's info (core.worker_api.WorkerInfo): {where}: {err['msg']}"
+            ) from None
+        return v
 
 
 class RegisterAnswer(BaseModel):
