@@ -114,10 +114,13 @@ class SandboxManager:
 
     @contextlib.asynccontextmanager
     async def _step(self, verb: str, sid: str):
+        """Log and time one lifecycle step; the caller may add fields to the `complete` line by
+        putting them in the dict it gets (e.g. the worker's own share of the step)."""
         log.info("sandbox.%s.started", verb, extra={"sandbox_id": sid})
         t0 = time.perf_counter()
+        fields: dict[str, typing.Any] = {}
         try:
-            yield
+            yield fields
         except BaseException as e:
             dur = time.perf_counter() - t0
             log.warning(
@@ -128,7 +131,11 @@ class SandboxManager:
             self.m.lifecycle.labels(verb=verb, outcome="failed").observe(dur)
             raise
         dur = time.perf_counter() - t0
-        log.info("sandbox.%s.complete", verb, extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2)})
+        log.info(
+            "sandbox.%s.complete",
+            verb,
+            extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2), **fields},
+        )
         self.m.lifecycle.labels(verb=verb, outcome="complete").observe(dur)
 
     def _fail(self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None) -> None:
@@ -340,7 +347,7 @@ class SandboxManager:
             cur = status(rec.state, rec.standby_tier)
             check_transition(cur, Verb.RESUME)
             assert cur.tier is not None
-            async with self._step(RESUME_STEP[cur.tier], sid):
+            async with self._step(RESUME_STEP[cur.tier], sid) as fields:
                 call = asyncio.ensure_future(self.worker(rec).resume(sid))
                 if cur.tier == Tier.MEMORY:
                     # the record is written while the thawed sandbox wakes and answers: a runtime
@@ -349,7 +356,7 @@ class SandboxManager:
                     since, reason = rec.standby_since, rec.standby_reason
                     self._persist(rec, Verb.RESUME)
                     try:
-                        await self._guard(rec, call)
+                        outcome = await self._guard(rec, call)
                     except errors.AtollError as e:
                         if rec.state == State.RUNNING and not isinstance(
                             e, errors.RuntimeFailure | errors.SandboxDied
@@ -357,8 +364,9 @@ class SandboxManager:
                             self._persist(rec, Verb.FREEZE, standby_since=since, standby_reason=reason)
                         raise
                 else:
-                    await self._guard(rec, call)
+                    outcome = await self._guard(rec, call)
                     self._persist(rec, Verb.RESUME)
+                fields["worker_ms"] = outcome.duration_ms  # the worker's own part of the resume
             self._activity[sid] = time.monotonic()
         return rec
 
