@@ -201,6 +201,13 @@ async def test_server_side_protocol_checks(cluster):
         "/v1/workers/register", json={"url": "ftp://x", "info": info}, headers={"Atoll-Protocol": "1"}
     )
     assert r.status_code == 400
+    ok = {**info, "name": "ghost", "protocol": 1}
+    for url in ("https://127.0.0.1:1", "http://127.0.0.1", "http://127.0.0.1:notaport"):
+        r = await c.post(
+            "/v1/workers/register", json={"url": url, "info": ok}, headers={"Atoll-Protocol": "1"}
+        )
+        assert r.status_code == 400 and "http://HOST:PORT" in r.json()["error"]["message"], r.text
+    assert "ghost" not in [w["name"] for w in (await c.get("/v1/workers")).json()["items"]]
     async with httpx.AsyncClient(base_url=str(c.base_url)) as anon:
         r = await anon.post("/v1/workers/register", json={}, headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401
@@ -220,13 +227,15 @@ async def test_a_forgotten_registration_registers_again(cluster):
     cp, c, fake, reg, _ = cluster
     sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
     handle = cp.manager.workers.handles[reg.worker_id]
+    assert (await c.post(f"/v1/workers/{handle.id}/drain", json={"draining": True})).status_code == 200
     handle.epoch = "forgotten"
     cp.manager.workers._lose(handle, "server restarted")
     for _ in range(200):
-        if handle.state == "ready" and handle.epoch != "forgotten":
+        if handle.state == "draining" and handle.epoch != "forgotten":
             break
         await asyncio.sleep(0.02)
-    assert handle.state == "ready" and reg.worker_id == handle.id
+    # taken over again under the same id, and the operator's drain outlasted the re-registration
+    assert handle.state == "draining" and reg.worker_id == handle.id
     r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
     assert r.status_code == 200, r.text
 

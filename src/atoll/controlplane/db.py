@@ -63,6 +63,8 @@ class WorkerRecord(Base):
     url: Mapped[str | None] = mapped_column(sa.String(512), nullable=True)
     state: Mapped[str] = mapped_column(sa.String(16))
     state_reason: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    draining: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    """An operator drained it: it gets no new sandboxes, also after it or the server restarts."""
     version: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
     protocol: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     capacity: Mapped[dict] = mapped_column(sa.JSON, default=dict)

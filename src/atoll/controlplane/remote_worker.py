@@ -45,14 +45,24 @@ class RemoteWorker:
         self.url = url.rstrip("/")
         self.name = name
         self._on_unreachable = on_unreachable
-        parsed = urllib.parse.urlsplit(self.url)
-        if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
+        host, port = self.address(self.url)
+        self._channel = http11.Channel(host, port)
+        self._headers = {"Authorization": f"Bearer {token}", wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION)}
+
+    @staticmethod
+    def address(url: str) -> tuple[str, int]:
+        """(host, port) of a worker URL, which must be http://HOST:PORT."""
+        parsed = urllib.parse.urlsplit(url)
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        if parsed.scheme != "http" or not parsed.hostname or not port:
             raise errors.InvalidRequest(
                 f"worker URL {url!r} must be http://HOST:PORT (TLS between server and workers is not "
                 "supported yet: keep workers on a private network or loopback)"
             )
-        self._channel = http11.Channel(parsed.hostname, parsed.port)
-        self._headers = {"Authorization": f"Bearer {token}", wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION)}
+        return parsed.hostname, port
 
     # ---- plumbing -------------------------------------------------------------------------------
     def _unreachable(self, e: Exception) -> errors.Unavailable:

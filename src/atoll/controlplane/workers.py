@@ -33,6 +33,7 @@ from atoll.core import worker_api as api
 log = logging.getLogger(__name__)
 
 LOCAL = "local"
+DRAINING = "draining: no new sandboxes are placed here"
 
 
 class Listener(typing.Protocol):
@@ -92,6 +93,8 @@ class WorkerRegistry:
 
     def _save(self, h: WorkerHandle) -> None:
         h.record.state, h.record.state_reason = h.state, h.reason
+        if h.state in ("ready", "draining"):
+            h.record.draining = h.state == "draining"
         self.db.put_worker(h.record)
 
     def get(self, worker_id: str) -> WorkerHandle:
@@ -157,6 +160,7 @@ class WorkerRegistry:
                 f"worker {info.name!r} speaks worker protocol {info.protocol}, this server speaks "
                 f"{api.PROTOCOL_VERSION}; run the same atoll version on the server and its workers"
             )
+        RemoteWorker.address(url)  # refused before anything is recorded
         h = self._handle_for(info.name, info.installation)
         if h.local:
             raise errors.Conflict(
@@ -184,13 +188,17 @@ class WorkerRegistry:
             "lost_after_s": self.lost_after_s,
         }
 
-    def heartbeat(self, worker_id: str, epoch: str | None) -> dict:
+    def _registration(self, worker_id: str, epoch: str | None) -> WorkerHandle:
         h = self.handles.get(worker_id)
         if h is None or h.local or not epoch or not h.epoch or not hmac.compare_digest(epoch, h.epoch):
             raise errors.Conflict(
                 f"this server does not know registration {epoch!r} of worker {worker_id}; register again",
                 code="worker_not_registered",
             )
+        return h
+
+    def heartbeat(self, worker_id: str, epoch: str | None) -> dict:
+        h = self._registration(worker_id, epoch)
         h.last_seen = time.monotonic()
         h.record.last_heartbeat_at = dbm.utcnow()
         if h.state == "lost":  # came back before it noticed: take it over again
@@ -201,14 +209,15 @@ class WorkerRegistry:
 
     def stopping(self, worker_id: str, epoch: str | None) -> None:
         """The worker says it stops (SIGTERM): lost at once, its sandboxes keep running."""
-        self.heartbeat(worker_id, epoch)
-        h = self.handles[worker_id]
+        h = self._registration(worker_id, epoch)
+        self._stop_tasks(h)  # an adoption under way must not mark it ready afterwards
+        h.epoch = None
         self._lose(h, "the worker stopped (its sandboxes keep running; they come back when it does)")
 
     def drain(self, worker_id: str, on: bool) -> WorkerHandle:
         h = self.get(worker_id)
         if on and h.state == "ready":
-            h.state, h.reason = "draining", "draining: no new sandboxes are placed here"
+            h.state, h.reason = "draining", DRAINING
         elif not on and h.state == "draining":
             h.state, h.reason = "ready", None
         elif h.state not in ("ready", "draining"):
@@ -293,7 +302,8 @@ class WorkerRegistry:
             return
         if h.worker is not worker:
             return
-        h.state, h.reason = "ready", None
+        # an operator's drain outlasts the worker's restarts (and the server's: it is in the record)
+        h.state, h.reason = ("draining", DRAINING) if h.record.draining else ("ready", None)
         h.last_seen = time.monotonic()
         self._save(h)
         self.changed.set()

@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("url", sa.String(512), nullable=True),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("state_reason", sa.Text, nullable=True),
+        sa.Column("draining", sa.Boolean, nullable=False, server_default=sa.false()),
         sa.Column("version", sa.String(64), nullable=True),
         sa.Column("protocol", sa.Integer, nullable=True),
         sa.Column("capacity", sa.JSON, nullable=False),
