@@ -299,12 +299,16 @@ class Channel:
             if conn in self._open and conn not in self._idle:
                 self._discard(conn)  # the caller stopped early: drop the half-read connection
 
-    async def abort_all(self) -> None:
-        """Reset every connection to the agent (RST, no TIME_WAIT inside the sandbox)."""
+    def abort_now(self) -> None:
+        """Reset every connection (a call waiting on one ends with ChannelError); with SO_LINGER 0
+        sockets (agent channels) each is an RST, so no TIME_WAIT lands inside a sandbox."""
         for conn in list(self._open):
             conn.close()
         self._open.clear()
         self._idle.clear()
+
+    async def abort_all(self) -> None:
+        self.abort_now()
 
     async def aclose(self) -> None:
         await self.abort_all()

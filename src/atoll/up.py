@@ -35,9 +35,14 @@ def load(port: int | None = None, home: str | None = None, host: str | None = No
     return s, w
 
 
-async def serve(s: server_settings.ServerSettings, w: worker_settings.WorkerSettings) -> None:
-    manager, tiers, app = server_main.build(s)
+async def serve(s: server_settings.ServerSettings, w: worker_settings.WorkerSettings) -> int:
     worker = node_mod.Node(w)
+    try:
+        worker.claim_home()
+    except node_mod.HomeInUse as e:
+        print(f"atoll: {e.message}", file=sys.stderr)
+        return 2
+    manager, tiers, app = server_main.build(s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -58,6 +63,7 @@ async def serve(s: server_settings.ServerSettings, w: worker_settings.WorkerSett
 
     app.router.lifespan_context = lifespan
     await uvicorn.Server(server_main.uvicorn_config(app, s)).serve()
+    return 0
 
 
 def main(port: int | None = None, home: str | None = None, host: str | None = None) -> None:
@@ -74,4 +80,4 @@ def main(port: int | None = None, home: str | None = None, host: str | None = No
         )
         raise SystemExit(2)
     log.info("starting atoll", extra={"settings": s.redacted(), "worker": w.redacted()})
-    asyncio.run(serve(s, w))
+    raise SystemExit(asyncio.run(serve(s, w)))

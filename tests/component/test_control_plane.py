@@ -210,7 +210,9 @@ async def test_sandboxes_say_which_worker_holds_them(fake):
     assert ws[0]["sandboxes"] == 1 and ws[0]["allocated"]["memory_mb"] == sb["memory_mb"]
     assert ws[0]["capacity"]["memory_mb"] == worker.capacity.memory_mb
     assert (await c.get(f"/v1/workers/{ws[0]['id']}")).json()["name"] == worker.name
-    assert (await c.get("/v1/workers/wk-nonexistent00000")).json()["error"]["code"] == "worker_not_found"
+    assert (await c.get("/v1/workers/wk-0000000000000000")).json()["error"]["code"] == "worker_not_found"
+    r = await c.get("/v1/workers/bad")
+    assert r.status_code == 400 and "wk-" in r.json()["error"]["message"]
 
 
 async def test_a_busy_sandbox_the_worker_reports_is_not_frozen_for_idleness(fake):

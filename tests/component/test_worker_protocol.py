@@ -255,3 +255,77 @@ async def test_a_worker_without_heartbeats_is_lost_then_back(cluster):
             break
         await asyncio.sleep(0.02)
     assert (await c.get("/v1/workers")).json()["items"][0]["state"] == "ready"
+
+
+async def _register(c, info: dict, url: str = "http://127.0.0.1:9") -> httpx.Response:
+    body = json.dumps({"url": url, "info": info})  # ASCII: lone surrogates travel as \ud800 escapes
+    return await c.post("/v1/workers/register", content=body, headers={"Atoll-Protocol": "1"})
+
+
+def _info(**kw) -> dict:
+    base = {
+        "name": "x1",
+        "version": "1",
+        "protocol": 1,
+        "installation": "abc123",
+        "capacity": {"memory_mb": 1024, "cpus": 1, "disk_mb": 1024},
+    }
+    return {**base, **kw}
+
+
+async def test_a_bad_registration_is_400_and_changes_nothing(cluster):
+    """Found by validation: a lone surrogate in a registration was a 500 that left a ghost worker
+    and stopped the watch that marks workers lost."""
+    cp, c, fake, reg, _ = cluster
+    before = (await c.get("/v1/workers")).json()["items"]
+    real = before[0]
+    raw = '{"url": "http://127.0.0.1:9", "info": {"name": "\\ud800", "version": "1", "protocol": 1, "installation": "x", "capacity": {"memory_mb": 1, "cpus": 1, "disk_mb": 1}}}'
+    r = await c.post("/v1/workers/register", content=raw, headers={"Atoll-Protocol": "1"})
+    assert r.status_code == 400, r.text
+    bad = [
+        _info(name=""),
+        _info(name="a\nb"),
+        _info(name="x" * 65),
+        _info(name="-x"),
+        _info(capacity={"memory_mb": -1, "cpus": 1, "disk_mb": 1}),
+        _info(version="\x00"),
+        _info(installation="NOT AN ID"),
+        _info(name=real["name"], installation=real["installation"], version="\ud800"),
+    ]
+    for info in bad:
+        r = await _register(c, info)
+        assert r.status_code == 400, (info, r.text)
+    r = await c.post(
+        "/v1/workers/register",
+        json={"url": "http://127.0.0.1:9", "info": _info(), "more": 1},
+        headers={"Atoll-Protocol": "1"},
+    )
+    assert r.status_code == 400
+    after = (await c.get("/v1/workers")).json()["items"]
+    assert [(w["name"], w["state"]) for w in after] == [(w["name"], w["state"]) for w in before]
+    # one home cannot register under a second name
+    r = await _register(c, _info(name="twin", installation=real["installation"]))
+    assert r.status_code == 409 and r.json()["error"]["code"] == "worker_conflict"
+    assert "home" in r.json()["error"]["message"]
+    # the watch still marks silent workers lost
+    reg.heartbeat_s = 60
+    for _ in range(200):
+        if (await c.get("/v1/workers")).json()["items"][0]["state"] == "lost":
+            break
+        await asyncio.sleep(0.05)
+    assert (await c.get("/v1/workers")).json()["items"][0]["state"] == "lost"
+
+
+async def test_calls_in_flight_end_with_503_when_their_worker_is_lost(cluster):
+    """Found by validation: a call to a stopped (SIGSTOP) worker waited forever, holding the
+    sandbox's lock; now losing the worker ends it."""
+    cp, c, fake, reg, _ = cluster
+    sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+    fake.delay["exec"] = 30
+    call = asyncio.ensure_future(c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 30"}))
+    await asyncio.sleep(0.3)
+    handle = cp.manager.workers.handles[reg.worker_id]
+    cp.manager.workers._lose(handle, "no heartbeat for 16s")
+    r = await asyncio.wait_for(call, 5)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable"
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"

@@ -234,7 +234,11 @@ def test_sigkill_of_the_worker_during_a_restore(cluster):
             time.sleep(0.005)
         w.kill()
         t.join()
+        t0 = time.monotonic()
         _restart_worker(cluster)
+        # a sanity bound: it used to wait out 120 s for the restored sandbox's own runsc processes,
+        # taking them for the interrupted `runsc restore`
+        assert time.monotonic() - t0 < 60
         sb = c.get(f"/v1/sandboxes/{sid}").json()
         assert sb["state"] in ("running", "standby"), sb  # the snapshot is kept until a restore completes
         assert _exec(c, sid, "cat /root/file")["stdout"] == "safe\n"
@@ -264,6 +268,19 @@ def test_sigkill_of_the_server_between_placement_and_answer(cluster, after_s):
         assert records == _runtimes(w)
         for sid in records:
             assert _exec(c, sid, "echo ok")["stdout"] == "ok\n"
+
+
+def test_a_second_worker_on_the_same_home_is_refused(cluster):
+    """Found by validation: it registered, and its reconciliation swept the first one's sandboxes."""
+    first = cluster.workers[0]
+    twin = LocalWorker(
+        first.home, cluster.url, cluster.api_key, "twin", env=ENV, log_path=first.home + "/twin.log"
+    )
+    twin.start()
+    assert twin.proc is not None and twin.proc.wait(60) == 2
+    assert "is using ATOLL_HOME" in twin.tail(5) and "--home" in twin.tail(5)
+    with _client(cluster) as c:
+        assert [w["name"] for w in c.get("/v1/workers").json()["items"]] == ["w0"]
 
 
 def test_a_worker_with_a_wrong_key_is_refused_with_a_clear_message(cluster, tmp_path):

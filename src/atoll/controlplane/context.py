@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+import atoll
 from atoll.controlplane.lifecycle import SandboxManager
 
-VERSION = "0.2.0"
+VERSION = atoll.__version__  # the package's version (workers report theirs)
 
 
 @dataclass

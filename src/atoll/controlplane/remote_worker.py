@@ -249,6 +249,11 @@ class RemoteWorker:
                     continue
                 yield wire.load_event(obj)
 
+    def abort_calls(self) -> None:
+        """End every call in flight (they raise Unavailable): the worker is taken for lost, and a
+        call must not wait on a worker that may be stopped (SIGSTOP) or gone."""
+        self._channel.abort_now()
+
     async def aclose(self) -> None:
         await self._channel.aclose()
 

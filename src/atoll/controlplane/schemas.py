@@ -337,6 +337,8 @@ _WORKER_INFO = pydantic.TypeAdapter(worker_api.WorkerInfo)
 class RegisterRequest(BaseModel):
     """What `atoll worker` sends when it registers (the `info` is core.worker_api.WorkerInfo)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     url: str = Field(max_length=512, description="Where the server can call the worker")
     info: dict = Field(
         description="The worker's core.worker_api.WorkerInfo: name, version, protocol, installation, "
@@ -368,6 +370,8 @@ class RegisterAnswer(BaseModel):
 
 
 class HeartbeatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     epoch: str | None = Field(None, max_length=64)
 
 

@@ -62,6 +62,47 @@ class WorkerHandle:
         return self.worker is not None and self.state in ("ready", "draining")
 
 
+def check_info(info: api.WorkerInfo) -> None:
+    """What a registering worker says about itself must be sane before it is recorded or shown:
+    names and versions that any client can print, capacities that are not negative."""
+
+    def text(what: str, value: str, limit: int = 256) -> None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise errors.InvalidRequest(f"info.{what} is not valid Unicode text") from None
+        if len(value) > limit or not value.isprintable():
+            raise errors.InvalidRequest(
+                f"info.{what} {value[:80]!r} must be printable text of at most {limit} characters"
+            )
+
+    if not ids.is_worker_name(info.name):
+        raise errors.InvalidRequest(
+            f"worker name {info.name[:80]!r} is not valid; use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    if not ids.INSTALLATION_RE.fullmatch(info.installation):
+        raise errors.InvalidRequest(f"info.installation {info.installation[:80]!r} is not an installation id")
+    text("version", info.version, 64)
+    cap = info.capacity
+    if min(cap.memory_mb, cap.cpus, cap.disk_mb) < 0 or info.default_disk_mb < 0:
+        raise errors.InvalidRequest(f"info.capacity {cap} has a negative value")
+    if len(info.templates) > 1000:
+        raise errors.InvalidRequest("info.templates lists more than 1000 templates")
+    for t in info.templates:
+        if t.status not in ("missing", "building", "ready", "failed"):
+            raise errors.InvalidRequest(
+                f"info.templates: status {t.status[:40]!r} of {t.name[:64]!r} is unknown"
+            )
+        text("templates.name", t.name, 64)
+        for what in ("hash", "progress", "description"):
+            text(f"templates.{what}", getattr(t, what), 4096)
+        if t.error is not None:
+            text("templates.error", t.error, 4096)
+        for pkg in t.packages:
+            text("templates.packages", pkg, 256)
+
+
 class WorkerRegistry:
     def __init__(
         self, database: dbm.Database, listener: Listener, *, lost_after_s: float, reconcile_s: float
@@ -98,6 +139,11 @@ class WorkerRegistry:
         self.db.put_worker(h.record)
 
     def get(self, worker_id: str) -> WorkerHandle:
+        if not ids.WORKER_ID_RE.match(worker_id):
+            raise errors.InvalidRequest(
+                f"malformed worker id {worker_id[:80]!r}: ids look like 'wk-' followed by 16 lower-case "
+                "letters/digits (GET /v1/workers lists them)"
+            )
         h = self.handles.get(worker_id)
         if h is None:
             raise errors.WorkerNotFound(f"worker {worker_id} does not exist; list them with GET /v1/workers")
@@ -153,20 +199,43 @@ class WorkerRegistry:
         return h
 
     def register(self, body: dict, url: str) -> dict:
-        """A remote worker registers (or registers again): issue a token, adopt it in the background."""
-        info = wire.load(api.WorkerInfo, body.get("info"), "worker registration")
+        """A remote worker registers (or registers again): issue a token, adopt it in the background.
+        Everything is checked before anything changes (a refused registration leaves no trace)."""
+        try:
+            info = wire.load(api.WorkerInfo, body.get("info"), "worker registration")
+        except errors.RuntimeFailure as e:
+            raise errors.InvalidRequest(
+                f"info is not a worker's info: {e.detail or e.message}"[:600]
+            ) from None
+        check_info(info)
         if info.protocol != api.PROTOCOL_VERSION:
             raise errors.IncompatibleProtocol(
                 f"worker {info.name!r} speaks worker protocol {info.protocol}, this server speaks "
                 f"{api.PROTOCOL_VERSION}; run the same atoll version on the server and its workers"
             )
         RemoteWorker.address(url)  # refused before anything is recorded
-        h = self._handle_for(info.name, info.installation)
-        if h.local:
+        known = self.handles.get(self._by_name.get(info.name, ""))
+        if known is not None and known.local:
             raise errors.Conflict(
                 f"worker name {info.name!r} is this server's own in-process worker; give yours another --name",
                 code="worker_conflict",
             )
+        twin = next(
+            (
+                h
+                for h in self.handles.values()
+                if h.record.installation == info.installation and h.name != info.name
+            ),
+            None,
+        )
+        if twin is not None:
+            raise errors.Conflict(
+                f"installation {info.installation} (one ATOLL_HOME) is already registered as worker "
+                f"{twin.name!r}; two workers cannot share a home — give this one its own --home, or start "
+                f"it as {twin.name!r}",
+                code="worker_conflict",
+            )
+        h = self._handle_for(info.name, info.installation)
         token = ids.new_token()
         remote = RemoteWorker(
             url, token, info.name, on_unreachable=lambda why: self._unreachable(h, remote, why)
@@ -258,7 +327,7 @@ class WorkerRegistry:
                 )
             return h
         rec = dbm.WorkerRecord(id=ids.new_worker_id(), name=name, state="joining", capacity={})
-        h = WorkerHandle(rec.id, name, rec)
+        h = WorkerHandle(rec.id, name, rec, last_seen=time.monotonic())
         self.handles[rec.id] = h
         self._by_name[name] = rec.id
         return h
@@ -355,10 +424,16 @@ class WorkerRegistry:
             self._lose(h, why)
 
     def _lose(self, h: WorkerHandle, reason: str) -> None:
+        """Lost: calls to it answer 503 from now on, and the calls in flight end now with 503 (they
+        would wait on a stopped worker forever); its event stream and reconciliation stop until it
+        is taken over again."""
         if h.state == "lost":
             return
         log.warning("worker.lost", extra={"worker": h.name, "reason": reason})
         h.state, h.reason = "lost", reason
+        if isinstance(h.worker, RemoteWorker):
+            self._stop_tasks(h)
+            h.worker.abort_calls()
         self._save(h)
 
     async def _watch(self) -> None:
@@ -370,7 +445,10 @@ class WorkerRegistry:
                 if h.local or h.state not in ("ready", "draining", "joining"):
                     continue
                 if now - h.last_seen > self.lost_after_s:
-                    self._lose(h, f"no heartbeat for {now - h.last_seen:.0f}s")
+                    try:
+                        self._lose(h, f"no heartbeat for {now - h.last_seen:.0f}s")
+                    except Exception:  # one worker's bad record must not stop the watch of the others
+                        log.exception("marking worker %s lost failed", h.name)
 
     async def aclose(self) -> None:
         if self._loop is not None:

@@ -25,6 +25,13 @@ def is_sandbox_id(value: str) -> bool:
 
 
 WORKER_ID_RE = re.compile(r"^wk-[0-9a-hjkmnp-tv-z]{16}$")
+WORKER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+INSTALLATION_RE = re.compile(r"[0-9a-z]{1,64}")
+
+
+def is_worker_name(value: str) -> bool:
+    """1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
+    return bool(WORKER_NAME_RE.fullmatch(value))
 
 
 def new_worker_id() -> str:

@@ -224,8 +224,8 @@ class Guest:
                     return r.json()
             except (agent_channel.ChannelError, OSError, ValueError) as e:
                 last = e
-            if self.liveness.exited(sid).is_set():
-                break
+            if self.liveness.exited(sid).is_set():  # it died: say so, with the cause
+                raise self.liveness.died(sid)
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.005)
         raise errors.RuntimeFailure(
@@ -251,8 +251,8 @@ class Guest:
                 if r.status_code == 200:
                     return
                 raise _agent_error(r)
-            if self.liveness.exited(sid).is_set():
-                break
+            if self.liveness.exited(sid).is_set():  # it died: say so, with the cause
+                raise self.liveness.died(sid)
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.005)
         raise errors.RuntimeFailure(

@@ -74,9 +74,16 @@ async def _body(request: Request, tp: typing.Any, what: str) -> typing.Any:
             raise errors.PayloadTooLarge(f"{what} is over {MAX_BODY} bytes")
     try:
         data = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        raise errors.InvalidRequest(f"{what} is not JSON") from None
-    return wire.load(tp, data, what) if tp is not None else data
+    except (ValueError, RecursionError):
+        raise errors.InvalidRequest(f"{what} is not JSON (or nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise errors.InvalidRequest(f"{what} must be a JSON object")
+    if tp is None:
+        return data
+    try:
+        return wire.load(tp, data, what)
+    except errors.RuntimeFailure as e:  # here it is the caller's malformed request, not a peer's bug
+        raise errors.InvalidRequest(f"malformed {what}: {e.detail or e.message}"[:1000]) from None
 
 
 def _path(request: Request) -> api.FilePath:

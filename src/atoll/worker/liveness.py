@@ -44,6 +44,7 @@ class Liveness:
         self.runsc_root = runsc_root
         self._emit = emit
         self._watched: dict[str, tuple[int, int]] = {}  # sid -> (generation, pidfd)
+        self.on_failed: typing.Callable[[Runtime], None] | None = None
         self._exited: dict[str, asyncio.Event] = {}
 
     def watch(self, rt: Runtime) -> None:
@@ -122,6 +123,8 @@ class Liveness:
         log.warning("sandbox.failed", extra={"sandbox_id": sid, "reason": cause})
         self.exited(sid).set()
         self._emit(SandboxDied(sid, cause))
+        if self.on_failed is not None:  # its runtime is stopped; its files stay until the delete
+            self.on_failed(rt)
 
     def death_cause(self, rt: Runtime) -> str:
         sid, cg = rt.sandbox_id, rt.cgroup(self.install_id)

@@ -56,10 +56,22 @@ def _bind(host: str, port: int) -> socket.socket:
 async def serve(s: settings_mod.WorkerSettings) -> int:
     storage.private_dir(s.home)
     worker = node.Node(s)
+    try:
+        worker.claim_home()
+        sock = _bind(*s.listen)
+    except node.HomeInUse as e:
+        print(f"atoll worker: {e.message}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(
+            f"atoll worker: cannot listen on {s.listen[0]}:{s.listen[1]} ({e.strerror}); choose another "
+            "address or port with --listen HOST:PORT (port 0 = a free one)",
+            file=sys.stderr,
+        )
+        return 2
     await worker.start()
     creds = httpapi.Credentials()
     app = httpapi.create_app(worker, creds)
-    sock = _bind(*s.listen)
     host, port = sock.getsockname()[:2]
     url = s.advertise or f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     server = _Server(

@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import logging
 import os
+import re
 import shutil
 import time
 import typing
@@ -53,6 +55,30 @@ ACTIVITY_WINDOW_S = 2.0
 ACTIVITY_EVENT_EVERY_S = 2.0
 REATTACH_TIMEOUT_S = 180.0
 EVENT_QUEUE = 1000
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_spec(spec: api.SandboxSpec) -> None:
+    """What a worker makes must be makeable; the control plane checks the same before it asks, so
+    this guards the worker protocol itself."""
+    problems = []
+    if not ids.is_sandbox_id(spec.sandbox_id):
+        problems.append(f"malformed sandbox id {spec.sandbox_id!r}")
+    if not 64 <= spec.memory_mb <= 65536:
+        problems.append(f"memory_mb={spec.memory_mb} is outside 64-65536")
+    if not 0.01 <= spec.cpus <= 64:
+        problems.append(f"cpus={spec.cpus} is outside 0.01-64")
+    if spec.disk_mb and not 64 <= spec.disk_mb <= 1024 * 1024:
+        problems.append(f"disk_mb={spec.disk_mb} is outside 64-1048576")
+    for k, v in spec.env.items():
+        if not _ENV_NAME.fullmatch(k) or "\x00" in v:
+            problems.append(f"environment variable {k!r} has an invalid name or a NUL in its value")
+    if spec.user is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", spec.user):
+        problems.append(f"user {spec.user!r} is not a user name")
+    if problems:
+        raise errors.InvalidRequest("sandbox spec refused: " + "; ".join(problems))
 
 
 def _share(samples: typing.Sequence[tuple[float, float]]) -> float | None:
@@ -99,6 +125,10 @@ def _raise_pid_max() -> None:
             log.info("raised kernel.pid_max from %d to 4194304 (gVisor sandboxes use ~40 threads each)", cur)
     except OSError as e:
         log.warning("could not raise kernel.pid_max: %s", e)
+
+
+class HomeInUse(errors.Conflict):
+    """Another worker process holds this ATOLL_HOME."""
 
 
 class EventHub:
@@ -151,6 +181,7 @@ class Node:
         self.guest = Guest(self.runtimes, self.host.runsc_root, self.liveness)
         self.snapshots = LocalSnapshotStore(self.runtimes.root)
         self.sandboxes = Sandboxes(self.runtimes, self.guest, self.liveness, self.host, self.agent_dir)
+        self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
         self.tiers = Tiers(
             self.runtimes, self.guest, self.liveness, self.sandboxes, self.snapshots, self._spawn
         )
@@ -184,6 +215,7 @@ class Node:
         self._preparing: dict[str, str] = {}  # template -> what is being prepared
         self._template_seen: dict[str, api.TemplateInfo] = {}
         self.last_reconcile: api.ReconcileReport | None = None
+        self._home_lock: int | None = None
         self._cpu: dict[str, collections.deque] = {}  # "<sandbox>-<generation>" -> (time, CPU s)
         self._activity_told: dict[str, float] = {}
 
@@ -204,10 +236,35 @@ class Node:
         t.add_done_callback(self._bg.discard)
 
     # ---- start and stop -------------------------------------------------------------------------
+    def claim_home(self) -> None:
+        """Take this home for this worker process: an exclusive lock on `<home>/worker.lock`, held
+        until the process exits. A second worker on the same home would sweep the first one's
+        sandboxes away as objects nobody owns, so it is refused (`HomeInUse`)."""
+        if self._home_lock is not None:
+            return
+        storage.private_dir(self.s.home)
+        path = os.path.join(self.s.home, "worker.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = ""
+            with contextlib.suppress(OSError, ValueError):
+                holder = os.pread(fd, 32, 0).decode().strip()
+            os.close(fd)
+            raise HomeInUse(
+                f"another atoll worker (pid {holder or 'unknown'}) is using ATOLL_HOME={self.s.home}; "
+                "every worker needs a home of its own (--home): stop that one, or give this one another"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._home_lock = fd
+
     async def start(self) -> None:
         """Prepare the host (private modes, nosuid/nodev mounts, the packed agent, pid_max), reattach
         every recorded runtime, reconcile the host with the records, start the monitor loop and
         the preparation of the `base` template. Sandboxes are never stopped by this."""
+        self.claim_home()
         for d in (self.runtimes.root, self.host.runsc_root):
             storage.private_dir(d)
         os.makedirs(self.agent_dir, exist_ok=True)  # bind-mounted into sandboxes: keeps 0755
@@ -380,8 +437,7 @@ class Node:
 
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         sid = spec.sandbox_id
-        if not ids.is_sandbox_id(sid):
-            raise errors.InvalidRequest(f"malformed sandbox id {sid!r}")
+        _check_spec(spec)
         self.templates.recipe(spec.template)  # 404 template_not_found before any work
         t0 = time.perf_counter()
         async with self._lock(sid):
@@ -404,6 +460,8 @@ class Node:
     async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
         async with self._lock(sandbox_id):
             rt = self.runtimes.get(sandbox_id)
+            if rt.phase == Phase.FAILED:
+                raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
             if self._inflight.get(sandbox_id):
                 return api.PauseOutcome(
                     None,
@@ -418,7 +476,10 @@ class Node:
 
     async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
         async with self._lock(sandbox_id):
-            return await self.tiers.resume(self.runtimes.get(sandbox_id))
+            rt = self.runtimes.get(sandbox_id)
+            if rt.phase == Phase.FAILED:
+                raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
+            return await self.tiers.resume(rt)
 
     async def delete(self, sandbox_id: str) -> None:
         if not ids.is_sandbox_id(sandbox_id):

@@ -45,16 +45,23 @@ RECONCILE_EVERY_S = 30.0
 ORPHAN_WAIT_S = 120.0
 
 
-def _process_running_with(needle: str) -> bool:
+def _runsc_command_running(verb: str, needle: str) -> bool:
+    """Is a `runsc <verb> …` command line naming `needle` still running (the command, or the shell
+    wrapper around it)? The sandbox's own daemons (runsc-sandbox, runsc-gofer) name the container
+    too, but they are the sandbox, not a command that is still at work: they do not count."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if needle.encode() in f.read():
-                    return True
+                argv = f.read().split(b"\0")
         except OSError:
             continue
+        if os.path.basename(argv[0]) in (b"runsc-sandbox", b"runsc-gofer"):
+            continue
+        line = b" ".join(argv)
+        if b"runsc" in line and f" {verb} ".encode() in line and needle.encode() in line:
+            return True
     return False
 
 
@@ -106,7 +113,7 @@ class Recovery:
             return "the create was cut short"
         if rt.phase == Phase.CHECKPOINTING:
             tmp = self.snapshots.staging_path(sid, rt.generation)
-            await self._wait_orphan(f"--image-path={tmp}")
+            await self._wait_orphan("checkpoint", f"--image-path={tmp}")
             if self.snapshots.staged_complete(tmp):
                 await self.tiers.finish_checkpoint(rt, tmp)
                 return "committed a checkpoint the previous worker process had finished"
@@ -131,7 +138,7 @@ class Recovery:
             self.runtimes.fail(rt, f"the committed snapshot of sandbox {sid} is missing from disk")
             return None
         if rt.phase == Phase.RESTORING:
-            await self._wait_orphan(f"{rt.cid}")
+            await self._wait_orphan("restore", rt.cid)
             st = await runsc.state(self.runsc_root, rt.cid)
             if st and st.get("status") in ("running", "paused"):
                 return await self._finish_restore(rt)
@@ -184,10 +191,10 @@ class Recovery:
         await self.snapshots.discard(rt.sandbox_id)
         return "a restore interrupted by the restart had completed"
 
-    async def _wait_orphan(self, needle: str, timeout: float = ORPHAN_WAIT_S) -> None:
-        """Wait while a runsc command started by a previous worker process is still running."""
+    async def _wait_orphan(self, verb: str, needle: str, timeout: float = ORPHAN_WAIT_S) -> None:
+        """Wait while a `runsc <verb>` started by a previous worker process is still running."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and await asyncio.to_thread(_process_running_with, needle):
+        while time.monotonic() < deadline and await asyncio.to_thread(_runsc_command_running, verb, needle):
             await asyncio.sleep(0.1)
 
     # ---- reconcile ------------------------------------------------------------------------------

@@ -109,8 +109,15 @@ class Sandboxes:
             marks["agent"] = time.perf_counter()
             self.limit_cpu(rt)
         except BaseException as e:
-            self.runtimes.fail(rt, f"sandbox {sid} could not be started: {getattr(e, 'message', e)!s}")
-            log.warning("sandbox create failed", extra={"sandbox_id": sid, "error": str(e)})
+            self.runtimes.fail(
+                rt, f"sandbox {sid} could not be started: {getattr(e, 'message', None) or e!r}"
+            )
+            log.warning(
+                "sandbox create failed",
+                extra={"sandbox_id": sid, "error": getattr(e, "message", None) or repr(e)},
+            )
+            with contextlib.suppress(Exception):  # a half-started sentry must not run on (files are kept)
+                await asyncio.shield(self.stop_container(rt))
             raise
         log.info(
             "sandbox runtime started in %.0f ms by %s (rootfs+netns %.0f, runsc %.0f, agent %.0f)",
@@ -181,6 +188,18 @@ class Sandboxes:
 
     def limit_cpu(self, rt: Runtime) -> None:
         cgroups.set_cpu_limit(rt.cgroup(self.install_id), rt.cpus)
+
+    async def stop_container(self, rt: Runtime) -> None:
+        """Stop a failed sandbox's runtime (its sentry and gofer, its cgroups) and keep its files,
+        namespaces and records for the delete: a failed sandbox holds no memory or CPU."""
+        self.liveness.unwatch(rt.sandbox_id)
+        await self.guest.close(rt.sandbox_id)
+        cg = rt.cgroup(self.install_id)
+        if cgroups.freezer_state(cg) in ("FROZEN", "FREEZING"):  # frozen processes cannot die
+            with contextlib.suppress(errors.AtollError):
+                cgroups.thaw(cg)
+        await runsc.delete(self.runsc_root, rt.cid)
+        cgroups.remove(cg)
 
     async def discard_container(self, cid: str, cg: str) -> None:
         await runsc.delete(self.runsc_root, cid)

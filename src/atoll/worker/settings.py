@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from atoll.core import config
+from atoll.core import config, ids
 
 
 @dataclass
@@ -71,10 +71,11 @@ def load(
 ) -> WorkerSettings:
     env = os.environ if env is None else env
     home_v = config.home(home, env)
-    name_v = name or env.get("ATOLL_WORKER_NAME") or "local"
-    if not name_v or len(name_v) > 64 or not all(c.isalnum() or c in "-_." for c in name_v):
+    name_v = name if name is not None else env.get("ATOLL_WORKER_NAME") or "local"
+    if not ids.is_worker_name(name_v):
         raise config.SettingsError(
-            f"worker name {name_v!r} is not valid; use 1-64 letters, digits, '-', '_' or '.' (--name)"
+            f"worker name {name_v!r} is not valid; use 1-64 letters, digits, '-', '_' or '.', starting "
+            "with a letter or digit (--name or ATOLL_WORKER_NAME)"
         )
     server_v = server or env.get("ATOLL_SERVER_URL") or None
     if server_v is not None and not server_v.startswith(("http://", "https://")):
