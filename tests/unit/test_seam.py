@@ -3,6 +3,7 @@ records (runtime.json, snapshots): hermetic."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -146,6 +147,36 @@ def test_runtime_records_walk_the_phase_table_and_survive_a_reload(tmp_path):
     store.fail(rt, "twice")  # the first cause stays
     assert RuntimeStore(str(tmp_path), "abc123").get(rt.sandbox_id).failure == "it died"
     assert [r.sandbox_id for r in RuntimeStore(str(tmp_path), "abc123").all()] == [rt.sandbox_id]
+
+
+def test_a_thaw_is_written_shortly_after_off_the_resume_path(tmp_path):
+    store = RuntimeStore(str(tmp_path), "abc123")
+    rt = store.new("sb-0000000000000003", template="base", memory_mb=512, cpus=1, env={}, disk_mb=64)
+    store.advance(rt, Step.BOOTED)
+    store.advance(rt, Step.FREEZE, durable=False)
+
+    def on_disk() -> Phase:
+        return RuntimeStore(str(tmp_path), "abc123").get(rt.sandbox_id).phase
+
+    async def main() -> None:
+        store.advance(rt, Step.THAW, soon=True)
+        assert rt.phase == Phase.RUNNING and on_disk() == Phase.FROZEN  # not yet: after the answer
+        await asyncio.sleep(0.1)
+        assert on_disk() == Phase.RUNNING
+        store.advance(rt, Step.FREEZE, durable=False)
+        store.advance(rt, Step.THAW, soon=True)
+        store.advance(rt, Step.FREEZE, durable=False)  # a save in between makes the pending one moot
+        await asyncio.sleep(0.1)
+        assert on_disk() == Phase.FROZEN
+        store.advance(rt, Step.THAW, soon=True)
+        store.forget(rt.sandbox_id)  # forgotten (deleted): nothing is written later
+        await asyncio.sleep(0.1)
+        assert on_disk() == Phase.FROZEN
+
+    asyncio.run(main())
+    store.advance(rt, Step.FREEZE, durable=False)
+    store.advance(rt, Step.THAW, soon=True)  # outside an event loop: written at once
+    assert on_disk() == Phase.RUNNING
 
 
 def test_a_runtime_record_of_the_previous_version_loads(tmp_path):

@@ -66,7 +66,7 @@ class Tiers:
 
     def thaw(self, rt: Runtime) -> None:
         cgroups.thaw(self._cg(rt))
-        self.runtimes.advance(rt, Step.THAW, durable=False)
+        self.runtimes.advance(rt, Step.THAW, soon=True)  # a reattach reads the freezer anyway
 
     async def thaw_and_ping(self, rt: Runtime) -> None:
         """Thaw a memory-tier sandbox and wait for its agent's answer. The health request is
