@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from atoll.core import worker_api as api
 from atoll.testing import LocalCluster, LocalWorker
 from atoll.worker import runsc
 from tests.conftest import TEMPLATE_CACHE
@@ -306,7 +307,9 @@ def test_a_worker_with_a_wrong_key_is_refused_with_a_clear_message(cluster, tmp_
             headers={"Atoll-Protocol": "99"},
         )
         assert r.status_code == 409 and r.json()["error"]["code"] == "incompatible_protocol"
-        assert "99" in r.json()["error"]["message"] and "1" in r.json()["error"]["message"]
+        assert (
+            "99" in r.json()["error"]["message"] and str(api.PROTOCOL_VERSION) in r.json()["error"]["message"]
+        )
 
 
 def test_a_stopped_worker_is_lost_then_ready_again(cluster):
@@ -330,18 +333,40 @@ def test_a_stopped_worker_is_lost_then_ready_again(cluster):
         _beats(c, sid)
 
 
+def _gone(pid: int, within: float = 10) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def test_reconciliation_finds_what_vanished_and_removes_what_nobody_owns(tmp_path):
     env = {**ENV, "ATOLL_RECONCILE_S": "2"}
     with LocalCluster(tmp_path / "rc", workers=1, env=env) as cl, _client(cl) as c:
         w = cl.workers[0]
-        killed, vanished = (
-            c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"] for _ in range(2)
+        killed, vanished, frozen = (
+            c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"] for _ in range(3)
         )
         inst = open(os.path.join(w.home, "installation-id")).read().strip()
         # a sentry killed from outside: noticed at once (pidfd), the record says what happened
         pid = runsc.sandbox_pid(os.path.join(w.home, "runsc"), f"atoll-{inst}-{killed[3:]}-0")
         assert pid
         os.kill(pid, signal.SIGKILL)
+        # found by validation: a sentry killed while frozen cannot die until thawed, and stayed
+        # "standby" until the next resume; the reconciliation pass now thaws and fails it
+        assert (
+            c.post(f"/v1/sandboxes/{frozen}/pause", json={"tier": "memory"}).json()["standby_tier"]
+            == "memory"
+        )
+        frozen_pid = runsc.sandbox_pid(os.path.join(w.home, "runsc"), f"atoll-{inst}-{frozen[3:]}-0")
+        assert frozen_pid
+        os.kill(frozen_pid, signal.SIGKILL)
         # a runtime whose root filesystem went away behind the worker's back
         subprocess.run(["umount", "-l", os.path.join(w.home, "sandboxes", vanished, "rootfs")], check=True)
         # an object of this installation that no sandbox owns
@@ -349,7 +374,7 @@ def test_reconciliation_finds_what_vanished_and_removes_what_nobody_owns(tmp_pat
         subprocess.run(["ip", "netns", "add", stray], check=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            states = {sid: c.get(f"/v1/sandboxes/{sid}").json() for sid in (killed, vanished)}
+            states = {sid: c.get(f"/v1/sandboxes/{sid}").json() for sid in (killed, vanished, frozen)}
             if all(s["state"] == "failed" for s in states.values()) and not os.path.exists(
                 f"/run/netns/{stray}"
             ):
@@ -359,6 +384,10 @@ def test_reconciliation_finds_what_vanished_and_removes_what_nobody_owns(tmp_pat
             states[killed]["state"] == "failed" and "stopped unexpectedly" in states[killed]["failure_reason"]
         )
         assert states[vanished]["state"] == "failed" and "vanished" in states[vanished]["failure_reason"]
+        assert states[frozen]["state"] == "failed" and "SIGKILL" in states[frozen]["failure_reason"], states[
+            frozen
+        ]
+        assert _gone(frozen_pid)  # thawed, so it could die
         assert not os.path.exists(f"/run/netns/{stray}")
         assert "sweep removed network namespace " + stray in w.tail(400)
 

@@ -16,6 +16,7 @@ Called by controlplane.lifecycle (which is the listener) and controlplane.routes
 
 from __future__ import annotations
 
+import math
 import asyncio
 import contextlib
 import hmac
@@ -87,6 +88,14 @@ def check_info(info: api.WorkerInfo) -> None:
     cap = info.capacity
     if min(cap.memory_mb, cap.cpus, cap.disk_mb) < 0 or info.default_disk_mb < 0:
         raise errors.InvalidRequest(f"info.capacity {cap} has a negative value")
+    # NaN and infinity are not capacities (NaN would also make GET /v1/workers invalid JSON)
+    limits = {"memory_mb": 2**40, "cpus": 65536, "disk_mb": 2**50}
+    for k, hi in limits.items():
+        v = getattr(cap, k)
+        if not math.isfinite(v) or v > hi:
+            raise errors.InvalidRequest(f"info.capacity.{k}={v!r} is not a finite number from 0 to {hi}")
+    if not math.isfinite(info.default_disk_mb) or info.default_disk_mb > limits["disk_mb"]:
+        raise errors.InvalidRequest(f"info.default_disk_mb={info.default_disk_mb!r} is out of range")
     if len(info.templates) > 1000:
         raise errors.InvalidRequest("info.templates lists more than 1000 templates")
     for t in info.templates:

@@ -165,6 +165,10 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         await shielded(node.delete(request.path_params["sid"]))
         return no_content()
 
+    async def set_network(request: Request) -> Response:
+        body = await _body(request, None, "network policy")
+        return _answer(await node.set_network(request.path_params["sid"], body))
+
     # ---- exec and processes -----------------------------------------------------------------------
     async def exec_(request: Request) -> Response:
         sid = request.path_params["sid"]
@@ -270,6 +274,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb, delete, methods=["DELETE"]),
         Route(sb + "/pause", pause, methods=["POST"]),
         Route(sb + "/resume", resume, methods=["POST"]),
+        Route(sb + "/network", set_network, methods=["PUT"]),
         Route(sb + "/exec", exec_, methods=["POST"]),
         Route(sb + "/processes", start_process, methods=["POST"]),
         Route(sb + "/processes", list_processes, methods=["GET"]),
@@ -308,9 +313,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
             return await inner(scope, receive, send)
         headers = dict(scope["headers"])
         try:
-            wire.check_protocol(
-                headers.get(wire.PROTOCOL_HEADER.lower().encode(), b"").decode() or None, "the server"
-            )
+            # the token first: a caller without it learns nothing, not even the protocol version
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
             if (
                 creds.token is None
@@ -320,6 +323,9 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
                 raise errors.Unauthorized(
                     "this worker accepts calls only from the server it registered with (wrong or missing worker token)"
                 )
+            wire.check_protocol(
+                headers.get(wire.PROTOCOL_HEADER.lower().encode(), b"").decode() or None, "the server"
+            )
         except errors.AtollError as e:
             return await _error(e)(scope, receive, send)
         try:

@@ -215,6 +215,12 @@ class Recovery:
             if rt.sandbox_id in busy:
                 continue
             missing = self._vanished(rt, found)
+            if missing is None and rt.phase == Phase.FROZEN and _kill_pending(rt.sentry_pid):
+                # A frozen (cgroup v1) process cannot die: a SIGKILL waits for the thaw. Thaw it
+                # so it ends now, not at the next resume, and say so.
+                with contextlib.suppress(errors.AtollError):
+                    cgroups.thaw(rt.cgroup(self.install_id))
+                missing = "its gVisor sentry was killed (SIGKILL) while in memory-tier standby"
             if missing:
                 failed.append(rt.sandbox_id)
                 self.liveness.failed(
@@ -269,3 +275,17 @@ class Recovery:
         for what in out:
             log.info("reconcile removed %s", what, extra={"sandbox_id": rt.sandbox_id})
         return out
+
+
+def _kill_pending(pid: int | None) -> bool:
+    """Whether a SIGKILL waits on `pid` (pending for the thread or the process)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (1 << 8):
+                    return True
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
