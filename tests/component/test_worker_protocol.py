@@ -172,6 +172,11 @@ async def test_the_worker_refuses_calls_without_its_token(cluster):
         r = await w.get("/worker/v1/inventory", headers={**hdr, "Authorization": f"Bearer {KEY}"})
         assert r.status_code == 401  # the admin key is not the worker token
         r = await w.get("/worker/v1/inventory", headers={"Atoll-Protocol": "99", "Authorization": "Bearer x"})
+        assert r.status_code == 401  # without the token not even the protocol version is told
+        token = reg.creds.token.decode() if isinstance(reg.creds.token, bytes) else reg.creds.token
+        r = await w.get(
+            "/worker/v1/inventory", headers={"Atoll-Protocol": "99", "Authorization": f"Bearer {token}"}
+        )
         assert r.status_code == 409 and r.json()["error"]["code"] == "incompatible_protocol"
         assert "99" in r.json()["error"]["message"]
 
@@ -190,21 +195,27 @@ async def test_server_side_protocol_checks(cluster):
     r = await c.post(
         "/v1/workers/register",
         json={"url": "http://127.0.0.1:1", "info": info},
-        headers={"Atoll-Protocol": "1"},
+        headers={"Atoll-Protocol": str(api.PROTOCOL_VERSION)},
     )
     assert r.status_code == 409 and "protocol 99" in r.json()["error"]["message"]
     r = await c.post(
-        f"/v1/workers/{reg.worker_id}/heartbeat", json={"epoch": "stale"}, headers={"Atoll-Protocol": "1"}
+        f"/v1/workers/{reg.worker_id}/heartbeat",
+        json={"epoch": "stale"},
+        headers={"Atoll-Protocol": str(api.PROTOCOL_VERSION)},
     )
     assert r.status_code == 409 and r.json()["error"]["code"] == "worker_not_registered"
     r = await c.post(
-        "/v1/workers/register", json={"url": "ftp://x", "info": info}, headers={"Atoll-Protocol": "1"}
+        "/v1/workers/register",
+        json={"url": "ftp://x", "info": info},
+        headers={"Atoll-Protocol": str(api.PROTOCOL_VERSION)},
     )
     assert r.status_code == 400
-    ok = {**info, "name": "ghost", "protocol": 1}
+    ok = {**info, "name": "ghost", "protocol": api.PROTOCOL_VERSION}
     for url in ("https://127.0.0.1:1", "http://127.0.0.1", "http://127.0.0.1:notaport"):
         r = await c.post(
-            "/v1/workers/register", json={"url": url, "info": ok}, headers={"Atoll-Protocol": "1"}
+            "/v1/workers/register",
+            json={"url": url, "info": ok},
+            headers={"Atoll-Protocol": str(api.PROTOCOL_VERSION)},
         )
         assert r.status_code == 400 and "http://HOST:PORT" in r.json()["error"]["message"], r.text
     assert "ghost" not in [w["name"] for w in (await c.get("/v1/workers")).json()["items"]]
@@ -259,14 +270,16 @@ async def test_a_worker_without_heartbeats_is_lost_then_back(cluster):
 
 async def _register(c, info: dict, url: str = "http://127.0.0.1:9") -> httpx.Response:
     body = json.dumps({"url": url, "info": info})  # ASCII: lone surrogates travel as \ud800 escapes
-    return await c.post("/v1/workers/register", content=body, headers={"Atoll-Protocol": "1"})
+    return await c.post(
+        "/v1/workers/register", content=body, headers={"Atoll-Protocol": str(api.PROTOCOL_VERSION)}
+    )
 
 
 def _info(**kw) -> dict:
     base = {
         "name": "x1",
         "version": "1",
-        "protocol": 1,
+        "protocol": api.PROTOCOL_VERSION,
         "installation": "abc123",
         "capacity": {"memory_mb": 1024, "cpus": 1, "disk_mb": 1024},
     }
@@ -279,8 +292,10 @@ async def test_a_bad_registration_is_400_and_changes_nothing(cluster):
     cp, c, fake, reg, _ = cluster
     before = (await c.get("/v1/workers")).json()["items"]
     real = before[0]
-    raw = '{"url": "http://127.0.0.1:9", "info": {"name": "\\ud800", "version": "1", "protocol": 1, "installation": "x", "capacity": {"memory_mb": 1, "cpus": 1, "disk_mb": 1}}}'
-    r = await c.post("/v1/workers/register", content=raw, headers={"Atoll-Protocol": "1"})
+    raw = '{"url": "http://127.0.0.1:9", "info": {"name": "\\ud800", "version": "1", "protocol": 2, "installation": "x", "capacity": {"memory_mb": 1, "cpus": 1, "disk_mb": 1}}}'
+    r = await c.post(
+        "/v1/workers/register", content=raw, headers={"Atoll-Protocol": str(api.PROTOCOL_VERSION)}
+    )
     assert r.status_code == 400, r.text
     bad = [
         _info(name=""),
@@ -288,6 +303,10 @@ async def test_a_bad_registration_is_400_and_changes_nothing(cluster):
         _info(name="x" * 65),
         _info(name="-x"),
         _info(capacity={"memory_mb": -1, "cpus": 1, "disk_mb": 1}),
+        # found by validation: NaN was accepted and made GET /v1/workers invalid JSON
+        _info(capacity={"memory_mb": 1, "cpus": float("nan"), "disk_mb": 1}),
+        _info(capacity={"memory_mb": 1, "cpus": float("inf"), "disk_mb": 1}),
+        _info(capacity={"memory_mb": 2**70, "cpus": 1, "disk_mb": 1}),
         _info(version="\x00"),
         _info(installation="NOT AN ID"),
         _info(name=real["name"], installation=real["installation"], version="\ud800"),
@@ -298,7 +317,7 @@ async def test_a_bad_registration_is_400_and_changes_nothing(cluster):
     r = await c.post(
         "/v1/workers/register",
         json={"url": "http://127.0.0.1:9", "info": _info(), "more": 1},
-        headers={"Atoll-Protocol": "1"},
+        headers={"Atoll-Protocol": str(api.PROTOCOL_VERSION)},
     )
     assert r.status_code == 400
     after = (await c.get("/v1/workers")).json()["items"]

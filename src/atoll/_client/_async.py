@@ -163,6 +163,7 @@ class AsyncSandboxes:
         cpus: float | None = None,
         user: str | None = None,
         disk_mb: int | None = None,
+        network: Mapping[str, Sequence[str]] | None = None,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - the HTTP timeout of this call
     ) -> AsyncSandbox:
@@ -170,7 +171,9 @@ class AsyncSandboxes:
 
         Only the arguments given are sent; the server fills in its defaults. The first
         sandbox of a template may take a minute (the template is built), hence the long
-        default `timeout` (the client's `create_timeout`).
+        default `timeout` (the client's `create_timeout`). `network` is its egress policy,
+        `{"allow_out": ["pypi.org", "*.github.com:443", "10.0.0.0/8"], "deny_out": [...]}`;
+        without it the sandbox has no way out.
         """
         body = _base.without_none(
             template=template,
@@ -182,6 +185,7 @@ class AsyncSandboxes:
             cpus=cpus,
             user=user,
             disk_mb=disk_mb,
+            network={k: list(v) for k, v in network.items()} if network is not None else None,
         )
         response = await self._client._request(
             "POST",
@@ -261,6 +265,18 @@ class AsyncSandbox(SandboxFields):
         )
         self._update(_base.json_body(response))
         return self
+
+    async def set_network(
+        self, allow_out: Sequence[str] = (), deny_out: Sequence[str] = ()
+    ) -> dict[str, list[str]]:
+        """Replace the egress policy, live (new connections follow it at once); returns it as
+        the server normalized it."""
+        response = await self._client._request(
+            "PUT", self._path("network"), json={"allow_out": list(allow_out), "deny_out": list(deny_out)}
+        )
+        policy = _base.json_body(response)
+        self.data["network"] = policy
+        return policy
 
     async def resume(self) -> AsyncSandbox:
         """Bring the sandbox back from standby with its memory and processes intact."""

@@ -238,6 +238,11 @@ class SandboxFields:
         return self.data.get("user")
 
     @property
+    def network(self) -> dict[str, list[str]]:
+        """Egress policy: {"allow_out": [...], "deny_out": [...]} (both empty: no way out)."""
+        return self.data.get("network") or {"allow_out": [], "deny_out": []}
+
+    @property
     def failure_reason(self) -> str | None:
         return self.data.get("failure_reason")
 

@@ -39,6 +39,8 @@ class SandboxRecord(Base):
     metadata_: Mapped[dict] = mapped_column("metadata", sa.JSON, default=dict)
     env: Mapped[dict] = mapped_column(sa.JSON, default=dict)
     user: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    network: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
+    """Egress policy in wire form ({"allow_out": [...], "deny_out": [...]}); None = deny all."""
     memory_mb: Mapped[int] = mapped_column(sa.Integer)
     cpus: Mapped[float] = mapped_column(sa.Float)
     disk_mb: Mapped[int] = mapped_column(sa.Integer)

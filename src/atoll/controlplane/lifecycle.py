@@ -24,7 +24,7 @@ import typing
 from atoll.controlplane import db as dbm
 from atoll.controlplane import metrics
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
-from atoll.core import errors, ids, placement
+from atoll.core import errors, ids, netpolicy, placement
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import (
     FAILED,
@@ -185,6 +185,7 @@ class SandboxManager:
 
     # ---- create / delete -----------------------------------------------------------------------
     async def create(self, req: typing.Any) -> dbm.SandboxRecord:
+        network = netpolicy.parse(req.network.model_dump() if req.network else None).to_wire()
         handle = self._place(req.template, req.memory_mb)
         assert handle.info is not None
         sid = ids.new_sandbox_id()
@@ -198,6 +199,7 @@ class SandboxManager:
             metadata_=dict(req.metadata),
             env=dict(req.env),
             user=req.user,
+            network=network,
             memory_mb=req.memory_mb,
             cpus=req.cpus,
             disk_mb=req.disk_mb or handle.info.default_disk_mb,
@@ -215,6 +217,7 @@ class SandboxManager:
             disk_mb=rec.disk_mb,
             env=dict(req.env),
             user=req.user,
+            network=network,
         )
         async with self._lock(sid), self._step("create", sid):
             self.db.add(rec)  # the record exists before the runtime does (placement is recorded)
@@ -232,6 +235,23 @@ class SandboxManager:
             self._persist(rec, Verb.START)
             self._activity[sid] = time.monotonic()
         return rec
+
+    async def set_network(self, sid: str, body: object) -> dict:
+        """Replace a sandbox's egress policy, live (its worker's gateway applies it to new
+        connections and DNS questions at once; no resume needed)."""
+        network = netpolicy.parse(body).to_wire()
+        async with self._lock(sid):
+            rec = self.get(sid)
+            if rec.state in (State.FAILED, State.DELETED, State.CREATING):
+                raise errors.Conflict(
+                    f"sandbox {sid} is {rec.state}; its network can change while it runs or is in standby",
+                    code="invalid_state",
+                )
+            stored = await self.worker(rec).set_network(sid, network)
+            rec.network = stored
+            self.db.save(rec, fields=["network"])
+        log.info("sandbox.network.updated", extra={"sandbox_id": sid, **stored})
+        return stored
 
     def _place(self, template: str, memory_mb: int) -> WorkerHandle:
         candidates = []

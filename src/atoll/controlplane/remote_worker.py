@@ -161,6 +161,12 @@ class RemoteWorker:
     async def delete(self, sandbox_id: str) -> None:
         await self._call("DELETE", self._sb(sandbox_id), timeout=STEP_TIMEOUT_S)
 
+    async def set_network(self, sandbox_id: str, network: dict[str, list[str]]) -> dict[str, list[str]]:
+        data = await self._call("PUT", self._sb(sandbox_id, "network"), json=network)
+        if not isinstance(data, dict):
+            raise errors.RuntimeFailure(f"worker {self.name} answered the network update with {data!r}")
+        return data
+
     async def inventory(self) -> api.Inventory:
         return wire.load(api.Inventory, await self._call("GET", "/inventory"), "inventory")
 

@@ -1,4 +1,4 @@
-"""Public routes of sandboxes as records: create, list, get, delete, pause, resume.
+"""Public routes of sandboxes as records: create, list, get, delete, pause, resume, network policy.
 
 Part of the app built by controlplane.app; everything goes through SandboxManager.
 """
@@ -160,3 +160,21 @@ async def pause_sandbox(request: Request, sid: SandboxId):
 @router.post("/v1/sandboxes/{sid}/resume", responses={200: {"model": schemas.Sandbox}, **ERRORS})
 async def resume_sandbox(request: Request, sid: SandboxId):
     return answer(request, await ctx(request).manager.resume(sid))
+
+
+@router.put(
+    "/v1/sandboxes/{sid}/network",
+    openapi_extra=http.body_schema(schemas.NetworkPolicy),
+    responses={
+        200: {"model": schemas.NetworkPolicy, "description": "the policy as applied (normalized)"},
+        **ERRORS,
+        **TOO_LARGE,
+    },
+)
+async def set_network(request: Request, sid: SandboxId):
+    """Replace the sandbox's egress policy, live: new connections and DNS questions follow it at
+    once (open connections stay), in any state but failed; a sandbox in standby is not resumed."""
+    manager = ctx(request).manager
+    manager.get(sid)
+    req = await http.read_json(request, schemas.NetworkPolicy)
+    return http.json_response(await manager.set_network(sid, req.model_dump()), 200)

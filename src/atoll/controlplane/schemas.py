@@ -39,6 +39,22 @@ def _check_env(v: dict[str, str] | None) -> dict[str, str] | None:
     return v
 
 
+class NetworkPolicy(BaseModel):
+    """Egress policy: default deny; `deny_out` wins over `allow_out` (docs/api.md, "Network")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow_out: list[str] = Field(
+        default_factory=list,
+        max_length=512,
+        description="Domains (pypi.org), wildcard domains (*.github.com), IPv4 addresses or networks "
+        "(203.0.113.7, 10.0.0.0/8) or * (the public internet), each optionally with :PORT",
+    )
+    deny_out: list[str] = Field(
+        default_factory=list, max_length=512, description="Same entries; wins over allow_out"
+    )
+
+
 class CreateSandbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,6 +88,7 @@ class CreateSandbox(BaseModel):
     user: str | None = Field(
         None, description="Default user of exec calls (default root)", json_schema_extra=_USER_SCHEMA
     )
+    network: NetworkPolicy | None = Field(None, description="Egress policy (default: no way out)")
 
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -165,6 +182,7 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None) -> dict:
         "metadata": rec.metadata_,
         "env": rec.env,
         "user": rec.user,
+        "network": rec.network or {"allow_out": [], "deny_out": []},
         "memory_mb": rec.memory_mb,
         "cpus": rec.cpus,
         "disk_mb": rec.disk_mb,
@@ -203,6 +221,7 @@ class Sandbox(BaseModel):
     metadata: dict[str, str]
     env: dict[str, str]
     user: str | None
+    network: NetworkPolicy
     memory_mb: int
     cpus: float
     disk_mb: int

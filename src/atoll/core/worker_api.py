@@ -27,7 +27,8 @@ from typing import Literal, Protocol
 
 from atoll.core.lifecycle import Phase, Tier
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: SandboxSpec.network and the set_network verb (issue 7); 1: the first split (issue 6)."""
 
 FilePath = str | bytes
 """A path inside the sandbox: text, or its exact bytes for names that are not UTF-8."""
@@ -48,6 +49,8 @@ class SandboxSpec:
     disk_mb: int
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None
+    network: dict[str, list[str]] = field(default_factory=dict)
+    """Egress policy, `{"allow_out": [...], "deny_out": [...]}` (core.netpolicy); empty = deny all."""
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,11 @@ class WorkerAPI(Protocol):
     async def resume(self, sandbox_id: str) -> ResumeOutcome: ...
 
     async def delete(self, sandbox_id: str) -> None: ...
+
+    async def set_network(self, sandbox_id: str, network: dict[str, list[str]]) -> dict[str, list[str]]:
+        """Replace the sandbox's egress policy (core.netpolicy wire form), live, in any phase;
+        returns it as stored (normalized)."""
+        ...
 
     async def inventory(self) -> Inventory: ...
 

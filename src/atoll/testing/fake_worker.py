@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 import typing
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from atoll.core import errors
+from atoll.core import errors, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step, Tier, advance
 
@@ -219,6 +220,12 @@ class FakeWorker:
     async def delete(self, sandbox_id: str) -> None:
         await self._step("delete", sandbox_id)
         self.runtimes.pop(sandbox_id, None)
+
+    async def set_network(self, sandbox_id: str, network: dict[str, list[str]]) -> dict[str, list[str]]:
+        rt = self._get(sandbox_id)
+        policy = netpolicy.from_wire(network).to_wire()
+        rt.spec = dataclasses.replace(rt.spec, network=policy)
+        return policy
 
     async def inventory(self) -> api.Inventory:
         return api.Inventory(

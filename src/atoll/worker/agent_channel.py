@@ -14,47 +14,15 @@ Called by worker.guest.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import ctypes
-import os
 import socket
-import struct
 
 from atoll import http11
 from atoll.worker import netns
 
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-_ns_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="atoll-netns")
-_LINGER0 = struct.pack("ii", 1, 0)
 MAX_ANSWER_BYTES = http11.MAX_ANSWER_BYTES
 ChannelError = http11.ChannelError
 AnswerTooLarge = http11.AnswerTooLarge
 Response = http11.Response
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-
-
-def _socket_in_netns(ns_path: str) -> socket.socket:
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(ns_path, os.O_RDONLY)
-    try:
-        _setns(target)
-        try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        finally:
-            _setns(own)
-    finally:
-        os.close(own)
-        os.close(target)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setblocking(False)
-    return sock
 
 
 class AgentChannel(http11.Channel):
@@ -65,4 +33,6 @@ class AgentChannel(http11.Channel):
         self._ns_path = netns.path(netns.host_side(ns_name))
 
     async def make_socket(self) -> socket.socket:
-        return await asyncio.get_running_loop().run_in_executor(_ns_thread, _socket_in_netns, self._ns_path)
+        return await asyncio.get_running_loop().run_in_executor(
+            netns.ns_thread, netns.socket_in, self._ns_path
+        )

@@ -26,10 +26,11 @@ import time
 import typing
 from collections.abc import AsyncIterator, Sequence
 
-from atoll.core import errors, ids
+from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
 from atoll.worker import agent_pack, bundle, cgroups, storage, sweep, templates
+from atoll.worker.edge import Edge
 from atoll.worker.guest import Guest
 from atoll.worker.liveness import Liveness
 from atoll.worker.pressure import Pressure
@@ -79,6 +80,7 @@ def _check_spec(spec: api.SandboxSpec) -> None:
         problems.append(f"user {spec.user!r} is not a user name")
     if problems:
         raise errors.InvalidRequest("sandbox spec refused: " + "; ".join(problems))
+    netpolicy.from_wire(spec.network)  # a 400 naming the bad entry
 
 
 def _share(samples: typing.Sequence[tuple[float, float]]) -> float | None:
@@ -180,7 +182,10 @@ class Node:
         self.liveness = Liveness(self.runtimes, self.install_id, self.host.runsc_root, self.hub.emit)
         self.guest = Guest(self.runtimes, self.host.runsc_root, self.liveness)
         self.snapshots = LocalSnapshotStore(self.runtimes.root)
-        self.sandboxes = Sandboxes(self.runtimes, self.guest, self.liveness, self.host, self.agent_dir)
+        self.edge = Edge(settings.hosts_files, settings.egress_source)
+        self.sandboxes = Sandboxes(
+            self.runtimes, self.guest, self.liveness, self.host, self.agent_dir, self.edge
+        )
         self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
         self.tiers = Tiers(
             self.runtimes, self.guest, self.liveness, self.sandboxes, self.snapshots, self._spawn
@@ -292,6 +297,16 @@ class Node:
                     )
         for sid in doomed:  # deletes a previous process did not finish, template-image leftovers
             await self._delete_runtime(sid)
+        for rt in self.runtimes.cached():  # the gateway's sockets died with the previous process
+            if rt.phase not in (Phase.FAILED, Phase.DELETING) and not rt.temporary:
+                try:
+                    await self.edge.attach(rt)
+                except OSError as e:
+                    log.warning(
+                        "egress gateway not attached after restart: %s",
+                        e,
+                        extra={"sandbox_id": rt.sandbox_id},
+                    )
         self.last_reconcile = await self.recovery.reconcile(parents=True)
         self._loops.append(asyncio.ensure_future(self._monitor()))
         self._loops.append(asyncio.ensure_future(self._prepare_templates()))
@@ -322,6 +337,7 @@ class Node:
                 await t
         await self.pressure.aclose()
         await self.guest.aclose()
+        await self.edge.aclose()
         self.liveness.close()
         self.hub.close()
         if self._bg:
@@ -453,6 +469,7 @@ class Node:
                 env=dict(spec.env),
                 disk_mb=spec.disk_mb or self.s.default_disk_mb,
                 user=spec.user,
+                network=netpolicy.from_wire(spec.network).to_wire(),
             )
             how = await self.sandboxes.start(rt, lower, image)
         return api.CreateOutcome(how, round((time.perf_counter() - t0) * 1000, 1))
@@ -480,6 +497,22 @@ class Node:
             if rt.phase == Phase.FAILED:
                 raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
             return await self.tiers.resume(rt)
+
+    async def set_network(self, sandbox_id: str, network: dict) -> dict:
+        """Replace a sandbox's egress policy; applies to new connections and DNS questions at once,
+        in any phase (the gateway sits outside the sandbox). Returns it as stored."""
+        policy = netpolicy.from_wire(network)
+        async with self._lock(sandbox_id):
+            rt = self.runtimes.get(sandbox_id)
+            if rt.phase in (Phase.FAILED, Phase.DELETING):
+                raise errors.Conflict(
+                    f"sandbox {sandbox_id} is {rt.phase.value}; its network cannot change",
+                    code="invalid_state",
+                )
+            rt.network = policy.to_wire()
+            self.runtimes.save(rt)
+            self.edge.set_policy(rt, policy)
+        return rt.network
 
     async def delete(self, sandbox_id: str) -> None:
         if not ids.is_sandbox_id(sandbox_id):

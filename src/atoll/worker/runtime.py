@@ -46,6 +46,8 @@ class Runtime:
     """Made by the worker for itself (a template image's boot); never reported, deleted at start."""
     history: list[str] = field(default_factory=list)
     """The last few steps (for the log of a reattach that finds something unexpected)."""
+    network: dict = field(default_factory=dict)
+    """Its egress policy in wire form (core.netpolicy): the gateway is given it again on reattach."""
 
     @property
     def cid(self) -> str:
@@ -82,6 +84,7 @@ class RuntimeStore:
         disk_mb: int,
         user: str | None = None,
         temporary: bool = False,
+        network: dict | None = None,
     ) -> Runtime:
         """Record a runtime about to be made (phase creating), before anything exists on the host:
         whatever a crash leaves is then owned by a record, and a reattach or sweep finds it."""
@@ -95,6 +98,7 @@ class RuntimeStore:
             disk_mb=disk_mb,
             user=user,
             temporary=temporary,
+            network=dict(network or {}),
         )
         storage.private_dir(self.dir(sid))
         self._cache[sid] = rt

@@ -21,6 +21,7 @@ import time
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
 from atoll.worker import agent_pack, bundle, cgroups, netns, runsc, storage, sweep
+from atoll.worker.edge import Edge
 from atoll.worker.guest import Guest
 from atoll.worker.liveness import Liveness
 from atoll.worker.runtime import Runtime, RuntimeStore
@@ -35,11 +36,23 @@ def hostname(sid: str) -> str:
 
 
 def _write_identity_files(rootfs: str, name: str) -> None:
-    """Name resolution that never leaves the sandbox: the hostname resolves from /etc/hosts."""
-    with open(os.path.join(rootfs, "etc/hosts"), "w") as f:
-        f.write(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n127.0.1.1\t{name}\n")
-    with open(os.path.join(rootfs, "etc/hostname"), "w") as f:
-        f.write(name + "\n")
+    """The hostname resolves from /etc/hosts; every other name from the egress gateway's resolver
+    (the only DNS server a sandbox reaches: nftables send questions to any server there)."""
+    etc = os.open(os.path.join(rootfs, "etc"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for fname, text in (
+            ("hosts", f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n127.0.1.1\t{name}\n"),
+            ("resolv.conf", f"nameserver {netns.HOST_IP}\noptions timeout:2 attempts:2\n"),
+            ("hostname", name + "\n"),
+        ):
+            # never through a symlink the template may hold (it would point into the host)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fname, dir_fd=etc)
+            fd = os.open(fname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=etc)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+    finally:
+        os.close(etc)
 
 
 class Sandboxes:
@@ -50,6 +63,7 @@ class Sandboxes:
         liveness: Liveness,
         host: sweep.Installation,
         agent_dir: str,
+        edge: Edge,
     ):
         self.runtimes = runtimes
         self.guest = guest
@@ -58,6 +72,7 @@ class Sandboxes:
         self.install_id = host.install_id
         self.runsc_root = host.runsc_root
         self.agent_dir = agent_dir
+        self.edge = edge
 
     def _p(self, rt: Runtime, *parts: str) -> str:
         return self.runtimes.path(rt.sandbox_id, *parts)
@@ -73,6 +88,7 @@ class Sandboxes:
         how = "cold boot"
         try:
             await asyncio.gather(self._prepare_rootfs(rt, lower), netns.create(rt.name))
+            await self.edge.attach(rt)
             marks["prepare"] = time.perf_counter()
             self.write_bundle(rt, lower)
             if image is not None:
@@ -194,6 +210,7 @@ class Sandboxes:
         namespaces and records for the delete: a failed sandbox holds no memory or CPU."""
         self.liveness.unwatch(rt.sandbox_id)
         await self.guest.close(rt.sandbox_id)
+        await self.edge.detach(rt.sandbox_id)
         cg = rt.cgroup(self.install_id)
         if cgroups.freezer_state(cg) in ("FROZEN", "FREEZING"):  # frozen processes cannot die
             with contextlib.suppress(errors.AtollError):
@@ -217,6 +234,7 @@ class Sandboxes:
         rt = self.runtimes.find(sid)
         self.liveness.unwatch(sid)
         await self.guest.close(sid)
+        await self.edge.detach(sid)  # its sockets would keep the namespaces alive
         if rt is not None:
             if rt.phase != Phase.DELETING:
                 with contextlib.suppress(OSError):

@@ -6,6 +6,7 @@ Precedence, highest first: command-line flag, `ATOLL_*` environment variable, bu
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -49,6 +50,16 @@ class WorkerSettings:
     """ATOLL_LOG_FORMAT: 'text' or 'json'."""
     log_level: str = "INFO"
     """ATOLL_LOG_LEVEL: logging level."""
+    extra_hosts: str | None = None
+    """ATOLL_EXTRA_HOSTS: a hosts-format file the egress gateway resolves names from, after the
+    worker's /etc/hosts and before its resolver (names it holds are never forwarded)."""
+    egress_source: str | None = None
+    """ATOLL_EGRESS_SOURCE: the local IPv4 address all sandbox egress leaves from (default: the
+    route's own)."""
+
+    @property
+    def hosts_files(self) -> list[str]:
+        return ["/etc/hosts", *([self.extra_hosts] if self.extra_hosts else [])]
 
     def redacted(self) -> dict:
         d = asdict(self)
@@ -102,4 +113,26 @@ def load(
         log_level=config.choice(
             env, "ATOLL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
         ),
+        extra_hosts=_extra_hosts(env.get("ATOLL_EXTRA_HOSTS") or None),
+        egress_source=_ipv4(env.get("ATOLL_EGRESS_SOURCE") or None, "ATOLL_EGRESS_SOURCE"),
     )
+
+
+def _extra_hosts(path: str | None) -> str | None:
+    if path is None:
+        return None
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise config.SettingsError(
+            f"ATOLL_EXTRA_HOSTS={path!r} is not a file; it must name a hosts-format file (ADDRESS NAME...)"
+        )
+    return path
+
+
+def _ipv4(value: str | None, var: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        raise config.SettingsError(f"{var}={value!r} is not an IPv4 address of this host") from None

@@ -77,7 +77,9 @@ class TemplateImages:
                     h.update(f.read())
             st = os.stat(shutil.which(runsc.RUNSC) or runsc.RUNSC)
             # images before the agent bound SANDBOX_IP:AGENT_PORT (not the wildcard) are not reused
-            h.update(f"{st.st_size}-{st.st_mtime_ns}-{bundle.AGENT_PORT}-{netns.SANDBOX_IP}-bound".encode())
+            h.update(
+                f"{st.st_size}-{st.st_mtime_ns}-{bundle.AGENT_PORT}-{netns.SANDBOX_IP}-bound-gw".encode()
+            )
             digest = self._digests[template] = h.hexdigest()
         return digest
 

@@ -1,0 +1,294 @@
+"""The TCP side of the egress gateway: decide each connection a sandbox opens, relay the allowed.
+
+Every connection arrives on the sandbox's own listener (made by the worker inside its host-side
+namespace), so the listener says which sandbox it is, although every sandbox has the same address.
+The original destination comes from conntrack (SO_ORIGINAL_DST, nftables redirected it). Decision
+(core.netpolicy): by address first (no bytes read, so any protocol works for an IP/CIDR entry);
+otherwise by the name in the first bytes (TLS SNI, HTTP Host), which must be allowed and resolve to
+that very address. Refused: HTTP gets a 403 naming the rule and how to allow it, anything else a
+reset. Allowed: connect out from the worker's namespace (from ATOLL_EGRESS_SOURCE when set), send
+the bytes read so far, relay both ways.
+
+The sandbox's side of every connection is ended with an RST (SO_LINGER 0), never left half-open:
+this runsc cannot checkpoint a sandbox with a TCP endpoint in CLOSE_WAIT or TIME_WAIT.
+Called by worker.node (attach, detach, set_policy, stats); uses gateway.sniff and gateway.names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import logging
+import socket
+import struct
+
+from atoll.core import netpolicy
+from atoll.gateway import names as names_mod
+from atoll.gateway import sniff
+
+log = logging.getLogger(__name__)
+SO_ORIGINAL_DST = 80
+_LINGER0 = struct.pack("ii", 1, 0)
+FIRST_BYTES_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0
+_CHUNK = 256 * 1024
+
+
+@dataclasses.dataclass
+class Counters:
+    allowed: int = 0
+    refused: int = 0
+    dns_answered: int = 0
+    dns_refused: int = 0
+
+
+@dataclasses.dataclass
+class _Attached:
+    sid: str
+    policy: netpolicy.Policy
+    server: asyncio.AbstractServer | None = None
+    dns: asyncio.DatagramTransport | None = None
+    conns: set[asyncio.Task] = dataclasses.field(default_factory=set)
+    counters: Counters = dataclasses.field(default_factory=Counters)
+
+
+def original_destination(sock: socket.socket) -> tuple[str, int]:
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    return socket.inet_ntoa(raw[4:8]), int.from_bytes(raw[2:4], "big")
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    with contextlib.suppress(OSError):
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
+    writer.transport.abort()
+
+
+class Gateway:
+    def __init__(self, names: names_mod.Names, egress_source: str | None = None, own_ip: str = ""):
+        self.names = names
+        self.egress_source = egress_source
+        self.own_ip = own_ip  # the listener's address: a connection straight to it is refused
+        self._att: dict[str, _Attached] = {}
+
+    # ---- attach / detach ----------------------------------------------------------------------
+    async def attach(
+        self, sid: str, listener: socket.socket, udp: socket.socket | None, policy: netpolicy.Policy
+    ) -> None:
+        """Serve a sandbox: `listener` (a bound TCP socket in its host-side namespace) and `udp`
+        (its DNS socket there). Attaching again replaces the previous attachment."""
+        await self.detach(sid)
+        att = _Attached(sid, policy)
+        self._att[sid] = att
+        listener.listen(256)
+        listener.setblocking(False)
+        att.server = await asyncio.start_server(
+            lambda r, w: self._accepted(att, r, w), sock=listener, limit=_CHUNK
+        )
+        if udp is not None:
+            from atoll.gateway import dns  # noqa: PLC0415 - the resolver side, only with a socket
+
+            udp.setblocking(False)
+            att.dns, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: dns.Resolver(att, self.names), sock=udp
+            )
+
+    def attached(self, sid: str) -> bool:
+        return sid in self._att
+
+    def sandboxes(self) -> list[str]:
+        return list(self._att)
+
+    def set_policy(self, sid: str, policy: netpolicy.Policy) -> None:
+        """Applies to connections and DNS questions from now on (open connections stay)."""
+        att = self._att.get(sid)
+        if att is not None:
+            att.policy = policy
+
+    def stats(self, sid: str) -> Counters:
+        att = self._att.get(sid)
+        return dataclasses.replace(att.counters) if att is not None else Counters()
+
+    async def detach(self, sid: str) -> None:
+        """Stop serving a sandbox and reset its connections. Must come before its namespaces are
+        deleted: a socket keeps its namespace alive."""
+        att = self._att.pop(sid, None)
+        if att is None:
+            return
+        if att.server is not None:
+            att.server.close()
+        if att.dns is not None:
+            att.dns.close()
+        for t in list(att.conns):
+            t.cancel()
+        if att.conns:
+            await asyncio.gather(*att.conns, return_exceptions=True)
+        if att.server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(att.server.wait_closed(), 2)
+
+    async def aclose(self) -> None:
+        for sid in list(self._att):
+            await self.detach(sid)
+
+    # ---- one connection ---------------------------------------------------------------------------
+    def _accepted(self, att: _Attached, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        task = asyncio.current_task()
+        if task is not None:
+            att.conns.add(task)
+            task.add_done_callback(att.conns.discard)
+        return self._serve(att, reader, writer)
+
+    async def _serve(
+        self, att: _Attached, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        up_w: asyncio.StreamWriter | None = None
+        try:
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ip, port = original_destination(sock)
+            head, proto, name = b"", "", None
+            if ip == self.own_ip:
+                decision = netpolicy.Decision(False, "the gateway itself is not a destination")
+            else:
+                decision = att.policy.decide_address(ip, port)
+            if not decision.allowed and ip != self.own_ip:
+                try:
+                    head, proto, name = await asyncio.wait_for(_first_bytes(reader), FIRST_BYTES_TIMEOUT_S)
+                except TimeoutError:
+                    proto = ""
+                except sniff.Malformed as e:
+                    decision = netpolicy.Decision(False, f"malformed {e}")
+                    proto = "bad"
+                if name is not None and _is_ip(name):
+                    name = None  # an address for a name: the address decision stands
+                if name is not None:
+                    norm = netpolicy.normalize_name(name)
+                    if norm is None:
+                        decision = netpolicy.Decision(False, f"{name!r} is not a valid host name")
+                    else:
+                        resolved = (
+                            await self.names.resolve(norm) if att.policy.may_resolve(norm) else frozenset()
+                        )
+                        decision = att.policy.decide_name(norm, ip, port, resolved)
+            target = f"{name} ({ip}:{port})" if name else f"{ip}:{port}"
+            if not decision.allowed:
+                att.counters.refused += 1
+                log.info(
+                    "egress refused: %s, %s",
+                    target,
+                    decision.rule,
+                    extra={"sandbox_id": att.sid, "reason": decision.rule},
+                )
+                if proto == "http":
+                    await _refuse_http(att.sid, writer, reader, name or ip, ip, port, decision.rule)
+                return
+            try:
+                local = (self.egress_source, 0) if self.egress_source else None
+                up_r, up_w = await asyncio.wait_for(
+                    asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
+                )
+            except (OSError, TimeoutError) as e:
+                att.counters.refused += 1
+                log.info("egress to %s failed: %r", target, e, extra={"sandbox_id": att.sid})
+                if proto == "http":
+                    await _answer(
+                        writer,
+                        reader,
+                        502,
+                        f"atoll egress gateway: {target} did not accept the connection ({e!r})\n",
+                    )
+                return
+            att.counters.allowed += 1
+            log.debug("egress allowed: %s, %s", target, decision.rule, extra={"sandbox_id": att.sid})
+            if head:
+                up_w.write(head)
+            await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+        except (OSError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if up_w is not None:
+                up_w.transport.abort()
+            _reset(writer)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+async def _first_bytes(reader: asyncio.StreamReader) -> tuple[bytes, str, str | None]:
+    """Read until the first bytes say what they are: (bytes, "tls"|"http"|"", name or None)."""
+    data = b""
+    while True:
+        chunk = await reader.read(sniff.MAX_HEAD - len(data))
+        if not chunk:
+            return data, "", None
+        data += chunk
+        if sniff.looks_tls(data):
+            if sniff.tls_record_complete(data) or len(data) >= sniff.MAX_HEAD:
+                return data, "tls", sniff.client_hello_sni(data)
+        elif sniff.looks_http(data) or (len(data) < 8 and data.isalpha()):
+            host = sniff.http_host(data)
+            if host is not None:
+                return data, "http", host
+        else:
+            return data, "", None
+        if len(data) >= sniff.MAX_HEAD:
+            raise sniff.Malformed(f"no complete request head in the first {sniff.MAX_HEAD} bytes")
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            data = await src.read(_CHUNK)
+            if not data:
+                break
+            dst.write(data)
+            await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()
+    except (OSError, ConnectionError):
+        dst.transport.abort()
+
+
+async def _answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, status: int, body: str) -> None:
+    reason = {403: "Forbidden", 502: "Bad Gateway", 431: "Request Header Fields Too Large"}.get(
+        status, "Error"
+    )
+    data = body.encode()
+    writer.write(
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(data)}\r\nconnection: close\r\nx-atoll-egress: refused\r\n\r\n".encode()
+        + data
+    )
+    with contextlib.suppress(OSError, ConnectionError, TimeoutError):
+        await writer.drain()
+        # let the client read it and close first; then the reset loses nothing
+        await asyncio.wait_for(reader.read(), 2.0)
+
+
+async def _refuse_http(
+    sid: str,
+    writer: asyncio.StreamWriter,
+    reader: asyncio.StreamReader,
+    host: str,
+    ip: str,
+    port: int,
+    rule: str,
+) -> None:
+    await _answer(
+        writer,
+        reader,
+        403,
+        f"atoll egress gateway: the connection to {host} ({ip}:{port}) is refused by this sandbox's "
+        f"network policy ({rule}).\nTo allow it, add {host!r} (a domain) or {ip!r} (an address) to "
+        f"allow_out: PUT /v1/sandboxes/{sid}/network or sandbox.set_network(allow_out=[...]).\n",
+    )

@@ -1,0 +1,271 @@
+"""Egress from real sandboxes through the gateway, to test hosts in a namespace this test makes.
+
+The test host is a network namespace joined to the root namespace by a veth pair (10.250.<n>.0/29):
+an HTTP server on .2 and .3 (port 8080), a TCP echo on .2:9000 and a UDP sink on .2:9999 that
+records what reaches it. Names come from an ATOLL_EXTRA_HOSTS file; no query or packet goes
+anywhere else (the DNS server the sandbox asks directly is TEST-NET 192.0.2.53, answered by the
+gateway on the host side: nothing is routed out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from atoll.testing import LocalAtoll
+from tests.conftest import TEMPLATE_CACHE
+
+pytestmark = pytest.mark.integration
+
+SERVER = r"""
+import http.server, socket, socketserver, sys, threading
+a, b, sink = sys.argv[1], sys.argv[2], sys.argv[3]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"hello from {self.server.server_address[0]} host={self.headers.get('Host')}".encode()
+        self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+for ip in (a, b):
+    s = http.server.ThreadingHTTPServer((ip, 8080), H)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request.sendall(self.request.recv(100).upper())
+e = socketserver.ThreadingTCPServer((a, 9000), Echo)
+threading.Thread(target=e.serve_forever, daemon=True).start()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((a, 9999))
+print("ready", flush=True)
+while True:
+    data, _ = u.recvfrom(100)
+    with open(sink, "ab") as f: f.write(data + b"\n")
+"""
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def testnet(tmp_path_factory):
+    n = 200 + secrets.randbelow(50)
+    tag = secrets.token_hex(3)
+    ns, root_if = f"atoll-test-{tag}", f"at{tag}"
+    net = f"10.250.{n}"
+    sh("ip", "netns", "add", ns)
+    proc = None
+    try:
+        sh("ip", "link", "add", root_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "addr", "add", f"{net}.1/29", "dev", root_if)
+        sh("ip", "link", "set", root_if, "up")
+        sh("ip", "-n", ns, "addr", "add", f"{net}.2/29", "dev", "eth0")
+        sh("ip", "-n", ns, "addr", "add", f"{net}.3/29", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        d = tmp_path_factory.mktemp("testnet")
+        sink = d / "udp.log"
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", SERVER, f"{net}.2", f"{net}.3", str(sink)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        hosts = d / "hosts"
+        hosts.write_text(f"{net}.2 allowed.atoll.test also.atoll.test\n{net}.3 other.atoll.test\n")
+        yield {"net": net, "hosts": str(hosts), "sink": sink}
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["ip", "link", "del", root_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def edge(testnet, tmp_path_factory):
+    la = LocalAtoll(
+        home=tmp_path_factory.mktemp("atoll-egress") / "home",
+        env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE, "ATOLL_EXTRA_HOSTS": testnet["hosts"]},
+    )
+    la.start(timeout=600)
+    try:
+        with httpx.Client(base_url=la.url, headers=la.headers(), timeout=600) as c:
+            yield c
+    finally:
+        la.stop(reap=True)
+
+
+def py(api, sid: str, code: str) -> dict:
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["python3", "-c", code], "timeout_s": 30})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+GET = """
+import sys, urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen(sys.argv[1] if len(sys.argv) > 1 else {url!r}, timeout=5).read().decode())
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code, e.read().decode())
+except Exception as e:
+    print("ERR", type(e).__name__, e)
+"""
+
+
+def get(api, sid, url):
+    out = py(api, sid, GET.format(url=url))
+    return out["stdout"].strip()
+
+
+RAW = """
+import socket
+s = socket.create_connection(({ip!r}, {port}), timeout=5)
+try:
+    s.sendall({data!r})
+    print(repr(s.recv(4000)))
+except Exception as e:
+    print("ERR", type(e).__name__, e)
+"""
+
+
+@pytest.fixture
+def make(edge):
+    made = []
+
+    def _make(network=None, **kw):
+        body = {"idle_timeout_s": 0, **kw}
+        if network is not None:
+            body["network"] = network
+        r = edge.post("/v1/sandboxes", json=body)
+        assert r.status_code == 201, r.text
+        made.append(r.json()["id"])
+        return r.json()
+
+    yield _make
+    for sid in made:
+        edge.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_no_policy_no_way_out(edge, make, testnet):
+    sb = make()
+    assert sb["network"] == {"allow_out": [], "deny_out": []}
+    out = get(edge, sb["id"], "http://allowed.atoll.test:8080/")
+    assert out.startswith("ERR") and "resolution" in out.lower() or "Name or service" in out, out
+    out = get(edge, sb["id"], f"http://{testnet['net']}.2:8080/")
+    assert out.startswith("HTTP 403") and "default deny" in out and "allow_out" in out, out
+
+
+def test_a_domain_rule_lets_that_name_out_and_nothing_else(edge, make, testnet):
+    net = testnet["net"]
+    sb = make({"allow_out": ["allowed.atoll.test"]})
+    sid = sb["id"]
+    assert (
+        get(edge, sid, "http://allowed.atoll.test:8080/x")
+        == f"hello from {net}.2 host=allowed.atoll.test:8080"
+    )
+    # the same server by address: a raw-IP connection needs an IP entry
+    assert get(edge, sid, f"http://{net}.2:8080/").startswith("HTTP 403")
+    # another name on the same host is not allowed, and does not even resolve
+    assert get(edge, sid, "http://also.atoll.test:8080/").startswith("ERR")
+    # the allowed name sent to another address is refused and never reaches it
+    code = RAW.format(ip=f"{net}.3", port=8080, data=b"GET / HTTP/1.1\r\nHost: allowed.atoll.test\r\n\r\n")
+    out = py(edge, sid, code)["stdout"]
+    assert "403" in out and "does not resolve to" in out, out
+    # a raw TCP connection with no name in it: refused with a reset
+    out = py(edge, sid, RAW.format(ip=f"{net}.2", port=9000, data=b"hi"))["stdout"]
+    assert "ERR" in out or out.strip() == "b''", out
+
+
+def test_network_rules_ports_udp_ipv6_and_dns_elsewhere(edge, make, testnet):
+    net = testnet["net"]
+    sid = make({"allow_out": [f"{net}.2:9000"]})["id"]
+    assert py(edge, sid, RAW.format(ip=f"{net}.2", port=9000, data=b"ping"))["stdout"].strip() == "b'PING'"
+    assert get(edge, sid, f"http://{net}.2:8080/").startswith("HTTP 403")  # not that port
+    before = testnet["sink"].read_bytes() if testnet["sink"].exists() else b""
+    code = f"""
+import socket
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(3): u.sendto(b"leak", ({net + ".2"!r}, 9999))
+try:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM); s.settimeout(3)
+    s.connect(("2001:db8::1", 80)); print("v6 connected")
+except OSError as e:
+    print("v6", type(e).__name__)
+import subprocess
+"""
+    out = py(edge, sid, code)
+    assert "v6 connected" not in out["stdout"], out
+    time.sleep(1)
+    after = testnet["sink"].read_bytes() if testnet["sink"].exists() else b""
+    assert after == before  # no UDP reached the test host
+    # DNS asked of another server is answered by the gateway: still only what the policy allows
+    dns = """
+import socket, struct
+def ask(name, server):
+    q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+    q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\\0" + struct.pack(">HH", 1, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+    s.sendto(q, (server, 53))
+    r = s.recv(512)
+    return r[3] & 0x0F, struct.unpack(">H", r[6:8])[0]
+print(ask("allowed.atoll.test", "192.0.2.53"), ask("allowed.atoll.test", "10.99.0.1"))
+"""
+    assert py(edge, sid, dns)["stdout"].strip() == "(5, 0) (5, 0)"  # REFUSED: not in this policy
+    sid2 = make({"allow_out": ["*.atoll.test"]})["id"]
+    assert py(edge, sid2, dns)["stdout"].strip() == "(0, 1) (0, 1)"
+
+
+def test_the_policy_changes_live_and_bad_entries_are_named(edge, make, testnet):
+    sid = make()["id"]
+    url = "http://allowed.atoll.test:8080/"
+    assert get(edge, sid, url).startswith("ERR")
+    r = edge.put(f"/v1/sandboxes/{sid}/network", json={"allow_out": ["*.atoll.test", "Allowed.Atoll.Test."]})
+    assert r.status_code == 200 and r.json() == {
+        "allow_out": ["*.atoll.test", "allowed.atoll.test"],
+        "deny_out": [],
+    }
+    assert get(edge, sid, url).startswith("hello")
+    assert edge.get(f"/v1/sandboxes/{sid}").json()["network"]["allow_out"] == [
+        "*.atoll.test",
+        "allowed.atoll.test",
+    ]
+    r = edge.put(
+        f"/v1/sandboxes/{sid}/network",
+        json={"allow_out": ["*.atoll.test"], "deny_out": ["allowed.atoll.test"]},
+    )
+    assert r.status_code == 200
+    assert get(edge, sid, url).startswith("ERR")  # deny wins (it does not even resolve)
+    for bad in (["pypi.org:99999"], ["10.0.0.1/8"], ["2001:db8::1"], [17]):
+        r = edge.put(f"/v1/sandboxes/{sid}/network", json={"allow_out": bad})
+        assert r.status_code == 400, r.text
+        assert json.dumps(bad[0]).strip('"') in r.json()["error"]["message"], r.text
+    r = edge.post("/v1/sandboxes", json={"network": {"allow_out": ["a*.b.com"]}})
+    assert r.status_code == 400 and "a*.b.com" in r.json()["error"]["message"]
+    r = edge.post("/v1/sandboxes", json={"network": {"allow": []}})
+    assert r.status_code == 400
+    # the last good policy stands
+    assert edge.get(f"/v1/sandboxes/{sid}").json()["network"]["deny_out"] == ["allowed.atoll.test"]
+
+
+def test_egress_after_a_disk_standby_and_to_atolls_own_ports(edge, make, testnet):
+    sid = make({"allow_out": ["allowed.atoll.test"]})["id"]
+    r = edge.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 200 and r.json()["standby_tier"] == "disk", r.text
+    assert get(edge, sid, "http://allowed.atoll.test:8080/").startswith("hello")  # resumed by the exec
+    port = int(edge.base_url.port)
+    for ip, p in (
+        ("10.99.0.1", 15001),
+        ("10.99.0.1", 49999),
+        ("10.99.0.1", 53),
+        (testnet["net"] + ".1", port),
+    ):
+        out = py(edge, sid, RAW.format(ip=ip, port=p, data=b"GET / HTTP/1.0\r\n\r\n"))["stdout"]
+        assert "200 OK" not in out and "hello" not in out, (ip, p, out)
+    assert os.path.exists(testnet["hosts"])
