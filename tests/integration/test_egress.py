@@ -25,10 +25,15 @@ from tests.conftest import TEMPLATE_CACHE
 pytestmark = pytest.mark.integration
 
 SERVER = r"""
-import http.server, socket, socketserver, sys, threading
-a, b, sink = sys.argv[1], sys.argv[2], sys.argv[3]
+import http.server, socket, socketserver, ssl, sys, threading
+a, b, sink, cert = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/whoami":
+            body = self.client_address[0].encode()
+            self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+            return
         body = f"hello from {self.server.server_address[0]} host={self.headers.get('Host')}".encode()
         self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
         self.wfile.write(body)
@@ -41,6 +46,11 @@ class Echo(socketserver.BaseRequestHandler):
         self.request.sendall(self.request.recv(100).upper())
 e = socketserver.ThreadingTCPServer((a, 9000), Echo)
 threading.Thread(target=e.serve_forever, daemon=True).start()
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(cert)
+for ip in (a, b):
+    t = http.server.ThreadingHTTPServer((ip, 8443), H)
+    t.socket = ctx.wrap_socket(t.socket, server_side=True)
+    threading.Thread(target=t.serve_forever, daemon=True).start()
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((a, 9999))
 print("ready", flush=True)
 while True:
@@ -64,6 +74,7 @@ def testnet(tmp_path_factory):
     try:
         sh("ip", "link", "add", root_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
         sh("ip", "addr", "add", f"{net}.1/29", "dev", root_if)
+        sh("ip", "addr", "add", f"{net}.4/29", "dev", root_if)  # ATOLL_EGRESS_SOURCE
         sh("ip", "link", "set", root_if, "up")
         sh("ip", "-n", ns, "addr", "add", f"{net}.2/29", "dev", "eth0")
         sh("ip", "-n", ns, "addr", "add", f"{net}.3/29", "dev", "eth0")
@@ -71,8 +82,37 @@ def testnet(tmp_path_factory):
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         d = tmp_path_factory.mktemp("testnet")
         sink = d / "udp.log"
+        cert = d / "cert.pem"
+        sh(
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=allowed.atoll.test",
+            "-keyout",
+            str(cert),
+            "-out",
+            str(cert),
+        )
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", SERVER, f"{net}.2", f"{net}.3", str(sink)],
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                sys.executable,
+                "-c",
+                SERVER,
+                f"{net}.2",
+                f"{net}.3",
+                str(sink),
+                str(cert),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -92,7 +132,11 @@ def testnet(tmp_path_factory):
 def edge(testnet, tmp_path_factory):
     la = LocalAtoll(
         home=tmp_path_factory.mktemp("atoll-egress") / "home",
-        env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE, "ATOLL_EXTRA_HOSTS": testnet["hosts"]},
+        env={
+            "ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE,
+            "ATOLL_EXTRA_HOSTS": testnet["hosts"],
+            "ATOLL_EGRESS_SOURCE": testnet["net"] + ".4",
+        },
     )
     la.start(timeout=600)
     try:
@@ -269,3 +313,42 @@ def test_egress_after_a_disk_standby_and_to_atolls_own_ports(edge, make, testnet
         out = py(edge, sid, RAW.format(ip=ip, port=p, data=b"GET / HTTP/1.0\r\n\r\n"))["stdout"]
         assert "200 OK" not in out and "hello" not in out, (ip, p, out)
     assert os.path.exists(testnet["hosts"])
+
+
+TLS = """
+import socket, ssl, sys
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+try:
+    s = socket.create_connection(({ip!r}, 8443), timeout=5)
+    t = ctx.wrap_socket(s, server_hostname={sni!r})
+    t.sendall(b"GET / HTTP/1.1\\r\\nHost: {sni}\\r\\nConnection: close\\r\\n\\r\\n")
+    data = b""
+    while chunk := t.recv(4000):
+        data += chunk
+    print(data.decode().splitlines()[-1])
+except Exception as e:
+    print("ERR", type(e).__name__)
+"""
+
+
+def test_tls_is_matched_by_sni_and_passes_through(edge, make, testnet):
+    net = testnet["net"]
+    sid = make({"allow_out": ["allowed.atoll.test:8443"]})["id"]
+    out = py(edge, sid, TLS.format(ip=f"{net}.2", sni="allowed.atoll.test"))["stdout"].strip()
+    assert out == f"hello from {net}.2 host=allowed.atoll.test", out  # end to end, untouched
+    # the allowed SNI sent to another address: reset, never reaches it
+    assert py(edge, sid, TLS.format(ip=f"{net}.3", sni="allowed.atoll.test"))["stdout"].startswith("ERR")
+    assert py(edge, sid, TLS.format(ip=f"{net}.2", sni="other.atoll.test"))["stdout"].startswith("ERR")
+    # a malformed ClientHello, and an HTTP request head that never ends: refused, clearly
+    bad_hello = b"\x16\x03\x01\x00\x10\x01\x00\x00\x0c" + b"\x00" * 12
+    out = py(edge, sid, RAW.format(ip=f"{net}.2", port=8443, data=bad_hello))["stdout"]
+    assert "ERR" in out or out.strip() == "b''", out
+    huge = b"GET / HTTP/1.1\r\nHost: allowed.atoll.test\r\nX: " + b"a" * 20000
+    out = py(edge, sid, RAW.format(ip=f"{net}.2", port=8080, data=huge))["stdout"]
+    assert "431" in out, out
+
+
+def test_egress_leaves_from_atoll_egress_source(edge, make, testnet):
+    net = testnet["net"]
+    sid = make({"allow_out": ["allowed.atoll.test"]})["id"]
+    assert get(edge, sid, "http://allowed.atoll.test:8080/whoami") == f"{net}.4"

@@ -16,11 +16,11 @@ Called by controlplane.lifecycle (which is the listener) and controlplane.routes
 
 from __future__ import annotations
 
-import math
 import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import secrets
 import time
 import typing

@@ -162,8 +162,8 @@ class Gateway:
                 except TimeoutError:
                     proto = ""
                 except sniff.Malformed as e:
-                    decision = netpolicy.Decision(False, f"malformed {e}")
-                    proto = "bad"
+                    decision = netpolicy.Decision(False, f"malformed request: {e}")
+                    proto = "bad-http" if e.http else "bad"
                 if name is not None and _is_ip(name):
                     name = None  # an address for a name: the address decision stands
                 if name is not None:
@@ -186,6 +186,11 @@ class Gateway:
                 )
                 if proto == "http":
                     await _refuse_http(att.sid, writer, reader, name or ip, ip, port, decision.rule)
+                elif proto == "bad-http":
+                    too_long = "longer than" in decision.rule
+                    await _answer(
+                        writer, reader, 431 if too_long else 400, f"atoll egress gateway: {decision.rule}\n"
+                    )
                 return
             try:
                 local = (self.egress_source, 0) if self.egress_source else None
@@ -236,7 +241,11 @@ async def _first_bytes(reader: asyncio.StreamReader) -> tuple[bytes, str, str | 
             if sniff.tls_record_complete(data) or len(data) >= sniff.MAX_HEAD:
                 return data, "tls", sniff.client_hello_sni(data)
         elif sniff.looks_http(data) or (len(data) < 8 and data.isalpha()):
-            host = sniff.http_host(data)
+            try:
+                host = sniff.http_host(data)
+            except sniff.Malformed as e:
+                e.http = True
+                raise
             if host is not None:
                 return data, "http", host
         else:
@@ -260,9 +269,12 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
 
 
 async def _answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, status: int, body: str) -> None:
-    reason = {403: "Forbidden", 502: "Bad Gateway", 431: "Request Header Fields Too Large"}.get(
-        status, "Error"
-    )
+    reason = {
+        400: "Bad Request",
+        403: "Forbidden",
+        502: "Bad Gateway",
+        431: "Request Header Fields Too Large",
+    }.get(status, "Error")
     data = body.encode()
     writer.write(
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"

@@ -8,7 +8,9 @@ MAX_HEAD = 16 * 1024
 
 
 class Malformed(ValueError):
-    """The first bytes claim a protocol (TLS, HTTP) but break it."""
+    """The first bytes claim a protocol (TLS, HTTP) but break it; `http` when they are HTTP."""
+
+    http = False
 
 
 def looks_tls(data: bytes) -> bool:
