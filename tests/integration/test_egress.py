@@ -28,6 +28,7 @@ SERVER = r"""
 import http.server, socket, socketserver, ssl, sys, threading
 a, b, sink, cert = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: connections stay open between requests
     def do_GET(self):
         if self.path == "/whoami":
             body = self.client_address[0].encode()
@@ -352,3 +353,43 @@ def test_egress_leaves_from_atoll_egress_source(edge, make, testnet):
     net = testnet["net"]
     sid = make({"allow_out": ["allowed.atoll.test"]})["id"]
     assert get(edge, sid, "http://allowed.atoll.test:8080/whoami") == f"{net}.4"
+
+
+KEEPALIVE = """
+import http.client, time
+c = http.client.HTTPConnection("allowed.atoll.test", 8080, timeout=10)
+c.request("GET", "/first"); r = c.getresponse(); r.read()
+open("/tmp/ka.log", "a").write(f"first {r.status}\\n")
+while not __import__("os").path.exists("/tmp/go"):
+    time.sleep(0.1)
+try:  # the same connection, after the disk standby: reset while idle, as after a NAT timeout
+    c.request("GET", "/again"); r = c.getresponse(); r.read()
+    open("/tmp/ka.log", "a").write(f"kept {r.status}\\n")
+except OSError as e:
+    open("/tmp/ka.log", "a").write(f"reset {type(e).__name__}\\n")
+c = http.client.HTTPConnection("allowed.atoll.test", 8080, timeout=10)
+c.request("GET", "/new"); r = c.getresponse(); r.read()
+open("/tmp/ka.log", "a").write(f"new {r.status}\\n")
+"""
+
+
+def test_an_idle_keepalive_connection_does_not_pin_the_sandbox_in_ram(edge, make):
+    sid = make({"allow_out": ["allowed.atoll.test"]})["id"]
+    edge.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/ka.py"}, content=KEEPALIVE.encode())
+    r = edge.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["python3", "/tmp/ka.py"], "background": True})
+    assert r.status_code == 200, r.text
+    for _ in range(50):
+        if "first 200" in py(edge, sid, "print(open('/tmp/ka.log').read())")["stdout"]:
+            break
+        time.sleep(0.1)
+    time.sleep(1.5)  # the connection is open and idle now
+    r = edge.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 200 and r.json()["standby_tier"] == "disk", r.json()
+    py(edge, sid, "open('/tmp/go', 'w')")  # resumes it
+    for _ in range(100):
+        log = py(edge, sid, "print(open('/tmp/ka.log').read())")["stdout"]
+        if "new" in log:
+            break
+        time.sleep(0.1)
+    # the idle connection was reset before the checkpoint; the program lives on and reconnects
+    assert log.split()[:3] == ["first", "200", "reset"] and log.split()[-2:] == ["new", "200"], log

@@ -10,7 +10,10 @@ reset. Allowed: connect out from the worker's namespace (from ATOLL_EGRESS_SOURC
 the bytes read so far, relay both ways.
 
 The sandbox's side of every connection is ended with an RST (SO_LINGER 0), never left half-open:
-this runsc cannot checkpoint a sandbox with a TCP endpoint in CLOSE_WAIT or TIME_WAIT.
+this runsc cannot checkpoint a sandbox with a TCP endpoint in CLOSE_WAIT or TIME_WAIT. Before a
+disk checkpoint the worker calls `quiesce`: idle connections (no byte for IDLE_S) are reset the
+same way, so an idle keep-alive connection does not pin the sandbox in RAM; bytes moving count as
+activity (`busy`, `last_io`).
 Called by worker.node (attach, detach, set_policy, stats); uses gateway.sniff and gateway.names.
 """
 
@@ -23,6 +26,7 @@ import ipaddress
 import logging
 import socket
 import struct
+import time
 
 from atoll.core import netpolicy
 from atoll.gateway import names as names_mod
@@ -32,6 +36,9 @@ log = logging.getLogger(__name__)
 SO_ORIGINAL_DST = 80
 _LINGER0 = struct.pack("ii", 1, 0)
 FIRST_BYTES_TIMEOUT_S = 10.0
+IDLE_S = 1.0
+"""A connection that moved no byte for this long is idle: no request or response in flight (an
+HTTP keep-alive connection between requests, a client that went quiet)."""
 CONNECT_TIMEOUT_S = 10.0
 _CHUNK = 256 * 1024
 
@@ -44,6 +51,20 @@ class Counters:
     dns_refused: int = 0
 
 
+@dataclasses.dataclass(eq=False)
+class _Conn:
+    """One relayed connection: its two sides and when a byte last moved."""
+
+    sandbox_side: asyncio.StreamWriter
+    upstream: asyncio.StreamWriter | None = None
+    last_io: float = dataclasses.field(default_factory=time.monotonic)
+
+    def abort(self) -> None:
+        if self.upstream is not None:
+            self.upstream.transport.abort()
+        _reset(self.sandbox_side)
+
+
 @dataclasses.dataclass
 class _Attached:
     sid: str
@@ -51,7 +72,9 @@ class _Attached:
     server: asyncio.AbstractServer | None = None
     dns: asyncio.DatagramTransport | None = None
     conns: set[asyncio.Task] = dataclasses.field(default_factory=set)
+    relayed: set[_Conn] = dataclasses.field(default_factory=set)
     counters: Counters = dataclasses.field(default_factory=Counters)
+    last_io: float = 0.0
 
 
 def original_destination(sock: socket.socket) -> tuple[str, int]:
@@ -108,6 +131,36 @@ class Gateway:
         if att is not None:
             att.policy = policy
 
+    def busy(self, sid: str, idle_s: float = IDLE_S) -> int:
+        """Connections of the sandbox that moved a byte within `idle_s` (in use, so activity)."""
+        att = self._att.get(sid)
+        if att is None:
+            return 0
+        now = time.monotonic()
+        return sum(1 for c in att.relayed if now - c.last_io < idle_s)
+
+    def last_io(self, sid: str) -> float:
+        """When a byte of the sandbox's last moved through the gateway (monotonic; 0 = never)."""
+        att = self._att.get(sid)
+        return att.last_io if att is not None else 0.0
+
+    def quiesce(self, sid: str, idle_s: float = IDLE_S) -> tuple[int, int]:
+        """Before a disk checkpoint: reset the sandbox's idle connections (an RST on its side, so
+        its endpoint closes at once and the checkpoint can save it; its program then reads
+        ECONNRESET, as after a NAT timeout). Returns (in use and left open, reset)."""
+        att = self._att.get(sid)
+        if att is None:
+            return 0, 0
+        now, busy, reset = time.monotonic(), 0, 0
+        for c in list(att.relayed):
+            if now - c.last_io < idle_s:
+                busy += 1
+            else:
+                c.abort()
+                att.relayed.discard(c)
+                reset += 1
+        return busy, reset
+
     def stats(self, sid: str) -> Counters:
         att = self._att.get(sid)
         return dataclasses.replace(att.counters) if att is not None else Counters()
@@ -146,6 +199,8 @@ class Gateway:
         self, att: _Attached, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         up_w: asyncio.StreamWriter | None = None
+        conn = _Conn(writer)
+        att.last_io = conn.last_io
         try:
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
@@ -212,10 +267,13 @@ class Gateway:
             log.debug("egress allowed: %s, %s", target, decision.rule, extra={"sandbox_id": att.sid})
             if head:
                 up_w.write(head)
-            await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+            conn.upstream = up_w
+            att.relayed.add(conn)
+            await asyncio.gather(_pipe(reader, up_w, conn, att), _pipe(up_r, writer, conn, att))
         except (OSError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            att.relayed.discard(conn)
             if up_w is not None:
                 up_w.transport.abort()
             _reset(writer)
@@ -254,12 +312,13 @@ async def _first_bytes(reader: asyncio.StreamReader) -> tuple[bytes, str, str | 
             raise sniff.Malformed(f"no complete request head in the first {sniff.MAX_HEAD} bytes")
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached) -> None:
     try:
         while True:
             data = await src.read(_CHUNK)
             if not data:
                 break
+            conn.last_io = att.last_io = time.monotonic()
             dst.write(data)
             await dst.drain()
         if dst.can_write_eof():

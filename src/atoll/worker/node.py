@@ -380,9 +380,14 @@ class Node:
             samples[key] = dq
             share = _share(dq)
             told = self._activity_told.get(rt.sandbox_id, 0.0)
-            if share is not None and share > ACTIVITY_CPU_SHARE and now - told >= ACTIVITY_EVENT_EVERY_S:
+            if now - told < ACTIVITY_EVENT_EVERY_S:
+                continue
+            if share is not None and share > ACTIVITY_CPU_SHARE:
                 self._activity_told[rt.sandbox_id] = now
                 self.hub.emit(api.SandboxActivity(rt.sandbox_id, f"its processes use {share:.0%} of a CPU"))
+            elif now - self.edge.last_io(rt.sandbox_id) < ACTIVITY_WINDOW_S:
+                self._activity_told[rt.sandbox_id] = now
+                self.hub.emit(api.SandboxActivity(rt.sandbox_id, "its network connections carry traffic"))
         self._cpu = samples
 
     def cpu_share(self, sid: str) -> float | None:

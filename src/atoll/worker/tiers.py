@@ -101,20 +101,20 @@ class Tiers:
             if rt.phase == Phase.FROZEN:
                 return PauseOutcome(Tier.MEMORY)
             if only_if_idle:
-                gate = await self.guest.gate(rt.sandbox_id)
-                if gate.external_connections:
-                    return PauseOutcome(
-                        None,
-                        f"{gate.external_connections} open TCP connection(s) on its network interface "
-                        "count as activity",
-                    )
+                # bytes moving through the gateway are activity; an idle open connection is not
+                busy = self.sandboxes.edge.busy(rt.sandbox_id)
+                if busy:
+                    return PauseOutcome(None, f"{busy} network connection(s) in use count as activity")
             return self._freeze_outcome(rt, Tier.MEMORY, None)
         was_frozen = rt.phase == Phase.FROZEN
         if was_frozen:
             self.thaw(rt)
+        busy = await self.sandboxes.edge.quiesce(rt.sandbox_id)  # idle connections: reset
         gate = await self.guest.gate(rt.sandbox_id)
         if not gate.ok:
             why = "kept in the memory tier: " + "; ".join(gate.blockers)
+            if busy:
+                why += f" ({busy} egress connection(s) in use)"
             log.info("sandbox.pause_disk.gated", extra={"sandbox_id": rt.sandbox_id, "reason": why})
             return self._freeze_outcome(rt, Tier.MEMORY, why)
         await self.checkpoint(rt)
