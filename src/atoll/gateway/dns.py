@@ -29,6 +29,8 @@ if typing.TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TTL = 30
+MAX_INFLIGHT = 64
+"""Questions of one sandbox answered at once; more are dropped."""
 
 
 class Resolver(asyncio.DatagramProtocol):
@@ -36,12 +38,20 @@ class Resolver(asyncio.DatagramProtocol):
         self.att = att
         self.names = names
         self.transport: asyncio.DatagramTransport | None = None
+        self._inflight = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        asyncio.ensure_future(self._answer(data, addr))
+        if self._inflight >= MAX_INFLIGHT:
+            return  # a flood: dropped, as a busy resolver would (the client retries)
+        self._inflight += 1
+        task = asyncio.ensure_future(self._answer(data, addr))
+        task.add_done_callback(self._done)
+
+    def _done(self, _task: asyncio.Future) -> None:
+        self._inflight -= 1
 
     async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
         try:

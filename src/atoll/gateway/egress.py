@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 SO_ORIGINAL_DST = 80
 _LINGER0 = struct.pack("ii", 1, 0)
 FIRST_BYTES_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 256
+"""Connections one sandbox may have through the gateway at once (each holds two descriptors)."""
 IDLE_S = 1.0
 """A connection that moved no byte for this long is idle: no request or response in flight (an
 HTTP keep-alive connection between requests, a client that went quiet)."""
@@ -96,6 +98,7 @@ class Gateway:
         self.egress_source = egress_source
         self.own_ip = own_ip  # the listener's address: a connection straight to it is refused
         self._att: dict[str, _Attached] = {}
+        self._warned: dict[str, float] = {}
 
     # ---- attach / detach ----------------------------------------------------------------------
     async def attach(
@@ -188,12 +191,22 @@ class Gateway:
             await self.detach(sid)
 
     # ---- one connection ---------------------------------------------------------------------------
-    def _accepted(self, att: _Attached, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        task = asyncio.current_task()
-        if task is not None:
-            att.conns.add(task)
-            task.add_done_callback(att.conns.discard)
-        return self._serve(att, reader, writer)
+    def _accepted(self, att: _Attached, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(att.conns) >= MAX_CONNECTIONS:
+            # one sandbox must not use up the worker's descriptors: the others' egress goes on
+            att.counters.refused += 1
+            if self._warned.get(att.sid, 0.0) < time.monotonic() - 10:
+                self._warned[att.sid] = time.monotonic()
+                log.warning(
+                    "egress refused: the sandbox has %d connections open, the most it may",
+                    MAX_CONNECTIONS,
+                    extra={"sandbox_id": att.sid},
+                )
+            _reset(writer)
+            return
+        task = asyncio.ensure_future(self._serve(att, reader, writer))
+        att.conns.add(task)
+        task.add_done_callback(att.conns.discard)
 
     async def _serve(
         self, att: _Attached, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

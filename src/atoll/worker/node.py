@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import re
+import resource
 import shutil
 import time
 import typing
@@ -114,6 +115,14 @@ def _version() -> str:
         return metadata.version("atoll")
     except metadata.PackageNotFoundError:
         return "0.0.0+unknown"
+
+
+def _raise_nofile() -> None:
+    """The egress gateway holds two descriptors per relayed connection (up to 256 per sandbox):
+    this process may use as many as its hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _raise_pid_max() -> None:
@@ -282,6 +291,7 @@ class Node:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.agent_dir, stale))
         _raise_pid_max()
+        _raise_nofile()
         doomed = []
         for rt in self.runtimes.all():
             if rt.temporary or rt.phase == Phase.DELETING:
