@@ -2,7 +2,8 @@
 
 Every benchmark module (bench_api, bench_standby, bench_peers) imports this; bench/run_all.py uses it
 to start one atoll for all of them. Nothing here sends traffic anywhere but loopback: atoll listens
-on 127.0.0.1 and its sandboxes have no route out (the worker's host-side netns has none).
+on 127.0.0.1 and its sandboxes are created without a network policy, so their gateway lets nothing
+out (bench_egress, which needs egress, allows only a test host in a namespace of its own).
 
 Conventions: samples are wall-clock milliseconds from `time.perf_counter_ns()`; `summarize()` keeps
 the raw samples next to p50/p90/min/max/mean/n; percentiles interpolate linearly between ranks.
@@ -29,7 +30,7 @@ import httpx
 
 from atoll.core import ids
 from atoll.testing import LocalAtoll
-from atoll.worker import agent_channel, netns
+from atoll.worker import netns
 from atoll.worker.bundle import AGENT_PORT
 from atoll.worker.netns import SANDBOX_IP
 
@@ -342,7 +343,7 @@ class AgentConn:
 
     Used only to split the API's exec round trip into its parts; the sandbox's own network is the
     veth pair atoll created, so nothing leaves the machine. The socket comes from the worker's
-    `agent_channel._socket_in_netns`, so the bench opens it exactly as the worker does; the HTTP on
+    `netns.socket_in`, so the bench opens it exactly as the worker does; the HTTP on
     top is the standard library's blocking client, not the worker's asyncio/h11 channel.
     """
 
@@ -351,7 +352,7 @@ class AgentConn:
         # The worker's own setns helper: the socket is born in the host-side netns (this thread enters
         # it and comes back), with SO_LINGER 0 (close = RST, no TIME_WAIT inside the sandbox) and
         # TCP_NODELAY. It comes non-blocking for asyncio; settimeout() makes it blocking again.
-        sock = agent_channel._socket_in_netns(ns_path)
+        sock = netns.socket_in(ns_path)
         sock.settimeout(30)
         sock.connect((SANDBOX_IP, AGENT_PORT))
         self.conn.sock = sock
