@@ -204,6 +204,33 @@ def test_exec_stream_error_is_reported(routes):
     assert result.stderr == "error: runtime_error: exec stream broke\n"
 
 
+def test_network_options(routes):
+    routes.on("POST", "/v1/sandboxes", httpx.Response(201, json=SANDBOX))
+    result = run(
+        "sandbox",
+        "create",
+        "--allow-out",
+        "pypi.org",
+        "--allow-out",
+        "*.github.com:443",
+        "--deny-out",
+        "x.org",
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(routes.last.content)["network"] == {
+        "allow_out": ["pypi.org", "*.github.com:443"],
+        "deny_out": ["x.org"],
+    }
+    applied = {"allow_out": ["pypi.org"], "deny_out": []}
+    routes.on("PUT", "/v1/sandboxes/sb_1/network", httpx.Response(200, json=applied))
+    result = run("sandbox", "network", "sb_1", "--allow-out", "PyPI.org")
+    assert result.exit_code == 0 and json.loads(result.stdout) == applied
+    assert json.loads(routes.last.content) == {"allow_out": ["PyPI.org"], "deny_out": []}
+    routes.on("GET", "/v1/sandboxes/sb_1", httpx.Response(200, json={**SANDBOX, "network": applied}))
+    result = run("sandbox", "network", "sb_1", "--show")
+    assert json.loads(result.stdout) == applied and routes.last.method == "GET"
+
+
 def test_pause_resume_rm(routes):
     paused = {**SANDBOX, "state": "standby", "standby_tier": "disk"}
     routes.on("POST", "/v1/sandboxes/sb_1/pause", httpx.Response(200, json=paused))

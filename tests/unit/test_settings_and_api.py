@@ -41,6 +41,26 @@ def test_bad_settings_say_which_variable(monkeypatch):
             worker_settings.load(env={}, **bad)
 
 
+def test_network_settings(tmp_path):
+    env = {"ATOLL_HOME": str(tmp_path), "ATOLL_NETWORK_ALLOW_OUT": "pypi.org, *.pythonhosted.org:443,,"}
+    assert settings.load(env).default_network == {
+        "allow_out": ["pypi.org", "*.pythonhosted.org:443"],
+        "deny_out": [],
+    }
+    assert settings.load({"ATOLL_HOME": str(tmp_path)}).default_network == {"allow_out": [], "deny_out": []}
+    with pytest.raises(config.SettingsError, match="'bad entry'"):
+        settings.load({**env, "ATOLL_NETWORK_DENY_OUT": "bad entry"})
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.1.2.3 a.test\n")
+    w = worker_settings.load(
+        env={"ATOLL_EXTRA_HOSTS": str(hosts), "ATOLL_EGRESS_SOURCE": "10.0.0.9"}, home=str(tmp_path)
+    )
+    assert w.hosts_files == ["/etc/hosts", str(hosts)] and w.egress_source == "10.0.0.9"
+    for bad in ({"ATOLL_EXTRA_HOSTS": str(tmp_path / "missing")}, {"ATOLL_EGRESS_SOURCE": "eth0"}):
+        with pytest.raises(config.SettingsError, match=next(iter(bad))):
+            worker_settings.load(env=bad, home=str(tmp_path))
+
+
 def test_api_key_is_redacted(monkeypatch):
     monkeypatch.setenv("ATOLL_API_KEY", "s3cret")
     assert "s3cret" not in str(settings.load().redacted())

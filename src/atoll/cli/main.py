@@ -250,11 +250,22 @@ def create(
     ] = None,
     memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory limit in MiB.")] = None,
     cpus: Annotated[float | None, typer.Option("--cpus", help="CPU limit.")] = None,
+    allow_out: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-out", help="Egress allowed to: pypi.org, *.github.com:443, 10.0.0.0/8, * (repeat)."
+        ),
+    ] = None,
+    deny_out: Annotated[
+        list[str] | None,
+        typer.Option("--deny-out", help="Egress refused to (wins over --allow-out; repeat)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the sandbox object as JSON.")] = False,
 ) -> None:
-    """Create a sandbox and print its id once it is running."""
+    """Create a sandbox and print its id once it is running (no network way out unless --allow-out)."""
     env_vars = _pairs(env, "--env")
     labels = _pairs(metadata, "--metadata")
+    network = {"allow_out": allow_out or [], "deny_out": deny_out or []} if allow_out or deny_out else None
     with _session(ctx) as client:
         sandbox = client.sandboxes.create(
             template=template,
@@ -264,6 +275,7 @@ def create(
             disk_after_s=disk_after,
             memory_mb=memory_mb,
             cpus=cpus,
+            network=network,
         )
     if as_json:
         _print_json(sandbox.to_dict())
@@ -374,6 +386,25 @@ def pause(
     with _session(ctx) as client:
         sandbox = Sandbox(client, {"id": sandbox_id}).pause(tier=tier.value)
     typer.echo(f"{sandbox.id} {sandbox.state} ({sandbox.standby_tier or '-'})")
+
+
+@sandbox_app.command("network")
+def network(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    allow_out: Annotated[
+        list[str] | None, typer.Option("--allow-out", help="Egress allowed to (repeat).")
+    ] = None,
+    deny_out: Annotated[
+        list[str] | None, typer.Option("--deny-out", help="Egress refused to (repeat).")
+    ] = None,
+    show: Annotated[bool, typer.Option("--show", help="Print the policy without changing it.")] = False,
+) -> None:
+    """Replace a sandbox's egress policy, live (no options: no way out); --show prints it."""
+    with _session(ctx) as client:
+        sb = Sandbox(client, {"id": sandbox_id})
+        policy = sb.refresh().network if show else sb.set_network(allow_out or [], deny_out or [])
+    _print_json(policy)
 
 
 @sandbox_app.command("resume")

@@ -52,9 +52,12 @@ class SandboxManager:
         *,
         lost_after_s: float = 15.0,
         reconcile_s: float = 30.0,
+        default_network: dict | None = None,
     ):
         self.db = database
         self.m = m
+        self.default_network = netpolicy.parse(default_network).to_wire()
+        """The installation's egress policy for a sandbox created without one."""
         self.workers = WorkerRegistry(database, self, lost_after_s=lost_after_s, reconcile_s=reconcile_s)
         self._locks: dict[str, asyncio.Lock] = {}
         self._inflight: dict[str, int] = {}
@@ -185,7 +188,9 @@ class SandboxManager:
 
     # ---- create / delete -----------------------------------------------------------------------
     async def create(self, req: typing.Any) -> dbm.SandboxRecord:
-        network = netpolicy.parse(req.network.model_dump() if req.network else None).to_wire()
+        network = (
+            netpolicy.parse(req.network.model_dump()).to_wire() if req.network else dict(self.default_network)
+        )
         handle = self._place(req.template, req.memory_mb)
         assert handle.info is not None
         sid = ids.new_sandbox_id()

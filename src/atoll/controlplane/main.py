@@ -51,7 +51,13 @@ def build(s: settings_mod.ServerSettings):
     key = admin_key(s)
     database = db.open_database(s.database_url)
     m = metrics.Metrics()
-    manager = lifecycle.SandboxManager(database, m, lost_after_s=s.lost_after_s, reconcile_s=s.reconcile_s)
+    manager = lifecycle.SandboxManager(
+        database,
+        m,
+        lost_after_s=s.lost_after_s,
+        reconcile_s=s.reconcile_s,
+        default_network=s.default_network,
+    )
     m.bind_state_counts(manager.counts)
     app = app_mod.create_app(
         manager,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from atoll.core import config
+from atoll.core import config, errors, netpolicy
 
 MAX_EXEC_OUTPUT_KB = 65536  # the guest agent keeps at most 64 MiB per stream
 
@@ -42,6 +42,9 @@ class ServerSettings:
     """ATOLL_LOG_FORMAT: 'text' (default) or 'json'."""
     log_level: str
     """ATOLL_LOG_LEVEL: logging level (default INFO)."""
+    default_network: dict = field(default_factory=dict)
+    """ATOLL_NETWORK_ALLOW_OUT / ATOLL_NETWORK_DENY_OUT (comma-separated entries): the egress policy
+    of a sandbox created without `network` (default: none, no way out)."""
 
     def redacted(self) -> dict:
         d = asdict(self)
@@ -80,4 +83,16 @@ def load(
         log_level=config.choice(
             env, "ATOLL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
         ),
+        default_network=_default_network(env),
     )
+
+
+def _default_network(env: Mapping[str, str]) -> dict:
+    body = {
+        key: [e.strip() for e in env.get(var, "").split(",") if e.strip()]
+        for key, var in (("allow_out", "ATOLL_NETWORK_ALLOW_OUT"), ("deny_out", "ATOLL_NETWORK_DENY_OUT"))
+    }
+    try:
+        return netpolicy.parse(body, "ATOLL_NETWORK_ALLOW_OUT/ATOLL_NETWORK_DENY_OUT").to_wire()
+    except errors.InvalidRequest as e:
+        raise config.SettingsError(e.message) from None
