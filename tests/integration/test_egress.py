@@ -393,3 +393,42 @@ def test_an_idle_keepalive_connection_does_not_pin_the_sandbox_in_ram(edge, make
         time.sleep(0.1)
     # the idle connection was reset before the checkpoint; the program lives on and reconnects
     assert log.split()[:3] == ["first", "200", "reset"] and log.split()[-2:] == ["new", "200"], log
+
+
+def test_requests_then_a_disk_pause_at_once(edge, make):
+    """Found by validation: the gateway passed the server's close on as a FIN after the client
+    inside had closed first, so the client's endpoint sat in TIME_WAIT (which the gate cannot see)
+    and the checkpoint killed the sandbox. The sandbox's side now gets an RST then."""
+    sid = make({"allow_out": ["allowed.atoll.test"]})["id"]
+    code = """
+import urllib.request
+for _ in range(5):
+    urllib.request.urlopen("http://allowed.atoll.test:8080/", timeout=5).read()
+print("ok")
+"""
+    assert py(edge, sid, code)["stdout"].strip() == "ok"
+    r = edge.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "standby", r.json()
+    assert get(edge, sid, "http://allowed.atoll.test:8080/").startswith("hello")  # alive after it
+
+
+def test_the_host_and_metadata_addresses_are_never_reachable(edge, make, testnet):
+    net = testnet["net"]
+    sid = make({"allow_out": [f"{net}.1", "169.254.0.0/16", f"{net}.0/29"]})["id"]
+    for ip in (f"{net}.1", f"{net}.4", "169.254.169.254"):  # the host's own addresses, metadata
+        out = py(edge, sid, RAW.format(ip=ip, port=8080, data=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))["stdout"]
+        assert "403" in out and "never reachable" in out, (ip, out)
+    assert get(edge, sid, f"http://{net}.2:8080/").startswith("hello")  # the rule itself works
+
+
+def test_a_malformed_http_head_cannot_fool_the_host_check(edge, make, testnet):
+    net = testnet["net"]
+    sid = make({"allow_out": ["allowed.atoll.test"]})["id"]
+    for data in (
+        b"GET / HTTP/1.1\nHost: allowed.atoll.test\n\n",  # bare LF
+        b"GET / HTTP/1.1\r\nHost : other.atoll.test\r\nHost: allowed.atoll.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: y\r\n Host: other.atoll.test\r\nHost: allowed.atoll.test\r\n\r\n",
+    ):
+        out = py(edge, sid, RAW.format(ip=f"{net}.2", port=8080, data=data))["stdout"]
+        assert "hello" not in out, (data, out)

@@ -41,6 +41,9 @@ def test_entries_users_write(raw, text, kind, port):
         ("pypi.org:0", "port"),
         ("pypi.org:http", "port"),
         ("pypi.org:70000", "port"),
+        ("pypi.org:\u00b2", "port"),  # found by validation: a superscript digit was a 500
+        ("pypi.org:\u0663", "port"),
+        ("b\u00fccher.de", "ASCII"),
         ("10.0.0.1/8", "IPv4"),  # host bits set: say what was meant
         ("300.1.1.1", "IPv4"),
         ("2001:db8::1", "IPv6"),

@@ -127,12 +127,14 @@ def parse_entry(raw: object, where: str = "allow_out") -> Entry:
     host, port = text, None
     if ":" in text:
         host, _, p = text.partition(":")
-        if not p.isdigit() or not 1 <= int(p) <= 65535:
+        if not re.fullmatch(r"[0-9]{1,5}", p) or not 1 <= int(p) <= 65535:
             raise _bad(raw, where, f"the port {p!r} is not a number from 1 to 65535")
         port = int(p)
     suffix = f":{port}" if port is not None else ""
     if host == "*":
         return Entry("*" + suffix, "any", "*", port)
+    if not host.isascii():
+        raise _bad(raw, where, "it is not ASCII (write internationalized domains in their xn-- form)")
     if host[:1].isdigit() and re.fullmatch(r"[0-9./]+", host):
         try:
             net = ipaddress.IPv4Network(host, strict=True)

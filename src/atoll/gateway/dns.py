@@ -55,9 +55,17 @@ class Resolver(asyncio.DatagramProtocol):
 
     async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
+            await self._answer_one(data, addr)
+        except Exception as e:  # noqa: BLE001 - a sandbox's packet must never make a traceback
+            log.debug("dns: dropped a packet: %r", e, extra={"sandbox_id": self.att.sid})
+
+    async def _answer_one(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
             q = dns.message.from_wire(data)
         except (dns.exception.DNSException, ValueError):
             return  # not DNS: dropped
+        if q.flags & dns.flags.QR:
+            return  # a response, not a question: dropped
         r = dns.message.make_response(q)
         r.flags |= dns.flags.RA
         if len(q.question) != 1:
@@ -67,7 +75,7 @@ class Resolver(asyncio.DatagramProtocol):
             name = netpolicy.normalize_name(question.name.to_text(omit_final_dot=True))
             if name is None or not self.att.policy.may_resolve(name):
                 self.att.counters.dns_refused += 1
-                log.info("dns refused: %s", question.name, extra={"sandbox_id": self.att.sid})
+                log.debug("dns refused: %r", question.name.to_text(), extra={"sandbox_id": self.att.sid})
                 r.set_rcode(dns.rcode.REFUSED)
             elif question.rdtype == dns.rdatatype.A and question.rdclass == dns.rdataclass.IN:
                 addrs = await self.names.resolve(name)

@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import ipaddress
 import logging
 import socket
 import struct
+import termios
 import time
 
 from atoll.core import netpolicy
@@ -36,6 +38,16 @@ log = logging.getLogger(__name__)
 SO_ORIGINAL_DST = 80
 _LINGER0 = struct.pack("ii", 1, 0)
 FIRST_BYTES_TIMEOUT_S = 10.0
+CLOSE_FIRST_S = 0.05
+"""How long a sandbox may take to close first after the upstream finished (see _to_sandbox)."""
+LOG_REFUSALS = 20
+"""Refusals logged one by one per sandbox per 10 s; the rest are counted in one line."""
+DISCARD_MAX = 64 * 1024
+"""What a refused client may still send is read and dropped up to this much."""
+_NEVER = tuple(
+    ipaddress.IPv4Network(n)
+    for n in ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4", "10.99.0.0/30")
+)
 MAX_CONNECTIONS = 256
 """Connections one sandbox may have through the gateway at once (each holds two descriptors)."""
 IDLE_S = 1.0
@@ -61,6 +73,7 @@ class _Conn:
     sandbox_side: asyncio.StreamWriter
     upstream: asyncio.StreamWriter | None = None
     last_io: float = dataclasses.field(default_factory=time.monotonic)
+    sandbox_closed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def abort(self) -> None:
         if self.upstream is not None:
@@ -76,6 +89,10 @@ class _Attached:
     dns: asyncio.DatagramTransport | None = None
     conns: set[asyncio.Task] = dataclasses.field(default_factory=set)
     relayed: set[_Conn] = dataclasses.field(default_factory=set)
+    deciding: set[_Conn] = dataclasses.field(default_factory=set)
+    """Accepted, not decided yet (waiting for the first bytes)."""
+    log_window: float = 0.0
+    logged: int = 0
     counters: Counters = dataclasses.field(default_factory=Counters)
     last_io: float = 0.0
 
@@ -100,6 +117,7 @@ class Gateway:
         self.own_ip = own_ip  # the listener's address: a connection straight to it is refused
         self._att: dict[str, _Attached] = {}
         self._warned: dict[str, float] = {}
+        self._host_addrs: tuple[float, frozenset[str]] = (0.0, frozenset())
 
     # ---- attach / detach ----------------------------------------------------------------------
     async def attach(
@@ -110,10 +128,9 @@ class Gateway:
         await self.detach(sid)
         att = _Attached(sid, policy)
         self._att[sid] = att
-        listener.listen(256)
         listener.setblocking(False)
         att.server = await asyncio.start_server(
-            lambda r, w: self._accepted(att, r, w), sock=listener, limit=_CHUNK
+            lambda r, w: self._accepted(att, r, w), sock=listener, limit=_CHUNK, backlog=MAX_CONNECTIONS
         )
         if udp is not None:
             from atoll.gateway import dns  # noqa: PLC0415 - the resolver side, only with a socket
@@ -156,6 +173,10 @@ class Gateway:
         if att is None:
             return 0, 0
         now, busy, reset = time.monotonic(), 0, 0
+        for c in list(att.deciding):  # a connection that sent nothing yet is not in use
+            c.abort()
+            reset += 1
+        att.deciding.clear()
         for c in list(att.relayed):
             if now - c.last_io < idle_s:
                 busy += 1
@@ -215,17 +236,19 @@ class Gateway:
         up_w: asyncio.StreamWriter | None = None
         conn = _Conn(writer)
         att.last_io = conn.last_io
+        att.deciding.add(conn)
         try:
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             ip, port = original_destination(sock)
             head, proto, name = b"", "", None
-            if ip == self.own_ip:
-                decision = netpolicy.Decision(False, "the gateway itself is not a destination")
+            never = self.never_reachable(ip)
+            if never:
+                decision = netpolicy.Decision(False, never)
             else:
                 decision = att.policy.decide_address(ip, port)
-            if not decision.allowed and ip != self.own_ip:
+            if not decision.allowed:
                 try:
                     head, proto, name = await asyncio.wait_for(_first_bytes(reader), FIRST_BYTES_TIMEOUT_S)
                 except TimeoutError:
@@ -235,7 +258,7 @@ class Gateway:
                     proto = "bad-http" if e.http else "bad"
                 if name is not None and _is_ip(name):
                     name = None  # an address for a name: the address decision stands
-                if name is not None:
+                if name is not None and not never:
                     norm = netpolicy.normalize_name(name)
                     if norm is None:
                         decision = netpolicy.Decision(False, f"{name!r} is not a valid host name")
@@ -244,17 +267,15 @@ class Gateway:
                             await self.names.resolve(norm) if att.policy.may_resolve(norm) else frozenset()
                         )
                         decision = att.policy.decide_name(norm, ip, port, resolved)
-            target = f"{name} ({ip}:{port})" if name else f"{ip}:{port}"
+                        name = norm
+            att.deciding.discard(conn)
+            # names come from the sandbox: shown with repr() in logs (no forged lines)
+            target = f"{name!r} ({ip}:{port})" if name else f"{ip}:{port}"
             if not decision.allowed:
                 att.counters.refused += 1
-                log.info(
-                    "egress refused: %s, %s",
-                    target,
-                    decision.rule,
-                    extra={"sandbox_id": att.sid, "reason": decision.rule},
-                )
+                self._log_refusal(att, target, decision.rule)
                 if proto == "http":
-                    await _refuse_http(att.sid, writer, reader, name or ip, ip, port, decision.rule)
+                    await _refuse_http(att.sid, writer, reader, name, ip, port, decision.rule)
                 elif proto == "bad-http":
                     too_long = "longer than" in decision.rule
                     await _answer(
@@ -285,14 +306,46 @@ class Gateway:
             att.relayed.add(conn)
             for w in (writer, up_w):  # deeper buffers: reads and writes overlap (~1.6x the throughput)
                 w.transport.set_write_buffer_limits(high=_WRITE_BUFFER)
-            await asyncio.gather(_pipe(reader, up_w, conn, att), _pipe(up_r, writer, conn, att))
+            await asyncio.gather(_to_upstream(reader, up_w, conn, att), _to_sandbox(up_r, writer, conn, att))
         except (OSError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            att.deciding.discard(conn)
             att.relayed.discard(conn)
             if up_w is not None:
                 up_w.transport.abort()
-            _reset(writer)
+            await _flush_then_reset(writer)
+
+    def _log_refusal(self, att: _Attached, target: str, rule: str) -> None:
+        """At most LOG_REFUSALS lines per sandbox per 10 s (a sandbox must not flood the log)."""
+        now = time.monotonic()
+        if now - att.log_window >= 10:
+            if att.logged > LOG_REFUSALS:
+                log.info(
+                    "egress refused %d more connection(s) in 10 s (not logged one by one)",
+                    att.logged - LOG_REFUSALS,
+                    extra={"sandbox_id": att.sid},
+                )
+            att.log_window, att.logged = now, 0
+        att.logged += 1
+        if att.logged <= LOG_REFUSALS:
+            log.info("egress refused: %s, %s", target, rule, extra={"sandbox_id": att.sid, "reason": rule})
+
+    def never_reachable(self, ip: str) -> str | None:
+        """Destinations no policy opens: the host itself (any of its addresses), loopback,
+        link-local (cloud metadata), multicast and reserved ranges, the sandboxes' own /30."""
+        addr = ipaddress.IPv4Address(ip)
+        if any(addr in n for n in _NEVER):
+            return f"{ip} is never reachable from a sandbox (loopback, link-local/metadata, reserved or atoll's own)"
+        if ip in self.host_addresses():
+            return f"{ip} is an address of the sandbox's host, which is never reachable from a sandbox"
+        return None
+
+    def host_addresses(self) -> frozenset[str]:
+        now = time.monotonic()
+        if now - self._host_addrs[0] > 10:
+            self._host_addrs = (now, _local_addresses())
+        return self._host_addrs[1]
 
 
 def _is_ip(name: str) -> bool:
@@ -328,19 +381,78 @@ async def _first_bytes(reader: asyncio.StreamReader) -> tuple[bytes, str, str | 
             raise sniff.Malformed(f"no complete request head in the first {sniff.MAX_HEAD} bytes")
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached) -> None:
+async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached) -> None:
+    while True:
+        data = await src.read(_CHUNK)
+        if not data:
+            return
+        conn.last_io = att.last_io = time.monotonic()
+        dst.write(data)
+        await dst.drain()
+
+
+async def _to_upstream(
+    src: asyncio.StreamReader, up: asyncio.StreamWriter, conn: _Conn, att: _Attached
+) -> None:
     try:
-        while True:
-            data = await src.read(_CHUNK)
-            if not data:
-                break
-            conn.last_io = att.last_io = time.monotonic()
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof():
-            dst.write_eof()
+        await _copy(src, up, conn, att)
+        conn.sandbox_closed.set()
+        if up.can_write_eof():
+            up.write_eof()
+    except (OSError, ConnectionError):
+        up.transport.abort()
+
+
+async def _to_sandbox(
+    up: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached
+) -> None:
+    try:
+        await _copy(up, dst, conn, att)
+        # The upstream is done. A FIN to a sandbox that closes at the same moment puts its endpoint
+        # in TIME_WAIT, which this runsc cannot checkpoint (and the gate cannot see): so give it a
+        # moment to close first (an HTTP client that read its Content-Length does), and then
+        # answer with an RST; only a sandbox still reading gets a FIN (then the TIME_WAIT is ours).
+        try:
+            await asyncio.wait_for(conn.sandbox_closed.wait(), CLOSE_FIRST_S)
+        except TimeoutError:
+            if dst.can_write_eof():
+                dst.write_eof()
     except (OSError, ConnectionError):
         dst.transport.abort()
+
+
+async def _flush_then_reset(writer: asyncio.StreamWriter, within: float = 2.0) -> None:
+    """End the sandbox's side with an RST once what was written reached it (an RST drops what
+    the kernel still holds unsent)."""
+    sock = writer.get_extra_info("socket")
+    deadline = time.monotonic() + within
+    with contextlib.suppress(OSError, ValueError):
+        while sock is not None and time.monotonic() < deadline:
+            if writer.transport.get_write_buffer_size() == 0 and _unsent(sock) == 0:
+                break
+            await asyncio.sleep(0.01)
+    _reset(writer)
+
+
+def _unsent(sock: socket.socket) -> int:
+    buf = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))  # SIOCOUTQ
+    return struct.unpack("i", buf)[0]
+
+
+def _local_addresses() -> frozenset[str]:
+    """Every IPv4 address of this host's (the worker's) namespace, from the kernel's FIB."""
+    out: set[str] = set()
+    try:
+        with open("/proc/net/fib_trie") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return frozenset()
+    for prev, line in zip(lines, lines[1:], strict=False):
+        if "/32 host LOCAL" in line:
+            parts = prev.split()
+            if parts and parts[-1].count(".") == 3:
+                out.add(parts[-1])
+    return frozenset(out)
 
 
 async def _answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, status: int, body: str) -> None:
@@ -358,24 +470,44 @@ async def _answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, st
     )
     with contextlib.suppress(OSError, ConnectionError, TimeoutError):
         await writer.drain()
-        # let the client read it and close first; then the reset loses nothing
-        await asyncio.wait_for(reader.read(), 2.0)
+        # let the client read it and close first (then the reset loses nothing); what it still
+        # sends is read and dropped, at most DISCARD_MAX bytes
+        await asyncio.wait_for(_discard(reader, DISCARD_MAX), 2.0)
+
+
+async def _discard(reader: asyncio.StreamReader, limit: int) -> None:
+    n = 0
+    while n < limit:
+        chunk = await reader.read(min(65536, limit - n))
+        if not chunk:
+            return
+        n += len(chunk)
 
 
 async def _refuse_http(
     sid: str,
     writer: asyncio.StreamWriter,
     reader: asyncio.StreamReader,
-    host: str,
+    name: str | None,
     ip: str,
     port: int,
     rule: str,
 ) -> None:
+    if "never reachable" in rule:
+        hint = "No policy can allow it."
+    elif name is not None and "does not resolve" in rule:
+        hint = f"{name!r} is allowed, but only to the addresses it resolves to for atoll."
+    elif name is not None:
+        hint = f"To allow it, add {name!r} (or {ip!r} for this address only) to allow_out"
+        hint += f": PUT /v1/sandboxes/{sid}/network or sandbox.set_network(allow_out=[...])."
+    else:
+        hint = f"To allow it, add {ip!r} (or {ip + ':' + str(port)!r}) to allow_out"
+        hint += f": PUT /v1/sandboxes/{sid}/network or sandbox.set_network(allow_out=[...])."
+    where = f"{name} ({ip}:{port})" if name else f"{ip}:{port}"
     await _answer(
         writer,
         reader,
         403,
-        f"atoll egress gateway: the connection to {host} ({ip}:{port}) is refused by this sandbox's "
-        f"network policy ({rule}).\nTo allow it, add {host!r} (a domain) or {ip!r} (an address) to "
-        f"allow_out: PUT /v1/sandboxes/{sid}/network or sandbox.set_network(allow_out=[...]).\n",
+        f"atoll egress gateway: the connection to {where} is refused by this sandbox's network "
+        f"policy ({rule}).\n{hint}\n",
     )

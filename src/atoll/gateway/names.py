@@ -19,6 +19,7 @@ from atoll.core import netpolicy
 
 log = logging.getLogger(__name__)
 CACHE_S = 30.0
+CACHE_MAX = 10000
 
 
 def read_hosts(paths: list[str]) -> dict[str, frozenset[str]]:
@@ -91,5 +92,7 @@ class Names:
         except (OSError, UnicodeError) as e:
             log.info("gateway: %s does not resolve: %s", name, e)
             addrs = frozenset()
+        if len(self._cache) >= CACHE_MAX:
+            self._cache.clear()
         self._cache[name] = (time.monotonic() + CACHE_S, addrs)
         return addrs

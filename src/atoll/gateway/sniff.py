@@ -3,7 +3,10 @@ Host header of an HTTP/1.x request. Pure parsing; called by gateway.egress."""
 
 from __future__ import annotations
 
+import re
+
 MAX_HEAD = 16 * 1024
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 """Bytes read before deciding (a TLS ClientHello or an HTTP request head must fit)."""
 
 
@@ -90,11 +93,22 @@ def http_host(data: bytes) -> str | None:
     """The Host of an HTTP/1.x request head (without its port); None while the head is incomplete.
     Raises Malformed when the head is complete but has no usable Host, or too long."""
     end = data.find(b"\r\n\r\n")
+    if end < 0 and b"\n\n" in data:
+        raise Malformed("the request head has a bare LF (lines must end with CRLF)")
     if end < 0:
         if len(data) >= MAX_HEAD:
             raise Malformed(f"the request head is longer than {MAX_HEAD} bytes")
         return None
-    lines = data[:end].split(b"\r\n")
+    head = data[:end]
+    if b"\n" in head.replace(b"\r\n", b"") or b"\r" in head.replace(b"\r\n", b""):
+        raise Malformed("the request head has a bare LF or CR (lines must end with CRLF)")
+    lines = head.split(b"\r\n")
+    for ln in lines[1:]:
+        if ln[:1] in (b" ", b"\t"):
+            raise Malformed("the request head folds a header over lines (obsolete, refused)")
+        name, sep, _ = ln.partition(b":")
+        if not sep or not _TOKEN.fullmatch(name):
+            raise Malformed(f"the request head has a malformed header line {ln[:60]!r}")
     hosts = [ln.split(b":", 1)[1].strip() for ln in lines[1:] if ln.lower().startswith(b"host:")]
     if len(hosts) != 1:
         raise Malformed(

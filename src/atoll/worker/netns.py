@@ -47,8 +47,10 @@ _LINGER0 = struct.pack("ii", 1, 0)
 # The host side's firewall (nftables, loaded into `<name>-h` before the sandbox starts). runsc's
 # netstack sends through AF_PACKET, which bypasses netfilter in the sandbox's own namespace, so the
 # rules sit where its frames are received. TCP to anywhere goes to the egress gateway's listener
-# (it reads the original destination from conntrack), DNS to any server to the gateway's resolver;
-# everything else (other UDP, ICMP, IPv6, frames that are not IPv4 or ARP) is dropped and counted.
+# (it reads the original destination from conntrack; DNS over TCP too, decided like any TCP), DNS
+# over UDP to any server to the gateway's resolver; everything else (other UDP, ICMP, IPv6, frames
+# that are not IPv4 or ARP) is dropped and counted, and so are new flows past 500 a second (a
+# connect flood would slow every sandbox's egress and fill conntrack).
 # The worker's own connections to the guest agent leave from here and are let through.
 FENCE = """
 table netdev atoll_l2 {
@@ -61,14 +63,15 @@ table ip atoll_edge {
   counter refused {}
   chain prerouting {
     type nat hook prerouting priority dstnat; policy accept;
-    iifname "peer0" meta l4proto { tcp, udp } th dport 53 redirect to :53
+    iifname "peer0" udp dport 53 redirect to :53
     iifname "peer0" meta l4proto tcp redirect to :15001
   }
   chain input {
     type filter hook input priority filter; policy drop;
     iifname "lo" accept
     ct state established,related accept
-    iifname "peer0" ip saddr 10.99.0.2 ip daddr 10.99.0.1 meta l4proto { tcp, udp } th dport 53 accept
+    iifname "peer0" ct state new limit rate over 500/second burst 1000 packets counter name "refused" drop
+    iifname "peer0" ip saddr 10.99.0.2 ip daddr 10.99.0.1 udp dport 53 accept
     iifname "peer0" ip saddr 10.99.0.2 ip daddr 10.99.0.1 tcp dport 15001 ct status dnat accept
     counter name "refused" drop
   }
