@@ -190,7 +190,19 @@ def test_dns_never_leaves_the_sandbox(api, sandbox):
     sid = sandbox["id"]
     r = run(api, sid, "python3 -c 'import socket; print(socket.gethostbyname(socket.gethostname()))'")
     assert r["exit_code"] == 0 and r["stdout"].startswith("127."), r
-    assert "nameserver 127.0.0.1" in run(api, sid, "cat /etc/resolv.conf")["stdout"]
+    # the only resolver is the worker's egress gateway, which answers no name without a policy
+    # (it never forwards the question: a name the policy does not allow is REFUSED at once)
+    assert "nameserver 10.99.0.1" in run(api, sid, "cat /etc/resolv.conf")["stdout"]
+    r = run(
+        api,
+        sid,
+        [
+            "python3",
+            "-c",
+            "import socket\ntry:\n socket.gethostbyname('example.com')\nexcept OSError as e:\n print('no', e)",
+        ],
+    )
+    assert r["stdout"].startswith("no"), r
 
 
 def test_memory_and_cpu_limits(api):
