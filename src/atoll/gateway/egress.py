@@ -234,6 +234,7 @@ class Gateway:
         self, att: _Attached, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         up_w: asyncio.StreamWriter | None = None
+        cancelled = False
         conn = _Conn(writer)
         att.last_io = conn.last_io
         att.deciding.add(conn)
@@ -289,7 +290,7 @@ class Gateway:
                 )
             except (OSError, TimeoutError) as e:
                 att.counters.refused += 1
-                log.info("egress to %s failed: %r", target, e, extra={"sandbox_id": att.sid})
+                self._log_refusal(att, target, f"the destination did not accept the connection ({e!r})")
                 if proto == "http":
                     await _answer(
                         writer,
@@ -309,12 +310,20 @@ class Gateway:
             await asyncio.gather(_to_upstream(reader, up_w, conn, att), _to_sandbox(up_r, writer, conn, att))
         except (OSError, ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            cancelled = True  # detached: reset at once, below
+            raise
+        except Exception:  # noqa: BLE001 - whatever a sandbox sends must not end the gateway's task badly
+            log.exception("egress connection failed", extra={"sandbox_id": att.sid})
         finally:
             att.deciding.discard(conn)
             att.relayed.discard(conn)
             if up_w is not None:
                 up_w.transport.abort()
-            await _flush_then_reset(writer)
+            if cancelled:
+                _reset(writer)
+            else:
+                await _flush_then_reset(writer)
 
     def _log_refusal(self, att: _Attached, target: str, rule: str) -> None:
         """At most LOG_REFUSALS lines per sandbox per 10 s (a sandbox must not flood the log)."""
