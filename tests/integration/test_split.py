@@ -380,9 +380,12 @@ def test_reconciliation_finds_what_vanished_and_removes_what_nobody_owns(tmp_pat
             ):
                 break
             time.sleep(0.3)
-        assert (
-            states[killed]["state"] == "failed" and "stopped unexpectedly" in states[killed]["failure_reason"]
-        )
+        # noticed at once by the pidfd watch, or by a reconciliation pass that ran first: either way
+        # the record says the sentry is gone
+        reason = states[killed]["failure_reason"] or ""
+        assert states[killed]["state"] == "failed" and (
+            "stopped unexpectedly" in reason or "sentry is not running" in reason
+        ), reason
         assert states[vanished]["state"] == "failed" and "vanished" in states[vanished]["failure_reason"]
         assert states[frozen]["state"] == "failed" and "SIGKILL" in states[frozen]["failure_reason"], states[
             frozen
