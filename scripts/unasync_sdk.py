@@ -38,6 +38,7 @@ REPLACEMENTS = {
     "AsyncSandboxes": "Sandboxes",
     "AsyncTemplates": "Templates",
     "AsyncWorkers": "Workers",
+    "AsyncSecrets": "Secrets",
     "AsyncSandbox": "Sandbox",
     "AsyncProcess": "Process",
     "AsyncFiles": "Files",

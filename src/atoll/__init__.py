@@ -36,6 +36,7 @@ from atoll.errors import (
     ProcessNotFound,
     SandboxBusy,
     SandboxNotFound,
+    SecretNotFound,
     ServerError,
     TemplateNotFound,
     Unauthorized,
@@ -51,9 +52,11 @@ if TYPE_CHECKING:
         ExecResult,
         FileEntry,
         Files,
+        Preview,
         Process,
         ProcessInfo,
         Sandbox,
+        Secret,
         Template,
     )
 
@@ -75,6 +78,8 @@ _LAZY = {
     "ProcessInfo": "atoll._client",
     "Sandbox": "atoll._client",
     "Template": "atoll._client",
+    "Preview": "atoll._client",
+    "Secret": "atoll._client",
 }
 
 __all__ = [
@@ -97,12 +102,15 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "PermissionDenied",
+    "Preview",
     "Process",
     "ProcessInfo",
     "ProcessNotFound",
     "Sandbox",
     "SandboxBusy",
     "SandboxNotFound",
+    "Secret",
+    "SecretNotFound",
     "ServerError",
     "Template",
     "TemplateNotFound",

@@ -14,12 +14,14 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── SandboxNotFound         sandbox_not_found
     │   ├── TemplateNotFound        template_not_found
     │   ├── FileNotFound            file_not_found
-    │   └── ProcessNotFound         process_not_found
+    │   ├── ProcessNotFound         process_not_found
+    │   └── SecretNotFound          secret_not_found
     ├── Conflict                409
     │   ├── SandboxBusy             sandbox_busy (retryable)
     │   ├── InvalidState            invalid_state
     │   ├── SandboxFailed           sandbox_failed: the sandbox died under the call (e.g. out of memory)
-    │   └── (Conflict)              worker_conflict, incompatible_protocol, worker_not_registered
+    │   └── (Conflict)              worker_conflict, incompatible_protocol, worker_not_registered,
+    │                               secret_exists
     ├── PayloadTooLarge         413 payload_too_large
     ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
@@ -54,6 +56,7 @@ __all__ = [
     "DiskFull",
     "ServerError",
     "Unavailable",
+    "SecretNotFound",
     "WorkerNotFound",
     "error_from_payload",
 ]
@@ -142,6 +145,10 @@ class WorkerNotFound(NotFound):
     default_code = "worker_not_found"
 
 
+class SecretNotFound(NotFound):
+    default_code = "secret_not_found"
+
+
 class Conflict(AtollError):
     default_code = "conflict"
 
@@ -195,6 +202,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "file_not_found": FileNotFound,
     "process_not_found": ProcessNotFound,
     "worker_not_found": WorkerNotFound,
+    "secret_not_found": SecretNotFound,
     "conflict": Conflict,
     "sandbox_busy": SandboxBusy,
     "invalid_state": InvalidState,
@@ -202,6 +210,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "worker_conflict": Conflict,
     "incompatible_protocol": Conflict,
     "worker_not_registered": Conflict,
+    "secret_exists": Conflict,
     "method_not_allowed": InvalidRequest,
     "payload_too_large": PayloadTooLarge,
     "answer_too_large": PayloadTooLarge,

@@ -47,6 +47,7 @@ async def serve(s: server_settings.ServerSettings, w: worker_settings.WorkerSett
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         await manager.start()
+        await server_main.start_ingress(app, s)
         await worker.start()
         await manager.workers.attach_local(worker)
         running = asyncio.ensure_future(tiers.run())
@@ -56,6 +57,7 @@ async def serve(s: server_settings.ServerSettings, w: worker_settings.WorkerSett
             yield
         finally:
             running.cancel()
+            await app.state.ingress.aclose()
             await tiers.aclose()
             await manager.stop()
             await worker.aclose()

@@ -196,7 +196,8 @@ def _aclient(fake: FakeAtoll) -> atoll.AsyncClient:
 EXPECTED_ALL = """
     APIConnectionError APITimeoutError AsyncClient AsyncFiles AsyncProcess AsyncSandbox AtollError Client
     Conflict DiskFull ExecResult FileEntry FileNotFound Files InvalidRequest InvalidState NotFound
-    PayloadTooLarge PermissionDenied Process ProcessInfo ProcessNotFound Sandbox SandboxBusy SandboxNotFound ServerError Template
+    PayloadTooLarge PermissionDenied Preview Process ProcessInfo ProcessNotFound Sandbox SandboxBusy SandboxNotFound
+    Secret SecretNotFound ServerError Template
     TemplateNotFound Unauthorized __version__ errors
 """.split()
 

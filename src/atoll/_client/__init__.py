@@ -11,11 +11,12 @@ from atoll._client._async import (
     AsyncProcess,
     AsyncSandbox,
     AsyncSandboxes,
+    AsyncSecrets,
     AsyncTemplates,
     AsyncWorkers,
 )
-from atoll._client._models import ExecResult, FileEntry, ProcessInfo, Template
-from atoll._client._sync import Client, Files, Process, Sandbox, Sandboxes, Templates, Workers
+from atoll._client._models import ExecResult, FileEntry, Preview, ProcessInfo, Secret, Template
+from atoll._client._sync import Client, Files, Process, Sandbox, Sandboxes, Secrets, Templates, Workers
 
 __all__ = [
     "AsyncClient",
@@ -23,6 +24,7 @@ __all__ = [
     "AsyncProcess",
     "AsyncSandbox",
     "AsyncSandboxes",
+    "AsyncSecrets",
     "AsyncTemplates",
     "AsyncWorkers",
     "Client",
@@ -30,9 +32,12 @@ __all__ = [
     "FileEntry",
     "Files",
     "Process",
+    "Preview",
     "ProcessInfo",
     "Sandbox",
     "Sandboxes",
+    "Secret",
+    "Secrets",
     "Template",
     "Templates",
     "Workers",

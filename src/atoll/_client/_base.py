@@ -82,6 +82,12 @@ def sandbox_path(sandbox_id: str, *rest: str) -> str:
     return "/".join([f"/v1/sandboxes/{quote(sandbox_id, safe='')}", *rest])
 
 
+def secret_path(name: str) -> str:
+    if not name:
+        raise ValueError("secret name must be a non-empty string")
+    return f"/v1/secrets/{quote(name, safe='')}"
+
+
 def without_none(**fields: Any) -> dict[str, Any]:
     """Only the fields the caller set, so the server applies its own defaults to the rest."""
     return {k: v for k, v in fields.items() if v is not None}

@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ExecResult", "FileEntry", "ProcessInfo", "Record", "SandboxFields", "Template"]
+__all__ = [
+    "ExecResult",
+    "FileEntry",
+    "Preview",
+    "ProcessInfo",
+    "Record",
+    "SandboxFields",
+    "Secret",
+    "Template",
+]
 
 
 class Record:
@@ -57,6 +66,57 @@ class Template(Record):
     @property
     def name(self) -> str:
         return self.data["name"]
+
+
+class Secret(Record):
+    """A stored secret as the server shows it: its name and hosts (never its value)."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.data.get("hosts", []))
+
+
+class Preview(Record):
+    """A sandbox port's preview: `url` (send `token` as the `Atoll-Access-Token` header), or
+    `signed_url` (works without a header until `expires_at`); `headers` route to the port on any
+    host name (for clients without wildcard DNS)."""
+
+    __slots__ = ()
+
+    @property
+    def url(self) -> str:
+        return self.data["url"]
+
+    @property
+    def token(self) -> str:
+        return self.data["token"]
+
+    @property
+    def public(self) -> bool:
+        return bool(self.data.get("public"))
+
+    @property
+    def port(self) -> int:
+        return int(self.data["port"])
+
+    @property
+    def signed_url(self) -> str:
+        return self.data["signed_url"]
+
+    @property
+    def expires_at(self) -> int:
+        return int(self.data["expires_at"])
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The routing headers and the token: everything a request to this port needs."""
+        return {**self.data.get("headers", {}), "Atoll-Access-Token": self.token}
 
 
 class FileEntry(Record):

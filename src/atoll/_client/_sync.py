@@ -15,7 +15,15 @@ import httpx
 
 from atoll import errors
 from atoll._client import _base
-from atoll._client._models import ExecResult, FileEntry, ProcessInfo, SandboxFields, Template
+from atoll._client._models import (
+    ExecResult,
+    FileEntry,
+    Preview,
+    ProcessInfo,
+    SandboxFields,
+    Secret,
+    Template,
+)
 
 __all__ = [
     "Client",
@@ -23,6 +31,7 @@ __all__ = [
     "Process",
     "Sandbox",
     "Sandboxes",
+    "Secrets",
     "Templates",
     "Workers",
 ]
@@ -58,6 +67,7 @@ class Client:
         self.sandboxes = Sandboxes(self)
         self.templates = Templates(self)
         self.workers = Workers(self)
+        self.secrets = Secrets(self)
 
     @property
     def base_url(self) -> str:
@@ -162,6 +172,7 @@ class Sandboxes:
         user: str | None = None,
         disk_mb: int | None = None,
         network: Mapping[str, Sequence[str]] | None = None,
+        secrets: Mapping[str, str] | None = None,
         *,
         timeout: float | None = None,
     ) -> Sandbox:
@@ -171,7 +182,9 @@ class Sandboxes:
         sandbox of a template may take a minute (the template is built), hence the long
         default `timeout` (the client's `create_timeout`). `network` is its egress policy,
         `{"allow_out": ["pypi.org", "*.github.com:443", "10.0.0.0/8"], "deny_out": [...]}`;
-        without it the sandbox has no way out.
+        without it the sandbox has no way out. `secrets` maps environment variables to stored
+        secrets, `{"OPENAI_API_KEY": "openai"}`: the sandbox sees a placeholder, which its egress
+        gateway replaces with the value in requests to the secret's hosts.
         """
         body = _base.without_none(
             template=template,
@@ -184,6 +197,7 @@ class Sandboxes:
             user=user,
             disk_mb=disk_mb,
             network={k: list(v) for k, v in network.items()} if network is not None else None,
+            secrets=dict(secrets) if secrets is not None else None,
         )
         response = self._client._request(
             "POST",
@@ -215,6 +229,39 @@ class Templates:
     def list(self) -> list[Template]:
         response = self._client._request("GET", "/v1/templates")
         return [Template(item) for item in _base.items(response)]
+
+
+class Secrets:
+    """`client.secrets`: values sealed on the server, sent only by the egress gateway to their hosts."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(self, name: str, value: str, hosts: Sequence[str]) -> Secret:
+        """Store a secret bound to `hosts` (names such as "api.example.com" or "*.example.com");
+        the value is never returned by the server."""
+        response = self._client._request(
+            "POST", "/v1/secrets", json={"name": name, "value": value, "hosts": list(hosts)}
+        )
+        return Secret(_base.json_body(response))
+
+    def replace(self, name: str, value: str, hosts: Sequence[str]) -> Secret:
+        """New value and hosts (rotation); live sandboxes bound to it use them at once."""
+        response = self._client._request(
+            "PUT", _base.secret_path(name), json={"value": value, "hosts": list(hosts)}
+        )
+        return Secret(_base.json_body(response))
+
+    def get(self, name: str) -> Secret:
+        response = self._client._request("GET", _base.secret_path(name))
+        return Secret(_base.json_body(response))
+
+    def list(self) -> list[Secret]:
+        response = self._client._request("GET", "/v1/secrets")
+        return [Secret(item) for item in _base.items(response)]
+
+    def delete(self, name: str) -> None:
+        self._client._request("DELETE", _base.secret_path(name))
 
 
 class Workers:
@@ -271,6 +318,21 @@ class Sandbox(SandboxFields):
         policy = _base.json_body(response)
         self.data["network"] = policy
         return policy
+
+    def preview(self, port: int, expires_in_s: float | None = None) -> Preview:
+        """The preview URL of `port` (served by the ingress router, over TLS) with the sandbox's
+        access token and a signed URL (valid `expires_in_s`, default an hour). A request to it
+        resumes the sandbox from standby."""
+        params = {"expires_in_s": str(expires_in_s)} if expires_in_s is not None else None
+        response = self._client._request("GET", self._path("preview", str(int(port))), params=params)
+        return Preview(_base.json_body(response))
+
+    def set_preview(self, port: int, public: bool) -> Preview:
+        """Make `port` public (no token needed) or private again."""
+        response = self._client._request(
+            "PUT", self._path("preview", str(int(port))), json={"public": bool(public)}
+        )
+        return Preview(_base.json_body(response))
 
     def resume(self) -> Sandbox:
         """Bring the sandbox back from standby with its memory and processes intact."""

@@ -36,6 +36,11 @@ app = typer.Typer(
 )
 sandbox_app = typer.Typer(help="Create, inspect and drive sandboxes.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
+secret_app = typer.Typer(
+    help="Secrets: values the egress gateway sends only to their hosts (sandboxes see placeholders).",
+    no_args_is_help=True,
+)
+app.add_typer(secret_app, name="secret")
 
 
 def make_client(url: str | None, api_key: str | None) -> Client:
@@ -260,10 +265,17 @@ def create(
         list[str] | None,
         typer.Option("--deny-out", help="Egress refused to (wins over --allow-out; repeat)."),
     ] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret", help="ENV=SECRET_NAME: ENV holds a placeholder for the stored secret (repeat)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the sandbox object as JSON.")] = False,
 ) -> None:
     """Create a sandbox and print its id once it is running (no network way out unless --allow-out)."""
     env_vars = _pairs(env, "--env")
+    secrets = _pairs(secret, "--secret")
     labels = _pairs(metadata, "--metadata")
     network = {"allow_out": allow_out or [], "deny_out": deny_out or []} if allow_out or deny_out else None
     with _session(ctx) as client:
@@ -276,6 +288,7 @@ def create(
             memory_mb=memory_mb,
             cpus=cpus,
             network=network,
+            secrets=secrets,
         )
     if as_json:
         _print_json(sandbox.to_dict())
@@ -421,3 +434,116 @@ def rm(ctx: typer.Context, sandbox_id: Annotated[str, typer.Argument(metavar="ID
     with _session(ctx) as client:
         client.sandboxes.delete(sandbox_id)
     typer.echo(sandbox_id)
+
+
+@sandbox_app.command("preview")
+def preview(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    port: Annotated[
+        int, typer.Argument(metavar="PORT", help="A TCP port a program in the sandbox listens on.")
+    ],
+    public: Annotated[
+        bool | None,
+        typer.Option("--public/--private", help="Serve the port without a token, or require one again."),
+    ] = None,
+    expires_in: Annotated[
+        float | None, typer.Option("--expires-in", help="Seconds the signed URL stays valid (default 3600).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the preview object as JSON.")] = False,
+) -> None:
+    """Print the preview URL of a sandbox's port, its access token and a signed URL."""
+    with _session(ctx) as client:
+        sb = Sandbox(client, {"id": sandbox_id})
+        if public is not None:
+            sb.set_preview(port, public)
+        pv = sb.preview(port, expires_in_s=expires_in)
+    if as_json:
+        _print_json(pv.to_dict())
+        return
+    typer.echo(f"url:        {pv.url}")
+    typer.echo(
+        f"public:     {'yes' if pv.public else 'no (send the token as the Atoll-Access-Token header)'}"
+    )
+    typer.echo(f"token:      {pv.token}")
+    typer.echo(f"signed url: {pv.signed_url}")
+    typer.echo("headers:    " + " ".join(f"{k}: {v}" for k, v in pv.data.get("headers", {}).items()))
+
+
+def _secret_value(value: str | None) -> str:
+    if value is not None:
+        return value
+    if not sys.stdin.isatty():
+        data = sys.stdin.read()
+        return data[:-1] if data.endswith("\n") else data
+    return typer.prompt("value", hide_input=True)
+
+
+@secret_app.command("create")
+def secret_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME")],
+    value_arg: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[VALUE]", help="The value (else --value, standard input or a hidden prompt)."
+        ),
+    ] = None,
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--host",
+            "--hosts",
+            help="Host the value may be sent to: api.example.com, *.example.com (repeat, or comma-separated).",
+        ),
+    ] = None,
+    value: Annotated[str | None, typer.Option("--value", help="The value.")] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace an existing secret of that name.")
+    ] = False,
+) -> None:
+    """Store a secret (sealed on the server; never shown again)."""
+    hosts = [h.strip() for item in host or [] for h in item.split(",") if h.strip()]
+    if not hosts:
+        raise typer.BadParameter("give at least one --host the secret may be sent to", param_hint="--host")
+    if value_arg is not None and value is not None:
+        raise typer.BadParameter("give the value once: as VALUE or as --value", param_hint="--value")
+    secret_value = _secret_value(value if value is not None else value_arg)
+    with _session(ctx) as client:
+        if replace:
+            rec = client.secrets.replace(name, secret_value, hosts)
+        else:
+            rec = client.secrets.create(name, secret_value, hosts)
+    typer.echo(f"{rec.name} ({', '.join(rec.hosts)})")
+
+
+@secret_app.command("list")
+def secret_list(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
+    """List secrets: names and hosts (never values)."""
+    with _session(ctx) as client:
+        items = client.secrets.list()
+    if as_json:
+        _print_json([s.to_dict() for s in items])
+    elif not items:
+        typer.echo("no secrets", err=True)
+    else:
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        table.add_column("NAME", no_wrap=True)
+        table.add_column("HOSTS", overflow="fold")
+        for s in items:
+            table.add_row(s.name, ", ".join(s.hosts))
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=1000)
+        console.print(table)
+
+
+@secret_app.command("rm")
+def secret_rm(ctx: typer.Context, name: Annotated[str, typer.Argument(metavar="NAME")]) -> None:
+    """Delete a secret (bound sandboxes' placeholders are no longer replaced)."""
+    with _session(ctx) as client:
+        client.secrets.delete(name)
+    typer.echo(name)

@@ -30,13 +30,16 @@ from atoll.controlplane import (
     routes_exec,
     routes_files,
     routes_sandboxes,
+    routes_secrets,
     routes_system,
     routes_workers,
     schemas,
 )
 from atoll.controlplane.context import Context
 from atoll.controlplane.lifecycle import SandboxManager
-from atoll.core import errors
+from atoll.controlplane.previews import Previews
+from atoll.controlplane.secrets import SecretStore
+from atoll.core import errors, secretbox
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,7 @@ def create_app(
     api_key: str,
     max_file_bytes: int,
     max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES,
+    previews: Previews | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="atoll",
@@ -122,7 +126,11 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.state.ctx = Context(manager, max_file_bytes, max_exec_output_bytes)
+    if manager.secrets is None:  # a test's manager: secrets sealed with a key of this process only
+        manager.secrets = SecretStore(manager.db, secretbox.new_key())
+    if previews is None:
+        previews = Previews(manager, secretbox.new_key(), "atoll.localhost", 7081)
+    app.state.ctx = Context(manager, max_file_bytes, max_exec_output_bytes, manager.secrets, previews)
     m = manager.m
     key_bytes = api_key.encode()
 
@@ -214,7 +222,14 @@ def create_app(
             500, "internal_error", f"internal error; the server logged it as {rid}", rid, True
         )
 
-    for module in (routes_system, routes_sandboxes, routes_exec, routes_files, routes_workers):
+    for module in (
+        routes_system,
+        routes_sandboxes,
+        routes_exec,
+        routes_files,
+        routes_workers,
+        routes_secrets,
+    ):
         app.include_router(module.router)
 
     class RequestContext:

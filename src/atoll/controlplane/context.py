@@ -11,6 +11,8 @@ from fastapi import Request
 
 import atoll
 from atoll.controlplane.lifecycle import SandboxManager
+from atoll.controlplane.previews import Previews
+from atoll.controlplane.secrets import SecretStore
 
 VERSION = atoll.__version__  # the package's version (workers report theirs)
 
@@ -20,6 +22,8 @@ class Context:
     manager: SandboxManager
     max_file_bytes: int
     max_exec_output_bytes: int
+    secrets: SecretStore
+    previews: Previews
     started: bool = False
     """Set once the server has finished starting (in `atoll up`: its worker adopted)."""
 

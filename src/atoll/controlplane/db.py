@@ -1,4 +1,4 @@
-"""Records of the control plane (SQLAlchemy 2; SQLite embedded by default): sandboxes and workers.
+"""Records of the control plane (SQLAlchemy 2; SQLite embedded by default): sandboxes, workers, secrets.
 
 Every sandbox record carries a tenant id and the id of the worker that holds it. Schema changes go through Alembic migrations
 (`controlplane/migrations`); `open_database` upgrades the database to the newest revision at start-up.
@@ -41,6 +41,10 @@ class SandboxRecord(Base):
     user: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
     network: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
     """Egress policy in wire form ({"allow_out": [...], "deny_out": [...]}); None = deny all."""
+    secrets: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
+    """{ENV: {"secret": name, "placeholder": "atoll_ph_…"}} (controlplane.secrets); no values."""
+    previews: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
+    """{"public": [ports]}: the ports the ingress router serves without a token."""
     memory_mb: Mapped[int] = mapped_column(sa.Integer)
     cpus: Mapped[float] = mapped_column(sa.Float)
     disk_mb: Mapped[int] = mapped_column(sa.Integer)
@@ -51,6 +55,19 @@ class SandboxRecord(Base):
     standby_since: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
     last_activity_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+
+
+class SecretRecord(Base):
+    """A secret: its value sealed (core.secretbox) with the installation's secrets key."""
+
+    __tablename__ = "secrets"
+
+    tenant_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    hosts: Mapped[list] = mapped_column(sa.JSON)
+    sealed: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 
 class WorkerRecord(Base):
@@ -156,6 +173,25 @@ class Database:
     def put_worker(self, rec: WorkerRecord) -> None:
         with self.session.begin() as s:
             s.merge(rec)
+
+    def get_secret(self, tenant_id: str, name: str) -> SecretRecord | None:
+        with self.session() as s:
+            return s.get(SecretRecord, (tenant_id, name))
+
+    def put_secret(self, rec: SecretRecord) -> None:
+        with self.session.begin() as s:
+            s.merge(rec)
+
+    def delete_secret(self, tenant_id: str, name: str) -> None:
+        with self.session.begin() as s:
+            s.execute(
+                sa.delete(SecretRecord).where(SecretRecord.tenant_id == tenant_id, SecretRecord.name == name)
+            )
+
+    def secrets(self, tenant_id: str) -> builtins.list[SecretRecord]:
+        with self.session() as s:
+            q = sa.select(SecretRecord).where(SecretRecord.tenant_id == tenant_id).order_by(SecretRecord.name)
+            return list(s.scalars(q))
 
     def count_by_state(self) -> dict[str, int]:
         with self.session() as s:

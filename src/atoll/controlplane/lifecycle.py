@@ -23,6 +23,8 @@ import typing
 
 from atoll.controlplane import db as dbm
 from atoll.controlplane import metrics
+from atoll.controlplane.authority import Authority
+from atoll.controlplane.secrets import SecretStore
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
 from atoll.core import errors, ids, netpolicy, placement
 from atoll.core import worker_api as api
@@ -53,8 +55,14 @@ class SandboxManager:
         lost_after_s: float = 15.0,
         reconcile_s: float = 30.0,
         default_network: dict | None = None,
+        secrets: SecretStore | None = None,
+        authority: Authority | None = None,
     ):
         self.db = database
+        self.secrets = secrets
+        """The secret store (None: this manager takes no secrets, as in some tests)."""
+        self.authority = authority
+        """The installation's CA (None: sandboxes get no CA and no HTTPS interception)."""
         self.m = m
         self.default_network = netpolicy.parse(default_network).to_wire()
         """The installation's egress policy for a sandbox created without one."""
@@ -191,6 +199,12 @@ class SandboxManager:
         network = (
             netpolicy.parse(req.network.model_dump()).to_wire() if req.network else dict(self.default_network)
         )
+        requested = getattr(req, "secrets", None)
+        if requested and self.secrets is None:
+            raise errors.InvalidRequest("this server keeps no secrets; create the sandbox without `secrets`")
+        bound = (
+            self.secrets.placeholders(ids.DEFAULT_TENANT, requested, dict(req.env)) if self.secrets else {}
+        )
         handle = self._place(req.template, req.memory_mb)
         assert handle.info is not None
         sid = ids.new_sandbox_id()
@@ -205,6 +219,7 @@ class SandboxManager:
             env=dict(req.env),
             user=req.user,
             network=network,
+            secrets=bound or None,
             memory_mb=req.memory_mb,
             cpus=req.cpus,
             disk_mb=req.disk_mb or handle.info.default_disk_mb,
@@ -220,9 +235,11 @@ class SandboxManager:
             memory_mb=req.memory_mb,
             cpus=req.cpus,
             disk_mb=rec.disk_mb,
-            env=dict(req.env),
+            env={**req.env, **{var: b["placeholder"] for var, b in bound.items()}},
             user=req.user,
             network=network,
+            secrets=self.secrets.bindings(ids.DEFAULT_TENANT, bound) if self.secrets and bound else (),
+            trust_pem=self.authority.root_pem.decode() if self.authority else "",
         )
         async with self._lock(sid), self._step("create", sid):
             self.db.add(rec)  # the record exists before the runtime does (placement is recorded)
@@ -257,6 +274,48 @@ class SandboxManager:
             self.db.save(rec, fields=["network"])
         log.info("sandbox.network.updated", extra={"sandbox_id": sid, **stored})
         return stored
+
+    async def secret_changed(self, name: str) -> None:
+        """A secret was replaced or deleted: every live sandbox bound to it gets its bindings
+        again (a worker that cannot be reached now gets them when it is adopted again)."""
+        if self.secrets is None:
+            return
+        for rec in self.live():
+            if not rec.secrets or not any(b.get("secret") == name for b in rec.secrets.values()):
+                continue
+            try:
+                await self.worker(rec).set_secrets(rec.id, self.secrets.bindings(rec.tenant_id, rec.secrets))
+            except errors.AtollError as e:
+                log.warning(
+                    "secret change not delivered to its sandbox (it is delivered when its worker is adopted again): %s",
+                    e.message,
+                    extra={"sandbox_id": rec.id, "secret": name},
+                )
+
+    async def configure_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None:
+        """At adoption: the worker's CA (an intermediate of the installation's) and the secret
+        bindings of its live sandboxes (a worker keeps them in memory only)."""
+        if self.authority is not None:
+            await worker.set_authority(self.authority.for_worker(handle.name))
+        if self.secrets is None:
+            return
+        for rec in self.live():
+            if rec.worker_id == handle.id and rec.secrets and rec.state != State.CREATING:
+                try:
+                    await worker.set_secrets(rec.id, self.secrets.bindings(rec.tenant_id, rec.secrets))
+                except errors.AtollError as e:
+                    log.warning("secret bindings not delivered: %s", e.message, extra={"sandbox_id": rec.id})
+
+    def set_preview(self, sid: str, port: int, public: bool) -> dbm.SandboxRecord:
+        rec = self.get(sid)
+        if rec.state in (State.DELETED,):
+            raise errors.SandboxNotFound(f"sandbox {sid} was deleted")
+        ports = set((rec.previews or {}).get("public", []))
+        (ports.add if public else ports.discard)(port)
+        rec.previews = {"public": sorted(ports)}
+        self.db.save(rec, fields=["previews"])
+        log.info("sandbox.preview.updated", extra={"sandbox_id": sid, "port": port, "public": public})
+        return rec
 
     def _place(self, template: str, memory_mb: int) -> WorkerHandle:
         candidates = []

@@ -1,7 +1,8 @@
 """`atoll server`: the control plane alone; workers join it with `atoll worker --server URL`.
 
-Loads the server's settings, opens the records, and serves the public API (controlplane.app) with
-the tier policy beside it. Workers known from earlier runs are shown `lost` until they register
+Loads the server's settings, opens the records, the secret store and the installation's CA, and
+serves the public API (controlplane.app) with the tier policy and the ingress router (preview
+URLs, ATOLL_INGRESS_PORT) beside it. Workers known from earlier runs are shown `lost` until they register
 again. SIGINT/SIGTERM stop the server, never a sandbox. Called by the CLI; `atoll up` shares
 `admin_key` and `build`.
 """
@@ -13,15 +14,20 @@ import contextlib
 import logging
 import os
 import secrets
+import ssl
 import sys
+import tempfile
 
 import uvicorn
 
 from atoll import logconfig
 from atoll.controlplane import app as app_mod
-from atoll.controlplane import db, lifecycle, metrics, policy
+from atoll.controlplane import db, lifecycle, metrics, policy, previews
+from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane import settings as settings_mod
+from atoll.controlplane.authority import Authority
 from atoll.core import config
+from atoll.ingress import router as router_mod
 
 log = logging.getLogger("atoll.server")
 
@@ -51,21 +57,72 @@ def build(s: settings_mod.ServerSettings):
     key = admin_key(s)
     database = db.open_database(s.database_url)
     m = metrics.Metrics()
+    secrets_key = secrets_mod.load_key(s.home, s.secrets_key_file)
+    authority = Authority.open(s.home)
     manager = lifecycle.SandboxManager(
         database,
         m,
         lost_after_s=s.lost_after_s,
         reconcile_s=s.reconcile_s,
         default_network=s.default_network,
+        secrets=secrets_mod.SecretStore(database, secrets_key),
+        authority=authority,
     )
     m.bind_state_counts(manager.counts)
+    backend = previews.Previews(manager, previews.preview_key(secrets_key), s.preview_domain, s.ingress_port)
     app = app_mod.create_app(
         manager,
         api_key=key,
         max_file_bytes=s.max_file_mb * 1024 * 1024,
         max_exec_output_bytes=s.max_exec_output_kb * 1024,
+        previews=backend,
     )
+    app.state.ingress = router_mod.Router(backend, ingress_context(s, authority), s.preview_domain)
     return manager, policy.TierPolicy(manager), app
+
+
+def ingress_context(s: settings_mod.ServerSettings, authority: Authority) -> ssl.SSLContext:
+    """The ingress router's TLS: the operator's certificate, or one from the installation's CA
+    for *.{domain}, {domain}, localhost and the loopback address."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    if s.ingress_cert_file and s.ingress_key_file:
+        try:
+            ctx.load_cert_chain(s.ingress_cert_file, s.ingress_key_file)
+        except (ssl.SSLError, OSError) as e:
+            raise config.SettingsError(
+                f"ATOLL_INGRESS_CERT_FILE / ATOLL_INGRESS_KEY_FILE cannot be used: {e}"
+            ) from None
+        return ctx
+    cert, key = authority.server_cert(
+        [f"*.{s.preview_domain}", s.preview_domain, "localhost"], ["127.0.0.1", "::1"]
+    )
+    with tempfile.TemporaryDirectory() as d:
+        for name, data in (("c.pem", cert + authority.root_pem), ("k.pem", key)):
+            fd = os.open(os.path.join(d, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        ctx.load_cert_chain(os.path.join(d, "c.pem"), os.path.join(d, "k.pem"))
+    return ctx
+
+
+async def start_ingress(app, s: settings_mod.ServerSettings) -> None:
+    router = app.state.ingress
+    try:
+        await router.start(s.ingress_host, s.ingress_port)
+    except OSError as e:
+        raise config.SettingsError(
+            f"the ingress router cannot listen on {s.ingress_host}:{s.ingress_port} ({e.strerror}); "
+            "set ATOLL_INGRESS_PORT to a free port"
+        ) from None
+    log.info(
+        "preview URLs on https://{port}-{sandbox_id}.%s:%d/ (ingress router on %s:%d)",
+        s.preview_domain,
+        s.ingress_port,
+        s.ingress_host,
+        s.ingress_port,
+    )
 
 
 def uvicorn_config(app, s: settings_mod.ServerSettings) -> uvicorn.Config:
@@ -86,6 +143,7 @@ async def serve(s: settings_mod.ServerSettings) -> None:
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         await manager.start()
+        await start_ingress(app, s)
         running = asyncio.ensure_future(tiers.run())
         app.state.ctx.started = True
         log.info("atoll server is up on http://%s:%d (home %s); waiting for workers", s.host, s.port, s.home)
@@ -93,6 +151,7 @@ async def serve(s: settings_mod.ServerSettings) -> None:
             yield
         finally:
             running.cancel()
+            await app.state.ingress.aclose()
             await tiers.aclose()
             await manager.stop()
             log.info("atoll server stopped; workers and their sandboxes keep running")

@@ -13,9 +13,11 @@ Made by controlplane.workers at registration; used by controlplane.lifecycle and
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
+import socket
 import typing
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
@@ -40,10 +42,17 @@ def _path_params(path: api.FilePath) -> dict[str, str]:
 
 class RemoteWorker:
     def __init__(
-        self, url: str, token: str, name: str, on_unreachable: typing.Callable[[str], None] | None = None
+        self,
+        url: str,
+        token: str,
+        name: str,
+        on_unreachable: typing.Callable[[str], None] | None = None,
+        tunnel_port: int = 0,
     ):
         self.url = url.rstrip("/")
         self.name = name
+        self.token = token
+        self.tunnel_port = tunnel_port
         self._on_unreachable = on_unreachable
         host, port = self.address(self.url)
         self._channel = http11.Channel(host, port)
@@ -167,6 +176,44 @@ class RemoteWorker:
             raise errors.RuntimeFailure(f"worker {self.name} answered the network update with {data!r}")
         return data
 
+    async def set_secrets(self, sandbox_id: str, secrets: typing.Sequence[api.SecretBinding]) -> None:
+        await self._call(
+            "PUT",
+            self._sb(sandbox_id, "secrets"),
+            json={"secrets": wire.dump(tuple(secrets), tuple[api.SecretBinding, ...])},
+        )
+
+    async def set_authority(self, authority: api.Authority) -> None:
+        await self._call("PUT", "/authority", json=wire.dump(authority))
+
+    async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
+        """Through the worker's tunnel listener (worker.tunnel): one line to ask, then bytes."""
+        if not self.tunnel_port:
+            raise errors.Unavailable(f"worker {self.name} has no port tunnel (it runs an older atoll)")
+        host = self.address(self.url)[0]
+        try:
+            r, w = await asyncio.wait_for(
+                asyncio.open_connection(host, self.tunnel_port, limit=_TUNNEL_READ), 5
+            )
+        except (OSError, TimeoutError) as e:
+            raise errors.Unavailable(f"worker {self.name}'s port tunnel cannot be reached: {e!r}") from None
+        try:
+            w.write(f"ATOLL-TUNNEL {api.PROTOCOL_VERSION} {self.token} {sandbox_id} {port}\n".encode())
+            line = (await asyncio.wait_for(r.readline(), STEP_TIMEOUT_S)).decode("utf-8", "replace").strip()
+        except (OSError, TimeoutError) as e:
+            w.transport.abort()
+            raise errors.Unavailable(f"worker {self.name}'s port tunnel did not answer: {e!r}") from None
+        if line == "OK":
+            sock = w.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return _TunnelStream(r, w)
+        w.transport.abort()
+        _, code, message = (line.split(" ", 2) + ["", ""])[:3]
+        if code == "refused":
+            raise ConnectionRefusedError(message)
+        raise errors.from_code(code or "runtime_error", message or f"the tunnel answered {line!r}")
+
     async def inventory(self) -> api.Inventory:
         return wire.load(api.Inventory, await self._call("GET", "/inventory"), "inventory")
 
@@ -288,3 +335,27 @@ def _json_line(line: bytes) -> dict:
     if not isinstance(obj, dict):
         raise errors.RuntimeFailure("a malformed line arrived from a worker", detail=repr(line[:200]))
     return obj
+
+
+_TUNNEL_READ = 256 * 1024
+
+
+class _TunnelStream:
+    """api.PortStream over a worker's tunnel connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._r, self._w = reader, writer
+
+    async def read(self, n: int) -> bytes:
+        return await self._r.read(n)
+
+    async def write(self, data: bytes) -> None:
+        self._w.write(data)
+        await self._w.drain()
+
+    def close(self) -> None:
+        self._w.transport.abort()
+
+    @property
+    def closed(self) -> bool:
+        return self._w.transport.is_closing() or self._r.at_eof()

@@ -1,4 +1,5 @@
-"""Public routes of sandboxes as records: create, list, get, delete, pause, resume, network policy.
+"""Public routes of sandboxes as records: create, list, get, delete, pause, resume, network policy,
+preview URLs.
 
 Part of the app built by controlplane.app; everything goes through SandboxManager.
 """
@@ -178,3 +179,41 @@ async def set_network(request: Request, sid: SandboxId):
     manager.get(sid)
     req = await http.read_json(request, schemas.NetworkPolicy)
     return http.json_response(await manager.set_network(sid, req.model_dump()), 200)
+
+
+PortNumber = Annotated[int, Path(description="A TCP port in the sandbox", ge=1, le=65535)]
+
+
+@router.get(
+    "/v1/sandboxes/{sid}/preview/{port}",
+    responses={200: {"model": schemas.Preview}, **http.error_responses(BAD_ID)},
+)
+async def get_preview(
+    request: Request,
+    sid: SandboxId,
+    port: PortNumber,
+    expires_in_s: float | None = Query(
+        None,
+        description="Lifetime of the signed URL in seconds (default 3600, at most 7 days)",
+        gt=0,
+        le=7 * 86400,
+    ),
+):
+    """The preview URL of a port (served by the ingress router, ATOLL_INGRESS_PORT), the sandbox's
+    access token (header `Atoll-Access-Token`), a signed URL, and whether the port is public. A
+    request to a sandbox in standby resumes it. Does not resume it itself."""
+    return http.json_response(ctx(request).previews.describe(sid, port, expires_in_s))
+
+
+@router.put(
+    "/v1/sandboxes/{sid}/preview/{port}",
+    openapi_extra=http.body_schema(schemas.PreviewUpdate),
+    responses={200: {"model": schemas.Preview}, **http.error_responses(BAD_ID), **TOO_LARGE},
+)
+async def set_preview(request: Request, sid: SandboxId, port: PortNumber):
+    """Make a port public (`{"public": true}`: no token needed) or private again."""
+    c = ctx(request)
+    c.manager.get(sid)
+    req = await http.read_json(request, schemas.PreviewUpdate)
+    c.manager.set_preview(sid, port, req.public)
+    return http.json_response(c.previews.describe(sid, port))

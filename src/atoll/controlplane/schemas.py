@@ -89,6 +89,13 @@ class CreateSandbox(BaseModel):
         None, description="Default user of exec calls (default root)", json_schema_extra=_USER_SCHEMA
     )
     network: NetworkPolicy | None = Field(None, description="Egress policy (default: no way out)")
+    secrets: dict[str, str] | None = Field(
+        None,
+        max_length=64,
+        description="Secrets by environment variable: {ENV: secret_name}. The sandbox sees a placeholder "
+        "in ENV; its egress gateway replaces it with the value in requests to the secret's hosts",
+        json_schema_extra=_ENV_SCHEMA,
+    )
 
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -165,12 +172,60 @@ class PauseRequest(BaseModel):
     tier: Literal["memory", "disk"] = "memory"
 
 
-def sandbox_view(rec: dbm.SandboxRecord, worker: str | None) -> dict:
-    def iso(t):  # SQLite hands datetimes back naive; they are UTC
-        if t is None:
-            return None
-        return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).isoformat()
+class CreateSecret(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
+    name: str = Field(..., description="1-64 letters, digits, '_', '.' or '-'", max_length=64)
+    value: str = Field(..., description="The value (never returned); no control characters", max_length=65536)
+    hosts: list[str] = Field(
+        ..., max_length=64, description="Host names the value may be sent to: api.example.com, *.example.com"
+    )
+
+
+class ReplaceSecret(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, description="If given, the path's name", max_length=64)
+    value: str = Field(..., max_length=65536)
+    hosts: list[str] = Field(..., max_length=64)
+
+
+class Secret(BaseModel):
+    name: str
+    hosts: list[str]
+    created_at: str | None
+    updated_at: str | None
+
+
+class SecretList(BaseModel):
+    items: list[Secret]
+
+
+class PreviewUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    public: bool = Field(..., description="Serve this port without a token")
+
+
+class Preview(BaseModel):
+    sandbox_id: str
+    port: int
+    url: str = Field(description="https://{port}-{sandbox_id}.{ATOLL_PREVIEW_DOMAIN}:{ATOLL_INGRESS_PORT}/")
+    token: str = Field(description="The sandbox's access token: send it as the Atoll-Access-Token header")
+    public: bool
+    signed_url: str = Field(description="The URL with a signature valid until expires_at (no header needed)")
+    expires_at: int
+    headers: dict[str, str] = Field(description="Headers that route to this port on any host name")
+
+
+def iso(t):
+    """A stored time as ISO 8601 (SQLite hands datetimes back naive; they are UTC)."""
+    if t is None:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).isoformat()
+
+
+def sandbox_view(rec: dbm.SandboxRecord, worker: str | None) -> dict:
     return {
         "id": rec.id,
         "tenant_id": rec.tenant_id,
@@ -183,6 +238,8 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None) -> dict:
         "env": rec.env,
         "user": rec.user,
         "network": rec.network or {"allow_out": [], "deny_out": []},
+        "secrets": {var: b["secret"] for var, b in (rec.secrets or {}).items()},
+        "public_ports": sorted((rec.previews or {}).get("public", [])),
         "memory_mb": rec.memory_mb,
         "cpus": rec.cpus,
         "disk_mb": rec.disk_mb,
@@ -222,6 +279,8 @@ class Sandbox(BaseModel):
     env: dict[str, str]
     user: str | None
     network: NetworkPolicy
+    secrets: dict[str, str] = Field(description="{ENV: secret_name}; the values are never shown")
+    public_ports: list[int] = Field(description="Ports its preview URLs serve without a token")
     memory_mb: int
     cpus: float
     disk_mb: int

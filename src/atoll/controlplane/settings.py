@@ -45,6 +45,19 @@ class ServerSettings:
     default_network: dict = field(default_factory=dict)
     """ATOLL_NETWORK_ALLOW_OUT / ATOLL_NETWORK_DENY_OUT (comma-separated entries): the egress policy
     of a sandbox created without `network` (default: none, no way out)."""
+    ingress_port: int = 0
+    """ATOLL_INGRESS_PORT: port of the ingress router (preview URLs, TLS; default the API port + 1)."""
+    ingress_host: str = "127.0.0.1"
+    """ATOLL_INGRESS_HOST: address the ingress router listens on (default: ATOLL_HOST)."""
+    preview_domain: str = "atoll.localhost"
+    """ATOLL_PREVIEW_DOMAIN: preview URLs are https://{port}-{sandbox_id}.{domain} (default atoll.localhost)."""
+    ingress_cert_file: str | None = None
+    """ATOLL_INGRESS_CERT_FILE / ATOLL_INGRESS_KEY_FILE: the router's certificate chain and key (PEM);
+    default: one for *.{domain} from the installation's CA ($ATOLL_HOME/ca/root.crt)."""
+    ingress_key_file: str | None = None
+    secrets_key_file: str | None = None
+    """ATOLL_SECRETS_KEY_FILE: the 32-byte key secrets are sealed with (default $ATOLL_HOME/secrets.key,
+    made at first start)."""
 
     def redacted(self) -> dict:
         d = asdict(self)
@@ -62,8 +75,21 @@ def load(
     env = os.environ if env is None else env
     port_v = config.port(config.integer(env, "ATOLL_PORT", 7080, flag=port), "flag --port or ATOLL_PORT")
     home_v = config.home(home, env)
+    host_v = host or env.get("ATOLL_HOST", "127.0.0.1")
+    ingress_v = config.port(
+        config.integer(env, "ATOLL_INGRESS_PORT", port_v + 1 if port_v < 65535 else port_v - 1),
+        "ATOLL_INGRESS_PORT",
+    )
+    if ingress_v == port_v:
+        raise config.SettingsError(f"ATOLL_INGRESS_PORT={ingress_v} is the API's port too; give it another")
+    cert, key = env.get("ATOLL_INGRESS_CERT_FILE") or None, env.get("ATOLL_INGRESS_KEY_FILE") or None
+    if (cert is None) != (key is None):
+        raise config.SettingsError("give both ATOLL_INGRESS_CERT_FILE and ATOLL_INGRESS_KEY_FILE, or neither")
+    for var, path in (("ATOLL_INGRESS_CERT_FILE", cert), ("ATOLL_INGRESS_KEY_FILE", key)):
+        if path is not None and not os.path.isfile(path):
+            raise config.SettingsError(f"{var}={path!r} is not a file")
     return ServerSettings(
-        host=host or env.get("ATOLL_HOST", "127.0.0.1"),
+        host=host_v,
         port=port_v,
         home=home_v,
         api_key=env.get("ATOLL_API_KEY") or None,
@@ -84,7 +110,24 @@ def load(
             env, "ATOLL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
         ),
         default_network=_default_network(env),
+        ingress_port=ingress_v,
+        ingress_host=env.get("ATOLL_INGRESS_HOST") or host_v,
+        preview_domain=_domain(env.get("ATOLL_PREVIEW_DOMAIN") or "atoll.localhost"),
+        ingress_cert_file=os.path.abspath(cert) if cert else None,
+        ingress_key_file=os.path.abspath(key) if key else None,
+        secrets_key_file=os.path.abspath(env["ATOLL_SECRETS_KEY_FILE"])
+        if env.get("ATOLL_SECRETS_KEY_FILE")
+        else None,
     )
+
+
+def _domain(raw: str) -> str:
+    name = netpolicy.normalize_name(raw)
+    if name is None or "." not in name and name != "localhost":
+        raise config.SettingsError(
+            f"ATOLL_PREVIEW_DOMAIN={raw!r} is not a DNS domain; preview URLs are {{port}}-{{sandbox_id}}.DOMAIN"
+        )
+    return name
 
 
 def _default_network(env: Mapping[str, str]) -> dict:

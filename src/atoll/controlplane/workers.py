@@ -42,6 +42,8 @@ class Listener(typing.Protocol):
 
     async def worker_event(self, handle: WorkerHandle, ev: api.WorkerEvent) -> None: ...
 
+    async def configure_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None: ...
+
 
 @dataclass
 class WorkerHandle:
@@ -247,7 +249,11 @@ class WorkerRegistry:
         h = self._handle_for(info.name, info.installation)
         token = ids.new_token()
         remote = RemoteWorker(
-            url, token, info.name, on_unreachable=lambda why: self._unreachable(h, remote, why)
+            url,
+            token,
+            info.name,
+            on_unreachable=lambda why: self._unreachable(h, remote, why),
+            tunnel_port=info.tunnel_port,
         )
         self._replace(h, remote, info, local=False)
         h.record.url = url
@@ -371,6 +377,7 @@ class WorkerRegistry:
             started = dbm.utcnow().timestamp()
             inv = await worker.inventory()
             await self.listener.worker_joined(h, inv, started)
+            await self.listener.configure_worker(h, worker)
         except errors.AtollError as e:
             if h.worker is worker and not h.local:
                 self._lose(h, f"could not take it over: {e.message}")

@@ -48,11 +48,13 @@ CODES: dict[str, Code] = {
     "file_not_found": Code(404, False, "no file or directory at the path"),
     "process_not_found": Code(404, False, "no process with that pid was started in the sandbox"),
     "worker_not_found": Code(404, False, "no such worker"),
+    "secret_not_found": Code(404, False, "no secret of that name"),
     "method_not_allowed": Code(405, False, "known route, wrong method"),
     "invalid_state": Code(409, False, "the sandbox's state does not allow the call"),
     "sandbox_busy": Code(409, True, "the sandbox is busy (calls in flight, or it could not be frozen)"),
     "sandbox_failed": Code(409, False, "the sandbox died underneath the call; it is now failed"),
     "worker_conflict": Code(409, False, "a worker of that name with another home is registered"),
+    "secret_exists": Code(409, False, "a secret of that name exists (PUT replaces it)"),
     "incompatible_protocol": Code(409, False, "control plane and worker speak different protocol versions"),
     "worker_not_registered": Code(409, False, "the server does not know this registration: register again"),
     "payload_too_large": Code(413, False, "a request body is over its limit"),
@@ -138,6 +140,10 @@ class WorkerNotFound(NotFound):
     code = "worker_not_found"
 
 
+class SecretNotFound(NotFound):
+    code = "secret_not_found"
+
+
 class Conflict(AtollError):
     status = 409
     code = "invalid_state"
@@ -197,6 +203,7 @@ _CLASS_OF_CODE: dict[str, type[AtollError]] = {
     "file_not_found": FileNotFound,
     "process_not_found": ProcessNotFound,
     "worker_not_found": WorkerNotFound,
+    "secret_not_found": SecretNotFound,
     "sandbox_busy": SandboxBusy,
     "sandbox_failed": SandboxDied,
     "incompatible_protocol": IncompatibleProtocol,

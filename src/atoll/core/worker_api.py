@@ -27,14 +27,37 @@ from typing import Literal, Protocol
 
 from atoll.core.lifecycle import Phase, Tier
 
-PROTOCOL_VERSION = 2
-"""2: SandboxSpec.network and the set_network verb (issue 7); 1: the first split (issue 6)."""
+PROTOCOL_VERSION = 3
+"""3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
+set_authority) and connections into a sandbox's port (open_port); 2: SandboxSpec.network and the
+set_network verb; 1: the first split (issue 6)."""
 
 FilePath = str | bytes
 """A path inside the sandbox: text, or its exact bytes for names that are not UTF-8."""
 
 
 # ---- describing and placing sandboxes --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SecretBinding:
+    """One secret a sandbox may use: its placeholder (what the sandbox sees), the value the
+    egress gateway puts in its place in requests to `hosts` (names, or `*.suffix`). The value is
+    never logged (not in repr) and never written to the worker's disk."""
+
+    placeholder: str
+    value: str = field(repr=False)
+    hosts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Authority:
+    """The installation's CA as a worker uses it: the root sandboxes trust, and the intermediate
+    (certificate and key) its egress gateway signs intercepted HTTPS with. Kept in memory only."""
+
+    root_pem: str
+    cert_pem: str
+    key_pem: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,10 @@ class SandboxSpec:
     user: str | None = None
     network: dict[str, list[str]] = field(default_factory=dict)
     """Egress policy, `{"allow_out": [...], "deny_out": [...]}` (core.netpolicy); empty = deny all."""
+    secrets: tuple[SecretBinding, ...] = ()
+    """Placeholders the gateway replaces (their variables are already in `env`)."""
+    trust_pem: str = ""
+    """The installation's root CA: installed in the sandbox's own trust store (never the template)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,9 @@ class WorkerInfo:
     capacity: Capacity
     templates: tuple[TemplateInfo, ...] = ()
     default_disk_mb: int = 4096
+    tunnel_port: int = 0
+    """The port of its tunnel listener (worker.tunnel; same host as its API): the ingress
+    router's way into its sandboxes. 0: none (an in-process worker is called directly)."""
 
 
 # ---- lifecycle outcomes ----------------------------------------------------------------------
@@ -289,6 +319,20 @@ WorkerEvent = SandboxDied | SandboxActivity | RuntimeChanged | TemplateChanged |
 
 
 @typing.runtime_checkable
+class PortStream(Protocol):
+    """A connection into a sandbox's port, opened by its worker; its sandbox side is ended with an
+    RST (a FIN would leave an endpoint the next checkpoint cannot save)."""
+
+    async def read(self, n: int) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
 class WorkerAPI(Protocol):
     """What the control plane may ask of a worker. Errors are `core.errors.AtollError`s:
     `SandboxNotFound` (the worker has no such runtime), `SandboxDied` (it died under the call),
@@ -310,6 +354,20 @@ class WorkerAPI(Protocol):
     async def set_network(self, sandbox_id: str, network: dict[str, list[str]]) -> dict[str, list[str]]:
         """Replace the sandbox's egress policy (core.netpolicy wire form), live, in any phase;
         returns it as stored (normalized)."""
+        ...
+
+    async def set_secrets(self, sandbox_id: str, secrets: Sequence[SecretBinding]) -> None:
+        """Replace the sandbox's secret bindings (a secret replaced or deleted), live."""
+        ...
+
+    async def set_authority(self, authority: Authority) -> None:
+        """The CA the worker's egress gateway signs intercepted HTTPS with (given at adoption)."""
+        ...
+
+    async def open_port(self, sandbox_id: str, port: int) -> PortStream:
+        """A TCP connection into the running sandbox's `port` (the ingress router's way in). It
+        counts as the sandbox's activity while bytes move; a disk checkpoint resets it when idle.
+        Raises ConnectionRefusedError (nothing listens there) or an AtollError."""
         ...
 
     async def inventory(self) -> Inventory: ...

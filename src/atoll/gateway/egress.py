@@ -31,8 +31,8 @@ import termios
 import time
 
 from atoll.core import netpolicy
+from atoll.gateway import intercept, sniff, tlsstream
 from atoll.gateway import names as names_mod
-from atoll.gateway import sniff
 
 log = logging.getLogger(__name__)
 SO_ORIGINAL_DST = 80
@@ -64,6 +64,7 @@ class Counters:
     refused: int = 0
     dns_answered: int = 0
     dns_refused: int = 0
+    intercepted: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -95,6 +96,8 @@ class _Attached:
     logged: int = 0
     counters: Counters = dataclasses.field(default_factory=Counters)
     last_io: float = 0.0
+    bindings: tuple[intercept.Binding, ...] = ()
+    """The sandbox's secrets: a connection to one of their hosts is intercepted."""
 
 
 def original_destination(sock: socket.socket) -> tuple[str, int]:
@@ -111,9 +114,19 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 
 class Gateway:
-    def __init__(self, names: names_mod.Names, egress_source: str | None = None, own_ip: str = ""):
+    def __init__(
+        self,
+        names: names_mod.Names,
+        egress_source: str | None = None,
+        own_ip: str = "",
+        upstream_ca_file: str | None = None,
+    ):
         self.names = names
         self.egress_source = egress_source
+        self.leaves: intercept.LeafContexts | None = None
+        """Signs the leaves of intercepted HTTPS (set_authority); None until the control plane
+        gave the worker its CA."""
+        self.upstream_ctx = intercept.upstream_context(upstream_ca_file)
         self.own_ip = own_ip  # the listener's address: a connection straight to it is refused
         self._att: dict[str, _Attached] = {}
         self._warned: dict[str, float] = {}
@@ -121,12 +134,17 @@ class Gateway:
 
     # ---- attach / detach ----------------------------------------------------------------------
     async def attach(
-        self, sid: str, listener: socket.socket, udp: socket.socket | None, policy: netpolicy.Policy
+        self,
+        sid: str,
+        listener: socket.socket,
+        udp: socket.socket | None,
+        policy: netpolicy.Policy,
+        bindings: tuple[intercept.Binding, ...] = (),
     ) -> None:
         """Serve a sandbox: `listener` (a bound TCP socket in its host-side namespace) and `udp`
         (its DNS socket there). Attaching again replaces the previous attachment."""
         await self.detach(sid)
-        att = _Attached(sid, policy)
+        att = _Attached(sid, policy, bindings=bindings)
         self._att[sid] = att
         listener.setblocking(False)
         att.server = await asyncio.start_server(
@@ -145,6 +163,15 @@ class Gateway:
 
     def sandboxes(self) -> list[str]:
         return list(self._att)
+
+    def set_authority(self, cert_pem: bytes, key_pem: bytes, chain_pem: bytes = b"") -> None:
+        self.leaves = intercept.LeafContexts(cert_pem, key_pem, chain_pem)
+
+    def set_bindings(self, sid: str, bindings: tuple[intercept.Binding, ...]) -> None:
+        """The sandbox's secrets from now on (connections already intercepted keep theirs)."""
+        att = self._att.get(sid)
+        if att is not None:
+            att.bindings = bindings
 
     def set_policy(self, sid: str, policy: netpolicy.Policy) -> None:
         """Applies to connections and DNS questions from now on (open connections stay)."""
@@ -186,6 +213,32 @@ class Gateway:
                 reset += 1
         return busy, reset
 
+    async def open_inbound(
+        self, sid: str, sock: socket.socket, address: tuple[str, int], timeout: float = 5.0
+    ) -> Inbound:
+        """A connection into the sandbox at `address` from `sock` (a TCP socket made in its
+        host-side namespace, connected here): tracked like its egress, so bytes moving are its activity and
+        a disk checkpoint's quiesce resets it when idle. Raises OSError (refused, timed out)."""
+        att = self._att.get(sid)
+        if att is None:
+            sock.close()
+            raise ConnectionRefusedError(f"sandbox {sid} has no network attached on this worker")
+        if len(att.relayed) + len(att.conns) >= 2 * MAX_CONNECTIONS:
+            sock.close()
+            raise ConnectionRefusedError(f"sandbox {sid} has too many connections open")
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
+        except BaseException:
+            sock.close()
+            raise
+        reader, writer = await asyncio.open_connection(sock=sock, limit=_CHUNK)
+        conn = _Conn(writer)
+        att.relayed.add(conn)
+        att.last_io = conn.last_io
+        return Inbound(reader, writer, conn, att)
+
     def stats(self, sid: str) -> Counters:
         att = self._att.get(sid)
         return dataclasses.replace(att.counters) if att is not None else Counters()
@@ -200,6 +253,8 @@ class Gateway:
             att.server.close()
         if att.dns is not None:
             att.dns.close()
+        for c in list(att.relayed):  # connections into the sandbox (open_inbound) have no task
+            c.abort()
         for t in list(att.conns):
             t.cancel()
         if att.conns:
@@ -283,8 +338,14 @@ class Gateway:
                         writer, reader, 431 if too_long else 400, f"atoll egress gateway: {decision.rule}\n"
                     )
                 return
+            local = (self.egress_source, 0) if self.egress_source else None
+            bindings = intercept.bindings_for(name, att.bindings) if name and att.bindings else ()
+            if bindings and proto in ("tls", "http"):
+                await self._intercept(
+                    att, conn, reader, writer, head, proto, name or "", ip, port, bindings, local
+                )
+                return
             try:
-                local = (self.egress_source, 0) if self.egress_source else None
                 up_r, up_w = await asyncio.wait_for(
                     asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
                 )
@@ -325,6 +386,74 @@ class Gateway:
             else:
                 await _flush_then_reset(writer)
 
+    async def _intercept(
+        self,
+        att: _Attached,
+        conn: _Conn,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        head: bytes,
+        proto: str,
+        name: str,
+        ip: str,
+        port: int,
+        bindings: tuple[intercept.Binding, ...],
+        local: tuple[str, int] | None,
+    ) -> None:
+        """A connection to a secret's host: HTTP(S) is relayed request by request, with the
+        placeholders of these bindings replaced (gateway.intercept). HTTPS is terminated with a
+        leaf from the installation's CA, which the sandbox trusts, and re-encrypted upstream."""
+        target = f"{name!r} ({ip}:{port})"
+
+        def touch() -> None:
+            conn.last_io = att.last_io = time.monotonic()
+
+        if proto == "tls" and self.leaves is None:
+            att.counters.refused += 1
+            self._log_refusal(att, target, "the worker has no CA yet to intercept HTTPS to a secret's host")
+            return
+        att.counters.allowed += 1
+        att.counters.intercepted += 1
+        log.debug("egress intercepted: %s", target, extra={"sandbox_id": att.sid})
+        att.relayed.add(conn)
+        if proto == "tls":
+            assert self.leaves is not None
+            await intercept.intercept_tls(
+                reader,
+                writer,
+                head,
+                name,
+                ip,
+                port,
+                leaf_ctx=self.leaves.context_for(name),
+                upstream_ctx=self.upstream_ctx,
+                local_addr=local,
+                bindings=bindings,
+                touch=touch,
+            )
+            return
+        try:
+            up_r, up_w = await asyncio.wait_for(
+                asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as e:
+            att.counters.refused += 1
+            self._log_refusal(att, target, f"the destination did not accept the connection ({e!r})")
+            await _answer(
+                writer, reader, 502, f"atoll egress gateway: {target} did not accept the connection ({e!r})\n"
+            )
+            return
+        conn.upstream = up_w
+        try:
+            await intercept.relay(
+                tlsstream.PlainStream(reader, writer, initial=head),
+                tlsstream.PlainStream(up_r, up_w),
+                bindings,
+                touch,
+            )
+        finally:
+            up_w.transport.abort()
+
     def _log_refusal(self, att: _Attached, target: str, rule: str) -> None:
         """At most LOG_REFUSALS lines per sandbox per 10 s (a sandbox must not flood the log)."""
         now = time.monotonic()
@@ -355,6 +484,40 @@ class Gateway:
         if now - self._host_addrs[0] > 10:
             self._host_addrs = (now, _local_addresses())
         return self._host_addrs[1]
+
+
+class Inbound:
+    """A connection the worker opened into a sandbox's port (api.PortStream): bytes moving are the
+    sandbox's activity; its side is ended with an RST once what was written reached it."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn, att: _Attached
+    ):
+        self._r, self._w, self._conn, self._att = reader, writer, conn, att
+        writer.transport.set_write_buffer_limits(high=_WRITE_BUFFER)
+
+    async def read(self, n: int) -> bytes:
+        data = await self._r.read(n)
+        if data:
+            self._conn.last_io = self._att.last_io = time.monotonic()
+        return data
+
+    async def write(self, data: bytes) -> None:
+        self._conn.last_io = self._att.last_io = time.monotonic()
+        self._w.write(data)
+        await self._w.drain()
+
+    def close(self) -> None:
+        self._att.relayed.discard(self._conn)
+        if self._w.transport.is_closing():
+            return
+        task = asyncio.ensure_future(_flush_then_reset(self._w))
+        self._att.conns.add(task)
+        task.add_done_callback(self._att.conns.discard)
+
+    @property
+    def closed(self) -> bool:
+        return self._w.transport.is_closing() or self._r.at_eof()
 
 
 def _is_ip(name: str) -> bool:

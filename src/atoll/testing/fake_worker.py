@@ -66,6 +66,10 @@ class FakeWorker:
         self.fail: set[str] = set()
         self.gate_blockers: list[str] = []
         self.open_connections: dict[str, int] = {}
+        self.ports: dict[tuple[str, int], tuple[str, int]] = {}
+        """(sandbox, port) -> a loopback address open_port connects to (a test's server)."""
+        self.secrets: dict[str, tuple[api.SecretBinding, ...]] = {}
+        self.authority: api.Authority | None = None
         self.freeze_stuck = False
         self.gate_stalled: set[str] = set()
         self.exec_handler: typing.Callable[[api.ExecSpec], api.ExecResult] = lambda spec: api.ExecResult(
@@ -227,6 +231,24 @@ class FakeWorker:
         rt.spec = dataclasses.replace(rt.spec, network=policy)
         return policy
 
+    async def set_secrets(self, sandbox_id: str, secrets: Sequence[api.SecretBinding]) -> None:
+        self._get(sandbox_id)
+        self.secrets[sandbox_id] = tuple(secrets)
+
+    async def set_authority(self, authority: api.Authority) -> None:
+        self.authority = authority
+
+    async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
+        self.calls.append(("open_port", sandbox_id))
+        rt = self._get(sandbox_id)
+        if rt.phase != Phase.RUNNING:
+            raise errors.Conflict(f"fake: sandbox {sandbox_id} is {rt.phase.value}", code="invalid_state")
+        address = self.ports.get((sandbox_id, port))
+        if address is None:
+            raise ConnectionRefusedError(f"fake: nothing listens on port {port} of {sandbox_id}")
+        reader, writer = await asyncio.open_connection(*address)
+        return _Stream(reader, writer)
+
     async def inventory(self) -> api.Inventory:
         return api.Inventory(
             self.name,
@@ -337,3 +359,24 @@ class FakeWorker:
 
     async def aclose(self) -> None:
         self.closed = True
+
+
+class _Stream:
+    """api.PortStream over a loopback connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._r, self._w = reader, writer
+
+    async def read(self, n: int) -> bytes:
+        return await self._r.read(n)
+
+    async def write(self, data: bytes) -> None:
+        self._w.write(data)
+        await self._w.drain()
+
+    def close(self) -> None:
+        self._w.transport.abort()
+
+    @property
+    def closed(self) -> bool:
+        return self._w.transport.is_closing() or self._r.at_eof()

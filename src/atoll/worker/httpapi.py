@@ -169,6 +169,24 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         body = await _body(request, None, "network policy")
         return _answer(await node.set_network(request.path_params["sid"], body))
 
+    async def set_secrets(request: Request) -> Response:
+        body = await _body(request, None, "secret bindings")
+        try:
+            bindings = wire.load(tuple[api.SecretBinding, ...], body.get("secrets", []), "secret bindings")
+        except errors.RuntimeFailure:  # no detail: it would quote the values
+            raise errors.InvalidRequest("malformed secret bindings") from None
+        await node.set_secrets(request.path_params["sid"], bindings)
+        return no_content()
+
+    async def set_authority(request: Request) -> Response:
+        body = await _body(request, None, "authority")
+        try:
+            authority = wire.load(api.Authority, body, "authority")
+        except errors.RuntimeFailure:
+            raise errors.InvalidRequest("malformed authority (root_pem, cert_pem, key_pem)") from None
+        await node.set_authority(authority)
+        return no_content()
+
     # ---- exec and processes -----------------------------------------------------------------------
     async def exec_(request: Request) -> Response:
         sid = request.path_params["sid"]
@@ -275,6 +293,8 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb + "/pause", pause, methods=["POST"]),
         Route(sb + "/resume", resume, methods=["POST"]),
         Route(sb + "/network", set_network, methods=["PUT"]),
+        Route(sb + "/secrets", set_secrets, methods=["PUT"]),
+        Route(PREFIX + "/authority", set_authority, methods=["PUT"]),
         Route(sb + "/exec", exec_, methods=["POST"]),
         Route(sb + "/processes", start_process, methods=["POST"]),
         Route(sb + "/processes", list_processes, methods=["GET"]),

@@ -24,6 +24,7 @@ from atoll import logconfig
 from atoll.core import config
 from atoll.worker import httpapi, node, registration, storage
 from atoll.worker import settings as settings_mod
+from atoll.worker.tunnel import Tunnel
 
 log = logging.getLogger("atoll.worker")
 
@@ -73,6 +74,8 @@ async def serve(s: settings_mod.WorkerSettings) -> int:
     creds = httpapi.Credentials()
     app = httpapi.create_app(worker, creds)
     host, port = sock.getsockname()[:2]
+    tunnel = Tunnel(worker, lambda: creds.token)
+    worker.tunnel_port = await tunnel.start(host)
     url = s.advertise or f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     server = _Server(
         # the server keeps its connections to the worker alive for as long as it likes
@@ -109,6 +112,7 @@ async def serve(s: settings_mod.WorkerSettings) -> int:
             await joining
         await reg.stopping()
         await reg.aclose()
+        await tunnel.aclose()
         await worker.aclose()
         log.info("worker stopped; its sandboxes keep running and are taken back by the next `atoll worker`")
     return status

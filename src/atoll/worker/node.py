@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
-from atoll.worker import agent_pack, bundle, cgroups, storage, sweep, templates
+from atoll.worker import agent_pack, bundle, cgroups, storage, sweep, templates, trust
 from atoll.worker.edge import Edge
 from atoll.worker.guest import Guest
 from atoll.worker.liveness import Liveness
@@ -191,7 +191,9 @@ class Node:
         self.liveness = Liveness(self.runtimes, self.install_id, self.host.runsc_root, self.hub.emit)
         self.guest = Guest(self.runtimes, self.host.runsc_root, self.liveness)
         self.snapshots = LocalSnapshotStore(self.runtimes.root)
-        self.edge = Edge(settings.hosts_files, settings.egress_source)
+        self.tunnel_port = 0
+        """Set by worker.main once its tunnel listens (worker.tunnel)."""
+        self.edge = Edge(settings.hosts_files, settings.egress_source, settings.upstream_ca_file)
         self.sandboxes = Sandboxes(
             self.runtimes, self.guest, self.liveness, self.host, self.agent_dir, self.edge
         )
@@ -464,6 +466,7 @@ class Node:
             ),
             templates=self.template_infos(),
             default_disk_mb=self.s.default_disk_mb,
+            tunnel_port=self.tunnel_port,
         )
 
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
@@ -476,17 +479,27 @@ class Node:
                 raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
             lower = await self.templates.ensure(spec.template)
             image = self.images.find(spec.template, spec.memory_mb) if self.s.template_snapshots else None
+            env = dict(spec.env)
+            if spec.trust_pem:
+                for k, v in trust.ENV.items():
+                    env.setdefault(k, v)
             rt = self.runtimes.new(
                 sid,
                 template=spec.template,
                 memory_mb=spec.memory_mb,
                 cpus=spec.cpus,
-                env=dict(spec.env),
+                env=env,
                 disk_mb=spec.disk_mb or self.s.default_disk_mb,
                 user=spec.user,
                 network=netpolicy.from_wire(spec.network).to_wire(),
+                trust_pem=spec.trust_pem,
             )
-            how = await self.sandboxes.start(rt, lower, image)
+            self.edge.set_secrets(sid, spec.secrets)
+            try:
+                how = await self.sandboxes.start(rt, lower, image)
+            except BaseException:
+                self.edge.set_secrets(sid, ())
+                raise
         return api.CreateOutcome(how, round((time.perf_counter() - t0) * 1000, 1))
 
     async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
@@ -529,6 +542,30 @@ class Node:
             self.edge.set_policy(rt, policy)
         return rt.network
 
+    async def set_secrets(self, sandbox_id: str, secrets: typing.Sequence[api.SecretBinding]) -> None:
+        """Replace the sandbox's secret bindings (kept in memory only: the control plane gives
+        them again when it adopts this worker)."""
+        rt = self.runtimes.get(sandbox_id)
+        if rt.phase in (Phase.FAILED, Phase.DELETING):
+            raise errors.Conflict(f"sandbox {sandbox_id} is {rt.phase.value}", code="invalid_state")
+        self.edge.set_secrets(sandbox_id, tuple(secrets))
+
+    async def set_authority(self, authority: api.Authority) -> None:
+        self.edge.set_authority(authority)
+
+    async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
+        """A connection into the sandbox's port, from its host-side namespace. The sandbox must be
+        running (the control plane resumes it first)."""
+        if not 1 <= port <= 65535:
+            raise errors.InvalidRequest(f"port {port} is not a TCP port (1-65535)")
+        rt = self.runtimes.get(sandbox_id)
+        if rt.phase != Phase.RUNNING:
+            raise errors.Conflict(
+                f"sandbox {sandbox_id} is {rt.phase.value}, not running; resume it first",
+                code="invalid_state",
+            )
+        return await self.edge.open_port(rt, port)
+
     async def delete(self, sandbox_id: str) -> None:
         if not ids.is_sandbox_id(sandbox_id):
             raise errors.InvalidRequest(f"malformed sandbox id {sandbox_id!r}")
@@ -537,6 +574,7 @@ class Node:
     async def _delete_runtime(self, sid: str) -> None:
         async with self._lock(sid):
             await self.sandboxes.delete(sid)
+            self.edge.forget(sid)
             self.pressure.forget(sid)
             self._inflight.pop(sid, None)
         if not self._lock(sid).locked():

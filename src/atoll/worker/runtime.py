@@ -48,6 +48,8 @@ class Runtime:
     """The last few steps (for the log of a reattach that finds something unexpected)."""
     network: dict = field(default_factory=dict)
     """Its egress policy in wire form (core.netpolicy): the gateway is given it again on reattach."""
+    trust_pem: str = ""
+    """The installation's root CA, installed in its root file system (worker.trust)."""
 
     @property
     def cid(self) -> str:
@@ -85,6 +87,7 @@ class RuntimeStore:
         user: str | None = None,
         temporary: bool = False,
         network: dict | None = None,
+        trust_pem: str = "",
     ) -> Runtime:
         """Record a runtime about to be made (phase creating), before anything exists on the host:
         whatever a crash leaves is then owned by a record, and a reattach or sweep finds it."""
@@ -99,6 +102,7 @@ class RuntimeStore:
             user=user,
             temporary=temporary,
             network=dict(network or {}),
+            trust_pem=trust_pem,
         )
         storage.private_dir(self.dir(sid))
         self._cache[sid] = rt

@@ -20,7 +20,7 @@ import time
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
-from atoll.worker import agent_pack, bundle, cgroups, netns, runsc, storage, sweep
+from atoll.worker import agent_pack, bundle, cgroups, netns, runsc, storage, sweep, trust
 from atoll.worker.edge import Edge
 from atoll.worker.guest import Guest
 from atoll.worker.liveness import Liveness
@@ -171,6 +171,8 @@ class Sandboxes:
         await storage.create_upper(self._p(rt, "upper.img"), self._p(rt, "upper"), rt.disk_mb)
         await storage.mount_rootfs(lower, self._p(rt, "upper"), self._p(rt, "rootfs"))
         _write_identity_files(self._p(rt, "rootfs"), hostname(rt.sandbox_id))
+        if rt.trust_pem:
+            trust.install(self._p(rt, "rootfs"), rt.trust_pem)
 
     def write_bundle(self, rt: Runtime, lower: str | None = None) -> None:
         """Write config.json. The CPU quota is left out: runsc would apply it while the sentry boots

@@ -56,6 +56,9 @@ class WorkerSettings:
     egress_source: str | None = None
     """ATOLL_EGRESS_SOURCE: the local IPv4 address all sandbox egress leaves from (default: the
     route's own)."""
+    upstream_ca_file: str | None = None
+    """ATOLL_UPSTREAM_CA_FILE: PEM certificates the egress gateway trusts, besides the system's,
+    when it re-encrypts intercepted HTTPS to a secret's host (a private CA upstream; tests)."""
 
     @property
     def hosts_files(self) -> list[str]:
@@ -115,7 +118,24 @@ def load(
         ),
         extra_hosts=_extra_hosts(env.get("ATOLL_EXTRA_HOSTS") or None),
         egress_source=_ipv4(env.get("ATOLL_EGRESS_SOURCE") or None, "ATOLL_EGRESS_SOURCE"),
+        upstream_ca_file=_ca_file(env.get("ATOLL_UPSTREAM_CA_FILE") or None),
     )
+
+
+def _ca_file(path: str | None) -> str | None:
+    if path is None:
+        return None
+    path = os.path.abspath(path)
+    try:
+        with open(path, "rb") as f:
+            text = f.read(4 * 1024 * 1024)
+    except OSError as e:
+        raise config.SettingsError(f"ATOLL_UPSTREAM_CA_FILE={path!r} cannot be read: {e.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in text:
+        raise config.SettingsError(
+            f"ATOLL_UPSTREAM_CA_FILE={path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        )
+    return path
 
 
 def _extra_hosts(path: str | None) -> str | None:

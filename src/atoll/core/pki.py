@@ -1,0 +1,170 @@
+"""Certificates for the egress gateway's interception of secret-bearing HTTPS: a per-installation
+root CA, an intermediate under it, and short-lived server (leaf) certificates for the names the
+gateway intercepts. EC P-256 keys, SHA-256 signatures, PEM bytes in and out.
+
+Pure: no file I/O (callers store the PEM). Called by gateway.intercept (leaves, per name) and by
+whoever sets an installation up (the root and the intermediate).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from collections.abc import Iterable
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+SKEW = datetime.timedelta(hours=1)
+"""Certificates start this long before they are made: a peer whose clock is behind accepts them."""
+
+
+def new_root_ca(common_name: str, days: int = 3650) -> tuple[bytes, bytes]:
+    """A self-signed root CA that may sign one level of intermediates: (cert_pem, key_pem)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name(common_name)
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - SKEW)
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=1), critical=True)
+        .add_extension(_ca_key_usage(), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return _cert_pem(cert), _key_pem(key)
+
+
+def issue_intermediate(
+    ca_cert_pem: bytes, ca_key_pem: bytes, common_name: str, days: int = 825
+) -> tuple[bytes, bytes]:
+    """An intermediate CA under `ca` that signs leaves only (path_length 0): (cert_pem, key_pem)."""
+    ca_cert, ca_key = _load(ca_cert_pem, ca_key_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = _issued(ca_cert, ca_key, key, _name(common_name), days)
+    cert = (
+        builder.add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_ca_key_usage(), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return _cert_pem(cert), _key_pem(key)
+
+
+def issue_server(
+    ca_cert_pem: bytes,
+    ca_key_pem: bytes,
+    names: list[str],
+    days: int = 30,
+    ip_addresses: Iterable[str] = (),
+) -> tuple[bytes, bytes]:
+    """A TLS server certificate for `names` (DNS names, `*.example.com` wildcards allowed) and
+    `ip_addresses`, signed by `ca`: (cert_pem, key_pem). Raises ValueError when it names nothing."""
+    ips = [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    sans += ips
+    if not sans:
+        raise ValueError("a server certificate needs at least one DNS name or IP address")
+    ca_cert, ca_key = _load(ca_cert_pem, ca_key_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = _name(names[0] if names else str(ips[0].value))
+    builder = _issued(ca_cert, ca_key, key, subject, days)
+    cert = (
+        builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return _cert_pem(cert), _key_pem(key)
+
+
+def fingerprint(cert_pem: bytes) -> str:
+    """The SHA-256 fingerprint of a certificate, lower-case hex (64 characters)."""
+    return x509.load_pem_x509_certificate(cert_pem).fingerprint(hashes.SHA256()).hex()
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+
+
+def _name(common_name: str) -> x509.Name:
+    # a CN is at most 64 characters (RFC 5280); a longer name still goes in the SAN
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])])
+
+
+def _ca_key_usage() -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=False,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _issued(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    key: ec.EllipticCurvePrivateKey,
+    subject: x509.Name,
+    days: int,
+) -> x509.CertificateBuilder:
+    """A builder for a certificate `ca` issues, valid no longer than `ca` itself."""
+    now = _now()
+    not_after = min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - SKEW)
+        .not_valid_after(not_after)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+    )
+
+
+def _load(cert_pem: bytes, key_pem: bytes) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key must be an EC private key")
+    return cert, key
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )

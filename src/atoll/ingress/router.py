@@ -1,0 +1,493 @@
+"""The ingress router: preview URLs over TLS, routed to the port of a sandbox, waking it first.
+
+Listens on ATOLL_INGRESS_PORT (TLS only; a certificate from the installation's CA unless the
+operator supplies one; a ClientHello without SNI is accepted). Each request on a kept-alive
+connection is routed on its own (core.preview: the `{port}-{sid}.{domain}` host name, or the
+Atoll-Sandbox-Id / Atoll-Sandbox-Port headers), authorized (the port is public, or the request
+carries the sandbox's token or a valid signed URL or cookie) and sent over a connection into the
+sandbox that the backend opens — after resuming the sandbox if it is in standby; concurrent
+requests share that one resume (controlplane.lifecycle). Connections into a sandbox are kept
+between requests of the same client connection and reopened when the sandbox's side went away
+(a disk checkpoint resets idle ones). Bodies stream both ways; a `101 Switching Protocols`
+(WebSocket) turns the connection into a byte relay. Errors are plain-text answers that say what
+failed, never a traceback.
+Called by controlplane.main (start-up) with a controlplane.previews.Backend; uses h11 and
+gateway.tlsstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import ssl
+import time
+import typing
+
+import h11
+
+from atoll.core import errors, preview
+from atoll.gateway import tlsstream
+
+log = logging.getLogger(__name__)
+MAX_HEAD = 64 * 1024
+READ = 256 * 1024
+HANDSHAKE_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 300.0
+"""A client connection with no request for this long is closed."""
+MAX_CONNECTIONS = 4096
+RETRY_BODY = 64 * 1024
+"""A request whose body fits this is sent again once on a fresh connection into the sandbox
+when a kept one turns out to be gone (a disk checkpoint reset it) before any answer came."""
+_DROP = {preview.TOKEN_HEADER.encode(), preview.ID_HEADER.encode(), preview.PORT_HEADER.encode()}
+
+
+class Upstream(typing.Protocol):
+    """A connection into a sandbox's port (the worker's side of it; ended with an RST)."""
+
+    async def read(self, n: int) -> bytes: ...
+    async def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """An authorized request: which proof it used (for the cookie a signed URL earns)."""
+
+    via: str  # public | token | signed | cookie
+    cookie: str | None = None
+    max_age: int = 0
+
+
+class Backend(typing.Protocol):
+    def authorize(
+        self,
+        target: preview.Target,
+        token: str | None,
+        expires: str | None,
+        sig: str | None,
+        cookie: str | None,
+    ) -> Grant: ...
+    async def ready(self, target: preview.Target) -> None: ...
+    async def connect(self, target: preview.Target) -> Upstream: ...
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+_STATUS = {
+    errors.SandboxNotFound: 404,
+    errors.NotFound: 404,
+    errors.Unauthorized: 401,
+    errors.PermissionDenied: 403,
+    errors.Conflict: 409,
+    errors.Unavailable: 503,
+}
+
+
+def _status_of(e: errors.AtollError) -> int:
+    for cls, status in _STATUS.items():
+        if isinstance(e, cls):
+            return status
+    return 502
+
+
+@dataclasses.dataclass
+class Stats:
+    requests: int = 0
+    refused: int = 0
+    resumed_first: int = 0
+
+
+class Router:
+    def __init__(self, backend: Backend, ctx: ssl.SSLContext, domain: str):
+        self.backend = backend
+        self.ctx = ctx
+        self.domain = domain
+        self.server: asyncio.AbstractServer | None = None
+        self._conns: set[asyncio.Task] = set()
+        self.stats = Stats()
+
+    async def start(self, host: str, port: int) -> None:
+        self.server = await asyncio.start_server(self._accepted, host, port, limit=READ, backlog=1024)
+
+    async def aclose(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for t in list(self._conns):
+            t.cancel()
+        if self._conns:
+            await asyncio.gather(*self._conns, return_exceptions=True)
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), 2)
+
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._conns) >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        task = asyncio.ensure_future(self._serve(reader, writer))
+        self._conns.add(task)
+        task.add_done_callback(self._conns.discard)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        with contextlib.suppress(OSError):
+            import socket
+
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client: typing.Any = None
+        try:
+            first = await asyncio.wait_for(reader.read(READ), HANDSHAKE_TIMEOUT_S)
+            if not first:
+                return
+            if first[0] != 0x16:  # not a TLS handshake record
+                writer.write(
+                    _page(
+                        400, "atoll ingress: this port speaks TLS only; use https:// (the preview URL)", True
+                    )
+                )
+                with contextlib.suppress(OSError, ConnectionError):
+                    await writer.drain()
+                return
+            client = tlsstream.TLSStream(reader, writer, self.ctx, server_side=True, initial=first)
+            await client.handshake(HANDSHAKE_TIMEOUT_S)
+            await _Session(self, client, writer.get_extra_info("peername")).run()
+        except (OSError, ConnectionError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError) as e:
+            log.debug("ingress connection ended: %r", e, exc_info=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - one client must never end the router
+            log.exception("ingress connection failed")
+        finally:
+            writer.transport.abort() if client is None else client.abort()
+
+
+def _page(status: int, text: str, close: bool = False, extra: list[tuple[bytes, bytes]] = ()) -> bytes:
+    body = (text.rstrip("\n") + "\n").encode()
+    reason = {
+        400: "Bad Request",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "Not Found",
+        409: "Conflict",
+        431: "Request Header Fields Too Large",
+        502: "Bad Gateway",
+        503: "Service Unavailable",
+        504: "Gateway Timeout",
+    }.get(status, "Error")
+    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {len(body)}\r\n"
+    head += "x-atoll-ingress: refused\r\n"
+    for k, v in extra:
+        head += f"{k.decode()}: {v.decode()}\r\n"
+    if close:
+        head += "connection: close\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+class _Session:
+    """One client connection: its requests one after another, and the connection into the sandbox
+    they go to (kept while they go to the same sandbox and port)."""
+
+    def __init__(self, router: Router, client: typing.Any, peer: typing.Any):
+        self.r = router
+        self.client = client
+        self.peer = peer[0] if isinstance(peer, tuple) else ""
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        self.up: Upstream | None = None
+        self.up_conn: h11.Connection | None = None
+        self.up_target: preview.Target | None = None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                ev = await self._next(self.conn, self.client, IDLE_TIMEOUT_S)
+                if isinstance(ev, h11.ConnectionClosed) or ev is None:
+                    return
+                if not isinstance(ev, h11.Request):
+                    return
+                keep = await self._exchange(ev)
+                if (
+                    not keep
+                    or self.conn.our_state is h11.MUST_CLOSE
+                    or self.conn.their_state is h11.MUST_CLOSE
+                ):
+                    return
+                try:
+                    self.conn.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return
+        except h11.RemoteProtocolError as e:
+            status = 431 if "exceeded" in str(e) or "too long" in str(e).lower() else 400
+            with contextlib.suppress(Exception):
+                await self.client.write(_page(status, f"atoll ingress: malformed request: {e}", True))
+        finally:
+            if self.up is not None:
+                self.up.close()
+
+    async def _next(self, conn: h11.Connection, stream: typing.Any, timeout: float | None = None):
+        while True:
+            ev = conn.next_event()
+            if ev is h11.NEED_DATA:
+                data = await (asyncio.wait_for(stream.read(READ), timeout) if timeout else stream.read(READ))
+                conn.receive_data(data)
+                continue
+            if ev is h11.PAUSED:
+                return None
+            return ev
+
+    async def _refuse(self, status: int, text: str) -> bool:
+        """Answer with an error page; the request's body is read and dropped (up to 1 MiB) so the
+        connection can go on."""
+        self.r.stats.refused += 1
+        close = False
+        n = 0
+        while self.conn.their_state is h11.SEND_BODY:
+            ev = await self._next(self.conn, self.client, 10)
+            if isinstance(ev, h11.Data):
+                n += len(ev.data)
+                if n > 1024 * 1024:
+                    close = True
+                    break
+            elif not isinstance(ev, h11.EndOfMessage):
+                close = True
+                break
+        await self.client.write(_page(status, text, close))
+        return not close
+
+    async def _exchange(self, req: h11.Request) -> bool:
+        self.r.stats.requests += 1
+        headers = req.headers.raw_items() if hasattr(req.headers, "raw_items") else list(req.headers)
+        get = _getter(req.headers)
+        try:
+            target = preview.header_target(
+                get(preview.ID_HEADER), get(preview.PORT_HEADER)
+            ) or preview.host_target(get("host") or "", self.r.domain)
+        except preview.BadTarget as e:
+            return await self._refuse(400, f"atoll ingress: {e}")
+        if target is None:
+            return await self._refuse(
+                404,
+                f"atoll ingress: no sandbox named: use https://{{port}}-{{sandbox_id}}.{self.r.domain} or the "
+                "headers Atoll-Sandbox-Id and Atoll-Sandbox-Port",
+            )
+        path, expires, sig = preview.split_signed(req.target.decode("latin-1"))
+        try:
+            grant = self.r.backend.authorize(
+                target, get(preview.TOKEN_HEADER), expires, sig, _cookie(get("cookie"))
+            )
+        except errors.AtollError as e:
+            return await self._refuse(_status_of(e), f"atoll ingress: {e.message}")
+        out = [(k, v) for k, v in headers if k.lower() not in _DROP]
+        out += [(b"x-forwarded-proto", b"https")]
+        if self.peer:
+            out += [(b"x-forwarded-for", self.peer.encode())]
+        fwd = h11.Request(method=req.method, target=path.encode("latin-1"), headers=out, http_version="1.1")
+        extra = []
+        if grant.cookie:
+            extra.append(
+                (
+                    b"set-cookie",
+                    f"{preview.COOKIE}={grant.cookie}; Max-Age={grant.max_age}; Path=/; Secure; "
+                    "HttpOnly; SameSite=Lax".encode(),
+                )
+            )
+        try:
+            await self.r.backend.ready(target)
+        except errors.AtollError as e:
+            return await self._refuse(_status_of(e), f"atoll ingress: {e.message}")
+        return await self._forward(target, fwd, extra)
+
+    async def _upstream(self, target: preview.Target, fresh: bool) -> tuple[Upstream, h11.Connection]:
+        if not fresh and self.up is not None and self.up_target == target and not self.up.closed:
+            assert self.up_conn is not None
+            if self.up_conn.our_state is h11.IDLE and self.up_conn.their_state is h11.IDLE:
+                return self.up, self.up_conn
+        if self.up is not None:
+            self.up.close()
+            self.up = None
+        self.up = await self.r.backend.connect(target)
+        self.up_conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        self.up_target = target
+        return self.up, self.up_conn
+
+    async def _forward(self, target: preview.Target, fwd: h11.Request, extra: list) -> bool:
+        # A request without a body is sent again once on a fresh connection when the kept one
+        # into the sandbox turns out to be gone before any answer (a disk checkpoint reset it).
+        ended = False
+        if _bodiless(fwd):
+            ev = self.conn.next_event()
+            ended = isinstance(ev, h11.EndOfMessage)
+        for attempt in (0, 1):
+            retryable = attempt == 0 and ended
+            try:
+                up, up_conn = await self._upstream(target, fresh=attempt == 1)
+            except errors.AtollError as e:
+                return await self._refuse(_status_of(e), f"atoll ingress: {e.message}")
+            except (OSError, ConnectionError, TimeoutError) as e:
+                return await self._refuse(
+                    502,
+                    f"atoll ingress: nothing answers on port {target.port} in sandbox {target.sandbox_id} ({e})",
+                )
+            pump: asyncio.Future | None = None
+            try:
+                data = up_conn.send(fwd)
+                if ended:
+                    data += up_conn.send(h11.EndOfMessage())
+                try:
+                    await up.write(data)
+                except (OSError, ConnectionError):
+                    if retryable:
+                        continue
+                    raise
+                if not ended:
+                    pump = asyncio.ensure_future(self._pump_body(up, up_conn))
+                try:
+                    return await self._relay_response(up, up_conn, pump, extra, retryable)
+                finally:
+                    if pump is not None and not pump.done():
+                        pump.cancel()
+                        with contextlib.suppress(BaseException):
+                            await pump
+            except _Retry:
+                continue
+            except (OSError, ConnectionError, h11.ProtocolError) as e:
+                log.info("ingress: port %d of %s broke an answer: %r", target.port, target.sandbox_id, e)
+                if self.up is not None:
+                    self.up.close()
+                    self.up = None
+                with contextlib.suppress(Exception):
+                    if self.conn.our_state is h11.SEND_RESPONSE:
+                        await self.client.write(
+                            _page(
+                                502,
+                                f"atoll ingress: the sandbox's port {target.port} broke the answer ({e})",
+                                True,
+                            )
+                        )
+                return False
+        return False
+
+    async def _pump_body(self, up: Upstream, up_conn: h11.Connection) -> None:
+        """The client's request body to the sandbox, as it arrives."""
+        while self.conn.their_state is h11.SEND_BODY:
+            ev = await self._next(self.conn, self.client)
+            if isinstance(ev, h11.Data | h11.EndOfMessage):
+                await up.write(up_conn.send(ev))
+            else:
+                return
+
+    async def _relay_response(
+        self, up: Upstream, up_conn: h11.Connection, pump: asyncio.Future | None, extra: list, retryable: bool
+    ) -> bool:
+        got_any = False
+        while True:
+            try:
+                ev = await self._next(up_conn, up)
+            except (OSError, ConnectionError) as e:
+                if retryable and not got_any:
+                    raise _Retry() from e
+                raise
+            if isinstance(ev, h11.ConnectionClosed) or ev is None:
+                if retryable and not got_any:
+                    raise _Retry()
+                raise ConnectionError("the sandbox's port closed the connection before answering")
+            got_any = True
+            if isinstance(ev, h11.InformationalResponse):
+                ev = h11.InformationalResponse(
+                    status_code=ev.status_code, headers=ev.headers.raw_items(), reason=ev.reason
+                )
+                await self.client.write(self.conn.send(ev))
+                if ev.status_code == 101:
+                    return await self._switch(up, up_conn)
+                continue
+            if isinstance(ev, h11.Response):
+                # always a new event: h11 sends only HTTP/1.1 (a program's HTTP/1.0 answer, such
+                # as python -m http.server's, is framed again for the client)
+                headers = [(k, v) for k, v in ev.headers.raw_items() if k.lower() != b"connection"]
+                ev = h11.Response(status_code=ev.status_code, headers=[*headers, *extra], reason=ev.reason)
+                await self.client.write(self.conn.send(ev))
+            elif isinstance(ev, h11.Data):
+                await self.client.write(self.conn.send(ev))
+            elif isinstance(ev, h11.EndOfMessage):
+                await self.client.write(self.conn.send(ev))
+                if pump is not None:
+                    if not pump.done():  # answered before the whole body came: end the connection
+                        return False
+                    await pump
+                if up_conn.our_state is h11.DONE and up_conn.their_state is h11.DONE:
+                    up_conn.start_next_cycle()
+                else:
+                    up.close()
+                    self.up = None
+                return True
+
+    async def _switch(self, up: Upstream, up_conn: h11.Connection) -> bool:
+        """After a 101: bytes both ways until either side ends."""
+        client_rest = self.conn.trailing_data[0]
+        up_rest = up_conn.trailing_data[0]
+        if client_rest:
+            await up.write(client_rest)
+        if up_rest:
+            await self.client.write(up_rest)
+
+        async def one_way(read, write):
+            while True:
+                data = await read(READ)
+                if not data:
+                    return
+                await write(data)
+
+        tasks = [
+            asyncio.ensure_future(one_way(self.client.read, up.write)),
+            asyncio.ensure_future(one_way(up.read, self.client.write)),
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return False
+
+
+class _Retry(Exception):
+    """The kept connection into the sandbox was gone before it answered."""
+
+
+def _bodiless(req: h11.Request) -> bool:
+    for k, v in req.headers:
+        if k == b"transfer-encoding" or (k == b"content-length" and v.strip() != b"0"):
+            return False
+    return True
+
+
+def _getter(headers) -> typing.Callable[[str], str | None]:
+    def get(name: str) -> str | None:
+        key = name.encode()
+        for k, v in headers:
+            if k == key:
+                return v.decode("latin-1")
+        return None
+
+    return get
+
+
+def _cookie(header: str | None) -> str | None:
+    if not header:
+        return None
+    for part in header.split(";"):
+        k, _, v = part.strip().partition("=")
+        if k == preview.COOKIE:
+            return v
+    return None
+
+
+def now() -> float:
+    return time.time()
