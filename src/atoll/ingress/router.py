@@ -263,7 +263,11 @@ class _Session:
 
     async def _exchange(self, req: h11.Request) -> bool:
         self.r.stats.requests += 1
-        headers = req.headers.raw_items() if hasattr(req.headers, "raw_items") else list(req.headers)
+        headers = req.headers.raw_items()
+        # h11 bounds a head only while it is incomplete: one that came whole in a read is measured here
+        if len(req.target) + sum(len(k) + len(v) + 4 for k, v in headers) > MAX_HEAD:
+            await self._refuse(431, f"atoll ingress: the request head is over {MAX_HEAD} bytes")
+            return False
         get = _getter(req.headers)
         try:
             target = preview.header_target(

@@ -164,11 +164,18 @@ class LocalAtoll(_Process, _Api):
         self.port = port or free_port()
         self.api_key = api_key or "test_" + secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
+        self.ingress_port = int((env or {}).get("ATOLL_INGRESS_PORT") or free_port())
+        """The ingress router's port (preview URLs): a free one, not the API's + 1, which may be taken."""
         self.reap = reap
         self.argv = ["up"]
 
     def _environment(self) -> dict[str, str]:
-        return {**super()._environment(), "ATOLL_PORT": str(self.port), "ATOLL_API_KEY": self.api_key}
+        return {
+            **super()._environment(),
+            "ATOLL_PORT": str(self.port),
+            "ATOLL_API_KEY": self.api_key,
+            "ATOLL_INGRESS_PORT": str(self.ingress_port),
+        }
 
     def start(self, timeout: float = 600) -> LocalAtoll:
         self.spawn()
@@ -221,10 +228,16 @@ class LocalServer(_Process, _Api):
         self.port = port or free_port()
         self.api_key = api_key or "test_" + secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
+        self.ingress_port = int((env or {}).get("ATOLL_INGRESS_PORT") or free_port())
         self.argv = ["server"]
 
     def _environment(self) -> dict[str, str]:
-        return {**super()._environment(), "ATOLL_PORT": str(self.port), "ATOLL_API_KEY": self.api_key}
+        return {
+            **super()._environment(),
+            "ATOLL_PORT": str(self.port),
+            "ATOLL_API_KEY": self.api_key,
+            "ATOLL_INGRESS_PORT": str(self.ingress_port),
+        }
 
     def start(self, timeout: float = 60) -> LocalServer:
         """Start and wait until it answers (healthy needs a worker: see LocalCluster)."""

@@ -1,0 +1,82 @@
+"""A test host: a network namespace joined to the root namespace by a veth pair, running servers.
+
+`TestHost(script, args)` makes `atoll-test-<tag>` with the addresses 10.250.<n>.2 and .3 (the root
+side has .1, and .4 for ATOLL_EGRESS_SOURCE), runs `script` (Python) inside it with `args`
+(`{a}`, `{b}`, `{dir}` are filled in) and waits for it to print `ready`; `hosts_file(lines)`
+writes an ATOLL_EXTRA_HOSTS file. Traffic goes only to addresses of this namespace; closing kills
+the script (by its PID) and removes the link and the namespace. Needs root. Used by the
+integration tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+
+
+def _sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True)
+
+
+class TestHost:
+    __test__ = False  # not a pytest class
+
+    def __init__(self, script: str, args: list[str] = ()):  # type: ignore[assignment]
+        self.script, self.args = script, list(args)
+        self.n = 200 + secrets.randbelow(50)
+        self.tag = secrets.token_hex(3)
+        self.ns, self.root_if = f"atoll-test-{self.tag}", f"at{self.tag}"
+        self.net = f"10.250.{self.n}"
+        self.a, self.b, self.source = f"{self.net}.2", f"{self.net}.3", f"{self.net}.4"
+        self.dir = tempfile.mkdtemp(prefix="atoll-testhost-")
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> TestHost:
+        _sh("ip", "netns", "add", self.ns)
+        try:
+            _sh("ip", "link", "add", self.root_if, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
+            _sh("ip", "addr", "add", f"{self.net}.1/29", "dev", self.root_if)
+            _sh("ip", "addr", "add", f"{self.source}/29", "dev", self.root_if)
+            _sh("ip", "link", "set", self.root_if, "up")
+            _sh("ip", "-n", self.ns, "addr", "add", f"{self.a}/29", "dev", "eth0")
+            _sh("ip", "-n", self.ns, "addr", "add", f"{self.b}/29", "dev", "eth0")
+            _sh("ip", "-n", self.ns, "link", "set", "eth0", "up")
+            _sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+            args = [x.format(a=self.a, b=self.b, dir=self.dir) for x in self.args]
+            self.proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns, sys.executable, "-c", self.script, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline().strip()
+            if line != b"ready":
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"test host script did not start: {line!r} {err[-2000:]}")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def hosts_file(self, lines: list[str]) -> str:
+        path = os.path.join(self.dir, "hosts")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return path
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+        subprocess.run(["ip", "link", "del", self.root_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,459 @@
+"""Secrets and preview URLs with real sandboxes: the gateway's substitution and the ingress router.
+
+Upstreams run in a test host namespace (atoll.testing.testnet): HTTPS on :8443 with a certificate
+for api.atoll.test / other.atoll.test from a test CA (the worker trusts it through
+ATOLL_UPSTREAM_CA_FILE; sandboxes do not), plain HTTP on :8080. Each records what it received, so
+the tests check substitution where it happens — upstream — and that the sandbox never holds the
+value. Previews go to programs inside sandboxes through the ingress router, over TLS with the
+installation's CA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import ssl
+import time
+
+import httpx
+import pytest
+
+from atoll.core import pki
+from atoll.testing import LocalAtoll
+from atoll.testing.testnet import TestHost
+from tests.conftest import TEMPLATE_CACHE
+
+pytestmark = pytest.mark.integration
+
+VALUE = "sk-live-" + "7Qz9" * 6
+UPSTREAM = r"""
+import http.server, json, ssl, sys, threading
+a, b, d = sys.argv[1], sys.argv[2], sys.argv[3]
+lock = threading.Lock()
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        seen = {"host": self.server.server_address[0], "port": self.server.server_address[1],
+                "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
+        with lock, open(d + "/seen.log", "a") as f:
+            f.write(json.dumps(seen) + "\n")
+        body = b"ok"
+        self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(d + "/up.crt", d + "/up.key")
+for ip in (a, b):
+    s = http.server.ThreadingHTTPServer((ip, 8080), H)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    t = http.server.ThreadingHTTPServer((ip, 8443), H)
+    t.socket = ctx.wrap_socket(t.socket, server_side=True)
+    threading.Thread(target=t.serve_forever, daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.fixture(scope="module")
+def host():
+    ca, ca_key = pki.new_root_ca("atoll test upstream CA")
+    cert, key = pki.issue_server(ca, ca_key, ["api.atoll.test", "other.atoll.test"])
+    th = TestHost(UPSTREAM, ["{a}", "{b}", "{dir}"])
+    os.makedirs(th.dir, exist_ok=True)
+    for name, data in (("up.crt", cert + ca), ("up.key", key), ("ca.crt", ca)):
+        with open(th.path(name), "wb") as f:
+            f.write(data)
+    with th:
+        th.hosts = th.hosts_file([f"{th.a} api.atoll.test", f"{th.b} other.atoll.test"])
+        th.ca = ca
+        yield th
+
+
+@pytest.fixture(scope="module")
+def la(host, tmp_path_factory):
+    atoll = LocalAtoll(
+        home=tmp_path_factory.mktemp("atoll-secrets") / "home",
+        env={
+            "ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE,
+            "ATOLL_EXTRA_HOSTS": host.hosts,
+            "ATOLL_UPSTREAM_CA_FILE": host.path("ca.crt"),
+        },
+    )
+    atoll.start(timeout=600)
+    try:
+        yield atoll
+    finally:
+        atoll.stop(reap=True)
+
+
+@pytest.fixture(scope="module")
+def api(la):
+    with httpx.Client(base_url=la.url, headers=la.headers(), timeout=120) as c:
+        yield c
+
+
+@pytest.fixture
+def make(api):
+    made: list[str] = []
+
+    def _make(**body):
+        r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0, **body})
+        assert r.status_code == 201, r.text
+        made.append(r.json()["id"])
+        return r.json()
+
+    yield _make
+    for sid in made:
+        api.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.fixture
+def secret(api):
+    names: list[str] = []
+
+    def _secret(name, value=VALUE, hosts=("api.atoll.test",)):
+        r = api.post("/v1/secrets", json={"name": name, "value": value, "hosts": list(hosts)})
+        assert r.status_code == 201, r.text
+        names.append(name)
+        return r.json()
+
+    yield _secret
+    for n in names:
+        api.delete(f"/v1/secrets/{n}")
+
+
+def sh(api, sid: str, cmd: str, timeout: float = 30) -> dict:
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd, "timeout_s": timeout})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def seen(host) -> list[dict]:
+    try:
+        with open(host.path("seen.log")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def last_seen(host, path_part: str) -> dict:
+    for rec in reversed(seen(host)):
+        if path_part in rec["path"]:
+            return rec
+    raise AssertionError(f"the upstream saw no request for {path_part!r}: {seen(host)[-3:]}")
+
+
+NET = {"allow_out": ["api.atoll.test", "other.atoll.test"]}
+
+
+# ---- secrets -----------------------------------------------------------------------------------
+def test_a_secret_reaches_its_host_over_https_and_the_sandbox_sees_only_a_placeholder(
+    api, host, make, secret
+):
+    secret("tok1")
+    sb = make(network=NET, secrets={"TOKEN": "tok1"})
+    assert sb["secrets"] == {"TOKEN": "tok1"} and VALUE not in json.dumps(sb)
+    out = sh(api, sb["id"], "echo $TOKEN")
+    placeholder = out["stdout"].strip()
+    assert re.fullmatch(r"atoll_ph_[0-9a-f]{32}", placeholder), out
+    # curl trusts the installation's CA through the system bundle; python through SSL_CERT_FILE
+    out = sh(
+        api,
+        sb["id"],
+        'curl -sS -o /dev/null -w "%{http_code}" -H "Authorization: Bearer $TOKEN" '
+        '"https://api.atoll.test:8443/curl?key=$TOKEN&x=1"',
+    )
+    assert out["stdout"] == "200", out
+    rec = last_seen(host, "/curl")
+    assert rec["headers"]["authorization"] == f"Bearer {VALUE}"
+    assert rec["path"] == f"/curl?key={VALUE}&x=1"
+    code = (
+        "import os, urllib.request as u; r = u.Request('https://api.atoll.test:8443/py', "
+        "headers={'X-Api-Key': os.environ['TOKEN']}); print(u.urlopen(r, timeout=10).status)"
+    )
+    out = sh(api, sb["id"], f'python3 -c "{code}"')
+    assert out["stdout"].strip() == "200", out
+    assert last_seen(host, "/py")["headers"]["x-api-key"] == VALUE
+    # the value is nowhere in the sandbox: not in its env, files it can read, or any API answer
+    out = sh(
+        api,
+        sb["id"],
+        f"grep -rl {VALUE} /etc /tmp /root /proc/self/environ 2>/dev/null; env | grep -c {VALUE}",
+    )
+    assert out["stdout"].strip() == "0", out
+    assert VALUE not in api.get(f"/v1/sandboxes/{sb['id']}").text
+    assert VALUE not in api.get("/v1/secrets").text and VALUE not in api.get("/v1/secrets/tok1").text
+
+
+def test_a_placeholder_sent_to_another_host_stays_a_placeholder(api, host, make, secret):
+    secret("tok2")
+    sb = make(network=NET, secrets={"TOKEN": "tok2"})
+    placeholder = sh(api, sb["id"], "echo $TOKEN")["stdout"].strip()
+    out = sh(
+        api,
+        sb["id"],
+        'curl -sS -o /dev/null -w "%{http_code}" -H "X-Key: $TOKEN" http://other.atoll.test:8080/other?k=$TOKEN',
+    )
+    assert out["stdout"] == "200", out
+    rec = last_seen(host, "/other")
+    assert rec["headers"]["x-key"] == placeholder and rec["path"] == f"/other?k={placeholder}"
+    # other HTTPS is not intercepted: the sandbox sees the upstream's own certificate (which it
+    # does not trust), not one from the installation's CA
+    out = sh(
+        api,
+        sb["id"],
+        "curl -sS https://other.atoll.test:8443/x 2>&1; echo; curl -sk -o /dev/null -w %{http_code} https://other.atoll.test:8443/k",
+    )
+    assert "certificate" in out["stdout"].lower() and out["stdout"].endswith("200"), out
+    assert last_seen(host, "/k")["headers"].get("x-key") is None
+
+
+def test_plain_http_is_substituted_and_rotation_and_deletion_apply_live(api, host, make, secret):
+    secret("tok3")
+    sb = make(network=NET, secrets={"TOKEN": "tok3"})
+    placeholder = sh(api, sb["id"], "echo $TOKEN")["stdout"].strip()
+    req = 'curl -sS -o /dev/null -H "X-Key: $TOKEN" http://api.atoll.test:8080/{}'
+    sh(api, sb["id"], req.format("v1"))
+    assert last_seen(host, "/v1")["headers"]["x-key"] == VALUE
+    r = api.put("/v1/secrets/tok3", json={"value": "rotated-value-2", "hosts": ["api.atoll.test"]})
+    assert r.status_code == 200 and "rotated" not in r.text
+    sh(api, sb["id"], req.format("v2"))
+    assert last_seen(host, "/v2")["headers"]["x-key"] == "rotated-value-2"
+    assert api.delete("/v1/secrets/tok3").status_code == 204
+    sh(api, sb["id"], req.format("v3"))
+    assert last_seen(host, "/v3")["headers"]["x-key"] == placeholder
+
+
+def test_secret_bad_input_gets_clear_errors(api, secret):
+    secret("dup")
+    r = api.post("/v1/secrets", json={"name": "dup", "value": "x", "hosts": ["a.example"]})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "secret_exists"
+    for body, needle in (
+        ({"name": "bad name", "value": "v", "hosts": ["a.example"]}, "bad name"),
+        ({"name": "n1", "value": "a\r\nX-Evil: 1", "hosts": ["a.example"]}, "control character"),
+        ({"name": "n1", "value": "v", "hosts": ["10.0.0.1"]}, "10.0.0.1"),
+        ({"name": "n1", "value": "v", "hosts": []}, "hosts"),
+        ({"name": "n1", "value": "", "hosts": ["a.example"]}, "value"),
+    ):
+        r = api.post("/v1/secrets", json=body)
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+    r = api.post("/v1/sandboxes", json={"secrets": {"TOKEN": "nope"}})
+    assert r.status_code == 400 and "'nope'" in r.json()["error"]["message"]
+    r = api.post("/v1/sandboxes", json={"env": {"TOKEN": "x"}, "secrets": {"TOKEN": "dup"}})
+    assert r.status_code == 400 and "both env and secrets" in r.json()["error"]["message"]
+    assert api.delete("/v1/secrets/never").status_code == 404
+    names = [s["name"] for s in api.get("/v1/secrets").json()["items"]]
+    assert "dup" in names and "n1" not in names
+
+
+# ---- previews ----------------------------------------------------------------------------------
+WEB = r"""
+import http.server, socketserver, sys, threading, time
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        if self.path.startswith("/stream"):
+            self.send_response(200); self.send_header("transfer-encoding", "chunked"); self.end_headers()
+            for i in range(3):
+                part = f"part{i};".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part)); self.wfile.flush(); time.sleep(0.3)
+            self.wfile.write(b"0\r\n\r\n"); return
+        if self.headers.get("Upgrade") == "echo":
+            self.send_response(101); self.send_header("Upgrade", "echo"); self.send_header("Connection", "Upgrade")
+            self.end_headers(); self.wfile.flush()
+            while True:
+                data = self.connection.recv(1000)
+                if not data: return
+                self.connection.sendall(data.upper())
+        body = f"hello {self.path} token={self.headers.get('Atoll-Access-Token')}".encode()
+        self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+S(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def serve_web(api, sid: str, port: int = 8080) -> None:
+    r = api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/srv/web.py"}, content=WEB.encode())
+    assert r.status_code in (200, 201, 204), r.text
+    r = api.post(
+        f"/v1/sandboxes/{sid}/exec", json={"cmd": ["python3", "/srv/web.py", str(port)], "background": True}
+    )
+    assert r.status_code in (200, 201), r.text
+    for _ in range(50):
+        if (
+            sh(
+                api,
+                sid,
+                f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 1)\" && echo up",
+            )["stdout"].strip()
+            == "up"
+        ):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the web server in the sandbox did not start")
+
+
+def ctx_for(la) -> ssl.SSLContext:
+    home = la.home if hasattr(la, "home") else None
+    ctx = ssl.create_default_context(cafile=os.path.join(str(home), "ca", "root.crt"))
+    return ctx
+
+
+def get(la, headers: dict, target: str = "/", host: str | None = None, timeout: float = 30) -> httpx.Response:
+    """One request to the ingress router (TLS verified with the installation's CA; SNI = `host`
+    or none)."""
+    ctx = ctx_for(la)
+    url = f"https://{host or '127.0.0.1'}:{la.ingress_port}{target}"
+    transport = httpx.HTTPTransport(verify=ctx)
+    with httpx.Client(transport=transport, timeout=timeout) as c:
+        if host:
+            # resolve the preview name to loopback ourselves: no DNS is asked
+            return c.get(
+                f"https://127.0.0.1:{la.ingress_port}{target}",
+                headers={**headers, "Host": host},
+                extensions={"sni_hostname": host},
+            )
+        return c.get(url, headers=headers)
+
+
+def test_preview_private_by_default_token_signed_url_and_public(api, la, make):
+    a, b = make(), make()
+    serve_web(api, a["id"])
+    pv = api.get(f"/v1/sandboxes/{a['id']}/preview/8080").json()
+    assert pv["url"] == f"https://8080-{a['id']}.atoll.localhost:{la.ingress_port}/" and pv["public"] is False
+    route = {"Atoll-Sandbox-Id": a["id"], "Atoll-Sandbox-Port": "8080"}
+    r = get(la, route, "/x")
+    assert r.status_code == 401 and "Atoll-Access-Token" in r.text
+    r = get(la, {**route, "Atoll-Access-Token": pv["token"]}, "/x")
+    assert r.status_code == 200 and r.text == "hello /x token=None"  # the token is not passed on
+    # by host name, with SNI, as a browser with wildcard DNS would
+    host = f"8080-{a['id']}.atoll.localhost"
+    r = get(la, {"Atoll-Access-Token": pv["token"]}, "/by-name", host=host)
+    assert r.status_code == 200 and r.text.startswith("hello /by-name"), r.text
+    # another sandbox's token does not open this one
+    other = api.get(f"/v1/sandboxes/{b['id']}/preview/8080").json()["token"]
+    r = get(la, {**route, "Atoll-Access-Token": other}, "/x")
+    assert r.status_code == 403
+    # a signed URL works without a header and sets a cookie; an expired one is refused
+    signed = pv["signed_url"].split(str(la.ingress_port), 1)[1].replace("/?", "/s?")
+    r = get(la, route, signed)
+    assert r.status_code == 200 and r.text == "hello /s token=None"
+    assert "atoll_preview=" in r.headers.get("set-cookie", "")
+    cookie = r.headers["set-cookie"].split(";")[0]
+    assert get(la, {**route, "Cookie": cookie}, "/c").status_code == 200
+    exp = int(time.time()) - 10
+    bad = re.sub(r"atoll_expires=\d+", f"atoll_expires={exp}", signed)
+    r = get(la, route, bad)
+    assert r.status_code == 403 and "expired" in r.text
+    # a public port needs nothing; it can be made private again
+    r = api.put(f"/v1/sandboxes/{a['id']}/preview/8080", json={"public": True})
+    assert r.status_code == 200 and r.json()["public"] is True
+    assert get(la, route, "/p").status_code == 200
+    api.put(f"/v1/sandboxes/{a['id']}/preview/8080", json={"public": False})
+    assert get(la, route, "/p").status_code == 401
+    # nothing listens: a clear 502; no such sandbox: 404; bad input: 400
+    r = get(la, {"Atoll-Sandbox-Id": a["id"], "Atoll-Sandbox-Port": "9", "Atoll-Access-Token": pv["token"]})
+    assert r.status_code == 502 and "port 9" in r.text
+    assert get(la, {"Atoll-Sandbox-Id": "sb-0000000000000000", "Atoll-Sandbox-Port": "80"}).status_code == 404
+    assert get(la, {"Atoll-Sandbox-Id": a["id"], "Atoll-Sandbox-Port": "99999"}).status_code == 400
+    assert api.get(f"/v1/sandboxes/{a['id']}/preview/0").status_code == 400
+
+
+def test_streaming_and_websocket_upgrade_pass_through(api, la, make):
+    a = make()
+    serve_web(api, a["id"])
+    token = api.get(f"/v1/sandboxes/{a['id']}/preview/8080").json()["token"]
+    headers = {"Atoll-Sandbox-Id": a["id"], "Atoll-Sandbox-Port": "8080", "Atoll-Access-Token": token}
+    with httpx.Client(verify=ctx_for(la), timeout=30) as c:
+        with c.stream("GET", f"https://127.0.0.1:{la.ingress_port}/stream", headers=headers) as r:
+            t0, arrivals = time.monotonic(), []
+            for chunk in r.iter_raw():
+                arrivals.append((time.monotonic() - t0, chunk))
+        assert b"".join(c for _, c in arrivals) == b"part0;part1;part2;"
+        assert arrivals[0][0] < 0.25 and arrivals[-1][0] > 0.5, arrivals  # the first part came early
+
+    async def upgrade():
+        r, w = await asyncio.open_connection(
+            "127.0.0.1", la.ingress_port, ssl=ctx_for(la), server_hostname=None
+        )
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        w.write(f"GET /ws HTTP/1.1\r\nHost: x\r\n{head}Upgrade: echo\r\nConnection: Upgrade\r\n\r\n".encode())
+        status = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
+        w.write(b"ping")
+        echo = await asyncio.wait_for(r.readexactly(4), 10)
+        w.close()
+        return status, echo
+
+    status, echo = asyncio.run(upgrade())
+    assert status.startswith(b"HTTP/1.1 101") and echo == b"PING"
+
+
+def _metric(api, verb: str) -> float:
+    text = api.get("/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("atoll_lifecycle_duration_seconds_count") and f'verb="{verb}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_a_burst_to_a_sandbox_in_standby_shares_one_resume(api, la, make, tier):
+    a = make()
+    serve_web(api, a["id"])
+    token = api.get(f"/v1/sandboxes/{a['id']}/preview/8080").json()["token"]
+    headers = {"Atoll-Sandbox-Id": a["id"], "Atoll-Sandbox-Port": "8080", "Atoll-Access-Token": token}
+    r = api.post(f"/v1/sandboxes/{a['id']}/pause", json={"tier": tier})
+    assert r.status_code == 200 and r.json()["standby_tier"] == tier, r.text
+    before = _metric(api, f"resume_{tier}")
+
+    async def burst():
+        async with httpx.AsyncClient(verify=ctx_for(la), timeout=60) as c:
+            return await asyncio.gather(
+                *(c.get(f"https://127.0.0.1:{la.ingress_port}/b{i}", headers=headers) for i in range(20))
+            )
+
+    answers = asyncio.run(burst())
+    assert [r.status_code for r in answers] == [200] * 20, [r.text for r in answers if r.status_code != 200]
+    assert all(r.text.startswith(f"hello /b{i}") for i, r in enumerate(answers))
+    assert _metric(api, f"resume_{tier}") - before == 1
+    assert api.get(f"/v1/sandboxes/{a['id']}").json()["state"] == "running"
+
+
+def test_an_idle_kept_preview_connection_does_not_pin_the_sandbox_in_memory(api, la, make):
+    a = make()
+    serve_web(api, a["id"])
+    token = api.get(f"/v1/sandboxes/{a['id']}/preview/8080").json()["token"]
+    headers = {"Atoll-Sandbox-Id": a["id"], "Atoll-Sandbox-Port": "8080", "Atoll-Access-Token": token}
+    with httpx.Client(verify=ctx_for(la), timeout=60) as c:
+        url = f"https://127.0.0.1:{la.ingress_port}"
+        assert c.get(url + "/one", headers=headers).status_code == 200  # kept alive by httpx
+        time.sleep(1.5)  # idle: no request or response in flight
+        r = api.post(f"/v1/sandboxes/{a['id']}/pause", json={"tier": "disk"})
+        assert r.status_code == 200 and r.json()["standby_tier"] == "disk", r.text
+        # the same client connection goes on: the router reconnects after the resume
+        r = c.get(url + "/two", headers=headers)
+        assert r.status_code == 200 and r.text.startswith("hello /two"), r.text
+
+
+def test_the_router_speaks_tls_only_and_refuses_garbage(la):
+    s = socket.create_connection(("127.0.0.1", la.ingress_port), timeout=5)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b"TLS only" in s.recv(1000)
+    s.close()
+    s = socket.create_connection(("127.0.0.1", la.ingress_port), timeout=5)
+    s.sendall(b"\x16\x03\x01\x00\x05hello-not-a-client-hello")
+    s.settimeout(5)
+    try:
+        data = s.recv(1000)
+    except (ConnectionResetError, TimeoutError):
+        data = b""
+    s.close()
+    assert b"HTTP" not in data
+    r = get(la, {"X-Big": "a" * 70000})
+    assert r.status_code == 431
