@@ -426,3 +426,36 @@ def test_two_workers_on_one_machine(tmp_path):
         while c.post(f"/v1/sandboxes/{one}/exec", json={"cmd": "true"}).status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.5)
+
+
+def test_a_preview_and_a_secret_reach_a_sandbox_on_a_separate_worker(cluster):
+    """The ingress router (beside the server) reaches the sandbox through the worker's tunnel;
+    the secret binding and the installation's CA travel to the worker over HTTP."""
+    import ssl
+
+    with _client(cluster) as c:
+        assert c.post("/v1/secrets", json={"name": "k", "value": "v-123", "hosts": ["x.test"]}).status_code == 201
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "secrets": {"K": "k"}}).json()["id"]
+        assert _exec(c, sid, "echo $K")["stdout"].startswith("atoll_ph_")
+        assert _exec(c, sid, "test -s /etc/atoll/ca.crt && echo ca")["stdout"] == "ca\n"
+        _exec(c, sid, "echo preview-ok > /root/index.html")
+        r = c.post(
+            f"/v1/sandboxes/{sid}/exec",
+            json={"cmd": ["python3", "-m", "http.server", "8080", "-d", "/root"], "background": True},
+        )
+        assert r.status_code in (200, 201), r.text
+        pv = c.get(f"/v1/sandboxes/{sid}/preview/8080").json()
+        ctx = ssl.create_default_context(cafile=os.path.join(cluster.server.home, "ca", "root.crt"))
+        headers = {"Atoll-Sandbox-Id": sid, "Atoll-Sandbox-Port": "8080", "Atoll-Access-Token": pv["token"]}
+        url = f"https://127.0.0.1:{cluster.server.ingress_port}/index.html"
+        with httpx.Client(verify=ctx, timeout=30) as web:
+            for _ in range(50):
+                r = web.get(url, headers=headers)
+                if r.status_code == 200:
+                    break
+                time.sleep(0.1)
+            assert r.status_code == 200 and r.text == "preview-ok\n", r.text
+            assert c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"}).status_code == 200
+            r = web.get(url, headers=headers)
+            assert r.status_code == 200 and r.text == "preview-ok\n"
+        c.delete("/v1/secrets/k")
