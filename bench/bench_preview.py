@@ -73,7 +73,11 @@ def main() -> None:
             ).raise_for_status()
             time.sleep(1.0)
             pv = a.api.get(f"/v1/sandboxes/{sid}/preview/8080").json()
-            headers = {"Atoll-Sandbox-Id": sid, "Atoll-Sandbox-Port": "8080", "Atoll-Access-Token": pv["token"]}
+            headers = {
+                "Atoll-Sandbox-Id": sid,
+                "Atoll-Sandbox-Port": "8080",
+                "Atoll-Access-Token": pv["token"],
+            }
             ctx = ssl.create_default_context(cafile=os.path.join(a.home, "ca", "root.crt"))
             port = a.local.ingress_port
 
@@ -98,7 +102,11 @@ def main() -> None:
             res["request"]["router_added_p50_ms"] = round(
                 res["request"]["router"]["p50"] - res["request"]["direct"]["p50"], 3
             )
-            wake: dict[str, list[float]] = {"memory_kept_conn": [], "memory_new_conn": [], "disk_kept_conn": []}
+            wake: dict[str, list[float]] = {
+                "memory_kept_conn": [],
+                "memory_new_conn": [],
+                "disk_kept_conn": [],
+            }
             for i in range(args.wakes):
                 kept = i % 2 == 0
                 a.api.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"}).raise_for_status()

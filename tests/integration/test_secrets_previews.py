@@ -457,3 +457,19 @@ def test_the_router_speaks_tls_only_and_refuses_garbage(la):
     assert b"HTTP" not in data
     r = get(la, {"X-Big": "a" * 70000})
     assert r.status_code == 431
+
+
+def test_refusals_are_counted_per_sandbox(api, make):
+    sb = make(network={"allow_out": ["api.atoll.test"]})
+    sh(
+        api,
+        sb["id"],
+        "curl -s -m 5 -o /dev/null http://other.atoll.test:8080/ ; curl -s -m 5 -o /dev/null http://api.atoll.test:8080/ok; true",
+    )
+    deadline = time.monotonic() + 30  # the worker reports usage every few seconds
+    while time.monotonic() < deadline:
+        egress = api.get(f"/v1/sandboxes/{sb['id']}").json()["egress"]
+        if egress["allowed"] >= 1 and egress["dns_refused"] >= 1:
+            break
+        time.sleep(0.5)
+    assert egress["allowed"] >= 1 and egress["dns_refused"] >= 1, egress

@@ -434,7 +434,10 @@ def test_a_preview_and_a_secret_reach_a_sandbox_on_a_separate_worker(cluster):
     import ssl
 
     with _client(cluster) as c:
-        assert c.post("/v1/secrets", json={"name": "k", "value": "v-123", "hosts": ["x.test"]}).status_code == 201
+        assert (
+            c.post("/v1/secrets", json={"name": "k", "value": "v-123", "hosts": ["x.test"]}).status_code
+            == 201
+        )
         sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "secrets": {"K": "k"}}).json()["id"]
         assert _exec(c, sid, "echo $K")["stdout"].startswith("atoll_ph_")
         assert _exec(c, sid, "test -s /etc/atoll/ca.crt && echo ca")["stdout"] == "ca\n"

@@ -44,7 +44,8 @@ TOO_LARGE = http.error_responses({413: "payload_too_large: the JSON body is over
 
 
 def view(request: Request, rec) -> dict:
-    return schemas.sandbox_view(rec, ctx(request).manager.workers.name_of(rec.worker_id))
+    manager = ctx(request).manager
+    return schemas.sandbox_view(rec, manager.workers.name_of(rec.worker_id), manager.usage.get(rec.id))
 
 
 def answer(request: Request, rec, status: int = 200) -> Response:

@@ -225,7 +225,7 @@ def iso(t):
     return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).isoformat()
 
 
-def sandbox_view(rec: dbm.SandboxRecord, worker: str | None) -> dict:
+def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.Usage | None = None) -> dict:
     return {
         "id": rec.id,
         "tenant_id": rec.tenant_id,
@@ -240,6 +240,11 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None) -> dict:
         "network": rec.network or {"allow_out": [], "deny_out": []},
         "secrets": {var: b["secret"] for var, b in (rec.secrets or {}).items()},
         "public_ports": sorted((rec.previews or {}).get("public", [])),
+        "egress": {
+            "allowed": usage.egress_allowed if usage else 0,
+            "refused": usage.egress_refused if usage else 0,
+            "dns_refused": usage.dns_refused if usage else 0,
+        },
         "memory_mb": rec.memory_mb,
         "cpus": rec.cpus,
         "disk_mb": rec.disk_mb,
@@ -267,6 +272,12 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class EgressCounts(BaseModel):
+    allowed: int = Field(description="Connections let through")
+    refused: int = Field(description="Connections refused (each is also logged, rate-limited)")
+    dns_refused: int = Field(description="DNS questions answered REFUSED")
+
+
 class Sandbox(BaseModel):
     id: str
     tenant_id: str
@@ -281,6 +292,10 @@ class Sandbox(BaseModel):
     network: NetworkPolicy
     secrets: dict[str, str] = Field(description="{ENV: secret_name}; the values are never shown")
     public_ports: list[int] = Field(description="Ports its preview URLs serve without a token")
+    egress: EgressCounts = Field(
+        description="Its egress gateway's counts since the sandbox's network was attached, as of the "
+        "worker's last usage report (every few seconds while it runs)"
+    )
     memory_mb: int
     cpus: float
     disk_mb: int

@@ -304,6 +304,12 @@ class Usage:
     cpu_seconds: float
     memory_bytes: int
     host_tasks: int
+    egress_allowed: int = 0
+    """Connections its egress gateway let through since the worker attached it."""
+    egress_refused: int = 0
+    """Connections the gateway refused (policy, never-reachable, limits, failed upstreams)."""
+    dns_refused: int = 0
+    """DNS questions the gateway answered REFUSED (names no policy entry could allow)."""
 
 
 @dataclass(frozen=True)

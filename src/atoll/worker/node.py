@@ -420,7 +420,12 @@ class Node:
             if rt.phase == Phase.RUNNING and not rt.temporary:
                 u = cgroups.usage(rt.cgroup(self.install_id))
                 if u is not None:
-                    items.append(api.Usage(rt.sandbox_id, round(u[0], 3), u[1], u[2]))
+                    n = self.edge.gateway.stats(rt.sandbox_id)
+                    items.append(
+                        api.Usage(
+                            rt.sandbox_id, round(u[0], 3), u[1], u[2], n.allowed, n.refused, n.dns_refused
+                        )
+                    )
         if items:
             self.hub.emit(api.UsageReport(tuple(items)))
 
