@@ -36,6 +36,8 @@ lock = threading.Lock()
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path.startswith("/slow"):
+            import time; time.sleep(4)
         seen = {"host": self.server.server_address[0], "port": self.server.server_address[1],
                 "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
         with lock, open(d + "/seen.log", "a") as f:
@@ -473,3 +475,120 @@ def test_refusals_are_counted_per_sandbox(api, make):
             break
         time.sleep(0.5)
     assert egress["allowed"] >= 1 and egress["dns_refused"] >= 1, egress
+
+
+KEPT = r"""
+import os, socket, sys
+s = socket.create_connection(("api.atoll.test", 8080), timeout=10)
+ph = os.environ["TOKEN"]
+def ask(host, path):
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nX-Key: {ph}\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    n = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+    while len(body) < n:
+        body += s.recv(65536)
+    print(head.split(b"\r\n")[0].decode(), body[:n].decode().strip())
+ask("api.atoll.test", "/kept-first")
+ask("other.atoll.test", "/kept-second")
+"""
+
+
+def test_every_request_on_a_kept_connection_is_checked_for_its_host(api, host, make, secret):
+    """A second request with another Host on a kept-alive connection never reaches the address
+    (it was checked for the first name) and gets no secret."""
+    secret("tok4")
+    sb = make(network=NET, secrets={"TOKEN": "tok4"})
+    r = api.put(f"/v1/sandboxes/{sb['id']}/files", params={"path": "/root/kept.py"}, content=KEPT.encode())
+    assert r.status_code == 204
+    out = sh(api, sb["id"], "python3 /root/kept.py")
+    lines = out["stdout"].strip().splitlines()
+    assert lines[0].startswith("HTTP/1.1 200") and lines[1].startswith("HTTP/1.1 403"), out
+    assert "opened for 'api.atoll.test'" in lines[1]
+    assert last_seen(host, "/kept-first")["headers"]["x-key"] == VALUE
+    assert not [r for r in seen(host) if "/kept-second" in r["path"]]
+    # over HTTPS too: SNI api.atoll.test with Host other.atoll.test
+    out = sh(
+        api,
+        sb["id"],
+        'curl -s -H "Host: other.atoll.test" -H "X-Key: $TOKEN" https://api.atoll.test:8443/sni-host',
+    )
+    assert "opened for 'api.atoll.test'" in out["stdout"], out
+    assert not [r for r in seen(host) if "/sni-host" in r["path"]]
+
+
+def test_a_request_waiting_for_its_answer_keeps_the_sandbox_in_memory(api, host, make):
+    sb = make(network=NET)
+    r = api.post(
+        f"/v1/sandboxes/{sb['id']}/exec",
+        json={
+            "cmd": "curl -s -o /root/slow.out -w %{http_code} http://api.atoll.test:8080/slow > /root/slow.code",
+            "background": True,
+        },
+    )
+    assert r.status_code in (200, 201), r.text
+    time.sleep(1.8)  # no byte moves while the upstream thinks: the request is in flight all the same
+    r = api.post(f"/v1/sandboxes/{sb['id']}/pause", json={"tier": "disk"})
+    assert r.status_code == 200, r.text
+    assert r.json()["standby_tier"] == "memory" and r.json()["standby_reason"], r.json()
+    time.sleep(3)
+    for _ in range(50):
+        code = sh(api, sb["id"], "cat /root/slow.code 2>/dev/null")["stdout"]
+        if code:
+            break
+        time.sleep(0.2)
+    assert code == "200"
+
+
+def test_the_guest_agents_port_is_never_a_preview(api, la, make):
+    a = make()
+    for call in (
+        lambda: api.get(f"/v1/sandboxes/{a['id']}/preview/49999"),
+        lambda: api.put(f"/v1/sandboxes/{a['id']}/preview/49999", json={"public": True}),
+    ):
+        r = call()
+        assert r.status_code == 400 and "guest agent" in r.text, r.text
+    token = api.get(f"/v1/sandboxes/{a['id']}/preview/8080").json()["token"]
+    r = get(
+        la, {"Atoll-Sandbox-Id": a["id"], "Atoll-Sandbox-Port": "49999", "Atoll-Access-Token": token}, "/exec"
+    )
+    assert r.status_code == 400 and "guest agent" in r.text
+    r = get(la, {"Atoll-Access-Token": token}, "/health", host=f"49999-{a['id']}.atoll.localhost")
+    assert r.status_code == 400
+    assert api.put(f"/v1/sandboxes/{a['id']}/preview/8080", json={"public": "yes"}).status_code == 400
+
+
+def test_secrets_cannot_take_variables_programs_rely_on(api, secret):
+    secret("tok5")
+    for var in ("PATH", "SSL_CERT_FILE", "ATOLL_X"):
+        r = api.post("/v1/sandboxes", json={"secrets": {var: "tok5"}})
+        assert r.status_code == 400 and var in r.json()["error"]["message"], r.text
+
+
+def test_the_router_refuses_ambiguous_requests(api, la, make):
+    a = make()
+    serve_web(api, a["id"])
+    token = api.get(f"/v1/sandboxes/{a['id']}/preview/8080").json()["token"]
+
+    async def raw(data: bytes) -> bytes:
+        r, w = await asyncio.open_connection(
+            "127.0.0.1", la.ingress_port, ssl=ctx_for(la), server_hostname=None
+        )
+        w.write(data)
+        out = await asyncio.wait_for(r.read(4000), 10)
+        w.close()
+        return out
+
+    base = f"Atoll-Sandbox-Port: 8080\r\nAtoll-Access-Token: {token}\r\n"
+    twice = f"GET / HTTP/1.1\r\nHost: x\r\nAtoll-Sandbox-Id: {a['id']}\r\nAtoll-Sandbox-Id: sb-other\r\n{base}\r\n"
+    assert b"400" in asyncio.run(raw(twice.encode())).split(b"\r\n")[0]
+    smuggle = (
+        f"POST / HTTP/1.1\r\nHost: x\r\nAtoll-Sandbox-Id: {a['id']}\r\n{base}Content-Length: 5\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    )
+    assert b"400" in asyncio.run(raw(smuggle.encode())).split(b"\r\n")[0]

@@ -692,3 +692,27 @@ async def test_plain_relay_ends_when_the_client_closes(plain, net):
     assert response.status_code == 200
     client.writer.close()
     await eventually(lambda: not net.tasks)
+
+
+async def test_a_request_for_another_host_on_an_intercepted_connection_is_refused(https):
+    upstream, connect = https
+    client = await connect()
+    response, _ = await client.get("/first", [("X-Key", PH_KEY)])
+    assert response.status_code == 200
+    # the same connection (SNI api.test), another Host: never sent, never substituted
+    status, body = await client.raw_answer(
+        f"GET /second HTTP/1.1\r\nHost: evil.test\r\nX-Key: {PH_KEY}\r\n\r\n".encode()
+    )
+    assert status == 403 and b"opened for 'api.test'" in body and b"REAL" not in body
+    assert [s["target"] for s in upstream.seen] == ["/first"]
+
+
+async def test_content_length_and_transfer_encoding_together_are_refused(https):
+    upstream, connect = https
+    client = await connect()
+    status, body = await client.raw_answer(
+        b"POST /sm HTTP/1.1\r\nHost: api.test\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: api.test\r\n\r\n"
+    )
+    assert status == 400 and b"Content-Length and Transfer-Encoding" in body
+    assert upstream.seen == []

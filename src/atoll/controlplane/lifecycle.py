@@ -26,7 +26,7 @@ from atoll.controlplane import metrics
 from atoll.controlplane.authority import Authority
 from atoll.controlplane.secrets import SecretStore
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
-from atoll.core import errors, ids, netpolicy, placement
+from atoll.core import errors, ids, netpolicy, placement, preview
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import (
     FAILED,
@@ -307,6 +307,10 @@ class SandboxManager:
                     log.warning("secret bindings not delivered: %s", e.message, extra={"sandbox_id": rec.id})
 
     def set_preview(self, sid: str, port: int, public: bool) -> dbm.SandboxRecord:
+        try:
+            preview.check_port(port)
+        except preview.BadTarget as e:
+            raise errors.InvalidRequest(str(e)) from None
         rec = self.get(sid)
         if rec.state in (State.DELETED,):
             raise errors.SandboxNotFound(f"sandbox {sid} was deleted")

@@ -98,7 +98,10 @@ class Previews:
     # ---- the API's side ------------------------------------------------------------------------
     def describe(self, sid: str, port: int, expires_in_s: float | None = None) -> dict:
         rec = self._record(sid)
-        preview.check_port(port)
+        try:
+            preview.check_port(port)
+        except preview.BadTarget as e:
+            raise errors.InvalidRequest(str(e)) from None
         ttl = SIGNED_URL_S if expires_in_s is None else expires_in_s
         if not 1 <= ttl <= MAX_SIGNED_URL_S:
             raise errors.InvalidRequest(

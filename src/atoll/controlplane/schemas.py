@@ -204,7 +204,7 @@ class SecretList(BaseModel):
 class PreviewUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    public: bool = Field(..., description="Serve this port without a token")
+    public: pydantic.StrictBool = Field(..., description="Serve this port without a token")
 
 
 class Preview(BaseModel):

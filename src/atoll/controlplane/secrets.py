@@ -26,6 +26,24 @@ MAX_VALUE_BYTES = 64 * 1024
 MAX_HOSTS = 64
 MAX_PER_SANDBOX = 64
 PLACEHOLDER_PREFIX = "atoll_ph_"
+RESERVED_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "SHELL",
+        "PWD",
+        "HOSTNAME",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+    }
+)
+"""Variables a placeholder must not replace: the sandbox's programs or atoll's CA depend on them."""
 
 
 def load_key(home: str, path: str | None) -> bytes:
@@ -219,6 +237,11 @@ class SecretStore:
                 )
             if var in env:
                 raise errors.InvalidRequest(f"{var!r} is in both env and secrets; give it in one of them")
+            if var in RESERVED_ENV or var.startswith("ATOLL_"):
+                raise errors.InvalidRequest(
+                    f"secrets key {var!r} is a variable the sandbox's programs or atoll rely on; give the "
+                    "secret another variable name"
+                )
             check_name(name, f"secrets.{var}")
             if self.db.get_secret(tenant, name) is None:
                 raise errors.InvalidRequest(

@@ -28,6 +28,9 @@ EXPIRES_PARAM = "atoll_expires"
 SIGNATURE_PARAM = "atoll_signature"
 COOKIE = "atoll_preview"
 _SID = re.compile(r"^sb-[a-z0-9]{1,40}$")
+RESERVED_PORTS = frozenset({49999})
+"""Ports no preview reaches: the guest agent's (worker.bundle.AGENT_PORT), which runs commands as
+root for the worker. A test keeps the two in step."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class BadTarget(ValueError):
 def check_port(port: object) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise BadTarget(f"port {port!r} is not a TCP port (1-65535)")
+    if port in RESERVED_PORTS:
+        raise BadTarget(f"port {port} is the guest agent's, atoll's own; no preview reaches it")
     return port
 
 

@@ -25,6 +25,7 @@ import dataclasses
 import fcntl
 import ipaddress
 import logging
+import os
 import socket
 import struct
 import termios
@@ -75,6 +76,11 @@ class _Conn:
     upstream: asyncio.StreamWriter | None = None
     last_io: float = dataclasses.field(default_factory=time.monotonic)
     sandbox_closed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    in_flight: bool = False
+    """A request relayed request by request (plain HTTP, intercepted HTTPS) awaits its answer."""
+
+    def busy(self, now: float, idle_s: float) -> bool:
+        return self.in_flight or now - self.last_io < idle_s
 
     def abort(self) -> None:
         if self.upstream is not None:
@@ -185,7 +191,7 @@ class Gateway:
         if att is None:
             return 0
         now = time.monotonic()
-        return sum(1 for c in att.relayed if now - c.last_io < idle_s)
+        return sum(1 for c in att.relayed if c.busy(now, idle_s))
 
     def last_io(self, sid: str) -> float:
         """When a byte of the sandbox's last moved through the gateway (monotonic; 0 = never)."""
@@ -205,7 +211,7 @@ class Gateway:
             reset += 1
         att.deciding.clear()
         for c in list(att.relayed):
-            if now - c.last_io < idle_s:
+            if c.busy(now, idle_s):
                 busy += 1
             else:
                 c.abort()
@@ -340,7 +346,9 @@ class Gateway:
                 return
             local = (self.egress_source, 0) if self.egress_source else None
             bindings = intercept.bindings_for(name, att.bindings) if name and att.bindings else ()
-            if bindings and proto in ("tls", "http"):
+            # plain HTTP always goes request by request (each one's Host is checked: a request for
+            # another name needs a connection of its own); TLS only to a secret's hosts
+            if proto == "http" or (bindings and proto == "tls"):
                 await self._intercept(
                     att, conn, reader, writer, head, proto, name or "", ip, port, bindings, local
                 )
@@ -400,21 +408,28 @@ class Gateway:
         bindings: tuple[intercept.Binding, ...],
         local: tuple[str, int] | None,
     ) -> None:
-        """A connection to a secret's host: HTTP(S) is relayed request by request, with the
-        placeholders of these bindings replaced (gateway.intercept). HTTPS is terminated with a
-        leaf from the installation's CA, which the sandbox trusts, and re-encrypted upstream."""
+        """Plain HTTP, and HTTPS to a secret's host: relayed request by request (gateway.intercept),
+        each request's Host checked against the connection's name, the placeholders of these
+        bindings replaced. HTTPS is terminated with a leaf from the installation's CA, which the
+        sandbox trusts, and re-encrypted upstream. A request in flight keeps the connection busy
+        (no reset before a checkpoint, however long the upstream takes to answer)."""
         target = f"{name!r} ({ip}:{port})"
 
         def touch() -> None:
             conn.last_io = att.last_io = time.monotonic()
+
+        def flight(on: bool) -> None:
+            conn.in_flight = on
+            touch()
 
         if proto == "tls" and self.leaves is None:
             att.counters.refused += 1
             self._log_refusal(att, target, "the worker has no CA yet to intercept HTTPS to a secret's host")
             return
         att.counters.allowed += 1
-        att.counters.intercepted += 1
-        log.debug("egress intercepted: %s", target, extra={"sandbox_id": att.sid})
+        if bindings:
+            att.counters.intercepted += 1
+            log.debug("egress intercepted: %s", target, extra={"sandbox_id": att.sid})
         att.relayed.add(conn)
         if proto == "tls":
             assert self.leaves is not None
@@ -430,6 +445,7 @@ class Gateway:
                 local_addr=local,
                 bindings=bindings,
                 touch=touch,
+                flight=flight,
             )
             return
         try:
@@ -450,6 +466,8 @@ class Gateway:
                 tlsstream.PlainStream(up_r, up_w),
                 bindings,
                 touch,
+                name=name,
+                flight=flight,
             )
         finally:
             up_w.transport.abort()
@@ -554,6 +572,18 @@ async def _first_bytes(reader: asyncio.StreamReader) -> tuple[bytes, str, str | 
 
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached) -> None:
+    """Relay src to dst until src's end: splice(2) between the two sockets when both are plain
+    stream sockets of a selector loop (zero-copy, as fast as the kernel moves them), else read and
+    write through the streams."""
+    src_t, dst_t = getattr(src, "_transport", None), dst.transport
+    if (
+        _SPLICE
+        and isinstance(src, asyncio.StreamReader)
+        and isinstance(src_t, _SocketTransport)
+        and isinstance(dst_t, _SocketTransport)
+    ):
+        await _splice(src, src_t, dst, dst_t, conn, att)
+        return
     while True:
         data = await src.read(_CHUNK)
         if not data:
@@ -561,6 +591,210 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Con
         conn.last_io = att.last_io = time.monotonic()
         dst.write(data)
         await dst.drain()
+
+
+_SPLICE = hasattr(os, "splice") and hasattr(asyncio.selector_events.BaseSelectorEventLoop, "_add_reader")
+_SocketTransport = getattr(asyncio.selector_events, "_SelectorSocketTransport", ())
+_PIPES: list[tuple[int, int]] = []
+"""Empty pipes for splice, kept for the next chunk of any connection (an idle one holds none)."""
+_PIPES_KEPT = 32
+_SHORT = 64 * 1024
+"""A chunk shorter than this was all there was (a request, an answer): wait for the next."""
+_BUDGET = 4 * 1024 * 1024
+"""What one direction moves per turn of the event loop before the other connections' turn."""
+
+
+async def _splice(
+    src: asyncio.StreamReader,
+    src_t: asyncio.Transport,
+    dst: asyncio.StreamWriter,
+    dst_t: asyncio.Transport,
+    conn: _Conn,
+    att: _Attached,
+) -> None:
+    """One direction in the kernel: socket → pipe → socket (splice(2)), never through Python.
+
+    The source transport stops reading (the relay drives its socket from now on); what its
+    StreamReader already holds goes first, through dst's transport, and the splicing starts once
+    that transport's buffer is empty. The transports keep their sockets: closing and aborting stay
+    theirs (an abort still ends both sides at once, see _Lost)."""
+    src_t.pause_reading()
+    buffered: bytearray = src._buffer  # type: ignore[attr-defined]
+    if buffered:  # read before the relay began (sniffing, or while connecting upstream)
+        dst.write(bytes(buffered))
+        buffered.clear()
+        conn.last_io = att.last_io = time.monotonic()
+    exc = src.exception()
+    if exc is not None:
+        raise exc
+    if src.at_eof():
+        return
+    while dst_t.get_write_buffer_size() and not dst_t.is_closing():
+        await asyncio.sleep(0.005)  # the transport's bytes go before the spliced ones
+    if src_t.is_closing() or dst_t.is_closing():
+        raise ConnectionResetError("the connection was closed")
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)  # as its transports are
+    pump = _Pump(loop, src_t, dst_t, conn, att)
+    try:
+        pump.move()
+        await pump.done
+    finally:
+        pump.stop()
+
+
+class _Pump:
+    """Moves one direction's bytes from the event loop's readiness callbacks (no task wakes per
+    chunk or per message): splice from the source into a pipe until the source has nothing, from
+    the pipe into the destination until it takes no more, and watch whichever socket it waits on.
+
+    The transports' own descriptors are watched: meanwhile the source transport does not read and
+    the destination's buffer is empty, so the transport itself watches neither. `done` ends with
+    the source's end (None) or the error."""
+
+    def __init__(
+        self,
+        loop: asyncio.selector_events.BaseSelectorEventLoop,
+        src_t: asyncio.Transport,
+        dst_t: asyncio.Transport,
+        conn: _Conn,
+        att: _Attached,
+    ):
+        self.loop, self.transports, self.conn, self.att = loop, (src_t, dst_t), conn, att
+        self.s = src_t.get_extra_info("socket").fileno()
+        self.d = dst_t.get_extra_info("socket").fileno()
+        self.pipe: tuple[int, int] | None = None
+        self.held = 0  # bytes in the pipe
+        self.short = False
+        self.watching: tuple[int, bool] | None = None  # (descriptor, for writing)
+        self.done: asyncio.Future[None] = loop.create_future()
+        for t in self.transports:
+            p = t.get_protocol()
+            if not isinstance(p, _Lost):
+                p = _Lost(p)
+                t.set_protocol(p)
+            p.pumps.add(self)
+
+    def move(self) -> None:
+        if self.done.done():
+            return
+        if self.transports[0].is_closing() or self.transports[1].is_closing():
+            self._end(ConnectionResetError("the connection was closed"))  # aborted, detached
+            return
+        budget = _BUDGET
+        try:
+            while True:
+                if self.held:
+                    assert self.pipe is not None
+                    try:
+                        self.held -= os.splice(self.pipe[0], self.d, self.held, flags=os.SPLICE_F_NONBLOCK)
+                    except BlockingIOError:
+                        self._watch(self.d, writing=True)
+                        return
+                    self.conn.last_io = self.att.last_io = time.monotonic()
+                    if self.held:
+                        continue
+                    if self.short or budget <= 0:  # (the watch is level-triggered: more → at once)
+                        self._give_back()
+                        self._watch(self.s, writing=False)
+                        return
+                if self.pipe is None:
+                    self.pipe = _PIPES.pop() if _PIPES else _new_pipe()
+                try:
+                    n = os.splice(self.s, self.pipe[1], _CHUNK, flags=os.SPLICE_F_NONBLOCK)
+                except BlockingIOError:
+                    self._give_back()
+                    self._watch(self.s, writing=False)
+                    return
+                if not n:
+                    self._end(None)
+                    return
+                self.conn.last_io = self.att.last_io = time.monotonic()
+                self.held, self.short = n, n < _SHORT
+                budget -= n
+        except Exception as e:  # noqa: BLE001 - OSError mostly (a reset); the relay's task raises it
+            self._end(e)
+
+    def lost(self) -> None:
+        """A transport lost its connection (called before it closes its descriptor)."""
+        self._end(ConnectionResetError("the connection was closed"))
+
+    def stop(self) -> None:
+        self._unwatch()
+        self._give_back()
+        for t in self.transports:
+            p = t.get_protocol()
+            if isinstance(p, _Lost):
+                p.pumps.discard(self)
+
+    def _end(self, exc: Exception | None) -> None:
+        self.stop()
+        if not self.done.done():
+            if exc is None:
+                self.done.set_result(None)
+            else:
+                self.done.set_exception(exc)
+
+    def _give_back(self) -> None:
+        if self.pipe is not None:
+            if self.held or len(_PIPES) >= _PIPES_KEPT:  # bytes left in it are of no use to anyone
+                os.close(self.pipe[0])
+                os.close(self.pipe[1])
+            else:
+                _PIPES.append(self.pipe)
+            self.pipe, self.held = None, 0
+
+    def _watch(self, fd: int, writing: bool) -> None:
+        if self.watching != (fd, writing):
+            self._unwatch()
+            if writing:
+                self.loop._add_writer(fd, self.move)  # type: ignore[attr-defined]
+            else:
+                self.loop._add_reader(fd, self.move)  # type: ignore[attr-defined]
+            self.watching = (fd, writing)
+
+    def _unwatch(self) -> None:
+        if self.watching is not None:
+            fd, writing = self.watching
+            self.watching = None
+            if writing:
+                self.loop._remove_writer(fd)  # type: ignore[attr-defined]
+            else:
+                self.loop._remove_reader(fd)  # type: ignore[attr-defined]
+
+
+def _new_pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    with contextlib.suppress(OSError):  # 64 KiB if the kernel refuses: slower, not wrong
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _CHUNK)
+    return r, w
+
+
+class _Lost(asyncio.Protocol):
+    """A stream's protocol, wrapped while a _Pump drives its socket: every event is passed on,
+    and a lost connection first stops the pumps, so that they drop their watch of the descriptor
+    before the transport closes it (its number may be reused at once) and their relay ends."""
+
+    def __init__(self, inner: asyncio.BaseProtocol):
+        self.inner = inner
+        self.pumps: set[_Pump] = set()
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)  # type: ignore[attr-defined]
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()  # type: ignore[attr-defined]
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for p in list(self.pumps):
+            p.lost()
+        self.inner.connection_lost(exc)
 
 
 async def _to_upstream(

@@ -37,7 +37,7 @@ import h11
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from atoll.core import pki
+from atoll.core import netpolicy, pki
 from atoll.gateway import tlsstream
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,18 @@ _READ = 65536
 _HEAD_SLICE = 4096
 _CHUNK_LIMIT = 1024 * 1024
 _NONE, _UPSTREAM, _GATEWAY = "nobody", "upstream", "gateway"
-_REASONS = {400: "Bad Request", 431: "Request Header Fields Too Large", 502: "Bad Gateway"}
+_REASONS = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large", 502: "Bad Gateway"}
+
+
+def _host_of(request: h11.Request) -> str | None:
+    """The request's Host, normalized like the policy's names (no port, lower case, no final dot)."""
+    for k, v in request.headers.raw_items():
+        if k.lower() == b"host":
+            text = v.decode("latin-1").strip()
+            if text.startswith("["):
+                return text.split("]")[0] + "]"
+            return netpolicy.normalize_name(text.rsplit(":", 1)[0] if ":" in text else text)
+    return None
 
 
 class Stream(Protocol):
@@ -105,13 +116,23 @@ def substitute(data: bytes, bindings: Iterable[Binding]) -> bytes:
 
 # ---- the relay ----------------------------------------------------------------------------------
 async def relay(
-    client: Stream, upstream: Stream, bindings: Iterable[Binding], touch: Callable[[], None]
+    client: Stream,
+    upstream: Stream,
+    bindings: Iterable[Binding],
+    touch: Callable[[], None],
+    *,
+    name: str = "",
+    flight: Callable[[bool], None] | None = None,
 ) -> None:
     """Relay HTTP/1.1 exchanges from `client` to `upstream` until either side ends, substituting
-    `bindings` (already those of this connection's name). Returns when the connection is over;
-    the caller closes both streams. Raises nothing but cancellation."""
+    `bindings` (already those of this connection's name). With `name` (the name the connection was
+    decided and opened for: its SNI, or its first request's Host), every request must carry that
+    Host: another is answered 403 and never reaches the upstream (it was checked for `name` only,
+    and so are the bindings). `flight(True)` when a request starts, `flight(False)` when its
+    response ended: the caller's measure of "a request in flight". Returns when the connection
+    is over; the caller closes both streams. Raises nothing but cancellation."""
     try:
-        await _Relay(client, upstream, tuple(bindings), touch).run()
+        await _Relay(client, upstream, tuple(bindings), touch, name, flight).run()
     except asyncio.CancelledError:
         raise
     except (OSError, ssl.SSLError, h11.ProtocolError, TimeoutError, EOFError) as e:
@@ -124,9 +145,17 @@ async def relay(
 
 class _Relay:
     def __init__(
-        self, client: Stream, upstream: Stream, bindings: tuple[Binding, ...], touch: Callable[[], None]
+        self,
+        client: Stream,
+        upstream: Stream,
+        bindings: tuple[Binding, ...],
+        touch: Callable[[], None],
+        name: str = "",
+        flight: Callable[[bool], None] | None = None,
     ):
         self.client, self.upstream, self.bindings, self.touch = client, upstream, bindings, touch
+        self.name = name
+        self.flight = flight or (lambda _on: None)
         self.cconn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)  # faces the client
         self.uconn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)  # faces upstream
         self.pending = {id(self.cconn): b"", id(self.uconn): b""}  # read, not yet given to h11
@@ -171,6 +200,27 @@ class _Relay:
 
     async def _exchange(self, request: h11.Request) -> str:
         """One request and its response: "done", "switched" (to raw bytes) or "ended"."""
+        self.flight(True)
+        try:
+            return await self._exchange_in_flight(request)
+        finally:
+            self.flight(False)
+
+    async def _exchange_in_flight(self, request: h11.Request) -> str:
+        names = {k.lower() for k, _ in request.headers.raw_items()}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            # two framings: the upstream might read the other one (request smuggling)
+            await self._refuse(400, "the request has both Content-Length and Transfer-Encoding")
+            return "ended"
+        if self.name:
+            host = _host_of(request)
+            if host != self.name:
+                await self._refuse(
+                    403,
+                    f"this connection was opened for {self.name!r}; a request for {host!r} needs a "
+                    "connection of its own (the policy and the secrets were checked for the first name)",
+                )
+                return "ended"
         target = substitute(request.target, self.bindings)
         headers = [(n, substitute(v, self.bindings)) for n, v in request.headers.raw_items()]
         try:
@@ -369,6 +419,7 @@ async def intercept_tls(
     bindings: Iterable[Binding],
     touch: Callable[[], None],
     connect_timeout: float = 10.0,
+    flight: Callable[[bool], None] | None = None,
 ) -> None:
     """Terminate the sandbox's TLS (`head`: its ClientHello, already read) with `leaf_ctx`, open
     verified TLS to `name` at ip:port, and relay with substitution. The caller owns `writer` and
@@ -419,7 +470,7 @@ async def intercept_tls(
             )
             return
         touch()
-        await relay(client, upstream, bindings, touch)
+        await relay(client, upstream, bindings, touch, name=name, flight=flight)
     except asyncio.CancelledError:
         cancelled = True
         raise

@@ -36,7 +36,12 @@ READ = 256 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 300.0
 """A client connection with no request for this long is closed."""
+HEAD_TIMEOUT_S = 30.0
+"""A request head must be complete this long after its first byte (a slow client holds no
+connection for ever)."""
 MAX_CONNECTIONS = 4096
+MAX_PER_PEER = 512
+"""Connections one client address may hold at once (a slow client cannot take every slot)."""
 RETRY_BODY = 64 * 1024
 """A request whose body fits this is sent again once on a fresh connection into the sandbox
 when a kept one turns out to be gone (a disk checkpoint reset it) before any answer came."""
@@ -112,6 +117,7 @@ class Router:
         self.domain = domain
         self.server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task] = set()
+        self._per_peer: dict[str, int] = {}
         self.stats = Stats()
 
     async def start(self, host: str, port: int) -> None:
@@ -129,12 +135,24 @@ class Router:
                 await asyncio.wait_for(self.server.wait_closed(), 2)
 
     def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._conns) >= MAX_CONNECTIONS:
+        peer = writer.get_extra_info("peername")
+        ip = peer[0] if isinstance(peer, tuple) else ""
+        if len(self._conns) >= MAX_CONNECTIONS or self._per_peer.get(ip, 0) >= MAX_PER_PEER:
             writer.transport.abort()
             return
+        self._per_peer[ip] = self._per_peer.get(ip, 0) + 1
         task = asyncio.ensure_future(self._serve(reader, writer))
         self._conns.add(task)
-        task.add_done_callback(self._conns.discard)
+
+        def done(t: asyncio.Task) -> None:
+            self._conns.discard(t)
+            left = self._per_peer.get(ip, 1) - 1
+            if left > 0:
+                self._per_peer[ip] = left
+            else:
+                self._per_peer.pop(ip, None)
+
+        task.add_done_callback(done)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -169,19 +187,22 @@ class Router:
             writer.transport.abort() if client is None else client.abort()
 
 
+_REASONS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    409: "Conflict",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
 def _page(status: int, text: str, close: bool = False, extra: list[tuple[bytes, bytes]] = ()) -> bytes:
     body = (text.rstrip("\n") + "\n").encode()
-    reason = {
-        400: "Bad Request",
-        401: "Unauthorized",
-        403: "Forbidden",
-        404: "Not Found",
-        409: "Conflict",
-        431: "Request Header Fields Too Large",
-        502: "Bad Gateway",
-        503: "Service Unavailable",
-        504: "Gateway Timeout",
-    }.get(status, "Error")
+    reason = _REASONS.get(status, "Error")
     head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {len(body)}\r\n"
     head += "x-atoll-ingress: refused\r\n"
     for k, v in extra:
@@ -207,7 +228,7 @@ class _Session:
     async def run(self) -> None:
         try:
             while True:
-                ev = await self._next(self.conn, self.client, IDLE_TIMEOUT_S)
+                ev = await self._next_request()
                 if isinstance(ev, h11.ConnectionClosed) or ev is None:
                     return
                 if not isinstance(ev, h11.Request):
@@ -231,6 +252,21 @@ class _Session:
             if self.up is not None:
                 self.up.close()
 
+    async def _next_request(self):
+        """The next request head: waited for up to IDLE_TIMEOUT_S, then whole within HEAD_TIMEOUT_S."""
+        deadline: float | None = None
+        while True:
+            ev = self.conn.next_event()
+            if ev is not h11.NEED_DATA:
+                return None if ev is h11.PAUSED else ev
+            timeout = IDLE_TIMEOUT_S if deadline is None else deadline - time.monotonic()
+            if timeout <= 0:
+                raise TimeoutError("the request head did not come whole in time")
+            data = await asyncio.wait_for(self.client.read(READ), timeout)
+            if deadline is None:
+                deadline = time.monotonic() + HEAD_TIMEOUT_S
+            self.conn.receive_data(data)
+
     async def _next(self, conn: h11.Connection, stream: typing.Any, timeout: float | None = None):
         while True:
             ev = conn.next_event()
@@ -243,8 +279,8 @@ class _Session:
             return ev
 
     async def _refuse(self, status: int, text: str) -> bool:
-        """Answer with an error page; the request's body is read and dropped (up to 1 MiB) so the
-        connection can go on."""
+        """Answer with an error page (through h11, so the connection can go on); the request's
+        body is read and dropped, up to 1 MiB (past that the connection is closed)."""
         self.r.stats.refused += 1
         close = False
         n = 0
@@ -258,8 +294,23 @@ class _Session:
             elif not isinstance(ev, h11.EndOfMessage):
                 close = True
                 break
-        await self.client.write(_page(status, text, close))
-        return not close
+        body = (text.rstrip("\n") + "\n").encode()
+        headers = [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-atoll-ingress", b"refused"),
+        ]
+        if close:
+            headers.append((b"connection", b"close"))
+        if self.conn.our_state is not h11.SEND_RESPONSE:
+            await self.client.write(_page(status, text, True))
+            return False
+        data = self.conn.send(
+            h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, "Error"))
+        )
+        data += self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage())
+        await self.client.write(data)
+        return not close and self.conn.our_state is h11.DONE
 
     async def _exchange(self, req: h11.Request) -> bool:
         self.r.stats.requests += 1
@@ -269,6 +320,15 @@ class _Session:
             await self._refuse(431, f"atoll ingress: the request head is over {MAX_HEAD} bytes")
             return False
         get = _getter(req.headers)
+        names = [k.lower() for k, _ in headers]
+        for h in (preview.ID_HEADER, preview.PORT_HEADER, preview.TOKEN_HEADER, "host"):
+            if names.count(h.encode()) > 1:
+                return await self._refuse(400, f"atoll ingress: the header {h!r} is given more than once")
+        if b"transfer-encoding" in names and b"content-length" in names:
+            await self._refuse(
+                400, "atoll ingress: the request has both Content-Length and Transfer-Encoding"
+            )
+            return False
         try:
             target = preview.header_target(
                 get(preview.ID_HEADER), get(preview.PORT_HEADER)
@@ -433,7 +493,16 @@ class _Session:
                 return True
 
     async def _switch(self, up: Upstream, up_conn: h11.Connection) -> bool:
-        """After a 101: bytes both ways until either side ends."""
+        """After a 101: bytes both ways until either side ends. What the client sends wakes the
+        sandbox first if it went to standby meanwhile (a quiet WebSocket lets the idle policy
+        freeze it)."""
+        target = self.up_target
+        assert target is not None
+
+        async def inward(data: bytes) -> None:
+            await self.r.backend.ready(target)
+            await up.write(data)
+
         client_rest = self.conn.trailing_data[0]
         up_rest = up_conn.trailing_data[0]
         if client_rest:
@@ -449,7 +518,7 @@ class _Session:
                 await write(data)
 
         tasks = [
-            asyncio.ensure_future(one_way(self.client.read, up.write)),
+            asyncio.ensure_future(one_way(self.client.read, inward)),
             asyncio.ensure_future(one_way(up.read, self.client.write)),
         ]
         try:

@@ -400,6 +400,9 @@ class Node:
             elif now - self.edge.last_io(rt.sandbox_id) < ACTIVITY_WINDOW_S:
                 self._activity_told[rt.sandbox_id] = now
                 self.hub.emit(api.SandboxActivity(rt.sandbox_id, "its network connections carry traffic"))
+            elif self.edge.busy(rt.sandbox_id):
+                self._activity_told[rt.sandbox_id] = now
+                self.hub.emit(api.SandboxActivity(rt.sandbox_id, "a request of its is waiting for an answer"))
         self._cpu = samples
 
     def cpu_share(self, sid: str) -> float | None:
@@ -563,6 +566,8 @@ class Node:
         running (the control plane resumes it first)."""
         if not 1 <= port <= 65535:
             raise errors.InvalidRequest(f"port {port} is not a TCP port (1-65535)")
+        if port == bundle.AGENT_PORT:  # the agent runs commands for the worker: never opened for others
+            raise errors.PermissionDenied(f"port {port} is the guest agent's; it is not opened to previews")
         rt = self.runtimes.get(sandbox_id)
         if rt.phase != Phase.RUNNING:
             raise errors.Conflict(
