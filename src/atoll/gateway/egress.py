@@ -55,6 +55,13 @@ IDLE_S = 1.0
 """A connection that moved no byte for this long is idle: no request or response in flight (an
 HTTP keep-alive connection between requests, a client that went quiet)."""
 CONNECT_TIMEOUT_S = 10.0
+REQUEST_WAIT_S = 300.0
+"""On a connection the gateway sees only as bytes (TLS it does not intercept, raw TCP), the last
+bytes having gone toward the answering side means a request waits for its answer — for at most
+this long (an HTTP/2 client's last WINDOW_UPDATE must not pin a sandbox in RAM for ever)."""
+ANSWER_MIN = 1024
+"""Less than this back since the last request bytes is no answer yet: TLS 1.3 session tickets a
+server sends after the handshake (a few hundred bytes) may come after the client's request."""
 _CHUNK = 1024 * 1024
 _WRITE_BUFFER = 1024 * 1024
 
@@ -78,9 +85,23 @@ class _Conn:
     sandbox_closed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     in_flight: bool = False
     """A request relayed request by request (plain HTTP, intercepted HTTPS) awaits its answer."""
+    last_req: float = 0.0
+    """When bytes last went toward the side that answers (the upstream; for a connection into the
+    sandbox, the sandbox)."""
+    answered: int = 0
+    """Bytes that came back from it since bytes last went toward it."""
+    min_answer: int = 0
+    """Fewer bytes back than this is no answer yet (ANSWER_MIN for egress, whose TLS the gateway
+    cannot read; 1 for a connection into the sandbox, which carries plain HTTP from the router)."""
 
     def busy(self, now: float, idle_s: float) -> bool:
-        return self.in_flight or now - self.last_io < idle_s
+        """In use: a request in flight — known (request by request), or guessed from bytes (the
+        last went toward the answering side and nothing came back since: it is thinking) — or
+        bytes moved within idle_s."""
+        if self.in_flight or now - self.last_io < idle_s:
+            return True
+        waiting = self.last_req > 0 and self.answered < (self.min_answer or ANSWER_MIN)
+        return waiting and now - self.last_req < REQUEST_WAIT_S
 
     def abort(self) -> None:
         if self.upstream is not None:
@@ -240,7 +261,7 @@ class Gateway:
             sock.close()
             raise
         reader, writer = await asyncio.open_connection(sock=sock, limit=_CHUNK)
-        conn = _Conn(writer)
+        conn = _Conn(writer, min_answer=1)
         att.relayed.add(conn)
         att.last_io = conn.last_io
         return Inbound(reader, writer, conn, att)
@@ -517,11 +538,11 @@ class Inbound:
     async def read(self, n: int) -> bytes:
         data = await self._r.read(n)
         if data:
-            self._conn.last_io = self._att.last_io = time.monotonic()
+            _moved(self._conn, self._att, False, len(data))
         return data
 
     async def write(self, data: bytes) -> None:
-        self._conn.last_io = self._att.last_io = time.monotonic()
+        _moved(self._conn, self._att, True, len(data))
         self._w.write(data)
         await self._w.drain()
 
@@ -571,7 +592,20 @@ async def _first_bytes(reader: asyncio.StreamReader) -> tuple[bytes, str, str | 
             raise sniff.Malformed(f"no complete request head in the first {sniff.MAX_HEAD} bytes")
 
 
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached) -> None:
+def _moved(conn: _Conn, att: _Attached, req: bool, n: int = 0) -> None:
+    """Bytes moved (`n` when known): activity, and what the in-use guess of _Conn.busy reads."""
+    now = time.monotonic()
+    conn.last_io = att.last_io = now
+    if req:
+        if n:
+            conn.last_req, conn.answered = now, 0
+    else:
+        conn.answered += n
+
+
+async def _copy(
+    src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached, req: bool
+) -> None:
     """Relay src to dst until src's end: splice(2) between the two sockets when both are plain
     stream sockets of a selector loop (zero-copy, as fast as the kernel moves them), else read and
     write through the streams."""
@@ -582,13 +616,13 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Con
         and isinstance(src_t, _SocketTransport)
         and isinstance(dst_t, _SocketTransport)
     ):
-        await _splice(src, src_t, dst, dst_t, conn, att)
+        await _splice(src, src_t, dst, dst_t, conn, att, req)
         return
     while True:
         data = await src.read(_CHUNK)
         if not data:
             return
-        conn.last_io = att.last_io = time.monotonic()
+        _moved(conn, att, req, len(data))
         dst.write(data)
         await dst.drain()
 
@@ -611,6 +645,7 @@ async def _splice(
     dst_t: asyncio.Transport,
     conn: _Conn,
     att: _Attached,
+    req: bool,
 ) -> None:
     """One direction in the kernel: socket → pipe → socket (splice(2)), never through Python.
 
@@ -622,8 +657,8 @@ async def _splice(
     buffered: bytearray = src._buffer  # type: ignore[attr-defined]
     if buffered:  # read before the relay began (sniffing, or while connecting upstream)
         dst.write(bytes(buffered))
+        _moved(conn, att, req, len(buffered))
         buffered.clear()
-        conn.last_io = att.last_io = time.monotonic()
     exc = src.exception()
     if exc is not None:
         raise exc
@@ -635,7 +670,7 @@ async def _splice(
         raise ConnectionResetError("the connection was closed")
     loop = asyncio.get_running_loop()
     assert isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)  # as its transports are
-    pump = _Pump(loop, src_t, dst_t, conn, att)
+    pump = _Pump(loop, src_t, dst_t, conn, att, req)
     try:
         pump.move()
         await pump.done
@@ -659,8 +694,10 @@ class _Pump:
         dst_t: asyncio.Transport,
         conn: _Conn,
         att: _Attached,
+        req: bool,
     ):
         self.loop, self.transports, self.conn, self.att = loop, (src_t, dst_t), conn, att
+        self.req = req
         self.s = src_t.get_extra_info("socket").fileno()
         self.d = dst_t.get_extra_info("socket").fileno()
         self.pipe: tuple[int, int] | None = None
@@ -691,7 +728,7 @@ class _Pump:
                     except BlockingIOError:
                         self._watch(self.d, writing=True)
                         return
-                    self.conn.last_io = self.att.last_io = time.monotonic()
+                    _moved(self.conn, self.att, self.req)
                     if self.held:
                         continue
                     if self.short or budget <= 0:  # (the watch is level-triggered: more → at once)
@@ -709,7 +746,7 @@ class _Pump:
                 if not n:
                     self._end(None)
                     return
-                self.conn.last_io = self.att.last_io = time.monotonic()
+                _moved(self.conn, self.att, self.req, n)
                 self.held, self.short = n, n < _SHORT
                 budget -= n
         except Exception as e:  # noqa: BLE001 - OSError mostly (a reset); the relay's task raises it
@@ -801,7 +838,7 @@ async def _to_upstream(
     src: asyncio.StreamReader, up: asyncio.StreamWriter, conn: _Conn, att: _Attached
 ) -> None:
     try:
-        await _copy(src, up, conn, att)
+        await _copy(src, up, conn, att, req=True)
         conn.sandbox_closed.set()
         if up.can_write_eof():
             up.write_eof()
@@ -813,7 +850,7 @@ async def _to_sandbox(
     up: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached
 ) -> None:
     try:
-        await _copy(up, dst, conn, att)
+        await _copy(up, dst, conn, att, req=False)
         # The upstream is done. A FIN to a sandbox that closes at the same moment puts its endpoint
         # in TIME_WAIT, which this runsc cannot checkpoint (and the gate cannot see): so give it a
         # moment to close first (an HTTP client that read its Content-Length does), and then
