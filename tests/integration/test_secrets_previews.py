@@ -262,6 +262,11 @@ class H(http.server.BaseHTTPRequestHandler):
                 part = f"part{i};".encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part)); self.wfile.flush(); time.sleep(0.3)
             self.wfile.write(b"0\r\n\r\n"); return
+        if self.path == "/headers":
+            import json
+            body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+            self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
+            self.wfile.write(body); return
         if self.headers.get("Upgrade") == "echo":
             self.send_response(101); self.send_header("Upgrade", "echo"); self.send_header("Connection", "Upgrade")
             self.end_headers(); self.wfile.flush()
@@ -595,3 +600,122 @@ def test_the_router_refuses_ambiguous_requests(api, la, make):
         "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
     )
     assert b"400" in asyncio.run(raw(smuggle.encode())).split(b"\r\n")[0]
+
+
+def test_an_address_entry_does_not_switch_off_name_denials_or_secrets(api, host, make, secret):
+    """allow_out by address (as `*` would for a public host) still reads the name: deny_out
+    names refuse, a secret's host is intercepted."""
+    net = host.a.rsplit(".", 1)[0] + ".0/29"
+    sb = make(network={"allow_out": [net], "deny_out": ["api.atoll.test"]})
+    a = host.a
+    out = sh(
+        api, sb["id"], f"curl -s --resolve api.atoll.test:8080:{a} http://api.atoll.test:8080/denied-by-name"
+    )
+    assert "deny_out api.atoll.test" in out["stdout"], out
+    out = sh(
+        api,
+        sb["id"],
+        f"curl -sk --resolve api.atoll.test:8443:{a} https://api.atoll.test:8443/denied-tls; echo rc=$?",
+    )
+    assert "rc=0" not in out["stdout"], out
+    assert not [r for r in seen(host) if "denied" in r["path"]]
+    # without a name the address decides, as before
+    out = sh(api, sb["id"], f"curl -s -o /dev/null -w %{{http_code}} http://{a}:8080/by-address")
+    assert out["stdout"] == "200", out
+    secret("tok6")
+    sb2 = make(network={"allow_out": [net, "api.atoll.test"]}, secrets={"TOKEN": "tok6"})
+    sh(api, sb2["id"], 'curl -s -o /dev/null -H "X-Key: $TOKEN" https://api.atoll.test:8443/addr-secret')
+    assert last_seen(host, "/addr-secret")["headers"]["x-key"] == VALUE
+
+
+ROTATE = r"""
+import os, socket, ssl, sys, time
+ctx = ssl.create_default_context()
+s = ctx.wrap_socket(socket.create_connection(("api.atoll.test", 8443), timeout=10), server_hostname="api.atoll.test")
+ph = os.environ["TOKEN"]
+def ask(path):
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: api.atoll.test\r\nX-Key: {ph}\r\n\r\n".encode())
+    data = b""
+    while not data.endswith(b"ok"):
+        data += s.recv(65536)
+ask("/rot-1")
+open("/root/rot.ready", "w").close()
+while not os.path.exists("/root/rot.go"):
+    time.sleep(0.05)
+ask("/rot-2")
+print("done")
+"""
+
+
+def test_a_rotated_secret_applies_to_an_open_connection(api, host, make, secret):
+    secret("tok7")
+    sb = make(network=NET, secrets={"TOKEN": "tok7"})
+    api.put(f"/v1/sandboxes/{sb['id']}/files", params={"path": "/root/rot.py"}, content=ROTATE.encode())
+    r = api.post(
+        f"/v1/sandboxes/{sb['id']}/exec",
+        json={"cmd": "python3 /root/rot.py > /root/rot.out 2>&1", "background": True},
+    )
+    assert r.status_code in (200, 201)
+    for _ in range(100):
+        if sh(api, sb["id"], "test -e /root/rot.ready && echo y")["stdout"].strip() == "y":
+            break
+        time.sleep(0.1)
+    assert (
+        api.put("/v1/secrets/tok7", json={"value": "new-value-7", "hosts": ["api.atoll.test"]}).status_code
+        == 200
+    )
+    sh(api, sb["id"], "touch /root/rot.go")
+    for _ in range(100):
+        if "done" in sh(api, sb["id"], "cat /root/rot.out")["stdout"]:
+            break
+        time.sleep(0.1)
+    assert last_seen(host, "/rot-1")["headers"]["x-key"] == VALUE
+    assert last_seen(host, "/rot-2")["headers"]["x-key"] == "new-value-7"
+
+
+def test_the_gateway_is_no_proxy(api, host, make, secret):
+    secret("tok8")
+    sb = make(network=NET, secrets={"TOKEN": "tok8"})
+    out = sh(
+        api,
+        sb["id"],
+        'curl -s -H "X: $TOKEN" --request-target "http://other.atoll.test/abs" http://api.atoll.test:8080/',
+    )
+    assert "origin-form" in out["stdout"], out
+    out = sh(
+        api, sb["id"], "curl -s -X CONNECT --request-target other.atoll.test:8080 http://api.atoll.test:8080/"
+    )
+    assert "CONNECT is not relayed" in out["stdout"], out
+    assert not [r for r in seen(host) if "abs" in r["path"]]
+
+
+def test_the_router_sends_its_own_forwarding_headers_and_keeps_its_cookie(api, la, make):
+    a = make()
+    serve_web(api, a["id"])
+    pv = api.get(f"/v1/sandboxes/{a['id']}/preview/8080").json()
+    headers = {
+        "Atoll-Sandbox-Id": a["id"],
+        "Atoll-Sandbox-Port": "8080",
+        "Atoll-Access-Token": pv["token"],
+        "X-Forwarded-For": "6.6.6.6",
+        "Forwarded": "for=6.6.6.6",
+        "Cookie": "app=1; atoll_preview=123.abc",
+    }
+    seen_there = json.loads(get(la, headers, "/headers").text)
+    assert seen_there["x-forwarded-for"] == "127.0.0.1" and "forwarded" not in seen_there
+    assert seen_there["cookie"] == "app=1" and "atoll-access-token" not in seen_there
+
+    async def http10():
+        r, w = await asyncio.open_connection(
+            "127.0.0.1", la.ingress_port, ssl=ctx_for(la), server_hostname=None
+        )
+        w.write(
+            f"GET /old HTTP/1.0\r\nAtoll-Sandbox-Id: {a['id']}\r\nAtoll-Sandbox-Port: 8080\r\n"
+            f"Atoll-Access-Token: {pv['token']}\r\n\r\n".encode()
+        )
+        data = await asyncio.wait_for(r.read(), 10)
+        w.close()
+        return data
+
+    data = asyncio.run(http10())
+    assert data.startswith(b"HTTP/1.1 200") and b"hello /old" in data, data[:300]

@@ -119,6 +119,11 @@ def check_value(value: object) -> str:
         raise errors.InvalidRequest(
             f"value is {len(value.encode())} bytes; a secret holds at most {MAX_VALUE_BYTES}"
         )
+    if not value.isascii():
+        raise errors.InvalidRequest(
+            "value must be ASCII (it goes into HTTP header values and query strings as it is); "
+            "encode it first (e.g. base64) if the API it is for expects that"
+        )
     bad = next((c for c in value if c in "\r\n\x00" or (ord(c) < 32 and c != "\t") or ord(c) == 127), None)
     if bad is not None:
         raise errors.InvalidRequest(

@@ -181,6 +181,19 @@ class Policy:
                 return e
         return None
 
+    def denies_names(self) -> bool:
+        """Whether deny_out has domain entries (a connection its address allows may still be
+        refused by the name it carries)."""
+        return any(e.kind in ("domain", "suffix") for e in self.deny_out)
+
+    def decide_named_address(self, name: str, ip: str, port: int) -> Decision:
+        """A connection that `decide_address` allowed and that turns out to name `name`: only
+        deny_out can still refuse it."""
+        d = self._denied(ip, name, port)
+        if d is not None:
+            return Decision(False, f"deny_out {d.text}")
+        return Decision(True, "allowed by its address")
+
     def decide_address(self, ip: str, port: int) -> Decision:
         """A connection to `ip:port` with no name known (yet)."""
         d = self._denied(ip, None, port)

@@ -374,6 +374,11 @@ class Gateway:
                     att, conn, reader, writer, head, proto, name or "", ip, port, bindings, local
                 )
                 return
+            if not head and (att.bindings or att.policy.denies_names()):
+                # allowed by its address, but a name in its first bytes may still be denied or be
+                # a secret's host: learn it while a server that speaks first is already heard
+                await self._address_then_name(att, conn, reader, writer, ip, port, local)
+                return
             try:
                 up_r, up_w = await asyncio.wait_for(
                     asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
@@ -415,6 +420,76 @@ class Gateway:
             else:
                 await _flush_then_reset(writer)
 
+    async def _address_then_name(
+        self,
+        att: _Attached,
+        conn: _Conn,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        ip: str,
+        port: int,
+        local: tuple[str, int] | None,
+    ) -> None:
+        """A connection its address allows, in a sandbox whose deny_out names domains or which has
+        secrets: the upstream is connected and its bytes flow at once (SSH, SMTP speak first),
+        while the client's first bytes are read for a name (SNI, Host). A denied name is refused
+        before any client byte leaves; a secret's host is intercepted (nothing was exchanged yet);
+        anything else is relayed as bytes, the address having allowed it."""
+        try:
+            up_r, up_w = await asyncio.wait_for(
+                asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as e:
+            att.counters.refused += 1
+            self._log_refusal(att, f"{ip}:{port}", f"the destination did not accept the connection ({e!r})")
+            return
+        conn.upstream = up_w
+        att.relayed.add(conn)
+        down = asyncio.ensure_future(_to_sandbox(up_r, writer, conn, att))
+        handed_over = False
+        try:
+            try:
+                head, proto, name = await _first_bytes(reader)
+            except sniff.Malformed as e:
+                head, proto, name = e.data, "", None  # not what it claims: bytes, as the address allows
+            if name is not None and _is_ip(name):
+                name = None
+            norm = netpolicy.normalize_name(name) if name else None
+            target = f"{norm!r} ({ip}:{port})" if norm else f"{ip}:{port}"
+            if norm is not None:
+                decision = att.policy.decide_named_address(norm, ip, port)
+                if not decision.allowed:
+                    down.cancel()
+                    up_w.transport.abort()
+                    att.counters.refused += 1
+                    self._log_refusal(att, target, decision.rule)
+                    if proto == "http":
+                        await _refuse_http(att.sid, writer, reader, norm, ip, port, decision.rule)
+                    return
+                bindings = intercept.bindings_for(norm, att.bindings) if att.bindings else ()
+                if bindings and proto in ("http", "tls") and conn.answered == 0 and not down.done():
+                    down.cancel()
+                    await asyncio.gather(down, return_exceptions=True)
+                    up_w.transport.abort()
+                    conn.upstream = None
+                    handed_over = True
+                    await self._intercept(
+                        att, conn, reader, writer, head, proto, norm, ip, port, bindings, local
+                    )
+                    return
+            att.counters.allowed += 1
+            if head:
+                up_w.write(head)
+                _moved(conn, att, True, len(head))
+            for w in (writer, up_w):
+                w.transport.set_write_buffer_limits(high=_WRITE_BUFFER)
+            await asyncio.gather(_to_upstream(reader, up_w, conn, att), down)
+        finally:
+            if not down.done():
+                down.cancel()
+            if not handed_over:
+                up_w.transport.abort()
+
     async def _intercept(
         self,
         att: _Attached,
@@ -443,6 +518,11 @@ class Gateway:
             conn.in_flight = on
             touch()
 
+        def live() -> tuple[intercept.Binding, ...]:
+            """The name's bindings as they are now (a secret replaced or deleted applies to the
+            next request on an open connection)."""
+            return intercept.bindings_for(name, att.bindings) if name and att.bindings else ()
+
         if proto == "tls" and self.leaves is None:
             att.counters.refused += 1
             self._log_refusal(att, target, "the worker has no CA yet to intercept HTTPS to a secret's host")
@@ -464,7 +544,7 @@ class Gateway:
                 leaf_ctx=self.leaves.context_for(name),
                 upstream_ctx=self.upstream_ctx,
                 local_addr=local,
-                bindings=bindings,
+                bindings=live,
                 touch=touch,
                 flight=flight,
             )
@@ -485,7 +565,7 @@ class Gateway:
             await intercept.relay(
                 tlsstream.PlainStream(reader, writer, initial=head),
                 tlsstream.PlainStream(up_r, up_w),
-                bindings,
+                live,
                 touch,
                 name=name,
                 flight=flight,
@@ -582,14 +662,16 @@ async def _first_bytes(reader: asyncio.StreamReader) -> tuple[bytes, str, str | 
             try:
                 host = sniff.http_host(data)
             except sniff.Malformed as e:
-                e.http = True
+                e.http, e.data = True, data
                 raise
             if host is not None:
                 return data, "http", host
         else:
             return data, "", None
         if len(data) >= sniff.MAX_HEAD:
-            raise sniff.Malformed(f"no complete request head in the first {sniff.MAX_HEAD} bytes")
+            e = sniff.Malformed(f"no complete request head in the first {sniff.MAX_HEAD} bytes")
+            e.data = data
+            raise e
 
 
 def _moved(conn: _Conn, att: _Attached, req: bool, n: int = 0) -> None:

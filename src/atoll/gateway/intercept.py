@@ -54,7 +54,22 @@ _READ = 65536
 _HEAD_SLICE = 4096
 _CHUNK_LIMIT = 1024 * 1024
 _NONE, _UPSTREAM, _GATEWAY = "nobody", "upstream", "gateway"
-_REASONS = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large", 502: "Bad Gateway"}
+_REASONS = {
+    400: "Bad Request",
+    403: "Forbidden",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+}
+
+
+def _source(
+    bindings: Iterable[Binding] | Callable[[], tuple[Binding, ...]],
+) -> Callable[[], tuple[Binding, ...]]:
+    if callable(bindings):
+        return bindings
+    fixed = tuple(bindings)
+    return lambda: fixed
 
 
 def _host_of(request: h11.Request) -> str | None:
@@ -118,7 +133,7 @@ def substitute(data: bytes, bindings: Iterable[Binding]) -> bytes:
 async def relay(
     client: Stream,
     upstream: Stream,
-    bindings: Iterable[Binding],
+    bindings: Iterable[Binding] | Callable[[], tuple[Binding, ...]],
     touch: Callable[[], None],
     *,
     name: str = "",
@@ -132,7 +147,7 @@ async def relay(
     response ended: the caller's measure of "a request in flight". Returns when the connection
     is over; the caller closes both streams. Raises nothing but cancellation."""
     try:
-        await _Relay(client, upstream, tuple(bindings), touch, name, flight).run()
+        await _Relay(client, upstream, _source(bindings), touch, name, flight).run()
     except asyncio.CancelledError:
         raise
     except (OSError, ssl.SSLError, h11.ProtocolError, TimeoutError, EOFError) as e:
@@ -148,12 +163,13 @@ class _Relay:
         self,
         client: Stream,
         upstream: Stream,
-        bindings: tuple[Binding, ...],
+        bindings: Callable[[], tuple[Binding, ...]],
         touch: Callable[[], None],
         name: str = "",
         flight: Callable[[bool], None] | None = None,
     ):
-        self.client, self.upstream, self.bindings, self.touch = client, upstream, bindings, touch
+        self.client, self.upstream, self.touch = client, upstream, touch
+        self.current = bindings  # read for each request: a secret replaced or deleted applies at once
         self.name = name
         self.flight = flight or (lambda _on: None)
         self.cconn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)  # faces the client
@@ -212,6 +228,16 @@ class _Relay:
             # two framings: the upstream might read the other one (request smuggling)
             await self._refuse(400, "the request has both Content-Length and Transfer-Encoding")
             return "ended"
+        if request.method == b"CONNECT":
+            await self._refuse(405, "CONNECT is not relayed: the gateway is not a proxy (connect directly)")
+            return "ended"
+        if not (request.target.startswith(b"/") or request.target == b"*"):
+            # absolute-form names its own authority, which a server must prefer to Host (RFC 9112
+            # 3.2.2): a request that names another site than the one checked must not pass
+            await self._refuse(
+                400, "the request target must be a path (origin-form); the gateway is not a proxy"
+            )
+            return "ended"
         if self.name:
             host = _host_of(request)
             if host != self.name:
@@ -221,8 +247,9 @@ class _Relay:
                     "connection of its own (the policy and the secrets were checked for the first name)",
                 )
                 return "ended"
-        target = substitute(request.target, self.bindings)
-        headers = [(n, substitute(v, self.bindings)) for n, v in request.headers.raw_items()]
+        bindings = self.current()
+        target = substitute(request.target, bindings)
+        headers = [(n, substitute(v, bindings)) for n, v in request.headers.raw_items()]
         try:
             head = self.uconn.send(h11.Request(method=request.method, target=target, headers=headers))
         except h11.LocalProtocolError as e:
@@ -384,7 +411,8 @@ async def _answer(stream: Stream, status: int, text: str) -> None:
     body = text.encode()
     head = (
         f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\nx-atoll-egress: intercepted\r\n\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n"
+        f"x-atoll-egress: {'refused' if status < 500 else 'error'}\r\n\r\n"
     )
     with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
         await asyncio.wait_for(stream.write(head.encode() + body), ANSWER_WAIT_S)
@@ -416,7 +444,7 @@ async def intercept_tls(
     leaf_ctx: ssl.SSLContext,
     upstream_ctx: ssl.SSLContext,
     local_addr: tuple[str, int] | str | None,
-    bindings: Iterable[Binding],
+    bindings: Iterable[Binding] | Callable[[], tuple[Binding, ...]],
     touch: Callable[[], None],
     connect_timeout: float = 10.0,
     flight: Callable[[bool], None] | None = None,

@@ -14,6 +14,8 @@ class Malformed(ValueError):
     """The first bytes claim a protocol (TLS, HTTP) but break it; `http` when they are HTTP."""
 
     http = False
+    data = b""
+    """The bytes read when it was found out."""
 
 
 def looks_tls(data: bytes) -> bool:

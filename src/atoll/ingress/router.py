@@ -46,6 +46,8 @@ RETRY_BODY = 64 * 1024
 """A request whose body fits this is sent again once on a fresh connection into the sandbox
 when a kept one turns out to be gone (a disk checkpoint reset it) before any answer came."""
 _DROP = {preview.TOKEN_HEADER.encode(), preview.ID_HEADER.encode(), preview.PORT_HEADER.encode()}
+_FORWARDED = {b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"forwarded"}
+"""A client's own forwarding headers are dropped: the sandbox gets the router's, and only them."""
 
 
 class Upstream(typing.Protocol):
@@ -348,7 +350,18 @@ class _Session:
             )
         except errors.AtollError as e:
             return await self._refuse(_status_of(e), f"atoll ingress: {e.message}")
-        out = [(k, v) for k, v in headers if k.lower() not in _DROP]
+        out = []
+        for k, v in headers:
+            low = k.lower()
+            if low in _DROP or low in _FORWARDED:  # routing and proof stay here; forwarding is ours
+                continue
+            if low == b"cookie":
+                v = _without_our_cookie(v)
+                if not v:
+                    continue
+            out.append((k, v))
+        if get("host") is None:  # an HTTP/1.0 request may have none; HTTP/1.1 needs one
+            out.append((b"host", f"{target.port}-{target.sandbox_id}.{self.r.domain}".encode()))
         out += [(b"x-forwarded-proto", b"https")]
         if self.peer:
             out += [(b"x-forwarded-for", self.peer.encode())]
@@ -550,6 +563,11 @@ def _getter(headers) -> typing.Callable[[str], str | None]:
         return None
 
     return get
+
+
+def _without_our_cookie(value: bytes) -> bytes:
+    parts = [p for p in value.split(b";") if p.strip().split(b"=", 1)[0] != preview.COOKIE.encode()]
+    return b";".join(parts).strip()
 
 
 def _cookie(header: str | None) -> str | None:
