@@ -719,3 +719,79 @@ def test_the_router_sends_its_own_forwarding_headers_and_keeps_its_cookie(api, l
 
     data = asyncio.run(http10())
     assert data.startswith(b"HTTP/1.1 200") and b"hello /old" in data, data[:300]
+
+
+def test_sdk_and_cli_for_secrets_and_previews(la, host):
+    """The contract's names: client.secrets.create, create(secrets=, network=), sandbox.preview(port)
+    → .url/.token, client.ca_certificate(); `atoll secret create|list|rm`, `atoll sandbox preview`."""
+    import subprocess
+    import sys as _sys
+
+    import atoll
+
+    env = {**os.environ, "ATOLL_URL": la.url, "ATOLL_API_KEY": la.api_key}
+    cli = [os.path.join(os.path.dirname(_sys.executable), "atoll")]
+    r = subprocess.run(
+        cli + ["secret", "create", "clisecret", "--host", "api.atoll.test"],
+        input="cli-value-9\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and "clisecret" in r.stdout, r.stderr
+    r = subprocess.run(cli + ["secret", "list"], env=env, capture_output=True, text=True, timeout=60)
+    assert "clisecret" in r.stdout and "cli-value-9" not in r.stdout
+    with atoll.Client(la.url, la.api_key) as c:
+        s = c.secrets.create("sdksecret", "sdk-value-9", ["api.atoll.test"])
+        assert (
+            s.name == "sdksecret" and s.hosts == ["api.atoll.test"] and "sdk-value-9" not in str(s.to_dict())
+        )
+        with c.sandboxes.create(
+            network=NET, secrets={"A": "clisecret", "B": "sdksecret"}, idle_timeout_s=0
+        ) as sb:
+            sb.exec('curl -s -o /dev/null -H "X-A: $A" -H "X-B: $B" http://api.atoll.test:8080/sdk-cli')
+            rec = last_seen(host, "/sdk-cli")["headers"]
+            assert rec["x-a"] == "cli-value-9" and rec["x-b"] == "sdk-value-9"
+            sb.exec(
+                [
+                    "sh",
+                    "-c",
+                    "cd /root && echo sdk-preview > i.html && (python3 -m http.server 8080 >/dev/null 2>&1 &)",
+                ]
+            )
+            pv = sb.preview(8080)
+            assert pv.url.startswith(f"https://8080-{sb.id}.atoll.localhost:{la.ingress_port}") and pv.token
+            ctx = ssl.create_default_context(cadata=c.ca_certificate())
+            with httpx.Client(verify=ctx, timeout=30) as web:
+                for _ in range(50):
+                    r = web.get(f"https://127.0.0.1:{la.ingress_port}/i.html", headers=pv.headers)
+                    if r.status_code == 200:
+                        break
+                    time.sleep(0.1)
+            assert r.status_code == 200 and r.text == "sdk-preview\n"
+            out = subprocess.run(
+                cli + ["sandbox", "preview", sb.id, "8080", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert out.returncode == 0 and json.loads(out.stdout)["token"] == pv.token, out.stderr
+            out = subprocess.run(
+                cli + ["sandbox", "preview", sb.id, "8080", "--public"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert out.returncode == 0 and "public:     yes" in out.stdout
+        c.secrets.delete("sdksecret")
+    r = subprocess.run(
+        cli + ["secret", "rm", "clisecret"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0
+    r = subprocess.run(
+        cli + ["secret", "rm", "clisecret"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 1 and "secret_not_found" in r.stderr

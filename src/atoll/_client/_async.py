@@ -88,6 +88,12 @@ class AsyncClient:
         response = await self._request("GET", "/healthz")
         return _base.json_body(response)
 
+    async def ca_certificate(self) -> str:
+        """The installation's root CA (PEM): trust it for preview URLs, e.g.
+        `ssl.create_default_context(cadata=client.ca_certificate())`."""
+        response = await self._request("GET", "/v1/ca.crt")
+        return response.text
+
     async def aclose(self) -> None:
         await self._http.aclose()
 

@@ -86,6 +86,12 @@ class Client:
         response = self._request("GET", "/healthz")
         return _base.json_body(response)
 
+    def ca_certificate(self) -> str:
+        """The installation's root CA (PEM): trust it for preview URLs, e.g.
+        `ssl.create_default_context(cadata=client.ca_certificate())`."""
+        response = self._request("GET", "/v1/ca.crt")
+        return response.text
+
     def close(self) -> None:
         self._http.close()
 

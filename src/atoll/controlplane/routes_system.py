@@ -8,9 +8,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from atoll.controlplane import schemas
+from atoll.controlplane import http, schemas
 from atoll.controlplane.context import VERSION, ctx
-from atoll.core import wire
+from atoll.core import errors, wire
 
 router = APIRouter()
 BASE = "base"
@@ -67,3 +67,25 @@ async def metrics_endpoint(request: Request):
 async def list_templates(request: Request):
     """The templates the ready workers can start, with their build status."""
     return {"items": [wire.dump(t) for t in ctx(request).manager.workers.templates()]}
+
+
+@router.get(
+    "/v1/ca.crt",
+    tags=["system"],
+    response_class=Response,
+    responses={
+        200: {
+            "content": {"application/x-pem-file": {"schema": {"type": "string"}}},
+            "description": "the installation's root CA (PEM): what preview URLs' certificates and the "
+            "gateway's intercepted HTTPS chain to",
+        },
+        **http.error_responses({404: "not_found: this server has no CA"}),
+    },
+)
+async def ca_certificate(request: Request):
+    """The installation's root certificate: trust it to verify preview URLs (`https://…:ATOLL_INGRESS_PORT`)
+    from another machine (on the server it is `$ATOLL_HOME/ca/root.crt`)."""
+    authority = ctx(request).manager.authority
+    if authority is None:
+        raise errors.NotFound("this server has no certificate authority")
+    return Response(authority.root_pem, media_type="application/x-pem-file")
