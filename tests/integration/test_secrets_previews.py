@@ -171,6 +171,14 @@ def test_a_secret_reaches_its_host_over_https_and_the_sandbox_sees_only_a_placeh
     rec = last_seen(host, "/curl")
     assert rec["headers"]["authorization"] == f"Bearer {VALUE}"
     assert rec["path"] == f"/curl?key={VALUE}&x=1"
+    # the template's own trust store has the CA too (a program that ignores the variables)
+    out = sh(
+        api,
+        sb["id"],
+        'env -u CURL_CA_BUNDLE -u SSL_CERT_FILE -u REQUESTS_CA_BUNDLE curl -sS -o /dev/null -w "%{http_code}" '
+        '-H "X-Key: $TOKEN" https://api.atoll.test:8443/system-store',
+    )
+    assert out["stdout"] == "200", out
     code = (
         "import os, urllib.request as u; r = u.Request('https://api.atoll.test:8443/py', "
         "headers={'X-Api-Key': os.environ['TOKEN']}); print(u.urlopen(r, timeout=10).status)"
