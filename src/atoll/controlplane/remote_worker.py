@@ -199,7 +199,7 @@ class RemoteWorker:
             raise errors.Unavailable(f"worker {self.name}'s port tunnel cannot be reached: {e!r}") from None
         try:
             w.write(f"ATOLL-TUNNEL {api.PROTOCOL_VERSION} {self.token} {sandbox_id} {port}\n".encode())
-            line = (await asyncio.wait_for(r.readline(), STEP_TIMEOUT_S)).decode("utf-8", "replace").strip()
+            line = (await asyncio.wait_for(r.readline(), TUNNEL_ANSWER_S)).decode("utf-8", "replace").strip()
         except (OSError, TimeoutError) as e:
             w.transport.abort()
             raise errors.Unavailable(f"worker {self.name}'s port tunnel did not answer: {e!r}") from None
@@ -338,6 +338,9 @@ def _json_line(line: bytes) -> dict:
 
 
 _TUNNEL_READ = 256 * 1024
+TUNNEL_ANSWER_S = 5.0
+"""A worker answers a tunnel request at once (it connects into the sandbox first): one that does
+not within this is stalled (a stopped process whose kernel still accepts connections)."""
 
 
 class _TunnelStream:

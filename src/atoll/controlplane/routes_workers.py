@@ -71,6 +71,7 @@ def view(request: Request, h: WorkerHandle) -> dict:
         "version": rec.version,
         "protocol": rec.protocol,
         "url": None if h.local else rec.url,
+        "tunnel_port": None if h.local or h.info is None else (h.info.tunnel_port or None),
         "installation": rec.installation,
         "registered_at": _iso(rec.registered_at),
         "last_heartbeat_at": _iso(rec.last_heartbeat_at),

@@ -397,6 +397,9 @@ class Worker(BaseModel):
     version: str | None
     protocol: int | None
     url: str | None = Field(description="Where the server calls it (null for the in-process worker)")
+    tunnel_port: int | None = Field(
+        None, description="Its port tunnel (the ingress router's way to its sandboxes; on the url's host)"
+    )
     installation: str | None
     registered_at: str | None
     last_heartbeat_at: str | None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import ssl
 import time
@@ -40,6 +41,7 @@ HEAD_TIMEOUT_S = 30.0
 """A request head must be complete this long after its first byte (a slow client holds no
 connection for ever)."""
 MAX_CONNECTIONS = 4096
+_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 MAX_PER_PEER = 512
 """Connections one client address may hold at once (a slow client cannot take every slot)."""
 RETRY_BODY = 64 * 1024
@@ -408,6 +410,10 @@ class _Session:
             except errors.AtollError as e:
                 return await self._refuse(_status_of(e), f"atoll ingress: {e.message}")
             except (OSError, ConnectionError, TimeoutError) as e:
+                if isinstance(e, OSError) and e.errno in _EXHAUSTED:
+                    return await self._refuse(
+                        503, f"atoll ingress: the worker is out of resources ({e.strerror}); retry"
+                    )
                 return await self._refuse(
                     502,
                     f"atoll ingress: nothing answers on port {target.port} in sandbox {target.sandbox_id} ({e})",

@@ -5,7 +5,8 @@ WorkerInfo.tunnel_port). A connection opens with one line,
 `ATOLL-TUNNEL <protocol> <token> <sandbox_id> <port>\\n` (the token of the worker's current
 registration); the worker answers `OK\\n` and relays bytes both ways with a connection into the
 sandbox (Node.open_port, tracked by the egress gateway like the sandbox's other traffic), or
-`ERR <code> <message>\\n` and closes. HTTP through uvicorn cannot hand over a raw socket, which is
+`ERR <code> <message>\\n` and closes (within HELLO_TIMEOUT_S; at most MAX_UNAUTHENTICATED
+connections may wait to present a token at once). HTTP through uvicorn cannot hand over a raw socket, which is
 why this is its own listener. Called by worker.main; its client is controlplane.remote_worker.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import logging
 import typing
@@ -23,6 +25,13 @@ from atoll.core import worker_api as api
 log = logging.getLogger(__name__)
 HELLO = "ATOLL-TUNNEL"
 _READ = 256 * 1024
+HELLO_TIMEOUT_S = 3.0
+"""The first line must come this fast (the server sends it with the connect)."""
+MAX_UNAUTHENTICATED = 64
+"""Connections that have not presented a valid token yet, at once; past it new ones are closed
+(a flood without the token must not use up the worker's descriptors)."""
+MAX_OPEN = 4096
+"""Relayed tunnel connections at once."""
 
 
 class Tunnel:
@@ -31,6 +40,7 @@ class Tunnel:
         self.token = token
         self.server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._pending = 0
 
     async def start(self, host: str) -> int:
         self.server = await asyncio.start_server(self._accepted, host, 0, limit=_READ, backlog=1024)
@@ -45,15 +55,20 @@ class Tunnel:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._pending >= MAX_UNAUTHENTICATED or len(self._tasks) >= MAX_OPEN:
+            writer.transport.abort()
+            return
         t = asyncio.ensure_future(self._serve(reader, writer))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         stream: api.PortStream | None = None
+        self._pending += 1
+        authenticated = False
         try:
             try:
-                line = await asyncio.wait_for(reader.readline(), 10)
+                line = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
             except (TimeoutError, ValueError):
                 return
             parts = line.decode("ascii", "replace").split()
@@ -69,6 +84,8 @@ class Tunnel:
             if token is None or not hmac.compare_digest(parts[2].encode(), token):
                 await _refuse(writer, "unauthorized", "wrong or missing worker token")
                 return
+            authenticated = True
+            self._pending -= 1
             if not parts[4].isdigit():
                 await _refuse(writer, "invalid_request", f"port {parts[4]!r} is not a number")
                 return
@@ -78,7 +95,12 @@ class Tunnel:
                 await _refuse(writer, "refused", str(e) or f"nothing listens on port {parts[4]}")
                 return
             except OSError as e:
-                await _refuse(writer, "refused", f"port {parts[4]} did not answer ({e})")
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS):
+                    await _refuse(
+                        writer, "worker_unavailable", f"the worker is out of resources ({e.strerror})"
+                    )
+                else:
+                    await _refuse(writer, "refused", f"port {parts[4]} did not answer ({e})")
                 return
             except errors.AtollError as e:
                 await _refuse(writer, e.code, e.message)
@@ -89,6 +111,8 @@ class Tunnel:
         except (OSError, ConnectionError):
             pass
         finally:
+            if not authenticated:
+                self._pending -= 1
             if stream is not None:
                 stream.close()
             writer.transport.abort()
