@@ -16,7 +16,6 @@ import os
 import secrets
 import ssl
 import sys
-import tempfile
 
 import uvicorn
 
@@ -27,6 +26,7 @@ from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane import settings as settings_mod
 from atoll.controlplane.authority import Authority
 from atoll.core import config
+from atoll.gateway import tlsstream
 from atoll.ingress import router as router_mod
 
 log = logging.getLogger("atoll.server")
@@ -84,10 +84,10 @@ def build(s: settings_mod.ServerSettings):
 def ingress_context(s: settings_mod.ServerSettings, authority: Authority) -> ssl.SSLContext:
     """The ingress router's TLS: the operator's certificate, or one from the installation's CA
     for *.{domain}, {domain}, localhost and the loopback address."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["http/1.1"])
     if s.ingress_cert_file and s.ingress_key_file:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_alpn_protocols(["http/1.1"])
         try:
             ctx.load_cert_chain(s.ingress_cert_file, s.ingress_key_file)
         except (ssl.SSLError, OSError) as e:
@@ -98,13 +98,7 @@ def ingress_context(s: settings_mod.ServerSettings, authority: Authority) -> ssl
     cert, key = authority.server_cert(
         [f"*.{s.preview_domain}", s.preview_domain, "localhost"], ["127.0.0.1", "::1"]
     )
-    with tempfile.TemporaryDirectory() as d:
-        for name, data in (("c.pem", cert + authority.root_pem), ("k.pem", key)):
-            fd = os.open(os.path.join(d, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        ctx.load_cert_chain(os.path.join(d, "c.pem"), os.path.join(d, "k.pem"))
-    return ctx
+    return tlsstream.server_context(cert + authority.root_pem + key)
 
 
 async def start_ingress(app, s: settings_mod.ServerSettings) -> None:

@@ -26,6 +26,7 @@ from atoll import http11
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Tier
+from atoll.portstream import StreamPort
 
 NDJSON = "application/x-ndjson"
 CONNECT_TIMEOUT_S = 5.0  # (http11 connects within 5 s)
@@ -207,7 +208,7 @@ class RemoteWorker:
             sock = w.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return _TunnelStream(r, w)
+            return StreamPort(r, w)
         w.transport.abort()
         _, code, message = (line.split(" ", 2) + ["", ""])[:3]
         if code == "refused":
@@ -341,24 +342,3 @@ _TUNNEL_READ = 256 * 1024
 TUNNEL_ANSWER_S = 5.0
 """A worker answers a tunnel request at once (it connects into the sandbox first): one that does
 not within this is stalled (a stopped process whose kernel still accepts connections)."""
-
-
-class _TunnelStream:
-    """api.PortStream over a worker's tunnel connection."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self._r, self._w = reader, writer
-
-    async def read(self, n: int) -> bytes:
-        return await self._r.read(n)
-
-    async def write(self, data: bytes) -> None:
-        self._w.write(data)
-        await self._w.drain()
-
-    def close(self) -> None:
-        self._w.transport.abort()
-
-    @property
-    def closed(self) -> bool:
-        return self._w.transport.is_closing() or self._r.at_eof()

@@ -7,7 +7,6 @@ Part of the app built by controlplane.app; registrations go to controlplane.work
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
@@ -45,12 +44,6 @@ PROTOCOL = {
 }
 
 
-def _iso(t: dt.datetime | None) -> str | None:
-    if t is None:
-        return None
-    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).isoformat()
-
-
 def view(request: Request, h: WorkerHandle) -> dict:
     manager = ctx(request).manager
     cap = h.info.capacity if h.info else None
@@ -73,8 +66,8 @@ def view(request: Request, h: WorkerHandle) -> dict:
         "url": None if h.local else rec.url,
         "tunnel_port": None if h.local or h.info is None else (h.info.tunnel_port or None),
         "installation": rec.installation,
-        "registered_at": _iso(rec.registered_at),
-        "last_heartbeat_at": _iso(rec.last_heartbeat_at),
+        "registered_at": schemas.iso(rec.registered_at),
+        "last_heartbeat_at": schemas.iso(rec.last_heartbeat_at),
     }
 
 

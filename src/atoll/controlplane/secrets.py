@@ -12,12 +12,15 @@ Called by controlplane.routes_secrets and controlplane.lifecycle.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 import secrets as pysecrets
 import stat
 
 from atoll.controlplane import db as dbm
+from atoll.controlplane.schemas import iso
 from atoll.core import config, errors, netpolicy, secretbox
 from atoll.core import worker_api as api
 
@@ -90,9 +93,6 @@ def _decode_key(raw: bytes) -> bytes | None:
     if len(raw) == secretbox.KEY_BYTES:
         return raw
     text = raw.strip()
-    import base64
-    import binascii
-
     for decode in (bytes.fromhex, lambda t: base64.b64decode(t, validate=True)):
         try:
             key = decode(text.decode("ascii"))
@@ -146,8 +146,8 @@ def check_hosts(hosts: object) -> list[str]:
         if not isinstance(h, str):
             raise errors.InvalidRequest(f"hosts entry {h!r} is not a string")
         wild = h.startswith("*.")
-        name = netpolicy.normalize_name(h[2:] if wild else h)
-        if name is None or _is_ip(h):
+        name = netpolicy.normalize_name(h[2:] if wild else h)  # None for an address, too
+        if name is None:
             raise errors.InvalidRequest(
                 f"hosts entry {h!r} is not a host name: give a DNS name (api.example.com) or a wildcard "
                 "(*.example.com); addresses and ports are not accepted (the secret follows the name the "
@@ -157,16 +157,6 @@ def check_hosts(hosts: object) -> list[str]:
         if norm not in out:
             out.append(norm)
     return out
-
-
-def _is_ip(h: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(h.strip("[]"))
-    except ValueError:
-        return False
-    return True
 
 
 def new_placeholder() -> str:
@@ -272,8 +262,6 @@ class SecretStore:
 
 
 def view(rec: dbm.SecretRecord) -> dict:
-    from atoll.controlplane.schemas import iso
-
     return {
         "name": rec.name,
         "hosts": list(rec.hosts),

@@ -379,21 +379,10 @@ class Gateway:
                 # a secret's host: learn it while a server that speaks first is already heard
                 await self._address_then_name(att, conn, reader, writer, ip, port, local)
                 return
-            try:
-                up_r, up_w = await asyncio.wait_for(
-                    asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
-                )
-            except (OSError, TimeoutError) as e:
-                att.counters.refused += 1
-                self._log_refusal(att, target, f"the destination did not accept the connection ({e!r})")
-                if proto == "http":
-                    await _answer(
-                        writer,
-                        reader,
-                        502,
-                        f"atoll egress gateway: {target} did not accept the connection ({e!r})\n",
-                    )
+            up = await self._connect(att, target, ip, port, local)
+            if up is None:
                 return
+            up_r, up_w = up
             att.counters.allowed += 1
             log.debug("egress allowed: %s, %s", target, decision.rule, extra={"sandbox_id": att.sid})
             if head:
@@ -420,6 +409,34 @@ class Gateway:
             else:
                 await _flush_then_reset(writer)
 
+    async def _connect(
+        self,
+        att: _Attached,
+        target: str,
+        ip: str,
+        port: int,
+        local: tuple[str, int] | None,
+        answer: tuple[asyncio.StreamWriter, asyncio.StreamReader] | None = None,
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The upstream connection (from ATOLL_EGRESS_SOURCE when set), or None when it is refused:
+        counted, logged and — with `answer`, the sandbox's side of an HTTP exchange — a 502."""
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as e:
+            att.counters.refused += 1
+            self._log_refusal(att, target, f"the destination did not accept the connection ({e!r})")
+            if answer is not None:
+                writer, reader = answer
+                await _answer(
+                    writer,
+                    reader,
+                    502,
+                    f"atoll egress gateway: {target} did not accept the connection ({e!r})\n",
+                )
+            return None
+
     async def _address_then_name(
         self,
         att: _Attached,
@@ -435,14 +452,10 @@ class Gateway:
         while the client's first bytes are read for a name (SNI, Host). A denied name is refused
         before any client byte leaves; a secret's host is intercepted (nothing was exchanged yet);
         anything else is relayed as bytes, the address having allowed it."""
-        try:
-            up_r, up_w = await asyncio.wait_for(
-                asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
-            )
-        except (OSError, TimeoutError) as e:
-            att.counters.refused += 1
-            self._log_refusal(att, f"{ip}:{port}", f"the destination did not accept the connection ({e!r})")
+        up = await self._connect(att, f"{ip}:{port}", ip, port, local)
+        if up is None:
             return
+        up_r, up_w = up
         conn.upstream = up_w
         att.relayed.add(conn)
         down = asyncio.ensure_future(_to_sandbox(up_r, writer, conn, att))
@@ -549,17 +562,10 @@ class Gateway:
                 flight=flight,
             )
             return
-        try:
-            up_r, up_w = await asyncio.wait_for(
-                asyncio.open_connection(ip, port, local_addr=local, limit=_CHUNK), CONNECT_TIMEOUT_S
-            )
-        except (OSError, TimeoutError) as e:
-            att.counters.refused += 1
-            self._log_refusal(att, target, f"the destination did not accept the connection ({e!r})")
-            await _answer(
-                writer, reader, 502, f"atoll egress gateway: {target} did not accept the connection ({e!r})\n"
-            )
+        up = await self._connect(att, target, ip, port, local, answer=(writer, reader))
+        if up is None:
             return
+        up_r, up_w = up
         conn.upstream = up_w
         try:
             await intercept.relay(

@@ -25,10 +25,8 @@ import contextlib
 import dataclasses
 import ipaddress
 import logging
-import os
 import re
 import ssl
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -548,18 +546,7 @@ class LeafContexts:
         except ValueError:
             dns, ips = [name], []
         cert, key = pki.issue_server(self._ca_cert, self._ca_key, dns, days=LEAF_DAYS, ip_addresses=ips)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.set_alpn_protocols(["http/1.1"])
-        # the ssl module loads keys from files only: one 0600 file (mkstemp), gone right after
-        fd, path = tempfile.mkstemp(prefix="atoll-leaf-", suffix=".pem")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(cert + self._chain + key)
-            ctx.load_cert_chain(path)
-        finally:
-            os.unlink(path)
-        return ctx
+        return tlsstream.server_context(cert + self._chain + key)
 
 
 def _chain_after_leaf(ca_cert_pem: bytes, chain_pem: bytes) -> bytes:

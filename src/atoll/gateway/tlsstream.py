@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import ssl
+import tempfile
 
 _READ = 65536
 
@@ -155,3 +157,20 @@ class PlainStream:
 
     def abort(self) -> None:
         self.writer.transport.abort()
+
+
+def server_context(pem: bytes) -> ssl.SSLContext:
+    """A server TLS context (TLS 1.2 or later, ALPN http/1.1) from one PEM holding the certificate,
+    its chain and the key. The ssl module loads keys from files only: one 0600 file (mkstemp),
+    gone right after. Called by gateway.intercept (leaves) and controlplane.main (the router)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    fd, path = tempfile.mkstemp(prefix="atoll-tls-", suffix=".pem")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        ctx.load_cert_chain(path)
+    finally:
+        os.unlink(path)
+    return ctx

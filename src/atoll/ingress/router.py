@@ -29,6 +29,7 @@ import typing
 import h11
 
 from atoll.core import errors, preview
+from atoll.core import worker_api as api
 from atoll.gateway import tlsstream
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,8 @@ _FORWARDED = {b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"f
 """A client's own forwarding headers are dropped: the sandbox gets the router's, and only them."""
 
 
-class Upstream(typing.Protocol):
-    """A connection into a sandbox's port (the worker's side of it; ended with an RST)."""
-
-    async def read(self, n: int) -> bytes: ...
-    async def write(self, data: bytes) -> None: ...
-    def close(self) -> None: ...
-    @property
-    def closed(self) -> bool: ...
+Upstream = api.PortStream
+"""A connection into a sandbox's port (the worker's side of it), as WorkerAPI.open_port gives it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +106,6 @@ def _status_of(e: errors.AtollError) -> int:
 class Stats:
     requests: int = 0
     refused: int = 0
-    resumed_first: int = 0
 
 
 class Router:
@@ -204,13 +198,11 @@ _REASONS = {
 }
 
 
-def _page(status: int, text: str, close: bool = False, extra: list[tuple[bytes, bytes]] = ()) -> bytes:
+def _page(status: int, text: str, close: bool = False) -> bytes:
     body = (text.rstrip("\n") + "\n").encode()
     reason = _REASONS.get(status, "Error")
     head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {len(body)}\r\n"
     head += "x-atoll-ingress: refused\r\n"
-    for k, v in extra:
-        head += f"{k.decode()}: {v.decode()}\r\n"
     if close:
         head += "connection: close\r\n"
     return head.encode() + b"\r\n" + body
@@ -584,7 +576,3 @@ def _cookie(header: str | None) -> str | None:
         if k == preview.COOKIE:
             return v
     return None
-
-
-def now() -> float:
-    return time.time()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from atoll.core import errors, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step, Tier, advance
+from atoll.portstream import StreamPort
 
 
 @dataclass
@@ -247,7 +248,7 @@ class FakeWorker:
         if address is None:
             raise ConnectionRefusedError(f"fake: nothing listens on port {port} of {sandbox_id}")
         reader, writer = await asyncio.open_connection(*address)
-        return _Stream(reader, writer)
+        return StreamPort(reader, writer)
 
     async def inventory(self) -> api.Inventory:
         return api.Inventory(
@@ -359,24 +360,3 @@ class FakeWorker:
 
     async def aclose(self) -> None:
         self.closed = True
-
-
-class _Stream:
-    """api.PortStream over a loopback connection."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self._r, self._w = reader, writer
-
-    async def read(self, n: int) -> bytes:
-        return await self._r.read(n)
-
-    async def write(self, data: bytes) -> None:
-        self._w.write(data)
-        await self._w.drain()
-
-    def close(self) -> None:
-        self._w.transport.abort()
-
-    @property
-    def closed(self) -> bool:
-        return self._w.transport.is_closing() or self._r.at_eof()
