@@ -49,6 +49,7 @@ REPLACEMENTS = {
     "aiter_lines": "iter_lines",
     "acall_callback": "call_callback",
     "arequest_body": "request_body",
+    "asleep": "sleep",
 }
 
 HEADER = '''"""GENERATED FILE - do not edit. The synchronous atoll client: `Client`, `Sandbox`, its files and processes.

@@ -21,7 +21,8 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── InvalidState            invalid_state
     │   ├── SandboxFailed           sandbox_failed: the sandbox died under the call (e.g. out of memory)
     │   └── (Conflict)              worker_conflict, incompatible_protocol, worker_not_registered,
-    │                               secret_exists
+    │                               secret_exists, template_exists, template_in_use,
+    │                               checkpoint_refused (fork: the sandbox's state cannot be saved now)
     ├── PayloadTooLarge         413 payload_too_large
     ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
@@ -38,6 +39,7 @@ from typing import Any
 
 __all__ = [
     "AtollError",
+    "BuildFailed",
     "APIConnectionError",
     "APITimeoutError",
     "InvalidRequest",
@@ -176,6 +178,15 @@ class DiskFull(AtollError):
     default_code = "disk_full"
 
 
+class BuildFailed(AtollError):
+    """A template build ended failed (`templates.build(..., wait=True)`); `message` has its error,
+    the build's log has the rest."""
+
+    def __init__(self, message: str, *, build_id: str | None = None) -> None:
+        super().__init__(message, code="build_failed")
+        self.build_id = build_id
+
+
 class ServerError(AtollError):
     default_code = "internal_error"
 
@@ -211,6 +222,9 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "incompatible_protocol": Conflict,
     "worker_not_registered": Conflict,
     "secret_exists": Conflict,
+    "template_exists": Conflict,
+    "template_in_use": Conflict,
+    "checkpoint_refused": Conflict,
     "method_not_allowed": InvalidRequest,
     "payload_too_large": PayloadTooLarge,
     "answer_too_large": PayloadTooLarge,

@@ -194,7 +194,7 @@ def _aclient(fake: FakeAtoll) -> atoll.AsyncClient:
 
 
 EXPECTED_ALL = """
-    APIConnectionError APITimeoutError AsyncClient AsyncFiles AsyncProcess AsyncSandbox AtollError Client
+    APIConnectionError APITimeoutError AsyncClient AsyncFiles AsyncProcess AsyncSandbox AtollError BuildFailed Client
     Conflict DiskFull ExecResult FileEntry FileNotFound Files InvalidRequest InvalidState NotFound
     PayloadTooLarge PermissionDenied Preview Process ProcessInfo ProcessNotFound Sandbox SandboxBusy SandboxNotFound
     Secret SecretNotFound ServerError Template

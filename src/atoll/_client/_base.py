@@ -82,6 +82,50 @@ def sandbox_path(sandbox_id: str, *rest: str) -> str:
     return "/".join([f"/v1/sandboxes/{quote(sandbox_id, safe='')}", *rest])
 
 
+def template_path(name: str, *rest: str) -> str:
+    if not name:
+        raise ValueError("template name must be a non-empty string")
+    return "/".join([f"/v1/templates/{quote(name, safe='')}", *(quote(r, safe="") for r in rest)])
+
+
+def dockerfile_body(path_or_text: str) -> tuple[bytes, str]:
+    """The body of a Dockerfile build: a tar of the build context (a directory holding a
+    Dockerfile, or a Dockerfile's own directory) or the Dockerfile's text."""
+    import io
+    import os
+    import tarfile
+
+    if "\n" not in path_or_text and os.path.exists(path_or_text):
+        if os.path.isdir(path_or_text):
+            context, dockerfile = path_or_text, os.path.join(path_or_text, "Dockerfile")
+        else:
+            context, dockerfile = os.path.dirname(os.path.abspath(path_or_text)), path_or_text
+        if not os.path.isfile(dockerfile):
+            raise ValueError(f"{path_or_text!r} holds no Dockerfile")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for entry in sorted(os.listdir(context)):
+                full = os.path.join(context, entry)
+                if os.path.abspath(full) == os.path.abspath(dockerfile) or entry in (".git",):
+                    continue
+                tar.add(full, arcname=entry)
+            tar.add(dockerfile, arcname="Dockerfile")
+        return buf.getvalue(), "application/x-tar"
+    return path_or_text.encode(), "text/x-dockerfile"
+
+
+async def asleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
+def sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
 def secret_path(name: str) -> str:
     if not name:
         raise ValueError("secret name must be a non-empty string")

@@ -67,6 +67,18 @@ class Template(Record):
     def name(self) -> str:
         return self.data["name"]
 
+    @property
+    def status(self) -> str:
+        return self.data.get("status", "")
+
+    @property
+    def build_id(self) -> str | None:
+        return self.data.get("build_id")
+
+    @property
+    def error(self) -> str | None:
+        return self.data.get("error")
+
 
 class Secret(Record):
     """A stored secret as the server shows it: its name and hosts (never its value)."""

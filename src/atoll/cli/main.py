@@ -26,6 +26,7 @@ from rich.table import Table
 
 from atoll import errors
 from atoll._client import Client, Sandbox
+from atoll.cli import templates as cli_templates
 
 app = typer.Typer(
     name="atoll",
@@ -70,6 +71,9 @@ def _session(ctx: typer.Context) -> Iterator[Client]:
         _fail(f"{exc.code}: {exc.message}")
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+cli_templates.register(app, _session)
 
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str] | None:

@@ -32,6 +32,7 @@ from atoll.controlplane import (
     routes_sandboxes,
     routes_secrets,
     routes_system,
+    routes_templates,
     routes_workers,
     schemas,
 )
@@ -229,6 +230,7 @@ def create_app(
         routes_files,
         routes_workers,
         routes_secrets,
+        routes_templates,
     ):
         app.include_router(module.router)
 

@@ -55,6 +55,46 @@ class SandboxRecord(Base):
     standby_since: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
     last_activity_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+    build_id: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
+    """The user template build it was made from (None: a built-in template)."""
+    workdir: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    """Its template's workdir: relative file paths and commands without cwd start there."""
+    pooled: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    """A warm pool's sandbox not claimed yet: not listed, not subject to the idle policy."""
+
+
+class TemplateRecord(Base):
+    """A user template: its current (ready) build, its latest, and its warm pool's settings."""
+
+    __tablename__ = "templates"
+
+    tenant_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    current_build: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
+    latest_build: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
+    pool: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
+    pool_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class BuildRecord(Base):
+    """One build of a user template, on one worker."""
+
+    __tablename__ = "template_builds"
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(64))
+    template: Mapped[str] = mapped_column(sa.String(64), index=True)
+    worker_id: Mapped[str] = mapped_column(sa.String(64))
+    status: Mapped[str] = mapped_column(sa.String(16))
+    error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    progress: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    spec: Mapped[dict] = mapped_column(sa.JSON)
+    parent_build: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
+    info: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
 
 
 class SecretRecord(Base):
@@ -191,6 +231,49 @@ class Database:
     def secrets(self, tenant_id: str) -> builtins.list[SecretRecord]:
         with self.session() as s:
             q = sa.select(SecretRecord).where(SecretRecord.tenant_id == tenant_id).order_by(SecretRecord.name)
+            return list(s.scalars(q))
+
+    # ---- templates ------------------------------------------------------------------------------
+    def get_template(self, tenant_id: str, name: str) -> TemplateRecord | None:
+        with self.session() as s:
+            return s.get(TemplateRecord, (tenant_id, name))
+
+    def put_template(self, rec: TemplateRecord) -> None:
+        rec.updated_at = utcnow()
+        with self.session.begin() as s:
+            s.merge(rec)
+
+    def delete_template(self, tenant_id: str, name: str) -> None:
+        with self.session.begin() as s:
+            s.execute(
+                sa.delete(TemplateRecord).where(
+                    TemplateRecord.tenant_id == tenant_id, TemplateRecord.name == name
+                )
+            )
+            s.execute(
+                sa.delete(BuildRecord).where(BuildRecord.tenant_id == tenant_id, BuildRecord.template == name)
+            )
+
+    def templates(self, tenant_id: str | None = None) -> builtins.list[TemplateRecord]:
+        q = sa.select(TemplateRecord).order_by(TemplateRecord.name)
+        if tenant_id is not None:
+            q = q.where(TemplateRecord.tenant_id == tenant_id)
+        with self.session() as s:
+            return list(s.scalars(q))
+
+    def get_build(self, build_id: str) -> BuildRecord | None:
+        with self.session() as s:
+            return s.get(BuildRecord, build_id)
+
+    def put_build(self, rec: BuildRecord) -> None:
+        with self.session.begin() as s:
+            s.merge(rec)
+
+    def builds(self, template: str | None = None) -> builtins.list[BuildRecord]:
+        q = sa.select(BuildRecord).order_by(BuildRecord.created_at)
+        if template is not None:
+            q = q.where(BuildRecord.template == template)
+        with self.session() as s:
             return list(s.scalars(q))
 
     def count_by_state(self) -> dict[str, int]:

@@ -162,9 +162,10 @@ async def unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.
         watcher.cancel()
 
 
-def check_path(path: str | None, path_b64: str | None = None) -> str | bytes:
+def check_path(path: str | None, path_b64: str | None = None, workdir: str | None = None) -> str | bytes:
     """The target of a files call: `path` (text), or `path_b64` (the exact bytes, standard or URL-safe
-    base64, as GET …/files/list gives them) for names that are not UTF-8."""
+    base64, as GET …/files/list gives them) for names that are not UTF-8. A relative `path` is
+    taken from the sandbox's `workdir` (its template's), when it has one."""
     if path_b64 is not None:
         if path:
             raise errors.InvalidPath("give either 'path' or 'path_b64', not both")
@@ -193,6 +194,8 @@ def check_path(path: str | None, path_b64: str | None = None) -> str | bytes:
         )
     if "\x00" in path:
         raise errors.InvalidPath("path contains a NUL byte")
+    if not path.startswith("/") and workdir:
+        path = workdir.rstrip("/") + "/" + path
     if not path.startswith("/"):
         raise errors.InvalidPath(
             f"path {path!r} is relative; give an absolute path inside the sandbox, e.g. /{path}"

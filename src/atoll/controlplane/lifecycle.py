@@ -22,9 +22,11 @@ import time
 import typing
 
 from atoll.controlplane import db as dbm
-from atoll.controlplane import metrics
+from atoll.controlplane import metrics, schemas
 from atoll.controlplane.authority import Authority
+from atoll.controlplane.pools import Pools
 from atoll.controlplane.secrets import SecretStore
+from atoll.controlplane.templates import TemplateService
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
 from atoll.core import errors, ids, netpolicy, placement, preview
 from atoll.core import worker_api as api
@@ -73,6 +75,11 @@ class SandboxManager:
         self._cache: dict[str, dbm.SandboxRecord] = {}
         self.usage: dict[str, api.Usage] = {}
         self._reaps: set[asyncio.Task] = set()
+        self.templates = TemplateService(self, schemas.DEFAULT_MEMORY_MB)
+        """User templates and their builds."""
+        self.pools = Pools(self, self.templates, schemas.DEFAULT_MEMORY_MB)
+        """Warm pools a create claims from."""
+        self.templates.on_ready = self.pools.wake
 
     # ---- records -------------------------------------------------------------------------------
     def _lock(self, sid: str) -> asyncio.Lock:
@@ -97,7 +104,7 @@ class SandboxManager:
                 f"unknown state filter {state!r}; use one of: {', '.join(s.value for s in State)}"
             )
         recs = self.db.list(tenant_id=ids.DEFAULT_TENANT, state=state)
-        return [r for r in recs if all(r.metadata_.get(k) == v for k, v in metadata.items())]
+        return [r for r in recs if not r.pooled and all(r.metadata_.get(k) == v for k, v in metadata.items())]
 
     def live(self) -> list[dbm.SandboxRecord]:
         return list(self._cache.values())
@@ -186,16 +193,26 @@ class SandboxManager:
             self._cache[rec.id] = rec
             self._activity[rec.id] = time.monotonic()
         self.workers.load()
+        self.pools.start()
 
     async def stop(self) -> None:
         """Let go of the workers; sandboxes keep running. Deletions in flight get a few seconds
         (the worker, or the next reconciliation, finishes the rest)."""
+        await self.pools.aclose()
         if self._reaps:
             await asyncio.wait(list(self._reaps), timeout=10)
         await self.workers.aclose()
 
     # ---- create / delete -----------------------------------------------------------------------
-    async def create(self, req: typing.Any) -> dbm.SandboxRecord:
+    async def create(self, req: typing.Any, *, pooled: bool = False) -> dbm.SandboxRecord:
+        """A new sandbox: from a warm pool when the template has one ready (claimed: the caller's
+        settings applied after the restore), else restored from its template's snapshot on a
+        worker placement picks. `pooled`: made for the pool (not listed until claimed)."""
+        build = self.templates.serving(req.template)
+        if build is not None and not pooled:
+            claimed = await self.pools.claim(req, build)
+            if claimed is not None:
+                return claimed
         network = (
             netpolicy.parse(req.network.model_dump()).to_wire() if req.network else dict(self.default_network)
         )
@@ -205,7 +222,7 @@ class SandboxManager:
         bound = (
             self.secrets.placeholders(ids.DEFAULT_TENANT, requested, dict(req.env)) if self.secrets else {}
         )
-        handle = self._place(req.template, req.memory_mb)
+        handle = self._place(build.id if build is not None else req.template, req.memory_mb)
         assert handle.info is not None
         sid = ids.new_sandbox_id()
         now = dbm.utcnow()
@@ -228,6 +245,9 @@ class SandboxManager:
             created_at=now,
             updated_at=now,
             last_activity_at=now,
+            build_id=build.id if build is not None else None,
+            workdir=(build.info or {}).get("workdir") if build is not None else None,
+            pooled=pooled,
         )
         spec = api.SandboxSpec(
             sandbox_id=sid,
@@ -240,6 +260,7 @@ class SandboxManager:
             network=network,
             secrets=self.secrets.bindings(ids.DEFAULT_TENANT, bound) if self.secrets and bound else (),
             trust_pem=self.authority.root_pem.decode() if self.authority else "",
+            build_id=build.id if build is not None else "",
         )
         async with self._lock(sid), self._step("create", sid):
             self.db.add(rec)  # the record exists before the runtime does (placement is recorded)
@@ -331,7 +352,8 @@ class SandboxManager:
                     name=h.name,
                     memory_mb=h.info.capacity.memory_mb,
                     allocated_memory_mb=int(self.allocated(h.id)["memory_mb"]),
-                    templates=frozenset(h.templates),
+                    templates=frozenset(h.templates)
+                    | {b.build_id for b in h.builds.values() if b.status == "ready"},
                 )
             )
         choice = placement.choose(candidates, memory_mb=memory_mb, template=template)
@@ -496,6 +518,8 @@ class SandboxManager:
     async def worker_joined(self, handle: WorkerHandle, inventory: api.Inventory, started: float) -> None:
         """Make the records of `handle`'s sandboxes follow its inventory (taken at `started`, a
         UTC timestamp): records changed since are left for the next pass."""
+        for b in list(handle.builds.values()):  # builds that moved while nobody listened
+            self.templates.on_build(handle.id, b)
         held = {r.sandbox_id: r for r in inventory.runtimes}
         for rec in [r for r in self._cache.values() if r.worker_id == handle.id]:
             report = held.pop(rec.id, None)
@@ -573,6 +597,9 @@ class SandboxManager:
         self._activity[rec.id] = time.monotonic()
 
     async def worker_event(self, handle: WorkerHandle, ev: api.WorkerEvent) -> None:
+        if isinstance(ev, api.BuildChanged):
+            self.templates.on_build(handle.id, ev.build)
+            return
         if isinstance(ev, api.UsageReport):
             for u in ev.items:
                 if u.sandbox_id in self._cache:

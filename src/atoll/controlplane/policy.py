@@ -58,8 +58,8 @@ class TierPolicy:
         for rec in m.live():
             sid = rec.id
             live.add(sid)
-            if sid in self._steps or rec.worker_id not in ready or m.busy(sid):
-                continue
+            if sid in self._steps or rec.worker_id not in ready or m.busy(sid) or rec.pooled:
+                continue  # a pool's sandboxes stay frozen in memory until claimed
             step: typing.Awaitable | None = None
             if rec.state == State.RUNNING and rec.idle_timeout_s > 0:
                 if m.idle_for(sid, now) >= rec.idle_timeout_s:

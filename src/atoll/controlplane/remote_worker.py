@@ -126,13 +126,19 @@ class RemoteWorker:
 
     @contextlib.asynccontextmanager
     async def _stream(
-        self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: typing.Any
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = CONNECT_TIMEOUT_S + CALL_TIMEOUT_S,
+        **kw: typing.Any,
     ) -> AsyncIterator[http11.Response]:
         try:
             async with self._channel.stream(
                 method,
                 PREFIX + path,
-                timeout=CONNECT_TIMEOUT_S + CALL_TIMEOUT_S,
+                timeout=timeout,
                 headers=self._hdrs(headers),
                 **kw,
             ) as r:
@@ -217,6 +223,39 @@ class RemoteWorker:
 
     async def inventory(self) -> api.Inventory:
         return wire.load(api.Inventory, await self._call("GET", "/inventory"), "inventory")
+
+    # ---- templates, pools, fork -------------------------------------------------------------------
+    async def build_template(self, build: api.TemplateBuild) -> api.BuildInfo:
+        data = await self._call("POST", "/builds", json=wire.dump(build), timeout=STEP_TIMEOUT_S)
+        return wire.load(api.BuildInfo, data, "build")
+
+    @contextlib.asynccontextmanager
+    async def build_log(self, build_id: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        async with self._stream("GET", f"/builds/{build_id}/log", timeout=None) as r:
+
+            async def chunks() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in r.aiter_raw():
+                        yield chunk
+                except http11.ChannelError as e:
+                    raise self._unreachable(e) from None
+
+            yield chunks()
+
+    async def delete_build(self, build_id: str) -> None:
+        await self._call("DELETE", f"/builds/{build_id}", timeout=STEP_TIMEOUT_S)
+
+    async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> api.ResumeOutcome:
+        data = await self._call(
+            "POST", self._sb(sandbox_id, "claim"), json={"env": env, "cpus": cpus}, timeout=STEP_TIMEOUT_S
+        )
+        return wire.load(api.ResumeOutcome, data, "claim outcome")
+
+    async def fork(self, sandbox_id: str, new_ids: typing.Sequence[str]) -> api.ForkOutcome:
+        data = await self._call(
+            "POST", self._sb(sandbox_id, "fork"), json={"sandbox_ids": list(new_ids)}, timeout=STEP_TIMEOUT_S
+        )
+        return wire.load(api.ForkOutcome, data, "fork outcome")
 
     async def reconcile(self) -> api.ReconcileReport:
         return wire.load(

@@ -61,8 +61,7 @@ async def write_file(
     request: Request, sid: SandboxId, path: str | None = PATH, path_b64: str | None = PATH_B64
 ):
     c = ctx(request)
-    c.manager.get(sid)
-    target = http.check_path(path, path_b64)
+    target = http.check_path(path, path_b64, c.manager.get(sid).workdir)
     limit = c.max_file_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -100,8 +99,7 @@ async def read_file(
     request: Request, sid: SandboxId, path: str | None = PATH, path_b64: str | None = PATH_B64
 ):
     manager = ctx(request).manager
-    manager.get(sid)
-    target = http.check_path(path, path_b64)
+    target = http.check_path(path, path_b64, manager.get(sid).workdir)
     activity = manager.activity(sid)
     worker = await activity.__aenter__()
     reading = worker.read_file(sid, target)
@@ -146,8 +144,7 @@ async def list_files(
 ):
     """The entries of a directory, sorted by name; `name_b64`/`path_b64` carry the exact bytes."""
     manager = ctx(request).manager
-    manager.get(sid)
-    target = http.check_path(path, path_b64)
+    target = http.check_path(path, path_b64, manager.get(sid).workdir)
     async with manager.activity(sid) as worker:
         entries = await worker.list_files(sid, target)
     return http.json_response({"items": [dataclasses.asdict(e) for e in entries]})
@@ -163,8 +160,7 @@ async def delete_file(
     request: Request, sid: SandboxId, path: str | None = PATH, path_b64: str | None = PATH_B64
 ):
     manager = ctx(request).manager
-    manager.get(sid)
-    target = http.check_path(path, path_b64)
+    target = http.check_path(path, path_b64, manager.get(sid).workdir)
     async with manager.activity(sid) as worker:
         await worker.delete_file(sid, target)
     return Response(status_code=204)

@@ -6,14 +6,15 @@ Part of the app built by controlplane.app; everything goes through SandboxManage
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import http, schemas
+from atoll.controlplane import forking, http, schemas
 from atoll.controlplane.context import ctx
-from atoll.core import ids
+from atoll.core import errors, ids
 from atoll.core.lifecycle import State, Tier
 
 router = APIRouter(tags=["sandboxes"])
@@ -70,10 +71,39 @@ def answer(request: Request, rec, status: int = 200) -> Response:
     },
 )
 async def create_sandbox(request: Request):
-    """Create a sandbox on a ready worker and answer once it runs (every field optional)."""
+    """Create a sandbox on a ready worker and answer once it runs (every field optional). A user
+    template's sandbox is claimed from its warm pool when one is ready, else restored from the
+    template's snapshot; the caller's env, metadata, limits, network and secrets apply either way."""
     req = await http.read_json(request, schemas.CreateSandbox, optional=True)
     rec = await ctx(request).manager.create(req)
     return answer(request, rec, 201)
+
+
+@router.post(
+    "/v1/sandboxes/{sid}/fork",
+    status_code=201,
+    responses={
+        201: {"description": '{"items": [sandbox, ...]}: the copies, running'},
+        **http.error_responses(
+            {
+                400: "invalid_request: count outside 1-50",
+                404: "sandbox_not_found",
+                409: "checkpoint_refused (its state cannot be saved now; it runs on untouched), sandbox_busy or invalid_state",
+                503: "worker_unavailable",
+            }
+        ),
+    },
+)
+async def fork_sandbox(request: Request, sid: SandboxId):
+    """Copy a running sandbox `count` times (1-50) from one checkpoint; the parent keeps running.
+    Each copy has its own id, hostname and generation (/run/atoll/identity.json inside)."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except ValueError as e:
+        raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
+    copies = await forking.fork(ctx(request).manager, sid, forking.check_count(body))
+    return http.json_response({"items": [view(request, c) for c in copies]}, 201)
 
 
 # `metadata.<KEY>=<VALUE>` query parameters: OpenAPI has no parameters named by a pattern, but an

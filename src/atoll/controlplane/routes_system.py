@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from atoll.controlplane import http, schemas
 from atoll.controlplane.context import VERSION, ctx
-from atoll.core import errors, wire
+from atoll.core import errors
 
 router = APIRouter()
 BASE = "base"
@@ -61,12 +61,6 @@ async def healthz(request: Request):
 )
 async def metrics_endpoint(request: Request):
     return Response(ctx(request).manager.m.render(), media_type="text/plain; version=0.0.4")
-
-
-@router.get("/v1/templates", tags=["templates"], response_model=schemas.TemplateList)
-async def list_templates(request: Request):
-    """The templates the ready workers can start, with their build status."""
-    return {"items": [wire.dump(t) for t in ctx(request).manager.workers.templates()]}
 
 
 @router.get(

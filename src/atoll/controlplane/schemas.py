@@ -234,6 +234,8 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.U
         "standby_reason": rec.standby_reason,
         "failure_reason": rec.failure_reason,
         "template": rec.template,
+        "build_id": rec.build_id,
+        "workdir": rec.workdir,
         "metadata": rec.metadata_,
         "env": rec.env,
         "user": rec.user,
@@ -286,6 +288,8 @@ class Sandbox(BaseModel):
     standby_reason: str | None
     failure_reason: str | None
     template: str
+    build_id: str | None = Field(None, description="The user template build it was made from (null: built in)")
+    workdir: str | None = Field(None, description="Its template's workdir: default cwd of exec, base of relative file paths")
     metadata: dict[str, str]
     env: dict[str, str]
     user: str | None

@@ -58,6 +58,8 @@ class WorkerHandle:
     epoch: str | None = None
     last_seen: float = 0.0
     templates: dict[str, api.TemplateInfo] = field(default_factory=dict)
+    builds: dict[str, api.BuildInfo] = field(default_factory=dict)
+    """User template builds it holds (BuildChanged events keep it current)."""
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     @property
@@ -356,6 +358,7 @@ class WorkerRegistry:
         h.worker, h.info, h.local = worker, info, local
         h.state, h.reason = "joining", "reading its inventory"
         h.templates = {t.name: t for t in info.templates}
+        h.builds = {b.build_id: b for b in info.builds}
         rec = h.record
         rec.installation, rec.version, rec.protocol = info.installation, info.version, info.protocol
         rec.capacity = wire.dump(info.capacity)
@@ -406,6 +409,8 @@ class WorkerRegistry:
                         h.templates[ev.template.name] = ev.template
                         self.changed.set()
                         continue
+                    if isinstance(ev, api.BuildChanged):
+                        h.builds[ev.build.build_id] = ev.build
                     try:
                         await self.listener.worker_event(h, ev)
                     except Exception:

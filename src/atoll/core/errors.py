@@ -55,6 +55,13 @@ CODES: dict[str, Code] = {
     "sandbox_failed": Code(409, False, "the sandbox died underneath the call; it is now failed"),
     "worker_conflict": Code(409, False, "a worker of that name with another home is registered"),
     "secret_exists": Code(409, False, "a secret of that name exists (PUT replaces it)"),
+    "template_exists": Code(409, False, "a template of that name is being built; wait for its build"),
+    "template_in_use": Code(409, False, "the template has sandboxes or a pool; delete them first"),
+    "checkpoint_refused": Code(
+        409,
+        False,
+        "the sandbox's state cannot be saved now (the checkpoint gate's reason); it runs on untouched",
+    ),
     "incompatible_protocol": Code(409, False, "control plane and worker speak different protocol versions"),
     "worker_not_registered": Code(409, False, "the server does not know this registration: register again"),
     "payload_too_large": Code(413, False, "a request body is over its limit"),

@@ -24,6 +24,18 @@ def is_sandbox_id(value: str) -> bool:
     return bool(SANDBOX_ID_RE.match(value))
 
 
+BUILD_ID_RE = re.compile(r"^bld-[0-9a-hjkmnp-tv-z]{16}$")
+
+
+def new_build_id() -> str:
+    """A fresh template build id: `bld-` + 16 base32 characters."""
+    return "bld-" + "".join(secrets.choice(_ALPHABET) for _ in range(16))
+
+
+def is_build_id(value: str) -> bool:
+    return bool(BUILD_ID_RE.match(value))
+
+
 WORKER_ID_RE = re.compile(r"^wk-[0-9a-hjkmnp-tv-z]{16}$")
 WORKER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 INSTALLATION_RE = re.compile(r"[0-9a-z]{1,64}")

@@ -27,8 +27,9 @@ from typing import Literal, Protocol
 
 from atoll.core.lifecycle import Phase, Tier
 
-PROTOCOL_VERSION = 3
-"""3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
+PROTOCOL_VERSION = 4
+"""4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
+pools (claim) and fork; 3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
 set_authority) and connections into a sandbox's port (open_port); 2: SandboxSpec.network and the
 set_network verb; 1: the first split (issue 6)."""
 
@@ -78,6 +79,44 @@ class SandboxSpec:
     """Placeholders the gateway replaces (their variables are already in `env`)."""
     trust_pem: str = ""
     """The installation's root CA: installed in the sandbox's own trust store (never the template)."""
+    build_id: str = ""
+    """The user template's build it starts from (its snapshot); "" for a built-in template."""
+
+
+@dataclass(frozen=True)
+class TemplateBuild:
+    """One build of a user template: its spec (core.templatespec wire form) and, for a template
+    built FROM another, the build whose layers and settings it starts from."""
+
+    build_id: str
+    spec: dict
+    parent_build: str = ""
+    memory_mb: int = 512
+    """The memory size of the snapshot made at the end (other sizes are made when first used)."""
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """A user template's build on a worker."""
+
+    build_id: str
+    template: str
+    status: str  # building | ready | failed
+    progress: str = ""
+    error: str | None = None
+    start_mode: str = ""
+    """"snapshot": the start command runs in the snapshot; "after_restore": it could not be saved
+    (start_reason says why) and is started after each restore; "": no start command."""
+    start_reason: str = ""
+    steps: int = 0
+    cached_steps: int = 0
+    started_at: float | None = None
+    built_at: float | None = None
+    size_bytes: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = None
+    start: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +152,8 @@ class WorkerInfo:
     capacity: Capacity
     templates: tuple[TemplateInfo, ...] = ()
     default_disk_mb: int = 4096
+    builds: tuple[BuildInfo, ...] = ()
+    """User template builds it holds (ready, building, or failed)."""
     tunnel_port: int = 0
     """The port of its tunnel listener (worker.tunnel; same host as its API): the ingress
     router's way into its sandboxes. 0: none (an in-process worker is called directly)."""
@@ -141,6 +182,15 @@ class PauseOutcome:
 @dataclass(frozen=True)
 class ResumeOutcome:
     tier: Tier  # the tier it came back from
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class ForkOutcome:
+    """A fork: the copies made (their ids, in order) and what it cost; the parent runs on."""
+
+    sandbox_ids: tuple[str, ...]
+    checkpoint_ms: float
     duration_ms: float
 
 
@@ -297,6 +347,12 @@ class TemplateChanged:
 
 
 @dataclass(frozen=True)
+class BuildChanged:
+    build: BuildInfo
+    kind: Literal["build"] = "build"
+
+
+@dataclass(frozen=True)
 class Usage:
     """Resource use of one running sandbox since its runtime started (cgroup counters)."""
 
@@ -318,7 +374,7 @@ class UsageReport:
     kind: Literal["usage"] = "usage"
 
 
-WorkerEvent = SandboxDied | SandboxActivity | RuntimeChanged | TemplateChanged | UsageReport
+WorkerEvent = SandboxDied | SandboxActivity | RuntimeChanged | TemplateChanged | BuildChanged | UsageReport
 
 
 # ---- the interface ---------------------------------------------------------------------------
@@ -374,6 +430,29 @@ class WorkerAPI(Protocol):
         """A TCP connection into the running sandbox's `port` (the ingress router's way in). It
         counts as the sandbox's activity while bytes move; a disk checkpoint resets it when idle.
         Raises ConnectionRefusedError (nothing listens there) or an AtollError."""
+        ...
+
+    async def build_template(self, build: TemplateBuild) -> BuildInfo:
+        """Start building a user template (in the background); BuildChanged events follow."""
+        ...
+
+    def build_log(self, build_id: str) -> typing.AsyncContextManager[AsyncIterator[bytes]]:
+        """The build's log from its start; the iterator ends when the build does."""
+        ...
+
+    async def delete_build(self, build_id: str) -> None:
+        """Forget a build and remove its snapshots (layers stay cached by content)."""
+        ...
+
+    async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> ResumeOutcome:
+        """Wake a pooled sandbox for its new owner: thaw it and give it the caller's environment
+        and CPU count (its id, hostname and generation are already its own)."""
+        ...
+
+    async def fork(self, sandbox_id: str, new_ids: Sequence[str]) -> ForkOutcome:
+        """Checkpoint the running sandbox once and restore it as itself and as each of `new_ids`
+        (their runtimes take the parent's spec, with their own identity). A sandbox the checkpoint
+        gate refuses raises SandboxBusy/Conflict with the reason and is left untouched."""
         ...
 
     async def inventory(self) -> Inventory: ...

@@ -80,6 +80,9 @@ class FakeWorker:
         self._queues: set[asyncio.Queue] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self.closed = False
+        self.builds: dict[str, api.BuildInfo] = {}
+        self.build_fails: str | None = None
+        """A build asked for while this is set fails with it as its error."""
 
     # ---- test knobs -----------------------------------------------------------------------------
     def emit(self, ev: api.WorkerEvent) -> None:
@@ -139,10 +142,15 @@ class FakeWorker:
             templates=tuple(
                 api.TemplateInfo(t, "ready", description=f"fake {t}") for t in self.template_names
             ),
+            builds=tuple(self.builds.values()),
         )
 
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
-        if spec.template not in self.template_names:
+        if spec.build_id:
+            b = self.builds.get(spec.build_id)
+            if b is None or b.status != "ready":
+                raise errors.TemplateNotFound(f"fake: build {spec.build_id} is not ready here")
+        elif spec.template not in self.template_names:
             raise errors.TemplateNotFound(f"template {spec.template!r} does not exist")
         if spec.sandbox_id in self.runtimes:
             raise errors.Conflict(f"sandbox {spec.sandbox_id} already exists", code="invalid_state")
@@ -238,6 +246,63 @@ class FakeWorker:
 
     async def set_authority(self, authority: api.Authority) -> None:
         self.authority = authority
+
+    # ---- the seam: templates, pools, fork -------------------------------------------------------
+    async def build_template(self, build: api.TemplateBuild) -> api.BuildInfo:
+        """A build "runs" for one loop turn: ready (or failed with `build_fails`), with an event."""
+        self.calls.append(("build", build.build_id))
+        info = api.BuildInfo(build.build_id, str(build.spec.get("name", "")), "building")
+        self.builds[build.build_id] = info
+
+        async def finish() -> None:
+            await asyncio.sleep(self.delay.get("build", 0))
+            done = dataclasses.replace(
+                info,
+                status="failed" if self.build_fails else "ready",
+                error=self.build_fails,
+                progress="" if self.build_fails else "ready",
+                built_at=time.time(),
+            )
+            self.builds[build.build_id] = done
+            self.emit(api.BuildChanged(done))
+
+        asyncio.ensure_future(finish())
+        return info
+
+    @contextlib.asynccontextmanager
+    async def build_log(self, build_id: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        if build_id not in self.builds:
+            raise errors.NotFound(f"fake: no build {build_id}", code="template_not_found")
+
+        async def lines() -> AsyncIterator[bytes]:
+            yield f"fake build {build_id}\n".encode()
+
+        yield lines()
+
+    async def delete_build(self, build_id: str) -> None:
+        self.calls.append(("delete_build", build_id))
+        self.builds.pop(build_id, None)
+
+    async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> api.ResumeOutcome:
+        outcome = await self.resume(sandbox_id)
+        rt = self._get(sandbox_id)
+        rt.spec = dataclasses.replace(rt.spec, env={**rt.spec.env, **env}, cpus=cpus)
+        self.calls.append(("claim", sandbox_id))
+        return outcome
+
+    async def fork(self, sandbox_id: str, new_ids: Sequence[str]) -> api.ForkOutcome:
+        parent = self._running(sandbox_id)
+        await self._step("fork", sandbox_id)
+        if self.gate_blockers:
+            raise errors.Conflict(
+                f"sandbox {sandbox_id} cannot be forked now: " + "; ".join(self.gate_blockers),
+                code="checkpoint_refused",
+            )
+        for nid in new_ids:
+            child = FakeRuntime(dataclasses.replace(parent.spec, sandbox_id=nid), files=dict(parent.files))
+            child.phase = Phase.RUNNING
+            self.runtimes[nid] = child
+        return api.ForkOutcome(tuple(new_ids), 0.0, 0.0)
 
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
         self.calls.append(("open_port", sandbox_id))

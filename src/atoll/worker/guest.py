@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 import typing
 from collections.abc import AsyncIterator
@@ -261,7 +262,14 @@ class Guest:
         )
 
     async def identify(
-        self, sid: str, generation: int, *, hostname: str | None, env: dict | None, cpus: float
+        self,
+        sid: str,
+        generation: int,
+        *,
+        hostname: str | None,
+        env: dict | None,
+        cpus: float,
+        workdir: str | None = None,
     ) -> str | None:
         """Tell the agent who it is now (after a restore): id, generation, hostname, env, the CPU
         count its commands see. Returns the hostname it answers."""
@@ -275,6 +283,8 @@ class Guest:
                 "hostname": hostname,
                 "env": env,
                 "cpus": cpus,
+                "workdir": workdir,
+                "seed": secrets.token_hex(32),
             },
         )
         try:

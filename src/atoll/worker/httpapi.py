@@ -187,6 +187,46 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         await node.set_authority(authority)
         return no_content()
 
+    # ---- templates, pools, fork ---------------------------------------------------------------------
+    async def build_template(request: Request) -> Response:
+        build = await _body(request, api.TemplateBuild, "template build")
+        return _answer(wire.dump(await node.build_template(build)))
+
+    async def build_log(request: Request) -> Response:
+        reading = node.build_log(request.path_params["bid"])
+        chunks_in = await reading.__aenter__()
+
+        async def chunks() -> typing.AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks_in:
+                    yield chunk
+            finally:
+                await reading.__aexit__(None, None, None)
+
+        return StreamingResponse(chunks(), media_type="text/plain; charset=utf-8", headers=proto)
+
+    async def delete_build(request: Request) -> Response:
+        await shielded(node.delete_build(request.path_params["bid"]))
+        return no_content()
+
+    async def claim(request: Request) -> Response:
+        body = await _body(request, None, "claim")
+        env, cpus = body.get("env"), body.get("cpus")
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise errors.InvalidRequest("claim: env must be an object of strings")
+        if isinstance(cpus, bool) or not isinstance(cpus, (int, float)):
+            raise errors.InvalidRequest("claim: cpus must be a number")
+        return _answer(wire.dump(await shielded(node.claim(request.path_params["sid"], env, float(cpus)))))
+
+    async def fork(request: Request) -> Response:
+        body = await _body(request, None, "fork")
+        new = body.get("sandbox_ids")
+        if not isinstance(new, list) or not all(isinstance(x, str) for x in new):
+            raise errors.InvalidRequest("fork: sandbox_ids must be a list of sandbox ids")
+        return _answer(wire.dump(await shielded(node.fork(request.path_params["sid"], new))))
+
     # ---- exec and processes -----------------------------------------------------------------------
     async def exec_(request: Request) -> Response:
         sid = request.path_params["sid"]
@@ -295,6 +335,11 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb + "/network", set_network, methods=["PUT"]),
         Route(sb + "/secrets", set_secrets, methods=["PUT"]),
         Route(PREFIX + "/authority", set_authority, methods=["PUT"]),
+        Route(PREFIX + "/builds", build_template, methods=["POST"]),
+        Route(PREFIX + "/builds/{bid}/log", build_log, methods=["GET"]),
+        Route(PREFIX + "/builds/{bid}", delete_build, methods=["DELETE"]),
+        Route(sb + "/claim", claim, methods=["POST"]),
+        Route(sb + "/fork", fork, methods=["POST"]),
         Route(sb + "/exec", exec_, methods=["POST"]),
         Route(sb + "/processes", start_process, methods=["POST"]),
         Route(sb + "/processes", list_processes, methods=["GET"]),

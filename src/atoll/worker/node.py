@@ -30,7 +30,8 @@ from collections.abc import AsyncIterator, Sequence
 from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
-from atoll.worker import agent_pack, bundle, cgroups, storage, sweep, templates, trust
+from atoll.worker import agent_pack, bundle, cgroups, forks, layers, storage, sweep, templates, trust
+from atoll.worker.builder import Builder
 from atoll.worker.edge import Edge
 from atoll.worker.guest import Guest
 from atoll.worker.liveness import Liveness
@@ -187,7 +188,12 @@ class Node:
         self.agent_dir = os.path.join(settings.home, "agent")
         self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror)
         self.runtimes = RuntimeStore(settings.home, self.install_id)
-        self.hub = EventHub(lambda: [api.TemplateChanged(t) for t in self.template_infos()])
+        self.hub = EventHub(
+            lambda: [
+                *(api.TemplateChanged(t) for t in self.template_infos()),
+                *(api.BuildChanged(b) for b in self.builder.infos()),
+            ]
+        )
         self.liveness = Liveness(self.runtimes, self.install_id, self.host.runsc_root, self.hub.emit)
         self.guest = Guest(self.runtimes, self.host.runsc_root, self.liveness)
         self.snapshots = LocalSnapshotStore(self.runtimes.root)
@@ -210,6 +216,19 @@ class Node:
             self.guest,
             self._delete_runtime,
             self._spawn,
+        )
+        self.builder = Builder(
+            settings.home,
+            layers.LayerStore(settings.templates),
+            self._base_rootfs,
+            self.runtimes,
+            self.sandboxes,
+            self.tiers,
+            self.guest,
+            self._delete_runtime,
+            lambda info: self.hub.emit(api.BuildChanged(info)),
+            build_network={"allow_out": list(settings.build_allow_out)},
+            build_env=settings.build_env(),
         )
         self.pressure = Pressure(
             self.runtimes, self.guest, self.tiers, self.install_id, idle=self._idle, lock=self._lock
@@ -241,7 +260,7 @@ class Node:
 
     def _busy(self, sid: str) -> bool:
         lock = self._locks.get(sid)
-        return bool(lock and lock.locked()) or sid in self.images.temporary
+        return bool(lock and lock.locked()) or sid in self.images.temporary or sid in self.builder.temporary
 
     def _idle(self, sid: str) -> bool:
         return not self._inflight.get(sid) and not self._busy(sid)
@@ -289,6 +308,9 @@ class Node:
         for mp in await storage.harden_mounts(self.s.home):
             log.warning("added nosuid,nodev to %s (mounted by an earlier version without them)", mp)
         agent_pack.build(self.agent_dir, dir_in_sandbox=bundle.AGENT_DIR_IN_SANDBOX)
+        if self.s.build_ca_file:  # the CA bundle of build steps (public certificates only)
+            shutil.copyfile(self.s.build_ca_file, os.path.join(self.agent_dir, self.s.BUILD_CA_NAME))
+            os.chmod(os.path.join(self.agent_dir, self.s.BUILD_CA_NAME), 0o644)
         for stale in ("agent.py", "agent.pyz"):  # what earlier versions ran
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.agent_dir, stale))
@@ -344,6 +366,7 @@ class Node:
         for t in self._loops:
             t.cancel()
         await self.images.aclose()
+        await self.builder.aclose()
         for t in self._loops:
             with contextlib.suppress(BaseException):
                 await t
@@ -473,21 +496,35 @@ class Node:
                 disk_mb=disk.total // 2**20,
             ),
             templates=self.template_infos(),
+            builds=self.builder.infos(),
             default_disk_mb=self.s.default_disk_mb,
             tunnel_port=self.tunnel_port,
         )
 
+    async def _base_rootfs(self) -> tuple[str, str]:
+        """The `base` template's layer as a user template's bottom: (content key, path)."""
+        return "base-" + self.templates.recipe("base").content_hash(), await self.templates.ensure("base")
+
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         sid = spec.sandbox_id
         _check_spec(spec)
-        self.templates.recipe(spec.template)  # 404 template_not_found before any work
+        build = self.builder.get(spec.build_id) if spec.build_id else None
+        if build is None:
+            self.templates.recipe(spec.template)  # 404 template_not_found before any work
         t0 = time.perf_counter()
         async with self._lock(sid):
             if self.runtimes.find(sid) is not None:
                 raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
-            lower = await self.templates.ensure(spec.template)
-            image = self.images.find(spec.template, spec.memory_mb) if self.s.template_snapshots else None
-            env = dict(spec.env)
+            seed_upper = None
+            if build is not None:
+                lower = build.lower
+                found = self.builder.image(build, spec.memory_mb) if self.s.template_snapshots else None
+                image, seed_upper = found if found else (None, None)
+                env = {**build.env, **spec.env}
+            else:
+                lower = await self.templates.ensure(spec.template)
+                image = self.images.find(spec.template, spec.memory_mb) if self.s.template_snapshots else None
+                env = dict(spec.env)
             if spec.trust_pem:
                 for k, v in trust.ENV.items():
                     env.setdefault(k, v)
@@ -501,14 +538,90 @@ class Node:
                 user=spec.user,
                 network=netpolicy.from_wire(spec.network).to_wire(),
                 trust_pem=spec.trust_pem,
+                build_id=spec.build_id,
+                lower=lower,
+                workdir=build.workdir if build is not None else None,
             )
+            if build is not None and not spec.user:
+                rt.user = build.user
             self.edge.set_secrets(sid, spec.secrets)
             try:
-                how = await self.sandboxes.start(rt, lower, image)
+                how = await self.sandboxes.start(rt, lower, image, seed_upper)
+                if build is not None and how == "cold boot":
+                    await self.builder.prepare_boot(sid, build)
+                if (
+                    build is not None
+                    and build.start
+                    and (how == "cold boot" or build.start_mode == "after_restore")
+                ):
+                    await self.builder.start_command(sid, build)  # its snapshot does not hold it running
             except BaseException:
                 self.edge.set_secrets(sid, ())
                 raise
         return api.CreateOutcome(how, round((time.perf_counter() - t0) * 1000, 1))
+
+    # ---- the seam: user templates ---------------------------------------------------------------
+    async def build_template(self, build: api.TemplateBuild) -> api.BuildInfo:
+        return await self.builder.start(build)
+
+    def build_log(self, build_id: str) -> typing.AsyncContextManager[AsyncIterator[bytes]]:
+        return self.builder.log_stream(build_id)
+
+    async def delete_build(self, build_id: str) -> None:
+        for rt in self.runtimes.cached():
+            if rt.build_id == build_id and rt.phase != Phase.DELETING:
+                raise errors.Conflict(
+                    f"build {build_id} is in use by sandbox {rt.sandbox_id} on this worker",
+                    code="template_in_use",
+                )
+        await self.builder.delete(build_id)
+
+    # ---- the seam: pools and fork ---------------------------------------------------------------
+    async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> api.ResumeOutcome:
+        bad = [k for k, v in env.items() if not _ENV_NAME.fullmatch(k) or "\x00" in v]
+        if bad or not 0.01 <= cpus <= 64:
+            raise errors.InvalidRequest(f"claim refused: bad environment names {bad[:5]} or cpus={cpus}")
+        async with self._lock(sandbox_id):
+            rt = self.runtimes.get(sandbox_id)
+            if rt.phase == Phase.FAILED:
+                raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
+            outcome = await self.tiers.resume(rt)
+            rt.env = {**rt.env, **env}
+            rt.cpus = cpus
+            self.runtimes.save(rt, durable=False)
+            await self.guest.identify(
+                sandbox_id, rt.generation, hostname=None, env=env, cpus=cpus, workdir=rt.workdir
+            )
+            self.sandboxes.limit_cpu(rt)
+            return outcome
+
+    async def fork(self, sandbox_id: str, new_ids: Sequence[str]) -> api.ForkOutcome:
+        async with self._lock(sandbox_id):
+            parent = self.runtimes.get(sandbox_id)
+            if parent.phase == Phase.FAILED:
+                raise errors.SandboxDied(parent.failure or f"sandbox {sandbox_id} has failed")
+            if self._inflight.get(sandbox_id):
+                raise errors.SandboxBusy(
+                    f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress; fork it "
+                    "when they have finished"
+                )
+            lower = parent.lower or await self.templates.ensure(parent.template)
+            try:
+                return await forks.fork(
+                    parent,
+                    new_ids,
+                    runtimes=self.runtimes,
+                    sandboxes=self.sandboxes,
+                    tiers=self.tiers,
+                    guest=self.guest,
+                    lower=lower,
+                    locks=self._lock,
+                )
+            except BaseException:
+                for nid in new_ids:  # no half fork: the copies that started go again
+                    if self.runtimes.find(nid) is not None and ids.is_sandbox_id(nid):
+                        self._spawn(self._delete_runtime(nid))
+                raise
 
     async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
         async with self._lock(sandbox_id):

@@ -50,6 +50,12 @@ class Runtime:
     """Its egress policy in wire form (core.netpolicy): the gateway is given it again on reattach."""
     trust_pem: str = ""
     """The installation's root CA, installed in its root file system (worker.trust)."""
+    build_id: str = ""
+    """The user template build it was made from ("" for a built-in template)."""
+    lower: str = ""
+    """The overlay lowerdir stack of its root file system (a fork's copies mount the same)."""
+    workdir: str | None = None
+    """The template's workdir: the default cwd of its commands."""
 
     @property
     def cid(self) -> str:
@@ -88,6 +94,9 @@ class RuntimeStore:
         temporary: bool = False,
         network: dict | None = None,
         trust_pem: str = "",
+        build_id: str = "",
+        lower: str = "",
+        workdir: str | None = None,
     ) -> Runtime:
         """Record a runtime about to be made (phase creating), before anything exists on the host:
         whatever a crash leaves is then owned by a record, and a reattach or sweep finds it."""
@@ -103,6 +112,9 @@ class RuntimeStore:
             temporary=temporary,
             network=dict(network or {}),
             trust_pem=trust_pem,
+            build_id=build_id,
+            lower=lower,
+            workdir=workdir,
         )
         storage.private_dir(self.dir(sid))
         self._cache[sid] = rt

@@ -20,7 +20,7 @@ import time
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
-from atoll.worker import agent_pack, bundle, cgroups, netns, runsc, storage, sweep, trust
+from atoll.worker import agent_pack, bundle, cgroups, hostcmd, layers, netns, runsc, storage, sweep, trust
 from atoll.worker.edge import Edge
 from atoll.worker.guest import Guest
 from atoll.worker.liveness import Liveness
@@ -78,16 +78,21 @@ class Sandboxes:
         return self.runtimes.path(rt.sandbox_id, *parts)
 
     # ---- start ----------------------------------------------------------------------------------
-    async def start(self, rt: Runtime, lower: str, image: str | None) -> str:
-        """Boot `rt` (phase creating) from the template layer `lower`: restore `image` if given,
-        else boot cold. Returns how ("template image" or "cold boot"); on failure the runtime is
-        failed and the error raised."""
+    async def start(self, rt: Runtime, lower: str, image: str | None, seed_upper: str | None = None) -> str:
+        """Boot `rt` (phase creating) from the template layer(s) `lower` (an overlay lowerdir
+        stack): restore `image` if given, else boot cold. `seed_upper` is the writable layer the
+        image was saved with (a user template's boot wrote files its processes hold open): the
+        sandbox's own starts as a copy of it. Returns how ("template image" or "cold boot"); on
+        failure the runtime is failed and the error raised."""
         sid = rt.sandbox_id
         t0 = time.perf_counter()
         marks: dict[str, float] = {}
         how = "cold boot"
         try:
-            await asyncio.gather(self._prepare_rootfs(rt, lower), netns.create(rt.name))
+            await asyncio.gather(
+                self._prepare_rootfs(rt, lower, seed_upper if image is not None else None),
+                netns.create(rt.name),
+            )
             await self.edge.attach(rt)
             marks["prepare"] = time.perf_counter()
             self.write_bundle(rt, lower)
@@ -102,7 +107,12 @@ class Sandboxes:
                     # A sandbox restored from a shared image gets its own identity: id, generation,
                     # hostname, env, and the CPU count its programs see.
                     name = await self.guest.identify(
-                        sid, rt.generation, hostname=hostname(sid), env=rt.env, cpus=rt.cpus
+                        sid,
+                        rt.generation,
+                        hostname=hostname(sid),
+                        env=rt.env,
+                        cpus=rt.cpus,
+                        workdir=rt.workdir,
                     )
                     if name != hostname(sid):
                         raise errors.RuntimeFailure(
@@ -122,6 +132,10 @@ class Sandboxes:
                 marks["runsc"] = time.perf_counter()
                 self._booted(rt)
                 await self.guest.wait_ready(sid, AGENT_READY_TIMEOUT_S, self._p(rt, "runsc.log"))
+                if rt.workdir:
+                    await self.guest.identify(
+                        sid, rt.generation, hostname=None, env=None, cpus=rt.cpus, workdir=rt.workdir
+                    )
             marks["agent"] = time.perf_counter()
             self.limit_cpu(rt)
         except BaseException as e:
@@ -167,8 +181,10 @@ class Sandboxes:
         self.write_bundle(rt, lower)
         self.runtimes.save(rt)
 
-    async def _prepare_rootfs(self, rt: Runtime, lower: str) -> None:
+    async def _prepare_rootfs(self, rt: Runtime, lower: str, seed_upper: str | None = None) -> None:
         await storage.create_upper(self._p(rt, "upper.img"), self._p(rt, "upper"), rt.disk_mb)
+        if seed_upper is not None:
+            await hostcmd.run("cp", "-a", seed_upper + "/.", self._p(rt, "upper", "upper") + "/")
         await storage.mount_rootfs(lower, self._p(rt, "upper"), self._p(rt, "rootfs"))
         _write_identity_files(self._p(rt, "rootfs"), hostname(rt.sandbox_id))
         if rt.trust_pem:
@@ -199,7 +215,8 @@ class Sandboxes:
     def _agent_entry(self, lower: str | None) -> str:
         if lower is None:  # restore: the process already runs; the entry is not used
             return agent_pack.SOURCE
-        py = os.path.realpath(os.path.join(lower, "usr/bin/python3"))
+        found = layers.find_file(lower.split(":"), "usr/bin/python3")
+        py = os.readlink(found) if found and os.path.islink(found) else (found or "")
         ours = f"python{sys.version_info.major}.{sys.version_info.minor}"
         has_pyc = os.path.exists(os.path.join(self.agent_dir, agent_pack.COMPILED))
         return agent_pack.COMPILED if has_pyc and os.path.basename(py) == ours else agent_pack.SOURCE

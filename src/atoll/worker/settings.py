@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from atoll.core import config, ids
+from atoll.core import config, errors, ids, netpolicy
 
 
 @dataclass
@@ -59,6 +60,37 @@ class WorkerSettings:
     upstream_ca_file: str | None = None
     """ATOLL_UPSTREAM_CA_FILE: PEM certificates the egress gateway trusts, besides the system's,
     when it re-encrypts intercepted HTTPS to a secret's host (a private CA upstream; tests)."""
+
+    build_allow_out: tuple[str, ...] = ()
+    """ATOLL_BUILD_ALLOW_OUT: the egress of template build steps (apt, pip, run), comma-separated
+    policy entries (default: the Debian mirror's host, PyPI and npm)."""
+    pip_index_url: str | None = None
+    """ATOLL_PIP_INDEX_URL: the package index pip steps install from (default: PyPI)."""
+    build_ca_file: str | None = None
+    """ATOLL_BUILD_CA_FILE: CA certificates build steps trust for HTTPS (default: this host's
+    system bundle, so that a registry reached through a TLS-inspecting proxy verifies)."""
+
+    BUILD_CA_NAME = "build-ca.crt"
+
+    def build_env(self) -> dict[str, str]:
+        """Variables of build-step sandboxes only (never a template's own environment)."""
+        env: dict[str, str] = {}
+        if self.pip_index_url:
+            env["PIP_INDEX_URL"] = self.pip_index_url
+            if self.pip_index_url.startswith("http://"):
+                env["PIP_TRUSTED_HOST"] = urllib.parse.urlsplit(self.pip_index_url).hostname or ""
+        if self.build_ca_file:
+            ca = "/opt/atoll/" + self.BUILD_CA_NAME
+            for var in (
+                "PIP_CERT",
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE",
+                "NODE_EXTRA_CA_CERTS",
+                "GIT_SSL_CAINFO",
+            ):
+                env[var] = ca
+        return env
 
     @property
     def hosts_files(self) -> list[str]:
@@ -119,10 +151,47 @@ def load(
         extra_hosts=_extra_hosts(env.get("ATOLL_EXTRA_HOSTS") or None),
         egress_source=_ipv4(env.get("ATOLL_EGRESS_SOURCE") or None, "ATOLL_EGRESS_SOURCE"),
         upstream_ca_file=_ca_file(env.get("ATOLL_UPSTREAM_CA_FILE") or None),
+        build_allow_out=_build_allow_out(env),
+        pip_index_url=_url(env.get("ATOLL_PIP_INDEX_URL") or None, "ATOLL_PIP_INDEX_URL"),
+        build_ca_file=_ca_file(env["ATOLL_BUILD_CA_FILE"], "ATOLL_BUILD_CA_FILE")
+        if env.get("ATOLL_BUILD_CA_FILE")
+        else (SYSTEM_CA if os.path.exists(SYSTEM_CA) else None),
     )
 
 
-def _ca_file(path: str | None) -> str | None:
+SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
+DEFAULT_BUILD_HOSTS = ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org")
+
+
+def _url(value: str | None, var: str) -> str | None:
+    if value is None:
+        return None
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise config.SettingsError(f"{var}={value!r} is not an http(s) URL")
+    return value
+
+
+def _build_allow_out(env: Mapping[str, str]) -> tuple[str, ...]:
+    """ATOLL_BUILD_ALLOW_OUT, or the package indexes this worker is configured with."""
+    raw = env.get("ATOLL_BUILD_ALLOW_OUT")
+    if raw is not None:
+        entries = tuple(e.strip() for e in raw.split(",") if e.strip())
+    else:
+        hosts = [
+            urllib.parse.urlsplit(env.get("ATOLL_DEBIAN_MIRROR", "http://deb.debian.org/debian")).hostname
+        ]
+        if env.get("ATOLL_PIP_INDEX_URL"):
+            hosts.append(urllib.parse.urlsplit(env["ATOLL_PIP_INDEX_URL"]).hostname)
+        entries = tuple(dict.fromkeys(h for h in (*hosts, *DEFAULT_BUILD_HOSTS) if h))
+    try:
+        netpolicy.from_wire({"allow_out": list(entries)})
+    except errors.InvalidRequest as e:
+        raise config.SettingsError(f"ATOLL_BUILD_ALLOW_OUT: {e.message}") from None
+    return entries
+
+
+def _ca_file(path: str | None, var: str = "ATOLL_UPSTREAM_CA_FILE") -> str | None:
     if path is None:
         return None
     path = os.path.abspath(path)
@@ -130,11 +199,9 @@ def _ca_file(path: str | None) -> str | None:
         with open(path, "rb") as f:
             text = f.read(4 * 1024 * 1024)
     except OSError as e:
-        raise config.SettingsError(f"ATOLL_UPSTREAM_CA_FILE={path!r} cannot be read: {e.strerror}") from None
+        raise config.SettingsError(f"{var}={path!r} cannot be read: {e.strerror}") from None
     if b"-----BEGIN CERTIFICATE-----" not in text:
-        raise config.SettingsError(
-            f"ATOLL_UPSTREAM_CA_FILE={path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
-        )
+        raise config.SettingsError(f"{var}={path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
     return path
 
 

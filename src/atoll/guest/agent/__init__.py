@@ -68,9 +68,11 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
 
   GET    /health               {"ok", "pid", "generation", "sandbox_id", "hostname", "time", "uptime_s"}
   POST   /identity             {"sandbox_id": str, "generation": int, "hostname": str|null, "env": {..}|null,
-                                "cpus": number|null}
+                                "cpus": number|null, "workdir": str|null, "seed": str|null}
                                -> 200 {"sandbox_id", "generation", "hostname"}; sethostname failures ignored;
-                               cpus narrows the CPU affinity commands inherit to ceil(cpus) CPUs
+                               cpus narrows the CPU affinity commands inherit to ceil(cpus) CPUs;
+                               workdir becomes the cwd of commands without one; writes
+                               /run/atoll/identity.json (sandbox_id, generation, hostname, restored_at)
   POST   /exec                 {"cmd": str|[str], "cwd", "env", "timeout_s", "background", "user"}
       str cmd runs as /bin/sh -c cmd; a list is the argv (a missing binary gives exit_code 127 and
       "<name>: command not found", a non-executable file 126). stdin is /dev/null. env is merged over

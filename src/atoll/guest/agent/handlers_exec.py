@@ -80,6 +80,8 @@ class ExecHandlers:
                     f"cwd {cwd!r} does not exist or is not a directory; create it first (mkdir -p) "
                     "or pass an existing directory"
                 )
+        elif self.default_cwd and os.path.isdir(self.default_cwd):
+            cwd = self.default_cwd
         spec.cwd = cwd
 
         timeout = body.get("timeout_s")

@@ -6,6 +6,8 @@ hostname; set again by the worker after a restore or fork) and whether it can be
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import time
 
@@ -47,6 +49,11 @@ class StatusHandlers:
             raise invalid(f"generation must be a non-negative integer, got {generation!r}")
         if hostname is not None and (not isinstance(hostname, str) or not hostname or "\x00" in hostname):
             raise invalid(f"hostname must be a non-empty string or null, got {hostname!r}")
+        workdir = body.get("workdir")
+        if workdir is not None and (
+            not isinstance(workdir, str) or not workdir.startswith("/") or "\x00" in workdir
+        ):
+            raise invalid(f"workdir must be an absolute path or null, got {workdir!r}")
         cpus = body.get("cpus")
         if cpus is not None and (
             isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus > 0
@@ -69,6 +76,8 @@ class StatusHandlers:
             self.base_env.update(env)
         self.sandbox_id = sandbox_id
         self.generation = generation
+        if workdir is not None:
+            self.default_cwd = workdir
         if self.procs.init is not None:  # what /proc/1/environ shows to the sandbox's processes
             self.procs.init.set_identity(sandbox_id, cpus)
         if hostname is not None and hostname != socket.gethostname():
@@ -76,9 +85,38 @@ class StatusHandlers:
                 socket.sethostname(hostname)
             except OSError as e:
                 log(f"sethostname({hostname!r}) failed (ignored): {e}")
+        self._write_identity_file(body.get("seed"))
         conn.send_json(
             200, {"sandbox_id": sandbox_id, "generation": generation, "hostname": socket.gethostname()}
         )
+
+    def _write_identity_file(self, seed: object) -> None:
+        """/run/atoll/identity.json: who the sandbox is now. Programs watch it to notice a restore
+        or fork (the generation changes); the SDK's `atoll.guest.on_restore` does. A seed from the
+        worker is mixed into the kernel's pool too (gVisor draws getrandom from the host anyway)."""
+        if isinstance(seed, str) and seed:
+            try:
+                with open("/dev/urandom", "wb") as f:
+                    f.write(seed.encode())
+            except OSError:
+                pass
+        try:
+            os.makedirs("/run/atoll", mode=0o755, exist_ok=True)
+            tmp = "/run/atoll/.identity.json.tmp"
+            with open(tmp, "w") as f:
+                json.dump(
+                    {
+                        "sandbox_id": self.sandbox_id,
+                        "generation": self.generation,
+                        "hostname": socket.gethostname(),
+                        "restored_at": time.time(),
+                    },
+                    f,
+                )
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, "/run/atoll/identity.json")
+        except OSError as e:
+            log(f"cannot write /run/atoll/identity.json: {e}")
 
     def gate(self, conn: Conn) -> None:
         report = gate_report(self.procs.proc_root, own_pid=self.pid, own_port=self.port)

@@ -58,6 +58,8 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers):
         except KeyError:
             env.setdefault("HOME", "/root" if os.geteuid() == 0 else "/")
         self.base_env = env
+        self.default_cwd: str | None = None
+        """The template's workdir (POST /identity): the cwd of commands that name none."""
 
     # ---- routing
 

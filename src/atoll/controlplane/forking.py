@@ -1,0 +1,96 @@
+"""`POST /v1/sandboxes/{id}/fork`: N copies of a running sandbox, made by its worker from one
+checkpoint (WorkerAPI.fork); the parent keeps running.
+
+The copies are recorded before the worker makes them (state creating, on the parent's worker, the
+parent's template, build, limits, env, egress policy and secret placeholders — their bindings are
+given to the worker right after), and become running when it answers. A fork the checkpoint gate
+refuses answers 409 `checkpoint_refused` with the reason, and no record remains. Called by
+controlplane.routes_sandboxes.
+"""
+
+from __future__ import annotations
+
+import time
+import typing
+
+from atoll.controlplane import db as dbm
+from atoll.core import errors, ids
+from atoll.core.lifecycle import State, Verb
+
+if typing.TYPE_CHECKING:
+    from atoll.controlplane.lifecycle import SandboxManager
+
+MAX_COUNT = 50
+
+
+def check_count(body: object) -> int:
+    count = body.get("count", 1) if isinstance(body, dict) else None
+    if not isinstance(body, dict) or set(body) - {"count"}:
+        raise errors.InvalidRequest('the fork body must be {"count": N} (N from 1 to 50)')
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
+        raise errors.InvalidRequest(f"count={count!r} must be an integer from 1 to {MAX_COUNT}")
+    return count
+
+
+async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecord]:
+    rec = m.get(sid)
+    if rec.state == State.FAILED:
+        raise errors.Conflict(
+            f"sandbox {sid} has failed ({rec.failure_reason}); it cannot be forked", code="invalid_state"
+        )
+    if rec.state != State.RUNNING:
+        rec = await m.resume(sid)
+    async with m._lock(sid), m._step("fork", sid) as fields:
+        rec = m.get(sid)
+        if rec.state != State.RUNNING:
+            raise errors.Conflict(
+                f"sandbox {sid} is {rec.state}; fork it while it runs", code="invalid_state"
+            )
+        if m._inflight.get(sid):
+            raise errors.SandboxBusy(
+                f"sandbox {sid} has {m._inflight[sid]} exec/file call(s) in progress; fork it when they finish"
+            )
+        now = dbm.utcnow()
+        copies = []
+        for _ in range(count):
+            c = dbm.SandboxRecord(
+                id=ids.new_sandbox_id(),
+                tenant_id=rec.tenant_id,
+                worker_id=rec.worker_id,
+                state=State.CREATING.value,
+                template=rec.template,
+                metadata_={**rec.metadata_, "atoll.forked_from": sid},
+                env=dict(rec.env),
+                user=rec.user,
+                network=rec.network,
+                secrets=rec.secrets,
+                memory_mb=rec.memory_mb,
+                cpus=rec.cpus,
+                disk_mb=rec.disk_mb,
+                idle_timeout_s=rec.idle_timeout_s,
+                disk_after_s=rec.disk_after_s,
+                created_at=now,
+                updated_at=now,
+                last_activity_at=now,
+                build_id=rec.build_id,
+                workdir=rec.workdir,
+                pooled=False,
+            )
+            m.db.add(c)
+            m._cache[c.id] = c
+            copies.append(c)
+        worker = m.worker(rec)
+        try:
+            outcome = await m._guard(rec, worker.fork(sid, [c.id for c in copies]))
+        except BaseException:
+            for c in copies:
+                m._persist(c, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason="the fork failed")
+            raise
+        fields["worker_ms"] = outcome.duration_ms
+        fields["checkpoint_ms"] = outcome.checkpoint_ms
+        for c in copies:
+            m._persist(c, Verb.START)
+            m._activity[c.id] = m._activity[sid] = time.monotonic()
+            if c.secrets and m.secrets is not None:
+                await worker.set_secrets(c.id, m.secrets.bindings(c.tenant_id, c.secrets))
+    return copies

@@ -1,0 +1,273 @@
+"""Warm pools: per user template, sandboxes restored from its current build ahead of demand and
+kept frozen (memory tier: no CPU, counted against their worker's memory), claimed by creates.
+
+A pool is `{min, max, schedule?, memory_mb}` on the template's record. Its desired size is the
+largest of `min` and the floors of the schedule entries whose UTC window holds now
+(`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight), capped at
+`max`. The keeper (`run`) refills one sandbox at a time per pool in the background, never on a
+create's path; it removes pooled sandboxes of superseded builds and those beyond `max`. A claim
+(`claim`) takes a frozen one of the template's current build and memory size, thaws it and gives it
+the caller's environment, CPU count, egress policy, secrets, metadata and timeouts — its id,
+hostname and generation are already its own (it was made as itself). Pooled sandboxes are not
+listed by GET /v1/sandboxes and the idle policy leaves them alone. Called by the lifecycle's create
+and the pool routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import re
+import time
+import typing
+
+from atoll.controlplane import db as dbm
+from atoll.controlplane import schemas
+from atoll.core import errors, ids, netpolicy
+from atoll.core.lifecycle import State, Tier, Verb
+
+if typing.TYPE_CHECKING:
+    from atoll.controlplane.lifecycle import SandboxManager
+    from atoll.controlplane.templates import TemplateService
+
+log = logging.getLogger(__name__)
+
+MAX_POOL = 200
+PASS_EVERY_S = 1.0
+_HHMM = re.compile(r"([01]\d|2[0-3]):([0-5]\d)")
+
+
+def check(body: object, default_memory_mb: int) -> dict:
+    """A pool's settings from `PUT /v1/templates/{name}/pool`, or a 400 naming what is wrong."""
+    if not isinstance(body, dict):
+        raise errors.InvalidRequest("the pool must be a JSON object {min, max, schedule?}")
+    unknown = set(body) - {"min", "max", "schedule", "memory_mb"}
+    if unknown:
+        raise errors.InvalidRequest(
+            f"unknown pool field(s) {sorted(unknown)}; accepted: min, max, schedule, memory_mb"
+        )
+
+    def count(key: str, default: int | None) -> int:
+        v = body.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_POOL:
+            raise errors.InvalidRequest(f"pool {key}={v!r} must be an integer from 0 to {MAX_POOL}")
+        return v
+
+    lo = count("min", 0)
+    hi = count("max", max(lo, 1) if "max" not in body else None)
+    if lo > hi:
+        raise errors.InvalidRequest(f"pool min={lo} is more than max={hi}; min must be at most max")
+    memory = body.get("memory_mb", default_memory_mb)
+    if isinstance(memory, bool) or not isinstance(memory, int) or not 64 <= memory <= 65536:
+        raise errors.InvalidRequest(f"pool memory_mb={memory!r} must be an integer from 64 to 65536")
+    schedule = body.get("schedule") or []
+    if not isinstance(schedule, list) or len(schedule) > 24:
+        raise errors.InvalidRequest("pool schedule must be a list of at most 24 {from, to, min} windows")
+    out = []
+    for i, w in enumerate(schedule):
+        if not isinstance(w, dict) or set(w) - {"from", "to", "min"} or not {"from", "to", "min"} <= set(w):
+            raise errors.InvalidRequest(
+                f'pool schedule[{i}] must be {{"from": "HH:MM", "to": "HH:MM", "min": N}} (UTC)'
+            )
+        for k in ("from", "to"):
+            if not isinstance(w[k], str) or not _HHMM.fullmatch(w[k]):
+                raise errors.InvalidRequest(f"pool schedule[{i}].{k}={w[k]!r} is not a UTC time HH:MM")
+        m = w["min"]
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= hi:
+            raise errors.InvalidRequest(
+                f"pool schedule[{i}].min={m!r} must be an integer from 0 to max ({hi})"
+            )
+        out.append({"from": w["from"], "to": w["to"], "min": m})
+    return {"min": lo, "max": hi, "schedule": out, "memory_mb": memory}
+
+
+def desired(cfg: dict, now: dt.datetime) -> int:
+    minute = now.hour * 60 + now.minute
+    want = cfg.get("min", 0)
+    for w in cfg.get("schedule", []):
+        a = int(w["from"][:2]) * 60 + int(w["from"][3:])
+        b = int(w["to"][:2]) * 60 + int(w["to"][3:])
+        inside = a <= minute < b if a <= b else (minute >= a or minute < b)
+        if inside:
+            want = max(want, w["min"])
+    return min(want, cfg.get("max", 0))
+
+
+class Pools:
+    def __init__(self, manager: SandboxManager, templates: TemplateService, default_memory_mb: int):
+        self.m = manager
+        self.templates = templates
+        self.default_memory_mb = default_memory_mb
+        self._claimed: dict[str, int] = {}
+        self._errors: dict[str, str | None] = {}
+        self._claims: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # ---- settings -------------------------------------------------------------------------------
+    def set(self, name: str, body: object) -> dict:
+        rec = self.templates.record(name)
+        rec.pool = check(body, self.default_memory_mb)
+        rec.pool_error = None
+        self.m.db.put_template(rec)
+        self._errors.pop(name, None)
+        self._wake.set()
+        log.info(
+            "pool.set", extra={"template": name, **{k: v for k, v in rec.pool.items() if k != "schedule"}}
+        )
+        return self.view(name)
+
+    def _members(self, name: str) -> list[dbm.SandboxRecord]:
+        return [r for r in self.m.live() if r.pooled and r.template == name and r.state != State.DELETED]
+
+    def view(self, name: str) -> dict:
+        rec = self.templates.record(name)
+        cfg = rec.pool or {"min": 0, "max": 0, "schedule": [], "memory_mb": self.default_memory_mb}
+        members = self._members(name)
+        ready = [r for r in members if r.state == State.STANDBY and r.id not in self._claims]
+        return {
+            "template": name,
+            "min": cfg["min"],
+            "max": cfg["max"],
+            "schedule": cfg.get("schedule", []),
+            "memory_mb": cfg.get("memory_mb", self.default_memory_mb),
+            "desired": desired(cfg, dt.datetime.now(dt.UTC)) if rec.pool else 0,
+            "ready": len(ready),
+            "starting": len(members) - len(ready),
+            "claimed": self._claimed.get(name, 0),
+            "build_id": rec.current_build,
+            "last_error": self._errors.get(name) or rec.pool_error,
+        }
+
+    # ---- claims ---------------------------------------------------------------------------------
+    async def claim(self, req: schemas.CreateSandbox, build: dbm.BuildRecord) -> dbm.SandboxRecord | None:
+        """A pooled sandbox for this create, its caller's settings applied; None when none fits
+        (the create then restores one from the snapshot)."""
+        rec_t = self.m.db.get_template(ids.DEFAULT_TENANT, req.template)
+        cfg = rec_t.pool if rec_t is not None else None
+        if not cfg or req.memory_mb != cfg.get("memory_mb") or req.disk_mb is not None:
+            return None
+        for rec in self._members(req.template):
+            sid = rec.id
+            if (
+                rec.build_id != build.id
+                or rec.state != State.STANDBY
+                or rec.standby_tier != Tier.MEMORY
+                or sid in self._claims
+                or self.m._lock(sid).locked()
+            ):
+                continue
+            self._claims.add(sid)
+            try:
+                return await self._claim(rec, req)
+            except errors.AtollError as e:
+                log.warning("pool.claim.failed: %s", e.message, extra={"sandbox_id": sid})
+                self._errors[req.template] = f"a claim failed: {e.message}"
+                with contextlib.suppress(errors.AtollError):
+                    await self.m.delete(sid)
+                return None
+            finally:
+                self._claims.discard(sid)
+                self._wake.set()
+        return None
+
+    async def _claim(self, rec: dbm.SandboxRecord, req: schemas.CreateSandbox) -> dbm.SandboxRecord:
+        m = self.m
+        sid = rec.id
+        network = (
+            netpolicy.parse(req.network.model_dump()).to_wire() if req.network else dict(m.default_network)
+        )
+        bound = (
+            m.secrets.placeholders(ids.DEFAULT_TENANT, req.secrets, dict(req.env))
+            if req.secrets and m.secrets is not None
+            else {}
+        )
+        if req.secrets and m.secrets is None:
+            raise errors.InvalidRequest("this server keeps no secrets; create the sandbox without `secrets`")
+        env = {**req.env, **{var: b["placeholder"] for var, b in bound.items()}}
+        worker = m.worker(rec)
+        async with m._lock(sid), m._step("claim", sid) as fields:
+            if network != rec.network:
+                rec.network = await worker.set_network(sid, network)
+            if bound and m.secrets is not None:
+                await worker.set_secrets(sid, m.secrets.bindings(ids.DEFAULT_TENANT, bound))
+            outcome = await m._guard(rec, worker.claim(sid, env, req.cpus))
+            fields["worker_ms"] = outcome.duration_ms
+            now = dbm.utcnow()
+            m._persist(
+                rec,
+                Verb.RESUME,
+                pooled=False,
+                metadata_=dict(req.metadata),
+                env=dict(req.env),
+                user=req.user or rec.user,
+                secrets=bound or None,
+                cpus=req.cpus,
+                idle_timeout_s=req.idle_timeout_s,
+                disk_after_s=req.disk_after_s,
+                created_at=now,
+                last_activity_at=now,
+                network=rec.network,
+            )
+            m._activity[sid] = time.monotonic()
+        self._claimed[rec.template] = self._claimed.get(rec.template, 0) + 1
+        return rec
+
+    # ---- the keeper -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self.run())
+
+    def wake(self, _name: str = "") -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), PASS_EVERY_S)
+            self._wake.clear()
+            try:
+                await self._pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("pool pass failed")
+
+    async def _pass(self) -> None:
+        now = dt.datetime.now(dt.UTC)
+        for t in self.m.db.templates(ids.DEFAULT_TENANT):
+            members = self._members(t.name)
+            cfg = t.pool
+            stale = [
+                r for r in members if not cfg or r.build_id != t.current_build or r.state == State.FAILED
+            ]
+            keep = [r for r in members if r not in stale]
+            extra = keep[cfg["max"] :] if cfg else []
+            for r in [*stale, *extra]:
+                if r.id not in self._claims and not self.m._lock(r.id).locked():
+                    with contextlib.suppress(errors.AtollError):
+                        await self.m.delete(r.id)
+            if not cfg or not t.current_build:
+                continue
+            if len(keep) < desired(cfg, now):
+                await self._refill(t.name, cfg)
+                self._wake.set()  # next one soon, after other pools had their turn
+
+    async def _refill(self, name: str, cfg: dict) -> None:
+        req = schemas.CreateSandbox(template=name, memory_mb=cfg.get("memory_mb", self.default_memory_mb))
+        try:
+            rec = await self.m.create(req, pooled=True)
+            await self.m.pause(rec.id, Tier.MEMORY)
+        except errors.AtollError as e:
+            self._errors[name] = e.message
+            log.warning("pool.refill.failed: %s", e.message, extra={"template": name})
+            await asyncio.sleep(2.0)  # a failing pool does not spin
+            return
+        self._errors[name] = None
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task

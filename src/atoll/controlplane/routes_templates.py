@@ -1,0 +1,194 @@
+"""Public routes of templates: build (a JSON spec, a Dockerfile, or a tar build context), list, get,
+build logs (streamed while the build runs), delete, and warm pools.
+
+Part of the app built by controlplane.app; templates go through controlplane.templates, pools
+through controlplane.pools.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import tarfile
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from atoll.controlplane import http
+from atoll.controlplane.context import ctx
+from atoll.core import errors, templatespec, wire
+
+router = APIRouter(tags=["templates"])
+
+MAX_CONTEXT_BYTES = 64 * 2**20
+MAX_DOCKERFILE_BYTES = 2**20
+ERRORS = http.error_responses(
+    {
+        400: "invalid_request: the spec or Dockerfile is malformed (an unsupported instruction names its line)",
+        404: "template_not_found",
+        409: "template_exists (a build is running) or template_in_use",
+        503: "no_worker: no worker can build now (retryable)",
+    }
+)
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise errors.PayloadTooLarge(f"request body is {declared} bytes; the limit here is {limit} bytes")
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise errors.PayloadTooLarge(f"request body exceeds {limit} bytes, the limit here")
+    return bytes(buf)
+
+
+def _context(data: bytes) -> tuple[str, dict[str, tuple[bytes, int]]]:
+    """The Dockerfile and the files of a tar build context (regular files only; no links out)."""
+    files: dict[str, tuple[bytes, int]] = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+            for m in tar:
+                name = posixpath.normpath(m.name.lstrip("/"))
+                if name.startswith("..") or name == ".":
+                    if name == ".":
+                        continue
+                    raise errors.InvalidRequest(f"build context: {m.name!r} points outside the context")
+                if m.isfile():
+                    f = tar.extractfile(m)
+                    files[name] = (f.read() if f else b"", m.mode & 0o7777)
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise errors.InvalidRequest(
+            f"the build context is not a readable tar archive ({e}); send `tar -c -C DIR .` with "
+            "Content-Type: application/x-tar"
+        ) from None
+    if "Dockerfile" not in files:
+        raise errors.InvalidRequest("the build context has no Dockerfile at its root")
+    try:
+        text = files["Dockerfile"][0].decode()
+    except UnicodeDecodeError:
+        raise errors.InvalidRequest("the Dockerfile is not UTF-8 text") from None
+    return text, files
+
+
+@router.post(
+    "/v1/templates",
+    status_code=202,
+    responses={202: {"description": "the build started: {name, build_id, status}"}, **ERRORS},
+)
+async def build_template(
+    request: Request,
+    name: str | None = Query(
+        None, description="The template's name (required with a Dockerfile or a build context)"
+    ),
+):
+    """Build a template from a JSON spec `{name, from, apt, pip, run, files, env, workdir, user,
+    start, ready}`, a Dockerfile (`Content-Type: text/x-dockerfile`) or a tar build context with a
+    Dockerfile at its root (`application/x-tar`). The build runs in the background: poll
+    GET /v1/templates/{name} or stream its logs."""
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if kind in ("text/x-dockerfile", "application/x-tar", "application/tar"):
+        if not name:
+            raise errors.InvalidRequest(
+                "a Dockerfile build needs the template's name: POST /v1/templates?name=NAME"
+            )
+        if kind == "text/x-dockerfile":
+            raw = await _body(request, MAX_DOCKERFILE_BYTES)
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                raise errors.InvalidRequest("the Dockerfile is not UTF-8 text") from None
+            spec = templatespec.parse_dockerfile(text, name, None)
+        else:
+            text, files = _context(await _body(request, MAX_CONTEXT_BYTES))
+            spec = templatespec.parse_dockerfile(text, name, files)
+    elif kind in ("application/json", ""):
+        raw = await _body(request, 32 * 2**20)
+        try:
+            body = json.loads(raw or b"{}")
+        except (ValueError, RecursionError) as e:
+            raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise errors.InvalidRequest("the template spec must be a JSON object")
+        spec = templatespec.from_request(body, name)
+    else:
+        raise errors.InvalidRequest(
+            f"Content-Type {kind!r} is not a template: send application/json (a spec), "
+            "text/x-dockerfile or application/x-tar (a build context)"
+        )
+    build = await ctx(request).manager.templates.build(spec)
+    return http.json_response({"name": spec.name, "build_id": build.id, "status": build.status}, 202)
+
+
+def _builtin(request: Request) -> list[dict]:
+    return [wire.dump(t) for t in ctx(request).manager.workers.templates()]
+
+
+@router.get("/v1/templates", responses=ERRORS)
+async def list_templates(request: Request):
+    """Built-in templates (with their status on the workers) and yours."""
+    return {"items": [*_builtin(request), *ctx(request).manager.templates.list()]}
+
+
+@router.get("/v1/templates/{name}", responses=ERRORS)
+async def get_template(request: Request, name: str):
+    """A template: `status` (building | ready | failed) and `build_id` of its latest build, `error`,
+    the build that serves creates (`current_build_id`), its settings and `start_mode`."""
+    for t in _builtin(request):
+        if t["name"] == name:
+            return {**t, "build_id": None, "current_build_id": None}
+    svc = ctx(request).manager.templates
+    return svc.view(svc.record(name))
+
+
+@router.get(
+    "/v1/templates/{name}/builds/{build_id}/logs",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "the build's log, streamed until it ends"},
+        **ERRORS,
+    },
+)
+async def build_logs(request: Request, name: str, build_id: str):
+    """The build's log from its start; the answer ends when the build does."""
+    svc = ctx(request).manager.templates
+    build = svc.build_record(name, build_id)
+    worker = svc.worker_of(build)
+    cm = worker.build_log(build.id)
+    chunks = await cm.__aenter__()
+
+    async def body():
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await cm.__aexit__(None, None, None)
+
+    return StreamingResponse(body(), media_type="text/plain; charset=utf-8")
+
+
+@router.delete("/v1/templates/{name}", status_code=204, responses=ERRORS)
+async def delete_template(request: Request, name: str):
+    """Delete a template, its builds and its pool; 409 template_in_use while sandboxes use it."""
+    await ctx(request).manager.templates.delete(name)
+    return Response(status_code=204)
+
+
+@router.put("/v1/templates/{name}/pool", responses=ERRORS)
+async def set_pool(request: Request, name: str):
+    """Keep `min`–`max` sandboxes of the template ready (frozen, claimed by creates); `schedule`
+    raises the floor in UTC windows: `[{"from": "08:00", "to": "20:00", "min": 5}]`."""
+    raw = await _body(request, 64 * 1024)
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as e:
+        raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
+    return ctx(request).manager.pools.set(name, body)
+
+
+@router.get("/v1/templates/{name}/pool", responses=ERRORS)
+async def get_pool(request: Request, name: str):
+    """The pool: min, max, schedule, desired now, ready, starting, claimed, last_error."""
+    return ctx(request).manager.pools.view(name)

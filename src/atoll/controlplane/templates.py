@@ -1,0 +1,292 @@
+"""User templates on the control plane: records of templates and their builds, which worker builds
+each, which build serves creates, logs, deletion.
+
+A build (`build`) validates the spec (core.templatespec), picks a worker (the one holding the
+parent build for a template FROM another; otherwise placement, like a sandbox) and asks it to build
+(`WorkerAPI.build_template`); the worker's BuildChanged events move the build record (`on_build`).
+A template's `current_build` is its newest ready build: creates start from it, and a failed or
+running rebuild leaves it serving. One build of a template runs at a time. Deleting a template is
+refused while a sandbox made from it lives; its pool's sandboxes go with it. Called by
+controlplane.routes_templates, controlplane.lifecycle (creates) and controlplane.pools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import typing
+
+from atoll.controlplane import db as dbm
+from atoll.core import errors, ids, templatespec
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import State
+
+if typing.TYPE_CHECKING:
+    from atoll.controlplane.lifecycle import SandboxManager
+
+log = logging.getLogger(__name__)
+
+BUILTIN = ("base",)
+
+
+class TemplateService:
+    def __init__(self, manager: SandboxManager, default_memory_mb: int):
+        self.m = manager
+        self.db = manager.db
+        self.default_memory_mb = default_memory_mb
+        self.on_ready: typing.Callable[[str], None] = lambda name: None
+        """Called when a template gets a new current build (the pools refill with it)."""
+
+    # ---- reading --------------------------------------------------------------------------------
+    def record(self, name: str) -> dbm.TemplateRecord:
+        rec = self.db.get_template(ids.DEFAULT_TENANT, name)
+        if rec is None:
+            known = ", ".join([*BUILTIN, *(t.name for t in self.db.templates(ids.DEFAULT_TENANT))])
+            raise errors.TemplateNotFound(f"template {name!r} does not exist; templates: {known}")
+        return rec
+
+    def serving(self, name: str) -> dbm.BuildRecord | None:
+        """The build creates of `name` start from; None for a built-in template. Raises for a user
+        template without a ready build."""
+        if name in BUILTIN:
+            return None
+        rec = self.record(name)
+        build = self.db.get_build(rec.current_build) if rec.current_build else None
+        if build is None:
+            latest = self.db.get_build(rec.latest_build) if rec.latest_build else None
+            state = latest.status if latest else "missing"
+            raise errors.Conflict(
+                f"template {name!r} has no ready build yet (its build is {state}"
+                + (f": {latest.error}" if latest is not None and latest.error else "")
+                + "); wait for GET /v1/templates/{name} to say ready, or build it again",
+                code="invalid_state",
+            )
+        return build
+
+    def view(self, rec: dbm.TemplateRecord) -> dict:
+        latest = self.db.get_build(rec.latest_build) if rec.latest_build else None
+        current = self.db.get_build(rec.current_build) if rec.current_build else None
+        live = self._live_info(latest) if latest else None
+        info = (current.info if current else None) or {}
+        return {
+            "name": rec.name,
+            "status": (live.status if live else latest.status) if latest else "missing",
+            "build_id": latest.id if latest else None,
+            "error": (live.error if live else latest.error) if latest else None,
+            "progress": (live.progress if live else latest.progress) if latest else "",
+            "current_build_id": rec.current_build,
+            "from": (latest.spec if latest else {}).get("from"),
+            "start_mode": info.get("start_mode", ""),
+            "start_reason": info.get("start_reason", ""),
+            "env": info.get("env", {}),
+            "workdir": info.get("workdir"),
+            "user": info.get("user"),
+            "start": info.get("start"),
+            "steps": info.get("steps", 0),
+            "cached_steps": (live.cached_steps if live else info.get("cached_steps", 0)),
+            "size_bytes": info.get("size_bytes"),
+            "builds": [b.id for b in self.db.builds(rec.name)],
+            "in_use": self.in_use(rec.name),
+            "created_at": _iso(rec.created_at),
+            "updated_at": _iso(rec.updated_at),
+            "built_at": _iso(current.finished_at) if current else None,
+        }
+
+    def _live_info(self, build: dbm.BuildRecord) -> api.BuildInfo | None:
+        with contextlib.suppress(errors.AtollError):
+            h = self.m.workers.get(build.worker_id)
+            return h.builds.get(build.id)
+        return None
+
+    def list(self) -> list[dict]:
+        return [self.view(r) for r in self.db.templates(ids.DEFAULT_TENANT)]
+
+    def in_use(self, name: str) -> int:
+        return sum(
+            1 for r in self.m.live() if r.template == name and not r.pooled and r.state != State.DELETED
+        )
+
+    # ---- building -------------------------------------------------------------------------------
+    async def build(self, spec: templatespec.TemplateSpec) -> dbm.BuildRecord:
+        if spec.name in BUILTIN:
+            raise errors.InvalidRequest(f"template {spec.name!r} is built in; choose another name")
+        rec = self.db.get_template(ids.DEFAULT_TENANT, spec.name)
+        if rec is not None and rec.latest_build:
+            latest = self.db.get_build(rec.latest_build)
+            if latest is not None and latest.status == "building":
+                live = self._live_info(latest)
+                if live is None or live.status == "building":
+                    raise errors.Conflict(
+                        f"template {spec.name!r} is being built (build {latest.id}); wait for it to "
+                        f"finish (GET /v1/templates/{spec.name}) and build again",
+                        code="template_exists",
+                    )
+        parent = None
+        if spec.from_kind == "template":
+            if spec.from_ == spec.name:
+                raise errors.InvalidRequest(f"template {spec.name!r} cannot be built FROM itself")
+            try:
+                parent = self.serving(spec.from_)
+            except errors.TemplateNotFound:
+                raise errors.InvalidRequest(
+                    f"from={spec.from_!r}: no such template; use `base`, a template of yours "
+                    "(GET /v1/templates) or oci-archive:/path/on/the/server"
+                ) from None
+            except errors.Conflict as e:
+                raise errors.InvalidRequest(f"from={spec.from_!r}: {e.message}") from None
+        elif spec.from_kind == "oci-archive" and not os.path.isfile(spec.oci_path or ""):
+            raise errors.InvalidRequest(
+                f"from={spec.from_!r}: no such file on the server; copy the archive (`docker save IMAGE "
+                "-o FILE`) to the server and give its absolute path"
+            )
+        if parent is not None:
+            handle = self.m.workers.get(parent.worker_id)
+            if not handle.usable:
+                raise errors.Unavailable(
+                    f"the worker holding template {spec.from_!r} ({handle.name}) is not ready",
+                    code="worker_unavailable",
+                )
+        else:
+            handle = self.m._place("base", self.default_memory_mb)
+        bid = ids.new_build_id()
+        now = dbm.utcnow()
+        build = dbm.BuildRecord(
+            id=bid,
+            tenant_id=ids.DEFAULT_TENANT,
+            template=spec.name,
+            worker_id=handle.id,
+            status="building",
+            spec=spec.to_wire(),
+            parent_build=parent.id if parent else None,
+            created_at=now,
+        )
+        if rec is None:
+            rec = dbm.TemplateRecord(tenant_id=ids.DEFAULT_TENANT, name=spec.name, created_at=now)
+        rec.latest_build = bid
+        self.db.put_build(build)
+        self.db.put_template(rec)
+        assert handle.worker is not None
+        try:
+            await handle.worker.build_template(
+                api.TemplateBuild(
+                    build_id=bid,
+                    spec=build.spec,
+                    parent_build=parent.id if parent else "",
+                    memory_mb=self.default_memory_mb,
+                )
+            )
+        except errors.AtollError as e:
+            build.status, build.error, build.finished_at = "failed", e.message, dbm.utcnow()
+            self.db.put_build(build)
+            raise
+        log.info(
+            "template.build.started", extra={"template": spec.name, "build_id": bid, "worker": handle.name}
+        )
+        return build
+
+    def on_build(self, handle_id: str, info: api.BuildInfo) -> None:
+        """A worker's BuildChanged: the build record follows; a ready build becomes current."""
+        build = self.db.get_build(info.build_id)
+        if build is None or build.worker_id != handle_id:
+            return
+        if build.status == info.status and build.progress == info.progress:
+            return
+        build.status, build.error, build.progress = info.status, info.error, info.progress
+        build.info = {
+            "start_mode": info.start_mode,
+            "start_reason": info.start_reason,
+            "steps": info.steps,
+            "cached_steps": info.cached_steps,
+            "size_bytes": info.size_bytes,
+            "env": dict(info.env),
+            "workdir": info.workdir,
+            "user": info.user,
+            "start": info.start,
+        }
+        if info.status in ("ready", "failed"):
+            build.finished_at = dbm.utcnow()
+        self.db.put_build(build)
+        if info.status == "ready":
+            rec = self.db.get_template(build.tenant_id, build.template)
+            if rec is not None:
+                current = self.db.get_build(rec.current_build) if rec.current_build else None
+                if current is None or _ts(current.created_at) <= _ts(build.created_at):
+                    rec.current_build = build.id
+                    self.db.put_template(rec)
+                    log.info("template.build.ready", extra={"template": rec.name, "build_id": build.id})
+                    self.on_ready(rec.name)
+        elif info.status == "failed":
+            log.info(
+                "template.build.failed",
+                extra={"template": build.template, "build_id": build.id, "error": info.error},
+            )
+
+    def build_record(self, name: str, build_id: str) -> dbm.BuildRecord:
+        self.record(name)
+        build = self.db.get_build(build_id) if ids.is_build_id(build_id) else None
+        if build is None or build.template != name:
+            raise errors.NotFound(
+                f"template {name!r} has no build {build_id!r}; its builds are listed in GET /v1/templates/{name}",
+                code="template_not_found",
+            )
+        return build
+
+    def worker_of(self, build: dbm.BuildRecord) -> api.WorkerAPI:
+        return self.m.workers.api_for(build.worker_id)
+
+    # ---- deleting -------------------------------------------------------------------------------
+    async def delete(self, name: str) -> None:
+        if name in BUILTIN:
+            raise errors.InvalidRequest(f"template {name!r} is built in and cannot be deleted")
+        rec = self.record(name)
+        users = [r.id for r in self.m.live() if r.template == name and not r.pooled]
+        if users:
+            raise errors.Conflict(
+                f"template {name!r} is in use by {len(users)} sandbox(es) ({', '.join(users[:5])}); "
+                "delete them first",
+                code="template_in_use",
+            )
+        children = [
+            t.name
+            for t in self.db.templates(ids.DEFAULT_TENANT)
+            if t.name != name
+            and any(
+                b.parent_build and self._template_of(b.parent_build) == name for b in self.db.builds(t.name)
+            )
+        ]
+        if children:
+            raise errors.Conflict(
+                f"template {name!r} is the parent of {', '.join(children)}; delete those first",
+                code="template_in_use",
+            )
+        for r in [r for r in self.m.live() if r.template == name and r.pooled]:
+            await self.m.delete(r.id)
+        for b in self.db.builds(name):
+            try:
+                await self.m.workers.api_for(b.worker_id).delete_build(b.id)
+            except errors.AtollError as e:
+                log.warning("template.delete: build %s not removed from its worker: %s", b.id, e.message)
+        self.db.delete_template(rec.tenant_id, name)
+        log.info("template.deleted", extra={"template": name})
+
+    def _template_of(self, build_id: str) -> str | None:
+        b = self.db.get_build(build_id)
+        return b.template if b else None
+
+
+def _ts(t: dt.datetime | None) -> float:
+    if t is None:
+        return 0.0
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return t.timestamp()
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return t.isoformat().replace("+00:00", "Z")

@@ -1,0 +1,617 @@
+"""User template builds on this worker: the steps of a spec (core.templatespec) as cached layers,
+then one boot of the result, its start command run until ready, and a checkpoint of it — the
+snapshot every create of the template restores.
+
+A build runs in the background (`start`); its state is `<home>/builds/<build_id>/build.json` and
+its log `<home>/builds/<build_id>/log`, streamed while it grows (`log_stream`). Steps:
+
+1. The bottom: the `base` template's layer, the parent build's layers (FROM another template: its
+   env, workdir and user carry over, its start command only together with its ready check), or
+   an OCI archive unpacked (worker.layers).
+2. Each step, in order, by content hash: a cached layer is reused; otherwise a `files` step is
+   written on the host, and an `apt`, `pip` or `run` step runs in a build sandbox (gVisor, like
+   every sandbox) whose egress allows only the package indexes (`ATOLL_BUILD_ALLOW_OUT`); its
+   writable layer becomes the step's layer.
+3. The snapshot: a sandbox of the stack boots with the template's env; the workdir is made; the
+   start command runs as the template's user; the build waits for the ready check (a command
+   exiting 0, or a port listening inside — read from /proc/net/tcp inside, never a connection from
+   the host, which would leave state this runsc cannot save) or, without one, for the first TCP
+   listener (at most START_GRACE_S). The checkpoint gate is asked first: a start command it
+   refuses (an epoll-based server) is stopped, the sandbox is saved without it, and the start
+   command runs after each restore instead (`start_mode` "after_restore", with the reason).
+   The checkpoint and the sandbox's writable layer (files the boot wrote, which open files need)
+   are kept under the build: `images/<memory>m/` and `images/<memory>m.upper/`.
+
+Builds are immutable once ready; a new build of the same template is another build id, and the
+sandboxes of the old one keep running from its layers. Called by worker.node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import time
+import typing
+from dataclasses import dataclass, field
+
+from atoll.core import errors, ids, templatespec
+from atoll.core import worker_api as api
+from atoll.worker import layers, storage
+from atoll.worker.guest import Guest
+from atoll.worker.runtime import RuntimeStore
+from atoll.worker.sandboxes import Sandboxes
+from atoll.worker.tiers import Tiers
+
+log = logging.getLogger(__name__)
+
+BUILD_MEMORY_MB = 2048
+BUILD_DISK_MB = 16384
+IMAGE_DISK_MB = 1024
+START_GRACE_S = 10.0
+"""A start command without a ready check that never listens on a TCP port is saved this long after
+it started."""
+STEP_TIMEOUT_S = 3600.0
+LOG_LIMIT = 8 * 2**20
+MAX_IMAGE_SIZES = 4
+
+# Reads /proc/net/tcp{,6} inside the sandbox: exit 0 when something listens on the port (argv[1];
+# "any": on any port but the guest agent's). No connection is made.
+_LISTEN_PROBE = r"""
+import sys
+want = sys.argv[1]
+ports = set()
+for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        lines = open(name).read().splitlines()[1:]
+    except OSError:
+        continue
+    for ln in lines:
+        f = ln.split()
+        if len(f) > 3 and f[3] == "0A":
+            ports.add(int(f[1].rsplit(":", 1)[1], 16))
+ports.discard(49999)
+sys.exit(0 if (ports if want == "any" else int(want) in ports) else 1)
+"""
+
+
+@dataclass
+class Build:
+    build_id: str
+    template: str
+    status: str = "building"
+    progress: str = ""
+    error: str | None = None
+    start_mode: str = ""
+    start_reason: str = ""
+    steps: int = 0
+    cached_steps: int = 0
+    started_at: float = field(default_factory=time.time)
+    built_at: float | None = None
+    size_bytes: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = None
+    start: str | None = None
+    ready: dict | None = None
+    layers: list[str] = field(default_factory=list)
+    """Host paths of its layers, top first (the overlay lowerdir order)."""
+    top_key: str = ""
+    memory_mb: int = 512
+
+    def info(self) -> api.BuildInfo:
+        return api.BuildInfo(
+            build_id=self.build_id,
+            template=self.template,
+            status=self.status,
+            progress=self.progress,
+            error=self.error,
+            start_mode=self.start_mode,
+            start_reason=self.start_reason,
+            steps=self.steps,
+            cached_steps=self.cached_steps,
+            started_at=self.started_at,
+            built_at=self.built_at,
+            size_bytes=self.size_bytes,
+            env=dict(self.env),
+            workdir=self.workdir,
+            user=self.user,
+            start=self.start,
+        )
+
+    @property
+    def lower(self) -> str:
+        return layers.stack(self.layers)
+
+
+class BuildFailed(errors.InvalidRequest):
+    """A build step failed (its command's output is in the build log)."""
+
+
+class Builder:
+    def __init__(
+        self,
+        home: str,
+        layer_store: layers.LayerStore,
+        base_rootfs: typing.Callable[[], typing.Awaitable[tuple[str, str]]],
+        runtimes: RuntimeStore,
+        sandboxes: Sandboxes,
+        tiers: Tiers,
+        guest: Guest,
+        delete: typing.Callable[[str], typing.Awaitable[typing.Any]],
+        emit: typing.Callable[[api.BuildInfo], None],
+        build_network: dict,
+        build_env: dict[str, str],
+    ):
+        self.root = os.path.join(home, "builds")
+        storage.private_dir(self.root)
+        self.layers = layer_store
+        self._base_rootfs = base_rootfs
+        self.runtimes = runtimes
+        self.sandboxes = sandboxes
+        self.tiers = tiers
+        self.guest = guest
+        self._delete = delete
+        self._emit = emit
+        self.build_network = build_network
+        self.build_env = build_env
+        self._builds: dict[str, Build] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._grew: dict[str, asyncio.Event] = {}
+        self._image_locks: dict[str, asyncio.Lock] = {}
+        self._image_tasks: dict[str, asyncio.Task] = {}
+        self.temporary: set[str] = set()
+        self._load()
+
+    # ---- records --------------------------------------------------------------------------------
+    def _dir(self, bid: str, *parts: str) -> str:
+        return os.path.join(self.root, bid, *parts)
+
+    def _load(self) -> None:
+        for bid in os.listdir(self.root):
+            try:
+                with open(self._dir(bid, "build.json")) as f:
+                    b = Build(**json.load(f))
+            except (OSError, ValueError, TypeError):
+                continue
+            if b.status == "building":  # the process that ran it is gone
+                b.status, b.error = "failed", "the worker restarted during the build; build again"
+                self._save(b)
+            self._builds[bid] = b
+
+    def _save(self, b: Build) -> None:
+        path = self._dir(b.build_id, "build.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(b.__dict__, f)
+        os.replace(path + ".tmp", path)
+        self._emit(b.info())
+
+    def infos(self) -> tuple[api.BuildInfo, ...]:
+        return tuple(b.info() for b in self._builds.values())
+
+    def get(self, bid: str) -> Build:
+        b = self._builds.get(bid)
+        if b is None or b.status != "ready":
+            state = "unknown on this worker" if b is None else b.status
+            raise errors.TemplateNotFound(f"template build {bid} is {state}; build the template again")
+        return b
+
+    # ---- the log --------------------------------------------------------------------------------
+    def _log(self, b: Build, line: str) -> None:
+        path = self._dir(b.build_id, "log")
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        if size < LOG_LIMIT:
+            with open(path, "a", encoding="utf-8", errors="replace") as f:
+                f.write(line.rstrip("\n")[:8192] + "\n")
+        ev = self._grew.get(b.build_id)
+        if ev is not None:
+            ev.set()
+
+    @contextlib.asynccontextmanager
+    async def log_stream(self, bid: str) -> typing.AsyncIterator[typing.AsyncIterator[bytes]]:
+        if bid not in self._builds:
+            raise errors.NotFound(f"no build {bid} on this worker", code="template_not_found")
+
+        async def chunks() -> typing.AsyncIterator[bytes]:
+            offset = 0
+            path = self._dir(bid, "log")
+            while True:
+                ev = self._grew.setdefault(bid, asyncio.Event())
+                ev.clear()
+                with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(1 << 20)
+                    if data:
+                        offset += len(data)
+                        yield data
+                        continue
+                if self._builds[bid].status != "building":
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ev.wait(), 1.0)
+
+        yield chunks()
+
+    # ---- start ----------------------------------------------------------------------------------
+    async def start(self, tb: api.TemplateBuild) -> api.BuildInfo:
+        if not ids.is_build_id(tb.build_id):
+            raise errors.InvalidRequest(f"malformed build id {tb.build_id!r}")
+        if tb.build_id in self._builds:
+            return self._builds[tb.build_id].info()
+        spec = templatespec.from_wire(tb.spec)
+        parent = None
+        if spec.from_kind == "template":
+            parent = self.get(tb.parent_build)
+        storage.private_dir(self._dir(tb.build_id))
+        b = Build(build_id=tb.build_id, template=spec.name, memory_mb=tb.memory_mb, steps=len(spec.steps))
+        self._builds[b.build_id] = b
+        self._save(b)
+        self._tasks[b.build_id] = asyncio.ensure_future(self._run(b, spec, parent))
+        return b.info()
+
+    async def _run(self, b: Build, spec: templatespec.TemplateSpec, parent: Build | None) -> None:
+        t0 = time.monotonic()
+        try:
+            await self._build(b, spec, parent)
+        except asyncio.CancelledError:
+            b.status, b.error = "failed", "the build was cancelled (the worker stopped)"
+            self._log(b, f"ERROR {b.error}")
+            self._save(b)
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure ends the build with its reason
+            message = getattr(e, "message", None) or repr(e)
+            if not isinstance(e, errors.AtollError):
+                log.exception("template build %s failed", b.build_id)
+            b.status, b.error = "failed", message
+            self._log(b, f"ERROR {message}")
+        else:
+            b.status, b.built_at, b.progress = "ready", time.time(), "ready"
+            self._log(b, f"DONE build {b.build_id} of {b.template} ready in {time.monotonic() - t0:.1f}s")
+        finally:
+            self._tasks.pop(b.build_id, None)
+        self._save(b)
+
+    async def _build(self, b: Build, spec: templatespec.TemplateSpec, parent: Build | None) -> None:
+        say = lambda line: self._log(b, line)  # noqa: E731
+        say(f"build {b.build_id} of template {spec.name}: FROM {spec.from_}, {len(spec.steps)} step(s)")
+        env: dict[str, str] = {}
+        workdir, user, start, ready = None, None, None, None
+        if spec.from_kind == "base":
+            base_key, bottom = await self._base_rootfs()
+            stack = [bottom]
+        elif spec.from_kind == "template":
+            assert parent is not None
+            base_key, stack = parent.top_key, list(reversed(parent.layers))
+            env, workdir, user = dict(parent.env), parent.workdir, parent.user
+            start, ready = parent.start, parent.ready
+        else:
+            base_key, bottom, config = await self.layers.bottom_from_archive(spec.oci_path or "", say)
+            stack = [bottom]
+            env = dict(config.env)
+            workdir, user = config.workdir or None, config.user or None
+            argv = [*config.entrypoint, *config.cmd]
+            start = shlex.join(argv) if argv else None
+        if spec.start is not None:
+            start, ready = spec.start, spec.ready.__dict__ if spec.ready else None
+        elif spec.ready is not None:
+            ready = spec.ready.__dict__
+        env.update(dict(spec.env))
+        workdir = spec.workdir or workdir
+        user = spec.user or user
+        if layers.find_file(list(reversed(stack)), "usr/bin/python3") is None:
+            raise BuildFailed(
+                f"FROM {spec.from_}: the image has no /usr/bin/python3, which atoll's guest agent "
+                "runs on; start from an image with python3 (3.8 or newer) installed"
+            )
+        keys = templatespec.step_keys(spec, base_key)
+        for i, (step, key) in enumerate(zip(spec.steps, keys, strict=True), 1):
+            b.progress = f"step {i}/{len(spec.steps)}: {step.describe()}"
+            self._save(b)
+            if self.layers.exists(key):
+                b.cached_steps += 1
+                say(f"CACHED [{i}/{len(spec.steps)}] {step.describe()}")
+            else:
+                say(f"STEP [{i}/{len(spec.steps)}] {step.describe()}")
+                async with self.layers.making(key) as fs:
+                    if fs is None:
+                        b.cached_steps += 1
+                    else:
+                        await self._run_step(b, step, stack, {**env, **dict(step.env)}, fs)
+                        self.layers.commit(key, fs, step.describe())
+            stack.append(self.layers.path(key))
+            layers.stack(stack)  # refuse a stack the mount cannot take, before the snapshot
+        b.layers = list(reversed(stack))
+        b.top_key = keys[-1] if keys else base_key
+        b.env, b.workdir, b.user, b.start, b.ready = env, workdir, user, start, ready
+        b.progress = "booting the template and making its snapshot"
+        self._save(b)
+        await self._snapshot(b, b.memory_mb, say)
+        b.size_bytes = sum(_layer_size(p) for p in b.layers[:-1] if "/layers/" in p)
+
+    # ---- build steps ----------------------------------------------------------------------------
+    def _step_command(self, step: templatespec.Step) -> tuple[str, str | None]:
+        """The shell command of an apt, pip or run step, and the user it runs as (None: root)."""
+        if step.kind == "apt":
+            pkgs = " ".join(shlex.quote(p) for p in step.packages)
+            return (
+                "set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update; "
+                f"apt-get install -y --no-install-recommends {pkgs}; apt-get clean; "
+                "rm -rf /var/lib/apt/lists/*",
+                None,
+            )
+        if step.kind == "pip":
+            pkgs = " ".join(shlex.quote(p) for p in step.packages)
+            # options as variables: a pip too old for one ignores it instead of failing
+            return (
+                "set -e; export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore "
+                "PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1; "
+                f"python3 -m pip install {pkgs}",
+                None,
+            )
+        return step.command, None if step.user in ("", "root") else step.user
+
+    async def _run_step(
+        self, b: Build, step: templatespec.Step, stack: list[str], env: dict[str, str], fs: str
+    ) -> None:
+        if step.kind == "files":
+            await self.layers.files_layer(fs, step.files)
+            self._log(b, f"  wrote {len(step.files)} file(s)")
+            return
+        cmd, user = self._step_command(step)
+        sid = ids.new_sandbox_id()
+        self.temporary.add(sid)
+        try:
+            rt = self.runtimes.new(
+                sid,
+                template=f"build:{b.build_id}",
+                memory_mb=BUILD_MEMORY_MB,
+                cpus=float(os.cpu_count() or 1),
+                env={**env, **self.build_env},
+                disk_mb=BUILD_DISK_MB,
+                temporary=True,
+                network=self.build_network,
+            )
+            await self.sandboxes.start(rt, layers.stack(list(reversed(stack))), None)
+            if user is not None:
+                await self._check_user(sid, user)
+            if step.workdir != "/":  # made by root, as Docker's WORKDIR does
+                await self.guest.exec(
+                    sid, api.ExecSpec(cmd=["mkdir", "-p", step.workdir], max_output_bytes=4096)
+                )
+            spec = api.ExecSpec(
+                cmd=["/bin/sh", "-c", cmd],
+                max_output_bytes=1 << 16,
+                user=user,
+                cwd=step.workdir,
+                timeout_s=STEP_TIMEOUT_S,
+            )
+            exit_code, tail = await self._stream(b, sid, spec)
+            if exit_code != 0:
+                raise BuildFailed(
+                    f"step {step.describe()!r} failed with exit code {exit_code}: "
+                    + " | ".join(tail[-5:])[-1500:]
+                )
+            await self.sandboxes.stop_container(rt)
+            await self.layers.from_upper(fs, self.runtimes.path(sid, "upper", "upper"))
+        finally:
+            await self._discard(sid)
+
+    async def _stream(self, b: Build, sid: str, spec: api.ExecSpec) -> tuple[int | None, list[str]]:
+        tail: list[str] = []
+        exit_code: int | None = None
+        partial = {"stdout": "", "stderr": ""}
+        async with self.guest.exec_stream(sid, spec) as events:
+            async for ev in events:
+                if isinstance(ev, api.ExecOutput):
+                    text = partial[ev.stream] + ev.text
+                    *lines, partial[ev.stream] = text.split("\n")
+                    for ln in lines:
+                        self._log(b, "  " + ln)
+                        tail = (tail + [ln])[-20:]
+                else:
+                    exit_code = 124 if ev.timed_out else ev.exit_code
+        for rest in partial.values():
+            if rest:
+                self._log(b, "  " + rest)
+                tail.append(rest)
+        return exit_code, tail
+
+    async def _check_user(self, sid: str, user: str) -> None:
+        r = await self.guest.exec(sid, api.ExecSpec(cmd=["id", "-u", user], max_output_bytes=4096))
+        if r.exit_code != 0:
+            raise BuildFailed(
+                f"user {user!r} does not exist in the template; add it first (run: useradd -m {user})"
+            )
+
+    async def _discard(self, sid: str) -> None:
+        deletion = asyncio.ensure_future(self._delete(sid))
+        with contextlib.suppress(Exception):
+            await asyncio.shield(deletion)
+        self.temporary.discard(sid)
+
+    # ---- the snapshot ---------------------------------------------------------------------------
+    def image(self, b: Build, memory_mb: int) -> tuple[str, str] | None:
+        """(checkpoint dir, writable-layer dir) of the build's snapshot at this memory size, or
+        None: that create boots cold, and a snapshot of the size is made in the background."""
+        d = self._dir(b.build_id, "images", f"{memory_mb}m")
+        if os.path.exists(os.path.join(d, "manifest.json")):
+            return d, d + ".upper"
+        key = f"{b.build_id}-{memory_mb}"
+        sizes = (
+            len(os.listdir(self._dir(b.build_id, "images"))) // 2
+            if os.path.isdir(self._dir(b.build_id, "images"))
+            else 0
+        )
+        if key not in self._image_tasks and sizes + len(self._image_tasks) < MAX_IMAGE_SIZES:
+            task = asyncio.ensure_future(self._snapshot_later(b, memory_mb))
+            self._image_tasks[key] = task
+            task.add_done_callback(lambda _t: self._image_tasks.pop(key, None))
+        return None
+
+    async def _snapshot_later(self, b: Build, memory_mb: int) -> None:
+        try:
+            await self._snapshot(b, memory_mb, lambda line: log.info("build %s: %s", b.build_id, line))
+        except Exception as e:  # noqa: BLE001 - that size keeps booting cold; say why
+            log.warning("build %s: no snapshot of %d MB (%s)", b.build_id, memory_mb, e)
+
+    async def _snapshot(self, b: Build, memory_mb: int, say: typing.Callable[[str], None]) -> None:
+        dest = self._dir(b.build_id, "images", f"{memory_mb}m")
+        async with self._image_locks.setdefault(dest, asyncio.Lock()):
+            if os.path.exists(os.path.join(dest, "manifest.json")):
+                return
+            t0 = time.monotonic()
+            sid = ids.new_sandbox_id()
+            self.temporary.add(sid)
+            try:
+                rt = self.runtimes.new(
+                    sid,
+                    template=f"build:{b.build_id}",
+                    memory_mb=memory_mb,
+                    cpus=1,
+                    env=dict(b.env),
+                    disk_mb=IMAGE_DISK_MB,
+                    user=b.user,
+                    temporary=True,
+                )
+                await self.sandboxes.start(rt, b.lower, None)
+                await self.prepare_boot(sid, b)
+                mode, reason = "", ""
+                if b.start:
+                    say(f"START {b.start}")
+                    started = await self.start_command(sid, b)
+                    await self._wait_ready(b, sid, started, say)
+                    gate = await self.guest.gate(sid)
+                    mode = "snapshot"
+                    if not gate.ok:
+                        mode, reason = "after_restore", "; ".join(gate.blockers)
+                        say(
+                            f"the start command cannot be saved in the snapshot ({reason}); it is "
+                            "stopped and will run after each restore instead"
+                        )
+                        await self.guest.kill_all(sid)
+                        await asyncio.sleep(0.3)
+                elif b.ready:
+                    await self._wait_ready(b, sid, None, say)
+                gate = await self.guest.gate(sid)
+                if not gate.ok:
+                    raise BuildFailed("the booted template cannot be saved: " + "; ".join(gate.blockers))
+                await self.tiers.checkpoint(rt)
+                staged = self.runtimes.path(sid, "snapshot")
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                shutil.rmtree(dest + ".upper", ignore_errors=True)
+                os.makedirs(dest + ".upper")
+                await self.layers.from_upper(dest + ".upper", self.runtimes.path(sid, "upper", "upper"))
+                os.replace(staged, dest)
+                if memory_mb == b.memory_mb:
+                    b.start_mode, b.start_reason = mode, reason
+                say(f"snapshot of {memory_mb} MB made in {time.monotonic() - t0:.1f}s")
+            finally:
+                await self._discard(sid)
+
+    async def prepare_boot(self, sid: str, b: Build) -> None:
+        """What a fresh boot of the build needs before its start command: the workdir."""
+        if b.workdir and b.workdir != "/":
+            r = await self.guest.exec(
+                sid, api.ExecSpec(cmd=["mkdir", "-p", b.workdir], max_output_bytes=4096)
+            )
+            if r.exit_code != 0:
+                raise BuildFailed(f"workdir {b.workdir!r} cannot be made: {r.stderr.strip()[:300]}")
+        if b.user:
+            await self._check_user(sid, b.user)
+
+    async def start_command(self, sid: str, b: Build) -> api.ProcessStarted:
+        assert b.start
+        return await self.guest.start_process(
+            sid,
+            api.ExecSpec(cmd=b.start, cwd=b.workdir or "/", user=b.user, max_output_bytes=1 << 16),
+        )
+
+    async def _wait_ready(
+        self, b: Build, sid: str, started: api.ProcessStarted | None, say: typing.Callable[[str], None]
+    ) -> None:
+        ready = b.ready or {}
+        timeout = float(ready.get("timeout_s") or 120.0)
+        if ready.get("cmd"):
+            probe = api.ExecSpec(cmd=ready["cmd"], cwd=b.workdir or "/", max_output_bytes=4096, timeout_s=30)
+            what = f"ready check {ready['cmd']!r}"
+        else:
+            port = ready.get("port")
+            probe = api.ExecSpec(
+                cmd=["python3", "-c", _LISTEN_PROBE, str(port) if port else "any"], max_output_bytes=4096
+            )
+            what = f"port {port} listening" if port else "the start command listening on a TCP port"
+            if not port:
+                timeout = START_GRACE_S
+        deadline = time.monotonic() + timeout
+        delay = 0.1
+        while True:
+            r = await self.guest.exec(sid, probe)
+            if r.exit_code == 0:
+                say(f"READY ({what})")
+                return
+            if started is not None:
+                procs = {p.pid: p for p in await self.guest.list_processes(sid)}
+                p = procs.get(started.pid)
+                if p is not None and not p.running:
+                    raise BuildFailed(
+                        f"the start command exited with code {p.exit_code} before it was ready: "
+                        + await self._output_tail(sid, started)
+                    )
+            if time.monotonic() >= deadline:
+                if ready:
+                    raise BuildFailed(
+                        f"the template never became ready: {what} did not pass within {timeout:.0f}s"
+                        + (
+                            f"; start command output: {await self._output_tail(sid, started)}"
+                            if started
+                            else ""
+                        )
+                    )
+                say(
+                    f"the start command did not listen on a TCP port within {START_GRACE_S:.0f}s; saving it as it is"
+                )
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    async def _output_tail(self, sid: str, started: api.ProcessStarted | None) -> str:
+        if started is None or not started.log_path:
+            return "(no output)"
+        try:
+            async with self.guest.read_file(sid, started.log_path) as dl:
+                data = b"".join([c async for c in dl.chunks])
+        except errors.AtollError:
+            return "(its output could not be read)"
+        return data.decode(errors="replace")[-1500:].strip() or "(no output)"
+
+    # ---- delete ---------------------------------------------------------------------------------
+    async def delete(self, bid: str) -> None:
+        task = self._tasks.get(bid)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        self._builds.pop(bid, None)
+        await asyncio.to_thread(shutil.rmtree, self._dir(bid), True)
+
+    async def aclose(self) -> None:
+        tasks = [*self._tasks.values(), *self._image_tasks.values()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=15)
+
+
+def _layer_size(fs: str) -> int:
+    try:
+        with open(os.path.join(os.path.dirname(fs), "layer.json")) as f:
+            return int(json.load(f).get("size_bytes") or 0)
+    except (OSError, ValueError):
+        return 0

@@ -1,0 +1,153 @@
+"""The layer cache of user templates: one directory per build step, named by the step's content
+hash (core.templatespec.step_keys), stacked as overlayfs lower layers above a bottom layer (the
+`base` template's root file system, or an OCI image archive unpacked).
+
+    <template_dir>/layers/<key>/fs          what the step changed (an overlay upper dir: whiteouts
+                                            are 0/0 character devices, opaque dirs an xattr)
+    <template_dir>/layers/<key>/layer.json  what made it, its size, when
+
+A layer is made in `.tmp-<key>-<pid>` and renamed into place when complete, so a crash never leaves
+a half layer and a cached step is one `os.path.exists`. Layers are shared by every build and every
+installation using the directory, and stay until removed by hand (they are the build cache).
+Called by worker.builder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import stat
+import time
+import typing
+
+from atoll.core import errors, templatespec
+from atoll.worker import hostcmd, ociarchive, templates
+
+MAX_LAYERS = 60
+"""Layers in one stack (the overlay mount's option string must fit a page)."""
+
+# Written into every sandbox's writable layer at create (worker.sandboxes), so a build step's
+# copies of them are noise: they are dropped from its layer.
+IDENTITY_FILES = ("etc/hosts", "etc/hostname", "etc/resolv.conf")
+
+
+class LayerStore:
+    def __init__(self, template_dir: str):
+        self.dir = os.path.join(template_dir, "layers")
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.dir, key, "fs")
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(os.path.join(self.dir, key, "layer.json"))
+
+    @contextlib.asynccontextmanager
+    async def making(self, key: str) -> typing.AsyncIterator[str | None]:
+        """Hold the key's lock; yields a fresh temporary fs dir to fill, or None when the layer
+        exists already (made meanwhile by another build). `commit` makes the filled dir the layer."""
+        fd = os.open(os.path.join(self.dir, f".lock-{key}"), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            if self.exists(key):
+                yield None
+                return
+            tmp = os.path.join(self.dir, f".tmp-{key}-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(os.path.join(tmp, "fs"))
+            os.chmod(os.path.join(tmp, "fs"), 0o755)
+            try:
+                yield os.path.join(tmp, "fs")
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)  # a no-op once committed
+        finally:
+            os.close(fd)
+
+    def commit(self, key: str, fs: str, what: str) -> None:
+        tmp = os.path.dirname(fs)
+        with open(os.path.join(tmp, "layer.json"), "w") as f:
+            json.dump({"key": key, "what": what, "size_bytes": templates._du(fs), "made_at": time.time()}, f)
+        final = os.path.join(self.dir, key)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+
+    async def bottom_from_archive(
+        self, archive: str, log: typing.Callable[[str], None]
+    ) -> tuple[str, str, ociarchive.ImageConfig]:
+        """The bottom layer of a template FROM an OCI archive: (key, fs path, the image's config).
+        Unpacked once per archive content; atoll's compatibility shim and mount point are added."""
+        if not os.path.isfile(archive):
+            raise errors.InvalidRequest(
+                f"oci-archive:{archive} is not a file on the server; copy the archive (`docker save "
+                "IMAGE -o FILE`) to the server and give its absolute path"
+            )
+        digest = await asyncio.to_thread(ociarchive.content_digest, archive)
+        key = "oci-" + digest[:24]
+        config = await asyncio.to_thread(ociarchive.inspect, archive)
+        async with self.making(key) as fs:
+            if fs is not None:
+                log(f"unpacking {archive} (image {digest[:12]})")
+                await asyncio.to_thread(ociarchive.unpack, archive, fs)
+                await templates.install_compat_shim(fs)
+                os.makedirs(os.path.join(fs, "opt/atoll"), exist_ok=True)
+                self.commit(key, fs, f"FROM oci-archive:{archive}")
+            else:
+                log(f"CACHED unpacked image {digest[:12]}")
+        return key, self.path(key), config
+
+    async def files_layer(self, fs: str, items: typing.Sequence[templatespec.FileItem]) -> None:
+        """Write a files step into the empty layer dir `fs` (the paths are normalised absolute
+        paths; the dir is new, so nothing in it is a symlink)."""
+
+        def write() -> None:
+            for item in items:
+                rel = item.path.lstrip("/")
+                parent = os.path.dirname(os.path.join(fs, rel))
+                os.makedirs(parent, mode=0o755, exist_ok=True)
+                target = os.path.join(fs, rel)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    raise errors.InvalidRequest(
+                        f"files: {item.path} is a directory of an earlier file's path"
+                    )
+                with open(target, "wb") as f:
+                    f.write(item.data)
+                os.chmod(target, item.mode)
+
+        await asyncio.to_thread(write)
+
+    async def from_upper(self, fs: str, upper: str) -> None:
+        """Copy a build sandbox's writable layer (an overlay upper dir, whiteouts and xattrs kept)
+        into the empty layer dir `fs`, without the files every sandbox gets its own of."""
+        await hostcmd.run("cp", "-a", "--reflink=auto", upper + "/.", fs + "/", timeout=3600)
+        for rel in IDENTITY_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(fs, rel))
+
+
+def stack(layers_top_first: typing.Sequence[str]) -> str:
+    """The overlay `lowerdir=` value: the top layer first."""
+    if len(layers_top_first) > MAX_LAYERS:
+        raise errors.InvalidRequest(
+            f"the template has {len(layers_top_first)} layers, more than {MAX_LAYERS}; merge steps "
+            "(several commands in one run step, one files step)"
+        )
+    return ":".join(layers_top_first)
+
+
+def find_file(layers_top_first: typing.Sequence[str], rel: str) -> str | None:
+    """The host path of `rel` as the stack shows it (the topmost layer holding it), or None. Only
+    whiteouts of the file itself are honoured (enough for the few files asked about)."""
+    for layer in layers_top_first:
+        p = os.path.join(layer, rel)
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            return None
+        return p
+    return None
