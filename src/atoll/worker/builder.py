@@ -340,9 +340,16 @@ class Builder:
         """The shell command of an apt, pip or run step, and the user it runs as (None: root)."""
         if step.kind == "apt":
             pkgs = " ".join(shlex.quote(p) for p in step.packages)
+            # ATOLL_APT_SOURCES (worker setting): a sources list in /tmp (memory, never in the layer)
+            sources = (
+                'APT_OPTS=""; if [ -n "$ATOLL_APT_SOURCES" ]; then '
+                "printf '%s\\n' \"$ATOLL_APT_SOURCES\" > /tmp/atoll-sources.list; "
+                'APT_OPTS="-o Dir::Etc::SourceList=/tmp/atoll-sources.list -o Dir::Etc::SourceParts=-"; fi; '
+            )
             return (
-                "set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update; "
-                f"apt-get install -y --no-install-recommends {pkgs}; apt-get clean; "
+                "set -e; export DEBIAN_FRONTEND=noninteractive; "
+                f"{sources}apt-get $APT_OPTS update; "
+                f"apt-get $APT_OPTS install -y --no-install-recommends {pkgs}; apt-get clean; "
                 "rm -rf /var/lib/apt/lists/*",
                 None,
             )

@@ -66,6 +66,9 @@ class WorkerSettings:
     policy entries (default: the Debian mirror's host, PyPI and npm)."""
     pip_index_url: str | None = None
     """ATOLL_PIP_INDEX_URL: the package index pip steps install from (default: PyPI)."""
+    apt_sources: str | None = None
+    """ATOLL_APT_SOURCES: sources.list lines apt steps use instead of the template's own (a local
+    mirror; `deb [trusted=yes] http://10.0.0.5/debian bookworm main`); never written into a layer."""
     build_ca_file: str | None = None
     """ATOLL_BUILD_CA_FILE: CA certificates build steps trust for HTTPS (default: this host's
     system bundle, so that a registry reached through a TLS-inspecting proxy verifies)."""
@@ -79,6 +82,8 @@ class WorkerSettings:
             env["PIP_INDEX_URL"] = self.pip_index_url
             if self.pip_index_url.startswith("http://"):
                 env["PIP_TRUSTED_HOST"] = urllib.parse.urlsplit(self.pip_index_url).hostname or ""
+        if self.apt_sources:
+            env["ATOLL_APT_SOURCES"] = self.apt_sources
         if self.build_ca_file:
             ca = "/opt/atoll/" + self.BUILD_CA_NAME
             for var in (
@@ -153,6 +158,7 @@ def load(
         upstream_ca_file=_ca_file(env.get("ATOLL_UPSTREAM_CA_FILE") or None),
         build_allow_out=_build_allow_out(env),
         pip_index_url=_url(env.get("ATOLL_PIP_INDEX_URL") or None, "ATOLL_PIP_INDEX_URL"),
+        apt_sources=env.get("ATOLL_APT_SOURCES") or None,
         build_ca_file=_ca_file(env["ATOLL_BUILD_CA_FILE"], "ATOLL_BUILD_CA_FILE")
         if env.get("ATOLL_BUILD_CA_FILE")
         else (SYSTEM_CA if os.path.exists(SYSTEM_CA) else None),
