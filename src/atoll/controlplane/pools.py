@@ -105,6 +105,7 @@ class Pools:
         self._claims: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._closing = False
 
     # ---- settings -------------------------------------------------------------------------------
     def set(self, name: str, body: object) -> dict:
@@ -223,10 +224,13 @@ class Pools:
         self._wake.set()
 
     async def run(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), PASS_EVERY_S)
+                async with asyncio.timeout(PASS_EVERY_S):
+                    await self._wake.wait()
             self._wake.clear()
+            if self._closing:  # (a cancel that raced a wake-up may be lost in asyncio's waits)
+                return
             try:
                 await self._pass()
             except asyncio.CancelledError:
@@ -267,6 +271,8 @@ class Pools:
         self._errors[name] = None
 
     async def aclose(self) -> None:
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):

@@ -12,6 +12,7 @@ controlplane.routes_templates, controlplane.lifecycle (creates) and controlplane
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import logging
@@ -263,6 +264,8 @@ class TemplateService:
             )
         for r in [r for r in self.m.live() if r.template == name and r.pooled]:
             await self.m.delete(r.id)
+        if self.m._reaps:  # the pool's runtimes go before their build does
+            await asyncio.wait(list(self.m._reaps), timeout=30)
         for b in self.db.builds(name):
             try:
                 await self.m.workers.api_for(b.worker_id).delete_build(b.id)
