@@ -591,6 +591,7 @@ def run(
     n_fork: int = 5,
     n_floor: int = 2,
     fill_timeout: float = 120,
+    parts: tuple[str, ...] = ("create", "burst", "fork"),
 ) -> dict:
     t_start = time.monotonic()
     rootfs = c.template_rootfs()
@@ -603,16 +604,20 @@ def run(
         c.log("templates: building bench-pool and bench-snap")
         out["templates"] = {POOLED: _build(sdk, POOLED), SNAP: _build(sdk, SNAP)}
         nb = Neighbours(a.home, a.local.home)
-        out["create"] = bench_creates(a, sdk, rootfs, rounds, nb)
-        t = time.monotonic()
-        nb.sample()
-        out["burst"] = bench_burst(a, sdk, burst, fill_timeout)
-        out["burst"]["wall_s"] = round(time.monotonic() - t, 1)
-        out["burst"]["other_work"] = nb.sample()
-        t = time.monotonic()
-        out["fork"] = bench_fork(a, n_fork, n_floor=n_floor)
-        out["fork"]["wall_s"] = round(time.monotonic() - t, 1)
-        out["fork"]["other_work"] = nb.sample()
+        if "create" in parts:
+            out["create"] = bench_creates(a, sdk, rootfs, rounds, nb)
+        if "burst" in parts:
+            t = time.monotonic()
+            nb.sample()
+            out["burst"] = bench_burst(a, sdk, burst, fill_timeout)
+            out["burst"]["wall_s"] = round(time.monotonic() - t, 1)
+            out["burst"]["other_work"] = nb.sample()
+        if "fork" in parts:
+            t = time.monotonic()
+            nb.sample()
+            out["fork"] = bench_fork(a, n_fork, n_floor=n_floor)
+            out["fork"]["wall_s"] = round(time.monotonic() - t, 1)
+            out["fork"]["other_work"] = nb.sample()
     finally:
         with contextlib.suppress(Exception):
             Pool(sdk, POOLED).set(0)
@@ -708,18 +713,29 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/templates.json")
+    ap.add_argument("--only", default="create,burst,fork", help="comma-separated subset of create,burst,fork")
+    ap.add_argument(
+        "--out", default=os.path.join(RESULTS, "templates.json"), help="where to save the document"
+    )
     args = ap.parse_args()
     q = args.quick
     machine = c.machine_info()
     with c.local_atoll() as a:
         c.warm_up(a)
-        res = run(a, rounds=2 if q else 15, burst=8 if q else 40, n_fork=1 if q else 5, n_floor=1 if q else 2)
+        res = run(
+            a,
+            rounds=2 if q else 15,
+            burst=8 if q else 40,
+            n_fork=1 if q else 5,
+            n_floor=1 if q else 2,
+            parts=tuple(args.only.split(",")),
+        )
     doc = {"benchmark": "templates", "timestamp": c.timestamp(), "machine": machine, "results": res}
     doc["quick"] = q
     c.emit(doc)
     if not args.no_save:
-        os.makedirs(RESULTS, exist_ok=True)
-        path = os.path.join(RESULTS, "templates.json")
+        path = args.out
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path + ".tmp", "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")

@@ -100,7 +100,9 @@ async def test_bad_specs_are_refused_at_once(fake):
     assert r.status_code == 400 and "line 3" in r.json()["error"]["message"], r.text
     r = await c.post("/v1/templates", content=b"FROM base\n", headers={"Content-Type": "text/x-dockerfile"})
     assert r.status_code == 400 and "name" in r.json()["error"]["message"]
-    r = await c.post("/v1/templates?name=d", content=b"not a tar", headers={"Content-Type": "application/x-tar"})
+    r = await c.post(
+        "/v1/templates?name=d", content=b"not a tar", headers={"Content-Type": "application/x-tar"}
+    )
     assert r.status_code == 400 and "tar" in r.json()["error"]["message"]
     assert fake.worker.builds == {}  # nothing reached a worker
 
@@ -116,7 +118,10 @@ async def test_deleting_a_template_in_use_is_refused(fake):
     assert (await c.delete(f"/v1/sandboxes/{sid}")).status_code == 204
     assert (await c.delete("/v1/templates/web")).status_code == 204
     assert (await c.get("/v1/templates/web")).status_code == 404
-    assert ("delete_build", next(iter([b for v, b in fake.worker.calls if v == "build"]))) in fake.worker.calls
+    assert (
+        "delete_build",
+        next(iter([b for v, b in fake.worker.calls if v == "build"])),
+    ) in fake.worker.calls
     assert (await c.delete("/v1/templates/base")).status_code == 400
 
 
@@ -145,7 +150,13 @@ async def test_pool_fills_hides_and_is_claimed_with_the_callers_settings(fake):
     pooled = {r.id for r in fake.manager.live() if r.pooled}
     r = await c.post(
         "/v1/sandboxes",
-        json={"template": "web", "env": {"WHO": "me"}, "metadata": {"team": "a"}, "cpus": 0.5, "idle_timeout_s": 0},
+        json={
+            "template": "web",
+            "env": {"WHO": "me"},
+            "metadata": {"team": "a"},
+            "cpus": 0.5,
+            "idle_timeout_s": 0,
+        },
     )
     assert r.status_code == 201, r.text
     sb = r.json()
@@ -218,3 +229,26 @@ async def test_fork_records_copies_and_refuses_bad_counts(fake):
     assert "epoll" in r.json()["error"]["message"]
     assert len((await c.get("/v1/sandboxes")).json()["items"]) == before  # no half fork recorded
     assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+
+
+async def test_deleting_a_pooled_template_takes_its_pool_and_keeps_the_server_serving(fake):
+    c = fake.http
+    await build(c)
+    await wait_status(c, "web", "ready")
+    assert (await c.put("/v1/templates/web/pool", json={"min": 2, "max": 2})).status_code == 200
+    for _ in range(300):
+        if (await c.get("/v1/templates/web/pool")).json()["ready"] >= 2:
+            break
+        await asyncio.sleep(0.02)
+    r = await asyncio.wait_for(c.delete("/v1/templates/web"), 10)
+    assert r.status_code == 204, r.text
+    assert not any(r.pooled for r in fake.manager.live())
+    assert (await asyncio.wait_for(c.get("/healthz"), 2)).status_code == 200  # the loop is not starved
+    await build(c)  # the same name again: its pool may be set again
+    await wait_status(c, "web", "ready")
+    assert (await c.put("/v1/templates/web/pool", json={"min": 1, "max": 1})).status_code == 200
+    for _ in range(300):
+        if (await c.get("/v1/templates/web/pool")).json()["ready"] >= 1:
+            break
+        await asyncio.sleep(0.02)
+    assert (await c.get("/v1/templates/web/pool")).json()["ready"] == 1

@@ -462,3 +462,56 @@ def test_a_preview_and_a_secret_reach_a_sandbox_on_a_separate_worker(cluster):
             r = web.get(url, headers=headers)
             assert r.status_code == 200 and r.text == "preview-ok\n"
         c.delete("/v1/secrets/k")
+
+
+def test_a_template_is_built_pooled_and_forked_on_a_separate_worker(cluster):
+    """The template seam (build_template, build_log, claim, fork, delete_build) over the worker
+    protocol: a build on the remote worker, its streamed log, a create from its snapshot, a pool's
+    claim, a fork, and the deletion."""
+    with _client(cluster) as c:
+        r = c.post(
+            "/v1/templates",
+            json={
+                "name": "split-web",
+                "files": {"/srv/a.txt": "split\n"},
+                "workdir": "/srv",
+                "env": {"T": "1"},
+            },
+        )
+        assert r.status_code == 202, r.text
+        bid = r.json()["build_id"]
+        with c.stream("GET", f"/v1/templates/split-web/builds/{bid}/logs") as logs:
+            text = "".join(logs.iter_text())
+        assert "DONE" in text, text
+        t = c.get("/v1/templates/split-web").json()
+        for _ in range(50):
+            if t["status"] != "building":
+                break
+            time.sleep(0.1)
+            t = c.get("/v1/templates/split-web").json()
+        assert t["status"] == "ready" and t["current_build_id"] == bid, t
+        r = c.post("/v1/sandboxes", json={"template": "split-web", "env": {"MINE": "2"}, "idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        out = _exec(c, sid, "pwd; cat a.txt; echo $T$MINE")["stdout"].split()
+        assert out == ["/srv", "split", "12"], out
+        r = c.post(f"/v1/sandboxes/{sid}/fork", json={"count": 2})
+        assert r.status_code == 201, r.text
+        copies = [i["id"] for i in r.json()["items"]]
+        for cid in copies:
+            assert _exec(c, cid, "hostname; cat a.txt")["stdout"].split() == [cid, "split"]
+        assert c.put("/v1/templates/split-web/pool", json={"min": 1, "max": 1}).status_code == 200
+        deadline = time.monotonic() + 60
+        while c.get("/v1/templates/split-web/pool").json()["ready"] < 1:
+            assert time.monotonic() < deadline, c.get("/v1/templates/split-web/pool").json()
+            time.sleep(0.2)
+        r = c.post("/v1/sandboxes", json={"template": "split-web", "env": {"MINE": "3"}, "idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        claimed = r.json()["id"]
+        assert _exec(c, claimed, "echo $MINE")["stdout"].strip() == "3"
+        assert c.get("/v1/templates/split-web/pool").json()["claimed"] == 1
+        assert c.delete("/v1/templates/split-web").status_code == 409
+        for s in [sid, *copies, claimed]:
+            assert c.delete(f"/v1/sandboxes/{s}").status_code == 204
+        assert c.delete("/v1/templates/split-web").status_code == 204
+        assert not os.path.exists(os.path.join(cluster.workers[0].home, "builds", bid))

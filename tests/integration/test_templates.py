@@ -206,6 +206,8 @@ def test_spec_build_boots_once_and_sandboxes_start_from_its_snapshot(client, web
     assert any(ln.startswith("DONE") for ln in lines), lines
     assert any(ln.startswith("START") for ln in lines) and any(ln.startswith("READY") for ln in lines), lines
     assert len(step_lines(lines)) == 2, lines
+    names = [x.name for x in client.templates.list()]
+    assert names[0] == "base" and "web" in names, names
     assert t["workdir"] == "/srv/web" and t["env"]["WEB_MODE"] == "web-mode", t.to_dict()
 
     sb = make("web", env={"CALLER_VAR": "from-caller"}, metadata={"test": "web"})
@@ -523,11 +525,13 @@ def test_a_template_user_that_does_not_exist_fails_the_build(client, api):
 def test_delete_is_refused_while_in_use_then_removes_the_template(client, api, make, la):
     t, _ = build(client, "del-demo", env={"DEL": "1"})
     assert t.status == "ready"
+    before = unlisted_on_host(la, api, timeout=5)
     client.templates.set_pool("del-demo", min=1, max=1)
     wait_pool(client, "del-demo", lambda p: p["ready"] >= 1)
     pooled = host_sandbox_dirs(la) - {s["id"] for s in api.get("/v1/sandboxes").json()["items"]}
     assert pooled, "the pooled sandbox should be on the host"
     sb = make("del-demo", memory_mb=768)  # another memory size: not claimed from the pool
+    assert api.get("/v1/templates/del-demo").json()["in_use"] == 1  # the pooled one does not count
     r = api.delete("/v1/templates/del-demo")
     assert r.status_code == 409 and r.json()["error"]["code"] == "template_in_use", r.text
     assert api.get("/v1/templates/del-demo").status_code == 200
@@ -539,12 +543,9 @@ def test_delete_is_refused_while_in_use_then_removes_the_template(client, api, m
     assert "del-demo" not in [x.name for x in client.templates.list()]
     r = api.post("/v1/sandboxes", json={"template": "del-demo"})
     assert r.status_code == 404, r.text
-    deadline = time.monotonic() + 30  # its pool went with it
-    while host_sandbox_dirs(la) & pooled and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert host_sandbox_dirs(la) & pooled == set(), (
-        "the deleted template's pooled sandbox is still on the host"
-    )
+    # Its pool went with it: nothing of it is left on the host (no refill raced the delete).
+    assert unlisted_on_host(la, api, ignore=before) == set(), "the deleted template's pool left sandboxes"
+    assert not os.path.exists(os.path.join(la.home, "builds", t.build_id)), "its build is still on the host"
 
 
 # ---- 10. warm pools ------------------------------------------------------------------------------
@@ -566,9 +567,22 @@ def host_sandbox_dirs(la) -> set[str]:
     return set(os.listdir(d)) if os.path.isdir(d) else set()
 
 
-def test_warm_pool_claim_refill_and_drain(client, api, make, la):
+def unlisted_on_host(la, api, ignore: set[str] = frozenset(), timeout: float = 30) -> set[str]:
+    """Sandboxes on the host that GET /v1/sandboxes does not list (deletion finishes in the
+    background: waits up to `timeout` for them to go)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        live = {s["id"] for s in api.get("/v1/sandboxes").json()["items"]}
+        left = host_sandbox_dirs(la) - live - ignore
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.3)
+
+
+def test_warm_pool_claim_refill_and_drain(client, api, make, la, pkghost):
     t, _ = build(client, "pool-demo", run=[f"echo pooled-{NONCE} > /pooled.txt"], env={"POOL_T": "t"})
     assert t.status == "ready"
+    before = unlisted_on_host(la, api, timeout=5)
     try:
         pool = client.templates.set_pool("pool-demo", min=2, max=3)
         assert pool["min"] == 2 and pool["max"] == 3, pool
@@ -588,15 +602,24 @@ def test_warm_pool_claim_refill_and_drain(client, api, make, la):
         assert client.sandboxes.get(sb.id).metadata == {"who": "pool-test"}
         listed = [s["id"] for s in api.get("/v1/sandboxes").json()["items"] if s["template"] == "pool-demo"]
         assert listed == [sb.id]
-        wait_pool(client, "pool-demo", lambda p: p["ready"] >= 2)  # refilled
+        p = wait_pool(client, "pool-demo", lambda p: p["ready"] >= 2)  # refilled
+        assert p["desired"] == 2 and p["build_id"] == t.build_id, p
+
+        # A pooled sandbox was started before anyone chose its egress policy: a claim gets the
+        # caller's, and one without a policy gets no way out.
+        page = f"http://{pkghost.a}:{repo.PORT}/simple/"
+        fetch = f"import urllib.request; print(urllib.request.urlopen({page!r}, timeout=5).status)"
+        claims = client.templates.get_pool("pool-demo")["claimed"]
+        open_ = make("pool-demo", network={"allow_out": [f"{pkghost.a}:{repo.PORT}"]})
+        closed = make("pool-demo")
+        assert client.templates.get_pool("pool-demo")["claimed"] == claims + 2
+        assert open_.network["allow_out"] == [f"{pkghost.a}:{repo.PORT}"]
+        assert out(open_, ["python3", "-c", fetch]) == "200"
+        assert closed.exec(["python3", "-c", fetch], timeout_s=30).exit_code != 0
     finally:
         client.templates.set_pool("pool-demo", min=0, max=0)
     wait_pool(client, "pool-demo", lambda p: p["ready"] == 0 and p["starting"] == 0)
-    live = {s["id"] for s in api.get("/v1/sandboxes").json()["items"]}
-    deadline = time.monotonic() + 30
-    while host_sandbox_dirs(la) - live and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert host_sandbox_dirs(la) - live == set(), "pooled sandboxes are still on the host"
+    assert unlisted_on_host(la, api, ignore=before) == set(), "pooled sandboxes are still on the host"
 
 
 # ---- 11. fork ------------------------------------------------------------------------------------
@@ -614,7 +637,8 @@ def test_fork_makes_independent_copies_with_their_own_identity(client, make, mad
     for c in copies:
         assert c.state == "running" and c.metadata.get("atoll.forked_from") == parent.id, c.to_dict()
         assert out(c, "hostname") == c.id
-        assert identity(c)["sandbox_id"] == c.id
+        ident = identity(c)
+        assert ident["sandbox_id"] == c.id and ident["hostname"] == c.id and ident["generation"] == 0, ident
         assert out(c, "cat /root/state.txt") == f"state {NONCE}"
         assert "sleep 1000" in out(c, "ps -eo args"), out(c, "ps -eo args")
     # The parent runs on with its own state and processes.

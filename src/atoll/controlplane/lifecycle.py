@@ -234,7 +234,7 @@ class SandboxManager:
             template=req.template,
             metadata_=dict(req.metadata),
             env=dict(req.env),
-            user=req.user,
+            user=req.user or ((build.info or {}).get("user") if build is not None else None),
             network=network,
             secrets=bound or None,
             memory_mb=req.memory_mb,

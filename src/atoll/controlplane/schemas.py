@@ -288,8 +288,12 @@ class Sandbox(BaseModel):
     standby_reason: str | None
     failure_reason: str | None
     template: str
-    build_id: str | None = Field(None, description="The user template build it was made from (null: built in)")
-    workdir: str | None = Field(None, description="Its template's workdir: default cwd of exec, base of relative file paths")
+    build_id: str | None = Field(
+        None, description="The user template build it was made from (null: built in)"
+    )
+    workdir: str | None = Field(
+        None, description="Its template's workdir: default cwd of exec, base of relative file paths"
+    )
     metadata: dict[str, str]
     env: dict[str, str]
     user: str | None

@@ -262,16 +262,22 @@ class TemplateService:
                 f"template {name!r} is the parent of {', '.join(children)}; delete those first",
                 code="template_in_use",
             )
-        for r in [r for r in self.m.live() if r.template == name and r.pooled]:
-            await self.m.delete(r.id)
-        if self.m._reaps:  # the pool's runtimes go before their build does
-            await asyncio.wait(list(self.m._reaps), timeout=30)
+        await self.m.pools.stop(name)
+        try:
+            for r in [r for r in self.m.live() if r.template == name and r.pooled]:
+                await self.m.delete(r.id)
+            if self.m._reaps:  # the pool's runtimes go before their build does
+                await asyncio.wait(list(self.m._reaps), timeout=30)
+        except BaseException:
+            self.m.pools.resume(name)
+            raise
         for b in self.db.builds(name):
             try:
                 await self.m.workers.api_for(b.worker_id).delete_build(b.id)
             except errors.AtollError as e:
                 log.warning("template.delete: build %s not removed from its worker: %s", b.id, e.message)
         self.db.delete_template(rec.tenant_id, name)
+        self.m.pools.resume(name)  # a template of that name made later may have a pool again
         log.info("template.deleted", extra={"template": name})
 
     def _template_of(self, build_id: str) -> str | None:
