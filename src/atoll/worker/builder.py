@@ -444,18 +444,23 @@ class Builder:
         self.temporary.discard(sid)
 
     # ---- the snapshot ---------------------------------------------------------------------------
-    def image(self, b: Build, memory_mb: int) -> tuple[str, str] | None:
-        """(checkpoint dir, writable-layer dir) of the build's snapshot at this memory size, or
-        None: that create boots cold, and a snapshot of the size is made in the background."""
+    def image(self, b: Build, memory_mb: int) -> tuple[str, str, str] | None:
+        """(checkpoint dir, writable-layer dir, start mode) of the build's snapshot at this memory
+        size, or None: that create boots cold, and a snapshot of the size is made in the
+        background. The start mode ("snapshot", "after_restore" or "") is the size's own."""
         d = self._dir(b.build_id, "images", f"{memory_mb}m")
         if os.path.exists(os.path.join(d, "manifest.json")):
-            return d, d + ".upper"
+            try:
+                with open(d + ".mode") as f:
+                    mode = f.read().strip()
+            except OSError:
+                mode = b.start_mode
+            return d, d + ".upper", mode
         key = f"{b.build_id}-{memory_mb}"
-        sizes = (
-            len(os.listdir(self._dir(b.build_id, "images"))) // 2
-            if os.path.isdir(self._dir(b.build_id, "images"))
-            else 0
-        )
+        try:
+            sizes = sum(1 for n in os.listdir(self._dir(b.build_id, "images")) if n.endswith("m"))
+        except FileNotFoundError:
+            sizes = 0
         if key not in self._image_tasks and sizes + len(self._image_tasks) < MAX_IMAGE_SIZES:
             task = asyncio.ensure_future(self._snapshot_later(b, memory_mb))
             self._image_tasks[key] = task
@@ -515,6 +520,8 @@ class Builder:
                 shutil.rmtree(dest + ".upper", ignore_errors=True)
                 os.makedirs(dest + ".upper")
                 await self.layers.from_upper(dest + ".upper", self.runtimes.path(sid, "upper", "upper"))
+                with open(dest + ".mode", "w") as f:
+                    f.write(mode)
                 os.replace(staged, dest)
                 if memory_mb == b.memory_mb:
                     b.start_mode, b.start_reason = mode, reason

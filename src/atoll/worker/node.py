@@ -515,11 +515,11 @@ class Node:
         async with self._lock(sid):
             if self.runtimes.find(sid) is not None:
                 raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
-            seed_upper = None
+            seed_upper, start_mode = None, ""
             if build is not None:
                 lower = build.lower
                 found = self.builder.image(build, spec.memory_mb) if self.s.template_snapshots else None
-                image, seed_upper = found if found else (None, None)
+                image, seed_upper, start_mode = found if found else (None, None, "")
                 env = {**build.env, **spec.env}
             else:
                 lower = await self.templates.ensure(spec.template)
@@ -552,7 +552,7 @@ class Node:
                 if (
                     build is not None
                     and build.start
-                    and (how == "cold boot" or build.start_mode == "after_restore")
+                    and (how == "cold boot" or start_mode == "after_restore")
                 ):
                     await self.builder.start_command(sid, build)  # its snapshot does not hold it running
             except BaseException:
