@@ -17,7 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from atoll.controlplane import http
 from atoll.controlplane.context import ctx
-from atoll.core import errors, templatespec, wire
+from atoll.core import dockerfile, errors, templatespec, wire
 
 router = APIRouter(tags=["templates"])
 
@@ -100,10 +100,10 @@ async def build_template(
                 text = raw.decode()
             except UnicodeDecodeError:
                 raise errors.InvalidRequest("the Dockerfile is not UTF-8 text") from None
-            spec = templatespec.parse_dockerfile(text, name, None)
+            spec = dockerfile.parse(text, name, None)
         else:
             text, files = _context(await _body(request, MAX_CONTEXT_BYTES))
-            spec = templatespec.parse_dockerfile(text, name, files)
+            spec = dockerfile.parse(text, name, files)
     elif kind in ("application/json", ""):
         raw = await _body(request, 32 * 2**20)
         try:
