@@ -265,6 +265,20 @@ def test_a_template_from_another_template_inherits_env_workdir_and_start(client,
     assert r.status_code == 409 and r.json()["error"]["code"] == "template_in_use", r.text
 
 
+def test_a_dockerfile_from_another_template_runs_in_its_workdir(client, web, make):
+    lines: list[str] = []
+    t = client.templates.build_dockerfile(
+        "web-dchild",
+        f"FROM web\nENV DCHILD=yes\nRUN echo dchild-{NONCE} > dchild.txt\n",
+        on_log=lines.append,
+        timeout=BUILD_TIMEOUT,
+    )
+    assert t.status == "ready" and t["workdir"] == "/srv/web", (t.to_dict(), lines)
+    sb = make("web-dchild")
+    assert out(sb, "echo $WEB_MODE $DCHILD") == "web-mode yes"
+    assert out(sb, "cat /srv/web/dchild.txt") == f"dchild-{NONCE}"  # RUN ran in the inherited WORKDIR
+
+
 def test_two_sandboxes_of_one_template_are_separate(client, web, make):
     a, b = make("web"), make("web")
     assert a.id != b.id
@@ -667,10 +681,10 @@ def test_fork_of_a_template_sandbox_in_standby(client, web, make, made):
 
 
 ASYNC_SERVER = r"""
-import asyncio, sys
+import asyncio, os, sys
 port = int(sys.argv[1])
 async def handle(r, w):
-    w.write(b"async-hello\n"); await w.drain(); w.close()
+    w.write(f"async-hello {os.environ.get('WHO', '-')}\n".encode()); await w.drain(); w.close()
 async def main():
     s = await asyncio.start_server(handle, "127.0.0.1", port)
     async with s:
@@ -683,12 +697,12 @@ def test_fork_of_an_asyncio_server_is_refused_and_the_sandbox_runs_on(client, ap
     sb = make()
     sb.files.write("/root/aserver.py", ASYNC_SERVER)
     sb.exec("python3 /root/aserver.py 9000", background=True)
-    assert wait_answers(sb, tcp_read(9000)).strip() == "async-hello"
+    assert wait_answers(sb, tcp_read(9000)).strip() == "async-hello -"
     r = api.post(f"/v1/sandboxes/{sb.id}/fork", json={"count": 1})
     assert r.status_code == 409, r.text
     assert r.json()["error"]["code"] == "checkpoint_refused", r.text
     assert out(sb, "echo still-here") == "still-here"
-    assert wait_answers(sb, tcp_read(9000)).strip() == "async-hello"
+    assert wait_answers(sb, tcp_read(9000)).strip() == "async-hello -"
     assert client.sandboxes.get(sb.id).state == "running"
     with pytest.raises(atoll.errors.Conflict):
         sb.fork(1)
@@ -712,8 +726,26 @@ def test_an_asyncio_start_command_runs_after_each_restore(client, make):
     assert t.status == "ready", lines
     assert t["start_mode"] == "after_restore" and t["start_reason"], t.to_dict()
     sb = make("async-demo")
-    assert wait_answers(sb, tcp_read(9001), timeout=10).strip() == "async-hello"
+    assert wait_answers(sb, tcp_read(9001), timeout=10).strip() == "async-hello -"
     assert "aserver.py" in out(sb, "ps -eo args")
+    assert out(sb, "hostname") == sb.id
+
+
+def test_a_start_command_run_after_restore_gets_the_caller_env(client, make):
+    # It starts after the create, so (unlike one kept running in the snapshot) it can see the
+    # environment the caller gave: a web app reading DATABASE_URL, say.
+    t, lines = build(
+        client,
+        "async-env",
+        files={"/opt/aserver.py": ASYNC_SERVER},
+        start="python3 /opt/aserver.py 9002",
+        ready={"port": 9002},
+        env={"NONCE": NONCE, "WHO": "template"},
+    )
+    assert t["start_mode"] == "after_restore", t.to_dict()
+    assert wait_answers(make("async-env"), tcp_read(9002), timeout=10).strip() == "async-hello template"
+    sb = make("async-env", env={"WHO": "caller"})
+    assert wait_answers(sb, tcp_read(9002), timeout=10).strip() == "async-hello caller"
 
 
 # ---- 13. the build log, streamed -----------------------------------------------------------------

@@ -71,7 +71,7 @@ def test_full_request_makes_steps_in_order_with_the_spec_settings():
     assert spec.env == env
     for step in spec.steps:
         assert step.env == env and step.workdir == "/app"
-    assert [s.user for s in spec.steps] == ["root", "root", "root", "app", "app"]
+    assert [s.user for s in spec.steps] == ["root"] * 5  # `run` may create the user: root
     assert (spec.workdir, spec.user, spec.start) == ("/app", "app", "python -m http.server 8000")
     assert spec.ready == ts.Ready(port=8000, timeout_s=30.0)
 
@@ -316,7 +316,8 @@ def test_workdir_may_be_root():
 
 @pytest.mark.parametrize("user", ["app", "_svc", "www-data", "a" * 32, "1000", "0"])
 def test_users_accepted(user):
-    assert req(user=user, run=["id"]).steps[0].user == user
+    spec = req(user=user, run=["id"])
+    assert spec.user == user and spec.steps[0].user == "root"
 
 
 @pytest.mark.parametrize("user", ["App", "-x", "a" * 33, "a b", "", "root:root", "1000a"])
@@ -544,10 +545,11 @@ def test_env_and_workdir_change_every_key(change):
     assert all(x != y for x, y in zip(a, b, strict=True))
 
 
-def test_user_changes_run_keys_only_and_name_changes_none():
+def test_user_changes_no_step_key_and_name_changes_none():
     a = ts.step_keys(req(apt=["jq"], run=["one"]), "b")
     b = ts.step_keys(req(apt=["jq"], run=["one"], user="app"), "b")
-    assert a[0] == b[0] and a[1] != b[1]
+    assert a == b  # steps run as root either way; the user is the sandboxes' (the snapshot's key)
+    assert ts.snapshot_key(req(run=["one"]), a[1]) != ts.snapshot_key(req(run=["one"], user="app"), a[1])
     other = ts.from_request({"name": "other", "apt": ["jq"], "run": ["one"]})
     assert ts.step_keys(other, "b") == a  # same content, same layers: shared by both templates
 

@@ -574,7 +574,9 @@ def from_request(body: dict, name: str | None = None) -> TemplateSpec:
         raise _fail(f"run has {len(run)} commands, more than {MAX_RUN}; join some with '&&'")
     for i, command in enumerate(run):
         _text(command, f"run[{i}]", limit=MAX_COMMAND)
-        steps.append(Step("run", command=command, env=env, workdir=wd, user=user or "root"))
+        # as root, like apt and pip (a `run` may be what creates `user`); `user` is the default
+        # user of the template's sandboxes and of its start command
+        steps.append(Step("run", command=command, env=env, workdir=wd))
     ready = _expect(body, "ready", dict, 'an object {"port": N} or {"cmd": "..."}', None)
     if ready is not None:
         ready = _object(ready, "ready", ("port", "cmd", "timeout_s"))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -146,6 +147,7 @@ class Builder:
         emit: typing.Callable[[api.BuildInfo], None],
         build_network: dict,
         build_env: dict[str, str],
+        apt_sources: str | None = None,
     ):
         self.root = os.path.join(home, "builds")
         storage.private_dir(self.root)
@@ -159,6 +161,8 @@ class Builder:
         self._emit = emit
         self.build_network = build_network
         self.build_env = build_env
+        self.apt_sources = apt_sources
+        """ATOLL_APT_SOURCES: the sources list of apt steps (written into the build sandbox's /tmp)."""
         self._builds: dict[str, Build] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._grew: dict[str, asyncio.Event] = {}
@@ -303,6 +307,13 @@ class Builder:
         elif spec.ready is not None:
             ready = spec.ready.__dict__
         env.update(dict(spec.env))
+        if workdir and workdir != "/":  # steps that name no workdir run in the parent's (Docker's way)
+            spec = dataclasses.replace(
+                spec,
+                steps=tuple(
+                    dataclasses.replace(s, workdir=workdir) if s.workdir == "/" else s for s in spec.steps
+                ),
+            )
         workdir = spec.workdir or workdir
         user = spec.user or user
         if layers.find_file(list(reversed(stack)), "usr/bin/python3") is None:
@@ -341,11 +352,12 @@ class Builder:
         if step.kind == "apt":
             pkgs = " ".join(shlex.quote(p) for p in step.packages)
             # ATOLL_APT_SOURCES (worker setting): a sources list in /tmp (memory, never in the layer)
-            sources = (
-                'APT_OPTS=""; if [ -n "$ATOLL_APT_SOURCES" ]; then '
-                "printf '%s\\n' \"$ATOLL_APT_SOURCES\" > /tmp/atoll-sources.list; "
-                'APT_OPTS="-o Dir::Etc::SourceList=/tmp/atoll-sources.list -o Dir::Etc::SourceParts=-"; fi; '
-            )
+            sources = 'APT_OPTS=""; '
+            if self.apt_sources:
+                sources = (
+                    f"printf '%s\\n' {shlex.quote(self.apt_sources)} > /tmp/atoll-sources.list; "
+                    'APT_OPTS="-o Dir::Etc::SourceList=/tmp/atoll-sources.list -o Dir::Etc::SourceParts=-"; '
+                )
             return (
                 "set -e; export DEBIAN_FRONTEND=noninteractive; "
                 f"{sources}apt-get $APT_OPTS update; "

@@ -229,6 +229,7 @@ class Node:
             lambda info: self.hub.emit(api.BuildChanged(info)),
             build_network={"allow_out": list(settings.build_allow_out)},
             build_env=settings.build_env(),
+            apt_sources=settings.apt_sources,
         )
         self.pressure = Pressure(
             self.runtimes, self.guest, self.tiers, self.install_id, idle=self._idle, lock=self._lock

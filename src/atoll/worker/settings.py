@@ -82,8 +82,6 @@ class WorkerSettings:
             env["PIP_INDEX_URL"] = self.pip_index_url
             if self.pip_index_url.startswith("http://"):
                 env["PIP_TRUSTED_HOST"] = urllib.parse.urlsplit(self.pip_index_url).hostname or ""
-        if self.apt_sources:
-            env["ATOLL_APT_SOURCES"] = self.apt_sources
         if self.build_ca_file:
             ca = "/opt/atoll/" + self.BUILD_CA_NAME
             for var in (
