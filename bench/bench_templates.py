@@ -101,11 +101,12 @@ class Neighbours:
     def __init__(self, *homes: str):
         self.homes = tuple(dict.fromkeys(homes))
         self.me = os.getpid()
-        self.last: dict[int, tuple[str, tuple[float, float]]] = self._read()
+        self.last: dict[int, tuple[str, tuple[float, float], int]] = self._read()
         self.t = time.monotonic()
 
-    def _read(self) -> dict[int, tuple[str, tuple[float, float]]]:
-        procs: dict[int, tuple[int, str, tuple[float, float], str]] = {}
+    def _read(self) -> dict[int, tuple[str, tuple[float, float], int]]:
+        """{pid: (command line or [name], (own CPU s, reaped children's CPU s), start time)}."""
+        procs: dict[int, tuple[int, str, tuple[float, float], str, int]] = {}
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
@@ -120,7 +121,7 @@ class Neighbours:
                 with open(f"/proc/{d}/cmdline", "rb") as f:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
                 name = st[st.index("(") + 1 : st.rindex(")")]
-                procs[int(d)] = (int(rest[1]), cmd, cpu, name)
+                procs[int(d)] = (int(rest[1]), cmd, cpu, name, int(rest[19]))
         ours: set[int] = set()
 
         def is_ours(pid: int, depth: int = 0) -> bool:
@@ -134,11 +135,11 @@ class Neighbours:
             return is_ours(p[0], depth + 1)
 
         out = {}
-        for pid, (_, cmd, cpu, name) in procs.items():
+        for pid, (_, cmd, cpu, name, started) in procs.items():
             if is_ours(pid):
                 ours.add(pid)
             else:
-                out[pid] = ((cmd or f"[{name}]")[:80], cpu)
+                out[pid] = ((cmd or f"[{name}]")[:80], cpu, started)
         return out
 
     def sample(self) -> dict:
@@ -146,9 +147,9 @@ class Neighbours:
         t = time.monotonic()
         by: dict[str, float] = {}
         live = reaped = 0.0
-        for pid, (cmd, cpu) in now.items():
-            prev = self.last.get(pid)
-            base = prev[1] if prev is not None and prev[0] == cmd else (0.0, 0.0)
+        for pid, (cmd, cpu, started) in now.items():
+            prev = self.last.get(pid)  # the same process: same pid and start time (kworkers rename)
+            base = prev[1] if prev is not None and prev[2] == started else (0.0, 0.0)
             d_live, d_reaped = cpu[0] - base[0], cpu[1] - base[1]
             live += max(d_live, 0.0)
             reaped += max(d_reaped, 0.0)

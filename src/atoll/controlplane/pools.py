@@ -26,6 +26,7 @@ import typing
 from atoll.controlplane import db as dbm
 from atoll.controlplane import schemas
 from atoll.core import errors, ids, netpolicy
+from atoll.core import worker_api as api
 from atoll.core.lifecycle import State, Tier, Verb
 
 if typing.TYPE_CHECKING:
@@ -294,6 +295,11 @@ class Pools:
         self._refilling.add(name)
         try:
             rec = await self.m.create(req, pooled=True)
+            # one command before the freeze: a restored sentry makes its first process's host-side
+            # machinery (ptrace stubs) then, ~15-20 ms that would otherwise be the claimer's
+            await self.m.worker(rec).exec(
+                rec.id, api.ExecSpec(cmd=["true"], max_output_bytes=1024, timeout_s=30)
+            )
             await self.m.pause(rec.id, Tier.MEMORY)
         except errors.AtollError as e:
             self._errors[name] = e.message
