@@ -30,8 +30,8 @@ only boots and snapshots). `bench-pool` gets a warm pool; `bench-snap` never has
     After every sample, untimed: the sandbox is deleted and the worker's directory awaited
     (`runsc delete` is done), the pool is awaited full again, then SETTLE_S more of idle time:
     deletes and refills cost CPU on 2 cores and would land on the next create otherwise.
-  burst: `bench-pool` set to min=max=BURST; the fill 0 → BURST is timed from the PUT (fill: the
-    pool's `ready` sampled every 0.1 s). Then BURST creates (no exec) as fast as possible,
+  burst: `bench-pool` emptied, then set to min=max=BURST; the fill 0 → BURST is timed from the PUT
+    (fill: the pool's `ready` sampled every 0.1 s). Then BURST creates (no exec) as fast as possible,
     sequentially over one connection (timed from the first request to the last answer; the pool's
     keeper refills in the background meanwhile); the hits are the `claimed` counter's growth. Then
     the refill 0 → BURST is sampled the same way while the claimed sandboxes stay (idle). Those are
@@ -197,8 +197,20 @@ class Pool:
                 raise RuntimeError(f"pool {self.name} not full ({n}) after {timeout} s: {p}")
             time.sleep(0.05)
 
+    def wait_empty(self, timeout: float = 120) -> None:
+        """Wait until the pool has no member (after set(0) the keeper deletes them)."""
+        t0 = time.monotonic()
+        while True:
+            p = self.get()
+            if p["ready"] == 0 and p["starting"] == 0:
+                return
+            if time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"pool {self.name} not empty after {timeout} s: {p}")
+            time.sleep(0.1)
+
     def sample_fill(self, n: int, timeout: float) -> dict:
-        """Sample `ready` every 0.1 s until it reaches n (or timeout): the fill's time line and rate."""
+        """Sample `ready` every 0.1 s until it reaches n (or timeout): the fill's time line and rate
+        (members made per second, counted from the `ready` of the first sample)."""
         t0 = time.monotonic()
         line: list[tuple[float, int]] = []
         while True:
@@ -208,18 +220,21 @@ class Pool:
             if p["ready"] >= n or t > timeout:
                 break
             time.sleep(0.1)
-        first = next((t for t, r in line if r >= 1), None)
+        start = line[0][1]
+        first = next((t for t, r in line if r > start), None)
         last_t, last_r = line[-1]
+        made = last_r - start
         out: dict = {
             "target": n,
+            "ready_at_start": start,
             "reached": last_r,
             "seconds": last_t,
-            "first_ready_s": first,
-            "per_s": round(last_r / last_t, 2) if last_t else None,
+            "first_new_ready_s": first,
+            "per_s": round(made / last_t, 2) if last_t else None,
             "timeline": _thin(line),
         }
-        if first is not None and last_r > 1 and last_t > first:  # steady rate, after the first one
-            out["per_s_after_first"] = round((last_r - 1) / (last_t - first), 2)
+        if first is not None and made > 1 and last_t > first:  # steady rate, after the first one
+            out["per_s_after_first"] = round((made - 1) / (last_t - first), 2)
         return out
 
 
@@ -459,6 +474,9 @@ def bench_burst(a: c.Atoll, sdk: atoll.Client, n: int, fill_timeout: float) -> d
     out: dict = {"pool_size": n}
     live: list[str] = []
     try:
+        pool.set(0)  # the create part's members go first: the fill is timed from an empty pool
+        pool.wait_empty()
+        time.sleep(SETTLE_S)
         c.log(f"templates burst: filling the pool to {n}")
         pool.set(n)
         out["fill"] = pool.sample_fill(n, fill_timeout)

@@ -252,3 +252,26 @@ async def test_deleting_a_pooled_template_takes_its_pool_and_keeps_the_server_se
             break
         await asyncio.sleep(0.02)
     assert (await c.get("/v1/templates/web/pool")).json()["ready"] == 1
+
+
+async def test_a_failed_fork_whose_parent_runs_on_leaves_it_running(fake):
+    from atoll.core import errors
+
+    c = fake.http
+    sid = await create(c)
+
+    async def copies_fail(sandbox_id, new_ids):
+        raise errors.InsufficientStorage("sandbox's disk cannot hold the copy")
+
+    fake.worker.fork = copies_fail
+    r = await c.post(f"/v1/sandboxes/{sid}/fork", json={"count": 2})
+    assert r.status_code == 507 and r.json()["error"]["code"] == "disk_full", r.text
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+    assert [s["id"] for s in (await c.get("/v1/sandboxes")).json()["items"]] == [sid]
+
+
+async def test_builtin_templates_have_no_pool_or_builds(fake):
+    c = fake.http
+    for method, path in (("PUT", "/v1/templates/base/pool"), ("GET", "/v1/templates/base/pool")):
+        r = await c.request(method, path, json={"min": 1, "max": 1})
+        assert r.status_code == 400 and "built in" in r.json()["error"]["message"], r.text

@@ -805,3 +805,17 @@ def test_cli_template_build_list_pool_rm(la, api, tmp_path):
     assert api.get("/v1/templates/cli-demo").status_code == 404
     p = cli("template", "rm", "cli-demo", ok=False)
     assert p.returncode == 1 and "template_not_found" in p.stderr, (p.returncode, p.stderr)
+
+
+def test_a_build_step_that_points_etc_at_the_host_changes_nothing_there(client, api, tmp_path):
+    """A run step (untrusted code) replaces /etc with a symlink to a host directory: the worker,
+    root on the host, must not write or delete through it when it takes the step's layer."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("hosts", "hostname", "resolv.conf"):
+        (victim / name).write_text("the host's own\n")
+    e, t, log = build_fails(client, api, "etc-symlink", run=[f"rm -rf /etc && ln -s {victim} /etc"])
+    assert t.status == "failed" and "/etc is a symlink" in (t.error or ""), t.error
+    assert "ERROR" in log
+    assert sorted(os.listdir(victim)) == ["hostname", "hosts", "resolv.conf"]
+    assert all((victim / n).read_text() == "the host's own\n" for n in os.listdir(victim))

@@ -522,3 +522,9 @@ def test_dockerfile_keys_change_with_the_copied_content():
     k1, k2 = ts.step_keys(df(text, c1), "b"), ts.step_keys(df(text, c2), "b")
     assert k1[:2] == k2[:2] and k1[2] != k2[2] and k1[3] != k2[3]
     assert ts.step_keys(df(text, c1), "b") == k1
+
+
+def test_a_line_that_is_only_a_continuation_is_nothing():
+    spec = dockerfile.parse("FROM base\n\\\nRUN true\n", "x")
+    assert [s.command for s in spec.steps] == ["true"]
+    assert dockerfile.parse("FROM base\n\\\n", "x").steps == ()

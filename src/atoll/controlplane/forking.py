@@ -15,12 +15,26 @@ import typing
 
 from atoll.controlplane import db as dbm
 from atoll.core import errors, ids
-from atoll.core.lifecycle import State, Verb
+from atoll.core.lifecycle import Phase, State, Verb
 
 if typing.TYPE_CHECKING:
     from atoll.controlplane.lifecycle import SandboxManager
 
 MAX_COUNT = 50
+
+
+async def _parent_after_failure(
+    m: SandboxManager, rec: dbm.SandboxRecord, worker, e: errors.AtollError
+) -> None:
+    """A fork failed: the parent is failed only if its worker says so (a copy that could not
+    start — a full disk, say — leaves the parent running, restored from its own image)."""
+    try:
+        inv = await worker.inventory()
+    except errors.AtollError:
+        return  # unknown: the next reconciliation decides
+    report = next((r for r in inv.runtimes if r.sandbox_id == rec.id), None)
+    if report is None or report.phase == Phase.FAILED:
+        m._fail(rec, (report.failure if report is not None else None) or e.message, e.detail)
 
 
 def check_count(body: object) -> int:
@@ -81,10 +95,12 @@ async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecor
             copies.append(c)
         worker = m.worker(rec)
         try:
-            outcome = await m._guard(rec, worker.fork(sid, [c.id for c in copies]))
-        except BaseException:
+            outcome = await worker.fork(sid, [c.id for c in copies])
+        except BaseException as e:
             for c in copies:
                 m._persist(c, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason="the fork failed")
+            if isinstance(e, errors.RuntimeFailure | errors.SandboxDied | errors.InsufficientStorage):
+                await _parent_after_failure(m, rec, worker, e)
             raise
         fields["worker_ms"] = outcome.duration_ms
         fields["checkpoint_ms"] = outcome.checkpoint_ms

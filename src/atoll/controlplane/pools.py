@@ -25,6 +25,7 @@ import typing
 
 from atoll.controlplane import db as dbm
 from atoll.controlplane import schemas
+from atoll.controlplane.templates import BUILTIN
 from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import State, Tier, Verb
@@ -116,6 +117,11 @@ class Pools:
 
     # ---- settings -------------------------------------------------------------------------------
     def set(self, name: str, body: object) -> dict:
+        if name in BUILTIN:
+            raise errors.InvalidRequest(
+                f"template {name!r} is built in and has no pool; pools are for templates you build "
+                "(POST /v1/templates, then PUT /v1/templates/{name}/pool)"
+            )
         rec = self.templates.record(name)
         self._stopped.discard(name)
         rec.pool = check(body, self.default_memory_mb)
@@ -259,7 +265,7 @@ class Pools:
                 r for r in members if not cfg or r.build_id != t.current_build or r.state == State.FAILED
             ]
             keep = [r for r in members if r not in stale]
-            extra = keep[cfg["max"] :] if cfg else []
+            extra = keep[desired(cfg, now) :] if cfg else []  # a window closed, min lowered: shrink
             for r in [*stale, *extra]:
                 if r.id not in self._claims and not self.m._lock(r.id).locked():
                     with contextlib.suppress(errors.AtollError):

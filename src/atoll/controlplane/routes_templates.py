@@ -7,6 +7,7 @@ through controlplane.pools.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import posixpath
@@ -22,6 +23,8 @@ from atoll.core import dockerfile, errors, templatespec, wire
 router = APIRouter(tags=["templates"])
 
 MAX_CONTEXT_BYTES = 64 * 2**20
+MAX_CONTEXT_FILES_BYTES = 64 * 2**20
+MAX_CONTEXT_MEMBERS = 10000
 MAX_DOCKERFILE_BYTES = 2**20
 ERRORS = http.error_responses(
     {
@@ -48,15 +51,27 @@ async def _body(request: Request, limit: int) -> bytes:
 def _context(data: bytes) -> tuple[str, dict[str, tuple[bytes, int]]]:
     """The Dockerfile and the files of a tar build context (regular files only; no links out)."""
     files: dict[str, tuple[bytes, int]] = {}
+    budget = MAX_CONTEXT_FILES_BYTES  # what it unpacks to (a small .tar.gz may hold gigabytes)
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
             for m in tar:
+                if len(files) >= MAX_CONTEXT_MEMBERS:
+                    raise errors.PayloadTooLarge(
+                        f"the build context has more than {MAX_CONTEXT_MEMBERS} entries; send less"
+                    )
                 name = posixpath.normpath(m.name.lstrip("/"))
                 if name.startswith("..") or name == ".":
                     if name == ".":
                         continue
                     raise errors.InvalidRequest(f"build context: {m.name!r} points outside the context")
                 if m.isfile():
+                    budget -= m.size
+                    if budget < 0:
+                        raise errors.PayloadTooLarge(
+                            f"the build context unpacks to more than {MAX_CONTEXT_FILES_BYTES} bytes "
+                            f"({m.name!r} alone is {m.size}); leave large files out of it (.dockerignore "
+                            "is not read: send only what COPY/ADD need)"
+                        )
                     f = tar.extractfile(m)
                     files[name] = (f.read() if f else b"", m.mode & 0o7777)
     except (tarfile.TarError, EOFError, OSError) as e:
@@ -102,7 +117,7 @@ async def build_template(
                 raise errors.InvalidRequest("the Dockerfile is not UTF-8 text") from None
             spec = dockerfile.parse(text, name, None)
         else:
-            text, files = _context(await _body(request, MAX_CONTEXT_BYTES))
+            text, files = await asyncio.to_thread(_context, await _body(request, MAX_CONTEXT_BYTES))
             spec = dockerfile.parse(text, name, files)
     elif kind in ("application/json", ""):
         raw = await _body(request, 32 * 2**20)

@@ -42,6 +42,11 @@ class TemplateService:
 
     # ---- reading --------------------------------------------------------------------------------
     def record(self, name: str) -> dbm.TemplateRecord:
+        if name in BUILTIN:
+            raise errors.InvalidRequest(
+                f"template {name!r} is built in: it has no builds, logs or pool of its own (those are for "
+                "templates you build with POST /v1/templates)"
+            )
         rec = self.db.get_template(ids.DEFAULT_TENANT, name)
         if rec is None:
             known = ", ".join([*BUILTIN, *(t.name for t in self.db.templates(ids.DEFAULT_TENANT))])

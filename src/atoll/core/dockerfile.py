@@ -609,6 +609,8 @@ def parse(
     inherited = {"PATH": DEFAULT_PATH} if inherited_env is None else dict(inherited_env)
     b = _Build(name, None if context is None else _context(context), inherited, esc)
     for lineno, line in _logical_lines(lines, esc):
+        if not line.split():  # a continuation of nothing (a line that is only the escape)
+            continue
         word, rest = (line.split(None, 1) + [""])[:2]
         instruction = word.upper()
         try:

@@ -338,6 +338,11 @@ class Builder:
                         self.layers.commit(key, fs, step.describe())
             stack.append(self.layers.path(key))
             layers.stack(stack)  # refuse a stack the mount cannot take, before the snapshot
+            if layers.find_file(list(reversed(stack)), "usr/bin/python3") is None:
+                raise BuildFailed(
+                    f"step {i} ({step.describe()}) removed /usr/bin/python3, which atoll's guest agent "
+                    "runs on; keep python3 (3.8 or newer) in the template"
+                )
         b.layers = list(reversed(stack))
         b.top_key = keys[-1] if keys else base_key
         b.env, b.workdir, b.user, b.start, b.ready = env, workdir, user, start, ready
@@ -399,7 +404,7 @@ class Builder:
             )
             await self.sandboxes.start(rt, layers.stack(list(reversed(stack))), None)
             if user is not None:
-                await self._check_user(sid, user)
+                user = await self._check_user(sid, user)
             if step.workdir != "/":  # made by root, as Docker's WORKDIR does
                 await self.guest.exec(
                     sid, api.ExecSpec(cmd=["mkdir", "-p", step.workdir], max_output_bytes=4096)
@@ -442,12 +447,18 @@ class Builder:
                 tail.append(rest)
         return exit_code, tail
 
-    async def _check_user(self, sid: str, user: str) -> None:
-        r = await self.guest.exec(sid, api.ExecSpec(cmd=["id", "-u", user], max_output_bytes=4096))
-        if r.exit_code != 0:
+    async def _check_user(self, sid: str, user: str) -> str:
+        """The user's name (a numeric uid — `USER 1000` — is looked up: commands run as names)."""
+        r = await self.guest.exec(sid, api.ExecSpec(cmd=["id", "-nu", user], max_output_bytes=4096))
+        name = r.stdout.strip()
+        if r.exit_code != 0 or not name:
             raise BuildFailed(
-                f"user {user!r} does not exist in the template; add it first (run: useradd -m {user})"
+                f"user {user!r} does not exist in the template; add it first (a run step "
+                f"`useradd -m {user}` in the spec, or RUN useradd before USER in a Dockerfile)"
             )
+        if user.isdigit() and name.isdigit():
+            raise BuildFailed(f"uid {user} has no name in the template's /etc/passwd; add one with useradd")
+        return name
 
     async def _discard(self, sid: str) -> None:
         deletion = asyncio.ensure_future(self._delete(sid))
@@ -550,7 +561,7 @@ class Builder:
             if r.exit_code != 0:
                 raise BuildFailed(f"workdir {b.workdir!r} cannot be made: {r.stderr.strip()[:300]}")
         if b.user:
-            await self._check_user(sid, b.user)
+            b.user = await self._check_user(sid, b.user)
 
     async def start_command(self, sid: str, b: Build) -> api.ProcessStarted:
         assert b.start

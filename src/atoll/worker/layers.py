@@ -92,6 +92,7 @@ class LayerStore:
             if fs is not None:
                 log(f"unpacking {archive} (image {digest[:12]})")
                 await asyncio.to_thread(ociarchive.unpack, archive, fs)
+                check_real_dirs(fs)  # before anything is written into it on the host
                 await templates.install_compat_shim(fs)
                 os.makedirs(os.path.join(fs, "opt/atoll"), exist_ok=True)
                 self.commit(key, fs, f"FROM oci-archive:{archive}")
@@ -121,11 +122,78 @@ class LayerStore:
 
     async def from_upper(self, fs: str, upper: str) -> None:
         """Copy a build sandbox's writable layer (an overlay upper dir, whiteouts and xattrs kept)
-        into the empty layer dir `fs`, without the files every sandbox gets its own of."""
+        into the empty layer dir `fs`, without the files every sandbox gets its own of.
+
+        What the sandbox wrote is hostile: `cp -a` copies symlinks as symlinks (into a fresh
+        directory, so nothing is written through one), and nothing here follows one afterwards —
+        a step that replaced a directory atoll writes into (`/etc`, `/usr`, `/opt`) by a symlink
+        is refused (it would point the next host-side write outside the layer)."""
         await hostcmd.run("cp", "-a", "--reflink=auto", upper + "/.", fs + "/", timeout=3600)
-        for rel in IDENTITY_FILES:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(fs, rel))
+        check_real_dirs(fs)
+        etc = open_dir(fs, "etc")
+        if etc is not None:
+            try:
+                for rel in IDENTITY_FILES:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(rel.split("/", 1)[1], dir_fd=etc)
+            finally:
+                os.close(etc)
+
+
+# Directories atoll itself writes into, on the host, in a layer or a sandbox's root file system
+# (identity files, the CA, the compatibility shim, the agent's mount point): never symlinks.
+REAL_DIRS = (
+    "etc",
+    "usr",
+    "usr/lib",
+    "usr/lib/atoll",
+    "opt",
+    "opt/atoll",
+    "etc/atoll",
+    "etc/ssl",
+    "etc/ssl/certs",
+)
+
+
+def open_dir(root: str, rel: str) -> int | None:
+    """A descriptor of `root/rel` opened without following any symlink on the way, or None when
+    it does not exist. Raises BadLayer when a component is a symlink or not a directory."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in rel.split("/"):
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                os.close(fd)
+                return None
+            except (NotADirectoryError, OSError) as e:
+                os.close(fd)
+                raise BadLayer(f"/{rel} is a symlink or not a directory ({e.strerror})") from None
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+
+
+def check_real_dirs(root: str) -> None:
+    """Refuse a layer in which a directory atoll writes into is a symlink (or a file)."""
+    for rel in REAL_DIRS:
+        fd = open_dir(root, rel)
+        if fd is not None:
+            os.close(fd)
+
+
+class BadLayer(errors.InvalidRequest):
+    """A build step or an image made a directory atoll writes into a symlink."""
+
+    def __init__(self, what: str):
+        super().__init__(
+            f"the template's {what}; atoll writes files there (identity, CA, its compatibility "
+            "library) and needs real directories — keep them directories (a symlink inside them is fine)"
+        )
 
 
 def stack(layers_top_first: typing.Sequence[str]) -> str:

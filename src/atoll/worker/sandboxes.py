@@ -184,9 +184,28 @@ class Sandboxes:
     async def _prepare_rootfs(self, rt: Runtime, lower: str, seed_upper: str | None = None) -> None:
         await storage.create_upper(self._p(rt, "upper.img"), self._p(rt, "upper"), rt.disk_mb)
         if seed_upper is not None:
-            await hostcmd.run("cp", "-a", seed_upper + "/.", self._p(rt, "upper", "upper") + "/")
+            rc, _out, err = await hostcmd.run(
+                "cp", "-a", seed_upper + "/.", self._p(rt, "upper", "upper") + "/", check=False
+            )
+            if rc != 0:
+                if "No space left" in err:
+                    raise errors.InsufficientStorage(
+                        f"sandbox {rt.sandbox_id}'s disk (disk_mb={rt.disk_mb}) cannot hold the files it "
+                        "starts with (its template's or its parent's writable layer); free space in the "
+                        "parent or give a larger disk_mb"
+                    )
+                raise errors.RuntimeFailure(
+                    f"the writable layer of sandbox {rt.sandbox_id} could not be prepared", detail=err[-800:]
+                )
         await storage.mount_rootfs(lower, self._p(rt, "upper"), self._p(rt, "rootfs"))
-        _write_identity_files(self._p(rt, "rootfs"), hostname(rt.sandbox_id))
+        try:
+            _write_identity_files(self._p(rt, "rootfs"), hostname(rt.sandbox_id))
+        except OSError as e:  # its /etc is a symlink or a file (a parent sandbox replaced it)
+            raise errors.Conflict(
+                f"sandbox {rt.sandbox_id} cannot be given its identity: /etc in its root file system is "
+                f"not a directory ({e.strerror}); a sandbox whose /etc was replaced cannot be copied",
+                code="invalid_state",
+            ) from None
         if rt.trust_pem:
             trust.install(self._p(rt, "rootfs"), rt.trust_pem)
 
