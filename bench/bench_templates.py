@@ -27,13 +27,16 @@ only boots and snapshots). `bench-pool` gets a warm pool; `bench-snap` never has
     gvisor_pkg      the `gvisor` PyPI package's cold start, as in bench_peers: `gvisor.Sandbox(
                     network="none", mounts=…)` over the `base` rootfs → `sb.exec("python3", "-c",
                     "pass")` returned; closed untimed.
+    Each atoll sample also times, after its clock stopped, a second exec of the same command
+    (parts.second_exec_untimed: is a slow first exec a one-time cost?).
     After every sample, untimed: the sandbox is deleted and the worker's directory awaited
     (`runsc delete` is done), the pool is awaited full again, then SETTLE_S more of idle time:
     deletes and refills cost CPU on 2 cores and would land on the next create otherwise.
   burst: `bench-pool` emptied, then set to min=max=BURST; the fill 0 → BURST is timed from the PUT
     (fill: the pool's `ready` sampled every 0.1 s). Then BURST creates (no exec) as fast as possible,
-    sequentially over one connection (timed from the first request to the last answer; the pool's
-    keeper refills in the background meanwhile); the hits are the `claimed` counter's growth. Then
+    sequentially over one connection (timed from the first request to the last answer; the
+    keeper's refills wait 0.3 s after a claim, so they mostly start once a burst is over); the hits
+    are the `claimed` counter's growth. Then
     the refill 0 → BURST is sampled the same way while the claimed sandboxes stay (idle). Those are
     deleted (awaited), and the same burst with 4 threads (one connection each). Then the pool goes
     to 0 and everything is deleted.
@@ -41,7 +44,7 @@ only boots and snapshots). `bench-pool` gets a warm pool; `bench-snap` never has
     random bytes; one untimed warm-up, then n times POST /fork {count: 3} → 201 (timed: wall), the
     server's own "forked into 3 copies in N ms (checkpoint M ms)" next to it, an untimed exec of
     `true` in the first copy, and a check that the holder runs in every copy (GET …/processes).
-    The copies are deleted and awaited, SETTLE_S, next. fork_runsc_floor: bench_standby's plain
+    The copies are deleted and awaited, 2 × SETTLE_S idle, next. fork_runsc_floor: bench_standby's plain
     runsc checkpoint / restore of the same 50 MB holder (no atoll), the floor of one copy.
 
 Ratios are p50 over p50 of the same run. Targets: pooled create + first `python3 -c pass` ≤ 0.2×
