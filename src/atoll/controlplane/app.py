@@ -166,10 +166,9 @@ def create_app(
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())],
-                }
+                headers = message.get("headers", [])
+                if not any(k.lower() == b"x-request-id" for k, _ in headers):  # error answers carry it
+                    message = {**message, "headers": [*headers, (b"x-request-id", rid.encode())]}
             await send(message)
 
         try:

@@ -119,20 +119,18 @@ async def build_template(
         else:
             text, files = await asyncio.to_thread(_context, await _body(request, MAX_CONTEXT_BYTES))
             spec = dockerfile.parse(text, name, files)
-    elif kind in ("application/json", ""):
+    else:  # a JSON spec, whatever else the Content-Type says (the API's bodies are JSON: curl -d)
         raw = await _body(request, 32 * 2**20)
         try:
             body = json.loads(raw or b"{}")
         except (ValueError, RecursionError) as e:
-            raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
+            raise errors.InvalidRequest(
+                f"request body is not a JSON template spec ({e}); a Dockerfile needs Content-Type: "
+                "text/x-dockerfile, a build context application/x-tar"
+            ) from None
         if not isinstance(body, dict):
             raise errors.InvalidRequest("the template spec must be a JSON object")
         spec = templatespec.from_request(body, name)
-    else:
-        raise errors.InvalidRequest(
-            f"Content-Type {kind!r} is not a template: send application/json (a spec), "
-            "text/x-dockerfile or application/x-tar (a build context)"
-        )
     build = await ctx(request).manager.templates.build(spec)
     return http.json_response({"name": spec.name, "build_id": build.id, "status": build.status}, 202)
 
