@@ -155,6 +155,10 @@ def aim(case: schemathesis.Case, request: typing.Callable[..., httpx.Response]) 
     choice) always get real ids, but for the parameter the case is about, so that the variations of
     their bodies and queries reach the sandbox instead of stopping at a 404."""
     meta = case.meta
+    if case.path.startswith("/v1/templates") and case.method.upper() in ("POST", "PUT"):
+        # a build or a pool places work on a worker, as a create does: undo a fuzzed drain first
+        wid = request("GET", "/v1/workers").json()["items"][0]["id"]
+        request("POST", f"/v1/workers/{wid}/drain", json={"draining": False})
     varied = meta.phase.data.parameter if meta is not None and meta.phase.name == "coverage" else LIVE
     params = case.path_parameters or {}
     for name, what in (("sid", "file" if "/files" in case.path else "sid"), ("pid", "pid"), ("wid", "wid")):
