@@ -437,6 +437,7 @@ class Builder:
                     text = partial[ev.stream] + ev.text
                     *lines, partial[ev.stream] = text.split("\n")
                     for ln in lines:
+                        ln = ln.rstrip("\r").rsplit("\r", 1)[-1]  # a progress bar: its last state
                         self._log(b, "  " + ln)
                         tail = (tail + [ln])[-20:]
                 else:
