@@ -8,21 +8,11 @@ import json
 
 import pytest
 
-from atoll.core import dockerfile, errors
+from atoll.core import dockerfile
 from atoll.core import templatespec as ts
+from tests.unit.test_templatespec import refused
 
 DEFAULT_PATH = dockerfile.DEFAULT_PATH
-
-
-def refused(fn, *args, says: str | tuple[str, ...] = (), **kwargs) -> str:
-    """Call fn, expect InvalidRequest whose message holds every `says` fragment; return the message."""
-    with pytest.raises(errors.InvalidRequest) as info:
-        fn(*args, **kwargs)
-    message = info.value.message
-    for fragment in (says,) if isinstance(says, str) else says:
-        assert fragment in message, message
-    assert info.value.code == "invalid_request" and info.value.status == 400
-    return message
 
 
 def df(text: str, context=None, name: str = "app", **kwargs) -> ts.TemplateSpec:

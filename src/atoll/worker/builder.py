@@ -44,7 +44,7 @@ from atoll.core import errors, ids, templatespec
 from atoll.core import worker_api as api
 from atoll.worker import layers, storage
 from atoll.worker.guest import Guest
-from atoll.worker.runtime import RuntimeStore
+from atoll.worker.runtime import Runtime, RuntimeStore
 from atoll.worker.sandboxes import Sandboxes
 from atoll.worker.tiers import Tiers
 
@@ -389,20 +389,16 @@ class Builder:
             self._log(b, f"  wrote {len(step.files)} file(s)")
             return
         cmd, user = self._step_command(step)
-        sid = ids.new_sandbox_id()
-        self.temporary.add(sid)
-        try:
-            rt = self.runtimes.new(
-                sid,
-                template=f"build:{b.build_id}",
-                memory_mb=BUILD_MEMORY_MB,
-                cpus=float(os.cpu_count() or 1),
-                env={**env, **self.build_env},
-                disk_mb=BUILD_DISK_MB,
-                temporary=True,
-                network=self.build_network,
-            )
-            await self.sandboxes.start(rt, layers.stack(list(reversed(stack))), None)
+        async with self._temporary(
+            b,
+            layers.stack(list(reversed(stack))),
+            memory_mb=BUILD_MEMORY_MB,
+            cpus=float(os.cpu_count() or 1),
+            env={**env, **self.build_env},
+            disk_mb=BUILD_DISK_MB,
+            network=self.build_network,
+        ) as rt:
+            sid = rt.sandbox_id
             if user is not None:
                 user = await self._check_user(sid, user)
             if step.workdir != "/":  # made by root, as Docker's WORKDIR does
@@ -424,8 +420,6 @@ class Builder:
                 )
             await self.sandboxes.stop_container(rt)
             await self.layers.from_upper(fs, self.runtimes.path(sid, "upper", "upper"))
-        finally:
-            await self._discard(sid)
 
     async def _stream(self, b: Build, sid: str, spec: api.ExecSpec) -> tuple[int | None, list[str]]:
         tail: list[str] = []
@@ -461,11 +455,22 @@ class Builder:
             raise BuildFailed(f"uid {user} has no name in the template's /etc/passwd; add one with useradd")
         return name
 
-    async def _discard(self, sid: str) -> None:
-        deletion = asyncio.ensure_future(self._delete(sid))
-        with contextlib.suppress(Exception):
-            await asyncio.shield(deletion)
-        self.temporary.discard(sid)
+    @contextlib.asynccontextmanager
+    async def _temporary(self, b: Build, lower: str, **spec: typing.Any) -> typing.AsyncIterator[Runtime]:
+        """A temporary sandbox of the build (a step's, or the one its snapshot is made from),
+        booted cold from `lower`; recorded first (a crash leaves nothing unowned) and deleted on
+        the way out, even when cancelled half-way."""
+        sid = ids.new_sandbox_id()
+        self.temporary.add(sid)
+        try:
+            rt = self.runtimes.new(sid, template=f"build:{b.build_id}", temporary=True, **spec)
+            await self.sandboxes.start(rt, lower, None)
+            yield rt
+        finally:
+            deletion = asyncio.ensure_future(self._delete(sid))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(deletion)
+            self.temporary.discard(sid)
 
     # ---- the snapshot ---------------------------------------------------------------------------
     def image(self, b: Build, memory_mb: int) -> tuple[str, str, str] | None:
@@ -503,20 +508,10 @@ class Builder:
             if os.path.exists(os.path.join(dest, "manifest.json")):
                 return
             t0 = time.monotonic()
-            sid = ids.new_sandbox_id()
-            self.temporary.add(sid)
-            try:
-                rt = self.runtimes.new(
-                    sid,
-                    template=f"build:{b.build_id}",
-                    memory_mb=memory_mb,
-                    cpus=1,
-                    env=dict(b.env),
-                    disk_mb=IMAGE_DISK_MB,
-                    user=b.user,
-                    temporary=True,
-                )
-                await self.sandboxes.start(rt, b.lower, None)
+            async with self._temporary(
+                b, b.lower, memory_mb=memory_mb, cpus=1, env=dict(b.env), disk_mb=IMAGE_DISK_MB, user=b.user
+            ) as rt:
+                sid = rt.sandbox_id
                 await self.prepare_boot(sid, b)
                 mode, reason = "", ""
                 if b.start:
@@ -550,8 +545,6 @@ class Builder:
                 if memory_mb == b.memory_mb:
                     b.start_mode, b.start_reason = mode, reason
                 say(f"snapshot of {memory_mb} MB made in {time.monotonic() - t0:.1f}s")
-            finally:
-                await self._discard(sid)
 
     async def prepare_boot(self, sid: str, b: Build) -> None:
         """What a fresh boot of the build needs before its start command: the workdir."""
