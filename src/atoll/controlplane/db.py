@@ -61,6 +61,13 @@ class SandboxRecord(Base):
     """Its template's workdir: relative file paths and commands without cwd start there."""
     pooled: Mapped[bool] = mapped_column(sa.Boolean, default=False)
     """A warm pool's sandbox not claimed yet: not listed, not subject to the idle policy."""
+    shell: Mapped[str | None] = mapped_column(sa.String(16), nullable=True)
+    """How its string commands run: "bash" (bash -l -c), "sh" (sh -c); None = bash when the
+    template has it."""
+    expires_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+    """The end of its lifetime (create's timeout_s; PATCH extends it); None = no lifetime."""
+    on_timeout: Mapped[str] = mapped_column(sa.String(16), default="pause")
+    """What its lifetime's end does: "pause" (the disk tier) or "delete"."""
 
 
 class TemplateRecord(Base):

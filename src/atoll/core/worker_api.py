@@ -27,8 +27,8 @@ from typing import Literal, Protocol
 
 from atoll.core.lifecycle import Phase, Tier
 
-PROTOCOL_VERSION = 4
-"""4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
+PROTOCOL_VERSION = 5
+"""5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
 pools (claim) and fork; 3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
 set_authority) and connections into a sandbox's port (open_port); 2: SandboxSpec.network and the
 set_network verb; 1: the first split (issue 6)."""
