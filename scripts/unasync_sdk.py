@@ -50,6 +50,7 @@ REPLACEMENTS = {
     "acall_callback": "call_callback",
     "arequest_body": "request_body",
     "asleep": "sleep",
+    "aretrying": "retrying",
 }
 
 HEADER = '''"""GENERATED FILE - do not edit. The synchronous atoll client: `Client`, `Sandbox`, its files and processes.

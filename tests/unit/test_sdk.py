@@ -21,7 +21,7 @@ import pytest
 
 import atoll
 from atoll import errors
-from atoll._client import _async, _sync
+from atoll._client import _async, _base, _sync
 
 ROOT = Path(__file__).resolve().parents[2]
 URL = "http://atoll.test"
@@ -173,6 +173,13 @@ class FakeAtoll:
 def _no_env(monkeypatch):
     monkeypatch.delenv("ATOLL_URL", raising=False)
     monkeypatch.delenv("ATOLL_API_KEY", raising=False)
+    # retried answers (503, connection errors) wait for nothing here (tests/unit/test_sdk_retries.py)
+    monkeypatch.setattr(_base, "sleep", lambda s: None)
+
+    async def no_wait(s):
+        return None
+
+    monkeypatch.setattr(_base, "asleep", no_wait)
 
 
 @pytest.fixture
@@ -326,7 +333,7 @@ def test_create_sends_only_given_fields_with_long_timeout(client, fake):
     assert (sb2.template, sb2.metadata, sb2.env, sb2.memory_mb) == ("py", {"team": "x"}, {"A": "1"}, 256)
     assert sb2.data["worker_id"] == "w1" and sb2["worker_id"] == "w1"
     assert sb2.created_at == "2026-01-01T00:00:00Z" and sb2.standby_tier is None
-    client.sandboxes.create(timeout=5)
+    client.sandboxes.create(request_timeout=5)
     assert fake.last.extensions["timeout"]["read"] == 5
 
 

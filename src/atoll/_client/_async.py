@@ -23,6 +23,7 @@ from atoll._client._models import (
     Preview,
     ProcessInfo,
     SandboxFields,
+    SandboxMetrics,
     Secret,
     Template,
 )
@@ -43,8 +44,12 @@ class AsyncClient:
     """Connection to an atoll server.
 
     `base_url` defaults to `$ATOLL_URL` or http://127.0.0.1:7080, `api_key` to
-    `$ATOLL_API_KEY`. `timeout` (seconds) bounds ordinary calls; `create_timeout` bounds
-    sandbox creation, pause and resume, which may build a template or move memory to disk.
+    `$ATOLL_API_KEY`. `request_timeout` (seconds) is the HTTP timeout of ordinary calls;
+    `create_timeout` that of sandbox creation, connect, pause and resume, which may build a
+    template or move memory to disk. (`timeout=` is refused with a TypeError: a sandbox's
+    lifetime is `sandboxes.create(timeout_s=...)`.) Idempotent calls (GET, PUT, DELETE, PATCH)
+    are retried up to `retries` times on connection failures and 429/502/503/504 answers, with
+    exponential backoff or the server's Retry-After; POSTs (exec, create) never are.
     `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
     Use it as a context manager, or close it when done.
     """
@@ -54,16 +59,20 @@ class AsyncClient:
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        timeout: float = _base.DEFAULT_TIMEOUT,
+        request_timeout: float = _base.DEFAULT_TIMEOUT,
         create_timeout: float = _base.DEFAULT_CREATE_TIMEOUT,
+        retries: int = _base.DEFAULT_RETRIES,
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        timeout: None = None,  # noqa: ASYNC109 - refused: see the docstring
     ) -> None:
-        self._config = _base.resolve_config(base_url, api_key, timeout, create_timeout)
+        _base.refuse_timeout(type(self).__name__ + "()", timeout)
+        self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout)
+        self._retries = int(retries)
         self._http = httpx.AsyncClient(
             base_url=self._config.base_url,
             headers=self._config.headers(headers),
-            timeout=timeout,
+            timeout=request_timeout,
             transport=transport,
         )
         self.sandboxes = AsyncSandboxes(self)
@@ -76,8 +85,17 @@ class AsyncClient:
         return self._config.base_url
 
     @property
-    def timeout(self) -> float:
+    def request_timeout(self) -> float:
         return self._config.timeout
+
+    @property
+    def timeout(self) -> float:
+        """The same as `request_timeout` (read-only; kept for code that reads it)."""
+        return self._config.timeout
+
+    @property
+    def retries(self) -> int:
+        return self._retries
 
     @property
     def create_timeout(self) -> float:
@@ -117,17 +135,24 @@ class AsyncClient:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - passed on to httpx
     ) -> httpx.Response:
-        """Send one request; raise the mapped `AtollError` for any non-2xx answer."""
+        """Send one request; raise the mapped `AtollError` for any non-2xx answer. Idempotent
+        methods are retried (see the class docstring; tenacity does the waiting)."""
         try:
-            response = await self._http.request(
-                method,
-                path,
-                json=json,
-                params=params,
-                content=content,
-                headers=headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
+            async for attempt in _base.aretrying(self._retries, method, content):
+                with attempt:
+                    response = await self._http.request(
+                        method,
+                        path,
+                        json=json,
+                        params=params,
+                        content=content,
+                        headers=headers,
+                        timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                    )
+                    if response.status_code in _base.RETRY_STATUSES:
+                        raise _base.RetryableStatus(response)
+        except _base.RetryableStatus as exc:
+            response = exc.response
         except httpx.TransportError as exc:
             raise _base.connection_error(exc, self.base_url) from exc
         _base.raise_for_status(response)
@@ -144,22 +169,37 @@ class AsyncClient:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - passed on to httpx
     ) -> AsyncIterator[httpx.Response]:
-        """Send one request and yield the response unread, after checking its status."""
+        """Send one request and yield the response unread, after checking its status. Opening an
+        idempotent one is retried like `_request`; a stream that breaks later is not."""
+        request = self._http.build_request(
+            method,
+            path,
+            json=json,
+            params=params,
+            headers=headers,
+            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
         try:
-            async with self._http.stream(
-                method,
-                path,
-                json=json,
-                params=params,
-                headers=headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            ) as response:
-                if not response.is_success:
-                    await response.aread()
-                    raise _base.error_from_response(response)
-                yield response
+            async for attempt in _base.aretrying(self._retries, method):
+                with attempt:
+                    response = await self._http.send(request, stream=True)
+                    if response.status_code in _base.RETRY_STATUSES:
+                        await response.aread()
+                        await response.aclose()
+                        raise _base.RetryableStatus(response)
+        except _base.RetryableStatus as exc:
+            raise _base.error_from_response(exc.response) from None
         except httpx.TransportError as exc:
             raise _base.connection_error(exc, self.base_url) from exc
+        try:
+            if not response.is_success:
+                await response.aread()
+                raise _base.error_from_response(response)
+            yield response
+        except httpx.TransportError as exc:
+            raise _base.connection_error(exc, self.base_url) from exc
+        finally:
+            await response.aclose()
 
 
 class AsyncSandboxes:
@@ -182,7 +222,10 @@ class AsyncSandboxes:
         network: Mapping[str, Sequence[str]] | None = None,
         secrets: Mapping[str, str] | None = None,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - the HTTP timeout of this call
+        timeout_s: float | None = None,
+        on_timeout: Literal["pause", "delete"] | None = None,
+        request_timeout: float | None = None,
+        timeout: None = None,  # noqa: ASYNC109 - refused: E2B's lifetime or an HTTP timeout?
     ) -> AsyncSandbox:
         """Create a sandbox and return it once running.
 
@@ -193,7 +236,13 @@ class AsyncSandboxes:
         without it the sandbox has no way out. `secrets` maps environment variables to stored
         secrets, `{"OPENAI_API_KEY": "openai"}`: the sandbox sees a placeholder, which its egress
         gateway replaces with the value in requests to the secret's hosts.
+
+        `timeout_s` is the sandbox's lifetime in seconds (none by default; extend it with
+        `sandbox.update(timeout_s=...)`); at its end `on_timeout` happens: "pause" (to the disk
+        tier, the default) or "delete". `request_timeout` is this call's HTTP timeout (default
+        the client's `create_timeout`). `timeout=` is refused with a TypeError.
         """
+        _base.refuse_timeout("sandboxes.create()", timeout)
         body = _base.without_none(
             template=template,
             env=dict(env) if env is not None else None,
@@ -206,12 +255,21 @@ class AsyncSandboxes:
             disk_mb=disk_mb,
             network={k: list(v) for k, v in network.items()} if network is not None else None,
             secrets=dict(secrets) if secrets is not None else None,
+            timeout_s=timeout_s,
+            on_timeout=on_timeout,
         )
         response = await self._client._request(
             "POST",
             "/v1/sandboxes",
             json=body,
-            timeout=timeout if timeout is not None else self._client.create_timeout,
+            timeout=request_timeout if request_timeout is not None else self._client.create_timeout,
+        )
+        return AsyncSandbox(self._client, _base.json_body(response))
+
+    async def connect(self, sandbox_id: str) -> AsyncSandbox:
+        """The sandbox `sandbox_id`, resumed (state running) if it was in standby."""
+        response = await self._client._request(
+            "POST", _base.sandbox_path(sandbox_id, "resume"), timeout=self._client.create_timeout
         )
         return AsyncSandbox(self._client, _base.json_body(response))
 
@@ -489,6 +547,35 @@ class AsyncSandbox(SandboxFields):
     async def delete(self) -> None:
         await self._client._request("DELETE", self._path())
         self.data["state"] = "deleted"
+
+    async def update(
+        self,
+        *,
+        idle_timeout_s: float | None = None,
+        disk_after_s: float | None = None,
+        timeout_s: float | None = _base.UNSET,
+        on_timeout: Literal["pause", "delete"] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> AsyncSandbox:
+        """Change settings live (PATCH), in any state, without resuming it; only the arguments
+        given change. `timeout_s` sets the lifetime to that many seconds from now (extend it);
+        `timeout_s=None` removes it. `metadata` replaces the labels."""
+        body = _base.without_none(
+            idle_timeout_s=idle_timeout_s,
+            disk_after_s=disk_after_s,
+            on_timeout=on_timeout,
+            metadata=dict(metadata) if metadata is not None else None,
+        )
+        if timeout_s is not _base.UNSET:
+            body["timeout_s"] = timeout_s
+        response = await self._client._request("PATCH", self._path(), json=body)
+        self._update(_base.json_body(response))
+        return self
+
+    async def metrics(self) -> SandboxMetrics:
+        """CPU, memory, disk and process figures now; a sandbox in standby is not woken."""
+        response = await self._client._request("GET", self._path("metrics"))
+        return SandboxMetrics(_base.json_body(response))
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

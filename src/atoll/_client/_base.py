@@ -19,6 +19,7 @@ from typing import IO, Any
 from urllib.parse import quote
 
 import httpx
+import tenacity
 
 from atoll import __version__, errors
 from atoll._client._models import ExecResult
@@ -71,6 +72,100 @@ def resolve_config(
     return Config(
         base_url=url.rstrip("/"), api_key=key or None, timeout=timeout, create_timeout=create_timeout
     )
+
+
+# ---------------------------------------------------------------- retries
+
+#: Retries (after the first attempt) of an idempotent call by default; `retries=` on the client.
+DEFAULT_RETRIES = 3
+#: Methods whose requests are retried: repeating them cannot do anything twice.
+RETRY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH"})
+#: Answers worth repeating the request for (Retry-After is honoured).
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: Transport failures retried: the request did not get an answer (a read timeout is not retried:
+#: the server may still be working on it, and waiting again would multiply the caller's timeout).
+RETRY_ERRORS = (httpx.NetworkError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+RETRY_BASE_S = 0.25
+RETRY_MAX_WAIT_S = 30.0
+
+
+class RetryableStatus(Exception):
+    """An answer with a RETRY_STATUSES code, raised inside a retry attempt (never escapes the client)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The server's Retry-After (seconds or an HTTP date) in seconds, None if absent or unreadable."""
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    import datetime as dt
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+
+
+def _retry_wait(state: tenacity.RetryCallState) -> float:
+    backoff = tenacity.wait_exponential_jitter(
+        multiplier=RETRY_BASE_S, max=RETRY_MAX_WAIT_S, jitter=RETRY_BASE_S
+    )(state)
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, RetryableStatus):
+        told = retry_after(exc.response)
+        if told is not None:
+            return min(told, RETRY_MAX_WAIT_S)
+    return backoff
+
+
+def _retry_policy(retries: int, method: str, content: Any) -> dict[str, Any]:
+    replayable = content is None or isinstance(content, bytes | bytearray | str)
+    attempts = 1 + max(0, retries) if method.upper() in RETRY_METHODS and replayable else 1
+    return {
+        "stop": tenacity.stop_after_attempt(attempts),
+        "wait": _retry_wait,
+        "retry": tenacity.retry_if_exception_type((RetryableStatus, *RETRY_ERRORS)),
+        "reraise": True,
+    }
+
+
+def retrying(retries: int, method: str, content: Any = None) -> tenacity.Retrying:
+    """Attempts of one call (sync): idempotent ones retried on RETRY_ERRORS and RETRY_STATUSES
+    with exponential backoff and jitter (or the server's Retry-After), at most `retries` times."""
+    return tenacity.Retrying(sleep=lambda s: sleep(s), **_retry_policy(retries, method, content))
+
+
+def aretrying(retries: int, method: str, content: Any = None) -> tenacity.AsyncRetrying:
+    """As `retrying`, for the async client."""
+    return tenacity.AsyncRetrying(sleep=lambda s: asleep(s), **_retry_policy(retries, method, content))
+
+
+def refuse_timeout(where: str, timeout: object) -> None:
+    """`timeout=` means a lifetime in E2B and an HTTP timeout in httpx: refuse it rather than guess."""
+    if timeout is not None:
+        raise TypeError(
+            f"{where} takes no timeout= (got {timeout!r}): pass timeout_s= for the sandbox's lifetime "
+            "(E2B's `timeout`) or request_timeout= for the HTTP timeout"
+        )
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: "Not given", where None means something (e.g. `update(timeout_s=None)` removes the lifetime).
+UNSET: Any = _Unset()
 
 
 # ---------------------------------------------------------------- URLs and bodies

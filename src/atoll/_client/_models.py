@@ -21,6 +21,7 @@ __all__ = [
     "ProcessInfo",
     "Record",
     "SandboxFields",
+    "SandboxMetrics",
     "Secret",
     "Template",
 ]
@@ -188,6 +189,42 @@ class ProcessInfo(Record):
         return self.data.get("exit_code")
 
 
+class SandboxMetrics(Record):
+    """`sandbox.metrics()`: resource figures now. A sandbox in standby is not woken for them:
+    `cpu_percent` is 0 and `processes` None."""
+
+    __slots__ = ()
+
+    @property
+    def cpu_percent(self) -> float:
+        """Share of one CPU used over about the last 2 s, in percent."""
+        return float(self.data.get("cpu_percent") or 0.0)
+
+    @property
+    def memory_used_mb(self) -> float:
+        return float(self.data.get("memory_used_mb") or 0.0)
+
+    @property
+    def memory_limit_mb(self) -> int:
+        return int(self.data.get("memory_limit_mb") or 0)
+
+    @property
+    def disk_used_mb(self) -> float:
+        return float(self.data.get("disk_used_mb") or 0.0)
+
+    @property
+    def disk_limit_mb(self) -> int:
+        return int(self.data.get("disk_limit_mb") or 0)
+
+    @property
+    def processes(self) -> int | None:
+        return self.data.get("processes")
+
+    @property
+    def state(self) -> str:
+        return self.data.get("state", "")
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """The outcome of a foreground `sandbox.exec(...)`."""
@@ -317,6 +354,16 @@ class SandboxFields:
     @property
     def failure_reason(self) -> str | None:
         return self.data.get("failure_reason")
+
+    @property
+    def expires_at(self) -> str | None:
+        """End of its lifetime (ISO 8601, UTC; `timeout_s` at create, `update(timeout_s=)`); None: none."""
+        return self.data.get("expires_at")
+
+    @property
+    def on_timeout(self) -> str:
+        """What the end of its lifetime does: "pause" (to the disk tier) or "delete"."""
+        return self.data.get("on_timeout") or "pause"
 
     def __repr__(self) -> str:
         tier = f", standby_tier={self.standby_tier!r}" if self.standby_tier else ""

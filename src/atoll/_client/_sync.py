@@ -21,6 +21,7 @@ from atoll._client._models import (
     Preview,
     ProcessInfo,
     SandboxFields,
+    SandboxMetrics,
     Secret,
     Template,
 )
@@ -41,8 +42,12 @@ class Client:
     """Connection to an atoll server.
 
     `base_url` defaults to `$ATOLL_URL` or http://127.0.0.1:7080, `api_key` to
-    `$ATOLL_API_KEY`. `timeout` (seconds) bounds ordinary calls; `create_timeout` bounds
-    sandbox creation, pause and resume, which may build a template or move memory to disk.
+    `$ATOLL_API_KEY`. `request_timeout` (seconds) is the HTTP timeout of ordinary calls;
+    `create_timeout` that of sandbox creation, connect, pause and resume, which may build a
+    template or move memory to disk. (`timeout=` is refused with a TypeError: a sandbox's
+    lifetime is `sandboxes.create(timeout_s=...)`.) Idempotent calls (GET, PUT, DELETE, PATCH)
+    are retried up to `retries` times on connection failures and 429/502/503/504 answers, with
+    exponential backoff or the server's Retry-After; POSTs (exec, create) never are.
     `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
     Use it as a context manager, or close it when done.
     """
@@ -52,16 +57,20 @@ class Client:
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        timeout: float = _base.DEFAULT_TIMEOUT,
+        request_timeout: float = _base.DEFAULT_TIMEOUT,
         create_timeout: float = _base.DEFAULT_CREATE_TIMEOUT,
+        retries: int = _base.DEFAULT_RETRIES,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
+        timeout: None = None,
     ) -> None:
-        self._config = _base.resolve_config(base_url, api_key, timeout, create_timeout)
+        _base.refuse_timeout(type(self).__name__ + "()", timeout)
+        self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout)
+        self._retries = int(retries)
         self._http = httpx.Client(
             base_url=self._config.base_url,
             headers=self._config.headers(headers),
-            timeout=timeout,
+            timeout=request_timeout,
             transport=transport,
         )
         self.sandboxes = Sandboxes(self)
@@ -74,8 +83,17 @@ class Client:
         return self._config.base_url
 
     @property
-    def timeout(self) -> float:
+    def request_timeout(self) -> float:
         return self._config.timeout
+
+    @property
+    def timeout(self) -> float:
+        """The same as `request_timeout` (read-only; kept for code that reads it)."""
+        return self._config.timeout
+
+    @property
+    def retries(self) -> int:
+        return self._retries
 
     @property
     def create_timeout(self) -> float:
@@ -115,17 +133,24 @@ class Client:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
-        """Send one request; raise the mapped `AtollError` for any non-2xx answer."""
+        """Send one request; raise the mapped `AtollError` for any non-2xx answer. Idempotent
+        methods are retried (see the class docstring; tenacity does the waiting)."""
         try:
-            response = self._http.request(
-                method,
-                path,
-                json=json,
-                params=params,
-                content=content,
-                headers=headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
+            for attempt in _base.retrying(self._retries, method, content):
+                with attempt:
+                    response = self._http.request(
+                        method,
+                        path,
+                        json=json,
+                        params=params,
+                        content=content,
+                        headers=headers,
+                        timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                    )
+                    if response.status_code in _base.RETRY_STATUSES:
+                        raise _base.RetryableStatus(response)
+        except _base.RetryableStatus as exc:
+            response = exc.response
         except httpx.TransportError as exc:
             raise _base.connection_error(exc, self.base_url) from exc
         _base.raise_for_status(response)
@@ -142,22 +167,37 @@ class Client:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> Iterator[httpx.Response]:
-        """Send one request and yield the response unread, after checking its status."""
+        """Send one request and yield the response unread, after checking its status. Opening an
+        idempotent one is retried like `_request`; a stream that breaks later is not."""
+        request = self._http.build_request(
+            method,
+            path,
+            json=json,
+            params=params,
+            headers=headers,
+            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
         try:
-            with self._http.stream(
-                method,
-                path,
-                json=json,
-                params=params,
-                headers=headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            ) as response:
-                if not response.is_success:
-                    response.read()
-                    raise _base.error_from_response(response)
-                yield response
+            for attempt in _base.retrying(self._retries, method):
+                with attempt:
+                    response = self._http.send(request, stream=True)
+                    if response.status_code in _base.RETRY_STATUSES:
+                        response.read()
+                        response.close()
+                        raise _base.RetryableStatus(response)
+        except _base.RetryableStatus as exc:
+            raise _base.error_from_response(exc.response) from None
         except httpx.TransportError as exc:
             raise _base.connection_error(exc, self.base_url) from exc
+        try:
+            if not response.is_success:
+                response.read()
+                raise _base.error_from_response(response)
+            yield response
+        except httpx.TransportError as exc:
+            raise _base.connection_error(exc, self.base_url) from exc
+        finally:
+            response.close()
 
 
 class Sandboxes:
@@ -180,7 +220,10 @@ class Sandboxes:
         network: Mapping[str, Sequence[str]] | None = None,
         secrets: Mapping[str, str] | None = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
+        on_timeout: Literal["pause", "delete"] | None = None,
+        request_timeout: float | None = None,
+        timeout: None = None,
     ) -> Sandbox:
         """Create a sandbox and return it once running.
 
@@ -191,7 +234,13 @@ class Sandboxes:
         without it the sandbox has no way out. `secrets` maps environment variables to stored
         secrets, `{"OPENAI_API_KEY": "openai"}`: the sandbox sees a placeholder, which its egress
         gateway replaces with the value in requests to the secret's hosts.
+
+        `timeout_s` is the sandbox's lifetime in seconds (none by default; extend it with
+        `sandbox.update(timeout_s=...)`); at its end `on_timeout` happens: "pause" (to the disk
+        tier, the default) or "delete". `request_timeout` is this call's HTTP timeout (default
+        the client's `create_timeout`). `timeout=` is refused with a TypeError.
         """
+        _base.refuse_timeout("sandboxes.create()", timeout)
         body = _base.without_none(
             template=template,
             env=dict(env) if env is not None else None,
@@ -204,12 +253,21 @@ class Sandboxes:
             disk_mb=disk_mb,
             network={k: list(v) for k, v in network.items()} if network is not None else None,
             secrets=dict(secrets) if secrets is not None else None,
+            timeout_s=timeout_s,
+            on_timeout=on_timeout,
         )
         response = self._client._request(
             "POST",
             "/v1/sandboxes",
             json=body,
-            timeout=timeout if timeout is not None else self._client.create_timeout,
+            timeout=request_timeout if request_timeout is not None else self._client.create_timeout,
+        )
+        return Sandbox(self._client, _base.json_body(response))
+
+    def connect(self, sandbox_id: str) -> Sandbox:
+        """The sandbox `sandbox_id`, resumed (state running) if it was in standby."""
+        response = self._client._request(
+            "POST", _base.sandbox_path(sandbox_id, "resume"), timeout=self._client.create_timeout
         )
         return Sandbox(self._client, _base.json_body(response))
 
@@ -481,6 +539,35 @@ class Sandbox(SandboxFields):
     def delete(self) -> None:
         self._client._request("DELETE", self._path())
         self.data["state"] = "deleted"
+
+    def update(
+        self,
+        *,
+        idle_timeout_s: float | None = None,
+        disk_after_s: float | None = None,
+        timeout_s: float | None = _base.UNSET,
+        on_timeout: Literal["pause", "delete"] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Sandbox:
+        """Change settings live (PATCH), in any state, without resuming it; only the arguments
+        given change. `timeout_s` sets the lifetime to that many seconds from now (extend it);
+        `timeout_s=None` removes it. `metadata` replaces the labels."""
+        body = _base.without_none(
+            idle_timeout_s=idle_timeout_s,
+            disk_after_s=disk_after_s,
+            on_timeout=on_timeout,
+            metadata=dict(metadata) if metadata is not None else None,
+        )
+        if timeout_s is not _base.UNSET:
+            body["timeout_s"] = timeout_s
+        response = self._client._request("PATCH", self._path(), json=body)
+        self._update(_base.json_body(response))
+        return self
+
+    def metrics(self) -> SandboxMetrics:
+        """CPU, memory, disk and process figures now; a sandbox in standby is not woken."""
+        response = self._client._request("GET", self._path("metrics"))
+        return SandboxMetrics(_base.json_body(response))
 
     def __enter__(self) -> Sandbox:
         return self

@@ -89,6 +89,8 @@ async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecor
                 build_id=rec.build_id,
                 workdir=rec.workdir,
                 pooled=False,
+                expires_at=rec.expires_at,  # a copy never outlives its parent's bound (lifetime)
+                on_timeout=rec.on_timeout,
             )
             m.db.add(c)
             m._cache[c.id] = c

@@ -22,7 +22,7 @@ import time
 import typing
 
 from atoll.controlplane import db as dbm
-from atoll.controlplane import metrics, schemas
+from atoll.controlplane import lifetime, metrics, schemas
 from atoll.controlplane.authority import Authority
 from atoll.controlplane.pools import Pools
 from atoll.controlplane.secrets import SecretStore
@@ -248,6 +248,8 @@ class SandboxManager:
             build_id=build.id if build is not None else None,
             workdir=(build.info or {}).get("workdir") if build is not None else None,
             pooled=pooled,
+            expires_at=None if pooled else lifetime.deadline(getattr(req, "timeout_s", None), now),
+            on_timeout=getattr(req, "on_timeout", "pause"),
         )
         spec = api.SandboxSpec(
             sandbox_id=sid,

@@ -8,6 +8,7 @@ sandbox whose worker or agent is slow delays no other's standby):
   * memory → disk after `disk_after_s` in the memory tier, on the wall clock from the persisted
     `standby_since` (so it survives restarts); a sandbox the checkpoint gate refuses stays in
     memory and is retried after max(60 s, disk_after_s).
+  * a lifetime's end (`expires_at`, controlplane.lifetime): to the disk tier or deleted, first.
 The policy decides *when*; the worker owns *how* (core.worker_api.WorkerAPI.pause).
 Called by atoll.up and controlplane.main (run as a task beside the API).
 """
@@ -22,6 +23,7 @@ import time
 import typing
 
 from atoll.controlplane import db as dbm
+from atoll.controlplane import lifetime
 from atoll.controlplane.lifecycle import SandboxManager
 from atoll.core import errors
 from atoll.core.lifecycle import State, Tier
@@ -58,6 +60,11 @@ class TierPolicy:
         for rec in m.live():
             sid = rec.id
             live.add(sid)
+            if sid not in self._steps and lifetime.expired(rec, wall):
+                expiry = self._expiry(rec, ready, now)
+                if expiry is not None:
+                    self._start(sid, expiry)
+                    continue
             if sid in self._steps or rec.worker_id not in ready or m.busy(sid) or rec.pooled:
                 continue  # a pool's sandboxes stay frozen in memory until claimed
             step: typing.Awaitable | None = None
@@ -79,11 +86,44 @@ class TierPolicy:
                 if (wall - since).total_seconds() >= rec.disk_after_s:
                     step = self._pause(sid, Tier.DISK)
             if step is not None:
-                task = asyncio.ensure_future(self._slot(step))
-                self._steps[sid] = task
-                task.add_done_callback(lambda _t, sid=sid: self._steps.pop(sid, None))
+                self._start(sid, step)
         for sid in [s for s in self._gate_retry if s not in live]:
             self._gate_retry.pop(sid, None)
+
+    def _start(self, sid: str, step: typing.Awaitable) -> None:
+        task = asyncio.ensure_future(self._slot(step))
+        self._steps[sid] = task
+        task.add_done_callback(lambda _t, sid=sid: self._steps.pop(sid, None))
+
+    def _expiry(self, rec: dbm.SandboxRecord, ready: set[str], now: float) -> typing.Awaitable | None:
+        """The step that ends an expired lifetime (controlplane.lifetime), None for none now."""
+        if rec.on_timeout == "delete":
+            return self._expire_delete(rec.id)
+        if rec.state == State.STANDBY and rec.standby_tier == Tier.DISK:
+            lifetime.clear(self.manager, rec)  # already where a "pause" expiry puts it
+            return None
+        if (
+            rec.state in (State.RUNNING, State.STANDBY)
+            and rec.worker_id in ready
+            and not self.manager.busy(rec.id)
+            and now >= self._gate_retry.get(rec.id, 0.0)
+        ):
+            return self._expire_pause(rec.id)
+        return None
+
+    async def _expire_delete(self, sid: str) -> None:
+        log.info("sandbox.lifetime.expired: deleting", extra={"sandbox_id": sid})
+        with contextlib.suppress(errors.NotFound):
+            await self.manager.delete(sid)
+
+    async def _expire_pause(self, sid: str) -> None:
+        log.info("sandbox.lifetime.expired: to the disk tier", extra={"sandbox_id": sid})
+        with contextlib.suppress(errors.AtollError):
+            rec = await self.manager.pause(sid, Tier.DISK)
+            if rec.standby_tier == Tier.DISK:
+                lifetime.clear(self.manager, rec)
+            else:  # gated: it stays in memory with its lifetime, retried later
+                self._gate_retry[sid] = time.monotonic() + max(GATE_RETRY_MIN_S, rec.disk_after_s)
 
     async def _slot(self, step: typing.Awaitable) -> None:
         async with self._limit:

@@ -24,7 +24,7 @@ import time
 import typing
 
 from atoll.controlplane import db as dbm
-from atoll.controlplane import schemas
+from atoll.controlplane import lifetime, schemas
 from atoll.controlplane.templates import BUILTIN
 from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
@@ -225,6 +225,8 @@ class Pools:
                 created_at=now,
                 last_activity_at=now,
                 network=rec.network,
+                expires_at=lifetime.deadline(req.timeout_s, now),
+                on_timeout=req.on_timeout,
             )
             m._activity[sid] = time.monotonic()
         self._claimed[rec.template] = self._claimed.get(rec.template, 0) + 1

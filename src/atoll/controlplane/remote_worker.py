@@ -296,6 +296,10 @@ class RemoteWorker:
     async def kill_process(self, sandbox_id: str, pid: int) -> None:
         await self._call("DELETE", self._sb(sandbox_id, "processes", str(int(pid))))
 
+    async def metrics(self, sandbox_id: str) -> api.SandboxMetrics:
+        data = await self._call("GET", self._sb(sandbox_id, "metrics"))
+        return wire.load(api.SandboxMetrics, data, "sandbox metrics")
+
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:

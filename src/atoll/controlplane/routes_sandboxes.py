@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import forking, http, schemas
+from atoll.controlplane import forking, http, lifetime, schemas
 from atoll.controlplane.context import ctx
 from atoll.core import errors, ids
 from atoll.core.lifecycle import State, Tier
@@ -248,3 +248,55 @@ async def set_preview(request: Request, sid: SandboxId, port: PortNumber):
     req = await http.read_json(request, schemas.PreviewUpdate)
     c.manager.set_preview(sid, port, req.public)
     return http.json_response(c.previews.describe(sid, port))
+
+
+# ---- live settings and figures (controlplane.lifetime) -----------------------------------------
+@router.patch(
+    "/v1/sandboxes/{sid}",
+    openapi_extra=http.body_schema(schemas.UpdateSandbox),
+    responses={
+        200: {"model": schemas.Sandbox, "description": "the sandbox, its new settings applied"},
+        **http.error_responses(
+            {
+                400: "invalid_request: an unknown field, a value out of bounds, a lifetime in the past",
+                404: "sandbox_not_found",
+            }
+        ),
+        **TOO_LARGE,
+    },
+)
+async def update_sandbox(request: Request, sid: SandboxId):
+    """Change `idle_timeout_s`, `disk_after_s`, `timeout_s` (the lifetime, from now; null removes
+    it), `on_timeout` or `metadata` (replaces the labels), in any state, live; only the fields
+    sent change. Does not resume it."""
+    manager = ctx(request).manager
+    manager.get(sid)
+    req = await http.read_json(request, schemas.UpdateSandbox)
+    return answer(request, lifetime.update(manager, sid, req))
+
+
+@router.get(
+    "/v1/sandboxes/{sid}/metrics",
+    responses={200: {"model": schemas.SandboxMetrics}, **ERRORS},
+)
+async def sandbox_metrics(request: Request, sid: SandboxId):
+    """CPU, memory, disk and process figures now, from its cgroups, writable layer and guest
+    agent. Does not resume it: in standby cpu_percent is 0 and processes null."""
+    manager = ctx(request).manager
+    rec = manager.get(sid)
+    base = {"sandbox_id": sid, "state": rec.state, "standby_tier": rec.standby_tier}
+    if rec.state not in (State.RUNNING, State.STANDBY):  # creating or failed: nothing to measure
+        zeros = {"cpu_percent": 0.0, "memory_used_mb": 0.0, "disk_used_mb": 0.0, "processes": None}
+        return http.json_response(
+            {**base, **zeros, "memory_limit_mb": rec.memory_mb, "disk_limit_mb": rec.disk_mb}
+        )
+    m = await manager.worker(rec).metrics(sid)
+    fields = (
+        "cpu_percent",
+        "memory_used_mb",
+        "memory_limit_mb",
+        "disk_used_mb",
+        "disk_limit_mb",
+        "processes",
+    )
+    return http.json_response({**base, **{f: getattr(m, f) for f in fields}})

@@ -39,6 +39,35 @@ def _check_env(v: dict[str, str] | None) -> dict[str, str] | None:
     return v
 
 
+MAX_LIFETIME_S = 30 * 86400
+_TIMEOUT_DOC = "Lifetime in seconds from now (> 0, at most 30 days); at its end `on_timeout` happens"
+_ON_TIMEOUT_DOC = (
+    'What the end of the lifetime does: "pause" (to the disk tier; the lifetime is then cleared) or "delete"'
+)
+
+
+def _check_lifetime(v: object) -> object:
+    """A lifetime must end in the future: a clear message for what the bounds would refuse."""
+    if v is None:
+        return v
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(
+            f"timeout_s must be a number of seconds from now, got {type(v).__name__} {v!r}; "
+            "e.g. 3600 (or null for no lifetime)"
+        )
+    if not v > 0:
+        raise ValueError(
+            f"timeout_s={v} would end the lifetime now or in the past; give seconds from now (> 0), "
+            "or null for no lifetime"
+        )
+    if not v <= MAX_LIFETIME_S:
+        raise ValueError(
+            f"timeout_s={v} is over the longest lifetime, {MAX_LIFETIME_S} s (30 days); give less, "
+            "or null for no lifetime (extend it later with PATCH)"
+        )
+    return v
+
+
 class NetworkPolicy(BaseModel):
     """Egress policy: default deny; `deny_out` wins over `allow_out` (docs/api.md, "Network")."""
 
@@ -96,7 +125,13 @@ class CreateSandbox(BaseModel):
         "in ENV; its egress gateway replaces it with the value in requests to the secret's hosts",
         json_schema_extra=_ENV_SCHEMA,
     )
+    # the lifetime (controlplane.lifetime)
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_LIFETIME_S, description=_TIMEOUT_DOC + " (default: none, it lives until deleted)"
+    )
+    on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
 
+    _v_timeout = field_validator("timeout_s", mode="before")(classmethod(lambda cls, v: _check_lifetime(v)))
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
     @field_validator("user")
@@ -170,6 +205,43 @@ class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tier: Literal["memory", "disk"] = "memory"
+
+
+class UpdateSandbox(BaseModel):
+    """PATCH /v1/sandboxes/{id}: only the fields sent change (same bounds as the create)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    idle_timeout_s: float = Field(
+        15, ge=0, le=7 * 86400, description="Seconds without activity before standby (0 = never)"
+    )
+    disk_after_s: float = Field(
+        300, ge=0, le=30 * 86400, description="Seconds in the memory tier before disk (0 = never)"
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_LIFETIME_S, description=_TIMEOUT_DOC + "; null removes the lifetime"
+    )
+    on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
+    metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=64, description="Replaces the labels ({} removes them all)"
+    )
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _v_fields(cls, data: object) -> object:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(
+                    f"unknown field(s) {', '.join(map(repr, unknown))}; PATCH changes only "
+                    + ", ".join(cls.model_fields)
+                )
+            for name in ("idle_timeout_s", "disk_after_s", "on_timeout", "metadata"):
+                if name in data and data[name] is None:
+                    raise ValueError(f"{name} cannot be null; leave it out to keep its value")
+        return data
+
+    _v_timeout = field_validator("timeout_s", mode="before")(classmethod(lambda cls, v: _check_lifetime(v)))
 
 
 class CreateSecret(BaseModel):
@@ -257,6 +329,8 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.U
         "created_at": iso(rec.created_at),
         "updated_at": iso(rec.updated_at),
         "standby_since": iso(rec.standby_since),
+        "expires_at": iso(rec.expires_at),
+        "on_timeout": rec.on_timeout or "pause",
     }
 
 
@@ -314,6 +388,23 @@ class Sandbox(BaseModel):
     created_at: str | None
     updated_at: str | None
     standby_since: str | None
+    expires_at: str | None = Field(None, description="End of its lifetime (ISO 8601, UTC); null: none")
+    on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
+
+
+class SandboxMetrics(BaseModel):
+    """GET /v1/sandboxes/{id}/metrics. A sandbox in standby is not woken: cpu_percent 0, memory
+    what its frozen cgroup holds (0 on disk), processes null."""
+
+    sandbox_id: str
+    state: Literal["creating", "running", "standby", "failed"]
+    standby_tier: Literal["memory", "disk"] | None
+    cpu_percent: float = Field(description="Share of one CPU used over about the last 2 s, in percent")
+    memory_used_mb: float = Field(description="Host memory its cgroup charges (programs and gVisor's own)")
+    memory_limit_mb: int = Field(description="Memory its programs may use (memory_mb)")
+    disk_used_mb: float = Field(description="Space used in its writable layer")
+    disk_limit_mb: int = Field(description="Size of its writable layer (disk_mb)")
+    processes: int | None = Field(description="Processes inside (null: not counted, it is in standby)")
 
 
 class SandboxList(BaseModel):

@@ -309,6 +309,28 @@ class FileDownload:
     chunks: AsyncIterator[bytes]
 
 
+@dataclass(frozen=True)
+class SandboxMetrics:
+    """Resource figures of one sandbox now (cgroups, its writable layer, its guest agent). A
+    sandbox in standby is not woken for them: cpu_percent is 0, memory is what its frozen cgroup
+    holds (0 in the disk tier), processes is None (only the agent can count them)."""
+
+    sandbox_id: str
+    phase: Phase
+    cpu_percent: float
+    """Share of one CPU its processes used over about the last 2 s, in percent."""
+    memory_used_mb: float
+    """Host memory its cgroup charges (programs plus gVisor's own use)."""
+    memory_limit_mb: int
+    """Memory its programs may use (the create's memory_mb)."""
+    disk_used_mb: float
+    """Space used in its writable layer's filesystem."""
+    disk_limit_mb: int
+    """Size of that filesystem (the create's disk_mb)."""
+    processes: int | None
+    """Processes inside the sandbox (None: not counted, it is in standby)."""
+
+
 # ---- events ----------------------------------------------------------------------------------
 
 
@@ -475,6 +497,10 @@ class WorkerAPI(Protocol):
     async def list_processes(self, sandbox_id: str) -> Sequence[ProcessInfo]: ...
 
     async def kill_process(self, sandbox_id: str, pid: int) -> None: ...
+
+    async def metrics(self, sandbox_id: str) -> SandboxMetrics:
+        """Its resource figures now, in any phase but deleting (a standby sandbox is not woken)."""
+        ...
 
     def read_file(self, sandbox_id: str, path: FilePath) -> typing.AsyncContextManager[FileDownload]: ...
 

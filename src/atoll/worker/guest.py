@@ -354,6 +354,19 @@ class Guest:
     async def kill_process(self, sid: str, pid: int) -> None:
         await self.request(sid, "DELETE", f"/processes/{int(pid)}")
 
+    async def process_count(self, sid: str) -> int:
+        """The user processes inside the sandbox (the agent's GET /stats), for metrics."""
+        r = await self.request(sid, "GET", "/stats", timeout=PROBE_TIMEOUT_S)
+        try:
+            n = r.json()["processes"]
+        except (ValueError, KeyError, TypeError):
+            n = None
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise errors.RuntimeFailure(
+                "the guest agent answered /stats without a process count", detail=r.text[:300]
+            )
+        return n
+
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def read_file(self, sid: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:

@@ -259,6 +259,9 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         await node.kill_process(request.path_params["sid"], request.path_params["pid"])
         return no_content()
 
+    async def sandbox_metrics(request: Request) -> Response:
+        return _answer(wire.dump(await node.metrics(request.path_params["sid"])))
+
     # ---- files ------------------------------------------------------------------------------------
     async def read_file(request: Request) -> Response:
         reading = node.read_file(request.path_params["sid"], _path(request))
@@ -344,6 +347,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb + "/processes", start_process, methods=["POST"]),
         Route(sb + "/processes", list_processes, methods=["GET"]),
         Route(sb + "/processes/{pid:int}", kill_process, methods=["DELETE"]),
+        Route(sb + "/metrics", sandbox_metrics, methods=["GET"]),
         Route(sb + "/files", read_file, methods=["GET"]),
         Route(sb + "/files", write_file, methods=["PUT"]),
         Route(sb + "/files", delete_file, methods=["DELETE"]),

@@ -38,6 +38,7 @@ from atoll.worker.liveness import Liveness
 from atoll.worker.pressure import Pressure
 from atoll.worker.recovery import Recovery
 from atoll.worker.runtime import RuntimeStore
+from atoll.worker.sandbox_metrics import figures as metric_figures
 from atoll.worker.sandboxes import Sandboxes
 from atoll.worker.settings import WorkerSettings
 from atoll.worker.snapshots import LocalSnapshotStore
@@ -763,6 +764,27 @@ class Node:
     async def kill_process(self, sandbox_id: str, pid: int) -> None:
         async with self._serving(sandbox_id):
             await self.guest.kill_process(sandbox_id, pid)
+
+    async def metrics(self, sandbox_id: str) -> api.SandboxMetrics:
+        rt = self.runtimes.get(sandbox_id)
+        if rt.phase == Phase.DELETING:
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} is being deleted")
+        processes = None
+        if rt.phase == Phase.RUNNING:  # only the agent can count them; a standby one is not woken
+            with contextlib.suppress(errors.Conflict):
+                async with self._serving(sandbox_id):
+                    processes = await self.guest.process_count(sandbox_id)
+        rt = self.runtimes.get(sandbox_id)
+        return metric_figures(
+            sandbox_id,
+            rt.phase,
+            rt.cgroup(self.install_id),
+            cpu_share=self.cpu_share(sandbox_id),
+            memory_limit_mb=rt.memory_mb,
+            disk_limit_mb=rt.disk_mb,
+            upper_mount=self.runtimes.path(sandbox_id, "upper"),
+            processes=processes,
+        )
 
     @contextlib.asynccontextmanager
     async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:

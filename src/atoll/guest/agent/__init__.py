@@ -67,6 +67,7 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
 413 (payload_too_large) or 500 (runtime_error).
 
   GET    /health               {"ok", "pid", "generation", "sandbox_id", "hostname", "time", "uptime_s"}
+  GET    /stats                {"processes": user processes in /proc, atoll-init not counted}
   POST   /identity             {"sandbox_id": str, "generation": int, "hostname": str|null, "env": {..}|null,
                                 "cpus": number|null, "workdir": str|null, "seed": str|null}
                                -> 200 {"sandbox_id", "generation", "hostname"}; sethostname failures ignored;

@@ -18,7 +18,7 @@ from .gate import gate_report
 
 
 class StatusHandlers:
-    """GET /health, POST /identity and GET /gate.
+    """GET /health, GET /stats, POST /identity and GET /gate.
 
     A mixin of `routing.Agent`, whose __init__ sets what these methods use and `identity` changes:
     `pid`, `port`, `started`, `sandbox_id`, `generation` and `base_env`.
@@ -37,6 +37,12 @@ class StatusHandlers:
                 "uptime_s": round(time.monotonic() - self.started, 3),
             },
         )
+
+    def stats(self, conn: Conn) -> None:
+        """GET /stats: {"processes": N}, the user processes in /proc (atoll-init, PID 1 of their
+        namespace, not counted; /proc is that namespace's view). Called by the worker's metrics."""
+        n = sum(1 for name in os.listdir("/proc") if name.isdigit() and name != "1")
+        conn.send_json(200, {"processes": n})
 
     def identity(self, conn: Conn, req: Request) -> None:
         body = json_body(req)

@@ -24,7 +24,7 @@ from .processes import ProcessTable
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _ROUTES_HELP = (
-    "the agent serves GET /health, POST /identity, POST /exec, GET /processes, DELETE /processes/<pid>, "
+    "the agent serves GET /health, GET /stats, POST /identity, POST /exec, GET /processes, DELETE /processes/<pid>, "
     "GET|PUT|DELETE /files?path=, GET /files/list?path=, GET /gate"
 )
 
@@ -69,6 +69,8 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers):
             path = path.rstrip("/")
         if path == "/health" and method == "GET":
             return self.health(conn)
+        if path == "/stats" and method == "GET":
+            return self.stats(conn)
         if path == "/exec" and method == "POST":
             return self.exec(conn, req)
         if path == "/files":
