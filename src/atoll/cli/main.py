@@ -26,13 +26,25 @@ from rich.table import Table
 
 from atoll import errors
 from atoll._client import Client, Sandbox
+from atoll.cli import argv as cli_argv
+from atoll.cli import progress as cli_progress
 from atoll.cli import templates as cli_templates
 
-app = typer.Typer(
+
+class _Atoll(typer.Typer):
+    """The `atoll` entry point: global options are accepted anywhere (cli.argv) before typer parses."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not args and "args" not in kwargs:
+            kwargs["args"] = cli_argv.normalize(sys.argv[1:])
+        return super().__call__(*args, **kwargs)
+
+
+app = _Atoll(
     name="atoll",
     help="Self-hostable sandboxes for AI agents.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
 sandbox_app = typer.Typer(help="Create, inspect and drive sandboxes.", no_args_is_help=True)
@@ -74,6 +86,31 @@ def _session(ctx: typer.Context) -> Iterator[Client]:
 
 
 cli_templates.register(app, _session)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from atoll import __version__
+
+        typer.echo(f"atoll {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def atoll_main(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None, typer.Option("--url", help="Server URL (default $ATOLL_URL or http://127.0.0.1:7080).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", help="API key (default $ATOLL_API_KEY).", show_default=False)
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Self-hostable sandboxes for AI agents. --url, --api-key and --json may go anywhere."""
+    ctx.obj = _Connection(url, api_key)
 
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str] | None:
@@ -242,7 +279,10 @@ def sandbox_main(
     ] = None,
 ) -> None:
     """Create, inspect and drive sandboxes."""
-    ctx.obj = _Connection(url, api_key)
+    top: _Connection = ctx.obj or _Connection(None, None)  # `atoll --url X sandbox ...`
+    ctx.obj = _Connection(
+        url if url is not None else top.url, api_key if api_key is not None else top.api_key
+    )
 
 
 @sandbox_app.command("create")
@@ -276,14 +316,25 @@ def create(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the sandbox object as JSON.")] = False,
+    lifetime: Annotated[
+        float | None, typer.Option("--lifetime", help="Lifetime in seconds (timeout_s; default none).")
+    ] = None,
+    on_timeout: Annotated[
+        OnTimeout | None,
+        typer.Option("--on-timeout", help="At the lifetime's end: pause (to disk) or delete."),
+    ] = None,
 ) -> None:
-    """Create a sandbox and print its id once it is running (no network way out unless --allow-out)."""
+    """Create a sandbox and print its id once it is running (no network way out unless --allow-out).
+    While its template is still being built, shows the build's progress and waits."""
     env_vars = _pairs(env, "--env")
     secrets = _pairs(secret, "--secret")
     labels = _pairs(metadata, "--metadata")
     network = {"allow_out": allow_out or [], "deny_out": deny_out or []} if allow_out or deny_out else None
     with _session(ctx) as client:
+        cli_progress.wait_for_template(client, template)
         sandbox = client.sandboxes.create(
+            timeout_s=lifetime,
+            on_timeout=on_timeout.value if on_timeout is not None else None,
             template=template,
             env=env_vars,
             metadata=labels,
@@ -384,6 +435,11 @@ def exec_(
     if result.timed_out:
         typer.echo(f"error: timed_out: the command did not finish within {timeout}s", err=True)
     raise typer.Exit(exit_status(result.exit_code, result.timed_out))
+
+
+class OnTimeout(StrEnum):
+    pause = "pause"
+    delete = "delete"
 
 
 class Tier(StrEnum):
@@ -551,3 +607,73 @@ def secret_rm(ctx: typer.Context, name: Annotated[str, typer.Argument(metavar="N
     with _session(ctx) as client:
         client.secrets.delete(name)
     typer.echo(name)
+
+
+# ---------------------------------------------------------------- lifetime, settings, figures
+
+
+@sandbox_app.command("update")
+def update(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    lifetime: Annotated[
+        float | None, typer.Option("--lifetime", help="New lifetime in seconds from now (timeout_s).")
+    ] = None,
+    no_lifetime: Annotated[bool, typer.Option("--no-lifetime", help="Remove the lifetime.")] = False,
+    on_timeout: Annotated[OnTimeout | None, typer.Option("--on-timeout", help="pause or delete.")] = None,
+    idle_timeout: Annotated[
+        float | None, typer.Option("--idle-timeout", help="Seconds idle before standby.")
+    ] = None,
+    disk_after: Annotated[
+        float | None, typer.Option("--disk-after", help="Seconds in memory before disk.")
+    ] = None,
+    metadata: Annotated[
+        list[str] | None, typer.Option("--metadata", help="KEY=VALUE label (replaces all labels; repeat).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the sandbox object as JSON.")] = False,
+) -> None:
+    """Change a sandbox's lifetime and settings live (PATCH), without resuming it."""
+    if lifetime is not None and no_lifetime:
+        raise typer.BadParameter("give --lifetime or --no-lifetime, not both", param_hint="--no-lifetime")
+    extra: dict[str, Any] = {"timeout_s": None} if no_lifetime else {}
+    if lifetime is not None:
+        extra["timeout_s"] = lifetime
+    with _session(ctx) as client:
+        sb = Sandbox(client, {"id": sandbox_id}).update(
+            idle_timeout_s=idle_timeout,
+            disk_after_s=disk_after,
+            on_timeout=on_timeout.value if on_timeout is not None else None,
+            metadata=_pairs(metadata, "--metadata"),
+            **extra,
+        )
+    if as_json:
+        _print_json(sb.to_dict())
+    else:
+        typer.echo(f"{sb.id} expires_at={sb.expires_at or '-'} on_timeout={sb.on_timeout}")
+
+
+@sandbox_app.command("metrics")
+def metrics(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """CPU, memory, disk and process figures of a sandbox now (a standby one is not woken)."""
+    with _session(ctx) as client:
+        m = Sandbox(client, {"id": sandbox_id}).metrics()
+    if as_json:
+        _print_json(m.to_dict())
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False, show_header=False)
+    table.add_column("FIGURE", no_wrap=True)
+    table.add_column("VALUE", no_wrap=True)
+    state = m.state + (f" ({m.get('standby_tier')})" if m.get("standby_tier") else "")
+    table.add_row("state", state)
+    table.add_row("cpu", f"{m.cpu_percent:.1f}% of one core")
+    table.add_row("memory", f"{m.memory_used_mb:.1f} / {m.memory_limit_mb} MB")
+    table.add_row("disk", f"{m.disk_used_mb:.1f} / {m.disk_limit_mb} MB")
+    table.add_row("processes", "-" if m.processes is None else str(m.processes))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=1000)
+    console.print(table)
