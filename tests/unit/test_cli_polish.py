@@ -13,8 +13,26 @@ from pathlib import Path
 import httpx
 import pytest
 
+import atoll
 from atoll.cli import argv, progress
-from tests.unit.test_cli import SANDBOX, routes, run  # noqa: F401 - `routes` is a fixture
+from atoll.cli import main as cli
+from tests.unit.test_cli import SANDBOX, Routes, run
+
+
+@pytest.fixture
+def routes(monkeypatch) -> Routes:
+    """As tests/unit/test_cli.py's: make_client over a MockTransport answering canned routes."""
+    monkeypatch.delenv("ATOLL_URL", raising=False)
+    monkeypatch.delenv("ATOLL_API_KEY", raising=False)
+    r = Routes()
+
+    def make_client(url, api_key):
+        r.factory_args.append((url, api_key))
+        return atoll.Client(url or "http://atoll.test", api_key, transport=httpx.MockTransport(r))
+
+    monkeypatch.setattr(cli, "make_client", make_client)
+    return r
+
 
 FIGURES = {
     "sandbox_id": "sb_1",
@@ -51,8 +69,6 @@ def test_normalize_moves_global_options_to_their_owner(given, expected):
 
 
 def test_version_and_completion_through_the_real_entry_point():
-    import atoll
-
     out = subprocess.run(
         [sys.executable, "-m", "atoll", "--version"], capture_output=True, text=True, timeout=60
     )
