@@ -228,12 +228,19 @@ def remove_empty_parents(install_id: str) -> list[str]:
 
 
 def cpu_seconds(cgpath: str) -> float | None:
-    """CPU time the sandbox's cgroup has used (cpuacct), None when it is gone."""
+    """CPU time the sandbox's cgroup has used (cpuacct), None when it is gone. Read with os.open/
+    os.read (no text wrapper: ~7 µs instead of ~15): the monitor reads it for every running sandbox
+    every pass (bench/bench_idle.py)."""
     try:
-        with open(_p("cpuacct", cgpath, "cpuacct.usage")) as f:
-            return int(f.read()) / 1e9
-    except (FileNotFoundError, ValueError):
+        fd = os.open(_p("cpuacct", cgpath, "cpuacct.usage"), os.O_RDONLY)
+    except FileNotFoundError:
         return None
+    try:
+        return int(os.read(fd, 64)) / 1e9
+    except ValueError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def usage(cgpath: str) -> tuple[float, int, int] | None:
