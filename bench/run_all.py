@@ -25,6 +25,7 @@ import typing
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_api  # noqa: E402
+import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
 import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
@@ -48,6 +49,8 @@ TARGETS = {
     "templates_snapshot_python_over_gvisor_pkg": 1.0,
     "templates_burst_creates_per_s": 20.0,  # at least
     "templates_fork3_p50_ms": 2000.0,
+    # issue 9, idle and lifetime (section `idle`, bench_idle: opt-in, --only idle; ~6 min)
+    "idle_cpu_check_200_share_of_core": 0.01,
 }
 AT_LEAST = {"templates_burst_creates_per_s"}
 
@@ -163,6 +166,17 @@ def check_targets(res: dict) -> dict:
             f"POST /fork {{count: 3}} of a sandbox holding {tp['fork']['holder_mb']} MiB (a running "
             "python3), wall time",
         )
+    idle = res.get("idle", {}).get("levels", [])
+    if idle and "check" in idle[-1]:
+        last = idle[-1]
+        out["idle_cpu_check_200_share_of_core"] = _verdict(
+            "idle_cpu_check_200_share_of_core",
+            last["check"]["cost_share_of_core"],
+            f"CPU of the worker's real Node._sample_cpu per 0.5 s pass over {last['sandboxes']} idle "
+            "running gVisor sandboxes, as a share of one core",
+            sandboxes=last["sandboxes"],
+            whole_process_share=last["process"]["share_of_core"],
+        )
     return out
 
 
@@ -217,6 +231,9 @@ def main() -> int:
                 n_fork=1 if q else 5,
                 n_floor=1 if q else 2,
             )
+        if "idle" in only:
+            c.log("== idle: the CPU-activity check at many idle sandboxes")
+            res["idle"] = bench_idle.run(a, (5,) if q else bench_idle.LEVELS, passes=6 if q else 40)
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")

@@ -128,3 +128,21 @@ def test_bad_lifetimes_and_metrics_of_unknown_sandboxes(api):
     assert r.status_code == 404 and r.json()["error"]["code"] == "sandbox_not_found"
     r = api.patch("/v1/sandboxes/sb-zzzzzzzzzzzzzzzz", json={"timeout_s": 5})
     assert r.status_code == 404
+
+
+def test_the_sdk_lifetime_connect_update_and_metrics(atoll_server):
+    import atoll
+
+    with atoll.Client(atoll_server.url, atoll_server.api_key) as client:
+        with pytest.raises(TypeError):
+            client.sandboxes.create(timeout=60)
+        with client.sandboxes.create(idle_timeout_s=0, timeout_s=600, on_timeout="delete") as sb:
+            assert sb.expires_at is not None and sb.on_timeout == "delete"
+            sb.pause(tier="memory")
+            same = client.sandboxes.connect(sb.id)
+            assert same.state == "running"
+            same.update(timeout_s=None, metadata={"k": "v"})
+            assert same.expires_at is None and same.metadata == {"k": "v"}
+            m = same.metrics()
+            assert m.state == "running" and 0 < m.memory_used_mb <= m.memory_limit_mb
+            assert isinstance(m.processes, int)
