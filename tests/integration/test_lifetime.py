@@ -146,3 +146,26 @@ def test_the_sdk_lifetime_connect_update_and_metrics(atoll_server):
             m = same.metrics()
             assert m.state == "running" and 0 < m.memory_used_mb <= m.memory_limit_mb
             assert isinstance(m.processes, int)
+
+
+def test_metrics_and_patch_through_the_split(atoll_split):
+    """The same through `atoll server` + `atoll worker`: the seam verb over the worker protocol."""
+    import httpx
+
+    with httpx.Client(base_url=atoll_split.url, headers=atoll_split.headers(), timeout=300) as c:
+        r = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "timeout_s": 600})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            run(c, sid, "dd if=/dev/zero of=/root/ten bs=1M count=10 && sync")
+            m = c.get(f"/v1/sandboxes/{sid}/metrics").json()
+            assert m["state"] == "running" and m["disk_used_mb"] >= 10 and m["processes"] >= 0, m
+            assert 0 < m["memory_used_mb"] <= m["memory_limit_mb"], m
+            r = c.patch(f"/v1/sandboxes/{sid}", json={"timeout_s": None, "on_timeout": "delete"})
+            assert r.status_code == 200 and r.json()["expires_at"] is None
+            assert c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"}).status_code == 200
+            m = c.get(f"/v1/sandboxes/{sid}/metrics").json()
+            assert (m["standby_tier"], m["processes"], m["cpu_percent"]) == ("disk", None, 0), m
+            assert m["disk_used_mb"] >= 10, m  # its writable layer, read on the host
+        finally:
+            c.delete(f"/v1/sandboxes/{sid}")
