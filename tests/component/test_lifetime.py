@@ -175,3 +175,19 @@ async def test_metrics_running_standby_and_unknown(fake):
     assert r.status_code == 404 and r.json()["error"]["code"] == "sandbox_not_found"
     r = await c.get("/v1/sandboxes/nope/metrics")
     assert r.status_code == 400 and "nope" in r.json()["error"]["message"]
+
+
+async def test_a_gated_pause_expiry_stays_in_memory_with_its_lifetime_and_is_not_retried_at_once(fake):
+    c, worker = fake.http, fake.worker
+    worker.gate_blockers = ["process 7 (node) watches TCP sockets with epoll"]
+    sid = await create(c, timeout_s=0.3)
+
+    async def in_memory():
+        return (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "memory"
+
+    await _until(in_memory)
+    await asyncio.sleep(1.0)  # several policy passes: the gate is not asked again before its retry time
+    body = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert body["expires_at"] is not None and "epoll" in body["standby_reason"]
+    pauses = [v for v, s in worker.calls if s == sid and v == "pause"]
+    assert len(pauses) == 1, worker.calls
