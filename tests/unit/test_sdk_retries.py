@@ -60,8 +60,12 @@ def _busy(status=503, **headers):
 
 
 def test_timeout_is_refused_with_a_pointer_to_both_meanings():
-    with pytest.raises(TypeError, match="timeout_s=.*request_timeout="):
-        atoll.Client(URL, timeout=5)
+    with pytest.warns(DeprecationWarning, match="request_timeout="):
+        legacy = atoll.Client(URL, timeout=5)  # the client's own HTTP timeout: its old name still works
+    assert legacy.request_timeout == 5
+    legacy.close()
+    with pytest.raises(TypeError, match="not both"):
+        atoll.Client(URL, timeout=5, request_timeout=7)
     script = Script(httpx.Response(201, json=SB))
     with _client(script) as c, pytest.raises(TypeError, match="timeout_s="):
         c.sandboxes.create(timeout=300)

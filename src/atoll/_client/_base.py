@@ -159,6 +159,23 @@ def refuse_timeout(where: str, timeout: object) -> None:
         )
 
 
+def deprecated_timeout(where: str, timeout: float | None, request_timeout: float) -> float:
+    """A client's `timeout=` (its HTTP timeout before `request_timeout` existed): still accepted, warned."""
+    if timeout is None:
+        return request_timeout
+    if request_timeout != DEFAULT_TIMEOUT and request_timeout != timeout:
+        raise TypeError(f"{where}: give request_timeout= only (timeout= is its old name), not both")
+    import warnings
+
+    warnings.warn(
+        f"{where}: timeout= is now request_timeout= (the HTTP timeout of each call); a sandbox's "
+        "lifetime is sandboxes.create(timeout_s=...)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return float(timeout)
+
+
 class _Unset:
     def __repr__(self) -> str:
         return "UNSET"

@@ -44,8 +44,9 @@ class Client:
     `base_url` defaults to `$ATOLL_URL` or http://127.0.0.1:7080, `api_key` to
     `$ATOLL_API_KEY`. `request_timeout` (seconds) is the HTTP timeout of ordinary calls;
     `create_timeout` that of sandbox creation, connect, pause and resume, which may build a
-    template or move memory to disk. (`timeout=` is refused with a TypeError: a sandbox's
-    lifetime is `sandboxes.create(timeout_s=...)`.) Idempotent calls (GET, PUT, DELETE, PATCH)
+    template or move memory to disk. (`timeout=` is the old name of `request_timeout` and still
+    accepted here, with a DeprecationWarning; a sandbox's lifetime is `sandboxes.create(timeout_s=...)`,
+    where `timeout=` is refused.) Idempotent calls (GET, PUT, DELETE, PATCH)
     are retried up to `retries` times on connection failures and 429/502/503/504 answers, with
     exponential backoff or the server's Retry-After; POSTs (exec, create) never are.
     `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
@@ -62,9 +63,9 @@ class Client:
         retries: int = _base.DEFAULT_RETRIES,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
-        timeout: None = None,
+        timeout: float | None = None,
     ) -> None:
-        _base.refuse_timeout(type(self).__name__ + "()", timeout)
+        request_timeout = _base.deprecated_timeout(type(self).__name__ + "()", timeout, request_timeout)
         self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout)
         self._retries = int(retries)
         self._http = httpx.Client(
