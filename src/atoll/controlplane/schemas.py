@@ -207,23 +207,46 @@ class PauseRequest(BaseModel):
     tier: Literal["memory", "disk"] = "memory"
 
 
+def _no_default(schema: JsonDict) -> None:
+    """A PATCH field has no default: what is not sent keeps its value (the model's defaults are
+    never applied, see lifetime.update)."""
+    schema.pop("default", None)
+
+
 class UpdateSandbox(BaseModel):
     """PATCH /v1/sandboxes/{id}: only the fields sent change (same bounds as the create)."""
 
     model_config = ConfigDict(extra="forbid")
 
     idle_timeout_s: float = Field(
-        15, ge=0, le=7 * 86400, description="Seconds without activity before standby (0 = never)"
+        15,
+        ge=0,
+        le=7 * 86400,
+        description="Seconds without activity before standby (0 = never)",
+        json_schema_extra=_no_default,
     )
     disk_after_s: float = Field(
-        300, ge=0, le=30 * 86400, description="Seconds in the memory tier before disk (0 = never)"
+        300,
+        ge=0,
+        le=30 * 86400,
+        description="Seconds in the memory tier before disk (0 = never)",
+        json_schema_extra=_no_default,
     )
     timeout_s: float | None = Field(
-        None, gt=0, le=MAX_LIFETIME_S, description=_TIMEOUT_DOC + "; null removes the lifetime"
+        None,
+        gt=0,
+        le=MAX_LIFETIME_S,
+        description=_TIMEOUT_DOC + "; null removes the lifetime",
+        json_schema_extra=_no_default,
     )
-    on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
+    on_timeout: Literal["pause", "delete"] = Field(
+        "pause", description=_ON_TIMEOUT_DOC, json_schema_extra=_no_default
+    )
     metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
-        default_factory=dict, max_length=64, description="Replaces the labels ({} removes them all)"
+        default_factory=dict,
+        max_length=64,
+        description="Replaces the labels ({} removes them all)",
+        json_schema_extra=_no_default,
     )
 
     @pydantic.model_validator(mode="before")
