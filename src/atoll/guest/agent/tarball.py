@@ -1,0 +1,315 @@
+"""Many files at once as a tar stream: `receive` (PUT /files/tar?path=DIR) and `send` (GET
+/files/tar?path=DIR). Called by `handlers_fileops`; `plan` is pure apart from lstat/readlink under the
+target, so unit tests run it on the host.
+
+An upload is spooled to an unlinked temp file first (the body may be gzip, bzip2 or xz: tarfile
+detects it), then every member is checked before anything is written: no absolute or `..` names, no
+device, fifo or other special members, no symlink whose target — resolved through the tar's own
+symlinks and the ones already on disk under DIR — leaves DIR, no hard link except to an earlier
+regular file of the same tar, no member whose parent resolves outside DIR. One refused member refuses
+the whole tar (400, nothing written). Writing then uses O_NOFOLLOW and checks each parent's real path
+again. Names keep their exact bytes (PAX headers, surrogate escapes) both ways.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+
+from .common import printable
+from .connection import Conn, Request
+from .errors import ApiError, BadRequest, invalid, invalid_path
+
+SPOOL_DIR = "/tmp"
+MAX_MEMBERS = 200_000
+MAX_LINK_HOPS = 40
+MAX_UPLOAD_DRAIN = 1 << 40
+COPY_CHUNK = 1 << 20
+SEND_CHUNK = 256 << 10
+ENCODING = "utf-8"
+ERRORS = "surrogateescape"
+
+
+class Refused(Exception):
+    """A member that makes the whole tar unacceptable."""
+
+
+def _clean(name: str) -> str:
+    """A member name as a path relative to DIR ('' for DIR itself); Refused if it points outside."""
+    if name.startswith("/"):
+        raise Refused(f"member {printable(name)!r} has an absolute path; tar relative paths (tar -C DIR .)")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise Refused(f"member {printable(name)!r} contains '..'; it would be written outside the target")
+    return "/".join(parts)
+
+
+class _Tree:
+    """Resolves member paths through the tar's symlinks and those already on disk under `root`."""
+
+    def __init__(self, root: str, links: dict[str, str]):
+        self.root = root
+        self.links = links
+
+    def inside(self, rel: str) -> bool:
+        """Does `rel` (relative to root, may hold '..' and symlinks) resolve to a path inside root?"""
+        todo = [p for p in rel.split("/") if p not in ("", ".")]
+        todo.reverse()
+        current: list[str] = []
+        hops = 0
+        while todo:
+            comp = todo.pop()
+            if comp == "..":
+                if not current:
+                    return False
+                current.pop()
+                continue
+            key = "/".join([*current, comp])
+            target = self.links.get(key)
+            if target is None:
+                full = os.path.join(self.root, key)
+                try:
+                    if stat.S_ISLNK(os.lstat(full).st_mode):
+                        target = os.readlink(full)
+                except OSError:
+                    target = None
+            if target is None:
+                current.append(comp)
+                continue
+            hops += 1
+            if hops > MAX_LINK_HOPS or target.startswith("/"):
+                return False
+            todo.extend(reversed([p for p in target.split("/") if p not in ("", ".")]))
+        return True
+
+
+def plan(tf: tarfile.TarFile, root: str) -> list[tuple[str, tarfile.TarInfo]]:
+    """Every member of `tf` checked against `root`: [(relative path, member)] to write, in order.
+    Raises Refused (with the member and the reason) for the first unacceptable member."""
+    members: list[tuple[str, tarfile.TarInfo]] = []
+    links: dict[str, str] = {}
+    regular: set[str] = set()
+    for n, m in enumerate(tf):
+        if n >= MAX_MEMBERS:
+            raise Refused(f"the tar has more than {MAX_MEMBERS} members; upload it in parts")
+        rel = _clean(m.name)
+        shown = printable(m.name)
+        if m.isreg() or m.isdir():
+            pass
+        elif m.issym():
+            if m.linkname.startswith("/"):
+                raise Refused(
+                    f"symlink {shown!r} points to the absolute path {printable(m.linkname)!r}; "
+                    "only relative links that stay inside the target are accepted"
+                )
+            if not rel:
+                raise Refused("the tar replaces the target directory itself with a symlink")
+            links[rel] = m.linkname
+        elif m.islnk():
+            target = _clean(m.linkname)
+            if target not in regular:
+                raise Refused(
+                    f"hard link {shown!r} points to {printable(m.linkname)!r}, which is not an earlier "
+                    "regular file of this tar"
+                )
+        else:
+            kind = "device" if m.ischr() or m.isblk() else "fifo" if m.isfifo() else "special"
+            raise Refused(
+                f"member {shown!r} is a {kind} file; only files, directories and links are accepted"
+            )
+        if rel:
+            members.append((rel, m))
+        if m.isreg():
+            regular.add(rel)
+        else:
+            regular.discard(rel)
+    tree = _Tree(root, links)
+    for rel, m in members:
+        parent = os.path.dirname(rel)
+        shown = printable(m.name)
+        if not tree.inside(rel if m.isdir() else parent):
+            raise Refused(
+                f"member {shown!r} would be written through a symlink that leads outside the target"
+            )
+        if m.issym() and not tree.inside(f"{parent}/{m.linkname}" if parent else m.linkname):
+            raise Refused(f"symlink {shown!r} -> {printable(m.linkname)!r} leads outside the target")
+        if not m.isdir():
+            full = os.path.join(root, rel)
+            if os.path.isdir(full) and not os.path.islink(full):
+                raise Refused(f"member {shown!r} is not a directory, but a directory of that name exists")
+    return members
+
+
+def _spool(req: Request) -> int:
+    """The request body in an unlinked temp file (its fd, at offset 0)."""
+    n = 0
+    while True:
+        path = f"{SPOOL_DIR}/.atoll-tar-{os.getpid()}-{os.urandom(6).hex()}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            n += 1
+            if n > 10:
+                raise
+    os.unlink(path)
+    try:
+        buf = memoryview(bytearray(COPY_CHUNK))
+        while True:
+            got = req.body.readinto(buf)
+            if not got:
+                break
+            view = buf[:got]
+            while view:
+                view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _write(tf: tarfile.TarFile, root: str, members: list[tuple[str, tarfile.TarInfo]]) -> dict:
+    real_root = os.path.realpath(root)
+    counts = {"files": 0, "dirs": 0, "links": 0, "bytes": 0}
+    dir_modes: list[tuple[str, int]] = []
+
+    def checked_parent(full: str) -> None:
+        parent = os.path.dirname(full)
+        os.makedirs(parent, exist_ok=True)
+        real = os.path.realpath(parent)
+        if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
+            raise Refused(f"{printable(full)!r} resolves outside the target while writing; stopped")
+
+    for rel, m in members:
+        full = os.path.join(root, rel)
+        if m.isdir():
+            checked_parent(full)
+            os.makedirs(full, exist_ok=True)
+            dir_modes.append((full, m.mode & 0o777))
+            counts["dirs"] += 1
+            continue
+        checked_parent(full)
+        if os.path.lexists(full) and not os.path.isdir(full):
+            os.unlink(full)
+        if m.issym():
+            os.symlink(m.linkname, full)
+            counts["links"] += 1
+        elif m.islnk():
+            os.link(os.path.join(root, _clean(m.linkname)), full, follow_symlinks=False)
+            counts["links"] += 1
+        else:
+            src = tf.extractfile(m)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                while src is not None:
+                    piece = src.read(COPY_CHUNK)
+                    if not piece:
+                        break
+                    view = memoryview(piece)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    counts["bytes"] += len(piece)
+                os.fchmod(fd, m.mode & 0o777)
+            finally:
+                os.close(fd)
+            counts["files"] += 1
+        try:
+            os.utime(full, (m.mtime, m.mtime), follow_symlinks=False)
+        except (OSError, NotImplementedError, OverflowError, ValueError):
+            pass
+    for full, mode in reversed(dir_modes):  # last: a read-only directory may still take its files
+        try:
+            os.chmod(full, mode)
+        except OSError:
+            pass
+    return counts
+
+
+def receive(conn: Conn, req: Request, root: str) -> None:
+    """PUT /files/tar?path=DIR: answers {files, dirs, links, bytes} written."""
+    from .handlers_files import _os_error
+
+    shown = printable(root)
+    fd = -1
+    try:
+        if os.path.lexists(root) and not os.path.isdir(root):
+            raise invalid_path(f"cannot unpack into {shown!r}: it exists and is not a directory")
+        try:
+            fd = _spool(req)
+        except OSError as e:
+            raise _os_error(e, "spooling the tar for", shown) from None
+        with open(fd, "rb", closefd=False) as spool:
+            try:
+                tf = tarfile.open(fileobj=spool, mode="r:*", encoding=ENCODING, errors=ERRORS)
+            except (tarfile.TarError, EOFError, OSError) as e:
+                raise invalid(f"the body is not a tar archive (plain, gzip, bzip2 or xz): {e}") from None
+            with tf:
+                try:
+                    members = plan(tf, root)
+                except Refused as e:
+                    raise ApiError(400, "invalid_request", f"tar refused, nothing was written: {e}") from None
+                except (tarfile.TarError, EOFError, OSError) as e:
+                    raise invalid(f"the tar is damaged, nothing was written: {e}") from None
+                try:
+                    os.makedirs(root, exist_ok=True)
+                    counts = _write(tf, root, members)
+                except Refused as e:
+                    raise ApiError(400, "invalid_request", f"tar unpacking stopped: {e}") from None
+                except (tarfile.TarError, EOFError) as e:
+                    raise invalid(f"the tar is damaged (unpacking stopped part-way): {e}") from None
+                except OSError as e:
+                    raise _os_error(e, "unpacking the tar into", shown) from None
+    except ApiError:
+        try:
+            req.body.drain(MAX_UPLOAD_DRAIN)
+        except BadRequest:
+            pass
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    conn.send_json(200, {"path": shown, **counts})
+
+
+class _ChunkWriter:
+    """A write-only file object that sends what tarfile writes as HTTP chunks."""
+
+    def __init__(self, conn: Conn):
+        self.conn = conn
+
+    def write(self, data) -> int:
+        self.conn.write_chunk(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def send(conn: Conn, root: str) -> None:
+    """GET /files/tar?path=DIR: the directory's contents (names relative to it) as a tar stream."""
+    from .handlers_files import _os_error
+
+    shown = printable(root)
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        raise ApiError(404, "file_not_found", f"directory {shown!r} does not exist") from None
+    except NotADirectoryError:
+        if os.path.lexists(root):
+            raise invalid_path(f"path {shown!r} is not a directory; read it with GET /files?path=") from None
+        raise ApiError(404, "file_not_found", f"directory {shown!r} does not exist") from None
+    except OSError as e:
+        raise _os_error(e, "listing", shown) from None
+    conn.start_chunked("application/x-tar")
+    if conn.head_only:
+        return
+    out = _ChunkWriter(conn)
+    with tarfile.open(
+        fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding=ENCODING, errors=ERRORS,
+        bufsize=SEND_CHUNK,
+    ) as tf:  # fmt: skip
+        for name in names:
+            tf.add(os.path.join(root, name), arcname=name, recursive=True)
+    conn.end_chunked()
