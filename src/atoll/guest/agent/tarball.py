@@ -48,7 +48,7 @@ def _clean(name: str) -> str:
 class _Tree:
     """Resolves member paths through the tar's symlinks and those already on disk under `root`."""
 
-    def __init__(self, root: str, links: dict[str, str]):
+    def __init__(self, root: str | None, links: dict[str, str]):
         self.root = root
         self.links = links
 
@@ -67,7 +67,7 @@ class _Tree:
                 continue
             key = "/".join([*current, comp])
             target = self.links.get(key)
-            if target is None:
+            if target is None and self.root is not None:
                 full = os.path.join(self.root, key)
                 try:
                     if stat.S_ISLNK(os.lstat(full).st_mode):
@@ -84,9 +84,10 @@ class _Tree:
         return True
 
 
-def plan(tf: tarfile.TarFile, root: str) -> list[tuple[str, tarfile.TarInfo]]:
+def plan(tf: tarfile.TarFile, root: str | None) -> list[tuple[str, tarfile.TarInfo]]:
     """Every member of `tf` checked against `root`: [(relative path, member)] to write, in order.
-    Raises Refused (with the member and the reason) for the first unacceptable member."""
+    Raises Refused (with the member and the reason) for the first unacceptable member. With `root`
+    None only the tar's own members are considered (testing.fake_worker uses that)."""
     members: list[tuple[str, tarfile.TarInfo]] = []
     links: dict[str, str] = {}
     regular: set[str] = set()
@@ -134,7 +135,7 @@ def plan(tf: tarfile.TarFile, root: str) -> list[tuple[str, tarfile.TarInfo]]:
             )
         if m.issym() and not tree.inside(f"{parent}/{m.linkname}" if parent else m.linkname):
             raise Refused(f"symlink {shown!r} -> {printable(m.linkname)!r} leads outside the target")
-        if not m.isdir():
+        if not m.isdir() and root is not None:
             full = os.path.join(root, rel)
             if os.path.isdir(full) and not os.path.islink(full):
                 raise Refused(f"member {shown!r} is not a directory, but a directory of that name exists")
