@@ -19,8 +19,13 @@ ERRORS = "surrogateescape"
 
 
 class _NoSink:
-    def write(self, data: bytes) -> int:  # gettarinfo needs a TarFile; nothing is written through it
+    """gettarinfo needs a TarFile; nothing is written through this one."""
+
+    def write(self, data: bytes) -> int:
         return len(data)
+
+    def tell(self) -> int:
+        return 0
 
 
 def tar_chunks(local_dir: str | os.PathLike[str]) -> Iterator[bytes]:

@@ -126,9 +126,18 @@ def plan(tf: tarfile.TarFile, root: str | None) -> list[tuple[str, tarfile.TarIn
         else:
             regular.discard(rel)
     tree = _Tree(root, links)
+    not_dirs = {rel for rel, m in members if not m.isdir() and not m.issym()}
     for rel, m in members:
         parent = os.path.dirname(rel)
         shown = printable(m.name)
+        up = parent
+        while up:
+            on_disk = root is not None and os.path.isfile(os.path.join(root, up))
+            if up in not_dirs or (on_disk and not os.path.islink(os.path.join(root, up))):
+                raise Refused(
+                    f"member {shown!r} is below {printable(up)!r}, which is a file, not a directory"
+                )
+            up = os.path.dirname(up)
         if not tree.inside(rel if m.isdir() else parent):
             raise Refused(
                 f"member {shown!r} would be written through a symlink that leads outside the target"
