@@ -67,7 +67,7 @@ def upload(a: c.Atoll, sid: str, n_files: int, rounds: int) -> dict:
                 assert resp.status_code == 204, resp.text
         put_ms.append(t.ms)
         c.log(f"  round {r}: tar {tar_ms[-1]:.0f} ms, {n_files} PUTs {put_ms[-1]:.0f} ms")
-    count = a.exec(sid, f"ls /bench/tar0 | wc -l; ls /bench/put0 | wc -l")["stdout"].split()
+    count = a.exec(sid, "ls /bench/tar0 | wc -l; ls /bench/put0 | wc -l")["stdout"].split()
     assert count == [str(n_files), str(n_files)], count
     tar, puts = c.summarize(tar_ms), c.summarize(put_ms)
     return {
