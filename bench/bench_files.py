@@ -12,9 +12,9 @@ Measured (wall clock on the caller's side, `perf_counter_ns`, kept-alive httpx c
                       row on one connection
     speedup           single_puts p50 / tar p50
   watch_latency  GET …/files/watch?path=DIR open (after its `ready` line): for each of `n_events`
-                 writes, the time from sending PUT …/files?path=DIR/w<i> (its request, as `put`) or
-                 from the moment an exec that writes the file is sent (as `exec`) until the watch's
-                 `create` line of that file is read. PUT: the event can only be earlier than the
+                 writes, the time from sending PUT …/files?path=DIR/p<i> (as `put`) or the moment an
+                 exec that writes DIR/e<i> is sent (as `exec`) until the watch's first line naming
+                 that file is read (`create`; for a PUT, the `rename` of its temp file onto it). PUT: the event can only be earlier than the
                  PUT's answer, so this bounds "write → event" from above by the whole HTTP round
                  trip of the write. exec: includes the exec's spawn inside gVisor.
 """
@@ -102,7 +102,7 @@ def watch_latency(a: c.Atoll, sid: str, n_events: int) -> dict:
                         ev = json.loads(line)
                         if ev.get("type") == "ready":
                             ready.set()
-                        elif ev.get("type") == "create":
+                        elif ev.get("type") in ("create", "rename"):  # a PUT ends with a rename onto the path
                             with cond:
                                 seen.setdefault(ev["path"], c.now_ms())
                                 cond.notify_all()

@@ -126,12 +126,13 @@ class Watcher:
         self.paths[wd] = path
         return True
 
-    def _add_tree(self, top: str, report: list | None) -> None:
-        """Watch every directory below `top`; with `report`, add a create event for each entry found
-        (they appeared before the watch on their directory was in place)."""
-        stack = [top]
+    def _add_tree(self, top: str, report: list | None, fresh: bool = True) -> None:
+        """Watch every directory below `top`; with `report`, add a create event for each entry of a
+        directory whose watch is new here (`fresh`: `top`'s is): they appeared before it was in place."""
+        stack = [(top, fresh)]
+        watched = set(self.paths.values())
         while stack:
-            d = stack.pop()
+            d, new = stack.pop()
             try:
                 entries = list(os.scandir(d))
             except OSError:
@@ -141,10 +142,14 @@ class Watcher:
                     is_dir = entry.is_dir(follow_symlinks=False)
                 except OSError:
                     is_dir = False
-                if report is not None:
+                if report is not None and new:
                     report.append({"type": "create", "path": printable(entry.path), "is_dir": is_dir})
-                if is_dir and self._add(entry.path):
-                    stack.append(entry.path)
+                if not is_dir:
+                    continue
+                if entry.path in watched:
+                    stack.append((entry.path, False))
+                elif self._add(entry.path):
+                    stack.append((entry.path, True))
 
     def _forget_tree(self, path: str) -> None:
         for wd, p in list(self.paths.items()):
@@ -204,6 +209,11 @@ class Watcher:
                     )
                     if is_dir:
                         self._moved_tree(path, new)
+                        if self.recursive:  # it may have moved before all its watches were added
+                            if new in self.paths.values():
+                                self._add_tree(new, report=out, fresh=False)
+                            elif self._add(new):
+                                self._add_tree(new, report=out)
                     continue
                 out.append({"type": "delete", "path": printable(path), "is_dir": is_dir})
                 if is_dir:
