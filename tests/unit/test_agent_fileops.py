@@ -262,3 +262,29 @@ def test_dropped_watch_closes_its_inotify_fd(agent, tmp_path):
     (tmp_path / "file").write_text("x")
     r = httpx.get(f"{agent.url}/files/watch", params={"path": str(tmp_path / "file")})
     assert r.status_code == 400 and "not a directory" in r.json()["error"]["message"]
+
+
+def test_watch_limit_on_directories(tmp_path, monkeypatch):
+    from atoll.guest.agent import errors as agent_errors
+    from atoll.guest.agent import watch
+
+    monkeypatch.setattr(watch, "MAX_WATCHES", 3)
+    for d in ("a", "b", "c"):
+        (tmp_path / d).mkdir()
+    with pytest.raises(agent_errors.ApiError) as e:
+        watch.Watcher(str(tmp_path), True)
+    assert e.value.status == 400 and "more than 3 directories" in e.value.message
+    w = watch.Watcher(str(tmp_path / "a"), True)  # 1 watch; a tree that grows past the limit ends it
+    seen: list = []
+
+    def ended() -> bool:
+        events, end = w.read()
+        seen.extend(events)
+        return end
+
+    try:
+        os.makedirs(tmp_path / "a/x/y/z")
+        assert _wait(ended)
+        assert seen[-1]["type"] == "overflow"
+    finally:
+        w.close()

@@ -8,7 +8,8 @@ into it a create). A recursive watch adds every new subdirectory as it appears a
 already in it (a `mkdir -p a/b/c` or an unpacked tar). The first line is {"type": "ready"} once the
 watches are in place. The stream ends when the client goes away (poll sees the socket close), when
 the watched directory is deleted ({"type": "delete"} of it, then the end), or on an inotify queue
-overflow ({"type": "overflow"}, then the end: events were lost). The inotify fd is closed whatever
+overflow or a tree grown past MAX_WATCHES directories ({"type": "overflow"}, then the end: events
+were lost or would be). The inotify fd is closed whatever
 ends it. Called by `handlers_fileops`; `Watcher` runs on the host in unit tests.
 """
 
@@ -77,6 +78,10 @@ def _lib():
     return _libc
 
 
+class TooManyDirectories(Exception):
+    """The tree has more directories than one watch follows (MAX_WATCHES)."""
+
+
 class Watcher:
     """One inotify instance watching `root` (and, when recursive, every directory below it)."""
 
@@ -94,6 +99,14 @@ class Watcher:
             self._add(self.root, top=True)
             if recursive:
                 self._add_tree(self.root, report=None)
+        except TooManyDirectories:
+            self.close()
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"{printable(self.root)!r} holds more than {MAX_WATCHES} directories, the most one recursive "
+                "watch follows; watch a smaller tree, or pass recursive=false",
+            ) from None
         except BaseException:
             self.close()
             raise
@@ -105,7 +118,7 @@ class Watcher:
 
     def _add(self, path: str, top: bool = False) -> bool:
         if len(self.paths) >= MAX_WATCHES:
-            return False
+            raise TooManyDirectories()
         wd = self.lib.inotify_add_watch(self.fd, os.fsencode(path), MASK | IN_ONLYDIR | IN_DONT_FOLLOW)
         if wd < 0:
             e = self.ctypes.get_errno()
@@ -163,7 +176,16 @@ class Watcher:
                 self.paths[wd] = new + p[len(old) :]
 
     def read(self) -> tuple[list[dict], bool]:
-        """The events ready now (as API events) and whether the stream must end."""
+        """The events ready now (as API events) and whether the stream must end (also when the tree
+        grew past MAX_WATCHES directories: then an overflow event, since changes would be missed)."""
+        out: list[dict] = []
+        try:
+            return self._read(out)
+        except TooManyDirectories:
+            out.append({"type": "overflow", "path": printable(self.root), "is_dir": True})
+            return out, True
+
+    def _read(self, out: list[dict]) -> tuple[list[dict], bool]:
         try:
             data = os.read(self.fd, READ_SIZE)
         except BlockingIOError:
@@ -176,7 +198,6 @@ class Watcher:
             name = data[off : off + length].rstrip(b"\0")
             off += length
             raw.append((wd, mask, cookie, os.fsdecode(name)))
-        out: list[dict] = []
         end = False
         i = 0
         while i < len(raw):
