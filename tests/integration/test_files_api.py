@@ -333,3 +333,35 @@ def test_tar_upload_into_an_existing_tree_and_bad_bodies(api, sandbox):
         "invalid_path",
     )
     _err(api.put(f"/v1/sandboxes/{sid}/files/tar", content=body), 400, "invalid_path")
+
+
+def _cli(atoll_server, *args: str):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATOLL_URL": atoll_server.url, "ATOLL_API_KEY": atoll_server.api_key}
+    atoll_bin = os.path.join(os.path.dirname(sys.executable), "atoll")  # the venv's console script
+    return subprocess.run([atoll_bin, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_upload_and_download(atoll_server, sandbox, tmp_path):
+    sid = sandbox["id"]
+    src = tmp_path / "proj"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("X = 1\n")
+    (src / "README").write_text("hi\n")
+    r = _cli(atoll_server, "sandbox", "upload", sid, str(src), "/proj")
+    assert r.returncode == 0, r.stderr
+    assert "2 files" in r.stdout
+    r = _cli(atoll_server, "sandbox", "download", sid, "/proj", str(tmp_path / "back"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "back" / "pkg" / "mod.py").read_text() == "X = 1\n"
+    r = _cli(atoll_server, "sandbox", "upload", sid, str(src / "README"), "/single/README")
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "one").mkdir()
+    r = _cli(atoll_server, "sandbox", "download", sid, "/single/README", str(tmp_path / "one"))
+    assert r.returncode == 0 and (tmp_path / "one" / "README").read_text() == "hi\n", r.stderr
+    r = _cli(atoll_server, "sandbox", "download", sid, "/nope", str(tmp_path / "x"))
+    assert r.returncode == 1 and "file_not_found" in r.stderr and "Traceback" not in r.stderr
+    r = _cli(atoll_server, "sandbox", "upload", sid, str(tmp_path / "missing"), "/x")
+    assert r.returncode == 2 and "does not exist" in r.stderr
