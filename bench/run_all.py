@@ -4,7 +4,7 @@ Called by `make bench` (`.venv/bin/python bench/run_all.py`); needs root, runsc 
 `make run` installs. Starts `atoll up` in a fresh home under /var/tmp (template layers from the
 shared cache /var/tmp/atoll-test-templates, built at start-up if missing), waits for the server's
 template image and does one untimed warm-up create, runs
-bench_api, bench_standby, bench_peers, bench_split and bench_templates in that order (bench_peers
+bench_api, bench_standby, bench_peers, bench_split, bench_templates and bench_files in that order (bench_peers
 starts a second atoll with ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison, bench_split an
 `atoll server` with one `atoll worker`; bench_templates builds two user templates in the shared
 atoll, and deletes them), checks the issues' targets, prints the
@@ -25,6 +25,7 @@ import typing
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_api  # noqa: E402
+import bench_files  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
 import bench_split  # noqa: E402
@@ -51,8 +52,11 @@ TARGETS = {
     "templates_fork3_p50_ms": 2000.0,
     # issue 9, idle and lifetime (section `idle`, bench_idle: opt-in, --only idle; ~6 min)
     "idle_cpu_check_200_share_of_core": 0.01,
+    # issue 9, files (section `files`)
+    "files_tar_1000_speedup": 10.0,  # at least
+    "files_watch_event_p50_ms": 100.0,
 }
-AT_LEAST = {"templates_burst_creates_per_s"}
+AT_LEAST = {"templates_burst_creates_per_s", "files_tar_1000_speedup"}
 
 
 def _verdict(name: str, value: float | None, how: str, **extra: typing.Any) -> dict:
@@ -177,13 +181,33 @@ def check_targets(res: dict) -> dict:
             sandboxes=last["sandboxes"],
             whole_process_share=last["process"]["share_of_core"],
         )
+    fl = res.get("files", {})
+    if "upload_1000" in fl:
+        up = fl["upload_1000"]
+        out["files_tar_1000_speedup"] = _verdict(
+            "files_tar_1000_speedup",
+            up["speedup_p50"],
+            f"p50 of {up['n_files']} single PUT …/files (100 B each, one connection) / p50 of one PUT "
+            "…/files/tar of the same files, alternating rounds, same sandbox (at least)",
+        )
+    if "watch_latency" in fl:
+        w = fl["watch_latency"]
+        out["files_watch_event_p50_ms"] = _verdict(
+            "files_watch_event_p50_ms",
+            w["put"]["p50"],
+            "PUT …/files of a new file sent → its create line read from an open GET …/files/watch "
+            "(an upper bound of write → event); exec_value: the file made by an exec instead",
+            exec_value=w["exec"]["p50"],
+        )
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
-    ap.add_argument("--only", default="api,standby,peers,split,templates", help="comma-separated subset")
+    ap.add_argument(
+        "--only", default="api,standby,peers,split,templates,files", help="comma-separated subset"
+    )
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -234,6 +258,9 @@ def main() -> int:
         if "idle" in only:
             c.log("== idle: the CPU-activity check at many idle sandboxes")
             res["idle"] = bench_idle.run(a, (5,) if q else bench_idle.LEVELS, passes=6 if q else 40)
+        if "files" in only:
+            c.log("== files: tar upload vs single PUTs, watch latency")
+            res["files"] = bench_files.run(a, n_files=1000, rounds=1 if q else 3, n_events=5 if q else 30)
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")

@@ -42,6 +42,7 @@ REPLACEMENTS = {
     "AsyncSandbox": "Sandbox",
     "AsyncProcess": "Process",
     "AsyncFiles": "Files",
+    "AsyncWatch": "Watch",
     "AsyncUploadData": "UploadData",
     "aclose": "close",
     "aread": "read",

@@ -368,3 +368,83 @@ class SandboxFields:
     def __repr__(self) -> str:
         tier = f", standby_tier={self.standby_tier!r}" if self.standby_tier else ""
         return f"{type(self).__name__}(id={self.data.get('id')!r}, state={self.state!r}{tier})"
+
+
+class FileStat(Record):
+    """`sandbox.files.stat(path)`: one path's lstat (a symlink is reported as itself)."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def path(self) -> str:
+        return self.data["path"]
+
+    @property
+    def raw_path(self) -> bytes:
+        """The path's exact bytes (from `path_b64`)."""
+        encoded = self.data.get("path_b64")
+        if encoded is None:
+            return str(self.data["path"]).encode("utf-8", "surrogateescape")
+        return base64.b64decode(encoded)
+
+    @property
+    def type(self) -> str:
+        """ "file", "dir", "symlink" or "other"."""
+        return self.data["type"]
+
+    @property
+    def size(self) -> int:
+        return self.data["size"]
+
+    @property
+    def mode(self) -> int:
+        """The permission bits, e.g. 0o644."""
+        return self.data["mode"]
+
+    @property
+    def mtime(self) -> float:
+        return self.data["mtime"]
+
+    @property
+    def target(self) -> str | None:
+        """A symlink's target as stored, else None."""
+        return self.data.get("target")
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.type == "symlink"
+
+
+class FileEvent(Record):
+    """One change seen by `sandbox.files.watch(dir)`: `type` is "create", "modify", "delete",
+    "rename" (`from_path` is the old path), "chmod" or "overflow" (events were lost; the watch ends)."""
+
+    __slots__ = ()
+
+    @property
+    def type(self) -> str:
+        return self.data["type"]
+
+    @property
+    def path(self) -> str:
+        return self.data["path"]
+
+    @property
+    def is_dir(self) -> bool:
+        return bool(self.data.get("is_dir"))
+
+    @property
+    def from_path(self) -> str | None:
+        return self.data.get("from")

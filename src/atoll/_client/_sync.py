@@ -7,6 +7,9 @@ Generated from `_async.py` by `scripts/unasync_sdk.py` (edit that file and rerun
 
 from __future__ import annotations
 
+import json as _json
+import os
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import IO, Any, Literal, overload
@@ -14,10 +17,12 @@ from typing import IO, Any, Literal, overload
 import httpx
 
 from atoll import errors
-from atoll._client import _base
+from atoll._client import _base, _tar
 from atoll._client._models import (
     ExecResult,
     FileEntry,
+    FileEvent,
+    FileStat,
     Preview,
     ProcessInfo,
     SandboxFields,
@@ -34,6 +39,7 @@ __all__ = [
     "Sandboxes",
     "Secrets",
     "Templates",
+    "Watch",
     "Workers",
 ]
 
@@ -778,3 +784,132 @@ class Files:
 
     def remove(self, path: str | bytes) -> None:
         self._client._request("DELETE", self._sandbox._path("files"), params=_base.path_params(path))
+
+    # ---- issue 9: stat, exists, mkdir, move, chmod, watch, directories as tar streams ------------
+    def stat(self, path: str | bytes) -> FileStat:
+        """The path's type ("file", "dir", "symlink", "other"), size, mode, mtime and symlink target
+        (lstat: a symlink is not followed). Raises `atoll.errors.FileNotFound` when it is missing."""
+        response = self._client._request(
+            "GET", self._sandbox._path("files", "stat"), params=_base.path_params(path)
+        )
+        return FileStat(_base.json_body(response))
+
+    def exists(self, path: str | bytes) -> bool:
+        """Whether anything (a file, directory or symlink, even a dangling one) is at `path`."""
+        try:
+            self.stat(path)
+        except errors.FileNotFound:
+            return False
+        return True
+
+    def mkdir(self, path: str | bytes) -> bool:
+        """Create the directory and its parents (mkdir -p); False when it existed already."""
+        response = self._client._request(
+            "POST", self._sandbox._path("files", "mkdir"), params=_base.path_params(path)
+        )
+        return bool(_base.json_body(response).get("created"))
+
+    def move(self, src: str, dst: str) -> FileStat:
+        """Rename or move `src` to `dst` (parents of `dst` are created; a file replaces a file)."""
+        response = self._client._request(
+            "POST", self._sandbox._path("files", "move"), json={"from": src, "to": dst}
+        )
+        return FileStat(_base.json_body(response))
+
+    def chmod(self, path: str, mode: int | str) -> FileStat:
+        """Set the permission bits: an int such as 0o755, or octal text such as "755"."""
+        response = self._client._request(
+            "POST", self._sandbox._path("files", "chmod"), json={"path": path, "mode": mode}
+        )
+        return FileStat(_base.json_body(response))
+
+    def watch(self, path: str | bytes, recursive: bool = True) -> Watch:
+        """Watch a directory: returns once the watch is in place (so nothing written after is
+        missed); iterate it for `FileEvent`s, and close it (or use it as a context manager)."""
+        params = {**_base.path_params(path), "recursive": "true" if recursive else "false"}
+        watch = Watch(self._client._stream("GET", self._sandbox._path("files", "watch"), params=params))
+        watch._open()
+        return watch
+
+    def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str | bytes) -> dict[str, Any]:
+        """Upload a local directory tree into `remote_dir` (created) as one tar stream: files, empty
+        directories, symlinks and hard links. Returns the counts written: files, dirs, links, bytes."""
+        chunks = _tar.tar_chunks(local_dir)
+        response = self._client._request(
+            "PUT",
+            self._sandbox._path("files", "tar"),
+            params=_base.path_params(remote_dir),
+            content=_base.request_body(chunks),
+            headers={"Content-Type": "application/x-tar"},
+        )
+        return _base.json_body(response)
+
+    def download_dir(self, remote_dir: str | bytes, local_dir: str | os.PathLike[str]) -> int:
+        """Download the tree under `remote_dir` into `local_dir` (created), extracted safely
+        (tarfile's "data" filter: nothing lands outside `local_dir`). Returns the member count."""
+        with tempfile.TemporaryFile() as spool:
+            with self._client._stream(
+                "GET", self._sandbox._path("files", "tar"), params=_base.path_params(remote_dir)
+            ) as response:
+                for chunk in response.iter_bytes(_base.CHUNK_SIZE):
+                    spool.write(chunk)
+            spool.seek(0)
+            return _tar.extract(spool, local_dir)
+
+
+class Watch:
+    """An open `sandbox.files.watch(dir)`: iterate it for `FileEvent`s; `aclose()` ends it (the
+    watch inside the sandbox ends too). A broken stream raises the mapped `AtollError`."""
+
+    def __init__(self, stream: Any) -> None:
+        self._cm = stream
+        self._lines: Any = None
+        self.closed = False
+
+    def _open(self) -> None:
+        response = self._cm.__enter__()
+        self._lines = response.iter_lines()
+        try:
+            first = self._next_event()
+        except BaseException:
+            self.close()
+            raise
+        if first.type != "ready":
+            self.close()
+            raise errors.AtollError(f"the watch stream began with {first.data!r}, not its ready line")
+
+    def _next_event(self) -> FileEvent:
+        while True:
+            line = self._lines.__next__()
+            if not line.strip():
+                continue  # keep-alive
+            obj = _json.loads(line)
+            if "error" in obj:
+                raise errors.error_from_payload(obj, status_code=None, text=line)
+            return FileEvent(obj)
+
+    def __iter__(self) -> Watch:
+        return self
+
+    def __next__(self) -> FileEvent:
+        if self.closed:
+            raise StopIteration
+        try:
+            event = self._next_event()
+        except StopIteration:
+            self.close()
+            raise
+        if event.type == "overflow":
+            self.close()
+        return event
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._cm.__exit__(None, None, None)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -27,6 +27,7 @@ from rich.table import Table
 from atoll import errors
 from atoll._client import Client, Sandbox
 from atoll.cli import argv as cli_argv
+from atoll.cli import files as cli_files
 from atoll.cli import progress as cli_progress
 from atoll.cli import templates as cli_templates
 
@@ -86,6 +87,7 @@ def _session(ctx: typer.Context) -> Iterator[Client]:
 
 
 cli_templates.register(app, _session)
+cli_files.register(sandbox_app, _session)
 
 
 def _version(value: bool) -> None:

@@ -337,6 +337,74 @@ class RemoteWorker:
     async def delete_file(self, sandbox_id: str, path: api.FilePath) -> None:
         await self._call("DELETE", self._sb(sandbox_id, "files"), params=_path_params(path))
 
+    # ---- files, issue 9 ---------------------------------------------------------------------------
+    async def stat_file(self, sandbox_id: str, path: api.FilePath) -> api.FileStat:
+        data = await self._call("GET", self._sb(sandbox_id, "files", "stat"), params=_path_params(path))
+        return wire.load(api.FileStat, data, "file stat")
+
+    async def make_dir(self, sandbox_id: str, path: api.FilePath) -> bool:
+        data = await self._call("POST", self._sb(sandbox_id, "files", "mkdir"), params=_path_params(path))
+        return bool(isinstance(data, dict) and data.get("created"))
+
+    async def move_file(self, sandbox_id: str, src: api.FilePath, dst: api.FilePath) -> api.FileStat:
+        params = {f"from{k[4:]}": v for k, v in _path_params(src).items()}
+        params.update({f"to{k[4:]}": v for k, v in _path_params(dst).items()})
+        data = await self._call("POST", self._sb(sandbox_id, "files", "move"), params=params)
+        return wire.load(api.FileStat, data, "file stat")
+
+    async def chmod_file(self, sandbox_id: str, path: api.FilePath, mode: int) -> api.FileStat:
+        params = {**_path_params(path), "mode": str(int(mode))}
+        data = await self._call("POST", self._sb(sandbox_id, "files", "chmod"), params=params)
+        return wire.load(api.FileStat, data, "file stat")
+
+    @contextlib.asynccontextmanager
+    async def watch_files(
+        self, sandbox_id: str, path: api.FilePath, recursive: bool
+    ) -> AsyncIterator[AsyncIterator[api.FileEvent]]:
+        params = {**_path_params(path), "recursive": "1" if recursive else "0"}
+        async with self._stream(
+            "GET", self._sb(sandbox_id, "files", "watch"), params=params, timeout=None
+        ) as r:
+            yield self._file_events(r)
+
+    async def _file_events(self, r: http11.Response) -> AsyncIterator[api.FileEvent]:
+        async for line in _lines(r, self):
+            obj = _json_line(line)
+            if "error" in obj:
+                raise wire.error_from_body(500, obj, f"the watch stream from worker {self.name!r} broke")
+            yield wire.load(api.FileEvent, obj, "file event")
+
+    async def write_tar(
+        self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.TarWritten:
+        headers = {"Content-Type": "application/x-tar"}
+        if size is not None:
+            headers["Content-Length"] = str(size)
+        data = await self._call(
+            "PUT",
+            self._sb(sandbox_id, "files", "tar"),
+            params=_path_params(path),
+            content=chunks,
+            headers=headers,
+            timeout=None,
+        )
+        return wire.load(api.TarWritten, data, "tar answer")
+
+    @contextlib.asynccontextmanager
+    async def read_tar(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
+        async with self._stream(
+            "GET", self._sb(sandbox_id, "files", "tar"), params=_path_params(path), timeout=None
+        ) as r:
+
+            async def chunks() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in r.aiter_raw():
+                        yield chunk
+                except http11.ChannelError as e:
+                    raise self._unreachable(e) from None
+
+            yield api.FileDownload(None, chunks())
+
     # ---- events ---------------------------------------------------------------------------------
     async def events(self) -> AsyncIterator[api.WorkerEvent]:
         async with self._stream("GET", "/events") as r:

@@ -478,6 +478,72 @@ class FileList(BaseModel):
     items: list[FileEntry]
 
 
+# ---- files, issue 9 (routes_fileops) ------------------------------------------------------------
+class FileStat(BaseModel):
+    """One path's lstat: a symlink is reported as itself, with its `target`."""
+
+    name: str
+    path: str
+    name_b64: str
+    path_b64: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+    target: str | None = Field(description="a symlink's target (as stored), else null")
+
+
+class MkdirResult(BaseModel):
+    path: str
+    created: bool = Field(description="false when the directory existed already")
+
+
+class FileMoveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    from_: str = Field(alias="from", min_length=1, max_length=4096, description="the path to move")
+    to: str = Field(min_length=1, max_length=4096, description="its new path (parents are created)")
+
+
+class FileChmodRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1, max_length=4096)
+    mode: int | str = Field(
+        description='the permission bits: an integer (493 = 0o755) or octal text such as "755" or "0o644"'
+    )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, v: object) -> int:
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise ValueError(f"mode must be an integer or octal text such as '755', not {type(v).__name__}")
+        if isinstance(v, str):
+            t = v.strip().lower().removeprefix("0o")
+            if not t or any(ch not in "01234567" for ch in t):
+                raise ValueError(f"mode {v!r} is not octal text such as '755' or '0644'")
+            v = int(t, 8)
+        if not 0 <= v <= 0o7777:
+            raise ValueError(f"mode {v} is outside 0..0o7777 (4095); give permission bits such as '755'")
+        return v
+
+
+class TarWritten(BaseModel):
+    path: str
+    files: int = Field(description="regular files written")
+    dirs: int
+    links: int = Field(description="symlinks and hard links made")
+    bytes: int = Field(description="bytes of file content written")
+
+
+class FileEvent(BaseModel):
+    """One line of GET …/files/watch."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    type: Literal["ready", "create", "modify", "delete", "rename", "chmod", "overflow"]
+    path: str
+    is_dir: bool
+    from_: str | None = Field(None, alias="from", description="a rename's old path")
+
+
 class TemplateInfo(BaseModel):
     name: str
     status: Literal["missing", "building", "ready", "failed"]

@@ -301,6 +301,43 @@ class FileEntry:
     mtime: float
 
 
+@dataclass(frozen=True)
+class FileStat:
+    """One path's lstat (issue 9): `target` is a symlink's target, else None."""
+
+    name: str
+    path: str
+    name_b64: str
+    path_b64: str
+    type: str  # file | dir | symlink | other
+    size: int
+    mode: int
+    mtime: float
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class FileEvent:
+    """A change seen by a watch: `type` is ready (the watch is in place; first) | create | modify |
+    delete | rename (`from_path` is the old path) | chmod | overflow (events were lost; last)."""
+
+    type: str
+    path: str
+    is_dir: bool = False
+    from_path: str | None = None
+
+
+@dataclass(frozen=True)
+class TarWritten:
+    """What an unpacked tar wrote under `path`."""
+
+    path: str
+    files: int
+    dirs: int
+    links: int
+    bytes: int
+
+
 @dataclass
 class FileDownload:
     """An open file: its size when known, and its content, read chunk by chunk (never whole)."""
@@ -511,6 +548,39 @@ class WorkerAPI(Protocol):
     async def list_files(self, sandbox_id: str, path: FilePath) -> Sequence[FileEntry]: ...
 
     async def delete_file(self, sandbox_id: str, path: FilePath) -> None: ...
+
+    # files, issue 9: stat/mkdir/move/chmod, watch, tar
+    async def stat_file(self, sandbox_id: str, path: FilePath) -> FileStat:
+        """lstat of `path`; FileNotFound when it does not exist."""
+        ...
+
+    async def make_dir(self, sandbox_id: str, path: FilePath) -> bool:
+        """mkdir -p; True when it created the directory, False when it was one already."""
+        ...
+
+    async def move_file(self, sandbox_id: str, src: FilePath, dst: FilePath) -> FileStat:
+        """Rename `src` to `dst` (parents of `dst` created); the stat of `dst`."""
+        ...
+
+    async def chmod_file(self, sandbox_id: str, path: FilePath, mode: int) -> FileStat: ...
+
+    def watch_files(
+        self, sandbox_id: str, path: FilePath, recursive: bool
+    ) -> typing.AsyncContextManager[AsyncIterator[FileEvent]]:
+        """Watch a directory: entering raises FileNotFound (and other errors) before any event;
+        the first event is `ready`. Leaving the context ends the watch inside the sandbox."""
+        ...
+
+    async def write_tar(
+        self, sandbox_id: str, path: FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> TarWritten:
+        """Unpack a tar (plain, gzip, bzip2, xz) into directory `path`, created; a tar with any
+        member pointing outside is refused whole (InvalidRequest) with nothing written."""
+        ...
+
+    def read_tar(self, sandbox_id: str, path: FilePath) -> typing.AsyncContextManager[FileDownload]:
+        """The directory's contents as a tar stream (size None)."""
+        ...
 
     def events(self) -> AsyncIterator[WorkerEvent]:
         """The worker's events, from now on, until the worker goes away or `aclose()`."""

@@ -31,6 +31,7 @@ from atoll.core import errors, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step, Tier, advance
 from atoll.portstream import StreamPort
+from atoll.testing import fake_files
 
 
 @dataclass
@@ -47,7 +48,7 @@ def _key(path: api.FilePath) -> bytes:
     return path if isinstance(path, bytes) else path.encode("utf-8", "surrogateescape")
 
 
-class FakeWorker:
+class FakeWorker(fake_files.FakeFileOps):
     def __init__(
         self,
         name: str = "fake",
@@ -403,6 +404,7 @@ class FakeWorker:
         rt = self._running(sandbox_id)
         await self._step("write_file", sandbox_id)
         rt.files[_key(path)] = b"".join([c async for c in chunks])
+        self._files_changed(sandbox_id, path, "create")
 
     async def list_files(self, sandbox_id: str, path: api.FilePath) -> Sequence[api.FileEntry]:
         import base64
@@ -431,6 +433,7 @@ class FakeWorker:
         rt = self._running(sandbox_id)
         if rt.files.pop(_key(path), None) is None:
             raise errors.FileNotFound(f"file {path!r} does not exist")
+        self._files_changed(sandbox_id, path, "delete")
 
     async def events(self) -> AsyncIterator[api.WorkerEvent]:
         q: asyncio.Queue = asyncio.Queue()

@@ -389,6 +389,45 @@ class Guest:
     async def delete_file(self, sid: str, path: api.FilePath) -> None:
         await self.request(sid, "DELETE", "/files", params=_path_param(path))
 
+    # ---- files, issue 9 (agent: guest/agent/handlers_fileops.py, watch.py, tarball.py) -----------
+    async def stat_file(self, sid: str, path: api.FilePath) -> api.FileStat:
+        r = await self.request(sid, "GET", "/files/stat", params=_path_param(path))
+        return wire.load(api.FileStat, _obj(r), "stat from the guest agent")
+
+    async def make_dir(self, sid: str, path: api.FilePath) -> bool:
+        r = await self.request(sid, "POST", "/files/mkdir", params=_path_param(path))
+        return bool(_obj(r).get("created"))
+
+    async def move_file(self, sid: str, src: api.FilePath, dst: api.FilePath) -> api.FileStat:
+        r = await self.request(sid, "POST", "/files/move", params={"from": src, "to": dst})
+        return wire.load(api.FileStat, _obj(r), "stat from the guest agent")
+
+    async def chmod_file(self, sid: str, path: api.FilePath, mode: int) -> api.FileStat:
+        r = await self.request(sid, "POST", "/files/chmod", params={"path": path, "mode": f"{int(mode):o}"})
+        return wire.load(api.FileStat, _obj(r), "stat from the guest agent")
+
+    @contextlib.asynccontextmanager
+    async def watch_files(
+        self, sid: str, path: api.FilePath, recursive: bool
+    ) -> AsyncIterator[AsyncIterator[api.FileEvent]]:
+        params = {"path": path, "recursive": "1" if recursive else "0"}
+        async with self.stream(sid, "GET", "/files/watch", params=params, timeout=None) as r:
+            yield _file_events(r.aiter_raw())
+
+    async def write_tar(
+        self, sid: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.TarWritten:
+        headers = {"Content-Length": str(size)} if size is not None else {}
+        r = await self.request(
+            sid, "PUT", "/files/tar", params=_path_param(path), content=chunks, headers=headers, timeout=None
+        )
+        return wire.load(api.TarWritten, _obj(r), "tar answer from the guest agent")
+
+    @contextlib.asynccontextmanager
+    async def read_tar(self, sid: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
+        async with self.stream(sid, "GET", "/files/tar", params=_path_param(path), timeout=None) as r:
+            yield api.FileDownload(None, r.aiter_raw())
+
 
 def _items(r: agent_channel.Response) -> typing.Any:
     try:
@@ -397,6 +436,49 @@ def _items(r: agent_channel.Response) -> typing.Any:
         raise errors.RuntimeFailure(
             "the guest agent answered a list without items", detail=r.text[:300]
         ) from None
+
+
+def _obj(r: agent_channel.Response) -> dict:
+    try:
+        obj = r.json()
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise errors.RuntimeFailure(
+            "the guest agent answered something that is not a JSON object", detail=r.text[:300]
+        )
+    return obj
+
+
+_FILE_EVENT_TYPES = {"ready", "create", "modify", "delete", "rename", "chmod", "overflow"}
+
+
+async def _file_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.FileEvent]:
+    """The agent's ndjson watch stream as seam events (untrusted: each line checked)."""
+    pending = b""
+    async for chunk in raw:
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield _file_event(line)
+    if pending.strip():
+        yield _file_event(pending)
+
+
+def _file_event(line: bytes) -> api.FileEvent:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        obj = None
+    if (
+        not isinstance(obj, dict)
+        or obj.get("type") not in _FILE_EVENT_TYPES
+        or not isinstance(obj.get("path"), str)
+        or not isinstance(obj.get("from", ""), (str, type(None)))
+    ):
+        raise errors.RuntimeFailure("the guest agent sent a malformed watch event", detail=repr(line[:200]))
+    return api.FileEvent(obj["type"], obj["path"], bool(obj.get("is_dir")), obj.get("from"))
 
 
 async def _exec_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.ExecEvent]:

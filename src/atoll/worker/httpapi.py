@@ -99,6 +99,20 @@ def _path(request: Request) -> api.FilePath:
     return path
 
 
+def _named_path(request: Request, name: str) -> api.FilePath:
+    """A path in query parameter `name` (or `<name>_b64`, its bytes)."""
+    q = request.query_params
+    if f"{name}_b64" in q:
+        try:
+            return base64.b64decode(q[f"{name}_b64"], validate=True)
+        except (ValueError, binascii.Error):
+            raise errors.InvalidPath(f"{name}_b64 is not base64") from None
+    path = q.get(name)
+    if not path:
+        raise errors.InvalidPath(f"query parameter {name!r} is required")
+    return path
+
+
 async def _unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.Any:
     task = asyncio.ensure_future(aw)
 
@@ -299,6 +313,83 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         await node.delete_file(request.path_params["sid"], _path(request))
         return no_content()
 
+    # ---- files, issue 9 ----------------------------------------------------------------------------
+    async def stat_file(request: Request) -> Response:
+        return _answer(wire.dump(await node.stat_file(request.path_params["sid"], _path(request))))
+
+    async def make_dir(request: Request) -> Response:
+        created = await node.make_dir(request.path_params["sid"], _path(request))
+        return _answer({"created": created})
+
+    async def move_file(request: Request) -> Response:
+        src, dst = _named_path(request, "from"), _named_path(request, "to")
+        return _answer(wire.dump(await node.move_file(request.path_params["sid"], src, dst)))
+
+    async def chmod_file(request: Request) -> Response:
+        mode = request.query_params.get("mode", "")
+        if not mode.isdigit():
+            raise errors.InvalidRequest(f"mode {mode[:20]!r} must be an integer (the permission bits)")
+        return _answer(
+            wire.dump(await node.chmod_file(request.path_params["sid"], _path(request), int(mode)))
+        )
+
+    async def watch_files(request: Request) -> Response:
+        recursive = request.query_params.get("recursive", "0") == "1"
+        watching = node.watch_files(request.path_params["sid"], _path(request), recursive)
+        events = await watching.__aenter__()
+
+        async def lines() -> typing.AsyncIterator[bytes]:
+            nxt: asyncio.Future | None = None
+            try:
+                while True:
+                    nxt = nxt or asyncio.ensure_future(anext(events))
+                    done, _ = await asyncio.wait({nxt}, timeout=EVENT_PING_S)
+                    if not done:  # a blank line: a control plane that went away shows up
+                        yield b"\n"
+                        continue
+                    try:
+                        ev = nxt.result()
+                    except StopAsyncIteration:
+                        return
+                    except errors.AtollError as e:
+                        yield _dumps(wire.error_body(e)) + b"\n"
+                        return
+                    nxt = None
+                    yield _dumps(wire.dump(ev)) + b"\n"
+            finally:
+                if nxt is not None:
+                    nxt.cancel()
+                    with contextlib.suppress(BaseException):
+                        await nxt
+                await watching.__aexit__(None, None, None)
+
+        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+
+    async def write_tar(request: Request) -> Response:
+        declared = request.headers.get("content-length")
+
+        async def chunks() -> typing.AsyncIterator[bytes]:
+            async for chunk in request.stream():
+                if chunk:
+                    yield chunk
+
+        size = int(declared) if declared and declared.isdigit() else None
+        written = await node.write_tar(request.path_params["sid"], _path(request), chunks(), size)
+        return _answer(wire.dump(written))
+
+    async def read_tar(request: Request) -> Response:
+        reading = node.read_tar(request.path_params["sid"], _path(request))
+        download = await reading.__aenter__()
+
+        async def chunks() -> typing.AsyncIterator[bytes]:
+            try:
+                async for chunk in download.chunks:
+                    yield chunk
+            finally:
+                await reading.__aexit__(None, None, None)
+
+        return StreamingResponse(chunks(), media_type="application/x-tar", headers=proto)
+
     # ---- events -----------------------------------------------------------------------------------
     async def events(request: Request) -> Response:
         async def lines() -> typing.AsyncIterator[bytes]:
@@ -352,6 +443,13 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb + "/files", write_file, methods=["PUT"]),
         Route(sb + "/files", delete_file, methods=["DELETE"]),
         Route(sb + "/files/list", list_files, methods=["GET"]),
+        Route(sb + "/files/stat", stat_file, methods=["GET"]),
+        Route(sb + "/files/mkdir", make_dir, methods=["POST"]),
+        Route(sb + "/files/move", move_file, methods=["POST"]),
+        Route(sb + "/files/chmod", chmod_file, methods=["POST"]),
+        Route(sb + "/files/watch", watch_files, methods=["GET"]),
+        Route(sb + "/files/tar", write_tar, methods=["PUT"]),
+        Route(sb + "/files/tar", read_tar, methods=["GET"]),
     ]
 
     async def atoll_error(request: Request, exc: Exception) -> Response:

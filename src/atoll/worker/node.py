@@ -805,6 +805,41 @@ class Node:
         async with self._serving(sandbox_id):
             await self.guest.delete_file(sandbox_id, path)
 
+    # ---- files, issue 9 ---------------------------------------------------------------------------
+    async def stat_file(self, sandbox_id: str, path: api.FilePath) -> api.FileStat:
+        async with self._serving(sandbox_id):
+            return await self.guest.stat_file(sandbox_id, path)
+
+    async def make_dir(self, sandbox_id: str, path: api.FilePath) -> bool:
+        async with self._serving(sandbox_id):
+            return await self.guest.make_dir(sandbox_id, path)
+
+    async def move_file(self, sandbox_id: str, src: api.FilePath, dst: api.FilePath) -> api.FileStat:
+        async with self._serving(sandbox_id):
+            return await self.guest.move_file(sandbox_id, src, dst)
+
+    async def chmod_file(self, sandbox_id: str, path: api.FilePath, mode: int) -> api.FileStat:
+        async with self._serving(sandbox_id):
+            return await self.guest.chmod_file(sandbox_id, path, mode)
+
+    @contextlib.asynccontextmanager
+    async def watch_files(
+        self, sandbox_id: str, path: api.FilePath, recursive: bool
+    ) -> AsyncIterator[AsyncIterator[api.FileEvent]]:
+        async with self._serving(sandbox_id), self.guest.watch_files(sandbox_id, path, recursive) as events:
+            yield events
+
+    async def write_tar(
+        self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.TarWritten:
+        async with self._serving(sandbox_id):
+            return await self.guest.write_tar(sandbox_id, path, chunks, size)
+
+    @contextlib.asynccontextmanager
+    async def read_tar(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
+        async with self._serving(sandbox_id), self.guest.read_tar(sandbox_id, path) as download:
+            yield download
+
     def events(self) -> AsyncIterator[api.WorkerEvent]:
         return self.hub.subscribe()
 

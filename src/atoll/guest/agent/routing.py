@@ -17,6 +17,7 @@ from .common import log
 from .connection import Conn, Request
 from .errors import ApiError
 from .handlers_exec import ExecHandlers
+from .handlers_fileops import FileOpsHandlers
 from .handlers_files import FileHandlers
 from .handlers_status import StatusHandlers
 from .processes import ProcessTable
@@ -25,11 +26,22 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _ROUTES_HELP = (
     "the agent serves GET /health, GET /stats, POST /identity, POST /exec, GET /processes, DELETE /processes/<pid>, "
-    "GET|PUT|DELETE /files?path=, GET /files/list?path=, GET /gate"
+    "GET|PUT|DELETE /files?path=, GET /files/list?path=, GET /files/stat|watch?path=, POST /files/mkdir|chmod?path=, "
+    "POST /files/move?from=&to=, GET|PUT /files/tar?path=, GET /gate"
 )
 
+_FILE_OPS = {
+    ("GET", "/files/stat"): "stat_file",
+    ("POST", "/files/mkdir"): "make_dir",
+    ("POST", "/files/move"): "move_file",
+    ("POST", "/files/chmod"): "chmod_file",
+    ("GET", "/files/watch"): "watch_files",
+    ("PUT", "/files/tar"): "write_tar",
+    ("GET", "/files/tar"): "read_tar",
+}
 
-class Agent(StatusHandlers, ExecHandlers, FileHandlers):
+
+class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers):
     """The agent's state (identity, environment for commands, the process table) and its route table.
 
     One instance per process, made by `__main__`; every `connection.Conn` calls `dispatch`.
@@ -82,6 +94,8 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers):
                 return self.delete_file(conn, req)
         if path == "/files/list" and method == "GET":
             return self.list_dir(conn, req)
+        if path.startswith("/files/") and (method, path) in _FILE_OPS:
+            return getattr(self, _FILE_OPS[method, path])(conn, req)
         if path == "/processes" and method == "GET":
             return self.list_processes(conn)
         if path == "/processes/kill-all" and method == "POST":
