@@ -122,7 +122,7 @@ class InitClient:
             raise
         return replies
 
-    def spawn(self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr) -> Spawned:
+    def spawn(self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr, ctty: bool = False) -> Spawned:
         pipes: list[int] = []
         ends: list = [None, None]
         try:
@@ -139,6 +139,8 @@ class InitClient:
             if user_kwargs:
                 user = [user_kwargs["user"], user_kwargs["group"], list(user_kwargs.get("extra_groups", []))]
             msg = {"op": "spawn", "id": next(self._ids), "argv": argv, "cwd": cwd, "env": env, "user": user}
+            if ctty:  # a terminal (ptys): stdin is the pty slave, to become the controlling tty
+                msg["ctty"] = True
             answer = None
             for _attempt in range(2):
                 with self._lock:

@@ -1,0 +1,331 @@
+"""Terminals (PTY sessions): a command on a pseudo-terminal, its recent output, and the clients
+attached to it, which come and go while the session lives on.
+
+`PtyHandlers` is mixed into `routing.Agent`, which routes here:
+
+  POST   /pty              {"cols", "rows", "term", "cmd", "env", "cwd", "user"} -> 200 {"pty_id", "pid"}
+  GET    /pty              {"items": [session info]}
+  GET    /pty/<id>         session info {"pty_id", "pid", "cmd", "cols", "rows", "term", "running",
+                           "exit_code", "created_at", "attached"}
+  DELETE /pty/<id>         kill its process tree, forget it -> 204
+  GET    /pty/<id>/attach  with `Upgrade: atoll-pty` -> 101, then the socket carries `ptyframes` both
+                           ways: the scrollback first (one DATA frame), live output, and EXIT at the end
+
+The command runs through atoll-init like every command (`ProcessTable.spawn_terminal`: the slave
+as stdin/stdout/stderr and controlling terminal), so kill-all, the reaper and exit codes work as
+for exec. One reader thread per session reads the master with a blocking read (no epoll) into a
+bounded scrollback (ptyframes.SCROLLBACK_BYTES) and to every attached socket; a slow client slows
+the program like a real terminal does. A finished session is kept FINISHED_KEEP_S so that a late
+attach still gets the exit code. Attach sockets are the worker's connections on the agent port:
+the worker resets them (RST) before a checkpoint, like its other connections.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import queue
+import re
+import secrets
+import signal
+import struct
+import termios
+import threading
+import time
+
+from . import ptyframes
+from .common import log
+from .connection import Conn, Request, json_body
+from .errors import ApiError, PeerGone, invalid
+from .processes import spawn_error
+from .proctree import kill_tree
+
+MAX_SESSIONS = 64
+FINISHED_KEEP_S = 300.0
+EXIT_GRACE_S = 0.3  # after the exit status, output still in flight is read this long before EXIT
+READ_SIZE = 65536
+DEFAULT_TERM = "xterm-256color"
+_TERM_RE = re.compile(r"^[A-Za-z0-9._+-]{1,64}$")
+_NO_LOGIN = ("nologin", "false")
+
+
+def set_size(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def login_shell(user: str | None) -> str:
+    """The user's login shell from /etc/passwd, or /bin/sh when it has none usable."""
+    try:
+        pw = pwd.getpwnam(user) if user else pwd.getpwuid(os.geteuid())
+        shell = pw.pw_shell
+    except KeyError:
+        shell = ""
+    if not shell or os.path.basename(shell) in _NO_LOGIN or not os.access(shell, os.X_OK):
+        return "/bin/sh"
+    return shell
+
+
+class Session:
+    def __init__(self, pty_id: str, master: int, cmd, cols: int, rows: int, term: str):
+        self.pty_id = pty_id
+        self.master = master
+        self.cmd = cmd
+        self.cols, self.rows, self.term = cols, rows, term
+        self.pid = 0
+        self.created_at = time.time()
+        self.exit_code: int | None = None
+        self.finished_at: float | None = None
+        self.lock = threading.Lock()  # scrollback, attached, exit_code; held while sending
+        self.scrollback = bytearray()
+        self.attached: list = []
+        self.output_ended = threading.Event()
+
+    def info(self) -> dict:
+        return {
+            "pty_id": self.pty_id,
+            "pid": self.pid,
+            "cmd": self.cmd,
+            "cols": self.cols,
+            "rows": self.rows,
+            "term": self.term,
+            "running": self.exit_code is None,
+            "exit_code": self.exit_code,
+            "created_at": self.created_at,
+            "attached": len(self.attached),
+        }
+
+    def _send_locked(self, frame: bytes) -> None:
+        for sock in list(self.attached):
+            try:
+                sock.sendall(frame)
+            except OSError:
+                self.attached.remove(sock)  # its attach thread sees the failure on recv
+
+    def pump(self) -> None:
+        """The reader thread: master -> scrollback and attached clients, until every slave closed."""
+        try:
+            while True:
+                try:
+                    data = os.read(self.master, READ_SIZE)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    data = b""  # EIO: the last slave descriptor closed
+                if not data:
+                    break
+                with self.lock:
+                    self.scrollback += data
+                    if len(self.scrollback) > ptyframes.SCROLLBACK_BYTES:
+                        del self.scrollback[: -ptyframes.SCROLLBACK_BYTES]
+                    self._send_locked(ptyframes.data(data))
+        finally:
+            self.output_ended.set()
+            try:
+                os.close(self.master)
+            except OSError:
+                pass
+
+    def wait_exit(self, notify: queue.SimpleQueue) -> None:
+        """The waiter thread: the reaper's exit status, then (after the last output) EXIT to all."""
+        while True:
+            kind, code = notify.get()
+            if kind == "exit":
+                break
+        self.output_ended.wait(EXIT_GRACE_S)
+        with self.lock:
+            self.exit_code = code
+            self.finished_at = time.monotonic()
+            self._send_locked(ptyframes.exit_frame(code))
+
+    def resize(self, cols: int, rows: int) -> None:
+        set_size(self.master, cols, rows)
+        self.cols, self.rows = cols, rows
+        try:  # the kernel signals it too; gVisor may not: SIGWINCH to the foreground group
+            os.killpg(os.tcgetpgrp(self.master), signal.SIGWINCH)
+        except OSError:
+            pass
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.master, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                return  # the session ended: input is dropped, like a closed terminal's
+            view = view[n:]
+
+
+class PtyHandlers:
+    """POST|GET /pty, GET|DELETE /pty/<id>, GET /pty/<id>/attach. A mixin of `routing.Agent`, whose
+    __init__ sets `procs`, `base_env` and `ptys` (a dict of Sessions) and `_exec_spec`."""
+
+    def _sessions_gc(self) -> None:
+        now = time.monotonic()
+        for pid, s in list(self.ptys.items()):
+            if s.finished_at is not None and now - s.finished_at > FINISHED_KEEP_S:
+                self.ptys.pop(pid, None)
+
+    def _session(self, pty_id: str) -> Session:
+        self._sessions_gc()
+        s = self.ptys.get(pty_id)
+        if s is None:
+            raise ApiError(
+                404,
+                "pty_not_found",
+                f"no terminal {pty_id!r} in this sandbox (it was killed, or finished over "
+                f"{FINISHED_KEEP_S:.0f}s ago); list them with GET /pty",
+            )
+        return s
+
+    def open_pty(self, conn: Conn, req: Request) -> None:
+        body = json_body(req)
+        cols, rows = body.get("cols", 80), body.get("rows", 24)
+        problem = ptyframes.size_problem(cols, rows)
+        if problem:
+            raise invalid(f"terminal size: {problem}")
+        term = body.get("term") or DEFAULT_TERM
+        if not isinstance(term, str) or not _TERM_RE.match(term):
+            raise invalid(f"term must be a terminal type name such as xterm-256color, got {term!r}"[:300])
+        user = body.get("user")
+        cmd = body.get("cmd")
+        if cmd is None:
+            shell = login_shell(user if isinstance(user, str) else None)
+            argv = [shell, "-l"]
+        elif isinstance(cmd, str):
+            argv = [login_shell(user if isinstance(user, str) else None), "-c", cmd]
+        else:
+            argv = cmd
+        spec = self._exec_spec({"cmd": argv, "cwd": body.get("cwd"), "env": body.get("env"), "user": user})
+        env = dict(spec.env)
+        env["TERM"] = term
+        if self.sandbox_id:
+            env["ATOLL_SANDBOX_ID"], env["ATOLL_GENERATION"] = self.sandbox_id, str(self.generation)
+        self._sessions_gc()
+        live = sum(1 for s in self.ptys.values() if s.exit_code is None)
+        if live >= MAX_SESSIONS:
+            raise ApiError(
+                409,
+                "invalid_state",
+                f"the sandbox has {live} live terminals, the most it keeps; kill one first",
+            )
+        master, slave = os.openpty()
+        notify: queue.SimpleQueue = queue.SimpleQueue()
+        session = Session("pty_" + secrets.token_hex(6), master, cmd, cols, rows, term)
+        try:
+            set_size(slave, cols, rows)
+            try:
+                proc, _ = self.procs.spawn_terminal(
+                    spec.argv,
+                    cmd=cmd if cmd is not None else argv,
+                    cwd=spec.cwd,
+                    env=env,
+                    user_kwargs=spec.user_kwargs,
+                    slave=slave,
+                    notify=notify,
+                )
+            except OSError as e:
+                err = spawn_error(e, spec.argv, spec.cwd, spec.user)
+                if isinstance(err, ApiError):
+                    raise err from None
+                raise invalid(f"cannot start the terminal's command: {err.message.strip()}") from None
+            except ValueError as e:
+                raise invalid(f"cannot start the terminal's command: {e}") from None
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        session.pid = proc.pid
+        self.ptys[session.pty_id] = session
+        threading.Thread(target=session.pump, name=f"pty-{proc.pid}", daemon=True).start()
+        threading.Thread(target=self._wait_session, args=(session, proc, notify), daemon=True).start()
+        conn.send_json(200, {"pty_id": session.pty_id, "pid": proc.pid})
+
+    def _wait_session(self, session: Session, proc, notify) -> None:
+        try:
+            session.wait_exit(notify)
+        finally:
+            self.procs.forget(proc)
+
+    def list_ptys(self, conn: Conn) -> None:
+        self._sessions_gc()
+        items = sorted((s.info() for s in self.ptys.values()), key=lambda i: i["created_at"])
+        conn.send_json(200, {"items": items})
+
+    def get_pty(self, conn: Conn, pty_id: str) -> None:
+        conn.send_json(200, self._session(pty_id).info())
+
+    def kill_pty(self, conn: Conn, pty_id: str) -> None:
+        s = self._session(pty_id)
+        if s.exit_code is None:
+            kill_tree(s.pid)
+        self.ptys.pop(pty_id, None)
+        conn.send_no_content()
+
+    def attach_pty(self, conn: Conn, req: Request, pty_id: str) -> None:
+        s = self._session(pty_id)
+        if "upgrade" not in req.headers:
+            raise invalid("attach needs 'Upgrade: atoll-pty' (the connection then carries pty frames)")
+        sock = conn.sock
+        conn.keep_alive = False
+        conn.send_raw(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: atoll-pty\r\nConnection: Upgrade\r\n\r\n"
+        )
+        with s.lock:
+            sock.sendall(ptyframes.data(bytes(s.scrollback)) if s.scrollback else b"")
+            if s.exit_code is not None:
+                sock.sendall(ptyframes.exit_frame(s.exit_code))
+            else:
+                s.attached.append(sock)
+        decoder = ptyframes.Decoder()
+        try:
+            while True:
+                try:
+                    chunk = conn.rfile.read1(READ_SIZE)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    conn.peer_closed = True
+                    return
+                try:
+                    frames = decoder.feed(chunk)
+                except ValueError as e:
+                    log(f"pty {pty_id}: bad frame from the client ({e}); resetting the attach")
+                    conn.abort = True
+                    return
+                for kind, payload in frames:
+                    self._on_frame(s, sock, kind, payload)
+        finally:
+            with s.lock:
+                if sock in s.attached:
+                    s.attached.remove(sock)
+
+    @staticmethod
+    def _on_frame(s: Session, sock, kind: int, payload: bytes) -> None:
+        if kind == ptyframes.DATA:
+            s.write(payload)
+            return
+        if kind == ptyframes.RESIZE:
+            try:
+                cols, rows = ptyframes.parse_resize(payload)
+                problem = ptyframes.size_problem(cols, rows)
+            except ValueError as e:
+                problem = str(e)
+            if problem is None and s.exit_code is None:
+                try:
+                    s.resize(cols, rows)
+                except OSError as e:
+                    problem = f"resize failed: {e}"
+            if problem is None:
+                return
+            message = f"terminal size: {problem}"
+        else:
+            message = f"a client sends DATA or RESIZE frames, not type {kind}"
+        with s.lock:
+            try:
+                sock.sendall(ptyframes.error("invalid_request", message))
+            except OSError:
+                raise PeerGone() from None
