@@ -199,6 +199,12 @@ class InitClient:
         except (OSError, ApiError) as e:
             log(f"cannot ask atoll-init to kill {pid}: {e}")
 
+    def signal_group(self, pgid: int, sig: int) -> None:
+        try:
+            self._request({"op": "signal", "pgid": pgid, "signal": sig})
+        except (OSError, ApiError) as e:
+            log(f"cannot ask atoll-init to signal group {pgid}: {e}")
+
     def set_identity(self, sandbox_id: str, cpus: float | None = None) -> None:
         self.sandbox_id = sandbox_id
         if cpus is not None:

@@ -178,6 +178,16 @@ class ProcessTable:
                 self._seq += 1
                 self._cond.notify_all()
 
+    def signal_group(self, pgid: int, sig: int) -> None:
+        """killpg in the commands' PID namespace (pgid as `ps` shows it)."""
+        if self.init is not None:
+            self.init.signal_group(pgid, sig)
+            return
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+
     def _register(self, popen, cmd, background: bool, notify):
         proc = Proc(popen.pid, cmd, background, notify, None)
         with self._cond:

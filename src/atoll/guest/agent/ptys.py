@@ -28,6 +28,7 @@ import pwd
 import queue
 import re
 import secrets
+import select
 import signal
 import struct
 import termios
@@ -50,6 +51,60 @@ _TERM_RE = re.compile(r"^[A-Za-z0-9._+-]{1,64}$")
 _NO_LOGIN = ("nologin", "false")
 
 
+_ldisc_signals: bool | None = None
+
+
+def ldisc_signals() -> bool:
+    """Whether the kernel's line discipline turns ^C/^\\/^Z into signals itself. Linux does; the
+    gVisor release here passes them to the program as bytes (measured: `sleep` in a pty from
+    Python's pty.fork survives ^C), so the agent does it (`Session.write`). Probed once: with
+    ISIG set and no session, Linux drops a ^C before "x\\n"; this gVisor keeps it."""
+    global _ldisc_signals
+    if _ldisc_signals is None:
+        master, slave = os.openpty()
+        try:
+            os.write(master, b"\x03x\n")
+            ready, _, _ = select.select([slave], [], [], 1.0)
+            data = os.read(slave, 64) if ready else b""
+            _ldisc_signals = not data.startswith(b"\x03")
+        except OSError:
+            _ldisc_signals = True
+        finally:
+            os.close(master)
+            os.close(slave)
+    return _ldisc_signals
+
+
+def foreground_group(leader: int, proc_root: str = "/proc") -> int | None:
+    """The session's foreground process group as well as this gVisor lets us tell: it answers
+    TIOCGPGRP to no one outside the session and shows tpgid 0 in /proc, so: the newest process
+    group of the session other than the leader's (a shell's foreground job), else the leader's.
+    A background job started after the foreground one is taken for it (documented). `leader` and
+    the answer are pids of the commands' namespace (/proc is atoll-init's)."""
+    groups: dict[int, int] = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc_root}/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # after "pid (comm)": state ppid pgrp session tty_nr tpgid ... starttime (22nd field overall)
+        if len(fields) < 20 or int(fields[3]) != leader:
+            continue
+        pgrp, started = int(fields[2]), int(fields[19])
+        groups[pgrp] = max(groups.get(pgrp, 0), started)
+    others = {g: t for g, t in groups.items() if g != leader}
+    if others:
+        return max(others, key=lambda g: others[g])
+    return leader if leader in groups else None
+
+
 def set_size(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
@@ -67,9 +122,10 @@ def login_shell(user: str | None) -> str:
 
 
 class Session:
-    def __init__(self, pty_id: str, master: int, cmd, cols: int, rows: int, term: str):
+    def __init__(self, pty_id: str, master: int, cmd, cols: int, rows: int, term: str, slave_path: str):
         self.pty_id = pty_id
         self.master = master
+        self.slave_path = slave_path
         self.cmd = cmd
         self.cols, self.rows, self.term = cols, rows, term
         self.pid = 0
@@ -80,6 +136,7 @@ class Session:
         self.scrollback = bytearray()
         self.attached: list = []
         self.output_ended = threading.Event()
+        self.signal_group = None  # ProcessTable.signal_group, set by open_pty
 
     def info(self) -> dict:
         return {
@@ -147,6 +204,56 @@ class Session:
             pass
 
     def write(self, data: bytes) -> None:
+        if (3 in data or 0x1C in data or 0x1A in data) and not ldisc_signals():
+            return self._write_signalling(data)
+        self._write(data)
+
+    def _write_signalling(self, data: bytes) -> None:
+        """What the line discipline does with ISIG: the terminal's INTR/QUIT/SUSP characters send
+        SIGINT/SIGQUIT/SIGTSTP to the foreground process group (read on the slave: this gVisor
+        has no TIOCGPGRP on a master), echo as ^C, and flush pending input."""
+        try:
+            fd = os.open(self.slave_path, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            return self._write(data)
+        try:
+            attrs = termios.tcgetattr(fd)
+            lflag, cc = attrs[3], attrs[6]
+            if not lflag & termios.ISIG:
+                return self._write(data)
+            sigs = {
+                cc[termios.VINTR]: signal.SIGINT,
+                cc[termios.VQUIT]: signal.SIGQUIT,
+                cc[termios.VSUSP]: signal.SIGTSTP,
+            }
+            pending = bytearray()
+            for byte in data:
+                sig = sigs.get(bytes([byte]))
+                if sig is None:
+                    pending.append(byte)
+                    continue
+                if pending:
+                    self._write(bytes(pending))
+                    pending.clear()
+                pgid = foreground_group(self.pid)
+                if pgid and self.signal_group is not None:
+                    self.signal_group(pgid, sig)
+                if not lflag & termios.NOFLSH:
+                    try:
+                        termios.tcflush(fd, termios.TCIFLUSH)
+                    except termios.error:  # this gVisor has no TCFLSH: erase the pending line
+                        if lflag & termios.ICANON:
+                            self._write(cc[termios.VKILL])
+                if lflag & termios.ECHO:
+                    os.write(fd, b"^" + bytes([byte + 64]))
+            if pending:
+                self._write(bytes(pending))
+        except (OSError, termios.error) as e:
+            log(f"pty {self.pty_id}: signal characters: {e}")
+        finally:
+            os.close(fd)
+
+    def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             try:
@@ -213,7 +320,7 @@ class PtyHandlers:
             )
         master, slave = os.openpty()
         notify: queue.SimpleQueue = queue.SimpleQueue()
-        session = Session("pty_" + secrets.token_hex(6), master, cmd, cols, rows, term)
+        session = Session("pty_" + secrets.token_hex(6), master, cmd, cols, rows, term, os.ttyname(slave))
         try:
             set_size(slave, cols, rows)
             try:
@@ -239,6 +346,7 @@ class PtyHandlers:
         finally:
             os.close(slave)
         session.pid = proc.pid
+        session.signal_group = self.procs.signal_group
         self.ptys[session.pty_id] = session
         threading.Thread(target=session.pump, name=f"pty-{proc.pid}", daemon=True).start()
         threading.Thread(target=self._wait_session, args=(session, proc, notify), daemon=True).start()

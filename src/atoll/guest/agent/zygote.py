@@ -23,6 +23,7 @@ it; `processes.ProcessTable` reports the commands it ran as killed). The init:
                    + 3 fds (stdin, stdout, stderr) by SCM_RIGHTS  -> {"id", "pid"} | {"id", "error": {...}}
                    ("ctty": true: stdin is a terminal's slave, made the new session's controlling tty)
                    {"op": "kill", "pid", "root_alive"}   (kill_tree inside; no answer)
+                   {"op": "signal", "pgid", "signal"}   (killpg inside, for a terminal's ^C; no answer)
                    {"op": "identity", "sandbox_id", "cpus"} (rewrites ATOLL_SANDBOX_ID in its environ;
                                                           narrows the CPU affinity commands inherit)
     init -> agent  {"exit": pid, "code": exit code as a shell reports it}, for spawned commands
@@ -280,6 +281,11 @@ class Init:
                     fds = []
                 elif op == "kill":
                     proctree.kill_tree(int(msg["pid"]), root_alive=bool(msg.get("root_alive", True)))
+                elif op == "signal":
+                    try:
+                        os.killpg(int(msg["pgid"]), int(msg["signal"]))
+                    except OSError:
+                        pass
                 elif op == "identity":
                     self.sandbox_id = str(msg["sandbox_id"])
                     set_environ_in_place("ATOLL_SANDBOX_ID", self.sandbox_id)
