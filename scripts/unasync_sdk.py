@@ -42,6 +42,9 @@ REPLACEMENTS = {
     "AsyncSandbox": "Sandbox",
     "AsyncProcess": "Process",
     "AsyncFiles": "Files",
+    "AsyncTerminal": "Terminal",
+    "asyncio": "sync",  # websockets.asyncio.client -> websockets.sync.client
+    "arecv": "recv",
     "AsyncUploadData": "UploadData",
     "aclose": "close",
     "aread": "read",

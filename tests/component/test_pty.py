@@ -29,6 +29,7 @@ async def served(tmp_path):
             await asyncio.sleep(0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
         f.ws_url = f"ws://127.0.0.1:{port}"
+        f.url = f"http://127.0.0.1:{port}"
         try:
             yield f
         finally:
@@ -166,3 +167,61 @@ async def test_pty_on_standby_sandbox_resumes_it(served):
         # while the terminal is open it is activity: an explicit pause is refused as busy
         r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_busy", r.text
+
+
+async def test_sdk_async_terminal(served):
+    import atoll
+
+    async with atoll.AsyncClient(served.url, KEY) as client:
+        sandbox = await client.sandboxes.create(idle_timeout_s=0)
+        async with await sandbox.pty(cols=70, rows=20, term="dumb") as term:
+            out = bytearray()
+            while b"fake-tty ready" not in out:
+                out += await term.read(timeout=10)
+            await term.send("term\r")
+            await term.resize(101, 33)
+            await term.send(b"size\r")
+            while b"101x33" not in out:
+                out += await term.read(timeout=10)
+            assert b"dumb\r\n" in out
+            pty_id = term.pty_id
+        async with await sandbox.pty_attach(pty_id) as term:  # detached and back: scrollback
+            out = bytearray()
+            async for chunk in term:
+                out += chunk
+                if b"101x33" in out:
+                    break
+            with pytest.raises(atoll.InvalidRequest):
+                await term.resize(0, 10)
+            await term.send("exit 9\r")
+            assert await term.wait(timeout=10) == 9
+        with pytest.raises(atoll.NotFound) as missing:
+            await sandbox.pty_attach("pty_000000000000")
+        assert missing.value.code == "pty_not_found"
+        assert [p["exit_code"] for p in await sandbox.ptys()] == [9]
+
+
+async def test_sdk_sync_terminal_in_thread(served):
+    code, out = await asyncio.to_thread(_sync_session, served.url)
+    assert code == 2 and b"you said: hi" in out
+
+
+def _sync_session(url: str):
+    import atoll
+
+    with atoll.Client(url, KEY) as client:
+        sandbox = client.sandboxes.create(idle_timeout_s=0)
+        with sandbox.pty() as term:
+            out = bytearray()
+            term.send("hi\r")
+            while b"you said: hi" not in out:
+                out += term.read(timeout=10)
+            term.send("exit 2\r")
+            code = term.wait(timeout=10)
+        with pytest.raises(atoll.Unauthorized):
+            bad = atoll.Client(url, "wrong")
+            try:
+                atoll.Sandbox(bad, {"id": sandbox.id}).pty_attach(term.pty_id)
+            finally:
+                bad.close()
+        return code, bytes(out)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 DATA = 1
@@ -20,6 +21,14 @@ MAX_COLS = 1000
 MAX_ROWS = 1000
 SCROLLBACK_BYTES = 64 * 1024
 """Recent output each session keeps and replays to a client that attaches."""
+
+
+_PTY_ID = re.compile(r"^pty_[0-9a-f]{12}$")
+
+
+def is_pty_id(value: str) -> bool:
+    """Whether `value` has the shape of a terminal id (`pty_` and 12 hex digits)."""
+    return bool(_PTY_ID.match(value))
 
 
 def encode(kind: int, payload: bytes = b"") -> bytes:
