@@ -4,7 +4,14 @@ opened on a sandbox in standby; and `atoll sandbox shell` driven under a real ps
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import select
+import struct
+import subprocess
+import sys
+import termios
 import time
 
 import pytest
@@ -143,3 +150,88 @@ def test_bad_input(api, sandbox):
     assert r.status_code == 400 and "/no/such/program" in r.json()["error"]["message"], r.text
     r = api.post(f"/v1/sandboxes/{sid}/pty", json={"cwd": "/no/such/dir"})
     assert r.status_code == 400 and "/no/such/dir" in r.json()["error"]["message"], r.text
+
+
+def _cli(server, sid):
+    env = {**os.environ, "ATOLL_URL": server.url, "ATOLL_API_KEY": server.api_key, "TERM": "xterm"}
+    return [sys.executable, "-m", "atoll", "sandbox", "shell", sid], env
+
+
+def _read_until(fd: int, needle: bytes, seen: bytearray, timeout: float = 60) -> bytearray:
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{needle!r} did not appear; the terminal showed {bytes(seen)[-2000:]!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                seen += os.read(fd, 65536)
+            except OSError:  # EIO: the CLI exited
+                raise AssertionError(
+                    f"the CLI ended before {needle!r}; it showed {bytes(seen)[-2000:]!r}"
+                ) from None
+    return seen
+
+
+def test_cli_shell_under_a_real_pty(atoll_server, sandbox):
+    argv, env = _cli(atoll_server, sandbox["id"])
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    cooked = termios.tcgetattr(slave)
+    proc = subprocess.Popen(
+        argv,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # SIGWINCH reaches it on a resize
+    )
+    try:
+        seen = _read_until(master, b"# ", bytearray())  # the login shell's prompt
+        os.write(master, b"echo hi-$((1+1)) $TERM $(tput cols)\r")
+        _read_until(master, b"hi-2 xterm 100", seen)
+        lflag = termios.tcgetattr(slave)[3]
+        assert not lflag & (termios.ICANON | termios.ECHO), "the CLI puts the local terminal in raw mode"
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 111, 0, 0))  # SIGWINCH
+        for _attempt in range(20):  # the SIGWINCH, the CLI's resize message, the agent's ioctl
+            os.write(master, b"echo cols=$(tput cols)\r")
+            try:
+                _read_until(master, b"cols=111", seen, timeout=1.5)
+                break
+            except AssertionError:
+                continue
+        assert b"cols=111" in seen, bytes(seen)[-500:]
+        os.write(master, b"sleep 1000\r")
+        time.sleep(1)
+        os.write(master, b"\x03")  # ^C goes through to the sandbox, not to the CLI
+        os.write(master, b"echo rc=$?\r")
+        _read_until(master, b"rc=130", seen)
+        os.write(master, b"exit 3\r")
+        assert proc.wait(60) == 3
+        assert termios.tcgetattr(slave)[3] == cooked[3], "raw mode is undone on exit"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        os.close(slave)
+
+
+def test_cli_shell_without_a_tty(atoll_server, sandbox):
+    argv, env = _cli(atoll_server, sandbox["id"])
+    done = subprocess.run(
+        argv, input=b"echo piped-$((2+2))\nexit 4\n", capture_output=True, env=env, timeout=120, check=False
+    )
+    assert done.returncode == 4, done
+    assert b"piped-4" in done.stdout
+    bad = subprocess.run(
+        [*argv[:-1], "sb-aaaaaaaaaaaaaaaa"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert bad.returncode == 1 and b"sandbox_not_found" in bad.stderr, bad

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from atoll import errors
 from atoll._client import Client, Sandbox
+from atoll.cli import shell as cli_shell
 from atoll.cli import templates as cli_templates
 
 app = typer.Typer(
@@ -74,6 +75,7 @@ def _session(ctx: typer.Context) -> Iterator[Client]:
 
 
 cli_templates.register(app, _session)
+cli_shell.register(sandbox_app, _session)
 
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str] | None:
