@@ -4,7 +4,7 @@ Called by `make bench` (`.venv/bin/python bench/run_all.py`); needs root, runsc 
 `make run` installs. Starts `atoll up` in a fresh home under /var/tmp (template layers from the
 shared cache /var/tmp/atoll-test-templates, built at start-up if missing), waits for the server's
 template image and does one untimed warm-up create, runs
-bench_api, bench_standby, bench_peers, bench_split and bench_templates in that order (bench_peers
+bench_api, bench_standby, bench_peers, bench_split, bench_templates and bench_pty in that order (bench_peers
 starts a second atoll with ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison, bench_split an
 `atoll server` with one `atoll worker`; bench_templates builds two user templates in the shared
 atoll, and deletes them), checks the issues' targets, prints the
@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_api  # noqa: E402
 import bench_peers  # noqa: E402
+import bench_pty  # noqa: E402
 import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
 import bench_templates  # noqa: E402
@@ -48,6 +49,8 @@ TARGETS = {
     "templates_snapshot_python_over_gvisor_pkg": 1.0,
     "templates_burst_creates_per_s": 20.0,  # at least
     "templates_fork3_p50_ms": 2000.0,
+    # issue 9, terminals (section `pty`)
+    "pty_keystroke_echo_p50_ms": 15.0,
 }
 AT_LEAST = {"templates_burst_creates_per_s"}
 
@@ -163,13 +166,20 @@ def check_targets(res: dict) -> dict:
             f"POST /fork {{count: 3}} of a sandbox holding {tp['fork']['holder_mb']} MiB (a running "
             "python3), wall time",
         )
+    if "pty" in res:
+        out["pty_keystroke_echo_p50_ms"] = _verdict(
+            "pty_keystroke_echo_p50_ms",
+            res["pty"]["program_echo_p50_worst_ms"],
+            "one byte over the public WebSocket to `cat` in raw mode and back, p50 (worse of back to "
+            "back and 100 ms apart)",
+        )
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
-    ap.add_argument("--only", default="api,standby,peers,split,templates", help="comma-separated subset")
+    ap.add_argument("--only", default="api,standby,peers,split,templates,pty", help="comma-separated subset")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -217,6 +227,9 @@ def main() -> int:
                 n_fork=1 if q else 5,
                 n_floor=1 if q else 2,
             )
+        if "pty" in only:
+            c.log("== pty: keystroke echo through the WebSocket")
+            res["pty"] = bench_pty.run(a, n_burst=30 if q else 300, n_typed=10 if q else 60)
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")
