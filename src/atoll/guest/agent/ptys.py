@@ -133,6 +133,7 @@ class Session:
         self.exit_code: int | None = None
         self.finished_at: float | None = None
         self.lock = threading.Lock()  # scrollback, attached, exit_code; held while sending
+        self.fd_lock = threading.Lock()  # the master's lifetime: never write to a reused fd number
         self.scrollback = bytearray()
         self.attached: list = []
         self.output_ended = threading.Event()
@@ -178,10 +179,12 @@ class Session:
                     self._send_locked(ptyframes.data(data))
         finally:
             self.output_ended.set()
-            try:
-                os.close(self.master)
-            except OSError:
-                pass
+            with self.fd_lock:
+                try:
+                    os.close(self.master)
+                except OSError:
+                    pass
+                self.master = -1
 
     def wait_exit(self, notify: queue.SimpleQueue) -> None:
         """The waiter thread: the reaper's exit status, then (after the last output) EXIT to all."""
@@ -196,12 +199,15 @@ class Session:
             self._send_locked(ptyframes.exit_frame(code))
 
     def resize(self, cols: int, rows: int) -> None:
-        set_size(self.master, cols, rows)
+        with self.fd_lock:
+            if self.master < 0:
+                return
+            set_size(self.master, cols, rows)
         self.cols, self.rows = cols, rows
-        try:  # the kernel signals it too; gVisor may not: SIGWINCH to the foreground group
-            os.killpg(os.tcgetpgrp(self.master), signal.SIGWINCH)
-        except OSError:
-            pass
+        if not ldisc_signals():  # as for ^C: SIGWINCH to the foreground group ourselves
+            pgid = foreground_group(self.pid)
+            if pgid and self.signal_group is not None:
+                self.signal_group(pgid, signal.SIGWINCH)
 
     def write(self, data: bytes) -> None:
         if (3 in data or 0x1C in data or 0x1A in data) and not ldisc_signals():
@@ -254,8 +260,12 @@ class Session:
             os.close(fd)
 
     def _write(self, data: bytes) -> None:
+        with self.fd_lock:
+            self._write_locked(data)
+
+    def _write_locked(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
+        while view and self.master >= 0:
             try:
                 n = os.write(self.master, view)
             except InterruptedError:
