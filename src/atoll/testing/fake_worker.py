@@ -13,7 +13,8 @@ gone without a word), `exec_handler` (what a command "prints"). Every call is re
     await manager.start()
     await manager.workers.attach_local(FakeWorker())
 
-Commands do not run: `exec` answers `exec_handler(spec)` (by default exit 0, no output).
+Commands do not run: `exec` answers `exec_handler(spec)` (by default exit 0, no output). Terminals
+are real host ptys running a line-echo program (`testing.fake_pty`), killed by `delete`/`aclose`.
 """
 
 from __future__ import annotations
