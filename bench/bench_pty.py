@@ -14,7 +14,8 @@ one byte as a binary message and is timed until that byte comes back:
                  bash (readline echoes itself) or vim costs.
   ldisc_echo     plain `cat` (canonical mode): the terminal line discipline echoes the byte; cat
                  sleeps until a newline. The path without the program.
-Each mode runs back to back (`burst`) and with 100 ms between keystrokes (`typed`, about human
+Standalone, the same runs again through `atoll server` + one `atoll worker` (section `split`:
+the worker's port tunnel, `ATOLL-PTY` hello, carries the frames). Each mode runs back to back (`burst`) and with 100 ms between keystrokes (`typed`, about human
 typing; this VM's idle vCPUs add ~1.5 ms to a message after idle time). Untimed warm-up: 20
 keystrokes per mode. Target (docs/specification.md): program_echo p50 ≤ 15 ms, both pacings.
 """
@@ -101,11 +102,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/pty.json")
+    ap.add_argument("--no-split", action="store_true", help="skip the atoll server + atoll worker run")
     args = ap.parse_args()
     machine = c.machine_info()
+    n = {"n_burst": 30 if args.quick else 300, "n_typed": 10 if args.quick else 60}
     with c.local_atoll() as a:
         c.warm_up(a)
-        res = run(a, n_burst=30 if args.quick else 300, n_typed=10 if args.quick else 60)
+        res = run(a, **n)
+    if not args.no_split:
+        import bench_split
+
+        with bench_split.local_cluster() as split:
+            c.warm_up(split)
+            res["split"] = run(split, **n)
     doc = {
         "benchmark": "pty",
         "timestamp": c.timestamp(),
