@@ -136,8 +136,6 @@ async def attach_pty(websocket: WebSocket, sid: str, pty_id: str):
 
 
 async def _relay(ws: WebSocket, stream: api.PortStream) -> None:
-    done = asyncio.Event()
-
     async def outward() -> None:
         decoder = ptyframes.Decoder()
         while True:
@@ -180,7 +178,6 @@ async def _relay(ws: WebSocket, stream: api.PortStream) -> None:
             if exc is not None and not isinstance(exc, (WebSocketDisconnect, OSError, RuntimeError)):
                 raise exc
     finally:
-        done.set()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
