@@ -4,7 +4,7 @@ Called by `make bench` (`.venv/bin/python bench/run_all.py`); needs root, runsc 
 `make run` installs. Starts `atoll up` in a fresh home under /var/tmp (template layers from the
 shared cache /var/tmp/atoll-test-templates, built at start-up if missing), waits for the server's
 template image and does one untimed warm-up create, runs
-bench_api, bench_standby, bench_peers, bench_split, bench_templates and bench_files in that order (bench_peers
+bench_api, bench_standby, bench_peers, bench_split, bench_templates, bench_files and bench_pty in that order (bench_peers
 starts a second atoll with ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison, bench_split an
 `atoll server` with one `atoll worker`; bench_templates builds two user templates in the shared
 atoll, and deletes them), checks the issues' targets, prints the
@@ -28,6 +28,7 @@ import bench_api  # noqa: E402
 import bench_files  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
+import bench_pty  # noqa: E402
 import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
 import bench_templates  # noqa: E402
@@ -55,6 +56,8 @@ TARGETS = {
     # issue 9, files (section `files`)
     "files_tar_1000_speedup": 10.0,  # at least
     "files_watch_event_p50_ms": 100.0,
+    # issue 9, terminals (section `pty`)
+    "pty_keystroke_echo_p50_ms": 15.0,
 }
 AT_LEAST = {"templates_burst_creates_per_s", "files_tar_1000_speedup"}
 
@@ -199,6 +202,13 @@ def check_targets(res: dict) -> dict:
             "(an upper bound of write → event); exec_value: the file made by an exec instead",
             exec_value=w["exec"]["p50"],
         )
+    if "pty" in res:
+        out["pty_keystroke_echo_p50_ms"] = _verdict(
+            "pty_keystroke_echo_p50_ms",
+            res["pty"]["program_echo_p50_worst_ms"],
+            "one byte over the public WebSocket to `cat` in raw mode and back, p50 (worse of back to "
+            "back and 100 ms apart)",
+        )
     return out
 
 
@@ -206,7 +216,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
     ap.add_argument(
-        "--only", default="api,standby,peers,split,templates,files", help="comma-separated subset"
+        "--only", default="api,standby,peers,split,templates,files,pty", help="comma-separated subset"
     )
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
     args = ap.parse_args()
@@ -261,6 +271,9 @@ def main() -> int:
         if "files" in only:
             c.log("== files: tar upload vs single PUTs, watch latency")
             res["files"] = bench_files.run(a, n_files=1000, rounds=1 if q else 3, n_events=5 if q else 30)
+        if "pty" in only:
+            c.log("== pty: keystroke echo through the WebSocket")
+            res["pty"] = bench_pty.run(a, n_burst=30 if q else 300, n_typed=10 if q else 60)
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")

@@ -43,6 +43,9 @@ REPLACEMENTS = {
     "AsyncProcess": "Process",
     "AsyncFiles": "Files",
     "AsyncWatch": "Watch",
+    "AsyncTerminal": "Terminal",
+    "asyncio": "sync",  # websockets.asyncio.client -> websockets.sync.client
+    "arecv": "recv",
     "AsyncUploadData": "UploadData",
     "aclose": "close",
     "aread": "read",

@@ -38,6 +38,7 @@ BOTH_DEPLOYMENTS = (
     "test_errors.py",
     "test_output_limits.py",
     "test_files_api.py",
+    "test_pty.py",
 )
 
 

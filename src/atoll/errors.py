@@ -15,6 +15,7 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── TemplateNotFound        template_not_found
     │   ├── FileNotFound            file_not_found
     │   ├── ProcessNotFound         process_not_found
+    │   ├── PtyNotFound             pty_not_found
     │   └── SecretNotFound          secret_not_found
     ├── Conflict                409
     │   ├── SandboxBusy             sandbox_busy (retryable)
@@ -50,6 +51,7 @@ __all__ = [
     "TemplateNotFound",
     "FileNotFound",
     "ProcessNotFound",
+    "PtyNotFound",
     "Conflict",
     "SandboxBusy",
     "InvalidState",
@@ -143,6 +145,10 @@ class ProcessNotFound(NotFound):
     default_code = "process_not_found"
 
 
+class PtyNotFound(NotFound):
+    default_code = "pty_not_found"
+
+
 class WorkerNotFound(NotFound):
     default_code = "worker_not_found"
 
@@ -212,6 +218,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "template_not_found": TemplateNotFound,
     "file_not_found": FileNotFound,
     "process_not_found": ProcessNotFound,
+    "pty_not_found": PtyNotFound,
     "worker_not_found": WorkerNotFound,
     "secret_not_found": SecretNotFound,
     "conflict": Conflict,

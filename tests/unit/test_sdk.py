@@ -249,6 +249,7 @@ PAIRS = [
     (_sync.Sandbox, _async.AsyncSandbox),
     (_sync.Files, _async.AsyncFiles),
     (_sync.Process, _async.AsyncProcess),
+    (_sync.Terminal, _async.AsyncTerminal),
 ]
 
 

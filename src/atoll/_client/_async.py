@@ -9,6 +9,7 @@ lists (e.g. `_base.acall_callback` becomes `_base.call_callback`). Users reach i
 
 from __future__ import annotations
 
+import json
 import json as _json
 import os
 import tempfile
@@ -17,6 +18,9 @@ from contextlib import asynccontextmanager
 from typing import IO, Any, Literal, overload
 
 import httpx
+from websockets import exceptions as ws_errors
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 
 from atoll import errors
 from atoll._client import _base, _tar
@@ -42,6 +46,7 @@ __all__ = [
     "AsyncSecrets",
     "AsyncTemplates",
     "AsyncWatch",
+    "AsyncTerminal",
     "AsyncWorkers",
 ]
 
@@ -704,6 +709,57 @@ class AsyncSandbox(SandboxFields):
                         await _base.acall_callback(callback, text)
         return decoder.result()
 
+    # ---- terminals ----------------------------------------------------------------------------
+    async def pty(
+        self,
+        cols: int = 80,
+        rows: int = 24,
+        *,
+        term: str | None = None,
+        cmd: str | Sequence[str] | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> AsyncTerminal:
+        """Open a terminal session (default: the user's login shell; a string `cmd` runs with that
+        shell's -c) and attach to it. Closing the terminal detaches; the session lives on until its
+        program ends or `kill_pty`, and `pty_attach(terminal.pty_id)` attaches again."""
+        body = _base.pty_body(cols, rows, term, cmd, cwd, env)
+        response = await self._client._request(
+            "POST", self._path("pty"), json=body, timeout=self._client.create_timeout
+        )
+        return await self.pty_attach(str(_base.json_body(response)["pty_id"]))
+
+    async def pty_attach(self, pty_id: str) -> AsyncTerminal:
+        """Attach to a terminal session: its recent output (64 KiB) is replayed first."""
+        url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
+        try:
+            ws = await ws_connect(
+                url,
+                additional_headers=self._client._config.headers(),
+                open_timeout=self._client.create_timeout,
+                compression=None,
+                max_size=None,
+            )
+        except ws_errors.InvalidStatus as exc:
+            raise _base.ws_refused(exc.response.status_code, exc.response.body, url) from exc
+        except (OSError, TimeoutError, ws_errors.InvalidHandshake) as exc:
+            raise errors.APIConnectionError(
+                f"cannot open the terminal WebSocket {url}: {type(exc).__name__}: {exc}"
+            ) from exc
+        await ws.__aenter__()  # the connection is ours to close (AsyncTerminal.close)
+        terminal = AsyncTerminal(self, pty_id, ws)
+        await terminal._check_first()
+        return terminal
+
+    async def ptys(self) -> list[dict[str, Any]]:
+        """The sandbox's terminal sessions (running, and finished ones for a while)."""
+        response = await self._client._request("GET", self._path("pty"))
+        return _base.items(response)
+
+    async def kill_pty(self, pty_id: str) -> None:
+        """Kill a terminal session's programs and forget it."""
+        await self._client._request("DELETE", self._path("pty", pty_id))
+
     async def processes(self) -> list[ProcessInfo]:
         """The background processes started in this sandbox, running or finished."""
         response = await self._client._request("GET", self._path("processes"))
@@ -734,6 +790,98 @@ class AsyncProcess:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pid={self.pid}, sandbox={self.sandbox.id!r})"
+
+
+class AsyncTerminal:
+    """An attached terminal (`sandbox.pty()` / `sandbox.pty_attach(id)`): `send` keystrokes,
+    `read` or iterate over output bytes, `resize`, `wait` for the exit code. `close` (or leaving
+    the context) detaches; the session lives on in the sandbox."""
+
+    def __init__(self, sandbox: AsyncSandbox, pty_id: str, ws: ClientConnection) -> None:
+        self.sandbox = sandbox
+        self.pty_id = pty_id
+        self._ws = ws
+        self._pending: list[bytes] = []
+        self.exit_code: int | None = None
+        """The program's exit code, once it ended (set by `read`/`wait`)."""
+
+    async def _check_first(self) -> None:
+        """An attach the server refused ends with one error message: raise it now."""
+        try:
+            msg = await _base.arecv(self._ws, 0.05)
+        except TimeoutError:
+            return
+        except ws_errors.ConnectionClosed as exc:
+            raise _base.terminal_closed(exc.rcvd.code if exc.rcvd else None, "", self.pty_id) from None
+        kind, value = _base.terminal_message(msg)
+        if kind == "error":
+            await self._ws.close()
+            raise value
+        if kind == "exit":
+            self.exit_code = value
+        else:
+            self._pending.append(value)
+
+    async def send(self, data: bytes | str) -> None:
+        """Type `data` (str is sent as UTF-8)."""
+        await self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
+
+    async def resize(self, cols: int, rows: int) -> None:
+        problem = _base.terminal_size_problem(cols, rows)
+        if problem:
+            raise errors.InvalidRequest(problem, code="invalid_request")
+        await self._ws.send(json.dumps({"resize": [cols, rows]}))
+
+    async def read(self, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - a deadline per read
+        """The next piece of output; b"" once the program ended (`exit_code` is then set).
+        TimeoutError if nothing arrives within `timeout` seconds."""
+        if self._pending:
+            return self._pending.pop(0)
+        if self.exit_code is not None:
+            return b""
+        while True:
+            try:
+                msg = await _base.arecv(self._ws, timeout)
+            except ws_errors.ConnectionClosed as exc:
+                raise _base.terminal_closed(
+                    exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
+                ) from None
+            kind, value = _base.terminal_message(msg)
+            if kind == "data":
+                return value
+            if kind == "exit":
+                self.exit_code = value
+                return b""
+            raise value
+
+    async def wait(self, timeout: float | None = None) -> int:  # noqa: ASYNC109 - a deadline per read
+        """Read (and drop) output until the program ends; its exit code."""
+        while await self.read(timeout):
+            pass
+        assert self.exit_code is not None
+        return self.exit_code
+
+    async def close(self) -> None:
+        """Detach (the session lives on)."""
+        await self._ws.close()
+
+    def __aiter__(self) -> AsyncTerminal:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self.read()
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+    async def __aenter__(self) -> AsyncTerminal:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pty_id={self.pty_id!r}, sandbox={self.sandbox.id!r})"
 
 
 class AsyncFiles:

@@ -514,3 +514,102 @@ class ExecStream:
             timed_out=bool(self._final.get("timed_out", False)),
             duration_ms=self._final.get("duration_ms"),
         )
+
+
+# ---------------------------------------------------------------- terminals (sandbox.pty)
+
+#: Terminal size bounds, as the server checks them (docs/api.md, "Terminals").
+TERMINAL_MIN_SIZE = 1
+TERMINAL_MAX_COLS = 1000
+TERMINAL_MAX_ROWS = 1000
+
+
+def terminal_size_problem(cols: object, rows: object) -> str | None:
+    for name, value, top in (("cols", cols, TERMINAL_MAX_COLS), ("rows", rows, TERMINAL_MAX_ROWS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not TERMINAL_MIN_SIZE <= value <= top:
+            return (
+                f"terminal size: {name} must be an integer from {TERMINAL_MIN_SIZE} to {top}, got {value!r}"
+            )
+    return None
+
+
+def pty_body(
+    cols: int,
+    rows: int,
+    term: str | None,
+    cmd: str | Sequence[str] | None,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    problem = terminal_size_problem(cols, rows)
+    if problem:
+        raise errors.InvalidRequest(problem, code="invalid_request")
+    body: dict[str, Any] = {"cols": cols, "rows": rows}
+    if term is not None:
+        body["term"] = term
+    if cmd is not None:
+        body["cmd"] = cmd if isinstance(cmd, str) else list(cmd)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env is not None:
+        body["env"] = dict(env)
+    return body
+
+
+def ws_url(base_url: str, path: str) -> str:
+    """The WebSocket URL of `path` on the server (http -> ws, https -> wss)."""
+    if base_url.startswith("https://"):
+        return "wss://" + base_url[len("https://") :] + path
+    if base_url.startswith("http://"):
+        return "ws://" + base_url[len("http://") :] + path
+    raise errors.APIConnectionError(f"cannot open a terminal: base_url {base_url!r} is not http(s)")
+
+
+def ws_refused(status_code: int, body: bytes, url: str) -> errors.AtollError:
+    try:
+        payload = json.loads(body) if body else None
+    except ValueError:
+        payload = None
+    text = body.decode("utf-8", "replace") if body else f"the server refused the WebSocket to {url}"
+    return errors.error_from_payload(payload, status_code=status_code, text=text)
+
+
+def terminal_message(msg: str | bytes) -> tuple[str, Any]:
+    """A server message of a terminal WebSocket: ("data", bytes), ("exit", code) or ("error", exc)."""
+    if isinstance(msg, bytes):
+        return "data", msg
+    try:
+        obj = json.loads(msg)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("exit_code"), int):
+        return "exit", obj["exit_code"]
+    if isinstance(obj, dict) and "error" in obj:
+        return "error", errors.error_from_payload(obj, status_code=None, text=msg)
+    return "error", errors.AtollError(f"unexpected terminal message {msg[:200]!r}", code="bad_response")
+
+
+def terminal_closed(code: int | None, reason: str, pty_id: str) -> errors.AtollError:
+    """Why a terminal WebSocket ended without an exit code."""
+    if code == 1012:
+        return errors.Unavailable(
+            f"terminal {pty_id} was detached by the server ({reason}); the session lives on: "
+            "attach again with sandbox.pty_attach(pty_id)",
+            code="worker_unavailable",
+            retryable=True,
+        )
+    return errors.APIConnectionError(
+        f"the terminal WebSocket of {pty_id} closed before the program ended (code {code}, {reason!r}); "
+        "attach again with sandbox.pty_attach(pty_id)"
+    )
+
+
+async def arecv(ws: Any, timeout: float | None) -> str | bytes:  # noqa: ASYNC109 - a deadline per message
+    """The next WebSocket message within `timeout` (TimeoutError otherwise); twin of `recv`."""
+    import asyncio
+
+    return await asyncio.wait_for(ws.recv(), timeout)
+
+
+def recv(ws: Any, timeout: float | None) -> str | bytes:
+    return ws.recv(timeout=timeout)

@@ -7,6 +7,7 @@ Generated from `_async.py` by `scripts/unasync_sdk.py` (edit that file and rerun
 
 from __future__ import annotations
 
+import json
 import json as _json
 import os
 import tempfile
@@ -15,6 +16,9 @@ from contextlib import contextmanager
 from typing import IO, Any, Literal, overload
 
 import httpx
+from websockets import exceptions as ws_errors
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as ws_connect
 
 from atoll import errors
 from atoll._client import _base, _tar
@@ -40,6 +44,7 @@ __all__ = [
     "Secrets",
     "Templates",
     "Watch",
+    "Terminal",
     "Workers",
 ]
 
@@ -694,6 +699,57 @@ class Sandbox(SandboxFields):
                         _base.call_callback(callback, text)
         return decoder.result()
 
+    # ---- terminals ----------------------------------------------------------------------------
+    def pty(
+        self,
+        cols: int = 80,
+        rows: int = 24,
+        *,
+        term: str | None = None,
+        cmd: str | Sequence[str] | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Terminal:
+        """Open a terminal session (default: the user's login shell; a string `cmd` runs with that
+        shell's -c) and attach to it. Closing the terminal detaches; the session lives on until its
+        program ends or `kill_pty`, and `pty_attach(terminal.pty_id)` attaches again."""
+        body = _base.pty_body(cols, rows, term, cmd, cwd, env)
+        response = self._client._request(
+            "POST", self._path("pty"), json=body, timeout=self._client.create_timeout
+        )
+        return self.pty_attach(str(_base.json_body(response)["pty_id"]))
+
+    def pty_attach(self, pty_id: str) -> Terminal:
+        """Attach to a terminal session: its recent output (64 KiB) is replayed first."""
+        url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
+        try:
+            ws = ws_connect(
+                url,
+                additional_headers=self._client._config.headers(),
+                open_timeout=self._client.create_timeout,
+                compression=None,
+                max_size=None,
+            )
+        except ws_errors.InvalidStatus as exc:
+            raise _base.ws_refused(exc.response.status_code, exc.response.body, url) from exc
+        except (OSError, TimeoutError, ws_errors.InvalidHandshake) as exc:
+            raise errors.APIConnectionError(
+                f"cannot open the terminal WebSocket {url}: {type(exc).__name__}: {exc}"
+            ) from exc
+        ws.__enter__()  # the connection is ours to close (AsyncTerminal.close)
+        terminal = Terminal(self, pty_id, ws)
+        terminal._check_first()
+        return terminal
+
+    def ptys(self) -> list[dict[str, Any]]:
+        """The sandbox's terminal sessions (running, and finished ones for a while)."""
+        response = self._client._request("GET", self._path("pty"))
+        return _base.items(response)
+
+    def kill_pty(self, pty_id: str) -> None:
+        """Kill a terminal session's programs and forget it."""
+        self._client._request("DELETE", self._path("pty", pty_id))
+
     def processes(self) -> list[ProcessInfo]:
         """The background processes started in this sandbox, running or finished."""
         response = self._client._request("GET", self._path("processes"))
@@ -724,6 +780,98 @@ class Process:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pid={self.pid}, sandbox={self.sandbox.id!r})"
+
+
+class Terminal:
+    """An attached terminal (`sandbox.pty()` / `sandbox.pty_attach(id)`): `send` keystrokes,
+    `read` or iterate over output bytes, `resize`, `wait` for the exit code. `close` (or leaving
+    the context) detaches; the session lives on in the sandbox."""
+
+    def __init__(self, sandbox: Sandbox, pty_id: str, ws: ClientConnection) -> None:
+        self.sandbox = sandbox
+        self.pty_id = pty_id
+        self._ws = ws
+        self._pending: list[bytes] = []
+        self.exit_code: int | None = None
+        """The program's exit code, once it ended (set by `read`/`wait`)."""
+
+    def _check_first(self) -> None:
+        """An attach the server refused ends with one error message: raise it now."""
+        try:
+            msg = _base.recv(self._ws, 0.05)
+        except TimeoutError:
+            return
+        except ws_errors.ConnectionClosed as exc:
+            raise _base.terminal_closed(exc.rcvd.code if exc.rcvd else None, "", self.pty_id) from None
+        kind, value = _base.terminal_message(msg)
+        if kind == "error":
+            self._ws.close()
+            raise value
+        if kind == "exit":
+            self.exit_code = value
+        else:
+            self._pending.append(value)
+
+    def send(self, data: bytes | str) -> None:
+        """Type `data` (str is sent as UTF-8)."""
+        self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
+
+    def resize(self, cols: int, rows: int) -> None:
+        problem = _base.terminal_size_problem(cols, rows)
+        if problem:
+            raise errors.InvalidRequest(problem, code="invalid_request")
+        self._ws.send(json.dumps({"resize": [cols, rows]}))
+
+    def read(self, timeout: float | None = None) -> bytes:
+        """The next piece of output; b"" once the program ended (`exit_code` is then set).
+        TimeoutError if nothing arrives within `timeout` seconds."""
+        if self._pending:
+            return self._pending.pop(0)
+        if self.exit_code is not None:
+            return b""
+        while True:
+            try:
+                msg = _base.recv(self._ws, timeout)
+            except ws_errors.ConnectionClosed as exc:
+                raise _base.terminal_closed(
+                    exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
+                ) from None
+            kind, value = _base.terminal_message(msg)
+            if kind == "data":
+                return value
+            if kind == "exit":
+                self.exit_code = value
+                return b""
+            raise value
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Read (and drop) output until the program ends; its exit code."""
+        while self.read(timeout):
+            pass
+        assert self.exit_code is not None
+        return self.exit_code
+
+    def close(self) -> None:
+        """Detach (the session lives on)."""
+        self._ws.close()
+
+    def __iter__(self) -> Terminal:
+        return self
+
+    def __next__(self) -> bytes:
+        data = self.read()
+        if not data:
+            raise StopIteration
+        return data
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pty_id={self.pty_id!r}, sandbox={self.sandbox.id!r})"
 
 
 class Files:

@@ -29,6 +29,7 @@ from atoll._client import Client, Sandbox
 from atoll.cli import argv as cli_argv
 from atoll.cli import files as cli_files
 from atoll.cli import progress as cli_progress
+from atoll.cli import shell as cli_shell
 from atoll.cli import templates as cli_templates
 
 
@@ -113,6 +114,9 @@ def atoll_main(
 ) -> None:
     """Self-hostable sandboxes for AI agents. --url, --api-key and --json may go anywhere."""
     ctx.obj = _Connection(url, api_key)
+
+
+cli_shell.register(sandbox_app, _session)
 
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str] | None:

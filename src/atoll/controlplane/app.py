@@ -30,6 +30,7 @@ from atoll.controlplane import (
     routes_exec,
     routes_fileops,
     routes_files,
+    routes_pty,
     routes_sandboxes,
     routes_secrets,
     routes_system,
@@ -104,6 +105,34 @@ def finish_openapi(doc: dict) -> dict:
     return doc
 
 
+def _bearer_ok(scope, key: bytes) -> bool:
+    for k, v in scope["headers"]:
+        if k == b"authorization":
+            scheme, _, token = v.partition(b" ")
+            return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
+    return False
+
+
+async def _refuse_websocket(scope, send) -> None:
+    """A WebSocket handshake without the key: 401 with atoll's error body where the server can
+    send one (the ASGI websocket.http.response extension), else a plain refusal (403)."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = http.dumps(
+            {
+                "error": {
+                    "code": "unauthorized",
+                    "message": "missing or wrong API key; send 'Authorization: Bearer <key>'",
+                    "retryable": False,
+                }
+            }
+        )
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+        return
+    await send({"type": "websocket.close", "code": 1008})
+
+
 def create_app(
     manager: SandboxManager,
     *,
@@ -139,6 +168,10 @@ def create_app(
     async def request_context(scope, receive, send, inner):
         """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
         duration metric, and a JSON 500 if anything escapes."""
+        if scope["type"] == "websocket":  # terminals (routes_pty): the handshake needs the key too
+            if scope["path"] not in PUBLIC_PATHS and not _bearer_ok(scope, key_bytes):
+                return await _refuse_websocket(scope, send)
+            return await inner(scope, receive, send)
         if scope["type"] != "http":
             return await inner(scope, receive, send)
         rid = "req_" + secrets.token_hex(8)
@@ -229,6 +262,7 @@ def create_app(
         routes_exec,
         routes_files,
         routes_fileops,
+        routes_pty,
         routes_workers,
         routes_secrets,
         routes_templates,

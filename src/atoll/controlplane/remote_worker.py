@@ -195,6 +195,9 @@ class RemoteWorker:
 
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
         """Through the worker's tunnel listener (worker.tunnel): one line to ask, then bytes."""
+        return await self._tunnel("ATOLL-TUNNEL", sandbox_id, str(port))
+
+    async def _tunnel(self, hello: str, sandbox_id: str, target: str) -> api.PortStream:
         if not self.tunnel_port:
             raise errors.Unavailable(f"worker {self.name} has no port tunnel (it runs an older atoll)")
         host = self.address(self.url)[0]
@@ -205,7 +208,7 @@ class RemoteWorker:
         except (OSError, TimeoutError) as e:
             raise errors.Unavailable(f"worker {self.name}'s port tunnel cannot be reached: {e!r}") from None
         try:
-            w.write(f"ATOLL-TUNNEL {api.PROTOCOL_VERSION} {self.token} {sandbox_id} {port}\n".encode())
+            w.write(f"{hello} {api.PROTOCOL_VERSION} {self.token} {sandbox_id} {target}\n".encode())
             line = (await asyncio.wait_for(r.readline(), TUNNEL_ANSWER_S)).decode("utf-8", "replace").strip()
         except (OSError, TimeoutError) as e:
             w.transport.abort()
@@ -299,6 +302,21 @@ class RemoteWorker:
     async def metrics(self, sandbox_id: str) -> api.SandboxMetrics:
         data = await self._call("GET", self._sb(sandbox_id, "metrics"))
         return wire.load(api.SandboxMetrics, data, "sandbox metrics")
+
+    # ---- terminals --------------------------------------------------------------------------------
+    async def open_pty(self, sandbox_id: str, spec: api.PtySpec) -> api.PtyStarted:
+        data = await self._call("POST", self._sb(sandbox_id, "pty"), json=wire.dump(spec))
+        return wire.load(api.PtyStarted, data, "terminal")
+
+    async def list_ptys(self, sandbox_id: str) -> Sequence[api.PtyInfo]:
+        return wire.load(list[api.PtyInfo], await self._call("GET", self._sb(sandbox_id, "pty")), "terminals")
+
+    async def kill_pty(self, sandbox_id: str, pty_id: str) -> None:
+        await self._call("DELETE", self._sb(sandbox_id, "pty", pty_id))
+
+    async def attach_pty(self, sandbox_id: str, pty_id: str) -> api.PortStream:
+        """Through the worker's tunnel (worker.tunnel, `ATOLL-PTY` hello): the frame stream."""
+        return await self._tunnel("ATOLL-PTY", sandbox_id, pty_id)
 
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager

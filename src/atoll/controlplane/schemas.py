@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import JsonDict
 
 from atoll.controlplane import db as dbm
-from atoll.core import worker_api
+from atoll.core import ptyframes, worker_api
 
 DEFAULT_MEMORY_MB = 512  # also the size of the template image made at start-up
 
@@ -661,3 +661,60 @@ class HeartbeatRequest(BaseModel):
 
 class HeartbeatAnswer(BaseModel):
     state: str
+
+
+# ---- terminals (routes_pty) ------------------------------------------------------------------
+
+
+class PtyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cols: int = Field(80, ge=ptyframes.MIN_SIZE, le=ptyframes.MAX_COLS, description="Terminal width")
+    rows: int = Field(24, ge=ptyframes.MIN_SIZE, le=ptyframes.MAX_ROWS, description="Terminal height")
+    term: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9._+-]{1,64}$", description="TERM for the program (default xterm-256color)"
+    )
+    cmd: str | list[str] | None = Field(
+        None,
+        description="Default: the user's login shell (from /etc/passwd) as a login shell, else /bin/sh; "
+        "a string runs with that shell's -c; a list is the argv",
+        json_schema_extra={"minLength": 1, "minItems": 1},
+    )
+    cwd: str | None = Field(None, description="Working directory (default: the sandbox's workdir)")
+    env: dict[str, str] | None = Field(None, json_schema_extra=_ENV_SCHEMA)
+    user: str | None = Field(None, json_schema_extra=_USER_SCHEMA)
+
+    _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+    @field_validator("cmd")
+    @classmethod
+    def _v_cmd(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, str) and (not v.strip() or "\x00" in v):
+            raise ValueError(
+                "cmd must be a non-empty shell command without NUL bytes, or omitted for a shell"
+            )
+        if isinstance(v, list) and (not v or not v[0] or any("\x00" in a for a in v)):
+            raise ValueError("cmd as a list is a non-empty argv without NUL bytes")
+        return v
+
+
+class PtyCreated(BaseModel):
+    pty_id: str
+    pid: int
+
+
+class PtyInfo(BaseModel):
+    pty_id: str
+    pid: int
+    cmd: str | list[str] | None
+    cols: int
+    rows: int
+    term: str
+    running: bool
+    exit_code: int | None
+    created_at: float
+    attached: int
+
+
+class PtyList(BaseModel):
+    items: list[PtyInfo]

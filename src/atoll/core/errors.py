@@ -5,7 +5,8 @@
     ├── Unauthorized                401 unauthorized
     ├── PermissionDenied            403 permission_denied / read_only_path (inside the sandbox)
     ├── NotFound                    404 not_found / sandbox_not_found / template_not_found /
-    │                                   file_not_found / process_not_found / worker_not_found
+    │                                   file_not_found / process_not_found / worker_not_found /
+    │                                   pty_not_found
     ├── Conflict                    409 invalid_state / sandbox_failed / worker_conflict /
     │   │                               incompatible_protocol / worker_not_registered
     │   └── SandboxBusy             409 sandbox_busy (retryable)
@@ -48,6 +49,7 @@ CODES: dict[str, Code] = {
     "file_not_found": Code(404, False, "no file or directory at the path"),
     "process_not_found": Code(404, False, "no process with that pid was started in the sandbox"),
     "worker_not_found": Code(404, False, "no such worker"),
+    "pty_not_found": Code(404, False, "no terminal session with that id in the sandbox"),
     "secret_not_found": Code(404, False, "no secret of that name"),
     "method_not_allowed": Code(405, False, "known route, wrong method"),
     "invalid_state": Code(409, False, "the sandbox's state does not allow the call"),
@@ -143,6 +145,10 @@ class ProcessNotFound(NotFound):
     code = "process_not_found"
 
 
+class PtyNotFound(NotFound):
+    code = "pty_not_found"
+
+
 class WorkerNotFound(NotFound):
     code = "worker_not_found"
 
@@ -209,6 +215,7 @@ _CLASS_OF_CODE: dict[str, type[AtollError]] = {
     "template_not_found": TemplateNotFound,
     "file_not_found": FileNotFound,
     "process_not_found": ProcessNotFound,
+    "pty_not_found": PtyNotFound,
     "worker_not_found": WorkerNotFound,
     "secret_not_found": SecretNotFound,
     "sandbox_busy": SandboxBusy,

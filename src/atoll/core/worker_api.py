@@ -368,6 +368,43 @@ class SandboxMetrics:
     """Processes inside the sandbox (None: not counted, it is in standby)."""
 
 
+@dataclass(frozen=True)
+class PtySpec:
+    """A terminal to open: its size (1..core.ptyframes.MAX_COLS/MAX_ROWS), `term` (TERM, default
+    xterm-256color), `cmd` (default: the user's login shell, as a login shell; a string runs
+    with that shell's -c; a list is the argv), and cwd/env/user as for exec."""
+
+    cols: int
+    rows: int
+    term: str | None = None
+    cmd: str | list[str] | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class PtyStarted:
+    pty_id: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class PtyInfo:
+    """A terminal session: running, or finished (kept a while so a late attach gets the code)."""
+
+    pty_id: str
+    pid: int
+    cmd: str | list[str] | None
+    cols: int
+    rows: int
+    term: str
+    running: bool
+    exit_code: int | None
+    created_at: float
+    attached: int = 0
+
+
 # ---- events ----------------------------------------------------------------------------------
 
 
@@ -580,6 +617,23 @@ class WorkerAPI(Protocol):
 
     def read_tar(self, sandbox_id: str, path: FilePath) -> typing.AsyncContextManager[FileDownload]:
         """The directory's contents as a tar stream (size None)."""
+        ...
+
+    async def open_pty(self, sandbox_id: str, spec: PtySpec) -> PtyStarted:
+        """Start a terminal session in the running sandbox; it lives until its command ends or
+        `kill_pty`, attached or not."""
+        ...
+
+    async def list_ptys(self, sandbox_id: str) -> Sequence[PtyInfo]: ...
+
+    async def kill_pty(self, sandbox_id: str, pty_id: str) -> None:
+        """Kill the session's process tree and forget it (NotFound `pty_not_found` if unknown)."""
+        ...
+
+    async def attach_pty(self, sandbox_id: str, pty_id: str) -> PortStream:
+        """The session's byte stream in core.ptyframes frames: the scrollback, then live output, an
+        EXIT frame at the end; DATA and RESIZE frames in. Closing detaches (the session lives on);
+        a disk checkpoint resets it."""
         ...
 
     def events(self) -> AsyncIterator[WorkerEvent]:

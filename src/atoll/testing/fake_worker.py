@@ -13,7 +13,8 @@ gone without a word), `exec_handler` (what a command "prints"). Every call is re
     await manager.start()
     await manager.workers.attach_local(FakeWorker())
 
-Commands do not run: `exec` answers `exec_handler(spec)` (by default exit 0, no output).
+Commands do not run: `exec` answers `exec_handler(spec)` (by default exit 0, no output). Terminals
+are real host ptys running a line-echo program (`testing.fake_pty`), killed by `delete`/`aclose`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step, Tier, advance
 from atoll.portstream import StreamPort
 from atoll.testing import fake_files
+from atoll.testing.fake_pty import FakePtys
 
 
 @dataclass
@@ -79,6 +81,8 @@ class FakeWorker(fake_files.FakeFileOps):
         )
         self._pids = itertools.count(100)
         self._queues: set[asyncio.Queue] = set()
+        self.ptys = FakePtys()
+        """Terminals: real host ptys running a line-echo program (see testing.fake_pty)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self.closed = False
         self.builds: dict[str, api.BuildInfo] = {}
@@ -189,6 +193,7 @@ class FakeWorker(fake_files.FakeFileOps):
                 rt, Tier.MEMORY, "kept in the memory tier: " + "; ".join(self.gate_blockers)
             )
         self._advance(rt, Step.BEGIN_CHECKPOINT)
+        self.ptys.detach_all(sandbox_id)  # as the real worker: attach sockets reset before a checkpoint
         try:
             await self._step("checkpoint", sandbox_id)
         except errors.AtollError as e:  # as this runsc: a failed checkpoint kills the sandbox
@@ -234,6 +239,7 @@ class FakeWorker(fake_files.FakeFileOps):
     async def delete(self, sandbox_id: str) -> None:
         await self._step("delete", sandbox_id)
         self.runtimes.pop(sandbox_id, None)
+        self.ptys.close_all(sandbox_id)
 
     async def set_network(self, sandbox_id: str, network: dict[str, list[str]]) -> dict[str, list[str]]:
         rt = self._get(sandbox_id)
@@ -435,6 +441,24 @@ class FakeWorker(fake_files.FakeFileOps):
             raise errors.FileNotFound(f"file {path!r} does not exist")
         self._files_changed(sandbox_id, path, "delete")
 
+    async def open_pty(self, sandbox_id: str, spec: api.PtySpec) -> api.PtyStarted:
+        self._running(sandbox_id)
+        await self._step("open_pty", sandbox_id)
+        return self.ptys.open(sandbox_id, spec)
+
+    async def list_ptys(self, sandbox_id: str) -> Sequence[api.PtyInfo]:
+        self._running(sandbox_id)
+        return [s.info() for s in self.ptys.sessions.get(sandbox_id, {}).values()]
+
+    async def kill_pty(self, sandbox_id: str, pty_id: str) -> None:
+        self._running(sandbox_id)
+        self.ptys.kill(sandbox_id, pty_id)
+
+    async def attach_pty(self, sandbox_id: str, pty_id: str) -> api.PortStream:
+        self._running(sandbox_id)
+        await self._step("attach_pty", sandbox_id)
+        return self.ptys.get(sandbox_id, pty_id).attach()
+
     async def events(self) -> AsyncIterator[api.WorkerEvent]:
         q: asyncio.Queue = asyncio.Queue()
         self._queues.add(q)
@@ -446,3 +470,4 @@ class FakeWorker(fake_files.FakeFileOps):
 
     async def aclose(self) -> None:
         self.closed = True
+        self.ptys.close_all()

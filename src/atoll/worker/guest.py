@@ -23,6 +23,7 @@ import typing
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from atoll import portstream
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
 from atoll.worker import agent_channel, bundle, netns, runsc
@@ -69,6 +70,7 @@ class Guest:
         self.liveness = liveness
         self._channels: dict[str, agent_channel.AgentChannel] = {}
         self._bg: set[asyncio.Task] = set()
+        self._attached: dict[str, set[_AttachedPty]] = {}  # terminal attach sockets, reset with the rest
 
     # ---- channels -------------------------------------------------------------------------------
     def channel(self, sid: str) -> agent_channel.AgentChannel:
@@ -84,6 +86,8 @@ class Guest:
         ch = self._channels.pop(sid, None)
         if ch is not None:
             await ch.aclose()
+        for stream in list(self._attached.pop(sid, ())):
+            stream.close()
 
     async def aclose(self) -> None:
         for sid in list(self._channels):
@@ -427,6 +431,77 @@ class Guest:
     async def read_tar(self, sid: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
         async with self.stream(sid, "GET", "/files/tar", params=_path_param(path), timeout=None) as r:
             yield api.FileDownload(None, r.aiter_raw())
+
+    # ---- terminals ------------------------------------------------------------------------------
+    async def open_pty(self, sid: str, spec: api.PtySpec) -> api.PtyStarted:
+        r = await self.request(sid, "POST", "/pty", json=wire.dump(spec), timeout=SPAWN_TIMEOUT_S)
+        return wire.load(api.PtyStarted, r.json(), "terminal from the guest agent")
+
+    async def list_ptys(self, sid: str) -> list[api.PtyInfo]:
+        r = await self.request(sid, "GET", "/pty")
+        return wire.load(list[api.PtyInfo], _items(r), "terminal list from the guest agent")
+
+    async def kill_pty(self, sid: str, pty_id: str) -> None:
+        await self.request(sid, "DELETE", f"/pty/{pty_id}")
+
+    async def attach_pty(self, sid: str, pty_id: str) -> api.PortStream:
+        """GET /pty/<id>/attach upgraded to the agent's frame stream, on a socket of its own (with
+        SO_LINGER 0: closing it is an RST; `close(sid)` resets it before a checkpoint)."""
+        ch = self.channel(sid)
+        sock = await ch.make_socket()
+        w: asyncio.StreamWriter | None = None
+        try:
+            loop = asyncio.get_running_loop()
+            await asyncio.wait_for(loop.sock_connect(sock, (netns.SANDBOX_IP, bundle.AGENT_PORT)), 5)
+            r, w = await asyncio.open_connection(sock=sock, limit=1 << 20)
+            w.write(
+                f"GET /pty/{pty_id}/attach HTTP/1.1\r\nHost: agent\r\nUpgrade: atoll-pty\r\n"
+                "Connection: Upgrade\r\n\r\n".encode()
+            )
+            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ", 2)[1])
+            if status != 101:
+                length = 0
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length" and value.strip().isdigit():
+                        length = min(int(value), 65536)
+                body = await asyncio.wait_for(r.readexactly(length), 10) if length else b""
+                raise wire.error_from_body(status, _json_or_none(body), "the guest agent refused the attach")
+        except BaseException as e:
+            if w is not None:
+                w.transport.abort()
+            else:
+                sock.close()
+            if isinstance(e, (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError)):
+                if not self.liveness.alive(sid):
+                    raise self.liveness.died(sid) from None
+                raise errors.RuntimeFailure(
+                    f"the guest agent of sandbox {sid} did not accept the terminal attach", detail=repr(e)
+                ) from None
+            raise
+        return _AttachedPty(r, w, self._attached.setdefault(sid, set()))
+
+
+class _AttachedPty(portstream.StreamPort):
+    """An attach socket (api.PortStream) that Guest.close resets with the sandbox's other sockets."""
+
+    def __init__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, owner: set):
+        super().__init__(r, w)
+        self._owner = owner
+        owner.add(self)
+
+    def close(self) -> None:
+        self._owner.discard(self)
+        super().close()
+
+
+def _json_or_none(body: bytes) -> typing.Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 def _items(r: agent_channel.Response) -> typing.Any:

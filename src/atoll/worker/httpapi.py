@@ -276,6 +276,18 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
     async def sandbox_metrics(request: Request) -> Response:
         return _answer(wire.dump(await node.metrics(request.path_params["sid"])))
 
+    # ---- terminals (attach_pty goes through worker.tunnel) ------------------------------------------
+    async def open_pty(request: Request) -> Response:
+        spec = await _body(request, api.PtySpec, "terminal spec")
+        return _answer(wire.dump(await node.open_pty(request.path_params["sid"], spec)))
+
+    async def list_ptys(request: Request) -> Response:
+        return _answer(wire.dump(list(await node.list_ptys(request.path_params["sid"])), list[api.PtyInfo]))
+
+    async def kill_pty(request: Request) -> Response:
+        await node.kill_pty(request.path_params["sid"], request.path_params["pty"])
+        return no_content()
+
     # ---- files ------------------------------------------------------------------------------------
     async def read_file(request: Request) -> Response:
         reading = node.read_file(request.path_params["sid"], _path(request))
@@ -450,6 +462,9 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb + "/files/watch", watch_files, methods=["GET"]),
         Route(sb + "/files/tar", write_tar, methods=["PUT"]),
         Route(sb + "/files/tar", read_tar, methods=["GET"]),
+        Route(sb + "/pty", open_pty, methods=["POST"]),
+        Route(sb + "/pty", list_ptys, methods=["GET"]),
+        Route(sb + "/pty/{pty}", kill_pty, methods=["DELETE"]),
     ]
 
     async def atoll_error(request: Request, exc: Exception) -> Response:

@@ -27,7 +27,7 @@ import time
 import typing
 from collections.abc import AsyncIterator, Sequence
 
-from atoll.core import errors, ids, netpolicy
+from atoll.core import errors, ids, netpolicy, ptyframes
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
 from atoll.worker import agent_pack, bundle, cgroups, forks, layers, storage, sweep, templates, trust
@@ -840,8 +840,36 @@ class Node:
         async with self._serving(sandbox_id), self.guest.read_tar(sandbox_id, path) as download:
             yield download
 
+    # ---- terminals (ptys): the guest agent keeps the sessions ----------------------------------
+    async def open_pty(self, sandbox_id: str, spec: api.PtySpec) -> api.PtyStarted:
+        async with self._serving(sandbox_id):
+            return await self.guest.open_pty(sandbox_id, spec)
+
+    async def list_ptys(self, sandbox_id: str) -> Sequence[api.PtyInfo]:
+        async with self._serving(sandbox_id):
+            return await self.guest.list_ptys(sandbox_id)
+
+    async def kill_pty(self, sandbox_id: str, pty_id: str) -> None:
+        _check_pty_id(sandbox_id, pty_id)
+        async with self._serving(sandbox_id):
+            await self.guest.kill_pty(sandbox_id, pty_id)
+
+    async def attach_pty(self, sandbox_id: str, pty_id: str) -> api.PortStream:
+        """Only the opening counts as a call in flight: an attached terminal never blocks a pause
+        (a disk checkpoint resets its socket; the session lives on in the sandbox)."""
+        _check_pty_id(sandbox_id, pty_id)
+        async with self._serving(sandbox_id):
+            return await self.guest.attach_pty(sandbox_id, pty_id)
+
     def events(self) -> AsyncIterator[api.WorkerEvent]:
         return self.hub.subscribe()
+
+
+def _check_pty_id(sandbox_id: str, pty_id: str) -> None:
+    if not ptyframes.is_pty_id(pty_id):
+        raise errors.PtyNotFound(
+            f"no terminal {pty_id!r} in sandbox {sandbox_id} (ids look like pty_0123456789ab)"
+        )
 
 
 async def purge_installation(home: str) -> list[str]:

@@ -5,6 +5,8 @@ WorkerInfo.tunnel_port). A connection opens with one line,
 `ATOLL-TUNNEL <protocol> <token> <sandbox_id> <port>\\n` (the token of the worker's current
 registration); the worker answers `OK\\n` and relays bytes both ways with a connection into the
 sandbox (Node.open_port, tracked by the egress gateway like the sandbox's other traffic), or
+(hello `ATOLL-PTY <protocol> <token> <sandbox_id> <pty_id>`) with a terminal's frame stream
+(Node.attach_pty, core.ptyframes), or
 `ERR <code> <message>\\n` and closes (within HELLO_TIMEOUT_S; at most MAX_UNAUTHENTICATED
 connections may wait to present a token at once). HTTP through uvicorn cannot hand over a raw socket, which is
 why this is its own listener. Called by worker.main; its client is controlplane.remote_worker.
@@ -24,6 +26,7 @@ from atoll.core import worker_api as api
 
 log = logging.getLogger(__name__)
 HELLO = "ATOLL-TUNNEL"
+HELLO_PTY = "ATOLL-PTY"
 _READ = 256 * 1024
 HELLO_TIMEOUT_S = 3.0
 """The first line must come this fast (the server sends it with the connect)."""
@@ -73,7 +76,7 @@ class Tunnel:
                 return
             parts = line.decode("ascii", "replace").split()
             token = self.token()
-            if len(parts) != 5 or parts[0] != HELLO:
+            if len(parts) != 5 or parts[0] not in (HELLO, HELLO_PTY):
                 await _refuse(writer, "invalid_request", "not a tunnel request")
                 return
             if parts[1] != str(api.PROTOCOL_VERSION):
@@ -86,6 +89,16 @@ class Tunnel:
                 return
             authenticated = True
             self._pending -= 1
+            if parts[0] == HELLO_PTY:
+                try:
+                    stream = await self.node.attach_pty(parts[3], parts[4])
+                except errors.AtollError as e:
+                    await _refuse(writer, e.code, e.message)
+                    return
+                writer.write(b"OK\n")
+                await writer.drain()
+                await _relay(reader, writer, stream)
+                return
             if not parts[4].isdigit():
                 await _refuse(writer, "invalid_request", f"port {parts[4]!r} is not a number")
                 return

@@ -122,7 +122,7 @@ class InitClient:
             raise
         return replies
 
-    def spawn(self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr) -> Spawned:
+    def spawn(self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr, ctty: bool = False) -> Spawned:
         pipes: list[int] = []
         ends: list = [None, None]
         try:
@@ -139,6 +139,8 @@ class InitClient:
             if user_kwargs:
                 user = [user_kwargs["user"], user_kwargs["group"], list(user_kwargs.get("extra_groups", []))]
             msg = {"op": "spawn", "id": next(self._ids), "argv": argv, "cwd": cwd, "env": env, "user": user}
+            if ctty:  # a terminal (ptys): stdin is the pty slave, to become the controlling tty
+                msg["ctty"] = True
             answer = None
             for _attempt in range(2):
                 with self._lock:
@@ -196,6 +198,12 @@ class InitClient:
             self._request({"op": "kill", "pid": pid, "root_alive": root_alive})
         except (OSError, ApiError) as e:
             log(f"cannot ask atoll-init to kill {pid}: {e}")
+
+    def signal_group(self, pgid: int, sig: int) -> None:
+        try:
+            self._request({"op": "signal", "pgid": pgid, "signal": sig})
+        except (OSError, ApiError) as e:
+            log(f"cannot ask atoll-init to signal group {pgid}: {e}")
 
     def set_identity(self, sandbox_id: str, cpus: float | None = None) -> None:
         self.sandbox_id = sandbox_id

@@ -139,6 +139,55 @@ class ProcessTable:
                 self._seq += 1
                 self._cond.notify_all()
 
+    def spawn_terminal(self, argv, *, cmd, cwd, env, user_kwargs, slave: int, notify):
+        """Start a terminal's command (ptys) with the pty `slave` as stdin, stdout, stderr and its
+        controlling terminal (setsid + TIOCSCTTY), through atoll-init like every command."""
+        ticket = next(self._tickets)
+        with self._cond:
+            self._inflight.add(ticket)
+        try:
+            if self.init is not None:
+                popen = self.init.spawn(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    user_kwargs=user_kwargs,
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    ctty=True,
+                )
+            else:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    cwd=cwd,
+                    env=env,
+                    close_fds=False,
+                    start_new_session=True,
+                    preexec_fn=zygote.take_controlling_tty,
+                    **user_kwargs,
+                )
+                popen.returncode = _REAPER_OWNS_STATUS
+            return self._register(popen, cmd, False, notify)
+        finally:
+            with self._cond:
+                self._inflight.discard(ticket)
+                self._seq += 1
+                self._cond.notify_all()
+
+    def signal_group(self, pgid: int, sig: int) -> None:
+        """killpg in the commands' PID namespace (pgid as `ps` shows it)."""
+        if self.init is not None:
+            self.init.signal_group(pgid, sig)
+            return
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+
     def _register(self, popen, cmd, background: bool, notify):
         proc = Proc(popen.pid, cmd, background, notify, None)
         with self._cond:

@@ -21,13 +21,15 @@ from .handlers_fileops import FileOpsHandlers
 from .handlers_files import FileHandlers
 from .handlers_status import StatusHandlers
 from .processes import ProcessTable
+from .ptys import PtyHandlers
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _ROUTES_HELP = (
     "the agent serves GET /health, GET /stats, POST /identity, POST /exec, GET /processes, DELETE /processes/<pid>, "
     "GET|PUT|DELETE /files?path=, GET /files/list?path=, GET /files/stat|watch?path=, POST /files/mkdir|chmod?path=, "
-    "POST /files/move?from=&to=, GET|PUT /files/tar?path=, GET /gate"
+    "POST /files/move?from=&to=, GET|PUT /files/tar?path=, GET /gate, POST|GET /pty, GET|DELETE /pty/<id>, "
+    "GET /pty/<id>/attach"
 )
 
 _FILE_OPS = {
@@ -41,7 +43,7 @@ _FILE_OPS = {
 }
 
 
-class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers):
+class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers, PtyHandlers):
     """The agent's state (identity, environment for commands, the process table) and its route table.
 
     One instance per process, made by `__main__`; every `connection.Conn` calls `dispatch`.
@@ -59,6 +61,7 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers):
             log(f"ignoring ATOLL_GENERATION={os.environ.get('ATOLL_GENERATION')!r}: not an integer")
             self.generation = 0
         self.procs = ProcessTable()
+        self.ptys: dict = {}  # terminals (ptys.Session by pty id)
         self._log_dir_ready = False
         self._log_names = itertools.count()
         self._tmp_names = itertools.count()
@@ -102,8 +105,24 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers):
             return self.kill_everything(conn)
         if path.startswith("/processes/") and method == "DELETE":
             return self.kill_process(conn, path[len("/processes/") :])
+        if path == "/pty" or path.startswith("/pty/"):
+            return self._route_pty(conn, req, method, path)
         if path == "/identity" and method == "POST":
             return self.identity(conn, req)
         if path == "/gate" and method == "GET":
             return self.gate(conn)
+        raise ApiError(404, "not_found", f"no route for {method} {req.path}; {_ROUTES_HELP}")
+
+    def _route_pty(self, conn: Conn, req: Request, method: str, path: str) -> None:
+        parts = path.split("/")[2:]  # "/pty/<id>/attach" -> [<id>, "attach"]
+        if not parts and method == "POST":
+            return self.open_pty(conn, req)
+        if not parts and method == "GET":
+            return self.list_ptys(conn)
+        if len(parts) == 1 and method == "GET":
+            return self.get_pty(conn, parts[0])
+        if len(parts) == 1 and method == "DELETE":
+            return self.kill_pty(conn, parts[0])
+        if len(parts) == 2 and parts[1] == "attach" and method == "GET":
+            return self.attach_pty(conn, req, parts[0])
         raise ApiError(404, "not_found", f"no route for {method} {req.path}; {_ROUTES_HELP}")

@@ -21,7 +21,9 @@ it; `processes.ProcessTable` reports the commands it ran as killed). The init:
   threads only, no epoll: see the package docstring):
     agent -> init  {"op": "spawn", "id", "argv", "cwd", "env", "user": [uid, gid, groups]|null}
                    + 3 fds (stdin, stdout, stderr) by SCM_RIGHTS  -> {"id", "pid"} | {"id", "error": {...}}
+                   ("ctty": true: stdin is a terminal's slave, made the new session's controlling tty)
                    {"op": "kill", "pid", "root_alive"}   (kill_tree inside; no answer)
+                   {"op": "signal", "pgid", "signal"}   (killpg inside, for a terminal's ^C; no answer)
                    {"op": "identity", "sandbox_id", "cpus"} (rewrites ATOLL_SANDBOX_ID in its environ;
                                                           narrows the CPU affinity commands inherit)
     init -> agent  {"exit": pid, "code": exit code as a shell reports it}, for spawned commands
@@ -32,12 +34,14 @@ Pids in messages are pids in the child namespace: what `ps` shows and what the A
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import termios
 import threading
 
 from . import limits, proctree
@@ -212,6 +216,12 @@ def set_environ_in_place(name: str, value: str) -> bool:
     return False
 
 
+def take_controlling_tty() -> None:
+    """preexec_fn of a terminal's command (after setsid): its stdin, a pty slave, becomes the new
+    session's controlling terminal (TIOCSCTTY), so job control, ^C and SIGWINCH reach it."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 def _noop(signum, frame) -> None:
     pass
 
@@ -271,6 +281,11 @@ class Init:
                     fds = []
                 elif op == "kill":
                     proctree.kill_tree(int(msg["pid"]), root_alive=bool(msg.get("root_alive", True)))
+                elif op == "signal":
+                    try:
+                        os.killpg(int(msg["pgid"]), int(msg["signal"]))
+                    except OSError:
+                        pass
                 elif op == "identity":
                     self.sandbox_id = str(msg["sandbox_id"])
                     set_environ_in_place("ATOLL_SANDBOX_ID", self.sandbox_id)
@@ -299,6 +314,7 @@ class Init:
                     close_fds=False,
                     start_new_session=True,
                     bufsize=0,
+                    preexec_fn=take_controlling_tty if msg.get("ctty") else None,
                     **kwargs,
                 )
             except OSError as e:

@@ -1,0 +1,202 @@
+"""Public routes for terminals (PTY sessions): open, list, kill, and the WebSocket that attaches.
+
+`POST /v1/sandboxes/{sid}/pty` starts a session (the worker's guest agent keeps it, attached or
+not); `GET /v1/sandboxes/{sid}/pty/{pty_id}/ws` attaches: binary messages are terminal bytes both
+ways (the session's scrollback first), client text messages `{"resize": [cols, rows]}`; the
+server sends text `{"exit_code": N}` when the program ends and closes normally (1000), or text
+`{"error": {...}}` for a bad message without ending the session. Behind it is the worker's frame
+stream (core.ptyframes, `WorkerAPI.attach_pty`). A sandbox in standby is resumed; the open socket
+holds `manager.activity` for its life (an open terminal is activity). Errors before the attach are
+sent as one `{"error"}` text message, then a close with code 4000 + the HTTP status (4404...).
+Part of the app built by controlplane.app (which authenticates the handshake).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, WebSocket
+from fastapi.responses import Response
+from starlette.websockets import WebSocketDisconnect
+
+from atoll.controlplane import http, schemas
+from atoll.controlplane.context import ctx
+from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
+from atoll.core import errors, ptyframes
+from atoll.core import worker_api as api
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["terminals"])
+PtyId = Annotated[
+    str, Path(description="A terminal's id (POST …/pty)", json_schema_extra={"pattern": "^pty_[0-9a-f]{12}$"})
+]
+_READ = 64 * 1024
+DETACHED_CLOSE = 1012
+"""Close code when the worker ended the attach without an exit (a disk checkpoint resets it):
+the session lives on; attach again."""
+
+
+def _check_pty_id(sid: str, pty_id: str) -> None:
+    if not ptyframes.is_pty_id(pty_id):
+        raise errors.PtyNotFound(
+            f"no terminal {pty_id!r} in sandbox {sid} (ids look like pty_0123456789ab); "
+            f"list them with GET /v1/sandboxes/{sid}/pty"
+        )
+
+
+@router.post(
+    "/v1/sandboxes/{sid}/pty",
+    status_code=201,
+    openapi_extra=http.body_schema(schemas.PtyRequest, required=False),
+    responses={201: {"model": schemas.PtyCreated}, **ERRORS},
+)
+async def open_pty(request: Request, sid: SandboxId):
+    """Start a terminal session (resumes a sandbox in standby); attach to it with the WebSocket."""
+    c = ctx(request)
+    rec = c.manager.get(sid)
+    req = await http.read_json(request, schemas.PtyRequest, optional=True)
+    spec = api.PtySpec(
+        cols=req.cols,
+        rows=req.rows,
+        term=req.term,
+        cmd=req.cmd,
+        cwd=req.cwd,
+        env=req.env,
+        user=req.user or rec.user,
+    )
+    async with c.manager.activity(sid) as worker:
+        started = await worker.open_pty(sid, spec)
+    return http.json_response(dataclasses.asdict(started), status=201)
+
+
+@router.get("/v1/sandboxes/{sid}/pty", responses={200: {"model": schemas.PtyList}, **ERRORS})
+async def list_ptys(request: Request, sid: SandboxId):
+    """The sandbox's terminal sessions: running ones, and finished ones for a while."""
+    async with ctx(request).manager.activity(sid) as worker:
+        items = await worker.list_ptys(sid)
+    return http.json_response({"items": [dataclasses.asdict(i) for i in items]})
+
+
+@router.delete(
+    "/v1/sandboxes/{sid}/pty/{pty_id}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        204: {"description": "killed (its process tree) and forgotten"},
+        **http.error_responses({**ERROR_TEXTS, 404: "sandbox_not_found or pty_not_found"}),
+    },
+)
+async def kill_pty(request: Request, sid: SandboxId, pty_id: PtyId):
+    manager = ctx(request).manager
+    manager.get(sid)
+    _check_pty_id(sid, pty_id)
+    async with manager.activity(sid) as worker:
+        await worker.kill_pty(sid, pty_id)
+    return Response(status_code=204)
+
+
+def _error_text(code: str, message: str) -> str:
+    return json.dumps({"error": {"code": code, "message": message}})
+
+
+@router.websocket("/v1/sandboxes/{sid}/pty/{pty_id}/ws")
+async def attach_pty(websocket: WebSocket, sid: str, pty_id: str):
+    manager = ctx(websocket).manager  # type: ignore[arg-type]
+    activity = None
+    try:
+        manager.get(sid)
+        _check_pty_id(sid, pty_id)
+        activity = manager.activity(sid)
+        worker = await activity.__aenter__()
+        stream = await worker.attach_pty(sid, pty_id)
+    except errors.AtollError as e:
+        if activity is not None:
+            await activity.__aexit__(type(e), e, None)
+        await websocket.accept()
+        await websocket.send_text(_error_text(e.code, e.message))
+        await websocket.close(code=4000 + e.status)
+        return
+    failure: BaseException | None = None
+    try:
+        await websocket.accept()
+        await _relay(websocket, stream)
+    except errors.AtollError as e:  # raised under the relay (the sandbox died, say)
+        failure = e
+        with contextlib.suppress(Exception):
+            await websocket.send_text(_error_text(e.code, e.message))
+            await websocket.close(code=4000 + e.status)
+    finally:
+        stream.close()
+        await activity.__aexit__(type(failure) if failure else None, failure, None)
+
+
+async def _relay(ws: WebSocket, stream: api.PortStream) -> None:
+    async def outward() -> None:
+        decoder = ptyframes.Decoder()
+        while True:
+            data = await stream.read(_READ)
+            if not data:
+                await ws.close(
+                    code=DETACHED_CLOSE,
+                    reason="the terminal was detached by its worker (standby?); the session lives on: attach again",
+                )
+                return
+            for kind, payload in decoder.feed(data):
+                if kind == ptyframes.DATA:
+                    await ws.send_bytes(payload)
+                elif kind == ptyframes.EXIT:
+                    await ws.send_text(json.dumps({"exit_code": ptyframes.parse_exit(payload)}))
+                    await ws.close(code=1000)
+                    return
+                elif kind == ptyframes.ERROR:
+                    await ws.send_text(json.dumps({"error": ptyframes.parse_error(payload)}))
+
+    async def inward() -> None:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            if msg.get("bytes") is not None:
+                await stream.write(ptyframes.data(msg["bytes"]))
+                continue
+            problem, frame = _text_message(msg.get("text") or "")
+            if frame is not None:
+                await stream.write(frame)
+            else:
+                await ws.send_text(_error_text("invalid_request", problem))
+
+    tasks = [asyncio.ensure_future(outward()), asyncio.ensure_future(inward())]
+    try:
+        finished, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in finished:
+            exc = t.exception()
+            if exc is not None and not isinstance(exc, (WebSocketDisconnect, OSError, RuntimeError)):
+                raise exc
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _text_message(text: str) -> tuple[str, bytes | None]:
+    """A client text message as a frame for the worker, or why it is refused."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    size = obj.get("resize") if isinstance(obj, dict) else None
+    if not isinstance(size, list) or len(size) != 2:
+        return (
+            'text messages are {"resize": [cols, rows]}; send terminal input as binary messages, '
+            f"got {text[:100]!r}",
+            None,
+        )
+    problem = ptyframes.size_problem(size[0], size[1])
+    if problem:
+        return f"resize refused: {problem}; the terminal keeps its size", None
+    return "", ptyframes.resize(size[0], size[1])

@@ -1,0 +1,227 @@
+"""Terminals over the public WebSocket, against the control plane in process served by uvicorn on
+loopback, over a FakeWorker whose terminals are real host ptys running a line-echo program
+(atoll.testing.fake_pty): the tty's echo, resizes, exit codes, reattach with scrollback, auth of
+the handshake and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import uvicorn
+import websockets
+from websockets.asyncio.client import connect
+
+from atoll.testing import FakeAtoll
+from tests.component.conftest import KEY, create
+
+
+@pytest.fixture
+async def served(tmp_path):
+    async with FakeAtoll(tmp_path, api_key=KEY) as f:
+        config = uvicorn.Config(
+            f.app, host="127.0.0.1", port=0, log_config=None, lifespan="off", ws="websockets-sansio"
+        )
+        server = uvicorn.Server(config)
+        task = asyncio.ensure_future(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        f.ws_url = f"ws://127.0.0.1:{port}"
+        f.url = f"http://127.0.0.1:{port}"
+        try:
+            yield f
+        finally:
+            server.should_exit = True
+            await task
+            f.worker.ptys.close_all()
+
+
+def _ws(f, sid, pty_id, key=KEY):
+    return connect(
+        f"{f.ws_url}/v1/sandboxes/{sid}/pty/{pty_id}/ws",
+        additional_headers={"Authorization": f"Bearer {key}"},
+    )
+
+
+async def _read_until(ws, needle: bytes, seen: bytearray) -> bytearray:
+    while needle not in seen:
+        msg = await asyncio.wait_for(ws.recv(), 10)
+        assert isinstance(msg, bytes), msg
+        seen += msg
+    return seen
+
+
+async def _open(f, sid, **body) -> str:
+    r = await f.http.post(f"/v1/sandboxes/{sid}/pty", json={"cols": 80, "rows": 24, **body})
+    assert r.status_code == 201, r.text
+    assert set(r.json()) == {"pty_id", "pid"}
+    return r.json()["pty_id"]
+
+
+async def test_round_trip_resize_and_exit_code(served):
+    sid = await create(served.http)
+    pty_id = await _open(served, sid, term="vt100", cols=90, rows=30)
+    async with _ws(served, sid, pty_id) as ws:
+        seen = await _read_until(ws, b"fake-tty ready", bytearray())
+        await ws.send(b"hello there\r")
+        await _read_until(ws, b"you said: hello there", seen)
+        assert b"hello there\r\n" in seen  # the tty echoed the typed line
+        await ws.send(b"term\r")
+        await _read_until(ws, b"vt100\r\n", seen)
+        await ws.send(b"size\r")
+        await _read_until(ws, b"90x30", seen)
+        await ws.send(json.dumps({"resize": [132, 43]}))
+        await ws.send(b"size\r")
+        await _read_until(ws, b"132x43", seen)
+        await ws.send(b"exit 7\r")
+        while True:
+            msg = await asyncio.wait_for(ws.recv(), 10)
+            if isinstance(msg, str):
+                assert json.loads(msg) == {"exit_code": 7}
+                break
+        with pytest.raises(websockets.ConnectionClosedOK):
+            await asyncio.wait_for(ws.recv(), 10)
+    r = await served.http.get(f"/v1/sandboxes/{sid}/pty")
+    [item] = r.json()["items"]
+    assert item["pty_id"] == pty_id and item["running"] is False and item["exit_code"] == 7
+
+
+async def test_reattach_replays_scrollback_and_continues(served):
+    sid = await create(served.http)
+    pty_id = await _open(served, sid)
+    async with _ws(served, sid, pty_id) as ws:
+        seen = await _read_until(ws, b"fake-tty ready", bytearray())
+        await ws.send(b"first line\r")
+        await _read_until(ws, b"you said: first line", seen)
+    async with _ws(served, sid, pty_id) as ws:  # the session lived on without a client
+        seen = await _read_until(ws, b"you said: first line", bytearray())
+        await ws.send(b"second\r")
+        await _read_until(ws, b"you said: second", seen)
+        # a finished session keeps its code for a late attach
+        await ws.send(b"exit 4\r")
+        while not isinstance(msg := await asyncio.wait_for(ws.recv(), 10), str):
+            pass
+        assert json.loads(msg) == {"exit_code": 4}
+    async with _ws(served, sid, pty_id) as ws:
+        seen = bytearray()
+        while not isinstance(msg := await asyncio.wait_for(ws.recv(), 10), str):
+            seen += msg
+        assert b"you said: second" in seen and json.loads(msg) == {"exit_code": 4}
+
+
+async def test_bad_input(served):
+    c = served.http
+    sid = await create(c)
+    for cols in (0, 100000):
+        r = await c.post(f"/v1/sandboxes/{sid}/pty", json={"cols": cols, "rows": 24})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+        assert "cols" in r.json()["error"]["message"] and str(cols) in r.json()["error"]["message"]
+    r = await c.post(f"/v1/sandboxes/{sid}/pty", json={"cols": 80, "rows": 24, "colour": True})
+    assert r.status_code == 400, r.text
+    r = await c.post("/v1/sandboxes/sb-aaaaaaaaaaaaaaaa/pty", json={})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "sandbox_not_found"
+    r = await c.delete(f"/v1/sandboxes/{sid}/pty/pty_000000000000")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "pty_not_found", r.text
+    # unknown id on the socket: one error message, then a close with 4404
+    async with _ws(served, sid, "pty_000000000000") as ws:
+        err = json.loads(await ws.recv())
+        assert err["error"]["code"] == "pty_not_found"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 4404
+    # a wrong key: the handshake is refused with atoll's 401
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with _ws(served, sid, "pty_000000000000", key="wrong"):
+            pass
+    assert refused.value.response.status_code == 401
+    assert json.loads(refused.value.response.body)["error"]["code"] == "unauthorized"
+    # a bad resize is refused in-band; the session goes on
+    pty_id = await _open(served, sid)
+    async with _ws(served, sid, pty_id) as ws:
+        seen = await _read_until(ws, b"fake-tty ready", bytearray())
+        for bad in ({"resize": [0, 24]}, {"resize": [100000, 24]}, {"resize": "big"}, {"nope": 1}):
+            await ws.send(json.dumps(bad))
+            msg = await asyncio.wait_for(ws.recv(), 10)
+            while isinstance(msg, bytes):
+                msg = await asyncio.wait_for(ws.recv(), 10)
+            assert json.loads(msg)["error"]["code"] == "invalid_request", msg
+        await ws.send(b"size\r")
+        await _read_until(ws, b"80x24", seen)
+    r = await c.delete(f"/v1/sandboxes/{sid}/pty/{pty_id}")
+    assert r.status_code == 204
+    r = await c.get(f"/v1/sandboxes/{sid}/pty")
+    assert pty_id not in [i["pty_id"] for i in r.json()["items"]]
+
+
+async def test_pty_on_standby_sandbox_resumes_it(served):
+    c = served.http
+    sid = await create(c)
+    r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+    assert r.status_code == 200 and r.json()["state"] == "standby", r.text
+    pty_id = await _open(served, sid)
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+    async with _ws(served, sid, pty_id) as ws:
+        await _read_until(ws, b"fake-tty ready", bytearray())
+        # while the terminal is open it is activity: an explicit pause is refused as busy
+        r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_busy", r.text
+
+
+async def test_sdk_async_terminal(served):
+    import atoll
+
+    async with atoll.AsyncClient(served.url, KEY) as client:
+        sandbox = await client.sandboxes.create(idle_timeout_s=0)
+        async with await sandbox.pty(cols=70, rows=20, term="dumb") as term:
+            out = bytearray()
+            while b"fake-tty ready" not in out:
+                out += await term.read(timeout=10)
+            await term.send("term\r")
+            await term.resize(101, 33)
+            await term.send(b"size\r")
+            while b"101x33" not in out:
+                out += await term.read(timeout=10)
+            assert b"dumb\r\n" in out
+            pty_id = term.pty_id
+        async with await sandbox.pty_attach(pty_id) as term:  # detached and back: scrollback
+            out = bytearray()
+            async for chunk in term:
+                out += chunk
+                if b"101x33" in out:
+                    break
+            with pytest.raises(atoll.InvalidRequest):
+                await term.resize(0, 10)
+            await term.send("exit 9\r")
+            assert await term.wait(timeout=10) == 9
+        with pytest.raises(atoll.NotFound) as missing:
+            await sandbox.pty_attach("pty_000000000000")
+        assert missing.value.code == "pty_not_found"
+        assert [p["exit_code"] for p in await sandbox.ptys()] == [9]
+
+
+async def test_sdk_sync_terminal_in_thread(served):
+    code, out = await asyncio.to_thread(_sync_session, served.url)
+    assert code == 2 and b"you said: hi" in out
+
+
+def _sync_session(url: str):
+    import atoll
+
+    with atoll.Client(url, KEY) as client:
+        sandbox = client.sandboxes.create(idle_timeout_s=0)
+        with sandbox.pty() as term:
+            out = bytearray()
+            term.send("hi\r")
+            while b"you said: hi" not in out:
+                out += term.read(timeout=10)
+            term.send("exit 2\r")
+            code = term.wait(timeout=10)
+        with pytest.raises(atoll.Unauthorized):
+            bad = atoll.Client(url, "wrong")
+            try:
+                atoll.Sandbox(bad, {"id": sandbox.id}).pty_attach(term.pty_id)
+            finally:
+                bad.close()
+        return code, bytes(out)
