@@ -11,6 +11,7 @@ worker); `close_all` kills every program it started (FakeWorker.delete / aclose 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import fcntl
 import os
@@ -120,7 +121,18 @@ class _Session:
             a.out.put_nowait(ptyframes.data(data))
 
     async def _wait(self) -> None:
-        code = await asyncio.get_running_loop().run_in_executor(None, self.proc.wait)
+        # A pidfd turns readable when the program exits: no executor thread blocks in waitpid (a
+        # program nobody killed would hold the loop's default executor, and its shutdown, forever).
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        pidfd = os.pidfd_open(self.proc.pid)
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        code = self.proc.wait()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.output_ended.wait(), 0.3)
         self.exit_code = 128 - code if code < 0 else code
@@ -189,6 +201,14 @@ class _Session:
 class FakePtys:
     def __init__(self) -> None:
         self.sessions: dict[str, dict[str, _Session]] = {}
+        atexit.register(self._kill_programs)  # a test that never deleted its sandbox leaves none
+
+    def _kill_programs(self) -> None:
+        for sessions in self.sessions.values():
+            for s in sessions.values():
+                if s.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(s.proc.pid, signal.SIGKILL)
 
     def open(self, sid: str, spec: api.PtySpec) -> api.PtyStarted:
         problem = ptyframes.size_problem(spec.cols, spec.rows)
