@@ -197,6 +197,12 @@ class InitClient:
         except (OSError, ApiError) as e:
             log(f"cannot ask atoll-init to kill {pid}: {e}")
 
+    def signal(self, pid: int, sig: int) -> None:
+        try:
+            self._request({"op": "signal", "pid": pid, "sig": sig})
+        except (OSError, ApiError) as e:
+            log(f"cannot ask atoll-init to signal {pid}: {e}")
+
     def set_identity(self, sandbox_id: str, cpus: float | None = None) -> None:
         self.sandbox_id = sandbox_id
         if cpus is not None:
