@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_api  # noqa: E402
 import bench_peers  # noqa: E402
+import bench_shell  # noqa: E402
 import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
 import bench_templates  # noqa: E402
@@ -169,7 +170,9 @@ def check_targets(res: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
-    ap.add_argument("--only", default="api,standby,peers,split,templates", help="comma-separated subset")
+    ap.add_argument(
+        "--only", default="api,standby,peers,split,templates,shell", help="comma-separated subset"
+    )
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -217,6 +220,9 @@ def main() -> int:
                 n_fork=1 if q else 5,
                 n_floor=1 if q else 2,
             )
+        if "shell" in only:
+            c.log("== shell: bash -l -c against sh -c, stdin round trip")
+            res["shell"] = bench_shell.run(a, n=5 if q else 40)
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")

@@ -37,6 +37,7 @@ BOTH_DEPLOYMENTS = (
     "test_standby.py",
     "test_errors.py",
     "test_output_limits.py",
+    "test_processes.py",
 )
 
 
