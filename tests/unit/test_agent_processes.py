@@ -233,7 +233,13 @@ def test_output_log_never_splits_a_character():
 
 def test_shell_argv(monkeypatch):
     monkeypatch.setattr(shells, "_has_bash", True)
-    env = {"PATH": "/opt/x/bin:/usr/bin", "A B": "skipped", "PWD": "/x", "Q": "it's"}
+    env = {
+        "PATH": "/opt/x/bin:/usr/bin",
+        "A B": "skipped",
+        "PWD": "/x",
+        "Q": "it's",
+        "ATOLL_SANDBOX_ID": "forged",
+    }
     argv = shells.argv(None, "echo hi", env)
     assert argv[:3] == ["/bin/bash", "-l", "-c"] and argv[3].endswith("; echo hi")
     assert env[shells.RESTORE_VAR] == "export PATH=/opt/x/bin:/usr/bin Q='it'\"'\"'s'"

@@ -52,7 +52,12 @@ def argv(shell, cmd: str, env: dict) -> list[str]:
         )
     if shell == "sh":
         return [SH, "-c", cmd]
-    exports = [f"{k}={shlex.quote(v)}" for k, v in env.items() if _NAME.match(k) and k not in _SHELL_OWNED]
+    # ATOLL_* are set by the agent at spawn (the sandbox's identity), over whatever a call passed
+    exports = [
+        f"{k}={shlex.quote(v)}"
+        for k, v in env.items()
+        if _NAME.match(k) and k not in _SHELL_OWNED and not k.startswith("ATOLL_")
+    ]
     if not exports:
         return [BASH, "-l", "-c", cmd]
     env[RESTORE_VAR] = f"export {' '.join(exports)}"
