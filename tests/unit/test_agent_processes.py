@@ -189,6 +189,8 @@ def test_bad_process_requests(client):
     _error(client.get("/processes/999999"), 404, "process_not_found")
     _error(client.post("/processes/999999/stdin", content=b"x"), 404, "process_not_found")
     _error(client.post("/exec", json={"cmd": "cat", "stdin": 5}), 400, "invalid_request")
+    lone = client.post("/exec", content=b'{"cmd": ["cat"], "stdin": "a\\ud800b"}').json()
+    assert lone["stdout"] == "a?b"  # a lone surrogate has no UTF-8 form: replaced, not a 500
     _error(client.post("/exec", json={"cmd": "cat", "shell": "zsh"}), 400, "invalid_request")
     assert client.delete(f"/processes/{pid}").status_code == 204
 

@@ -66,7 +66,7 @@ class ExecHandlers:
             argv = list(cmd)
         else:
             raise invalid(
-                "cmd must be a non-empty string (run with /bin/sh -c) or a non-empty list of strings "
+                "cmd must be a non-empty string (run with bash -l -c or /bin/sh -c) or a non-empty list of strings "
                 f"(the argv), got {cmd!r}"[:500]
             )
         if any(a is not None and "\x00" in a for a in argv):
@@ -161,7 +161,8 @@ class ExecHandlers:
             raise invalid(
                 f"stdin must be a string (fed to the command, then closed) or null, got {type(stdin).__name__}"
             )
-        spec.stdin = None if stdin is None else stdin.encode("utf-8", "surrogateescape")
+        # "replace": a JSON string may hold a lone surrogate, which has no UTF-8 form
+        spec.stdin = None if stdin is None else stdin.encode("utf-8", "replace")
         return spec
 
     def _spawn(self, spec: ExecSpec, *, stdout, stderr, notify=None, stdin=None):
