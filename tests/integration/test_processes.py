@@ -242,3 +242,41 @@ def test_cli_exec_forwards_stdin(atoll_server, sandbox):
         timeout=120,
     )
     assert code.returncode == 7
+
+
+def test_a_reader_at_a_dropped_offset_is_told(api, sandbox):
+    sid = sandbox["id"]
+    pid = _start(api, sid, cmd=["python3", "-c", "import sys; sys.stdout.write('x' * 5_000_000 + 'END')"])
+    assert (
+        api.post(f"/v1/sandboxes/{sid}/processes/{pid}/wait", json={"timeout_s": 60}).json()["exit_code"] == 0
+    )
+    lines = _lines(api.get(f"/v1/sandboxes/{sid}/processes/{pid}/output", params={"offset": 0}))
+    total = 5_000_003
+    kept = 4 << 20
+    assert lines[0] == {"dropped": total - kept, "offset": total - kept}
+    text = "".join(x.get("stdout", "") for x in lines[1:])
+    assert len(text) == kept and text.endswith("xEND") and lines[-1]["offset"] == total
+
+
+def test_a_sandbox_is_not_frozen_under_a_follower(api):
+    """Idle timeout 1 s, a follow of 4 s: never standby meanwhile (the control plane holds activity
+    and the worker counts the stream in flight), standby soon after it ended."""
+    r = api.post("/v1/sandboxes", json={"idle_timeout_s": 1, "disk_after_s": 0})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    try:
+        prog = "import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.5)"
+        pid = _start(api, sid, cmd=["python3", "-u", "-c", prog])
+        seen, states = "", []
+        with api.stream("GET", f"/v1/sandboxes/{sid}/processes/{pid}/output", params={"follow": "1"}) as r:
+            for raw in r.iter_lines():
+                line = json.loads(raw)
+                seen += line.get("stdout", "")
+                states.append(api.get(f"/v1/sandboxes/{sid}").json()["state"])
+        assert seen == "".join(f"{i}\n" for i in range(8)) and set(states) == {"running"}, states
+        deadline = time.monotonic() + 20  # the stream is over: idle again, so standby follows
+        while api.get(f"/v1/sandboxes/{sid}").json()["state"] != "standby":
+            assert time.monotonic() < deadline, "the sandbox never went idle after the follow ended"
+            time.sleep(0.2)
+    finally:
+        api.delete(f"/v1/sandboxes/{sid}")
