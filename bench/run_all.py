@@ -29,6 +29,7 @@ import bench_files  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
 import bench_pty  # noqa: E402
+import bench_shell  # noqa: E402
 import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
 import bench_templates  # noqa: E402
@@ -216,7 +217,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
     ap.add_argument(
-        "--only", default="api,standby,peers,split,templates,files,pty", help="comma-separated subset"
+        "--only", default="api,standby,peers,split,templates,files,pty,shell", help="comma-separated subset"
     )
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
     args = ap.parse_args()
@@ -274,6 +275,9 @@ def main() -> int:
         if "pty" in only:
             c.log("== pty: keystroke echo through the WebSocket")
             res["pty"] = bench_pty.run(a, n_burst=30 if q else 300, n_typed=10 if q else 60)
+        if "shell" in only:
+            c.log("== shell: bash -l -c against sh -c, stdin round trip")
+            res["shell"] = bench_shell.run(a, n=5 if q else 40)
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")

@@ -41,6 +41,7 @@ REPLACEMENTS = {
     "AsyncSecrets": "Secrets",
     "AsyncSandbox": "Sandbox",
     "AsyncProcess": "Process",
+    "AsyncProcesses": "Processes",
     "AsyncFiles": "Files",
     "AsyncWatch": "Watch",
     "AsyncTerminal": "Terminal",

@@ -39,6 +39,7 @@ BOTH_DEPLOYMENTS = (
     "test_output_limits.py",
     "test_files_api.py",
     "test_pty.py",
+    "test_processes.py",
 )
 
 

@@ -21,11 +21,16 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── SandboxBusy             sandbox_busy (retryable)
     │   ├── InvalidState            invalid_state
     │   ├── SandboxFailed           sandbox_failed: the sandbox died under the call (e.g. out of memory)
+    │   ├── ProcessExited           process_exited: stdin to a process that has exited
+    │   ├── StdinClosed             stdin_closed: stdin after eof (or after stdin given at start)
+    │   ├── ProcessRunning          process_running: a wait's timeout passed, the process still runs
     │   └── (Conflict)              worker_conflict, incompatible_protocol, worker_not_registered,
     │                               secret_exists, template_exists, template_in_use,
     │                               checkpoint_refused (fork: the sandbox's state cannot be saved now)
     ├── PayloadTooLarge         413 payload_too_large
     ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full
+    ├── CommandFailed           command_failed: `exec(..., check=True)` exited non-zero (.exit_code,
+    │                               .stdout, .stderr); raised by the SDK itself, not an HTTP answer
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
         └── Unavailable         503 worker_unavailable, no_worker (retryable): the sandbox's worker,
                                     or any worker, cannot take the call right now
@@ -52,6 +57,10 @@ __all__ = [
     "FileNotFound",
     "ProcessNotFound",
     "PtyNotFound",
+    "ProcessExited",
+    "StdinClosed",
+    "ProcessRunning",
+    "CommandFailed",
     "Conflict",
     "SandboxBusy",
     "InvalidState",
@@ -174,6 +183,41 @@ class SandboxFailed(Conflict):
     default_code = "sandbox_failed"
 
 
+class ProcessExited(Conflict):
+    default_code = "process_exited"
+
+
+class StdinClosed(Conflict):
+    default_code = "stdin_closed"
+
+
+class ProcessRunning(Conflict):
+    """A wait's timeout passed and the process still runs: wait again, or signal or kill it."""
+
+    default_code = "process_running"
+
+
+class CommandFailed(AtollError):
+    """`sandbox.exec(..., check=True)` ran a command that exited non-zero (or timed out).
+
+    `.exit_code`, `.stdout` and `.stderr` are the command's; `.result` is the whole ExecResult."""
+
+    default_code = "command_failed"
+
+    def __init__(self, result: Any, cmd: Any = None) -> None:
+        self.result = result
+        self.cmd = cmd
+        self.exit_code = result.exit_code
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+        what = " (timed out)" if getattr(result, "timed_out", False) else ""
+        tail = (self.stderr or "").strip().splitlines()[-1:] or [""]
+        super().__init__(
+            f"command {cmd!r} exited with code {self.exit_code}{what}"
+            + (f": {tail[0][:300]}" if tail[0] else "")
+        )
+
+
 class PayloadTooLarge(AtollError):
     default_code = "payload_too_large"
 
@@ -225,6 +269,9 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "sandbox_busy": SandboxBusy,
     "invalid_state": InvalidState,
     "sandbox_failed": SandboxFailed,
+    "process_exited": ProcessExited,
+    "stdin_closed": StdinClosed,
+    "process_running": ProcessRunning,
     "worker_conflict": Conflict,
     "incompatible_protocol": Conflict,
     "worker_not_registered": Conflict,

@@ -141,7 +141,8 @@ def live_id(request: typing.Callable[..., httpx.Response], what: str) -> str:
         assert r.status_code == 201, r.text
         sid = r.json()["id"]
     if what == "pid":
-        r = request("POST", f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 300", "background": True})
+        # short-lived: a fuzzed `wait` without timeout_s or an `output?follow=1` lasts as long as it does
+        r = request("POST", f"/v1/sandboxes/{sid}/exec", json={"cmd": ["sleep", "5"], "background": True})
         assert r.status_code == 200, r.text
         return str(r.json()["pid"])
     if what == "file":

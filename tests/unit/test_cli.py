@@ -166,6 +166,19 @@ def test_exec_streams_output_and_exits_with_its_code(routes):
     }
 
 
+def test_exec_forwards_stdin_that_is_not_a_terminal(routes):
+    routes.on("POST", "/v1/sandboxes/sb_1/exec", _stream({"stdout": "HI\n"}, {"exit_code": 0}))
+    result = CliRunner().invoke(
+        cli.app, ["sandbox", "exec", "sb_1", "--shell", "sh", "--", "tr a-z A-Z"], input="hi\n"
+    )
+    assert result.exit_code == 0 and result.stdout == "HI\n"
+    assert json.loads(routes.last.content) == {"cmd": "tr a-z A-Z", "stdin": "hi\n", "shell": "sh"}
+    result = CliRunner().invoke(
+        cli.app, ["sandbox", "exec", "sb_1", "--no-stdin", "--", "cat"], input="ignored"
+    )
+    assert result.exit_code == 0 and "stdin" not in json.loads(routes.last.content)
+
+
 def test_exec_command_forms(routes):
     routes.on("POST", "/v1/sandboxes/sb_1/exec", _stream({"exit_code": 0}))
     assert run("sandbox", "exec", "sb_1", "--", "echo $HOME | wc -c").exit_code == 0

@@ -80,6 +80,7 @@ def _start_agent(tmp: Path, archive: str = agent_pack.COMPILED) -> RunningAgent:
         "PATH": os.environ.get("PATH", routing.DEFAULT_PATH),
         "ATOLL_SANDBOX_ID": "sbx-unit",
         "ATOLL_GENERATION": "4",
+        "ATOLL_AGENT_SHELL": "sh",  # the host's login profile (pyenv, ...) is not under test here
     }
     stderr_path = tmp / f"agent-{port}.stderr"
     python = [sys.executable, "-I", "-S", "-u"]

@@ -141,13 +141,14 @@ class FakeAtoll:
                 return httpx.Response(200, content=lines.encode(), headers={"content-type": NDJSON})
             return httpx.Response(200, json=self.exec_result)
         if rest == "processes":
-            return httpx.Response(200, json={"items": self.procs.get(sid, [])})
+            items = [{k: v for k, v in p.items() if k != "output"} for p in self.procs.get(sid, [])]
+            return httpx.Response(200, json={"items": items})
         if rest.startswith("processes/"):
-            pid = int(rest.split("/")[1])
+            _, pid_text, *verb = rest.split("/")
+            pid = int(pid_text)
             for proc in self.procs.get(sid, []):
                 if proc["pid"] == pid:
-                    proc.update(running=False, exit_code=-9)
-                    return httpx.Response(204)
+                    return self._process_route(request, proc, verb[0] if verb else "")
             return _error(404, "process_not_found", f"no process {pid}")
         if rest == "files" and method == "PUT":
             self.files[(sid, path)] = request.content
@@ -167,6 +168,39 @@ class FakeAtoll:
             ]
             return httpx.Response(200, json={"items": items})
         raise AssertionError(f"unexpected {method} {request.url}")
+
+    def _process_route(self, request: httpx.Request, proc: dict, verb: str) -> httpx.Response:
+        """A fake process echoes its stdin as its output; a signal ends it with 128+N."""
+        out = proc.setdefault("output", b"")
+        if verb == "" and request.method == "DELETE":
+            proc.update(running=False, exit_code=-9)
+            return httpx.Response(204)
+        if verb == "":
+            return httpx.Response(200, json={k: v for k, v in proc.items() if k != "output"})
+        if verb == "stdin":
+            if not proc["running"]:
+                return _error(409, "process_exited", "it has exited")
+            proc["output"] = out + request.content
+            return httpx.Response(
+                200, json={"written": len(request.content), "eof": "eof" in request.url.params}
+            )
+        if verb == "signal":
+            proc.update(running=False, exit_code=143)
+            return httpx.Response(200, json={k: v for k, v in proc.items() if k != "output"})
+        if verb == "wait":
+            if proc["running"]:
+                return _error(409, "process_running", "still running")
+            return httpx.Response(200, json={k: v for k, v in proc.items() if k != "output"})
+        if verb == "output":
+            start = int(request.url.params.get("offset", "0"))
+            lines = [{"stdout": out[start:].decode(), "offset": len(out)}] if start < len(out) else []
+            if not proc["running"]:
+                lines.append(
+                    {"exit_code": proc["exit_code"], "timed_out": False, "duration_ms": 1, "offset": len(out)}
+                )
+            body = "".join(json.dumps(obj) + "\n" for obj in lines).encode()
+            return httpx.Response(200, content=body, headers={"content-type": NDJSON})
+        raise AssertionError(f"unexpected {request.method} {request.url}")
 
 
 @pytest.fixture(autouse=True)
@@ -492,6 +526,55 @@ def test_exec_background_and_processes(client, fake):
         sb.kill_process(555)
     with pytest.raises(ValueError):
         sb.exec("x", background=True, on_stdout=print)
+
+
+def test_process_handle_stdin_output_signal_wait(client, fake):
+    sb = client.sandboxes.create()
+    proc = sb.exec("cat", background=True)
+    assert proc.send_stdin("héllo\n") == len("héllo\n".encode())
+    assert fake.last.content == "héllo\n".encode() and fake.last.url.path.endswith("/processes/100/stdin")
+    proc.send_stdin(b"more", eof=True)
+    assert fake.last.url.params["eof"] == "1"
+    with pytest.raises(errors.ProcessRunning):
+        proc.wait(timeout=0.01)
+    events = list(proc.output(follow=False))
+    assert [(e.kind, e.text, e.offset) for e in events] == [("stdout", "héllo\nmore", 11)]
+    assert proc.offset == 11 and fake.last.url.params["follow"] == "0"
+    assert list(proc.output(follow=False)) == []  # resumes where the last output() stopped
+    handle = sb.processes.get(100)
+    assert handle.pid == 100 and handle.running
+    info = handle.signal("TERM")
+    assert fake.body() == {"signal": "TERM"} and not info.running
+    assert handle.wait() == 143
+    events = list(handle.output(offset=7))  # "héllo\n" is 7 bytes
+    assert [e.kind for e in events] == ["stdout", "exit"] and events[0].text == "more"
+    assert events[-1].exit_code == 143
+    with pytest.raises(errors.ProcessExited):
+        handle.send_stdin("late")
+    with pytest.raises(errors.ProcessNotFound):
+        sb.processes.get(555)
+    assert [p.pid for p in sb.processes.list()] == [100]
+
+
+def test_exec_stdin_shell_and_check(client, fake):
+    sb = client.sandboxes.create(shell="sh")
+    assert fake.body()["shell"] == "sh" and sb.shell == "sh"
+    res = sb.exec("cat", stdin="in", shell="bash")
+    assert fake.body() == {"cmd": "cat", "stdin": "in", "shell": "bash"} and res.exit_code == 3
+    with pytest.raises(errors.CommandFailed) as info:
+        sb.exec("false", check=True)
+    err = info.value
+    assert (err.exit_code, err.stdout, err.stderr) == (3, "out\n", "err\n")
+    assert isinstance(err, errors.AtollError) and "exited with code 3" in str(err)
+    fake.exec_result = {**fake.exec_result, "exit_code": 0}
+    assert sb.exec("true", check=True).ok
+    fake.stream_lines[-1] = {"exit_code": 2, "timed_out": False, "duration_ms": 9}
+    with pytest.raises(errors.CommandFailed):  # the streamed path checks too
+        sb.exec("x", check=True, on_stdout=lambda t: None)
+    with pytest.raises(ValueError):
+        sb.exec("x", background=True, check=True)
+    with pytest.raises(TypeError):
+        sb.exec("x", stdin=b"bytes")  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- files

@@ -29,6 +29,7 @@ from atoll._client._models import (
     FileEntry,
     FileEvent,
     FileStat,
+    OutputEvent,
     Preview,
     ProcessInfo,
     SandboxFields,
@@ -41,6 +42,7 @@ __all__ = [
     "AsyncClient",
     "AsyncFiles",
     "AsyncProcess",
+    "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncSecrets",
@@ -179,7 +181,7 @@ class AsyncClient:
         json: Any = None,
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - passed on to httpx
+        timeout: float | httpx.Timeout | None = None,  # noqa: ASYNC109 - passed on to httpx
     ) -> AsyncIterator[httpx.Response]:
         """Send one request and yield the response unread, after checking its status. Opening an
         idempotent one is retried like `_request`; a stream that breaks later is not."""
@@ -238,6 +240,7 @@ class AsyncSandboxes:
         on_timeout: Literal["pause", "delete"] | None = None,
         request_timeout: float | None = None,
         timeout: None = None,  # noqa: ASYNC109 - refused: E2B's lifetime or an HTTP timeout?
+        shell: str | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return it once running.
 
@@ -252,7 +255,8 @@ class AsyncSandboxes:
         `timeout_s` is the sandbox's lifetime in seconds (none by default; extend it with
         `sandbox.update(timeout_s=...)`); at its end `on_timeout` happens: "pause" (to the disk
         tier, the default) or "delete". `request_timeout` is this call's HTTP timeout (default
-        the client's `create_timeout`). `timeout=` is refused with a TypeError.
+        the client's `create_timeout`). `timeout=` is refused with a TypeError. `shell` runs its
+        string commands: "bash" (`bash -l -c`) or "sh" (default: bash when the template has it).
         """
         _base.refuse_timeout("sandboxes.create()", timeout)
         body = _base.without_none(
@@ -269,6 +273,7 @@ class AsyncSandboxes:
             secrets=dict(secrets) if secrets is not None else None,
             timeout_s=timeout_s,
             on_timeout=on_timeout,
+            shell=shell,
         )
         response = await self._client._request(
             "POST",
@@ -490,6 +495,7 @@ class AsyncSandbox(SandboxFields):
         self._client = client
         self.data = dict(data)
         self.files = AsyncFiles(self)
+        self.processes = AsyncProcesses(self)
 
     def _path(self, *rest: str) -> str:
         return _base.sandbox_path(self.id, *rest)
@@ -610,6 +616,9 @@ class AsyncSandbox(SandboxFields):
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
         max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
     ) -> ExecResult: ...
 
     @overload
@@ -624,6 +633,9 @@ class AsyncSandbox(SandboxFields):
         on_stderr: None = None,
         user: str | None = None,
         max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
     ) -> AsyncProcess: ...
 
     @overload
@@ -638,6 +650,9 @@ class AsyncSandbox(SandboxFields):
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
         max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
     ) -> ExecResult | AsyncProcess: ...
 
     async def exec(
@@ -651,8 +666,18 @@ class AsyncSandbox(SandboxFields):
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
         max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
     ) -> ExecResult | AsyncProcess:
         """Run a command: a string goes through the shell, a list is an argv.
+
+        A string runs with `bash -l -c` when the sandbox has bash, else `sh -c`; `shell` ("bash"
+        or "sh") picks one for this call (default: the sandbox's `shell`). `stdin` is text fed to
+        the command, then its stdin is closed (default: /dev/null; a background process started
+        without it keeps a stdin pipe for `process.send_stdin`). With `check=True` a command that
+        exits non-zero (or times out) raises `atoll.errors.CommandFailed` (`.exit_code`,
+        `.stdout`, `.stderr`).
 
         Returns an `ExecResult`. With `on_stdout` / `on_stderr` the output is streamed and
         each chunk of text is passed to the callback as it arrives (the result still holds
@@ -672,10 +697,14 @@ class AsyncSandbox(SandboxFields):
             env=env,
             user=user,
             max_output_bytes=max_output_bytes,
+            stdin=stdin,
+            shell=shell,
         )
         if background:
             if on_stdout is not None or on_stderr is not None:
                 raise ValueError("on_stdout/on_stderr cannot be used with background=True")
+            if check:
+                raise ValueError("check=True needs the exit code: use process.wait() with background=True")
             response = await self._client._request("POST", self._path("exec"), json=body)
             data = _base.json_body(response)
             return AsyncProcess(self, int(data["pid"]), data)
@@ -684,7 +713,7 @@ class AsyncSandbox(SandboxFields):
             response = await self._client._request(
                 "POST", self._path("exec"), json=body, timeout=http_timeout
             )
-            return ExecResult.from_json(_base.json_body(response))
+            return _checked(ExecResult.from_json(_base.json_body(response)), cmd, check)
         callbacks = {"stdout": on_stdout, "stderr": on_stderr}
         decoder = _base.ExecStream()
         async with self._client._stream(
@@ -707,7 +736,7 @@ class AsyncSandbox(SandboxFields):
                     callback = callbacks[name]
                     if callback is not None:
                         await _base.acall_callback(callback, text)
-        return decoder.result()
+        return _checked(decoder.result(), cmd, check)
 
     # ---- terminals ----------------------------------------------------------------------------
     async def pty(
@@ -760,33 +789,147 @@ class AsyncSandbox(SandboxFields):
         """Kill a terminal session's programs and forget it."""
         await self._client._request("DELETE", self._path("pty", pty_id))
 
-    async def processes(self) -> list[ProcessInfo]:
-        """The background processes started in this sandbox, running or finished."""
-        response = await self._client._request("GET", self._path("processes"))
-        return [ProcessInfo(item) for item in _base.items(response)]
-
     async def kill_process(self, pid: int) -> None:
         """Kill a background process (and its process group)."""
         await self._client._request("DELETE", self._path("processes", str(int(pid))))
 
 
+def _checked(result: ExecResult, cmd: Any, check: bool) -> ExecResult:
+    if check and not result.ok:
+        raise errors.CommandFailed(result, cmd)
+    return result
+
+
+class AsyncProcesses:
+    """`sandbox.processes`: call it for the list (`await sandbox.processes()`), or `get(pid)` for a
+    handle on one background process (also after the caller that started it went away)."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self.sandbox = sandbox
+
+    async def __call__(self) -> list[ProcessInfo]:
+        return await self.list()
+
+    async def list(self) -> list[ProcessInfo]:
+        """The background processes started in this sandbox, running or finished."""
+        response = await self.sandbox._client._request("GET", self.sandbox._path("processes"))
+        return [ProcessInfo(item) for item in _base.items(response)]
+
+    async def get(self, pid: int) -> AsyncProcess:
+        """A handle on process `pid` (`ProcessNotFound` if the sandbox has no such process)."""
+        process = AsyncProcess(self.sandbox, int(pid))
+        await process.info()
+        return process
+
+
 class AsyncProcess:
-    """Handle on a background process, returned by `sandbox.exec(..., background=True)`."""
+    """Handle on a background process, returned by `sandbox.exec(..., background=True)` and
+    `sandbox.processes.get(pid)`: its record (`info()`), `wait()`, `output()` from any offset,
+    `send_stdin()` / `close_stdin()`, `signal()` and `kill()`. `data` is its last known record."""
 
     def __init__(self, sandbox: AsyncSandbox, pid: int, data: Mapping[str, Any] | None = None) -> None:
         self.sandbox = sandbox
         self.pid = pid
         self.data = dict(data or {"pid": pid})
+        self.offset = 0
+        """The offset after the last output event `output()` yielded: where a reattach resumes."""
+
+    def _path(self, *rest: str) -> str:
+        return self.sandbox._path("processes", str(self.pid), *rest)
+
+    @property
+    def running(self) -> bool | None:
+        """As of the last `info()`, `wait()` or `signal()` (None before any)."""
+        return self.data.get("running")
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.data.get("exit_code")
 
     async def kill(self) -> None:
+        """SIGKILL its process group and forget it (its record and output are gone after)."""
         await self.sandbox.kill_process(self.pid)
 
     async def info(self) -> ProcessInfo:
-        """This process's entry in `sandbox.processes()` (`running`, `exit_code`, ...)."""
-        for entry in await self.sandbox.processes():
-            if entry.pid == self.pid:
-                return entry
-        raise errors.ProcessNotFound(f"process {self.pid} not found in sandbox {self.sandbox.id}")
+        """Its record (`running`, `exit_code`, `stdin_open`, `output_bytes`, ...)."""
+        response = await self.sandbox._client._request("GET", self._path())
+        self.data = _base.json_body(response)
+        return ProcessInfo(self.data)
+
+    async def wait(self, timeout: float | None = None) -> int | None:  # noqa: ASYNC109 - the wait's own limit
+        """Wait until it exits and return its exit code; `ProcessRunning` if it still runs after
+        `timeout` seconds (None: no limit). The wait counts as activity: the sandbox stays up."""
+        client = self.sandbox._client
+        step = 60.0  # each call waits at most this long, so no HTTP timeout cuts a long wait
+        left = timeout
+        while True:
+            this = step if left is None else min(step, left)
+            try:
+                response = await client._request(
+                    "POST", self._path("wait"), json={"timeout_s": this}, timeout=this + client.timeout
+                )
+            except errors.ProcessRunning:
+                if left is not None:
+                    left -= this
+                    if left <= 0:
+                        raise
+                continue
+            self.data = _base.json_body(response)
+            return self.data.get("exit_code")
+
+    async def output(self, follow: bool = True, offset: int | None = None) -> AsyncIterator[OutputEvent]:
+        """Its output from byte `offset` (default: where the last `output()` of this handle
+        stopped, else 0) as `OutputEvent`s: stdout/stderr pieces, then an `exit` event once it has
+        exited. With `follow` it waits for more until the exit; without, it ends at the output so
+        far. Leaving the loop early leaves the process running; `output(offset=e.offset)` with
+        the last event's offset resumes with nothing lost or repeated."""
+        start = self.offset if offset is None else int(offset)
+        params = {"offset": str(start), "follow": "1" if follow else "0"}
+        client = self.sandbox._client
+        timeout = httpx.Timeout(client.timeout, read=None) if follow else client.timeout
+        pending = b""
+        async with client._stream("GET", self._path("output"), params=params, timeout=timeout) as response:
+            async for chunk in response.aiter_bytes():
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        event = self._event(line)
+                        self.offset = event.offset
+                        yield event
+            if pending.strip():
+                event = self._event(pending)
+                self.offset = event.offset
+                yield event
+
+    def _event(self, line: bytes) -> OutputEvent:
+        obj = _base.json_line(line)
+        if "error" in obj:
+            raise _base.stream_error(obj)
+        return OutputEvent.from_json(obj)
+
+    async def send_stdin(self, data: str | bytes, eof: bool = False) -> int:
+        """Write `data` (text is sent as UTF-8) to its stdin; close it after with `eof`. Returns
+        the bytes written. `StdinClosed` after an eof, `ProcessExited` once it exited."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        response = await self.sandbox._client._request(
+            "POST",
+            self._path("stdin"),
+            params={"eof": "1"} if eof else None,
+            content=raw,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return int(_base.json_body(response).get("written", 0))
+
+    async def close_stdin(self) -> None:
+        """Close its stdin (the program reads EOF)."""
+        await self.send_stdin(b"", eof=True)
+
+    async def signal(self, name: str | int = "TERM") -> ProcessInfo:
+        """Send a signal (TERM, SIGTERM, 15, INT, ...) to its process group; its record after."""
+        response = await self.sandbox._client._request("POST", self._path("signal"), json={"signal": name})
+        self.data = _base.json_body(response)
+        return ProcessInfo(self.data)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pid={self.pid}, sandbox={self.sandbox.id!r})"

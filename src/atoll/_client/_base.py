@@ -267,6 +267,8 @@ def exec_body(
     env: Mapping[str, str] | None,
     user: str | None,
     max_output_bytes: int | None = None,
+    stdin: str | None = None,
+    shell: str | None = None,
 ) -> dict[str, Any]:
     if isinstance(cmd, str):
         command: str | list[str] = cmd
@@ -281,7 +283,11 @@ def exec_body(
         timeout_s=timeout_s,
         user=user,
         max_output_bytes=max_output_bytes,
+        stdin=stdin,
+        shell=shell,
     )
+    if stdin is not None and not isinstance(stdin, str):
+        raise TypeError(f"stdin must be a str (fed to the command, then closed), got {type(stdin).__name__}")
     if background:
         body["background"] = True
     return body
@@ -445,6 +451,22 @@ def connection_error(exc: httpx.TransportError, base_url: str) -> errors.APIConn
 
 def is_ndjson(response: httpx.Response) -> bool:
     return response.headers.get("content-type", "").split(";")[0].strip() == NDJSON
+
+
+def json_line(line: bytes) -> dict[str, Any]:
+    """One NDJSON line of a stream as an object; ServerError(bad_response) otherwise."""
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise errors.ServerError(f"malformed stream line: {line[:200]!r}", code="bad_response") from exc
+    if not isinstance(obj, dict):
+        raise errors.ServerError(f"malformed stream line: {line[:200]!r}", code="bad_response")
+    return obj
+
+
+def stream_error(obj: Mapping[str, Any]) -> errors.AtollError:
+    """The error an in-band `{"error": …}` line of a stream reports."""
+    return errors.error_from_payload(obj, status_code=None, text=json.dumps(obj))
 
 
 class ExecStream:

@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "ExecResult",
     "FileEntry",
+    "OutputEvent",
     "Preview",
     "ProcessInfo",
     "Record",
@@ -188,6 +189,48 @@ class ProcessInfo(Record):
     def exit_code(self) -> int | None:
         return self.data.get("exit_code")
 
+    @property
+    def stdin_open(self) -> bool:
+        """Its stdin pipe takes input (`process.send_stdin`)."""
+        return bool(self.data.get("stdin_open", False))
+
+    @property
+    def output_bytes(self) -> int:
+        """The offset after the newest byte of its output (stdout and stderr counted together)."""
+        return int(self.data.get("output_bytes", 0))
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """One line of a background process's output (`process.output()`): a piece of `stdout` or
+    `stderr` (`text`), `dropped` (output before `offset` is no longer kept: `dropped` bytes were
+    skipped) or `exit` (the last one: `exit_code`, `timed_out`, `duration_ms`). `offset` is the
+    byte offset after the event: pass it to `output(offset=...)` to resume there."""
+
+    kind: str
+    offset: int
+    text: str = ""
+    dropped: int = 0
+    exit_code: int | None = None
+    timed_out: bool = False
+    duration_ms: int | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> OutputEvent:
+        offset = int(obj.get("offset", 0))
+        for kind in ("stdout", "stderr"):
+            if isinstance(obj.get(kind), str):
+                return cls(kind, offset, text=obj[kind])
+        if "dropped" in obj:
+            return cls("dropped", offset, dropped=int(obj["dropped"]))
+        return cls(
+            "exit",
+            offset,
+            exit_code=obj.get("exit_code"),
+            timed_out=bool(obj.get("timed_out", False)),
+            duration_ms=obj.get("duration_ms"),
+        )
+
 
 class SandboxMetrics(Record):
     """`sandbox.metrics()`: resource figures now. A sandbox in standby is not woken for them:
@@ -345,6 +388,11 @@ class SandboxFields:
     def user(self) -> str | None:
         """Default user of exec calls (None: the template's default, root)."""
         return self.data.get("user")
+
+    @property
+    def shell(self) -> str | None:
+        """Shell of string commands: "bash" (`bash -l -c`), "sh"; None: bash when the sandbox has it."""
+        return self.data.get("shell")
 
     @property
     def network(self) -> dict[str, list[str]]:

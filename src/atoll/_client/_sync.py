@@ -27,6 +27,7 @@ from atoll._client._models import (
     FileEntry,
     FileEvent,
     FileStat,
+    OutputEvent,
     Preview,
     ProcessInfo,
     SandboxFields,
@@ -39,6 +40,7 @@ __all__ = [
     "Client",
     "Files",
     "Process",
+    "Processes",
     "Sandbox",
     "Sandboxes",
     "Secrets",
@@ -177,7 +179,7 @@ class Client:
         json: Any = None,
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        timeout: float | httpx.Timeout | None = None,
     ) -> Iterator[httpx.Response]:
         """Send one request and yield the response unread, after checking its status. Opening an
         idempotent one is retried like `_request`; a stream that breaks later is not."""
@@ -236,6 +238,7 @@ class Sandboxes:
         on_timeout: Literal["pause", "delete"] | None = None,
         request_timeout: float | None = None,
         timeout: None = None,
+        shell: str | None = None,
     ) -> Sandbox:
         """Create a sandbox and return it once running.
 
@@ -250,7 +253,8 @@ class Sandboxes:
         `timeout_s` is the sandbox's lifetime in seconds (none by default; extend it with
         `sandbox.update(timeout_s=...)`); at its end `on_timeout` happens: "pause" (to the disk
         tier, the default) or "delete". `request_timeout` is this call's HTTP timeout (default
-        the client's `create_timeout`). `timeout=` is refused with a TypeError.
+        the client's `create_timeout`). `timeout=` is refused with a TypeError. `shell` runs its
+        string commands: "bash" (`bash -l -c`) or "sh" (default: bash when the template has it).
         """
         _base.refuse_timeout("sandboxes.create()", timeout)
         body = _base.without_none(
@@ -267,6 +271,7 @@ class Sandboxes:
             secrets=dict(secrets) if secrets is not None else None,
             timeout_s=timeout_s,
             on_timeout=on_timeout,
+            shell=shell,
         )
         response = self._client._request(
             "POST",
@@ -484,6 +489,7 @@ class Sandbox(SandboxFields):
         self._client = client
         self.data = dict(data)
         self.files = Files(self)
+        self.processes = Processes(self)
 
     def _path(self, *rest: str) -> str:
         return _base.sandbox_path(self.id, *rest)
@@ -602,6 +608,9 @@ class Sandbox(SandboxFields):
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
         max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
     ) -> ExecResult: ...
 
     @overload
@@ -616,6 +625,9 @@ class Sandbox(SandboxFields):
         on_stderr: None = None,
         user: str | None = None,
         max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
     ) -> Process: ...
 
     @overload
@@ -630,6 +642,9 @@ class Sandbox(SandboxFields):
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
         max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
     ) -> ExecResult | Process: ...
 
     def exec(
@@ -643,8 +658,18 @@ class Sandbox(SandboxFields):
         on_stderr: _base.TextCallback | None = None,
         user: str | None = None,
         max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
     ) -> ExecResult | Process:
         """Run a command: a string goes through the shell, a list is an argv.
+
+        A string runs with `bash -l -c` when the sandbox has bash, else `sh -c`; `shell` ("bash"
+        or "sh") picks one for this call (default: the sandbox's `shell`). `stdin` is text fed to
+        the command, then its stdin is closed (default: /dev/null; a background process started
+        without it keeps a stdin pipe for `process.send_stdin`). With `check=True` a command that
+        exits non-zero (or times out) raises `atoll.errors.CommandFailed` (`.exit_code`,
+        `.stdout`, `.stderr`).
 
         Returns an `ExecResult`. With `on_stdout` / `on_stderr` the output is streamed and
         each chunk of text is passed to the callback as it arrives (the result still holds
@@ -664,17 +689,21 @@ class Sandbox(SandboxFields):
             env=env,
             user=user,
             max_output_bytes=max_output_bytes,
+            stdin=stdin,
+            shell=shell,
         )
         if background:
             if on_stdout is not None or on_stderr is not None:
                 raise ValueError("on_stdout/on_stderr cannot be used with background=True")
+            if check:
+                raise ValueError("check=True needs the exit code: use process.wait() with background=True")
             response = self._client._request("POST", self._path("exec"), json=body)
             data = _base.json_body(response)
             return Process(self, int(data["pid"]), data)
         http_timeout = _base.exec_timeout(timeout_s, self._client.timeout)
         if on_stdout is None and on_stderr is None:
             response = self._client._request("POST", self._path("exec"), json=body, timeout=http_timeout)
-            return ExecResult.from_json(_base.json_body(response))
+            return _checked(ExecResult.from_json(_base.json_body(response)), cmd, check)
         callbacks = {"stdout": on_stdout, "stderr": on_stderr}
         decoder = _base.ExecStream()
         with self._client._stream(
@@ -697,7 +726,7 @@ class Sandbox(SandboxFields):
                     callback = callbacks[name]
                     if callback is not None:
                         _base.call_callback(callback, text)
-        return decoder.result()
+        return _checked(decoder.result(), cmd, check)
 
     # ---- terminals ----------------------------------------------------------------------------
     def pty(
@@ -750,33 +779,147 @@ class Sandbox(SandboxFields):
         """Kill a terminal session's programs and forget it."""
         self._client._request("DELETE", self._path("pty", pty_id))
 
-    def processes(self) -> list[ProcessInfo]:
-        """The background processes started in this sandbox, running or finished."""
-        response = self._client._request("GET", self._path("processes"))
-        return [ProcessInfo(item) for item in _base.items(response)]
-
     def kill_process(self, pid: int) -> None:
         """Kill a background process (and its process group)."""
         self._client._request("DELETE", self._path("processes", str(int(pid))))
 
 
+def _checked(result: ExecResult, cmd: Any, check: bool) -> ExecResult:
+    if check and not result.ok:
+        raise errors.CommandFailed(result, cmd)
+    return result
+
+
+class Processes:
+    """`sandbox.processes`: call it for the list (`await sandbox.processes()`), or `get(pid)` for a
+    handle on one background process (also after the caller that started it went away)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+
+    def __call__(self) -> list[ProcessInfo]:
+        return self.list()
+
+    def list(self) -> list[ProcessInfo]:
+        """The background processes started in this sandbox, running or finished."""
+        response = self.sandbox._client._request("GET", self.sandbox._path("processes"))
+        return [ProcessInfo(item) for item in _base.items(response)]
+
+    def get(self, pid: int) -> Process:
+        """A handle on process `pid` (`ProcessNotFound` if the sandbox has no such process)."""
+        process = Process(self.sandbox, int(pid))
+        process.info()
+        return process
+
+
 class Process:
-    """Handle on a background process, returned by `sandbox.exec(..., background=True)`."""
+    """Handle on a background process, returned by `sandbox.exec(..., background=True)` and
+    `sandbox.processes.get(pid)`: its record (`info()`), `wait()`, `output()` from any offset,
+    `send_stdin()` / `close_stdin()`, `signal()` and `kill()`. `data` is its last known record."""
 
     def __init__(self, sandbox: Sandbox, pid: int, data: Mapping[str, Any] | None = None) -> None:
         self.sandbox = sandbox
         self.pid = pid
         self.data = dict(data or {"pid": pid})
+        self.offset = 0
+        """The offset after the last output event `output()` yielded: where a reattach resumes."""
+
+    def _path(self, *rest: str) -> str:
+        return self.sandbox._path("processes", str(self.pid), *rest)
+
+    @property
+    def running(self) -> bool | None:
+        """As of the last `info()`, `wait()` or `signal()` (None before any)."""
+        return self.data.get("running")
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.data.get("exit_code")
 
     def kill(self) -> None:
+        """SIGKILL its process group and forget it (its record and output are gone after)."""
         self.sandbox.kill_process(self.pid)
 
     def info(self) -> ProcessInfo:
-        """This process's entry in `sandbox.processes()` (`running`, `exit_code`, ...)."""
-        for entry in self.sandbox.processes():
-            if entry.pid == self.pid:
-                return entry
-        raise errors.ProcessNotFound(f"process {self.pid} not found in sandbox {self.sandbox.id}")
+        """Its record (`running`, `exit_code`, `stdin_open`, `output_bytes`, ...)."""
+        response = self.sandbox._client._request("GET", self._path())
+        self.data = _base.json_body(response)
+        return ProcessInfo(self.data)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait until it exits and return its exit code; `ProcessRunning` if it still runs after
+        `timeout` seconds (None: no limit). The wait counts as activity: the sandbox stays up."""
+        client = self.sandbox._client
+        step = 60.0  # each call waits at most this long, so no HTTP timeout cuts a long wait
+        left = timeout
+        while True:
+            this = step if left is None else min(step, left)
+            try:
+                response = client._request(
+                    "POST", self._path("wait"), json={"timeout_s": this}, timeout=this + client.timeout
+                )
+            except errors.ProcessRunning:
+                if left is not None:
+                    left -= this
+                    if left <= 0:
+                        raise
+                continue
+            self.data = _base.json_body(response)
+            return self.data.get("exit_code")
+
+    def output(self, follow: bool = True, offset: int | None = None) -> Iterator[OutputEvent]:
+        """Its output from byte `offset` (default: where the last `output()` of this handle
+        stopped, else 0) as `OutputEvent`s: stdout/stderr pieces, then an `exit` event once it has
+        exited. With `follow` it waits for more until the exit; without, it ends at the output so
+        far. Leaving the loop early leaves the process running; `output(offset=e.offset)` with
+        the last event's offset resumes with nothing lost or repeated."""
+        start = self.offset if offset is None else int(offset)
+        params = {"offset": str(start), "follow": "1" if follow else "0"}
+        client = self.sandbox._client
+        timeout = httpx.Timeout(client.timeout, read=None) if follow else client.timeout
+        pending = b""
+        with client._stream("GET", self._path("output"), params=params, timeout=timeout) as response:
+            for chunk in response.iter_bytes():
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        event = self._event(line)
+                        self.offset = event.offset
+                        yield event
+            if pending.strip():
+                event = self._event(pending)
+                self.offset = event.offset
+                yield event
+
+    def _event(self, line: bytes) -> OutputEvent:
+        obj = _base.json_line(line)
+        if "error" in obj:
+            raise _base.stream_error(obj)
+        return OutputEvent.from_json(obj)
+
+    def send_stdin(self, data: str | bytes, eof: bool = False) -> int:
+        """Write `data` (text is sent as UTF-8) to its stdin; close it after with `eof`. Returns
+        the bytes written. `StdinClosed` after an eof, `ProcessExited` once it exited."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        response = self.sandbox._client._request(
+            "POST",
+            self._path("stdin"),
+            params={"eof": "1"} if eof else None,
+            content=raw,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return int(_base.json_body(response).get("written", 0))
+
+    def close_stdin(self) -> None:
+        """Close its stdin (the program reads EOF)."""
+        self.send_stdin(b"", eof=True)
+
+    def signal(self, name: str | int = "TERM") -> ProcessInfo:
+        """Send a signal (TERM, SIGTERM, 15, INT, ...) to its process group; its record after."""
+        response = self.sandbox._client._request("POST", self._path("signal"), json={"signal": name})
+        self.data = _base.json_body(response)
+        return ProcessInfo(self.data)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pid={self.pid}, sandbox={self.sandbox.id!r})"

@@ -28,6 +28,7 @@ from atoll import errors
 from atoll._client import Client, Sandbox
 from atoll.cli import argv as cli_argv
 from atoll.cli import files as cli_files
+from atoll.cli import forward
 from atoll.cli import progress as cli_progress
 from atoll.cli import shell as cli_shell
 from atoll.cli import templates as cli_templates
@@ -423,21 +424,34 @@ def exec_(
     cwd: Annotated[str | None, typer.Option(help="Working directory inside the sandbox.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE environment variable.")] = None,
     user: Annotated[str | None, typer.Option(help="User to run as inside the sandbox.")] = None,
+    shell: Annotated[
+        str | None, typer.Option(help="bash (bash -l -c) or sh (sh -c) for a string command.")
+    ] = None,
+    no_stdin: Annotated[
+        bool, typer.Option("--no-stdin", "-n", help="Do not forward standard input (as if /dev/null).")
+    ] = False,
 ) -> None:
-    """Run a command in a sandbox, streaming its output; exit with its exit code."""
+    """Run a command in a sandbox, streaming its output; exit with its exit code.
+
+    Standard input is forwarded when it is not a terminal (`echo hi | atoll sandbox exec ID -- cat`).
+    """
     command: str | list[str] = cmd[0] if len(cmd) == 1 and any(c.isspace() for c in cmd[0]) else list(cmd)
     env_vars = _pairs(env, "--env")
+    text, head = (None, b"")
+    forwarding = forward.stdin_forwarded(no_stdin)
+    if forwarding:
+        text, head = forward.read_inline(sys.stdin.buffer)
+    args: dict[str, Any] = {"timeout_s": timeout, "cwd": cwd, "env": env_vars, "user": user, "shell": shell}
     with _session(ctx) as client:
         sandbox = Sandbox(client, {"id": sandbox_id})
-        result = sandbox.exec(
-            command,
-            timeout_s=timeout,
-            cwd=cwd,
-            env=env_vars,
-            user=user,
-            on_stdout=_write("stdout"),
-            on_stderr=_write("stderr"),
-        )
+        if forwarding and text is None:  # large or binary: streamed through the stdin route
+            result = forward.run_streamed(
+                sandbox, command, head, sys.stdin.buffer, lambda kind, t: _write(kind)(t), **args
+            )
+        else:
+            result = sandbox.exec(
+                command, stdin=text or None, on_stdout=_write("stdout"), on_stderr=_write("stderr"), **args
+            )
     if result.timed_out:
         typer.echo(f"error: timed_out: the command did not finish within {timeout}s", err=True)
     raise typer.Exit(exit_status(result.exit_code, result.timed_out))

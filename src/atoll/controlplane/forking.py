@@ -76,6 +76,7 @@ async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecor
                 metadata_={**rec.metadata_, "atoll.forked_from": sid},
                 env=dict(rec.env),
                 user=rec.user,
+                shell=rec.shell,
                 network=rec.network,
                 secrets=rec.secrets,
                 memory_mb=rec.memory_mb,

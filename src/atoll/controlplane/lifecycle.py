@@ -235,6 +235,7 @@ class SandboxManager:
             metadata_=dict(req.metadata),
             env=dict(req.env),
             user=req.user or ((build.info or {}).get("user") if build is not None else None),
+            shell=getattr(req, "shell", None),
             network=network,
             secrets=bound or None,
             memory_mb=req.memory_mb,

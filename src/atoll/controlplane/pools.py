@@ -218,6 +218,7 @@ class Pools:
                 metadata_=dict(req.metadata),
                 env=dict(req.env),
                 user=req.user or rec.user,
+                shell=getattr(req, "shell", None),
                 secrets=bound or None,
                 cpus=req.cpus,
                 idle_timeout_s=req.idle_timeout_s,

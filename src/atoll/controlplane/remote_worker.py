@@ -318,6 +318,52 @@ class RemoteWorker:
         """Through the worker's tunnel (worker.tunnel, `ATOLL-PTY` hello): the frame stream."""
         return await self._tunnel("ATOLL-PTY", sandbox_id, pty_id)
 
+    # process handles (issue 9)
+    async def get_process(self, sandbox_id: str, pid: int) -> api.ProcessInfo:
+        data = await self._call("GET", self._sb(sandbox_id, "processes", str(int(pid))))
+        return wire.load(api.ProcessInfo, data, "process")
+
+    @contextlib.asynccontextmanager
+    async def process_output(
+        self, sandbox_id: str, pid: int, offset: int, follow: bool
+    ) -> AsyncIterator[AsyncIterator[api.ProcessEvent]]:
+        params = {"offset": str(int(offset)), "follow": "1" if follow else "0"}
+        path = self._sb(sandbox_id, "processes", str(int(pid)), "output")
+        async with self._stream("GET", path, params=params, timeout=None) as r:
+            yield self._process_events(r)
+
+    async def _process_events(self, r: http11.Response) -> AsyncIterator[api.ProcessEvent]:
+        async for line in _lines(r, self):
+            obj = _json_line(line)
+            if "error" in obj:
+                raise wire.error_from_body(500, obj, f"the output stream from worker {self.name!r} broke")
+            yield wire.load_process_event(obj)
+
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool) -> int:
+        answer = await self._call(
+            "POST",
+            self._sb(sandbox_id, "processes", str(int(pid)), "stdin"),
+            params={"eof": "1" if eof else "0"},
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+            timeout=None,
+        )
+        return int(wire.load(dict[str, int], answer, "stdin answer")["written"])
+
+    async def signal_process(self, sandbox_id: str, pid: int, signal: str) -> None:
+        await self._call(
+            "POST", self._sb(sandbox_id, "processes", str(int(pid)), "signal"), json={"signal": signal}
+        )
+
+    async def wait_process(self, sandbox_id: str, pid: int, timeout_s: float | None) -> api.ProcessInfo:
+        data = await self._call(
+            "POST",
+            self._sb(sandbox_id, "processes", str(int(pid)), "wait"),
+            json={"timeout_s": timeout_s},
+            timeout=None,
+        )
+        return wire.load(api.ProcessInfo, data, "process")
+
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:

@@ -80,6 +80,8 @@ async def exec_command(request: Request, sid: SandboxId):
         env=req.env,
         timeout_s=req.timeout_s,
         user=req.user or rec.user,
+        stdin=req.stdin,
+        shell=req.shell or typing.cast(typing.Any, rec.shell),
     )
     if req.background:
         async with c.manager.activity(sid) as worker:

@@ -84,8 +84,15 @@ class NetworkPolicy(BaseModel):
     )
 
 
+Shell = Literal["bash", "sh"]
+
+
 class CreateSandbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    shell: Shell | None = Field(
+        None, description="Shell of string commands: bash (`bash -l -c`), sh; default bash when present"
+    )
 
     template: str = Field("base", max_length=64, description="Template name (GET /v1/templates)")
     env: dict[str, str] = Field(
@@ -149,7 +156,7 @@ class ExecRequest(BaseModel):
 
     cmd: str | list[str] = Field(
         ...,
-        description="Shell string (run with /bin/sh -c) or argv list",
+        description="Shell string (run with `bash -l -c`, or `sh -c`: see `shell`) or argv list",
         json_schema_extra={"minLength": 1, "minItems": 1},
     )
     cwd: str | None = Field(
@@ -167,6 +174,16 @@ class ExecRequest(BaseModel):
             "naming the bytes dropped between); default and upper bound: the server's "
             "ATOLL_MAX_EXEC_OUTPUT_KB. Streamed output (Accept: application/x-ndjson) is never cut."
         ),
+    )
+    stdin: str | None = Field(
+        None,
+        description="Text fed to the command's stdin, which is then closed (default: /dev/null; a "
+        "background process without it gets a stdin pipe for POST …/processes/{pid}/stdin)",
+    )
+    shell: Shell | None = Field(
+        None,
+        description="What runs a string cmd: bash (`bash -l -c`) or sh (`sh -c`); default: the "
+        "sandbox's shell, else bash when the sandbox has /bin/bash",
     )
 
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
@@ -334,6 +351,7 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.U
         "metadata": rec.metadata_,
         "env": rec.env,
         "user": rec.user,
+        "shell": rec.shell,
         "network": rec.network or {"allow_out": [], "deny_out": []},
         "secrets": {var: b["secret"] for var, b in (rec.secrets or {}).items()},
         "public_ports": sorted((rec.previews or {}).get("public", [])),
@@ -394,6 +412,7 @@ class Sandbox(BaseModel):
     metadata: dict[str, str]
     env: dict[str, str]
     user: str | None
+    shell: Shell | None = Field(None, description="Shell of string commands (null: bash when present)")
     network: NetworkPolicy
     secrets: dict[str, str] = Field(description="{ENV: secret_name}; the values are never shown")
     public_ports: list[int] = Field(description="Ports its preview URLs serve without a token")
@@ -457,10 +476,34 @@ class ProcessInfo(BaseModel):
     background: bool
     started_at: float
     log_path: str | None = None
+    stdin_open: bool = Field(False, description="Its stdin pipe takes input (POST …/processes/{pid}/stdin)")
+    timed_out: bool = False
+    output_bytes: int = Field(0, description="Offset after the newest byte of its output")
 
 
 class ProcessList(BaseModel):
     items: list[ProcessInfo]
+
+
+class SignalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    signal: str | int = Field(
+        ..., description="A signal name or number: TERM, SIGTERM or 15 (Linux names)", examples=["TERM"]
+    )
+
+
+class WaitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float | None = Field(
+        None, ge=0, le=86400, description="Give up after this long with 409 process_running (null: no limit)"
+    )
+
+
+class StdinWritten(BaseModel):
+    written: int = Field(description="Bytes delivered to the process's stdin")
+    eof: bool = Field(description="Whether its stdin was closed after them")
 
 
 class FileEntry(BaseModel):

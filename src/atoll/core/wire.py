@@ -22,6 +22,7 @@ PROTOCOL_HEADER = "Atoll-Protocol"
 
 _Event = Annotated[worker_api.WorkerEvent, pydantic.Field(discriminator="kind")]
 _ExecEvent = Annotated[worker_api.ExecEvent, pydantic.Field(discriminator="kind")]
+_ProcessEvent = Annotated[worker_api.ProcessEvent, pydantic.Field(discriminator="kind")]
 
 
 _ADAPTERS: dict[Any, pydantic.TypeAdapter] = {}
@@ -68,6 +69,16 @@ def dump_exec_event(ev: worker_api.ExecEvent) -> Any:
 
 def load_exec_event(data: Any) -> worker_api.ExecEvent:
     return typing.cast(worker_api.ExecEvent, load(typing.cast(type, _ExecEvent), data, "exec event"))
+
+
+def dump_process_event(ev: worker_api.ProcessEvent) -> Any:
+    return dump(ev, _ProcessEvent)
+
+
+def load_process_event(data: Any) -> worker_api.ProcessEvent:
+    return typing.cast(
+        worker_api.ProcessEvent, load(typing.cast(type, _ProcessEvent), data, "process output event")
+    )
 
 
 def error_body(e: errors.AtollError) -> dict:

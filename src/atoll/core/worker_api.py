@@ -237,6 +237,11 @@ class ExecSpec:
     env: dict[str, str] | None = None
     timeout_s: float | None = None
     user: str | None = None
+    stdin: str | None = None
+    """Fed to the command, then its stdin is closed. None: /dev/null for an exec; for a background
+    process a pipe kept open for send_stdin."""
+    shell: Literal["bash", "sh"] | None = None
+    """What runs a string cmd: `bash -l -c` or `sh -c`; None: bash when the sandbox has /bin/bash."""
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,47 @@ class ProcessInfo:
     background: bool
     started_at: float
     log_path: str | None = None
+    stdin_open: bool = False
+    timed_out: bool = False
+    output_bytes: int = 0
+    """Offset after the newest byte of its output (stdout and stderr counted together)."""
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """A piece of a background process's output; `offset` is the byte offset after it (resume
+    reading there)."""
+
+    stream: Literal["stdout", "stderr"]
+    text: str
+    offset: int
+    kind: Literal["output"] = "output"
+
+
+@dataclass(frozen=True)
+class ProcessDropped:
+    """Output before `offset` is no longer kept (the per-process buffer holds the newest bytes):
+    `dropped` bytes were skipped from the offset asked for."""
+
+    dropped: int
+    offset: int
+    kind: Literal["dropped"] = "dropped"
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """The end of a background process's output: it exited, and everything it wrote was read."""
+
+    exit_code: int | None
+    timed_out: bool
+    duration_ms: int
+    offset: int
+    kind: Literal["exit"] = "exit"
+
+
+ProcessEvent = ProcessOutput | ProcessDropped | ProcessExit
+MAX_STDIN_BYTES = 16 << 20
+"""The most one send_stdin call carries (the public stdin route's body limit)."""
 
 
 @dataclass(frozen=True)
@@ -574,6 +620,28 @@ class WorkerAPI(Protocol):
 
     async def metrics(self, sandbox_id: str) -> SandboxMetrics:
         """Its resource figures now, in any phase but deleting (a standby sandbox is not woken)."""
+        ...
+
+    # process handles (issue 9): one process, its output from an offset, stdin, signals, wait
+    async def get_process(self, sandbox_id: str, pid: int) -> ProcessInfo: ...
+
+    def process_output(
+        self, sandbox_id: str, pid: int, offset: int, follow: bool
+    ) -> typing.AsyncContextManager[AsyncIterator[ProcessEvent]]:
+        """A background process's output from `offset` (its lines, then its exit once it ended);
+        `follow` waits for more until it exits. Leaving early leaves the process running."""
+        ...
+
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool) -> int:
+        """Write `data` to a background process's stdin (then close it if `eof`); bytes written."""
+        ...
+
+    async def signal_process(self, sandbox_id: str, pid: int, signal: str) -> None:
+        """Send `signal` (a name such as "TERM", core.signals) to the process's group."""
+        ...
+
+    async def wait_process(self, sandbox_id: str, pid: int, timeout_s: float | None) -> ProcessInfo:
+        """Its record once it exited; ProcessRunning (409) if still running after `timeout_s`."""
         ...
 
     def read_file(self, sandbox_id: str, path: FilePath) -> typing.AsyncContextManager[FileDownload]: ...

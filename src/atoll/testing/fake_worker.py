@@ -28,7 +28,7 @@ import typing
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from atoll.core import errors, netpolicy
+from atoll.core import errors, netpolicy, signals
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step, Tier, advance
 from atoll.portstream import StreamPort
@@ -44,6 +44,10 @@ class FakeRuntime:
     failure: str | None = None
     files: dict[bytes, bytes] = field(default_factory=dict)
     processes: dict[int, api.ProcessInfo] = field(default_factory=dict)
+    output: dict[int, bytes] = field(default_factory=dict)
+    """A background process's stdout: what exec_handler answered for it, then what its stdin got
+    (a fake process echoes its input), until it is signalled (then it exits 128+N)."""
+    stdin: dict[int, bytearray] = field(default_factory=dict)
 
 
 def _key(path: api.FilePath) -> bytes:
@@ -364,7 +368,73 @@ class FakeWorker(fake_files.FakeFileOps):
         rt.processes[pid] = api.ProcessInfo(
             pid, spec.cmd, True, None, True, time.time(), f"/tmp/.atoll/proc-{pid}.log"
         )
+        rt.output[pid] = self.exec_handler(spec).stdout.encode()
+        rt.stdin[pid] = bytearray()
+        if spec.stdin is not None:
+            rt.stdin[pid] += spec.stdin.encode()
+            rt.output[pid] += spec.stdin.encode()
+            rt.processes[pid] = dataclasses.replace(rt.processes[pid], stdin_open=False)
+        else:
+            rt.processes[pid] = dataclasses.replace(rt.processes[pid], stdin_open=True)
         return api.ProcessStarted(pid, f"/tmp/.atoll/proc-{pid}.log")
+
+    # process handles: fake processes run until signalled; they echo their stdin to stdout
+    def _process(self, sandbox_id: str, pid: int) -> tuple[FakeRuntime, api.ProcessInfo]:
+        rt = self._running(sandbox_id)
+        info = rt.processes.get(pid)
+        if info is None:
+            raise errors.ProcessNotFound(f"no process with pid {pid} was started in sandbox {sandbox_id}")
+        return rt, info
+
+    async def get_process(self, sandbox_id: str, pid: int) -> api.ProcessInfo:
+        rt, info = self._process(sandbox_id, pid)
+        return dataclasses.replace(info, output_bytes=len(rt.output.get(pid, b"")))
+
+    @contextlib.asynccontextmanager
+    async def process_output(
+        self, sandbox_id: str, pid: int, offset: int, follow: bool
+    ) -> AsyncIterator[AsyncIterator[api.ProcessEvent]]:
+        rt, info = self._process(sandbox_id, pid)
+        data = rt.output.get(pid, b"")
+        if offset > len(data):
+            raise errors.InvalidRequest(f"offset {offset} is past the end of the output ({len(data)} bytes)")
+
+        async def events() -> AsyncIterator[api.ProcessEvent]:
+            if offset < len(data):
+                yield api.ProcessOutput("stdout", data[offset:].decode(errors="replace"), len(data))
+            if not info.running:
+                yield api.ProcessExit(info.exit_code, False, 0, len(data))
+
+        yield events()
+
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool) -> int:
+        rt, info = self._process(sandbox_id, pid)
+        if not info.running:
+            raise errors.Conflict(
+                f"process {pid} has exited; its stdin takes no more input", code="process_exited"
+            )
+        if not info.stdin_open:
+            raise errors.Conflict(f"the stdin of process {pid} is closed", code="stdin_closed")
+        rt.stdin[pid] += data
+        rt.output[pid] = rt.output.get(pid, b"") + data
+        if eof:
+            rt.processes[pid] = dataclasses.replace(info, stdin_open=False)
+        return len(data)
+
+    async def signal_process(self, sandbox_id: str, pid: int, signal: str) -> None:
+        rt, info = self._process(sandbox_id, pid)
+        if info.running and signal not in ("CONT", "CHLD", "WINCH", "URG"):
+            rt.processes[pid] = dataclasses.replace(
+                info, running=False, exit_code=128 + signals.LINUX_SIGNALS[signal], stdin_open=False
+            )
+
+    async def wait_process(self, sandbox_id: str, pid: int, timeout_s: float | None) -> api.ProcessInfo:
+        rt, info = self._process(sandbox_id, pid)
+        if info.running:
+            raise errors.Conflict(
+                f"process {pid} is still running after timeout_s={timeout_s}", code="process_running"
+            )
+        return info
 
     async def list_processes(self, sandbox_id: str) -> Sequence[api.ProcessInfo]:
         return list(self._running(sandbox_id).processes.values())

@@ -561,7 +561,10 @@ class Builder:
         assert b.start
         return await self.guest.start_process(
             sid,
-            api.ExecSpec(cmd=b.start, cwd=b.workdir or "/", user=b.user, max_output_bytes=1 << 16),
+            # `start` and `ready.cmd` keep sh -c (a Dockerfile CMD's shell form), whatever the sandbox's shell
+            api.ExecSpec(
+                cmd=b.start, cwd=b.workdir or "/", user=b.user, max_output_bytes=1 << 16, shell="sh"
+            ),
         )
 
     async def _wait_ready(
@@ -570,7 +573,9 @@ class Builder:
         ready = b.ready or {}
         timeout = float(ready.get("timeout_s") or 120.0)
         if ready.get("cmd"):
-            probe = api.ExecSpec(cmd=ready["cmd"], cwd=b.workdir or "/", max_output_bytes=4096, timeout_s=30)
+            probe = api.ExecSpec(
+                cmd=ready["cmd"], cwd=b.workdir or "/", max_output_bytes=4096, timeout_s=30, shell="sh"
+            )
             what = f"ready check {ready['cmd']!r}"
         else:
             port = ready.get("port")

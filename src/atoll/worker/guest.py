@@ -320,6 +320,8 @@ class Guest:
             "background": background,
             "user": spec.user,
             "max_output_bytes": spec.max_output_bytes,
+            "stdin": spec.stdin,
+            "shell": spec.shell,
         }
 
     @staticmethod
@@ -370,6 +372,40 @@ class Guest:
                 "the guest agent answered /stats without a process count", detail=r.text[:300]
             )
         return n
+
+    # process handles: GET /processes/<pid>[/output], POST …/stdin|signal|wait
+    async def get_process(self, sid: str, pid: int) -> api.ProcessInfo:
+        r = await self.request(sid, "GET", f"/processes/{int(pid)}")
+        return wire.load(api.ProcessInfo, r.json(), "process from the guest agent")
+
+    @contextlib.asynccontextmanager
+    async def process_output(
+        self, sid: str, pid: int, offset: int, follow: bool
+    ) -> AsyncIterator[AsyncIterator[api.ProcessEvent]]:
+        params = {"offset": str(int(offset)), "follow": "1" if follow else "0"}
+        async with self.stream(sid, "GET", f"/processes/{int(pid)}/output", params=params, timeout=None) as r:
+            yield _process_events(r.aiter_raw())
+
+    async def send_stdin(self, sid: str, pid: int, data: bytes, eof: bool) -> int:
+        params = {"eof": "1"} if eof else {}
+        r = await self.request(
+            sid, "POST", f"/processes/{int(pid)}/stdin", params=params, content=data, timeout=None
+        )
+        try:
+            return int(r.json()["written"])
+        except (ValueError, KeyError, TypeError):
+            raise errors.RuntimeFailure(
+                "the guest agent's stdin answer is malformed", detail=r.text[:300]
+            ) from None
+
+    async def signal_process(self, sid: str, pid: int, signal: str) -> None:
+        await self.request(sid, "POST", f"/processes/{int(pid)}/signal", json={"signal": signal})
+
+    async def wait_process(self, sid: str, pid: int, timeout_s: float | None) -> api.ProcessInfo:
+        r = await self.request(
+            sid, "POST", f"/processes/{int(pid)}/wait", json={"timeout_s": timeout_s}, timeout=None
+        )
+        return wire.load(api.ProcessInfo, r.json(), "process from the guest agent")
 
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -577,6 +613,42 @@ async def _exec_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.ExecEvent
         raise errors.RuntimeFailure(
             "the exec stream from the guest agent ended before the command's exit status"
         )
+
+
+async def _process_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.ProcessEvent]:
+    """The agent's ndjson process output as seam events (lines as in `_exec_events`)."""
+    pending = b""
+    async for chunk in raw:
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield _process_event(line)
+    if pending.strip():
+        yield _process_event(pending)
+
+
+def _process_event(line: bytes) -> api.ProcessEvent:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise errors.RuntimeFailure("the guest agent sent a malformed output line", detail=repr(line[:200]))
+    if "error" in obj:
+        raise wire.error_from_body(500, obj, "the guest agent's output stream broke")
+    for name in ("stdout", "stderr"):
+        if isinstance(obj.get(name), str):
+            return wire.load(
+                api.ProcessOutput,
+                {"stream": name, "text": obj[name], "offset": obj.get("offset")},
+                "output line",
+            )
+    if "dropped" in obj:
+        return wire.load(api.ProcessDropped, obj, "output line from the guest agent")
+    if "exit_code" in obj:
+        return wire.load(api.ProcessExit, obj, "output line from the guest agent")
+    raise errors.RuntimeFailure("the guest agent sent an unknown output line", detail=repr(line[:200]))
 
 
 def _exec_event(line: bytes) -> api.ExecEvent:

@@ -288,6 +288,54 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         await node.kill_pty(request.path_params["sid"], request.path_params["pty"])
         return no_content()
 
+    # process handles (issue 9)
+    def _pid(request: Request) -> tuple[str, int]:
+        return request.path_params["sid"], request.path_params["pid"]
+
+    async def get_process(request: Request) -> Response:
+        return _answer(wire.dump(await node.get_process(*_pid(request))))
+
+    async def process_output(request: Request) -> Response:
+        q = request.query_params
+        offset = q.get("offset", "0")
+        if not offset.isdigit():
+            raise errors.InvalidRequest(f"offset must be an integer >= 0, got {offset!r}")
+        reading = node.process_output(*_pid(request), int(offset), q.get("follow") == "1")
+        events = await reading.__aenter__()
+
+        async def lines() -> typing.AsyncIterator[bytes]:
+            try:
+                async for ev in events:
+                    yield _dumps(wire.dump_process_event(ev)) + b"\n"
+            except errors.AtollError as e:
+                yield _dumps(wire.error_body(e)) + b"\n"
+            finally:
+                await reading.__aexit__(None, None, None)
+
+        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+
+    async def send_stdin(request: Request) -> Response:
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > api.MAX_STDIN_BYTES:
+                raise errors.PayloadTooLarge(f"stdin data is over {api.MAX_STDIN_BYTES} bytes")
+        written = await node.send_stdin(*_pid(request), bytes(data), request.query_params.get("eof") == "1")
+        return _answer({"written": written})
+
+    async def signal_process(request: Request) -> Response:
+        body = await _body(request, None, "signal request")
+        await node.signal_process(*_pid(request), str(body.get("signal", "")))
+        return no_content()
+
+    async def wait_process(request: Request) -> Response:
+        body = await _body(request, None, "wait request")
+        timeout = body.get("timeout_s")
+        if timeout is not None and not isinstance(timeout, (int, float)):
+            raise errors.InvalidRequest(f"timeout_s must be a number or null, got {timeout!r}")
+        info = await _unless_disconnected(request, node.wait_process(*_pid(request), timeout))
+        return _answer(wire.dump(info))
+
     # ---- files ------------------------------------------------------------------------------------
     async def read_file(request: Request) -> Response:
         reading = node.read_file(request.path_params["sid"], _path(request))
@@ -451,6 +499,11 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb + "/processes", list_processes, methods=["GET"]),
         Route(sb + "/processes/{pid:int}", kill_process, methods=["DELETE"]),
         Route(sb + "/metrics", sandbox_metrics, methods=["GET"]),
+        Route(sb + "/processes/{pid:int}", get_process, methods=["GET"]),
+        Route(sb + "/processes/{pid:int}/output", process_output, methods=["GET"]),
+        Route(sb + "/processes/{pid:int}/stdin", send_stdin, methods=["POST"]),
+        Route(sb + "/processes/{pid:int}/signal", signal_process, methods=["POST"]),
+        Route(sb + "/processes/{pid:int}/wait", wait_process, methods=["POST"]),
         Route(sb + "/files", read_file, methods=["GET"]),
         Route(sb + "/files", write_file, methods=["PUT"]),
         Route(sb + "/files", delete_file, methods=["DELETE"]),

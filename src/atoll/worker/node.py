@@ -786,6 +786,33 @@ class Node:
             processes=processes,
         )
 
+    # process handles (issue 9)
+    async def get_process(self, sandbox_id: str, pid: int) -> api.ProcessInfo:
+        async with self._serving(sandbox_id):
+            return await self.guest.get_process(sandbox_id, pid)
+
+    @contextlib.asynccontextmanager
+    async def process_output(
+        self, sandbox_id: str, pid: int, offset: int, follow: bool
+    ) -> AsyncIterator[AsyncIterator[api.ProcessEvent]]:
+        async with (
+            self._serving(sandbox_id),
+            self.guest.process_output(sandbox_id, pid, offset, follow) as events,
+        ):
+            yield events
+
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool) -> int:
+        async with self._serving(sandbox_id):
+            return await self.guest.send_stdin(sandbox_id, pid, data, eof)
+
+    async def signal_process(self, sandbox_id: str, pid: int, signal: str) -> None:
+        async with self._serving(sandbox_id):
+            await self.guest.signal_process(sandbox_id, pid, signal)
+
+    async def wait_process(self, sandbox_id: str, pid: int, timeout_s: float | None) -> api.ProcessInfo:
+        async with self._serving(sandbox_id):
+            return await self.guest.wait_process(sandbox_id, pid, timeout_s)
+
     @contextlib.asynccontextmanager
     async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
         async with self._serving(sandbox_id), self.guest.read_file(sandbox_id, path) as download:

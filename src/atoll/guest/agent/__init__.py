@@ -29,8 +29,11 @@ Modules, bottom up:
   gate             what would make a checkpoint fail now (GET /gate)
   connection       HTTP/1.1 parsing and responses on one keep-alive connection
   capture          a command's output: captured head, ndjson stream, leftover drain
+  procio           a background process's pipes: bounded output log by offset, pump, stdin pipe
+  shells           bash -l -c (env re-exported after the profile) or sh -c for string commands
   handlers_status  GET /health, POST /identity, GET /gate
   handlers_exec    POST /exec, GET /processes, DELETE /processes/<pid>, POST /processes/kill-all
+  handlers_procs   GET /processes/<pid>[/output], POST /processes/<pid>/stdin|signal|wait
   handlers_files   GET|PUT|DELETE /files, GET /files/list
   ptyframes        the framing of an attached terminal (a copy of atoll.core.ptyframes)
   ptys             terminals: POST|GET /pty, GET|DELETE /pty/<id>, GET /pty/<id>/attach (see there)
@@ -76,9 +79,12 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
                                cpus narrows the CPU affinity commands inherit to ceil(cpus) CPUs;
                                workdir becomes the cwd of commands without one; writes
                                /run/atoll/identity.json (sandbox_id, generation, hostname, restored_at)
-  POST   /exec                 {"cmd": str|[str], "cwd", "env", "timeout_s", "background", "user"}
-      str cmd runs as /bin/sh -c cmd; a list is the argv (a missing binary gives exit_code 127 and
-      "<name>: command not found", a non-executable file 126). stdin is /dev/null. env is merged over
+  POST   /exec                 {"cmd": str|[str], "cwd", "env", "timeout_s", "background", "user",
+                                "stdin": str|null, "shell": "bash"|"sh"|null}
+      str cmd runs as bash -l -c cmd when /bin/bash exists (shell null; ATOLL_AGENT_SHELL sets the
+      default), else /bin/sh -c cmd (see `shells`); a list is the argv (a missing binary gives
+      exit_code 127 and "<name>: command not found", a non-executable file 126). stdin is
+      /dev/null, or a pipe fed `stdin` then closed. env is merged over
       the agent's environment (ATOLL_* removed, PATH and LANG=C.UTF-8 defaulted, HOME/USER/LOGNAME
       from the user's passwd entry). cwd defaults to the agent's cwd. Each command is a new session;
       on timeout the session, its process group and every descendant (by /proc ppid links) get
@@ -93,15 +99,26 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
       * Once the command itself has exited, output is collected for 0.3 s more; a descendant that
         still holds the pipes (`cmd &` without redirection) is then left running, its further output
         is read and dropped, and the call returns.
-      * background=true: 200 {"pid", "log_path"} at once; stdout+stderr go to
-        /tmp/.atoll/proc-<pid>.log (removed with the record). timeout_s still applies to it. A
-        background command that cannot start is a 400.
+      * background=true: 200 {"pid", "log_path"} at once; stdout and stderr are pipes read by a
+        pump (procio) into the process's OutputLog (newest 4 MiB, by offset) and copied to
+        /tmp/.atoll/proc-<pid>.log (removed with the record); stdin is a pipe the agent holds
+        (or feeds `stdin` into, then closes). timeout_s still applies to it. A background command
+        that cannot start is a 400.
   GET    /processes            {"items": [{"pid", "cmd", "running", "exit_code", "background",
                                "started_at", "log_path"}]}: background commands (finished ones stay
                                until deleted; the 1000 newest finished are kept) and running
                                foreground ones.
   DELETE /processes/<pid>      SIGKILL its session, group and descendants; forget a background
                                record and its log -> 204; unknown pid -> 404 process_not_found
+  GET    /processes/<pid>      its record (+ stdin_open, timed_out, output_bytes); 404 process_not_found
+  GET    /processes/<pid>/output?offset=N&follow=1   chunked ndjson {"stdout"|"stderr": text, "offset"}
+                               ({"dropped", "offset"} first when N is older than the log), then
+                               {"exit_code", "timed_out", "duration_ms", "offset"} once it exited;
+                               a follower that hangs up leaves the process running
+  POST   /processes/<pid>/stdin[?eof=1]   raw body written to its stdin -> {"written", "eof"};
+                               409 stdin_closed / process_exited / invalid_state (not read for 30 s)
+  POST   /processes/<pid>/signal  {"signal": "TERM"|"SIGTERM"|15} to its process group (via atoll-init)
+  POST   /processes/<pid>/wait    {"timeout_s": n|null} -> its record once exited; 409 process_running
   POST   /processes/kill-all   every user process dies (atoll-init and its namespace) -> 204; the
                                worker's relief when the sandbox nears its host task limit
   PUT    /files?path=/abs[&mode=0644]   raw body (Content-Length or chunked), streamed to a temp

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 
+from . import procio, shells
 from .capture import DEFAULT_CAPTURE, MAX_CAPTURE, PIPE_READ, Capture, Stream, drain_leftovers
 from .common import dumps
 from .connection import Conn, Request, json_body
@@ -42,6 +43,7 @@ class ExecSpec:
         "user",
         "user_kwargs",
         "max_output",
+        "stdin",
     )
 
 
@@ -59,15 +61,15 @@ class ExecHandlers:
         spec = ExecSpec()
         cmd = body.get("cmd")
         if isinstance(cmd, str) and cmd.strip():
-            argv = ["/bin/sh", "-c", cmd]
+            argv = [None, cmd]  # the shell is chosen below, once the environment is known
         elif isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd) and cmd[0]:
             argv = list(cmd)
         else:
             raise invalid(
-                "cmd must be a non-empty string (run with /bin/sh -c) or a non-empty list of strings "
+                "cmd must be a non-empty string (run with bash -l -c or /bin/sh -c) or a non-empty list of strings "
                 f"(the argv), got {cmd!r}"[:500]
             )
-        if any("\x00" in a for a in argv):
+        if any(a is not None and "\x00" in a for a in argv):
             raise invalid("cmd contains a NUL byte; remove it")
         spec.argv, spec.cmd = argv, cmd
 
@@ -150,9 +152,20 @@ class ExecHandlers:
                     )
             env.update(extra)
         spec.env = env
+        if argv[0] is None:
+            spec.argv = shells.argv(body.get("shell") or self.default_shell, cmd, env)
+        elif body.get("shell") is not None:
+            shells.argv(body.get("shell"), "", env)  # validated, though an argv runs without a shell
+        stdin = body.get("stdin")
+        if stdin is not None and not isinstance(stdin, str):
+            raise invalid(
+                f"stdin must be a string (fed to the command, then closed) or null, got {type(stdin).__name__}"
+            )
+        # "replace": a JSON string may hold a lone surrogate, which has no UTF-8 form
+        spec.stdin = None if stdin is None else stdin.encode("utf-8", "replace")
         return spec
 
-    def _spawn(self, spec: ExecSpec, *, stdout, stderr, notify=None):
+    def _spawn(self, spec: ExecSpec, *, stdout, stderr, notify=None, stdin=None):
         # Every process of the sandbox carries its current identity (set again after a restore).
         env = spec.env
         if self.sandbox_id:
@@ -168,6 +181,7 @@ class ExecHandlers:
                 stdout=stdout,
                 stderr=stderr,
                 notify=notify,
+                stdin=stdin,
             )
         except OSError as e:
             raise spawn_error(e, spec.argv, spec.cwd, spec.user) from None
@@ -183,9 +197,16 @@ class ExecHandlers:
         streaming = "application/x-ndjson" in req.headers.get("accept", "").lower()
         started = time.monotonic()
         q = queue.SimpleQueue()
+        stdin_r = stdin_w = None
+        if spec.stdin is not None:
+            stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         try:
-            proc, popen = self._spawn(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE, notify=q)
+            proc, popen = self._spawn(
+                spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE, notify=q, stdin=stdin_r
+            )
         except NotRunnable as e:
+            if stdin_w is not None:
+                os.close(stdin_w)
             duration = round((time.monotonic() - started) * 1000)
             if streaming:
                 conn.start_chunked("application/x-ndjson")
@@ -208,6 +229,15 @@ class ExecHandlers:
                     },
                 )
             return
+        except BaseException:
+            if stdin_w is not None:
+                os.close(stdin_w)
+            raise
+        finally:
+            if stdin_r is not None:
+                os.close(stdin_r)
+        if stdin_w is not None:
+            pool.submit(procio.feed, procio.StdinPipe(stdin_w), spec.stdin, proc.ended.is_set)
         pipes = [popen.stdout, popen.stderr]
         try:
             sink = Stream(conn) if streaming else Capture(spec.max_output)
@@ -345,9 +375,15 @@ class ExecHandlers:
         except OSError as e:
             self._log_dir_ready = False
             raise ApiError(500, "runtime_error", f"cannot create the log file {tmp_log}: {e}") from None
+        # stdin is a pipe the agent holds (POST /processes/<pid>/stdin) or feeds `stdin` into;
+        # stdout and stderr go through procio.pump into the process's OutputLog and its log file.
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        wake = procio.ExitWake()
         try:
             try:
-                proc, _ = self._spawn(spec, stdout=fd, stderr=fd)
+                proc, popen = self._spawn(
+                    spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=stdin_r, notify=wake
+                )
             except NotRunnable as e:
                 raise invalid(f"cannot start the background command: {e.message.strip()}") from None
         except BaseException:
@@ -355,9 +391,17 @@ class ExecHandlers:
                 os.unlink(tmp_log)
             except OSError:
                 pass
+            os.close(fd)
+            os.close(stdin_w)
+            wake.close()
             raise
         finally:
-            os.close(fd)
+            os.close(stdin_r)
+        proc.output = procio.OutputLog()
+        proc.stdin = procio.StdinPipe(stdin_w)
+        pool.submit(procio.pump, proc, [popen.stdout, popen.stderr], proc.output, fd, wake)
+        if spec.stdin is not None:
+            pool.submit(procio.feed, proc.stdin, spec.stdin, proc.ended.is_set)
         log_path = f"{LOG_DIR}/proc-{proc.pid}.log"
         try:
             os.replace(tmp_log, log_path)
@@ -375,6 +419,7 @@ class ExecHandlers:
 
     def _background_timeout(self, proc: Proc) -> None:
         if proc.exit_code is None and self.procs.get(proc.pid) is proc:
+            proc.timed_out = True
             kill_tree(proc.pid)
 
     def kill_process(self, conn: Conn, pid_text: str) -> None:
@@ -396,6 +441,10 @@ class ExecHandlers:
             if proc.timer is not None:
                 proc.timer.cancel()
             remove_log(proc)
+            if proc.output is not None:  # forgotten: the reaper will not report it; end its pump
+                proc.ended.set()
+                if proc.notify is not None:
+                    proc.notify.put(("exit", None))
         conn.send_no_content()
 
     def kill_everything(self, conn: Conn) -> None:

@@ -199,11 +199,15 @@ class InitClient:
         except (OSError, ApiError) as e:
             log(f"cannot ask atoll-init to kill {pid}: {e}")
 
-    def signal_group(self, pgid: int, sig: int) -> None:
+    def signal(self, pid: int, sig: int) -> None:
         try:
-            self._request({"op": "signal", "pgid": pgid, "signal": sig})
+            self._request({"op": "signal", "pid": pid, "sig": sig})
         except (OSError, ApiError) as e:
-            log(f"cannot ask atoll-init to signal group {pgid}: {e}")
+            log(f"cannot ask atoll-init to signal {pid}: {e}")
+
+    def signal_group(self, pgid: int, sig: int) -> None:
+        """A terminal's ^C/^Z/SIGWINCH to its foreground group (the same op: killpg inside)."""
+        self.signal(pgid, sig)
 
     def set_identity(self, sandbox_id: str, cpus: float | None = None) -> None:
         self.sandbox_id = sandbox_id

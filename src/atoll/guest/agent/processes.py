@@ -26,6 +26,7 @@ MAX_PROCESS_RECORDS = 1000
 
 class Proc:
     __slots__ = ("pid", "cmd", "background", "started_at", "exit_code", "notify", "log_path", "timer")
+    __slots__ += ("output", "stdin", "timed_out", "ended", "ended_at")  # background handles (procio)
 
     def __init__(self, pid: int, cmd, background: bool, notify, log_path):
         self.pid = pid
@@ -36,6 +37,11 @@ class Proc:
         self.notify = notify  # queue that receives ("exit", code), for foreground commands
         self.log_path = log_path
         self.timer = None
+        self.output = None  # procio.OutputLog of a background process
+        self.stdin = None  # procio.StdinPipe while its stdin is a pipe the agent holds
+        self.timed_out = False
+        self.ended = threading.Event()  # set once the exit status is in
+        self.ended_at: float | None = None
 
     def info(self) -> dict:
         item = {
@@ -48,6 +54,10 @@ class Proc:
         }
         if self.background:
             item["log_path"] = self.log_path
+            item["stdin_open"] = self.stdin is not None and not self.stdin.closed
+            item["timed_out"] = self.timed_out
+            if self.output is not None:
+                item["output_bytes"] = self.output.end
         return item
 
 
@@ -99,7 +109,8 @@ class ProcessTable:
         for p in running:
             self._deliver_code(p.pid, 128 + 9)
 
-    def spawn(self, argv, *, cmd, background, cwd, env, user_kwargs, stdout, stderr, notify=None):
+    def spawn(self, argv, *, cmd, background, cwd, env, user_kwargs, stdout, stderr, notify=None, stdin=None):
+        stdin = self._devnull if stdin is None else stdin
         ticket = next(self._tickets)
         with self._cond:
             self._inflight.add(ticket)
@@ -110,14 +121,14 @@ class ProcessTable:
                     cwd=cwd,
                     env=env,
                     user_kwargs=user_kwargs,
-                    stdin=self._devnull,
+                    stdin=stdin,
                     stdout=stdout,
                     stderr=stderr,
                 )
                 return self._register(popen, cmd, background, notify)
             popen = subprocess.Popen(
                 argv,
-                stdin=self._devnull,
+                stdin=stdin,
                 stdout=stdout,
                 stderr=stderr,
                 cwd=cwd,
@@ -257,7 +268,9 @@ class ProcessTable:
             if proc is None or proc.exit_code is not None:
                 return  # an orphan (PID 1 inherits them) or a forgotten record
             proc.exit_code = code
+            proc.ended_at = time.time()
             notify, timer = proc.notify, proc.timer
+        proc.ended.set()
         if timer is not None:
             timer.cancel()
         if notify is not None:
@@ -283,6 +296,8 @@ class ProcessTable:
 
 
 def remove_log(proc: Proc) -> None:
+    if proc.stdin is not None:
+        proc.stdin.close()
     if proc.log_path:
         try:
             os.unlink(proc.log_path)

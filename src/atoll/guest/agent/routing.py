@@ -19,6 +19,7 @@ from .errors import ApiError
 from .handlers_exec import ExecHandlers
 from .handlers_fileops import FileOpsHandlers
 from .handlers_files import FileHandlers
+from .handlers_procs import ProcHandlers
 from .handlers_status import StatusHandlers
 from .processes import ProcessTable
 from .ptys import PtyHandlers
@@ -27,6 +28,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _ROUTES_HELP = (
     "the agent serves GET /health, GET /stats, POST /identity, POST /exec, GET /processes, DELETE /processes/<pid>, "
+    "GET /processes/<pid>[/output], POST /processes/<pid>/stdin|signal|wait, "
     "GET|PUT|DELETE /files?path=, GET /files/list?path=, GET /files/stat|watch?path=, POST /files/mkdir|chmod?path=, "
     "POST /files/move?from=&to=, GET|PUT /files/tar?path=, GET /gate, POST|GET /pty, GET|DELETE /pty/<id>, "
     "GET /pty/<id>/attach"
@@ -43,7 +45,7 @@ _FILE_OPS = {
 }
 
 
-class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers, PtyHandlers):
+class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers, PtyHandlers, ProcHandlers):
     """The agent's state (identity, environment for commands, the process table) and its route table.
 
     One instance per process, made by `__main__`; every `connection.Conn` calls `dispatch`.
@@ -73,6 +75,9 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers, PtyHand
         except KeyError:
             env.setdefault("HOME", "/root" if os.geteuid() == 0 else "/")
         self.base_env = env
+        self.default_shell = os.environ.get("ATOLL_AGENT_SHELL") or None
+        """The shell of string commands that name none (ATOLL_AGENT_SHELL; unset: bash when present).
+        A checkout's tests set it to sh: a host's login profile is no business of theirs."""
         self.default_cwd: str | None = None
         """The template's workdir (POST /identity): the cwd of commands that name none."""
 
@@ -107,6 +112,18 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers, PtyHand
             return self.kill_process(conn, path[len("/processes/") :])
         if path == "/pty" or path.startswith("/pty/"):
             return self._route_pty(conn, req, method, path)
+        if path.startswith("/processes/"):
+            pid, _, verb = path[len("/processes/") :].partition("/")
+            if method == "GET" and not verb:
+                return self.process_info(conn, pid)
+            if method == "GET" and verb == "output":
+                return self.process_output(conn, req, pid)
+            if method == "POST" and verb == "stdin":
+                return self.process_stdin(conn, req, pid)
+            if method == "POST" and verb == "signal":
+                return self.process_signal(conn, req, pid)
+            if method == "POST" and verb == "wait":
+                return self.process_wait(conn, req, pid)
         if path == "/identity" and method == "POST":
             return self.identity(conn, req)
         if path == "/gate" and method == "GET":

@@ -23,7 +23,7 @@ it; `processes.ProcessTable` reports the commands it ran as killed). The init:
                    + 3 fds (stdin, stdout, stderr) by SCM_RIGHTS  -> {"id", "pid"} | {"id", "error": {...}}
                    ("ctty": true: stdin is a terminal's slave, made the new session's controlling tty)
                    {"op": "kill", "pid", "root_alive"}   (kill_tree inside; no answer)
-                   {"op": "signal", "pgid", "signal"}   (killpg inside, for a terminal's ^C; no answer)
+                   {"op": "signal", "pid", "sig"}  (killpg inside: a command's group, a terminal's ^C; no answer)
                    {"op": "identity", "sandbox_id", "cpus"} (rewrites ATOLL_SANDBOX_ID in its environ;
                                                           narrows the CPU affinity commands inherit)
     init -> agent  {"exit": pid, "code": exit code as a shell reports it}, for spawned commands
@@ -56,6 +56,20 @@ MAX_MESSAGE = 1 << 20  # an exec request with its environment; the agent checks 
 _REAPER_OWNS_STATUS = -(1 << 30)
 
 _libc = None
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Send `sig` to a command's process group (it leads one: each command is a new session), or to
+    the process alone if its group is gone."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    except OSError:
+        pass
 
 
 def libc():
@@ -282,10 +296,7 @@ class Init:
                 elif op == "kill":
                     proctree.kill_tree(int(msg["pid"]), root_alive=bool(msg.get("root_alive", True)))
                 elif op == "signal":
-                    try:
-                        os.killpg(int(msg["pgid"]), int(msg["signal"]))
-                    except OSError:
-                        pass
+                    signal_group(int(msg["pid"]), int(msg["sig"]))
                 elif op == "identity":
                     self.sandbox_id = str(msg["sandbox_id"])
                     set_environ_in_place("ATOLL_SANDBOX_ID", self.sandbox_id)

@@ -1,0 +1,240 @@
+"""Process handles: one process's record, its output from an offset (re-read or followed), its
+stdin, signals and waiting for its exit.
+
+`ProcHandlers` is mixed into `routing.Agent`, which routes GET /processes/<pid>,
+GET /processes/<pid>/output, POST /processes/<pid>/stdin, POST /processes/<pid>/signal and
+POST /processes/<pid>/wait here. The buffers and pipes themselves are in `procio`.
+"""
+
+from __future__ import annotations
+
+import select
+import signal
+import socket
+
+from . import zygote
+from .common import dumps
+from .connection import Conn, Request, json_body
+from .errors import ApiError, BadRequest, PeerGone, invalid
+from .procio import STDIN_WRITE_TIMEOUT_S, StdinClosed
+
+NDJSON = "application/x-ndjson"
+STDIN_CHUNK = 1 << 16
+MAX_STDIN_DRAIN = 64 << 20
+WAKE_S = 0.5  # how often a follower or waiter looks whether its caller went away
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
+SIGNALS = {s.name[3:]: s for s in signal.Signals if not s.name.startswith("SIG_")}
+
+
+def parse_signal(value) -> signal.Signals:
+    """TERM, SIGTERM, sigterm, "15" or 15 -> signal.SIGTERM; 400 listing the valid names otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return signal.Signals(value)
+        except ValueError:
+            pass
+    elif isinstance(value, str):
+        text = value.strip().upper()
+        if text.isdigit():
+            try:
+                return signal.Signals(int(text))
+            except ValueError:
+                pass
+        name = text[3:] if text.startswith("SIG") else text
+        if name in SIGNALS:
+            return SIGNALS[name]
+    raise invalid(
+        f"unknown signal {value!r}; use a name or number such as TERM, SIGTERM or 15. Valid names: "
+        + ", ".join(sorted(SIGNALS, key=lambda n: SIGNALS[n].value))
+    )
+
+
+def _peer_gone(sock: socket.socket) -> bool:
+    """Whether the caller closed (or reset) its connection; never blocks."""
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLIN | _POLLRDHUP)
+    if not p.poll(0):
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class ProcHandlers:
+    """A mixin of `routing.Agent` (it uses `self.procs`, the ProcessTable)."""
+
+    def _proc(self, pid_text: str, *, background: bool = False):
+        try:
+            pid = int(pid_text)
+        except ValueError:
+            raise invalid(f"process id must be a positive integer, got {pid_text!r}") from None
+        proc = self.procs.get(pid)
+        if proc is None:
+            raise ApiError(
+                404,
+                "process_not_found",
+                f"no process with pid {pid} was started by the agent (or it was already removed); "
+                "list them with GET /processes",
+            )
+        if background and proc.output is None:
+            raise invalid(
+                f"process {pid} is a foreground exec: its output and stdin belong to that exec call; "
+                "start the command with background=true to get a handle"
+            )
+        return proc
+
+    def process_info(self, conn: Conn, pid_text: str) -> None:
+        conn.send_json(200, self._proc(pid_text).info())
+
+    def process_output(self, conn: Conn, req: Request, pid_text: str) -> None:
+        proc = self._proc(pid_text, background=True)
+        text = req.query.get("offset", "0") or "0"
+        if not (text.isascii() and text.isdigit()):
+            raise invalid(f"offset must be a byte offset (an integer >= 0), got {text!r}")
+        offset = int(text)
+        follow = req.query.get("follow", "").lower() in ("1", "true", "yes")
+        log = proc.output
+        if offset > log.end:
+            raise invalid(
+                f"offset {offset} is past the end of process {proc.pid}'s output ({log.end} bytes so far); "
+                "pass an offset from an earlier line, or 0"
+            )
+        conn.start_chunked(NDJSON)
+        while True:
+            dropped, pieces = log.read(offset)
+            if dropped:
+                offset += dropped
+                conn.write_chunk(dumps({"dropped": dropped, "offset": offset}) + b"\n")
+            for kind, data, end in pieces:
+                offset = end
+                conn.write_chunk(dumps({kind: data.decode("utf-8", "replace"), "offset": end}) + b"\n")
+            if dropped or pieces:
+                continue
+            with log.cond:
+                if log.end > offset:
+                    continue
+                if log.closed or not follow:
+                    break
+                log.cond.wait(WAKE_S)
+            if _peer_gone(conn.sock):
+                raise PeerGone()  # the follower went away: the process runs on
+        if log.closed and offset >= log.end:
+            conn.write_chunk(dumps(self._exit_line(proc, offset)) + b"\n")
+        conn.end_chunked()
+
+    @staticmethod
+    def _exit_line(proc, offset: int) -> dict:
+        ended = proc.ended_at or proc.started_at
+        return {
+            "exit_code": proc.exit_code,
+            "timed_out": proc.timed_out,
+            "duration_ms": max(0, round((ended - proc.started_at) * 1000)),
+            "offset": offset,
+        }
+
+    def process_stdin(self, conn: Conn, req: Request, pid_text: str) -> None:
+        try:
+            written, eof = self._stdin(req, pid_text)
+        except ApiError:
+            try:  # the caller sends the whole body before it reads the answer
+                req.body.drain(MAX_STDIN_DRAIN)
+            except BadRequest:
+                pass
+            raise
+        conn.send_json(200, {"written": written, "eof": eof})
+
+    def _stdin(self, req: Request, pid_text: str) -> tuple[int, bool]:
+        proc = self._proc(pid_text, background=True)
+        eof = req.query.get("eof", "").lower() in ("1", "true", "yes")
+        pipe = proc.stdin
+        if proc.exit_code is not None:
+            raise ApiError(
+                409,
+                "process_exited",
+                f"process {proc.pid} has exited (exit code {proc.exit_code}); its stdin takes no more "
+                "input — start a new process",
+            )
+        if pipe.closed:
+            raise ApiError(
+                409,
+                "stdin_closed",
+                f"the stdin of process {proc.pid} is closed (by an earlier eof, or it was given as a "
+                "string at start); start a new process to send more input",
+            )
+        written = 0
+        buf = memoryview(bytearray(STDIN_CHUNK))
+        try:
+            while n := req.body.readinto(buf):
+                written += pipe.write(bytes(buf[:n]), proc.ended.is_set)
+        except StdinClosed:
+            if proc.exit_code is not None:
+                raise ApiError(
+                    409,
+                    "process_exited",
+                    f"process {proc.pid} exited (exit code {proc.exit_code}) after reading {written} "
+                    "bytes of this input; the rest was not delivered",
+                ) from None
+            raise ApiError(
+                409,
+                "stdin_closed",
+                f"process {proc.pid} closed its stdin after {written} bytes of this input; the rest "
+                "was not delivered",
+            ) from None
+        except TimeoutError as e:
+            done = written + (e.args[0] if e.args else 0)
+            raise ApiError(
+                409,
+                "invalid_state",
+                f"process {proc.pid} did not read its stdin for {int(STDIN_WRITE_TIMEOUT_S)} s (or exited): "
+                f"{done} bytes of this input were delivered, the rest was not; send less at a time",
+            ) from None
+        if eof:
+            pipe.close()
+        return written, eof
+
+    def process_signal(self, conn: Conn, req: Request, pid_text: str) -> None:
+        proc = self._proc(pid_text)
+        sig = parse_signal(json_body(req).get("signal"))
+        if proc.exit_code is None:
+            if self.procs.init is not None:
+                self.procs.init.signal(proc.pid, int(sig))
+            else:
+                zygote.signal_group(proc.pid, int(sig))
+        conn.send_json(200, {"pid": proc.pid, "signal": sig.name[3:], "running": proc.exit_code is None})
+
+    def process_wait(self, conn: Conn, req: Request, pid_text: str) -> None:
+        proc = self._proc(pid_text)
+        timeout = json_body(req).get("timeout_s")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < 1e9
+        ):
+            raise invalid(f"timeout_s must be a number of seconds >= 0 or null (no limit), got {timeout!r}")
+        done = proc.ended if proc.output is None else None
+        log = proc.output
+        left = timeout
+        while True:
+            step = WAKE_S if left is None else min(WAKE_S, left)
+            if done is not None:
+                finished = done.wait(step)
+            else:
+                with log.cond:
+                    finished = log.cond.wait_for(lambda: log.closed, step)
+            if finished:
+                break
+            if left is not None:
+                left -= step
+                if left <= 0:
+                    raise ApiError(
+                        409,
+                        "process_running",
+                        f"process {proc.pid} is still running after timeout_s={timeout}; wait again, "
+                        "or signal or kill it",
+                    )
+            if _peer_gone(conn.sock):
+                raise PeerGone()
+        info = proc.info()
+        info["timed_out"] = proc.timed_out
+        conn.send_json(200, info)

@@ -1,0 +1,280 @@
+"""A background process's pipes: `OutputLog` keeps its stdout and stderr as one bounded sequence
+addressed by byte offsets that readers can re-read and follow; `pump` reads the process's pipes
+into that log (and into its log file) on a pooled thread; `StdinPipe` feeds its stdin.
+
+Used by `handlers_exec` (starting background commands, stdin given as a string) and
+`handlers_procs` (GET /processes/<pid>/output, POST /processes/<pid>/stdin, wait).
+
+Offsets count bytes of the combined output sequence: every piece of stdout or stderr, in the
+order the agent read them. A piece is never split inside a UTF-8 character (an incomplete
+character at the end of a read waits for the rest). The log keeps the newest OUTPUT_KEEP bytes
+of a process; a reader asking for an older offset gets a `{"dropped": n, "offset": oldest}` line
+first. Like the pipes themselves, it uses poll() and blocking calls only (no epoll: see the
+package docstring).
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import select
+import threading
+import time
+
+from .capture import PIPE_READ, drain_leftovers
+
+OUTPUT_KEEP = 4 << 20  # bytes of output kept per background process (stdout and stderr together)
+EXIT_DRAIN_GRACE_S = 0.3  # as for a foreground exec: output read after the process's own exit
+STDIN_WRITE_TIMEOUT_S = 30.0  # a write to a stdin the process does not read gives up after this
+
+
+def complete_utf8(data: bytes) -> int:
+    """How many leading bytes of `data` end on a UTF-8 character boundary."""
+    n = len(data)
+    for i in range(1, min(4, n) + 1):
+        c = data[n - i]
+        if c < 0x80:
+            return n
+        if c >= 0xC0:
+            need = 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+            return n if i >= need else n - i
+    return n
+
+
+class OutputLog:
+    """The newest `keep` bytes of a process's output as (offset, kind, bytes) pieces; `closed` once
+    no more output will come (the process exited and its pipes were drained)."""
+
+    def __init__(self, keep: int = OUTPUT_KEEP) -> None:
+        self.keep = keep
+        self.cond = threading.Condition()
+        self.pieces: collections.deque = collections.deque()
+        self.start = 0  # offset of the oldest byte kept
+        self.end = 0  # offset after the newest byte
+        self.closed = False
+        self._pending = {"stdout": b"", "stderr": b""}
+
+    def add(self, kind: str, data: bytes) -> None:
+        data = self._pending[kind] + data
+        cut = complete_utf8(data)
+        self._pending[kind] = data[cut:]
+        if cut:
+            self._append(kind, data[:cut])
+
+    def _append(self, kind: str, data: bytes) -> None:
+        with self.cond:
+            if self.closed:
+                return
+            if len(data) > self.keep:
+                self.end += len(data) - self.keep
+                data = data[-self.keep :]
+            self.pieces.append((self.end, kind, data))
+            self.end += len(data)
+            while self.end - self.pieces[0][0] > self.keep:
+                off, k, d = self.pieces[0]
+                over = self.end - off - self.keep  # bytes to drop from the front
+                if over < len(d):
+                    self.pieces[0] = (off + over, k, d[over:])
+                    break
+                self.pieces.popleft()
+            self.start = self.pieces[0][0] if self.pieces else self.end
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        for kind in ("stdout", "stderr"):
+            rest, self._pending[kind] = self._pending[kind], b""
+            if rest:
+                self._append(kind, rest)
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def read(self, offset: int, limit: int = 1 << 20) -> tuple[int, list[tuple[str, bytes, int]]]:
+        """(bytes dropped before `offset`'s data, [(kind, data, end offset)]) from `offset` on, at
+        most about `limit` bytes; call with the cond held or not (it takes it)."""
+        with self.cond:
+            dropped = max(0, self.start - offset)
+            offset = max(offset, self.start)
+            out: list[tuple[str, bytes, int]] = []
+            size = 0
+            for off, kind, data in self.pieces:
+                if off + len(data) <= offset:
+                    continue
+                part = data[max(0, offset - off) :]
+                end = off + len(data)
+                if out and out[-1][0] == kind:  # merge neighbours of one stream into one line
+                    out[-1] = (kind, out[-1][1] + part, end)
+                else:
+                    out.append((kind, part, end))
+                size += len(part)
+                if size >= limit:
+                    break
+            return dropped, out
+
+
+class ExitWake:
+    """The `notify` of a background process's record: the reaper's ("exit", code) wakes its pump
+    through a pipe, so an idle pump sleeps in poll() without a timeout (no wake-ups: an idle
+    sandbox uses no CPU)."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe2(os.O_CLOEXEC)
+
+    def put(self, _item) -> None:
+        try:
+            os.write(self.w, b"x")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def pump(proc, pipes: list, log: OutputLog, log_fd: int, wake: ExitWake) -> None:
+    """Read a background process's stdout and stderr into `log` and its log file until they close,
+    or until EXIT_DRAIN_GRACE_S after the process exited (a descendant still holding them then
+    keeps writing to the log file only); then close the log. Runs on a pooled thread."""
+    exited = proc.ended
+    kinds = {pipes[0].fileno(): "stdout", pipes[1].fileno(): "stderr"}
+    files = {f.fileno(): f for f in pipes}
+    poller = select.poll()
+    for fd in kinds:
+        poller.register(fd, select.POLLIN)
+    poller.register(wake.r, select.POLLIN)
+    grace_end = None
+    try:
+        while kinds:
+            now = time.monotonic()
+            if grace_end is None and exited.is_set():
+                grace_end = now + EXIT_DRAIN_GRACE_S
+                poller.unregister(wake.r)
+            if grace_end is not None and now >= grace_end:
+                break
+            timeout = -1 if grace_end is None else max(1, int((grace_end - now) * 1000))
+            for fd, _ in poller.poll(timeout):
+                if fd == wake.r:
+                    continue  # the exit: seen at the top of the loop
+                try:
+                    data = os.read(fd, PIPE_READ)
+                except OSError:
+                    data = b""
+                if data:
+                    log.add(kinds[fd], data)
+                    _write_all(log_fd, data)
+                else:
+                    poller.unregister(fd)
+                    kinds.pop(fd)
+                    files.pop(fd).close()
+        exited.wait()
+    finally:
+        wake.close()
+        log.close()
+        if proc.stdin is not None:
+            proc.stdin.close()  # the process is gone: nothing will read more input
+    if files:
+        _to_log_file(list(files.values()), log_fd)
+    else:
+        os.close(log_fd)
+
+
+def _to_log_file(files: list, log_fd: int) -> None:
+    """What a process's leftover descendants write, after it exited: to the log file only."""
+    try:
+        poller = select.poll()
+        by_fd = {f.fileno(): f for f in files}
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        while by_fd:
+            for fd, _ in poller.poll():
+                try:
+                    data = os.read(fd, PIPE_READ)
+                except OSError:
+                    data = b""
+                if data:
+                    _write_all(log_fd, data)
+                else:
+                    poller.unregister(fd)
+                    by_fd.pop(fd).close()
+    except Exception:
+        drain_leftovers([f for f in files if not f.closed])
+    finally:
+        os.close(log_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        pass  # the log file is a convenience; the OutputLog is the record
+
+
+class StdinClosed(Exception):
+    """The process's stdin is closed: by an earlier eof, or because the process (and every holder
+    of the pipe) is gone."""
+
+
+class StdinPipe:
+    """The write end of a process's stdin pipe, non-blocking, written under a lock."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.closed = False
+        self.broken = False  # the reader went away (EPIPE)
+
+    def write(self, data: bytes, ended=lambda: False, timeout: float = STDIN_WRITE_TIMEOUT_S) -> int:
+        """Write all of `data`; raise StdinClosed if closed or the reader is gone, TimeoutError if
+        the process did not read for `timeout` seconds (or it ended while the pipe was full)."""
+        view = memoryview(data)
+        done = 0
+        with self.lock:
+            if self.closed:
+                raise StdinClosed()
+            poller = select.poll()
+            poller.register(self.fd, select.POLLOUT)
+            deadline = time.monotonic() + timeout
+            while done < len(view):
+                try:
+                    done += os.write(self.fd, view[done:])
+                    deadline = time.monotonic() + timeout
+                    continue
+                except BlockingIOError:
+                    pass
+                except OSError as e:
+                    if e.errno == errno.EPIPE:
+                        self.broken = True
+                        raise StdinClosed() from None
+                    raise
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(done)
+                if not poller.poll(int(min(left, 0.5) * 1000) + 1) and ended():
+                    raise TimeoutError(done)
+        return done
+
+    def close(self) -> None:
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                try:
+                    os.close(self.fd)
+                except OSError:
+                    pass
+
+
+def feed(pipe: StdinPipe, data: bytes, ended) -> None:
+    """Write `data` then close the pipe (stdin given as a string); on a pooled thread. A process
+    that exits without reading it all simply loses the rest, as with `echo data | cmd`."""
+    try:
+        pipe.write(data, ended, timeout=float("inf"))
+    except (StdinClosed, TimeoutError, OSError):
+        pass
+    finally:
+        pipe.close()

@@ -1,0 +1,275 @@
+"""Process handles in the guest agent (run natively, as in test_guest_agent): stdin for exec and
+background processes, output re-read from an offset and followed, reattach, signals, wait; and
+the pure parts (the bounded output log, the shell's argv)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from atoll.guest.agent import procio, shells
+from tests.unit.test_guest_agent import _start_agent
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    running = _start_agent(tmp_path_factory.mktemp("agent"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def client(agent):
+    with httpx.Client(base_url=agent.url, timeout=30) as c:
+        yield c
+
+
+def _lines(r: httpx.Response) -> list[dict]:
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.content.split(b"\n") if line.strip()]
+
+
+def _bg(client, **body) -> int:
+    r = client.post("/exec", json={**body, "background": True})
+    assert r.status_code == 200, r.text
+    return r.json()["pid"]
+
+
+def _error(r: httpx.Response, status: int, code: str) -> str:
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code, r.text
+    return r.json()["error"]["message"]
+
+
+def test_exec_stdin_plain_and_streamed(client):
+    r = client.post("/exec", json={"cmd": ["cat"], "stdin": "hello\nworld\n"}).json()
+    assert (r["exit_code"], r["stdout"]) == (0, "hello\nworld\n")
+    code = "import sys; print(sys.stdin.read().upper())"
+    r = client.post("/exec", json={"cmd": ["python3", "-c", code], "stdin": "héllo"}).json()
+    assert r["stdout"] == "HÉLLO\n"
+    big = "x" * (3 << 20)  # more than a pipe holds: fed while the output is read
+    r = client.post("/exec", json={"cmd": ["wc", "-c"], "stdin": big}).json()
+    assert r["stdout"].strip() == str(len(big))
+    lines = _lines(
+        client.post(
+            "/exec", json={"cmd": ["cat"], "stdin": "abc"}, headers={"Accept": "application/x-ndjson"}
+        )
+    )
+    assert lines[0] == {"stdout": "abc"} and lines[-1]["exit_code"] == 0
+    # A command that does not read its stdin still ends (the rest is dropped, as with a pipe)
+    r = client.post("/exec", json={"cmd": ["true"], "stdin": big}).json()
+    assert r["exit_code"] == 0
+
+
+def test_background_stdin_fed_line_by_line_and_output_offsets(client):
+    prog = "import sys\nfor line in sys.stdin:\n    print('got', line.strip(), flush=True)\nprint('bye', file=sys.stderr)"
+    pid = _bg(client, cmd=["python3", "-u", "-c", prog])
+    info = client.get(f"/processes/{pid}").json()
+    assert info["running"] and info["stdin_open"] and info["exit_code"] is None
+    seen = ""
+    offset = 0
+    for word in ("one", "two", "three"):
+        assert client.post(f"/processes/{pid}/stdin", content=f"{word}\n".encode()).json() == {
+            "written": len(word) + 1,
+            "eof": False,
+        }
+        deadline = time.monotonic() + 10
+        while f"got {word}\n" not in seen and time.monotonic() < deadline:
+            for line in _lines(client.get(f"/processes/{pid}/output", params={"offset": offset})):
+                assert "exit_code" not in line  # still running: no exit line without follow
+                seen += line["stdout"]
+                offset = line["offset"]
+            time.sleep(0.02)
+        assert seen.endswith(f"got {word}\n")
+    assert offset == len(seen.encode())
+    # Re-read from any offset: the rest of the sequence, nothing else
+    part = _lines(client.get(f"/processes/{pid}/output", params={"offset": 4}))
+    assert "".join(p["stdout"] for p in part) == seen[4:]
+    assert client.post(f"/processes/{pid}/stdin", params={"eof": "1"}).json() == {"written": 0, "eof": True}
+    assert client.post(f"/processes/{pid}/wait", json={"timeout_s": 10}).json()["exit_code"] == 0
+    lines = _lines(client.get(f"/processes/{pid}/output", params={"offset": offset, "follow": "1"}))
+    assert lines[0] == {"stderr": "bye\n", "offset": offset + 4}
+    assert lines[-1]["exit_code"] == 0 and lines[-1]["offset"] == offset + 4 and not lines[-1]["timed_out"]
+    _error(client.post(f"/processes/{pid}/stdin", content=b"late"), 409, "process_exited")
+    with open(
+        client.get(f"/processes/{pid}").json()["log_path"], "rb"
+    ) as f:  # the log file still gets it all
+        assert f.read() == (seen + "bye\n").encode()
+
+
+def test_stdin_to_a_finished_process_is_409(client):
+    pid = _bg(client, cmd=["true"])
+    assert client.post(f"/processes/{pid}/wait", json={}).json()["exit_code"] == 0
+    msg = _error(client.post(f"/processes/{pid}/stdin", content=b"x" * 100000), 409, "process_exited")
+    assert "exit code 0" in msg
+    assert client.get("/health").status_code == 200  # the connection survived the unread body
+
+
+def test_stdin_after_eof_is_409_while_it_runs(client):
+    pid = _bg(client, cmd=["sh", "-c", "cat >/dev/null; sleep 30"])
+    client.post(f"/processes/{pid}/stdin", params={"eof": "1"}, content=b"last")
+    assert client.get(f"/processes/{pid}").json()["stdin_open"] is False
+    msg = _error(client.post(f"/processes/{pid}/stdin", content=b"more"), 409, "stdin_closed")
+    assert str(pid) in msg
+    assert client.delete(f"/processes/{pid}").status_code == 204
+
+
+def test_background_with_stdin_string_is_fed_then_closed(client):
+    pid = _bg(client, cmd=["sh", "-c", "cat; echo done"], stdin="abc\n")
+    assert client.post(f"/processes/{pid}/wait", json={"timeout_s": 10}).json()["exit_code"] == 0
+    lines = _lines(client.get(f"/processes/{pid}/output"))
+    assert "".join(line.get("stdout", "") for line in lines) == "abc\ndone\n"
+
+
+def test_follow_streams_as_it_comes_and_reattach_loses_nothing(agent, client):
+    pid = _bg(
+        client,
+        cmd=["python3", "-u", "-c", "import time\nfor i in range(40):\n    print(i)\n    time.sleep(0.02)"],
+    )
+    got = ""
+    offset = 0
+    # First follower leaves after a few lines (closes its connection mid-stream)
+    with httpx.Client(base_url=agent.url, timeout=30) as first:
+        with first.stream("GET", f"/processes/{pid}/output", params={"follow": "1"}) as r:
+            for raw in r.iter_lines():
+                line = json.loads(raw)
+                got += line["stdout"]
+                offset = line["offset"]
+                if got.count("\n") >= 5:
+                    break
+    assert client.get(f"/processes/{pid}").json()["running"]  # the process did not notice
+    lines = _lines(client.get(f"/processes/{pid}/output", params={"offset": offset, "follow": "1"}))
+    got += "".join(line.get("stdout", "") for line in lines)
+    assert got == "".join(f"{i}\n" for i in range(40))
+    assert lines[-1]["exit_code"] == 0
+
+
+def test_signal_term_to_a_trapping_script_and_wait(client):
+    pid = _bg(
+        client,
+        cmd=["bash", "-c", "trap 'echo got TERM; exit 3' TERM; echo ready; while true; do sleep 0.05; done"],
+    )
+    deadline = time.monotonic() + 10
+    while "ready" not in client.get(f"/processes/{pid}/output").text and time.monotonic() < deadline:
+        time.sleep(0.02)
+    msg = _error(client.post(f"/processes/{pid}/wait", json={"timeout_s": 0.2}), 409, "process_running")
+    assert "still running" in msg
+    r = client.post(f"/processes/{pid}/signal", json={"signal": "SIGTERM"})
+    assert r.status_code == 200 and r.json()["signal"] == "TERM"
+    assert client.post(f"/processes/{pid}/wait", json={}).json()["exit_code"] == 3
+    out = "".join(line.get("stdout", "") for line in _lines(client.get(f"/processes/{pid}/output")))
+    assert out == "ready\ngot TERM\n"
+
+
+@pytest.mark.parametrize("value", ["TERM", "sigterm", "15", 15])
+def test_signal_forms(client, value):
+    pid = _bg(client, cmd=["sleep", "30"])
+    assert client.post(f"/processes/{pid}/signal", json={"signal": value}).status_code == 200
+    assert client.post(f"/processes/{pid}/wait", json={"timeout_s": 10}).json()["exit_code"] == 143
+
+
+def test_bad_process_requests(client):
+    pid = _bg(client, cmd=["sleep", "30"])
+    msg = _error(client.post(f"/processes/{pid}/signal", json={"signal": "BOGUS"}), 400, "invalid_request")
+    assert "BOGUS" in msg and "TERM" in msg and "HUP" in msg
+    _error(client.get(f"/processes/{pid}/output", params={"offset": "-1"}), 400, "invalid_request")
+    _error(client.get(f"/processes/{pid}/output", params={"offset": "abc"}), 400, "invalid_request")
+    assert "past the end" in _error(
+        client.get(f"/processes/{pid}/output", params={"offset": "99"}), 400, "invalid_request"
+    )
+    _error(client.post(f"/processes/{pid}/wait", json={"timeout_s": "x"}), 400, "invalid_request")
+    _error(client.get("/processes/abc"), 400, "invalid_request")
+    _error(client.get("/processes/999999"), 404, "process_not_found")
+    _error(client.post("/processes/999999/stdin", content=b"x"), 404, "process_not_found")
+    _error(client.post("/exec", json={"cmd": "cat", "stdin": 5}), 400, "invalid_request")
+    lone = client.post("/exec", content=b'{"cmd": ["cat"], "stdin": "a\\ud800b"}').json()
+    assert lone["stdout"] == "a?b"  # a lone surrogate has no UTF-8 form: replaced, not a 500
+    _error(client.post("/exec", json={"cmd": "cat", "shell": "zsh"}), 400, "invalid_request")
+    assert client.delete(f"/processes/{pid}").status_code == 204
+
+
+def test_deleting_a_process_ends_its_pump(client, agent):
+    def round_of(n: int) -> int:
+        for _ in range(n):
+            pid = _bg(client, cmd=["sleep", "30"])
+            assert client.delete(f"/processes/{pid}").status_code == 204
+            _error(client.get(f"/processes/{pid}"), 404, "process_not_found")
+        time.sleep(0.5)
+        return len(os.listdir(f"/proc/{agent.pid}/task"))
+
+    first = round_of(15)
+    # A pump left blocked (its process killed and forgotten) would hold its pooled thread: 15 more
+    # rounds would then need 15 more threads.
+    assert round_of(15) - first < 5
+
+
+def test_output_log_keeps_the_newest_bytes():
+    log = procio.OutputLog(keep=10)
+    log.add("stdout", b"0123456")
+    log.add("stderr", b"789ab")
+    assert (log.start, log.end) == (2, 12)
+    dropped, pieces = log.read(0)
+    assert dropped == 2 and pieces == [("stdout", b"23456", 7), ("stderr", b"789ab", 12)]
+    log.add("stdout", b"x" * 25)
+    dropped, pieces = log.read(12)
+    assert (log.start, log.end) == (27, 37) and dropped == 15 and pieces == [("stdout", b"x" * 10, 37)]
+
+
+def test_output_log_never_splits_a_character():
+    log = procio.OutputLog()
+    data = "é€😀".encode()
+    for i in range(len(data)):
+        log.add("stdout", data[i : i + 1])
+    log.close()
+    _, pieces = log.read(0)
+    assert b"".join(p[1] for p in pieces) == data
+    assert all(p[1].decode() for p in pieces)  # each piece decodes on its own
+
+
+def test_shell_argv(monkeypatch):
+    monkeypatch.setattr(shells, "_has_bash", True)
+    env = {
+        "PATH": "/opt/x/bin:/usr/bin",
+        "A B": "skipped",
+        "PWD": "/x",
+        "Q": "it's",
+        "ATOLL_SANDBOX_ID": "forged",
+    }
+    argv = shells.argv(None, "echo hi", env)
+    assert argv[:3] == ["/bin/bash", "-l", "-c"] and argv[3].endswith("; echo hi")
+    assert env[shells.RESTORE_VAR] == "export PATH=/opt/x/bin:/usr/bin Q='it'\"'\"'s'"
+    assert shells.argv("sh", "echo hi", {}) == ["/bin/sh", "-c", "echo hi"]
+    monkeypatch.setattr(shells, "_has_bash", False)
+    monkeypatch.setattr(shells.os, "access", lambda *a: False)
+    assert shells.argv(None, "echo", {}) == ["/bin/sh", "-c", "echo"]
+    with pytest.raises(Exception, match="no /bin/bash"):
+        shells.argv("bash", "echo", {})
+
+
+def test_the_restore_line_makes_env_win_over_a_profile(tmp_path):
+    """The bash line itself, with a profile that resets PATH and sets FOO (HOME is a temp dir)."""
+    (tmp_path / ".profile").write_text("export PATH=/usr/bin:/bin\nexport FOO=profile\nexport BAR=profile\n")
+    env = {"HOME": str(tmp_path), "PATH": f"/opt/x/bin:{os.environ['PATH']}", "FOO": "mine"}
+    argv = shells.argv("bash", 'echo "$PATH|$FOO|$BAR|${__ATOLL_ENV-unset}"; [[ 1 == 1 ]] && echo ok', env)
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    path, foo, bar, restore = out.stdout.splitlines()[0].split("|")
+    assert path.startswith("/opt/x/bin:") and foo == "mine" and bar == "profile" and restore == "unset"
+    assert out.stdout.splitlines()[1] == "ok"
+
+
+def test_stdin_pipe_write_times_out_when_nobody_reads():
+    r, w = os.pipe()
+    pipe = procio.StdinPipe(w)
+    with pytest.raises(TimeoutError):
+        pipe.write(b"x" * (1 << 20), timeout=0.2)
+    pipe.close()
+    with pytest.raises(procio.StdinClosed):
+        pipe.write(b"x")
+    os.close(r)
