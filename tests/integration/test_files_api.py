@@ -104,12 +104,15 @@ def test_relative_paths_resolve_against_the_working_directory(api, sandbox):
     sid = sandbox["id"]
     wd = run(api, sid, "pwd")["stdout"].strip()
     r = api.post(f"/v1/sandboxes/{sid}/files/mkdir", params={"path": "rel/dir"})
-    if wd == "/" and r.status_code == 400:  # a template without a workdir refuses relative paths
-        assert "relative" in r.json()["error"]["message"]
-        return
     assert r.status_code == 200, r.text
     assert r.json()["path"] == f"{wd.rstrip('/')}/rel/dir"
     assert api.get(f"/v1/sandboxes/{sid}/files/stat", params={"path": "rel/dir"}).json()["type"] == "dir"
+    # a file written by a relative path is where a command without cwd finds it
+    assert api.put(
+        f"/v1/sandboxes/{sid}/files", params={"path": "rel/dir/n.txt"}, content=b"42"
+    ).status_code in (200, 201, 204)
+    assert run(api, sid, "cat rel/dir/n.txt")["stdout"] == "42"
+    assert run(api, sid, "rm -r rel")["exit_code"] == 0
 
 
 def _collect(watch, n: int, until: float) -> list:

@@ -67,7 +67,7 @@ def test_api_key_is_redacted(monkeypatch):
     assert "s3cret" not in str(worker_settings.load().redacted())
 
 
-@pytest.mark.parametrize("bad", ["rel/x", "/a/../b", "", "/a\x00b", "/" + "x" * 5000])
+@pytest.mark.parametrize("bad", ["rel/../../x", "/a/../b", "", "/a\x00b", "/" + "x" * 5000])
 def test_path_checks(bad):
     with pytest.raises(errors.InvalidPath):
         http.check_path(bad)
@@ -75,6 +75,9 @@ def test_path_checks(bad):
 
 def test_path_ok():
     assert http.check_path("/a/b..c/./d") == "/a/b..c/./d"
+    # relative: from the working directory (the template's workdir, else /)
+    assert http.check_path("rel/x") == "/rel/x"
+    assert http.check_path("rel/x", workdir="/app/") == "/app/rel/x"
 
 
 def test_exec_request_validation():

@@ -165,7 +165,8 @@ async def unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.
 def check_path(path: str | None, path_b64: str | None = None, workdir: str | None = None) -> str | bytes:
     """The target of a files call: `path` (text), or `path_b64` (the exact bytes, standard or URL-safe
     base64, as GET …/files/list gives them) for names that are not UTF-8. A relative `path` is
-    taken from the sandbox's `workdir` (its template's), when it has one."""
+    taken from the sandbox's working directory: its template's `workdir`, else / (where commands
+    without a cwd run too)."""
     if path_b64 is not None:
         if path:
             raise errors.InvalidPath("give either 'path' or 'path_b64', not both")
@@ -194,12 +195,8 @@ def check_path(path: str | None, path_b64: str | None = None, workdir: str | Non
         )
     if "\x00" in path:
         raise errors.InvalidPath("path contains a NUL byte")
-    if not path.startswith("/") and workdir:
-        path = workdir.rstrip("/") + "/" + path
-    if not path.startswith("/"):
-        raise errors.InvalidPath(
-            f"path {path!r} is relative; give an absolute path inside the sandbox, e.g. /{path}"
-        )
+    if not path.startswith("/"):  # from the working directory: the template's workdir, else /
+        path = (workdir or "/").rstrip("/") + "/" + path
     if any(part == ".." for part in path.split("/")):
         raise errors.InvalidPath(
             f"path {path!r} contains '..'; give the absolute path without parent references"
