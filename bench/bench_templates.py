@@ -617,7 +617,7 @@ def run(
 ) -> dict:
     t_start = time.monotonic()
     rootfs = c.template_rootfs()
-    sdk = atoll.Client(base_url=a.local.url, api_key=a.local.api_key, timeout=600)
+    sdk = atoll.Client(base_url=a.local.url, api_key=a.local.api_key, request_timeout=600)
     out: dict = {}
     try:
         with c.gvisor_sandbox(rootfs) as sb:  # untimed: the package runs the template's files

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def sdk(atoll_server):
-    with atoll.Client(base_url=atoll_server.url, api_key=atoll_server.api_key, timeout=120) as c:
+    with atoll.Client(base_url=atoll_server.url, api_key=atoll_server.api_key, request_timeout=120) as c:
         yield c
 
 

@@ -178,7 +178,7 @@ def test_a_template_env_path_wins_over_the_login_profile(atoll_server):
             "mkdir -p /opt/x/bin && printf '#!/bin/sh\\necho from-opt-x\\n' > /opt/x/bin/tool && chmod +x /opt/x/bin/tool"
         ],
     }
-    with atoll.Client(base_url=atoll_server.url, api_key=atoll_server.api_key, timeout=600) as c:
+    with atoll.Client(base_url=atoll_server.url, api_key=atoll_server.api_key, request_timeout=600) as c:
         c.templates.build(name, timeout=900, env=spec["env"], run=spec["run"])
         sb = c.sandboxes.create(template=name, idle_timeout_s=0)
         try:
@@ -188,13 +188,24 @@ def test_a_template_env_path_wins_over_the_login_profile(atoll_server):
             # ... and a string command still has the template's PATH, first
             res = sb.exec('echo "$PATH"; tool', check=True)
             assert res.stdout == f"{path}\nfrom-opt-x\n"
+            # ... and so does the terminal's default login shell
+            with sb.pty(cols=200, rows=24) as term:
+                term.send('echo "P=$PATH"; tool; exit\n')
+                out = b""
+                deadline = time.monotonic() + 30
+                while (
+                    b"from-opt-x\r\n" not in out.split(b"tool; exit", 1)[-1] and time.monotonic() < deadline
+                ):
+                    out += term.read(timeout=30)
+                text = out.decode(errors="replace")
+                assert f"P={path}" in text and "from-opt-x" in text.split("tool; exit", 1)[-1], text
         finally:
             sb.delete()
             c.templates.delete(name)
 
 
 def test_sdk_process_handles(atoll_server, sandbox):
-    with atoll.Client(base_url=atoll_server.url, api_key=atoll_server.api_key, timeout=120) as c:
+    with atoll.Client(base_url=atoll_server.url, api_key=atoll_server.api_key, request_timeout=120) as c:
         sb = c.sandboxes.get(sandbox["id"])
         proc = sb.exec(["python3", "-u", "-c", REPL], background=True)
         events = proc.output(follow=True)

@@ -85,7 +85,7 @@ def la(pkghost, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(la):
-    with atoll.Client(base_url=la.url, api_key=la.api_key, timeout=120) as c:
+    with atoll.Client(base_url=la.url, api_key=la.api_key, request_timeout=120) as c:
         yield c
 
 

@@ -62,6 +62,8 @@ REFUSED = {
         "earlier",
     ),
     "file then below it": ([(_m("f"), b"1"), (_m("f/x"), b"2")], "which is a file"),
+    "file then a directory of that name": ([(_m("dd"), b"1"), (_m("dd", tarfile.DIRTYPE), None)], "both"),
+    "directory then a file of that name": ([(_m("ee", tarfile.DIRTYPE), None), (_m("ee"), b"1")], "both"),
     "char device": ([(_m("d", tarfile.CHRTYPE), None)], "device"),
     "block device": ([(_m("d", tarfile.BLKTYPE), None)], "device"),
     "fifo": ([(_m("p", tarfile.FIFOTYPE), None)], "fifo"),
@@ -162,6 +164,21 @@ def test_tar_upload_refused_writes_nothing_and_keeps_the_connection(client, tmp_
     assert not [n for n in os.listdir("/tmp") if n.startswith(".atoll-tar-")], "the spool is unlinked"
 
 
+def test_tar_member_against_another_kind_on_disk_writes_nothing(client, tmp_path):
+    target = tmp_path / "k"
+    (target / "isdir").mkdir(parents=True)
+    (target / "isfile").write_bytes(b"keep")
+    for members in (
+        [(_m("new.txt"), b"n"), (_m("isdir"), b"x")],
+        [(_m("new.txt"), b"n"), (_m("isfile", tarfile.DIRTYPE), None)],
+        [(_m("new.txt"), b"n"), (_m("dd"), b"1"), (_m("dd", tarfile.DIRTYPE), None)],
+    ):
+        r = client.put("/files/tar", params={"path": str(target)}, content=_tar(members))
+        assert r.status_code == 400, r.text
+        assert not (target / "new.txt").exists() and not (target / "dd").exists()
+    assert (target / "isfile").read_bytes() == b"keep" and (target / "isdir").is_dir()
+
+
 def test_tar_download_streams_the_tree(client, tmp_path):
     (tmp_path / "d/e").mkdir(parents=True)
     (tmp_path / "d/empty").mkdir()
@@ -178,6 +195,25 @@ def test_tar_download_streams_the_tree(client, tmp_path):
         assert members["empty"].isdir() and tf.extractfile("e/f").read() == b"x" * 300_000
     r = client.get("/files/tar", params={"path": str(tmp_path / "nope")})
     assert r.status_code == 404
+
+
+def test_tar_download_leaves_out_sockets_and_other_mounts(client, tmp_path):
+    import socket as socket_mod
+
+    (tmp_path / "t/sub").mkdir(parents=True)
+    (tmp_path / "t/sub/a").write_bytes(b"a")
+    os.link(tmp_path / "t/sub/a", tmp_path / "t/hard")
+    s = socket_mod.socket(socket_mod.AF_UNIX)
+    s.bind(str(tmp_path / "t/sock"))  # tarfile cannot hold a socket: it used to cut the stream
+    try:
+        blob = client.get("/files/tar", params={"path": str(tmp_path / "t")}).content
+    finally:
+        s.close()
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tf:
+        members = {m.name: m for m in tf}
+        assert set(members) == {"hard", "sub", "sub/a"}, set(members)
+        regular = next(m for m in members.values() if m.isreg())
+        assert tf.extractfile(regular).read() == b"a"
 
 
 def _inotify_fds(pid: int) -> int:
@@ -288,3 +324,21 @@ def test_watch_limit_on_directories(tmp_path, monkeypatch):
         assert seen[-1]["type"] == "overflow"
     finally:
         w.close()
+
+
+def test_open_watches_are_bounded(tmp_path, monkeypatch):
+    """Past MAX_OPEN watches a sandbox answers 409 instead of starving its agent (150 recursive
+    watches of / at once used to make the worker give the sandbox up as unresponsive)."""
+    import threading
+
+    from atoll.guest.agent import errors as agent_errors
+    from atoll.guest.agent import watch
+
+    monkeypatch.setattr(watch, "_open", threading.BoundedSemaphore(1))
+    assert watch._open.acquire(blocking=False)  # the one slot is taken by an open watch
+    try:
+        with pytest.raises(agent_errors.ApiError) as e:
+            watch.serve(None, str(tmp_path), True)  # type: ignore[arg-type]
+        assert e.value.status == 409 and "file watches open" in e.value.message
+    finally:
+        watch._open.release()

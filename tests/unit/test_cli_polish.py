@@ -6,6 +6,7 @@ point in a subprocess where argv handling is what is tested."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,23 @@ def test_update_and_metrics(routes):
     assert json.loads(result.stdout) == FIGURES
     result = run("sandbox", "metrics", "sb_nope")
     assert result.exit_code == 1 and "error: not_found" in result.stderr
+
+
+def test_shell_size_falls_back_to_80x24_for_an_unsized_terminal():
+    import fcntl
+    import struct
+    import termios
+
+    from atoll.cli import shell
+
+    master, slave = os.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+        assert shell._size(slave) == (80, 24)  # was (1, 1): an unusable remote terminal
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 132, 0, 0))
+        assert shell._size(slave) == (132, 50)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 5000, 0, 0, 0))
+        assert shell._size(slave) == (80, 1000)
+    finally:
+        os.close(master)
+        os.close(slave)

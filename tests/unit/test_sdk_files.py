@@ -192,9 +192,40 @@ def test_extract_refuses_what_points_outside(tmp_path):
         info.size = 1
         tf.addfile(info, io.BytesIO(b"x"))
     buf.seek(0)
-    with pytest.raises(tarfile.FilterError):
+    with pytest.raises(errors.InvalidRequest) as e:
         _tar.extract(buf, tmp_path / "dst")
+    assert e.value.code == "unsafe_member" and "outside" in e.value.message
     assert not (tmp_path / "escape").exists()
+
+
+def test_extract_keeps_absolute_symlinks_but_writes_nothing_through_them(tmp_path):
+    def tar(*members) -> io.BytesIO:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, link, data in members:
+                info = tarfile.TarInfo(name)
+                if link is not None:
+                    info.type, info.linkname = tarfile.SYMTYPE, link
+                    tf.addfile(info)
+                else:
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        buf.seek(0)
+        return buf
+
+    # a venv: bin/python3 -> /usr/bin/python3 (the case download_dir refused)
+    assert (
+        _tar.extract(
+            tar(("venv/bin/python3", "/usr/bin/python3", None), ("a.txt", None, b"a")), tmp_path / "d"
+        )
+        == 2
+    )
+    assert os.readlink(tmp_path / "d/venv/bin/python3") == "/usr/bin/python3"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with pytest.raises(errors.InvalidRequest):
+        _tar.extract(tar(("l", str(outside), None), ("l/x", None, b"x")), tmp_path / "e")
+    assert not (outside / "x").exists()
 
 
 def test_upload_dir_sends_one_tar(tmp_path):

@@ -957,13 +957,27 @@ class Terminal:
 
     def send(self, data: bytes | str) -> None:
         """Type `data` (str is sent as UTF-8)."""
-        self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
+        self._send(data.encode() if isinstance(data, str) else bytes(data))
 
     def resize(self, cols: int, rows: int) -> None:
         problem = _base.terminal_size_problem(cols, rows)
         if problem:
             raise errors.InvalidRequest(problem, code="invalid_request")
-        self._ws.send(json.dumps({"resize": [cols, rows]}))
+        self._send(json.dumps({"resize": [cols, rows]}))
+
+    def _send(self, message: bytes | str) -> None:
+        if self.exit_code is not None:
+            raise errors.Conflict(
+                f"the program of terminal {self.pty_id} has ended (exit code {self.exit_code}); open "
+                "a new one with sandbox.pty()",
+                code="invalid_state",
+            )
+        try:
+            self._ws.send(message)
+        except ws_errors.ConnectionClosed as exc:
+            raise _base.terminal_closed(
+                exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
+            ) from exc
 
     def read(self, timeout: float | None = None) -> bytes:
         """The next piece of output; b"" once the program ended (`exit_code` is then set).

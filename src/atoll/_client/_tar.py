@@ -13,6 +13,8 @@ import tarfile
 from collections.abc import Iterator
 from typing import IO
 
+from atoll import errors
+
 CHUNK = 256 * 1024
 ENCODING = "utf-8"
 ERRORS = "surrogateescape"
@@ -71,6 +73,23 @@ def extract(spool: IO[bytes], local_dir: str | os.PathLike[str]) -> int:
         raise RuntimeError("download_dir needs tarfile's 'data' filter (Python 3.11.4 or newer)")
     root = os.fspath(local_dir)
     os.makedirs(root, exist_ok=True)
+
+    def keep_symlinks(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        # A symlink is made as it is, even to an absolute path (a venv's bin/python3 -> /usr/bin/…):
+        # making it writes nothing through it, and every later member still passes the "data"
+        # filter, which resolves the links already on disk, so none is written through one that
+        # leads out.
+        if member.issym():
+            return tarfile.tar_filter(member, dest)
+        return data_filter(member, dest)
+
     with tarfile.open(fileobj=spool, mode="r:*", encoding=ENCODING, errors=ERRORS) as tf:
-        tf.extractall(root, filter="data")
+        try:
+            tf.extractall(root, filter=keep_symlinks)
+        except tarfile.FilterError as e:
+            raise errors.InvalidRequest(
+                f"the downloaded tree has a member that would land outside {root!r} ({e}); nothing "
+                "of it was written there, the members before it were",
+                code="unsafe_member",
+            ) from None
         return len(tf.getmembers())

@@ -58,12 +58,14 @@ def shell(
 
 
 def _size(fd: int) -> tuple[int, int]:
+    """The local terminal's size; 80x24 for a dimension it reports as 0 (a pty nobody sized, as
+    under `script` or some CI runners) or cannot tell."""
     try:
         size = os.get_terminal_size(fd)
-        return max(1, min(size.columns, 1000)), max(1, min(size.lines, 1000))
+        cols, rows = size.columns, size.lines
     except OSError:
-        fallback = shutil.get_terminal_size((80, 24))
-        return max(1, min(fallback.columns, 1000)), max(1, min(fallback.lines, 1000))
+        cols, rows = shutil.get_terminal_size((80, 24))
+    return min(cols, 1000) if cols > 0 else 80, min(rows, 1000) if rows > 0 else 24
 
 
 def run(sandbox: Sandbox, *, cmd: str | None, term: str | None) -> int:

@@ -108,7 +108,8 @@ async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecor
         fields["worker_ms"] = outcome.duration_ms
         fields["checkpoint_ms"] = outcome.checkpoint_ms
         for c in copies:
-            m._persist(c, Verb.START)
+            if c.state == State.CREATING:  # a RuntimeChanged event of the copy's restore may have come first
+                m._persist(c, Verb.START)
             m._activity[c.id] = m._activity[sid] = time.monotonic()
             if c.secrets and m.secrets is not None:
                 await worker.set_secrets(c.id, m.secrets.bindings(c.tenant_id, c.secrets))

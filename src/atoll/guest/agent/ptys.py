@@ -29,13 +29,14 @@ import queue
 import re
 import secrets
 import select
+import shlex
 import signal
 import struct
 import termios
 import threading
 import time
 
-from . import ptyframes
+from . import ptyframes, shells
 from .common import log
 from .connection import Conn, Request, json_body
 from .errors import ApiError, PeerGone, invalid
@@ -320,6 +321,11 @@ class PtyHandlers:
         env["TERM"] = term
         if self.sandbox_id:
             env["ATOLL_SANDBOX_ID"], env["ATOLL_GENERATION"] = self.sandbox_id, str(self.generation)
+        run_argv = spec.argv
+        if cmd is None and os.path.basename(argv[0]) == "bash":
+            # The login profile resets PATH: as for exec (shells.argv), the template's, sandbox's and
+            # call's env are exported again after it, then an interactive bash takes over.
+            run_argv = shells.argv("bash", f"exec {shlex.quote(argv[0])} -i", env)
         self._sessions_gc()
         live = sum(1 for s in self.ptys.values() if s.exit_code is None)
         if live >= MAX_SESSIONS:
@@ -335,7 +341,7 @@ class PtyHandlers:
             set_size(slave, cols, rows)
             try:
                 proc, _ = self.procs.spawn_terminal(
-                    spec.argv,
+                    run_argv,
                     cmd=cmd if cmd is not None else argv,
                     cwd=spec.cwd,
                     env=env,

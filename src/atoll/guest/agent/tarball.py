@@ -175,6 +175,13 @@ def _plan(tf: tarfile.TarFile, root: str | None) -> tuple[list[tuple[str, tarfil
             regular.discard(rel)
     tree = _Tree(root, links)
     not_dirs = {rel for rel, m in members if not m.isdir() and not m.issym()}
+    kinds: dict[str, bool] = {}
+    for rel, m in members:  # one name as a directory and as something else: refused, not half-written
+        if kinds.setdefault(rel, m.isdir()) != m.isdir():
+            raise Refused(
+                f"member {printable(m.name)!r} appears both as a directory and as a file or link; "
+                "keep one of them"
+            )
     checked: set[str] = set()
     for rel, m in members:
         parent = os.path.dirname(rel)
@@ -195,6 +202,8 @@ def _plan(tf: tarfile.TarFile, root: str | None) -> tuple[list[tuple[str, tarfil
             raise Refused(f"symlink {shown!r} -> {printable(m.linkname)!r} leads outside the target")
         if not m.isdir() and tree.disk(rel) == "dir":
             raise Refused(f"member {shown!r} is not a directory, but a directory of that name exists")
+        if m.isdir() and tree.disk(rel) in ("file", "other"):
+            raise Refused(f"member {shown!r} is a directory, but a file of that name exists")
     return members, tree
 
 
@@ -430,6 +439,36 @@ def send(conn: Conn, root: str) -> None:
         fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding=ENCODING, errors=ERRORS,
         bufsize=SEND_CHUNK,
     ) as tf:  # fmt: skip
-        for name in names:
-            tf.add(os.path.join(root, name), arcname=name, recursive=True)
+        _add_tree(tf, root, "", names, os.lstat(root).st_dev)
     conn.end_chunked()
+
+
+def _add_tree(tf: tarfile.TarFile, path: str, arc: str, names: list[str], dev: int) -> None:
+    """Add `names` under `path` (recursively) like `tar --one-file-system`: other mounts (the
+    sandbox's /proc, /dev and atoll's own under them) are left out, and so are entries that vanish
+    or cannot be read while the stream is built (sockets too), instead of cutting the stream."""
+    for name in names:
+        full, arcname = os.path.join(path, name), f"{arc}/{name}" if arc else name
+        try:
+            if os.lstat(full).st_dev != dev:
+                continue
+            info = tf.gettarinfo(full, arcname)
+        except OSError:
+            continue
+        if info is None:  # a socket
+            continue
+        if info.isreg():
+            try:
+                f = open(full, "rb")  # noqa: SIM115 - closed below
+            except OSError:
+                continue
+            with f:
+                tf.addfile(info, f)
+        else:
+            tf.addfile(info)
+        if info.isdir():
+            try:
+                below = sorted(os.listdir(full))
+            except OSError:
+                continue
+            _add_tree(tf, full, arcname, below, dev)

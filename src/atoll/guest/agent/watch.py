@@ -15,11 +15,13 @@ ends it. Called by `handlers_fileops`; `Watcher` runs on the host in unit tests.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
 import socket
 import struct
+import threading
 
 from .common import dumps, printable
 from .connection import Conn
@@ -263,8 +265,28 @@ def _peer_closed(sock: socket.socket) -> bool:
         return True
 
 
+MAX_OPEN = 32
+"""Watches open at once in one sandbox; past it 409 (each holds a thread and an inotify fd)."""
+_open = threading.BoundedSemaphore(MAX_OPEN)
+_scanning = threading.Semaphore(2)
+"""Recursive watches walking their tree at once: the walk holds the GIL, and many at a time
+starved the agent's health answers until the worker gave the sandbox up (150 watches of /)."""
+
+
 def serve(conn: Conn, path: str, recursive: bool) -> None:
-    watcher = Watcher(path, recursive)  # 404/400 before the stream starts
+    if not _open.acquire(blocking=False):
+        raise ApiError(
+            409,
+            "invalid_state",
+            f"this sandbox has {MAX_OPEN} file watches open, the most it serves at once; close one "
+            "(or watch a common parent directory recursively) and try again",
+        )
+    try:
+        with _scanning if recursive else contextlib.nullcontext():
+            watcher = Watcher(path, recursive)  # 404/400 before the stream starts
+    except BaseException:
+        _open.release()
+        raise
     try:
         conn.start_chunked("application/x-ndjson")
         conn.write_chunk(dumps({"type": "ready", "path": printable(watcher.root), "is_dir": True}) + b"\n")
@@ -288,3 +310,4 @@ def serve(conn: Conn, path: str, recursive: bool) -> None:
                     )
     finally:
         watcher.close()
+        _open.release()
