@@ -1151,6 +1151,8 @@ class AsyncFiles:
     async def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str | bytes) -> dict[str, Any]:
         """Upload a local directory tree into `remote_dir` (created) as one tar stream: files, empty
         directories, symlinks and hard links. Returns the counts written: files, dirs, links, bytes."""
+        if not os.path.isdir(local_dir):  # said before anything is sent
+            raise NotADirectoryError(f"upload_dir: {os.fspath(local_dir)!r} is not a local directory")
         chunks = _tar.tar_chunks(local_dir)
         response = await self._client._request(
             "PUT",
