@@ -88,8 +88,8 @@ def extract(spool: IO[bytes], local_dir: str | os.PathLike[str]) -> int:
             tf.extractall(root, filter=keep_symlinks)
         except tarfile.FilterError as e:
             raise errors.InvalidRequest(
-                f"the downloaded tree has a member that would land outside {root!r} ({e}); nothing "
-                "of it was written there, the members before it were",
+                f"the downloaded tree has a member that would land outside {root!r} ({e}); it and "
+                "the members after it were not written (the ones before it were)",
                 code="unsafe_member",
             ) from None
         return len(tf.getmembers())
