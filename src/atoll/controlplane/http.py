@@ -17,6 +17,7 @@ import base64
 import binascii
 import contextlib
 import json
+import logging
 import typing
 
 import pydantic
@@ -26,6 +27,8 @@ from fastapi.responses import JSONResponse, Response
 
 from atoll.controlplane import schemas
 from atoll.core import errors
+
+_log = logging.getLogger(__name__)
 
 MAX_JSON_BYTES = 1024 * 1024
 NDJSON = "application/x-ndjson"
@@ -204,3 +207,82 @@ def check_path(path: str | None, path_b64: str | None = None, workdir: str | Non
     if len(path) > 4096:
         raise errors.InvalidPath(f"path is {len(path)} characters; the limit is 4096")
     return path
+
+
+# ---- request bodies and streamed answers shared by the routes ---------------------------------
+def limited_body(request: Request, limit: int, what: str) -> tuple[typing.AsyncIterator[bytes], int | None]:
+    """A streamed request body bounded by `limit` bytes (`what` names it in the 413), and its
+    declared size: refused before the first byte when Content-Length says it is too large."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise errors.PayloadTooLarge(f"{what} is {declared} bytes; the limit is {limit} (ATOLL_MAX_FILE_MB)")
+
+    async def chunks() -> typing.AsyncIterator[bytes]:
+        n = 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise errors.PayloadTooLarge(f"{what} exceeds {limit} bytes (ATOLL_MAX_FILE_MB)")
+            if chunk:
+                yield chunk
+
+    return chunks(), int(declared) if declared and declared.isdigit() else None
+
+
+async def open_held(
+    manager: typing.Any, sid: str, open_stream: typing.Callable[[typing.Any], typing.AsyncContextManager]
+) -> tuple[typing.Any, typing.Callable[[BaseException | None], typing.Awaitable[None]]]:
+    """Open a worker stream (`open_stream(worker)`) under `manager.activity(sid)`, which it holds
+    (the sandbox counts as active) until the returned `close(failure)` is awaited. An error while
+    opening releases the activity and is raised, as an ordinary error answer."""
+    activity = manager.activity(sid)
+    worker = await activity.__aenter__()
+    cm = open_stream(worker)
+    try:
+        value = await cm.__aenter__()
+    except BaseException as e:
+        await activity.__aexit__(type(e), e, e.__traceback__)
+        raise
+
+    async def close(failure: BaseException | None) -> None:
+        await cm.__aexit__(None, None, None)
+        # a SandboxDied passed on marks the sandbox failed (see SandboxManager.activity)
+        await activity.__aexit__(type(failure) if failure else None, failure, None)
+
+    return value, close
+
+
+def broken_line(e: BaseException, sid: str, what: str) -> bytes:
+    """The in-band NDJSON line that ends a stream whose headers are sent, `{"error": {…}}`."""
+    code, message = (
+        (e.code, e.message)
+        if isinstance(e, errors.AtollError)
+        else ("runtime_error", f"the {what} stream from the sandbox broke")
+    )
+    _log.warning("%s stream broke: %s", what, message, extra={"sandbox_id": sid, "detail": repr(e)})
+    return dumps({"error": {"code": code, "message": message}}) + b"\n"
+
+
+async def relayed(
+    sid: str,
+    chunks: typing.AsyncIterator[bytes],
+    close: typing.Callable[[BaseException | None], typing.Awaitable[None]],
+    what: str,
+) -> typing.AsyncIterator[bytes]:
+    """A download's body from a held worker stream (open_held): relayed chunk by chunk; a break
+    after the headers cuts the answer short (the client sees it end early) and is logged."""
+    failure: BaseException | None = None
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as e:  # the headers are sent: the download is cut short
+        failure = e
+        _log.warning(
+            "%s download broke: %s",
+            what,
+            getattr(e, "message", e),
+            extra={"sandbox_id": sid, "detail": repr(e)},
+        )
+        raise
+    finally:
+        await close(failure)

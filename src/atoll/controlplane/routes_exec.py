@@ -12,7 +12,6 @@ Part of the app built by controlplane.app.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import typing
 from typing import Annotated
 
@@ -25,7 +24,6 @@ from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
 from atoll.core import errors
 from atoll.core import worker_api as api
 
-log = logging.getLogger(__name__)
 router = APIRouter(tags=["exec"])
 # An answer the control plane reads whole from a remote worker is bounded (64 MiB).
 ANSWER_TOO_LARGE = http.error_responses({413: "answer_too_large: the worker's answer is over 64 MiB"})
@@ -97,15 +95,7 @@ async def exec_command(request: Request, sid: SandboxId):
 async def _stream(request: Request, sid: str, spec: api.ExecSpec) -> StreamingResponse:
     """A streamed exec: counted as activity for as long as it flows. Until its first line an error
     is an ordinary error answer; after that, a broken stream ends with an in-band error line."""
-    manager = ctx(request).manager
-    activity = manager.activity(sid)
-    worker = await activity.__aenter__()
-    stream = worker.exec_stream(sid, spec)
-    try:
-        events = await stream.__aenter__()
-    except BaseException as e:
-        await activity.__aexit__(type(e), e, e.__traceback__)
-        raise
+    events, close = await http.open_held(ctx(request).manager, sid, lambda w: w.exec_stream(sid, spec))
 
     async def body() -> typing.AsyncIterator[bytes]:
         failure: BaseException | None = None
@@ -126,17 +116,9 @@ async def _stream(request: Request, sid: str, spec: api.ExecSpec) -> StreamingRe
                     )
         except Exception as e:  # noqa: BLE001 - the headers are sent: report it in-band
             failure = e
-            code, message = (
-                (e.code, e.message)
-                if isinstance(e, errors.AtollError)
-                else ("runtime_error", "the exec stream from the sandbox broke")
-            )
-            log.warning("exec stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)})
-            yield http.dumps({"error": {"code": code, "message": message}}) + b"\n"
+            yield http.broken_line(e, sid, "exec")
         finally:
-            await stream.__aexit__(None, None, None)
-            # a SandboxDied passed on marks the sandbox failed (see SandboxManager.activity)
-            await activity.__aexit__(type(failure) if failure else None, failure, None)
+            await close(failure)
 
     return StreamingResponse(body(), media_type=http.NDJSON)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import typing
 
 from fastapi import APIRouter, Query, Request
@@ -22,10 +21,8 @@ from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_files import FILE_ERROR_TEXTS, FILE_ERRORS, PATH, PATH_B64
 from atoll.controlplane.routes_sandboxes import SandboxId
-from atoll.core import errors
 from atoll.core import worker_api as api
 
-log = logging.getLogger(__name__)
 router = APIRouter(tags=["files"])
 
 WATCH_KEEPALIVE_S = 10.0
@@ -132,14 +129,7 @@ async def watch_files(
     as the sandbox's activity while open and ends (inside the sandbox too) when the client leaves."""
     manager = ctx(request).manager
     target = http.check_path(path, path_b64, manager.get(sid).workdir)
-    activity = manager.activity(sid)
-    worker = await activity.__aenter__()
-    watching = worker.watch_files(sid, target, recursive)
-    try:
-        events = await watching.__aenter__()
-    except BaseException as e:
-        await activity.__aexit__(type(e), e, e.__traceback__)
-        raise
+    events, close = await http.open_held(manager, sid, lambda w: w.watch_files(sid, target, recursive))
 
     async def body() -> typing.AsyncIterator[bytes]:
         failure: BaseException | None = None
@@ -159,20 +149,13 @@ async def watch_files(
                 yield _event_line(ev)
         except Exception as e:  # noqa: BLE001 - the headers are sent: report it in-band
             failure = e
-            code, message = (
-                (e.code, e.message)
-                if isinstance(e, errors.AtollError)
-                else ("runtime_error", "the watch stream from the sandbox broke")
-            )
-            log.warning("watch stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)})
-            yield http.dumps({"error": {"code": code, "message": message}}) + b"\n"
+            yield http.broken_line(e, sid, "watch")
         finally:
             if nxt is not None and not nxt.done():
                 nxt.cancel()
                 with contextlib.suppress(BaseException):
                     await nxt
-            await watching.__aexit__(None, None, None)
-            await activity.__aexit__(type(failure) if failure else None, failure, None)
+            await close(failure)
 
     return StreamingResponse(body(), media_type=http.NDJSON)
 
@@ -208,25 +191,9 @@ async def write_tar(
     written; one that points outside `path` refuses the whole tar with 400."""
     c = ctx(request)
     target = http.check_path(path, path_b64, c.manager.get(sid).workdir)
-    limit = c.max_file_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise errors.PayloadTooLarge(
-            f"tar body is {declared} bytes; the limit is {limit} (ATOLL_MAX_FILE_MB)"
-        )
-
-    async def limited() -> typing.AsyncIterator[bytes]:
-        n = 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > limit:
-                raise errors.PayloadTooLarge(f"tar body exceeds {limit} bytes (ATOLL_MAX_FILE_MB)")
-            if chunk:
-                yield chunk
-
-    size = int(declared) if declared and declared.isdigit() else None
+    chunks, size = http.limited_body(request, c.max_file_bytes, "tar body")
     async with c.manager.activity(sid) as worker:
-        written = await worker.write_tar(sid, target, limited(), size)
+        written = await worker.write_tar(sid, target, chunks, size)
     return http.json_response(dataclasses.asdict(written))
 
 
@@ -248,26 +215,6 @@ async def read_tar(
     (empty ones too) and symlinks as themselves, names with their exact bytes."""
     manager = ctx(request).manager
     target = http.check_path(path, path_b64, manager.get(sid).workdir)
-    activity = manager.activity(sid)
-    worker = await activity.__aenter__()
-    reading = worker.read_tar(sid, target)
-    try:
-        download = await reading.__aenter__()
-    except BaseException as e:
-        await activity.__aexit__(type(e), e, e.__traceback__)
-        raise
+    download, close = await http.open_held(manager, sid, lambda w: w.read_tar(sid, target))
 
-    async def body() -> typing.AsyncIterator[bytes]:
-        failure: BaseException | None = None
-        try:
-            async for chunk in download.chunks:
-                yield chunk
-        except Exception as e:  # the headers are sent: the download is cut short
-            failure = e
-            log.warning("tar download broke: %s", getattr(e, "message", e), extra={"sandbox_id": sid})
-            raise
-        finally:
-            await reading.__aexit__(None, None, None)
-            await activity.__aexit__(type(failure) if failure else None, failure, None)
-
-    return StreamingResponse(body(), media_type=TAR)
+    return StreamingResponse(http.relayed(sid, download.chunks, close, "tar"), media_type=TAR)

@@ -7,8 +7,6 @@ UTF-8). A call resumes a sandbox in standby first. Part of the app built by cont
 from __future__ import annotations
 
 import dataclasses
-import logging
-import typing
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -16,9 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, SandboxId
-from atoll.core import errors
 
-log = logging.getLogger(__name__)
 router = APIRouter(tags=["files"])
 
 PATH = Query(None, description="Absolute path inside the sandbox, e.g. /root/a.txt")
@@ -62,25 +58,9 @@ async def write_file(
 ):
     c = ctx(request)
     target = http.check_path(path, path_b64, c.manager.get(sid).workdir)
-    limit = c.max_file_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise errors.PayloadTooLarge(
-            f"file body is {declared} bytes; the limit is {limit} (ATOLL_MAX_FILE_MB)"
-        )
-
-    async def limited() -> typing.AsyncIterator[bytes]:
-        n = 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > limit:
-                raise errors.PayloadTooLarge(f"file body exceeds {limit} bytes (ATOLL_MAX_FILE_MB)")
-            if chunk:
-                yield chunk
-
-    size = int(declared) if declared and declared.isdigit() else None
+    chunks, size = http.limited_body(request, c.max_file_bytes, "file body")
     async with c.manager.activity(sid) as worker:
-        await worker.write_file(sid, target, limited(), size)
+        await worker.write_file(sid, target, chunks, size)
     return Response(status_code=204)
 
 
@@ -100,34 +80,13 @@ async def read_file(
 ):
     manager = ctx(request).manager
     target = http.check_path(path, path_b64, manager.get(sid).workdir)
-    activity = manager.activity(sid)
-    worker = await activity.__aenter__()
-    reading = worker.read_file(sid, target)
-    try:
-        download = await reading.__aenter__()
-    except BaseException as e:
-        await activity.__aexit__(type(e), e, e.__traceback__)
-        raise
-
-    async def body() -> typing.AsyncIterator[bytes]:
-        failure: BaseException | None = None
-        try:
-            async for chunk in download.chunks:
-                yield chunk
-        except Exception as e:  # the headers are sent: the download is cut short
-            failure = e
-            log.warning(
-                "file download broke: %s",
-                getattr(e, "message", e),
-                extra={"sandbox_id": sid, "detail": repr(e)},
-            )
-            raise
-        finally:
-            await reading.__aexit__(None, None, None)
-            await activity.__aexit__(type(failure) if failure else None, failure, None)
-
+    download, close = await http.open_held(manager, sid, lambda w: w.read_file(sid, target))
     headers = {"Content-Length": str(download.size)} if download.size is not None else {}
-    return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(
+        http.relayed(sid, download.chunks, close, "file"),
+        media_type="application/octet-stream",
+        headers=headers,
+    )
 
 
 @router.get(

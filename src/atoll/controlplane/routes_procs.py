@@ -9,7 +9,6 @@ the start (POST …/exec with background), the list and DELETE are in routes_exe
 from __future__ import annotations
 
 import dataclasses
-import logging
 import typing
 
 from fastapi import APIRouter, Query, Request
@@ -22,7 +21,6 @@ from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, SandboxId
 from atoll.core import errors, signals
 from atoll.core import worker_api as api
 
-log = logging.getLogger(__name__)
 router = APIRouter(tags=["exec"])
 PROC_ERRORS = http.error_responses({**ERROR_TEXTS, 404: "sandbox_not_found or process_not_found"})
 STDIN_ERRORS = http.error_responses(
@@ -100,14 +98,7 @@ async def process_output(
             f"offset {offset!r} is not a byte offset (an integer >= 0); use 0 or an offset from an earlier line"
         )
     start, following = int(offset), _flag(follow, "follow")
-    activity = manager.activity(sid)
-    worker = await activity.__aenter__()
-    stream = worker.process_output(sid, n, start, following)
-    try:
-        events = await stream.__aenter__()
-    except BaseException as e:
-        await activity.__aexit__(type(e), e, e.__traceback__)
-        raise
+    events, close = await http.open_held(manager, sid, lambda w: w.process_output(sid, n, start, following))
 
     async def body() -> typing.AsyncIterator[bytes]:
         failure: BaseException | None = None
@@ -122,16 +113,9 @@ async def process_output(
                     yield http.dumps({**line, "duration_ms": ev.duration_ms, "offset": ev.offset}) + b"\n"
         except Exception as e:  # noqa: BLE001 - the headers are sent: report it in-band
             failure = e
-            code, message = (
-                (e.code, e.message)
-                if isinstance(e, errors.AtollError)
-                else ("runtime_error", "the output stream from the sandbox broke")
-            )
-            log.warning("output stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)})
-            yield http.dumps({"error": {"code": code, "message": message}}) + b"\n"
+            yield http.broken_line(e, sid, "output")
         finally:
-            await stream.__aexit__(None, None, None)
-            await activity.__aexit__(type(failure) if failure else None, failure, None)
+            await close(failure)
 
     return StreamingResponse(body(), media_type=http.NDJSON)
 
