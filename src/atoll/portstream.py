@@ -1,14 +1,18 @@
-"""A connection into a sandbox's port over a plain asyncio stream pair (core.worker_api.PortStream).
+"""Connections into a sandbox's port as core.worker_api.PortStream, and the tunnel's line reader.
 
-Used where nothing more than the stream is needed: the control plane's end of a worker's port
-tunnel (controlplane.remote_worker) and atoll.testing.FakeWorker's loopback connections. The
-worker's own connections into a sandbox are gateway.egress.Inbound (tracked as activity). Imports
-no process package.
+`SocketPort` holds a connected socket and makes streams of it on first use; until then `detach`
+hands the socket itself over (the control plane passes it to the ingress router's process, so the
+bytes of a preview never cross the API's event loop). Made by the worker's edge (its end of a
+socketpair the gateway process relays), by the control plane's end of a worker's port tunnel
+(controlplane.remote_worker) and by atoll.testing.FakeWorker. `StreamPort` is the same over an
+asyncio stream pair (a terminal's tunnel). `read_line` reads a tunnel's hello or answer without
+taking a byte past its newline (the bytes after it are the sandbox's). Imports no process package.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 
 
 class StreamPort:
@@ -28,3 +32,90 @@ class StreamPort:
     @property
     def closed(self) -> bool:
         return self._w.transport.is_closing() or self._r.at_eof()
+
+    def detach(self) -> socket.socket | None:
+        return None  # a stream pair keeps its socket
+
+
+class SocketPort:
+    """A connection into a sandbox's port over a connected stream socket."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self._sock: socket.socket | None = sock
+        self._r: asyncio.StreamReader | None = None
+        self._w: asyncio.StreamWriter | None = None
+
+    async def _streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._w is None:
+            if self._sock is None:
+                raise ConnectionResetError("the connection was handed over or closed")
+            self._r, self._w = await asyncio.open_connection(sock=self._sock, limit=256 * 1024)
+            self._sock = None
+        assert self._r is not None
+        return self._r, self._w
+
+    async def read(self, n: int) -> bytes:
+        r, _ = await self._streams()
+        return await r.read(n)
+
+    async def write(self, data: bytes) -> None:
+        _, w = await self._streams()
+        w.write(data)
+        await w.drain()
+
+    def close(self) -> None:
+        if self._w is not None:
+            self._w.transport.abort()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    @property
+    def closed(self) -> bool:
+        if self._w is not None:
+            return self._w.transport.is_closing() or (self._r is not None and self._r.at_eof())
+        return self._sock is None
+
+    def detach(self) -> socket.socket | None:
+        """The socket itself, for another process to serve (None once streams were made)."""
+        sock, self._sock = self._sock, None
+        return sock
+
+
+async def read_line(sock: socket.socket, limit: int = 2048) -> bytes | None:
+    """One line from a non-blocking socket, newline included, without taking a byte past it;
+    None if the peer closed first. Raises ValueError past `limit` bytes without a newline."""
+    loop = asyncio.get_running_loop()
+    seen = -1
+    while True:
+        try:
+            data = sock.recv(limit, socket.MSG_PEEK)
+        except BlockingIOError:
+            await _readable(loop, sock)
+            continue
+        if not data:
+            return None
+        end = data.find(b"\n")
+        if end >= 0:
+            return sock.recv(end + 1)
+        if len(data) >= limit:
+            raise ValueError(f"no line in the first {limit} bytes")
+        if len(data) == seen:
+            await asyncio.sleep(0.01)  # a partial line: the rest has not come yet
+        seen = len(data)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    fut: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, ready)
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)

@@ -115,8 +115,9 @@ def make(api):
 def secret(api):
     names: list[str] = []
 
-    def _secret(name, value=VALUE, hosts=("api.atoll.test",)):
-        r = api.post("/v1/secrets", json={"name": name, "value": value, "hosts": list(hosts)})
+    def _secret(name, value=VALUE, hosts=("api.atoll.test",), allow_http=False):
+        body = {"name": name, "value": value, "hosts": list(hosts), "allow_http": allow_http}
+        r = api.post("/v1/secrets", json=body)
         assert r.status_code == 201, r.text
         names.append(name)
         return r.json()
@@ -221,19 +222,96 @@ def test_a_placeholder_sent_to_another_host_stays_a_placeholder(api, host, make,
 
 
 def test_plain_http_is_substituted_and_rotation_and_deletion_apply_live(api, host, make, secret):
-    secret("tok3")
+    secret("tok3", allow_http=True)
     sb = make(network=NET, secrets={"TOKEN": "tok3"})
     placeholder = sh(api, sb["id"], "echo $TOKEN")["stdout"].strip()
     req = 'curl -sS -o /dev/null -H "X-Key: $TOKEN" http://api.atoll.test:8080/{}'
     sh(api, sb["id"], req.format("v1"))
     assert last_seen(host, "/v1")["headers"]["x-key"] == VALUE
-    r = api.put("/v1/secrets/tok3", json={"value": "rotated-value-2", "hosts": ["api.atoll.test"]})
+    r = api.put(
+        "/v1/secrets/tok3", json={"value": "rotated-value-2", "hosts": ["api.atoll.test"], "allow_http": True}
+    )
     assert r.status_code == 200 and "rotated" not in r.text
     sh(api, sb["id"], req.format("v2"))
     assert last_seen(host, "/v2")["headers"]["x-key"] == "rotated-value-2"
     assert api.delete("/v1/secrets/tok3").status_code == 204
     sh(api, sb["id"], req.format("v3"))
     assert last_seen(host, "/v3")["headers"]["x-key"] == placeholder
+
+
+def test_plain_http_gets_a_secret_only_when_the_secret_allows_it(api, host, make, secret):
+    """Plain HTTP carries the value in clear text: by default only HTTPS requests get it (issue
+    17, a change of behaviour); `allow_http` opts in, and a replace applies to live sandboxes."""
+    assert secret("tok10")["allow_http"] is False
+    sb = make(network=NET, secrets={"TOKEN": "tok10"})
+    placeholder = sh(api, sb["id"], "echo $TOKEN")["stdout"].strip()
+    sh(api, sb["id"], 'curl -s -o /dev/null -H "X-Key: $TOKEN" "http://api.atoll.test:8080/no-http?k=$TOKEN"')
+    rec = last_seen(host, "/no-http")
+    assert rec["headers"]["x-key"] == placeholder and rec["path"] == f"/no-http?k={placeholder}"
+    sh(api, sb["id"], 'curl -s -o /dev/null -H "X-Key: $TOKEN" https://api.atoll.test:8443/yes-https')
+    assert last_seen(host, "/yes-https")["headers"]["x-key"] == VALUE
+    r = api.put("/v1/secrets/tok10", json={"value": VALUE, "hosts": ["api.atoll.test"], "allow_http": True})
+    assert r.status_code == 200 and r.json()["allow_http"] is True
+    assert api.get("/v1/secrets/tok10").json()["allow_http"] is True
+    sh(api, sb["id"], 'curl -s -o /dev/null -H "X-Key: $TOKEN" http://api.atoll.test:8080/now-http')
+    assert last_seen(host, "/now-http")["headers"]["x-key"] == VALUE
+    r = api.post(
+        "/v1/secrets", json={"name": "tok11", "value": "v", "hosts": ["a.example"], "allow_http": "yes"}
+    )
+    assert r.status_code == 400 and "allow_http" in r.text
+
+
+def test_a_secret_goes_only_to_addresses_its_host_resolves_to(api, host, make, secret):
+    """Issue 17 #1: with the destination allowed by address (the test host's /29 here, as `*`
+    would), a Host header or a TLS SNI naming the secret's host is not enough: the connection
+    must go to an address that name resolves to (api.atoll.test is host.a; host.b is another
+    machine). Otherwise the placeholder passes unchanged, over HTTP and HTTPS, and the refusal is
+    counted."""
+    secret("tok9", allow_http=True)
+    net = host.a.rsplit(".", 1)[0] + ".0/29"
+    sb = make(network={"allow_out": [net, "api.atoll.test"]}, secrets={"TOKEN": "tok9"})
+    sid, b = sb["id"], host.b
+    placeholder = sh(api, sid, "echo $TOKEN")["stdout"].strip()
+    out = sh(
+        api,
+        sid,
+        f'curl -s -o /dev/null -w %{{http_code}} -H "Host: api.atoll.test" -H "Authorization: Bearer $TOKEN" '
+        f'"http://{b}:8080/wrong-addr?k=$TOKEN"',
+    )
+    assert out["stdout"] == "200", out
+    rec = last_seen(host, "/wrong-addr")
+    assert rec["host"] == b and rec["headers"]["authorization"] == f"Bearer {placeholder}", rec
+    assert rec["path"] == f"/wrong-addr?k={placeholder}"
+    # HTTPS with SNI api.atoll.test to b: not intercepted at all (the sandbox meets b's own
+    # certificate, which it does not trust: -k), so nothing in it can be replaced
+    out = sh(
+        api,
+        sid,
+        f'curl -sk -o /dev/null -w %{{http_code}} --resolve api.atoll.test:8443:{b} -H "X-Key: $TOKEN" '
+        '"https://api.atoll.test:8443/wrong-sni?k=$TOKEN"',
+    )
+    assert out["stdout"] == "200", out
+    rec = last_seen(host, "/wrong-sni")
+    assert rec["host"] == b and rec["headers"]["x-key"] == placeholder and rec["path"].endswith(placeholder)
+    out = sh(
+        api,
+        sid,
+        f'curl -s --resolve api.atoll.test:8443:{b} -H "X-Key: $TOKEN" https://api.atoll.test:8443/x',
+    )
+    assert VALUE not in out["stdout"]
+    # to the name's own address the same requests get the value
+    sh(api, sid, 'curl -s -o /dev/null -H "X-Key: $TOKEN" http://api.atoll.test:8080/right-addr')
+    assert last_seen(host, "/right-addr")["headers"]["x-key"] == VALUE
+    sh(api, sid, 'curl -s -o /dev/null -H "X-Key: $TOKEN" https://api.atoll.test:8443/right-sni')
+    rec = last_seen(host, "/right-sni")
+    assert rec["host"] == host.a and rec["headers"]["x-key"] == VALUE
+    deadline = time.monotonic() + 30  # the worker reports usage every few seconds
+    while time.monotonic() < deadline:
+        egress = api.get(f"/v1/sandboxes/{sid}").json()["egress"]
+        if egress["refused"] >= 2:
+            break
+        time.sleep(0.5)
+    assert egress["refused"] >= 2, egress
 
 
 def test_secret_bad_input_gets_clear_errors(api, secret):
@@ -515,7 +593,7 @@ ask("other.atoll.test", "/kept-second")
 def test_every_request_on_a_kept_connection_is_checked_for_its_host(api, host, make, secret):
     """A second request with another Host on a kept-alive connection never reaches the address
     (it was checked for the first name) and gets no secret."""
-    secret("tok4")
+    secret("tok4", allow_http=True)
     sb = make(network=NET, secrets={"TOKEN": "tok4"})
     r = api.put(f"/v1/sandboxes/{sb['id']}/files", params={"path": "/root/kept.py"}, content=KEPT.encode())
     assert r.status_code == 204
@@ -740,21 +818,24 @@ def test_sdk_and_cli_for_secrets_and_previews(la, host):
     env = {**os.environ, "ATOLL_URL": la.url, "ATOLL_API_KEY": la.api_key}
     cli = [os.path.join(os.path.dirname(_sys.executable), "atoll")]
     r = subprocess.run(
-        cli + ["secret", "create", "clisecret", "--host", "api.atoll.test"],
+        cli + ["secret", "create", "clisecret", "--host", "api.atoll.test", "--allow-http"],
         input="cli-value-9\n",
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert r.returncode == 0 and "clisecret" in r.stdout, r.stderr
+    assert r.returncode == 0 and "clisecret" in r.stdout and "plain HTTP too" in r.stdout, r.stderr
     r = subprocess.run(cli + ["secret", "list"], env=env, capture_output=True, text=True, timeout=60)
     assert "clisecret" in r.stdout and "cli-value-9" not in r.stdout
     with atoll.Client(la.url, la.api_key) as c:
         s = c.secrets.create("sdksecret", "sdk-value-9", ["api.atoll.test"])
+        assert s.allow_http is False
+        s = c.secrets.replace("sdksecret", "sdk-value-9", ["api.atoll.test"], allow_http=True)
         assert (
             s.name == "sdksecret" and s.hosts == ["api.atoll.test"] and "sdk-value-9" not in str(s.to_dict())
         )
+        assert s.allow_http is True and c.secrets.get("sdksecret").allow_http is True
         with c.sandboxes.create(
             network=NET, secrets={"A": "clisecret", "B": "sdksecret"}, idle_timeout_s=0
         ) as sb:

@@ -17,15 +17,15 @@ from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from atoll.core import pki
-from atoll.gateway import intercept, sniff, tlsstream
+from atoll.gateway import httprelay, intercept, placeholders, sniff, tlsstream
 
 PH_KEY = "atoll_ph_" + "3f9a" * 8
 PH_WILD = "atoll_ph_" + "b" * 32
 PH_OTHER = "atoll_ph_" + "c" * 32
 BINDINGS = (
-    intercept.Binding(PH_KEY, "sk-live-REAL-KEY", ("api.test",)),
-    intercept.Binding(PH_WILD, "wild-value", ("*.test",)),
-    intercept.Binding(PH_OTHER, "other-value", ("other.example",)),
+    placeholders.Binding(PH_KEY, "sk-live-REAL-KEY", ("api.test",)),
+    placeholders.Binding(PH_WILD, "wild-value", ("*.test",)),
+    placeholders.Binding(PH_OTHER, "other-value", ("other.example",)),
 )
 TIMEOUT = 5.0
 
@@ -215,6 +215,16 @@ class Upstream:
 
 
 # ---- the interceptor ------------------------------------------------------------------------------
+def fixed(name: str):
+    """The secrets decision of a connection for `name` whose address is the name's own (the
+    address rule itself is tested in test_placeholders.py)."""
+
+    async def decision() -> placeholders.Decision:
+        return placeholders.Decision(placeholders.bindings_for(name, BINDINGS))
+
+    return decision
+
+
 async def start_tls_gateway(net: Net, ca: CA, up_port: int, upstream_ctx: ssl.SSLContext) -> int:
     """An interceptor the way egress.py will use it: read the ClientHello, then intercept_tls."""
 
@@ -236,7 +246,7 @@ async def start_tls_gateway(net: Net, ca: CA, up_port: int, upstream_ctx: ssl.SS
             leaf_ctx=ca.leafs.context_for("api.test"),
             upstream_ctx=upstream_ctx,
             local_addr=None,
-            bindings=intercept.bindings_for("api.test", BINDINGS),
+            secrets=fixed("api.test"),
             touch=net.touch,
         )
 
@@ -248,10 +258,10 @@ async def start_plain_gateway(net: Net, up_port: int) -> int:
         head = await reader.read(65536)
         up_r, up_w = await asyncio.open_connection("127.0.0.1", up_port)
         try:
-            await intercept.relay(
+            await httprelay.relay(
                 tlsstream.PlainStream(reader, writer, initial=head),
                 tlsstream.PlainStream(up_r, up_w),
-                intercept.bindings_for("api.test", BINDINGS),
+                fixed("api.test"),
                 net.touch,
             )
         finally:
@@ -353,27 +363,27 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]]) -> None:
 
 # ---- pure helpers ---------------------------------------------------------------------------------
 def test_host_matching_and_bindings_for_a_name():
-    assert intercept.host_matches("api.example.com", "API.example.com.")
-    assert not intercept.host_matches("api.example.com", "example.com")
-    assert intercept.host_matches("*.example.com", "a.b.example.com")
-    assert not intercept.host_matches("*.example.com", "example.com")
-    assert not intercept.host_matches("*.example.com", "badexample.com")
-    assert intercept.bindings_for("api.test", BINDINGS) == BINDINGS[:2]
-    assert intercept.bindings_for("x.test", BINDINGS) == BINDINGS[1:2]
-    assert intercept.bindings_for("other.example", BINDINGS) == BINDINGS[2:]
-    assert intercept.bindings_for("test", BINDINGS) == ()
+    assert placeholders.host_matches("api.example.com", "API.example.com.")
+    assert not placeholders.host_matches("api.example.com", "example.com")
+    assert placeholders.host_matches("*.example.com", "a.b.example.com")
+    assert not placeholders.host_matches("*.example.com", "example.com")
+    assert not placeholders.host_matches("*.example.com", "badexample.com")
+    assert placeholders.bindings_for("api.test", BINDINGS) == BINDINGS[:2]
+    assert placeholders.bindings_for("x.test", BINDINGS) == BINDINGS[1:2]
+    assert placeholders.bindings_for("other.example", BINDINGS) == BINDINGS[2:]
+    assert placeholders.bindings_for("test", BINDINGS) == ()
 
 
 def test_substitute_replaces_only_the_given_placeholders_once():
     data = f"a={PH_KEY}&b={PH_OTHER}&c={PH_KEY}".encode()
     assert (
-        intercept.substitute(data, BINDINGS[:1])
+        placeholders.substitute(data, BINDINGS[:1])
         == f"a=sk-live-REAL-KEY&b={PH_OTHER}&c=sk-live-REAL-KEY".encode()
     )
-    tricky = intercept.Binding("atoll_ph_x", "atoll_ph_y", ("a",))
-    other = intercept.Binding("atoll_ph_y", "never", ("a",))
-    assert intercept.substitute(b"atoll_ph_x", (tricky, other)) == b"atoll_ph_y"
-    assert intercept.substitute(b"nothing here", BINDINGS) == b"nothing here"
+    tricky = placeholders.Binding("atoll_ph_x", "atoll_ph_y", ("a",))
+    other = placeholders.Binding("atoll_ph_y", "never", ("a",))
+    assert placeholders.substitute(b"atoll_ph_x", (tricky, other)) == b"atoll_ph_y"
+    assert placeholders.substitute(b"nothing here", BINDINGS) == b"nothing here"
     assert "sk-live" not in repr(BINDINGS[0])  # a binding in a log line does not show its value
 
 

@@ -443,18 +443,27 @@ class AsyncSecrets:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
 
-    async def create(self, name: str, value: str, hosts: Sequence[str]) -> Secret:
+    async def create(
+        self, name: str, value: str, hosts: Sequence[str], *, allow_http: bool = False
+    ) -> Secret:
         """Store a secret bound to `hosts` (names such as "api.example.com" or "*.example.com");
-        the value is never returned by the server."""
+        the value is never returned by the server. The gateway puts it only in HTTPS requests to
+        those hosts, unless `allow_http` (then plain HTTP too: clear text on the wire)."""
         response = await self._client._request(
-            "POST", "/v1/secrets", json={"name": name, "value": value, "hosts": list(hosts)}
+            "POST",
+            "/v1/secrets",
+            json={"name": name, "value": value, "hosts": list(hosts), "allow_http": allow_http},
         )
         return Secret(_base.json_body(response))
 
-    async def replace(self, name: str, value: str, hosts: Sequence[str]) -> Secret:
-        """New value and hosts (rotation); live sandboxes bound to it use them at once."""
+    async def replace(
+        self, name: str, value: str, hosts: Sequence[str], *, allow_http: bool = False
+    ) -> Secret:
+        """New value, hosts and allow_http (rotation); live sandboxes bound to it use them at once."""
         response = await self._client._request(
-            "PUT", _base.secret_path(name), json={"value": value, "hosts": list(hosts)}
+            "PUT",
+            _base.secret_path(name),
+            json={"value": value, "hosts": list(hosts), "allow_http": allow_http},
         )
         return Secret(_base.json_body(response))
 

@@ -95,6 +95,11 @@ class Secret(Record):
     def hosts(self) -> list[str]:
         return list(self.data.get("hosts", []))
 
+    @property
+    def allow_http(self) -> bool:
+        """Whether plain-HTTP requests get the value too (else only HTTPS)."""
+        return bool(self.data.get("allow_http", False))
+
 
 class Preview(Record):
     """A sandbox port's preview: `url` (send `token` as the `Atoll-Access-Token` header), or

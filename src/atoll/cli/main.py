@@ -581,6 +581,13 @@ def secret_create(
     replace: Annotated[
         bool, typer.Option("--replace", help="Replace an existing secret of that name.")
     ] = False,
+    allow_http: Annotated[
+        bool,
+        typer.Option(
+            "--allow-http",
+            help="Also put the value in plain-HTTP requests to its hosts (clear text); default HTTPS only.",
+        ),
+    ] = False,
 ) -> None:
     """Store a secret (sealed on the server; never shown again)."""
     hosts = [h.strip() for item in host or [] for h in item.split(",") if h.strip()]
@@ -591,10 +598,10 @@ def secret_create(
     secret_value = _secret_value(value if value is not None else value_arg)
     with _session(ctx) as client:
         if replace:
-            rec = client.secrets.replace(name, secret_value, hosts)
+            rec = client.secrets.replace(name, secret_value, hosts, allow_http=allow_http)
         else:
-            rec = client.secrets.create(name, secret_value, hosts)
-    typer.echo(f"{rec.name} ({', '.join(rec.hosts)})")
+            rec = client.secrets.create(name, secret_value, hosts, allow_http=allow_http)
+    typer.echo(f"{rec.name} ({', '.join(rec.hosts)}{'; plain HTTP too' if rec.allow_http else ''})")
 
 
 @secret_app.command("list")

@@ -113,6 +113,7 @@ class SecretRecord(Base):
     name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     hosts: Mapped[list] = mapped_column(sa.JSON)
     sealed: Mapped[str] = mapped_column(sa.Text)
+    allow_http: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 

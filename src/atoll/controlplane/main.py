@@ -1,8 +1,8 @@
 """`atoll server`: the control plane alone; workers join it with `atoll worker --server URL`.
 
 Loads the server's settings, opens the records, the secret store and the installation's CA, and
-serves the public API (controlplane.app) with the tier policy and the ingress router (preview
-URLs, ATOLL_INGRESS_PORT) beside it. Workers known from earlier runs are shown `lost` until they register
+serves the public API (controlplane.app) with the tier policy, and starts the ingress router (preview
+URLs, ATOLL_INGRESS_PORT) in a process beside it (controlplane.ingress_host). Workers known from earlier runs are shown `lost` until they register
 again. SIGINT/SIGTERM stop the server, never a sandbox. Called by the CLI; `atoll up` shares
 `admin_key` and `build`.
 """
@@ -21,13 +21,11 @@ import uvicorn
 
 from atoll import logconfig
 from atoll.controlplane import app as app_mod
-from atoll.controlplane import db, lifecycle, metrics, policy, previews
+from atoll.controlplane import db, ingress_host, lifecycle, metrics, policy, previews
 from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane import settings as settings_mod
 from atoll.controlplane.authority import Authority
 from atoll.core import config
-from atoll.gateway import tlsstream
-from atoll.ingress import router as router_mod
 
 log = logging.getLogger("atoll.server")
 
@@ -77,39 +75,42 @@ def build(s: settings_mod.ServerSettings):
         max_exec_output_bytes=s.max_exec_output_kb * 1024,
         previews=backend,
     )
-    app.state.ingress = router_mod.Router(backend, ingress_context(s, authority), s.preview_domain)
+    app.state.ingress = ingress_host.IngressHost(
+        backend,
+        host=s.ingress_host,
+        port=s.ingress_port,
+        domain=s.preview_domain,
+        tls=ingress_tls(s, authority),
+        trusted_proxies=s.trusted_proxies,
+        log_format=s.log_format,
+        log_level=s.log_level,
+    )
     return manager, policy.TierPolicy(manager), app
 
 
-def ingress_context(s: settings_mod.ServerSettings, authority: Authority) -> ssl.SSLContext:
-    """The ingress router's TLS: the operator's certificate, or one from the installation's CA
-    for *.{domain}, {domain}, localhost and the loopback address."""
+def ingress_tls(s: settings_mod.ServerSettings, authority: Authority) -> dict:
+    """The ingress router's TLS, as its process is given it: the operator's certificate (files,
+    checked here so a bad one stops the start), or one from the installation's CA for *.{domain},
+    {domain}, localhost and the loopback address (PEM)."""
     if s.ingress_cert_file and s.ingress_key_file:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.set_alpn_protocols(["http/1.1"])
         try:
             ctx.load_cert_chain(s.ingress_cert_file, s.ingress_key_file)
         except (ssl.SSLError, OSError) as e:
             raise config.SettingsError(
                 f"ATOLL_INGRESS_CERT_FILE / ATOLL_INGRESS_KEY_FILE cannot be used: {e}"
             ) from None
-        return ctx
+        return {"cert_file": s.ingress_cert_file, "key_file": s.ingress_key_file}
     cert, key = authority.server_cert(
         [f"*.{s.preview_domain}", s.preview_domain, "localhost"], ["127.0.0.1", "::1"]
     )
-    return tlsstream.server_context(cert + authority.root_pem + key)
+    return {"pem": (cert + authority.root_pem + key).decode()}
 
 
 async def start_ingress(app, s: settings_mod.ServerSettings) -> None:
-    router = app.state.ingress
-    try:
-        await router.start(s.ingress_host, s.ingress_port)
-    except OSError as e:
-        raise config.SettingsError(
-            f"the ingress router cannot listen on {s.ingress_host}:{s.ingress_port} ({e.strerror}); "
-            "set ATOLL_INGRESS_PORT to a free port"
-        ) from None
+    """Bind the router's port (a port in use stops the start with SettingsError) and start its
+    process (controlplane.ingress_host)."""
+    await app.state.ingress.start()
     log.info(
         "preview URLs on https://{port}-{sandbox_id}.%s:%d/ (ingress router on %s:%d)",
         s.preview_domain,

@@ -22,11 +22,10 @@ import typing
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 
-from atoll import http11
+from atoll import http11, portstream
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Tier
-from atoll.portstream import StreamPort
 
 NDJSON = "application/x-ndjson"
 CONNECT_TIMEOUT_S = 5.0  # (http11 connects within 5 s)
@@ -198,27 +197,33 @@ class RemoteWorker:
         return await self._tunnel("ATOLL-TUNNEL", sandbox_id, str(port))
 
     async def _tunnel(self, hello: str, sandbox_id: str, target: str) -> api.PortStream:
+        """One tunnel connection: the hello, the worker's one-line answer (read without taking a
+        byte past it: what follows is the sandbox's), then a SocketPort the ingress router's
+        process can take over whole."""
         if not self.tunnel_port:
             raise errors.Unavailable(f"worker {self.name} has no port tunnel (it runs an older atoll)")
         host = self.address(self.url)[0]
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            r, w = await asyncio.wait_for(
-                asyncio.open_connection(host, self.tunnel_port, limit=_TUNNEL_READ), 5
-            )
+            await asyncio.wait_for(loop.sock_connect(sock, (host, self.tunnel_port)), 5)
         except (OSError, TimeoutError) as e:
+            sock.close()
             raise errors.Unavailable(f"worker {self.name}'s port tunnel cannot be reached: {e!r}") from None
         try:
-            w.write(f"{hello} {api.PROTOCOL_VERSION} {self.token} {sandbox_id} {target}\n".encode())
-            line = (await asyncio.wait_for(r.readline(), TUNNEL_ANSWER_S)).decode("utf-8", "replace").strip()
-        except (OSError, TimeoutError) as e:
-            w.transport.abort()
+            hello_line = f"{hello} {api.PROTOCOL_VERSION} {self.token} {sandbox_id} {target}\n".encode()
+            await asyncio.wait_for(loop.sock_sendall(sock, hello_line), TUNNEL_ANSWER_S)
+            raw = await asyncio.wait_for(portstream.read_line(sock), TUNNEL_ANSWER_S)
+        except (OSError, TimeoutError, ValueError) as e:
+            sock.close()
             raise errors.Unavailable(f"worker {self.name}'s port tunnel did not answer: {e!r}") from None
+        line = (raw or b"").decode("utf-8", "replace").strip()
         if line == "OK":
-            sock = w.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return StreamPort(r, w)
-        w.transport.abort()
+            return portstream.SocketPort(sock)
+        sock.close()
         _, code, message = (line.split(" ", 2) + ["", ""])[:3]
         if code == "refused":
             raise ConnectionRefusedError(message)
@@ -513,7 +518,6 @@ def _json_line(line: bytes) -> dict:
     return obj
 
 
-_TUNNEL_READ = 256 * 1024
 TUNNEL_ANSWER_S = 5.0
 """A worker answers a tunnel request at once (it connects into the sandbox first): one that does
 not within this is stalled (a stopped process whose kernel still accepts connections)."""

@@ -292,6 +292,11 @@ class CreateSecret(BaseModel):
     hosts: list[str] = Field(
         ..., max_length=64, description="Host names the value may be sent to: api.example.com, *.example.com"
     )
+    allow_http: pydantic.StrictBool = Field(
+        False,
+        description="Also put the value in plain-HTTP requests to these hosts (clear text on the wire); "
+        "by default only HTTPS requests get it",
+    )
 
 
 class ReplaceSecret(BaseModel):
@@ -300,11 +305,13 @@ class ReplaceSecret(BaseModel):
     name: str | None = Field(None, description="If given, the path's name", max_length=64)
     value: str = Field(..., max_length=65536)
     hosts: list[str] = Field(..., max_length=64)
+    allow_http: pydantic.StrictBool = Field(False, description="As at create; not given = false")
 
 
 class Secret(BaseModel):
     name: str
     hosts: list[str]
+    allow_http: bool = Field(description="Whether plain-HTTP requests get the value too")
     created_at: str | None
     updated_at: str | None
 

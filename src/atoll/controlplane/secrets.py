@@ -5,7 +5,8 @@ installation's secrets key — `$ATOLL_HOME/secrets.key` (made at first start, m
 file the operator names in ATOLL_SECRETS_KEY_FILE — and stores only the sealed text. No answer ever
 carries a value. A sandbox created with `secrets: {ENV: name}` gets a random placeholder in ENV
 (`placeholders`); its worker's egress gateway swaps the placeholder for the value in requests to
-the secret's hosts (core.worker_api.SecretBinding). Replacing or deleting a secret reaches every
+the secret's hosts (core.worker_api.SecretBinding) — on a connection to an address the host
+resolves to, and over plain HTTP only when the secret says `allow_http` (gateway.placeholders). Replacing or deleting a secret reaches every
 live sandbox bound to it (controlplane.lifecycle pushes the new bindings).
 Called by controlplane.routes_secrets and controlplane.lifecycle.
 """
@@ -173,11 +174,14 @@ class SecretStore:
     ) -> dbm.SecretRecord:
         if not isinstance(body, dict):
             raise errors.InvalidRequest("the body must be a JSON object {name, value, hosts}")
-        unknown = set(body) - {"name", "value", "hosts"}
+        unknown = set(body) - {"name", "value", "hosts", "allow_http"}
         if unknown:
             raise errors.InvalidRequest(
-                f"unknown field(s) {sorted(unknown)}; a secret has name, value and hosts"
+                f"unknown field(s) {sorted(unknown)}; a secret has name, value, hosts and allow_http"
             )
+        allow_http = body.get("allow_http", False)
+        if not isinstance(allow_http, bool):
+            raise errors.InvalidRequest(f"allow_http must be true or false, not {allow_http!r}")
         name = check_name(name if name is not None else body.get("name"))
         if replace and "name" in body and body["name"] != name:
             raise errors.InvalidRequest(f"the body's name {body['name']!r} is not the path's {name!r}")
@@ -195,10 +199,16 @@ class SecretStore:
         now = dbm.utcnow()
         if rec is None:
             rec = dbm.SecretRecord(
-                tenant_id=tenant, name=name, hosts=hosts, sealed=sealed, created_at=now, updated_at=now
+                tenant_id=tenant,
+                name=name,
+                hosts=hosts,
+                sealed=sealed,
+                allow_http=allow_http,
+                created_at=now,
+                updated_at=now,
             )
         else:
-            rec.hosts, rec.sealed, rec.updated_at = hosts, sealed, now
+            rec.hosts, rec.sealed, rec.allow_http, rec.updated_at = hosts, sealed, allow_http, now
         self.db.put_secret(rec)
         return rec
 
@@ -256,7 +266,12 @@ class SecretStore:
                 continue
             value = secretbox.unseal(self._key, rec.sealed, f"{tenant}/{rec.name}")
             out.append(
-                api.SecretBinding(placeholder=entry["placeholder"], value=value, hosts=tuple(rec.hosts))
+                api.SecretBinding(
+                    placeholder=entry["placeholder"],
+                    value=value,
+                    hosts=tuple(rec.hosts),
+                    allow_http=bool(rec.allow_http),
+                )
             )
         return tuple(out)
 
@@ -265,6 +280,7 @@ def view(rec: dbm.SecretRecord) -> dict:
     return {
         "name": rec.name,
         "hosts": list(rec.hosts),
+        "allow_http": bool(rec.allow_http),
         "created_at": iso(rec.created_at),
         "updated_at": iso(rec.updated_at),
     }

@@ -7,6 +7,7 @@ logged redacted. Called by controlplane.main and atoll.up.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,10 @@ class ServerSettings:
     """ATOLL_INGRESS_CERT_FILE / ATOLL_INGRESS_KEY_FILE: the router's certificate chain and key (PEM);
     default: one for *.{domain} from the installation's CA ($ATOLL_HOME/ca/root.crt)."""
     ingress_key_file: str | None = None
+    trusted_proxies: tuple[str, ...] = ()
+    """ATOLL_TRUSTED_PROXIES: comma-separated addresses or CIDRs of reverse proxies in front of the
+    ingress router; a connection from one counts against the client its X-Forwarded-For (or
+    Forwarded) names, not against the proxy (default: none, every peer is the client)."""
     secrets_key_file: str | None = None
     """ATOLL_SECRETS_KEY_FILE: the 32-byte key secrets are sealed with (default $ATOLL_HOME/secrets.key,
     made at first start)."""
@@ -115,10 +120,26 @@ def load(
         preview_domain=_domain(env.get("ATOLL_PREVIEW_DOMAIN") or "atoll.localhost"),
         ingress_cert_file=os.path.abspath(cert) if cert else None,
         ingress_key_file=os.path.abspath(key) if key else None,
+        trusted_proxies=_trusted_proxies(env.get("ATOLL_TRUSTED_PROXIES", "")),
         secrets_key_file=os.path.abspath(env["ATOLL_SECRETS_KEY_FILE"])
         if env.get("ATOLL_SECRETS_KEY_FILE")
         else None,
     )
+
+
+def _trusted_proxies(raw: str) -> tuple[str, ...]:
+    out = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        try:
+            out.append(str(ipaddress.ip_network(entry, strict=False)))
+        except ValueError:
+            raise config.SettingsError(
+                f"ATOLL_TRUSTED_PROXIES entry {entry!r} is not an address or CIDR (e.g. 10.0.0.5 or "
+                "10.0.0.0/24, comma-separated)"
+            ) from None
+    return tuple(out)
 
 
 def _domain(raw: str) -> str:

@@ -27,8 +27,9 @@ from typing import Literal, Protocol
 
 from atoll.core.lifecycle import Phase, Tier
 
-PROTOCOL_VERSION = 5
-"""5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
+PROTOCOL_VERSION = 6
+"""6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
+tunnel's connections into a sandbox's port relayed by the worker's gateway process; 5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
 pools (claim) and fork; 3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
 set_authority) and connections into a sandbox's port (open_port); 2: SandboxSpec.network and the
 set_network verb; 1: the first split (issue 6)."""
@@ -49,6 +50,8 @@ class SecretBinding:
     placeholder: str
     value: str = field(repr=False)
     hosts: tuple[str, ...] = ()
+    allow_http: bool = False
+    """Whether the value may go over plain HTTP (in clear text); else only over HTTPS."""
 
 
 @dataclass(frozen=True)
@@ -535,6 +538,11 @@ class PortStream(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    def detach(self) -> typing.Any:
+        """The connected socket itself (socket.socket) for another process to serve — the
+        ingress router's — or None when this stream cannot give it up; before any read or write."""
+        ...
 
 
 class WorkerAPI(Protocol):

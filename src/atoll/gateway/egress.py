@@ -25,14 +25,13 @@ import dataclasses
 import fcntl
 import ipaddress
 import logging
-import os
 import socket
 import struct
 import termios
 import time
 
 from atoll.core import netpolicy
-from atoll.gateway import intercept, sniff, tlsstream
+from atoll.gateway import fairshare, httprelay, intercept, placeholders, sniff, splice, tlsstream
 from atoll.gateway import names as names_mod
 
 log = logging.getLogger(__name__)
@@ -123,8 +122,10 @@ class _Attached:
     logged: int = 0
     counters: Counters = dataclasses.field(default_factory=Counters)
     last_io: float = 0.0
-    bindings: tuple[intercept.Binding, ...] = ()
-    """The sandbox's secrets: a connection to one of their hosts is intercepted."""
+    bindings: tuple[placeholders.Binding, ...] = ()
+    """The sandbox's secrets (gateway.placeholders decides where they apply)."""
+    bucket: fairshare.Bucket | None = None
+    """Its fair share of the gateway's parsing (gateway.fairshare)."""
 
 
 def original_destination(sock: socket.socket) -> tuple[str, int]:
@@ -156,6 +157,7 @@ class Gateway:
         self.upstream_ctx = intercept.upstream_context(upstream_ca_file)
         self.own_ip = own_ip  # the listener's address: a connection straight to it is refused
         self._att: dict[str, _Attached] = {}
+        self.shares = fairshare.Shares()
         self._warned: dict[str, float] = {}
         self._host_addrs: tuple[float, frozenset[str]] = (0.0, frozenset())
 
@@ -166,12 +168,12 @@ class Gateway:
         listener: socket.socket,
         udp: socket.socket | None,
         policy: netpolicy.Policy,
-        bindings: tuple[intercept.Binding, ...] = (),
+        bindings: tuple[placeholders.Binding, ...] = (),
     ) -> None:
         """Serve a sandbox: `listener` (a bound TCP socket in its host-side namespace) and `udp`
         (its DNS socket there). Attaching again replaces the previous attachment."""
         await self.detach(sid)
-        att = _Attached(sid, policy, bindings=bindings)
+        att = _Attached(sid, policy, bindings=bindings, bucket=self.shares.bucket())
         self._att[sid] = att
         listener.setblocking(False)
         att.server = await asyncio.start_server(
@@ -194,7 +196,7 @@ class Gateway:
     def set_authority(self, cert_pem: bytes, key_pem: bytes, chain_pem: bytes = b"") -> None:
         self.leaves = intercept.LeafContexts(cert_pem, key_pem, chain_pem)
 
-    def set_bindings(self, sid: str, bindings: tuple[intercept.Binding, ...]) -> None:
+    def set_bindings(self, sid: str, bindings: tuple[placeholders.Binding, ...]) -> None:
         """The sandbox's secrets from now on (connections already intercepted keep theirs)."""
         att = self._att.get(sid)
         if att is not None:
@@ -240,31 +242,87 @@ class Gateway:
                 reset += 1
         return busy, reset
 
-    async def open_inbound(
-        self, sid: str, sock: socket.socket, address: tuple[str, int], timeout: float = 5.0
-    ) -> Inbound:
-        """A connection into the sandbox at `address` from `sock` (a TCP socket made in its
-        host-side namespace, connected here): tracked like its egress, so bytes moving are its activity and
-        a disk checkpoint's quiesce resets it when idle. Raises OSError (refused, timed out)."""
+    async def relay_inbound(
+        self,
+        sid: str,
+        sock: socket.socket,
+        client: socket.socket,
+        address: tuple[str, int],
+        greeting: bytes = b"",
+        timeout: float = 5.0,
+    ) -> None:
+        """Connect `sock` (a TCP socket made in the sandbox's host-side namespace) to `address`
+        in the sandbox, then relay `client` (a connected stream socket: the port tunnel's
+        connection from the ingress router, or one end of a socketpair) to it both ways in the
+        kernel, `greeting` first to the client. Returns once connected (the relay goes on in a
+        task of the sandbox's); raises OSError (refused, timed out) with both sockets closed.
+        Tracked like its egress: bytes moving are the sandbox's activity, and a disk
+        checkpoint's quiesce resets it when idle."""
         att = self._att.get(sid)
-        if att is None:
+        if att is None or len(att.relayed) + len(att.conns) >= 2 * MAX_CONNECTIONS:
             sock.close()
-            raise ConnectionRefusedError(f"sandbox {sid} has no network attached on this worker")
-        if len(att.relayed) + len(att.conns) >= 2 * MAX_CONNECTIONS:
-            sock.close()
+            client.close()
+            if att is None:
+                raise ConnectionRefusedError(f"sandbox {sid} has no network attached on this worker")
             raise ConnectionRefusedError(f"sandbox {sid} has too many connections open")
         sock.setblocking(False)
+        client.setblocking(False)
         loop = asyncio.get_running_loop()
         try:
             await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
         except BaseException:
             sock.close()
+            client.close()
             raise
         reader, writer = await asyncio.open_connection(sock=sock, limit=_CHUNK)
-        conn = _Conn(writer, min_answer=1)
+        c_reader, c_writer = await asyncio.open_connection(sock=client, limit=_CHUNK)
+        conn = _Conn(writer, upstream=c_writer, min_answer=1)
         att.relayed.add(conn)
         att.last_io = conn.last_io
-        return Inbound(reader, writer, conn, att)
+        if greeting:
+            c_writer.write(greeting)
+        task = asyncio.ensure_future(self._inbound(att, conn, reader, writer, c_reader, c_writer))
+        att.conns.add(task)
+        task.add_done_callback(att.conns.discard)
+
+    async def _inbound(
+        self,
+        att: _Attached,
+        conn: _Conn,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+    ) -> None:
+        """Bytes both ways until the client ends (then the sandbox's side gets an RST once what
+        was written reached it) or the sandbox closes (passed on to the client as its end)."""
+        for w in (writer, c_writer):
+            w.transport.set_write_buffer_limits(high=_WRITE_BUFFER)
+
+        async def outward() -> None:
+            await splice.copy(reader, c_writer, lambda n: _moved(conn, att, False, n))
+            if c_writer.can_write_eof() and not c_writer.transport.is_closing():
+                c_writer.write_eof()
+            await asyncio.Event().wait()  # the client's end decides
+
+        cancelled = False
+        out = asyncio.ensure_future(outward())
+        try:
+            await splice.copy(c_reader, writer, lambda n: _moved(conn, att, True, n))
+        except (OSError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            out.cancel()
+            await asyncio.gather(out, return_exceptions=True)
+            att.relayed.discard(conn)
+            c_writer.transport.abort()
+            if cancelled:
+                _reset(writer)
+            else:
+                await _flush_then_reset(writer)
 
     def stats(self, sid: str) -> Counters:
         att = self._att.get(sid)
@@ -366,13 +424,11 @@ class Gateway:
                     )
                 return
             local = (self.egress_source, 0) if self.egress_source else None
-            bindings = intercept.bindings_for(name, att.bindings) if name and att.bindings else ()
             # plain HTTP always goes request by request (each one's Host is checked: a request for
-            # another name needs a connection of its own); TLS only to a secret's hosts
-            if proto == "http" or (bindings and proto == "tls"):
-                await self._intercept(
-                    att, conn, reader, writer, head, proto, name or "", ip, port, bindings, local
-                )
+            # another name needs a connection of its own); TLS only to a secret's hosts, at an
+            # address the name resolves to (gateway.placeholders)
+            if proto == "http" or (proto == "tls" and name and await self._secret_tls(att, name, ip, port)):
+                await self._intercept(att, conn, reader, writer, head, proto, name or "", ip, port, local)
                 return
             if not head and (att.bindings or att.policy.denies_names()):
                 # allowed by its address, but a name in its first bytes may still be denied or be
@@ -479,16 +535,16 @@ class Gateway:
                     if proto == "http":
                         await _refuse_http(att.sid, writer, reader, norm, ip, port, decision.rule)
                     return
-                bindings = intercept.bindings_for(norm, att.bindings) if att.bindings else ()
-                if bindings and proto in ("http", "tls") and conn.answered == 0 and not down.done():
+                relayed = proto == "http" and bool(placeholders.bindings_for(norm, att.bindings))
+                if proto == "tls" and att.bindings:
+                    relayed = await self._secret_tls(att, norm, ip, port)
+                if relayed and conn.answered == 0 and not down.done():
                     down.cancel()
                     await asyncio.gather(down, return_exceptions=True)
                     up_w.transport.abort()
                     conn.upstream = None
                     handed_over = True
-                    await self._intercept(
-                        att, conn, reader, writer, head, proto, norm, ip, port, bindings, local
-                    )
+                    await self._intercept(att, conn, reader, writer, head, proto, norm, ip, port, local)
                     return
             att.counters.allowed += 1
             if head:
@@ -503,6 +559,21 @@ class Gateway:
             if not handed_over:
                 up_w.transport.abort()
 
+    async def _secret_tls(self, att: _Attached, name: str, ip: str, port: int) -> bool:
+        """Whether HTTPS to `name` at `ip` is intercepted: it is a secret's host and `ip` an
+        address it resolves to (else it passes through untouched, and a secret's name at another
+        address counts as refused)."""
+        if not att.bindings:
+            return False
+        decision = await placeholders.decide(att.bindings, name, ip, plain=False, resolve=self.names.resolve)
+        if decision.refused:
+            self._refused_secret(att, f"{name!r} ({ip}:{port})", decision.why)
+        return bool(decision.apply)
+
+    def _refused_secret(self, att: _Attached, target: str, why: str) -> None:
+        att.counters.refused += 1
+        self._log_refusal(att, target, f"a secret's placeholder was not replaced: {why}")
+
     async def _intercept(
         self,
         att: _Attached,
@@ -514,14 +585,14 @@ class Gateway:
         name: str,
         ip: str,
         port: int,
-        bindings: tuple[intercept.Binding, ...],
         local: tuple[str, int] | None,
     ) -> None:
-        """Plain HTTP, and HTTPS to a secret's host: relayed request by request (gateway.intercept),
-        each request's Host checked against the connection's name, the placeholders of these
-        bindings replaced. HTTPS is terminated with a leaf from the installation's CA, which the
-        sandbox trusts, and re-encrypted upstream. A request in flight keeps the connection busy
-        (no reset before a checkpoint, however long the upstream takes to answer)."""
+        """Plain HTTP, and HTTPS to a secret's host: relayed request by request (gateway.httprelay),
+        each request's Host checked against the connection's name, the secrets decided anew for
+        each request (gateway.placeholders). HTTPS is terminated with a leaf from the
+        installation's CA, which the sandbox trusts, and re-encrypted upstream. A request in
+        flight keeps the connection busy (no reset before a checkpoint, however long the
+        upstream takes to answer)."""
         target = f"{name!r} ({ip}:{port})"
 
         def touch() -> None:
@@ -531,22 +602,26 @@ class Gateway:
             conn.in_flight = on
             touch()
 
-        def live() -> tuple[intercept.Binding, ...]:
-            """The name's bindings as they are now (a secret replaced or deleted applies to the
-            next request on an open connection)."""
-            return intercept.bindings_for(name, att.bindings) if name and att.bindings else ()
+        async def secrets() -> placeholders.Decision:
+            if not name or not att.bindings:
+                return placeholders.NONE
+            return await placeholders.decide(
+                att.bindings, name, ip, plain=proto != "tls", resolve=self.names.resolve
+            )
+
+        def refused(why: str) -> None:
+            self._refused_secret(att, target, why)
 
         if proto == "tls" and self.leaves is None:
             att.counters.refused += 1
             self._log_refusal(att, target, "the worker has no CA yet to intercept HTTPS to a secret's host")
             return
         att.counters.allowed += 1
-        if bindings:
-            att.counters.intercepted += 1
-            log.debug("egress intercepted: %s", target, extra={"sandbox_id": att.sid})
         att.relayed.add(conn)
         if proto == "tls":
             assert self.leaves is not None
+            att.counters.intercepted += 1
+            log.debug("egress intercepted: %s", target, extra={"sandbox_id": att.sid})
             await intercept.intercept_tls(
                 reader,
                 writer,
@@ -557,9 +632,11 @@ class Gateway:
                 leaf_ctx=self.leaves.context_for(name),
                 upstream_ctx=self.upstream_ctx,
                 local_addr=local,
-                bindings=live,
+                secrets=secrets,
                 touch=touch,
                 flight=flight,
+                bucket=att.bucket,
+                refused=refused,
             )
             return
         up = await self._connect(att, target, ip, port, local, answer=(writer, reader))
@@ -568,13 +645,15 @@ class Gateway:
         up_r, up_w = up
         conn.upstream = up_w
         try:
-            await intercept.relay(
+            await httprelay.relay(
                 tlsstream.PlainStream(reader, writer, initial=head),
                 tlsstream.PlainStream(up_r, up_w),
-                live,
+                secrets,
                 touch,
                 name=name,
                 flight=flight,
+                bucket=att.bucket,
+                refused=refused,
             )
         finally:
             up_w.transport.abort()
@@ -609,40 +688,6 @@ class Gateway:
         if now - self._host_addrs[0] > 10:
             self._host_addrs = (now, _local_addresses())
         return self._host_addrs[1]
-
-
-class Inbound:
-    """A connection the worker opened into a sandbox's port (api.PortStream): bytes moving are the
-    sandbox's activity; its side is ended with an RST once what was written reached it."""
-
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn, att: _Attached
-    ):
-        self._r, self._w, self._conn, self._att = reader, writer, conn, att
-        writer.transport.set_write_buffer_limits(high=_WRITE_BUFFER)
-
-    async def read(self, n: int) -> bytes:
-        data = await self._r.read(n)
-        if data:
-            _moved(self._conn, self._att, False, len(data))
-        return data
-
-    async def write(self, data: bytes) -> None:
-        _moved(self._conn, self._att, True, len(data))
-        self._w.write(data)
-        await self._w.drain()
-
-    def close(self) -> None:
-        self._att.relayed.discard(self._conn)
-        if self._w.transport.is_closing():
-            return
-        task = asyncio.ensure_future(_flush_then_reset(self._w))
-        self._att.conns.add(task)
-        task.add_done_callback(self._att.conns.discard)
-
-    @property
-    def closed(self) -> bool:
-        return self._w.transport.is_closing() or self._r.at_eof()
 
 
 def _is_ip(name: str) -> bool:
@@ -691,242 +736,11 @@ def _moved(conn: _Conn, att: _Attached, req: bool, n: int = 0) -> None:
         conn.answered += n
 
 
-async def _copy(
-    src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached, req: bool
-) -> None:
-    """Relay src to dst until src's end: splice(2) between the two sockets when both are plain
-    stream sockets of a selector loop (zero-copy, as fast as the kernel moves them), else read and
-    write through the streams."""
-    src_t, dst_t = getattr(src, "_transport", None), dst.transport
-    if (
-        _SPLICE
-        and isinstance(src, asyncio.StreamReader)
-        and isinstance(src_t, _SocketTransport)
-        and isinstance(dst_t, _SocketTransport)
-    ):
-        await _splice(src, src_t, dst, dst_t, conn, att, req)
-        return
-    while True:
-        data = await src.read(_CHUNK)
-        if not data:
-            return
-        _moved(conn, att, req, len(data))
-        dst.write(data)
-        await dst.drain()
-
-
-_SPLICE = hasattr(os, "splice") and hasattr(asyncio.selector_events.BaseSelectorEventLoop, "_add_reader")
-_SocketTransport = getattr(asyncio.selector_events, "_SelectorSocketTransport", ())
-_PIPES: list[tuple[int, int]] = []
-"""Empty pipes for splice, kept for the next chunk of any connection (an idle one holds none)."""
-_PIPES_KEPT = 32
-_SHORT = 64 * 1024
-"""A chunk shorter than this was all there was (a request, an answer): wait for the next."""
-_BUDGET = 4 * 1024 * 1024
-"""What one direction moves per turn of the event loop before the other connections' turn."""
-
-
-async def _splice(
-    src: asyncio.StreamReader,
-    src_t: asyncio.Transport,
-    dst: asyncio.StreamWriter,
-    dst_t: asyncio.Transport,
-    conn: _Conn,
-    att: _Attached,
-    req: bool,
-) -> None:
-    """One direction in the kernel: socket → pipe → socket (splice(2)), never through Python.
-
-    The source transport stops reading (the relay drives its socket from now on); what its
-    StreamReader already holds goes first, through dst's transport, and the splicing starts once
-    that transport's buffer is empty. The transports keep their sockets: closing and aborting stay
-    theirs (an abort still ends both sides at once, see _Lost)."""
-    src_t.pause_reading()
-    buffered: bytearray = src._buffer  # type: ignore[attr-defined]
-    if buffered:  # read before the relay began (sniffing, or while connecting upstream)
-        dst.write(bytes(buffered))
-        _moved(conn, att, req, len(buffered))
-        buffered.clear()
-    exc = src.exception()
-    if exc is not None:
-        raise exc
-    if src.at_eof():
-        return
-    while dst_t.get_write_buffer_size() and not dst_t.is_closing():
-        await asyncio.sleep(0.005)  # the transport's bytes go before the spliced ones
-    if src_t.is_closing() or dst_t.is_closing():
-        raise ConnectionResetError("the connection was closed")
-    loop = asyncio.get_running_loop()
-    assert isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)  # as its transports are
-    pump = _Pump(loop, src_t, dst_t, conn, att, req)
-    try:
-        pump.move()
-        await pump.done
-    finally:
-        pump.stop()
-
-
-class _Pump:
-    """Moves one direction's bytes from the event loop's readiness callbacks (no task wakes per
-    chunk or per message): splice from the source into a pipe until the source has nothing, from
-    the pipe into the destination until it takes no more, and watch whichever socket it waits on.
-
-    The transports' own descriptors are watched: meanwhile the source transport does not read and
-    the destination's buffer is empty, so the transport itself watches neither. `done` ends with
-    the source's end (None) or the error."""
-
-    def __init__(
-        self,
-        loop: asyncio.selector_events.BaseSelectorEventLoop,
-        src_t: asyncio.Transport,
-        dst_t: asyncio.Transport,
-        conn: _Conn,
-        att: _Attached,
-        req: bool,
-    ):
-        self.loop, self.transports, self.conn, self.att = loop, (src_t, dst_t), conn, att
-        self.req = req
-        self.s = src_t.get_extra_info("socket").fileno()
-        self.d = dst_t.get_extra_info("socket").fileno()
-        self.pipe: tuple[int, int] | None = None
-        self.held = 0  # bytes in the pipe
-        self.short = False
-        self.watching: tuple[int, bool] | None = None  # (descriptor, for writing)
-        self.done: asyncio.Future[None] = loop.create_future()
-        for t in self.transports:
-            p = t.get_protocol()
-            if not isinstance(p, _Lost):
-                p = _Lost(p)
-                t.set_protocol(p)
-            p.pumps.add(self)
-
-    def move(self) -> None:
-        if self.done.done():
-            return
-        if self.transports[0].is_closing() or self.transports[1].is_closing():
-            self._end(ConnectionResetError("the connection was closed"))  # aborted, detached
-            return
-        budget = _BUDGET
-        try:
-            while True:
-                if self.held:
-                    assert self.pipe is not None
-                    try:
-                        self.held -= os.splice(self.pipe[0], self.d, self.held, flags=os.SPLICE_F_NONBLOCK)
-                    except BlockingIOError:
-                        self._watch(self.d, writing=True)
-                        return
-                    _moved(self.conn, self.att, self.req)
-                    if self.held:
-                        continue
-                    if self.short or budget <= 0:  # (the watch is level-triggered: more → at once)
-                        self._give_back()
-                        self._watch(self.s, writing=False)
-                        return
-                if self.pipe is None:
-                    self.pipe = _PIPES.pop() if _PIPES else _new_pipe()
-                try:
-                    n = os.splice(self.s, self.pipe[1], _CHUNK, flags=os.SPLICE_F_NONBLOCK)
-                except BlockingIOError:
-                    self._give_back()
-                    self._watch(self.s, writing=False)
-                    return
-                if not n:
-                    self._end(None)
-                    return
-                _moved(self.conn, self.att, self.req, n)
-                self.held, self.short = n, n < _SHORT
-                budget -= n
-        except Exception as e:  # noqa: BLE001 - OSError mostly (a reset); the relay's task raises it
-            self._end(e)
-
-    def lost(self) -> None:
-        """A transport lost its connection (called before it closes its descriptor)."""
-        self._end(ConnectionResetError("the connection was closed"))
-
-    def stop(self) -> None:
-        self._unwatch()
-        self._give_back()
-        for t in self.transports:
-            p = t.get_protocol()
-            if isinstance(p, _Lost):
-                p.pumps.discard(self)
-
-    def _end(self, exc: Exception | None) -> None:
-        self.stop()
-        if not self.done.done():
-            if exc is None:
-                self.done.set_result(None)
-            else:
-                self.done.set_exception(exc)
-
-    def _give_back(self) -> None:
-        if self.pipe is not None:
-            if self.held or len(_PIPES) >= _PIPES_KEPT:  # bytes left in it are of no use to anyone
-                os.close(self.pipe[0])
-                os.close(self.pipe[1])
-            else:
-                _PIPES.append(self.pipe)
-            self.pipe, self.held = None, 0
-
-    def _watch(self, fd: int, writing: bool) -> None:
-        if self.watching != (fd, writing):
-            self._unwatch()
-            if writing:
-                self.loop._add_writer(fd, self.move)  # type: ignore[attr-defined]
-            else:
-                self.loop._add_reader(fd, self.move)  # type: ignore[attr-defined]
-            self.watching = (fd, writing)
-
-    def _unwatch(self) -> None:
-        if self.watching is not None:
-            fd, writing = self.watching
-            self.watching = None
-            if writing:
-                self.loop._remove_writer(fd)  # type: ignore[attr-defined]
-            else:
-                self.loop._remove_reader(fd)  # type: ignore[attr-defined]
-
-
-def _new_pipe() -> tuple[int, int]:
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    with contextlib.suppress(OSError):  # 64 KiB if the kernel refuses: slower, not wrong
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _CHUNK)
-    return r, w
-
-
-class _Lost(asyncio.Protocol):
-    """A stream's protocol, wrapped while a _Pump drives its socket: every event is passed on,
-    and a lost connection first stops the pumps, so that they drop their watch of the descriptor
-    before the transport closes it (its number may be reused at once) and their relay ends."""
-
-    def __init__(self, inner: asyncio.BaseProtocol):
-        self.inner = inner
-        self.pumps: set[_Pump] = set()
-
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)  # type: ignore[attr-defined]
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()  # type: ignore[attr-defined]
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        for p in list(self.pumps):
-            p.lost()
-        self.inner.connection_lost(exc)
-
-
 async def _to_upstream(
     src: asyncio.StreamReader, up: asyncio.StreamWriter, conn: _Conn, att: _Attached
 ) -> None:
     try:
-        await _copy(src, up, conn, att, req=True)
+        await splice.copy(src, up, lambda n: _moved(conn, att, True, n))
         conn.sandbox_closed.set()
         if up.can_write_eof():
             up.write_eof()
@@ -938,7 +752,7 @@ async def _to_sandbox(
     up: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Conn, att: _Attached
 ) -> None:
     try:
-        await _copy(up, dst, conn, att, req=False)
+        await splice.copy(up, dst, lambda n: _moved(conn, att, False, n))
         # The upstream is done. A FIN to a sandbox that closes at the same moment puts its endpoint
         # in TIME_WAIT, which this runsc cannot checkpoint (and the gate cannot see): so give it a
         # moment to close first (an HTTP client that read its Content-Length does), and then

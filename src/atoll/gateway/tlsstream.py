@@ -16,12 +16,16 @@ import contextlib
 import os
 import ssl
 import tempfile
+import typing
 
 _READ = 65536
 
 
 class TLSStream:
-    """TLS over (reader, writer), either side. `initial`: bytes already read from `reader`."""
+    """TLS over (reader, writer), either side. `initial`: bytes already read from `reader`.
+    `meter` (a context manager factory, gateway.fairshare.Meter) measures each decryption."""
+
+    tls = True
 
     def __init__(
         self,
@@ -32,8 +36,10 @@ class TLSStream:
         server_side: bool,
         server_hostname: str | None = None,
         initial: bytes = b"",
+        meter: typing.Callable[[], typing.ContextManager] = contextlib.nullcontext,
     ):
         self.reader, self.writer = reader, writer
+        self._meter = meter
         self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
         if initial:
             self._in.write(initial)
@@ -69,7 +75,8 @@ class TLSStream:
         """Up to `n` bytes; b"" at the end (close_notify, or the peer's TCP EOF without one)."""
         while True:
             try:
-                data = self._ssl.read(n)
+                with self._meter():
+                    data = self._ssl.read(n)
             except ssl.SSLWantReadError:
                 self._flush_nowait()
                 if self._in.eof:
@@ -128,6 +135,8 @@ class TLSStream:
 
 class PlainStream:
     """The TLSStream interface over plain TCP; `initial` (bytes already read) comes out first."""
+
+    tls = False
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes = b""):
         self.reader, self.writer = reader, writer

@@ -21,7 +21,9 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import ipaddress
 import logging
+import socket
 import ssl
 import time
 import typing
@@ -45,6 +47,8 @@ MAX_CONNECTIONS = 4096
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 MAX_PER_PEER = 512
 """Connections one client address may hold at once (a slow client cannot take every slot)."""
+READY_FRESH_S = 0.5
+"""On a switched connection (WebSocket), the sandbox is asked to be ready at most this often."""
 RETRY_BODY = 64 * 1024
 """A request whose body fits this is sent again once on a fresh connection into the sandbox
 when a kept one turns out to be gone (a disk checkpoint reset it) before any answer came."""
@@ -67,7 +71,7 @@ class Grant:
 
 
 class Backend(typing.Protocol):
-    def authorize(
+    async def authorize(
         self,
         target: preview.Target,
         token: str | None,
@@ -106,20 +110,54 @@ def _status_of(e: errors.AtollError) -> int:
 class Stats:
     requests: int = 0
     refused: int = 0
+    evicted: int = 0
+    """Connections ended to make room for new ones (idle or half-sent first)."""
+
+
+class _Held:
+    """One client connection: whom it counts against and what it is doing (for eviction)."""
+
+    __slots__ = ("key", "state", "since", "task")
+
+    def __init__(self, key: str):
+        self.key = key
+        self.state = "new"  # new (TLS handshake) | idle (between requests) | head (one arriving) | busy
+        self.since = time.monotonic()
+        self.task: asyncio.Task | None = None
+
+    def set(self, state: str) -> None:
+        self.state, self.since = state, time.monotonic()
+
+    @property
+    def evictable(self) -> bool:
+        return self.state != "busy"
 
 
 class Router:
-    def __init__(self, backend: Backend, ctx: ssl.SSLContext, domain: str):
+    def __init__(
+        self,
+        backend: Backend,
+        ctx: ssl.SSLContext,
+        domain: str,
+        trusted_proxies: typing.Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+    ):
         self.backend = backend
         self.ctx = ctx
         self.domain = domain
+        self.trusted = tuple(trusted_proxies)
         self.server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task] = set()
+        self._held: dict[int, _Held] = {}
         self._per_peer: dict[str, int] = {}
         self.stats = Stats()
 
-    async def start(self, host: str, port: int) -> None:
-        self.server = await asyncio.start_server(self._accepted, host, port, limit=READ, backlog=1024)
+    async def start(
+        self, host: str | None = None, port: int | None = None, sock: socket.socket | None = None
+    ) -> None:
+        if sock is not None:
+            self.server = await asyncio.start_server(self._accepted, sock=sock, limit=READ, backlog=1024)
+        else:
+            self.server = await asyncio.start_server(self._accepted, host, port, limit=READ, backlog=1024)
 
     async def aclose(self) -> None:
         if self.server is not None:
@@ -132,31 +170,81 @@ class Router:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.server.wait_closed(), 2)
 
+    def is_trusted(self, ip: str) -> bool:
+        if not self.trusted or not ip:
+            return False
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return any(addr in n for n in self.trusted)
+
+    def _evict(self, key: str | None) -> bool:
+        """Make room: end the connection (of client `key`, or of anyone) that waits the longest
+        without a request in flight — idle between requests, a head half sent, a handshake.
+        False when every candidate is busy."""
+        victims = [h for h in self._held.values() if h.evictable and (key is None or h.key == key)]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda h: h.since)
+        self.stats.evicted += 1
+        if victim.task is not None:
+            victim.task.cancel()
+        self._count(victim, -1)
+        victim.key = ""
+        return True
+
+    def _count(self, held: _Held, delta: int) -> None:
+        if not held.key:
+            return
+        left = self._per_peer.get(held.key, 0) + delta
+        if left > 0:
+            self._per_peer[held.key] = left
+        else:
+            self._per_peer.pop(held.key, None)
+
+    def rekey(self, held: _Held, key: str) -> bool:
+        """The connection's client is `key` (told by a trusted proxy): count it there. False when
+        that client holds MAX_PER_PEER connections already and none can give way."""
+        if held.key == key:
+            return True
+        if self._per_peer.get(key, 0) >= MAX_PER_PEER and not self._evict(key):
+            return False
+        self._count(held, -1)
+        held.key = key
+        self._count(held, 1)
+        return True
+
     def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         ip = peer[0] if isinstance(peer, tuple) else ""
-        if len(self._conns) >= MAX_CONNECTIONS or self._per_peer.get(ip, 0) >= MAX_PER_PEER:
+        # behind a trusted proxy every client shares its address: counted per forwarded client
+        # once the first request says who it is (Session.run), against the proxy until then
+        key = ("proxy " + ip) if self.is_trusted(ip) else ip
+        if len(self._conns) >= MAX_CONNECTIONS and not self._evict(None):
             writer.transport.abort()
             return
-        self._per_peer[ip] = self._per_peer.get(ip, 0) + 1
-        task = asyncio.ensure_future(self._serve(reader, writer))
+        if not self.is_trusted(ip) and self._per_peer.get(key, 0) >= MAX_PER_PEER and not self._evict(key):
+            writer.transport.abort()
+            return
+        held = _Held(key)
+        self._count(held, 1)
+        task = asyncio.ensure_future(self._serve(reader, writer, held))
+        held.task = task
+        self._held[id(task)] = held
         self._conns.add(task)
 
         def done(t: asyncio.Task) -> None:
             self._conns.discard(t)
-            left = self._per_peer.get(ip, 1) - 1
-            if left > 0:
-                self._per_peer[ip] = left
-            else:
-                self._per_peer.pop(ip, None)
+            h = self._held.pop(id(t), None)
+            if h is not None:
+                self._count(h, -1)
 
         task.add_done_callback(done)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: _Held) -> None:
         sock = writer.get_extra_info("socket")
         with contextlib.suppress(OSError):
-            import socket
-
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client: typing.Any = None
         try:
@@ -174,7 +262,7 @@ class Router:
                 return
             client = tlsstream.TLSStream(reader, writer, self.ctx, server_side=True, initial=first)
             await client.handshake(HANDSHAKE_TIMEOUT_S)
-            await _Session(self, client, writer.get_extra_info("peername")).run()
+            await _Session(self, client, writer.get_extra_info("peername"), held).run()
         except (OSError, ConnectionError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError) as e:
             log.debug("ingress connection ended: %r", e, exc_info=True)
         except asyncio.CancelledError:
@@ -191,6 +279,7 @@ _REASONS = {
     403: "Forbidden",
     404: "Not Found",
     409: "Conflict",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     502: "Bad Gateway",
     503: "Service Unavailable",
@@ -212,10 +301,13 @@ class _Session:
     """One client connection: its requests one after another, and the connection into the sandbox
     they go to (kept while they go to the same sandbox and port)."""
 
-    def __init__(self, router: Router, client: typing.Any, peer: typing.Any):
+    def __init__(self, router: Router, client: typing.Any, peer: typing.Any, held: _Held | None = None):
         self.r = router
         self.client = client
         self.peer = peer[0] if isinstance(peer, tuple) else ""
+        self.held = held or _Held(self.peer)
+        self.via_proxy = router.is_trusted(self.peer)
+        self.client_ip = self.peer
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.up: Upstream | None = None
         self.up_conn: h11.Connection | None = None
@@ -251,9 +343,11 @@ class _Session:
     async def _next_request(self):
         """The next request head: waited for up to IDLE_TIMEOUT_S, then whole within HEAD_TIMEOUT_S."""
         deadline: float | None = None
+        self.held.set("idle")
         while True:
             ev = self.conn.next_event()
             if ev is not h11.NEED_DATA:
+                self.held.set("busy")
                 return None if ev is h11.PAUSED else ev
             timeout = IDLE_TIMEOUT_S if deadline is None else deadline - time.monotonic()
             if timeout <= 0:
@@ -261,6 +355,7 @@ class _Session:
             data = await asyncio.wait_for(self.client.read(READ), timeout)
             if deadline is None:
                 deadline = time.monotonic() + HEAD_TIMEOUT_S
+                self.held.set("head")
             self.conn.receive_data(data)
 
     async def _next(self, conn: h11.Connection, stream: typing.Any, timeout: float | None = None):
@@ -316,6 +411,15 @@ class _Session:
             await self._refuse(431, f"atoll ingress: the request head is over {MAX_HEAD} bytes")
             return False
         get = _getter(req.headers)
+        if self.via_proxy:
+            client = _forwarded_client(req.headers.raw_items(), self.r.is_trusted)
+            if client is not None:
+                self.client_ip = client
+                if not self.r.rekey(self.held, client):
+                    await self._refuse(
+                        429, f"atoll ingress: client {client} holds {MAX_PER_PEER} connections already"
+                    )
+                    return False
         names = [k.lower() for k, _ in headers]
         for h in (preview.ID_HEADER, preview.PORT_HEADER, preview.TOKEN_HEADER, "host"):
             if names.count(h.encode()) > 1:
@@ -339,7 +443,7 @@ class _Session:
             )
         path, expires, sig = preview.split_signed(req.target.decode("latin-1"))
         try:
-            grant = self.r.backend.authorize(
+            grant = await self.r.backend.authorize(
                 target, get(preview.TOKEN_HEADER), expires, sig, _cookie(get("cookie"))
             )
         except errors.AtollError as e:
@@ -357,8 +461,8 @@ class _Session:
         if get("host") is None:  # an HTTP/1.0 request may have none; HTTP/1.1 needs one
             out.append((b"host", f"{target.port}-{target.sandbox_id}.{self.r.domain}".encode()))
         out += [(b"x-forwarded-proto", b"https")]
-        if self.peer:
-            out += [(b"x-forwarded-for", self.peer.encode())]
+        if self.client_ip:
+            out += [(b"x-forwarded-for", self.client_ip.encode())]
         fwd = h11.Request(method=req.method, target=path.encode("latin-1"), headers=out, http_version="1.1")
         extra = []
         if grant.cookie:
@@ -510,8 +614,15 @@ class _Session:
         target = self.up_target
         assert target is not None
 
+        asked = 0.0
+
         async def inward(data: bytes) -> None:
-            await self.r.backend.ready(target)
+            nonlocal asked
+            # a sandbox ready this recently is not asked about again (one question per message
+            # would cost a round trip to the control plane each)
+            if time.monotonic() - asked > READY_FRESH_S:
+                await self.r.backend.ready(target)
+                asked = time.monotonic()
             await up.write(data)
 
         client_rest = self.conn.trailing_data[0]
@@ -550,6 +661,37 @@ def _bodiless(req: h11.Request) -> bool:
         if k == b"transfer-encoding" or (k == b"content-length" and v.strip() != b"0"):
             return False
     return True
+
+
+def _forwarded_client(
+    headers: list[tuple[bytes, bytes]], trusted: typing.Callable[[str], bool]
+) -> str | None:
+    """The client a trusted proxy forwards for: the right-most address of X-Forwarded-For (or
+    Forwarded `for=`) that is not itself a trusted proxy; None without such a header."""
+    chain: list[str] = []
+    for k, v in headers:
+        low = k.lower()
+        if low == b"x-forwarded-for":
+            chain += [p.strip() for p in v.decode("latin-1").split(",")]
+        elif low == b"forwarded":
+            for element in v.decode("latin-1").split(","):
+                for pair in element.split(";"):
+                    name, _, value = pair.strip().partition("=")
+                    if name.lower() == "for":
+                        value = value.strip('"')
+                        if value.startswith("["):
+                            value = value[1:].split("]")[0]
+                        elif value.count(":") == 1:
+                            value = value.split(":")[0]
+                        chain.append(value)
+    for candidate in reversed(chain):
+        try:
+            ipaddress.ip_address(candidate)
+        except ValueError:
+            return None  # a name or garbage: no trustworthy client beyond this point
+        if not trusted(candidate):
+            return candidate
+    return None
 
 
 def _getter(headers) -> typing.Callable[[str], str | None]:

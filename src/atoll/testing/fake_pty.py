@@ -77,6 +77,9 @@ class _Attach:
     def closed(self) -> bool:
         return self._closed
 
+    def detach(self) -> None:
+        return None  # a terminal's frames are not a socket
+
 
 class _Session:
     def __init__(self, pty_id: str, spec: api.PtySpec):

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import socket
 import time
 import typing
 from collections.abc import AsyncIterator, Sequence
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from atoll.core import errors, netpolicy, signals
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step, Tier, advance
-from atoll.portstream import StreamPort
+from atoll.portstream import SocketPort
 from atoll.testing import fake_files
 from atoll.testing.fake_pty import FakePtys
 
@@ -323,8 +324,14 @@ class FakeWorker(fake_files.FakeFileOps):
         address = self.ports.get((sandbox_id, port))
         if address is None:
             raise ConnectionRefusedError(f"fake: nothing listens on port {port} of {sandbox_id}")
-        reader, writer = await asyncio.open_connection(*address)
-        return StreamPort(reader, writer)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, address)
+        except BaseException:
+            sock.close()
+            raise
+        return SocketPort(sock)
 
     async def inventory(self) -> api.Inventory:
         return api.Inventory(

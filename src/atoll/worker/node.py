@@ -23,6 +23,7 @@ import os
 import re
 import resource
 import shutil
+import socket
 import time
 import typing
 from collections.abc import AsyncIterator, Sequence
@@ -200,7 +201,13 @@ class Node:
         self.snapshots = LocalSnapshotStore(self.runtimes.root)
         self.tunnel_port = 0
         """Set by worker.main once its tunnel listens (worker.tunnel)."""
-        self.edge = Edge(settings.hosts_files, settings.egress_source, settings.upstream_ca_file)
+        self.edge = Edge(
+            settings.hosts_files,
+            settings.egress_source,
+            settings.upstream_ca_file,
+            log_format=settings.log_format,
+            log_level=settings.log_level,
+        )
         self.sandboxes = Sandboxes(
             self.runtimes, self.guest, self.liveness, self.host, self.agent_dir, self.edge
         )
@@ -318,6 +325,7 @@ class Node:
                 os.unlink(os.path.join(self.agent_dir, stale))
         _raise_pid_max()
         _raise_nofile()
+        await self.edge.start()  # the egress gateway's process: sandboxes are attached to it below
         doomed = []
         for rt in self.runtimes.all():
             if rt.temporary or rt.phase == Phase.DELETING:
@@ -333,7 +341,7 @@ class Node:
                     )
         for sid in doomed:  # deletes a previous process did not finish, template-image leftovers
             await self._delete_runtime(sid)
-        for rt in self.runtimes.cached():  # the gateway's sockets died with the previous process
+        for rt in self.runtimes.cached():  # the sockets the previous worker held died with it
             if rt.phase not in (Phase.FAILED, Phase.DELETING) and not rt.temporary:
                 try:
                     await self.edge.attach(rt)
@@ -448,7 +456,7 @@ class Node:
             if rt.phase == Phase.RUNNING and not rt.temporary:
                 u = cgroups.usage(rt.cgroup(self.install_id))
                 if u is not None:
-                    n = self.edge.gateway.stats(rt.sandbox_id)
+                    n = self.edge.stats(rt.sandbox_id)
                     items.append(
                         api.Usage(
                             rt.sandbox_id, round(u[0], 3), u[1], u[2], n.allowed, n.refused, n.dns_refused
@@ -679,6 +687,10 @@ class Node:
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
         """A connection into the sandbox's port, from its host-side namespace. The sandbox must be
         running (the control plane resumes it first)."""
+        rt = self._port_runtime(sandbox_id, port)
+        return await self.edge.open_port(rt, port)
+
+    def _port_runtime(self, sandbox_id: str, port: int):
         if not 1 <= port <= 65535:
             raise errors.InvalidRequest(f"port {port} is not a TCP port (1-65535)")
         if port == bundle.AGENT_PORT:  # the agent runs commands for the worker: never opened for others
@@ -689,7 +701,14 @@ class Node:
                 f"sandbox {sandbox_id} is {rt.phase.value}, not running; resume it first",
                 code="invalid_state",
             )
-        return await self.edge.open_port(rt, port)
+        return rt
+
+    async def relay_port(self, sandbox_id: str, port: int, client: socket.socket, greeting: bytes) -> None:
+        """The port tunnel's connection `client` (already authenticated) relayed into the
+        sandbox's port by the gateway process, `greeting` first; the same checks as open_port.
+        Raises what open_port raises; the caller closes its `client`."""
+        rt = self._port_runtime(sandbox_id, port)
+        await self.edge.relay_port(rt, port, client, greeting)
 
     async def delete(self, sandbox_id: str) -> None:
         if not ids.is_sandbox_id(sandbox_id):

@@ -102,7 +102,7 @@ class Tiers:
                 return PauseOutcome(Tier.MEMORY)
             if only_if_idle:
                 # bytes moving through the gateway are activity; an idle open connection is not
-                busy = self.sandboxes.edge.busy(rt.sandbox_id)
+                busy = await self.sandboxes.edge.busy_now(rt.sandbox_id)
                 if busy:
                     return PauseOutcome(None, f"{busy} network connection(s) in use count as activity")
             return self._freeze_outcome(rt, Tier.MEMORY, None)
