@@ -73,6 +73,7 @@ def summarize(samples: list[float], unit: str = "ms", keep_samples: bool = True)
         out.update(
             p50=round(percentile(xs, 0.5), 3),
             p90=round(percentile(xs, 0.9), 3),
+            p99=round(percentile(xs, 0.99), 3),
             min=round(xs[0], 3),
             max=round(xs[-1], 3),
             mean=round(sum(xs) / len(xs), 3),

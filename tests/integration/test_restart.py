@@ -39,9 +39,12 @@ def test_restart_reattaches_running_memory_and_disk(local):
             c.post(f"/v1/sandboxes/{sids['disk']}/pause", json={"tier": "disk"}).json()["standby_tier"]
             == "disk"
         )
+    helpers = _helpers(local)
+    assert set(helpers) == {"gateway", "ingress"}, helpers  # the data plane's processes
     t0 = time.monotonic()
     local.stop(reap=False)
     assert time.monotonic() - t0 < 10, "stopping atoll must take seconds"
+    assert _gone(helpers.values()), "the gateway and the router stop with atoll"
     time.sleep(1)
     local.start(timeout=600)
     with _client(local) as c:
@@ -67,8 +70,11 @@ def test_sigkill_during_checkpoint_never_loses_the_sandbox(local):
         th = threading.Thread(target=lambda: _try_pause(c, sid))
         th.start()
         time.sleep(0.4)
+        helpers = _helpers(local)
         local.kill()
         th.join()
+    # killed, atoll cannot stop its helpers: they stop when their channel to it closes
+    assert _gone(helpers.values()), helpers
     local.start(timeout=600)
     with _client(local) as c:
         sb = c.get(f"/v1/sandboxes/{sid}").json()
@@ -77,6 +83,30 @@ def test_sigkill_during_checkpoint_never_loses_the_sandbox(local):
             assert sb["failure_reason"], "a failed sandbox must say why"
         else:
             assert _exec(c, sid, "cat /root/file")["stdout"] == "safe\n"
+
+
+def _helpers(local) -> dict[str, int]:
+    from bench.bench_flood import _children
+
+    return _children(local.proc.pid)
+
+
+def _gone(pids, within: float = 10.0) -> bool:
+    """Every pid has exited (a zombie whose parent was killed counts: it runs no more)."""
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def _try_pause(c, sid):

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 VALUE = "sk-live-" + "7Qz9" * 6
 UPSTREAM = r"""
-import http.server, json, ssl, sys, threading
+import http.server, json, socket, ssl, sys, threading
 a, b, d = sys.argv[1], sys.argv[2], sys.argv[3]
 lock = threading.Lock()
 class H(http.server.BaseHTTPRequestHandler):
@@ -47,7 +47,20 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a): pass
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(d + "/up.crt", d + "/up.key")
+def sink(ip):  # :9090 reads and drops whatever comes (the flood's upstream)
+    ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((ip, 9090)); ls.listen(256)
+    def drain(c):
+        try:
+            while c.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+        c.close()
+    while True:
+        threading.Thread(target=drain, args=(ls.accept()[0],), daemon=True).start()
 for ip in (a, b):
+    threading.Thread(target=sink, args=(ip,), daemon=True).start()
     s = http.server.ThreadingHTTPServer((ip, 8080), H)
     threading.Thread(target=s.serve_forever, daemon=True).start()
     t = http.server.ThreadingHTTPServer((ip, 8443), H)
@@ -884,3 +897,90 @@ def test_sdk_and_cli_for_secrets_and_previews(la, host):
         cli + ["secret", "rm", "clisecret"], env=env, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 1 and "secret_not_found" in r.stderr
+
+
+# ---- the data plane in processes of its own (issue 17 #2) ------------------------------------------
+def _helpers(la) -> dict[str, int]:
+    """The atoll process's helper processes: {"gateway": pid, "ingress": pid}."""
+    from bench.bench_flood import _children
+
+    return _children(la.proc.pid)
+
+
+def _cpu_s(pid: int) -> float:
+    from bench.bench_flood import _cpu_s as cpu
+
+    return cpu(pid)
+
+
+def test_a_flood_of_chunked_uploads_slows_its_sandbox_not_the_api_or_a_neighbour(api, la, host, make):
+    """One sandbox sends 1-byte chunks on 32 connections to a host it may reach by name (so the
+    gateway parses every request) — what stalled the whole process when the gateway shared the
+    API's loop. Meanwhile the API answers, a neighbour's exec runs, and the neighbour's own egress
+    works. The bounds are sanity bounds (the benchmark bench_flood measures): nothing waits
+    seconds. The parsing happened in the gateway's process, not the API's."""
+    from bench.bench_flood import FLOODER
+
+    helpers = _helpers(la)
+    assert set(helpers) == {"gateway", "ingress"}, helpers
+    flooder = make(network=NET)
+    neighbour = make(network=NET)
+    r = api.put(
+        f"/v1/sandboxes/{flooder['id']}/files", params={"path": "/root/flood.py"}, content=FLOODER.encode()
+    )
+    assert r.status_code == 204
+    gw_cpu = _cpu_s(helpers["gateway"])
+    flood = api.post(
+        f"/v1/sandboxes/{flooder['id']}/exec",
+        json={
+            "cmd": ["python3", "/root/flood.py", "api.atoll.test:9090", "32", "8", "2048"],
+            "background": True,
+        },
+    )
+    assert flood.status_code in (200, 201), flood.text
+    time.sleep(1.5)  # the connections are open and sending
+    health, execs = [], []
+    with httpx.Client(base_url=la.url, timeout=10) as h:
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            t = time.perf_counter()
+            assert h.get("/healthz").status_code == 200
+            health.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            assert sh(api, neighbour["id"], "true")["exit_code"] == 0
+            execs.append(time.perf_counter() - t)
+            time.sleep(0.1)
+    out = sh(
+        api,
+        neighbour["id"],
+        "curl -s -o /dev/null -w %{http_code} -m 10 http://api.atoll.test:8080/during-flood",
+    )
+    assert out["stdout"] == "200", out
+    assert max(health) < 2.0 and max(execs) < 5.0, (max(health), max(execs))
+    pid = flood.json()["pid"]
+    done = api.post(f"/v1/sandboxes/{flooder['id']}/processes/{pid}/wait", json={"timeout_s": 60}).json()
+    assert done["exit_code"] == 0, done
+    text = api.get(f"/v1/sandboxes/{flooder['id']}/processes/{pid}/output").text
+    sent = max(int(json.loads(line).get("stdout", "0").strip() or 0) for line in text.splitlines() if line)
+    assert sent > 10 * 2**20, text[-2000:]  # the flood was real
+    assert _cpu_s(helpers["gateway"]) - gw_cpu > 0.5  # and the gateway's process did the parsing
+
+
+def test_the_gateway_process_comes_back_and_its_sandboxes_with_it(api, la, host, make, secret):
+    """Killed, the egress gateway's process is started again by its worker and given every
+    sandbox's sockets (born in their namespaces), policy and secrets anew."""
+    secret("tok12")
+    sb = make(network=NET, secrets={"TOKEN": "tok12"})
+    req = 'curl -s -o /dev/null -w %{http_code} -m 10 -H "X-Key: $TOKEN" https://api.atoll.test:8443/'
+    assert sh(api, sb["id"], req + "before")["stdout"] == "200"
+    old = _helpers(la)["gateway"]
+    os.kill(old, 9)  # a process of the atoll this module started
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        new = _helpers(la).get("gateway")
+        if new and new != old and sh(api, sb["id"], req + "after")["stdout"] == "200":
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"egress did not come back: {la.tail()}")
+    assert last_seen(host, "/after")["headers"]["x-key"] == VALUE

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -461,7 +462,47 @@ def test_a_preview_and_a_secret_reach_a_sandbox_on_a_separate_worker(cluster):
             assert c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"}).status_code == 200
             r = web.get(url, headers=headers)
             assert r.status_code == 200 and r.text == "preview-ok\n"
+            # issue 17 #3: strangers flooding the worker's tunnel port (silent connections, and
+            # ones that send a byte and go quiet) held 3 s and reopened, never holding a token:
+            # every preview is still served, each on a tunnel connection of its own
+            (worker,) = c.get("/v1/workers").json()["items"]
+            tunnel = (httpx.URL(worker["url"]).host, worker["tunnel_port"])
+            stop = threading.Event()
+            flooders = [threading.Thread(target=_flood_tunnel, args=(tunnel, stop, b"")) for _ in range(2)]
+            flooders += [threading.Thread(target=_flood_tunnel, args=(tunnel, stop, b"A")) for _ in range(2)]
+            for t in flooders:
+                t.start()
+            try:
+                time.sleep(1.0)
+                codes = []
+                for i in range(20):
+                    with httpx.Client(verify=ctx, timeout=30) as fresh:  # a new tunnel each
+                        codes.append(fresh.get(url, headers=headers).status_code)
+                    time.sleep(0.1 if i % 2 else 0.3)
+            finally:
+                stop.set()
+                for t in flooders:
+                    t.join()
+            assert codes == [200] * 20, codes
         c.delete("/v1/secrets/k")
+
+
+def _flood_tunnel(address: tuple[str, int], stop: threading.Event, first: bytes) -> None:
+    """70 connections to the tunnel, held 3 s without a hello (after `first`, if any), then
+    reopened, until `stop`."""
+    while not stop.is_set():
+        held = []
+        for _ in range(70):
+            try:
+                s = socket.create_connection(address, timeout=2)
+                if first:
+                    s.sendall(first)
+                held.append(s)
+            except OSError:
+                pass
+        stop.wait(3.0)
+        for s in held:
+            s.close()
 
 
 def test_a_template_is_built_pooled_and_forked_on_a_separate_worker(cluster):

@@ -1,12 +1,49 @@
-"""worker.tunnel: the port tunnel's handshake, its bounds and its relay, over a FakeWorker (loopback only)."""
+"""worker.tunnel: the port tunnel's handshake, its bounds against strangers, and its relay, over a
+FakeWorker (loopback only). The real worker hands an authenticated connection to its gateway
+process (Node.relay_port); here a stand-in relays it in process to an echo server."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 
+from atoll.core import errors
 from atoll.core import worker_api as api
 from atoll.testing import FakeWorker
 from atoll.worker import tunnel as tunnel_mod
+
+SID = "sb-aaaaaaaaaaaaaaaa"
+
+
+class Node:
+    """What the tunnel asks of a worker: relay_port (here: in process) and attach_pty."""
+
+    def __init__(self, fake: FakeWorker):
+        self.fake = fake
+        self.tasks: set[asyncio.Task] = set()
+
+    async def attach_pty(self, sid: str, pty_id: str):
+        return await self.fake.attach_pty(sid, pty_id)
+
+    async def relay_port(self, sid: str, port: int, client: socket.socket, greeting: bytes) -> None:
+        address = self.fake.ports.get((sid, port))
+        if address is None:
+            raise ConnectionRefusedError(f"nothing listens on port {port}")
+        if sid not in self.fake.runtimes:
+            raise errors.SandboxNotFound(f"no sandbox {sid}")
+        up_r, up_w = await asyncio.open_connection(*address)
+        c_r, c_w = await asyncio.open_connection(sock=client.dup())
+        c_w.write(greeting)
+
+        async def pipe(r, w):
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+            w.close()
+
+        for coro in (pipe(c_r, up_w), pipe(up_r, c_w)):
+            t = asyncio.ensure_future(coro)
+            self.tasks.add(t)
 
 
 async def _echo_server():
@@ -26,47 +63,82 @@ async def _hello(port: int, line: str) -> tuple[asyncio.StreamReader, asyncio.St
     return r, w, await asyncio.wait_for(r.readline(), 5)
 
 
-async def test_the_tunnel_checks_its_caller_and_relays():
+async def _started():
     fake = FakeWorker()
-    spec = api.SandboxSpec(
-        sandbox_id="sb-aaaaaaaaaaaaaaaa", template="base", memory_mb=512, cpus=1, disk_mb=0
-    )
-    await fake.create(spec)
+    await fake.create(api.SandboxSpec(sandbox_id=SID, template="base", memory_mb=512, cpus=1, disk_mb=0))
     srv, echo_port = await _echo_server()
-    fake.ports[(spec.sandbox_id, 8080)] = ("127.0.0.1", echo_port)
-    t = tunnel_mod.Tunnel(fake, lambda: b"tok")
+    fake.ports[(SID, 8080)] = ("127.0.0.1", echo_port)
+    node = Node(fake)
+    t = tunnel_mod.Tunnel(node, lambda: b"tok")
     port = await t.start("127.0.0.1")
+    return t, port, srv, node
+
+
+async def _stop(t, srv, node) -> None:
+    await t.aclose()
+    for task in node.tasks:
+        task.cancel()
+    srv.close()
+    await srv.wait_closed()
+
+
+async def test_the_tunnel_checks_its_caller_and_relays():
+    t, port, srv, node = await _started()
     v = api.PROTOCOL_VERSION
     try:
-        _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} wrong {spec.sandbox_id} 8080\n")
+        _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} wrong {SID} 8080\n")
         assert line.startswith(b"ERR unauthorized")
         w.close()
-        _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} tok {spec.sandbox_id} 9\n")
+        _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} tok {SID} 9\n")
         assert line.startswith(b"ERR refused")
         w.close()
-        _, w, line = await _hello(port, f"ATOLL-TUNNEL 1 tok {spec.sandbox_id} 8080\n")
+        _, w, line = await _hello(port, f"ATOLL-TUNNEL 1 tok {SID} 8080\n")
         assert line.startswith(b"ERR incompatible_protocol")
         w.close()
-        r, w, line = await _hello(port, f"ATOLL-TUNNEL {v} tok {spec.sandbox_id} 8080\n")
-        assert line == b"OK\n"
-        w.write(b"ping")
+        _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} tok {SID} http\n")
+        assert line.startswith(b"ERR invalid_request")
+        w.close()
+        # the hello and the first bytes after it in one segment: those are the sandbox's
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(f"ATOLL-TUNNEL {v} tok {SID} 8080\nping".encode())
+        assert await asyncio.wait_for(r.readline(), 5) == b"OK\n"
         assert await asyncio.wait_for(r.readexactly(4), 5) == b"PING"
         w.close()
-        # connections that never present a token are bounded and dropped after the hello deadline
-        idle = [
-            await asyncio.open_connection("127.0.0.1", port) for _ in range(tunnel_mod.MAX_UNAUTHENTICATED)
-        ]
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        assert await asyncio.wait_for(r.read(100), 5) == b""  # over the bound: closed at once
-        w.close()
-        for ir, _ in idle:
-            assert await asyncio.wait_for(ir.read(100), tunnel_mod.HELLO_TIMEOUT_S + 3) == b""
-        for _, iw in idle:
-            iw.close()
-        r, w, line = await _hello(port, f"ATOLL-TUNNEL {v} tok {spec.sandbox_id} 8080\n")
-        assert line == b"OK\n"  # room again
-        w.close()
     finally:
-        await t.aclose()
-        srv.close()
-        await srv.wait_closed()
+        await _stop(t, srv, node)
+
+
+async def test_strangers_cannot_keep_the_control_plane_out():
+    """Silent connections are never accepted (TCP_DEFER_ACCEPT); connections that send a byte
+    and stall are bounded per source, the oldest pushed out first; a real hello always gets in."""
+    t, port, srv, node = await _started()
+    v = api.PROTOCOL_VERSION
+    silent = [
+        socket.create_connection(("127.0.0.1", port)) for _ in range(tunnel_mod.MAX_UNAUTHENTICATED + 50)
+    ]
+    stalled = []
+    try:
+        for _ in range(tunnel_mod.MAX_UNAUTHENTICATED_PER_SOURCE + 20):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"A")
+            stalled.append(s)
+        r, w, line = await _hello(port, f"ATOLL-TUNNEL {v} tok {SID} 8080\n")
+        assert line == b"OK\n"
+        w.close()
+        for _ in range(100):
+            if t.dropped >= 20:
+                break
+            await asyncio.sleep(0.02)
+        assert t.dropped >= 20  # the oldest stalled ones made room, not the new ones
+        assert len(t._waiting) <= tunnel_mod.MAX_UNAUTHENTICATED_PER_SOURCE
+        # and the rest run out of time (silent ones the kernel hands over after the defer period
+        # get their HELLO_TIMEOUT_S too)
+        for _ in range(int((2 * tunnel_mod.HELLO_TIMEOUT_S + 4) / 0.1)):
+            if not t._waiting:
+                break
+            await asyncio.sleep(0.1)
+        assert not t._waiting
+    finally:
+        for s in silent + stalled:
+            s.close()
+        await _stop(t, srv, node)

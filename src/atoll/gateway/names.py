@@ -76,14 +76,21 @@ class Names:
     def in_hosts(self, name: str) -> bool:
         return name in self.hosts()
 
-    async def resolve(self, name: str) -> frozenset[str]:
-        """The IPv4 addresses of `name` (empty when it has none)."""
+    def known(self, name: str) -> frozenset[str] | None:
+        """The addresses of `name` if known without asking anyone (hosts files, the cache)."""
         known = self.hosts().get(name)
         if known is not None:
             return known
         hit = self._cache.get(name)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
+        return None
+
+    async def resolve(self, name: str) -> frozenset[str]:
+        """The IPv4 addresses of `name` (empty when it has none)."""
+        known = self.known(name)
+        if known is not None:
+            return known
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(
                 name, None, family=socket.AF_INET, type=socket.SOCK_STREAM
