@@ -45,13 +45,16 @@ class SocketPort:
         self._sock: socket.socket | None = sock
         self._r: asyncio.StreamReader | None = None
         self._w: asyncio.StreamWriter | None = None
+        self._opening: asyncio.Future | None = None
 
     async def _streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._w is None:
-            if self._sock is None:
-                raise ConnectionResetError("the connection was handed over or closed")
-            self._r, self._w = await asyncio.open_connection(sock=self._sock, limit=256 * 1024)
-            self._sock = None
+            if self._opening is None:  # one transport per socket, however many tasks ask at once
+                if self._sock is None:
+                    raise ConnectionResetError("the connection was handed over or closed")
+                sock, self._sock = self._sock, None
+                self._opening = asyncio.ensure_future(asyncio.open_connection(sock=sock, limit=256 * 1024))
+            self._r, self._w = await asyncio.shield(self._opening)
         assert self._r is not None
         return self._r, self._w
 
@@ -67,6 +70,8 @@ class SocketPort:
     def close(self) -> None:
         if self._w is not None:
             self._w.transport.abort()
+        elif self._opening is not None:
+            self._opening.add_done_callback(_abort_when_open)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -75,12 +80,18 @@ class SocketPort:
     def closed(self) -> bool:
         if self._w is not None:
             return self._w.transport.is_closing() or (self._r is not None and self._r.at_eof())
-        return self._sock is None
+        return self._sock is None and self._opening is None
 
     def detach(self) -> socket.socket | None:
         """The socket itself, for another process to serve (None once streams were made)."""
         sock, self._sock = self._sock, None
         return sock
+
+
+def _abort_when_open(opening: asyncio.Future) -> None:
+    """A SocketPort closed while its streams were being made: end them once they are."""
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result()[1].transport.abort()
 
 
 async def read_line(sock: socket.socket, limit: int = 2048) -> bytes | None:
