@@ -966,8 +966,10 @@ class AsyncTerminal:
             self._pending.append(value)
 
     async def send(self, data: bytes | str) -> None:
-        """Type `data` (str is sent as UTF-8)."""
-        await self._send(data.encode() if isinstance(data, str) else bytes(data))
+        """Type `data` (str is sent as UTF-8), in messages of at most 1 MiB (the server's limit)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        for i in range(0, len(raw), _base.TERMINAL_MESSAGE_MAX):
+            await self._send(raw[i : i + _base.TERMINAL_MESSAGE_MAX])
 
     async def resize(self, cols: int, rows: int) -> None:
         problem = _base.terminal_size_problem(cols, rows)
