@@ -343,7 +343,7 @@ class AsyncTemplates:
         wait: bool = True,
         timeout: float | None = None,  # noqa: ASYNC109 - how long to wait for the build
     ) -> Template:
-        """Build a template: `from_` ("base", another template, or "oci-archive:/path/on/server"),
+        """Build a template: `from_` ("base", another template, or "oci-archive:/path/on/the/worker"),
         then `apt` packages, `pip` packages, `files` ({path: text}), `run` commands, in that
         order; `env`, `workdir`, `user` for its sandboxes; `start` a long-running command kept
         running in its snapshot, `ready` ({"port": N} or {"cmd": "..."}) when it is ready. With
