@@ -33,7 +33,8 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │                               .stdout, .stderr); raised by the SDK itself, not an HTTP answer
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
         └── Unavailable         503 worker_unavailable, no_worker (retryable): the sandbox's worker,
-                                    or any worker, cannot take the call right now
+                                    or any worker, cannot take the call right now (a POST cut off
+                                    after it was sent has an unknown outcome: not retryable)
 
 A response whose body is not the server's JSON error envelope (a proxy's HTML page, say) still
 raises: the code is `http_<status>` and the message is the start of the body text.
@@ -242,7 +243,9 @@ class ServerError(AtollError):
 
 
 class Unavailable(ServerError):
-    """The sandbox's worker (or any worker, for a create) cannot take the call now; retry later."""
+    """The sandbox's worker (or any worker, for a create) cannot take the call now; retry later. When
+    the worker was lost after a call that changes something was sent (an exec, a file write, a
+    signal), the message says its outcome is unknown, and `retryable` is False for a POST."""
 
     default_code = "worker_unavailable"
     default_retryable = True

@@ -94,6 +94,7 @@ class _Conn:
         self.reader = reader
         self.writer = writer
         self.h11 = h11.Connection(h11.CLIENT)
+        self.aborted = False  # by abort_now: its request must end, not be sent again
 
     async def send(self, *events: typing.Any) -> None:
         """Send h11 events with one write: a small request goes out as one segment, so the agent
@@ -234,7 +235,12 @@ class Channel:
                 raise ChannelError(f"unexpected answer from the peer: {ev!r}")
         except (OSError, h11.ProtocolError, ChannelError) as e:
             self._discard(conn)
-            if reused and method == "GET" and isinstance(e, (ConnectionError, ChannelError)):
+            if (
+                reused
+                and not conn.aborted
+                and method == "GET"
+                and isinstance(e, (ConnectionError, ChannelError))
+            ):
                 # A kept-alive connection may have died: retry an idempotent request once, fresh.
                 return await self._start(method, url, params, json, content, headers)
             raise ChannelError(f"request {method} {url} to the peer failed: {e!r}") from e
@@ -303,6 +309,7 @@ class Channel:
         """Reset every connection (a call waiting on one ends with ChannelError); with SO_LINGER 0
         sockets (agent channels) each is an RST, so no TIME_WAIT lands inside a sandbox."""
         for conn in list(self._open):
+            conn.aborted = True
             conn.close()
         self._open.clear()
         self._idle.clear()

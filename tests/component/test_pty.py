@@ -6,13 +6,16 @@ the handshake and bad input."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 
 import pytest
 import uvicorn
 import websockets
 from websockets.asyncio.client import connect
 
+from atoll import logconfig
 from atoll.testing import FakeAtoll
 from tests.component.conftest import KEY, create
 
@@ -153,6 +156,62 @@ async def test_bad_input(served):
     assert r.status_code == 204
     r = await c.get(f"/v1/sandboxes/{sid}/pty")
     assert pty_id not in [i["pty_id"] for i in r.json()["items"]]
+
+
+async def test_an_oversized_message_closes_1009_and_the_session_lives_on(served):
+    sid = await create(served.http)
+    pty_id = await _open(served, sid)
+    async with _ws(served, sid, pty_id) as ws:
+        seen = await _read_until(ws, b"fake-tty ready", bytearray())
+        await ws.send(b"x" * ((1 << 20) + 1) + b"\r")
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                seen += await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd.code == 1009, closed.value
+        assert b"xxxx" not in seen  # none of it was typed
+    async with _ws(served, sid, pty_id) as ws:
+        await ws.send(b"still here\r")
+        await _read_until(ws, b"you said: still here", bytearray())
+
+
+async def test_sdk_sends_large_input_in_messages_the_server_takes(served):
+    import atoll
+
+    async with atoll.AsyncClient(served.url, KEY) as client:
+        sandbox = await client.sandboxes.create(idle_timeout_s=0)
+        async with await sandbox.pty() as term:
+            out = bytearray()
+            while b"fake-tty ready" not in out:
+                out += await term.read(timeout=10)
+            # 3 MiB: one message would be refused (1009); the tty keeps the first 4095 bytes of a line
+            await term.send(b"a" * (3 << 20) + b"\rlast line\r")
+            while b"you said: last line" not in out:
+                out += await term.read(timeout=10)
+            assert b"you said: aaaa" in out
+
+
+async def test_a_key_in_the_query_of_a_refused_handshake_stays_out_of_the_log(served):
+    """uvicorn logs each WebSocket handshake with its query string; through the handler the entry
+    points install, the key is redacted and the rest of the line is kept."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    logconfig.configure("text", "INFO")
+    buffer = io.StringIO()
+    root.handlers[0].setStream(buffer)  # type: ignore[attr-defined]
+    try:
+        sid = await create(served.http)
+        secret = "query-key-" + "7" * 24
+        url = f"{served.ws_url}/v1/sandboxes/{sid}/pty/pty_000000000000/ws?cols=80&key={secret}"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with connect(url, additional_headers={"Authorization": f"Bearer {secret}"}):
+                pass
+        assert refused.value.response.status_code == 401
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    out = buffer.getvalue()
+    assert secret not in out, out
+    assert f'"WebSocket /v1/sandboxes/{sid}/pty/pty_000000000000/ws?cols=80&key=[redacted]" 401' in out, out
 
 
 async def test_pty_on_standby_sandbox_resumes_it(served):

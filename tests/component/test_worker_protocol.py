@@ -348,3 +348,53 @@ async def test_calls_in_flight_end_with_503_when_their_worker_is_lost(cluster):
     r = await asyncio.wait_for(call, 5)
     assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable"
     assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+    # the exec was sent: the answer must not claim that nothing changed
+    err = r.json()["error"]
+    assert "outcome is unknown" in err["message"] and "the command may have run" in err["message"], err
+    assert "nothing" not in err["message"] and err["retryable"] is False, err
+    # a call made while the worker is lost is never sent: nothing changed, retry later
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    err = r.json()["error"]
+    assert r.status_code == 503 and "not sent" in err["message"] and "nothing" in err["message"], err
+    assert err["retryable"] is True
+
+
+async def test_a_read_or_write_cut_off_says_what_is_known(cluster):
+    """The worker is lost while a file read and a file write are under way: the read changed
+    nothing (retryable), the write's outcome is unknown (a PUT: repeating it is harmless)."""
+    cp, c, fake, reg, _ = cluster
+    sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+    assert (await c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/a"}, content=b"x")).status_code < 300
+    started = asyncio.Event()
+    real_list = fake.list_files
+
+    async def slow_list(sandbox_id, path):
+        started.set()
+        await asyncio.sleep(30)
+        return await real_list(sandbox_id, path)
+
+    fake.list_files = slow_list  # type: ignore[method-assign]
+    read = asyncio.ensure_future(c.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/"}))
+    fake.delay["write_file"] = 30
+    write = asyncio.ensure_future(c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/b"}, content=b"y"))
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.sleep(0.3)
+    cp.manager.workers._lose(cp.manager.workers.handles[reg.worker_id], "no heartbeat for 16s")
+    r_read, r_write = await asyncio.wait_for(asyncio.gather(read, write), 5)
+    e_read, e_write = r_read.json()["error"], r_write.json()["error"]
+    assert r_read.status_code == 503 and "only reads" in e_read["message"], e_read
+    assert "nothing about the sandbox changed" in e_read["message"] and e_read["retryable"] is True
+    assert r_write.status_code == 503 and "outcome is unknown" in e_write["message"], e_write
+    assert "the file change may have been made" in e_write["message"] and e_write["retryable"] is True
+
+
+async def test_a_worker_that_refuses_connections_changed_nothing(cluster):
+    cp, c, fake, reg, wport = cluster
+    sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+    handle = cp.manager.workers.handles[reg.worker_id]
+    handle.worker._channel.abort_now()  # its kept-alive connections: the next call connects anew
+    handle.worker._channel._addr = ("127.0.0.1", free_port())  # nothing listens there
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    err = r.json()["error"]
+    assert r.status_code == 503 and "did not reach it" in err["message"], err
+    assert "nothing about the sandbox changed" in err["message"] and err["retryable"] is True

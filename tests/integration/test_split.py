@@ -10,6 +10,7 @@ import glob
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -332,6 +333,60 @@ def test_a_stopped_worker_is_lost_then_ready_again(cluster):
             assert time.monotonic() - t0 < 30
             time.sleep(0.2)
         _beats(c, sid)
+
+
+def test_sigterm_stops_a_worker_cleanly_and_its_sandboxes_run_on(cluster):
+    """uvicorn re-raised the SIGTERM as soon as it stopped serving, which killed `atoll worker`
+    before its clean-up: the server was not told (shown lost only after ATOLL_WORKER_LOST_S) and the
+    installation's empty parent cgroups stayed behind. Now the stop is finished first."""
+    w = cluster.workers[0]
+    with open(os.path.join(w.home, "installation-id")) as f:
+        inst = f.read().strip()
+    with _client(cluster) as c:
+        gone = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        assert c.delete(f"/v1/sandboxes/{gone}").status_code == 204
+        t0 = time.monotonic()
+        while glob.glob(f"/sys/fs/cgroup/*/atoll-{inst}/{gone}-*"):
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.2)
+        assert glob.glob(f"/sys/fs/cgroup/*/atoll-{inst}")  # the empty parents, while it runs
+        t0 = time.monotonic()
+        assert w.terminate() == -signal.SIGTERM  # it still ends as the signal says
+        assert time.monotonic() - t0 < 20
+        with open(w.log_path, encoding="utf-8", errors="replace") as f:
+            assert "worker stopped; its sandboxes keep running" in f.read()
+        [item] = c.get("/v1/workers").json()["items"]
+        assert item["state"] == "lost" and "the worker stopped" in item["state_reason"], item
+        assert glob.glob(f"/sys/fs/cgroup/*/atoll-{inst}") == []
+        # with a sandbox running, its cgroups stay, and so does the sandbox
+        w.start()
+        w.wait_state("ready")
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        _exec(c, sid, BEAT)
+        assert w.terminate() == -signal.SIGTERM
+        assert glob.glob(f"/sys/fs/cgroup/freezer/atoll-{inst}/{sid}-*")
+        w.start()
+        w.wait_state("ready")
+        _beats(c, sid)
+
+
+def test_runsc_logs_are_the_workers_own(cluster):
+    """runsc hands a sandbox's stdio files to the sandbox's user (nobody): runsc.log was 0644
+    nobody:nogroup. It is 0600 root's, after a start and after a disk restore alike."""
+    w = cluster.workers[0]
+    with _client(cluster) as c:
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        log = os.path.join(w.home, "sandboxes", sid, "runsc.log")
+
+        def owned() -> tuple[int, int, int]:
+            st = os.stat(log)
+            return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+
+        assert owned() == (0o600, 0, 0)
+        r = c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+        assert r.status_code == 200 and r.json()["standby_tier"] == "disk", r.text
+        assert _exec(c, sid, "echo back")["stdout"] == "back\n"  # restored
+        assert owned() == (0o600, 0, 0)
 
 
 def _gone(pid: int, within: float = 10) -> bool:

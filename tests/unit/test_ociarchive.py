@@ -398,18 +398,59 @@ def test_errors_are_invalid_requests_naming_the_archive_and_the_fix(tmp_path):
         ociarchive.inspect(str(path))
     e = caught.value
     assert (e.code, e.status, e.retryable) == ("invalid_request", 400, False)
-    assert str(path) in e.message and "not a tar archive" in e.message
+    assert str(path) in e.message and "no docker save or OCI image archive can be read" in e.message
     assert "docker save IMAGE -o FILE" in e.message and "oci-archive:FILE" in e.message
+    assert "not a tar archive" in e.detail  # the cause: logged by the worker, never sent
 
 
-def test_missing_and_empty_files(tmp_path):
-    with pytest.raises(ociarchive.CorruptArchive, match="does not exist"):
-        ociarchive.inspect(str(tmp_path / "nope.tar"))
-    with pytest.raises(ociarchive.CorruptArchive, match="not a regular file"):
-        ociarchive.inspect(str(tmp_path))
-    (tmp_path / "empty.tar").write_bytes(b"")
-    with pytest.raises(ociarchive.CorruptArchive):
-        ociarchive.inspect(str(tmp_path / "empty.tar"))
+def _no_archive(path) -> ociarchive.NoArchive:
+    with pytest.raises(ociarchive.NoArchive) as caught:
+        ociarchive.inspect(str(path))
+    with pytest.raises(ociarchive.NoArchive):
+        ociarchive.unpack(str(path), str(path) + ".rootfs")
+    return caught.value
+
+
+def test_no_answer_tells_a_missing_path_from_an_existing_file(tmp_path):
+    """A caller names any host path: what it gets back must not say whether the path exists or
+    what it holds. The message is the same (but for the path it names); only `detail` differs."""
+    d = tmp_path / "d"
+    d.mkdir()
+    paths = {
+        "missing": d / "nope.tar",
+        "directory": d,
+        "text": d / "passwd",
+        "empty": d / "empty",
+        "zstd": d / "img.tar.zst",
+        "gzip garbage": d / "x.gz",
+        "tar without manifest": d / "backup.tar",
+        "below a file": d / "passwd" / "x",
+    }
+    paths["text"].write_text("root:x:0:0:root:/root:/bin/bash\n")
+    paths["empty"].write_bytes(b"")
+    paths["zstd"].write_bytes(b"\x28\xb5\x2f\xfd" + os.urandom(200))
+    paths["gzip garbage"].write_bytes(b"\x1f\x8b" + os.urandom(200))
+    outer(paths["tar without manifest"], {"etc/shadow": b"root:*:1:0:99999:7:::\n"})
+    seen = {}
+    for what, path in paths.items():
+        e = _no_archive(path)
+        seen[what] = e.message.replace(str(path), "PATH")
+        assert str(path) in e.message and str(path) in e.detail, (what, e.message)
+    assert len(set(seen.values())) == 1, seen
+    assert "does not exist" in _no_archive(paths["missing"]).detail
+    assert "not a regular file" in _no_archive(paths["directory"]).detail
+    assert "zstd" in _no_archive(paths["zstd"]).detail
+    assert "neither manifest.json" in _no_archive(paths["tar without manifest"]).detail
+
+
+def test_an_image_archive_gets_its_own_problem_named(tmp_path):
+    """Past the point where the path holds an image archive (the file the caller put there), its
+    problems are named: the caller can fix them."""
+    files = {"manifest.json": b"[not json"}
+    with pytest.raises(ociarchive.CorruptArchive) as caught:
+        ociarchive.inspect(outer(tmp_path / "img.tar", files))
+    assert not isinstance(caught.value, ociarchive.NoArchive)
+    assert "manifest 'manifest.json' is not valid JSON" in caught.value.message
 
 
 def test_truncated_archive(tmp_path):
@@ -417,9 +458,11 @@ def test_truncated_archive(tmp_path):
     archive = docker_save(tmp_path / "img.tar", [layer(f("big", big))])
     data = (tmp_path / "img.tar").read_bytes()
     (tmp_path / "img.tar").write_bytes(data[: len(data) * 6 // 10])
-    with pytest.raises(ociarchive.CorruptArchive, match="truncated"):
+    # cut before its manifest was listed, it is no recognisable archive; after, it is named truncated
+    with pytest.raises(ociarchive.CorruptArchive) as caught:
         ociarchive.inspect(archive)
-    with pytest.raises(ociarchive.CorruptArchive, match="truncated"):
+    assert "truncated" in (caught.value.detail or caught.value.message), caught.value
+    with pytest.raises(ociarchive.CorruptArchive):
         ociarchive.unpack(archive, str(tmp_path / "rootfs"))
 
 
@@ -445,8 +488,9 @@ def test_garbled_json(tmp_path):
     with pytest.raises(ociarchive.CorruptArchive, match="not a non-empty list"):
         ociarchive.inspect(archive)
     archive = outer(tmp_path / "img3.tar", {"README": b"hello"})
-    with pytest.raises(ociarchive.CorruptArchive, match="neither manifest.json"):
+    with pytest.raises(ociarchive.NoArchive) as caught:  # any tar: no more said than for no file
         ociarchive.inspect(archive)
+    assert "neither manifest.json" in caught.value.detail
 
 
 def test_missing_blob(tmp_path):

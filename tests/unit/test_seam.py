@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 
 import pytest
 from hypothesis import given
@@ -122,6 +123,19 @@ def test_docs_list_every_code():
     text = (ROOT / "docs" / "api.md").read_text()
     missing = [c for c in errors.CODES if f"`{c}`" not in text]
     assert not missing, f"docs/api.md does not list {missing}"
+
+
+def test_docs_state_the_protocol_version_the_code_speaks():
+    """Docs once said protocol 3 while the code spoke 5: every number they give is the constant's
+    (prose names `PROTOCOL_VERSION`; only examples carry a number)."""
+    pattern = re.compile(r"(?:Atoll-Protocol:\s*|\"protocol\":\s*|[Pp]rotocol (?:version )?)`?(\d+)")
+    stale = [
+        f"{doc.name}: {m.group(0)!r}"
+        for doc in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+        for m in pattern.finditer(doc.read_text())
+        if int(m.group(1)) != api.PROTOCOL_VERSION
+    ]
+    assert not stale, f"the worker protocol is {api.PROTOCOL_VERSION}; update {stale}"
 
 
 def _subclasses(cls):

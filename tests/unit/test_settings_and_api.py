@@ -41,6 +41,28 @@ def test_bad_settings_say_which_variable(monkeypatch):
             worker_settings.load(env={}, **bad)
 
 
+def test_build_time_limits(tmp_path):
+    home = {"ATOLL_HOME": str(tmp_path)}
+    w = worker_settings.load(env=home)
+    assert (w.build_step_timeout_s, w.build_timeout_s) == (1800.0, 3600.0)
+    w = worker_settings.load(env={**home, "ATOLL_BUILD_STEP_TIMEOUT_S": "3", "ATOLL_BUILD_TIMEOUT_S": "90.5"})
+    assert (w.build_step_timeout_s, w.build_timeout_s) == (3.0, 90.5)
+    for env, needle in (
+        ({"ATOLL_BUILD_STEP_TIMEOUT_S": "soon"}, "ATOLL_BUILD_STEP_TIMEOUT_S='soon' is not a number"),
+        ({"ATOLL_BUILD_STEP_TIMEOUT_S": "0"}, "ATOLL_BUILD_STEP_TIMEOUT_S=0.0 is out of range"),
+        ({"ATOLL_BUILD_TIMEOUT_S": "-5"}, "ATOLL_BUILD_TIMEOUT_S=-5.0 is out of range"),
+        ({"ATOLL_BUILD_TIMEOUT_S": "nan"}, "ATOLL_BUILD_TIMEOUT_S='nan' is not a finite number"),
+        ({"ATOLL_BUILD_TIMEOUT_S": "inf"}, "ATOLL_BUILD_TIMEOUT_S='inf' is not a finite number"),
+        (
+            {"ATOLL_BUILD_STEP_TIMEOUT_S": "600", "ATOLL_BUILD_TIMEOUT_S": "300"},
+            "ATOLL_BUILD_STEP_TIMEOUT_S=600 is longer than ATOLL_BUILD_TIMEOUT_S=300",
+        ),
+    ):
+        with pytest.raises(config.SettingsError) as ei:
+            worker_settings.load(env={**home, **env})
+        assert needle in str(ei.value), (env, str(ei.value))
+
+
 def test_network_settings(tmp_path):
     env = {"ATOLL_HOME": str(tmp_path), "ATOLL_NETWORK_ALLOW_OUT": "pypi.org, *.pythonhosted.org:443,,"}
     assert settings.load(env).default_network == {

@@ -343,7 +343,7 @@ class AsyncTemplates:
         wait: bool = True,
         timeout: float | None = None,  # noqa: ASYNC109 - how long to wait for the build
     ) -> Template:
-        """Build a template: `from_` ("base", another template, or "oci-archive:/path/on/server"),
+        """Build a template: `from_` ("base", another template, or "oci-archive:/path/on/the/worker"),
         then `apt` packages, `pip` packages, `files` ({path: text}), `run` commands, in that
         order; `env`, `workdir`, `user` for its sandboxes; `start` a long-running command kept
         running in its snapshot, `ready` ({"port": N} or {"cmd": "..."}) when it is ready. With
@@ -975,8 +975,10 @@ class AsyncTerminal:
             self._pending.append(value)
 
     async def send(self, data: bytes | str) -> None:
-        """Type `data` (str is sent as UTF-8)."""
-        await self._send(data.encode() if isinstance(data, str) else bytes(data))
+        """Type `data` (str is sent as UTF-8), in messages of at most 1 MiB (the server's limit)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        for i in range(0, len(raw), _base.TERMINAL_MESSAGE_MAX):
+            await self._send(raw[i : i + _base.TERMINAL_MESSAGE_MAX])
 
     async def resize(self, cols: int, rows: int) -> None:
         problem = _base.terminal_size_problem(cols, rows)

@@ -611,6 +611,10 @@ def terminal_message(msg: str | bytes) -> tuple[str, Any]:
     return "error", errors.AtollError(f"unexpected terminal message {msg[:200]!r}", code="bad_response")
 
 
+TERMINAL_MESSAGE_MAX = 1 << 20
+"""The largest WebSocket message a terminal takes (the server closes with 1009 past it)."""
+
+
 def terminal_closed(code: int | None, reason: str, pty_id: str) -> errors.AtollError:
     """Why a terminal WebSocket ended without an exit code."""
     if code == 1012:

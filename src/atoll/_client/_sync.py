@@ -337,7 +337,7 @@ class Templates:
         wait: bool = True,
         timeout: float | None = None,
     ) -> Template:
-        """Build a template: `from_` ("base", another template, or "oci-archive:/path/on/server"),
+        """Build a template: `from_` ("base", another template, or "oci-archive:/path/on/the/worker"),
         then `apt` packages, `pip` packages, `files` ({path: text}), `run` commands, in that
         order; `env`, `workdir`, `user` for its sandboxes; `start` a long-running command kept
         running in its snapshot, `ready` ({"port": N} or {"cmd": "..."}) when it is ready. With
@@ -961,8 +961,10 @@ class Terminal:
             self._pending.append(value)
 
     def send(self, data: bytes | str) -> None:
-        """Type `data` (str is sent as UTF-8)."""
-        self._send(data.encode() if isinstance(data, str) else bytes(data))
+        """Type `data` (str is sent as UTF-8), in messages of at most 1 MiB (the server's limit)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        for i in range(0, len(raw), _base.TERMINAL_MESSAGE_MAX):
+            self._send(raw[i : i + _base.TERMINAL_MESSAGE_MAX])
 
     def resize(self, cols: int, rows: int) -> None:
         problem = _base.terminal_size_problem(cols, rows)

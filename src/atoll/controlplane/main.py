@@ -21,7 +21,7 @@ import uvicorn
 
 from atoll import logconfig
 from atoll.controlplane import app as app_mod
-from atoll.controlplane import db, ingress_host, lifecycle, metrics, policy, previews
+from atoll.controlplane import db, ingress_host, lifecycle, metrics, policy, previews, routes_pty
 from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane import settings as settings_mod
 from atoll.controlplane.authority import Authority
@@ -127,6 +127,7 @@ def uvicorn_config(app, s: settings_mod.ServerSettings) -> uvicorn.Config:
         port=s.port,
         log_config=None,
         access_log=False,
+        ws_max_size=routes_pty.MAX_MESSAGE_BYTES,
         timeout_graceful_shutdown=3,
         lifespan="on",
     )

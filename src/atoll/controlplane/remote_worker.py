@@ -4,8 +4,10 @@ It rides on the small HTTP/1.1 client atoll.http11 (kept-alive connections; ~1 m
 than httpx, which on the exec path is the difference between the split and `atoll up`). Every
 request carries the token the server issued at registration and `Atoll-Protocol`; an answer
 that lacks it or speaks another version is refused. Worker errors come back as the same domain
-errors (core.wire.error_from_body); a worker that cannot be reached is `Unavailable` (503,
-retryable: nothing is known about the sandbox then, and its record is left alone). Exec output and
+errors (core.wire.error_from_body); a worker that cannot be reached is `Unavailable` (503; the
+record is left alone), whose message says what is known: a call that never reached the worker,
+or one that only reads, changed nothing; a call that changes something (an exec, a file write, a
+signal, a lifecycle step) cut off after it was sent has an unknown outcome (`_unreachable`). Exec output and
 file bodies are streamed both ways, never held whole. Long calls have no read timeout (the worker
 watches its sandboxes itself); connecting has one.
 Made by controlplane.workers at registration; used by controlplane.lifecycle and the routers.
@@ -17,6 +19,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import re
 import socket
 import typing
 import urllib.parse
@@ -32,6 +35,38 @@ CONNECT_TIMEOUT_S = 5.0  # (http11 connects within 5 s)
 STEP_TIMEOUT_S = 900.0  # create (a first template build), pause, resume, delete
 CALL_TIMEOUT_S = 60.0  # inventory, info, listings
 PREFIX = "/worker/v1"
+
+
+# What a call that changes something may have done when its worker was lost after it was sent
+# (matched on the worker path, first match wins); None marks a POST that only reads.
+_EFFECTS: tuple[tuple[re.Pattern[str], str | None], ...] = tuple(
+    (re.compile(pattern), effect)
+    for pattern, effect in (
+        (r"/processes/\d+/wait$", None),
+        (r"/exec$", "the command may have run, in whole or in part"),
+        (r"/processes$", "the process may have started"),
+        (r"/processes/\d+/stdin$", "the input may have been written, in whole or in part"),
+        (r"/processes/\d+(/signal)?$", "the signal may have been sent"),
+        (r"/files(/tar|/mkdir|/move|/chmod)?$", "the file change may have been made, in whole or in part"),
+        (r"/pty$", "the terminal may have started"),
+        (r"/pty/[^/]+$", "the terminal may have been killed"),
+        (
+            r"^/sandboxes(/[^/]+(/[a-z]+)?)?$",
+            "the sandbox's state may have changed (the next reconciliation with the worker brings "
+            "its record in line)",
+        ),
+    )
+)
+
+
+def _effect(method: str, path: str) -> str | None:
+    """What the call may have done, or None when it changes nothing (a read)."""
+    if method in ("GET", "HEAD"):
+        return None
+    for pattern, effect in _EFFECTS:
+        if pattern.search(path):
+            return effect
+    return "the change may have been made"
 
 
 def _path_params(path: api.FilePath) -> dict[str, str]:
@@ -74,13 +109,33 @@ class RemoteWorker:
         return parsed.hostname, port
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def _unreachable(self, e: Exception) -> errors.Unavailable:
-        if self._on_unreachable is not None and isinstance(e, http11.ConnectFailed):
-            self._on_unreachable(f"cannot be reached at {self.url} (connecting failed)")
+    def _unreachable(self, e: Exception, method: str, path: str) -> errors.Unavailable:
+        """503 for a call (`method` `path`) that got no answer, saying what is known of its outcome."""
+        if isinstance(e, http11.ConnectFailed):
+            if self._on_unreachable is not None:
+                self._on_unreachable(f"cannot be reached at {self.url} (connecting failed)")
+            return errors.Unavailable(
+                f"worker {self.name!r} cannot be reached at {self.url} ({type(e).__name__}); the call "
+                "did not reach it, so nothing about the sandbox changed — retry once it is back "
+                "(GET /v1/workers)",
+                detail=repr(e),
+            )
+        effect = _effect(method, path)
+        if effect is None:
+            return errors.Unavailable(
+                f"worker {self.name!r} stopped answering at {self.url} ({type(e).__name__}) during a "
+                "call that only reads; nothing about the sandbox changed — retry once it is back "
+                "(GET /v1/workers)",
+                detail=repr(e),
+            )
+        # Sent, then no answer: the worker may have done it. Repeating a PUT or DELETE is harmless
+        # (it sets the same end state); repeating a POST may do it twice.
         return errors.Unavailable(
-            f"worker {self.name!r} cannot be reached at {self.url} ({type(e).__name__}); "
-            "its sandboxes keep their state — retry once it is back (GET /v1/workers)",
+            f"worker {self.name!r} stopped answering at {self.url} ({type(e).__name__}) after the call "
+            f"was sent: its outcome is unknown — {effect}. Once the worker is back (GET "
+            "/v1/workers), check the sandbox before repeating the call",
             detail=repr(e),
+            retryable=method in ("PUT", "DELETE"),
         )
 
     def _check(self, r: http11.Response) -> None:
@@ -110,7 +165,7 @@ class RemoteWorker:
                 method, PREFIX + path, timeout=timeout, headers=self._hdrs(headers), **kw
             )
         except http11.ChannelError as e:
-            raise self._unreachable(e) from None
+            raise self._unreachable(e, method, path) from None
         self._check(r)
         if r.status_code >= 400:
             self._raise(r)
@@ -147,7 +202,7 @@ class RemoteWorker:
                     self._raise(r)
                 yield r
         except http11.ChannelError as e:
-            raise self._unreachable(e) from None
+            raise self._unreachable(e, method, path) from None
 
     def _sb(self, sid: str, *rest: str) -> str:
         return "/".join([f"/sandboxes/{sid}", *rest])
@@ -239,14 +294,15 @@ class RemoteWorker:
 
     @contextlib.asynccontextmanager
     async def build_log(self, build_id: str) -> AsyncIterator[AsyncIterator[bytes]]:
-        async with self._stream("GET", f"/builds/{build_id}/log", timeout=None) as r:
+        path = f"/builds/{build_id}/log"
+        async with self._stream("GET", path, timeout=None) as r:
 
             async def chunks() -> AsyncIterator[bytes]:
                 try:
                     async for chunk in r.aiter_raw():
                         yield chunk
                 except http11.ChannelError as e:
-                    raise self._unreachable(e) from None
+                    raise self._unreachable(e, "GET", path) from None
 
             yield chunks()
 
@@ -281,13 +337,12 @@ class RemoteWorker:
     async def exec_stream(
         self, sandbox_id: str, spec: api.ExecSpec
     ) -> AsyncIterator[AsyncIterator[api.ExecEvent]]:
-        async with self._stream(
-            "POST", self._sb(sandbox_id, "exec"), json=wire.dump(spec), headers={"Accept": NDJSON}
-        ) as r:
-            yield self._exec_events(r)
+        path = self._sb(sandbox_id, "exec")
+        async with self._stream("POST", path, json=wire.dump(spec), headers={"Accept": NDJSON}) as r:
+            yield self._exec_events(r, path)
 
-    async def _exec_events(self, r: http11.Response) -> AsyncIterator[api.ExecEvent]:
-        async for line in _lines(r, self):
+    async def _exec_events(self, r: http11.Response, path: str) -> AsyncIterator[api.ExecEvent]:
+        async for line in _lines(r, self, "POST", path):
             obj = _json_line(line)
             if "error" in obj:
                 raise wire.error_from_body(500, obj, f"the exec stream from worker {self.name!r} broke")
@@ -335,10 +390,10 @@ class RemoteWorker:
         params = {"offset": str(int(offset)), "follow": "1" if follow else "0"}
         path = self._sb(sandbox_id, "processes", str(int(pid)), "output")
         async with self._stream("GET", path, params=params, timeout=None) as r:
-            yield self._process_events(r)
+            yield self._process_events(r, path)
 
-    async def _process_events(self, r: http11.Response) -> AsyncIterator[api.ProcessEvent]:
-        async for line in _lines(r, self):
+    async def _process_events(self, r: http11.Response, path: str) -> AsyncIterator[api.ProcessEvent]:
+        async for line in _lines(r, self, "GET", path):
             obj = _json_line(line)
             if "error" in obj:
                 raise wire.error_from_body(500, obj, f"the output stream from worker {self.name!r} broke")
@@ -372,7 +427,8 @@ class RemoteWorker:
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
-        async with self._stream("GET", self._sb(sandbox_id, "files"), params=_path_params(path)) as r:
+        where = self._sb(sandbox_id, "files")
+        async with self._stream("GET", where, params=_path_params(path)) as r:
             length = r.headers.get("content-length")
 
             async def chunks() -> AsyncIterator[bytes]:
@@ -380,7 +436,7 @@ class RemoteWorker:
                     async for chunk in r.aiter_raw():
                         yield chunk
                 except http11.ChannelError as e:
-                    raise self._unreachable(e) from None
+                    raise self._unreachable(e, "GET", where) from None
 
             yield api.FileDownload(int(length) if length and length.isdigit() else None, chunks())
 
@@ -431,13 +487,12 @@ class RemoteWorker:
         self, sandbox_id: str, path: api.FilePath, recursive: bool
     ) -> AsyncIterator[AsyncIterator[api.FileEvent]]:
         params = {**_path_params(path), "recursive": "1" if recursive else "0"}
-        async with self._stream(
-            "GET", self._sb(sandbox_id, "files", "watch"), params=params, timeout=None
-        ) as r:
-            yield self._file_events(r)
+        path_ = self._sb(sandbox_id, "files", "watch")
+        async with self._stream("GET", path_, params=params, timeout=None) as r:
+            yield self._file_events(r, path_)
 
-    async def _file_events(self, r: http11.Response) -> AsyncIterator[api.FileEvent]:
-        async for line in _lines(r, self):
+    async def _file_events(self, r: http11.Response, path: str) -> AsyncIterator[api.FileEvent]:
+        async for line in _lines(r, self, "GET", path):
             obj = _json_line(line)
             if "error" in obj:
                 raise wire.error_from_body(500, obj, f"the watch stream from worker {self.name!r} broke")
@@ -461,23 +516,22 @@ class RemoteWorker:
 
     @contextlib.asynccontextmanager
     async def read_tar(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
-        async with self._stream(
-            "GET", self._sb(sandbox_id, "files", "tar"), params=_path_params(path), timeout=None
-        ) as r:
+        where = self._sb(sandbox_id, "files", "tar")
+        async with self._stream("GET", where, params=_path_params(path), timeout=None) as r:
 
             async def chunks() -> AsyncIterator[bytes]:
                 try:
                     async for chunk in r.aiter_raw():
                         yield chunk
                 except http11.ChannelError as e:
-                    raise self._unreachable(e) from None
+                    raise self._unreachable(e, "GET", where) from None
 
             yield api.FileDownload(None, chunks())
 
     # ---- events ---------------------------------------------------------------------------------
     async def events(self) -> AsyncIterator[api.WorkerEvent]:
         async with self._stream("GET", "/events") as r:
-            async for line in _lines(r, self):
+            async for line in _lines(r, self, "GET", "/events"):
                 obj = _json_line(line)
                 if obj.get("kind") == "ping":
                     continue
@@ -492,8 +546,9 @@ class RemoteWorker:
         await self._channel.aclose()
 
 
-async def _lines(r: http11.Response, worker: RemoteWorker) -> AsyncIterator[bytes]:
-    """ndjson lines, split at b"\\n" only (JSON strings carry U+2028 and U+0085 raw)."""
+async def _lines(r: http11.Response, worker: RemoteWorker, method: str, path: str) -> AsyncIterator[bytes]:
+    """ndjson lines of the answer to `method` `path`, split at b"\\n" only (JSON strings carry
+    U+2028 and U+0085 raw)."""
     pending = b""
     try:
         async for chunk in r.aiter_raw():
@@ -503,7 +558,7 @@ async def _lines(r: http11.Response, worker: RemoteWorker) -> AsyncIterator[byte
                 if line.strip():
                     yield line
     except http11.ChannelError as e:
-        raise worker._unreachable(e) from None
+        raise worker._unreachable(e, method, path) from None
     if pending.strip():
         yield pending
 

@@ -4,7 +4,9 @@
 not); `GET /v1/sandboxes/{sid}/pty/{pty_id}/ws` attaches: binary messages are terminal bytes both
 ways (the session's scrollback first), client text messages `{"resize": [cols, rows]}`; the
 server sends text `{"exit_code": N}` when the program ends and closes normally (1000), or text
-`{"error": {...}}` for a bad message without ending the session. Behind it is the worker's frame
+`{"error": {...}}` for a bad message without ending the session. A client message over
+MAX_MESSAGE_BYTES closes the socket with 1009 (message too big) and leaves the session running.
+Behind it is the worker's frame
 stream (core.ptyframes, `WorkerAPI.attach_pty`). A sandbox in standby is resumed; the open socket
 holds `manager.activity` for its life (an open terminal is activity). Errors before the attach are
 sent as one `{"error"}` text message, then a close with code 4000 + the HTTP status (4404...).
@@ -36,6 +38,12 @@ PtyId = Annotated[
     str, Path(description="A terminal's id (POST …/pty)", json_schema_extra={"pattern": "^pty_[0-9a-f]{12}$"})
 ]
 _READ = 64 * 1024
+MAX_MESSAGE_BYTES = 1 << 20
+"""The largest client message a terminal takes. Past it the socket closes with 1009 and the session
+lives on (attach again): terminal input is keystrokes and pastes, and one huge message would sit
+in the session's input queue, behind which the terminal stops answering. uvicorn's `ws_max_size`
+(controlplane.main) refuses such a frame before it is buffered; this check holds under any server."""
+TOO_BIG_CLOSE = 1009
 DETACHED_CLOSE = 1012
 """Close code when the worker ended the attach without an exit (a disk checkpoint resets it):
 the session lives on; attach again."""
@@ -124,7 +132,7 @@ async def attach_pty(websocket: WebSocket, sid: str, pty_id: str):
     failure: BaseException | None = None
     try:
         await websocket.accept()
-        await _relay(websocket, stream)
+        await _relay(websocket, stream, sid, pty_id)
     except errors.AtollError as e:  # raised under the relay (the sandbox died, say)
         failure = e
         with contextlib.suppress(Exception):
@@ -135,7 +143,7 @@ async def attach_pty(websocket: WebSocket, sid: str, pty_id: str):
         await activity.__aexit__(type(failure) if failure else None, failure, None)
 
 
-async def _relay(ws: WebSocket, stream: api.PortStream) -> None:
+async def _relay(ws: WebSocket, stream: api.PortStream, sid: str, pty_id: str) -> None:
     async def outward() -> None:
         decoder = ptyframes.Decoder()
         while True:
@@ -160,6 +168,19 @@ async def _relay(ws: WebSocket, stream: api.PortStream) -> None:
         while True:
             msg = await ws.receive()
             if msg["type"] == "websocket.disconnect":
+                return
+            size = (
+                len(msg["bytes"]) if msg.get("bytes") is not None else len((msg.get("text") or "").encode())
+            )
+            if size > MAX_MESSAGE_BYTES:
+                log.info(
+                    "terminal message refused: too big",
+                    extra={"sandbox_id": sid, "pty_id": pty_id, "bytes": size, "limit": MAX_MESSAGE_BYTES},
+                )
+                await ws.close(
+                    code=TOO_BIG_CLOSE,
+                    reason=f"message over {MAX_MESSAGE_BYTES} bytes; send less at once; the session lives on",
+                )
                 return
             if msg.get("bytes") is not None:
                 await stream.write(ptyframes.data(msg["bytes"]))

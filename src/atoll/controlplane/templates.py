@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import os
 import typing
 
 from atoll.controlplane import db as dbm
@@ -138,15 +137,13 @@ class TemplateService:
             except errors.TemplateNotFound:
                 raise errors.InvalidRequest(
                     f"from={spec.from_!r}: no such template; use `base`, a template of yours "
-                    "(GET /v1/templates) or oci-archive:/path/on/the/server"
+                    "(GET /v1/templates) or oci-archive:/path/on/the/worker"
                 ) from None
             except errors.Conflict as e:
                 raise errors.InvalidRequest(f"from={spec.from_!r}: {e.message}") from None
-        elif spec.from_kind == "oci-archive" and not os.path.isfile(spec.oci_path or ""):
-            raise errors.InvalidRequest(
-                f"from={spec.from_!r}: no such file on the server; copy the archive (`docker save IMAGE "
-                "-o FILE`) to the server and give its absolute path"
-            )
+        # FROM oci-archive: the worker reads the path when it builds. Whether a host path exists is
+        # never checked here: a 400 for a missing one and a failed build for an unreadable one told
+        # callers which paths exist (the worker gives every such path one answer).
         if parent is not None:
             handle = self.m.workers.get(parent.worker_id)
             if not handle.usable:

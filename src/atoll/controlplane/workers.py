@@ -173,8 +173,9 @@ class WorkerRegistry:
             name = h.name if h else worker_id
             why = f" ({h.reason})" if h and h.reason else ""
             raise errors.Unavailable(
-                f"the sandbox's worker {name!r} is {h.state if h else 'unknown'}{why}; "
-                "its sandboxes keep their state — retry once it is ready again (GET /v1/workers)"
+                f"the sandbox's worker {name!r} is {h.state if h else 'unknown'}{why}; the call was not "
+                "sent, so nothing about the sandbox changed — retry once the worker is ready again "
+                "(GET /v1/workers)"
             )
         return h.worker
 

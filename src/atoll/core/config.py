@@ -8,6 +8,7 @@ called by controlplane.settings and worker.settings.
 
 from __future__ import annotations
 
+import math
 import os
 import typing
 from collections.abc import Mapping
@@ -61,6 +62,8 @@ def number(
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):  # NaN passes every range check below
+        raise SettingsError(f"{name}={raw!r} is not a finite number")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise SettingsError(f"{name}={value} is out of range {lo}-{hi}")
     return value

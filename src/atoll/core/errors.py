@@ -204,7 +204,9 @@ class RuntimeFailure(AtollError):
 
 class Unavailable(AtollError):
     """Nothing is wrong with the sandbox; the worker that holds it (or any worker) cannot take the
-    call right now. The record is left as it was; retrying later makes sense."""
+    call right now. The record is left as it was; retrying later makes sense, except after a call
+    that changes something and was cut off once sent: its outcome is unknown, the message says so
+    and, for a POST (which may do it twice), `retryable` is False."""
 
     status = 503
     code = "worker_unavailable"

@@ -22,6 +22,11 @@ its log `<home>/builds/<build_id>/log`, streamed while it grows (`log_stream`). 
    The checkpoint and the sandbox's writable layer (files the boot wrote, which open files need)
    are kept under the build: `images/<memory>m/` and `images/<memory>m.upper/`.
 
+Time limits (worker settings): a step that runs in a build sandbox may take `step_timeout_s`
+(ATOLL_BUILD_STEP_TIMEOUT_S), the whole build `build_timeout_s` (ATOLL_BUILD_TIMEOUT_S); past
+either the build fails naming the step (or what it was doing), and the build sandbox is deleted on
+the way out like on any failure.
+
 Builds are immutable once ready; a new build of the same template is another build id, and the
 sandboxes of the old one keep running from its layers. Called by worker.node.
 """
@@ -56,7 +61,8 @@ IMAGE_DISK_MB = 1024
 START_GRACE_S = 10.0
 """A start command without a ready check that never listens on a TCP port is saved this long after
 it started."""
-STEP_TIMEOUT_S = 3600.0
+STEP_TIMEOUT_S = 1800.0
+BUILD_TIMEOUT_S = 3600.0
 LOG_LIMIT = 8 * 2**20
 MAX_IMAGE_SIZES = 4
 
@@ -148,6 +154,8 @@ class Builder:
         build_network: dict,
         build_env: dict[str, str],
         apt_sources: str | None = None,
+        step_timeout_s: float = STEP_TIMEOUT_S,
+        build_timeout_s: float = BUILD_TIMEOUT_S,
     ):
         self.root = os.path.join(home, "builds")
         storage.private_dir(self.root)
@@ -163,6 +171,8 @@ class Builder:
         self.build_env = build_env
         self.apt_sources = apt_sources
         """ATOLL_APT_SOURCES: the sources list of apt steps (written into the build sandbox's /tmp)."""
+        self.step_timeout_s = step_timeout_s
+        self.build_timeout_s = build_timeout_s
         self._builds: dict[str, Build] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._grew: dict[str, asyncio.Event] = {}
@@ -262,8 +272,19 @@ class Builder:
 
     async def _run(self, b: Build, spec: templatespec.TemplateSpec, parent: Build | None) -> None:
         t0 = time.monotonic()
+        limit = asyncio.timeout(self.build_timeout_s)
         try:
-            await self._build(b, spec, parent)
+            try:
+                async with limit:
+                    await self._build(b, spec, parent)
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                raise BuildFailed(
+                    f"the build did not finish within {self.build_timeout_s:g}s "
+                    f"(ATOLL_BUILD_TIMEOUT_S) and was stopped during {b.progress or 'its start'}; "
+                    "make its steps or ready check finish sooner, or raise the limit"
+                ) from None
         except asyncio.CancelledError:
             b.status, b.error = "failed", "the build was cancelled (the worker stopped)"
             self._log(b, f"ERROR {b.error}")
@@ -273,6 +294,8 @@ class Builder:
             message = getattr(e, "message", None) or repr(e)
             if not isinstance(e, errors.AtollError):
                 log.exception("template build %s failed", b.build_id)
+            elif e.detail:  # the internal cause: the worker's log only, never the build's
+                log.warning("template build %s failed: %s", b.build_id, message, extra={"detail": e.detail})
             b.status, b.error = "failed", message
             self._log(b, f"ERROR {message}")
         else:
@@ -334,7 +357,19 @@ class Builder:
                     if fs is None:
                         b.cached_steps += 1
                     else:
-                        await self._run_step(b, step, stack, {**env, **dict(step.env)}, fs)
+                        limit = asyncio.timeout(self.step_timeout_s)
+                        try:
+                            async with limit:
+                                await self._run_step(b, step, stack, {**env, **dict(step.env)}, fs)
+                        except TimeoutError:
+                            if not limit.expired():
+                                raise
+                            raise BuildFailed(
+                                f"step {i}/{len(spec.steps)} ({step.describe()}) did not finish within "
+                                f"{self.step_timeout_s:g}s (ATOLL_BUILD_STEP_TIMEOUT_S); it was stopped "
+                                "and its build sandbox deleted. Make the step finish sooner, or raise "
+                                "the limit"
+                            ) from None
                         self.layers.commit(key, fs, step.describe())
             stack.append(self.layers.path(key))
             layers.stack(stack)  # refuse a stack the mount cannot take, before the snapshot
@@ -410,7 +445,8 @@ class Builder:
                 max_output_bytes=1 << 16,
                 user=user,
                 cwd=step.workdir,
-                timeout_s=STEP_TIMEOUT_S,
+                # a backstop: the step's own limit (asyncio, in _build) ends it first, by name
+                timeout_s=self.step_timeout_s + 60,
             )
             exit_code, tail = await self._stream(b, sid, spec)
             if exit_code != 0:

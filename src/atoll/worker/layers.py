@@ -79,12 +79,8 @@ class LayerStore:
         self, archive: str, log: typing.Callable[[str], None]
     ) -> tuple[str, str, ociarchive.ImageConfig]:
         """The bottom layer of a template FROM an OCI archive: (key, fs path, the image's config).
-        Unpacked once per archive content; atoll's compatibility shim and mount point are added."""
-        if not os.path.isfile(archive):
-            raise errors.InvalidRequest(
-                f"oci-archive:{archive} is not a file on the server; copy the archive (`docker save "
-                "IMAGE -o FILE`) to the server and give its absolute path"
-            )
+        Unpacked once per archive content; atoll's compatibility shim and mount point are added.
+        A path that holds no readable image archive, whatever the reason, is ociarchive.NoArchive."""
         digest = await asyncio.to_thread(ociarchive.content_digest, archive)
         key = "oci-" + digest[:24]
         config = await asyncio.to_thread(ociarchive.inspect, archive)

@@ -4,7 +4,10 @@ Loads the worker's settings, prepares the host and reattaches to the sandboxes o
 (worker.node), serves the worker API (worker.httpapi) on `--listen` (a free loopback port by
 default), and registers and heartbeats (worker.registration). SIGINT/SIGTERM stop the worker, never
 its sandboxes: the server is told it stops (shown lost), and the next `atoll worker` with the same
-name and home takes them back. Exit status 2 for a bad setting or a refusal no retry can fix.
+name and home takes them back. The stop is finished — the server told, the tunnel and channels
+closed, deletions waited for, the installation's empty parent cgroups removed — before the process
+ends by the signal it got (uvicorn re-raises it as soon as it stops serving, which used to kill the
+process before any of that ran). Exit status 2 for a bad setting or a refusal no retry can fix.
 Called by the CLI.
 """
 
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import typing
@@ -31,15 +35,24 @@ log = logging.getLogger("atoll.worker")
 
 class _Server(uvicorn.Server):
     """uvicorn, ending the worker's event streams as soon as shutdown begins (uvicorn would wait
-    for those long-lived answers until its graceful timeout)."""
+    for those long-lived answers until its graceful timeout), and keeping the stop signal it caught
+    for after the worker's own clean-up (`caught`), instead of re-raising it when serving ends."""
 
     def __init__(self, config: uvicorn.Config, on_shutdown: typing.Callable[[], None]):
         super().__init__(config)
         self._on_shutdown = on_shutdown
+        self.caught: list[int] = []
 
     async def shutdown(self, sockets=None) -> None:
         self._on_shutdown()
         await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> typing.Iterator[None]:
+        with super().capture_signals():
+            yield
+            self.caught = list(self._captured_signals)
+            self._captured_signals.clear()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -54,7 +67,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(s: settings_mod.WorkerSettings) -> int:
+async def serve(s: settings_mod.WorkerSettings, caught: list[int] | None = None) -> int:
+    """Run the worker until it is stopped; the exit status. The stop signals caught are appended
+    to `caught`, for the caller to re-raise once the event loop is closed."""
     storage.private_dir(s.home)
     worker = node.Node(s)
     try:
@@ -115,6 +130,8 @@ async def serve(s: settings_mod.WorkerSettings) -> int:
         await tunnel.aclose()
         await worker.aclose()
         log.info("worker stopped; its sandboxes keep running and are taken back by the next `atoll worker`")
+        if caught is not None:
+            caught.extend(server.caught)
     return status
 
 
@@ -146,4 +163,8 @@ def main(
         )
         raise SystemExit(2)
     log.info("starting atoll worker", extra={"settings": s.redacted()})
-    raise SystemExit(asyncio.run(serve(s)))
+    caught: list[int] = []
+    status = asyncio.run(serve(s, caught))
+    for sig in reversed(caught):  # end as the signal says (uvicorn's convention), now that all is done
+        signal.raise_signal(sig)
+    raise SystemExit(status)

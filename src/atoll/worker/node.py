@@ -238,6 +238,8 @@ class Node:
             build_network={"allow_out": list(settings.build_allow_out)},
             build_env=settings.build_env(),
             apt_sources=settings.apt_sources,
+            step_timeout_s=settings.build_step_timeout_s,
+            build_timeout_s=settings.build_timeout_s,
         )
         self.pressure = Pressure(
             self.runtimes, self.guest, self.tiers, self.install_id, idle=self._idle, lock=self._lock

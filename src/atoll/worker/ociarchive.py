@@ -28,7 +28,11 @@ Whiteouts follow the OCI image spec: `.wh.NAME` deletes NAME from lower layers, 
 empties its directory of lower layers' entries; neither is written.
 
 Errors: a malformed, damaged or hostile archive raises CorruptArchive (code invalid_request; its
-subclass ImageTooLarge for `max_bytes`); a host failure while writing (disk full, I/O error) raises
+subclass ImageTooLarge for `max_bytes`). Until the path is known to hold an image archive (a
+regular file, readable, a tar with manifest.json or index.json at its top) every failure is the
+same NoArchive, whatever the cause — a missing path, a directory, a file the worker cannot read,
+any other file —, so that a caller learns nothing about which host paths exist; the cause is its
+`detail` (logged, never sent). a host failure while writing (disk full, I/O error) raises
 errors.RuntimeFailure. A failed unpack leaves `dest` partly filled: the caller unpacks into a
 temporary directory and removes it.
 """
@@ -92,6 +96,23 @@ class CorruptArchive(errors.InvalidRequest):
 
 class ImageTooLarge(CorruptArchive):
     """The image unpacks to more than `max_bytes` of file data."""
+
+
+class NoArchive(CorruptArchive):
+    """No image archive can be read at the path: one answer for every cause (`detail` has it)."""
+
+    def __init__(self, archive: str, cause: str):
+        super().__init__(
+            archive,
+            "no docker save or OCI image archive can be read at this path on the worker. A missing "
+            "path, one the worker cannot read, and a file that is not such an archive (or is "
+            "truncated, or compressed with zstd) all get this same answer, which tells nothing "
+            "about the worker's files; the worker's log has the cause",
+            fix="copy the archive to the worker (`docker save IMAGE -o FILE` or `skopeo copy "
+            "docker-daemon:IMAGE oci-archive:FILE`; a plain, gzip, bzip2 or xz tar) and give its "
+            "absolute path",
+            detail=f"{archive}: {cause}",
+        )
 
 
 @dataclass(frozen=True)
@@ -174,38 +195,38 @@ class _Outer:
 
     def __init__(self, archive: str):
         self.archive = archive
+        # Every failure until the path proves to hold an image archive is NoArchive (see the
+        # module docstring): the answer must not tell a missing path from an existing file.
         try:
             st = os.stat(archive)
             if not stat.S_ISREG(st.st_mode):
-                raise self.corrupt("is not a regular file", fix="pass the path of a tar file on the worker")
+                raise NoArchive(archive, f"not a regular file (mode {stat.filemode(st.st_mode)})")
             with open(archive, "rb") as f:
                 head = f.read(6)
             if head.startswith(b"\x28\xb5\x2f\xfd"):
-                raise self.corrupt(
-                    "is zstd-compressed, which is not supported for the archive itself",
-                    fix="decompress it with `zstd -d`",
-                )
+                raise NoArchive(archive, "zstd-compressed, which is not supported for the archive itself")
             self.tar = tarfile.open(archive, mode="r:*")
         except FileNotFoundError:
-            raise self.corrupt(
-                "does not exist", fix="FROM oci-archive: takes the path of a file on the worker host"
-            ) from None
+            raise NoArchive(archive, "does not exist") from None
         except PermissionError:
-            raise self.corrupt(
-                "cannot be read (permission denied)", fix="make it readable by the worker"
-            ) from None
+            raise NoArchive(archive, "cannot be read (permission denied)") from None
         except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as e:
-            raise self.corrupt(f"is not a tar archive ({e})") from None
+            raise NoArchive(archive, f"not a tar archive ({e})") from None
         try:
             members = self.tar.getmembers()
         except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as e:
             self.tar.close()
-            raise self.corrupt(f"is not a readable tar archive, or is truncated ({e})") from None
+            raise NoArchive(archive, f"not a readable tar archive, or truncated ({e})") from None
         self.members: dict[str, tarfile.TarInfo] = {}
         for m in members:
             name = _archive_name(m.name)
             if name:
                 self.members[name] = m
+        if not (self.has("manifest.json") or self.has("index.json")):
+            self.tar.close()
+            raise NoArchive(
+                archive, "a tar with neither manifest.json (docker save) nor index.json (OCI) at its top"
+            )
         compressed = head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00"))
         end = max((m.offset_data + m.size for m in members if m.isreg()), default=0)
         if not compressed and end > st.st_size:

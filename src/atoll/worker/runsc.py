@@ -8,6 +8,8 @@ Every runsc that starts or restores a sandbox runs
     this runsc refuses `--network=sandbox` because it misreads rmem_default on new kernels).
 Checkpoints run through a small shell wrapper that writes a `done` marker only on success, so a
 worker killed mid-checkpoint can tell on restart whether the image is complete.
+The log file (`runsc.log` of a sandbox) is the worker's: made 0600, and given back to the worker's
+user after each start or restore (runsc hands its stdio files to the sandbox's user, `nobody`).
 Called by worker.service.
 """
 
@@ -30,12 +32,33 @@ def base_flags(root: str) -> list[str]:
     return [RUNSC, f"--root={root}", "--platform=ptrace", "--network=sandbox"]
 
 
+def _open_log(log_path: str) -> int:
+    """The log opened for appending, 0600 (an older one is made 0600 too)."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _reclaim_log(log_path: str) -> None:
+    """Give the log back to the worker's user: starting a sandbox, runsc chowns its stdio files to
+    the sandbox's user (nobody); the sandbox keeps writing through the descriptor it holds."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(log_path)
+        if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+            os.chown(log_path, os.geteuid(), os.getegid())
+        if st.st_mode & 0o077:
+            os.chmod(log_path, 0o600)
+
+
 async def _start_logged(argv: list[str], log_path: str) -> asyncio.subprocess.Process:
     """Start argv in its own session, stdin from /dev/null, stdout and stderr appended to log_path."""
-    with open(log_path, "ab") as log:
+    fd = _open_log(log_path)
+    try:
         return await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True
         )
+    finally:
+        os.close(fd)
 
 
 async def _spawn_detached(argv: list[str], log_path: str, timeout: float) -> None:
@@ -53,6 +76,8 @@ async def _spawn_detached(argv: list[str], log_path: str, timeout: float) -> Non
         raise errors.RuntimeFailure(
             f"runsc {argv[len(base_flags(''))]} did not finish within {timeout}s"
         ) from None
+    finally:
+        _reclaim_log(log_path)
     if rc != 0:
         raise errors.RuntimeFailure(
             f"runsc {argv[len(base_flags(''))]} failed (exit {rc})", detail=f"runsc log: {tail(log_path)}"

@@ -72,6 +72,12 @@ class WorkerSettings:
     build_ca_file: str | None = None
     """ATOLL_BUILD_CA_FILE: CA certificates build steps trust for HTTPS (default: this host's
     system bundle, so that a registry reached through a TLS-inspecting proxy verifies)."""
+    build_step_timeout_s: float = 1800.0
+    """ATOLL_BUILD_STEP_TIMEOUT_S: the longest one apt, pip or run step of a template build may
+    take (its build sandbox included); past it the build fails naming the step."""
+    build_timeout_s: float = 3600.0
+    """ATOLL_BUILD_TIMEOUT_S: the longest a whole template build may take, its snapshot included;
+    past it the build fails naming what it was doing."""
 
     BUILD_CA_NAME = "build-ca.crt"
 
@@ -160,6 +166,7 @@ def load(
         build_ca_file=_ca_file(env["ATOLL_BUILD_CA_FILE"], "ATOLL_BUILD_CA_FILE")
         if env.get("ATOLL_BUILD_CA_FILE")
         else (SYSTEM_CA if os.path.exists(SYSTEM_CA) else None),
+        **_build_timeouts(env),
     )
 
 
@@ -193,6 +200,20 @@ def _build_allow_out(env: Mapping[str, str]) -> tuple[str, ...]:
     except errors.InvalidRequest as e:
         raise config.SettingsError(f"ATOLL_BUILD_ALLOW_OUT: {e.message}") from None
     return entries
+
+
+def _build_timeouts(env: Mapping[str, str]) -> dict[str, float]:
+    """ATOLL_BUILD_STEP_TIMEOUT_S and ATOLL_BUILD_TIMEOUT_S: seconds, 1 to a week; a step may not
+    be allowed longer than the whole build."""
+    week = 7 * 86400.0
+    step = config.number(env, "ATOLL_BUILD_STEP_TIMEOUT_S", 1800.0, lo=1, hi=week)
+    whole = config.number(env, "ATOLL_BUILD_TIMEOUT_S", 3600.0, lo=1, hi=week)
+    if step > whole:
+        raise config.SettingsError(
+            f"ATOLL_BUILD_STEP_TIMEOUT_S={step:g} is longer than ATOLL_BUILD_TIMEOUT_S={whole:g} (the "
+            "whole build's limit, 3600 by default); lower the step limit or raise the build's"
+        )
+    return {"build_step_timeout_s": step, "build_timeout_s": whole}
 
 
 def _ca_file(path: str | None, var: str = "ATOLL_UPSTREAM_CA_FILE") -> str | None:
