@@ -24,7 +24,7 @@ class Backend:
     def __init__(self, port: int):
         self.port = port
 
-    async def authorize(self, target, token, expires, sig, cookie):
+    async def admit(self, target, token, expires, sig, cookie):
         return router_mod.Grant("public")
 
     async def ready(self, target):

@@ -3,8 +3,9 @@
 `atoll server` and `atoll up` bind ATOLL_INGRESS_HOST:ATOLL_INGRESS_PORT themselves (a port in use is
 their start-up error), then start `python -m atoll.ingress` (ingress.service) with that socket and a
 channel (atoll.ipc), give it its TLS certificate, and answer what it asks with
-controlplane.previews: `authorize` (token, signed URL, cookie, public port), `ready` (resume a
-sandbox in standby; concurrent requests share one resume) and `connect` — the connection into the
+controlplane.previews: `admit` (token, signed URL, cookie, public port; then resume a sandbox in
+standby — concurrent requests share one resume — all in one round trip per request), `ready` (the
+same resume, for a WebSocket's messages) and `connect` — the connection into the
 sandbox's port the worker opens (WorkerAPI.open_port), whose socket is handed to the router
 (PortStream.detach), so preview bytes never cross the API's event loop. If the router process dies
 it is started again with the same socket. Stopping the server stops it; sandboxes keep running.
@@ -112,10 +113,11 @@ class IngressHost:
         op = msg.get("op")
         try:
             target = _target(msg.get("target"))
-            if op == "authorize":
+            if op == "admit":
                 grant = self.previews.authorize(
                     target, msg.get("token"), msg.get("expires"), msg.get("sig"), msg.get("cookie")
                 )
+                await self.previews.ready(target)
                 return {"via": grant.via, "cookie": grant.cookie, "max_age": grant.max_age}
             if op == "ready":
                 await self.previews.ready(target)

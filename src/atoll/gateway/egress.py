@@ -115,6 +115,8 @@ class _Attached:
     server: asyncio.AbstractServer | None = None
     dns: asyncio.DatagramTransport | None = None
     conns: set[asyncio.Task] = dataclasses.field(default_factory=set)
+    inbound: set[asyncio.Task] = dataclasses.field(default_factory=set)
+    """Relays of connections into the sandbox's port (previews), apart from its egress."""
     relayed: set[_Conn] = dataclasses.field(default_factory=set)
     deciding: set[_Conn] = dataclasses.field(default_factory=set)
     """Accepted, not decided yet (waiting for the first bytes)."""
@@ -259,7 +261,7 @@ class Gateway:
         Tracked like its egress: bytes moving are the sandbox's activity, and a disk
         checkpoint's quiesce resets it when idle."""
         att = self._att.get(sid)
-        if att is None or len(att.relayed) + len(att.conns) >= 2 * MAX_CONNECTIONS:
+        if att is None or len(att.inbound) >= MAX_CONNECTIONS:
             sock.close()
             client.close()
             if att is None:
@@ -282,8 +284,8 @@ class Gateway:
         if greeting:
             c_writer.write(greeting)
         task = asyncio.ensure_future(self._inbound(att, conn, reader, writer, c_reader, c_writer))
-        att.conns.add(task)
-        task.add_done_callback(att.conns.discard)
+        att.inbound.add(task)
+        task.add_done_callback(att.inbound.discard)
 
     async def _inbound(
         self,
@@ -338,12 +340,13 @@ class Gateway:
             att.server.close()
         if att.dns is not None:
             att.dns.close()
-        for c in list(att.relayed):  # connections into the sandbox (open_inbound) have no task
+        for c in list(att.relayed):  # reset at once (the tasks below end after)
             c.abort()
-        for t in list(att.conns):
+        tasks = [*att.conns, *att.inbound]
+        for t in tasks:
             t.cancel()
-        if att.conns:
-            await asyncio.gather(*att.conns, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         if att.server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(att.server.wait_closed(), 2)

@@ -71,14 +71,17 @@ class Grant:
 
 
 class Backend(typing.Protocol):
-    async def authorize(
+    async def admit(
         self,
         target: preview.Target,
         token: str | None,
         expires: str | None,
         sig: str | None,
         cookie: str | None,
-    ) -> Grant: ...
+    ) -> Grant:
+        """Authorize the request (a public port, the token, a signed URL or its cookie), then make
+        the sandbox run (resume it from standby). Raises AtollError (the refusal)."""
+        ...
     async def ready(self, target: preview.Target) -> None: ...
     async def connect(self, target: preview.Target) -> Upstream: ...
 
@@ -443,7 +446,8 @@ class _Session:
             )
         path, expires, sig = preview.split_signed(req.target.decode("latin-1"))
         try:
-            grant = await self.r.backend.authorize(
+            # authorized, and the sandbox running (resumed if it was in standby): one question
+            grant = await self.r.backend.admit(
                 target, get(preview.TOKEN_HEADER), expires, sig, _cookie(get("cookie"))
             )
         except errors.AtollError as e:
@@ -473,10 +477,6 @@ class _Session:
                     "HttpOnly; SameSite=Lax".encode(),
                 )
             )
-        try:
-            await self.r.backend.ready(target)
-        except errors.AtollError as e:
-            return await self._refuse(_status_of(e), f"atoll ingress: {e.message}")
         return await self._forward(target, fwd, extra)
 
     async def _upstream(self, target: preview.Target, fresh: bool) -> tuple[Upstream, h11.Connection]:

@@ -4,8 +4,9 @@ The control plane (`atoll server`, `atoll up`) starts it beside itself (controlp
 with the listening socket it bound (so a busy port is the server's start-up error) and one channel
 (atoll.ipc). Preview traffic — TLS, HTTP parsing, bodies, WebSockets — runs here, never on the
 event loop that serves the API. What only the control plane knows it asks over the channel
-(`ChannelBackend`, the router's backend): may this request reach that port (`authorize`), wake the
-sandbox (`ready`), and a connection into the port (`connect`: the socket itself is handed over —
+(`ChannelBackend`, the router's backend): may this request reach that port, with the sandbox
+woken if it sleeps (`admit`: one question per request), is it still awake (`ready`, on a switched
+connection), and a connection into the port (`connect`: the socket itself is handed over —
 the worker's tunnel connection or the worker's socketpair end — so the bytes then flow between this
 process and the worker's gateway only).
 The server sends `tls {pem}` or `tls {cert_file, key_file}` before it counts the router ready.
@@ -64,9 +65,9 @@ class ChannelBackend:
         except ipc.ChannelClosed:
             raise errors.Unavailable("the control plane is not answering the ingress router; retry") from None
 
-    async def authorize(self, target, token, expires, sig, cookie) -> router_mod.Grant:
+    async def admit(self, target, token, expires, sig, cookie) -> router_mod.Grant:
         reply, _ = await self._call(
-            "authorize", target=_target(target), token=token, expires=expires, sig=sig, cookie=cookie
+            "admit", target=_target(target), token=token, expires=expires, sig=sig, cookie=cookie
         )
         return router_mod.Grant(reply["via"], reply.get("cookie"), int(reply.get("max_age", 0)))
 
