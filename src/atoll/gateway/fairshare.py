@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-CAPACITY = 0.5
-"""CPU seconds per second all sandboxes' parsing may use together (half a core)."""
+CAPACITY = 0.25
+"""CPU seconds per second all sandboxes' parsing may use together (a quarter of a core: under the
+flood of bench_flood the whole gateway process then uses about half a core)."""
 BURST = 0.05
 """What a bucket holds at most (50 ms of parsing, then the sandbox runs at its share)."""
 ACTIVE_S = 1.0
