@@ -233,7 +233,13 @@ class Node:
             apt_sources=settings.apt_sources,
         )
         self.pressure = Pressure(
-            self.runtimes, self.guest, self.tiers, self.install_id, idle=self._idle, lock=self._lock
+            self.runtimes,
+            self.guest,
+            self.tiers,
+            self.install_id,
+            idle=self._idle,
+            lock=self._lock,
+            emit=self.hub.emit,
         )
         self.recovery = Recovery(
             self.runtimes,
@@ -701,6 +707,7 @@ class Node:
             await self.sandboxes.delete(sid)
             self.edge.forget(sid)
             self.pressure.forget(sid)
+            self.tiers.forget(sid)
             self._inflight.pop(sid, None)
         if not self._lock(sid).locked():
             self._locks.pop(sid, None)

@@ -25,6 +25,7 @@ import typing
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase
+from atoll.core.worker_api import RuntimeChanged, WorkerEvent
 from atoll.worker import cgroups
 from atoll.worker.guest import Guest
 from atoll.worker.runtime import RuntimeStore
@@ -48,6 +49,7 @@ class Pressure:
         *,
         idle: typing.Callable[[str], bool],
         lock: typing.Callable[[str], asyncio.Lock],
+        emit: typing.Callable[[WorkerEvent], None] = lambda ev: None,
     ):
         self.runtimes = runtimes
         self.guest = guest
@@ -55,6 +57,7 @@ class Pressure:
         self.install_id = install_id
         self._idle = idle
         self._lock = lock
+        self._emit = emit
         self._relief: dict[str, asyncio.Task] = {}
         self._relieved_at: dict[str, float] = {}
         self._compact_retry: dict[str, float] = {}
@@ -141,6 +144,8 @@ class Pressure:
             except errors.AtollError as e:
                 self._compact_retry[sid] = time.monotonic() + COMPACT_RETRY_S
                 log.warning("sandbox.compact.failed", extra={"sandbox_id": sid, "error": e.message})
+                if rt.phase == Phase.CHECKPOINTED:  # its restore failed: in disk standby, kept
+                    self._emit(RuntimeChanged(sid, rt.phase, e.message))
                 return
             log.info(
                 "sandbox.compact.complete",
