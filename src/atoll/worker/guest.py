@@ -8,7 +8,7 @@ inside can have stopped it), PROBE_FAILURES in a row end the call and mark the s
 Answers are untrusted data (the agent runs beside the code it serves): they are bounded, and
 decoded into core.worker_api types before anything else sees them.
 Called by worker.node (exec, files, processes), worker.tiers (health, gate, identity) and
-worker.pressure (kill-all).
+worker.pressure (relief).
 """
 
 from __future__ import annotations

@@ -241,6 +241,7 @@ class Node:
             lock=self._lock,
             emit=self.hub.emit,
         )
+        self.tiers.unsafe_to_save = self.pressure.relieved_recently
         self.recovery = Recovery(
             self.runtimes,
             self.host,
@@ -269,6 +270,9 @@ class Node:
     def _busy(self, sid: str) -> bool:
         lock = self._locks.get(sid)
         return bool(lock and lock.locked()) or sid in self.images.temporary or sid in self.builder.temporary
+
+    def _building(self, sid: str) -> bool:
+        return sid in self.images.temporary or sid in self.builder.temporary
 
     def _idle(self, sid: str) -> bool:
         return not self._inflight.get(sid) and not self._busy(sid)
@@ -394,7 +398,9 @@ class Node:
             await asyncio.sleep(MONITOR_EVERY_S)
             try:
                 for rt in self.runtimes.cached():
-                    if rt.phase == Phase.RUNNING and not rt.temporary and not self._busy(rt.sandbox_id):
+                    # busy or not: a relief must not wait for a step that holds the sandbox's lock
+                    # (a compaction's gate once waited 10 s on an agent starved by a fork bomb)
+                    if rt.phase == Phase.RUNNING and not rt.temporary and not self._building(rt.sandbox_id):
                         self.pressure.check(rt.sandbox_id)
                 self._emit_templates()
                 now = time.monotonic()

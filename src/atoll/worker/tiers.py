@@ -25,7 +25,7 @@ from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step, Tier
 from atoll.core.worker_api import PauseOutcome, ResumeOutcome
 from atoll.worker import cgroups, netns, runsc
-from atoll.worker.guest import Guest
+from atoll.worker.guest import Gate, Guest
 from atoll.worker.liveness import Liveness
 from atoll.worker.runtime import Runtime, RuntimeStore
 from atoll.worker.sandboxes import Sandboxes
@@ -57,6 +57,8 @@ class Tiers:
         self._spawn = spawn
         self._addressed: dict[str, int] = {}  # sandbox -> generation whose eth0 is addressed again
         self._net_locks: dict[str, asyncio.Lock] = {}  # sandbox -> held while eth0 is re-addressed
+        self.unsafe_to_save: typing.Callable[[str], str | None] = lambda sid: None
+        """Why no checkpoint may start now beyond the gate (worker.pressure: processes just killed)."""
 
     def _cg(self, rt: Runtime) -> str:
         return rt.cgroup(self.install_id)
@@ -114,6 +116,9 @@ class Tiers:
             self.thaw(rt)
         busy = await self.sandboxes.edge.quiesce(rt.sandbox_id)  # idle connections: reset
         gate = await self.guest.gate(rt.sandbox_id)
+        unsafe = self.unsafe_to_save(rt.sandbox_id)
+        if unsafe is not None:
+            gate = Gate(False, [*gate.blockers, unsafe])
         if not gate.ok:
             why = "kept in the memory tier: " + "; ".join(gate.blockers)
             if busy:
