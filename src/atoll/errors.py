@@ -32,9 +32,11 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     ├── CommandFailed           command_failed: `exec(..., check=True)` exited non-zero (.exit_code,
     │                               .stdout, .stderr); raised by the SDK itself, not an HTTP answer
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
-        └── Unavailable         503 worker_unavailable, no_worker (retryable): the sandbox's worker,
-                                    or any worker, cannot take the call right now (a POST cut off
-                                    after it was sent has an unknown outcome: not retryable)
+        ├── Unavailable         503 worker_unavailable, no_worker (retryable): the sandbox's worker,
+        │                           or any worker, cannot take the call right now (a POST cut off
+        │                           after it was sent has an unknown outcome: not retryable)
+        └── ResumeFailed        503 resume_failed (retryable): the sandbox could not be resumed from
+                                    disk this time; it stays in standby, files kept; call again
 
 A response whose body is not the server's JSON error envelope (a proxy's HTML page, say) still
 raises: the code is `http_<status>` and the message is the start of the body text.
@@ -70,6 +72,7 @@ __all__ = [
     "DiskFull",
     "ServerError",
     "Unavailable",
+    "ResumeFailed",
     "SecretNotFound",
     "WorkerNotFound",
     "error_from_payload",
@@ -251,6 +254,15 @@ class Unavailable(ServerError):
     default_retryable = True
 
 
+class ResumeFailed(ServerError):
+    """The sandbox could not be resumed from its disk standby this time. It stays in standby with
+    its files and memory image (its `resume_error` says why) and the next call tries again; after
+    3 failed tries it is failed, its files kept until it is deleted."""
+
+    default_code = "resume_failed"
+    default_retryable = True
+
+
 _BY_CODE: dict[str, type[AtollError]] = {
     "invalid_request": InvalidRequest,
     "invalid_path": InvalidRequest,
@@ -289,6 +301,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "internal_error": ServerError,
     "worker_unavailable": Unavailable,
     "no_worker": Unavailable,
+    "resume_failed": ResumeFailed,
 }
 
 _BY_STATUS: dict[int, type[AtollError]] = {

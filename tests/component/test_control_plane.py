@@ -230,3 +230,46 @@ async def test_a_busy_sandbox_the_worker_reports_is_not_frozen_for_idleness(fake
         return (await c.get(f"/v1/sandboxes/{sid}")).json()["standby_tier"] == "memory"
 
     await _until(frozen)
+
+
+async def test_a_failed_disk_resume_keeps_the_sandbox_in_standby_and_is_retried(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
+    assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).status_code == 200
+    worker.fail.add("restore")
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "resume_failed" and err["retryable"] is True
+    assert "try 1 of 3" in err["message"] and "fake restore failure" in err["message"]
+    assert "runsc.log" not in r.text  # the internal cause is only logged
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert (sb["state"], sb["standby_tier"]) == ("standby", "disk"), sb
+    assert "fake restore failure" in sb["resume_error"] and sb["failure_reason"] is None
+    assert worker.phase(sid) == "checkpointed"
+    # the next call tries again, and a resume that works clears the error
+    worker.fail.discard("restore")
+    r = await c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/x"})
+    assert r.status_code == 404, r.text  # resumed; the file is simply not there
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert (sb["state"], sb["resume_error"]) == ("running", None), sb
+    assert [v for v, s in worker.calls if s == sid].count("restore") == 2
+
+
+async def test_three_failed_disk_resumes_in_a_row_fail_the_sandbox_and_keep_its_files(fake):
+    c, worker = fake.http, fake.worker
+    sid = await create(c)
+    assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).status_code == 200
+    worker.fail.add("restore")
+    for n in (1, 2):
+        r = await c.post(f"/v1/sandboxes/{sid}/resume")
+        assert r.status_code == 503 and f"try {n} of 3" in r.json()["error"]["message"], r.text
+    r = await c.post(f"/v1/sandboxes/{sid}/resume")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_failed", r.text
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert sb["state"] == "failed", sb
+    assert "in 3 tries" in sb["failure_reason"] and "kept" in sb["failure_reason"], sb
+    assert worker.phase(sid) == "checkpointed"  # nothing removed until the delete
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state"
+    assert (await c.delete(f"/v1/sandboxes/{sid}")).status_code == 204

@@ -129,6 +129,58 @@ print(kids, errno.errorcode.get(err, err))
     _usable(api, sid)
 
 
+def _sleeps(api, sid) -> set[str]:
+    out = run(api, sid, "ps -eo args | grep '^sleep 30[0-9]' || true", timeout_s=60)
+    return set(out["stdout"].split("\n")) - {""}
+
+
+def test_a_commands_timeout_covers_what_it_left_running(api, sandbox):
+    """timeout_s bounds the command's whole tree, also once the command itself has exited: what it
+    started in the background, with setsid or double-forked (tracked by its cgroup inside)."""
+    sid = sandbox["id"]
+    run(api, sid, "sleep 300 &")  # no timeout_s: left running, as before
+    out = run(api, sid, "sleep 301 & setsid sleep 302 & (sleep 303 &); echo started", timeout_s=3)
+    assert (out["stdout"], out["timed_out"]) == ("started\n", False), out
+    assert _sleeps(api, sid) == {"sleep 300", "sleep 301", "sleep 302", "sleep 303"}
+    deadline = time.monotonic() + 30
+    while _sleeps(api, sid) != {"sleep 300"} and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _sleeps(api, sid) == {"sleep 300"}
+
+
+def test_a_fork_bomb_does_not_lose_its_sandbox(api, sandbox):
+    """A bash fork bomb leaves ~500 processes behind a command that returns at once, and this
+    runsc's ptrace platform leaves host tasks behind for each of them, ~350-900 a second, toward the
+    host pids limit that kills the sandbox. The worker kills the user processes near that limit
+    (also while a compaction waits on the starved agent: that once blocked every kill) and never
+    checkpoints the sandbox in that state; timeout_s bounds the bomb as well. The sandbox, its
+    files and its record must come through."""
+    sid = sandbox["id"]
+    r = api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/kept.txt"}, content=b"kept\n")
+    assert r.status_code == 204, r.text
+    out = run(api, sid, ":(){ :|:& };:", timeout_s=20)
+    assert out["duration_ms"] < 20_000, out  # bash returns at once; the bomb runs on behind it
+    time.sleep(25)  # calls meanwhile would only compete with the worker's kill for the starved agent
+    deadline = time.monotonic() + 180
+    count = None
+    while time.monotonic() < deadline:
+        sb = api.get(f"/v1/sandboxes/{sid}").json()
+        assert sb["state"] == "running", sb
+        r = api.post(
+            f"/v1/sandboxes/{sid}/exec", json={"cmd": "set -- /proc/[0-9]*; echo $#", "timeout_s": 60}
+        )
+        assert r.status_code == 200, r.text  # (a kill of the user processes may end this one: 137)
+        if r.json()["exit_code"] == 0:
+            count = int(r.json()["stdout"])
+            if count < 20:
+                break
+        time.sleep(2)
+    assert count is not None and count < 20, f"the bomb's processes are still there: {count}"
+    _usable(api, sid)
+    assert run(api, sid, "cat /root/kept.txt")["stdout"] == "kept\n"
+    assert api.get(f"/v1/sandboxes/{sid}").json()["failure_reason"] is None
+
+
 def test_sandbox_id_in_every_process(api, sandbox):
     sid = sandbox["id"]
     out = run(api, sid, "echo $ATOLL_SANDBOX_ID; tr '\\0' '\\n' < /proc/1/environ | grep ^ATOLL_SANDBOX_ID=")

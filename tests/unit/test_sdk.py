@@ -651,6 +651,7 @@ def test_files_streamed_upload_and_download(client, fake, tmp_path):
         (500, "internal_error", errors.ServerError),
         (503, "whatever", errors.Unavailable),
         (503, "worker_unavailable", errors.Unavailable),
+        (503, "resume_failed", errors.ResumeFailed),
         (418, "teapot", errors.AtollError),
     ],
 )

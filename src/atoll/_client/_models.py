@@ -409,6 +409,12 @@ class SandboxFields:
         return self.data.get("failure_reason")
 
     @property
+    def resume_error(self) -> str | None:
+        """Why the last resume from the disk tier failed (the sandbox stays in standby and the next
+        call tries again); None once a resume succeeds."""
+        return self.data.get("resume_error")
+
+    @property
     def expires_at(self) -> str | None:
         """End of its lifetime (ISO 8601, UTC; `timeout_s` at create, `update(timeout_s=)`); None: none."""
         return self.data.get("expires_at")

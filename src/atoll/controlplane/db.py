@@ -68,6 +68,10 @@ class SandboxRecord(Base):
     """The end of its lifetime (create's timeout_s; PATCH extends it); None = no lifetime."""
     on_timeout: Mapped[str] = mapped_column(sa.String(16), default="pause")
     """What its lifetime's end does: "pause" (the disk tier) or "delete"."""
+    resume_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    """Why the last resume from the disk tier failed (it stays in standby); None once one succeeds."""
+    resume_failures: Mapped[int] = mapped_column(sa.Integer, default=0)
+    """Failed resumes in a row; the sandbox is failed at lifecycle.MAX_RESUME_FAILURES."""
 
 
 class TemplateRecord(Base):

@@ -27,7 +27,8 @@ async def _parent_after_failure(
     m: SandboxManager, rec: dbm.SandboxRecord, worker, e: errors.AtollError
 ) -> None:
     """A fork failed: the parent is failed only if its worker says so (a copy that could not
-    start — a full disk, say — leaves the parent running, restored from its own image)."""
+    start — a full disk, say — leaves the parent running, restored from its own image); a parent
+    whose own restore failed stays checkpointed: in disk standby, its resume error noted."""
     try:
         inv = await worker.inventory()
     except errors.AtollError:
@@ -35,6 +36,9 @@ async def _parent_after_failure(
     report = next((r for r in inv.runtimes if r.sandbox_id == rec.id), None)
     if report is None or report.phase == Phase.FAILED:
         m._fail(rec, (report.failure if report is not None else None) or e.message, e.detail)
+    elif report.phase == Phase.CHECKPOINTED and rec.state == State.RUNNING:
+        m._persist(rec, Verb.CHECKPOINT, standby_since=dbm.utcnow())
+        m.resume_failed(rec, e.message, e.detail)
 
 
 def check_count(body: object) -> int:
@@ -102,7 +106,10 @@ async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecor
         except BaseException as e:
             for c in copies:
                 m._persist(c, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason="the fork failed")
-            if isinstance(e, errors.RuntimeFailure | errors.SandboxDied | errors.InsufficientStorage):
+            if isinstance(
+                e,
+                errors.RuntimeFailure | errors.SandboxDied | errors.InsufficientStorage | errors.ResumeFailed,
+            ):
                 await _parent_after_failure(m, rec, worker, e)
             raise
         fields["worker_ms"] = outcome.duration_ms

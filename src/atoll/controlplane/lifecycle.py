@@ -34,6 +34,7 @@ from atoll.core.lifecycle import (
     FAILED,
     PUBLIC_STATUS,
     TIER_ORDER,
+    Phase,
     State,
     Status,
     Tier,
@@ -46,6 +47,8 @@ from atoll.core.lifecycle import (
 log = logging.getLogger(__name__)
 
 RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk"}
+MAX_RESUME_FAILURES = 3
+"""Failed resumes from the disk tier in a row after which a sandbox is failed (its files kept)."""
 
 
 class SandboxManager:
@@ -481,11 +484,39 @@ class SandboxManager:
                             self._persist(rec, Verb.FREEZE, standby_since=since, standby_reason=reason)
                         raise
                 else:
-                    outcome = await self._guard(rec, call)
-                    self._persist(rec, Verb.RESUME)
+                    try:
+                        outcome = await self._guard(rec, call)
+                    except errors.ResumeFailed as e:
+                        raise self.resume_failed(rec, e.message, e.detail) from None
+                    self._persist(rec, Verb.RESUME, resume_error=None, resume_failures=0)
                 fields["worker_ms"] = outcome.duration_ms  # the worker's own part of the resume
             self._activity[sid] = time.monotonic()
         return rec
+
+    def resume_failed(
+        self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None
+    ) -> errors.AtollError:
+        """A resume from the disk tier did not complete and the worker kept the sandbox in standby
+        (its image and writable layer): say why on the record, and fail it after
+        MAX_RESUME_FAILURES tries in a row. Returns the error the caller gets."""
+        tries = (rec.resume_failures or 0) + 1
+        log.warning(
+            "sandbox.resume_disk.kept",
+            extra={"sandbox_id": rec.id, "tries": tries, "reason": cause, "detail": detail},
+        )
+        if tries >= MAX_RESUME_FAILURES:
+            reason = (
+                f"sandbox {rec.id} could not be resumed from disk in {tries} tries (the last: {cause}); "
+                "its memory image and files are kept on its worker until you delete it"
+            )
+            self._persist(rec, Verb.FAIL, failure_reason=reason, resume_error=cause, resume_failures=tries)
+            return errors.SandboxDied(reason)
+        rec.resume_error, rec.resume_failures = cause, tries
+        self.db.save(rec, fields=["resume_error", "resume_failures"])
+        return errors.ResumeFailed(
+            f"sandbox {rec.id} could not be resumed from disk (try {tries} of {MAX_RESUME_FAILURES}): "
+            f"{cause}; it stays in standby with its files and memory image — call again to retry"
+        )
 
     @contextlib.asynccontextmanager
     async def activity(self, sid: str):
@@ -618,6 +649,8 @@ class SandboxManager:
             self._activity[rec.id] = time.monotonic()
         elif isinstance(ev, api.RuntimeChanged) and not self._lock(rec.id).locked():
             self._follow(rec, api.RuntimeReport(rec.id, ev.phase, 0), handle)
+            if ev.phase == Phase.CHECKPOINTED and ev.reason and rec.standby_tier == Tier.DISK:
+                self.resume_failed(rec, ev.reason)  # a restore of the worker's own (a compaction)
 
     def counts(self) -> dict[str, int]:
         return self.db.count_by_state()

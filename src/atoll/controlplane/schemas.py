@@ -352,6 +352,7 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.U
         "standby_tier": rec.standby_tier,
         "standby_reason": rec.standby_reason,
         "failure_reason": rec.failure_reason,
+        "resume_error": rec.resume_error,
         "template": rec.template,
         "build_id": rec.build_id,
         "workdir": rec.workdir,
@@ -409,6 +410,12 @@ class Sandbox(BaseModel):
     standby_tier: Literal["memory", "disk"] | None
     standby_reason: str | None
     failure_reason: str | None
+    resume_error: str | None = Field(
+        None,
+        description="Why the last resume from the disk tier failed: the sandbox stays in standby with its "
+        "files and image, and the next call tries again (after 3 failed tries it is failed); null once a "
+        "resume succeeds",
+    )
     template: str
     build_id: str | None = Field(
         None, description="The user template build it was made from (null: built in)"

@@ -13,6 +13,7 @@
     ├── PayloadTooLarge             413 payload_too_large / answer_too_large
     ├── InsufficientStorage         507 disk_full (the sandbox's disk_mb quota is used up)
     ├── RuntimeFailure              500 runtime_error (a host step failed; logged with its cause)
+    ├── ResumeFailed                503 resume_failed (retryable: the sandbox stays in standby, kept)
     └── Unavailable                 503 worker_unavailable / no_worker (retryable)
 
 `CODES` is the registry: every code the server may answer, with its status, whether a retry makes
@@ -74,6 +75,12 @@ CODES: dict[str, Code] = {
     "disk_full": Code(507, False, "the sandbox's disk (disk_mb) is full"),
     "runtime_error": Code(500, False, "a host step failed (runsc, mount, template build, the guest agent)"),
     "internal_error": Code(500, True, "a bug; the server log has the traceback"),
+    "resume_failed": Code(
+        503,
+        True,
+        "the sandbox could not be resumed from disk this time; it stays in standby with its files and "
+        "image, and the next call tries again (after 3 failed tries it is failed, its files kept)",
+    ),
     "worker_unavailable": Code(503, True, "the sandbox's worker cannot be reached right now"),
     "no_worker": Code(503, True, "no worker is ready to take a new sandbox"),
 }
@@ -202,6 +209,16 @@ class RuntimeFailure(AtollError):
     retryable = False  # the sandbox is usually marked failed by then: a retry would only get 409
 
 
+class ResumeFailed(AtollError):
+    """A resume from the disk tier did not complete: the worker threw the half-restored runtime away
+    and the sandbox is back in standby with its image and writable layer. Another try may work (a
+    transient host failure); the control plane fails the sandbox after a few."""
+
+    status = 503
+    code = "resume_failed"
+    retryable = True
+
+
 class Unavailable(AtollError):
     """Nothing is wrong with the sandbox; the worker that holds it (or any worker) cannot take the
     call right now. The record is left as it was; retrying later makes sense, except after a call
@@ -225,6 +242,7 @@ _CLASS_OF_CODE: dict[str, type[AtollError]] = {
     "secret_not_found": SecretNotFound,
     "sandbox_busy": SandboxBusy,
     "sandbox_failed": SandboxDied,
+    "resume_failed": ResumeFailed,
     "incompatible_protocol": IncompatibleProtocol,
 }
 _CLASS_OF_STATUS: dict[int, type[AtollError]] = {

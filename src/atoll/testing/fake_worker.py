@@ -5,7 +5,8 @@ It keeps each sandbox as Python state (a phase, files, processes), follows the s
 as a real worker (core.lifecycle.PHASE_TRANSITIONS), answers pauses with the same outcomes (gate
 blockers keep a sandbox in memory, a freeze that cannot finish leaves it running and busy), and
 emits the same events. Knobs provoke what a real host does: `delay[verb]`, `fail` (verbs that
-raise a RuntimeFailure), `gate_blockers`, `open_connections[sid]`, `freeze_stuck`,
+raise a RuntimeFailure; a failed "restore" leaves the sandbox checkpointed and raises
+ResumeFailed, as a real worker does), `gate_blockers`, `open_connections[sid]`, `freeze_stuck`,
 `gate_stalled` (a pause that never answers), `kill(sid)` (the runtime dies), `vanish(sid)` (it is
 gone without a word), `exec_handler` (what a command "prints"). Every call is recorded in `calls`.
 
@@ -228,10 +229,12 @@ class FakeWorker(fake_files.FakeFileOps):
             self._advance(rt, Step.BEGIN_RESTORE)
             try:
                 await self._step("restore", sandbox_id)
-            except errors.AtollError as e:
-                rt.failure = e.message
-                self._advance(rt, Step.FAIL)
-                raise
+            except errors.AtollError as e:  # as on a real worker: undone, back in disk standby
+                self._advance(rt, Step.RESTORE_FAILED)
+                raise errors.ResumeFailed(
+                    f"restoring sandbox {sandbox_id} failed: {e.message}",
+                    detail=e.detail,
+                ) from None
             rt.generation += 1
             self._advance(rt, Step.RESTORED)
             tier = Tier.DISK

@@ -14,10 +14,14 @@ Called by worker.guest.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import time
 
 from atoll import http11
 from atoll.worker import netns
+
+log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = http11.MAX_ANSWER_BYTES
 ChannelError = http11.ChannelError
@@ -25,14 +29,44 @@ AnswerTooLarge = http11.AnswerTooLarge
 Response = http11.Response
 
 
+STRAY_CHECK_AFTER_S = 1.0
+
+
 class AgentChannel(http11.Channel):
-    """HTTP/1.1 client bound to one sandbox's guest agent (sockets born in its host-side netns)."""
+    """HTTP/1.1 client bound to one sandbox's guest agent (sockets born in its host-side netns).
+
+    The agent never refuses a connection once it runs (its listener is restored with it), but the
+    host kernel does when eth0 holds an address while gVisor runs the sandbox (an `ip` that landed
+    after runsc took the interface over). Connections refused for STRAY_CHECK_AFTER_S
+    get that address removed (netns.drop_stray_address) and one more try; a sandbox still booting
+    refuses for less than that and costs nothing."""
 
     def __init__(self, ns_name: str, ip: str, port: int):
         super().__init__(ip, port)
+        self._ns_name = ns_name
         self._ns_path = netns.path(netns.host_side(ns_name))
+        self._refused_since: float | None = None
 
     async def make_socket(self) -> socket.socket:
         return await asyncio.get_running_loop().run_in_executor(
             netns.ns_thread, netns.socket_in, self._ns_path
         )
+
+    async def _connect(self) -> http11._Conn:
+        try:
+            conn = await super()._connect()
+        except http11.ConnectFailed as e:
+            if not isinstance(e.__cause__, ConnectionRefusedError):
+                raise
+            now = time.monotonic()
+            if self._refused_since is None:
+                self._refused_since = now
+            if now - self._refused_since < STRAY_CHECK_AFTER_S:
+                raise
+            self._refused_since = now  # checked: not again for a while
+            if not await netns.drop_stray_address(self._ns_name):
+                raise
+            log.warning("removed a stray address from eth0 of %s (it made the host refuse)", self._ns_name)
+            conn = await super()._connect()
+        self._refused_since = None
+        return conn

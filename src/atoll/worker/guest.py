@@ -8,7 +8,7 @@ inside can have stopped it), PROBE_FAILURES in a row end the call and mark the s
 Answers are untrusted data (the agent runs beside the code it serves): they are bounded, and
 decoded into core.worker_api types before anything else sees them.
 Called by worker.node (exec, files, processes), worker.tiers (health, gate, identity) and
-worker.pressure (kill-all).
+worker.pressure (relief).
 """
 
 from __future__ import annotations
@@ -239,10 +239,19 @@ class Guest:
         )
 
     async def identify_when_ready(
-        self, sid: str, generation: int, cpus: float, timeout: float, log_path: str
+        self,
+        sid: str,
+        generation: int,
+        cpus: float,
+        timeout: float,
+        log_path: str,
+        *,
+        alive: typing.Callable[[], bool],
     ) -> None:
         """After a restore: POST /identity (new generation, the CPU count) until the agent answers
-        it — one round trip instead of a /health poll and then the identity."""
+        it — one round trip instead of a /health poll and then the identity. `alive` says whether
+        the restored sentry still runs (liveness watches it only once the restore succeeded: a
+        restore that fails is undone, not a death)."""
         body = {"sandbox_id": sid, "generation": generation, "hostname": None, "env": None, "cpus": cpus}
         deadline = time.monotonic() + timeout
         delay = 0.002
@@ -256,8 +265,11 @@ class Guest:
                 if r.status_code == 200:
                     return
                 raise _agent_error(r)
-            if self.liveness.exited(sid).is_set():  # it died: say so, with the cause
-                raise self.liveness.died(sid)
+            if not alive():
+                raise errors.RuntimeFailure(
+                    f"the restored sentry of sandbox {sid} exited before its agent answered",
+                    detail=f"runsc log: {runsc.tail(log_path)}",
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.005)
         raise errors.RuntimeFailure(

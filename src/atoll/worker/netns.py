@@ -197,6 +197,19 @@ async def readdress(name: str) -> None:
     )
 
 
+async def drop_stray_address(name: str) -> bool:
+    """Take the address off eth0 if the host kernel holds one while runsc runs the sandbox (runsc
+    took it off when it started; one added since makes the host kernel, not gVisor, answer every
+    connection to the sandbox: RSTs). Returns whether there was one."""
+    _rc, out, _err = await hostcmd.run(
+        "ip", "-n", name, "-4", "-o", "addr", "show", "dev", "eth0", check=False
+    )
+    if f" {SANDBOX_IP}/" not in out:
+        return False
+    await hostcmd.run("ip", "-n", name, "addr", "del", f"{SANDBOX_IP}/{PREFIX}", "dev", "eth0", check=False)
+    return True
+
+
 async def delete(name: str) -> None:
     for ns in (name, host_side(name)):
         if exists(ns):

@@ -242,8 +242,15 @@ class Node:
             build_timeout_s=settings.build_timeout_s,
         )
         self.pressure = Pressure(
-            self.runtimes, self.guest, self.tiers, self.install_id, idle=self._idle, lock=self._lock
+            self.runtimes,
+            self.guest,
+            self.tiers,
+            self.install_id,
+            idle=self._idle,
+            lock=self._lock,
+            emit=self.hub.emit,
         )
+        self.tiers.unsafe_to_save = self.pressure.relieved_recently
         self.recovery = Recovery(
             self.runtimes,
             self.host,
@@ -272,6 +279,9 @@ class Node:
     def _busy(self, sid: str) -> bool:
         lock = self._locks.get(sid)
         return bool(lock and lock.locked()) or sid in self.images.temporary or sid in self.builder.temporary
+
+    def _building(self, sid: str) -> bool:
+        return sid in self.images.temporary or sid in self.builder.temporary
 
     def _idle(self, sid: str) -> bool:
         return not self._inflight.get(sid) and not self._busy(sid)
@@ -398,7 +408,9 @@ class Node:
             await asyncio.sleep(MONITOR_EVERY_S)
             try:
                 for rt in self.runtimes.cached():
-                    if rt.phase == Phase.RUNNING and not rt.temporary and not self._busy(rt.sandbox_id):
+                    # busy or not: a relief must not wait for a step that holds the sandbox's lock
+                    # (a compaction's gate once waited 10 s on an agent starved by a fork bomb)
+                    if rt.phase == Phase.RUNNING and not rt.temporary and not self._building(rt.sandbox_id):
                         self.pressure.check(rt.sandbox_id)
                 self._emit_templates()
                 now = time.monotonic()
@@ -722,6 +734,7 @@ class Node:
             await self.sandboxes.delete(sid)
             self.edge.forget(sid)
             self.pressure.forget(sid)
+            self.tiers.forget(sid)
             self._inflight.pop(sid, None)
         if not self._lock(sid).locked():
             self._locks.pop(sid, None)

@@ -257,8 +257,11 @@ class Sandboxes:
         cgroups.remove(cg)
 
     async def discard_container(self, cid: str, cg: str) -> None:
+        """Delete a container this runtime no longer uses (checkpointed, or a failed restore); what
+        `runsc delete` leaves in its cgroup (a sentry it could not find, stubs) is killed."""
         await runsc.delete(self.runsc_root, cid)
-        cgroups.remove(cg)
+        if not await sweep.remove_cgroup(cg):
+            log.warning("the cgroup %s of a discarded container is still busy", cg)
 
     # ---- delete ---------------------------------------------------------------------------------
     async def delete(self, sid: str) -> list[str]:

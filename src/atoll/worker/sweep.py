@@ -139,7 +139,7 @@ def _state_entries(inst: Installation) -> dict[str, list[str]]:
     return out
 
 
-async def _remove_cgroup(cgpath: str, timeout: float = 5) -> bool:
+async def remove_cgroup(cgpath: str, timeout: float = 5) -> bool:
     """Remove an orphan sandbox's cgroup in every hierarchy, killing what still runs in it (the
     ptrace platform's stub processes, a process that escaped the command-line match) and waiting
     for exiting tasks to leave it."""
@@ -270,7 +270,7 @@ async def remove(
     for leaf, hierarchies in sorted(found.cgroups.items()):
         sid = inst.owner(leaf)
         if orphan(sid) and sid is not None:
-            if await _remove_cgroup(f"{cgroups.installation_parent(inst.install_id)}/{leaf}"):
+            if await remove_cgroup(f"{cgroups.installation_parent(inst.install_id)}/{leaf}"):
                 note(f"cgroup {leaf} ({', '.join(hierarchies)})", sid)
             else:
                 log.warning("sweep: cgroup %s is still busy; kept", leaf, extra={"sandbox_id": sid})

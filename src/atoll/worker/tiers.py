@@ -7,7 +7,9 @@ disk:   thaw if frozen, ask the checkpoint gate (a failed checkpoint kills the s
         runsc cannot save is refused first), `runsc checkpoint` into the snapshot store's staging
         directory, commit; a gated sandbox is frozen again and stays in the memory tier with the
         reason. Resume = readdress eth0, next generation, `runsc restore` (checksum verified
-        meanwhile), agent health, CPU quota, identity.
+        meanwhile), agent health, CPU quota, identity. A resume that fails at any step throws the
+        half-restored runtime away and leaves the sandbox checkpointed, image and files kept
+        (ResumeFailed: the control plane decides whether to try again).
 `pause` answers a `PauseOutcome` (tier reached and why); nothing here decides *when* (the control
 plane's policy does). Called by worker.node, worker.pressure and worker.template_images.
 """
@@ -23,11 +25,11 @@ from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step, Tier
 from atoll.core.worker_api import PauseOutcome, ResumeOutcome
 from atoll.worker import cgroups, netns, runsc
-from atoll.worker.guest import Guest
+from atoll.worker.guest import Gate, Guest
 from atoll.worker.liveness import Liveness
 from atoll.worker.runtime import Runtime, RuntimeStore
 from atoll.worker.sandboxes import Sandboxes
-from atoll.worker.snapshots import SnapshotStore
+from atoll.worker.snapshots import Snapshot, SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,9 @@ class Tiers:
         self.runsc_root = sandboxes.runsc_root
         self._spawn = spawn
         self._addressed: dict[str, int] = {}  # sandbox -> generation whose eth0 is addressed again
+        self._net_locks: dict[str, asyncio.Lock] = {}  # sandbox -> held while eth0 is re-addressed
+        self.unsafe_to_save: typing.Callable[[str], str | None] = lambda sid: None
+        """Why no checkpoint may start now beyond the gate (worker.pressure: processes just killed)."""
 
     def _cg(self, rt: Runtime) -> str:
         return rt.cgroup(self.install_id)
@@ -111,6 +116,9 @@ class Tiers:
             self.thaw(rt)
         busy = await self.sandboxes.edge.quiesce(rt.sandbox_id)  # idle connections: reset
         gate = await self.guest.gate(rt.sandbox_id)
+        unsafe = self.unsafe_to_save(rt.sandbox_id)
+        if unsafe is not None:
+            gate = Gate(False, [*gate.blockers, unsafe])
         if not gate.ok:
             why = "kept in the memory tier: " + "; ".join(gate.blockers)
             if busy:
@@ -164,77 +172,121 @@ class Tiers:
         self.runtimes.advance(rt, Step.COMMIT_CHECKPOINT)
         self._spawn(self._discard_after_checkpoint(rt, old_cid, old_cg))
 
+    def _net_lock(self, sid: str) -> asyncio.Lock:
+        return self._net_locks.setdefault(sid, asyncio.Lock())
+
+    def forget(self, sid: str) -> None:
+        self._addressed.pop(sid, None)
+        self._net_locks.pop(sid, None)
+
     async def restore(self, rt: Runtime) -> None:
+        """Restore a checkpointed sandbox. If any step fails, the half-restored runtime is thrown
+        away and the sandbox is checkpointed again, its image and writable layer untouched:
+        ResumeFailed (another try may work). A snapshot that is gone is a RuntimeFailure."""
         sid = rt.sandbox_id
         t0 = time.perf_counter()
-        snap = self.snapshots.checked(sid)
-        if self._addressed.pop(sid, None) != rt.generation:  # else done after the checkpoint
-            await netns.readdress(rt.name)
-        rt.generation += 1
-        rt.sentry_pid = None
-        self.liveness.exited(sid).clear()
-        self.sandboxes.write_bundle(rt)
-        self.runtimes.advance(rt, Step.BEGIN_RESTORE)  # written once, with the new generation
-        t_prep = time.perf_counter()
-        # The checksum is verified while runsc restores (both read the same image; two cores), and
-        # a mismatch throws the restored sandbox away before it serves any call.
-        verify = asyncio.ensure_future(self.snapshots.verify(snap))
+        snap = self.snapshots.committed(sid)
+        if snap is None:
+            raise errors.RuntimeFailure(f"sandbox {sid} has no committed snapshot to restore")
         try:
-            await runsc.restore(
-                self.runsc_root,
-                self.runtimes.path(sid, "bundle"),
-                rt.cid,
-                snap.dir,
-                self.runtimes.path(sid, "runsc.log"),
-            )
+            snap = self.snapshots.checked(sid)
+            # eth0 gets its address back before runsc takes the interface over (and the address
+            # off again). Nothing may add it once runsc has: an address on eth0 makes the host
+            # kernel answer the agent's port with RSTs, so the agent "refuses" every connection.
+            # The re-address after a checkpoint (_discard_after_checkpoint) and this one are
+            # serialized, and the generation moves on under the same lock: a re-address that
+            # waited for it sees the new generation and does nothing.
+            async with self._net_lock(sid):
+                if self._addressed.pop(sid, None) != rt.generation:  # else done after the checkpoint
+                    await netns.readdress(rt.name)
+                rt.generation += 1
+            rt.sentry_pid = None
+            self.liveness.exited(sid).clear()
+            self.sandboxes.write_bundle(rt)
+            self.runtimes.advance(rt, Step.BEGIN_RESTORE)  # written once, with the new generation
+            t_prep = time.perf_counter()
+            await self._restore_runtime(rt, snap)
             t_runsc = time.perf_counter()
-            try:
-                await verify
-            except errors.AtollError:
-                await runsc.delete(self.runsc_root, rt.cid)
-                raise
-        except errors.AtollError as e:
-            if not verify.done():
-                verify.cancel()
-            self.liveness.failed(sid, e.message)
+            # The restored agent still has the generation (and CPU count) of its image; its first
+            # answer to POST /identity is also the sign that it runs again.
+            await self.guest.identify_when_ready(
+                sid,
+                rt.generation,
+                rt.cpus,
+                RESTORE_READY_TIMEOUT_S,
+                self.runtimes.path(sid, "runsc.log"),
+                alive=lambda: runsc.pid_alive(rt.sentry_pid),
+            )
+        except BaseException as e:
+            await asyncio.shield(self._undo_restore(rt))
+            if isinstance(e, errors.AtollError):
+                raise errors.ResumeFailed(
+                    f"restoring sandbox {sid} failed: {e.message}",
+                    detail=e.detail,
+                ) from None
             raise
-        rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
         # not fsync'd: after a crash the file says `restoring` and the reattach finishes the restore
         self.runtimes.advance(rt, Step.RESTORED, durable=False)
         self.liveness.watch(rt)
-        t_verified = time.perf_counter()
-        # The restored agent still has the generation (and CPU count) of its image; its first
-        # answer to POST /identity is also the sign that it runs again.
-        await self.guest.identify_when_ready(
-            sid, rt.generation, rt.cpus, RESTORE_READY_TIMEOUT_S, self.runtimes.path(sid, "runsc.log")
-        )
         self.sandboxes.limit_cpu(rt)
         t_end = time.perf_counter()
         log.info(
-            "restore took %.0f ms (prepare %.0f, runsc %.0f, checksum wait %.0f, agent %.0f)",
+            "restore took %.0f ms (prepare %.0f, runsc and checksum %.0f, agent %.0f)",
             (t_end - t0) * 1000,
             (t_prep - t0) * 1000,
             (t_runsc - t_prep) * 1000,
-            (t_verified - t_runsc) * 1000,
-            (t_end - t_verified) * 1000,
+            (t_end - t_runsc) * 1000,
             extra={"sandbox_id": sid},
         )
         # The image is stale once the sandbox runs on; the next standby writes a fresh one.
         self._spawn(self.snapshots.discard(sid))
+
+    async def _restore_runtime(self, rt: Runtime, snap: Snapshot) -> None:
+        """`runsc restore` with the checksum verified meanwhile (both read the same image; two
+        cores): a mismatch throws the restored sandbox away before it serves any call."""
+        verify = asyncio.ensure_future(self.snapshots.verify(snap))
+        try:
+            await runsc.restore(
+                self.runsc_root,
+                self.runtimes.path(rt.sandbox_id, "bundle"),
+                rt.cid,
+                snap.dir,
+                self.runtimes.path(rt.sandbox_id, "runsc.log"),
+            )
+            rt.sentry_pid = runsc.sandbox_pid(self.runsc_root, rt.cid)
+            await verify
+        finally:
+            if not verify.done():
+                verify.cancel()
+
+    async def _undo_restore(self, rt: Runtime) -> None:
+        """A restore failed (or was cut short): stop whatever runsc started for it — its sentry and
+        gofer must be gone before another restore takes eth0 — and go back to checkpointed."""
+        sid = rt.sandbox_id
+        log.warning("sandbox.restore.undone", extra={"sandbox_id": sid, "generation": rt.generation})
+        await self.guest.close(sid)
+        if rt.phase == Phase.RESTORING:
+            try:
+                await self.sandboxes.discard_container(rt.cid, self._cg(rt))
+            except errors.AtollError as e:  # the next restore uses a new container id anyway
+                log.warning("the failed restore's container stays: %s", e.message, extra={"sandbox_id": sid})
+            rt.sentry_pid = None
+            self.runtimes.advance(rt, Step.RESTORE_FAILED)
 
     async def _discard_after_checkpoint(self, rt: Runtime, old_cid: str, old_cg: str) -> None:
         """Delete the checkpointed container, then give eth0 its address back already (runsc took
         it): the next restore does not wait for `ip` (~5 ms)."""
         generation = rt.generation
         await self.sandboxes.discard_container(old_cid, old_cg)
-        if rt.phase == Phase.CHECKPOINTED and rt.generation == generation:
+        async with self._net_lock(rt.sandbox_id):  # see restore: never once a restore has begun
+            if rt.phase != Phase.CHECKPOINTED or rt.generation != generation:
+                return
             try:
                 await netns.readdress(rt.name)
             except errors.AtollError as e:
                 log.info("readdress after a checkpoint failed (the restore does it): %s", e.message)
                 return
-            if rt.phase == Phase.CHECKPOINTED and rt.generation == generation:
-                self._addressed[rt.sandbox_id] = generation
+            self._addressed[rt.sandbox_id] = generation
 
     async def set_identity(self, rt: Runtime) -> None:
         """The restored agent still has the generation (and CPU count) of its image."""

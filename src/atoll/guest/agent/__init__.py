@@ -87,9 +87,11 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
       /dev/null, or a pipe fed `stdin` then closed. env is merged over
       the agent's environment (ATOLL_* removed, PATH and LANG=C.UTF-8 defaulted, HOME/USER/LOGNAME
       from the user's passwd entry). cwd defaults to the agent's cwd. Each command is a new session;
-      on timeout the session, its process group and every descendant (by /proc ppid links) get
-      SIGKILL and the result has timed_out=true and exit_code 137. A command killed by signal N
-      reports 128+N, like a shell.
+      on timeout the session, its process group, every descendant (by /proc ppid links) and every
+      process of its cgroup (what left its session: setsid, orphans) get SIGKILL and the result has
+      timed_out=true and exit_code 137. A command killed by signal N reports 128+N, like a shell.
+      timeout_s covers what the command leaves running too: at its deadline atoll-init kills
+      whatever is still in the command's cgroup (limits.Deadlines), even after the call returned.
       * default: 200 {"exit_code", "stdout", "stderr", "duration_ms", "timed_out"}, output decoded as
         UTF-8 (errors replaced), each stream capped at 64 MiB (the head is kept, then
         "…[truncated N bytes]").
@@ -108,7 +110,7 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
                                "started_at", "log_path"}]}: background commands (finished ones stay
                                until deleted; the 1000 newest finished are kept) and running
                                foreground ones.
-  DELETE /processes/<pid>      SIGKILL its session, group and descendants; forget a background
+  DELETE /processes/<pid>      SIGKILL its session, group, descendants and cgroup; forget a background
                                record and its log -> 204; unknown pid -> 404 process_not_found
   GET    /processes/<pid>      its record (+ stdin_open, timed_out, output_bytes); 404 process_not_found
   GET    /processes/<pid>/output?offset=N&follow=1   chunked ndjson {"stdout"|"stderr": text, "offset"}

@@ -182,6 +182,7 @@ class ExecHandlers:
                 stderr=stderr,
                 notify=notify,
                 stdin=stdin,
+                deadline_s=spec.timeout,
             )
         except OSError as e:
             raise spawn_error(e, spec.argv, spec.cwd, spec.user) from None

@@ -122,7 +122,9 @@ class InitClient:
             raise
         return replies
 
-    def spawn(self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr, ctty: bool = False) -> Spawned:
+    def spawn(
+        self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr, ctty: bool = False, deadline_s=None
+    ) -> Spawned:
         pipes: list[int] = []
         ends: list = [None, None]
         try:
@@ -141,6 +143,8 @@ class InitClient:
             msg = {"op": "spawn", "id": next(self._ids), "argv": argv, "cwd": cwd, "env": env, "user": user}
             if ctty:  # a terminal (ptys): stdin is the pty slave, to become the controlling tty
                 msg["ctty"] = True
+            if deadline_s:  # what the command leaves running dies with its timeout
+                msg["deadline_s"] = deadline_s
             answer = None
             for _attempt in range(2):
                 with self._lock:

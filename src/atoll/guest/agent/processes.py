@@ -109,7 +109,21 @@ class ProcessTable:
         for p in running:
             self._deliver_code(p.pid, 128 + 9)
 
-    def spawn(self, argv, *, cmd, background, cwd, env, user_kwargs, stdout, stderr, notify=None, stdin=None):
+    def spawn(
+        self,
+        argv,
+        *,
+        cmd,
+        background,
+        cwd,
+        env,
+        user_kwargs,
+        stdout,
+        stderr,
+        notify=None,
+        stdin=None,
+        deadline_s=None,
+    ):
         stdin = self._devnull if stdin is None else stdin
         ticket = next(self._tickets)
         with self._cond:
@@ -124,6 +138,7 @@ class ProcessTable:
                     stdin=stdin,
                     stdout=stdout,
                     stderr=stderr,
+                    deadline_s=deadline_s,
                 )
                 return self._register(popen, cmd, background, notify)
             popen = subprocess.Popen(

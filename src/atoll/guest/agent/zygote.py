@@ -21,8 +21,9 @@ it; `processes.ProcessTable` reports the commands it ran as killed). The init:
   threads only, no epoll: see the package docstring):
     agent -> init  {"op": "spawn", "id", "argv", "cwd", "env", "user": [uid, gid, groups]|null}
                    + 3 fds (stdin, stdout, stderr) by SCM_RIGHTS  -> {"id", "pid"} | {"id", "error": {...}}
-                   ("ctty": true: stdin is a terminal's slave, made the new session's controlling tty)
-                   {"op": "kill", "pid", "root_alive"}   (kill_tree inside; no answer)
+                   ("ctty": true: stdin is a terminal's slave, made the new session's controlling tty;
+                    "deadline_s": the command's timeout, which its leftovers die with: limits.Deadlines)
+                   {"op": "kill", "pid", "root_alive"}   (kill_tree and its cgroup inside; no answer)
                    {"op": "signal", "pid", "sig"}  (killpg inside: a command's group, a terminal's ^C; no answer)
                    {"op": "identity", "sandbox_id", "cpus"} (rewrites ATOLL_SANDBOX_ID in its environ;
                                                           narrows the CPU affinity commands inherit)
@@ -247,6 +248,7 @@ class Init:
         self.lock = threading.Lock()  # a spawn's answer goes out before that pid's exit message
         self.spawned: set[int] = set()
         self.limits = limits.UserLimits()
+        self.deadlines = limits.Deadlines(self.limits, self.lock)
         self.children = threading.Event()  # set after each spawn: wakes a reaper that had no child
 
     def run(self) -> None:
@@ -294,7 +296,9 @@ class Init:
                     self._spawn(msg, fds)
                     fds = []
                 elif op == "kill":
-                    proctree.kill_tree(int(msg["pid"]), root_alive=bool(msg.get("root_alive", True)))
+                    pid = int(msg["pid"])
+                    proctree.kill_tree(pid, root_alive=bool(msg.get("root_alive", True)))
+                    self.limits.kill_command(pid)  # what left its session and group (setsid, orphans)
                 elif op == "signal":
                     signal_group(int(msg["pid"]), int(msg["sig"]))
                 elif op == "identity":
@@ -344,6 +348,8 @@ class Init:
             # answer first: the agent waits for the pid, the cgroup write need not delay it
             self._send({"id": msg.get("id"), "pid": popen.pid})
             self.limits.confine(popen.pid)
+            if msg.get("deadline_s"):
+                self.deadlines.add(popen.pid, float(msg["deadline_s"]))
         self.children.set()
 
     def _reap_forever(self) -> None:
@@ -363,4 +369,7 @@ class Init:
                 if pid in self.spawned:
                     self.spawned.discard(pid)
                     self._send({"exit": pid, "code": code})
-                    self.limits.release(pid)
+                    try:
+                        self.limits.release(pid)
+                    except Exception as e:  # never stop reporting exits over a cgroup's bookkeeping
+                        log(f"atoll-init: releasing the cgroup of {pid} failed: {e!r}")
