@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import time
 import typing
 
 log = logging.getLogger(__name__)
@@ -369,14 +370,18 @@ class Child:
         on_start: typing.Callable[[Channel], typing.Awaitable[None]] | None = None,
         handler: Handler | None = None,
         on_event: typing.Callable[[dict], None] | None = None,
+        ping_every_s: float = 5.0,
     ):
         self.name = name
+        self.ping_every_s = ping_every_s
         self._argv, self._env, self._extra_fds = argv, env, extra_fds
         self._on_start, self._handler, self._on_event = on_start, handler, on_event
         self.ready = asyncio.Event()
         self.channel: Channel | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.started_at = 0.0
+        """When the running process was last ready (time.monotonic())."""
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._first: asyncio.Future | None = None
@@ -432,16 +437,48 @@ class Child:
         try:
             if self._on_start is not None:
                 await self._on_start(chan)
+            self.started_at = time.monotonic()
             self.ready.set()
             if self._first is not None and not self._first.done():
                 self._first.set_result(None)
             log.info("%s started (pid %d)", self.name, self.proc.pid)
-            await chan.closed.wait()
+            watch = asyncio.ensure_future(self._watch(chan, self.proc))
+            try:
+                await chan.closed.wait()
+            finally:
+                watch.cancel()
         finally:
             self.ready.clear()
             self.channel = None
             await chan.aclose()
             await self._reap()
+
+    async def _watch(self, chan: Channel, proc: asyncio.subprocess.Process) -> None:
+        """A process that stops answering (hung, or stopped with SIGSTOP) is killed, and so
+        started again: two pings in a row unanswered within ping_every_s each."""
+        missed = 0
+        while not self.ping_every_s <= 0:
+            await asyncio.sleep(self.ping_every_s)
+            try:
+                await chan.call("ping", timeout=self.ping_every_s)
+                missed = 0
+            except (TimeoutError, CallError):
+                missed += 1
+            except ChannelClosed:
+                return
+            if missed >= 2:
+                log.error(
+                    "the %s (pid %d) stopped answering; killing it to start it again", self.name, proc.pid
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await self._unstick(proc)
+                return
+
+    async def _unstick(self, proc: asyncio.subprocess.Process) -> None:
+        """A stopped process dies of SIGKILL too; its channel then closes."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, 18)  # SIGCONT, harmless after the kill
 
     async def _reap(self) -> None:
         proc = self.proc

@@ -11,9 +11,11 @@ installation's CA.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import time
@@ -38,6 +40,9 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.startswith("/slow"):
             import time; time.sleep(4)
+        if self.path.startswith("/unframed"):  # no length: the close ends the answer
+            self.send_response(200); self.send_header("Connection", "close"); self.end_headers()
+            self.wfile.write(b"u" * 300000); self.close_connection = True; return
         seen = {"host": self.server.server_address[0], "port": self.server.server_address[1],
                 "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
         with lock, open(d + "/seen.log", "a") as f:
@@ -325,6 +330,21 @@ def test_a_secret_goes_only_to_addresses_its_host_resolves_to(api, host, make, s
             break
         time.sleep(0.5)
     assert egress["refused"] >= 2, egress
+
+
+def test_an_answer_ended_by_the_upstreams_close_reaches_the_sandbox_whole(api, make):
+    """Plain HTTP is relayed request by request; an answer without a length ends with the
+    upstream's close, which the sandbox must see as an end (a FIN), not a reset that drops what it
+    has not read yet."""
+    sb = make(network=NET)
+    out = sh(
+        api,
+        sb["id"],
+        "curl -s -o /tmp/u -w '%{size_download}' http://api.atoll.test:8080/unframed; echo \" rc=$?\"",
+    )
+    assert out["stdout"].strip() == "300000 rc=0", out
+    code = "import urllib.request as u; print(len(u.urlopen('http://api.atoll.test:8080/unframed', timeout=10).read()))"
+    assert sh(api, sb["id"], f'python3 -c "{code}"')["stdout"].strip() == "300000"
 
 
 def test_secret_bad_input_gets_clear_errors(api, secret):
@@ -984,3 +1004,52 @@ def test_the_gateway_process_comes_back_and_its_sandboxes_with_it(api, la, host,
     else:
         raise AssertionError(f"egress did not come back: {la.tail()}")
     assert last_seen(host, "/after")["headers"]["x-key"] == VALUE
+
+
+CHURN = r"""
+import socket, time
+while True:
+    try:
+        socket.create_connection(("api.atoll.test", 8080), timeout=2).close()
+    except OSError:
+        pass
+    time.sleep(0.1)
+"""
+
+
+def test_no_disk_pause_while_the_gateway_cannot_vouch_for_the_connections(api, la, make):
+    """A sandbox that opens and closes connections all the time, its gateway killed (then stopped
+    with SIGSTOP): a disk pause in that moment stays in the memory tier, saying why, instead of
+    letting runsc fail on endpoints the sandbox's own gate cannot see (which kills the sandbox).
+    A gateway that stops answering is killed and started again."""
+    sb = make(network=NET)
+    r = api.put(f"/v1/sandboxes/{sb['id']}/files", params={"path": "/root/churn.py"}, content=CHURN.encode())
+    assert r.status_code == 204
+    r = api.post(
+        f"/v1/sandboxes/{sb['id']}/exec", json={"cmd": ["python3", "/root/churn.py"], "background": True}
+    )
+    assert r.status_code in (200, 201), r.text
+    time.sleep(0.5)
+    for how in (signal.SIGKILL, signal.SIGSTOP):
+        old = _helpers(la)["gateway"]
+        os.kill(old, how)  # a process of the atoll this module started
+        r = api.post(f"/v1/sandboxes/{sb['id']}/pause", json={"tier": "disk"})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["standby_tier"] == "memory" and "egress gateway" in got["standby_reason"], got
+        assert sh(api, sb["id"], "echo alive")["stdout"] == "alive\n"  # resumed from memory
+        deadline = time.monotonic() + 40  # a stopped one is killed after two unanswered pings
+        while time.monotonic() < deadline:
+            new = _helpers(la).get("gateway")
+            if new and new != old:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the gateway was not started again after {how!r}")
+        if how == signal.SIGSTOP:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old, signal.SIGCONT)
+    time.sleep(2.5)  # the new gateway settled: a disk pause is allowed again
+    r = api.post(f"/v1/sandboxes/{sb['id']}/pause", json={"tier": "disk"})
+    assert r.status_code == 200 and r.json()["state"] == "standby", r.text
+    assert sh(api, sb["id"], "echo back")["stdout"] == "back\n"

@@ -82,6 +82,8 @@ class IngressHost:
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # a connection that sends no byte (no ClientHello) is never handed to the router
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 10)
             sock.bind((self.host, self.port))
             sock.listen(1024)
         except OSError as e:

@@ -58,8 +58,8 @@ class ServerSettings:
     ingress_key_file: str | None = None
     trusted_proxies: tuple[str, ...] = ()
     """ATOLL_TRUSTED_PROXIES: comma-separated addresses or CIDRs of reverse proxies in front of the
-    ingress router; a connection from one counts against the client its X-Forwarded-For (or
-    Forwarded) names, not against the proxy (default: none, every peer is the client)."""
+    ingress router; a connection from one counts against the client its X-Forwarded-For names
+    (the right-most address that is not a trusted proxy), not against the proxy (default: none, every peer is the client)."""
     secrets_key_file: str | None = None
     """ATOLL_SECRETS_KEY_FILE: the 32-byte key secrets are sealed with (default $ATOLL_HOME/secrets.key,
     made at first start)."""

@@ -660,6 +660,7 @@ class Gateway:
             )
         finally:
             up_w.transport.abort()
+        await _end_gently(reader, writer)
 
     def _log_refusal(self, att: _Attached, target: str, rule: str) -> None:
         """At most LOG_REFUSALS lines per sandbox per 10 s (a sandbox must not flood the log)."""
@@ -767,6 +768,28 @@ async def _to_sandbox(
                 dst.write_eof()
     except (OSError, ConnectionError):
         dst.transport.abort()
+
+
+END_WAIT_S = 10.0
+"""After a FIN, how long the sandbox may take to read what is left and close its side."""
+
+
+async def _end_gently(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The relay is over but the sandbox has not closed (an answer delimited by the upstream's
+    close, say): let it close first (CLOSE_FIRST_S), else send a FIN and wait for its close — an
+    RST now would drop what it has not read yet (the caller's RST comes after either)."""
+    if reader.at_eof() or writer.transport.is_closing():
+        return
+    with contextlib.suppress(OSError, ConnectionError):
+        try:
+            await asyncio.wait_for(_discard(reader, DISCARD_MAX), CLOSE_FIRST_S)
+            return
+        except TimeoutError:
+            pass
+        if writer.can_write_eof():
+            writer.write_eof()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_discard(reader, DISCARD_MAX), END_WAIT_S)
 
 
 async def _flush_then_reset(writer: asyncio.StreamWriter, within: float = 2.0) -> None:

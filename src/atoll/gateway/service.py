@@ -66,6 +66,8 @@ class Service:
         """Calls are served one after another in the order they came (a policy sent after an
         attach finds the sandbox attached), except connections into a sandbox, which wait for
         their connect concurrently."""
+        if msg.get("op") == "ping":
+            return {}
         if msg.get("op") == "inbound":
             return await self._handle(msg, fds)
         async with self._order:

@@ -45,6 +45,7 @@ HEAD_TIMEOUT_S = 30.0
 connection for ever)."""
 MAX_CONNECTIONS = 4096
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+ACCEPT_BATCH = 32
 MAX_PER_PEER = 512
 """Connections one client address may hold at once (a slow client cannot take every slot)."""
 READY_FRESH_S = 0.5
@@ -82,6 +83,7 @@ class Backend(typing.Protocol):
         """Authorize the request (a public port, the token, a signed URL or its cookie), then make
         the sandbox run (resume it from standby). Raises AtollError (the refusal)."""
         ...
+
     async def ready(self, target: preview.Target) -> None: ...
     async def connect(self, target: preview.Target) -> Upstream: ...
 
@@ -158,7 +160,12 @@ class Router:
         self, host: str | None = None, port: int | None = None, sock: socket.socket | None = None
     ) -> None:
         if sock is not None:
-            self.server = await asyncio.start_server(self._accepted, sock=sock, limit=READ, backlog=1024)
+            # accepted in batches of ACCEPT_BATCH per loop turn (asyncio accepts up to `backlog` at
+            # once: a flood of connections would hold the loop), the kernel's queue kept long
+            self.server = await asyncio.start_server(
+                self._accepted, sock=sock, limit=READ, backlog=ACCEPT_BATCH
+            )
+            sock.listen(1024)
         else:
             self.server = await asyncio.start_server(self._accepted, host, port, limit=READ, backlog=1024)
 
@@ -666,24 +673,14 @@ def _bodiless(req: h11.Request) -> bool:
 def _forwarded_client(
     headers: list[tuple[bytes, bytes]], trusted: typing.Callable[[str], bool]
 ) -> str | None:
-    """The client a trusted proxy forwards for: the right-most address of X-Forwarded-For (or
-    Forwarded `for=`) that is not itself a trusted proxy; None without such a header."""
+    """The client a trusted proxy forwards for: the right-most address of X-Forwarded-For that is
+    not itself a trusted proxy (a proxy appends the address it saw; what the client sent stands to
+    its left); None without one. `Forwarded` is not read: a proxy that appends to X-Forwarded-For
+    passes a client's own `Forwarded` through, which would let the client pick its identity."""
     chain: list[str] = []
     for k, v in headers:
-        low = k.lower()
-        if low == b"x-forwarded-for":
+        if k.lower() == b"x-forwarded-for":
             chain += [p.strip() for p in v.decode("latin-1").split(",")]
-        elif low == b"forwarded":
-            for element in v.decode("latin-1").split(","):
-                for pair in element.split(";"):
-                    name, _, value = pair.strip().partition("=")
-                    if name.lower() == "for":
-                        value = value.strip('"')
-                        if value.startswith("["):
-                            value = value[1:].split("]")[0]
-                        elif value.count(":") == 1:
-                            value = value.split(":")[0]
-                        chain.append(value)
     for candidate in reversed(chain):
         try:
             ipaddress.ip_address(candidate)

@@ -116,6 +116,8 @@ async def run(channel_sock: socket.socket, listen_sock: socket.socket, config: d
             else:
                 router.ctx = ctx
             return {}
+        if msg.get("op") == "ping":
+            return {}
         if msg.get("op") == "stats":
             st = router.stats if router is not None else router_mod.Stats()
             return {"requests": st.requests, "refused": st.refused, "evicted": st.evicted}

@@ -31,6 +31,7 @@ import logging
 import os
 import socket
 import sys
+import time
 
 from atoll import ipc, portstream
 from atoll.core import netpolicy
@@ -45,6 +46,10 @@ DNS_PORT = 53
 BACKLOG = 256
 START_TIMEOUT_S = 20.0
 CALL_TIMEOUT_S = 10.0
+QUIESCE_TIMEOUT_S = 3.0
+SETTLED_S = 2.0
+"""A gateway started this recently may still be accepting what waited in the listeners' backlogs:
+no checkpoint until then."""
 
 
 def _sockets(ns_path: str) -> tuple[socket.socket, socket.socket]:
@@ -109,6 +114,8 @@ class Edge:
         self._secrets: dict[str, tuple[api.SecretBinding, ...]] = {}
         self._authority: api.Authority | None = None
         self._reports: dict[str, dict] = {}
+        self._base: dict[str, Counters] = {}
+        """Counters of gateway processes that ended, per sandbox (a restart starts at zero)."""
         self.child = ipc.Child(
             "egress gateway",
             lambda fd, _extra: [sys.executable, "-m", "atoll.gateway", "--channel", str(fd)],
@@ -130,7 +137,10 @@ class Edge:
             log.error("the egress gateway did not start (%r); sandboxes have no egress until it does", e)
 
     async def _replay(self, chan: ipc.Channel) -> None:
-        """Everything a new gateway process must know: the CA and every sandbox served."""
+        """Everything a new gateway process must know: the CA and every sandbox served. Its
+        counters start at zero: what the previous process counted is kept as a base."""
+        for sid in list(self._reports):
+            self._fold(sid)
         if self._authority is not None:
             await self._call_on(chan, "authority", **self._authority_fields())
         for sid, held in list(self._held.items()):
@@ -157,8 +167,8 @@ class Edge:
                 if sid in self._held:
                     self._reports[sid] = state
 
-    async def _call_on(self, chan: ipc.Channel, op: str, fds=(), **fields) -> dict:
-        reply, got = await chan.call(op, fds, timeout=CALL_TIMEOUT_S, **fields)
+    async def _call_on(self, chan: ipc.Channel, op: str, fds=(), timeout: float = 0.0, **fields) -> dict:
+        reply, got = await chan.call(op, fds, timeout=timeout or CALL_TIMEOUT_S, **fields)
         for s in got:
             s.close()
         return reply
@@ -194,7 +204,7 @@ class Edge:
             old.udp.close()
         held = _Held(tcp, udp, rt.network)
         self._held[sid] = held
-        self._reports.pop(sid, None)
+        self._fold(sid)
         try:
             await self._call(
                 "attach",
@@ -221,7 +231,7 @@ class Edge:
         """Stop serving a sandbox and reset its connections. Must come before its namespaces are
         deleted: a socket keeps its namespace alive."""
         held = self._held.pop(sid, None)
-        self._reports.pop(sid, None)
+        self._fold(sid)
         await self._detach_gateway(sid)
         if held is not None:
             held.tcp.close()
@@ -229,6 +239,8 @@ class Edge:
 
     def forget(self, sid: str) -> None:
         self._secrets.pop(sid, None)
+        self._base.pop(sid, None)
+        self._reports.pop(sid, None)
 
     def set_secrets(self, sid: str, secrets: tuple[api.SecretBinding, ...]) -> None:
         if secrets:
@@ -304,22 +316,41 @@ class Edge:
         return float(self._reports.get(sid, {}).get("last_io", 0.0))
 
     def stats(self, sid: str) -> Counters:
+        """The sandbox's counters since this worker started (across gateway restarts and
+        attachments, each of which counts from zero)."""
         r = self._reports.get(sid, {})
+        base = self._base.get(sid, Counters())
         return Counters(
-            *(int(r.get(k, 0)) for k in ("allowed", "refused", "dns_answered", "dns_refused", "intercepted"))
+            *(
+                int(r.get(k, 0)) + getattr(base, k)
+                for k in ("allowed", "refused", "dns_answered", "dns_refused", "intercepted")
+            )
         )
 
-    async def quiesce(self, sid: str) -> int:
-        """Reset the sandbox's idle egress connections before a checkpoint; returns those in use.
+    def _fold(self, sid: str) -> None:
+        """The current attachment's counters become part of the base (it ends, or restarts)."""
+        if sid in self._reports:
+            self._base[sid] = self.stats(sid)
+            del self._reports[sid]
+
+    async def quiesce(self, sid: str) -> int | None:
+        """Reset the sandbox's idle egress connections before a checkpoint; returns those in use,
+        or None when it cannot be known — the gateway does not answer, or was started again
+        moments ago — and so a checkpoint is not safe: connections the sandbox opened meanwhile
+        wait in the listener's backlog, and once the sandbox closed them they are endpoints its
+        own /proc/net/tcp does not list (the guest's gate cannot see them) and runsc cannot save.
         After a reset this waits RESET_SETTLE_S: gVisor's endpoint reaches CLOSE "within ~1 s"
         (DESIGN, measured), and saving it before then kills the sandbox (seen: 20 ms was too
-        short, and the guest's gate already passed it). Without a gateway (it is being started
-        again) its connections are gone already; the guest's gate still checks the sandbox."""
+        short, and the guest's gate already passed it)."""
+        chan = self.child.running()
+        if chan is None or time.monotonic() - self.child.started_at < SETTLED_S:
+            log.info("quiesce: the egress gateway is (re)starting", extra={"sandbox_id": sid})
+            return None
         try:
-            reply = await self._call("quiesce", sid=sid)
+            reply = await self._call_on(chan, "quiesce", timeout=QUIESCE_TIMEOUT_S, sid=sid)
         except (ipc.ChannelClosed, ipc.CallError, TimeoutError) as e:
-            log.warning("quiesce without the egress gateway (%s)", e, extra={"sandbox_id": sid})
-            return 0
+            log.warning("quiesce: the egress gateway did not answer (%r)", e, extra={"sandbox_id": sid})
+            return None
         busy, reset = int(reply.get("busy", 0)), int(reply.get("reset", 0))
         if reset:
             log.info(

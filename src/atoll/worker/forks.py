@@ -61,6 +61,10 @@ async def fork(
     t0 = time.perf_counter()
     busy = await sandboxes.edge.quiesce(sid)
     gate = await guest.gate(sid)
+    if busy is None:  # the egress gateway cannot vouch for the sandbox's connections
+        gate = type(gate)(
+            False, [*gate.blockers, "the egress gateway is not answering or was just restarted"]
+        )
     if not gate.ok:
         why = "; ".join(gate.blockers)
         if busy:

@@ -116,6 +116,8 @@ class Tiers:
             self.thaw(rt)
         busy = await self.sandboxes.edge.quiesce(rt.sandbox_id)  # idle connections: reset
         gate = await self.guest.gate(rt.sandbox_id)
+        if busy is None:  # the egress gateway cannot vouch for the sandbox's connections
+            gate = Gate(False, [*gate.blockers, "the egress gateway is not answering or was just restarted"])
         unsafe = self.unsafe_to_save(rt.sandbox_id)
         if unsafe is not None:
             gate = Gate(False, [*gate.blockers, unsafe])

@@ -118,6 +118,10 @@ class Tunnel:
             w.task = asyncio.ensure_future(self._serve(w))
             self._tasks.add(w.task)
             w.task.add_done_callback(self._tasks.discard)
+            # sock_accept does not yield while the backlog holds more: let the connections
+            # accepted so far read their hello (the control plane's is already there) before
+            # a flood of strangers pushes them out, and let the worker's API run
+            await asyncio.sleep(0)
 
     def _drop_oldest(self, source: str | None) -> None:
         for key, w in self._waiting.items():
