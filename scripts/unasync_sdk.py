@@ -1,17 +1,17 @@
-"""Generate the sync SDK client `src/atoll/_client/_sync.py` from the async one, `_async.py`.
+"""Generate the sync SDK `src/atoll/_client/_sync/` from the async one, `_async/`, file by file.
 
-Run by hand (or by `make`) after editing `_async.py`; `--check` is run by the unit tests and
-CI and exits 1 when the checked-in `_sync.py` is stale.
+Run by hand (or by `make`) after editing a file of `_async/`; `--check` is run by the unit tests
+and CI and exits 1 when a checked-in file of `_sync/` is stale (or one is missing or left over).
 
-How: the `unasync` library rewrites the tokens of `_async.py` (drops `async`/`await`, maps
+How: the `unasync` library rewrites the tokens of each `_async/*.py` (drops `async`/`await`, maps
 `__aenter__`, `AsyncIterator`, `asynccontextmanager`, ... and the name pairs in REPLACEMENTS
 below, e.g. `AsyncSandbox` -> `Sandbox`, `aiter_bytes` -> `iter_bytes`); this script then
-replaces the module docstring with a "generated" header, drops `# noqa: ASYNC...` comments
+replaces each module docstring with a "generated" header, drops `# noqa: ASYNC...` comments
 (async-only lint rules) and formats the result with `ruff format`, so the output is stable
 and lint-clean.
 
     .venv/bin/python scripts/unasync_sdk.py           # regenerate
-    .venv/bin/python scripts/unasync_sdk.py --check   # exit 1 if _sync.py is out of date
+    .venv/bin/python scripts/unasync_sdk.py --check   # exit 1 if _sync/ is out of date
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 import unasync
 
 ROOT = Path(__file__).resolve().parents[1]
-ASYNC_FILE = ROOT / "src" / "atoll" / "_client" / "_async.py"
-SYNC_FILE = ROOT / "src" / "atoll" / "_client" / "_sync.py"
+ASYNC_DIR = ROOT / "src" / "atoll" / "_client" / "_async"
+SYNC_DIR = ROOT / "src" / "atoll" / "_client" / "_sync"
 
 # Names unasync does not map by itself (its default turns AsyncX into SyncX).
 REPLACEMENTS = {
@@ -58,12 +58,13 @@ REPLACEMENTS = {
     "aretrying": "retrying",
 }
 
-HEADER = '''"""GENERATED FILE - do not edit. The synchronous atoll client: `Client`, `Sandbox`, its files and processes.
+HEADER = '''"""GENERATED FILE - do not edit. {summary}
 
-Generated from `_async.py` by `scripts/unasync_sdk.py` (edit that file and rerun the script;
-`--check` fails while this file is stale). Users reach it as `atoll.Client`; the CLI
-(`atoll.cli.main`) uses it too.
+Generated from `_async/{name}` by `scripts/unasync_sdk.py` (edit that file and rerun the script;
+`--check` fails while this file is stale). Users reach the sync client as `atoll.Client`; the CLI
+(`atoll.cli`) uses it too.
 """'''
+_ASYNC_NAME = re.compile(r"\bAsync([A-Z]\w*)")
 
 _DOCSTRING = re.compile(r'\A"""(.*?)"""', re.DOTALL)
 # Suppressions of the async-only lint rules (ASYNC1xx...) mean nothing in the sync file.
@@ -78,21 +79,24 @@ def _ruff() -> str:
     return found
 
 
-def generate() -> str:
-    """The text `_sync.py` should have."""
+def generate_one(src_file: Path) -> str:
+    """The text the sync twin of `_async/<name>.py` should have."""
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "_async" / "client.py"
+        src = Path(tmp) / "_async" / src_file.name
         src.parent.mkdir()
-        shutil.copyfile(ASYNC_FILE, src)
+        shutil.copyfile(src_file, src)
         rule = unasync.Rule(fromdir="/_async/", todir="/_sync/", additional_replacements=REPLACEMENTS)
         unasync.unasync_files([str(src)], rules=[rule])
-        text = (Path(tmp) / "_sync" / "client.py").read_text(encoding="utf-8")
-    text, count = _DOCSTRING.subn(HEADER, text, count=1)
-    if count != 1:
-        sys.exit(f"unasync_sdk: {ASYNC_FILE} must start with a module docstring")
+        text = (Path(tmp) / "_sync" / src_file.name).read_text(encoding="utf-8")
+    doc = _DOCSTRING.search(src_file.read_text(encoding="utf-8"))
+    if doc is None:
+        sys.exit(f"unasync_sdk: {src_file} must start with a module docstring")
+    first = doc.group(1).split("\n")[0].replace("asynchronous", "synchronous")
+    summary = _ASYNC_NAME.sub(lambda m: REPLACEMENTS.get(m.group(0), m.group(1)), first)
+    text = _DOCSTRING.sub(lambda _m: HEADER.format(summary=summary, name=src_file.name), text, count=1)
     text = _ASYNC_NOQA.sub("", text)
     formatted = subprocess.run(
-        [_ruff(), "format", "--stdin-filename", str(SYNC_FILE), "-"],
+        [_ruff(), "format", "--stdin-filename", str(SYNC_DIR / src_file.name), "-"],
         input=text,
         capture_output=True,
         text=True,
@@ -104,31 +108,50 @@ def generate() -> str:
     return formatted.stdout
 
 
+def generate() -> dict[str, str]:
+    """File name -> the text each file of `_sync/` should have."""
+    return {f.name: generate_one(f) for f in sorted(ASYNC_DIR.glob("*.py"))}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if _sync.py is out of date")
+    parser.add_argument("--check", action="store_true", help="exit 1 if _sync/ is out of date")
     args = parser.parse_args(argv)
     expected = generate()
-    current = SYNC_FILE.read_text(encoding="utf-8") if SYNC_FILE.exists() else ""
-    rel = SYNC_FILE.relative_to(ROOT)
+    present = {f.name for f in SYNC_DIR.glob("*.py")} if SYNC_DIR.exists() else set()
+    stale = [
+        n
+        for n, text in expected.items()
+        if not (SYNC_DIR / n).exists() or (SYNC_DIR / n).read_text(encoding="utf-8") != text
+    ]
+    extra = sorted(present - set(expected))
+    rel = SYNC_DIR.relative_to(ROOT)
     if args.check:
-        if current == expected:
-            print(f"{rel} is up to date")
+        if not stale and not extra:
+            print(f"{rel}/ is up to date")
             return 0
-        diff = difflib.unified_diff(
-            current.splitlines(keepends=True),
-            expected.splitlines(keepends=True),
-            f"{rel} (checked in)",
-            f"{rel} (generated)",
-        )
-        sys.stdout.writelines(list(diff)[:200])
-        print(f"\n{rel} is stale: run `python scripts/unasync_sdk.py`", file=sys.stderr)
+        for name in stale:
+            current = (SYNC_DIR / name).read_text(encoding="utf-8") if (SYNC_DIR / name).exists() else ""
+            diff = difflib.unified_diff(
+                current.splitlines(keepends=True),
+                expected[name].splitlines(keepends=True),
+                f"{rel}/{name} (checked in)",
+                f"{rel}/{name} (generated)",
+            )
+            sys.stdout.writelines(list(diff)[:100])
+        for name in extra:
+            print(f"{rel}/{name} has no source in _async/")
+        print(f"\n{rel}/ is stale: run `python scripts/unasync_sdk.py`", file=sys.stderr)
         return 1
-    if current == expected:
-        print(f"{rel} is up to date")
-    else:
-        SYNC_FILE.write_text(expected, encoding="utf-8")
-        print(f"wrote {rel}")
+    SYNC_DIR.mkdir(exist_ok=True)
+    for name in stale:
+        (SYNC_DIR / name).write_text(expected[name], encoding="utf-8")
+        print(f"wrote {rel}/{name}")
+    for name in extra:
+        (SYNC_DIR / name).unlink()
+        print(f"removed {rel}/{name}")
+    if not stale and not extra:
+        print(f"{rel}/ is up to date")
     return 0
 
 

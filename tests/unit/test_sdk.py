@@ -2,7 +2,7 @@
 
 Hermetic: an in-memory fake of the REST API (`FakeAtoll`) is served through
 `httpx.MockTransport`. Also pins `atoll.__all__`, checks that the sync and async surfaces
-match, that `_sync.py` is what `scripts/unasync_sdk.py` generates, and that importing the
+match, that `_sync/` is what `scripts/unasync_sdk.py` generates, and that importing the
 SDK pulls in no server code.
 """
 

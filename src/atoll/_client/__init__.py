@@ -1,8 +1,8 @@
 """The atoll SDK's HTTP clients. Imported lazily by `atoll/__init__.py`; users import from `atoll`.
 
-`_async.py` is the hand-written async client, `_sync.py` its generated sync twin
-(`scripts/unasync_sdk.py`), `_base.py` the sans-I/O helpers both share and `_models.py`
-the result objects.
+`_async/` is the hand-written async client, one module per resource, `_sync/` its generated sync
+twin, file for file (`scripts/unasync_sdk.py`), `_base.py` the sans-I/O helpers both share,
+`_models.py` the result objects and `_tar.py` tar streams of local trees.
 """
 
 from atoll._client._async import (

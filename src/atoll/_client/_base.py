@@ -1,4 +1,4 @@
-"""Sans-I/O helpers shared by the async client (`_async.py`) and the generated sync one (`_sync.py`).
+"""Sans-I/O helpers shared by the async client (`_async/`) and the generated sync one (`_sync/`).
 
 Configuration from the environment, URL and body building, error mapping, the ndjson exec
 stream decoder, and the pairs of sync/async helpers (`call_callback` / `acall_callback`,

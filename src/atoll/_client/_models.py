@@ -1,6 +1,6 @@
 """Plain result objects of the SDK: views over the JSON the server returns. No I/O.
 
-Built by the clients in `_async.py` / `_sync.py`; re-exported from `atoll`. Every object keeps
+Built by the clients in `_async/` and `_sync/`; re-exported from `atoll`. Every object keeps
 the full JSON it came from (`.data`, `.to_dict()`, `obj["field"]`), so fields the server adds
 later stay reachable without an SDK release. `SandboxFields` is the attribute half of
 `Sandbox` / `AsyncSandbox`; their I/O methods live in the generated/handwritten clients.

@@ -1,0 +1,34 @@
+"""The atoll SDK's asynchronous client, one module per resource.
+
+`AsyncClient` (client), sandboxes and `AsyncSandbox` (sandboxes), files and watches (files),
+processes, terminals, templates, secrets and workers.
+
+Hand-written; the source of truth for the SDK. `scripts/unasync_sdk.py` generates the sync twin
+`_sync/` from this folder, file by file, so write only code that still makes sense with
+`async`/`await` removed: swap helpers through the name pairs that script lists (e.g.
+`_base.acall_callback` becomes `_base.call_callback`). Users reach it as `atoll.AsyncClient`; the
+CLI uses the sync twin.
+"""
+
+from .client import AsyncClient
+from .files import AsyncFiles, AsyncWatch
+from .processes import AsyncProcess, AsyncProcesses
+from .sandboxes import AsyncSandbox, AsyncSandboxes
+from .secrets import AsyncSecrets
+from .templates import AsyncTemplates
+from .terminal import AsyncTerminal
+from .workers import AsyncWorkers
+
+__all__ = [
+    "AsyncClient",
+    "AsyncFiles",
+    "AsyncProcess",
+    "AsyncProcesses",
+    "AsyncSandbox",
+    "AsyncSandboxes",
+    "AsyncSecrets",
+    "AsyncTemplates",
+    "AsyncTerminal",
+    "AsyncWatch",
+    "AsyncWorkers",
+]

@@ -1,0 +1,434 @@
+"""`client.sandboxes` (create, get, list, connect, fork) and `AsyncSandbox`: one sandbox's calls.
+
+Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync twin in `_sync/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from websockets import exceptions as ws_errors
+from websockets.asyncio.client import connect as ws_connect
+
+from atoll import errors
+
+from .. import _base
+from .._models import (
+    ExecResult,
+    Preview,
+    SandboxFields,
+    SandboxMetrics,
+)
+from .files import AsyncFiles
+from .processes import AsyncProcess, AsyncProcesses
+from .terminal import AsyncTerminal
+
+if TYPE_CHECKING:  # annotations only: these modules import this one
+    from .client import AsyncClient
+
+
+class AsyncSandboxes:
+    """`client.sandboxes`: create, look up, list and delete sandboxes."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        template: str = "base",
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        idle_timeout_s: float | None = None,
+        disk_after_s: float | None = None,
+        memory_mb: int | None = None,
+        cpus: float | None = None,
+        user: str | None = None,
+        disk_mb: int | None = None,
+        network: Mapping[str, Sequence[str]] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        *,
+        timeout_s: float | None = None,
+        on_timeout: Literal["pause", "delete"] | None = None,
+        request_timeout: float | None = None,
+        timeout: None = None,  # noqa: ASYNC109 - refused: E2B's lifetime or an HTTP timeout?
+        shell: str | None = None,
+    ) -> AsyncSandbox:
+        """Create a sandbox and return it once running.
+
+        Only the arguments given are sent; the server fills in its defaults. The first
+        sandbox of a template may take a minute (the template is built), hence the long
+        default `timeout` (the client's `create_timeout`). `network` is its egress policy,
+        `{"allow_out": ["pypi.org", "*.github.com:443", "10.0.0.0/8"], "deny_out": [...]}`;
+        without it the sandbox has no way out. `secrets` maps environment variables to stored
+        secrets, `{"OPENAI_API_KEY": "openai"}`: the sandbox sees a placeholder, which its egress
+        gateway replaces with the value in requests to the secret's hosts.
+
+        `timeout_s` is the sandbox's lifetime in seconds (none by default; extend it with
+        `sandbox.update(timeout_s=...)`); at its end `on_timeout` happens: "pause" (to the disk
+        tier, the default) or "delete". `request_timeout` is this call's HTTP timeout (default
+        the client's `create_timeout`). `timeout=` is refused with a TypeError. `shell` runs its
+        string commands: "bash" (`bash -l -c`) or "sh" (default: bash when the template has it).
+        """
+        _base.refuse_timeout("sandboxes.create()", timeout)
+        body = _base.without_none(
+            template=template,
+            env=dict(env) if env is not None else None,
+            metadata=dict(metadata) if metadata is not None else None,
+            idle_timeout_s=idle_timeout_s,
+            disk_after_s=disk_after_s,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            user=user,
+            disk_mb=disk_mb,
+            network={k: list(v) for k, v in network.items()} if network is not None else None,
+            secrets=dict(secrets) if secrets is not None else None,
+            timeout_s=timeout_s,
+            on_timeout=on_timeout,
+            shell=shell,
+        )
+        response = await self._client._request(
+            "POST",
+            "/v1/sandboxes",
+            json=body,
+            timeout=request_timeout if request_timeout is not None else self._client.create_timeout,
+        )
+        return AsyncSandbox(self._client, _base.json_body(response))
+
+    async def connect(self, sandbox_id: str) -> AsyncSandbox:
+        """The sandbox `sandbox_id`, resumed (state running) if it was in standby."""
+        response = await self._client._request(
+            "POST", _base.sandbox_path(sandbox_id, "resume"), timeout=self._client.create_timeout
+        )
+        return AsyncSandbox(self._client, _base.json_body(response))
+
+    async def get(self, sandbox_id: str) -> AsyncSandbox:
+        response = await self._client._request("GET", _base.sandbox_path(sandbox_id))
+        return AsyncSandbox(self._client, _base.json_body(response))
+
+    async def list(
+        self, state: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> list[AsyncSandbox]:
+        """Sandboxes, optionally only those in `state` whose metadata has all the given pairs."""
+        response = await self._client._request(
+            "GET", "/v1/sandboxes", params=_base.list_params(state, metadata)
+        )
+        return [AsyncSandbox(self._client, item) for item in _base.items(response)]
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self._client._request("DELETE", _base.sandbox_path(sandbox_id))
+
+
+class AsyncSandbox(SandboxFields):
+    """One sandbox. Attributes mirror the server's sandbox object (see `SandboxFields`);
+    methods that get a sandbox object back (`refresh`, `pause`, `resume`) update it in place.
+    Used as a context manager, the sandbox is deleted on exit.
+    """
+
+    def __init__(self, client: AsyncClient, data: Mapping[str, Any]) -> None:
+        self._client = client
+        self.data = dict(data)
+        self.files = AsyncFiles(self)
+        self.processes = AsyncProcesses(self)
+
+    def _path(self, *rest: str) -> str:
+        return _base.sandbox_path(self.id, *rest)
+
+    async def refresh(self) -> AsyncSandbox:
+        """Re-read the sandbox from the server."""
+        response = await self._client._request("GET", self._path())
+        self._update(_base.json_body(response))
+        return self
+
+    async def pause(self, tier: str = "memory") -> AsyncSandbox:
+        """Put the sandbox in standby: "memory" (fast resume) or "disk" (frees the memory)."""
+        response = await self._client._request(
+            "POST", self._path("pause"), json={"tier": tier}, timeout=self._client.create_timeout
+        )
+        self._update(_base.json_body(response))
+        return self
+
+    async def set_network(
+        self, allow_out: Sequence[str] = (), deny_out: Sequence[str] = ()
+    ) -> dict[str, list[str]]:
+        """Replace the egress policy, live (new connections follow it at once); returns it as
+        the server normalized it."""
+        response = await self._client._request(
+            "PUT", self._path("network"), json={"allow_out": list(allow_out), "deny_out": list(deny_out)}
+        )
+        policy = _base.json_body(response)
+        self.data["network"] = policy
+        return policy
+
+    async def preview(self, port: int, expires_in_s: float | None = None) -> Preview:
+        """The preview URL of `port` (served by the ingress router, over TLS) with the sandbox's
+        access token and a signed URL (valid `expires_in_s`, default an hour). A request to it
+        resumes the sandbox from standby."""
+        params = {"expires_in_s": str(expires_in_s)} if expires_in_s is not None else None
+        response = await self._client._request("GET", self._path("preview", str(int(port))), params=params)
+        return Preview(_base.json_body(response))
+
+    async def set_preview(self, port: int, public: bool) -> Preview:
+        """Make `port` public (no token needed) or private again."""
+        response = await self._client._request(
+            "PUT", self._path("preview", str(int(port))), json={"public": bool(public)}
+        )
+        return Preview(_base.json_body(response))
+
+    async def fork(self, count: int = 1) -> list[AsyncSandbox]:
+        """`count` copies (1-50) of this running sandbox from one checkpoint; it keeps running.
+        Each copy has its own id, hostname and generation; user-space state (a seeded `random`,
+        open files, processes) is duplicated — programs notice a restore through
+        /run/atoll/identity.json (see `atoll.guest.on_restore`)."""
+        response = await self._client._request(
+            "POST",
+            self._path("fork"),
+            json={"count": count},
+            timeout=self._client.create_timeout,
+        )
+        return [AsyncSandbox(self._client, item) for item in _base.items(response)]
+
+    async def resume(self) -> AsyncSandbox:
+        """Bring the sandbox back from standby with its memory and processes intact."""
+        response = await self._client._request(
+            "POST", self._path("resume"), timeout=self._client.create_timeout
+        )
+        self._update(_base.json_body(response))
+        return self
+
+    async def delete(self) -> None:
+        await self._client._request("DELETE", self._path())
+        self.data["state"] = "deleted"
+
+    async def update(
+        self,
+        *,
+        idle_timeout_s: float | None = None,
+        disk_after_s: float | None = None,
+        timeout_s: float | None = _base.UNSET,
+        on_timeout: Literal["pause", "delete"] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> AsyncSandbox:
+        """Change settings live (PATCH), in any state, without resuming it; only the arguments
+        given change. `timeout_s` sets the lifetime to that many seconds from now (extend it);
+        `timeout_s=None` removes it. `metadata` replaces the labels."""
+        body = _base.without_none(
+            idle_timeout_s=idle_timeout_s,
+            disk_after_s=disk_after_s,
+            on_timeout=on_timeout,
+            metadata=dict(metadata) if metadata is not None else None,
+        )
+        if timeout_s is not _base.UNSET:
+            body["timeout_s"] = timeout_s
+        response = await self._client._request("PATCH", self._path(), json=body)
+        self._update(_base.json_body(response))
+        return self
+
+    async def metrics(self) -> SandboxMetrics:
+        """CPU, memory, disk and process figures now; a sandbox in standby is not woken."""
+        response = await self._client._request("GET", self._path("metrics"))
+        return SandboxMetrics(_base.json_body(response))
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self.delete()
+        except errors.SandboxNotFound:
+            pass
+
+    @overload
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        background: Literal[False] = False,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: _base.TextCallback | None = None,
+        on_stderr: _base.TextCallback | None = None,
+        user: str | None = None,
+        max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
+    ) -> ExecResult: ...
+
+    @overload
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        background: Literal[True],
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: None = None,
+        on_stderr: None = None,
+        user: str | None = None,
+        max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
+    ) -> AsyncProcess: ...
+
+    @overload
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        background: bool = False,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: _base.TextCallback | None = None,
+        on_stderr: _base.TextCallback | None = None,
+        user: str | None = None,
+        max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
+    ) -> ExecResult | AsyncProcess: ...
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        background: bool = False,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: _base.TextCallback | None = None,
+        on_stderr: _base.TextCallback | None = None,
+        user: str | None = None,
+        max_output_bytes: int | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        shell: str | None = None,
+    ) -> ExecResult | AsyncProcess:
+        """Run a command: a string goes through the shell, a list is an argv.
+
+        A string runs with `bash -l -c` when the sandbox has bash, else `sh -c`; `shell` ("bash"
+        or "sh") picks one for this call (default: the sandbox's `shell`). `stdin` is text fed to
+        the command, then its stdin is closed (default: /dev/null; a background process started
+        without it keeps a stdin pipe for `process.send_stdin`). With `check=True` a command that
+        exits non-zero (or times out) raises `atoll.errors.CommandFailed` (`.exit_code`,
+        `.stdout`, `.stderr`).
+
+        Returns an `ExecResult`. With `on_stdout` / `on_stderr` the output is streamed and
+        each chunk of text is passed to the callback as it arrives (the result still holds
+        the whole output). With `background=True` returns at once with a process handle.
+        A sandbox in standby is resumed by the server first.
+
+        Without callbacks the server keeps at most `max_output_bytes` of each stream (default and
+        upper bound: its ATOLL_MAX_EXEC_OUTPUT_KB, 1 MiB unless configured): the first and the last
+        half, with a marker between; `ExecResult.stdout_truncated_bytes` / `stderr_truncated_bytes`
+        say how much was left out. Streamed output (callbacks) is never cut.
+        """
+        body = _base.exec_body(
+            cmd,
+            background=background,
+            timeout_s=timeout_s,
+            cwd=cwd,
+            env=env,
+            user=user,
+            max_output_bytes=max_output_bytes,
+            stdin=stdin,
+            shell=shell,
+        )
+        if background:
+            if on_stdout is not None or on_stderr is not None:
+                raise ValueError("on_stdout/on_stderr cannot be used with background=True")
+            if check:
+                raise ValueError("check=True needs the exit code: use process.wait() with background=True")
+            response = await self._client._request("POST", self._path("exec"), json=body)
+            data = _base.json_body(response)
+            return AsyncProcess(self, int(data["pid"]), data)
+        http_timeout = _base.exec_timeout(timeout_s, self._client.timeout)
+        if on_stdout is None and on_stderr is None:
+            response = await self._client._request(
+                "POST", self._path("exec"), json=body, timeout=http_timeout
+            )
+            return _checked(ExecResult.from_json(_base.json_body(response)), cmd, check)
+        callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        decoder = _base.ExecStream()
+        async with self._client._stream(
+            "POST", self._path("exec"), json=body, headers={"Accept": _base.NDJSON}, timeout=http_timeout
+        ) as response:
+            if _base.is_ndjson(response):
+                async for chunk in response.aiter_bytes():
+                    for name, text in decoder.feed_bytes(chunk):
+                        callback = callbacks[name]
+                        if callback is not None:
+                            await _base.acall_callback(callback, text)
+                for name, text in decoder.feed_bytes(b"", final=True):
+                    callback = callbacks[name]
+                    if callback is not None:
+                        await _base.acall_callback(callback, text)
+            else:
+                # A server that ignores Accept answers with the whole result at once.
+                await response.aread()
+                for name, text in decoder.feed_object(_base.json_body(response)):
+                    callback = callbacks[name]
+                    if callback is not None:
+                        await _base.acall_callback(callback, text)
+        return _checked(decoder.result(), cmd, check)
+
+    # ---- terminals ----------------------------------------------------------------------------
+    async def pty(
+        self,
+        cols: int = 80,
+        rows: int = 24,
+        *,
+        term: str | None = None,
+        cmd: str | Sequence[str] | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> AsyncTerminal:
+        """Open a terminal session (default: the user's login shell; a string `cmd` runs with that
+        shell's -c) and attach to it. Closing the terminal detaches; the session lives on until its
+        program ends or `kill_pty`, and `pty_attach(terminal.pty_id)` attaches again."""
+        body = _base.pty_body(cols, rows, term, cmd, cwd, env)
+        response = await self._client._request(
+            "POST", self._path("pty"), json=body, timeout=self._client.create_timeout
+        )
+        return await self.pty_attach(str(_base.json_body(response)["pty_id"]))
+
+    async def pty_attach(self, pty_id: str) -> AsyncTerminal:
+        """Attach to a terminal session: its recent output (64 KiB) is replayed first."""
+        url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
+        try:
+            ws = await ws_connect(
+                url,
+                additional_headers=self._client._config.headers(),
+                open_timeout=self._client.create_timeout,
+                compression=None,
+                max_size=None,
+            )
+        except ws_errors.InvalidStatus as exc:
+            raise _base.ws_refused(exc.response.status_code, exc.response.body, url) from exc
+        except (OSError, TimeoutError, ws_errors.InvalidHandshake) as exc:
+            raise errors.APIConnectionError(
+                f"cannot open the terminal WebSocket {url}: {type(exc).__name__}: {exc}"
+            ) from exc
+        await ws.__aenter__()  # the connection is ours to close (AsyncTerminal.close)
+        terminal = AsyncTerminal(self, pty_id, ws)
+        await terminal._check_first()
+        return terminal
+
+    async def ptys(self) -> list[dict[str, Any]]:
+        """The sandbox's terminal sessions (running, and finished ones for a while)."""
+        response = await self._client._request("GET", self._path("pty"))
+        return _base.items(response)
+
+    async def kill_pty(self, pty_id: str) -> None:
+        """Kill a terminal session's programs and forget it."""
+        await self._client._request("DELETE", self._path("pty", pty_id))
+
+    async def kill_process(self, pid: int) -> None:
+        """Kill a background process (and its process group)."""
+        await self._client._request("DELETE", self._path("processes", str(int(pid))))
+
+
+def _checked(result: ExecResult, cmd: Any, check: bool) -> ExecResult:
+    if check and not result.ok:
+        raise errors.CommandFailed(result, cmd)
+    return result

@@ -1,0 +1,127 @@
+"""`AsyncTerminal`: an interactive terminal over the sandbox's pty WebSocket.
+
+Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync twin in `_sync/`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from websockets import exceptions as ws_errors
+from websockets.asyncio.client import ClientConnection
+
+from atoll import errors
+
+from .. import _base
+
+if TYPE_CHECKING:  # annotations only: these modules import this one
+    from .sandboxes import AsyncSandbox
+
+
+class AsyncTerminal:
+    """An attached terminal (`sandbox.pty()` / `sandbox.pty_attach(id)`): `send` keystrokes,
+    `read` or iterate over output bytes, `resize`, `wait` for the exit code. `close` (or leaving
+    the context) detaches; the session lives on in the sandbox."""
+
+    def __init__(self, sandbox: AsyncSandbox, pty_id: str, ws: ClientConnection) -> None:
+        self.sandbox = sandbox
+        self.pty_id = pty_id
+        self._ws = ws
+        self._pending: list[bytes] = []
+        self.exit_code: int | None = None
+        """The program's exit code, once it ended (set by `read`/`wait`)."""
+
+    async def _check_first(self) -> None:
+        """An attach the server refused ends with one error message: raise it now."""
+        try:
+            msg = await _base.arecv(self._ws, 0.05)
+        except TimeoutError:
+            return
+        except ws_errors.ConnectionClosed as exc:
+            raise _base.terminal_closed(exc.rcvd.code if exc.rcvd else None, "", self.pty_id) from None
+        kind, value = _base.terminal_message(msg)
+        if kind == "error":
+            await self._ws.close()
+            raise value
+        if kind == "exit":
+            self.exit_code = value
+        else:
+            self._pending.append(value)
+
+    async def send(self, data: bytes | str) -> None:
+        """Type `data` (str is sent as UTF-8), in messages of at most 1 MiB (the server's limit)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        for i in range(0, len(raw), _base.TERMINAL_MESSAGE_MAX):
+            await self._send(raw[i : i + _base.TERMINAL_MESSAGE_MAX])
+
+    async def resize(self, cols: int, rows: int) -> None:
+        problem = _base.terminal_size_problem(cols, rows)
+        if problem:
+            raise errors.InvalidRequest(problem, code="invalid_request")
+        await self._send(json.dumps({"resize": [cols, rows]}))
+
+    async def _send(self, message: bytes | str) -> None:
+        if self.exit_code is not None:
+            raise errors.Conflict(
+                f"the program of terminal {self.pty_id} has ended (exit code {self.exit_code}); open "
+                "a new one with sandbox.pty()",
+                code="invalid_state",
+            )
+        try:
+            await self._ws.send(message)
+        except ws_errors.ConnectionClosed as exc:
+            raise _base.terminal_closed(
+                exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
+            ) from exc
+
+    async def read(self, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - a deadline per read
+        """The next piece of output; b"" once the program ended (`exit_code` is then set).
+        TimeoutError if nothing arrives within `timeout` seconds."""
+        if self._pending:
+            return self._pending.pop(0)
+        if self.exit_code is not None:
+            return b""
+        while True:
+            try:
+                msg = await _base.arecv(self._ws, timeout)
+            except ws_errors.ConnectionClosed as exc:
+                raise _base.terminal_closed(
+                    exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
+                ) from None
+            kind, value = _base.terminal_message(msg)
+            if kind == "data":
+                return value
+            if kind == "exit":
+                self.exit_code = value
+                return b""
+            raise value
+
+    async def wait(self, timeout: float | None = None) -> int:  # noqa: ASYNC109 - a deadline per read
+        """Read (and drop) output until the program ends; its exit code."""
+        while await self.read(timeout):
+            pass
+        assert self.exit_code is not None
+        return self.exit_code
+
+    async def close(self) -> None:
+        """Detach (the session lives on)."""
+        await self._ws.close()
+
+    def __aiter__(self) -> AsyncTerminal:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self.read()
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+    async def __aenter__(self) -> AsyncTerminal:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pty_id={self.pty_id!r}, sandbox={self.sandbox.id!r})"

@@ -1,0 +1,183 @@
+"""GENERATED FILE - do not edit. `Client`: the connection to an atoll server (key, retries, errors) and its resources.
+
+Generated from `_async/client.py` by `scripts/unasync_sdk.py` (edit that file and rerun the script;
+`--check` fails while this file is stale). Users reach the sync client as `atoll.Client`; the CLI
+(`atoll.cli`) uses it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from .. import _base
+from .sandboxes import Sandboxes
+from .secrets import Secrets
+from .templates import Templates
+from .workers import Workers
+
+
+class Client:
+    """Connection to an atoll server.
+
+    `base_url` defaults to `$ATOLL_URL` or http://127.0.0.1:7080, `api_key` to
+    `$ATOLL_API_KEY`. `request_timeout` (seconds) is the HTTP timeout of ordinary calls;
+    `create_timeout` that of sandbox creation, connect, pause and resume, which may build a
+    template or move memory to disk. (`timeout=` is the old name of `request_timeout` and still
+    accepted here, with a DeprecationWarning; a sandbox's lifetime is `sandboxes.create(timeout_s=...)`,
+    where `timeout=` is refused.) Idempotent calls (GET, PUT, DELETE, PATCH)
+    are retried up to `retries` times on connection failures and 429/502/503/504 answers, with
+    exponential backoff or the server's Retry-After; POSTs (exec, create) never are.
+    `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
+    Use it as a context manager, or close it when done.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        request_timeout: float = _base.DEFAULT_TIMEOUT,
+        create_timeout: float = _base.DEFAULT_CREATE_TIMEOUT,
+        retries: int = _base.DEFAULT_RETRIES,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        request_timeout = _base.deprecated_timeout(type(self).__name__ + "()", timeout, request_timeout)
+        self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout)
+        self._retries = int(retries)
+        self._http = httpx.Client(
+            base_url=self._config.base_url,
+            headers=self._config.headers(headers),
+            timeout=request_timeout,
+            transport=transport,
+        )
+        self.sandboxes = Sandboxes(self)
+        self.templates = Templates(self)
+        self.workers = Workers(self)
+        self.secrets = Secrets(self)
+
+    @property
+    def base_url(self) -> str:
+        return self._config.base_url
+
+    @property
+    def request_timeout(self) -> float:
+        return self._config.timeout
+
+    @property
+    def timeout(self) -> float:
+        """The same as `request_timeout` (read-only; kept for code that reads it)."""
+        return self._config.timeout
+
+    @property
+    def retries(self) -> int:
+        return self._retries
+
+    @property
+    def create_timeout(self) -> float:
+        return self._config.create_timeout
+
+    def health(self) -> dict[str, Any]:
+        """The server's `/healthz` document, e.g. `{"status": "ok", ...}`."""
+        response = self._request("GET", "/healthz")
+        return _base.json_body(response)
+
+    def ca_certificate(self) -> str:
+        """The installation's root CA (PEM): trust it for preview URLs, e.g.
+        `ssl.create_default_context(cadata=client.ca_certificate())`."""
+        response = self._request("GET", "/v1/ca.crt")
+        return response.text
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        content: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """Send one request; raise the mapped `AtollError` for any non-2xx answer. Idempotent
+        methods are retried (see the class docstring; tenacity does the waiting)."""
+        try:
+            for attempt in _base.retrying(self._retries, method, content):
+                with attempt:
+                    response = self._http.request(
+                        method,
+                        path,
+                        json=json,
+                        params=params,
+                        content=content,
+                        headers=headers,
+                        timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                    )
+                    if response.status_code in _base.RETRY_STATUSES:
+                        raise _base.RetryableStatus(response)
+        except _base.RetryableStatus as exc:
+            response = exc.response
+        except httpx.TransportError as exc:
+            raise _base.connection_error(exc, self.base_url) from exc
+        _base.raise_for_status(response)
+        return response
+
+    @contextmanager
+    def _stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout | None = None,
+    ) -> Iterator[httpx.Response]:
+        """Send one request and yield the response unread, after checking its status. Opening an
+        idempotent one is retried like `_request`; a stream that breaks later is not."""
+        request = self._http.build_request(
+            method,
+            path,
+            json=json,
+            params=params,
+            headers=headers,
+            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
+        try:
+            for attempt in _base.retrying(self._retries, method):
+                with attempt:
+                    response = self._http.send(request, stream=True)
+                    if response.status_code in _base.RETRY_STATUSES:
+                        response.read()
+                        response.close()
+                        raise _base.RetryableStatus(response)
+        except _base.RetryableStatus as exc:
+            raise _base.error_from_response(exc.response) from None
+        except httpx.TransportError as exc:
+            raise _base.connection_error(exc, self.base_url) from exc
+        try:
+            if not response.is_success:
+                response.read()
+                raise _base.error_from_response(response)
+            yield response
+        except httpx.TransportError as exc:
+            raise _base.connection_error(exc, self.base_url) from exc
+        finally:
+            response.close()

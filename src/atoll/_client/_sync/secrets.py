@@ -1,0 +1,57 @@
+"""GENERATED FILE - do not edit. `client.secrets`: values sealed on the server, sent only by the egress gateway to their hosts.
+
+Generated from `_async/secrets.py` by `scripts/unasync_sdk.py` (edit that file and rerun the script;
+`--check` fails while this file is stale). Users reach the sync client as `atoll.Client`; the CLI
+(`atoll.cli`) uses it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .. import _base
+from .._models import (
+    Secret,
+)
+
+if TYPE_CHECKING:  # annotations only: these modules import this one
+    from .client import Client
+
+
+class Secrets:
+    """`client.secrets`: values sealed on the server, sent only by the egress gateway to their hosts."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(self, name: str, value: str, hosts: Sequence[str], *, allow_http: bool = False) -> Secret:
+        """Store a secret bound to `hosts` (names such as "api.example.com" or "*.example.com");
+        the value is never returned by the server. The gateway puts it only in HTTPS requests to
+        those hosts, unless `allow_http` (then plain HTTP too: clear text on the wire)."""
+        response = self._client._request(
+            "POST",
+            "/v1/secrets",
+            json={"name": name, "value": value, "hosts": list(hosts), "allow_http": allow_http},
+        )
+        return Secret(_base.json_body(response))
+
+    def replace(self, name: str, value: str, hosts: Sequence[str], *, allow_http: bool = False) -> Secret:
+        """New value, hosts and allow_http (rotation); live sandboxes bound to it use them at once."""
+        response = self._client._request(
+            "PUT",
+            _base.secret_path(name),
+            json={"value": value, "hosts": list(hosts), "allow_http": allow_http},
+        )
+        return Secret(_base.json_body(response))
+
+    def get(self, name: str) -> Secret:
+        response = self._client._request("GET", _base.secret_path(name))
+        return Secret(_base.json_body(response))
+
+    def list(self) -> list[Secret]:
+        response = self._client._request("GET", "/v1/secrets")
+        return [Secret(item) for item in _base.items(response)]
+
+    def delete(self, name: str) -> None:
+        self._client._request("DELETE", _base.secret_path(name))

@@ -1,0 +1,30 @@
+"""GENERATED FILE - do not edit. `client.workers`: the workers of the server.
+
+Generated from `_async/workers.py` by `scripts/unasync_sdk.py` (edit that file and rerun the script;
+`--check` fails while this file is stale). Users reach the sync client as `atoll.Client`; the CLI
+(`atoll.cli`) uses it too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import _base
+
+if TYPE_CHECKING:  # annotations only: these modules import this one
+    from .client import Client
+
+
+class Workers:
+    """`client.workers`: the workers of the server (name, state, capacity, what they hold)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self) -> list[dict[str, Any]]:
+        response = self._client._request("GET", "/v1/workers")
+        return _base.items(response)
+
+    def get(self, worker_id: str) -> dict[str, Any]:
+        response = self._client._request("GET", f"/v1/workers/{worker_id}")
+        return _base.json_body(response)
