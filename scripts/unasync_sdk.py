@@ -56,6 +56,7 @@ REPLACEMENTS = {
     "arequest_body": "request_body",
     "asleep": "sleep",
     "aretrying": "retrying",
+    "AbstractAsyncContextManager": "AbstractContextManager",
 }
 
 HEADER = '''"""GENERATED FILE - do not edit. {summary}

@@ -587,7 +587,7 @@ def ws_url(base_url: str, path: str) -> str:
     raise errors.APIConnectionError(f"cannot open a terminal: base_url {base_url!r} is not http(s)")
 
 
-def ws_refused(status_code: int, body: bytes, url: str) -> errors.AtollError:
+def ws_refused(status_code: int, body: bytes | bytearray, url: str) -> errors.AtollError:
     try:
         payload = json.loads(body) if body else None
     except ValueError:

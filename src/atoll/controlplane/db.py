@@ -71,7 +71,7 @@ class SandboxRecord(Base):
     resume_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     """Why the last resume from the disk tier failed (it stays in standby); None once one succeeds."""
     resume_failures: Mapped[int] = mapped_column(sa.Integer, default=0)
-    """Failed resumes in a row; the sandbox is failed at lifecycle.MAX_RESUME_FAILURES."""
+    """Failed resumes in a row; the sandbox is failed at ledger.MAX_RESUME_FAILURES."""
 
 
 class TemplateRecord(Base):

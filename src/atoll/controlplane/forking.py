@@ -18,14 +18,12 @@ from atoll.core import errors, ids
 from atoll.core.lifecycle import Phase, State, Verb
 
 if typing.TYPE_CHECKING:
-    from atoll.controlplane.lifecycle import SandboxManager
+    from atoll.controlplane.ledger import Ledger, Steps
 
 MAX_COUNT = 50
 
 
-async def _parent_after_failure(
-    m: SandboxManager, rec: dbm.SandboxRecord, worker, e: errors.AtollError
-) -> None:
+async def _parent_after_failure(m: Ledger, rec: dbm.SandboxRecord, worker, e: errors.AtollError) -> None:
     """A fork failed: the parent is failed only if its worker says so (a copy that could not
     start — a full disk, say — leaves the parent running, restored from its own image); a parent
     whose own restore failed stays checkpointed: in disk standby, its resume error noted."""
@@ -35,9 +33,9 @@ async def _parent_after_failure(
         return  # unknown: the next reconciliation decides
     report = next((r for r in inv.runtimes if r.sandbox_id == rec.id), None)
     if report is None or report.phase == Phase.FAILED:
-        m._fail(rec, (report.failure if report is not None else None) or e.message, e.detail)
+        m.fail(rec, (report.failure if report is not None else None) or e.message, e.detail)
     elif report.phase == Phase.CHECKPOINTED and rec.state == State.RUNNING:
-        m._persist(rec, Verb.CHECKPOINT, standby_since=dbm.utcnow())
+        m.persist(rec, Verb.CHECKPOINT, standby_since=dbm.utcnow())
         m.resume_failed(rec, e.message, e.detail)
 
 
@@ -50,23 +48,23 @@ def check_count(body: object) -> int:
     return count
 
 
-async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecord]:
+async def fork(m: Ledger, steps: Steps, sid: str, count: int) -> list[dbm.SandboxRecord]:
     rec = m.get(sid)
     if rec.state == State.FAILED:
         raise errors.Conflict(
             f"sandbox {sid} has failed ({rec.failure_reason}); it cannot be forked", code="invalid_state"
         )
     if rec.state != State.RUNNING:
-        rec = await m.resume(sid)
-    async with m._lock(sid), m._step("fork", sid) as fields:
+        rec = await steps.resume(sid)
+    async with m.lock(sid), m.step("fork", sid) as fields:
         rec = m.get(sid)
         if rec.state != State.RUNNING:
             raise errors.Conflict(
                 f"sandbox {sid} is {rec.state}; fork it while it runs", code="invalid_state"
             )
-        if m._inflight.get(sid):
+        if m.inflight.get(sid):
             raise errors.SandboxBusy(
-                f"sandbox {sid} has {m._inflight[sid]} exec/file call(s) in progress; fork it when they finish"
+                f"sandbox {sid} has {m.inflight[sid]} exec/file call(s) in progress; fork it when they finish"
             )
         now = dbm.utcnow()
         copies = []
@@ -98,14 +96,14 @@ async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecor
                 on_timeout=rec.on_timeout,
             )
             m.db.add(c)
-            m._cache[c.id] = c
+            m.cache[c.id] = c
             copies.append(c)
         worker = m.worker(rec)
         try:
             outcome = await worker.fork(sid, [c.id for c in copies])
         except BaseException as e:
             for c in copies:
-                m._persist(c, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason="the fork failed")
+                m.persist(c, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason="the fork failed")
             if isinstance(
                 e,
                 errors.RuntimeFailure | errors.SandboxDied | errors.InsufficientStorage | errors.ResumeFailed,
@@ -116,8 +114,8 @@ async def fork(m: SandboxManager, sid: str, count: int) -> list[dbm.SandboxRecor
         fields["checkpoint_ms"] = outcome.checkpoint_ms
         for c in copies:
             if c.state == State.CREATING:  # a RuntimeChanged event of the copy's restore may have come first
-                m._persist(c, Verb.START)
-            m._activity[c.id] = m._activity[sid] = time.monotonic()
+                m.persist(c, Verb.START)
+            m.activity[c.id] = m.activity[sid] = time.monotonic()
             if c.secrets and m.secrets is not None:
                 await worker.set_secrets(c.id, m.secrets.bindings(c.tenant_id, c.secrets))
     return copies

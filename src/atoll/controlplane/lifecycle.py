@@ -24,11 +24,12 @@ import typing
 from atoll.controlplane import db as dbm
 from atoll.controlplane import lifetime, metrics, schemas
 from atoll.controlplane.authority import Authority
+from atoll.controlplane.ledger import Ledger
 from atoll.controlplane.pools import Pools
 from atoll.controlplane.secrets import SecretStore
 from atoll.controlplane.templates import TemplateService
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
-from atoll.core import errors, ids, netpolicy, placement, preview
+from atoll.core import errors, ids, netpolicy, preview
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import (
     FAILED,
@@ -47,8 +48,6 @@ from atoll.core.lifecycle import (
 log = logging.getLogger(__name__)
 
 RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk"}
-MAX_RESUME_FAILURES = 3
-"""Failed resumes from the disk tier in a row after which a sandbox is failed (its files kept)."""
 
 
 class SandboxManager:
@@ -72,34 +71,18 @@ class SandboxManager:
         self.default_network = netpolicy.parse(default_network).to_wire()
         """The installation's egress policy for a sandbox created without one."""
         self.workers = WorkerRegistry(database, self, lost_after_s=lost_after_s, reconcile_s=reconcile_s)
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._inflight: dict[str, int] = {}
-        self._activity: dict[str, float] = {}
-        self._cache: dict[str, dbm.SandboxRecord] = {}
-        self.usage: dict[str, api.Usage] = {}
-        self._reaps: set[asyncio.Task] = set()
-        self.templates = TemplateService(self, schemas.DEFAULT_MEMORY_MB)
+        self.ledger = Ledger(database, m, self.workers, secrets=secrets, default_network=self.default_network)
+        """Per-sandbox bookkeeping (locks, calls in flight, activity, records, persisting)."""
+        self.usage = self.ledger.usage
+        self.templates = TemplateService(self.ledger, self, schemas.DEFAULT_MEMORY_MB)
         """User templates and their builds."""
-        self.pools = Pools(self, self.templates, schemas.DEFAULT_MEMORY_MB)
+        self.pools = Pools(self.ledger, self, self.templates, schemas.DEFAULT_MEMORY_MB)
         """Warm pools a create claims from."""
+        self.templates.pool_stop, self.templates.pool_resume = self.pools.stop, self.pools.resume
         self.templates.on_ready = self.pools.wake
 
-    # ---- records -------------------------------------------------------------------------------
-    def _lock(self, sid: str) -> asyncio.Lock:
-        return self._locks.setdefault(sid, asyncio.Lock())
-
     def get(self, sid: str) -> dbm.SandboxRecord:
-        if not ids.is_sandbox_id(sid):
-            raise errors.InvalidRequest(
-                f"malformed sandbox id {sid!r}: ids look like 'sb-' followed by 16 lower-case letters/digits"
-            )
-        rec = self._cache.get(sid) or self.db.get(sid)
-        if rec is None or rec.state == State.DELETED:
-            raise errors.SandboxNotFound(
-                f"sandbox {sid} does not exist (or was deleted); list yours with GET /v1/sandboxes"
-            )
-        self._cache[sid] = rec
-        return rec
+        return self.ledger.get(sid)
 
     def list(self, state: str | None, metadata: dict[str, str]) -> list[dbm.SandboxRecord]:
         if state is not None and state not in {s.value for s in State}:
@@ -110,91 +93,23 @@ class SandboxManager:
         return [r for r in recs if not r.pooled and all(r.metadata_.get(k) == v for k, v in metadata.items())]
 
     def live(self) -> list[dbm.SandboxRecord]:
-        return list(self._cache.values())
-
-    def _persist(self, rec: dbm.SandboxRecord, verb: Verb, **changes: typing.Any) -> None:
-        new = check_transition(status(rec.state, rec.standby_tier), verb)
-        rec.state = new.state.value
-        rec.standby_tier = new.tier.value if new.tier else None
-        if new.state != State.STANDBY:
-            rec.standby_reason, rec.standby_since = None, None
-        for k, v in changes.items():
-            setattr(rec, k, v)
-        fields = ["state", "standby_tier", "standby_reason", "standby_since", *changes]
-        # a delete must survive a power loss once acknowledged (the next start finishes it)
-        self.db.save(rec, fields=list(dict.fromkeys(fields)), durable=verb == Verb.DELETE)
-        if new.state == State.DELETED:
-            self._forget(rec.id)
-        else:
-            self._cache[rec.id] = rec
-
-    def _forget(self, sid: str) -> None:
-        self._cache.pop(sid, None)
-        self._activity.pop(sid, None)
-        self.usage.pop(sid, None)
-
-    @contextlib.asynccontextmanager
-    async def _step(self, verb: str, sid: str):
-        """Log and time one lifecycle step; the caller may add fields to the `complete` line by
-        putting them in the dict it gets (e.g. the worker's own share of the step)."""
-        log.info("sandbox.%s.started", verb, extra={"sandbox_id": sid})
-        t0 = time.perf_counter()
-        fields: dict[str, typing.Any] = {}
-        try:
-            yield fields
-        except BaseException as e:
-            dur = time.perf_counter() - t0
-            log.warning(
-                "sandbox.%s.failed",
-                verb,
-                extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2), "error": str(e)},
-            )
-            self.m.lifecycle.labels(verb=verb, outcome="failed").observe(dur)
-            raise
-        dur = time.perf_counter() - t0
-        log.info(
-            "sandbox.%s.complete",
-            verb,
-            extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2), **fields},
-        )
-        self.m.lifecycle.labels(verb=verb, outcome="complete").observe(dur)
-
-    def _fail(self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None) -> None:
-        """Mark the sandbox failed: `cause` goes on the record (callers see it), `detail` (runsc log
-        lines, host paths) only to the log."""
-        if rec.state in (State.DELETED, State.FAILED):
-            return
-        log.warning("sandbox.fail", extra={"sandbox_id": rec.id, "reason": cause, "detail": detail})
-        self._persist(rec, Verb.FAIL, failure_reason=cause)
+        return self.ledger.live()
 
     def fail_lost(self, rec: dbm.SandboxRecord, cause: str) -> None:
         """A sandbox whose worker is gone for good."""
-        self._fail(rec, cause)
+        self.ledger.fail(rec, cause)
 
     def worker(self, rec: dbm.SandboxRecord) -> api.WorkerAPI:
-        return self.workers.api_for(rec.worker_id)
+        return self.ledger.worker(rec)
 
     def allocated(self, worker_id: str) -> dict[str, float]:
-        """What the live records on a worker hold: memory of those in RAM (running, memory tier,
-        being created), CPUs of those running, disk of all."""
-        mem = cpus = disk = 0.0
-        count = 0
-        for rec in self._cache.values():
-            if rec.worker_id != worker_id:
-                continue
-            count += 1
-            disk += rec.disk_mb
-            if rec.state in (State.CREATING, State.RUNNING) or rec.standby_tier == Tier.MEMORY:
-                mem += rec.memory_mb
-            if rec.state in (State.CREATING, State.RUNNING):
-                cpus += rec.cpus
-        return {"memory_mb": int(mem), "cpus": round(cpus, 3), "disk_mb": int(disk), "sandboxes": count}
+        return self.ledger.allocated(worker_id)
 
     # ---- start / stop --------------------------------------------------------------------------
     async def start(self) -> None:
         for rec in self.db.list(include_deleted=False):
-            self._cache[rec.id] = rec
-            self._activity[rec.id] = time.monotonic()
+            self.ledger.cache[rec.id] = rec
+            self.ledger.activity[rec.id] = time.monotonic()
         self.workers.load()
         self.pools.start()
 
@@ -202,8 +117,8 @@ class SandboxManager:
         """Let go of the workers; sandboxes keep running. Deletions in flight get a few seconds
         (the worker, or the next reconciliation, finishes the rest)."""
         await self.pools.aclose()
-        if self._reaps:
-            await asyncio.wait(list(self._reaps), timeout=10)
+        if self.ledger.reaps:
+            await asyncio.wait(list(self.ledger.reaps), timeout=10)
         await self.workers.aclose()
 
     # ---- create / delete -----------------------------------------------------------------------
@@ -225,7 +140,7 @@ class SandboxManager:
         bound = (
             self.secrets.placeholders(ids.DEFAULT_TENANT, requested, dict(req.env)) if self.secrets else {}
         )
-        handle = self._place(build.id if build is not None else req.template, req.memory_mb)
+        handle = self.ledger.place(build.id if build is not None else req.template, req.memory_mb)
         assert handle.info is not None
         sid = ids.new_sandbox_id()
         now = dbm.utcnow()
@@ -268,28 +183,28 @@ class SandboxManager:
             trust_pem=self.authority.root_pem.decode() if self.authority else "",
             build_id=build.id if build is not None else "",
         )
-        async with self._lock(sid), self._step("create", sid):
+        async with self.ledger.lock(sid), self.ledger.step("create", sid):
             self.db.add(rec)  # the record exists before the runtime does (placement is recorded)
-            self._cache[sid] = rec
+            self.ledger.cache[sid] = rec
             try:
                 await self.workers.api_for(handle.id).create(spec)
             except errors.Unavailable as e:
-                self._fail(rec, f"its worker {handle.name!r} became unreachable during the create")
+                self.ledger.fail(rec, f"its worker {handle.name!r} became unreachable during the create")
                 raise errors.Unavailable(f"sandbox {sid} could not be created: {e.message}") from None
             except errors.AtollError as e:
-                self._fail(rec, e.message, e.detail)
+                self.ledger.fail(rec, e.message, e.detail)
                 if isinstance(e, errors.NotFound | errors.InvalidRequest):
                     raise
                 raise errors.RuntimeFailure(f"sandbox {sid} could not be started: {e.message}") from None
-            self._persist(rec, Verb.START)
-            self._activity[sid] = time.monotonic()
+            self.ledger.persist(rec, Verb.START)
+            self.ledger.activity[sid] = time.monotonic()
         return rec
 
     async def set_network(self, sid: str, body: object) -> dict:
         """Replace a sandbox's egress policy, live (its worker's gateway applies it to new
         connections and DNS questions at once; no resume needed)."""
         network = netpolicy.parse(body).to_wire()
-        async with self._lock(sid):
+        async with self.ledger.lock(sid):
             rec = self.get(sid)
             if rec.state in (State.FAILED, State.DELETED, State.CREATING):
                 raise errors.Conflict(
@@ -348,33 +263,14 @@ class SandboxManager:
         log.info("sandbox.preview.updated", extra={"sandbox_id": sid, "port": port, "public": public})
         return rec
 
-    def _place(self, template: str, memory_mb: int) -> WorkerHandle:
-        candidates = []
-        for h in self.workers.ready():
-            assert h.info is not None
-            candidates.append(
-                placement.Candidate(
-                    worker_id=h.id,
-                    name=h.name,
-                    memory_mb=h.info.capacity.memory_mb,
-                    allocated_memory_mb=int(self.allocated(h.id)["memory_mb"]),
-                    templates=frozenset(h.templates)
-                    | {b.build_id for b in h.builds.values() if b.status == "ready"},
-                )
-            )
-        choice = placement.choose(candidates, memory_mb=memory_mb, template=template)
-        return self.workers.get(choice.worker_id)
-
     async def delete(self, sid: str) -> None:
         rec = self.get(sid)
-        async with self._lock(sid), self._step("delete", sid):
+        async with self.ledger.lock(sid), self.ledger.step("delete", sid):
             rec = self.get(sid)
             worker_id = rec.worker_id
-            self._persist(rec, Verb.DELETE, deleted_at=dbm.utcnow())
+            self.ledger.persist(rec, Verb.DELETE, deleted_at=dbm.utcnow())
         # runsc delete takes 1.5–2 s; the record is already gone for the caller.
-        t = asyncio.ensure_future(self._reap(sid, worker_id))
-        self._reaps.add(t)
-        t.add_done_callback(self._reaps.discard)
+        self.ledger.track(asyncio.ensure_future(self._reap(sid, worker_id)))
 
     async def _reap(self, sid: str, worker_id: str) -> None:
         try:
@@ -383,14 +279,14 @@ class SandboxManager:
             log.info("sandbox.reap.deferred: %s", e.message, extra={"sandbox_id": sid})
         except Exception:
             log.exception("sandbox.reap.failed", extra={"sandbox_id": sid})
-        if not self._lock(sid).locked():
-            self._locks.pop(sid, None)
-        self._inflight.pop(sid, None)
+        if not self.ledger.lock(sid).locked():
+            self.ledger.locks.pop(sid, None)
+        self.ledger.inflight.pop(sid, None)
 
     # ---- standby -------------------------------------------------------------------------------
     async def pause(self, sid: str, tier: Tier, *, only_if_idle: bool = False) -> dbm.SandboxRecord:
         self.get(sid)
-        async with self._lock(sid):
+        async with self.ledger.lock(sid):
             return await self._pause_locked(self.get(sid), tier, only_if_idle)
 
     async def _pause_locked(
@@ -410,13 +306,13 @@ class SandboxManager:
                 )
         else:
             check_transition(cur, Verb.FREEZE if tier == Tier.MEMORY else Verb.CHECKPOINT)
-            if self._inflight.get(sid):
+            if self.ledger.inflight.get(sid):
                 raise errors.SandboxBusy(
-                    f"sandbox {sid} has {self._inflight[sid]} exec/file call(s) in progress; "
+                    f"sandbox {sid} has {self.ledger.inflight[sid]} exec/file call(s) in progress; "
                     "wait for them to finish (or kill the process) and retry the pause"
                 )
-        async with self._step(f"pause_{tier.value}", sid):
-            outcome = await self._guard(rec, self.worker(rec).pause(sid, tier, only_if_idle=only_if_idle))
+        async with self.ledger.step(f"pause_{tier.value}", sid):
+            outcome = await self.ledger.guard(rec, self.worker(rec).pause(sid, tier, only_if_idle=only_if_idle))
             self._apply_pause(rec, cur, outcome)
         if outcome.busy:
             raise errors.SandboxBusy(outcome.reason or f"sandbox {sid} could not be paused now; retry")
@@ -426,44 +322,35 @@ class SandboxManager:
         now = dbm.utcnow()
         if outcome.tier is None:
             if before.state == State.STANDBY:  # thawed for the gate and not frozen again: it runs
-                self._persist(rec, Verb.RESUME)
+                self.ledger.persist(rec, Verb.RESUME)
             if not outcome.busy:  # declined: it is active (open connections)
-                self._activity[rec.id] = time.monotonic()
+                self.ledger.activity[rec.id] = time.monotonic()
             return
         since = rec.standby_since if before.state == State.STANDBY else now
         if before == status(State.STANDBY, outcome.tier):  # stayed (a gated disk pause from memory)
             rec.standby_reason = outcome.reason
             self.db.save(rec, fields=["standby_reason"])
             return
-        self._persist(
+        self.ledger.persist(
             rec,
             Verb.FREEZE if outcome.tier == Tier.MEMORY else Verb.CHECKPOINT,
             standby_reason=outcome.reason,
             standby_since=since,
         )
 
-    async def _guard(self, rec: dbm.SandboxRecord, aw: typing.Awaitable) -> typing.Any:
-        """Run a worker step; a runtime failure marks the sandbox failed with its cause (an
-        unreachable worker does not: nothing is known about the sandbox then)."""
-        try:
-            return await aw
-        except (errors.RuntimeFailure, errors.SandboxDied) as e:
-            self._fail(rec, e.message, e.detail)
-            raise
-
     async def resume(self, sid: str) -> dbm.SandboxRecord:
         rec = self.get(sid)
-        if rec.state == State.RUNNING and not self._lock(sid).locked():
-            self._activity[sid] = time.monotonic()
+        if rec.state == State.RUNNING and not self.ledger.lock(sid).locked():
+            self.ledger.activity[sid] = time.monotonic()
             return rec
-        async with self._lock(sid):
+        async with self.ledger.lock(sid):
             rec = self.get(sid)
             if rec.state == State.RUNNING:  # someone else resumed it while we waited: share it
                 return rec
             cur = status(rec.state, rec.standby_tier)
             check_transition(cur, Verb.RESUME)
             assert cur.tier is not None
-            async with self._step(RESUME_STEP[cur.tier], sid) as fields:
+            async with self.ledger.step(RESUME_STEP[cur.tier], sid) as fields:
                 call = asyncio.ensure_future(self.worker(rec).resume(sid))
                 if cur.tier == Tier.MEMORY:
                     # the record is written while the thawed sandbox wakes and answers: a runtime
@@ -474,49 +361,24 @@ class SandboxManager:
                     for _ in range(2):
                         await asyncio.sleep(0)
                     since, reason = rec.standby_since, rec.standby_reason
-                    self._persist(rec, Verb.RESUME)
+                    self.ledger.persist(rec, Verb.RESUME)
                     try:
-                        outcome = await self._guard(rec, call)
+                        outcome = await self.ledger.guard(rec, call)
                     except errors.AtollError as e:
                         if rec.state == State.RUNNING and not isinstance(
                             e, errors.RuntimeFailure | errors.SandboxDied
                         ):
-                            self._persist(rec, Verb.FREEZE, standby_since=since, standby_reason=reason)
+                            self.ledger.persist(rec, Verb.FREEZE, standby_since=since, standby_reason=reason)
                         raise
                 else:
                     try:
-                        outcome = await self._guard(rec, call)
+                        outcome = await self.ledger.guard(rec, call)
                     except errors.ResumeFailed as e:
-                        raise self.resume_failed(rec, e.message, e.detail) from None
-                    self._persist(rec, Verb.RESUME, resume_error=None, resume_failures=0)
+                        raise self.ledger.resume_failed(rec, e.message, e.detail) from None
+                    self.ledger.persist(rec, Verb.RESUME, resume_error=None, resume_failures=0)
                 fields["worker_ms"] = outcome.duration_ms  # the worker's own part of the resume
-            self._activity[sid] = time.monotonic()
+            self.ledger.activity[sid] = time.monotonic()
         return rec
-
-    def resume_failed(
-        self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None
-    ) -> errors.AtollError:
-        """A resume from the disk tier did not complete and the worker kept the sandbox in standby
-        (its image and writable layer): say why on the record, and fail it after
-        MAX_RESUME_FAILURES tries in a row. Returns the error the caller gets."""
-        tries = (rec.resume_failures or 0) + 1
-        log.warning(
-            "sandbox.resume_disk.kept",
-            extra={"sandbox_id": rec.id, "tries": tries, "reason": cause, "detail": detail},
-        )
-        if tries >= MAX_RESUME_FAILURES:
-            reason = (
-                f"sandbox {rec.id} could not be resumed from disk in {tries} tries (the last: {cause}); "
-                "its memory image and files are kept on its worker until you delete it"
-            )
-            self._persist(rec, Verb.FAIL, failure_reason=reason, resume_error=cause, resume_failures=tries)
-            return errors.SandboxDied(reason)
-        rec.resume_error, rec.resume_failures = cause, tries
-        self.db.save(rec, fields=["resume_error", "resume_failures"])
-        return errors.ResumeFailed(
-            f"sandbox {rec.id} could not be resumed from disk (try {tries} of {MAX_RESUME_FAILURES}): "
-            f"{cause}; it stays in standby with its files and memory image — call again to retry"
-        )
 
     @contextlib.asynccontextmanager
     async def activity(self, sid: str):
@@ -527,26 +389,26 @@ class SandboxManager:
                 f"sandbox {sid} has failed ({rec.failure_reason}); delete it and create a new one",
                 code="invalid_state",
             )
-        self._inflight[sid] = self._inflight.get(sid, 0) + 1
+        self.ledger.inflight[sid] = self.ledger.inflight.get(sid, 0) + 1
         try:
             # A pause (or another step) in flight holds the lock: wait for it, then resume if needed,
             # so a call never reaches a sandbox that is being checkpointed under it.
-            if rec.state != State.RUNNING or self._lock(sid).locked():
+            if rec.state != State.RUNNING or self.ledger.lock(sid).locked():
                 rec = await self.resume(sid)
-            self._activity[sid] = time.monotonic()
+            self.ledger.activity[sid] = time.monotonic()
             yield self.worker(rec)
         except errors.SandboxDied as e:
-            self._fail(rec, e.message)
+            self.ledger.fail(rec, e.message)
             raise
         finally:
-            self._inflight[sid] = self._inflight.get(sid, 1) - 1
-            self._activity[sid] = time.monotonic()
+            self.ledger.inflight[sid] = self.ledger.inflight.get(sid, 1) - 1
+            self.ledger.activity[sid] = time.monotonic()
 
     def idle_for(self, sid: str, now: float) -> float:
-        return now - self._activity.get(sid, now)
+        return now - self.ledger.activity.get(sid, now)
 
     def busy(self, sid: str) -> bool:
-        return bool(self._inflight.get(sid)) or self._lock(sid).locked()
+        return bool(self.ledger.inflight.get(sid)) or self.ledger.lock(sid).locked()
 
     # ---- reconciliation and worker events ------------------------------------------------------
     async def worker_joined(self, handle: WorkerHandle, inventory: api.Inventory, started: float) -> None:
@@ -555,9 +417,9 @@ class SandboxManager:
         for b in list(handle.builds.values()):  # builds that moved while nobody listened
             self.templates.on_build(handle.id, b)
         held = {r.sandbox_id: r for r in inventory.runtimes}
-        for rec in [r for r in self._cache.values() if r.worker_id == handle.id]:
+        for rec in [r for r in self.ledger.cache.values() if r.worker_id == handle.id]:
             report = held.pop(rec.id, None)
-            if self._lock(rec.id).locked() or _changed_since(rec, started):
+            if self.ledger.lock(rec.id).locked() or _changed_since(rec, started):
                 continue
             if report is None:
                 self._vanished(rec, handle)
@@ -579,7 +441,7 @@ class SandboxManager:
                     log.warning("reconcile: deleting %s failed: %r", r.sandbox_id, res)
 
     def _orphan(self, sid: str) -> bool:
-        if sid in self._cache or self._lock(sid).locked():
+        if sid in self.ledger.cache or self.ledger.lock(sid).locked():
             return False
         rec = self.db.get(sid)
         return rec is None or rec.state == State.DELETED
@@ -594,14 +456,14 @@ class SandboxManager:
                 "reconcile: dropping an unfinished create",
                 extra={"sandbox_id": rec.id, "worker": handle.name},
             )
-            self._persist(
+            self.ledger.persist(
                 rec,
                 Verb.DELETE,
                 deleted_at=dbm.utcnow(),
                 failure_reason="the create was interrupted before the worker made the sandbox",
             )
             return
-        self._fail(
+        self.ledger.fail(
             rec,
             f"its runtime is gone from worker {handle.name!r} (found by reconciliation); "
             "delete it and create a new one",
@@ -613,7 +475,7 @@ class SandboxManager:
         if current == FAILED or observed == current:
             return
         if observed == FAILED:
-            self._fail(rec, report.failure or f"its runtime failed on worker {handle.name!r}")
+            self.ledger.fail(rec, report.failure or f"its runtime failed on worker {handle.name!r}")
             return
         try:
             verbs = path_to(current, observed)
@@ -627,8 +489,8 @@ class SandboxManager:
         )
         for verb in verbs:
             changes = {"standby_since": dbm.utcnow()} if verb in (Verb.FREEZE, Verb.CHECKPOINT) else {}
-            self._persist(rec, verb, **changes)
-        self._activity[rec.id] = time.monotonic()
+            self.ledger.persist(rec, verb, **changes)
+        self.ledger.activity[rec.id] = time.monotonic()
 
     async def worker_event(self, handle: WorkerHandle, ev: api.WorkerEvent) -> None:
         if isinstance(ev, api.BuildChanged):
@@ -636,21 +498,21 @@ class SandboxManager:
             return
         if isinstance(ev, api.UsageReport):
             for u in ev.items:
-                if u.sandbox_id in self._cache:
+                if u.sandbox_id in self.ledger.cache:
                     self.usage[u.sandbox_id] = u
             return
         sid = getattr(ev, "sandbox_id", None)
-        rec = self._cache.get(sid) if sid else None
+        rec = self.ledger.cache.get(sid) if sid else None
         if rec is None or rec.worker_id != handle.id:
             return
         if isinstance(ev, api.SandboxDied):
-            self._fail(rec, ev.cause)
+            self.ledger.fail(rec, ev.cause)
         elif isinstance(ev, api.SandboxActivity):
-            self._activity[rec.id] = time.monotonic()
-        elif isinstance(ev, api.RuntimeChanged) and not self._lock(rec.id).locked():
+            self.ledger.activity[rec.id] = time.monotonic()
+        elif isinstance(ev, api.RuntimeChanged) and not self.ledger.lock(rec.id).locked():
             self._follow(rec, api.RuntimeReport(rec.id, ev.phase, 0), handle)
             if ev.phase == Phase.CHECKPOINTED and ev.reason and rec.standby_tier == Tier.DISK:
-                self.resume_failed(rec, ev.reason)  # a restore of the worker's own (a compaction)
+                self.ledger.resume_failed(rec, ev.reason)  # a restore of the worker's own (a compaction)
 
     def counts(self) -> dict[str, int]:
         return self.db.count_by_state()

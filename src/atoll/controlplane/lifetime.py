@@ -27,7 +27,7 @@ import typing
 from atoll.controlplane import db as dbm
 
 if typing.TYPE_CHECKING:
-    from atoll.controlplane.lifecycle import SandboxManager
+    from atoll.controlplane.ledger import Ledger
     from atoll.controlplane.schemas import UpdateSandbox
 
 log = logging.getLogger(__name__)
@@ -51,14 +51,14 @@ def expired(rec: dbm.SandboxRecord, wall: dt.datetime) -> bool:
     return rec.expires_at is not None and not rec.pooled and aware(rec.expires_at) <= wall
 
 
-def clear(manager: SandboxManager, rec: dbm.SandboxRecord) -> None:
+def clear(manager: Ledger, rec: dbm.SandboxRecord) -> None:
     """The lifetime is spent (its "pause" happened): the sandbox lives on without one."""
     rec.expires_at = None
     manager.db.save(rec, fields=["expires_at"])
     log.info("sandbox.lifetime.cleared", extra={"sandbox_id": rec.id})
 
 
-def update(manager: SandboxManager, sid: str, req: UpdateSandbox) -> dbm.SandboxRecord:
+def update(manager: Ledger, sid: str, req: UpdateSandbox) -> dbm.SandboxRecord:
     """Apply a PATCH: only the fields sent change; `timeout_s` counts from now, null removes the
     lifetime; `metadata` replaces the labels. Live: the policy reads the record on its next pass.
     Works in every state (the record is all it changes; nothing is resumed)."""

@@ -100,7 +100,7 @@ class TierPolicy:
         if rec.on_timeout == "delete":
             return self._expire_delete(rec.id)
         if rec.state == State.STANDBY and rec.standby_tier == Tier.DISK:
-            lifetime.clear(self.manager, rec)  # already where a "pause" expiry puts it
+            lifetime.clear(self.manager.ledger, rec)  # already where a "pause" expiry puts it
             return None
         if (
             rec.state in (State.RUNNING, State.STANDBY)
@@ -121,7 +121,7 @@ class TierPolicy:
         with contextlib.suppress(errors.AtollError):
             rec = await self.manager.pause(sid, Tier.DISK)
             if rec.standby_tier == Tier.DISK:
-                lifetime.clear(self.manager, rec)
+                lifetime.clear(self.manager.ledger, rec)
             else:  # gated: it stays in memory with its lifetime, retried later
                 self._gate_retry[sid] = time.monotonic() + max(GATE_RETRY_MIN_S, rec.disk_after_s)
 

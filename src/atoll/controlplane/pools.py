@@ -31,7 +31,7 @@ from atoll.core import worker_api as api
 from atoll.core.lifecycle import State, Tier, Verb
 
 if typing.TYPE_CHECKING:
-    from atoll.controlplane.lifecycle import SandboxManager
+    from atoll.controlplane.ledger import Ledger, Steps
     from atoll.controlplane.templates import TemplateService
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,9 @@ def desired(cfg: dict, now: dt.datetime) -> int:
 
 
 class Pools:
-    def __init__(self, manager: SandboxManager, templates: TemplateService, default_memory_mb: int):
-        self.m = manager
+    def __init__(self, ledger: Ledger, steps: Steps, templates: TemplateService, default_memory_mb: int):
+        self.m = ledger
+        self.steps = steps
         self.templates = templates
         self.default_memory_mb = default_memory_mb
         self._claimed: dict[str, int] = {}
@@ -171,7 +172,7 @@ class Pools:
                 or rec.state != State.STANDBY
                 or rec.standby_tier != Tier.MEMORY
                 or sid in self._claims
-                or self.m._lock(sid).locked()
+                or self.m.lock(sid).locked()
             ):
                 continue
             self._claims.add(sid)
@@ -181,7 +182,7 @@ class Pools:
                 log.warning("pool.claim.failed: %s", e.message, extra={"sandbox_id": sid})
                 self._errors[req.template] = f"a claim failed: {e.message}"
                 with contextlib.suppress(errors.AtollError):
-                    await self.m.delete(sid)
+                    await self.steps.delete(sid)
                 return None
             finally:
                 self._claims.discard(sid)
@@ -203,15 +204,15 @@ class Pools:
             raise errors.InvalidRequest("this server keeps no secrets; create the sandbox without `secrets`")
         env = {**req.env, **{var: b["placeholder"] for var, b in bound.items()}}
         worker = m.worker(rec)
-        async with m._lock(sid), m._step("claim", sid) as fields:
+        async with m.lock(sid), m.step("claim", sid) as fields:
             if network != rec.network:
                 rec.network = await worker.set_network(sid, network)
             if bound and m.secrets is not None:
                 await worker.set_secrets(sid, m.secrets.bindings(ids.DEFAULT_TENANT, bound))
-            outcome = await m._guard(rec, worker.claim(sid, env, req.cpus))
+            outcome = await m.guard(rec, worker.claim(sid, env, req.cpus))
             fields["worker_ms"] = outcome.duration_ms
             now = dbm.utcnow()
-            m._persist(
+            m.persist(
                 rec,
                 Verb.RESUME,
                 pooled=False,
@@ -229,7 +230,7 @@ class Pools:
                 expires_at=lifetime.deadline(req.timeout_s, now),
                 on_timeout=req.on_timeout,
             )
-            m._activity[sid] = time.monotonic()
+            m.touch(sid)
         self._claimed[rec.template] = self._claimed.get(rec.template, 0) + 1
         self._last_claim = time.monotonic()
         return rec
@@ -270,9 +271,9 @@ class Pools:
             keep = [r for r in members if r not in stale]
             extra = keep[desired(cfg, now) :] if cfg else []  # a window closed, min lowered: shrink
             for r in [*stale, *extra]:
-                if r.id not in self._claims and not self.m._lock(r.id).locked():
+                if r.id not in self._claims and not self.m.lock(r.id).locked():
                     with contextlib.suppress(errors.AtollError):
-                        await self.m.delete(r.id)
+                        await self.steps.delete(r.id)
             if not cfg or not t.current_build:
                 continue
             if len(keep) < desired(cfg, now):
@@ -303,7 +304,7 @@ class Pools:
         req = schemas.CreateSandbox(template=name, memory_mb=cfg.get("memory_mb", self.default_memory_mb))
         self._refilling.add(name)
         try:
-            rec = await self.m.create(req, pooled=True)
+            rec = await self.steps.create(req, pooled=True)
             # one command before the freeze: a restored sentry makes its first process's host-side
             # machinery (ptrace stubs) and reads the interpreter's files into its page cache then,
             # ~20 ms of each that would otherwise be the claimer's (python3 is in every template:
@@ -311,7 +312,7 @@ class Pools:
             await self.m.worker(rec).exec(
                 rec.id, api.ExecSpec(cmd=["python3", "-c", "pass"], max_output_bytes=1024, timeout_s=30)
             )
-            await self.m.pause(rec.id, Tier.MEMORY)
+            await self.steps.pause(rec.id, Tier.MEMORY)
         except errors.AtollError as e:
             self._errors[name] = e.message
             log.warning("pool.refill.failed: %s", e.message, extra={"template": name})

@@ -102,7 +102,7 @@ async def fork_sandbox(request: Request, sid: SandboxId):
         body = json.loads(raw) if raw.strip() else {}
     except ValueError as e:
         raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
-    copies = await forking.fork(ctx(request).manager, sid, forking.check_count(body))
+    copies = await forking.fork(ctx(request).manager.ledger, ctx(request).manager, sid, forking.check_count(body))
     return http.json_response({"items": [view(request, c) for c in copies]}, 201)
 
 
@@ -272,7 +272,7 @@ async def update_sandbox(request: Request, sid: SandboxId):
     manager = ctx(request).manager
     manager.get(sid)
     req = await http.read_json(request, schemas.UpdateSandbox)
-    return answer(request, lifetime.update(manager, sid, req))
+    return answer(request, lifetime.update(manager.ledger, sid, req))
 
 
 @router.get(

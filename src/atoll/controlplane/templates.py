@@ -24,17 +24,26 @@ from atoll.core import worker_api as api
 from atoll.core.lifecycle import State
 
 if typing.TYPE_CHECKING:
-    from atoll.controlplane.lifecycle import SandboxManager
+    from atoll.controlplane.ledger import Ledger, Steps
 
 log = logging.getLogger(__name__)
 
 BUILTIN = ("base",)
 
 
+async def _no_pool_stop(name: str) -> None:
+    return None
+
+
 class TemplateService:
-    def __init__(self, manager: SandboxManager, default_memory_mb: int):
-        self.m = manager
-        self.db = manager.db
+    def __init__(self, ledger: Ledger, steps: Steps, default_memory_mb: int):
+        self.m = ledger
+        self.steps = steps
+        self.pool_stop: typing.Callable[[str], typing.Awaitable[None]] = _no_pool_stop
+        self.pool_resume: typing.Callable[[str], None] = lambda name: None
+        """Stop and resume a template's pool (set by the manager: the pools are made with this
+        service, and know it; it does not know them)."""
+        self.db = ledger.db
         self.default_memory_mb = default_memory_mb
         self.on_ready: typing.Callable[[str], None] = lambda name: None
         """Called when a template gets a new current build (the pools refill with it)."""
@@ -152,7 +161,7 @@ class TemplateService:
                     code="worker_unavailable",
                 )
         else:
-            handle = self.m._place("base", self.default_memory_mb)
+            handle = self.m.place("base", self.default_memory_mb)
         bid = ids.new_build_id()
         now = dbm.utcnow()
         build = dbm.BuildRecord(
@@ -264,14 +273,14 @@ class TemplateService:
                 f"template {name!r} is the parent of {', '.join(children)}; delete those first",
                 code="template_in_use",
             )
-        await self.m.pools.stop(name)
+        await self.pool_stop(name)
         try:
             for r in [r for r in self.m.live() if r.template == name and r.pooled]:
-                await self.m.delete(r.id)
-            if self.m._reaps:  # the pool's runtimes go before their build does
-                await asyncio.wait(list(self.m._reaps), timeout=30)
+                await self.steps.delete(r.id)
+            if self.m.reaps:  # the pool's runtimes go before their build does
+                await asyncio.wait(list(self.m.reaps), timeout=30)
         except BaseException:
-            self.m.pools.resume(name)
+            self.pool_resume(name)
             raise
         for b in self.db.builds(name):
             try:
@@ -279,7 +288,7 @@ class TemplateService:
             except errors.AtollError as e:
                 log.warning("template.delete: build %s not removed from its worker: %s", b.id, e.message)
         self.db.delete_template(rec.tenant_id, name)
-        self.m.pools.resume(name)  # a template of that name made later may have a pool again
+        self.pool_resume(name)  # a template of that name made later may have a pool again
         log.info("template.deleted", extra={"template": name})
 
     def _template_of(self, build_id: str) -> str | None:

@@ -25,8 +25,14 @@ from atoll.core import netpolicy
 from atoll.gateway import fairshare
 from atoll.gateway import names as names_mod
 
-if typing.TYPE_CHECKING:
-    from atoll.gateway.egress import _Attached
+
+class Sandbox(typing.Protocol):
+    """What the resolver reads of the sandbox it answers (gateway.egress's attachment)."""
+
+    sid: str
+    policy: netpolicy.Policy
+    counters: typing.Any  # .dns_answered, .dns_refused
+    bucket: fairshare.Bucket | None
 
 log = logging.getLogger(__name__)
 TTL = 30
@@ -36,7 +42,7 @@ hosts files or the cache know are answered at once, outside this bound."""
 
 
 class Resolver(asyncio.DatagramProtocol):
-    def __init__(self, att: _Attached, names: names_mod.Names):
+    def __init__(self, att: Sandbox, names: names_mod.Names):
         self.att = att
         self.names = names
         self.transport: asyncio.DatagramTransport | None = None

@@ -9,7 +9,7 @@ import json as _json
 import os
 import tempfile
 from collections.abc import AsyncIterator
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from atoll import errors
 
@@ -19,10 +19,7 @@ from .._models import (
     FileEvent,
     FileStat,
 )
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import AsyncClient
-    from .sandboxes import AsyncSandbox
+from ._parents import ClientLike, SandboxLike
 
 
 class AsyncFiles:
@@ -32,11 +29,11 @@ class AsyncFiles:
     gives them; they are sent as `path_b64`).
     """
 
-    def __init__(self, sandbox: AsyncSandbox) -> None:
+    def __init__(self, sandbox: SandboxLike) -> None:
         self._sandbox = sandbox
 
     @property
-    def _client(self) -> AsyncClient:
+    def _client(self) -> ClientLike:
         return self._sandbox._client
 
     async def write(self, path: str | bytes, data: _base.AsyncUploadData) -> None:

@@ -6,7 +6,7 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
@@ -17,16 +17,14 @@ from .._models import (
     OutputEvent,
     ProcessInfo,
 )
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .sandboxes import AsyncSandbox
+from ._parents import SandboxLike
 
 
 class AsyncProcesses:
     """`sandbox.processes`: call it for the list (`await sandbox.processes()`), or `get(pid)` for a
     handle on one background process (also after the caller that started it went away)."""
 
-    def __init__(self, sandbox: AsyncSandbox) -> None:
+    def __init__(self, sandbox: SandboxLike) -> None:
         self.sandbox = sandbox
 
     async def __call__(self) -> list[ProcessInfo]:
@@ -49,7 +47,7 @@ class AsyncProcess:
     `sandbox.processes.get(pid)`: its record (`info()`), `wait()`, `output()` from any offset,
     `send_stdin()` / `close_stdin()`, `signal()` and `kill()`. `data` is its last known record."""
 
-    def __init__(self, sandbox: AsyncSandbox, pid: int, data: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, sandbox: SandboxLike, pid: int, data: Mapping[str, Any] | None = None) -> None:
         self.sandbox = sandbox
         self.pid = pid
         self.data = dict(data or {"pid": pid})

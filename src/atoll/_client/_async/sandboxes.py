@@ -6,7 +6,7 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
 from websockets import exceptions as ws_errors
 from websockets.asyncio.client import connect as ws_connect
@@ -20,18 +20,16 @@ from .._models import (
     SandboxFields,
     SandboxMetrics,
 )
+from ._parents import ClientLike
 from .files import AsyncFiles
 from .processes import AsyncProcess, AsyncProcesses
 from .terminal import AsyncTerminal
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import AsyncClient
 
 
 class AsyncSandboxes:
     """`client.sandboxes`: create, look up, list and delete sandboxes."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: ClientLike) -> None:
         self._client = client
 
     async def create(
@@ -125,7 +123,7 @@ class AsyncSandbox(SandboxFields):
     Used as a context manager, the sandbox is deleted on exit.
     """
 
-    def __init__(self, client: AsyncClient, data: Mapping[str, Any]) -> None:
+    def __init__(self, client: ClientLike, data: Mapping[str, Any]) -> None:
         self._client = client
         self.data = dict(data)
         self.files = AsyncFiles(self)

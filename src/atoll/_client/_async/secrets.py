@@ -6,21 +6,18 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .. import _base
 from .._models import (
     Secret,
 )
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import AsyncClient
+from ._parents import ClientLike
 
 
 class AsyncSecrets:
     """`client.secrets`: values sealed on the server, sent only by the egress gateway to their hosts."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: ClientLike) -> None:
         self._client = client
 
     async def create(

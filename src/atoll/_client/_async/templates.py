@@ -6,7 +6,7 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from atoll import errors
 
@@ -14,15 +14,13 @@ from .. import _base
 from .._models import (
     Template,
 )
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import AsyncClient
+from ._parents import ClientLike
 
 
 class AsyncTemplates:
     """`client.templates`: build, inspect and delete templates, and size their warm pools."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: ClientLike) -> None:
         self._client = client
 
     async def list(self) -> list[Template]:

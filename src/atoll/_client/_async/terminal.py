@@ -6,7 +6,6 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from websockets import exceptions as ws_errors
 from websockets.asyncio.client import ClientConnection
@@ -14,9 +13,7 @@ from websockets.asyncio.client import ClientConnection
 from atoll import errors
 
 from .. import _base
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .sandboxes import AsyncSandbox
+from ._parents import SandboxLike
 
 
 class AsyncTerminal:
@@ -24,7 +21,7 @@ class AsyncTerminal:
     `read` or iterate over output bytes, `resize`, `wait` for the exit code. `close` (or leaving
     the context) detaches; the session lives on in the sandbox."""
 
-    def __init__(self, sandbox: AsyncSandbox, pty_id: str, ws: ClientConnection) -> None:
+    def __init__(self, sandbox: SandboxLike, pty_id: str, ws: ClientConnection) -> None:
         self.sandbox = sandbox
         self.pty_id = pty_id
         self._ws = ws

@@ -5,18 +5,16 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _base
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import AsyncClient
+from ._parents import ClientLike
 
 
 class AsyncWorkers:
     """`client.workers`: the workers of the server (name, state, capacity, what they hold)."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: ClientLike) -> None:
         self._client = client
 
     async def list(self) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import json as _json
 import os
 import tempfile
 from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from atoll import errors
 
@@ -21,10 +21,7 @@ from .._models import (
     FileEvent,
     FileStat,
 )
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import Client
-    from .sandboxes import Sandbox
+from ._parents import ClientLike, SandboxLike
 
 
 class Files:
@@ -34,11 +31,11 @@ class Files:
     gives them; they are sent as `path_b64`).
     """
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: SandboxLike) -> None:
         self._sandbox = sandbox
 
     @property
-    def _client(self) -> Client:
+    def _client(self) -> ClientLike:
         return self._sandbox._client
 
     def write(self, path: str | bytes, data: _base.UploadData) -> None:

@@ -8,7 +8,7 @@ Generated from `_async/processes.py` by `scripts/unasync_sdk.py` (edit that file
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
@@ -19,16 +19,14 @@ from .._models import (
     OutputEvent,
     ProcessInfo,
 )
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .sandboxes import Sandbox
+from ._parents import SandboxLike
 
 
 class Processes:
     """`sandbox.processes`: call it for the list (`await sandbox.processes()`), or `get(pid)` for a
     handle on one background process (also after the caller that started it went away)."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: SandboxLike) -> None:
         self.sandbox = sandbox
 
     def __call__(self) -> list[ProcessInfo]:
@@ -51,7 +49,7 @@ class Process:
     `sandbox.processes.get(pid)`: its record (`info()`), `wait()`, `output()` from any offset,
     `send_stdin()` / `close_stdin()`, `signal()` and `kill()`. `data` is its last known record."""
 
-    def __init__(self, sandbox: Sandbox, pid: int, data: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, sandbox: SandboxLike, pid: int, data: Mapping[str, Any] | None = None) -> None:
         self.sandbox = sandbox
         self.pid = pid
         self.data = dict(data or {"pid": pid})

@@ -8,7 +8,7 @@ Generated from `_async/sandboxes.py` by `scripts/unasync_sdk.py` (edit that file
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
 from websockets import exceptions as ws_errors
 from websockets.sync.client import connect as ws_connect
@@ -22,18 +22,16 @@ from .._models import (
     SandboxFields,
     SandboxMetrics,
 )
+from ._parents import ClientLike
 from .files import Files
 from .processes import Process, Processes
 from .terminal import Terminal
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import Client
 
 
 class Sandboxes:
     """`client.sandboxes`: create, look up, list and delete sandboxes."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClientLike) -> None:
         self._client = client
 
     def create(
@@ -123,7 +121,7 @@ class Sandbox(SandboxFields):
     Used as a context manager, the sandbox is deleted on exit.
     """
 
-    def __init__(self, client: Client, data: Mapping[str, Any]) -> None:
+    def __init__(self, client: ClientLike, data: Mapping[str, Any]) -> None:
         self._client = client
         self.data = dict(data)
         self.files = Files(self)

@@ -8,21 +8,18 @@ Generated from `_async/secrets.py` by `scripts/unasync_sdk.py` (edit that file a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .. import _base
 from .._models import (
     Secret,
 )
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import Client
+from ._parents import ClientLike
 
 
 class Secrets:
     """`client.secrets`: values sealed on the server, sent only by the egress gateway to their hosts."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClientLike) -> None:
         self._client = client
 
     def create(self, name: str, value: str, hosts: Sequence[str], *, allow_http: bool = False) -> Secret:

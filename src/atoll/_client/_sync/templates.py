@@ -8,7 +8,7 @@ Generated from `_async/templates.py` by `scripts/unasync_sdk.py` (edit that file
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from atoll import errors
 
@@ -16,15 +16,13 @@ from .. import _base
 from .._models import (
     Template,
 )
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import Client
+from ._parents import ClientLike
 
 
 class Templates:
     """`client.templates`: build, inspect and delete templates, and size their warm pools."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClientLike) -> None:
         self._client = client
 
     def list(self) -> list[Template]:

@@ -8,7 +8,6 @@ Generated from `_async/terminal.py` by `scripts/unasync_sdk.py` (edit that file 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from websockets import exceptions as ws_errors
 from websockets.sync.client import ClientConnection
@@ -16,9 +15,7 @@ from websockets.sync.client import ClientConnection
 from atoll import errors
 
 from .. import _base
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .sandboxes import Sandbox
+from ._parents import SandboxLike
 
 
 class Terminal:
@@ -26,7 +23,7 @@ class Terminal:
     `read` or iterate over output bytes, `resize`, `wait` for the exit code. `close` (or leaving
     the context) detaches; the session lives on in the sandbox."""
 
-    def __init__(self, sandbox: Sandbox, pty_id: str, ws: ClientConnection) -> None:
+    def __init__(self, sandbox: SandboxLike, pty_id: str, ws: ClientConnection) -> None:
         self.sandbox = sandbox
         self.pty_id = pty_id
         self._ws = ws

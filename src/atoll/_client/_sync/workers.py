@@ -7,18 +7,16 @@ Generated from `_async/workers.py` by `scripts/unasync_sdk.py` (edit that file a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _base
-
-if TYPE_CHECKING:  # annotations only: these modules import this one
-    from .client import Client
+from ._parents import ClientLike
 
 
 class Workers:
     """`client.workers`: the workers of the server (name, state, capacity, what they hold)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClientLike) -> None:
         self._client = client
 
     def list(self) -> list[dict[str, Any]]:

@@ -56,3 +56,16 @@ def read_small(path: str, limit: int = 65536) -> bytes:
         return os.read(fd, limit)
     finally:
         os.close(fd)
+
+
+_libc = None
+
+
+def libc():
+    """The C library (ctypes), loaded once: mounts, setns, prctl of the agent and atoll-init."""
+    global _libc
+    if _libc is None:
+        import ctypes  # noqa: PLC0415 - only where a libc call is made
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc

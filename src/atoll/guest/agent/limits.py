@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 
-from .common import log
+from .common import libc, log
 
 CGROUP_MOUNT = "/dev/.atoll-cgroup"
 USER_PIDS_MAX = 1024
@@ -65,7 +65,6 @@ class UserLimits:
         self._spare_keys = itertools.count(1)
 
     def setup(self) -> None:
-        from .zygote import libc  # noqa: PLC0415 - one libc loader, imported late: no import cycle
 
         try:
             if not os.path.exists(f"{self.root}/cgroup.procs"):

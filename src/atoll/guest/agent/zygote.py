@@ -46,7 +46,7 @@ import termios
 import threading
 
 from . import limits, proctree
-from .common import limit_cpus, log
+from .common import libc, limit_cpus, log
 
 CLONE_NEWPID = 0x20000000
 MNT_DETACH = 2
@@ -55,9 +55,6 @@ PR_SET_NAME = 15
 NAME = b"atoll-init"
 MAX_MESSAGE = 1 << 20  # an exec request with its environment; the agent checks sizes before
 _REAPER_OWNS_STATUS = -(1 << 30)
-
-_libc = None
-
 
 def signal_group(pid: int, sig: int) -> None:
     """Send `sig` to a command's process group (it leads one: each command is a new session), or to
@@ -71,13 +68,6 @@ def signal_group(pid: int, sig: int) -> None:
             pass
     except OSError:
         pass
-
-
-def libc():
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
 
 
 def _check(rc: int, what: str) -> None:

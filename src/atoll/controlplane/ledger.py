@@ -1,0 +1,245 @@
+"""The control plane's per-sandbox bookkeeping, one object every step goes through: the ledger.
+
+What pools, templates, forks, lifetimes and the manager itself need of a sandbox's record lives
+here, public and named, instead of in `SandboxManager`'s private parts: the records (a cache over
+the database), one lock per sandbox for its lifecycle steps (the control plane owns it: a worker
+has its own for what it does on the host), the count of calls in flight, the activity clock, the
+last usage a worker reported, persisting a change through the core state table, the step log
+(`sandbox.<verb>.started/complete/failed`), failing a sandbox, guarding a worker step, placement,
+and the background deletions in flight. `Steps` is what those modules ask of the manager's own
+verbs (create, delete, pause, resume), so none of them imports it.
+Made by controlplane.lifecycle (SandboxManager); handed to controlplane.pools, templates, forking
+and lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import typing
+
+from atoll.controlplane import db as dbm
+from atoll.controlplane import metrics
+from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
+from atoll.core import errors, ids, placement
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import State, Tier, Verb, check_transition, status
+
+log = logging.getLogger(__name__)
+MAX_RESUME_FAILURES = 3
+"""Failed resumes from the disk tier in a row after which a sandbox is failed (its files kept)."""
+
+
+class Steps(typing.Protocol):
+    """The manager's verbs, as pools, templates and forks call them."""
+
+    async def create(self, req: typing.Any, *, pooled: bool = False) -> dbm.SandboxRecord: ...
+
+    async def delete(self, sid: str) -> None: ...
+
+    async def pause(self, sid: str, tier: Tier, *, only_if_idle: bool = False) -> dbm.SandboxRecord: ...
+
+    async def resume(self, sid: str) -> dbm.SandboxRecord: ...
+
+
+class Ledger:
+    def __init__(
+        self,
+        database: dbm.Database,
+        m: metrics.Metrics,
+        workers: WorkerRegistry,
+        *,
+        secrets: typing.Any = None,
+        default_network: dict | None = None,
+    ):
+        self.db = database
+        self.metrics = m
+        self.workers = workers
+        self.secrets = secrets
+        """The secret store (None: no secrets, as in some tests)."""
+        self.default_network = default_network or {}
+        """The installation's egress policy for a sandbox created without one (wire form)."""
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.inflight: dict[str, int] = {}
+        self.activity: dict[str, float] = {}
+        """When each sandbox last had an API call, a worker-reported activity or a step (monotonic)."""
+        self.cache: dict[str, dbm.SandboxRecord] = {}
+        self.usage: dict[str, api.Usage] = {}
+        self.reaps: set[asyncio.Task] = set()
+        """Deletions of runtimes on their workers, in flight."""
+
+    # ---- records -------------------------------------------------------------------------------
+    def get(self, sid: str) -> dbm.SandboxRecord:
+        if not ids.is_sandbox_id(sid):
+            raise errors.InvalidRequest(
+                f"malformed sandbox id {sid!r}: ids look like 'sb-' followed by 16 lower-case letters/digits"
+            )
+        rec = self.cache.get(sid) or self.db.get(sid)
+        if rec is None or rec.state == State.DELETED:
+            raise errors.SandboxNotFound(
+                f"sandbox {sid} does not exist (or was deleted); list yours with GET /v1/sandboxes"
+            )
+        self.cache[sid] = rec
+        return rec
+
+    def live(self) -> list[dbm.SandboxRecord]:
+        return list(self.cache.values())
+
+    def persist(self, rec: dbm.SandboxRecord, verb: Verb, **changes: typing.Any) -> None:
+        """Walk the core state table by `verb`, with `changes`, and write it (a delete durably)."""
+        new = check_transition(status(rec.state, rec.standby_tier), verb)
+        rec.state = new.state.value
+        rec.standby_tier = new.tier.value if new.tier else None
+        if new.state != State.STANDBY:
+            rec.standby_reason, rec.standby_since = None, None
+        for k, v in changes.items():
+            setattr(rec, k, v)
+        fields = ["state", "standby_tier", "standby_reason", "standby_since", *changes]
+        # a delete must survive a power loss once acknowledged (the next start finishes it)
+        self.db.save(rec, fields=list(dict.fromkeys(fields)), durable=verb == Verb.DELETE)
+        if new.state == State.DELETED:
+            self.forget(rec.id)
+        else:
+            self.cache[rec.id] = rec
+
+    def forget(self, sid: str) -> None:
+        self.cache.pop(sid, None)
+        self.activity.pop(sid, None)
+        self.usage.pop(sid, None)
+
+    def fail(self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None) -> None:
+        """Mark the sandbox failed: `cause` goes on the record (callers see it), `detail` (runsc log
+        lines, host paths) only to the log."""
+        if rec.state in (State.DELETED, State.FAILED):
+            return
+        log.warning("sandbox.fail", extra={"sandbox_id": rec.id, "reason": cause, "detail": detail})
+        self.persist(rec, Verb.FAIL, failure_reason=cause)
+
+    def resume_failed(self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None) -> errors.AtollError:
+        """A resume from the disk tier did not complete and the worker kept the sandbox in standby
+        (its image and writable layer): say why on the record, and fail it after
+        MAX_RESUME_FAILURES tries in a row. Returns the error the caller gets."""
+        tries = (rec.resume_failures or 0) + 1
+        log.warning(
+            "sandbox.resume_disk.kept",
+            extra={"sandbox_id": rec.id, "tries": tries, "reason": cause, "detail": detail},
+        )
+        if tries >= MAX_RESUME_FAILURES:
+            reason = (
+                f"sandbox {rec.id} could not be resumed from disk in {tries} tries (the last: {cause}); "
+                "its memory image and files are kept on its worker until you delete it"
+            )
+            self.persist(rec, Verb.FAIL, failure_reason=reason, resume_error=cause, resume_failures=tries)
+            return errors.SandboxDied(reason)
+        rec.resume_error, rec.resume_failures = cause, tries
+        self.db.save(rec, fields=["resume_error", "resume_failures"])
+        return errors.ResumeFailed(
+            f"sandbox {rec.id} could not be resumed from disk (try {tries} of {MAX_RESUME_FAILURES}): "
+            f"{cause}; it stays in standby with its files and memory image — call again to retry"
+        )
+
+    # ---- per-sandbox state ---------------------------------------------------------------------
+    def lock(self, sid: str) -> asyncio.Lock:
+        """The sandbox's lifecycle lock: its steps (create, pause, resume, delete, claim, fork) run
+        one at a time; a call waits for a step in progress."""
+        return self.locks.setdefault(sid, asyncio.Lock())
+
+    def touch(self, sid: str) -> None:
+        self.activity[sid] = time.monotonic()
+
+    def busy(self, sid: str) -> bool:
+        """Calls in flight, or a step running."""
+        return bool(self.inflight.get(sid)) or self.lock(sid).locked()
+
+    def refuse_if_failed(self, rec: dbm.SandboxRecord) -> None:
+        if rec.state == State.FAILED:
+            raise errors.Conflict(
+                f"sandbox {rec.id} has failed ({rec.failure_reason}); delete it and create a new one",
+                code="invalid_state",
+            )
+
+    def refuse_if_in_flight(self, sid: str, what: str) -> None:
+        if self.inflight.get(sid):
+            raise errors.SandboxBusy(
+                f"sandbox {sid} has {self.inflight[sid]} exec/file call(s) in progress; {what}"
+            )
+
+    # ---- steps ---------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def step(self, verb: str, sid: str):
+        """Log and time one lifecycle step; the caller may add fields to the `complete` line by
+        putting them in the dict it gets (e.g. the worker's own share of the step)."""
+        log.info("sandbox.%s.started", verb, extra={"sandbox_id": sid})
+        t0 = time.perf_counter()
+        fields: dict[str, typing.Any] = {}
+        try:
+            yield fields
+        except BaseException as e:
+            dur = time.perf_counter() - t0
+            log.warning(
+                "sandbox.%s.failed",
+                verb,
+                extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2), "error": str(e)},
+            )
+            self.metrics.lifecycle.labels(verb=verb, outcome="failed").observe(dur)
+            raise
+        dur = time.perf_counter() - t0
+        log.info(
+            "sandbox.%s.complete",
+            verb,
+            extra={"sandbox_id": sid, "duration_ms": round(dur * 1000, 2), **fields},
+        )
+        self.metrics.lifecycle.labels(verb=verb, outcome="complete").observe(dur)
+
+    async def guard(self, rec: dbm.SandboxRecord, aw: typing.Awaitable) -> typing.Any:
+        """Run a worker step; a runtime failure marks the sandbox failed with its cause (an
+        unreachable worker does not: nothing is known about the sandbox then)."""
+        try:
+            return await aw
+        except (errors.RuntimeFailure, errors.SandboxDied) as e:
+            self.fail(rec, e.message, e.detail)
+            raise
+
+    # ---- workers -------------------------------------------------------------------------------
+    def worker(self, rec: dbm.SandboxRecord) -> api.WorkerAPI:
+        return self.workers.api_for(rec.worker_id)
+
+    def allocated(self, worker_id: str) -> dict[str, float]:
+        """What the live records on a worker hold: memory of those in RAM (running, memory tier,
+        being created), CPUs of those running, disk of all."""
+        mem = cpus = disk = 0.0
+        count = 0
+        for rec in self.cache.values():
+            if rec.worker_id != worker_id:
+                continue
+            count += 1
+            disk += rec.disk_mb
+            if rec.state in (State.CREATING, State.RUNNING) or rec.standby_tier == Tier.MEMORY:
+                mem += rec.memory_mb
+            if rec.state in (State.CREATING, State.RUNNING):
+                cpus += rec.cpus
+        return {"memory_mb": int(mem), "cpus": round(cpus, 3), "disk_mb": int(disk), "sandboxes": count}
+
+    def place(self, template: str, memory_mb: int) -> WorkerHandle:
+        candidates = []
+        for h in self.workers.ready():
+            assert h.info is not None
+            candidates.append(
+                placement.Candidate(
+                    worker_id=h.id,
+                    name=h.name,
+                    memory_mb=h.info.capacity.memory_mb,
+                    allocated_memory_mb=int(self.allocated(h.id)["memory_mb"]),
+                    templates=frozenset(h.templates)
+                    | {b.build_id for b in h.builds.values() if b.status == "ready"},
+                )
+            )
+        choice = placement.choose(candidates, memory_mb=memory_mb, template=template)
+        return self.workers.get(choice.worker_id)
+
+    def track(self, task: asyncio.Task) -> None:
+        """A deletion on a worker, in the background (`reaps`)."""
+        self.reaps.add(task)
+        task.add_done_callback(self.reaps.discard)
