@@ -117,7 +117,9 @@ class Ledger:
         log.warning("sandbox.fail", extra={"sandbox_id": rec.id, "reason": cause, "detail": detail})
         self.persist(rec, Verb.FAIL, failure_reason=cause)
 
-    def resume_failed(self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None) -> errors.AtollError:
+    def resume_failed(
+        self, rec: dbm.SandboxRecord, cause: str, detail: str | None = None
+    ) -> errors.AtollError:
         """A resume from the disk tier did not complete and the worker kept the sandbox in standby
         (its image and writable layer): say why on the record, and fail it after
         MAX_RESUME_FAILURES tries in a row. Returns the error the caller gets."""

@@ -312,7 +312,9 @@ class SandboxManager:
                     "wait for them to finish (or kill the process) and retry the pause"
                 )
         async with self.ledger.step(f"pause_{tier.value}", sid):
-            outcome = await self.ledger.guard(rec, self.worker(rec).pause(sid, tier, only_if_idle=only_if_idle))
+            outcome = await self.ledger.guard(
+                rec, self.worker(rec).pause(sid, tier, only_if_idle=only_if_idle)
+            )
             self._apply_pause(rec, cur, outcome)
         if outcome.busy:
             raise errors.SandboxBusy(outcome.reason or f"sandbox {sid} could not be paused now; retry")

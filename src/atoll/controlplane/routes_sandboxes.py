@@ -102,7 +102,9 @@ async def fork_sandbox(request: Request, sid: SandboxId):
         body = json.loads(raw) if raw.strip() else {}
     except ValueError as e:
         raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
-    copies = await forking.fork(ctx(request).manager.ledger, ctx(request).manager, sid, forking.check_count(body))
+    copies = await forking.fork(
+        ctx(request).manager.ledger, ctx(request).manager, sid, forking.check_count(body)
+    )
     return http.json_response({"items": [view(request, c) for c in copies]}, 201)
 
 

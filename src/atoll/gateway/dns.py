@@ -34,6 +34,7 @@ class Sandbox(typing.Protocol):
     counters: typing.Any  # .dns_answered, .dns_refused
     bucket: fairshare.Bucket | None
 
+
 log = logging.getLogger(__name__)
 TTL = 30
 MAX_INFLIGHT = 64

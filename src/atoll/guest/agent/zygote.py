@@ -56,6 +56,7 @@ NAME = b"atoll-init"
 MAX_MESSAGE = 1 << 20  # an exec request with its environment; the agent checks sizes before
 _REAPER_OWNS_STATUS = -(1 << 30)
 
+
 def signal_group(pid: int, sig: int) -> None:
     """Send `sig` to a command's process group (it leads one: each command is a new session), or to
     the process alone if its group is gone."""
