@@ -19,10 +19,10 @@ import sys
 
 import uvicorn
 
-from atoll import logconfig
 from atoll.controlplane import main as server_main
 from atoll.controlplane import settings as server_settings
 from atoll.core import config
+from atoll.shared import logconfig
 from atoll.worker import node as node_mod
 from atoll.worker import settings as worker_settings
 

@@ -15,7 +15,7 @@ import uvicorn
 import websockets
 from websockets.asyncio.client import connect
 
-from atoll import logconfig
+from atoll.shared import logconfig
 from atoll.testing import FakeAtoll
 from tests.component.conftest import KEY, create
 

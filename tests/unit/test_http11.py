@@ -1,4 +1,4 @@
-"""The shared HTTP/1.1 client (atoll.http11): kept-alive connections the peer closed while idle are
+"""The shared HTTP/1.1 client (atoll.shared.http11): kept-alive connections the peer closed while idle are
 not reused (a POST on one used to fail, and the control plane then took the worker for gone), and a
 peer that is not there is ConnectFailed, not a broken answer."""
 
@@ -11,7 +11,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from atoll import http11
+from atoll.shared import http11
 from atoll.testing import free_port
 
 

@@ -1,4 +1,4 @@
-"""Secret substitution in the egress gateway (gateway.intercept, gateway.tlsstream, core.pki), on
+"""Secret substitution in the egress gateway (gateway.intercept, shared.tlsstream, core.pki), on
 loopback only: a real HTTPS upstream for `api.test`, an interceptor that reads the ClientHello and
 then calls `intercept_tls`, and a client that trusts only the installation's root CA."""
 
@@ -17,7 +17,8 @@ from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from atoll.core import pki
-from atoll.gateway import httprelay, intercept, placeholders, sniff, tlsstream
+from atoll.gateway import httprelay, intercept, placeholders, sniff
+from atoll.shared import tlsstream
 
 PH_KEY = "atoll_ph_" + "3f9a" * 8
 PH_WILD = "atoll_ph_" + "b" * 32

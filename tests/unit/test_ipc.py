@@ -1,4 +1,4 @@
-"""atoll.ipc: messages, calls and descriptors between atoll's own processes, on socketpairs.
+"""atoll.shared.ipc: messages, calls and descriptors between atoll's own processes, on socketpairs.
 
 The channel carries the egress gateway's and the ingress router's sockets, so these check what
 they rely on: replies match their calls, errors come back typed, sockets arrive usable and owned by
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from atoll import ipc
+from atoll.shared import ipc
 
 
 async def _pair(handler=None, on_event=None):
@@ -137,7 +137,7 @@ async def test_a_peer_that_goes_away_ends_the_calls_in_flight():
 
 CHILD = r"""
 import asyncio, socket, sys
-from atoll import ipc
+from atoll.shared import ipc
 async def main():
     async def handler(msg, fds):
         if msg["op"] == "die":

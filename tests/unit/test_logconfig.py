@@ -1,4 +1,4 @@
-"""Log redaction (atoll.logconfig): lines logged through the handler `configure` installs, in text
+"""Log redaction (atoll.shared.logconfig): lines logged through the handler `configure` installs, in text
 and JSON, lose every credential and keep the rest of the line — uvicorn's line for a refused
 WebSocket handshake with a key in its query string first of all."""
 
@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
-from atoll import logconfig
 from atoll.core import preview
+from atoll.shared import logconfig
 
 SECRET = "s3cr3t-VALUE-0123456789"
 

@@ -1,4 +1,4 @@
-"""atoll.portstream: a SocketPort used by two tasks at once from the start (a terminal's reader and
+"""atoll.shared.portstream: a SocketPort used by two tasks at once from the start (a terminal's reader and
 writer) makes one transport, not two racing for the same socket; detach hands the socket over only
 before that; read_line takes nothing past its newline."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from atoll import portstream
+from atoll.shared import portstream
 
 
 async def test_concurrent_first_use_makes_one_transport_and_loses_no_byte():

@@ -11,11 +11,10 @@ import ssl
 
 import pytest
 
-from atoll import portstream
 from atoll.core import pki
-from atoll.gateway import tlsstream
 from atoll.ingress import router as router_mod
 from atoll.ingress.router import _forwarded_client
+from atoll.shared import portstream, tlsstream
 
 SID = "sb-" + "a" * 16
 

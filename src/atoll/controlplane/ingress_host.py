@@ -2,7 +2,7 @@
 
 `atoll server` and `atoll up` bind ATOLL_INGRESS_HOST:ATOLL_INGRESS_PORT themselves (a port in use is
 their start-up error), then start `python -m atoll.ingress` (ingress.service) with that socket and a
-channel (atoll.ipc), give it its TLS certificate, and answer what it asks with
+channel (atoll.shared.ipc), give it its TLS certificate, and answer what it asks with
 controlplane.previews: `admit` (token, signed URL, cookie, public port; then resume a sandbox in
 standby — concurrent requests share one resume — all in one round trip per request), `ready` (the
 same resume, for a WebSocket's messages) and `connect` — the connection into the
@@ -20,9 +20,9 @@ import os
 import socket
 import sys
 
-from atoll import ipc
 from atoll.controlplane import previews as previews_mod
 from atoll.core import config, errors, preview
+from atoll.shared import ipc
 
 log = logging.getLogger(__name__)
 

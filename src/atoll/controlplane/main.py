@@ -19,13 +19,13 @@ import sys
 
 import uvicorn
 
-from atoll import logconfig
 from atoll.controlplane import app as app_mod
 from atoll.controlplane import db, ingress_host, lifecycle, metrics, policy, previews, routes_pty
 from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane import settings as settings_mod
 from atoll.controlplane.authority import Authority
 from atoll.core import config
+from atoll.shared import logconfig
 
 log = logging.getLogger("atoll.server")
 

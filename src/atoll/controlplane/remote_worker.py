@@ -1,6 +1,6 @@
 """`RemoteWorker`: the seam (core.worker_api.WorkerAPI) over HTTP, to one `atoll worker` process.
 
-It rides on the small HTTP/1.1 client atoll.http11 (kept-alive connections; ~1 ms less per call
+It rides on the small HTTP/1.1 client atoll.shared.http11 (kept-alive connections; ~1 ms less per call
 than httpx, which on the exec path is the difference between the split and `atoll up`). Every
 request carries the token the server issued at registration and `Atoll-Protocol`; an answer
 that lacks it or speaks another version is refused. Worker errors come back as the same domain
@@ -25,10 +25,10 @@ import typing
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 
-from atoll import http11, portstream
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Tier
+from atoll.shared import http11, portstream
 
 NDJSON = "application/x-ndjson"
 CONNECT_TIMEOUT_S = 5.0  # (http11 connects within 5 s)

@@ -7,7 +7,7 @@ destination address, or by the name it carries (TLS SNI, HTTP Host) and the addr
 resolves to, then connects out from the worker's own namespace and relays the bytes.
 
 It runs as a process beside each worker (`service`, started and stopped by worker.edge), holding
-sockets the worker made inside each sandbox's namespace and handed over (SCM_RIGHTS, atoll.ipc);
+sockets the worker made inside each sandbox's namespace and handed over (SCM_RIGHTS, atoll.shared.ipc);
 it does no namespace switching itself. Modules: service (the process, its channel), egress (the
 TCP side: decisions, connections, quiesce), splice (the kernel byte relay), httpflow (HTTP/1.1
 events from llhttp), httprelay (request by request), placeholders (secrets: the one rule),

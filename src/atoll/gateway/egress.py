@@ -31,8 +31,9 @@ import termios
 import time
 
 from atoll.core import netpolicy
-from atoll.gateway import fairshare, httprelay, intercept, placeholders, sniff, splice, tlsstream
+from atoll.gateway import fairshare, httprelay, intercept, placeholders, sniff, splice
 from atoll.gateway import names as names_mod
+from atoll.shared import tlsstream
 
 log = logging.getLogger(__name__)
 SO_ORIGINAL_DST = 80

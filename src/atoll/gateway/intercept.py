@@ -7,7 +7,7 @@ real upstream with the default CAs (`upstream_context`; a failed verification is
 502 inside the intercepted TLS, and nothing is sent), and relays request by request with the
 placeholders replaced (gateway.httprelay). Only HTTP/1.1 is offered (ALPN), so clients never speak
 h2 to the relay. Secret values never appear in logs or in the gateway's own answers.
-Called by gateway.egress (intercept_tls, LeafContexts, upstream_context); uses gateway.tlsstream,
+Called by gateway.egress (intercept_tls, LeafContexts, upstream_context); uses shared.tlsstream,
 gateway.httprelay and core.pki.
 """
 
@@ -26,7 +26,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from atoll.core import pki
-from atoll.gateway import fairshare, httprelay, tlsstream
+from atoll.gateway import fairshare, httprelay
+from atoll.shared import tlsstream
 
 log = logging.getLogger(__name__)
 LEAF_DAYS = 30

@@ -1,7 +1,7 @@
 """The egress gateway as a process of its own: `python -m atoll.gateway --channel FD`.
 
 Each worker (`atoll worker`, and the worker inside `atoll up`) starts one beside it
-(worker.edge) and talks to it over one channel (atoll.ipc): no sandbox's traffic — relayed,
+(worker.edge) and talks to it over one channel (atoll.shared.ipc): no sandbox's traffic — relayed,
 parsed, decrypted — runs on the event loop that serves the worker's or the control plane's API.
 The worker makes every socket that must be born inside a sandbox's namespace and hands it over
 with the message that uses it:
@@ -33,10 +33,10 @@ import socket
 import sys
 import time
 
-from atoll import ipc, logconfig
 from atoll.core import netpolicy
 from atoll.gateway import egress, fairshare, placeholders
 from atoll.gateway import names as names_mod
+from atoll.shared import ipc, logconfig
 
 log = logging.getLogger(__name__)
 REPORT_S = 1.0

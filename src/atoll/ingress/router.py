@@ -12,7 +12,7 @@ between requests of the same client connection and reopened when the sandbox's s
 (WebSocket) turns the connection into a byte relay. Errors are plain-text answers that say what
 failed, never a traceback.
 Called by controlplane.main (start-up) with a controlplane.previews.Backend; uses h11 and
-gateway.tlsstream.
+shared.tlsstream.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import h11
 
 from atoll.core import errors, preview
 from atoll.core import worker_api as api
-from atoll.gateway import tlsstream
+from atoll.shared import tlsstream
 
 log = logging.getLogger(__name__)
 MAX_HEAD = 64 * 1024

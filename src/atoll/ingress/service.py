@@ -2,7 +2,7 @@
 
 The control plane (`atoll server`, `atoll up`) starts it beside itself (controlplane.ingress_host)
 with the listening socket it bound (so a busy port is the server's start-up error) and one channel
-(atoll.ipc). Preview traffic — TLS, HTTP parsing, bodies, WebSockets — runs here, never on the
+(atoll.shared.ipc). Preview traffic — TLS, HTTP parsing, bodies, WebSockets — runs here, never on the
 event loop that serves the API. What only the control plane knows it asks over the channel
 (`ChannelBackend`, the router's backend): may this request reach that port, with the sandbox
 woken if it sleeps (`admit`: one question per request), is it still awake (`ready`, on a switched
@@ -30,10 +30,9 @@ import socket
 import ssl
 import sys
 
-from atoll import ipc, logconfig, portstream
 from atoll.core import errors, preview
-from atoll.gateway import tlsstream
 from atoll.ingress import router as router_mod
+from atoll.shared import ipc, logconfig, portstream, tlsstream
 
 log = logging.getLogger(__name__)
 

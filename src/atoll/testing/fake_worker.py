@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from atoll.core import errors, netpolicy, signals
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step, Tier, advance
-from atoll.portstream import SocketPort
+from atoll.shared.portstream import SocketPort
 from atoll.testing import fake_files
 from atoll.testing.fake_pty import FakePtys
 

@@ -2,7 +2,7 @@
 
 Sockets are created on a dedicated thread that enters the host-side namespace with setns(2) and
 leaves again (a socket keeps the namespace it was born in), then driven on the event loop by the
-shared HTTP/1.1 client (atoll.http11: asyncio streams and h11, ~1 ms less per exec and per resume
+shared HTTP/1.1 client (atoll.shared.http11: asyncio streams and h11, ~1 ms less per exec and per resume
 ping than httpx). Connections are kept alive and reused.
 
 Every socket has SO_LINGER 0 and TCP_NODELAY: when the worker closes a connection it sends an RST,
@@ -18,7 +18,7 @@ import logging
 import socket
 import time
 
-from atoll import http11
+from atoll.shared import http11
 from atoll.worker import netns
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ every sandbox the worker makes two sockets inside its host-side namespace — th
 nftables redirect its connections to (HOST_IP:EGRESS_PORT, listening from the start, so connections
 wait in its backlog while a gateway starts) and the DNS socket (HOST_IP:53) — keeps them, and hands
 copies to the gateway with the sandbox's policy (Runtime.network) and secrets (SCM_RIGHTS,
-atoll.ipc). A connection into a sandbox's port is a socket made here in the namespace and given to
+atoll.shared.ipc). A connection into a sandbox's port is a socket made here in the namespace and given to
 the gateway with its other end (the port tunnel's connection, or a socketpair), which relays the
 bytes in the kernel: no sandbox byte passes through the worker's event loop.
 
@@ -33,9 +33,9 @@ import socket
 import sys
 import time
 
-from atoll import ipc, portstream
 from atoll.core import netpolicy
 from atoll.core import worker_api as api
+from atoll.shared import ipc, portstream
 from atoll.worker import netns
 from atoll.worker.runtime import Runtime
 

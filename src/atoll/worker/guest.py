@@ -23,9 +23,9 @@ import typing
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from atoll import portstream
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
+from atoll.shared import portstream
 from atoll.worker import agent_channel, bundle, netns, runsc
 from atoll.worker.liveness import Liveness
 from atoll.worker.runtime import RuntimeStore

@@ -24,8 +24,8 @@ import typing
 
 import uvicorn
 
-from atoll import logconfig
 from atoll.core import config
+from atoll.shared import logconfig
 from atoll.worker import httpapi, node, registration, storage
 from atoll.worker import settings as settings_mod
 from atoll.worker.tunnel import Tunnel

@@ -31,9 +31,9 @@ import socket
 import time
 import typing
 
-from atoll import portstream
 from atoll.core import errors
 from atoll.core import worker_api as api
+from atoll.shared import portstream
 
 log = logging.getLogger(__name__)
 HELLO = "ATOLL-TUNNEL"
