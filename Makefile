@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # Type-checked in `make lint`: the control plane <-> worker seam, the SDK and the control plane's ledger (scripts/check_seam.py holds the
 # structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
 SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/controlplane/workers.py \
-	src/atoll/worker/node.py src/atoll/worker/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
+	src/atoll/worker/service/node.py src/atoll/worker/service/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
 	src/atoll/_client src/atoll/controlplane/ledger.py
 
 .PHONY: run test test-fast lint bench install clean

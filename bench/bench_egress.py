@@ -33,7 +33,8 @@ import time
 from atoll.core import netpolicy
 from atoll.gateway import egress
 from atoll.gateway import names as names_mod
-from atoll.worker import edge, netns
+from atoll.worker.host import netns
+from atoll.worker.runtimes import edge
 from bench import common as c
 
 SERVER = r"""

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from atoll.worker import node as node_mod  # noqa: E402
-from atoll.worker.runtime import RuntimeStore  # noqa: E402
+from atoll.worker.runtimes.runtime import RuntimeStore  # noqa: E402
 
 LEVELS = (50, 100, 200)
 PASSES = 40

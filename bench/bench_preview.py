@@ -25,7 +25,7 @@ import ssl
 import time
 
 from atoll.core import ids
-from atoll.worker import netns
+from atoll.worker.host import netns
 from bench import common as c
 
 WEB = r"""

@@ -30,9 +30,9 @@ import httpx
 
 from atoll.core import ids
 from atoll.testing import LocalAtoll
-from atoll.worker import netns
-from atoll.worker.bundle import AGENT_PORT
-from atoll.worker.netns import SANDBOX_IP
+from atoll.worker.host import netns
+from atoll.worker.host.bundle import AGENT_PORT
+from atoll.worker.host.netns import SANDBOX_IP
 
 TEMPLATE_DIR = os.environ.get("ATOLL_TEST_TEMPLATE_DIR", "/var/tmp/atoll-test-templates")
 RUNSC = os.environ.get("ATOLL_RUNSC", "runsc")

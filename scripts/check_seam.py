@@ -11,7 +11,7 @@ import typing
 from atoll.controlplane.remote_worker import RemoteWorker
 from atoll.core.worker_api import WorkerAPI
 from atoll.testing.fake_worker import FakeWorker
-from atoll.worker.node import Node
+from atoll.worker.service.node import Node
 
 
 def _implementations(node: Node, remote: RemoteWorker, fake: FakeWorker) -> list[WorkerAPI]:

@@ -23,8 +23,8 @@ from atoll.controlplane import main as server_main
 from atoll.controlplane import settings as server_settings
 from atoll.core import config
 from atoll.shared import logconfig
-from atoll.worker import node as node_mod
-from atoll.worker import settings as worker_settings
+from atoll.worker.service import node as node_mod
+from atoll.worker.service import settings as worker_settings
 
 log = logging.getLogger("atoll.up")
 

@@ -15,8 +15,8 @@ import uvicorn
 
 from atoll.core import worker_api as api
 from atoll.testing import FakeAtoll, FakeWorker, free_port
-from atoll.worker import httpapi, registration
-from atoll.worker import settings as worker_settings
+from atoll.worker.service import httpapi, registration
+from atoll.worker.service import settings as worker_settings
 
 KEY = "protocol-key"
 

@@ -21,7 +21,7 @@ import pytest
 
 from atoll.core import worker_api as api
 from atoll.testing import LocalCluster, LocalWorker
-from atoll.worker import runsc
+from atoll.worker.host import runsc
 from tests.conftest import TEMPLATE_CACHE
 
 pytestmark = pytest.mark.integration

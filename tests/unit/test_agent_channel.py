@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from atoll.worker import agent_channel
+from atoll.worker.runtimes import agent_channel
 
 
 async def test_an_answer_read_whole_is_bounded():

@@ -1,4 +1,4 @@
-"""The guest agent's zipapps (atoll.worker.agent_pack): what they hold, and that their bytes depend
+"""The guest agent's zipapps (atoll.worker.host.agent_pack): what they hold, and that their bytes depend
 only on the sources (the template-image key hashes them). test_guest_agent.py runs them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import marshal
 import os
 import zipfile
 
-from atoll.worker import agent_pack
+from atoll.worker.host import agent_pack
 
 
 def test_archives_hold_the_whole_package(tmp_path):
@@ -42,7 +42,7 @@ def test_host_pids_ceiling_is_8x_the_guest_limit():
     """Issue 5 item 4: the host-side pids cgroup counts ~6-8 host tasks per guest task; it must sit
     well above the limit the guest agent sets inside, or a flood kills the sentry."""
     from atoll.guest.agent import limits
-    from atoll.worker import bundle
+    from atoll.worker.host import bundle
 
     assert bundle.GUEST_PIDS_MAX == limits.USER_PIDS_MAX
     assert bundle.HOST_PIDS_LIMIT >= 8 * limits.USER_PIDS_MAX

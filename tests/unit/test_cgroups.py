@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from atoll.worker import cgroups
+from atoll.worker.host import cgroups
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.isdir("/sys/fs/cgroup/freezer"),
@@ -98,7 +98,7 @@ def test_installation_cgroups_are_removed_in_every_hierarchy_only_when_empty():
 
 def test_death_cause_names_the_host_pids_limit(tmp_path, monkeypatch):
     """Issue 5 item 4: a sandbox killed by its host pids cgroup used to fail with 'stopped unexpectedly'."""
-    from atoll.worker import cgroups
+    from atoll.worker.host import cgroups
 
     monkeypatch.setattr(cgroups, "ROOT", str(tmp_path))
     d = tmp_path / "pids" / "inst" / "sb-1"

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from atoll.guest.agent import gate, routing
-from atoll.worker import agent_pack
+from atoll.worker.host import agent_pack
 
 
 def _free_port() -> int:

@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from atoll.worker import hostcmd, storage, sweep
+from atoll.worker.host import hostcmd, storage, sweep
 
 
 def test_every_mount_gets_nosuid_nodev(monkeypatch):

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from atoll.worker import layers
+from atoll.worker.images import layers
 from tests.unit.test_ociarchive import d, docker_save, f, layer, sym
 
 

@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from atoll.worker import ociarchive
+from atoll.worker.images import ociarchive
 
 IS_ROOT = os.geteuid() == 0
 CONFIG = {

@@ -12,9 +12,10 @@ import pytest
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
-from atoll.worker import cgroups, pressure
-from atoll.worker.guest import Gate
-from atoll.worker.runtime import RuntimeStore
+from atoll.worker.host import cgroups
+from atoll.worker.runtimes import pressure
+from atoll.worker.runtimes.guest import Gate
+from atoll.worker.runtimes.runtime import RuntimeStore
 
 
 class Clock:

@@ -18,8 +18,8 @@ from atoll import errors as sdk_errors
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step
-from atoll.worker.runtime import RuntimeStore
-from atoll.worker.snapshots import LocalSnapshotStore
+from atoll.worker.host.snapshots import LocalSnapshotStore
+from atoll.worker.runtimes.runtime import RuntimeStore
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TYPES = [

@@ -6,7 +6,7 @@ import pytest
 
 from atoll.controlplane import http, schemas, settings
 from atoll.core import config, errors
-from atoll.worker import settings as worker_settings
+from atoll.worker.service import settings as worker_settings
 
 
 def test_flag_beats_env_beats_default(monkeypatch, tmp_path):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from atoll.core import errors
-from atoll.worker import templates
+from atoll.worker.images import templates
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (scripts/install-deps.sh)")
 

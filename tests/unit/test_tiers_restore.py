@@ -12,9 +12,9 @@ import pytest
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
-from atoll.worker import netns, runsc
-from atoll.worker.runtime import RuntimeStore
-from atoll.worker.tiers import Tiers
+from atoll.worker.host import netns, runsc
+from atoll.worker.runtimes.runtime import RuntimeStore
+from atoll.worker.runtimes.tiers import Tiers
 
 SID = "sb-0000000000000001"
 

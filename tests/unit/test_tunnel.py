@@ -10,7 +10,7 @@ import socket
 from atoll.core import errors
 from atoll.core import worker_api as api
 from atoll.testing import FakeWorker
-from atoll.worker import tunnel as tunnel_mod
+from atoll.worker.service import tunnel as tunnel_mod
 
 SID = "sb-aaaaaaaaaaaaaaaa"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from atoll.worker.node import HomeInUse, Node
-from atoll.worker.settings import WorkerSettings
+from atoll.worker.service.node import HomeInUse, Node
+from atoll.worker.service.settings import WorkerSettings
 
 
 def test_a_second_worker_on_the_same_home_is_refused(tmp_path):

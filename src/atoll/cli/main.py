@@ -3,7 +3,7 @@
 
 Entry point of the `atoll` console script (`atoll = atoll.cli.main:app`). `atoll up`, `atoll server`
 and `atoll worker` start processes by importing their modules lazily (`atoll.up`,
-`atoll.controlplane.main`, `atoll.worker.main`), so the CLI works with the SDK alone; every
+`atoll.controlplane.main`, `atoll.worker.service.main`), so the CLI works with the SDK alone; every
 `atoll sandbox` command talks to a server through the sync SDK client built by
 `make_client` (tests monkeypatch it to inject an `httpx.MockTransport`). SDK errors are
 printed as `error: <code>: <message>` on stderr with exit status 1, never as a traceback.
@@ -224,7 +224,7 @@ def worker(
     """Run a worker in the foreground: it registers with the server, heartbeats and runs sandboxes.
     Needs root and ATOLL_API_KEY (the server's admin key)."""
     try:
-        from atoll.worker import main as _worker
+        from atoll.worker.service import main as _worker
     except ImportError as exc:
         _fail(f"the atoll worker is not installed ({exc}); install it with: pip install 'atoll[server]'")
     _worker.main(

@@ -38,7 +38,7 @@ def purge(home: str | os.PathLike) -> list[str]:
     """Remove every sandbox of the installation at `home` from this host (no server needed)."""
     import asyncio
 
-    from atoll.worker import node
+    from atoll.worker.service import node
 
     return asyncio.run(node.purge_installation(os.fspath(home)))
 

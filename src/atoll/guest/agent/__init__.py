@@ -4,7 +4,7 @@ The atoll worker on the host is its only client: it calls this agent over HTTP/1
 commands, move files, list and kill processes, check health, set the sandbox identity after a
 restore or fork, and ask whether the sandbox can be checkpointed right now (`GET /gate`).
 
-Deployment: at every start the worker (`atoll.worker.agent_pack`, called by `Worker.start()`)
+Deployment: at every start the worker (`atoll.worker.host.agent_pack`, called by `Worker.start()`)
 packs this package into one file in `$ATOLL_HOME/agent`, bind-mounted read-only at /opt/atoll:
 `agent.pyc` holds every module's bytecode, compiled by the worker's interpreter, and a small
 importer that serves them from memory; `agent-source.pyz`, a zipapp of the .py files, is for

@@ -2,7 +2,7 @@
 accepted connection to the thread pool.
 
 Run in a sandbox as `python3 -I -S -u /opt/atoll/agent.pyc --port 49999` (the bundle's importer
-imports this module and calls `main()`; see atoll.worker.agent_pack), or from a checkout as
+imports this module and calls `main()`; see atoll.worker.host.agent_pack), or from a checkout as
 `python -m atoll.guest.agent --host 127.0.0.1 --port N`. Every module of the package is imported
 before `main()` runs, so a running agent never reads its file again (a restored sandbox may see
 one rewritten by a newer worker).

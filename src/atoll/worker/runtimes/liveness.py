@@ -22,8 +22,8 @@ import typing
 from atoll.core import errors
 from atoll.core.lifecycle import Phase
 from atoll.core.worker_api import SandboxDied, WorkerEvent
-from atoll.worker import bundle, cgroups, runsc
-from atoll.worker.runtime import Runtime, RuntimeStore
+from atoll.worker.host import bundle, cgroups, runsc
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import os
 import socket
 import struct
 
-from atoll.worker import hostcmd
+from atoll.worker.host import hostcmd
 
 SANDBOX_IP = "10.99.0.2"
 HOST_IP = "10.99.0.1"

@@ -12,7 +12,7 @@ import os
 
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase
-from atoll.worker import cgroups, storage
+from atoll.worker.host import cgroups, storage
 
 MB = 1024 * 1024
 

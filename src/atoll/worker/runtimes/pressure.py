@@ -42,10 +42,10 @@ import typing
 from atoll.core import errors
 from atoll.core.lifecycle import Phase
 from atoll.core.worker_api import RuntimeChanged, WorkerEvent
-from atoll.worker import cgroups
-from atoll.worker.guest import Guest
-from atoll.worker.runtime import RuntimeStore
-from atoll.worker.tiers import Tiers
+from atoll.worker.host import cgroups
+from atoll.worker.runtimes.guest import Guest
+from atoll.worker.runtimes.runtime import RuntimeStore
+from atoll.worker.runtimes.tiers import Tiers
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@
  * program. Statically linked programs and programs that issue the `syscall` instruction themselves
  * (Go without cgo) are not covered.
  *
- * Built on the host with gcc when the template layer is built (atoll.worker.templates); the layer's
+ * Built on the host with gcc when the template layer is built (atoll.worker.images.templates); the layer's
  * content hash includes this file, so editing it rebuilds every cached layer.
  */
 #define _GNU_SOURCE

@@ -25,7 +25,8 @@ import time
 import typing
 
 from atoll.core import errors, templatespec
-from atoll.worker import hostcmd, ociarchive, templates
+from atoll.worker.host import hostcmd
+from atoll.worker.images import ociarchive, templates
 
 MAX_LAYERS = 60
 """Layers in one stack (the overlay mount's option string must fit a page)."""

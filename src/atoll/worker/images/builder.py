@@ -47,11 +47,12 @@ from dataclasses import dataclass, field
 
 from atoll.core import errors, ids, templatespec
 from atoll.core import worker_api as api
-from atoll.worker import layers, storage
-from atoll.worker.guest import Guest
-from atoll.worker.runtime import Runtime, RuntimeStore
-from atoll.worker.sandboxes import Sandboxes
-from atoll.worker.tiers import Tiers
+from atoll.worker.host import storage
+from atoll.worker.images import layers
+from atoll.worker.runtimes.guest import Guest
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
+from atoll.worker.runtimes.sandboxes import Sandboxes
+from atoll.worker.runtimes.tiers import Tiers
 
 log = logging.getLogger(__name__)
 

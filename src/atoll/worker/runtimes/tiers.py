@@ -24,12 +24,12 @@ import typing
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step, Tier
 from atoll.core.worker_api import PauseOutcome, ResumeOutcome
-from atoll.worker import cgroups, netns, runsc
-from atoll.worker.guest import Gate, Guest
-from atoll.worker.liveness import Liveness
-from atoll.worker.runtime import Runtime, RuntimeStore
-from atoll.worker.sandboxes import Sandboxes
-from atoll.worker.snapshots import Snapshot, SnapshotStore
+from atoll.worker.host import cgroups, netns, runsc
+from atoll.worker.host.snapshots import Snapshot, SnapshotStore
+from atoll.worker.runtimes.guest import Gate, Guest
+from atoll.worker.runtimes.liveness import Liveness
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
+from atoll.worker.runtimes.sandboxes import Sandboxes
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
 from atoll.shared import portstream
-from atoll.worker import agent_channel, bundle, netns, runsc
-from atoll.worker.liveness import Liveness
-from atoll.worker.runtime import RuntimeStore
+from atoll.worker.host import bundle, netns, runsc
+from atoll.worker.runtimes import agent_channel
+from atoll.worker.runtimes.liveness import Liveness
+from atoll.worker.runtimes.runtime import RuntimeStore
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from atoll.core import errors
-from atoll.worker import hostcmd
+from atoll.worker.host import hostcmd
 
 log = logging.getLogger(__name__)
 

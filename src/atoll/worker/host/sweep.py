@@ -31,7 +31,7 @@ import typing
 from dataclasses import dataclass
 
 from atoll.core import errors, ids
-from atoll.worker import cgroups, netns, runsc, storage
+from atoll.worker.host import cgroups, netns, runsc, storage
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import httpx
 
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
-from atoll.worker.httpapi import Credentials
-from atoll.worker.node import Node
-from atoll.worker.settings import WorkerSettings
+from atoll.worker.service.httpapi import Credentials
+from atoll.worker.service.node import Node
+from atoll.worker.service.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

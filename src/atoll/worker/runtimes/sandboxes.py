@@ -20,11 +20,12 @@ import time
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
-from atoll.worker import agent_pack, bundle, cgroups, hostcmd, layers, netns, runsc, storage, sweep, trust
-from atoll.worker.edge import Edge
-from atoll.worker.guest import Guest
-from atoll.worker.liveness import Liveness
-from atoll.worker.runtime import Runtime, RuntimeStore
+from atoll.worker.host import agent_pack, bundle, cgroups, hostcmd, netns, runsc, storage, sweep, trust
+from atoll.worker.images import layers
+from atoll.worker.runtimes.edge import Edge
+from atoll.worker.runtimes.guest import Guest
+from atoll.worker.runtimes.liveness import Liveness
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 
 log = logging.getLogger(__name__)
 

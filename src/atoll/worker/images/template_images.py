@@ -23,11 +23,12 @@ import time
 import typing
 
 from atoll.core import errors, ids
-from atoll.worker import agent_pack, bundle, netns, runsc, storage, templates
-from atoll.worker.guest import Guest
-from atoll.worker.runtime import RuntimeStore
-from atoll.worker.sandboxes import Sandboxes
-from atoll.worker.tiers import Tiers
+from atoll.worker.host import agent_pack, bundle, netns, runsc, storage
+from atoll.worker.images import templates
+from atoll.worker.runtimes.guest import Guest
+from atoll.worker.runtimes.runtime import RuntimeStore
+from atoll.worker.runtimes.sandboxes import Sandboxes
+from atoll.worker.runtimes.tiers import Tiers
 
 log = logging.getLogger(__name__)
 

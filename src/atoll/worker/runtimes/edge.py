@@ -36,8 +36,8 @@ import time
 from atoll.core import netpolicy
 from atoll.core import worker_api as api
 from atoll.shared import ipc, portstream
-from atoll.worker import netns
-from atoll.worker.runtime import Runtime
+from atoll.worker.host import netns
+from atoll.worker.runtimes.runtime import Runtime
 
 log = logging.getLogger(__name__)
 EGRESS_PORT = 15001

@@ -26,9 +26,10 @@ import uvicorn
 
 from atoll.core import config
 from atoll.shared import logconfig
-from atoll.worker import httpapi, node, registration, storage
-from atoll.worker import settings as settings_mod
-from atoll.worker.tunnel import Tunnel
+from atoll.worker.host import storage
+from atoll.worker.service import httpapi, node, registration
+from atoll.worker.service import settings as settings_mod
+from atoll.worker.service.tunnel import Tunnel
 
 log = logging.getLogger("atoll.worker")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from atoll.worker import hostcmd
+from atoll.worker.host import hostcmd
 
 # Options every host mount made by atoll carries.
 SAFE_OPTIONS = ("nosuid", "nodev")

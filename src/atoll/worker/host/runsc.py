@@ -22,7 +22,7 @@ import os
 import shlex
 
 from atoll.core import errors
-from atoll.worker import hostcmd
+from atoll.worker.host import hostcmd
 
 RUNSC = os.environ.get("ATOLL_RUNSC", "runsc")
 _NET_WORKAROUND = "mount -t tmpfs tmpfs /proc/sys/net && exec "

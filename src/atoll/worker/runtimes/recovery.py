@@ -31,13 +31,13 @@ import typing
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
 from atoll.core.worker_api import ReconcileReport
-from atoll.worker import cgroups, runsc, sweep
-from atoll.worker.guest import Guest
-from atoll.worker.liveness import Liveness
-from atoll.worker.runtime import Runtime, RuntimeStore
-from atoll.worker.sandboxes import Sandboxes
-from atoll.worker.snapshots import SnapshotStore
-from atoll.worker.tiers import Tiers
+from atoll.worker.host import cgroups, runsc, sweep
+from atoll.worker.host.snapshots import SnapshotStore
+from atoll.worker.runtimes.guest import Guest
+from atoll.worker.runtimes.liveness import Liveness
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
+from atoll.worker.runtimes.sandboxes import Sandboxes
+from atoll.worker.runtimes.tiers import Tiers
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from atoll.core import errors, ids
 from atoll.core.lifecycle import Phase, Step, advance
-from atoll.worker import storage
+from atoll.worker.host import storage
 
 log = logging.getLogger(__name__)
 

@@ -31,20 +31,22 @@ from collections.abc import AsyncIterator, Sequence
 from atoll.core import errors, ids, netpolicy, ptyframes
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
-from atoll.worker import agent_pack, bundle, cgroups, forks, layers, storage, sweep, templates, trust
-from atoll.worker.builder import Builder
-from atoll.worker.edge import Edge
-from atoll.worker.guest import Guest
-from atoll.worker.liveness import Liveness
-from atoll.worker.pressure import Pressure
-from atoll.worker.recovery import Recovery
-from atoll.worker.runtime import RuntimeStore
-from atoll.worker.sandbox_metrics import figures as metric_figures
-from atoll.worker.sandboxes import Sandboxes
-from atoll.worker.settings import WorkerSettings
-from atoll.worker.snapshots import LocalSnapshotStore
-from atoll.worker.template_images import TemplateImages
-from atoll.worker.tiers import Tiers
+from atoll.worker.host import agent_pack, bundle, cgroups, storage, sweep, trust
+from atoll.worker.host.snapshots import LocalSnapshotStore
+from atoll.worker.images import layers, templates
+from atoll.worker.images.builder import Builder
+from atoll.worker.images.template_images import TemplateImages
+from atoll.worker.runtimes import forks
+from atoll.worker.runtimes.edge import Edge
+from atoll.worker.runtimes.guest import Guest
+from atoll.worker.runtimes.liveness import Liveness
+from atoll.worker.runtimes.pressure import Pressure
+from atoll.worker.runtimes.recovery import Recovery
+from atoll.worker.runtimes.runtime import RuntimeStore
+from atoll.worker.runtimes.sandbox_metrics import figures as metric_figures
+from atoll.worker.runtimes.sandboxes import Sandboxes
+from atoll.worker.runtimes.tiers import Tiers
+from atoll.worker.service.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ import typing
 from atoll.core import errors, ids
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase
-from atoll.worker import hostcmd
-from atoll.worker.guest import Guest
-from atoll.worker.runtime import Runtime, RuntimeStore
-from atoll.worker.sandboxes import Sandboxes
-from atoll.worker.tiers import Tiers
+from atoll.worker.host import hostcmd
+from atoll.worker.runtimes.guest import Guest
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
+from atoll.worker.runtimes.sandboxes import Sandboxes
+from atoll.worker.runtimes.tiers import Tiers
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import socket
 import time
 
 from atoll.shared import http11
-from atoll.worker import netns
+from atoll.worker.host import netns
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The worker's host adapters: runsc, network namespaces and nftables, cgroups, storage (upper images, mounts), the sweep of an installation's host objects, OCI bundles, host commands, the packed guest agent, the CA in a sandbox's root file system, the local snapshot store."""

@@ -1,0 +1,1 @@
+"""Sandboxes on this host: runtime records and their phases, start/stop/delete, the tiers (freeze, checkpoint, restore), the guest agent's channel and calls, liveness, host task pressure, reattachment and reconciliation, per-sandbox figures, the network edge (the egress gateway's process) and fork."""

@@ -1,0 +1,1 @@
+"""The worker as a process and a seam: `node.Node` (core.worker_api.WorkerAPI over this host), its HTTP API, its port tunnel, registration and heartbeats, its settings, and the `atoll worker` entry."""
