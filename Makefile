@@ -35,6 +35,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy $(SEAM)
 	$(PY) scripts/unasync_sdk.py --check
+	$(PY) scripts/gen_seam.py --check
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

@@ -23,38 +23,29 @@ import re
 import socket
 import typing
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
-from atoll.core import errors, wire
+from atoll.controlplane import remote_verbs
+from atoll.core import errors, seam, wire
 from atoll.core import worker_api as api
-from atoll.core.lifecycle import Tier
 from atoll.shared import http11, portstream
 
 NDJSON = "application/x-ndjson"
 CONNECT_TIMEOUT_S = 5.0  # (http11 connects within 5 s)
-STEP_TIMEOUT_S = 900.0  # create (a first template build), pause, resume, delete
-CALL_TIMEOUT_S = 60.0  # inventory, info, listings
-PREFIX = "/worker/v1"
+STEP_TIMEOUT_S = remote_verbs.STEP_TIMEOUT_S
+CALL_TIMEOUT_S = remote_verbs.CALL_TIMEOUT_S
+PREFIX = seam.PREFIX
+_BY_PATH = object()
+"""No effect given: guess it from the path (hand-written calls)."""
 
 
-# What a call that changes something may have done when its worker was lost after it was sent
-# (matched on the worker path, first match wins); None marks a POST that only reads.
+# What a hand-written call that changes something may have done when its worker was lost after it
+# was sent (the plain verbs say so in core.seam's table).
 _EFFECTS: tuple[tuple[re.Pattern[str], str | None], ...] = tuple(
     (re.compile(pattern), effect)
     for pattern, effect in (
-        (r"/processes/\d+/wait$", None),
         (r"/exec$", "the command may have run, in whole or in part"),
-        (r"/processes$", "the process may have started"),
-        (r"/processes/\d+/stdin$", "the input may have been written, in whole or in part"),
-        (r"/processes/\d+(/signal)?$", "the signal may have been sent"),
-        (r"/files(/tar|/mkdir|/move|/chmod)?$", "the file change may have been made, in whole or in part"),
-        (r"/pty$", "the terminal may have started"),
-        (r"/pty/[^/]+$", "the terminal may have been killed"),
-        (
-            r"^/sandboxes(/[^/]+(/[a-z]+)?)?$",
-            "the sandbox's state may have changed (the next reconciliation with the worker brings "
-            "its record in line)",
-        ),
+        (r"/files(/tar)?$", "the file change may have been made, in whole or in part"),
     )
 )
 
@@ -75,7 +66,7 @@ def _path_params(path: api.FilePath) -> dict[str, str]:
     return {"path": path}
 
 
-class RemoteWorker:
+class RemoteWorker(remote_verbs.RemoteVerbs):
     def __init__(
         self,
         url: str,
@@ -109,8 +100,12 @@ class RemoteWorker:
         return parsed.hostname, port
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def _unreachable(self, e: Exception, method: str, path: str) -> errors.Unavailable:
-        """503 for a call (`method` `path`) that got no answer, saying what is known of its outcome."""
+    def _unreachable(
+        self, e: Exception, method: str, path: str, effect: str | None | object = _BY_PATH
+    ) -> errors.Unavailable:
+        """503 for a call (`method` `path`) that got no answer, saying what is known of its outcome:
+        `effect` (what it may have done; None: it only reads), from the table (core.seam) for plain
+        verbs, else guessed from the path."""
         if isinstance(e, http11.ConnectFailed):
             if self._on_unreachable is not None:
                 self._on_unreachable(f"cannot be reached at {self.url} (connecting failed)")
@@ -120,7 +115,8 @@ class RemoteWorker:
                 "(GET /v1/workers)",
                 detail=repr(e),
             )
-        effect = _effect(method, path)
+        if effect is _BY_PATH:
+            effect = _effect(method, path)
         if effect is None:
             return errors.Unavailable(
                 f"worker {self.name!r} stopped answering at {self.url} ({type(e).__name__}) during a "
@@ -158,6 +154,7 @@ class RemoteWorker:
         *,
         timeout: float | None = CALL_TIMEOUT_S,
         headers: dict[str, str] | None = None,
+        effect: typing.Any = _BY_PATH,
         **kw: typing.Any,
     ) -> typing.Any:
         try:
@@ -165,7 +162,7 @@ class RemoteWorker:
                 method, PREFIX + path, timeout=timeout, headers=self._hdrs(headers), **kw
             )
         except http11.ChannelError as e:
-            raise self._unreachable(e, method, path) from None
+            raise self._unreachable(e, method, path, effect) from None
         self._check(r)
         if r.status_code >= 400:
             self._raise(r)
@@ -208,45 +205,6 @@ class RemoteWorker:
         return "/".join([f"/sandboxes/{sid}", *rest])
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    async def info(self) -> api.WorkerInfo:
-        return wire.load(api.WorkerInfo, await self._call("GET", "/info"), "worker info")
-
-    async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
-        data = await self._call("POST", "/sandboxes", json=wire.dump(spec), timeout=STEP_TIMEOUT_S)
-        return wire.load(api.CreateOutcome, data, "create outcome")
-
-    async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
-        data = await self._call(
-            "POST",
-            self._sb(sandbox_id, "pause"),
-            json={"tier": tier.value, "only_if_idle": only_if_idle},
-            timeout=STEP_TIMEOUT_S,
-        )
-        return wire.load(api.PauseOutcome, data, "pause outcome")
-
-    async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
-        data = await self._call("POST", self._sb(sandbox_id, "resume"), timeout=STEP_TIMEOUT_S)
-        return wire.load(api.ResumeOutcome, data, "resume outcome")
-
-    async def delete(self, sandbox_id: str) -> None:
-        await self._call("DELETE", self._sb(sandbox_id), timeout=STEP_TIMEOUT_S)
-
-    async def set_network(self, sandbox_id: str, network: dict[str, list[str]]) -> dict[str, list[str]]:
-        data = await self._call("PUT", self._sb(sandbox_id, "network"), json=network)
-        if not isinstance(data, dict):
-            raise errors.RuntimeFailure(f"worker {self.name} answered the network update with {data!r}")
-        return data
-
-    async def set_secrets(self, sandbox_id: str, secrets: typing.Sequence[api.SecretBinding]) -> None:
-        await self._call(
-            "PUT",
-            self._sb(sandbox_id, "secrets"),
-            json={"secrets": wire.dump(tuple(secrets), tuple[api.SecretBinding, ...])},
-        )
-
-    async def set_authority(self, authority: api.Authority) -> None:
-        await self._call("PUT", "/authority", json=wire.dump(authority))
-
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
         """Through the worker's tunnel listener (worker.tunnel): one line to ask, then bytes."""
         return await self._tunnel("ATOLL-TUNNEL", sandbox_id, str(port))
@@ -284,14 +242,7 @@ class RemoteWorker:
             raise ConnectionRefusedError(message)
         raise errors.from_code(code or "runtime_error", message or f"the tunnel answered {line!r}")
 
-    async def inventory(self) -> api.Inventory:
-        return wire.load(api.Inventory, await self._call("GET", "/inventory"), "inventory")
-
     # ---- templates, pools, fork -------------------------------------------------------------------
-    async def build_template(self, build: api.TemplateBuild) -> api.BuildInfo:
-        data = await self._call("POST", "/builds", json=wire.dump(build), timeout=STEP_TIMEOUT_S)
-        return wire.load(api.BuildInfo, data, "build")
-
     @contextlib.asynccontextmanager
     async def build_log(self, build_id: str) -> AsyncIterator[AsyncIterator[bytes]]:
         path = f"/builds/{build_id}/log"
@@ -305,28 +256,6 @@ class RemoteWorker:
                     raise self._unreachable(e, "GET", path) from None
 
             yield chunks()
-
-    async def delete_build(self, build_id: str) -> None:
-        await self._call("DELETE", f"/builds/{build_id}", timeout=STEP_TIMEOUT_S)
-
-    async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> api.ResumeOutcome:
-        data = await self._call(
-            "POST", self._sb(sandbox_id, "claim"), json={"env": env, "cpus": cpus}, timeout=STEP_TIMEOUT_S
-        )
-        return wire.load(api.ResumeOutcome, data, "claim outcome")
-
-    async def fork(self, sandbox_id: str, new_ids: typing.Sequence[str]) -> api.ForkOutcome:
-        data = await self._call(
-            "POST", self._sb(sandbox_id, "fork"), json={"sandbox_ids": list(new_ids)}, timeout=STEP_TIMEOUT_S
-        )
-        return wire.load(api.ForkOutcome, data, "fork outcome")
-
-    async def reconcile(self) -> api.ReconcileReport:
-        return wire.load(
-            api.ReconcileReport,
-            await self._call("POST", "/reconcile", timeout=STEP_TIMEOUT_S),
-            "reconcile report",
-        )
 
     # ---- exec and processes ---------------------------------------------------------------------
     async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:
@@ -348,41 +277,12 @@ class RemoteWorker:
                 raise wire.error_from_body(500, obj, f"the exec stream from worker {self.name!r} broke")
             yield wire.load_exec_event(obj)
 
-    async def start_process(self, sandbox_id: str, spec: api.ExecSpec) -> api.ProcessStarted:
-        data = await self._call("POST", self._sb(sandbox_id, "processes"), json=wire.dump(spec))
-        return wire.load(api.ProcessStarted, data, "process")
-
-    async def list_processes(self, sandbox_id: str) -> Sequence[api.ProcessInfo]:
-        data = await self._call("GET", self._sb(sandbox_id, "processes"))
-        return wire.load(list[api.ProcessInfo], data, "process list")
-
-    async def kill_process(self, sandbox_id: str, pid: int) -> None:
-        await self._call("DELETE", self._sb(sandbox_id, "processes", str(int(pid))))
-
-    async def metrics(self, sandbox_id: str) -> api.SandboxMetrics:
-        data = await self._call("GET", self._sb(sandbox_id, "metrics"))
-        return wire.load(api.SandboxMetrics, data, "sandbox metrics")
-
     # ---- terminals --------------------------------------------------------------------------------
-    async def open_pty(self, sandbox_id: str, spec: api.PtySpec) -> api.PtyStarted:
-        data = await self._call("POST", self._sb(sandbox_id, "pty"), json=wire.dump(spec))
-        return wire.load(api.PtyStarted, data, "terminal")
-
-    async def list_ptys(self, sandbox_id: str) -> Sequence[api.PtyInfo]:
-        return wire.load(list[api.PtyInfo], await self._call("GET", self._sb(sandbox_id, "pty")), "terminals")
-
-    async def kill_pty(self, sandbox_id: str, pty_id: str) -> None:
-        await self._call("DELETE", self._sb(sandbox_id, "pty", pty_id))
-
     async def attach_pty(self, sandbox_id: str, pty_id: str) -> api.PortStream:
         """Through the worker's tunnel (worker.tunnel, `ATOLL-PTY` hello): the frame stream."""
         return await self._tunnel("ATOLL-PTY", sandbox_id, pty_id)
 
     # process handles (issue 9)
-    async def get_process(self, sandbox_id: str, pid: int) -> api.ProcessInfo:
-        data = await self._call("GET", self._sb(sandbox_id, "processes", str(int(pid))))
-        return wire.load(api.ProcessInfo, data, "process")
-
     @contextlib.asynccontextmanager
     async def process_output(
         self, sandbox_id: str, pid: int, offset: int, follow: bool
@@ -398,31 +298,6 @@ class RemoteWorker:
             if "error" in obj:
                 raise wire.error_from_body(500, obj, f"the output stream from worker {self.name!r} broke")
             yield wire.load_process_event(obj)
-
-    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool) -> int:
-        answer = await self._call(
-            "POST",
-            self._sb(sandbox_id, "processes", str(int(pid)), "stdin"),
-            params={"eof": "1" if eof else "0"},
-            content=data,
-            headers={"Content-Type": "application/octet-stream"},
-            timeout=None,
-        )
-        return int(wire.load(dict[str, int], answer, "stdin answer")["written"])
-
-    async def signal_process(self, sandbox_id: str, pid: int, signal: str) -> None:
-        await self._call(
-            "POST", self._sb(sandbox_id, "processes", str(int(pid)), "signal"), json={"signal": signal}
-        )
-
-    async def wait_process(self, sandbox_id: str, pid: int, timeout_s: float | None) -> api.ProcessInfo:
-        data = await self._call(
-            "POST",
-            self._sb(sandbox_id, "processes", str(int(pid)), "wait"),
-            json={"timeout_s": timeout_s},
-            timeout=None,
-        )
-        return wire.load(api.ProcessInfo, data, "process")
 
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -455,33 +330,7 @@ class RemoteWorker:
             timeout=None,
         )
 
-    async def list_files(self, sandbox_id: str, path: api.FilePath) -> Sequence[api.FileEntry]:
-        data = await self._call("GET", self._sb(sandbox_id, "files", "list"), params=_path_params(path))
-        return wire.load(list[api.FileEntry], data, "file listing")
-
-    async def delete_file(self, sandbox_id: str, path: api.FilePath) -> None:
-        await self._call("DELETE", self._sb(sandbox_id, "files"), params=_path_params(path))
-
     # ---- files, issue 9 ---------------------------------------------------------------------------
-    async def stat_file(self, sandbox_id: str, path: api.FilePath) -> api.FileStat:
-        data = await self._call("GET", self._sb(sandbox_id, "files", "stat"), params=_path_params(path))
-        return wire.load(api.FileStat, data, "file stat")
-
-    async def make_dir(self, sandbox_id: str, path: api.FilePath) -> bool:
-        data = await self._call("POST", self._sb(sandbox_id, "files", "mkdir"), params=_path_params(path))
-        return bool(isinstance(data, dict) and data.get("created"))
-
-    async def move_file(self, sandbox_id: str, src: api.FilePath, dst: api.FilePath) -> api.FileStat:
-        params = {f"from{k[4:]}": v for k, v in _path_params(src).items()}
-        params.update({f"to{k[4:]}": v for k, v in _path_params(dst).items()})
-        data = await self._call("POST", self._sb(sandbox_id, "files", "move"), params=params)
-        return wire.load(api.FileStat, data, "file stat")
-
-    async def chmod_file(self, sandbox_id: str, path: api.FilePath, mode: int) -> api.FileStat:
-        params = {**_path_params(path), "mode": str(int(mode))}
-        data = await self._call("POST", self._sb(sandbox_id, "files", "chmod"), params=params)
-        return wire.load(api.FileStat, data, "file stat")
-
     @contextlib.asynccontextmanager
     async def watch_files(
         self, sandbox_id: str, path: api.FilePath, recursive: bool

@@ -25,7 +25,9 @@ import py_compile
 import tempfile
 import zipfile
 
-SOURCE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "guest", "agent")
+SOURCE_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "guest", "agent"
+)
 COMPILED = "agent.pyc"
 SOURCE = "agent-source.pyz"
 PACKAGE = "agent"  # the package's name inside the archives

@@ -27,13 +27,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from atoll.core import errors, wire
+from atoll.core import errors, seam, wire
 from atoll.core import worker_api as api
-from atoll.core.lifecycle import Tier
 
 log = logging.getLogger(__name__)
 
-PREFIX = "/worker/v1"
+PREFIX = seam.PREFIX
 NDJSON = "application/x-ndjson"
 MAX_BODY = 1024 * 1024
 EVENT_PING_S = 15.0
@@ -66,7 +65,7 @@ def _error(e: errors.AtollError) -> Response:
     return _answer(wire.error_body(e), e.status)
 
 
-async def _body(request: Request, tp: typing.Any, what: str) -> typing.Any:
+async def _body(request: Request, tp: typing.Any, what: str, secret: bool = False) -> typing.Any:
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
@@ -83,6 +82,8 @@ async def _body(request: Request, tp: typing.Any, what: str) -> typing.Any:
     try:
         return wire.load(tp, data, what)
     except errors.RuntimeFailure as e:  # here it is the caller's malformed request, not a peer's bug
+        if secret:  # no detail: it would quote the values
+            raise errors.InvalidRequest(f"malformed {what}") from None
         raise errors.InvalidRequest(f"malformed {what}: {e.detail or e.message}"[:1000]) from None
 
 
@@ -133,6 +134,74 @@ async def _unless_disconnected(request: Request, aw: typing.Awaitable) -> typing
         watcher.cancel()
 
 
+def _table_route(node: api.WorkerAPI, verb: seam.Verb, shielded, proto: dict[str, str]) -> Route:
+    """The route of one plain verb of core.seam's table: its arguments read from where the table
+    says, the node's method called by name, the answer written as the table says."""
+
+    async def handle(request: Request) -> Response:
+        kwargs: dict[str, typing.Any] = {}
+        fields: dict | None = None
+        what = f"{verb.name.replace('_', ' ')} request"
+        for a in verb.args:
+            if a.where == "path":
+                kwargs[a.name] = request.path_params[a.name]
+            elif a.where == "body":
+                kwargs[a.name] = await _body(request, a.type, what, secret=a.secret)
+            elif a.where == "field":
+                if fields is None:
+                    fields = await _body(request, None, what)
+                if a.wire_name not in fields and not a.required:
+                    kwargs[a.name] = a.default
+                    continue
+                kwargs[a.name] = _load(a, fields.get(a.wire_name), what)
+            elif a.where == "query":
+                raw = request.query_params.get(a.wire_name, "")
+                if a.type is bool:
+                    kwargs[a.name] = raw == "1"
+                elif raw.isdigit():
+                    kwargs[a.name] = int(raw)
+                else:
+                    raise errors.InvalidRequest(f"{a.wire_name} must be an integer >= 0, got {raw[:20]!r}")
+            elif a.where == "file":
+                kwargs[a.name] = _named_path(request, a.wire_name)
+            elif a.where == "raw":
+                data = bytearray()
+                async for chunk in request.stream():
+                    data += chunk
+                    if len(data) > api.MAX_STDIN_BYTES:
+                        raise errors.PayloadTooLarge(f"the request body is over {api.MAX_STDIN_BYTES} bytes")
+                kwargs[a.name] = bytes(data)
+        call = getattr(node, verb.name)(**kwargs)
+        if verb.step:
+            result = await shielded(call)
+        elif verb.cancel_on_hangup:
+            result = await _unless_disconnected(request, call)
+        else:
+            result = await call
+        if verb.answer is None:
+            return Response(status_code=204, headers=proto)
+        if verb.answer_key:
+            return _answer({verb.answer_key: wire.dump(result, verb.answer)})
+        return _answer(wire.dump(result, verb.answer))
+
+    path = seam.PREFIX + verb.path
+    for a in verb.args:
+        if a.where == "path" and a.type is int:
+            path = path.replace("{" + a.name + "}", "{" + a.name + ":int}")
+    return Route(path, handle, methods=[verb.method])
+
+
+def _load(arg: seam.Arg, value: typing.Any, what: str) -> typing.Any:
+    try:
+        return wire.load(arg.type, value, what)
+    except errors.RuntimeFailure as e:  # here it is the caller's malformed request, not a peer's bug
+        if arg.secret:  # no detail: it would quote the values
+            raise errors.InvalidRequest(f"malformed {arg.wire_name} in the {what}") from None
+        raise errors.InvalidRequest(
+            f"malformed {arg.wire_name} in the {what}: {e.detail or e.message}"[:1000]
+        ) from None
+
+
 def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
     steps: set[asyncio.Task] = set()
     proto = {wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION)}
@@ -148,64 +217,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         return Response(status_code=204, headers=proto)
 
     # ---- lifecycle --------------------------------------------------------------------------------
-    async def info(request: Request) -> Response:
-        return _answer(wire.dump(await node.info()))
-
-    async def inventory(request: Request) -> Response:
-        return _answer(wire.dump(await node.inventory()))
-
-    async def reconcile(request: Request) -> Response:
-        return _answer(wire.dump(await node.reconcile()))
-
-    async def create(request: Request) -> Response:
-        spec = await _body(request, api.SandboxSpec, "sandbox spec")
-        return _answer(wire.dump(await shielded(node.create(spec))))
-
-    async def pause(request: Request) -> Response:
-        body = await _body(request, None, "pause request")
-        try:
-            tier = Tier(body.get("tier", "memory"))
-        except ValueError:
-            raise errors.InvalidRequest(f"unknown tier {body.get('tier')!r}") from None
-        sid = request.path_params["sid"]
-        return _answer(
-            wire.dump(await shielded(node.pause(sid, tier, only_if_idle=bool(body.get("only_if_idle")))))
-        )
-
-    async def resume(request: Request) -> Response:
-        return _answer(wire.dump(await shielded(node.resume(request.path_params["sid"]))))
-
-    async def delete(request: Request) -> Response:
-        await shielded(node.delete(request.path_params["sid"]))
-        return no_content()
-
-    async def set_network(request: Request) -> Response:
-        body = await _body(request, None, "network policy")
-        return _answer(await node.set_network(request.path_params["sid"], body))
-
-    async def set_secrets(request: Request) -> Response:
-        body = await _body(request, None, "secret bindings")
-        try:
-            bindings = wire.load(tuple[api.SecretBinding, ...], body.get("secrets", []), "secret bindings")
-        except errors.RuntimeFailure:  # no detail: it would quote the values
-            raise errors.InvalidRequest("malformed secret bindings") from None
-        await node.set_secrets(request.path_params["sid"], bindings)
-        return no_content()
-
-    async def set_authority(request: Request) -> Response:
-        body = await _body(request, None, "authority")
-        try:
-            authority = wire.load(api.Authority, body, "authority")
-        except errors.RuntimeFailure:
-            raise errors.InvalidRequest("malformed authority (root_pem, cert_pem, key_pem)") from None
-        await node.set_authority(authority)
-        return no_content()
-
     # ---- templates, pools, fork ---------------------------------------------------------------------
-    async def build_template(request: Request) -> Response:
-        build = await _body(request, api.TemplateBuild, "template build")
-        return _answer(wire.dump(await node.build_template(build)))
-
     async def build_log(request: Request) -> Response:
         reading = node.build_log(request.path_params["bid"])
         chunks_in = await reading.__aenter__()
@@ -218,28 +230,6 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
                 await reading.__aexit__(None, None, None)
 
         return StreamingResponse(chunks(), media_type="text/plain; charset=utf-8", headers=proto)
-
-    async def delete_build(request: Request) -> Response:
-        await shielded(node.delete_build(request.path_params["bid"]))
-        return no_content()
-
-    async def claim(request: Request) -> Response:
-        body = await _body(request, None, "claim")
-        env, cpus = body.get("env"), body.get("cpus")
-        if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        ):
-            raise errors.InvalidRequest("claim: env must be an object of strings")
-        if isinstance(cpus, bool) or not isinstance(cpus, (int, float)):
-            raise errors.InvalidRequest("claim: cpus must be a number")
-        return _answer(wire.dump(await shielded(node.claim(request.path_params["sid"], env, float(cpus)))))
-
-    async def fork(request: Request) -> Response:
-        body = await _body(request, None, "fork")
-        new = body.get("sandbox_ids")
-        if not isinstance(new, list) or not all(isinstance(x, str) for x in new):
-            raise errors.InvalidRequest("fork: sandbox_ids must be a list of sandbox ids")
-        return _answer(wire.dump(await shielded(node.fork(request.path_params["sid"], new))))
 
     # ---- exec and processes -----------------------------------------------------------------------
     async def exec_(request: Request) -> Response:
@@ -261,39 +251,10 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
 
         return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
 
-    async def start_process(request: Request) -> Response:
-        spec = await _body(request, api.ExecSpec, "exec spec")
-        return _answer(wire.dump(await node.start_process(request.path_params["sid"], spec)))
-
-    async def list_processes(request: Request) -> Response:
-        procs = list(await node.list_processes(request.path_params["sid"]))
-        return _answer(wire.dump(procs, list[api.ProcessInfo]))
-
-    async def kill_process(request: Request) -> Response:
-        await node.kill_process(request.path_params["sid"], request.path_params["pid"])
-        return no_content()
-
-    async def sandbox_metrics(request: Request) -> Response:
-        return _answer(wire.dump(await node.metrics(request.path_params["sid"])))
-
     # ---- terminals (attach_pty goes through worker.tunnel) ------------------------------------------
-    async def open_pty(request: Request) -> Response:
-        spec = await _body(request, api.PtySpec, "terminal spec")
-        return _answer(wire.dump(await node.open_pty(request.path_params["sid"], spec)))
-
-    async def list_ptys(request: Request) -> Response:
-        return _answer(wire.dump(list(await node.list_ptys(request.path_params["sid"])), list[api.PtyInfo]))
-
-    async def kill_pty(request: Request) -> Response:
-        await node.kill_pty(request.path_params["sid"], request.path_params["pty"])
-        return no_content()
-
     # process handles (issue 9)
     def _pid(request: Request) -> tuple[str, int]:
         return request.path_params["sid"], request.path_params["pid"]
-
-    async def get_process(request: Request) -> Response:
-        return _answer(wire.dump(await node.get_process(*_pid(request))))
 
     async def process_output(request: Request) -> Response:
         q = request.query_params
@@ -313,28 +274,6 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
                 await reading.__aexit__(None, None, None)
 
         return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
-
-    async def send_stdin(request: Request) -> Response:
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > api.MAX_STDIN_BYTES:
-                raise errors.PayloadTooLarge(f"stdin data is over {api.MAX_STDIN_BYTES} bytes")
-        written = await node.send_stdin(*_pid(request), bytes(data), request.query_params.get("eof") == "1")
-        return _answer({"written": written})
-
-    async def signal_process(request: Request) -> Response:
-        body = await _body(request, None, "signal request")
-        await node.signal_process(*_pid(request), str(body.get("signal", "")))
-        return no_content()
-
-    async def wait_process(request: Request) -> Response:
-        body = await _body(request, None, "wait request")
-        timeout = body.get("timeout_s")
-        if timeout is not None and not isinstance(timeout, (int, float)):
-            raise errors.InvalidRequest(f"timeout_s must be a number or null, got {timeout!r}")
-        info = await _unless_disconnected(request, node.wait_process(*_pid(request), timeout))
-        return _answer(wire.dump(info))
 
     # ---- files ------------------------------------------------------------------------------------
     async def read_file(request: Request) -> Response:
@@ -365,34 +304,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         await node.write_file(request.path_params["sid"], _path(request), chunks(), size)
         return no_content()
 
-    async def list_files(request: Request) -> Response:
-        entries = list(await node.list_files(request.path_params["sid"], _path(request)))
-        return _answer(wire.dump(entries, list[api.FileEntry]))
-
-    async def delete_file(request: Request) -> Response:
-        await node.delete_file(request.path_params["sid"], _path(request))
-        return no_content()
-
     # ---- files, issue 9 ----------------------------------------------------------------------------
-    async def stat_file(request: Request) -> Response:
-        return _answer(wire.dump(await node.stat_file(request.path_params["sid"], _path(request))))
-
-    async def make_dir(request: Request) -> Response:
-        created = await node.make_dir(request.path_params["sid"], _path(request))
-        return _answer({"created": created})
-
-    async def move_file(request: Request) -> Response:
-        src, dst = _named_path(request, "from"), _named_path(request, "to")
-        return _answer(wire.dump(await node.move_file(request.path_params["sid"], src, dst)))
-
-    async def chmod_file(request: Request) -> Response:
-        mode = request.query_params.get("mode", "")
-        if not mode.isdigit():
-            raise errors.InvalidRequest(f"mode {mode[:20]!r} must be an integer (the permission bits)")
-        return _answer(
-            wire.dump(await node.chmod_file(request.path_params["sid"], _path(request), int(mode)))
-        )
-
     async def watch_files(request: Request) -> Response:
         recursive = request.query_params.get("recursive", "0") == "1"
         watching = node.watch_files(request.path_params["sid"], _path(request), recursive)
@@ -477,47 +389,17 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
 
     sb = PREFIX + "/sandboxes/{sid}"
-    routes = [
-        Route(PREFIX + "/info", info, methods=["GET"]),
-        Route(PREFIX + "/inventory", inventory, methods=["GET"]),
-        Route(PREFIX + "/reconcile", reconcile, methods=["POST"]),
+    routes = [_table_route(node, verb, shielded, proto) for verb in seam.VERBS]
+    routes += [  # streams: written by hand (core.seam.HAND_WRITTEN)
         Route(PREFIX + "/events", events, methods=["GET"]),
-        Route(PREFIX + "/sandboxes", create, methods=["POST"]),
-        Route(sb, delete, methods=["DELETE"]),
-        Route(sb + "/pause", pause, methods=["POST"]),
-        Route(sb + "/resume", resume, methods=["POST"]),
-        Route(sb + "/network", set_network, methods=["PUT"]),
-        Route(sb + "/secrets", set_secrets, methods=["PUT"]),
-        Route(PREFIX + "/authority", set_authority, methods=["PUT"]),
-        Route(PREFIX + "/builds", build_template, methods=["POST"]),
         Route(PREFIX + "/builds/{bid}/log", build_log, methods=["GET"]),
-        Route(PREFIX + "/builds/{bid}", delete_build, methods=["DELETE"]),
-        Route(sb + "/claim", claim, methods=["POST"]),
-        Route(sb + "/fork", fork, methods=["POST"]),
         Route(sb + "/exec", exec_, methods=["POST"]),
-        Route(sb + "/processes", start_process, methods=["POST"]),
-        Route(sb + "/processes", list_processes, methods=["GET"]),
-        Route(sb + "/processes/{pid:int}", kill_process, methods=["DELETE"]),
-        Route(sb + "/metrics", sandbox_metrics, methods=["GET"]),
-        Route(sb + "/processes/{pid:int}", get_process, methods=["GET"]),
         Route(sb + "/processes/{pid:int}/output", process_output, methods=["GET"]),
-        Route(sb + "/processes/{pid:int}/stdin", send_stdin, methods=["POST"]),
-        Route(sb + "/processes/{pid:int}/signal", signal_process, methods=["POST"]),
-        Route(sb + "/processes/{pid:int}/wait", wait_process, methods=["POST"]),
         Route(sb + "/files", read_file, methods=["GET"]),
         Route(sb + "/files", write_file, methods=["PUT"]),
-        Route(sb + "/files", delete_file, methods=["DELETE"]),
-        Route(sb + "/files/list", list_files, methods=["GET"]),
-        Route(sb + "/files/stat", stat_file, methods=["GET"]),
-        Route(sb + "/files/mkdir", make_dir, methods=["POST"]),
-        Route(sb + "/files/move", move_file, methods=["POST"]),
-        Route(sb + "/files/chmod", chmod_file, methods=["POST"]),
         Route(sb + "/files/watch", watch_files, methods=["GET"]),
         Route(sb + "/files/tar", write_tar, methods=["PUT"]),
         Route(sb + "/files/tar", read_tar, methods=["GET"]),
-        Route(sb + "/pty", open_pty, methods=["POST"]),
-        Route(sb + "/pty", list_ptys, methods=["GET"]),
-        Route(sb + "/pty/{pty}", kill_pty, methods=["DELETE"]),
     ]
 
     async def atoll_error(request: Request, exc: Exception) -> Response:
