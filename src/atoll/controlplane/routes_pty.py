@@ -7,7 +7,7 @@ server sends text `{"exit_code": N}` when the program ends and closes normally (
 `{"error": {...}}` for a bad message without ending the session. A client message over
 MAX_MESSAGE_BYTES closes the socket with 1009 (message too big) and leaves the session running.
 Behind it is the worker's frame
-stream (core.ptyframes, `WorkerAPI.attach_pty`). A sandbox in standby is resumed; the open socket
+stream (guest.agent.ptyframes, `WorkerAPI.attach_pty`). A sandbox in standby is resumed; the open socket
 holds `manager.activity` for its life (an open terminal is activity). Errors before the attach are
 sent as one `{"error"}` text message, then a close with code 4000 + the HTTP status (4404...).
 Part of the app built by controlplane.app (which authenticates the handshake).
@@ -29,8 +29,9 @@ from starlette.websockets import WebSocketDisconnect
 from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
-from atoll.core import errors, ptyframes
+from atoll.core import errors
 from atoll.core import worker_api as api
+from atoll.guest.agent import ptyframes
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["terminals"])

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import JsonDict
 
 from atoll.controlplane import db as dbm
-from atoll.core import ptyframes, worker_api
+from atoll.core import worker_api
+from atoll.guest.agent import ptyframes
 
 DEFAULT_MEMORY_MB = 512  # also the size of the template image made at start-up
 

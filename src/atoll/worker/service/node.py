@@ -28,9 +28,10 @@ import time
 import typing
 from collections.abc import AsyncIterator, Sequence
 
-from atoll.core import errors, ids, netpolicy, ptyframes
+from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
+from atoll.guest.agent import ptyframes
 from atoll.worker.host import agent_pack, bundle, cgroups, storage, sweep, trust
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layers, templates

@@ -7,7 +7,7 @@ registration); the worker has its egress gateway process connect into the sandbo
 relay the connection itself (Node.relay_port: the gateway answers `OK\\n` and moves the bytes in
 the kernel; the worker's event loop never sees them), or (hello `ATOLL-PTY <protocol> <token>
 <sandbox_id> <pty_id>`) answers `OK\\n` and relays a terminal's frame stream (Node.attach_pty,
-core.ptyframes); anything wrong gets `ERR <code> <message>\\n` and the connection closes.
+guest.agent.ptyframes); anything wrong gets `ERR <code> <message>\\n` and the connection closes.
 
 Strangers cost nothing until they speak: the listener uses TCP_DEFER_ACCEPT (a connection that
 sends no byte is never accepted, the kernel drops it), the hello must be whole within
