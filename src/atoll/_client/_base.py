@@ -472,7 +472,7 @@ def stream_error(obj: Mapping[str, Any]) -> errors.AtollError:
 class ExecStream:
     """Decodes the ndjson lines of a streamed exec into output chunks and a final `ExecResult`.
 
-    `feed(line)` returns the `(stream_name, text)` chunks the line carried ("stdout"/"stderr");
+    `feed(line)` (a line cut by `atoll.shared.ndjson`) returns the `(stream_name, text)` chunks the line carried ("stdout"/"stderr");
     an `{"error": ...}` line raises the matching `AtollError`. `result()` is available once
     the final `{"exit_code", ...}` line has been fed.
     """
@@ -481,17 +481,6 @@ class ExecStream:
         self._out: list[str] = []
         self._err: list[str] = []
         self._final: dict[str, Any] | None = None
-        self._pending = b""
-
-    def feed_bytes(self, chunk: bytes, final: bool = False) -> Iterator[tuple[str, str]]:
-        """Feed raw bytes of the stream; lines end at b"\\n" only. (httpx's iter_lines splits on
-        every Unicode line break, U+0085 and U+2028 included, which JSON strings may carry raw.)
-        A generator: the chunks of one line reach the caller before a later line can raise."""
-        data = self._pending + chunk
-        lines = data.split(b"\n")
-        self._pending = b"" if final else lines.pop()
-        for line in lines:
-            yield from self.feed(line)
 
     def feed(self, line: str | bytes) -> list[tuple[str, str]]:
         line = line.strip()

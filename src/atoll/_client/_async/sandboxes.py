@@ -12,6 +12,7 @@ from websockets import exceptions as ws_errors
 from websockets.asyncio.client import connect as ws_connect
 
 from atoll import errors
+from atoll.shared import ndjson
 
 from .. import _base
 from .._models import (
@@ -352,15 +353,11 @@ class AsyncSandbox(SandboxFields):
             "POST", self._path("exec"), json=body, headers={"Accept": _base.NDJSON}, timeout=http_timeout
         ) as response:
             if _base.is_ndjson(response):
-                async for chunk in response.aiter_bytes():
-                    for name, text in decoder.feed_bytes(chunk):
+                async for line in ndjson.alines(response.aiter_bytes()):
+                    for name, text in decoder.feed(line):
                         callback = callbacks[name]
                         if callback is not None:
                             await _base.acall_callback(callback, text)
-                for name, text in decoder.feed_bytes(b"", final=True):
-                    callback = callbacks[name]
-                    if callback is not None:
-                        await _base.acall_callback(callback, text)
             else:
                 # A server that ignores Accept answers with the whole result at once.
                 await response.aread()

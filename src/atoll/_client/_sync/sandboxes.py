@@ -14,6 +14,7 @@ from websockets import exceptions as ws_errors
 from websockets.sync.client import connect as ws_connect
 
 from atoll import errors
+from atoll.shared import ndjson
 
 from .. import _base
 from .._models import (
@@ -346,15 +347,11 @@ class Sandbox(SandboxFields):
             "POST", self._path("exec"), json=body, headers={"Accept": _base.NDJSON}, timeout=http_timeout
         ) as response:
             if _base.is_ndjson(response):
-                for chunk in response.iter_bytes():
-                    for name, text in decoder.feed_bytes(chunk):
+                for line in ndjson.lines(response.iter_bytes()):
+                    for name, text in decoder.feed(line):
                         callback = callbacks[name]
                         if callback is not None:
                             _base.call_callback(callback, text)
-                for name, text in decoder.feed_bytes(b"", final=True):
-                    callback = callbacks[name]
-                    if callback is not None:
-                        _base.call_callback(callback, text)
             else:
                 # A server that ignores Accept answers with the whole result at once.
                 response.read()
