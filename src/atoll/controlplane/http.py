@@ -12,10 +12,8 @@ Called by the routers (controlplane.routes_*) and app.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import contextlib
 import json
 import logging
 import typing
@@ -27,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from atoll.controlplane import schemas
 from atoll.core import errors
+from atoll.shared import relay
 
 _log = logging.getLogger(__name__)
 
@@ -146,23 +145,9 @@ def excerpt(value: typing.Any) -> str:
 async def unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.Any:
     """Await `aw` unless the API client hangs up first: then cancel it (the worker resets its
     connection to the guest agent, which kills the command) instead of running on unobserved."""
-    task = asyncio.ensure_future(aw)
-
-    async def hangup() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(hangup())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            raise errors.InvalidRequest("the client disconnected; the command was stopped")
-        return task.result()
-    finally:
-        watcher.cancel()
+    return await relay.unless_disconnected(
+        request.receive, aw, errors.InvalidRequest("the client disconnected; the command was stopped")
+    )
 
 
 def check_path(path: str | None, path_b64: str | None = None, workdir: str | None = None) -> str | bytes:

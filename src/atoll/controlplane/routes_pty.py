@@ -15,7 +15,6 @@ Part of the app built by controlplane.app (which authenticates the handshake).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -32,6 +31,7 @@ from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
 from atoll.core import errors
 from atoll.core import worker_api as api
 from atoll.guest.agent import ptyframes
+from atoll.shared import relay
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["terminals"])
@@ -192,17 +192,10 @@ async def _relay(ws: WebSocket, stream: api.PortStream, sid: str, pty_id: str) -
             else:
                 await ws.send_text(_error_text("invalid_request", problem))
 
-    tasks = [asyncio.ensure_future(outward()), asyncio.ensure_future(inward())]
-    try:
-        finished, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for t in finished:
-            exc = t.exception()
-            if exc is not None and not isinstance(exc, (WebSocketDisconnect, OSError, RuntimeError)):
-                raise exc
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in await relay.first_ends(outward(), inward()):
+        exc = t.exception()
+        if exc is not None and not isinstance(exc, (WebSocketDisconnect, OSError, RuntimeError)):
+            raise exc
 
 
 def _text_message(text: str) -> tuple[str, bytes | None]:

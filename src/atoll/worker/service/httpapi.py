@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from atoll.core import errors, seam, wire
 from atoll.core import worker_api as api
+from atoll.shared import relay
 
 log = logging.getLogger(__name__)
 
@@ -115,23 +116,9 @@ def _named_path(request: Request, name: str) -> api.FilePath:
 
 
 async def _unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.Any:
-    task = asyncio.ensure_future(aw)
-
-    async def hangup() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(hangup())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            raise errors.InvalidRequest("the server disconnected; the command was stopped")
-        return task.result()
-    finally:
-        watcher.cancel()
+    return await relay.unless_disconnected(
+        request.receive, aw, errors.InvalidRequest("the server disconnected; the command was stopped")
+    )
 
 
 def _table_route(node: api.WorkerAPI, verb: seam.Verb, shielded, proto: dict[str, str]) -> Route:
