@@ -219,24 +219,31 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         return StreamingResponse(chunks(), media_type="text/plain; charset=utf-8", headers=proto)
 
     # ---- exec and processes -----------------------------------------------------------------------
+    async def ndjson_stream(
+        opening: typing.AsyncContextManager[typing.AsyncIterator[typing.Any]],
+        dump: typing.Callable[[typing.Any], dict],
+    ) -> Response:
+        """An answer of NDJSON lines, one per event of the stream `opening` opens (opened before
+        the headers go, so a refusal is an error answer); an error mid-way is the last line."""
+        events = await opening.__aenter__()
+
+        async def lines() -> typing.AsyncIterator[bytes]:
+            try:
+                async for ev in events:
+                    yield _dumps(dump(ev)) + b"\n"
+            except errors.AtollError as e:
+                yield _dumps(wire.error_body(e)) + b"\n"
+            finally:
+                await opening.__aexit__(None, None, None)
+
+        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+
     async def exec_(request: Request) -> Response:
         sid = request.path_params["sid"]
         spec = await _body(request, api.ExecSpec, "exec spec")
         if NDJSON not in request.headers.get("accept", ""):
             return _answer(wire.dump(await _unless_disconnected(request, node.exec(sid, spec))))
-        stream = node.exec_stream(sid, spec)
-        events = await stream.__aenter__()
-
-        async def lines() -> typing.AsyncIterator[bytes]:
-            try:
-                async for ev in events:
-                    yield _dumps(wire.dump_exec_event(ev)) + b"\n"
-            except errors.AtollError as e:
-                yield _dumps(wire.error_body(e)) + b"\n"
-            finally:
-                await stream.__aexit__(None, None, None)
-
-        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+        return await ndjson_stream(node.exec_stream(sid, spec), wire.dump_exec_event)
 
     # ---- terminals (attach_pty goes through worker.tunnel) ------------------------------------------
     # process handles (issue 9)
@@ -249,18 +256,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         if not offset.isdigit():
             raise errors.InvalidRequest(f"offset must be an integer >= 0, got {offset!r}")
         reading = node.process_output(*_pid(request), int(offset), q.get("follow") == "1")
-        events = await reading.__aenter__()
-
-        async def lines() -> typing.AsyncIterator[bytes]:
-            try:
-                async for ev in events:
-                    yield _dumps(wire.dump_process_event(ev)) + b"\n"
-            except errors.AtollError as e:
-                yield _dumps(wire.error_body(e)) + b"\n"
-            finally:
-                await reading.__aexit__(None, None, None)
-
-        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+        return await ndjson_stream(reading, wire.dump_process_event)
 
     # ---- files ------------------------------------------------------------------------------------
     async def read_file(request: Request) -> Response:
