@@ -17,7 +17,6 @@ stdlib-only and imported eagerly.
 from __future__ import annotations
 
 import importlib
-from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from atoll import errors
@@ -61,10 +60,7 @@ if TYPE_CHECKING:
         Template,
     )
 
-try:
-    __version__ = _metadata.version("atoll")
-except _metadata.PackageNotFoundError:  # running from a source checkout
-    __version__ = "0.0.0+unknown"
+from atoll._version import __version__
 
 _LAZY = {
     "AsyncClient": "atoll._client",

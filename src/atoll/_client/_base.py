@@ -21,8 +21,9 @@ from urllib.parse import quote
 import httpx
 import tenacity
 
-from atoll import __version__, errors
+from atoll import errors
 from atoll._client._models import ExecResult
+from atoll._version import __version__
 
 DEFAULT_BASE_URL = "http://127.0.0.1:7080"
 DEFAULT_TIMEOUT = 60.0

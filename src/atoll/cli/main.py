@@ -94,7 +94,7 @@ cli_files.register(sandbox_app, _session)
 
 def _version(value: bool) -> None:
     if value:
-        from atoll import __version__
+        from atoll._version import __version__
 
         typer.echo(f"atoll {__version__}")
         raise typer.Exit()

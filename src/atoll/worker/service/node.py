@@ -28,6 +28,7 @@ import time
 import typing
 from collections.abc import AsyncIterator, Sequence
 
+from atoll._version import __version__
 from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
@@ -112,15 +113,6 @@ def installation_id(home: str) -> str:
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(value + "\n")
     return value
-
-
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("atoll")
-    except metadata.PackageNotFoundError:
-        return "0.0.0+unknown"
 
 
 def _raise_nofile() -> None:
@@ -514,7 +506,7 @@ class Node:
         disk = shutil.disk_usage(self.s.home)
         return api.WorkerInfo(
             name=self.s.name,
-            version=_version(),
+            version=__version__,
             protocol=api.PROTOCOL_VERSION,
             installation=self.install_id,
             capacity=api.Capacity(
