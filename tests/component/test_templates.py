@@ -289,3 +289,30 @@ async def test_builtin_templates_have_no_pool_or_builds(fake):
     for method, path in (("PUT", "/v1/templates/base/pool"), ("GET", "/v1/templates/base/pool")):
         r = await c.request(method, path, json={"min": 1, "max": 1})
         assert r.status_code == 400 and "built in" in r.json()["error"]["message"], r.text
+
+
+async def test_a_path_that_finds_nothing_is_refused_naming_path(fake):
+    """PATH='' (or an empty/relative entry) used to pass and fail later as "runsc run failed":
+    the sandbox's agent is started as python3, looked up through PATH."""
+    c = fake.http
+    bodies = [
+        ("/v1/templates", {"name": "p", "env": {"PATH": ""}}, "''"),
+        ("/v1/templates", {"name": "p", "env": {"PATH": "/usr/bin::/bin"}}, "'/usr/bin::/bin'"),
+        ("/v1/templates", {"name": "p", "env": {"PATH": "bin:/usr/bin"}}, "'bin'"),
+        ("/v1/sandboxes", {"env": {"PATH": ""}}, "''"),
+    ]
+    for route, body, value in bodies:
+        r = await c.post(route, json=body)
+        assert r.status_code == 400, (body, r.text)
+        message = r.json()["error"]["message"]
+        assert "PATH" in message and value in message and "absolute directories" in message, message
+    r = await c.post(
+        "/v1/templates?name=p",
+        content=b'FROM base\nENV PATH=""\n',
+        headers={"Content-Type": "text/x-dockerfile"},
+    )
+    assert r.status_code == 400 and "PATH ''" in r.json()["error"]["message"], r.text
+    assert fake.worker.builds == {}  # nothing reached a worker
+    assert (await c.get("/v1/sandboxes")).json()["items"] == []
+    r = await c.post("/v1/templates", json={"name": "p", "env": {"PATH": "/opt/tools/bin:/usr/bin:/bin"}})
+    assert r.status_code == 202, r.text  # an absolute PATH is still fine

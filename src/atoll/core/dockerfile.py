@@ -44,7 +44,7 @@ from atoll.core.templatespec import (
 
 MAX_DOCKERFILE = 1024 * 1024
 MAX_DOCKERFILE_STEPS = 100
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_PATH = templatespec.DEFAULT_PATH
 """The PATH a Dockerfile's `$PATH` means when the caller does not say what the FROM image has."""
 
 DOCKERFILE_INSTRUCTIONS = ("FROM", "RUN", "COPY", "ADD", "ENV", "WORKDIR", "USER", "CMD", "ENTRYPOINT")

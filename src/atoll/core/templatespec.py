@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from atoll.core import errors
 
 MAX_PATH = 4096
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The PATH a sandbox gets when nothing sets one (worker.host.bundle uses the same)."""
 MAX_NAME_COMPONENT = 255
 MAX_PACKAGES = 200
 MAX_PIP_REQUIREMENT = 200
@@ -185,7 +187,30 @@ def _env_pairs(value: object, what: str) -> tuple[tuple[str, str], ...]:
         if name in out:
             raise _fail(f"{what} sets {name} twice; set it once")
         out[name] = _text(val, f"{what} {name}", limit=MAX_ENV_VALUE, empty=True)
+        if name == "PATH" and (problem := path_problem(out[name])):
+            raise _fail(f"{what}: {problem}")
     return tuple(sorted(out.items()))
+
+
+def path_problem(value: str) -> str | None:
+    """Why `value` cannot be a sandbox's PATH, or None. A sandbox's first process (the guest agent)
+    is started as `python3`, found through PATH by `runsc run`, and so are the template's steps:
+    an empty PATH, or one with an empty or relative entry (which means "the working directory"),
+    fails there with nothing but "runsc run failed". Shared by template specs and sandbox env."""
+    if not value:
+        return (
+            "PATH '' is empty, so no program (not even the sandbox's agent, started as python3) can "
+            f"be found and the sandbox cannot start; set PATH to absolute directories joined by ':' "
+            f"(e.g. '{DEFAULT_PATH}') or leave it out to keep the default"
+        )
+    bad = [entry for entry in value.split(":") if not entry.startswith("/")]
+    if bad:
+        return (
+            f"PATH {_show(value)} has {'an empty' if '' in bad else 'a relative'} entry "
+            f"({_show(bad[0])}), which looks programs up in the working directory; list absolute "
+            f"directories joined by ':' (e.g. '{DEFAULT_PATH}') or leave PATH out to keep the default"
+        )
+    return None
 
 
 def _strings(value: object, what: str) -> tuple[str, ...]:
