@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from atoll.core import ids
+from atoll.testing import FakeAtoll, FakeWorker
 from tests.component.conftest import create
 
 SPEC = {"name": "web", "from": "base", "run": ["echo hi"], "env": {"A": "1"}, "workdir": "/app"}
@@ -316,3 +317,45 @@ async def test_a_path_that_finds_nothing_is_refused_naming_path(fake):
     assert (await c.get("/v1/sandboxes")).json()["items"] == []
     r = await c.post("/v1/templates", json={"name": "p", "env": {"PATH": "/opt/tools/bin:/usr/bin:/bin"}})
     assert r.status_code == 202, r.text  # an absolute PATH is still fine
+
+
+async def _claim_one(c) -> str:
+    for _ in range(300):
+        if (await c.get("/v1/templates/web/pool")).json()["ready"] >= 1:
+            break
+        await asyncio.sleep(0.02)
+    r = await c.post("/v1/sandboxes", json={"template": "web", "idle_timeout_s": 0})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+async def test_a_pools_claimed_count_survives_a_restart_and_goes_with_its_template(tmp_path):
+    """`claimed` was counted in memory: a restarted server said 0."""
+    worker = FakeWorker()
+    async with FakeAtoll(tmp_path, [worker]) as fake:
+        c = fake.http
+        await build(c)
+        await wait_status(c, "web", "ready")
+        assert (await c.put("/v1/templates/web/pool", json={"min": 1, "max": 1})).status_code == 200
+        first = await _claim_one(c)
+        second = await _claim_one(c)
+        assert (await c.get("/v1/templates/web/pool")).json()["claimed"] == 2
+    async with FakeAtoll(tmp_path, [worker]) as fake:  # the same database: a restart
+        c = fake.http
+        assert (await c.get("/v1/templates/web/pool")).json()["claimed"] == 2
+        await _claim_one(c)
+        assert (await c.get("/v1/templates/web/pool")).json()["claimed"] == 3
+        # deleting the template deletes its count: a new template of that name starts at 0
+        assert (await c.put("/v1/templates/web/pool", json={"min": 0, "max": 0})).status_code == 200
+        for s in (await c.get("/v1/sandboxes")).json()["items"]:
+            assert (await c.delete(f"/v1/sandboxes/{s['id']}")).status_code in (200, 204)
+        for _ in range(300):
+            if not any(r.pooled for r in fake.manager.live()):
+                break
+            await asyncio.sleep(0.02)
+        r = await c.delete("/v1/templates/web")
+        assert r.status_code in (200, 204), r.text
+        await build(c)
+        await wait_status(c, "web", "ready")
+        assert (await c.get("/v1/templates/web/pool")).json()["claimed"] == 0
+    assert first != second
