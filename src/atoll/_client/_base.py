@@ -222,7 +222,9 @@ def dockerfile_body(path_or_text: str) -> tuple[bytes, str]:
                 if os.path.abspath(full) == os.path.abspath(dockerfile) or entry in (".git",):
                     continue
                 tar.add(full, arcname=entry)
-            tar.add(dockerfile, arcname="Dockerfile")
+            # the Dockerfile itself by content (a link to it would not be a Dockerfile on the
+            # server); every other link is sent as a link, and the server keeps it as one
+            tar.add(os.path.realpath(dockerfile), arcname="Dockerfile")
         return buf.getvalue(), "application/x-tar"
     return path_or_text.encode(), "text/x-dockerfile"
 

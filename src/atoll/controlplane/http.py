@@ -150,6 +150,11 @@ async def unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.
     )
 
 
+MAX_PATH = 4096
+"""Longest file path a files call takes: characters of `path` once joined to the working directory,
+bytes of `path_b64` (docs/specification.md states this; tests/unit/test_file_path_limits.py checks)."""
+
+
 def check_path(path: str | None, path_b64: str | None = None, workdir: str | None = None) -> str | bytes:
     """The target of a files call: `path` (text), or `path_b64` (the exact bytes, standard or URL-safe
     base64, as GET …/files/list gives them) for names that are not UTF-8. A relative `path` is
@@ -173,8 +178,8 @@ def check_path(path: str | None, path_b64: str | None = None, workdir: str | Non
             raise errors.InvalidPath(f"path_b64 decodes to {raw[:100]!r}, which is not an absolute path")
         if b".." in raw.split(b"/"):
             raise errors.InvalidPath(f"path_b64 decodes to {raw[:100]!r}, which contains '..'")
-        if len(raw) > 4096:
-            raise errors.InvalidPath(f"path_b64 decodes to {len(raw)} bytes; the limit is 4096")
+        if len(raw) > MAX_PATH:
+            raise errors.InvalidPath(f"path_b64 decodes to {len(raw)} bytes; the limit is {MAX_PATH}")
         return raw
     if path is None or path == "":
         raise errors.InvalidPath(
@@ -189,8 +194,8 @@ def check_path(path: str | None, path_b64: str | None = None, workdir: str | Non
         raise errors.InvalidPath(
             f"path {path!r} contains '..'; give the absolute path without parent references"
         )
-    if len(path) > 4096:
-        raise errors.InvalidPath(f"path is {len(path)} characters; the limit is 4096")
+    if len(path) > MAX_PATH:  # counted on the resolved path: a relative one includes its workdir
+        raise errors.InvalidPath(f"path is {len(path)} characters; the limit is {MAX_PATH}")
     return path
 
 

@@ -183,6 +183,11 @@ class Node:
         self.install_id = installation_id(settings.home)
         self.host = sweep.Installation(os.path.realpath(settings.home), self.install_id)
         self.agent_dir = os.path.join(settings.home, "agent")
+        self.sandbox_ca_pem = ""
+        """ATOLL_SANDBOX_CA_FILE's certificates (only those), added to every sandbox made here."""
+        if settings.sandbox_ca_file:
+            with open(settings.sandbox_ca_file, encoding="ascii", errors="replace") as f:
+                self.sandbox_ca_pem = trust.certificates(f.read(8 * 1024 * 1024))
         self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror)
         self.runtimes = RuntimeStore(settings.home, self.install_id)
         self.hub = EventHub(
@@ -544,7 +549,8 @@ class Node:
                 lower = await self.templates.ensure(spec.template)
                 image = self.images.find(spec.template, spec.memory_mb) if self.s.template_snapshots else None
                 env = dict(spec.env)
-            if spec.trust_pem:
+            trust_pem = trust.combine(spec.trust_pem, self.sandbox_ca_pem)
+            if trust_pem:
                 for k, v in trust.ENV.items():
                     env.setdefault(k, v)
             rt = self.runtimes.new(
@@ -556,7 +562,7 @@ class Node:
                 disk_mb=spec.disk_mb or self.s.default_disk_mb,
                 user=spec.user,
                 network=netpolicy.from_wire(spec.network).to_wire(),
-                trust_pem=spec.trust_pem,
+                trust_pem=trust_pem,
                 build_id=spec.build_id,
                 lower=lower,
                 workdir=build.workdir if build is not None else None,
