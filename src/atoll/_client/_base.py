@@ -13,6 +13,8 @@ import inspect
 import io
 import json
 import os
+import ssl
+import urllib.request
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -73,6 +75,22 @@ def resolve_config(
     return Config(
         base_url=url.rstrip("/"), api_key=key or None, timeout=timeout, create_timeout=create_timeout
     )
+
+
+def tls_verify(base_url: str) -> bool | ssl.SSLContext:
+    """httpx's `verify=` for a client of `base_url`.
+
+    httpx loads the whole CA bundle into an SSL context when a client is made (~30 ms, the largest
+    part of a CLI command's start after imports), even for a plain-HTTP server that never needs
+    it. For an `http://` URL without a proxy that could speak TLS, the client gets an empty
+    verifying context instead: nothing it sends uses TLS, and if something did, verification
+    would fail (no CA trusted) rather than pass. `https://` URLs get httpx's default (True).
+    """
+    if not base_url.startswith("http://"):
+        return True
+    if any(str(proxy).startswith("https:") for proxy in urllib.request.getproxies().values()):
+        return True  # a TLS proxy for plain-HTTP requests needs the CA bundle
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies (CERT_REQUIRED) and trusts nothing
 
 
 # ---------------------------------------------------------------- retries

@@ -19,12 +19,14 @@ import threading
 import tty
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from atoll import errors
-from atoll._client import Sandbox
+
+if TYPE_CHECKING:
+    from atoll._client import Sandbox
 
 _session: Callable[[typer.Context], AbstractContextManager[Any]]
 
@@ -50,6 +52,8 @@ def shell(
     ] = None,
 ) -> None:
     """Open an interactive terminal in a sandbox (resuming it); exit with the program's exit code."""
+    from atoll._client import Sandbox  # here, not at the top: the CLI's start-up cost
+
     term = term or os.environ.get("TERM") or None
     with _session(ctx) as client:
         sandbox = Sandbox(client, {"id": sandbox_id})

@@ -12,8 +12,6 @@ import typing
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from atoll import errors
 
@@ -124,6 +122,9 @@ def list_(
     if as_json:
         typer.echo(json.dumps([t.to_dict() for t in items], indent=2, sort_keys=True))
         return
+    from rich.console import Console  # here, not at the top: the CLI's start-up cost
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col in ("NAME", "STATUS", "BUILD", "FROM", "ERROR"):
         table.add_column(col, overflow="fold")

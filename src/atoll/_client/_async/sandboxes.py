@@ -8,9 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, overload
 
-from websockets import exceptions as ws_errors
-from websockets.asyncio.client import connect as ws_connect
-
 from atoll import errors
 from atoll.shared import ndjson
 
@@ -389,6 +386,11 @@ class AsyncSandbox(SandboxFields):
 
     async def pty_attach(self, pty_id: str) -> AsyncTerminal:
         """Attach to a terminal session: its recent output (64 KiB) is replayed first."""
+        # websockets is imported here, not at the top: it costs a CLI start ~100 ms (its version
+        # module reads importlib.metadata) and only terminals use it.
+        from websockets import exceptions as ws_errors
+        from websockets.asyncio.client import connect as ws_connect
+
         url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
         try:
             ws = await ws_connect(

@@ -10,9 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, overload
 
-from websockets import exceptions as ws_errors
-from websockets.sync.client import connect as ws_connect
-
 from atoll import errors
 from atoll.shared import ndjson
 
@@ -383,6 +380,11 @@ class Sandbox(SandboxFields):
 
     def pty_attach(self, pty_id: str) -> Terminal:
         """Attach to a terminal session: its recent output (64 KiB) is replayed first."""
+        # websockets is imported here, not at the top: it costs a CLI start ~100 ms (its version
+        # module reads importlib.metadata) and only terminals use it.
+        from websockets import exceptions as ws_errors
+        from websockets.sync.client import connect as ws_connect
+
         url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
         try:
             ws = ws_connect(
