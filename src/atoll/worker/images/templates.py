@@ -7,7 +7,8 @@ layer of every sandbox of that template. Build progress is logged line by line a
 `status()` for GET /v1/templates. The full template system (user images, snapshots of booted
 templates) grows from `Recipe`. Called by worker.service.
 
-Every layer also gets atoll's compatibility shim (compat/atoll-compat.c, compiled on the host with
+Every layer's login profile is edited to start no programs (login_profile.py), and every layer
+also gets atoll's compatibility shim (compat/atoll-compat.c, compiled on the host with
 gcc and preloaded through /etc/ld.so.preload), which works around system-call flags this runsc
 rejects; the shim's source is part of the layer's content hash.
 """
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from atoll.core import errors
 from atoll.worker.host import hostcmd
+from atoll.worker.images import login_profile
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,12 @@ class Recipe:
     def content_hash(self) -> str:
         """The layer's identity: the recipe and the source of everything `_customize` adds to it."""
         blob = json.dumps(
-            {"v": RECIPE_VERSION, **asdict(self), "compat_shim": compat_source_digest(COMPAT_SOURCE)},
+            {
+                "v": RECIPE_VERSION,
+                **asdict(self),
+                "compat_shim": compat_source_digest(COMPAT_SOURCE),
+                "login_profile": login_profile.digest(),
+            },
             sort_keys=True,
         ).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -226,8 +233,10 @@ class TemplateStore:
 
 
 async def _customize(rootfs: str) -> None:
-    """Post-build files: a local-only resolver, the guest agent's mount point, the compat shim."""
+    """Post-build files: a local-only resolver, the guest agent's mount point, the compat shim, a
+    login profile that starts no programs."""
     await install_compat_shim(rootfs)
+    login_profile.patch(rootfs)
     os.makedirs(os.path.join(rootfs, "opt/atoll"), exist_ok=True)
     resolv = os.path.join(rootfs, "etc/resolv.conf")
     if os.path.islink(resolv) or os.path.exists(resolv):
