@@ -3,8 +3,8 @@ or directory tree into a sandbox and back (a directory as one tar stream, see th
 `files.upload_dir` / `download_dir`). Registered on the `sandbox` app by atoll.cli.main.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typer reads the commands' annotations at every start
+# and evaluating them from strings is slow (see atoll.cli.main).
 import contextlib
 import os
 import typing

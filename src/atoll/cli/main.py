@@ -10,10 +10,10 @@ printed as `error: <code>: <message>` on stderr with exit status 1, never as a t
 
 Start-up cost is part of the CLI's contract (docs/specification.md): this module and the command
 modules it registers import only typer and `atoll.errors` at the top; rich, httpx and the SDK are
-imported inside the commands that use them.
+imported inside the commands that use them. They do not use `from __future__ import annotations`:
+typer turns every command into a click command at each start, reading its annotations, and
+evaluating them from strings (each `typer.Option(...)` again) cost ~40 ms of every command.
 """
-
-from __future__ import annotations
 
 import json
 import sys
@@ -73,32 +73,42 @@ secret_app = typer.Typer(
 app.add_typer(secret_app, name="secret")
 
 
-def make_client(url: str | None, api_key: str | None) -> Client:
+def make_client(url: str | None, api_key: str | None) -> "Client":
     """The SDK client the `sandbox` commands use; None means "from the environment"."""
     from atoll._client import Client
 
     return Client(base_url=url, api_key=api_key)
 
 
-def _sandbox(client: Client, sandbox_id: str) -> Sandbox:
+def _sandbox(client: "Client", sandbox_id: str) -> "Sandbox":
     """A handle on a sandbox by id, without fetching it."""
     from atoll._client import Sandbox
 
     return Sandbox(client, {"id": sandbox_id})
 
 
-def _table(**kwargs: Any) -> Table:
+def _table(**kwargs: Any) -> "Table":
     from rich.table import Table
 
     return Table(box=None, header_style="bold", pad_edge=False, **kwargs)
 
 
-def _console() -> Console:
+def _console() -> "Console":
     """A rich console for tables; piped, one line per row whatever the width."""
     from rich.console import Console
 
     console = Console()
     return console if console.is_terminal else Console(width=1000)
+
+
+class OnTimeout(StrEnum):
+    pause = "pause"
+    delete = "delete"
+
+
+class Tier(StrEnum):
+    memory = "memory"
+    disk = "disk"
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 
 @contextmanager
-def _session(ctx: typer.Context) -> Iterator[Client]:
+def _session(ctx: typer.Context) -> "Iterator[Client]":
     """A client for one command; SDK errors become `error: <code>: <message>` and exit 1."""
     conn: _Connection = ctx.obj or _Connection(None, None)
     try:
@@ -395,7 +405,7 @@ def create(
         typer.echo(sandbox.id)
 
 
-def _sandbox_table(sandboxes: list[Sandbox]) -> Table:
+def _sandbox_table(sandboxes: "list[Sandbox]") -> "Table":
     table = _table()
     table.add_column("ID", no_wrap=True, min_width=max(len(sb.id) for sb in sandboxes))
     table.add_column("STATE", no_wrap=True)
@@ -492,16 +502,6 @@ def exec_(
     if result.timed_out:
         typer.echo(f"error: timed_out: the command did not finish within {timeout}s", err=True)
     raise typer.Exit(exit_status(result.exit_code, result.timed_out))
-
-
-class OnTimeout(StrEnum):
-    pause = "pause"
-    delete = "delete"
-
-
-class Tier(StrEnum):
-    memory = "memory"
-    disk = "disk"
 
 
 @sandbox_app.command("pause")

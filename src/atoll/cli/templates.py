@@ -3,8 +3,8 @@ JSON, the same fields as the SDK's `templates.build`) or a Dockerfile, with the 
 as it runs, and their warm pools. Registered on the `atoll` app by atoll.cli.main.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typer reads the commands' annotations at every start
+# and evaluating them from strings is slow (see atoll.cli.main).
 import json
 import os
 import sys
