@@ -196,22 +196,17 @@ def _env_pairs(value: object, what: str) -> tuple[tuple[str, str], ...]:
 def path_problem(value: str) -> str | None:
     """Why `value` cannot be a sandbox's PATH, or None. A sandbox's first process (the guest agent)
     is started as `python3`, found through PATH by `runsc run`, and so are the template's steps:
-    an empty PATH, or one with an empty or relative entry (which means "the working directory"),
-    fails there with nothing but "runsc run failed". Shared by template specs and sandbox env."""
-    if not value:
-        return (
-            "PATH '' is empty, so no program (not even the sandbox's agent, started as python3) can "
-            f"be found and the sandbox cannot start; set PATH to absolute directories joined by ':' "
-            f"(e.g. '{DEFAULT_PATH}') or leave it out to keep the default"
-        )
-    bad = [entry for entry in value.split(":") if not entry.startswith("/")]
-    if bad:
-        return (
-            f"PATH {_show(value)} has {'an empty' if '' in bad else 'a relative'} entry "
-            f"({_show(bad[0])}), which looks programs up in the working directory; list absolute "
-            f"directories joined by ':' (e.g. '{DEFAULT_PATH}') or leave PATH out to keep the default"
-        )
-    return None
+    a PATH without one absolute directory finds nothing there and fails with nothing but "runsc run
+    failed". A relative or empty entry beside absolute ones is left alone (it is searched in the
+    working directory, as in any shell; `ENV PATH=./node_modules/.bin:$PATH` is common).
+    Shared by template specs and sandbox env."""
+    if any(entry.startswith("/") for entry in value.split(":")):
+        return None
+    return (
+        f"PATH {_show(value)} has no absolute directory, so no program (not even the sandbox's "
+        f"agent, started as python3) can be found and the sandbox cannot start; list absolute "
+        f"directories joined by ':' (e.g. '{DEFAULT_PATH}') or leave PATH out to keep the default"
+    )
 
 
 def _strings(value: object, what: str) -> tuple[str, ...]:
