@@ -427,15 +427,12 @@ def warm_up(a: Atoll) -> None:
 
 
 def template_rootfs(name: str = "base") -> str:
-    """The cached read-only root filesystem of an atoll template (built by a warm-up create)."""
-    for man in sorted(glob.glob(os.path.join(TEMPLATE_DIR, "*", "manifest.json"))):
-        with contextlib.suppress(OSError, ValueError):
-            with open(man) as f:
-                data = json.load(f)
-            if data.get("name", name) == name:
-                root = os.path.join(os.path.dirname(man), "rootfs")
-                if os.path.isdir(root):
-                    return root
+    """The cached read-only root filesystem of an atoll template (built by a warm-up create): its
+    layer `<template dir>/layers/<name>-<hash>/fs`."""
+    for man in sorted(glob.glob(os.path.join(TEMPLATE_DIR, "layers", f"{name}-*", "layer.json"))):
+        root = os.path.join(os.path.dirname(man), "fs")
+        if os.path.isdir(root):
+            return root
     raise RuntimeError(f"no built template {name!r} under {TEMPLATE_DIR}; run a warm-up create first")
 
 

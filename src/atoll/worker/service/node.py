@@ -189,7 +189,9 @@ class Node:
         self.install_id = installation_id(settings.home)
         self.host = sweep.Installation(os.path.realpath(settings.home), self.install_id)
         self.agent_dir = os.path.join(settings.home, "agent")
-        self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror)
+        self.layers = layers.LayerStore(settings.templates)
+        """The one layer cache: built-in templates' root file systems and user templates' steps."""
+        self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror, self.layers)
         self.runtimes = RuntimeStore(settings.home, self.install_id)
         self.hub = EventHub(
             lambda: [
@@ -218,7 +220,7 @@ class Node:
         )
         self.builder = Builder(
             settings.home,
-            layers.LayerStore(settings.templates),
+            self.layers,
             self._builtin_rootfs,
             self.runtimes,
             self.sandboxes,
@@ -518,7 +520,7 @@ class Node:
     async def _builtin_rootfs(self, name: str) -> tuple[str, str]:
         """A built-in template's layer, the bottom of its build and of user templates FROM it:
         (content key, path)."""
-        return f"{name}-" + self.templates.recipe(name).content_hash(), await self.templates.ensure(name)
+        return self.templates.key(self.templates.recipe(name)), await self.templates.ensure(name)
 
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         sid = spec.sandbox_id
