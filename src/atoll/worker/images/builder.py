@@ -163,6 +163,7 @@ class Builder:
         tiers: Tiers,
         guest: Guest,
         delete: typing.Callable[[str], typing.Awaitable[typing.Any]],
+        spawn: typing.Callable[[typing.Awaitable], None],
         emit: typing.Callable[[api.BuildInfo], None],
         build_network: dict,
         build_env: dict[str, str],
@@ -180,6 +181,8 @@ class Builder:
         self.tiers = tiers
         self.guest = guest
         self._delete = delete
+        self._spawn = spawn
+        """Tracks a background task the worker waits for when it stops (a temporary's deletion)."""
         self._emit = emit
         self.build_network = build_network
         self.build_env = build_env
@@ -522,10 +525,15 @@ class Builder:
             await self.sandboxes.start(rt, lower, None)
             yield rt
         finally:
+            # shielded and tracked: a cancel (the worker stopping) may land here, while the
+            # deletion runs; the worker waits for tracked tasks before it exits
             deletion = asyncio.ensure_future(self._delete(sid))
-            with contextlib.suppress(Exception):
-                await asyncio.shield(deletion)
-            self.temporary.discard(sid)
+            self._spawn(deletion)
+            try:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(deletion)
+            finally:
+                self.temporary.discard(sid)
 
     # ---- built-in templates ---------------------------------------------------------------------
     async def builtin(self, name: str, memory_mb: int = 512) -> Build:

@@ -227,6 +227,7 @@ class Node:
             self.tiers,
             self.guest,
             self._delete_runtime,
+            self._spawn,
             lambda info: self.hub.emit(api.BuildChanged(info)),
             build_network={"allow_out": list(settings.build_allow_out)},
             build_env=settings.build_env(),
