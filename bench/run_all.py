@@ -25,6 +25,7 @@ import typing
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_api  # noqa: E402
+import bench_cli  # noqa: E402
 import bench_files  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
@@ -217,7 +218,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
     ap.add_argument(
-        "--only", default="api,standby,peers,split,templates,files,pty,shell", help="comma-separated subset"
+        "--only",
+        default="api,standby,peers,split,templates,files,pty,shell,cli",
+        help="comma-separated subset",
     )
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
     args = ap.parse_args()
@@ -278,6 +281,9 @@ def main() -> int:
         if "shell" in only:
             c.log("== shell: bash -l -c against sh -c, stdin round trip")
             res["shell"] = bench_shell.run(a, n=5 if q else 40)
+        if "cli" in only:
+            c.log("== cli: atoll --version and atoll sandbox exec as whole processes")
+            res["cli"] = bench_cli.run(a, n=3 if q else 20)
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")

@@ -52,6 +52,7 @@ REPLACEMENTS = {
     "aread": "read",
     "aiter_bytes": "iter_bytes",
     "aiter_lines": "iter_lines",
+    "alines": "lines",  # atoll.shared.ndjson
     "acall_callback": "call_callback",
     "arequest_body": "request_body",
     "asleep": "sleep",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from atoll.core import ids
+from atoll.testing import FakeAtoll, FakeWorker
 from tests.component.conftest import create
 
 SPEC = {"name": "web", "from": "base", "run": ["echo hi"], "env": {"A": "1"}, "workdir": "/app"}
@@ -291,3 +292,72 @@ async def test_the_builtin_templates_pool_is_the_servers_setting(fake):
     assert "built-in" in r.json()["error"]["message"] and "ATOLL_DEFAULT_POOL" in r.json()["error"]["message"]
     r = await c.get("/v1/templates/base/pool")
     assert r.status_code == 200 and (r.json()["min"], r.json()["max"]) == (0, 0), r.text
+
+
+async def test_a_path_that_finds_nothing_is_refused_naming_path(fake):
+    """PATH='' (or an empty/relative entry) used to pass and fail later as "runsc run failed":
+    the sandbox's agent is started as python3, looked up through PATH."""
+    c = fake.http
+    bodies = [
+        ("/v1/templates", {"name": "p", "env": {"PATH": ""}}, "''"),
+        ("/v1/templates", {"name": "p", "env": {"PATH": "/usr/bin::/bin"}}, "'/usr/bin::/bin'"),
+        ("/v1/templates", {"name": "p", "env": {"PATH": "bin:/usr/bin"}}, "'bin'"),
+        ("/v1/sandboxes", {"env": {"PATH": ""}}, "''"),
+    ]
+    for route, body, value in bodies:
+        r = await c.post(route, json=body)
+        assert r.status_code == 400, (body, r.text)
+        message = r.json()["error"]["message"]
+        assert "PATH" in message and value in message and "absolute directories" in message, message
+    r = await c.post(
+        "/v1/templates?name=p",
+        content=b'FROM base\nENV PATH=""\n',
+        headers={"Content-Type": "text/x-dockerfile"},
+    )
+    assert r.status_code == 400 and "PATH ''" in r.json()["error"]["message"], r.text
+    assert fake.worker.builds == {}  # nothing reached a worker
+    assert (await c.get("/v1/sandboxes")).json()["items"] == []
+    r = await c.post("/v1/templates", json={"name": "p", "env": {"PATH": "/opt/tools/bin:/usr/bin:/bin"}})
+    assert r.status_code == 202, r.text  # an absolute PATH is still fine
+
+
+async def _claim_one(c) -> str:
+    for _ in range(300):
+        if (await c.get("/v1/templates/web/pool")).json()["ready"] >= 1:
+            break
+        await asyncio.sleep(0.02)
+    r = await c.post("/v1/sandboxes", json={"template": "web", "idle_timeout_s": 0})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+async def test_a_pools_claimed_count_survives_a_restart_and_goes_with_its_template(tmp_path):
+    """`claimed` was counted in memory: a restarted server said 0."""
+    worker = FakeWorker()
+    async with FakeAtoll(tmp_path, [worker]) as fake:
+        c = fake.http
+        await build(c)
+        await wait_status(c, "web", "ready")
+        assert (await c.put("/v1/templates/web/pool", json={"min": 1, "max": 1})).status_code == 200
+        first = await _claim_one(c)
+        second = await _claim_one(c)
+        assert (await c.get("/v1/templates/web/pool")).json()["claimed"] == 2
+    async with FakeAtoll(tmp_path, [worker]) as fake:  # the same database: a restart
+        c = fake.http
+        assert (await c.get("/v1/templates/web/pool")).json()["claimed"] == 2
+        await _claim_one(c)
+        assert (await c.get("/v1/templates/web/pool")).json()["claimed"] == 3
+        # deleting the template deletes its count: a new template of that name starts at 0
+        assert (await c.put("/v1/templates/web/pool", json={"min": 0, "max": 0})).status_code == 200
+        for s in (await c.get("/v1/sandboxes")).json()["items"]:
+            assert (await c.delete(f"/v1/sandboxes/{s['id']}")).status_code in (200, 204)
+        for _ in range(300):
+            if not any(r.pooled for r in fake.manager.live()):
+                break
+            await asyncio.sleep(0.02)
+        r = await c.delete("/v1/templates/web")
+        assert r.status_code in (200, 204), r.text
+        await build(c)
+        await wait_status(c, "web", "ready")
+        assert (await c.get("/v1/templates/web/pool")).json()["claimed"] == 0
+    assert first != second

@@ -364,6 +364,42 @@ def test_dockerfile_build_context(client, make, tmp_path):
     assert wait_answers(sb, http_get(8000), timeout=10).strip() == f"hello-docker static {NONCE}"
 
 
+def test_dockerfile_build_context_keeps_symlinks_and_never_follows_them_on_the_host(client, make, tmp_path):
+    """Links in the context used to be dropped: now each is a link in the template, resolved in
+    the sandbox; one aimed at a host file (absolute, or `..` out of the context) shows the
+    sandbox's own file system, never the host's."""
+    host_secret = tmp_path / "host-secret.txt"
+    host_secret.write_text(f"host only {NONCE}\n")
+    ctx = tmp_path / "ctx"
+    (ctx / "conf").mkdir(parents=True)
+    (ctx / "data.txt").write_text(f"data {NONCE}\n")
+    os.symlink("data.txt", ctx / "rel")
+    os.symlink("/etc/os-release", ctx / "abs")
+    os.symlink(str(host_secret), ctx / "host")
+    os.symlink("../../" + "../" * 8 + str(host_secret).lstrip("/"), ctx / "conf" / "out")
+    os.symlink("conf", ctx / "confdir")
+    (ctx / "Dockerfile").write_text("FROM base\nCOPY . /srv/links/\n")
+    lines: list[str] = []
+    t = client.templates.build_dockerfile("links-demo", str(ctx), on_log=lines.append, timeout=BUILD_TIMEOUT)
+    assert t.status == "ready", (t.to_dict(), lines)
+    sb = make("links-demo")
+    targets = out(sb, "cd /srv/links && for l in rel abs host conf/out confdir; do readlink $l; done")
+    assert targets.splitlines() == [
+        "data.txt",
+        "/etc/os-release",
+        str(host_secret),
+        "../../" + "../" * 8 + str(host_secret).lstrip("/"),
+        "conf",
+    ], targets
+    assert out(sb, "cat /srv/links/rel") == f"data {NONCE}"
+    assert out(sb, "cat /srv/links/abs") == out(sb, "cat /etc/os-release")
+    assert out(sb, "ls /srv/links/confdir/") == "out"
+    for link in ("host", "conf/out"):  # the host's file is not what the sandbox sees
+        r = sb.exec(f"cat /srv/links/{link}", timeout_s=60)
+        assert r.exit_code != 0 and NONCE not in r.stdout, (link, r.stdout, r.stderr)
+        assert "No such file" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize(
     "dockerfile, needle",
     [

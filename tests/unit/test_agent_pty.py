@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from atoll.core import ptyframes
-from atoll.guest.agent import ptys
+from atoll.guest.agent import ptyframes, ptys
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 

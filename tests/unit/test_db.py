@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 from sqlalchemy import event
 
 from atoll.controlplane import db as dbm
@@ -53,3 +57,21 @@ def test_durable_save_is_synchronous_full_only_for_its_commit(tmp_path):
     assert not any(s.startswith("PRAGMA synchronous") for s in statements)
     with database.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL again
+
+
+def test_a_database_at_0008_upgrades_to_count_pool_claims(tmp_path):
+    """Migration 0009 adds pool_claims to a database made before it, and its count persists."""
+    url = f"sqlite:///{tmp_path / 'atoll.db'}"
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(dbm.__file__), "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url)
+    cfg.attributes["configure_logger"] = False
+    command.upgrade(cfg, "0008")
+    assert "pool_claims" not in sa.inspect(sa.create_engine(url)).get_table_names()
+    d = dbm.open_database(url)
+    assert d.pool_claimed("t", "web") == 0
+    d.count_pool_claim("t", "web")
+    d.count_pool_claim("t", "web")
+    assert dbm.open_database(url).pool_claimed("t", "web") == 2
+    command.downgrade(cfg, "0008")  # and back
+    assert "pool_claims" not in sa.inspect(sa.create_engine(url)).get_table_names()

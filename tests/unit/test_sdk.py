@@ -799,3 +799,21 @@ def test_file_entry_raw_path_and_bytes_params():
         "true", background=False, timeout_s=None, cwd=None, env=None, user=None, max_output_bytes=9
     )
     assert body == {"cmd": "true", "max_output_bytes": 9}
+
+
+def test_plain_http_clients_load_no_ca_bundle(monkeypatch):
+    """An http:// client gets an empty verifying TLS context (httpx would load the CA bundle, the
+    largest part of a CLI command's start); https:// and a TLS proxy keep httpx's default."""
+    import ssl
+
+    from atoll._client import _base
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    ctx = _base.tls_verify("http://127.0.0.1:7080")
+    assert isinstance(ctx, ssl.SSLContext)
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert ctx.get_ca_certs() == [] and ctx.cert_store_stats()["x509_ca"] == 0
+    assert _base.tls_verify("https://atoll.example") is True
+    monkeypatch.setenv("HTTP_PROXY", "https://proxy.test:3128")
+    assert _base.tls_verify("http://127.0.0.1:7080") is True

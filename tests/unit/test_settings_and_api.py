@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from atoll.controlplane import http, schemas, settings
@@ -113,3 +115,31 @@ def test_exec_request_validation():
     ):
         with pytest.raises(ValueError):
             schemas.ExecRequest.model_validate(bad)
+
+
+def test_sandbox_ca_file_is_a_pem_file_or_host_and_only_certificates_reach_sandboxes(tmp_path):
+    from atoll.core import pki
+    from atoll.worker.host import trust
+
+    home = {"ATOLL_HOME": str(tmp_path)}
+    assert worker_settings.load(env=home).sandbox_ca_file is None  # default: nothing added
+    if os.path.exists(worker_settings.SYSTEM_CA):
+        assert (
+            worker_settings.load(env={**home, "ATOLL_SANDBOX_CA_FILE": "host"}).sandbox_ca_file
+            == worker_settings.SYSTEM_CA
+        )
+    ca, key = pki.new_root_ca("test CA")
+    pem = tmp_path / "ca+key.pem"
+    pem.write_bytes(b"# our CA\n" + ca + key)
+    s = worker_settings.load(env={**home, "ATOLL_SANDBOX_CA_FILE": str(pem)})
+    assert s.sandbox_ca_file == str(pem)
+    only = trust.certificates(pem.read_text())
+    assert only == ca.decode() and "PRIVATE KEY" not in only and "# our CA" not in only
+    assert trust.combine("A\n", only) == "A\n" + only and trust.combine("", "") == ""
+    for bad, words in ((str(tmp_path / "missing.pem"), "cannot be read"), (str(tmp_path), "cannot be read")):
+        with pytest.raises(config.SettingsError, match=f"ATOLL_SANDBOX_CA_FILE=.*{words}"):
+            worker_settings.load(env={**home, "ATOLL_SANDBOX_CA_FILE": bad})
+    key_only = tmp_path / "key.pem"
+    key_only.write_bytes(key)
+    with pytest.raises(config.SettingsError, match="holds no PEM certificate"):
+        worker_settings.load(env={**home, "ATOLL_SANDBOX_CA_FILE": str(key_only)})

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pty
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from atoll.core import errors
-from atoll.worker.images import templates
+from atoll.worker.images import login_profile, templates
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (scripts/install-deps.sh)")
 
@@ -112,6 +115,133 @@ def test_broken_source_fails_the_build(tmp_path):
     with pytest.raises(errors.RuntimeFailure, match="gcc failed"):
         asyncio.run(templates.install_compat_shim(str(tmp_path), source=str(bad)))
     assert not (tmp_path / "etc/ld.so.preload").exists()
+
+
+# ---------------------------------------------------------------- login profile
+
+DEBIAN_ETC_PROFILE = """\
+if [ "$(id -u)" -eq 0 ]; then
+  PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+else
+  PATH="/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+fi
+export PATH
+
+if [ "${PS1-}" ]; then
+  if [ "${BASH-}" ] && [ "$BASH" != "/bin/sh" ]; then
+    if [ -f /etc/bash.bashrc ]; then
+      . /etc/bash.bashrc
+    fi
+  else
+    if [ "$(id -u)" -eq 0 ]; then
+      PS1='# '
+    else
+      PS1='$ '
+    fi
+  fi
+fi
+"""
+DEBIAN_ROOT_PROFILE = """\
+if [ "$BASH" ]; then
+  if [ -f ~/.bashrc ]; then
+    . ~/.bashrc
+  fi
+fi
+
+mesg n 2> /dev/null || true
+"""
+
+
+@pytest.fixture
+def profiles():
+    """Debian 12's two profile files (the parts that run code) in a rootfs, before and after
+    (world-readable: the shells also read them as nobody)."""
+    top = Path(tempfile.mkdtemp(prefix="atoll-profiles-"))
+    os.chmod(top, 0o755)
+    orig, edited = top / "orig", top / "edited"
+    for root in (orig, edited):
+        (root / "etc").mkdir(parents=True)
+        (root / "root").mkdir()
+        (root / "etc/profile").write_text(DEBIAN_ETC_PROFILE)
+        (root / "root/.profile").write_text(DEBIAN_ROOT_PROFILE)
+        os.chmod(root, 0o755)
+    assert sorted(login_profile.patch(str(edited))) == ["etc/profile", "root/.profile"]
+    yield orig, edited
+    shutil.rmtree(top)
+
+
+def test_login_profile_edits_start_no_program(profiles):
+    _, edited = profiles
+    etc, dot = (edited / "etc/profile").read_text(), (edited / "root/.profile").read_text()
+    assert "$(id -u)" not in etc.replace("${EUID:-$(id -u)}", "")
+    assert "mesg" in dot and "if [ -t 0 ] || [ -t 1 ]; then" in dot
+    assert login_profile.unpatch(etc, "etc/profile") == DEBIAN_ETC_PROFILE
+    assert login_profile.unpatch(dot, "root/.profile") == DEBIAN_ROOT_PROFILE
+    assert login_profile.patch(str(edited)) == []  # applied once
+
+
+@pytest.mark.parametrize("shell", ["bash", "dash"])
+@pytest.mark.parametrize("uid", [0, 65534])
+@pytest.mark.parametrize("interactive", [False, True])
+def test_login_profile_edits_keep_what_the_shell_sees(profiles, shell, uid, interactive):
+    """The host's bash and dash source both versions as root and as nobody: the same variables
+    (PATH, PS1 included), umask and exit status."""
+    if shutil.which(shell) is None:
+        pytest.skip(f"needs {shell}")
+    dump = 'echo "rc=$?"; umask; set | grep -E "^(PATH|PS1|HOME|i)=" ; export -p | sort'
+
+    def run(root) -> str:
+        script = f". {root}/etc/profile; HOME={root}/root; . {root}/root/.profile; {dump}"
+        argv = [shell, "-c", script] if shell == "dash" else [shell, "--noprofile", "--norc", "-c", script]
+        env = {"HOME": "/", "TERM": "dumb"} | ({"PS1": "> "} if interactive else {})
+        if uid:
+            argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+        return out.stdout.replace(str(root), "ROOT") + out.stderr.replace(str(root), "ROOT")
+
+    orig, edited = profiles
+    before, after = run(orig), run(edited)
+    assert after == before
+    expected_path = (
+        "/usr/local/sbin:/usr/local/bin" if uid == 0 else "/usr/local/bin:/usr/bin:/bin:/usr/local/games"
+    )
+    assert expected_path in after
+
+
+def test_layer_hash_covers_the_login_profile_edits(monkeypatch):
+    before = templates.BASE.content_hash()
+    edits = ((*login_profile.EDITS[0][:2], login_profile.EDITS[0][2] + " "), *login_profile.EDITS[1:])
+    monkeypatch.setattr(login_profile, "EDITS", edits)
+    assert templates.BASE.content_hash() != before
+
+
+@pytest.mark.skipif(shutil.which("mesg") is None, reason="needs mesg (util-linux)")
+@pytest.mark.parametrize("tty_on", ["stdin", "stdout", "stderr", "none"])
+def test_login_profile_still_runs_mesg_on_a_terminal(profiles, tty_on):
+    """root's ~/.profile denies `write` to the login terminal (mesg n) in both versions alike, with
+    the terminal on each of the standard descriptors (the host's mesg is Debian 12's)."""
+
+    def writable_after(root) -> bool:
+        master, slave = pty.openpty()
+        try:
+            name = os.ttyname(slave)
+            os.chmod(name, 0o620)  # mesg y
+            fds = {k: (slave if k == tty_on else subprocess.DEVNULL) for k in ("stdin", "stdout", "stderr")}
+            subprocess.run(
+                ["bash", "--noprofile", "--norc", "-c", f"HOME={root}/root; . {root}/root/.profile"],
+                env={"PATH": "/usr/bin:/bin"},
+                check=True,
+                **fds,
+            )
+            return bool(os.stat(name).st_mode & 0o020)
+        finally:
+            os.close(slave)
+            os.close(master)
+
+    orig, edited = profiles
+    before = writable_after(orig)
+    assert writable_after(edited) == before
+    assert before == (tty_on not in ("stdin", "stdout"))  # the profile's mesg has stderr on /dev/null
 
 
 def test_the_base_layer_lives_in_the_one_layer_cache_and_an_older_layout_is_adopted(tmp_path):

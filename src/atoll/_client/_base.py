@@ -13,6 +13,8 @@ import inspect
 import io
 import json
 import os
+import ssl
+import urllib.request
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -21,8 +23,9 @@ from urllib.parse import quote
 import httpx
 import tenacity
 
-from atoll import __version__, errors
+from atoll import errors
 from atoll._client._models import ExecResult
+from atoll._version import __version__
 
 DEFAULT_BASE_URL = "http://127.0.0.1:7080"
 DEFAULT_TIMEOUT = 60.0
@@ -72,6 +75,22 @@ def resolve_config(
     return Config(
         base_url=url.rstrip("/"), api_key=key or None, timeout=timeout, create_timeout=create_timeout
     )
+
+
+def tls_verify(base_url: str) -> bool | ssl.SSLContext:
+    """httpx's `verify=` for a client of `base_url`.
+
+    httpx loads the whole CA bundle into an SSL context when a client is made (~30 ms, the largest
+    part of a CLI command's start after imports), even for a plain-HTTP server that never needs
+    it. For an `http://` URL without a proxy that could speak TLS, the client gets an empty
+    verifying context instead: nothing it sends uses TLS, and if something did, verification
+    would fail (no CA trusted) rather than pass. `https://` URLs get httpx's default (True).
+    """
+    if not base_url.startswith("http://"):
+        return True
+    if any(str(proxy).startswith("https:") for proxy in urllib.request.getproxies().values()):
+        return True  # a TLS proxy for plain-HTTP requests needs the CA bundle
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies (CERT_REQUIRED) and trusts nothing
 
 
 # ---------------------------------------------------------------- retries
@@ -221,7 +240,9 @@ def dockerfile_body(path_or_text: str) -> tuple[bytes, str]:
                 if os.path.abspath(full) == os.path.abspath(dockerfile) or entry in (".git",):
                     continue
                 tar.add(full, arcname=entry)
-            tar.add(dockerfile, arcname="Dockerfile")
+            # the Dockerfile itself by content (a link to it would not be a Dockerfile on the
+            # server); every other link is sent as a link, and the server keeps it as one
+            tar.add(os.path.realpath(dockerfile), arcname="Dockerfile")
         return buf.getvalue(), "application/x-tar"
     return path_or_text.encode(), "text/x-dockerfile"
 
@@ -472,7 +493,7 @@ def stream_error(obj: Mapping[str, Any]) -> errors.AtollError:
 class ExecStream:
     """Decodes the ndjson lines of a streamed exec into output chunks and a final `ExecResult`.
 
-    `feed(line)` returns the `(stream_name, text)` chunks the line carried ("stdout"/"stderr");
+    `feed(line)` (a line cut by `atoll.shared.ndjson`) returns the `(stream_name, text)` chunks the line carried ("stdout"/"stderr");
     an `{"error": ...}` line raises the matching `AtollError`. `result()` is available once
     the final `{"exit_code", ...}` line has been fed.
     """
@@ -481,17 +502,6 @@ class ExecStream:
         self._out: list[str] = []
         self._err: list[str] = []
         self._final: dict[str, Any] | None = None
-        self._pending = b""
-
-    def feed_bytes(self, chunk: bytes, final: bool = False) -> Iterator[tuple[str, str]]:
-        """Feed raw bytes of the stream; lines end at b"\\n" only. (httpx's iter_lines splits on
-        every Unicode line break, U+0085 and U+2028 included, which JSON strings may carry raw.)
-        A generator: the chunks of one line reach the caller before a later line can raise."""
-        data = self._pending + chunk
-        lines = data.split(b"\n")
-        self._pending = b"" if final else lines.pop()
-        for line in lines:
-            yield from self.feed(line)
 
     def feed(self, line: str | bytes) -> list[tuple[str, str]]:
         line = line.strip()

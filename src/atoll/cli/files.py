@@ -3,11 +3,10 @@ or directory tree into a sandbox and back (a directory as one tar stream, see th
 `files.upload_dir` / `download_dir`). Registered on the `sandbox` app by atoll.cli.main.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typer reads the commands' annotations at every start
+# and evaluating them from strings is slow (see atoll.cli.main).
 import contextlib
 import os
-import tarfile
 import typing
 from typing import Annotated
 
@@ -21,6 +20,8 @@ Session = typing.Callable[[typer.Context], typing.ContextManager[typing.Any]]
 @contextlib.contextmanager
 def _local_errors() -> typing.Iterator[None]:
     """A local file that cannot be read or written, or a tar the safe extract refuses: one line."""
+    import tarfile  # here, not at the top: the CLI's start-up cost (the SDK imports it anyway)
+
     try:
         yield
     except (OSError, tarfile.TarError, RuntimeError) as exc:

@@ -7,9 +7,13 @@ and `atoll worker` start processes by importing their modules lazily (`atoll.up`
 `atoll sandbox` command talks to a server through the sync SDK client built by
 `make_client` (tests monkeypatch it to inject an `httpx.MockTransport`). SDK errors are
 printed as `error: <code>: <message>` on stderr with exit status 1, never as a traceback.
-"""
 
-from __future__ import annotations
+Start-up cost is part of the CLI's contract (docs/specification.md): this module and the command
+modules it registers import only typer and `atoll.errors` at the top; rich, httpx and the SDK are
+imported inside the commands that use them. They do not use `from __future__ import annotations`:
+typer turns every command into a click command at each start, reading its annotations, and
+evaluating them from strings (each `typer.Option(...)` again) cost ~40 ms of every command.
+"""
 
 import json
 import sys
@@ -18,26 +22,36 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from atoll import errors
-from atoll._client import Client, Sandbox
 from atoll.cli import argv as cli_argv
+from atoll.cli import coercion as cli_coercion
 from atoll.cli import files as cli_files
-from atoll.cli import forward
-from atoll.cli import progress as cli_progress
 from atoll.cli import shell as cli_shell
 from atoll.cli import templates as cli_templates
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from atoll._client import Client, Sandbox
+
+
+cli_coercion.install()
 
 
 class _Atoll(typer.Typer):
     """The `atoll` entry point: global options are accepted anywhere (cli.argv) before typer parses."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # httpx's package imports its own command line (httpx._main: click, rich's progress bars and
+        # syntax highlighting, pygments) whenever click and rich are installed: ~50 ms of every
+        # command that talks to a server. atoll never calls `httpx.main`; a None entry makes that
+        # import fail and httpx falls back to its stub `main` (as without its `cli` extra).
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
         if not args and "args" not in kwargs:
             kwargs["args"] = cli_argv.normalize(sys.argv[1:])
         return super().__call__(*args, **kwargs)
@@ -59,9 +73,42 @@ secret_app = typer.Typer(
 app.add_typer(secret_app, name="secret")
 
 
-def make_client(url: str | None, api_key: str | None) -> Client:
+def make_client(url: str | None, api_key: str | None) -> "Client":
     """The SDK client the `sandbox` commands use; None means "from the environment"."""
+    from atoll._client import Client
+
     return Client(base_url=url, api_key=api_key)
+
+
+def _sandbox(client: "Client", sandbox_id: str) -> "Sandbox":
+    """A handle on a sandbox by id, without fetching it."""
+    from atoll._client import Sandbox
+
+    return Sandbox(client, {"id": sandbox_id})
+
+
+def _table(**kwargs: Any) -> "Table":
+    from rich.table import Table
+
+    return Table(box=None, header_style="bold", pad_edge=False, **kwargs)
+
+
+def _console() -> "Console":
+    """A rich console for tables; piped, one line per row whatever the width."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=1000)
+
+
+class OnTimeout(StrEnum):
+    pause = "pause"
+    delete = "delete"
+
+
+class Tier(StrEnum):
+    memory = "memory"
+    disk = "disk"
 
 
 @dataclass(frozen=True)
@@ -76,7 +123,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 
 @contextmanager
-def _session(ctx: typer.Context) -> Iterator[Client]:
+def _session(ctx: typer.Context) -> "Iterator[Client]":
     """A client for one command; SDK errors become `error: <code>: <message>` and exit 1."""
     conn: _Connection = ctx.obj or _Connection(None, None)
     try:
@@ -94,7 +141,7 @@ cli_files.register(sandbox_app, _session)
 
 def _version(value: bool) -> None:
     if value:
-        from atoll import __version__
+        from atoll._version import __version__
 
         typer.echo(f"atoll {__version__}")
         raise typer.Exit()
@@ -259,15 +306,13 @@ def workers_(
     if not items:
         typer.echo("no workers", err=True)
         return
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = _table()
     for col in ("NAME", "STATE", "SANDBOXES", "MEMORY (MB)", "VERSION", "ID"):
         table.add_column(col, no_wrap=True)
     for w in items:
         mem = f"{int(w['allocated']['memory_mb'])}/{int(w['capacity']['memory_mb'])}"
         table.add_row(w["name"], w["state"], str(w["sandboxes"]), mem, str(w.get("version") or "-"), w["id"])
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=1000)
+    console = _console()
     console.print(table)
 
 
@@ -333,6 +378,8 @@ def create(
 ) -> None:
     """Create a sandbox and print its id once it is running (no network way out unless --allow-out).
     While its template is still being built, shows the build's progress and waits."""
+    from atoll.cli import progress as cli_progress
+
     env_vars = _pairs(env, "--env")
     secrets = _pairs(secret, "--secret")
     labels = _pairs(metadata, "--metadata")
@@ -358,8 +405,8 @@ def create(
         typer.echo(sandbox.id)
 
 
-def _sandbox_table(sandboxes: list[Sandbox]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
+def _sandbox_table(sandboxes: "list[Sandbox]") -> "Table":
+    table = _table()
     table.add_column("ID", no_wrap=True, min_width=max(len(sb.id) for sb in sandboxes))
     table.add_column("STATE", no_wrap=True)
     table.add_column("TIER", no_wrap=True)
@@ -393,9 +440,7 @@ def list_(
     elif not sandboxes:
         typer.echo("no sandboxes", err=True)
     else:
-        console = Console()
-        if not console.is_terminal:  # piped: one line per sandbox, whatever the width
-            console = Console(width=1000)
+        console = _console()
         console.print(_sandbox_table(sandboxes))
 
 
@@ -435,17 +480,19 @@ def exec_(
 
     Standard input is forwarded when it is not a terminal (`echo hi | atoll sandbox exec ID -- cat`).
     """
+    from atoll.cli import forward as cli_forward
+
     command: str | list[str] = cmd[0] if len(cmd) == 1 and any(c.isspace() for c in cmd[0]) else list(cmd)
     env_vars = _pairs(env, "--env")
     text, head = (None, b"")
-    forwarding = forward.stdin_forwarded(no_stdin)
+    forwarding = cli_forward.stdin_forwarded(no_stdin)
     if forwarding:
-        text, head = forward.read_inline(sys.stdin.buffer)
+        text, head = cli_forward.read_inline(sys.stdin.buffer)
     args: dict[str, Any] = {"timeout_s": timeout, "cwd": cwd, "env": env_vars, "user": user, "shell": shell}
     with _session(ctx) as client:
-        sandbox = Sandbox(client, {"id": sandbox_id})
+        sandbox = _sandbox(client, sandbox_id)
         if forwarding and text is None:  # large or binary: streamed through the stdin route
-            result = forward.run_streamed(
+            result = cli_forward.run_streamed(
                 sandbox, command, head, sys.stdin.buffer, lambda kind, t: _write(kind)(t), **args
             )
         else:
@@ -455,16 +502,6 @@ def exec_(
     if result.timed_out:
         typer.echo(f"error: timed_out: the command did not finish within {timeout}s", err=True)
     raise typer.Exit(exit_status(result.exit_code, result.timed_out))
-
-
-class OnTimeout(StrEnum):
-    pause = "pause"
-    delete = "delete"
-
-
-class Tier(StrEnum):
-    memory = "memory"
-    disk = "disk"
 
 
 @sandbox_app.command("pause")
@@ -477,7 +514,7 @@ def pause(
 ) -> None:
     """Put a sandbox in standby."""
     with _session(ctx) as client:
-        sandbox = Sandbox(client, {"id": sandbox_id}).pause(tier=tier.value)
+        sandbox = _sandbox(client, sandbox_id).pause(tier=tier.value)
     typer.echo(f"{sandbox.id} {sandbox.state} ({sandbox.standby_tier or '-'})")
 
 
@@ -495,7 +532,7 @@ def network(
 ) -> None:
     """Replace a sandbox's egress policy, live (no options: no way out); --show prints it."""
     with _session(ctx) as client:
-        sb = Sandbox(client, {"id": sandbox_id})
+        sb = _sandbox(client, sandbox_id)
         policy = sb.refresh().network if show else sb.set_network(allow_out or [], deny_out or [])
     _print_json(policy)
 
@@ -504,7 +541,7 @@ def network(
 def resume(ctx: typer.Context, sandbox_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
     """Bring a sandbox back from standby."""
     with _session(ctx) as client:
-        sandbox = Sandbox(client, {"id": sandbox_id}).resume()
+        sandbox = _sandbox(client, sandbox_id).resume()
     typer.echo(f"{sandbox.id} {sandbox.state}")
 
 
@@ -534,7 +571,7 @@ def preview(
 ) -> None:
     """Print the preview URL of a sandbox's port, its access token and a signed URL."""
     with _session(ctx) as client:
-        sb = Sandbox(client, {"id": sandbox_id})
+        sb = _sandbox(client, sandbox_id)
         if public is not None:
             sb.set_preview(port, public)
         pv = sb.preview(port, expires_in_s=expires_in)
@@ -617,14 +654,12 @@ def secret_list(
     elif not items:
         typer.echo("no secrets", err=True)
     else:
-        table = Table(box=None, header_style="bold", pad_edge=False)
+        table = _table()
         table.add_column("NAME", no_wrap=True)
         table.add_column("HOSTS", overflow="fold")
         for s in items:
             table.add_row(s.name, ", ".join(s.hosts))
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=1000)
+        console = _console()
         console.print(table)
 
 
@@ -666,7 +701,7 @@ def update(
     if lifetime is not None:
         extra["timeout_s"] = lifetime
     with _session(ctx) as client:
-        sb = Sandbox(client, {"id": sandbox_id}).update(
+        sb = _sandbox(client, sandbox_id).update(
             idle_timeout_s=idle_timeout,
             disk_after_s=disk_after,
             on_timeout=on_timeout.value if on_timeout is not None else None,
@@ -687,11 +722,11 @@ def metrics(
 ) -> None:
     """CPU, memory, disk and process figures of a sandbox now (a standby one is not woken)."""
     with _session(ctx) as client:
-        m = Sandbox(client, {"id": sandbox_id}).metrics()
+        m = _sandbox(client, sandbox_id).metrics()
     if as_json:
         _print_json(m.to_dict())
         return
-    table = Table(box=None, header_style="bold", pad_edge=False, show_header=False)
+    table = _table(show_header=False)
     table.add_column("FIGURE", no_wrap=True)
     table.add_column("VALUE", no_wrap=True)
     state = m.state + (f" ({m.get('standby_tier')})" if m.get("standby_tier") else "")
@@ -700,7 +735,5 @@ def metrics(
     table.add_row("memory", f"{m.memory_used_mb:.1f} / {m.memory_limit_mb} MB")
     table.add_row("disk", f"{m.disk_used_mb:.1f} / {m.disk_limit_mb} MB")
     table.add_row("processes", "-" if m.processes is None else str(m.processes))
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=1000)
+    console = _console()
     console.print(table)

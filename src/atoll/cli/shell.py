@@ -7,8 +7,8 @@ is not a terminal (a pipe, a file) it still works, without raw mode: the input i
 read. Registered on `atoll sandbox` by `atoll.cli.main` (`register`).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typer reads the commands' annotations at every start
+# and evaluating them from strings is slow (see atoll.cli.main).
 import os
 import select
 import shutil
@@ -19,12 +19,14 @@ import threading
 import tty
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from atoll import errors
-from atoll._client import Sandbox
+
+if TYPE_CHECKING:
+    from atoll._client import Sandbox
 
 _session: Callable[[typer.Context], AbstractContextManager[Any]]
 
@@ -50,6 +52,8 @@ def shell(
     ] = None,
 ) -> None:
     """Open an interactive terminal in a sandbox (resuming it); exit with the program's exit code."""
+    from atoll._client import Sandbox  # here, not at the top: the CLI's start-up cost
+
     term = term or os.environ.get("TERM") or None
     with _session(ctx) as client:
         sandbox = Sandbox(client, {"id": sandbox_id})
@@ -68,7 +72,7 @@ def _size(fd: int) -> tuple[int, int]:
     return min(cols, 1000) if cols > 0 else 80, min(rows, 1000) if rows > 0 else 24
 
 
-def run(sandbox: Sandbox, *, cmd: str | None, term: str | None) -> int:
+def run(sandbox: "Sandbox", *, cmd: str | None, term: str | None) -> int:
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     interactive = os.isatty(stdin)
     cols, rows = _size(stdout if os.isatty(stdout) else stdin)

@@ -3,8 +3,8 @@ JSON, the same fields as the SDK's `templates.build`) or a Dockerfile, with the 
 as it runs, and their warm pools. Registered on the `atoll` app by atoll.cli.main.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typer reads the commands' annotations at every start
+# and evaluating them from strings is slow (see atoll.cli.main).
 import json
 import os
 import sys
@@ -12,8 +12,6 @@ import typing
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from atoll import errors
 
@@ -124,6 +122,9 @@ def list_(
     if as_json:
         typer.echo(json.dumps([t.to_dict() for t in items], indent=2, sort_keys=True))
         return
+    from rich.console import Console  # here, not at the top: the CLI's start-up cost
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col in ("NAME", "STATUS", "BUILD", "FROM", "ERROR"):
         table.add_column(col, overflow="fold")

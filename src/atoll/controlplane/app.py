@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atoll.controlplane import (
     context,
+    docs_pages,
     http,
     routes_exec,
     routes_fileops,
@@ -48,7 +49,13 @@ from atoll.core import errors, secretbox
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EXEC_OUTPUT_BYTES = 1024 * 1024  # per stream of a non-streamed exec (ATOLL_MAX_EXEC_OUTPUT_KB)
-PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json"}  # and docs_pages.is_public: /docs, /redoc
+
+
+def _public(path: str) -> bool:
+    return path in PUBLIC_PATHS or docs_pages.is_public(path)
+
+
 BEARER = "bearerAuth"  # the security scheme's name in /openapi.json
 
 
@@ -150,7 +157,10 @@ def create_app(
             "on one or more workers. Authenticate with `Authorization: Bearer <admin key>`."
         ),
         swagger_ui_parameters={"persistAuthorization": True},
+        docs_url=None,  # docs_pages serves /docs and /redoc with local assets
+        redoc_url=None,
     )
+    docs_pages.install(app)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -170,7 +180,7 @@ def create_app(
         """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
         duration metric, and a JSON 500 if anything escapes."""
         if scope["type"] == "websocket":  # terminals (routes_pty): the handshake needs the key too
-            if scope["path"] not in PUBLIC_PATHS and not _bearer_ok(scope, key_bytes):
+            if not _public(scope["path"]) and not _bearer_ok(scope, key_bytes):
                 return await _refuse_websocket(scope, send)
             return await inner(scope, receive, send)
         if scope["type"] != "http":
@@ -179,7 +189,7 @@ def create_app(
         scope.setdefault("state", {})["request_id"] = rid
         t0 = time.perf_counter()
         path = scope["path"]
-        if path not in PUBLIC_PATHS:
+        if not _public(path):
             token = b""
             for k, v in scope["headers"]:
                 if k == b"authorization":

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-import atoll
+from atoll._version import __version__
 from atoll.controlplane.lifecycle import SandboxManager
 from atoll.controlplane.previews import Previews
 from atoll.controlplane.secrets import SecretStore
 
-VERSION = atoll.__version__  # the package's version (workers report theirs)
+VERSION = __version__  # the package's version (workers report theirs)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Records of the control plane (SQLAlchemy 2; SQLite embedded by default): sandboxes, workers, secrets.
+"""Records of the control plane (SQLAlchemy 2; SQLite embedded by default): sandboxes, workers, secrets,
+templates, their builds and their pools' claim counts.
 
 Every sandbox record carries a tenant id and the id of the worker that holds it. Schema changes go through Alembic migrations
 (`controlplane/migrations`); `open_database` upgrades the database to the newest revision at start-up.
@@ -87,6 +88,18 @@ class TemplateRecord(Base):
     pool_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class PoolClaimsRecord(Base):
+    """How many sandboxes a template's warm pool has handed to creates, since the template was
+    made. A row of its own (not a column of TemplateRecord) so that a claim's increment is one
+    atomic UPDATE that no merge of a template record read earlier can overwrite."""
+
+    __tablename__ = "pool_claims"
+
+    tenant_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    template: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    claimed: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
 
 
 class BuildRecord(Base):
@@ -265,6 +278,31 @@ class Database:
             s.execute(
                 sa.delete(BuildRecord).where(BuildRecord.tenant_id == tenant_id, BuildRecord.template == name)
             )
+            s.execute(
+                sa.delete(PoolClaimsRecord).where(
+                    PoolClaimsRecord.tenant_id == tenant_id, PoolClaimsRecord.template == name
+                )
+            )
+
+    def count_pool_claim(self, tenant_id: str, name: str) -> None:
+        """One more sandbox claimed from the template's pool (atomic across control planes)."""
+        t = PoolClaimsRecord.__table__
+        where = (t.c.tenant_id == tenant_id) & (t.c.template == name)
+        for _ in range(3):
+            with self.engine.begin() as conn:
+                if conn.execute(sa.update(t).where(where).values(claimed=t.c.claimed + 1)).rowcount:
+                    return
+            try:  # the template's first claim
+                with self.engine.begin() as conn:
+                    conn.execute(sa.insert(t).values(tenant_id=tenant_id, template=name, claimed=1))
+                return
+            except sa.exc.IntegrityError:  # another control plane inserted it meanwhile: update it
+                continue
+
+    def pool_claimed(self, tenant_id: str, name: str) -> int:
+        with self.session() as s:
+            rec = s.get(PoolClaimsRecord, (tenant_id, name))
+            return rec.claimed if rec is not None else 0
 
     def templates(self, tenant_id: str | None = None) -> builtins.list[TemplateRecord]:
         q = sa.select(TemplateRecord).order_by(TemplateRecord.name)

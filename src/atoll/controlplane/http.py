@@ -12,10 +12,8 @@ Called by the routers (controlplane.routes_*) and app.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import contextlib
 import json
 import logging
 import typing
@@ -27,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from atoll.controlplane import schemas
 from atoll.core import errors
+from atoll.shared import relay
 
 _log = logging.getLogger(__name__)
 
@@ -146,23 +145,14 @@ def excerpt(value: typing.Any) -> str:
 async def unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.Any:
     """Await `aw` unless the API client hangs up first: then cancel it (the worker resets its
     connection to the guest agent, which kills the command) instead of running on unobserved."""
-    task = asyncio.ensure_future(aw)
+    return await relay.unless_disconnected(
+        request.receive, aw, errors.InvalidRequest("the client disconnected; the command was stopped")
+    )
 
-    async def hangup() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
 
-    watcher = asyncio.ensure_future(hangup())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            raise errors.InvalidRequest("the client disconnected; the command was stopped")
-        return task.result()
-    finally:
-        watcher.cancel()
+MAX_PATH = 4096
+"""Longest file path a files call takes: characters of `path` once joined to the working directory,
+bytes of `path_b64` (docs/specification.md states this; tests/unit/test_file_path_limits.py checks)."""
 
 
 def check_path(path: str | None, path_b64: str | None = None, workdir: str | None = None) -> str | bytes:
@@ -188,8 +178,8 @@ def check_path(path: str | None, path_b64: str | None = None, workdir: str | Non
             raise errors.InvalidPath(f"path_b64 decodes to {raw[:100]!r}, which is not an absolute path")
         if b".." in raw.split(b"/"):
             raise errors.InvalidPath(f"path_b64 decodes to {raw[:100]!r}, which contains '..'")
-        if len(raw) > 4096:
-            raise errors.InvalidPath(f"path_b64 decodes to {len(raw)} bytes; the limit is 4096")
+        if len(raw) > MAX_PATH:
+            raise errors.InvalidPath(f"path_b64 decodes to {len(raw)} bytes; the limit is {MAX_PATH}")
         return raw
     if path is None or path == "":
         raise errors.InvalidPath(
@@ -204,8 +194,8 @@ def check_path(path: str | None, path_b64: str | None = None, workdir: str | Non
         raise errors.InvalidPath(
             f"path {path!r} contains '..'; give the absolute path without parent references"
         )
-    if len(path) > 4096:
-        raise errors.InvalidPath(f"path is {len(path)} characters; the limit is 4096")
+    if len(path) > MAX_PATH:  # counted on the resolved path: a relative one includes its workdir
+        raise errors.InvalidPath(f"path is {len(path)} characters; the limit is {MAX_PATH}")
     return path
 
 

@@ -387,11 +387,7 @@ class SandboxManager:
     async def activity(self, sid: str):
         """Wrap an exec/file call: resume if in standby, count it as activity while it runs."""
         rec = self.get(sid)
-        if rec.state == State.FAILED:
-            raise errors.Conflict(
-                f"sandbox {sid} has failed ({rec.failure_reason}); delete it and create a new one",
-                code="invalid_state",
-            )
+        self.ledger.refuse_if_failed(rec)
         self.ledger.inflight[sid] = self.ledger.inflight.get(sid, 0) + 1
         try:
             # A pause (or another step) in flight holds the lock: wait for it, then resume if needed,

@@ -16,6 +16,7 @@ import os
 import secrets
 import ssl
 import sys
+import typing
 
 import uvicorn
 
@@ -25,7 +26,7 @@ from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane import settings as settings_mod
 from atoll.controlplane.authority import Authority
 from atoll.core import config
-from atoll.shared import logconfig
+from atoll.shared import entry
 
 log = logging.getLogger("atoll.server")
 
@@ -134,16 +135,32 @@ def uvicorn_config(app, s: settings_mod.ServerSettings) -> uvicorn.Config:
     )
 
 
-async def serve(s: settings_mod.ServerSettings) -> None:
-    manager, tiers, app = build(s)
+Hook = typing.Callable[[], typing.Awaitable[None]]
+
+
+async def serve_api(
+    s: settings_mod.ServerSettings,
+    manager: lifecycle.SandboxManager,
+    tiers: policy.TierPolicy,
+    app,
+    *,
+    up: str,
+    down: str,
+    local: tuple[Hook, Hook] | None = None,
+) -> None:
+    """Serve the public API until a stop signal: the records, the ingress router, then `local`'s
+    start (`atoll up`'s worker, attached before the API answers), the tier policy; at the stop
+    the same in reverse. `up`/`down` are logged when it is up and when it has stopped."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         await manager.start()
         await start_ingress(app, s)
+        if local is not None:
+            await local[0]()
         running = asyncio.ensure_future(tiers.run())
         app.state.ctx.started = True
-        log.info("atoll server is up on http://%s:%d (home %s); waiting for workers", s.host, s.port, s.home)
+        log.info("%s is up on http://%s:%d (home %s)", up, s.host, s.port, s.home)
         try:
             yield
         finally:
@@ -151,18 +168,27 @@ async def serve(s: settings_mod.ServerSettings) -> None:
             await app.state.ingress.aclose()
             await tiers.aclose()
             await manager.stop()
-            log.info("atoll server stopped; workers and their sandboxes keep running")
+            if local is not None:
+                await local[1]()
+            log.info(down)
 
     app.router.lifespan_context = lifespan
     await uvicorn.Server(uvicorn_config(app, s)).serve()
 
 
+async def serve(s: settings_mod.ServerSettings) -> None:
+    manager, tiers, app = build(s)
+    await serve_api(
+        s,
+        manager,
+        tiers,
+        app,
+        up="atoll server",
+        down="atoll server stopped; workers and their sandboxes keep running",
+    )
+
+
 def main(port: int | None = None, home: str | None = None, host: str | None = None) -> None:
-    try:
-        s = settings_mod.load(port=port, home=home, host=host)
-    except config.SettingsError as e:
-        print(f"atoll server: invalid setting: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    logconfig.configure(s.log_format, s.log_level)
-    log.info("starting atoll server", extra={"settings": s.redacted()})
-    asyncio.run(serve(s))
+    s = entry.settings_or_exit("atoll server", lambda: settings_mod.load(port=port, home=home, host=host))
+    entry.start("atoll server", s, log)
+    entry.run(serve(s))

@@ -116,7 +116,6 @@ class Pools:
         self.steps = steps
         self.templates = templates
         self.default_memory_mb = default_memory_mb
-        self._claimed: dict[str, int] = {}
         self._errors: dict[str, str | None] = {}
         self._claims: set[str] = set()
         self._wake = asyncio.Event()
@@ -178,7 +177,7 @@ class Pools:
             "desired": desired(cfg, dt.datetime.now(dt.UTC)) if pool else 0,
             "ready": len(ready),
             "starting": len(members) - len(ready),
-            "claimed": self._claimed.get(name, 0),
+            "claimed": self.m.db.pool_claimed(ids.DEFAULT_TENANT, name),  # persisted: survives restarts
             "build_id": build_id,
             "last_error": self._errors.get(name) or stored_error,
         }
@@ -259,7 +258,7 @@ class Pools:
                 on_timeout=req.on_timeout,
             )
             m.touch(sid)
-        self._claimed[rec.template] = self._claimed.get(rec.template, 0) + 1
+        m.db.count_pool_claim(ids.DEFAULT_TENANT, rec.template)
         self._last_claim = time.monotonic()
         return rec
 

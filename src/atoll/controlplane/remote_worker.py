@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from atoll.controlplane import remote_verbs
 from atoll.core import errors, seam, wire
 from atoll.core import worker_api as api
-from atoll.shared import http11, portstream
+from atoll.shared import http11, ndjson, portstream
 
 NDJSON = "application/x-ndjson"
 CONNECT_TIMEOUT_S = 5.0  # (http11 connects within 5 s)
@@ -396,20 +396,12 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
 
 
 async def _lines(r: http11.Response, worker: RemoteWorker, method: str, path: str) -> AsyncIterator[bytes]:
-    """ndjson lines of the answer to `method` `path`, split at b"\\n" only (JSON strings carry
-    U+2028 and U+0085 raw)."""
-    pending = b""
+    """ndjson lines of the answer to `method` `path` (cut by `shared.ndjson`)."""
     try:
-        async for chunk in r.aiter_raw():
-            parts = (pending + chunk).split(b"\n")
-            pending = parts.pop()
-            for line in parts:
-                if line.strip():
-                    yield line
+        async for line in ndjson.alines(r.aiter_raw()):
+            yield line
     except http11.ChannelError as e:
         raise worker._unreachable(e, method, path) from None
-    if pending.strip():
-        yield pending
 
 
 def _json_line(line: bytes) -> dict:

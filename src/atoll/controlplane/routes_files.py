@@ -1,7 +1,7 @@
 """Public routes of a sandbox's files: upload, download (both streamed, never held whole), list, delete.
 
-A path is `?path=` (absolute, no `..`) or `?path_b64=` (its exact bytes, for names that are not
-UTF-8). A call resumes a sandbox in standby first. Part of the app built by controlplane.app.
+A path is `?path=` (absolute, or relative to the sandbox's working directory; no `..`) or
+`?path_b64=` (its exact bytes, for names that are not UTF-8), checked by `http.check_path`. A call resumes a sandbox in standby first. Part of the app built by controlplane.app.
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, SandboxId
 
 router = APIRouter(tags=["files"])
 
-PATH = Query(None, description="Absolute path inside the sandbox, e.g. /root/a.txt")
+PATH = Query(
+    None,
+    description="Path inside the sandbox: absolute, or relative to its working directory (its template's "
+    "workdir, else /), e.g. /root/a.txt; at most 4096 characters once resolved",
+)
 PATH_B64 = Query(
     None,
     description="The path's exact bytes in base64 (for names that are not UTF-8; see `path_b64` in listings)",

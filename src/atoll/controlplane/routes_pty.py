@@ -7,7 +7,7 @@ server sends text `{"exit_code": N}` when the program ends and closes normally (
 `{"error": {...}}` for a bad message without ending the session. A client message over
 MAX_MESSAGE_BYTES closes the socket with 1009 (message too big) and leaves the session running.
 Behind it is the worker's frame
-stream (core.ptyframes, `WorkerAPI.attach_pty`). A sandbox in standby is resumed; the open socket
+stream (guest.agent.ptyframes, `WorkerAPI.attach_pty`). A sandbox in standby is resumed; the open socket
 holds `manager.activity` for its life (an open terminal is activity). Errors before the attach are
 sent as one `{"error"}` text message, then a close with code 4000 + the HTTP status (4404...).
 Part of the app built by controlplane.app (which authenticates the handshake).
@@ -15,7 +15,6 @@ Part of the app built by controlplane.app (which authenticates the handshake).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -29,8 +28,10 @@ from starlette.websockets import WebSocketDisconnect
 from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
-from atoll.core import errors, ptyframes
+from atoll.core import errors
 from atoll.core import worker_api as api
+from atoll.guest.agent import ptyframes
+from atoll.shared import relay
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["terminals"])
@@ -191,17 +192,10 @@ async def _relay(ws: WebSocket, stream: api.PortStream, sid: str, pty_id: str) -
             else:
                 await ws.send_text(_error_text("invalid_request", problem))
 
-    tasks = [asyncio.ensure_future(outward()), asyncio.ensure_future(inward())]
-    try:
-        finished, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for t in finished:
-            exc = t.exception()
-            if exc is not None and not isinstance(exc, (WebSocketDisconnect, OSError, RuntimeError)):
-                raise exc
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in await relay.first_ends(outward(), inward()):
+        exc = t.exception()
+        if exc is not None and not isinstance(exc, (WebSocketDisconnect, OSError, RuntimeError)):
+            raise exc
 
 
 def _text_message(text: str) -> tuple[str, bytes | None]:

@@ -48,9 +48,12 @@ async def _body(request: Request, limit: int) -> bytes:
     return bytes(buf)
 
 
-def _context(data: bytes) -> tuple[str, dict[str, tuple[bytes, int]]]:
-    """The Dockerfile and the files of a tar build context (regular files only; no links out)."""
-    files: dict[str, tuple[bytes, int]] = {}
+def _context(data: bytes) -> tuple[str, dict[str, dockerfile.ContextEntry]]:
+    """The Dockerfile and the files of a tar build context: regular files; symbolic links as
+    links (target kept as written, never followed here or on the worker; resolved inside the
+    sandbox); hard links as copies of the member they name (which must be in the context).
+    Directories are implied by the paths; devices and FIFOs are refused."""
+    files: dict[str, dockerfile.ContextEntry] = {}
     budget = MAX_CONTEXT_FILES_BYTES  # what it unpacks to (a small .tar.gz may hold gigabytes)
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
@@ -64,16 +67,32 @@ def _context(data: bytes) -> tuple[str, dict[str, tuple[bytes, int]]]:
                     if name == ".":
                         continue
                     raise errors.InvalidRequest(f"build context: {m.name!r} points outside the context")
-                if m.isfile():
-                    budget -= m.size
+                if m.issym():
+                    files[name] = (b"", 0o777, m.linkname)
+                elif m.isfile() or m.islnk():
+                    size = m.size
+                    if m.islnk():
+                        try:  # tarfile reads a hard link as the member it names
+                            size = tar.getmember(m.linkname).size
+                        except KeyError:
+                            raise errors.InvalidRequest(
+                                f"build context: hard link {m.name!r} names {m.linkname!r}, which is not "
+                                "in the context; send the file itself"
+                            ) from None
+                    budget -= size
                     if budget < 0:
                         raise errors.PayloadTooLarge(
                             f"the build context unpacks to more than {MAX_CONTEXT_FILES_BYTES} bytes "
-                            f"({m.name!r} alone is {m.size}); leave large files out of it (.dockerignore "
+                            f"({m.name!r} alone is {size}); leave large files out of it (.dockerignore "
                             "is not read: send only what COPY/ADD need)"
                         )
                     f = tar.extractfile(m)
                     files[name] = (f.read() if f else b"", m.mode & 0o7777)
+                elif not m.isdir():
+                    raise errors.InvalidRequest(
+                        f"build context: {m.name!r} is a device or a FIFO; a context holds files, "
+                        "directories and links only"
+                    )
     except (tarfile.TarError, EOFError, OSError) as e:
         raise errors.InvalidRequest(
             f"the build context is not a readable tar archive ({e}); send `tar -c -C DIR .` with "
@@ -81,6 +100,10 @@ def _context(data: bytes) -> tuple[str, dict[str, tuple[bytes, int]]]:
         ) from None
     if "Dockerfile" not in files:
         raise errors.InvalidRequest("the build context has no Dockerfile at its root")
+    if len(files["Dockerfile"]) == 3:
+        raise errors.InvalidRequest(
+            "the build context's Dockerfile is a symbolic link; send the file itself (tar -h follows links)"
+        )
     try:
         text = files["Dockerfile"][0].decode()
     except UnicodeDecodeError:

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import JsonDict
 
 from atoll.controlplane import db as dbm
-from atoll.core import ptyframes, worker_api
+from atoll.core import templatespec, worker_api
+from atoll.guest.agent import ptyframes
 
 DEFAULT_MEMORY_MB = 512  # also the size of the template image made at start-up
 
@@ -36,6 +37,15 @@ def _check_env(v: dict[str, str] | None) -> dict[str, str] | None:
             )
         if "\x00" in val:
             raise ValueError(f"environment variable {k!r} contains a NUL byte")
+    return v
+
+
+def _check_sandbox_env(v: dict[str, str] | None) -> dict[str, str] | None:
+    """A sandbox's env also starts its agent (as python3, through PATH): a PATH that finds
+    nothing would fail at `runsc run`, so it is refused here (an exec's env may set any PATH)."""
+    v = _check_env(v)
+    if v and "PATH" in v and (problem := templatespec.path_problem(v["PATH"])):
+        raise ValueError(f"env: {problem}")
     return v
 
 
@@ -139,7 +149,7 @@ class CreateSandbox(BaseModel):
     on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
 
     _v_timeout = field_validator("timeout_s", mode="before")(classmethod(lambda cls, v: _check_lifetime(v)))
-    _v_env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+    _v_env = field_validator("env")(classmethod(lambda cls, v: _check_sandbox_env(v)))
 
     @field_validator("user")
     @classmethod

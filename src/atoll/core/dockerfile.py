@@ -44,7 +44,7 @@ from atoll.core.templatespec import (
 
 MAX_DOCKERFILE = 1024 * 1024
 MAX_DOCKERFILE_STEPS = 100
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_PATH = templatespec.DEFAULT_PATH
 """The PATH a Dockerfile's `$PATH` means when the caller does not say what the FROM image has."""
 
 DOCKERFILE_INSTRUCTIONS = ("FROM", "RUN", "COPY", "ADD", "ENV", "WORKDIR", "USER", "CMD", "ENTRYPOINT")
@@ -265,7 +265,11 @@ class _Build:
     """What the instructions so far have made (parse's state)."""
 
     def __init__(
-        self, name: str, context: dict[str, tuple[bytes, int]] | None, inherited: dict[str, str], esc: str
+        self,
+        name: str,
+        context: dict[str, tuple[bytes, int, str | None]] | None,
+        inherited: dict[str, str],
+        esc: str,
     ):
         self.name, self.context, self.inherited, self.esc = name, context, inherited, esc
         self.from_: str | None = None
@@ -477,13 +481,15 @@ class _Build:
             else:
                 pairs = [(src, posixpath.join(target, posixpath.basename(src)) if into else target)]
             for p, path in pairs:
-                data, file_mode = self.context[p]
+                data, file_mode, link = self.context[p]
                 if instruction == "ADD" and not is_dir and _archive_like(p, data):
                     raise _fail(
                         f"ADD {p}: archive auto-extraction is not supported; COPY the archive and "
                         "unpack it with RUN tar -xf"
                     )
-                items[path] = templatespec.FileItem(path, data, mode if mode is not None else file_mode)
+                # a symbolic link is copied as itself, never followed (its target may lead out of
+                # the context; it is resolved inside the sandbox)
+                items[path] = templatespec.FileItem(path, data, mode if mode is not None else file_mode, link)
         self.files += len(items)
         self.file_bytes += sum(len(f.data) for f in items.values())
         if self.files > MAX_FILES:
@@ -543,12 +549,16 @@ def _join(workdir: str, path: str) -> str:
     return "/" + joined.lstrip("/")
 
 
-def _context(context: Mapping[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:
+ContextEntry = tuple[bytes, int] | tuple[bytes, int, str | None]
+"""A build context member: (content, mode) of a file, or (b"", mode, target) of a symbolic link."""
+
+
+def _context(context: Mapping[str, ContextEntry]) -> dict[str, tuple[bytes, int, str | None]]:
     if not isinstance(context, Mapping):
         raise _fail(
             f"the build context must be a mapping of paths to (content, mode), got {_type_name(context)}"
         )
-    out: dict[str, tuple[bytes, int]] = {}
+    out: dict[str, tuple[bytes, int, str | None]] = {}
     for path, value in context.items():
         if (
             not isinstance(path, str)
@@ -561,19 +571,25 @@ def _context(context: Mapping[str, tuple[bytes, int]]) -> dict[str, tuple[bytes,
                 f"build context path {_show(path)} is not a relative normalised path (like 'app/main.py': "
                 "no leading '/' or './', no '.' or '..' parts)"
             )
-        if not isinstance(value, tuple) or len(value) != 2:
-            raise _fail(f"build context entry {path} must be (content bytes, mode), got {_type_name(value)}")
-        data, mode = value
+        if not isinstance(value, tuple) or len(value) not in (2, 3):
+            raise _fail(
+                f"build context entry {path} must be (content bytes, mode) or (b'', mode, link "
+                f"target), got {_type_name(value)}"
+            )
+        data, mode, link = value if len(value) == 3 else (*value, None)
         if not isinstance(data, bytes) or not isinstance(mode, int) or isinstance(mode, bool) or mode < 0:
             raise _fail(
                 f"build context entry {path} must be (content bytes, mode int), got ({_type_name(data)}, {_show(mode)})"
             )
-        out[path] = (data, mode & 0o7777)  # a stat st_mode's file type bits are dropped
+        if link is not None and (not isinstance(link, str) or data):
+            raise _fail(f"build context symbolic link {path} must be (b'', mode, target str)")
+        out[path] = (data, mode & 0o7777, link)  # a stat st_mode's file type bits are dropped
     for path in out:
         parent = posixpath.dirname(path)
         while parent:
             if parent in out:
-                raise _fail(f"build context has both the file {parent} and {path} below it; drop one")
+                kind = "symbolic link" if out[parent][2] is not None else "file"
+                raise _fail(f"build context has both the {kind} {parent} and {path} below it; drop one")
             parent = posixpath.dirname(parent)
     return out
 
@@ -581,12 +597,13 @@ def _context(context: Mapping[str, tuple[bytes, int]]) -> dict[str, tuple[bytes,
 def parse(
     text: str,
     name: str,
-    context: Mapping[str, tuple[bytes, int]] | None = None,
+    context: Mapping[str, ContextEntry] | None = None,
     *,
     inherited_env: Mapping[str, str] | None = None,
 ) -> templatespec.TemplateSpec:
     """The spec of a Dockerfile (the subset above) for template `name`. `context` maps build
-    context paths ("app/main.py") to (content, mode) for COPY and ADD. `inherited_env` is the FROM
+    context paths ("app/main.py") to (content, mode) for COPY and ADD, or (b"", mode, target) for
+    a symbolic link, which COPY copies as a link (never following it). `inherited_env` is the FROM
     image's environment as `$VAR` in ENV, WORKDIR, USER and COPY sees it (default: PATH only,
     DEFAULT_PATH); it is not copied into the spec, whose env is what the Dockerfile sets.
 

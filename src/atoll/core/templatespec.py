@@ -18,7 +18,8 @@ creates a step's workdir (`mkdir -p`) before running it, and the spec's final wo
 snapshot, so a Dockerfile WORKDIR emits no step of its own. apt and pip steps always run as root;
 their packages are meant to be passed as separate arguments, not through a shell (pip
 requirements may hold '<', '>' and spaces). A run step's command is run by `/bin/sh -c`; files
-are written as root with their mode, replacing what is at their paths. Env values are literal (no `$VAR`
+are written as root with their mode, replacing what is at their paths (a symbolic link is written as
+itself, never followed). Env values are literal (no `$VAR`
 expansion in the JSON shape; a Dockerfile's ENV substitutes when it is parsed, as Docker does).
 
 Pure: standard library only, no I/O. Called by the control plane's template routes (validating a
@@ -41,6 +42,8 @@ from dataclasses import dataclass
 from atoll.core import errors
 
 MAX_PATH = 4096
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The PATH a sandbox gets when nothing sets one (worker.host.bundle uses the same)."""
 MAX_NAME_COMPONENT = 255
 MAX_PACKAGES = 200
 MAX_PIP_REQUIREMENT = 200
@@ -185,7 +188,30 @@ def _env_pairs(value: object, what: str) -> tuple[tuple[str, str], ...]:
         if name in out:
             raise _fail(f"{what} sets {name} twice; set it once")
         out[name] = _text(val, f"{what} {name}", limit=MAX_ENV_VALUE, empty=True)
+        if name == "PATH" and (problem := path_problem(out[name])):
+            raise _fail(f"{what}: {problem}")
     return tuple(sorted(out.items()))
+
+
+def path_problem(value: str) -> str | None:
+    """Why `value` cannot be a sandbox's PATH, or None. A sandbox's first process (the guest agent)
+    is started as `python3`, found through PATH by `runsc run`, and so are the template's steps:
+    an empty PATH, or one with an empty or relative entry (which means "the working directory"),
+    fails there with nothing but "runsc run failed". Shared by template specs and sandbox env."""
+    if not value:
+        return (
+            "PATH '' is empty, so no program (not even the sandbox's agent, started as python3) can "
+            f"be found and the sandbox cannot start; set PATH to absolute directories joined by ':' "
+            f"(e.g. '{DEFAULT_PATH}') or leave it out to keep the default"
+        )
+    bad = [entry for entry in value.split(":") if not entry.startswith("/")]
+    if bad:
+        return (
+            f"PATH {_show(value)} has {'an empty' if '' in bad else 'a relative'} entry "
+            f"({_show(bad[0])}), which looks programs up in the working directory; list absolute "
+            f"directories joined by ':' (e.g. '{DEFAULT_PATH}') or leave PATH out to keep the default"
+        )
+    return None
 
 
 def _strings(value: object, what: str) -> tuple[str, ...]:
@@ -232,13 +258,17 @@ class Ready:
 
 @dataclass(frozen=True)
 class FileItem:
-    """A file a files step writes (as root, replacing what is there)."""
+    """A file a files step writes (as root, replacing what is there), or a symbolic link."""
 
     path: str
     """Absolute and normalised; not / itself."""
     data: bytes
     mode: int = 0o644
-    """Permission bits only (0 to 0o7777)."""
+    """Permission bits only (0 to 0o7777); a link's are 0o777 (Linux ignores them)."""
+    link: str | None = None
+    """A symbolic link's target, kept as written (absolute, relative, even dangling or leading
+    out of the build context): the link is resolved inside the sandbox, against the sandbox's
+    own root, and the worker writes it without following it (a link's data is empty)."""
 
     def __post_init__(self) -> None:
         _abs_path(self.path, "file path", root_ok=False)
@@ -248,6 +278,11 @@ class FileItem:
             raise _fail(f"file {self.path} data must be bytes, got {_type_name(self.data)}")
         if not isinstance(self.mode, int) or isinstance(self.mode, bool) or not 0 <= self.mode <= 0o7777:
             raise _fail(f"file {self.path} mode must be permission bits 0 to 0o7777, got {_show(self.mode)}")
+        if self.link is not None:
+            _text(self.link, f"symbolic link {self.path} target", limit=MAX_PATH)
+            if self.data:
+                raise _fail(f"symbolic link {self.path} has data; a link holds only its target")
+            object.__setattr__(self, "mode", 0o777)
 
 
 @dataclass(frozen=True)
@@ -362,7 +397,10 @@ def _check_files(files: tuple[FileItem, ...]) -> None:
         parent = posixpath.dirname(p)
         while parent != "/":
             if parent in seen:
-                raise _fail(f"files has both {parent} and {p} (a file cannot also be a directory); drop one")
+                raise _fail(
+                    f"files has both {parent} and {p} (a file or a symbolic link cannot also be a "
+                    "directory: nothing is written through a link); drop one"
+                )
             parent = posixpath.dirname(parent)
 
 
@@ -442,7 +480,12 @@ class TemplateSpec:
                     "packages": list(s.packages),
                     "command": s.command,
                     "files": [
-                        {"path": f.path, "data": base64.b64encode(f.data).decode("ascii"), "mode": f.mode}
+                        {
+                            "path": f.path,
+                            "data": base64.b64encode(f.data).decode("ascii"),
+                            "mode": f.mode,
+                            **({} if f.link is None else {"link": f.link}),
+                        }
                         for f in s.files
                     ],
                     "env": dict(s.env),
@@ -488,7 +531,7 @@ def from_wire(d: dict) -> TemplateSpec:
             raise _fail(f"template spec step {i} files must be a list, got {_type_name(files_raw)}")
         files = []
         for f in files_raw:
-            f = _object(f, f"template spec step {i} file", ("path", "data", "mode"))
+            f = _object(f, f"template spec step {i} file", ("path", "data", "mode", "link"))
             if not isinstance(f.get("data"), str):
                 raise _fail(f"template spec step {i} file data must be a base64 string")
             try:
@@ -497,7 +540,7 @@ def from_wire(d: dict) -> TemplateSpec:
                 raise _fail(
                     f"template spec step {i} file {_show(f.get('path'))} data is not valid base64"
                 ) from None
-            files.append(FileItem(f.get("path"), data, f.get("mode", 0o644)))  # type: ignore[arg-type]
+            files.append(FileItem(f.get("path"), data, f.get("mode", 0o644), f.get("link")))  # type: ignore[arg-type]
         steps.append(
             Step(
                 kind=s.get("kind"),  # type: ignore[arg-type]
@@ -607,7 +650,12 @@ def _step_canonical(step: Step) -> bytes:
             "packages": list(step.packages),
             "command": step.command,
             "files": [
-                {"path": f.path, "sha256": hashlib.sha256(f.data).hexdigest(), "mode": f.mode}
+                {
+                    "path": f.path,
+                    "sha256": hashlib.sha256(f.data).hexdigest(),
+                    "mode": f.mode,
+                    **({} if f.link is None else {"link": f.link}),  # keys of files without links unchanged
+                }
                 for f in step.files
             ],
             "env": [list(p) for p in step.env],

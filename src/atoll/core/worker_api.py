@@ -419,7 +419,7 @@ class SandboxMetrics:
 
 @dataclass(frozen=True)
 class PtySpec:
-    """A terminal to open: its size (1..core.ptyframes.MAX_COLS/MAX_ROWS), `term` (TERM, default
+    """A terminal to open: its size (1..guest.agent.ptyframes.MAX_COLS/MAX_ROWS), `term` (TERM, default
     xterm-256color), `cmd` (default: the user's login shell, as a login shell; a string runs
     with that shell's -c; a list is the argv), and cwd/env/user as for exec."""
 
@@ -707,7 +707,7 @@ class WorkerAPI(Protocol):
         ...
 
     async def attach_pty(self, sandbox_id: str, pty_id: str) -> PortStream:
-        """The session's byte stream in core.ptyframes frames: the scrollback, then live output, an
+        """The session's byte stream in guest.agent.ptyframes frames: the scrollback, then live output, an
         EXIT frame at the end; DATA and RESIZE frames in. Closing detaches (the session lives on);
         a disk checkpoint resets it."""
         ...

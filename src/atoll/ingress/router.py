@@ -32,7 +32,7 @@ import h11
 
 from atoll.core import errors, preview
 from atoll.core import worker_api as api
-from atoll.shared import tlsstream
+from atoll.shared import relay, tlsstream
 
 log = logging.getLogger(__name__)
 MAX_HEAD = 64 * 1024
@@ -639,23 +639,9 @@ class _Session:
         if up_rest:
             await self.client.write(up_rest)
 
-        async def one_way(read, write):
-            while True:
-                data = await read(READ)
-                if not data:
-                    return
-                await write(data)
-
-        tasks = [
-            asyncio.ensure_future(one_way(self.client.read, inward)),
-            asyncio.ensure_future(one_way(up.read, self.client.write)),
-        ]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await relay.first_ends(
+            relay.pump(self.client.read, inward, READ), relay.pump(up.read, self.client.write, READ)
+        )
         return False
 
 

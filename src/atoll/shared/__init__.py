@@ -5,6 +5,7 @@ contract), only `atoll.core`.
 control plane's worker channels), `ipc` (messages, calls and sockets between atoll's processes;
 `Child`, a helper process kept running), `portstream` (connections into a sandbox's port as seam
 `PortStream`s; the tunnel's line reader), `tlsstream` (TLS over streams whose first bytes were
-already read: the gateway's interception, the ingress router), `logconfig` (logging set-up of every
-entry point, with redaction).
+already read: the gateway's interception, the ingress router), `ndjson` (the one line splitter of
+every NDJSON stream, the SDK's included), `relay` (bytes moved both ways; the first direction to end
+ends the others), `logconfig` (logging set-up of every entry point, with redaction).
 """

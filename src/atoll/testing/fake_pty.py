@@ -1,5 +1,5 @@
 """Terminals for `atoll.testing.FakeWorker`: a real pseudo-terminal on this host running a tiny
-line-echo program (not a shell), spoken to in core.ptyframes, so tests of the control plane, the
+line-echo program (not a shell), spoken to in guest.agent.ptyframes, so tests of the control plane, the
 SDK and the CLI exercise the framing, the tty's own echo, resizes and exit codes for real.
 
 The program answers each line it reads: `size` prints `COLSxROWS` (the tty's size), `term` prints
@@ -23,8 +23,9 @@ import sys
 import termios
 import time
 
-from atoll.core import errors, ptyframes
+from atoll.core import errors
 from atoll.core import worker_api as api
+from atoll.guest.agent import ptyframes
 
 PROGRAM = r"""
 import os, sys

@@ -53,6 +53,7 @@ class AsyncClient:
             headers=self._config.headers(headers),
             timeout=request_timeout,
             transport=transport,
+            verify=_base.tls_verify(self._config.base_url),
         )
         self.sandboxes = AsyncSandboxes(self)
         self.templates = AsyncTemplates(self)

@@ -5,13 +5,13 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 
 from __future__ import annotations
 
-import json as _json
 import os
 import tempfile
 from collections.abc import AsyncIterator
 from typing import IO, Any
 
 from atoll import errors
+from atoll.shared import ndjson
 
 from .. import _base, _tar
 from .._models import (
@@ -168,7 +168,7 @@ class AsyncWatch:
 
     async def _open(self) -> None:
         response = await self._cm.__aenter__()
-        self._lines = response.aiter_lines()
+        self._lines = ndjson.alines(response.aiter_bytes())
         try:
             first = await self._next_event()
         except BaseException:
@@ -179,14 +179,10 @@ class AsyncWatch:
             raise errors.AtollError(f"the watch stream began with {first.data!r}, not its ready line")
 
     async def _next_event(self) -> FileEvent:
-        while True:
-            line = await self._lines.__anext__()
-            if not line.strip():
-                continue  # keep-alive
-            obj = _json.loads(line)
-            if "error" in obj:
-                raise errors.error_from_payload(obj, status_code=None, text=line)
-            return FileEvent(obj)
+        obj = _base.json_line(await self._lines.__anext__())  # blank keep-alives are skipped
+        if "error" in obj:
+            raise _base.stream_error(obj)
+        return FileEvent(obj)
 
     def __aiter__(self) -> AsyncWatch:
         return self

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from atoll import errors
+from atoll.shared import ndjson
 
 from .. import _base
 from .._models import (
@@ -107,18 +108,9 @@ class AsyncProcess:
         params = {"offset": str(start), "follow": "1" if follow else "0"}
         client = self.sandbox._client
         timeout = httpx.Timeout(client.timeout, read=None) if follow else client.timeout
-        pending = b""
         async with client._stream("GET", self._path("output"), params=params, timeout=timeout) as response:
-            async for chunk in response.aiter_bytes():
-                lines = (pending + chunk).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    if line.strip():
-                        event = self._event(line)
-                        self.offset = event.offset
-                        yield event
-            if pending.strip():
-                event = self._event(pending)
+            async for line in ndjson.alines(response.aiter_bytes()):
+                event = self._event(line)
                 self.offset = event.offset
                 yield event
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, overload
 
-from websockets import exceptions as ws_errors
-from websockets.asyncio.client import connect as ws_connect
-
 from atoll import errors
+from atoll.shared import ndjson
 
 from .. import _base
 from .._models import (
@@ -352,15 +350,11 @@ class AsyncSandbox(SandboxFields):
             "POST", self._path("exec"), json=body, headers={"Accept": _base.NDJSON}, timeout=http_timeout
         ) as response:
             if _base.is_ndjson(response):
-                async for chunk in response.aiter_bytes():
-                    for name, text in decoder.feed_bytes(chunk):
+                async for line in ndjson.alines(response.aiter_bytes()):
+                    for name, text in decoder.feed(line):
                         callback = callbacks[name]
                         if callback is not None:
                             await _base.acall_callback(callback, text)
-                for name, text in decoder.feed_bytes(b"", final=True):
-                    callback = callbacks[name]
-                    if callback is not None:
-                        await _base.acall_callback(callback, text)
             else:
                 # A server that ignores Accept answers with the whole result at once.
                 await response.aread()
@@ -392,6 +386,11 @@ class AsyncSandbox(SandboxFields):
 
     async def pty_attach(self, pty_id: str) -> AsyncTerminal:
         """Attach to a terminal session: its recent output (64 KiB) is replayed first."""
+        # websockets is imported here, not at the top: it costs a CLI start ~100 ms (its version
+        # module reads importlib.metadata) and only terminals use it.
+        from websockets import exceptions as ws_errors
+        from websockets.asyncio.client import connect as ws_connect
+
         url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
         try:
             ws = await ws_connect(

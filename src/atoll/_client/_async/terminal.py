@@ -6,14 +6,16 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 from __future__ import annotations
 
 import json
-
-from websockets import exceptions as ws_errors
-from websockets.asyncio.client import ClientConnection
+from typing import TYPE_CHECKING
 
 from atoll import errors
 
 from .. import _base
 from ._parents import SandboxLike
+
+if TYPE_CHECKING:
+    from websockets import exceptions as ws_exceptions
+    from websockets.asyncio.client import ClientConnection
 
 
 class AsyncTerminal:
@@ -35,7 +37,7 @@ class AsyncTerminal:
             msg = await _base.arecv(self._ws, 0.05)
         except TimeoutError:
             return
-        except ws_errors.ConnectionClosed as exc:
+        except _closed() as exc:
             raise _base.terminal_closed(exc.rcvd.code if exc.rcvd else None, "", self.pty_id) from None
         kind, value = _base.terminal_message(msg)
         if kind == "error":
@@ -67,7 +69,7 @@ class AsyncTerminal:
             )
         try:
             await self._ws.send(message)
-        except ws_errors.ConnectionClosed as exc:
+        except _closed() as exc:
             raise _base.terminal_closed(
                 exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
             ) from exc
@@ -82,7 +84,7 @@ class AsyncTerminal:
         while True:
             try:
                 msg = await _base.arecv(self._ws, timeout)
-            except ws_errors.ConnectionClosed as exc:
+            except _closed() as exc:
                 raise _base.terminal_closed(
                     exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
                 ) from None
@@ -122,3 +124,11 @@ class AsyncTerminal:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pty_id={self.pty_id!r}, sandbox={self.sandbox.id!r})"
+
+
+def _closed() -> type[ws_exceptions.ConnectionClosed]:
+    """websockets' ConnectionClosed, imported when first needed (websockets is imported only by
+    terminals: see `pty_attach`)."""
+    from websockets import exceptions
+
+    return exceptions.ConnectionClosed

@@ -55,6 +55,7 @@ class Client:
             headers=self._config.headers(headers),
             timeout=request_timeout,
             transport=transport,
+            verify=_base.tls_verify(self._config.base_url),
         )
         self.sandboxes = Sandboxes(self)
         self.templates = Templates(self)

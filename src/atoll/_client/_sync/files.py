@@ -7,13 +7,13 @@ Generated from `_async/files.py` by `scripts/unasync_sdk.py` (edit that file and
 
 from __future__ import annotations
 
-import json as _json
 import os
 import tempfile
 from collections.abc import Iterator
 from typing import IO, Any
 
 from atoll import errors
+from atoll.shared import ndjson
 
 from .. import _base, _tar
 from .._models import (
@@ -168,7 +168,7 @@ class Watch:
 
     def _open(self) -> None:
         response = self._cm.__enter__()
-        self._lines = response.iter_lines()
+        self._lines = ndjson.lines(response.iter_bytes())
         try:
             first = self._next_event()
         except BaseException:
@@ -179,14 +179,10 @@ class Watch:
             raise errors.AtollError(f"the watch stream began with {first.data!r}, not its ready line")
 
     def _next_event(self) -> FileEvent:
-        while True:
-            line = self._lines.__next__()
-            if not line.strip():
-                continue  # keep-alive
-            obj = _json.loads(line)
-            if "error" in obj:
-                raise errors.error_from_payload(obj, status_code=None, text=line)
-            return FileEvent(obj)
+        obj = _base.json_line(self._lines.__next__())  # blank keep-alives are skipped
+        if "error" in obj:
+            raise _base.stream_error(obj)
+        return FileEvent(obj)
 
     def __iter__(self) -> Watch:
         return self

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from atoll import errors
+from atoll.shared import ndjson
 
 from .. import _base
 from .._models import (
@@ -109,18 +110,9 @@ class Process:
         params = {"offset": str(start), "follow": "1" if follow else "0"}
         client = self.sandbox._client
         timeout = httpx.Timeout(client.timeout, read=None) if follow else client.timeout
-        pending = b""
         with client._stream("GET", self._path("output"), params=params, timeout=timeout) as response:
-            for chunk in response.iter_bytes():
-                lines = (pending + chunk).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    if line.strip():
-                        event = self._event(line)
-                        self.offset = event.offset
-                        yield event
-            if pending.strip():
-                event = self._event(pending)
+            for line in ndjson.lines(response.iter_bytes()):
+                event = self._event(line)
                 self.offset = event.offset
                 yield event
 

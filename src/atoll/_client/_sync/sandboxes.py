@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, overload
 
-from websockets import exceptions as ws_errors
-from websockets.sync.client import connect as ws_connect
-
 from atoll import errors
+from atoll.shared import ndjson
 
 from .. import _base
 from .._models import (
@@ -346,15 +344,11 @@ class Sandbox(SandboxFields):
             "POST", self._path("exec"), json=body, headers={"Accept": _base.NDJSON}, timeout=http_timeout
         ) as response:
             if _base.is_ndjson(response):
-                for chunk in response.iter_bytes():
-                    for name, text in decoder.feed_bytes(chunk):
+                for line in ndjson.lines(response.iter_bytes()):
+                    for name, text in decoder.feed(line):
                         callback = callbacks[name]
                         if callback is not None:
                             _base.call_callback(callback, text)
-                for name, text in decoder.feed_bytes(b"", final=True):
-                    callback = callbacks[name]
-                    if callback is not None:
-                        _base.call_callback(callback, text)
             else:
                 # A server that ignores Accept answers with the whole result at once.
                 response.read()
@@ -386,6 +380,11 @@ class Sandbox(SandboxFields):
 
     def pty_attach(self, pty_id: str) -> Terminal:
         """Attach to a terminal session: its recent output (64 KiB) is replayed first."""
+        # websockets is imported here, not at the top: it costs a CLI start ~100 ms (its version
+        # module reads importlib.metadata) and only terminals use it.
+        from websockets import exceptions as ws_errors
+        from websockets.sync.client import connect as ws_connect
+
         url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
         try:
             ws = ws_connect(

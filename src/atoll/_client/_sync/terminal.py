@@ -8,14 +8,16 @@ Generated from `_async/terminal.py` by `scripts/unasync_sdk.py` (edit that file 
 from __future__ import annotations
 
 import json
-
-from websockets import exceptions as ws_errors
-from websockets.sync.client import ClientConnection
+from typing import TYPE_CHECKING
 
 from atoll import errors
 
 from .. import _base
 from ._parents import SandboxLike
+
+if TYPE_CHECKING:
+    from websockets import exceptions as ws_exceptions
+    from websockets.sync.client import ClientConnection
 
 
 class Terminal:
@@ -37,7 +39,7 @@ class Terminal:
             msg = _base.recv(self._ws, 0.05)
         except TimeoutError:
             return
-        except ws_errors.ConnectionClosed as exc:
+        except _closed() as exc:
             raise _base.terminal_closed(exc.rcvd.code if exc.rcvd else None, "", self.pty_id) from None
         kind, value = _base.terminal_message(msg)
         if kind == "error":
@@ -69,7 +71,7 @@ class Terminal:
             )
         try:
             self._ws.send(message)
-        except ws_errors.ConnectionClosed as exc:
+        except _closed() as exc:
             raise _base.terminal_closed(
                 exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
             ) from exc
@@ -84,7 +86,7 @@ class Terminal:
         while True:
             try:
                 msg = _base.recv(self._ws, timeout)
-            except ws_errors.ConnectionClosed as exc:
+            except _closed() as exc:
                 raise _base.terminal_closed(
                     exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "", self.pty_id
                 ) from None
@@ -124,3 +126,11 @@ class Terminal:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pty_id={self.pty_id!r}, sandbox={self.sandbox.id!r})"
+
+
+def _closed() -> type[ws_exceptions.ConnectionClosed]:
+    """websockets' ConnectionClosed, imported when first needed (websockets is imported only by
+    terminals: see `pty_attach`)."""
+    from websockets import exceptions
+
+    return exceptions.ConnectionClosed

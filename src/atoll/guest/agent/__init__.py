@@ -35,7 +35,7 @@ Modules, bottom up:
   handlers_exec    POST /exec, GET /processes, DELETE /processes/<pid>, POST /processes/kill-all
   handlers_procs   GET /processes/<pid>[/output], POST /processes/<pid>/stdin|signal|wait
   handlers_files   GET|PUT|DELETE /files, GET /files/list
-  ptyframes        the framing of an attached terminal (a copy of atoll.core.ptyframes)
+  ptyframes        the framing of an attached terminal (the one definition; the host imports it too)
   ptys             terminals: POST|GET /pty, GET|DELETE /pty/<id>, GET /pty/<id>/attach (see there)
   routing          the Agent (shared state, mixing in the handlers) and its route table
   __main__         arguments, signals as PID 1, listen and accept

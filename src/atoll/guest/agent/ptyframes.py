@@ -1,6 +1,17 @@
-"""The framing of an attached terminal's byte stream: the agent's copy of `atoll.core.ptyframes`
-(the agent imports nothing of atoll; tests/unit/test_ptyframes.py keeps both equal). Used by
-`ptys` for GET /pty/<id>/attach. Pure: no I/O.
+"""The framing of an attached terminal's byte stream (a PTY session of a sandbox), in atoll's terms.
+
+An attach is one bidirectional byte stream of frames: a 1-byte type and a 4-byte big-endian
+payload length, then the payload. DATA carries terminal bytes both ways (keystrokes in, output
+out); RESIZE (client -> sandbox) is two unsigned 16-bit numbers, columns then rows; EXIT
+(sandbox -> client) is the exit code as a signed 32-bit number, the last frame of a session;
+ERROR (sandbox -> client) is a JSON object {"code", "message"} about the previous request (a bad
+resize, say) and does not end the session.
+
+The one definition, shared by every side: it lives in the guest agent's package because the agent
+imports nothing of atoll (it is packed alone into the sandbox), and everyone else imports it from
+here. The agent speaks it (`ptys`, GET /pty/<id>/attach), the worker relays it unchanged
+(`worker.guest.attach_pty`, `worker.tunnel`), and the control plane translates it to WebSocket
+messages (`controlplane.routes_pty`); `testing.fake_worker` speaks it too. Pure: no I/O.
 """
 
 from __future__ import annotations

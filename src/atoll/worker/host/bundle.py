@@ -12,9 +12,11 @@ import json
 import os
 from dataclasses import dataclass
 
+from atoll.core import templatespec
+
 AGENT_PORT = 49999
 AGENT_DIR_IN_SANDBOX = "/opt/atoll"
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PATH = templatespec.DEFAULT_PATH
 # The runtime's own overhead (sentry, gofer, page tables) and the growth a restore brings
 # (DESIGN facts: a restored sandbox uses 17–80 MB more) are put on top of what the programs may use.
 RUNTIME_OVERHEAD_MB = 96

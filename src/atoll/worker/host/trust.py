@@ -6,14 +6,17 @@ template's bundle and the CA) and, when the template has one as a regular file, 
 `/etc/ssl/certs/ca-certificates.crt` rewritten to the same (so programs that read only the system
 store trust it too). Every path is opened component by component without following a symlink —
 the template's files are not trusted to point inside the sandbox. `ENV` names the bundles for
-Python, requests, curl and Node.js. Called by worker.sandboxes (rootfs preparation) and
-worker.node (the sandbox's env).
+Python, requests, curl and Node.js. The certificates are the installation CA and the worker's
+ATOLL_SANDBOX_CA_FILE ones (`combine`; `host` there = the worker's system bundle), so a sandbox can
+verify a private service's certificate. Called by worker.sandboxes (rootfs preparation) and
+worker.node (the sandbox's env, the certificates it trusts).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 
 CA = "/etc/atoll/ca.crt"
 BUNDLE = "/etc/atoll/ca-bundle.crt"
@@ -57,6 +60,23 @@ def _read_regular(dirfd: int, name: str) -> bytes | None:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             return None
         return f.read(_MAX_BUNDLE)
+
+
+_CERT = re.compile(r"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+?-----END CERTIFICATE-----")
+
+
+def certificates(text: str) -> str:
+    """Only the PEM certificate blocks of `text`, one per line group: what an operator's CA file
+    (ATOLL_SANDBOX_CA_FILE) adds to sandboxes. Anything else in the file — a private key kept
+    beside the certificate, comments — never reaches a sandbox."""
+    return "".join(m.group(0).replace("\r\n", "\n") + "\n" for m in _CERT.finditer(text))
+
+
+def combine(installation_pem: str, extra_pem: str) -> str:
+    """The certificates a sandbox trusts besides its template's: the installation CA (from the
+    control plane, SandboxSpec.trust_pem) and the worker's ATOLL_SANDBOX_CA_FILE ones."""
+    parts = [p.strip() + "\n" for p in (installation_pem, extra_pem) if p.strip()]
+    return "".join(parts)
 
 
 def install(rootfs: str, pem: str) -> None:

@@ -100,21 +100,33 @@ class LayerStore:
 
     async def files_layer(self, fs: str, items: typing.Sequence[templatespec.FileItem]) -> None:
         """Write a files step into the empty layer dir `fs` (the paths are normalised absolute
-        paths; the dir is new, so nothing in it is a symlink)."""
+        paths). Symbolic links are written as links and never followed: each write opens its
+        directory component by component with O_NOFOLLOW (a spec never puts a path below one of
+        its links, core.templatespec refuses it; this is the host's own guard), and a link that
+        replaces a directory atoll writes into (/etc, /usr, /opt) is refused."""
 
         def write() -> None:
             for item in items:
-                rel = item.path.lstrip("/")
-                parent = os.path.dirname(os.path.join(fs, rel))
-                os.makedirs(parent, mode=0o755, exist_ok=True)
-                target = os.path.join(fs, rel)
-                if os.path.isdir(target) and not os.path.islink(target):
-                    raise errors.InvalidRequest(
-                        f"files: {item.path} is a directory of an earlier file's path"
-                    )
-                with open(target, "wb") as f:
-                    f.write(item.data)
-                os.chmod(target, item.mode)
+                parent_rel, name = os.path.split(item.path.lstrip("/"))
+                parent = _make_dirs(fs, parent_rel, item.path)
+                try:
+                    if item.link is not None:
+                        os.symlink(item.link, name, dir_fd=parent)
+                        continue
+                    try:
+                        fd = os.open(
+                            name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=parent
+                        )
+                    except IsADirectoryError:
+                        raise errors.InvalidRequest(
+                            f"files: {item.path} is a directory of an earlier file's path"
+                        ) from None
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(item.data)
+                        os.fchmod(f.fileno(), item.mode)
+                finally:
+                    os.close(parent)
+            check_real_dirs(fs)
 
         await asyncio.to_thread(write)
 
@@ -151,6 +163,26 @@ REAL_DIRS = (
     "etc/ssl",
     "etc/ssl/certs",
 )
+
+
+def _make_dirs(root: str, rel: str, what: str) -> int:
+    """A descriptor of `root/rel`, its missing directories made (0755), walked component by
+    component without following a symlink (mkdir -p would write through one)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    for part in rel.split("/") if rel else ():
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError as e:
+            os.close(fd)
+            raise errors.InvalidRequest(
+                f"files: {what} is below {part!r}, a symbolic link or a file of this step ({e.strerror}); "
+                "nothing is written through a link: copy to the link's target path instead"
+            ) from None
+        os.close(fd)
+        fd = nxt
+    return fd
 
 
 def open_dir(root: str, rel: str) -> int | None:

@@ -9,7 +9,8 @@ templates built FROM it. A layer an older version kept at `<template_dir>/<hash>
 by hard links instead of built again. Build progress is logged line by line and exposed through
 `status()` for GET /v1/templates. Called by worker.service and worker.images.builder.
 
-Every layer also gets atoll's compatibility shim (compat/atoll-compat.c, compiled on the host with
+Every layer's login profile is edited to start no programs (login_profile.py), and every layer
+also gets atoll's compatibility shim (compat/atoll-compat.c, compiled on the host with
 gcc and preloaded through /etc/ld.so.preload), which works around system-call flags this runsc
 rejects; the shim's source is part of the layer's content hash.
 """
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from atoll.core import errors
 from atoll.worker.host import hostcmd
+from atoll.worker.images import login_profile
 
 if typing.TYPE_CHECKING:
     from atoll.worker.images.layers import LayerStore
@@ -54,7 +56,12 @@ class Recipe:
     def content_hash(self) -> str:
         """The layer's identity: the recipe and the source of everything `_customize` adds to it."""
         blob = json.dumps(
-            {"v": RECIPE_VERSION, **asdict(self), "compat_shim": compat_source_digest(COMPAT_SOURCE)},
+            {
+                "v": RECIPE_VERSION,
+                **asdict(self),
+                "compat_shim": compat_source_digest(COMPAT_SOURCE),
+                "login_profile": login_profile.digest(),
+            },
             sort_keys=True,
         ).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -227,8 +234,10 @@ class TemplateStore:
 
 
 async def _customize(rootfs: str) -> None:
-    """Post-build files: a local-only resolver, the guest agent's mount point, the compat shim."""
+    """Post-build files: a local-only resolver, the guest agent's mount point, the compat shim, a
+    login profile that starts no programs."""
     await install_compat_shim(rootfs)
+    login_profile.patch(rootfs)
     os.makedirs(os.path.join(rootfs, "opt/atoll"), exist_ok=True)
     resolv = os.path.join(rootfs, "etc/resolv.conf")
     if os.path.islink(resolv) or os.path.exists(resolv):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from atoll.core import errors, wire
 from atoll.core import worker_api as api
-from atoll.shared import portstream
+from atoll.shared import ndjson, portstream
 from atoll.worker.host import bundle, netns, runsc
 from atoll.worker.runtimes import agent_channel
 from atoll.worker.runtimes.liveness import Liveness
@@ -579,15 +579,8 @@ _FILE_EVENT_TYPES = {"ready", "create", "modify", "delete", "rename", "chmod", "
 
 async def _file_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.FileEvent]:
     """The agent's ndjson watch stream as seam events (untrusted: each line checked)."""
-    pending = b""
-    async for chunk in raw:
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            if line.strip():
-                yield _file_event(line)
-    if pending.strip():
-        yield _file_event(pending)
+    async for line in ndjson.alines(raw):
+        yield _file_event(line)
 
 
 def _file_event(line: bytes) -> api.FileEvent:
@@ -606,20 +599,11 @@ def _file_event(line: bytes) -> api.FileEvent:
 
 
 async def _exec_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.ExecEvent]:
-    """The agent's ndjson exec stream as seam events. Lines end at b"\\n" only (JSON strings carry
-    U+2028 and U+0085 raw); a line the agent could not have meant is a RuntimeFailure."""
-    pending = b""
+    """The agent's ndjson exec stream as seam events (lines cut by `shared.ndjson`); a line the
+    agent could not have meant is a RuntimeFailure."""
     exited = False
-    async for chunk in raw:
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            if line.strip():
-                ev = _exec_event(line)
-                exited = exited or isinstance(ev, api.ExecExit)
-                yield ev
-    if pending.strip():
-        ev = _exec_event(pending)
+    async for line in ndjson.alines(raw):
+        ev = _exec_event(line)
         exited = exited or isinstance(ev, api.ExecExit)
         yield ev
     if not exited:
@@ -630,15 +614,8 @@ async def _exec_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.ExecEvent
 
 async def _process_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.ProcessEvent]:
     """The agent's ndjson process output as seam events (lines as in `_exec_events`)."""
-    pending = b""
-    async for chunk in raw:
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            if line.strip():
-                yield _process_event(line)
-    if pending.strip():
-        yield _process_event(pending)
+    async for line in ndjson.alines(raw):
+        yield _process_event(line)
 
 
 def _process_event(line: bytes) -> api.ProcessEvent:

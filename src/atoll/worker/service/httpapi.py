@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from atoll.core import errors, seam, wire
 from atoll.core import worker_api as api
+from atoll.shared import relay
 
 log = logging.getLogger(__name__)
 
@@ -115,23 +116,9 @@ def _named_path(request: Request, name: str) -> api.FilePath:
 
 
 async def _unless_disconnected(request: Request, aw: typing.Awaitable) -> typing.Any:
-    task = asyncio.ensure_future(aw)
-
-    async def hangup() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(hangup())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            raise errors.InvalidRequest("the server disconnected; the command was stopped")
-        return task.result()
-    finally:
-        watcher.cancel()
+    return await relay.unless_disconnected(
+        request.receive, aw, errors.InvalidRequest("the server disconnected; the command was stopped")
+    )
 
 
 def _table_route(node: api.WorkerAPI, verb: seam.Verb, shielded, proto: dict[str, str]) -> Route:
@@ -232,24 +219,31 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         return StreamingResponse(chunks(), media_type="text/plain; charset=utf-8", headers=proto)
 
     # ---- exec and processes -----------------------------------------------------------------------
+    async def ndjson_stream(
+        opening: typing.AsyncContextManager[typing.AsyncIterator[typing.Any]],
+        dump: typing.Callable[[typing.Any], dict],
+    ) -> Response:
+        """An answer of NDJSON lines, one per event of the stream `opening` opens (opened before
+        the headers go, so a refusal is an error answer); an error mid-way is the last line."""
+        events = await opening.__aenter__()
+
+        async def lines() -> typing.AsyncIterator[bytes]:
+            try:
+                async for ev in events:
+                    yield _dumps(dump(ev)) + b"\n"
+            except errors.AtollError as e:
+                yield _dumps(wire.error_body(e)) + b"\n"
+            finally:
+                await opening.__aexit__(None, None, None)
+
+        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+
     async def exec_(request: Request) -> Response:
         sid = request.path_params["sid"]
         spec = await _body(request, api.ExecSpec, "exec spec")
         if NDJSON not in request.headers.get("accept", ""):
             return _answer(wire.dump(await _unless_disconnected(request, node.exec(sid, spec))))
-        stream = node.exec_stream(sid, spec)
-        events = await stream.__aenter__()
-
-        async def lines() -> typing.AsyncIterator[bytes]:
-            try:
-                async for ev in events:
-                    yield _dumps(wire.dump_exec_event(ev)) + b"\n"
-            except errors.AtollError as e:
-                yield _dumps(wire.error_body(e)) + b"\n"
-            finally:
-                await stream.__aexit__(None, None, None)
-
-        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+        return await ndjson_stream(node.exec_stream(sid, spec), wire.dump_exec_event)
 
     # ---- terminals (attach_pty goes through worker.tunnel) ------------------------------------------
     # process handles (issue 9)
@@ -262,18 +256,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         if not offset.isdigit():
             raise errors.InvalidRequest(f"offset must be an integer >= 0, got {offset!r}")
         reading = node.process_output(*_pid(request), int(offset), q.get("follow") == "1")
-        events = await reading.__aenter__()
-
-        async def lines() -> typing.AsyncIterator[bytes]:
-            try:
-                async for ev in events:
-                    yield _dumps(wire.dump_process_event(ev)) + b"\n"
-            except errors.AtollError as e:
-                yield _dumps(wire.error_body(e)) + b"\n"
-            finally:
-                await reading.__aexit__(None, None, None)
-
-        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+        return await ndjson_stream(reading, wire.dump_process_event)
 
     # ---- files ------------------------------------------------------------------------------------
     async def read_file(request: Request) -> Response:

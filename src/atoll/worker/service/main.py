@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import socket
 import sys
 import typing
@@ -25,7 +23,7 @@ import typing
 import uvicorn
 
 from atoll.core import config
-from atoll.shared import logconfig
+from atoll.shared import entry
 from atoll.worker.host import storage
 from atoll.worker.service import httpapi, node, registration
 from atoll.worker.service import settings as settings_mod
@@ -143,29 +141,20 @@ def main(
     listen: str | None = None,
     advertise: str | None = None,
 ) -> None:
-    try:
-        s = settings_mod.load(home=home, name=name, server=server, listen=listen, advertise=advertise)
-        if not s.server_url:
-            raise config.SettingsError(
-                "--server URL (or ATOLL_SERVER_URL) is required: the control plane to join"
-            )
-        if not s.api_key:
-            raise config.SettingsError(
-                "ATOLL_API_KEY is required: the server's admin key, which the worker presents when it registers"
-            )
-    except config.SettingsError as e:
-        print(f"atoll worker: invalid setting: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    logconfig.configure(s.log_format, s.log_level)
-    if os.geteuid() != 0:
-        print(
-            "atoll worker: needs root (runsc, mounts, network namespaces, cgroups); run as root",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
-    log.info("starting atoll worker", extra={"settings": s.redacted()})
+    s = entry.settings_or_exit("atoll worker", lambda: _load(server, name, home, listen, advertise))
+    entry.start("atoll worker", s, log, needs_root=f"needs root ({entry.ROOT_FOR})")
     caught: list[int] = []
-    status = asyncio.run(serve(s, caught))
-    for sig in reversed(caught):  # end as the signal says (uvicorn's convention), now that all is done
-        signal.raise_signal(sig)
-    raise SystemExit(status)
+    entry.run(serve(s, caught), caught)
+
+
+def _load(server, name, home, listen, advertise) -> settings_mod.WorkerSettings:
+    s = settings_mod.load(home=home, name=name, server=server, listen=listen, advertise=advertise)
+    if not s.server_url:
+        raise config.SettingsError(
+            "--server URL (or ATOLL_SERVER_URL) is required: the control plane to join"
+        )
+    if not s.api_key:
+        raise config.SettingsError(
+            "ATOLL_API_KEY is required: the server's admin key, which the worker presents when it registers"
+        )
+    return s

@@ -28,9 +28,11 @@ import time
 import typing
 from collections.abc import AsyncIterator, Sequence
 
-from atoll.core import errors, ids, netpolicy, ptyframes
+from atoll._version import __version__
+from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
+from atoll.guest.agent import ptyframes
 from atoll.worker.host import agent_pack, bundle, cgroups, storage, sweep, trust
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layers, templates
@@ -112,15 +114,6 @@ def installation_id(home: str) -> str:
     return value
 
 
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("atoll")
-    except metadata.PackageNotFoundError:
-        return "0.0.0+unknown"
-
-
 def _raise_nofile() -> None:
     """The egress gateway holds two descriptors per relayed connection (up to 256 per sandbox):
     this process may use as many as its hard limit allows."""
@@ -189,6 +182,11 @@ class Node:
         self.install_id = installation_id(settings.home)
         self.host = sweep.Installation(os.path.realpath(settings.home), self.install_id)
         self.agent_dir = os.path.join(settings.home, "agent")
+        self.sandbox_ca_pem = ""
+        """ATOLL_SANDBOX_CA_FILE's certificates (only those), added to every sandbox made here."""
+        if settings.sandbox_ca_file:
+            with open(settings.sandbox_ca_file, encoding="ascii", errors="replace") as f:
+                self.sandbox_ca_pem = trust.certificates(f.read(8 * 1024 * 1024))
         self.layers = layers.LayerStore(settings.templates)
         """The one layer cache: built-in templates' root file systems and user templates' steps."""
         self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror, self.layers)
@@ -504,7 +502,7 @@ class Node:
         disk = shutil.disk_usage(self.s.home)
         return api.WorkerInfo(
             name=self.s.name,
-            version=_version(),
+            version=__version__,
             protocol=api.PROTOCOL_VERSION,
             installation=self.install_id,
             capacity=api.Capacity(
@@ -539,7 +537,8 @@ class Node:
             found = self.builder.image(build, spec.memory_mb) if self.s.template_snapshots else None
             image, seed_upper, start_mode = found if found else (None, None, "")
             env = {**build.env, **spec.env}
-            if spec.trust_pem:
+            trust_pem = trust.combine(spec.trust_pem, self.sandbox_ca_pem)
+            if trust_pem:
                 for k, v in trust.ENV.items():
                     env.setdefault(k, v)
             rt = self.runtimes.new(
@@ -551,7 +550,7 @@ class Node:
                 disk_mb=spec.disk_mb or self.s.default_disk_mb,
                 user=spec.user,
                 network=netpolicy.from_wire(spec.network).to_wire(),
-                trust_pem=spec.trust_pem,
+                trust_pem=trust_pem,
                 build_id=spec.build_id,
                 lower=lower,
                 workdir=build.workdir,

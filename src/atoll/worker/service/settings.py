@@ -72,6 +72,10 @@ class WorkerSettings:
     build_ca_file: str | None = None
     """ATOLL_BUILD_CA_FILE: CA certificates build steps trust for HTTPS (default: this host's
     system bundle, so that a registry reached through a TLS-inspecting proxy verifies)."""
+    sandbox_ca_file: str | None = None
+    """ATOLL_SANDBOX_CA_FILE: CA certificates every sandbox created here trusts besides its
+    template's, added to its trust store with the installation CA (core of worker.host.trust);
+    `host` means this host's system bundle. Default: none (read once at start)."""
     build_step_timeout_s: float = 1800.0
     """ATOLL_BUILD_STEP_TIMEOUT_S: the longest one apt, pip or run step of a template build may
     take (its build sandbox included); past it the build fails naming the step."""
@@ -166,6 +170,7 @@ def load(
         build_ca_file=_ca_file(env["ATOLL_BUILD_CA_FILE"], "ATOLL_BUILD_CA_FILE")
         if env.get("ATOLL_BUILD_CA_FILE")
         else (SYSTEM_CA if os.path.exists(SYSTEM_CA) else None),
+        sandbox_ca_file=_sandbox_ca_file(env.get("ATOLL_SANDBOX_CA_FILE") or None),
         **_build_timeouts(env),
     )
 
@@ -228,6 +233,19 @@ def _ca_file(path: str | None, var: str = "ATOLL_UPSTREAM_CA_FILE") -> str | Non
     if b"-----BEGIN CERTIFICATE-----" not in text:
         raise config.SettingsError(f"{var}={path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
     return path
+
+
+def _sandbox_ca_file(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if value.strip().lower() == "host":
+        if not os.path.exists(SYSTEM_CA):
+            raise config.SettingsError(
+                f"ATOLL_SANDBOX_CA_FILE=host names this host's system bundle, but {SYSTEM_CA} does not "
+                "exist; install ca-certificates or name a PEM file"
+            )
+        return SYSTEM_CA
+    return _ca_file(value, "ATOLL_SANDBOX_CA_FILE")
 
 
 def _extra_hosts(path: str | None) -> str | None:

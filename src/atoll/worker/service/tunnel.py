@@ -7,7 +7,7 @@ registration); the worker has its egress gateway process connect into the sandbo
 relay the connection itself (Node.relay_port: the gateway answers `OK\\n` and moves the bytes in
 the kernel; the worker's event loop never sees them), or (hello `ATOLL-PTY <protocol> <token>
 <sandbox_id> <pty_id>`) answers `OK\\n` and relays a terminal's frame stream (Node.attach_pty,
-core.ptyframes); anything wrong gets `ERR <code> <message>\\n` and the connection closes.
+guest.agent.ptyframes); anything wrong gets `ERR <code> <message>\\n` and the connection closes.
 
 Strangers cost nothing until they speak: the listener uses TCP_DEFER_ACCEPT (a connection that
 sends no byte is never accepted, the kernel drops it), the hello must be whole within
@@ -33,7 +33,7 @@ import typing
 
 from atoll.core import errors
 from atoll.core import worker_api as api
-from atoll.shared import portstream
+from atoll.shared import portstream, relay
 
 log = logging.getLogger(__name__)
 HELLO = "ATOLL-TUNNEL"
@@ -216,25 +216,10 @@ async def _refuse(sock: socket.socket, code: str, message: str) -> None:
 
 
 async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stream: api.PortStream) -> None:
-    async def inward() -> None:
-        while True:
-            data = await reader.read(_READ)
-            if not data:
-                return
-            await stream.write(data)
+    async def write_out(data: bytes) -> None:
+        writer.write(data)
+        await writer.drain()
 
-    async def outward() -> None:
-        while True:
-            data = await stream.read(_READ)
-            if not data:
-                return
-            writer.write(data)
-            await writer.drain()
-
-    tasks = [asyncio.ensure_future(inward()), asyncio.ensure_future(outward())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await relay.first_ends(
+        relay.pump(reader.read, stream.write, _READ), relay.pump(stream.read, write_out, _READ)
+    )
