@@ -311,10 +311,12 @@ class Atoll:
         return out
 
     def template_images(self) -> list[str]:
-        """Committed template images of this installation (<home>/template-images/<key>/manifest.json)."""
+        """Committed snapshots of the built-in templates of this installation
+        (<home>/builds/<template>-<digest>/images/<memory>m/manifest.json)."""
         return sorted(
             os.path.dirname(p)
-            for p in glob.glob(os.path.join(self.home, "template-images", "*", "manifest.json"))
+            for p in glob.glob(os.path.join(self.home, "builds", "*-*", "images", "*m", "manifest.json"))
+            if not os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(p)))).startswith("bld-")
         )
 
     def wait_template_image(self, timeout: float = 600) -> str:
@@ -327,7 +329,7 @@ class Atoll:
             if any("no template image" in r.get("msg", "") for r in self.server_events()):
                 raise RuntimeError(f"the server could not make a template image: {self.local.tail()}")
             time.sleep(0.2)
-        raise RuntimeError(f"no template image under {self.home}/template-images after {timeout} s")
+        raise RuntimeError(f"no template image under {self.home}/builds after {timeout} s")
 
     def agent_conn(self, sid: str) -> AgentConn:
         """A kept-alive HTTP connection straight to the sandbox's guest agent (bypassing the API)."""
@@ -425,15 +427,12 @@ def warm_up(a: Atoll) -> None:
 
 
 def template_rootfs(name: str = "base") -> str:
-    """The cached read-only root filesystem of an atoll template (built by a warm-up create)."""
-    for man in sorted(glob.glob(os.path.join(TEMPLATE_DIR, "*", "manifest.json"))):
-        with contextlib.suppress(OSError, ValueError):
-            with open(man) as f:
-                data = json.load(f)
-            if data.get("name", name) == name:
-                root = os.path.join(os.path.dirname(man), "rootfs")
-                if os.path.isdir(root):
-                    return root
+    """The cached read-only root filesystem of an atoll template (built by a warm-up create): its
+    layer `<template dir>/layers/<name>-<hash>/fs`."""
+    for man in sorted(glob.glob(os.path.join(TEMPLATE_DIR, "layers", f"{name}-*", "layer.json"))):
+        root = os.path.join(os.path.dirname(man), "fs")
+        if os.path.isdir(root):
+            return root
     raise RuntimeError(f"no built template {name!r} under {TEMPLATE_DIR}; run a warm-up create first")
 
 

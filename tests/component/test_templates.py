@@ -285,11 +285,13 @@ async def test_a_failed_fork_whose_parent_runs_on_leaves_it_running(fake):
     assert [s["id"] for s in (await c.get("/v1/sandboxes")).json()["items"]] == [sid]
 
 
-async def test_builtin_templates_have_no_pool_or_builds(fake):
+async def test_the_builtin_templates_pool_is_the_servers_setting(fake):
     c = fake.http
-    for method, path in (("PUT", "/v1/templates/base/pool"), ("GET", "/v1/templates/base/pool")):
-        r = await c.request(method, path, json={"min": 1, "max": 1})
-        assert r.status_code == 400 and "built in" in r.json()["error"]["message"], r.text
+    r = await c.put("/v1/templates/base/pool", json={"min": 1, "max": 1})
+    assert r.status_code == 400, r.text
+    assert "built-in" in r.json()["error"]["message"] and "ATOLL_DEFAULT_POOL" in r.json()["error"]["message"]
+    r = await c.get("/v1/templates/base/pool")
+    assert r.status_code == 200 and (r.json()["min"], r.json()["max"]) == (0, 0), r.text
 
 
 async def test_a_path_that_finds_nothing_is_refused_naming_path(fake):

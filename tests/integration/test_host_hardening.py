@@ -139,7 +139,7 @@ def test_other_host_users_cannot_reach_the_home(local):
     # Every directory atoll keeps its own state in is 0700, every file it wrote 0600.
     for d in (
         home,
-        *(os.path.join(home, n) for n in ("sandboxes", "runsc", "template-images")),
+        *(os.path.join(home, n) for n in ("sandboxes", "runsc", "builds")),
         sbx,
         TEMPLATE_CACHE,
     ):

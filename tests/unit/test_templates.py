@@ -242,3 +242,26 @@ def test_login_profile_still_runs_mesg_on_a_terminal(profiles, tty_on):
     before = writable_after(orig)
     assert writable_after(edited) == before
     assert before == (tty_on not in ("stdin", "stdout"))  # the profile's mesg has stderr on /dev/null
+
+
+def test_the_base_layer_lives_in_the_one_layer_cache_and_an_older_layout_is_adopted(tmp_path):
+    from atoll.worker.images import layers
+
+    tdir = tmp_path / "templates"
+    old = tdir / templates.BASE.content_hash()
+    (old / "rootfs" / "usr" / "bin").mkdir(parents=True)
+    (old / "rootfs" / "usr" / "bin" / "python3").write_text("#!")
+    (old / "manifest.json").write_text("{}")
+    cache = layers.LayerStore(str(tdir))
+    store = templates.TemplateStore(str(tdir), "http://127.0.0.1:9/debian", cache)
+    assert store.status()[0]["status"] == "missing"
+    rootfs = asyncio.run(store.ensure("base"))  # adopted: no mmdebstrap (the mirror is unreachable)
+    key = store.key(templates.BASE)
+    assert key == f"base-{templates.BASE.content_hash()}" and cache.exists(key)
+    assert rootfs == cache.path(key) == str(tdir / "layers" / key / "fs")
+    new, before = os.stat(os.path.join(rootfs, "usr/bin/python3")), os.stat(old / "rootfs/usr/bin/python3")
+    assert (new.st_ino, new.st_dev) == (before.st_ino, before.st_dev)  # hard links, no copy
+    assert store.status()[0]["status"] == "ready"
+    # another installation sharing the directory finds it made
+    other = templates.TemplateStore(str(tdir), "http://127.0.0.1:9/debian", layers.LayerStore(str(tdir)))
+    assert other.status()[0]["status"] == "ready" and asyncio.run(other.ensure("base")) == rootfs

@@ -61,6 +61,7 @@ class SandboxManager:
         default_network: dict | None = None,
         secrets: SecretStore | None = None,
         authority: Authority | None = None,
+        default_pool: int = 0,
     ):
         self.db = database
         self.secrets = secrets
@@ -76,8 +77,8 @@ class SandboxManager:
         self.usage = self.ledger.usage
         self.templates = TemplateService(self.ledger, self, schemas.DEFAULT_MEMORY_MB)
         """User templates and their builds."""
-        self.pools = Pools(self.ledger, self, self.templates, schemas.DEFAULT_MEMORY_MB)
-        """Warm pools a create claims from."""
+        self.pools = Pools(self.ledger, self, self.templates, schemas.DEFAULT_MEMORY_MB, default_pool)
+        """Warm pools a create claims from (`default_pool`: the size of the built-in `base`'s)."""
         self.templates.pool_stop, self.templates.pool_resume = self.pools.stop, self.pools.resume
         self.templates.on_ready = self.pools.wake
 
@@ -127,7 +128,7 @@ class SandboxManager:
         settings applied after the restore), else restored from its template's snapshot on a
         worker placement picks. `pooled`: made for the pool (not listed until claimed)."""
         build = self.templates.serving(req.template)
-        if build is not None and not pooled:
+        if not pooled:
             claimed = await self.pools.claim(req, build)
             if claimed is not None:
                 return claimed

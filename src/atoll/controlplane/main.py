@@ -66,6 +66,7 @@ def build(s: settings_mod.ServerSettings):
         default_network=s.default_network,
         secrets=secrets_mod.SecretStore(database, secrets_key),
         authority=authority,
+        default_pool=s.default_pool,
     )
     m.bind_state_counts(manager.counts)
     backend = previews.Previews(manager, previews.preview_key(secrets_key), s.preview_domain, s.ingress_port)

@@ -1,7 +1,10 @@
-"""Warm pools: per user template, sandboxes restored from its current build ahead of demand and
-kept frozen (memory tier: no CPU, counted against their worker's memory), claimed by creates.
+"""Warm pools: per template, sandboxes restored from its current build ahead of demand and kept
+frozen (memory tier: no CPU, counted against their worker's memory), claimed by creates.
 
-A pool is `{min, max, schedule?, memory_mb}` on the template's record. Its desired size is the
+A user template's pool is `{min, max, schedule?, memory_mb}` on the template's record. The built-in
+`base` has one pool too, set by the server's ATOLL_DEFAULT_POOL (`min` = `max` = that number, the
+default memory size; 0: none) and filled once a worker reports `base` ready: a create that names no
+template claims from it. Its desired size is the
 largest of `min` and the floors of the schedule entries whose UTC window holds now
 (`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight), capped at
 `max`. The keeper (`run`) refills one sandbox at a time per pool in the background, never on a
@@ -101,7 +104,14 @@ def desired(cfg: dict, now: dt.datetime) -> int:
 
 
 class Pools:
-    def __init__(self, ledger: Ledger, steps: Steps, templates: TemplateService, default_memory_mb: int):
+    def __init__(
+        self,
+        ledger: Ledger,
+        steps: Steps,
+        templates: TemplateService,
+        default_memory_mb: int,
+        default_pool: int = 0,
+    ):
         self.m = ledger
         self.steps = steps
         self.templates = templates
@@ -114,13 +124,25 @@ class Pools:
         self._refilling: set[str] = set()
         self._last_claim = 0.0
         self._stopped: set[str] = set()
+        self.builtin: dict[str, dict] = {
+            name: {"min": default_pool, "max": default_pool, "schedule": [], "memory_mb": default_memory_mb}
+            for name in BUILTIN
+        }
+        """The built-in templates' pools (ATOLL_DEFAULT_POOL; min 0 keeps none)."""
+
+    def _config(self, name: str) -> dict | None:
+        if name in BUILTIN:
+            cfg = self.builtin[name]
+            return cfg if cfg["max"] else None
+        rec = self.m.db.get_template(ids.DEFAULT_TENANT, name)
+        return rec.pool if rec is not None else None
 
     # ---- settings -------------------------------------------------------------------------------
     def set(self, name: str, body: object) -> dict:
         if name in BUILTIN:
             raise errors.InvalidRequest(
-                f"template {name!r} is built in and has no pool; pools are for templates you build "
-                "(POST /v1/templates, then PUT /v1/templates/{name}/pool)"
+                f"the pool of the built-in template {name!r} is set by the server's ATOLL_DEFAULT_POOL "
+                f"(now {self.builtin[name]['min']}); restart the server with another value (0: no pool)"
             )
         rec = self.templates.record(name)
         self._stopped.discard(name)
@@ -138,8 +160,12 @@ class Pools:
         return [r for r in self.m.live() if r.pooled and r.template == name and r.state != State.DELETED]
 
     def view(self, name: str) -> dict:
-        rec = self.templates.record(name)
-        cfg = rec.pool or {"min": 0, "max": 0, "schedule": [], "memory_mb": self.default_memory_mb}
+        if name in BUILTIN:
+            pool, build_id, stored_error = self._config(name), None, None
+        else:
+            rec = self.templates.record(name)
+            pool, build_id, stored_error = rec.pool, rec.current_build, rec.pool_error
+        cfg = pool or {"min": 0, "max": 0, "schedule": [], "memory_mb": self.default_memory_mb}
         members = self._members(name)
         ready = [r for r in members if r.state == State.STANDBY and r.id not in self._claims]
         return {
@@ -148,26 +174,28 @@ class Pools:
             "max": cfg["max"],
             "schedule": cfg.get("schedule", []),
             "memory_mb": cfg.get("memory_mb", self.default_memory_mb),
-            "desired": desired(cfg, dt.datetime.now(dt.UTC)) if rec.pool else 0,
+            "desired": desired(cfg, dt.datetime.now(dt.UTC)) if pool else 0,
             "ready": len(ready),
             "starting": len(members) - len(ready),
             "claimed": self.m.db.pool_claimed(ids.DEFAULT_TENANT, name),  # persisted: survives restarts
-            "build_id": rec.current_build,
-            "last_error": self._errors.get(name) or rec.pool_error,
+            "build_id": build_id,
+            "last_error": self._errors.get(name) or stored_error,
         }
 
     # ---- claims ---------------------------------------------------------------------------------
-    async def claim(self, req: schemas.CreateSandbox, build: dbm.BuildRecord) -> dbm.SandboxRecord | None:
+    async def claim(
+        self, req: schemas.CreateSandbox, build: dbm.BuildRecord | None
+    ) -> dbm.SandboxRecord | None:
         """A pooled sandbox for this create, its caller's settings applied; None when none fits
-        (the create then restores one from the snapshot)."""
-        rec_t = self.m.db.get_template(ids.DEFAULT_TENANT, req.template)
-        cfg = rec_t.pool if rec_t is not None else None
+        (the create then restores one from the snapshot). `build`: the template's current build
+        (None for a built-in template)."""
+        cfg = self._config(req.template)
         if not cfg or req.memory_mb != cfg.get("memory_mb") or req.disk_mb is not None:
             return None
         for rec in self._members(req.template):
             sid = rec.id
             if (
-                rec.build_id != build.id
+                rec.build_id != (build.id if build is not None else None)
                 or rec.state != State.STANDBY
                 or rec.standby_tier != Tier.MEMORY
                 or sid in self._claims
@@ -257,23 +285,38 @@ class Pools:
             except Exception:
                 log.exception("pool pass failed")
 
+    def _pools(self) -> list[tuple[str, dict | None, str | None]]:
+        """(template, pool settings, current build) of every template that may have pool members."""
+        out: list[tuple[str, dict | None, str | None]] = [(n, self._config(n), None) for n in BUILTIN]
+        for t in self.m.db.templates(ids.DEFAULT_TENANT):
+            out.append((t.name, t.pool, t.current_build))
+        return out
+
+    def _servable(self, name: str, build: str | None) -> bool:
+        """Whether a refill can start: a user template has a ready build; a built-in one is ready
+        (layer and snapshot made) on a ready worker, so that refills restore instead of booting."""
+        if name not in BUILTIN:
+            return build is not None
+        for h in self.m.workers.ready():
+            t = h.templates.get(name)
+            if t is not None and t.status == "ready":
+                return True
+        return False
+
     async def _pass(self) -> None:
         now = dt.datetime.now(dt.UTC)
-        for t in self.m.db.templates(ids.DEFAULT_TENANT):
-            if t.name in self._stopped:  # being deleted
+        for name, cfg, current in self._pools():
+            if name in self._stopped:  # being deleted
                 continue
-            members = self._members(t.name)
-            cfg = t.pool
-            stale = [
-                r for r in members if not cfg or r.build_id != t.current_build or r.state == State.FAILED
-            ]
+            members = self._members(name)
+            stale = [r for r in members if not cfg or r.build_id != current or r.state == State.FAILED]
             keep = [r for r in members if r not in stale]
             extra = keep[desired(cfg, now) :] if cfg else []  # a window closed, min lowered: shrink
             for r in [*stale, *extra]:
                 if r.id not in self._claims and not self.m.lock(r.id).locked():
                     with contextlib.suppress(errors.AtollError):
                         await self.steps.delete(r.id)
-            if not cfg or not t.current_build:
+            if not cfg or not self._servable(name, current):
                 continue
             if len(keep) < desired(cfg, now):
                 quiet = time.monotonic() - self._last_claim
@@ -281,7 +324,7 @@ class Pools:
                     await asyncio.sleep(REFILL_AFTER_CLAIM_S - quiet)
                     self._wake.set()
                     continue
-                if await self._refill(t.name, cfg):
+                if await self._refill(name, cfg):
                     self._wake.set()  # next one soon, after other pools had their turn
 
     async def stop(self, name: str) -> None:

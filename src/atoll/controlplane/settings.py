@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from atoll.controlplane import pools
 from atoll.core import config, errors, netpolicy
 
 MAX_EXEC_OUTPUT_KB = 65536  # the guest agent keeps at most 64 MiB per stream
@@ -60,6 +61,10 @@ class ServerSettings:
     """ATOLL_TRUSTED_PROXIES: comma-separated addresses or CIDRs of reverse proxies in front of the
     ingress router; a connection from one counts against the client its X-Forwarded-For names
     (the right-most address that is not a trusted proxy), not against the proxy (default: none, every peer is the client)."""
+    default_pool: int = 2
+    """ATOLL_DEFAULT_POOL: sandboxes of the built-in `base` template (default memory size) kept
+    restored and frozen for creates that name no template (its pool's `min` and `max`; default 2,
+    0 keeps none). They count against their worker's memory."""
     secrets_key_file: str | None = None
     """ATOLL_SECRETS_KEY_FILE: the 32-byte key secrets are sealed with (default $ATOLL_HOME/secrets.key,
     made at first start)."""
@@ -121,6 +126,14 @@ def load(
         ingress_cert_file=os.path.abspath(cert) if cert else None,
         ingress_key_file=os.path.abspath(key) if key else None,
         trusted_proxies=_trusted_proxies(env.get("ATOLL_TRUSTED_PROXIES", "")),
+        default_pool=config.integer(
+            env,
+            "ATOLL_DEFAULT_POOL",
+            2,
+            lo=0,
+            hi=pools.MAX_POOL,
+            what="the size of the `base` pool; 0 turns it off",
+        ),
         secrets_key_file=os.path.abspath(env["ATOLL_SECRETS_KEY_FILE"])
         if env.get("ATOLL_SECRETS_KEY_FILE")
         else None,

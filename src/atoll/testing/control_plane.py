@@ -34,6 +34,7 @@ class FakeAtoll:
         max_exec_output_bytes: int = app_mod.DEFAULT_MAX_EXEC_OUTPUT_BYTES,
         tier_policy: bool = True,
         reconcile_s: float = 30.0,
+        default_pool: int = 0,
     ):
         self.dir = os.fspath(directory)
         os.makedirs(self.dir, exist_ok=True)
@@ -41,7 +42,10 @@ class FakeAtoll:
         self.api_key = api_key
         m = metrics.Metrics()
         self.manager = lifecycle.SandboxManager(
-            db.open_database(f"sqlite:///{os.path.join(self.dir, 'atoll.db')}"), m, reconcile_s=reconcile_s
+            db.open_database(f"sqlite:///{os.path.join(self.dir, 'atoll.db')}"),
+            m,
+            reconcile_s=reconcile_s,
+            default_pool=default_pool,
         )
         m.bind_state_counts(self.manager.counts)
         self.app = app_mod.create_app(

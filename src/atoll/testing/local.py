@@ -8,6 +8,10 @@
     with atoll.testing.LocalCluster(tmp_path / "cluster", workers=2) as cluster:
         client = atoll.Client(base_url=cluster.url, api_key=cluster.api_key)
 
+Installations started here keep no warm pool of `base` (ATOLL_DEFAULT_POOL=0, so that tests
+that count sandboxes or memory see only their own); pass `env={"ATOLL_DEFAULT_POOL": "2"}` (or
+set it in the environment) to keep one as `atoll up` does by default.
+
 Each process runs in its own process group; `stop()` sends SIGTERM to that group only and waits.
 With `reap=True` (default) every sandbox still alive is deleted first, and whatever the API could
 not delete is purged from the host, so nothing started is left behind. Needs root and the host
@@ -61,7 +65,7 @@ class _Process:
         self.proc: subprocess.Popen | None = None
 
     def _environment(self) -> dict[str, str]:
-        return {**os.environ, "ATOLL_HOME": self.home, **self.env}
+        return {"ATOLL_DEFAULT_POOL": "0", **os.environ, "ATOLL_HOME": self.home, **self.env}
 
     def spawn(self) -> None:
         os.makedirs(self.home, exist_ok=True)
@@ -131,20 +135,31 @@ class _Api:
             time.sleep(0.1)
         raise RuntimeError(f"{self.url} did not become healthy within {timeout}s")
 
-    def delete_all(self) -> None:
+    def delete_all(self) -> list[str]:
+        """Delete every listed sandbox; returns their ids. (A pool's sandboxes are not listed:
+        stopping with `reap` purges them from the host.)"""
+        deleted = []
         try:
             with httpx.Client(base_url=self.url, headers=self.headers(), timeout=120) as c:
                 for sb in c.get("/v1/sandboxes").json().get("items", []):
                     c.delete(f"/v1/sandboxes/{sb['id']}")
+                    deleted.append(sb["id"])
         except httpx.HTTPError:
             pass
+        return deleted
 
     @staticmethod
-    def wait_no_sandboxes(home: str, timeout: float = 60) -> None:
-        """Deletion finishes in the background (runsc delete takes 1-2 s): wait for it."""
+    def wait_no_sandboxes(home: str, timeout: float = 60, ids: typing.Collection[str] | None = None) -> None:
+        """Deletion finishes in the background (runsc delete takes 1-2 s): wait for it, for the
+        sandboxes `ids` (default: every sandbox on the host under `home`)."""
         sbx = os.path.join(home, "sandboxes")
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and os.path.isdir(sbx) and os.listdir(sbx):
+
+        def left() -> list[str]:
+            names = os.listdir(sbx) if os.path.isdir(sbx) else []
+            return names if ids is None else [n for n in names if n in ids]
+
+        while time.monotonic() < deadline and left():
             time.sleep(0.2)
 
 
@@ -192,8 +207,7 @@ class LocalAtoll(_Process, _Api):
         return self
 
     def reap_sandboxes(self) -> None:
-        self.delete_all()
-        self.wait_no_sandboxes(self.home)
+        self.wait_no_sandboxes(self.home, ids=self.delete_all())
 
     def stop(self, reap: bool | None = None, timeout: float = 30) -> int | None:
         reap = self.reap if reap is None else reap
@@ -386,10 +400,10 @@ class LocalCluster(_Api):
     def stop(self, reap: bool | None = None, timeout: float = 30) -> None:
         reap = self.reap if reap is None else reap
         if reap and self.server.proc is not None:
-            self.delete_all()
+            deleted = self.delete_all()
             for w in self.workers:
                 if w.proc is not None:
-                    self.wait_no_sandboxes(w.home)
+                    self.wait_no_sandboxes(w.home, ids=deleted)
         for w in self.workers:
             w.terminate(timeout)
         self.server.terminate(timeout)

@@ -22,6 +22,15 @@ its log `<home>/builds/<build_id>/log`, streamed while it grows (`log_stream`). 
    The checkpoint and the sandbox's writable layer (files the boot wrote, which open files need)
    are kept under the build: `images/<memory>m/` and `images/<memory>m.upper/`.
 
+Built-in templates (`base`) are builds too (`builtin`): zero steps over their mmdebstrap root file
+system (worker.images.templates), no start command, id `<name>-<digest>` where the digest covers
+the layer, the guest agent, the runsc binary and the agent's address (a change of any makes a new
+build; `prepare_builtin` removes the old ones at start-up). Their snapshots are made, cached and
+restored exactly like a user build's. A create restores the snapshot of its memory size; the first
+create of a size without one boots cold and makes it in the background, for at most
+MAX_IMAGE_SIZES sizes per build (further sizes boot cold; a size whose snapshot failed is not
+retried until the worker restarts).
+
 Time limits (worker settings): a step that runs in a build sandbox may take `step_timeout_s`
 (ATOLL_BUILD_STEP_TIMEOUT_S), the whole build `build_timeout_s` (ATOLL_BUILD_TIMEOUT_S); past
 either the build fails naming the step (or what it was doing), and the build sandbox is deleted on
@@ -36,9 +45,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import time
@@ -47,7 +58,7 @@ from dataclasses import dataclass, field
 
 from atoll.core import errors, ids, templatespec
 from atoll.core import worker_api as api
-from atoll.worker.host import storage
+from atoll.worker.host import agent_pack, bundle, netns, runsc, storage
 from atoll.worker.images import layers
 from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
@@ -59,13 +70,14 @@ log = logging.getLogger(__name__)
 BUILD_MEMORY_MB = 2048
 BUILD_DISK_MB = 16384
 IMAGE_DISK_MB = 1024
+"""The disk of the temporary sandbox a snapshot is made from (a create's own disk is its own)."""
 START_GRACE_S = 10.0
 """A start command without a ready check that never listens on a TCP port is saved this long after
 it started."""
 STEP_TIMEOUT_S = 1800.0
 BUILD_TIMEOUT_S = 3600.0
 LOG_LIMIT = 8 * 2**20
-MAX_IMAGE_SIZES = 4
+MAX_IMAGE_SIZES = 8
 
 # Reads /proc/net/tcp{,6} inside the sandbox: exit 0 when something listens on the port (argv[1];
 # "any": on any port but the guest agent's). No connection is made.
@@ -145,12 +157,13 @@ class Builder:
         self,
         home: str,
         layer_store: layers.LayerStore,
-        base_rootfs: typing.Callable[[], typing.Awaitable[tuple[str, str]]],
+        builtin_rootfs: typing.Callable[[str], typing.Awaitable[tuple[str, str]]],
         runtimes: RuntimeStore,
         sandboxes: Sandboxes,
         tiers: Tiers,
         guest: Guest,
         delete: typing.Callable[[str], typing.Awaitable[typing.Any]],
+        spawn: typing.Callable[[typing.Awaitable], None],
         emit: typing.Callable[[api.BuildInfo], None],
         build_network: dict,
         build_env: dict[str, str],
@@ -161,12 +174,15 @@ class Builder:
         self.root = os.path.join(home, "builds")
         storage.private_dir(self.root)
         self.layers = layer_store
-        self._base_rootfs = base_rootfs
+        self._builtin_rootfs = builtin_rootfs
+        """A built-in template's layer: (content key, path), built first if needed."""
         self.runtimes = runtimes
         self.sandboxes = sandboxes
         self.tiers = tiers
         self.guest = guest
         self._delete = delete
+        self._spawn = spawn
+        """Tracks a background task the worker waits for when it stops (a temporary's deletion)."""
         self._emit = emit
         self.build_network = build_network
         self.build_env = build_env
@@ -179,7 +195,12 @@ class Builder:
         self._grew: dict[str, asyncio.Event] = {}
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._image_tasks: dict[str, asyncio.Task] = {}
+        self._image_failed: set[str] = set()
+        self._seeds: dict[str, str | None] = {}
+        self._builtins: dict[str, Build] = {}
+        self._digests: dict[str, str] = {}
         self.temporary: set[str] = set()
+        """Ids of the build's and the snapshots' temporary sandboxes (busy: never paused or reported)."""
         self._load()
 
     # ---- records --------------------------------------------------------------------------------
@@ -312,7 +333,7 @@ class Builder:
         env: dict[str, str] = {}
         workdir, user, start, ready = None, None, None, None
         if spec.from_kind == "base":
-            base_key, bottom = await self._base_rootfs()
+            base_key, bottom = await self._builtin_rootfs("base")
             stack = [bottom]
         elif spec.from_kind == "template":
             assert parent is not None
@@ -504,16 +525,74 @@ class Builder:
             await self.sandboxes.start(rt, lower, None)
             yield rt
         finally:
+            # shielded and tracked: a cancel (the worker stopping) may land here, while the
+            # deletion runs; the worker waits for tracked tasks before it exits
             deletion = asyncio.ensure_future(self._delete(sid))
-            with contextlib.suppress(Exception):
-                await asyncio.shield(deletion)
-            self.temporary.discard(sid)
+            self._spawn(deletion)
+            try:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(deletion)
+            finally:
+                self.temporary.discard(sid)
+
+    # ---- built-in templates ---------------------------------------------------------------------
+    async def builtin(self, name: str, memory_mb: int = 512) -> Build:
+        """The built-in template `name` as a ready build of zero steps over its layer (built
+        first if needed). `memory_mb`: the size its start-up snapshot is made at."""
+        key, rootfs = await self._builtin_rootfs(name)
+        bid = f"{name}-{self._digest(key)}"
+        b = self._builtins.get(name)
+        if b is None or b.build_id != bid:
+            storage.private_dir(self._dir(bid))
+            b = Build(
+                build_id=bid,
+                template=name,
+                status="ready",
+                progress="ready",
+                layers=[rootfs],
+                top_key=key,
+                memory_mb=memory_mb,
+            )
+            self._builtins[name] = b
+        return b
+
+    def _digest(self, layer_key: str) -> str:
+        """What a built-in template's snapshots depend on besides its layer, computed once per
+        process (the agent's files are rewritten only at start-up): the agent, the runsc binary,
+        the agent's address."""
+        digest = self._digests.get(layer_key)
+        if digest is None:
+            h = hashlib.blake2b(layer_key.encode(), digest_size=8)
+            for name in (agent_pack.COMPILED, agent_pack.SOURCE):  # whichever the template runs
+                with open(os.path.join(self.sandboxes.agent_dir, name), "rb") as f:
+                    h.update(f.read())
+            st = os.stat(shutil.which(runsc.RUNSC) or runsc.RUNSC)
+            h.update(f"{st.st_size}-{st.st_mtime_ns}-{bundle.AGENT_PORT}-{netns.SANDBOX_IP}".encode())
+            digest = self._digests[layer_key] = h.hexdigest()
+        return digest
+
+    async def prepare_builtin(self, name: str, memory_mb: int, snapshot: bool = True) -> None:
+        """Start-up: the built-in template's layer and (`snapshot`) its snapshot at `memory_mb`;
+        the builds of it that other versions left, and the `template-images/` directory of the
+        versions before built-in templates were builds, are removed."""
+        b = await self.builtin(name, memory_mb)
+        ours = re.compile(rf"{re.escape(name)}-[0-9a-f]{{16}}")
+        for d in os.listdir(self.root):
+            if ours.fullmatch(d) and d != b.build_id:
+                log.info("template %s: removing the snapshots of an older version (%s)", name, d)
+                await asyncio.to_thread(shutil.rmtree, self._dir(d), True)
+        legacy = os.path.join(os.path.dirname(self.root), "template-images")
+        if os.path.isdir(legacy):
+            await asyncio.to_thread(shutil.rmtree, legacy, True)
+        if snapshot:
+            await self._snapshot_later(b, memory_mb)
 
     # ---- the snapshot ---------------------------------------------------------------------------
-    def image(self, b: Build, memory_mb: int) -> tuple[str, str, str] | None:
-        """(checkpoint dir, writable-layer dir, start mode) of the build's snapshot at this memory
-        size, or None: that create boots cold, and a snapshot of the size is made in the
-        background. The start mode ("snapshot", "after_restore" or "") is the size's own."""
+    def image(self, b: Build, memory_mb: int) -> tuple[str, str | None, str] | None:
+        """(checkpoint dir, writable-layer dir or None when the boot wrote nothing a create needs,
+        start mode) of the build's snapshot at this memory size, or None: that create boots cold,
+        and a snapshot of the size is made in the background. The start mode ("snapshot",
+        "after_restore" or "") is the size's own."""
         d = self._dir(b.build_id, "images", f"{memory_mb}m")
         if os.path.exists(os.path.join(d, "manifest.json")):
             try:
@@ -521,13 +600,19 @@ class Builder:
                     mode = f.read().strip()
             except OSError:
                 mode = b.start_mode
-            return d, d + ".upper", mode
+            if d not in self._seeds:
+                self._seeds[d] = d + ".upper" if _needed(d + ".upper", b.layers) else None
+            return d, self._seeds[d], mode
         key = f"{b.build_id}-{memory_mb}"
         try:
             sizes = sum(1 for n in os.listdir(self._dir(b.build_id, "images")) if n.endswith("m"))
         except FileNotFoundError:
             sizes = 0
-        if key not in self._image_tasks and sizes + len(self._image_tasks) < MAX_IMAGE_SIZES:
+        if (
+            key not in self._image_tasks
+            and key not in self._image_failed
+            and sizes + len(self._image_tasks) < MAX_IMAGE_SIZES
+        ):
             task = asyncio.ensure_future(self._snapshot_later(b, memory_mb))
             self._image_tasks[key] = task
             task.add_done_callback(lambda _t: self._image_tasks.pop(key, None))
@@ -537,7 +622,15 @@ class Builder:
         try:
             await self._snapshot(b, memory_mb, lambda line: log.info("build %s: %s", b.build_id, line))
         except Exception as e:  # noqa: BLE001 - that size keeps booting cold; say why
-            log.warning("build %s: no snapshot of %d MB (%s)", b.build_id, memory_mb, e)
+            self._image_failed.add(f"{b.build_id}-{memory_mb}")
+            log.warning(
+                "template %s: no template image of %d MB (build %s: %s); its sandboxes of that size "
+                "boot cold",
+                b.template,
+                memory_mb,
+                b.build_id,
+                getattr(e, "message", None) or e,
+            )
 
     async def _snapshot(self, b: Build, memory_mb: int, say: typing.Callable[[str], None]) -> None:
         dest = self._dir(b.build_id, "images", f"{memory_mb}m")
@@ -582,6 +675,12 @@ class Builder:
                 if memory_mb == b.memory_mb:
                     b.start_mode, b.start_reason = mode, reason
                 say(f"snapshot of {memory_mb} MB made in {time.monotonic() - t0:.1f}s")
+                log.info(
+                    "template %s: image made in %.0f ms (%s)",
+                    b.template,
+                    (time.monotonic() - t0) * 1000,
+                    dest,
+                )
 
     async def prepare_boot(self, sid: str, b: Build) -> None:
         """What a fresh boot of the build needs before its start command: the workdir."""
@@ -680,6 +779,25 @@ class Builder:
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=15)
+
+
+def _needed(upper: str, layers_top_first: list[str]) -> bool:
+    """Whether a snapshot's writable layer holds anything a create must start with: a file, or a
+    directory the template's layers do not have (an empty copy is a process spawn saved per create)."""
+    for dirpath, dirs, files in os.walk(upper):
+        if files:
+            return True
+        for d in dirs:
+            path = os.path.join(dirpath, d)
+            if (
+                os.path.islink(path)
+                or layers.find_file(layers_top_first, os.path.relpath(path, upper)) is None
+            ):
+                return True
+            with contextlib.suppress(OSError):
+                if os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y":
+                    return True  # it hides what the layers below hold there
+    return False
 
 
 def _layer_size(fs: str) -> int:

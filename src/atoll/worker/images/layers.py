@@ -1,6 +1,7 @@
-"""The layer cache of user templates: one directory per build step, named by the step's content
-hash (core.templatespec.step_keys), stacked as overlayfs lower layers above a bottom layer (the
-`base` template's root file system, or an OCI image archive unpacked).
+"""The one layer cache of templates: one directory per build step, named by the step's content
+hash (core.templatespec.step_keys), stacked as overlayfs lower layers above a bottom layer (a
+built-in template's root file system, itself a layer here under `<name>-<hash>` made by
+worker.images.templates, or an OCI image archive unpacked).
 
     <template_dir>/layers/<key>/fs          what the step changed (an overlay upper dir: whiteouts
                                             are 0/0 character devices, opaque dirs an xattr)
@@ -9,7 +10,7 @@ hash (core.templatespec.step_keys), stacked as overlayfs lower layers above a bo
 A layer is made in `.tmp-<key>-<pid>` and renamed into place when complete, so a crash never leaves
 a half layer and a cached step is one `os.path.exists`. Layers are shared by every build and every
 installation using the directory, and stay until removed by hand (they are the build cache).
-Called by worker.builder.
+Called by worker.images.builder and worker.images.templates.
 """
 
 from __future__ import annotations

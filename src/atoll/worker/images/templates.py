@@ -1,11 +1,13 @@
-"""Template layers: read-only root filesystems built from Debian packages, cached by content hash.
+"""Built-in template layers: read-only root filesystems built from Debian packages, cached by
+content hash in the one layer cache (worker.images.layers).
 
-A template recipe (suite, packages, post-build files) hashes to a directory
-`<template_dir>/<hash>/rootfs`; it is built once with mmdebstrap (into a temporary directory,
-renamed when complete, so a crash never leaves a half layer), then shared read-only as the lower
-layer of every sandbox of that template. Build progress is logged line by line and exposed through
-`status()` for GET /v1/templates. The full template system (user images, snapshots of booted
-templates) grows from `Recipe`. Called by worker.service.
+A template recipe (suite, packages, post-build files) hashes to the layer key `<name>-<hash>`
+(`<template_dir>/layers/<name>-<hash>/fs`); it is built once with mmdebstrap into the cache's
+temporary directory under the key's lock (renamed when complete, so a crash never leaves a half
+layer), then shared read-only as the bottom layer of every sandbox of that template and of the user
+templates built FROM it. A layer an older version kept at `<template_dir>/<hash>/rootfs` is adopted
+by hard links instead of built again. Build progress is logged line by line and exposed through
+`status()` for GET /v1/templates. Called by worker.service and worker.images.builder.
 
 Every layer's login profile is edited to start no programs (login_profile.py), and every layer
 also gets atoll's compatibility shim (compat/atoll-compat.c, compiled on the host with
@@ -16,7 +18,6 @@ rejects; the shim's source is part of the layer's content hash.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import functools
 import hashlib
 import json
@@ -24,11 +25,15 @@ import logging
 import os
 import shutil
 import time
+import typing
 from dataclasses import asdict, dataclass, field
 
 from atoll.core import errors
 from atoll.worker.host import hostcmd
 from atoll.worker.images import login_profile
+
+if typing.TYPE_CHECKING:
+    from atoll.worker.images.layers import LayerStore
 
 log = logging.getLogger(__name__)
 
@@ -101,26 +106,36 @@ class BuildStatus:
 
 
 class TemplateStore:
-    def __init__(self, directory: str, mirror: str):
+    def __init__(self, directory: str, mirror: str, layer_store: LayerStore):
         self.dir = directory
         self.mirror = mirror
+        self.layers = layer_store
         os.makedirs(self.dir, mode=0o700, exist_ok=True)  # layers hold setuid programs: owner only
         self._locks: dict[str, asyncio.Lock] = {}
         self._status: dict[str, BuildStatus] = {}
         for r in RECIPES.values():
             st = BuildStatus(name=r.name, hash=r.content_hash())
-            man = self._manifest_path(r)
-            if os.path.exists(man):
-                with open(man) as f:
-                    m = json.load(f)
-                st.status, st.built_at, st.size_bytes = "ready", m.get("built_at"), m.get("size_bytes")
             self._status[r.name] = st
+            self._read_layer(r, st)
 
-    def _layer_dir(self, r: Recipe) -> str:
-        return os.path.join(self.dir, r.content_hash())
+    def key(self, r: Recipe) -> str:
+        """The recipe's layer key in the layer cache (the bottom of user templates FROM it)."""
+        return f"{r.name}-{r.content_hash()}"
 
-    def _manifest_path(self, r: Recipe) -> str:
-        return os.path.join(self._layer_dir(r), "manifest.json")
+    def _read_layer(self, r: Recipe, st: BuildStatus) -> bool:
+        try:
+            with open(os.path.join(self.layers.dir, self.key(r), "layer.json")) as f:
+                m = json.load(f)
+        except (OSError, ValueError):
+            return False
+        st.status, st.progress = "ready", "ready"
+        st.built_at, st.size_bytes = m.get("made_at"), m.get("size_bytes")
+        return True
+
+    def _legacy_rootfs(self, r: Recipe) -> str | None:
+        """The layer as versions before the one layer cache kept it, if complete."""
+        old = os.path.join(self.dir, r.content_hash())
+        return os.path.join(old, "rootfs") if os.path.exists(os.path.join(old, "manifest.json")) else None
 
     def recipe(self, name: str) -> Recipe:
         try:
@@ -134,8 +149,8 @@ class TemplateStore:
         out = []
         for r in RECIPES.values():
             st = self._status[r.name]
-            if st.status != "ready" and os.path.exists(self._manifest_path(r)):
-                st.status, st.progress = "ready", "ready"  # built by another installation sharing the dir
+            if st.status != "ready":
+                self._read_layer(r, st)  # built by another installation sharing the dir
             out.append(
                 {
                     "name": r.name,
@@ -154,40 +169,38 @@ class TemplateStore:
     async def ensure(self, name: str) -> str:
         """Return the template's read-only rootfs path, building it first if needed."""
         r = self.recipe(name)
-        rootfs = os.path.join(self._layer_dir(r), "rootfs")
-        if os.path.exists(self._manifest_path(r)):
-            return rootfs
-        lock = self._locks.setdefault(r.name, asyncio.Lock())
-        async with lock:
-            if not os.path.exists(self._manifest_path(r)):
-                # Installations may share a template dir: one builds, the others wait for it.
-                fd = os.open(
-                    os.path.join(self.dir, f".lock-{r.content_hash()}"), os.O_CREAT | os.O_RDWR, 0o644
-                )
-                try:
-                    await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
-                    if not os.path.exists(self._manifest_path(r)):
-                        await self._build(r)
+        key = self.key(r)
+        if self.layers.exists(key):
+            return self.layers.path(key)
+        async with self._locks.setdefault(r.name, asyncio.Lock()):
+            # Installations may share a template dir: one builds, the others wait for it (the
+            # layer cache's lock of the key) and find it made.
+            async with self.layers.making(key) as fs:
+                if fs is not None:
+                    legacy = self._legacy_rootfs(r)
+                    if legacy is not None:
+                        await hostcmd.run("cp", "-al", legacy + "/.", fs + "/", timeout=600)
+                        log.info("template %s: adopted the layer an older version built (%s)", r.name, legacy)
                     else:
-                        self._status[r.name].status = "ready"
-                finally:
-                    os.close(fd)
-        return rootfs
+                        await self._build(r, fs)
+                    self.layers.commit(
+                        key, fs, f"{r.name}: mmdebstrap {r.suite} {r.variant} ({r.description})"
+                    )
+            self._read_layer(r, self._status[r.name])
+        return self.layers.path(key)
 
-    async def _build(self, r: Recipe) -> None:
+    async def _build(self, r: Recipe, rootfs: str) -> None:
+        """mmdebstrap and atoll's additions into the empty directory `rootfs`."""
         st = self._status[r.name]
         st.status, st.error, st.started_at, st.lines = "building", None, time.time(), []
         h = r.content_hash()
-        tmp = os.path.join(self.dir, f".build-{h}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
         argv = [
             "mmdebstrap",
             f"--variant={r.variant}",
             f"--include={','.join(r.packages)}",
             "--verbose",
             r.suite,
-            os.path.join(tmp, "rootfs"),
+            rootfs,
             self.mirror,
         ]
         log.info("template %s: building layer %s with mmdebstrap (first use; ~30-60 s)", r.name, h)
@@ -208,28 +221,16 @@ class TemplateStore:
         if rc != 0:
             st.status = "failed"
             st.error = f"mmdebstrap exited {rc}: " + " | ".join(st.lines[-5:])
-            shutil.rmtree(tmp, ignore_errors=True)
             raise errors.RuntimeFailure(
                 f"building template {r.name!r} failed: {st.error}. Check that Debian's mirror "
                 f"{self.mirror} is reachable (set ATOLL_DEBIAN_MIRROR) and retry."
             )
         try:
-            await _customize(os.path.join(tmp, "rootfs"))
+            await _customize(rootfs)
         except errors.RuntimeFailure as e:
             st.status, st.error = "failed", f"{e.message} {e.detail or ''}".strip()
-            shutil.rmtree(tmp, ignore_errors=True)
             raise
-        size = _du(os.path.join(tmp, "rootfs"))
-        with open(os.path.join(tmp, "manifest.json"), "w") as f:
-            json.dump(
-                {"name": r.name, "hash": h, "recipe": asdict(r), "built_at": time.time(), "size_bytes": size},
-                f,
-            )
-        final = self._layer_dir(r)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        st.status, st.built_at, st.size_bytes, st.progress = "ready", time.time(), size, "ready"
-        log.info("template %s: ready (%d MB, %.0fs)", r.name, size // 2**20, time.time() - st.started_at)
+        log.info("template %s: layer %s built in %.0fs", r.name, h, time.time() - st.started_at)
 
 
 async def _customize(rootfs: str) -> None:

@@ -5,7 +5,7 @@
 the namespace pair concurrently, writes the bundle, and either restores the template image it is
 given (then tells the agent its own identity) or boots cold; a failed image restore falls back to a
 cold boot in a new generation. `delete` runs `runsc delete` in its own session and then removes by
-name whatever it left (worker.sweep). Called by worker.node and worker.template_images; the tiers
+name whatever it left (worker.sweep). Called by worker.node and worker.builder; the tiers
 module uses `write_bundle`, `limit_cpu` and `discard_container`.
 """
 

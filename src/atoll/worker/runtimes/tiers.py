@@ -11,7 +11,7 @@ disk:   thaw if frozen, ask the checkpoint gate (a failed checkpoint kills the s
         half-restored runtime away and leaves the sandbox checkpointed, image and files kept
         (ResumeFailed: the control plane decides whether to try again).
 `pause` answers a `PauseOutcome` (tier reached and why); nothing here decides *when* (the control
-plane's policy does). Called by worker.node, worker.pressure and worker.template_images.
+plane's policy does). Called by worker.node, worker.pressure and worker.builder.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the count of calls in flight (a sandbox with calls is not paused or compacted), 
 control plane, and the monitor loop (host task pressure every MONITOR_EVERY_S, usage every
 USAGE_EVERY_S, reconciliation every `reconcile_s`, template status changes).
 
-    templates ─▶ template_images ─▶ sandboxes, tiers ─▶ guest, liveness, runtime, snapshots
+    templates, layers ─▶ builder ─▶ sandboxes, tiers ─▶ guest, liveness, runtime, snapshots
     recovery (reattach, reconcile) and pressure sit beside them; node is the only caller of all.
 
 Used in-process by `atoll up` and behind worker.httpapi by `atoll worker`.
@@ -37,7 +37,6 @@ from atoll.worker.host import agent_pack, bundle, cgroups, storage, sweep, trust
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layers, templates
 from atoll.worker.images.builder import Builder
-from atoll.worker.images.template_images import TemplateImages
 from atoll.worker.runtimes import forks
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
@@ -188,7 +187,9 @@ class Node:
         if settings.sandbox_ca_file:
             with open(settings.sandbox_ca_file, encoding="ascii", errors="replace") as f:
                 self.sandbox_ca_pem = trust.certificates(f.read(8 * 1024 * 1024))
-        self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror)
+        self.layers = layers.LayerStore(settings.templates)
+        """The one layer cache: built-in templates' root file systems and user templates' steps."""
+        self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror, self.layers)
         self.runtimes = RuntimeStore(settings.home, self.install_id)
         self.hub = EventHub(
             lambda: [
@@ -215,25 +216,16 @@ class Node:
         self.tiers = Tiers(
             self.runtimes, self.guest, self.liveness, self.sandboxes, self.snapshots, self._spawn
         )
-        self.images = TemplateImages(
+        self.builder = Builder(
             settings.home,
-            self.templates,
+            self.layers,
+            self._builtin_rootfs,
             self.runtimes,
             self.sandboxes,
             self.tiers,
             self.guest,
             self._delete_runtime,
             self._spawn,
-        )
-        self.builder = Builder(
-            settings.home,
-            layers.LayerStore(settings.templates),
-            self._base_rootfs,
-            self.runtimes,
-            self.sandboxes,
-            self.tiers,
-            self.guest,
-            self._delete_runtime,
             lambda info: self.hub.emit(api.BuildChanged(info)),
             build_network={"allow_out": list(settings.build_allow_out)},
             build_env=settings.build_env(),
@@ -278,10 +270,10 @@ class Node:
 
     def _busy(self, sid: str) -> bool:
         lock = self._locks.get(sid)
-        return bool(lock and lock.locked()) or sid in self.images.temporary or sid in self.builder.temporary
+        return bool(lock and lock.locked()) or sid in self.builder.temporary
 
     def _building(self, sid: str) -> bool:
-        return sid in self.images.temporary or sid in self.builder.temporary
+        return sid in self.builder.temporary
 
     def _idle(self, sid: str) -> bool:
         return not self._inflight.get(sid) and not self._busy(sid)
@@ -375,7 +367,7 @@ class Node:
             if self.s.template_snapshots:
                 self._preparing[name] = "making the template image"
                 self._emit_templates()
-                await self.images.prepare(name, self.s.default_memory_mb)
+            await self.builder.prepare_builtin(name, self.s.default_memory_mb, self.s.template_snapshots)
         except errors.AtollError as e:
             log.warning("template %s could not be prepared: %s", name, e.message)
         finally:
@@ -384,10 +376,9 @@ class Node:
 
     async def aclose(self) -> None:
         """Stop talking to sandboxes (they keep running). Waits briefly for background clean-ups;
-        template images still being made are abandoned (their sandboxes are deleted)."""
+        builds and snapshots still being made are abandoned (their sandboxes are deleted)."""
         for t in self._loops:
             t.cancel()
-        await self.images.aclose()
         await self.builder.aclose()
         for t in self._loops:
             with contextlib.suppress(BaseException):
@@ -525,30 +516,27 @@ class Node:
             tunnel_port=self.tunnel_port,
         )
 
-    async def _base_rootfs(self) -> tuple[str, str]:
-        """The `base` template's layer as a user template's bottom: (content key, path)."""
-        return "base-" + self.templates.recipe("base").content_hash(), await self.templates.ensure("base")
+    async def _builtin_rootfs(self, name: str) -> tuple[str, str]:
+        """A built-in template's layer, the bottom of its build and of user templates FROM it:
+        (content key, path)."""
+        return self.templates.key(self.templates.recipe(name)), await self.templates.ensure(name)
 
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         sid = spec.sandbox_id
         _check_spec(spec)
-        build = self.builder.get(spec.build_id) if spec.build_id else None
-        if build is None:
+        if spec.build_id:
+            build = self.builder.get(spec.build_id)
+        else:
             self.templates.recipe(spec.template)  # 404 template_not_found before any work
+            build = await self.builder.builtin(spec.template, self.s.default_memory_mb)
         t0 = time.perf_counter()
         async with self._lock(sid):
             if self.runtimes.find(sid) is not None:
                 raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
-            seed_upper, start_mode = None, ""
-            if build is not None:
-                lower = build.lower
-                found = self.builder.image(build, spec.memory_mb) if self.s.template_snapshots else None
-                image, seed_upper, start_mode = found if found else (None, None, "")
-                env = {**build.env, **spec.env}
-            else:
-                lower = await self.templates.ensure(spec.template)
-                image = self.images.find(spec.template, spec.memory_mb) if self.s.template_snapshots else None
-                env = dict(spec.env)
+            lower = build.lower
+            found = self.builder.image(build, spec.memory_mb) if self.s.template_snapshots else None
+            image, seed_upper, start_mode = found if found else (None, None, "")
+            env = {**build.env, **spec.env}
             trust_pem = trust.combine(spec.trust_pem, self.sandbox_ca_pem)
             if trust_pem:
                 for k, v in trust.ENV.items():
@@ -565,20 +553,16 @@ class Node:
                 trust_pem=trust_pem,
                 build_id=spec.build_id,
                 lower=lower,
-                workdir=build.workdir if build is not None else None,
+                workdir=build.workdir,
             )
-            if build is not None and not spec.user:
+            if not spec.user:
                 rt.user = build.user
             self.edge.set_secrets(sid, spec.secrets)
             try:
                 how = await self.sandboxes.start(rt, lower, image, seed_upper)
-                if build is not None and how == "cold boot":
+                if how == "cold boot":
                     await self.builder.prepare_boot(sid, build)
-                if (
-                    build is not None
-                    and build.start
-                    and (how == "cold boot" or start_mode == "after_restore")
-                ):
+                if build.start and (how == "cold boot" or start_mode == "after_restore"):
                     await self.builder.start_command(sid, build)  # its snapshot does not hold it running
             except BaseException:
                 self.edge.set_secrets(sid, ())

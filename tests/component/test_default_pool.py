@@ -1,0 +1,78 @@
+"""The built-in `base` template's pool (ATOLL_DEFAULT_POOL) on the control plane, over a FakeWorker:
+it fills, counts against the worker's memory, serves a create that names no template, and a create
+it cannot serve restores instead; its size is the server's setting, not PUT's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from atoll.controlplane import settings
+from atoll.core import config
+from atoll.testing import FakeAtoll
+from tests.component.conftest import KEY
+
+
+async def _pool(c, want) -> dict:
+    for _ in range(300):
+        pool = (await c.get("/v1/templates/base/pool")).json()
+        if want(pool):
+            return pool
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the base pool never got there: {pool}")
+
+
+async def test_the_default_pool_fills_and_a_default_create_claims_from_it(tmp_path):
+    async with FakeAtoll(tmp_path, api_key=KEY, default_pool=2) as fake:
+        c = fake.http
+        pool = await _pool(c, lambda p: p["ready"] == 2)
+        assert (pool["min"], pool["max"], pool["desired"], pool["memory_mb"]) == (2, 2, 2, 512), pool
+        assert pool["claimed"] == 0 and pool["build_id"] is None, pool
+        assert (await c.get("/v1/sandboxes")).json()["items"] == []  # pooled sandboxes are not listed
+        pooled = {r.id for r in fake.manager.live() if r.pooled}
+        assert len(pooled) == 2
+        # frozen in the memory tier: they hold their worker's memory
+        worker = (await c.get("/v1/workers")).json()["items"][0]
+        assert worker["allocated"]["memory_mb"] == 2 * 512, worker
+
+        r = await c.post("/v1/sandboxes", json={"env": {"WHO": "me"}, "idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        sb = r.json()
+        assert sb["id"] in pooled and sb["template"] == "base" and sb["state"] == "running", sb
+        assert ("claim", sb["id"]) in fake.worker.calls
+        assert fake.worker.runtimes[sb["id"]].spec.env["WHO"] == "me"
+        assert (await c.get("/v1/templates/base/pool")).json()["claimed"] == 1
+
+        # what a pool member cannot give: another memory size, a disk size of its own
+        for body in ({"memory_mb": 256}, {"disk_mb": 2048}):
+            r = await c.post("/v1/sandboxes", json={**body, "idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            assert r.json()["id"] not in pooled, body
+        assert (await c.get("/v1/templates/base/pool")).json()["claimed"] == 1
+        await _pool(c, lambda p: p["ready"] == 2)  # refilled after the claim
+
+        r = await c.put("/v1/templates/base/pool", json={"min": 5, "max": 5})
+        assert r.status_code == 400 and "ATOLL_DEFAULT_POOL" in r.json()["error"]["message"], r.text
+
+
+async def test_without_a_default_pool_base_has_none(fake):
+    c = fake.http
+    await asyncio.sleep(0.3)  # a few keeper passes
+    pool = (await c.get("/v1/templates/base/pool")).json()
+    assert (pool["min"], pool["max"], pool["desired"], pool["ready"], pool["starting"]) == (0, 0, 0, 0, 0)
+    assert not any(r.pooled for r in fake.manager.live())
+    r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+    assert r.status_code == 201 and ("claim", r.json()["id"]) not in fake.worker.calls
+
+
+@pytest.mark.parametrize("raw", ["x", "-1", "2.5", "201"])
+def test_a_bad_default_pool_is_refused_at_start_naming_the_variable(raw, tmp_path):
+    with pytest.raises(config.SettingsError) as e:
+        settings.load({"ATOLL_DEFAULT_POOL": raw, "ATOLL_HOME": str(tmp_path)})
+    assert "ATOLL_DEFAULT_POOL" in str(e.value) and raw.lstrip("-") in str(e.value)
+
+
+def test_the_default_pool_is_two_and_zero_turns_it_off(tmp_path):
+    assert settings.load({"ATOLL_HOME": str(tmp_path)}).default_pool == 2
+    assert settings.load({"ATOLL_HOME": str(tmp_path), "ATOLL_DEFAULT_POOL": "0"}).default_pool == 0
