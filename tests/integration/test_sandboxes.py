@@ -100,6 +100,7 @@ def test_exec_timeout_kills_tree(api, sandbox):
     assert "sleep 300" not in ps, ps
 
 
+@pytest.mark.seam
 def test_exec_streaming(api, sandbox):
     sid = sandbox["id"]
     body = {"cmd": "for i in 1 2 3; do echo line$i; sleep 0.2; done; echo e >&2; exit 4"}
@@ -121,6 +122,7 @@ def test_exec_streaming(api, sandbox):
     )
 
 
+@pytest.mark.seam
 def test_background_processes(api, sandbox):
     sid = sandbox["id"]
     r = run(api, sid, "sleep 1000", background=True)
@@ -142,6 +144,7 @@ def test_background_processes(api, sandbox):
     assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found"
 
 
+@pytest.mark.seam
 def test_files_roundtrip_and_errors(api, sandbox):
     sid = sandbox["id"]
     data = bytes(range(256)) * 1000
@@ -205,6 +208,7 @@ def test_dns_never_leaves_the_sandbox(api, sandbox):
     assert r["stdout"].startswith("no"), r
 
 
+@pytest.mark.seam
 def test_memory_and_cpu_limits(api):
     r = api.post("/v1/sandboxes", json={"memory_mb": 128, "cpus": 0.5, "idle_timeout_s": 0})
     assert r.status_code == 201, r.text
@@ -231,6 +235,7 @@ def test_memory_and_cpu_limits(api):
         api.delete(f"/v1/sandboxes/{sid}")
 
 
+@pytest.mark.seam
 def test_a_sandbox_dying_during_a_streamed_exec_ends_the_stream(api):
     # The headers are sent before the sandbox dies (host OOM killer): the stream must still end,
     # with an in-band error line, rather than stay open until the caller gives up.
