@@ -93,6 +93,18 @@ def sandbox(api):
     api.delete(f"/v1/sandboxes/{sb['id']}")
 
 
+@pytest.fixture(scope="module")
+def shared_sandbox(api):
+    """One running sandbox for a module's read-only tests, deleted after the module: a test takes it
+    instead of `sandbox` only if it changes nothing another test could observe (no files another
+    test reads, no processes left running, no standby, no limits, no kills)."""
+    r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"test": "shared"}})
+    assert r.status_code == 201, r.text
+    sb = r.json()
+    yield sb
+    api.delete(f"/v1/sandboxes/{sb['id']}")
+
+
 def run(api, sid, cmd, **kw):
     r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd, **kw})
     assert r.status_code == 200, r.text

@@ -307,8 +307,8 @@ EVIL = {
 
 
 @pytest.mark.parametrize("name", list(EVIL))
-def test_hostile_tar_is_refused_whole(api, sandbox, name):
-    sid = sandbox["id"]
+def test_hostile_tar_is_refused_whole(api, shared_sandbox, name):
+    sid = shared_sandbox["id"]
     target = f"/dst/{name}"
     r = api.put(f"/v1/sandboxes/{sid}/files/tar", params={"path": target}, content=_tar(EVIL[name], gz=True))
     msg = _err(r, 400, "invalid_request")

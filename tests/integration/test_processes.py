@@ -147,8 +147,8 @@ def test_bad_process_input(api, sandbox):
     assert api.delete(f"{base}/{pid}").status_code == 204  # DELETE keeps working
 
 
-def test_bash_login_shell_conventions(api, sandbox):
-    sid = sandbox["id"]
+def test_bash_login_shell_conventions(api, shared_sandbox):
+    sid = shared_sandbox["id"]
     out = run(
         api,
         sid,
