@@ -1,9 +1,14 @@
 """Shared test configuration: markers, the template cache shared by every test installation, and the
 session-wide real atoll (integration and e2e tiers) with fixtures that reap what they start.
 
-`atoll_server` is a real `atoll up`; in the modules listed in BOTH_DEPLOYMENTS every test using it
-runs twice: against `atoll up` and against `atoll server` + one separate `atoll worker`
-(LocalCluster), since every route and SDK/CLI call must behave the same in both."""
+`atoll_server` is a real `atoll up`. A test that crosses the control plane <-> worker seam in a way
+the split can break (streams, tunnels, terminals, disconnects, large bodies, error mapping,
+standby/resume driven over the seam) opts in with the `seam` marker (on the test, or in its module's
+`pytestmark`): it then runs twice, against `atoll up` and against `atoll server` + one separate
+`atoll worker` (LocalCluster). Everything else runs against `atoll up` only, so a new module costs
+one deployment by default; the guest agent's own behaviour is the same behind either.
+tests/integration/test_split_routes.py walks every REST route through the split, so that no route
+goes untested there, and tests/integration/test_split.py covers the split's own failure modes."""
 
 from __future__ import annotations
 
@@ -31,21 +36,15 @@ def _skip_unless_root():
         pytest.skip("integration tests need root and runsc (run `make test`, which installs them)")
 
 
-BOTH_DEPLOYMENTS = (
-    "tests/e2e/",
-    "test_sandboxes.py",
-    "test_standby.py",
-    "test_errors.py",
-    "test_output_limits.py",
-    "test_files_api.py",
-    "test_pty.py",
-    "test_processes.py",
-)
-
-
 def pytest_generate_tests(metafunc):
-    path = str(metafunc.definition.path)
-    if "atoll_server" in metafunc.fixturenames and any(part in path for part in BOTH_DEPLOYMENTS):
+    # The explicit opt-in: only `seam` tests run in both deployments (see the module docstring).
+    # A `slow` test runs once, against `atoll up`, even when it is marked `seam` too.
+    d = metafunc.definition
+    if (
+        "atoll_server" in metafunc.fixturenames
+        and d.get_closest_marker("seam")
+        and not d.get_closest_marker("slow")
+    ):
         metafunc.parametrize("atoll_server", ["up", "split"], indirect=True, scope="session")
 
 
@@ -88,6 +87,18 @@ def api(atoll_server):
 def sandbox(api):
     """A fresh running sandbox (auto-standby disabled), deleted afterwards."""
     r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"test": "fixture"}})
+    assert r.status_code == 201, r.text
+    sb = r.json()
+    yield sb
+    api.delete(f"/v1/sandboxes/{sb['id']}")
+
+
+@pytest.fixture(scope="module")
+def shared_sandbox(api):
+    """One running sandbox for a module's read-only tests, deleted after the module: a test takes it
+    instead of `sandbox` only if it changes nothing another test could observe (no files another
+    test reads, no processes left running, no standby, no limits, no kills)."""
+    r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"test": "shared"}})
     assert r.status_code == 201, r.text
     sb = r.json()
     yield sb

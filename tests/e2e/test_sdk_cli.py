@@ -21,6 +21,7 @@ def client(atoll_server):
         yield c
 
 
+@pytest.mark.seam
 def test_sdk_sync_flow(client):
     sb = client.sandboxes.create(
         template="base", env={"A": "1"}, metadata={"suite": "e2e"}, idle_timeout_s=0, memory_mb=512, cpus=1
@@ -64,6 +65,7 @@ def test_sdk_sync_flow(client):
         client.sandboxes.create(template="no-such-template")
 
 
+@pytest.mark.seam
 async def test_sdk_async_flow(atoll_server):
     async with atoll.AsyncClient(base_url=atoll_server.url, api_key=atoll_server.api_key) as c:
         sb = await c.sandboxes.create(idle_timeout_s=0)

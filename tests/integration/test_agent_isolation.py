@@ -181,8 +181,8 @@ def test_a_fork_bomb_does_not_lose_its_sandbox(api, sandbox):
     assert api.get(f"/v1/sandboxes/{sid}").json()["failure_reason"] is None
 
 
-def test_sandbox_id_in_every_process(api, sandbox):
-    sid = sandbox["id"]
+def test_sandbox_id_in_every_process(api, shared_sandbox):
+    sid = shared_sandbox["id"]
     out = run(api, sid, "echo $ATOLL_SANDBOX_ID; tr '\\0' '\\n' < /proc/1/environ | grep ^ATOLL_SANDBOX_ID=")
     assert out["stdout"] == f"{sid}\nATOLL_SANDBOX_ID={sid}\n", out
     out = run(api, sid, "echo $ATOLL_SANDBOX_ID", env={"ATOLL_SANDBOX_ID": "sb-forged0000000000"})

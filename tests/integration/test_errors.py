@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.seam]
 
 
 def _err(r: httpx.Response, status: int | tuple, code: str) -> dict:

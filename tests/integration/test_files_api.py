@@ -125,6 +125,7 @@ def _collect(watch, n: int, until: float) -> list:
     return out
 
 
+@pytest.mark.seam
 def test_watch_sees_what_a_command_writes(api, sdk, sandbox):
     sid = sandbox["id"]
     sb = sdk.sandboxes.get(sid)
@@ -163,6 +164,7 @@ def test_watch_sees_what_a_command_writes(api, sdk, sandbox):
     assert (first[0].type, first[0].path) == ("create", "/watched/top.txt")
 
 
+@pytest.mark.seam
 def test_watch_ends_inside_the_sandbox_when_the_client_leaves(api, atoll_server, sandbox):
     """Ten watches opened and dropped without reading to the end: the agent still answers, and a
     new watch still works (leaked inotify instances or threads would pile up and fail it)."""
@@ -195,6 +197,7 @@ def test_watch_ends_inside_the_sandbox_when_the_client_leaves(api, atoll_server,
     assert [(e["type"], e["path"]) for e in lines] == [("ready", "/w2"), ("create", "/w2/after")]
 
 
+@pytest.mark.seam
 def test_an_open_watch_is_activity(api, sdk):
     sid = api.post("/v1/sandboxes", json={"idle_timeout_s": 1, "disk_after_s": 0}).json()["id"]
     try:
@@ -229,6 +232,7 @@ def _tree(root: str) -> dict:
     return out
 
 
+@pytest.mark.seam
 def test_tar_round_trip_of_a_tree(api, sdk, sandbox, tmp_path):
     sid = sandbox["id"]
     sb = sdk.sandboxes.get(sid)
@@ -303,8 +307,8 @@ EVIL = {
 
 
 @pytest.mark.parametrize("name", list(EVIL))
-def test_hostile_tar_is_refused_whole(api, sandbox, name):
-    sid = sandbox["id"]
+def test_hostile_tar_is_refused_whole(api, shared_sandbox, name):
+    sid = shared_sandbox["id"]
     target = f"/dst/{name}"
     r = api.put(f"/v1/sandboxes/{sid}/files/tar", params={"path": target}, content=_tar(EVIL[name], gz=True))
     msg = _err(r, 400, "invalid_request")
@@ -313,6 +317,7 @@ def test_hostile_tar_is_refused_whole(api, sandbox, name):
     assert "inside" not in out["stdout"] and "outside" not in out["stdout"], out
 
 
+@pytest.mark.seam
 def test_tar_upload_into_an_existing_tree_and_bad_bodies(api, sandbox):
     sid = sandbox["id"]
     run(api, sid, "mkdir -p /ex/keep && echo old > /ex/keep/old.txt && ln -s /etc /ex/etc-link")

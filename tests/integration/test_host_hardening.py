@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from atoll.testing import LocalAtoll
 from tests.conftest import TEMPLATE_CACHE
 from tests.integration.conftest import client as _client
 from tests.integration.conftest import exec_ok as _exec
@@ -92,17 +93,28 @@ def _wait_gone(la, sid: str, timeout: float = 60) -> list[str]:
     return left
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One running installation for the tests that never stop it (each works on sandboxes of its
+    own); the tests that stop, restart or purge an installation take `local`, their own."""
+    la = LocalAtoll(
+        home=tmp_path_factory.mktemp("hardening") / "home", env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE}
+    )
+    la.start(timeout=600)
+    yield la
+    la.stop(reap=True)
+
+
 # ---- item 1: nothing a sandbox writes is setuid (or a device) on the host -------------------------
 
 
-def test_a_setuid_file_written_in_a_sandbox_is_not_setuid_on_the_host(local):
-    local.start(timeout=600)
-    with _client(local) as c:
+def test_a_setuid_file_written_in_a_sandbox_is_not_setuid_on_the_host(shared):
+    with _client(shared) as c:
         sid = _create(c)
         _exec(c, sid, "cp /bin/bash /etc/sbash && chmod 4755 /etc/sbash")
         r = c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
         assert r.json()["standby_tier"] == "disk", r.text  # the upper layer is what is on disk
-    sbx = os.path.join(local.home, "sandboxes", sid)
+    sbx = os.path.join(shared.home, "sandboxes", sid)
     for mp in ("upper", "rootfs"):
         opts = _mount_options(os.path.join(sbx, mp))
         assert {"nosuid", "nodev"} <= opts, (mp, opts)
@@ -118,17 +130,16 @@ def test_a_setuid_file_written_in_a_sandbox_is_not_setuid_on_the_host(local):
         assert p.stdout.split() == ["65534", "65534"], (
             f"{path}: euid/uid {p.stdout.split()} (setuid took effect)"
         )
-    with _client(local) as c:  # the sandbox still works from its nosuid,nodev layers, modes intact
+    with _client(shared) as c:  # the sandbox still works from its nosuid,nodev layers, modes intact
         mode = "python3 -c 'import os, stat; print(stat.filemode(os.stat(\"/etc/sbash\").st_mode))'"
         assert _exec(c, sid, f"/etc/sbash -c 'echo ok' && {mode}")["stdout"] == "ok\n-rwsr-xr-x\n"
 
 
-def test_other_host_users_cannot_reach_the_home(local):
-    local.start(timeout=600)
-    with _client(local) as c:
+def test_other_host_users_cannot_reach_the_home(shared):
+    with _client(shared) as c:
         sid = _create(c)
         _exec(c, sid, "echo secret > /root/s")
-    home = local.home
+    home = shared.home
     sbx = os.path.join(home, "sandboxes", sid)
     for target in (home, sbx, os.path.join(sbx, "upper", "upper", "root")):
         p = subprocess.run([*NOBODY, "ls", target], capture_output=True, text=True)
@@ -190,19 +201,18 @@ def test_delete_right_before_a_stop_leaves_nothing_running(local):
         assert c.get(f"/v1/sandboxes/{sid}").status_code == 404
 
 
-def test_delete_kills_the_sandbox_when_runsc_lost_track_of_it(local):
+def test_delete_kills_the_sandbox_when_runsc_lost_track_of_it(shared):
     """`runsc delete` cannot stop a sandbox whose runsc state is gone: the delete finds the sentry
     and gofer by their command lines and kills them by pid."""
-    local.start(timeout=600)
-    with _client(local) as c:
+    with _client(shared) as c:
         sid = _create(c)
-        name = f"atoll-{_install_id(local)}-{sid[3:]}"
-        for p in glob.glob(os.path.join(local.home, "runsc", f"{name}-*")):
+        name = f"atoll-{_install_id(shared)}-{sid[3:]}"
+        for p in glob.glob(os.path.join(shared.home, "runsc", f"{name}-*")):
             os.unlink(p)
-        assert [x for x in _leftovers(local, sid) if x.startswith("process")]
+        assert [x for x in _leftovers(shared, sid) if x.startswith("process")]
         assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
-        assert _wait_gone(local, sid) == []
-    assert "runsc delete left" in local.tail(200)
+        assert _wait_gone(shared, sid) == []
+    assert "runsc delete left" in shared.tail(200)
 
 
 def test_start_removes_sandboxes_no_record_owns(local):

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.seam]
 
 MIB = 1024 * 1024
 DEFAULT_CAP = MIB  # ATOLL_MAX_EXEC_OUTPUT_KB's default, per stream

@@ -57,6 +57,7 @@ def _read_until(api, sid, pid, needle: str, offset: int = 0, timeout: float = 20
     return text, offset
 
 
+@pytest.mark.seam
 def test_exec_with_stdin(api, sandbox):
     sid = sandbox["id"]
     assert run(api, sid, "cat", stdin="hello\nsandbox\n")["stdout"] == "hello\nsandbox\n"
@@ -72,6 +73,7 @@ def test_exec_with_stdin(api, sandbox):
     assert run(api, sid, "cat")["stdout"] == ""  # without stdin: /dev/null, as before
 
 
+@pytest.mark.seam
 def test_a_repl_fed_line_by_line_with_output_from_offsets_and_reattach(api, sandbox):
     sid = sandbox["id"]
     pid = _start(api, sid, cmd=["python3", "-u", "-c", REPL])
@@ -102,6 +104,7 @@ def test_a_repl_fed_line_by_line_with_output_from_offsets_and_reattach(api, sand
     _error(api.post(f"/v1/sandboxes/{sid}/processes/{pid}/stdin", content=b"2+2\n"), 409, "process_exited")
 
 
+@pytest.mark.seam
 def test_signal_term_to_a_trapping_bash_script_and_wait(api, sandbox):
     sid = sandbox["id"]
     script = "trap 'echo caught TERM; exit 42' TERM; echo armed; while true; do sleep 0.1; done"
@@ -120,6 +123,7 @@ def test_signal_term_to_a_trapping_bash_script_and_wait(api, sandbox):
     assert out[-1]["exit_code"] == 42
 
 
+@pytest.mark.seam
 def test_bad_process_input(api, sandbox):
     sid = sandbox["id"]
     pid = _start(api, sid, cmd=["sleep", "60"])
@@ -143,8 +147,8 @@ def test_bad_process_input(api, sandbox):
     assert api.delete(f"{base}/{pid}").status_code == 204  # DELETE keeps working
 
 
-def test_bash_login_shell_conventions(api, sandbox):
-    sid = sandbox["id"]
+def test_bash_login_shell_conventions(api, shared_sandbox):
+    sid = shared_sandbox["id"]
     out = run(
         api,
         sid,
@@ -229,6 +233,7 @@ def test_sdk_process_handles(atoll_server, sandbox):
             proc.send_stdin("late\n")
 
 
+@pytest.mark.seam
 def test_cli_exec_forwards_stdin(atoll_server, sandbox):
     env = {**os.environ, "ATOLL_URL": atoll_server.url, "ATOLL_API_KEY": atoll_server.api_key}
     cli = [os.path.join(os.path.dirname(sys.executable), "atoll")]
@@ -260,6 +265,7 @@ def test_cli_exec_forwards_stdin(atoll_server, sandbox):
     assert code.returncode == 7
 
 
+@pytest.mark.seam
 def test_a_reader_at_a_dropped_offset_is_told(api, sandbox):
     sid = sandbox["id"]
     pid = _start(api, sid, cmd=["python3", "-c", "import sys; sys.stdout.write('x' * 5_000_000 + 'END')"])
@@ -274,6 +280,7 @@ def test_a_reader_at_a_dropped_offset_is_told(api, sandbox):
     assert len(text) == kept and text.endswith("xEND") and lines[-1]["offset"] == total
 
 
+@pytest.mark.seam
 def test_a_sandbox_is_not_frozen_under_a_follower(api):
     """Idle timeout 1 s, a follow of 4 s: never standby meanwhile (the control plane holds activity
     and the worker counts the stream in flight), standby soon after it ended."""

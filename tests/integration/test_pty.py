@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 
 from tests.integration.conftest import run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.seam]
 
 
 def _open(api, sid, **body) -> str:

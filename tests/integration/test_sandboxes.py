@@ -48,10 +48,10 @@ def test_create_get_list_delete(api, atoll_server):
     assert not os.path.exists(sbx_dir), "delete must remove the sandbox's upper dir and images"
 
 
-def test_base_template_contents(api, sandbox):
+def test_base_template_contents(api, shared_sandbox):
     out = run(
         api,
-        sandbox["id"],
+        shared_sandbox["id"],
         "python3 -c 'import venv, ssl; print(1)' && pip --version >/dev/null && "
         "bash --version >/dev/null && git --version >/dev/null && curl --version >/dev/null && "
         "ps --version >/dev/null && test -s /etc/ssl/certs/ca-certificates.crt && echo ok",
@@ -60,8 +60,8 @@ def test_base_template_contents(api, sandbox):
     assert out["stdout"].strip().endswith("ok")
 
 
-def test_exec_forms_and_exit_codes(api, sandbox):
-    sid = sandbox["id"]
+def test_exec_forms_and_exit_codes(api, shared_sandbox):
+    sid = shared_sandbox["id"]
     r = run(
         api, sid, ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"]
     )
@@ -81,17 +81,17 @@ def test_exec_forms_and_exit_codes(api, sandbox):
     assert run(api, sid, "id -un", user="nobody")["stdout"] == "nobody\n"
 
 
-def test_commands_inherit_only_stdin_stdout_stderr(api, sandbox):
+def test_commands_inherit_only_stdin_stdout_stderr(api, shared_sandbox):
     # the agent spawns with close_fds=False: none of its own descriptors may leak into a command
     listing = "import os; print(' '.join(sorted(os.listdir('/proc/self/fd'), key=int)))"
     for kw in ({}, {"user": "nobody"}):
-        r = run(api, sandbox["id"], ["python3", "-c", listing], **kw)
+        r = run(api, shared_sandbox["id"], ["python3", "-c", listing], **kw)
         assert r["exit_code"] == 0, r
         assert r["stdout"] == "0 1 2 3\n", r  # 3 is the listing's own directory handle
 
 
-def test_exec_timeout_kills_tree(api, sandbox):
-    sid = sandbox["id"]
+def test_exec_timeout_kills_tree(api, shared_sandbox):
+    sid = shared_sandbox["id"]
     t0 = time.monotonic()
     r = run(api, sid, "sleep 300 & sleep 300; echo never", timeout_s=1)
     assert r["timed_out"] is True and "never" not in r["stdout"]
@@ -100,6 +100,7 @@ def test_exec_timeout_kills_tree(api, sandbox):
     assert "sleep 300" not in ps, ps
 
 
+@pytest.mark.seam
 def test_exec_streaming(api, sandbox):
     sid = sandbox["id"]
     body = {"cmd": "for i in 1 2 3; do echo line$i; sleep 0.2; done; echo e >&2; exit 4"}
@@ -121,6 +122,7 @@ def test_exec_streaming(api, sandbox):
     )
 
 
+@pytest.mark.seam
 def test_background_processes(api, sandbox):
     sid = sandbox["id"]
     r = run(api, sid, "sleep 1000", background=True)
@@ -142,6 +144,7 @@ def test_background_processes(api, sandbox):
     assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found"
 
 
+@pytest.mark.seam
 def test_files_roundtrip_and_errors(api, sandbox):
     sid = sandbox["id"]
     data = bytes(range(256)) * 1000
@@ -168,8 +171,8 @@ def test_files_roundtrip_and_errors(api, sandbox):
         assert bad in r.json()["error"]["message"] or bad == ""
 
 
-def test_symlinks_cannot_reach_the_host(api, sandbox, tmp_path):
-    sid = sandbox["id"]
+def test_symlinks_cannot_reach_the_host(api, shared_sandbox, tmp_path):
+    sid = shared_sandbox["id"]
     marker = tmp_path / "host-secret.txt"
     marker.write_text("host secret")
     run(
@@ -186,8 +189,8 @@ def test_symlinks_cannot_reach_the_host(api, sandbox, tmp_path):
     assert r.status_code == 200 and r.content.strip().decode() == sid
 
 
-def test_dns_never_leaves_the_sandbox(api, sandbox):
-    sid = sandbox["id"]
+def test_dns_never_leaves_the_sandbox(api, shared_sandbox):
+    sid = shared_sandbox["id"]
     r = run(api, sid, "python3 -c 'import socket; print(socket.gethostbyname(socket.gethostname()))'")
     assert r["exit_code"] == 0 and r["stdout"].startswith("127."), r
     # the only resolver is the worker's egress gateway, which answers no name without a policy
@@ -205,6 +208,7 @@ def test_dns_never_leaves_the_sandbox(api, sandbox):
     assert r["stdout"].startswith("no"), r
 
 
+@pytest.mark.seam
 def test_memory_and_cpu_limits(api):
     r = api.post("/v1/sandboxes", json={"memory_mb": 128, "cpus": 0.5, "idle_timeout_s": 0})
     assert r.status_code == 201, r.text
@@ -231,6 +235,7 @@ def test_memory_and_cpu_limits(api):
         api.delete(f"/v1/sandboxes/{sid}")
 
 
+@pytest.mark.seam
 def test_a_sandbox_dying_during_a_streamed_exec_ends_the_stream(api):
     # The headers are sent before the sandbox dies (host OOM killer): the stream must still end,
     # with an in-band error line, rather than stay open until the caller gives up.

@@ -51,6 +51,26 @@ def cluster(tmp_path):
     cl.stop(reap=True)
 
 
+@pytest.fixture(scope="module")
+def _module_cluster(tmp_path_factory):
+    cl = LocalCluster(tmp_path_factory.mktemp("split-shared") / "cluster", workers=1, env=ENV)
+    cl.start(timeout=600)
+    yield cl
+    cl.stop(reap=True)
+
+
+@pytest.fixture
+def shared_cluster(_module_cluster):
+    """One cluster per module for the tests that kill, stop or restart none of its processes (those
+    take `cluster`, their own). Each such test starts with no sandboxes, as on a new cluster."""
+    cl = _module_cluster
+    assert all(p.exited() is None for p in (cl.server, *cl.workers)), cl.tail()
+    yield cl
+    cl.delete_all()
+    for w in cl.workers:
+        cl.wait_no_sandboxes(w.home)
+
+
 def _client(cl) -> httpx.Client:
     return httpx.Client(base_url=cl.url, headers=cl.headers(), timeout=300)
 
@@ -98,8 +118,8 @@ def _runtimes(worker: LocalWorker) -> set[str]:
     return found
 
 
-def test_a_worker_registers_and_serves_the_whole_api(cluster):
-    with _client(cluster) as c:
+def test_a_worker_registers_and_serves_the_whole_api(shared_cluster):
+    with _client(shared_cluster) as c:
         ws = c.get("/v1/workers").json()["items"]
         assert [(w["name"], w["state"]) for w in ws] == [("w0", "ready")]
         w = ws[0]
@@ -129,9 +149,9 @@ def test_a_worker_registers_and_serves_the_whole_api(cluster):
         assert _exec(c, sid, "sha256sum /root/b.bin | cut -c1-8")["exit_code"] == 0
         assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
     deadline = time.monotonic() + 60
-    while _runtimes(cluster.workers[0]) and time.monotonic() < deadline:
+    while _runtimes(shared_cluster.workers[0]) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _runtimes(cluster.workers[0]) == set()
+    assert _runtimes(shared_cluster.workers[0]) == set()
 
 
 def test_a_killed_worker_comes_back_with_its_sandboxes(cluster):
@@ -273,27 +293,32 @@ def test_sigkill_of_the_server_between_placement_and_answer(cluster, after_s):
             assert _exec(c, sid, "echo ok")["stdout"] == "ok\n"
 
 
-def test_a_second_worker_on_the_same_home_is_refused(cluster):
+def test_a_second_worker_on_the_same_home_is_refused(shared_cluster):
     """Found by validation: it registered, and its reconciliation swept the first one's sandboxes."""
-    first = cluster.workers[0]
+    first = shared_cluster.workers[0]
     twin = LocalWorker(
-        first.home, cluster.url, cluster.api_key, "twin", env=ENV, log_path=first.home + "/twin.log"
+        first.home,
+        shared_cluster.url,
+        shared_cluster.api_key,
+        "twin",
+        env=ENV,
+        log_path=first.home + "/twin.log",
     )
     twin.start()
     assert twin.proc is not None and twin.proc.wait(60) == 2
     assert "is using ATOLL_HOME" in twin.tail(5) and "--home" in twin.tail(5)
-    with _client(cluster) as c:
+    with _client(shared_cluster) as c:
         assert [w["name"] for w in c.get("/v1/workers").json()["items"]] == ["w0"]
 
 
-def test_a_worker_with_a_wrong_key_is_refused_with_a_clear_message(cluster, tmp_path):
-    bad = LocalWorker(tmp_path / "bad", cluster.url, "wrong-key", "bad", env=ENV)
+def test_a_worker_with_a_wrong_key_is_refused_with_a_clear_message(shared_cluster, tmp_path):
+    bad = LocalWorker(tmp_path / "bad", shared_cluster.url, "wrong-key", "bad", env=ENV)
     bad.start()
     assert bad.proc is not None
     rc = bad.proc.wait(120)
     assert rc == 2
     assert "ATOLL_API_KEY" in bad.tail(20)
-    with _client(cluster) as c:
+    with _client(shared_cluster) as c:
         assert "bad" not in [w["name"] for w in c.get("/v1/workers").json()["items"]]
         # a peer speaking another protocol version is refused, naming both versions
         info = {
@@ -370,11 +395,11 @@ def test_sigterm_stops_a_worker_cleanly_and_its_sandboxes_run_on(cluster):
         _beats(c, sid)
 
 
-def test_runsc_logs_are_the_workers_own(cluster):
+def test_runsc_logs_are_the_workers_own(shared_cluster):
     """runsc hands a sandbox's stdio files to the sandbox's user (nobody): runsc.log was 0644
     nobody:nogroup. It is 0600 root's, after a start and after a disk restore alike."""
-    w = cluster.workers[0]
-    with _client(cluster) as c:
+    w = shared_cluster.workers[0]
+    with _client(shared_cluster) as c:
         sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
         log = os.path.join(w.home, "sandboxes", sid, "runsc.log")
 
@@ -484,12 +509,12 @@ def test_two_workers_on_one_machine(tmp_path):
             time.sleep(0.5)
 
 
-def test_a_preview_and_a_secret_reach_a_sandbox_on_a_separate_worker(cluster):
+def test_a_preview_and_a_secret_reach_a_sandbox_on_a_separate_worker(shared_cluster):
     """The ingress router (beside the server) reaches the sandbox through the worker's tunnel;
     the secret binding and the installation's CA travel to the worker over HTTP."""
     import ssl
 
-    with _client(cluster) as c:
+    with _client(shared_cluster) as c:
         assert (
             c.post("/v1/secrets", json={"name": "k", "value": "v-123", "hosts": ["x.test"]}).status_code
             == 201
@@ -504,9 +529,9 @@ def test_a_preview_and_a_secret_reach_a_sandbox_on_a_separate_worker(cluster):
         )
         assert r.status_code in (200, 201), r.text
         pv = c.get(f"/v1/sandboxes/{sid}/preview/8080").json()
-        ctx = ssl.create_default_context(cafile=os.path.join(cluster.server.home, "ca", "root.crt"))
+        ctx = ssl.create_default_context(cafile=os.path.join(shared_cluster.server.home, "ca", "root.crt"))
         headers = {"Atoll-Sandbox-Id": sid, "Atoll-Sandbox-Port": "8080", "Atoll-Access-Token": pv["token"]}
-        url = f"https://127.0.0.1:{cluster.server.ingress_port}/index.html"
+        url = f"https://127.0.0.1:{shared_cluster.server.ingress_port}/index.html"
         with httpx.Client(verify=ctx, timeout=30) as web:
             for _ in range(50):
                 r = web.get(url, headers=headers)
@@ -560,11 +585,11 @@ def _flood_tunnel(address: tuple[str, int], stop: threading.Event, first: bytes)
             s.close()
 
 
-def test_a_template_is_built_pooled_and_forked_on_a_separate_worker(cluster):
+def test_a_template_is_built_pooled_and_forked_on_a_separate_worker(shared_cluster):
     """The template seam (build_template, build_log, claim, fork, delete_build) over the worker
     protocol: a build on the remote worker, its streamed log, a create from its snapshot, a pool's
     claim, a fork, and the deletion."""
-    with _client(cluster) as c:
+    with _client(shared_cluster) as c:
         r = c.post(
             "/v1/templates",
             json={
@@ -610,4 +635,4 @@ def test_a_template_is_built_pooled_and_forked_on_a_separate_worker(cluster):
         for s in [sid, *copies, claimed]:
             assert c.delete(f"/v1/sandboxes/{s}").status_code == 204
         assert c.delete("/v1/templates/split-web").status_code == 204
-        assert not os.path.exists(os.path.join(cluster.workers[0].home, "builds", bid))
+        assert not os.path.exists(os.path.join(shared_cluster.workers[0].home, "builds", bid))

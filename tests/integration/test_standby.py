@@ -94,6 +94,7 @@ def test_memory_tier_keeps_everything(api, stateful):
     _host_time_close(api, sid)
 
 
+@pytest.mark.seam
 def test_disk_tier_keeps_everything(api, stateful, atoll_server):
     sid = stateful["id"]
     sb = _pause(api, sid, "disk")
@@ -133,6 +134,7 @@ def test_gate_keeps_epoll_server_in_memory(api, sandbox):
     assert run(api, sid, "echo alive")["stdout"] == "alive\n"
 
 
+@pytest.mark.seam
 def test_concurrent_callers_share_one_resume(api, stateful):
     sid = stateful["id"]
     _pause(api, sid, "disk")
@@ -170,6 +172,7 @@ def test_long_foreground_command_is_activity(api):
         api.delete(f"/v1/sandboxes/{sid}")
 
 
+@pytest.mark.seam
 def test_a_busy_background_process_is_activity(api):
     """A build in the background uses CPU: the worker reports it, the sandbox is not frozen for
     idleness; once it ends, the sandbox goes to standby as usual."""
