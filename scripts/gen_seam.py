@@ -81,7 +81,8 @@ class RemoteVerbs:
 _OWN = {
     n
     for n, v in vars(api).items()
-    if not n.startswith("_") and (getattr(v, "__module__", "") == api.__name__ or n in ("Tier", "FilePath"))
+    if not n.startswith("_")
+    and (getattr(v, "__module__", "") == api.__name__ or n in ("Tier", "FilePath", "ExecSpec"))
 }
 
 

@@ -27,6 +27,9 @@ from typing import Literal, Protocol
 
 from atoll.core.lifecycle import Phase, Tier
 
+# The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
+from atoll.guest.agent.execspec import ExecSpec as ExecSpec
+
 PROTOCOL_VERSION = 6
 """6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
 tunnel's connections into a sandbox's port relayed by the worker's gateway process; 5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
@@ -228,23 +231,6 @@ class ReconcileReport:
 
 
 # ---- exec, processes, files ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExecSpec:
-    cmd: str | list[str]
-    """A shell string (run with /bin/sh -c) or an argv list."""
-    max_output_bytes: int
-    """Bytes of each stream kept in a plain (not streamed) answer: the first and last halves."""
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    timeout_s: float | None = None
-    user: str | None = None
-    stdin: str | None = None
-    """Fed to the command, then its stdin is closed. None: /dev/null for an exec; for a background
-    process a pipe kept open for send_stdin."""
-    shell: Literal["bash", "sh"] | None = None
-    """What runs a string cmd: `bash -l -c` or `sh -c`; None: bash when the sandbox has /bin/bash."""
 
 
 @dataclass(frozen=True)

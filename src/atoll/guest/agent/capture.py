@@ -13,10 +13,9 @@ import select
 
 from .common import dumps
 from .connection import Conn
+from .execspec import DEFAULT_CAPTURE, MAX_CAPTURE  # noqa: F401 - the limits live with the request
 
 PIPE_READ = 1 << 16  # one read() from a command's pipe
-DEFAULT_CAPTURE = 1 << 20  # per stream, non-streaming exec, when the caller names no limit
-MAX_CAPTURE = 64 << 20  # the most a caller may ask for (the server's own limit is lower)
 
 
 class Capture:

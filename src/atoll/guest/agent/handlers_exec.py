@@ -18,8 +18,8 @@ import subprocess
 import threading
 import time
 
-from . import procio, shells
-from .capture import DEFAULT_CAPTURE, MAX_CAPTURE, PIPE_READ, Capture, Stream, drain_leftovers
+from . import execspec, procio, shells
+from .capture import PIPE_READ, Capture, Stream, drain_leftovers
 from .common import dumps
 from .connection import Conn, Request, json_body
 from .errors import ApiError, PeerGone, invalid
@@ -32,7 +32,9 @@ TIMEOUT_EXIT_CODE = 137  # 128 + SIGKILL, what a shell reports for a killed comm
 EXIT_DRAIN_GRACE_S = 0.3
 
 
-class ExecSpec:
+class Launch:
+    """A checked exec request resolved in this sandbox: what `_spawn` starts."""
+
     __slots__ = (
         "argv",
         "cmd",
@@ -57,26 +59,20 @@ class ExecHandlers:
     def list_processes(self, conn: Conn) -> None:
         conn.send_json(200, {"items": self.procs.items()})
 
-    def _exec_spec(self, body: dict) -> ExecSpec:
-        spec = ExecSpec()
-        cmd = body.get("cmd")
-        if isinstance(cmd, str) and cmd.strip():
-            argv = [None, cmd]  # the shell is chosen below, once the environment is known
-        elif isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd) and cmd[0]:
-            argv = list(cmd)
-        else:
-            raise invalid(
-                "cmd must be a non-empty string (run with bash -l -c or /bin/sh -c) or a non-empty list of strings "
-                f"(the argv), got {cmd!r}"[:500]
-            )
-        if any(a is not None and "\x00" in a for a in argv):
-            raise invalid("cmd contains a NUL byte; remove it")
+    def _exec_spec(self, body: dict) -> Launch:
+        """What a POST /exec body starts: its fields checked (execspec.from_json), then resolved in
+        this sandbox (the directory exists, the user is known, the shell that runs a string)."""
+        try:
+            req, background = execspec.from_json(body)
+        except execspec.Invalid as e:
+            raise invalid(str(e)) from None
+        spec = Launch()
+        cmd = req.cmd
+        argv = [None, cmd] if isinstance(cmd, str) else list(cmd)  # the shell is chosen below
         spec.argv, spec.cmd = argv, cmd
 
-        cwd = body.get("cwd")
+        cwd = req.cwd
         if cwd is not None:
-            if not isinstance(cwd, str) or not cwd or "\x00" in cwd:
-                raise invalid(f"cwd must be a directory path string or null, got {cwd!r}")
             if not os.path.isdir(cwd):
                 raise invalid(
                     f"cwd {cwd!r} does not exist or is not a directory; create it first (mkdir -p) "
@@ -85,44 +81,14 @@ class ExecHandlers:
         elif self.default_cwd and os.path.isdir(self.default_cwd):
             cwd = self.default_cwd
         spec.cwd = cwd
-
-        timeout = body.get("timeout_s")
-        if timeout is not None:
-            if (
-                not isinstance(timeout, (int, float))
-                or isinstance(timeout, bool)
-                or not (0 < timeout < float("inf"))
-            ):
-                raise invalid(f"timeout_s must be a positive number of seconds or null, got {timeout!r}")
-        spec.timeout = timeout
-
-        background = body.get("background", False)
-        if background is None:
-            background = False
-        if not isinstance(background, bool):
-            raise invalid(f"background must be true or false, got {background!r}")
+        spec.timeout = req.timeout_s
         spec.background = background
+        spec.max_output = req.max_output_bytes
 
-        max_output = body.get("max_output_bytes")
-        if max_output is None:
-            max_output = DEFAULT_CAPTURE
-        elif (
-            isinstance(max_output, bool)
-            or not isinstance(max_output, int)
-            or not 0 < max_output <= MAX_CAPTURE
-        ):
-            raise invalid(
-                f"max_output_bytes must be an integer from 1 to {MAX_CAPTURE} (bytes kept per stream), "
-                f"got {max_output!r}"
-            )
-        spec.max_output = max_output
-
-        user = body.get("user")
+        user = req.user
         env = dict(self.base_env)
         spec.user_kwargs = {}
         if user is not None:
-            if not isinstance(user, str) or not user:
-                raise invalid(f"user must be a user name or null, got {user!r}")
             try:
                 pw = pwd.getpwnam(user)
             except KeyError:
@@ -139,33 +105,18 @@ class ExecHandlers:
             env["HOME"] = pw.pw_dir or "/"
             env["USER"] = env["LOGNAME"] = pw.pw_name
         spec.user = user
-
-        extra = body.get("env")
-        if extra is not None:
-            if not isinstance(extra, dict):
-                raise invalid(f"env must be an object of string values or null, got {type(extra).__name__}")
-            for k, v in extra.items():
-                if not k or "=" in k or "\x00" in k or not isinstance(v, str) or "\x00" in v:
-                    raise invalid(
-                        f"env entry {k!r}={v!r} is invalid: names must be non-empty without '=' and "
-                        "values must be strings without NUL"[:500]
-                    )
-            env.update(extra)
+        if req.env:
+            env.update(req.env)
         spec.env = env
         if argv[0] is None:
-            spec.argv = shells.argv(body.get("shell") or self.default_shell, cmd, env)
-        elif body.get("shell") is not None:
-            shells.argv(body.get("shell"), "", env)  # validated, though an argv runs without a shell
-        stdin = body.get("stdin")
-        if stdin is not None and not isinstance(stdin, str):
-            raise invalid(
-                f"stdin must be a string (fed to the command, then closed) or null, got {type(stdin).__name__}"
-            )
+            spec.argv = shells.argv(req.shell or self.default_shell, cmd, env)
+        elif req.shell is not None:
+            shells.argv(req.shell, "", env)  # validated, though an argv runs without a shell
         # "replace": a JSON string may hold a lone surrogate, which has no UTF-8 form
-        spec.stdin = None if stdin is None else stdin.encode("utf-8", "replace")
+        spec.stdin = None if req.stdin is None else req.stdin.encode("utf-8", "replace")
         return spec
 
-    def _spawn(self, spec: ExecSpec, *, stdout, stderr, notify=None, stdin=None):
+    def _spawn(self, spec: Launch, *, stdout, stderr, notify=None, stdin=None):
         # Every process of the sandbox carries its current identity (set again after a restore).
         env = spec.env
         if self.sandbox_id:
@@ -361,7 +312,7 @@ class ExecHandlers:
                 pass
         return (TIMEOUT_EXIT_CODE if timed_out else proc.exit_code), timed_out
 
-    def _exec_background(self, conn: Conn, spec: ExecSpec) -> None:
+    def _exec_background(self, conn: Conn, spec: Launch) -> None:
         if not self._log_dir_ready:
             try:
                 os.makedirs(LOG_DIR, mode=0o755, exist_ok=True)

@@ -324,28 +324,12 @@ class Guest:
 
     # ---- exec -----------------------------------------------------------------------------------
     @staticmethod
-    def _exec_payload(spec: api.ExecSpec, background: bool) -> dict:
-        return {
-            "cmd": spec.cmd,
-            "cwd": spec.cwd,
-            "env": spec.env,
-            "timeout_s": spec.timeout_s,
-            "background": background,
-            "user": spec.user,
-            "max_output_bytes": spec.max_output_bytes,
-            "stdin": spec.stdin,
-            "shell": spec.shell,
-        }
-
-    @staticmethod
     def _exec_timeout(spec: api.ExecSpec) -> float | None:
         # A foreground exec without timeout_s has no deadline; the health checks watch it instead.
         return None if spec.timeout_s is None else spec.timeout_s + EXEC_MARGIN_S
 
     async def exec(self, sid: str, spec: api.ExecSpec) -> api.ExecResult:
-        r = await self.request(
-            sid, "POST", "/exec", json=self._exec_payload(spec, False), timeout=self._exec_timeout(spec)
-        )
+        r = await self.request(sid, "POST", "/exec", json=spec.to_json(), timeout=self._exec_timeout(spec))
         return wire.load(api.ExecResult, r.json(), "exec answer from the guest agent")
 
     @contextlib.asynccontextmanager
@@ -354,7 +338,7 @@ class Guest:
             sid,
             "POST",
             "/exec",
-            json=self._exec_payload(spec, False),
+            json=spec.to_json(),
             headers={"Accept": NDJSON},
             timeout=self._exec_timeout(spec),
         ) as r:
@@ -362,7 +346,7 @@ class Guest:
 
     async def start_process(self, sid: str, spec: api.ExecSpec) -> api.ProcessStarted:
         r = await self.request(
-            sid, "POST", "/exec", json=self._exec_payload(spec, True), timeout=SPAWN_TIMEOUT_S
+            sid, "POST", "/exec", json=spec.to_json(background=True), timeout=SPAWN_TIMEOUT_S
         )
         return wire.load(api.ProcessStarted, r.json(), "process from the guest agent")
 
