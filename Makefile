@@ -9,7 +9,7 @@ SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/control
 	src/atoll/worker/service/node.py src/atoll/worker/service/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
 	src/atoll/_client src/atoll/controlplane/ledger.py
 
-.PHONY: run test test-fast lint bench install clean
+.PHONY: run test test-stress test-fast lint bench install clean
 
 $(STAMP): pyproject.toml scripts/install-deps.sh
 	sh scripts/install-deps.sh
@@ -24,7 +24,11 @@ run: $(STAMP)
 	$(VENV)/bin/atoll up
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not stress" $(PYTEST_ARGS)
+
+# Soak and abuse tests (marker `stress`): minutes each; .ci/run runs them after `make test`.
+test-stress: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m stress $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration and not slow" $(PYTEST_ARGS)

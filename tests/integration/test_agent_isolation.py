@@ -74,6 +74,7 @@ def _count_procs(api, sid) -> int:
     return int(run(api, sid, "set -- /proc/[0-9]*; echo $#")["stdout"])
 
 
+@pytest.mark.stress
 def test_process_flood_hits_the_limit_inside_and_the_sandbox_lives(api, sandbox):
     sid = sandbox["id"]
     # 2000 background sleeps (the old limit killed the sandbox at ~500): the shell's forks fail
@@ -98,6 +99,7 @@ def test_process_flood_hits_the_limit_inside_and_the_sandbox_lives(api, sandbox)
     _usable(api, sid)
 
 
+@pytest.mark.stress
 def test_fork_bomb_gets_eagain_and_the_sandbox_lives(api, sandbox):
     sid = sandbox["id"]
     # Each child execs a small `sleep` at once: a bomb of Python copies would hit memory_mb first.
@@ -148,6 +150,7 @@ def test_a_commands_timeout_covers_what_it_left_running(api, sandbox):
     assert _sleeps(api, sid) == {"sleep 300"}
 
 
+@pytest.mark.stress
 def test_a_fork_bomb_does_not_lose_its_sandbox(api, sandbox):
     """A bash fork bomb leaves ~500 processes behind a command that returns at once, and this
     runsc's ptrace platform leaves host tasks behind for each of them, ~350-900 a second, toward the
@@ -287,6 +290,7 @@ def _host_tasks(atoll_server, sid: str) -> int:
         return int(f.read())
 
 
+@pytest.mark.stress
 def test_repeated_bursts_of_processes_do_not_end_the_sandbox(api, atoll_server, sandbox):
     """Each burst of concurrent processes leaves ~5 host tasks per process behind (the ptrace
     platform keeps its stubs); repeated bursts used to reach the host pids limit and kill the

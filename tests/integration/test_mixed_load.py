@@ -105,6 +105,7 @@ def _one_sandbox(c: httpx.Client, rnd: random.Random, tag: str, counts: dict, lo
         raise Failure(f"{sid} ended {state}")
 
 
+@pytest.mark.stress
 def test_mixed_load_loses_no_sandbox(atoll_up):
     counts = {"disk_resumes": 0}
     lock = threading.Lock()

@@ -933,6 +933,7 @@ def _cpu_s(pid: int) -> float:
     return cpu(pid)
 
 
+@pytest.mark.stress
 def test_a_flood_of_chunked_uploads_slows_its_sandbox_not_the_api_or_a_neighbour(api, la, host, make):
     """One sandbox sends 1-byte chunks on 32 connections to a host it may reach by name (so the
     gateway parses every request) — what stalled the whole process when the gateway shared the
