@@ -59,8 +59,13 @@ def freeze(cgpath: str, timeout: float = 5.0) -> None:
     spins = 0
     while True:
         _write(path, cgpath, "FROZEN")
+        # A fork that was under way when the last task froze can add a child after the state read
+        # FROZEN, which turns it back to FREEZING for a moment: take FROZEN only when a second read,
+        # after yielding the CPU, still says so.
         if _read(path) == "FROZEN":
-            return
+            time.sleep(0)
+            if _read(path) == "FROZEN":
+                return
         spins += 1
         if time.monotonic() > deadline:
             with contextlib.suppress(errors.AtollError):
