@@ -67,7 +67,7 @@ def test_ps_shows_the_users_processes_with_pids_the_api_reports(api, sandbox):
     assert out["stdout"].startswith("sleep 600"), out
     assert api.delete(f"/v1/sandboxes/{sid}/processes/{bg['pid']}").status_code == 204
     out = run(api, sid, f"sleep 0.3; cat /proc/{bg['pid']}/cmdline 2>/dev/null | tr '\\0' ' '; true")
-    assert "sleep" not in out["stdout"], out
+    assert out["exit_code"] == 0 and "sleep" not in out["stdout"], out
 
 
 def _count_procs(api, sid) -> int:

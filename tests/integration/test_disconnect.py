@@ -19,7 +19,9 @@ def test_client_disconnect_stops_the_command(api, atoll_server, sandbox):
             short.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 300; touch /tmp/should-not-exist"})
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if "sleep 300" not in run(api, sid, "ps -eo args")["stdout"]:
+        ps = run(api, sid, "ps -eo args")
+        assert ps["exit_code"] == 0, ps  # the next command runs at once (it used to wait 60 s, then 137)
+        if "sleep 300" not in ps["stdout"]:
             break
         time.sleep(0.2)
     else:

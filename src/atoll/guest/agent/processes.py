@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import queue
 import signal
 import subprocess
 import threading
@@ -80,6 +81,8 @@ class ProcessTable:
         self._seq = 0  # bumped after every spawn, so the reaper notices new children
         self.init: InitClient | None = None  # commands run under atoll-init (see zygote)
         self.proc_root = "/proc"  # where the agent reads its own namespace's processes
+        # exits atoll-init reports, delivered by a thread of their own (see _exit_reported)
+        self._init_exits: queue.SimpleQueue = queue.SimpleQueue()
         try:
             self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -92,15 +95,29 @@ class ProcessTable:
         client.start_first()
         self.init = client
         proctree.remote = client.kill_tree
+        self.start_exit_delivery()
+
+    def start_exit_delivery(self) -> None:
+        threading.Thread(target=self._deliver_init_exits, name="init-exits", daemon=True).start()
+
+    def _deliver_init_exits(self) -> None:
+        while True:
+            pid, code = self._init_exits.get()
+            try:
+                self._deliver_code(pid, code)
+            except Exception:
+                log("delivering an exit status from atoll-init failed:\n" + format_exc())
 
     def start_reaper(self) -> None:
         threading.Thread(target=self._reap_forever, name="reaper", daemon=True).start()
 
     def _exit_reported(self, pid: int, code: int) -> None:
-        try:
-            self._deliver_code(pid, code)
-        except Exception:
-            log("delivering an exit status from atoll-init failed:\n" + format_exc())
+        """Called by the init client's reader thread: queue the exit and return at once. Delivering
+        may wait for the spawns in flight to register their pids (an exit can arrive right after
+        its spawn's answer, before the spawner registered it), and those spawns wait for answers
+        that only this reader thread reads: delivering here would hold every spawn up for
+        `_deliver_code`'s 60 s (it did, whenever a command was killed just before the next exec)."""
+        self._init_exits.put((pid, code))
 
     def _init_restarting(self) -> None:
         """The init died with its namespace: every command still running was killed with it."""
