@@ -3,6 +3,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# make test runs test files on TEST_PROCS processes (pytest-xdist, one file per process at a time,
+# so module-scoped sandboxes and installations stay shared); TEST_PROCS=0 runs them in this one.
+TEST_PROCS ?= 3
+XDIST := $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist loadfile)
 # Type-checked in `make lint`: the control plane <-> worker seam, the SDK and the control plane's ledger (scripts/check_seam.py holds the
 # structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
 SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/controlplane/workers.py \
@@ -24,7 +28,7 @@ run: $(STAMP)
 	$(VENV)/bin/atoll up
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not stress" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not stress" $(XDIST) $(PYTEST_ARGS)
 
 # Soak and abuse tests (marker `stress`): minutes each; .ci/run runs them after `make test`.
 test-stress: $(STAMP)

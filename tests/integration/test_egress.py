@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from atoll.testing import LocalAtoll
+from atoll.testing import testnet as testnet_mod
 from tests.conftest import TEMPLATE_CACHE
 
 pytestmark = pytest.mark.integration
@@ -66,7 +67,7 @@ def sh(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def testnet(tmp_path_factory):
-    n = 200 + secrets.randbelow(50)
+    n, lock = testnet_mod.claim_subnet()
     tag = secrets.token_hex(3)
     ns, root_if = f"atoll-test-{tag}", f"at{tag}"
     net = f"10.250.{n}"
@@ -127,6 +128,7 @@ def testnet(tmp_path_factory):
             proc.wait()
         subprocess.run(["ip", "link", "del", root_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        testnet_mod.release_subnet(lock)
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,37 @@ integration tests and the benchmarks.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import subprocess
 import sys
 import tempfile
+
+_LOCKS = "/run/atoll-testnet"
+
+
+def claim_subnet() -> tuple[int, int]:
+    """A free n for 10.250.<n>.0/29 (200..249) and the descriptor whose lock holds it.
+
+    Test processes run side by side (pytest-xdist): a lock file per n, held until `release_subnet`
+    (or the process's exit), keeps two test hosts from taking the same addresses."""
+    os.makedirs(_LOCKS, exist_ok=True)
+    start = secrets.randbelow(50)
+    for i in range(50):
+        n = 200 + (start + i) % 50
+        fd = os.open(os.path.join(_LOCKS, str(n)), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return n, fd
+    raise RuntimeError("all 50 test subnets 10.250.200-249.0/29 are in use")
+
+
+def release_subnet(fd: int) -> None:
+    os.close(fd)
 
 
 def _sh(*args: str) -> None:
@@ -26,7 +52,7 @@ class TestHost:
 
     def __init__(self, script: str, args: list[str] = ()):  # type: ignore[assignment]
         self.script, self.args = script, list(args)
-        self.n = 200 + secrets.randbelow(50)
+        self.n, self._lock = claim_subnet()
         self.tag = secrets.token_hex(3)
         self.ns, self.root_if = f"atoll-test-{self.tag}", f"at{self.tag}"
         self.net = f"10.250.{self.n}"
@@ -77,6 +103,9 @@ class TestHost:
             self.proc = None
         subprocess.run(["ip", "link", "del", self.root_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        if self._lock >= 0:
+            release_subnet(self._lock)
+            self._lock = -1
 
     def __exit__(self, *exc) -> None:
         self.close()
