@@ -78,12 +78,18 @@ class RemoteVerbs:
         raise NotImplementedError
 '''
 
-_OWN = {
-    n
-    for n, v in vars(api).items()
-    if not n.startswith("_")
-    and (getattr(v, "__module__", "") == api.__name__ or n in ("Tier", "FilePath", "ExecSpec"))
-}
+
+def _seam_type(value: typing.Any) -> bool:
+    """A type core.worker_api offers the seam: a class or type alias of its own, or one it takes
+    from atoll (lifecycle's Tier and Phase, the guest agent's ExecSpec); not the standard
+    library's helpers it merely imports (Sequence, Protocol, dataclass, ...)."""
+    if isinstance(value, types.UnionType):  # FilePath, ExecEvent, ...: aliases defined there
+        return True
+    return isinstance(value, type) and value.__module__.startswith("atoll.")
+
+
+# Names the generated code spells `api.X`: everything of that kind core.worker_api exports.
+_OWN = {n for n, v in vars(api).items() if not n.startswith("_") and _seam_type(v)}
 
 
 def _annotation(text: str) -> str:
