@@ -15,7 +15,6 @@ while the checked-in file is stale.
 from __future__ import annotations
 
 import argparse
-import difflib
 import inspect
 import re
 import shutil
@@ -24,6 +23,8 @@ import sys
 import types
 import typing
 from pathlib import Path
+
+import stale_diff
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -224,14 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rel} is up to date")
         return 0
     if args.check:
-        diff = difflib.unified_diff(
-            current.splitlines(keepends=True),
-            expected.splitlines(keepends=True),
-            f"{rel} (checked in)",
-            f"{rel} (generated)",
-        )
-        sys.stdout.writelines(list(diff)[:200])
-        print(f"\n{rel} is stale: run `python scripts/gen_seam.py`", file=sys.stderr)
+        stale_diff.print_diff(str(rel), current, expected, max_lines=200)
+        stale_diff.print_stale(str(rel), "gen_seam.py")
         return 1
     OUT.write_text(expected, encoding="utf-8")
     print(f"wrote {rel}")
