@@ -1,10 +1,11 @@
 """The default `base` pool (ATOLL_DEFAULT_POOL): a default create and its first exec with a pool
 to claim from against the same create restoring `base`'s snapshot, side by side in one run.
 
-Run standalone (`.venv/bin/python bench/bench_default_pool.py [--n 10]`, root). It starts two
-`atoll up` over the same template cache, one with ATOLL_DEFAULT_POOL=2 (what a fresh installation
-keeps) and one with ATOLL_DEFAULT_POOL=0, waits until the pool is full, and then, alternately on
-each, times:
+Run standalone (`.venv/bin/python bench/bench_default_pool.py [--n 10]`, root; starts its own
+`atoll up`) or from bench/run_all.py (section `default_pool`), which calls `run(atoll)`. The atoll
+it is given must keep no `base` pool (atoll.testing's ATOLL_DEFAULT_POOL=0); it starts a second
+`atoll up` over the same template cache with ATOLL_DEFAULT_POOL=2 (what a fresh installation
+keeps), waits until that pool is full, and then, alternately on each, times:
 
   create            POST /v1/sandboxes {} sent → 201 received (no template, the default memory size)
   first_exec        then POST …/exec {"cmd": ["python3", "-c", "pass"]} → 200 received
@@ -53,12 +54,14 @@ def _one(a: c.Atoll) -> tuple[dict, float, float]:
     return sb, t_create.ms, t_exec.ms
 
 
-def run(n: int) -> dict:
+def run(plain: c.Atoll, n: int = 10) -> dict:
+    """`plain`: an atoll without a `base` pool, warmed up (common.warm_up)."""
+    if _pool(plain)["desired"]:
+        raise RuntimeError(f"the atoll to restore on keeps a base pool: {_pool(plain)}")
     samples: dict[str, dict[str, list[float]]] = {
         k: {"create": [], "first_exec": [], "total": []} for k in ("pool", "restore")
     }
-    with c.local_atoll(env={"ATOLL_DEFAULT_POOL": "2"}) as pooled, c.local_atoll() as plain:
-        c.warm_up(plain)
+    with c.local_atoll(env={"ATOLL_DEFAULT_POOL": "2"}) as pooled:
         pooled.wait_template_image()
         _wait_full(pooled)
         for i in range(n):
@@ -93,14 +96,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else "")
     ap.add_argument("--n", type=int, default=10)
     args = ap.parse_args()
-    c.emit(
-        {
-            "benchmark": "default_pool",
-            "timestamp": c.timestamp(),
-            "machine": c.machine_info(),
-            "results": run(args.n),
-        }
-    )
+    c.run_main(lambda a: run(a, args.n), "default_pool")
 
 
 if __name__ == "__main__":

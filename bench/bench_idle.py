@@ -39,8 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-from atoll.worker import node as node_mod  # noqa: E402
 from atoll.worker.runtimes.runtime import RuntimeStore  # noqa: E402
+from atoll.worker.service import node as node_mod  # noqa: E402
 
 LEVELS = (50, 100, 200)
 PASSES = 40

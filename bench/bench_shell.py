@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common as c  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 VARIANTS = {
     "argv_true": {"cmd": ["true"]},
     "sh_true": {"cmd": "true", "shell": "sh"},
@@ -104,29 +103,7 @@ def run(a: c.Atoll, n: int = 40) -> dict:
 
 
 def main() -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
-    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/shell.json")
-    args = ap.parse_args()
-    machine = c.machine_info()
-    with c.local_atoll() as a:
-        c.warm_up(a)
-        res = run(a, n=5 if args.quick else 40)
-    doc = {
-        "benchmark": "shell",
-        "timestamp": c.timestamp(),
-        "machine": machine,
-        "results": res,
-        "quick": args.quick,
-    }
-    c.emit(doc)
-    if not args.no_save and not args.quick:
-        os.makedirs(RESULTS, exist_ok=True)
-        with open(os.path.join(RESULTS, "shell.json"), "w") as f:
-            json.dump(doc, f, indent=1)
-    return 0
+    return c.run_main_sized(run, "shell", __doc__.split("\n")[0], full={"n": 40}, quick={"n": 5})
 
 
 if __name__ == "__main__":

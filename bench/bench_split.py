@@ -41,7 +41,7 @@ from bench_standby import HOG, runsc_floor  # noqa: E402
 
 from atoll.core import ids  # noqa: E402
 from atoll.testing import LocalCluster  # noqa: E402
-from atoll.worker import netns, runsc  # noqa: E402
+from atoll.worker.host import netns, runsc  # noqa: E402
 
 
 @contextlib.contextmanager

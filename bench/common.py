@@ -37,6 +37,7 @@ from atoll.worker.host.netns import SANDBOX_IP
 TEMPLATE_DIR = os.environ.get("ATOLL_TEST_TEMPLATE_DIR", "/var/tmp/atoll-test-templates")
 RUNSC = os.environ.get("ATOLL_RUNSC", "runsc")
 BENCH_TMP = os.environ.get("ATOLL_BENCH_TMP", "/var/tmp")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 # ---- timing and summaries ---------------------------------------------------------------------
@@ -464,6 +465,38 @@ def run_main(fn: typing.Callable[[Atoll], dict], name: str) -> None:
         warm_up(a)
         result = fn(a)
     emit({"benchmark": name, "timestamp": timestamp(), "machine": machine_info(), "results": result})
+
+
+def run_main_sized(
+    fn: typing.Callable[..., dict], name: str, description: str, full: dict, quick: dict
+) -> int:
+    """Standalone entry point of a benchmark module whose sample counts are arguments of `fn`: own
+    atoll, warm-up, `fn(atoll, **full)` — or `fn(atoll, **quick)` with `--quick` (a smoke test,
+    never saved) — one JSON document on stdout, also written to bench/results/<name>.json unless
+    `--no-save`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
+    ap.add_argument("--no-save", action="store_true", help=f"do not write bench/results/{name}.json")
+    args = ap.parse_args()
+    machine = machine_info()
+    with local_atoll() as a:
+        warm_up(a)
+        res = fn(a, **(quick if args.quick else full))
+    doc = {
+        "benchmark": name,
+        "timestamp": timestamp(),
+        "machine": machine,
+        "results": res,
+        "quick": args.quick,
+    }
+    emit(doc)
+    if not args.no_save and not args.quick:
+        os.makedirs(RESULTS, exist_ok=True)
+        with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
 
 
 # ---- the gvisor PyPI package as a peer ---------------------------------------------------------

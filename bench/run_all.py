@@ -4,10 +4,11 @@ Called by `make bench` (`.venv/bin/python bench/run_all.py`); needs root, runsc 
 `make run` installs. Starts `atoll up` in a fresh home under /var/tmp (template layers from the
 shared cache /var/tmp/atoll-test-templates, built at start-up if missing), waits for the server's
 template image and does one untimed warm-up create, runs
-bench_api, bench_standby, bench_peers, bench_split, bench_templates, bench_files and bench_pty in that order (bench_peers
-starts a second atoll with ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison, bench_split an
-`atoll server` with one `atoll worker`; bench_templates builds two user templates in the shared
-atoll, and deletes them), checks the issues' targets, prints the
+bench_api, bench_standby, bench_peers, bench_split, bench_templates, bench_files, bench_pty,
+bench_shell, bench_cli and bench_default_pool in that order (bench_peers starts a second atoll with
+ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison, bench_split an `atoll server` with one
+`atoll worker`, bench_default_pool a second atoll with ATOLL_DEFAULT_POOL=2; bench_templates builds
+two user templates in the shared atoll, and deletes them), checks the issues' targets, prints the
 document to stdout and saves it to bench/results/latest.json. Progress goes to stderr. Everything
 started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
 Takes about 12-15 minutes on 2 cores (bench_templates alone ~8). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
@@ -26,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_api  # noqa: E402
 import bench_cli  # noqa: E402
+import bench_default_pool  # noqa: E402
 import bench_files  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
@@ -219,7 +221,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
     ap.add_argument(
         "--only",
-        default="api,standby,peers,split,templates,files,pty,shell,cli",
+        default="api,standby,peers,split,templates,files,pty,shell,cli,default_pool",
         help="comma-separated subset",
     )
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
@@ -284,6 +286,9 @@ def main() -> int:
         if "cli" in only:
             c.log("== cli: atoll --version and atoll sandbox exec as whole processes")
             res["cli"] = bench_cli.run(a, n=3 if q else 20)
+        if "default_pool" in only:
+            c.log("== default_pool: a default create claiming from base's pool vs restoring its snapshot")
+            res["default_pool"] = bench_default_pool.run(a, n=2 if q else 10)
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")

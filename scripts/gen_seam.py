@@ -15,7 +15,6 @@ while the checked-in file is stale.
 from __future__ import annotations
 
 import argparse
-import difflib
 import inspect
 import re
 import shutil
@@ -24,6 +23,8 @@ import sys
 import types
 import typing
 from pathlib import Path
+
+import stale_diff
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -78,12 +79,18 @@ class RemoteVerbs:
         raise NotImplementedError
 '''
 
-_OWN = {
-    n
-    for n, v in vars(api).items()
-    if not n.startswith("_")
-    and (getattr(v, "__module__", "") == api.__name__ or n in ("Tier", "FilePath", "ExecSpec"))
-}
+
+def _seam_type(value: typing.Any) -> bool:
+    """A type core.worker_api offers the seam: a class or type alias of its own, or one it takes
+    from atoll (lifecycle's Tier and Phase, the guest agent's ExecSpec); not the standard
+    library's helpers it merely imports (Sequence, Protocol, dataclass, ...)."""
+    if isinstance(value, types.UnionType):  # FilePath, ExecEvent, ...: aliases defined there
+        return True
+    return isinstance(value, type) and value.__module__.startswith("atoll.")
+
+
+# Names the generated code spells `api.X`: everything of that kind core.worker_api exports.
+_OWN = {n for n, v in vars(api).items() if not n.startswith("_") and _seam_type(v)}
 
 
 def _annotation(text: str) -> str:
@@ -218,14 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rel} is up to date")
         return 0
     if args.check:
-        diff = difflib.unified_diff(
-            current.splitlines(keepends=True),
-            expected.splitlines(keepends=True),
-            f"{rel} (checked in)",
-            f"{rel} (generated)",
-        )
-        sys.stdout.writelines(list(diff)[:200])
-        print(f"\n{rel} is stale: run `python scripts/gen_seam.py`", file=sys.stderr)
+        stale_diff.print_diff(str(rel), current, expected, max_lines=200)
+        stale_diff.print_stale(str(rel), "gen_seam.py")
         return 1
     OUT.write_text(expected, encoding="utf-8")
     print(f"wrote {rel}")

@@ -17,7 +17,6 @@ and lint-clean.
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import stale_diff
 import unasync
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,16 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for name in stale:
             current = (SYNC_DIR / name).read_text(encoding="utf-8") if (SYNC_DIR / name).exists() else ""
-            diff = difflib.unified_diff(
-                current.splitlines(keepends=True),
-                expected[name].splitlines(keepends=True),
-                f"{rel}/{name} (checked in)",
-                f"{rel}/{name} (generated)",
-            )
-            sys.stdout.writelines(list(diff)[:100])
+            stale_diff.print_diff(f"{rel}/{name}", current, expected[name], max_lines=100)
         for name in extra:
             print(f"{rel}/{name} has no source in _async/")
-        print(f"\n{rel}/ is stale: run `python scripts/unasync_sdk.py`", file=sys.stderr)
+        stale_diff.print_stale(f"{rel}/", "unasync_sdk.py")
         return 1
     SYNC_DIR.mkdir(exist_ok=True)
     for name in stale:

@@ -57,8 +57,7 @@ def test_secure_home_makes_atolls_state_private_and_leaves_filesystems_alone(tmp
         sbx / "bundle",
         sbx / "rootfs" / "etc",
         sbx / "upper" / "upper" / "bin",
-        home / "runsc",
-        home / "template-images" / "base-512m-x",
+        home / "runsc" / "d",
         home / "agent",
         home / "templates" / "h" / "rootfs",
     ):
@@ -69,7 +68,7 @@ def test_secure_home_makes_atolls_state_private_and_leaves_filesystems_alone(tmp
         sbx / "runtime.json",
         sbx / "bundle" / "config.json",
         home / "runsc" / "c.state",
-        home / "template-images" / "base-512m-x" / "checkpoint.img",
+        home / "runsc" / "d" / "c.lock",
     ]
     theirs = [
         sbx / "rootfs" / "etc" / "hosts",
@@ -88,8 +87,7 @@ def test_secure_home_makes_atolls_state_private_and_leaves_filesystems_alone(tmp
         sbx,
         sbx / "bundle",
         home / "runsc",
-        home / "template-images",
-        home / "template-images" / "base-512m-x",
+        home / "runsc" / "d",
         home / "templates",
     ):
         assert _mode(d) == 0o700, d

@@ -1,5 +1,6 @@
 """The SDK's fuller files API, hermetic (httpx.MockTransport): stat/exists/mkdir/move/chmod requests,
-the watch stream (ready line, keep-alive blank lines, events, an in-band error), the upload tar built
+the watch stream (ready line, keep-alive blank lines, events, an in-band error, paths holding U+2028
+and other Unicode line breaks, sync and async), the upload tar built
 from a local tree (exact names, links, empty dirs, streamed in pieces) and a safe download extract."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from atoll._client import _async, _sync, _tar
 from tests.unit.test_sdk import _public, _shape
 
 URL = "http://atoll.test"
+NDJSON = "application/x-ndjson"
 SB = {"id": "sb-0123456789abcdef", "state": "running", "template": "base", "metadata": {}}
 
 
@@ -133,6 +135,52 @@ def test_watch_iterates_events_skips_keepalives_and_raises_in_band_errors():
                 next(w)
         assert w.closed
         assert list(w) == []
+
+
+# Raw in JSON strings (atoll writes UTF-8, not \u escapes), yet line breaks to httpx's LineDecoder
+# and str.splitlines: a watch that split there would cut the event in two.
+ODD_PATH = "/w/a\u2028b\u0085c\u2029d"
+ODD_EVENTS = [
+    {"type": "ready", "path": "/w", "is_dir": True},
+    {"type": "create", "path": ODD_PATH, "is_dir": False},
+    {"type": "rename", "path": "/w/e", "from": ODD_PATH, "is_dir": False},
+]
+ODD_BODY = b"".join(json.dumps(x, ensure_ascii=False).encode() + b"\n" for x in ODD_EVENTS)
+
+
+def _odd_watch_transport(chunks) -> httpx.MockTransport:
+    """The watch route answering ODD_BODY in 3-byte chunks (lines and characters cut anywhere)."""
+    handler, _ = _route(
+        {
+            ("GET", "/watch"): lambda _r: httpx.Response(
+                200, content=chunks(), headers={"content-type": NDJSON}
+            )
+        }
+    )
+    return httpx.MockTransport(handler)
+
+
+def test_watch_keeps_an_event_whose_path_holds_unicode_line_breaks():
+    def chunks():
+        for i in range(0, len(ODD_BODY), 3):
+            yield ODD_BODY[i : i + 3]
+
+    with atoll.Client(base_url=URL, api_key="k", transport=_odd_watch_transport(chunks)) as c:
+        with _sandbox(c).files.watch("/w") as w:
+            got = [(e.type, e.path, e.from_path) for e in w]
+    assert got == [("create", ODD_PATH, None), ("rename", "/w/e", ODD_PATH)]
+
+
+async def test_async_watch_keeps_an_event_whose_path_holds_unicode_line_breaks():
+    async def chunks():
+        for i in range(0, len(ODD_BODY), 3):
+            yield ODD_BODY[i : i + 3]
+
+    async with atoll.AsyncClient(base_url=URL, api_key="k", transport=_odd_watch_transport(chunks)) as c:
+        sandbox = await c.sandboxes.get(SB["id"])
+        async with await sandbox.files.watch("/w") as w:
+            got = [(e.type, e.path, e.from_path) async for e in w]
+    assert got == [("create", ODD_PATH, None), ("rename", "/w/e", ODD_PATH)]
 
 
 def test_watch_errors_before_the_stream():

@@ -13,7 +13,7 @@ import select
 
 from .common import dumps
 from .connection import Conn
-from .execspec import DEFAULT_CAPTURE, MAX_CAPTURE  # noqa: F401 - the limits live with the request
+from .execspec import DEFAULT_CAPTURE
 
 PIPE_READ = 1 << 16  # one read() from a command's pipe
 

@@ -133,7 +133,7 @@ def private_file(path: str) -> None:
 
 
 # Directories under $ATOLL_HOME holding only atoll's own files (0700 dirs, 0600 files throughout).
-_OWN_TREES = ("runsc", "template-images")
+_OWN_TREES = ("runsc",)
 # Inside a sandbox's directory these are mount points: rootfs's mode is the sandbox's "/", upper's
 # contents are its files. Neither is walked.
 _SANDBOX_MOUNTS = ("rootfs", "upper")

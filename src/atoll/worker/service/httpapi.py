@@ -238,6 +238,26 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
 
         return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
 
+    async def download_stream(
+        opening: typing.AsyncContextManager[api.FileDownload], media_type: str
+    ) -> Response:
+        """An answer of the bytes of the download `opening` opens (opened before the headers go,
+        so a refusal is an error answer; Content-Length when its size is known), closed when the
+        answer ends or the server hangs up."""
+        download = await opening.__aenter__()
+
+        async def chunks() -> typing.AsyncIterator[bytes]:
+            try:
+                async for chunk in download.chunks:
+                    yield chunk
+            finally:
+                await opening.__aexit__(None, None, None)
+
+        headers = dict(proto)
+        if download.size is not None:
+            headers["Content-Length"] = str(download.size)
+        return StreamingResponse(chunks(), media_type=media_type, headers=headers)
+
     async def exec_(request: Request) -> Response:
         sid = request.path_params["sid"]
         spec = await _body(request, api.ExecSpec, "exec spec")
@@ -261,19 +281,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
     # ---- files ------------------------------------------------------------------------------------
     async def read_file(request: Request) -> Response:
         reading = node.read_file(request.path_params["sid"], _path(request))
-        download = await reading.__aenter__()
-
-        async def chunks() -> typing.AsyncIterator[bytes]:
-            try:
-                async for chunk in download.chunks:
-                    yield chunk
-            finally:
-                await reading.__aexit__(None, None, None)
-
-        headers = dict(proto)
-        if download.size is not None:
-            headers["Content-Length"] = str(download.size)
-        return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)
+        return await download_stream(reading, "application/octet-stream")
 
     async def write_file(request: Request) -> Response:
         declared = request.headers.get("content-length")
@@ -334,16 +342,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
 
     async def read_tar(request: Request) -> Response:
         reading = node.read_tar(request.path_params["sid"], _path(request))
-        download = await reading.__aenter__()
-
-        async def chunks() -> typing.AsyncIterator[bytes]:
-            try:
-                async for chunk in download.chunks:
-                    yield chunk
-            finally:
-                await reading.__aexit__(None, None, None)
-
-        return StreamingResponse(chunks(), media_type="application/x-tar", headers=proto)
+        return await download_stream(reading, "application/x-tar")
 
     # ---- events -----------------------------------------------------------------------------------
     async def events(request: Request) -> Response:
