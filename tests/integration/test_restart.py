@@ -145,23 +145,27 @@ def test_two_installations_side_by_side(local, api, atoll_server):
 
 def test_start_removes_template_images_of_other_versions(local):
     root = os.path.join(local.home, "builds")
-    # an older version's build of `base`, and the layout before built-in templates were builds
+    user_build = os.path.join(root, "bld-0123456789abcdef")
     stale = [
-        os.path.join(root, "base-0123456789abcdef", "images", "512m"),
+        # an older version's build of `base`, and the layout before built-in templates were builds
+        os.path.join(root, "base-0123456789abcdef", "images", "0123456789abcdef", "512m"),
         os.path.join(local.home, "template-images", "base-512m-0123456789abcdef"),
+        # a user build's images made under another agent or runsc, and before images were keyed
+        os.path.join(user_build, "images", "0123456789abcdef", "512m"),
+        os.path.join(user_build, "images", "512m"),
     ]
-    other = os.path.join(root, "bld-0123456789abcdef", "images", "512m")  # a user build's: kept
-    for d in [*stale, other]:
+    for d in stale:
         os.makedirs(d)
         open(os.path.join(d, "manifest.json"), "w").write("{}")
+    open(os.path.join(user_build, "log"), "w").write("the build itself is kept\n")
     local.start(timeout=600)
     deadline = time.monotonic() + 120
-    while not glob.glob(os.path.join(root, "base-*", "images", "512m", "manifest.json")) or any(
+    while not glob.glob(os.path.join(root, "base-*", "images", "*", "512m", "manifest.json")) or any(
         map(os.path.exists, stale)
     ):
         assert time.monotonic() < deadline, os.listdir(root)
         time.sleep(0.2)
-    assert os.path.exists(other)
+    assert os.path.exists(os.path.join(user_build, "log"))
     assert not os.path.exists(os.path.join(local.home, "template-images"))
     assert len(glob.glob(os.path.join(root, "base-*"))) == 1
 
@@ -172,7 +176,7 @@ def test_create_boots_cold_when_the_template_image_is_damaged(local):
     deadline = time.monotonic() + 120
     images = []
     while time.monotonic() < deadline and not images:
-        images = glob.glob(os.path.join(local.home, "builds", "base-*", "images", "*m", "manifest.json"))
+        images = glob.glob(os.path.join(local.home, "builds", "base-*", "images", "*", "*m", "manifest.json"))
         time.sleep(0.2)
     assert images, "the base template image was not made at start-up"
     with _client(local) as c:
@@ -206,7 +210,7 @@ def test_stop_during_a_background_template_image_build_leaves_no_sandbox_behind(
     assert local.stop(reap=False) is not None
     assert os.listdir(sandboxes) == [sid]  # the temporary one was deleted on the way out
     # the image was abandoned, or committed whole if the stop came after its commit: never half-made
-    for d in glob.glob(os.path.join(local.home, "builds", "base-*", "images", "192m")):
+    for d in glob.glob(os.path.join(local.home, "builds", "base-*", "images", "*", "192m")):
         assert os.path.exists(os.path.join(d, "manifest.json")), d
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     others = [line for line in ps.splitlines() if local.home in line and sid not in line]

@@ -535,7 +535,6 @@ class Node:
                 raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
             lower = build.lower
             found = self.builder.image(build, spec.memory_mb) if self.s.template_snapshots else None
-            image, seed_upper, start_mode = found if found else (None, None, "")
             env = {**build.env, **spec.env}
             trust_pem = trust.combine(spec.trust_pem, self.sandbox_ca_pem)
             if trust_pem:
@@ -554,15 +553,18 @@ class Node:
                 build_id=spec.build_id,
                 lower=lower,
                 workdir=build.workdir,
+                runtime_key=found.runtime_key if found else "",
             )
             if not spec.user:
                 rt.user = build.user
             self.edge.set_secrets(sid, spec.secrets)
             try:
-                how = await self.sandboxes.start(rt, lower, image, seed_upper)
+                how = await self.sandboxes.start(
+                    rt, lower, found.dir if found else None, found.seed_upper if found else None
+                )
                 if how == "cold boot":
                     await self.builder.prepare_boot(sid, build)
-                if build.start and (how == "cold boot" or start_mode == "after_restore"):
+                if build.start and (how == "cold boot" or (found and found.start_mode == "after_restore")):
                     await self.builder.start_command(sid, build)  # its snapshot does not hold it running
             except BaseException:
                 self.edge.set_secrets(sid, ())
