@@ -1,7 +1,8 @@
 """The runtime key (worker.host.snapshots.RuntimeKey): what a sandbox's memory holds that the worker
 decides — the packed guest agent, the runsc binary, the bundle's process — and which runtime key a
 sandbox records when it starts (worker.runtimes.sandboxes): this worker's at a cold boot, the
-image's at a restore, this worker's again when a failed restore falls back to a cold boot."""
+image's at a restore, this worker's again when a failed restore falls back to a cold boot; a
+worker's inventory marks the sandboxes of another key, and its claim refuses them."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import shutil
 import pytest
 
 from atoll.core import errors
+from atoll.core.lifecycle import Phase, Step
 from atoll.worker.host import agent_pack, bundle, netns, runsc, snapshots, storage
 from atoll.worker.runtimes import sandboxes as sandboxes_mod
 from atoll.worker.runtimes.runtime import RuntimeStore
 from atoll.worker.runtimes.sandboxes import Sandboxes
+from atoll.worker.service.node import Node
+from atoll.worker.service.settings import WorkerSettings
 
 
 @pytest.fixture
@@ -192,3 +196,31 @@ async def test_a_failed_restore_boots_cold_and_records_the_worker_s_key(booting)
     assert await sb.start(rt, "/lower", "/image") == "cold boot"
     assert rt.runtime_key == sb.runtime_key()
     assert ran == [f"restore {rt.name}-0", f"run {rt.name}-1"]
+
+
+# ---- what a worker tells of, and hands out --------------------------------------------------------
+
+
+async def test_the_inventory_marks_and_claim_refuses_a_sandbox_of_another_key(tmp_path, fake_runsc):
+    node = Node(WorkerSettings(home=str(tmp_path / "home")))
+    now = node.sandboxes.runtime_key()
+    made = {
+        "sb-0000000000000011": now,  # made under this worker's agent and runsc
+        "sb-0000000000000012": "0123456789abcdef",  # before they changed
+        "sb-0000000000000013": "",  # by a version that did not record it
+    }
+    for sid, key in made.items():
+        rt = _new(node.runtimes, sid, runtime_key=key)
+        node.runtimes.advance(rt, Step.BOOTED)
+        node.runtimes.advance(rt, Step.FREEZE)
+    inventory = await node.inventory()
+    assert {r.sandbox_id: r.stale_runtime for r in inventory.runtimes} == {
+        "sb-0000000000000011": False,
+        "sb-0000000000000012": True,
+        "sb-0000000000000013": True,
+    }
+    for sid in ("sb-0000000000000012", "sb-0000000000000013"):
+        with pytest.raises(errors.Conflict) as e:
+            await node.claim(sid, {"WHO": "me"}, 1.0)
+        assert "not handed out" in e.value.message
+        assert node.runtimes.get(sid).phase == Phase.FROZEN  # refused before any thaw

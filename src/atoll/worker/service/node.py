@@ -596,6 +596,13 @@ class Node:
             rt = self.runtimes.get(sandbox_id)
             if rt.phase == Phase.FAILED:
                 raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
+            if rt.runtime_key != self.sandboxes.runtime_key():
+                # made before this worker's agent or runsc changed: its agent may not speak ours
+                raise errors.Conflict(
+                    f"pooled sandbox {sandbox_id} was made under another guest agent or runsc than "
+                    "this worker runs now; it is not handed out (the pool replaces it)",
+                    code="invalid_state",
+                )
             outcome = await self.tiers.resume(rt)
             rt.env = {**rt.env, **env}
             rt.cpus = cpus
@@ -728,12 +735,18 @@ class Node:
 
     async def inventory(self) -> api.Inventory:
         reports = []
+        current = self.sandboxes.runtime_key()
         for rt in self.runtimes.cached():
             if rt.temporary or rt.phase == Phase.DELETING:
                 continue
             reports.append(
                 api.RuntimeReport(
-                    rt.sandbox_id, rt.phase, rt.generation, rt.failure, busy=self._busy(rt.sandbox_id)
+                    rt.sandbox_id,
+                    rt.phase,
+                    rt.generation,
+                    rt.failure,
+                    busy=self._busy(rt.sandbox_id),
+                    stale_runtime=rt.runtime_key != current,
                 )
             )
         return api.Inventory(self.s.name, tuple(reports))
