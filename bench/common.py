@@ -313,11 +313,12 @@ class Atoll:
 
     def template_images(self) -> list[str]:
         """Committed snapshots of the built-in templates of this installation
-        (<home>/builds/<template>-<digest>/images/<memory>m/manifest.json)."""
+        (<home>/builds/<template>-<digest>/images/<runtime key>/<memory>m/manifest.json)."""
+        pattern = os.path.join(self.home, "builds", "*-*", "images", "*", "*m", "manifest.json")
         return sorted(
             os.path.dirname(p)
-            for p in glob.glob(os.path.join(self.home, "builds", "*-*", "images", "*m", "manifest.json"))
-            if not os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(p)))).startswith("bld-")
+            for p in glob.glob(pattern)
+            if not os.path.relpath(p, os.path.join(self.home, "builds")).startswith("bld-")
         )
 
     def wait_template_image(self, timeout: float = 600) -> str:

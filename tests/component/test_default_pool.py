@@ -76,3 +76,50 @@ def test_a_bad_default_pool_is_refused_at_start_naming_the_variable(raw, tmp_pat
 def test_the_default_pool_is_two_and_zero_turns_it_off(tmp_path):
     assert settings.load({"ATOLL_HOME": str(tmp_path)}).default_pool == 2
     assert settings.load({"ATOLL_HOME": str(tmp_path), "ATOLL_DEFAULT_POOL": "0"}).default_pool == 0
+
+
+async def test_pool_members_made_before_the_worker_s_agent_changed_are_replaced(tmp_path):
+    """A worker restarted with another guest agent or runsc keeps its frozen pool members, whose
+    memory holds the old agent: the pool replaces them and never hands one out."""
+    async with FakeAtoll(tmp_path, api_key=KEY, default_pool=2) as first:
+        await _pool(first.http, lambda p: p["ready"] == 2)
+        worker = first.worker
+        old = {r.id for r in first.manager.live() if r.pooled}
+    worker.runtime_key = "2"  # the worker restarts with a new agent; its sandboxes stay
+    assert {sid for sid, rt in worker.runtimes.items() if rt.phase.value == "frozen"} == old
+    async with FakeAtoll(tmp_path, [worker], api_key=KEY, default_pool=2) as second:
+        c = second.http
+
+        def fresh(p) -> bool:
+            pooled = {r.id for r in second.manager.live() if r.pooled}
+            return p["ready"] == 2 and not pooled & old
+
+        await _pool(c, fresh)
+        assert all(sid not in worker.runtimes for sid in old)  # deleted on the worker
+        r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        assert ("claim", sid) in worker.calls and sid not in old
+        assert worker.runtimes[sid].runtime_key == "2"
+        assert not [call for call in worker.calls if call[0] == "claim refused"]
+
+
+async def test_a_member_the_control_plane_has_not_yet_heard_is_stale_is_refused_by_its_worker(tmp_path):
+    """Between a change and the next reconciliation the worker itself refuses to hand out an old
+    member: the create is served from the snapshot instead, and the member is replaced."""
+    async with FakeAtoll(tmp_path, api_key=KEY, default_pool=2) as fake:
+        c = fake.http
+        await _pool(c, lambda p: p["ready"] == 2)
+        old = {r.id for r in fake.manager.live() if r.pooled}
+        fake.worker.runtime_key = "2"  # no reconciliation runs before the create (30 s apart)
+        r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        assert sid not in old and fake.worker.runtimes[sid].runtime_key == "2"
+        refused = [s for verb, s in fake.worker.calls if verb == "claim refused"]
+        assert len(refused) == 1 and refused[0] in old
+        # the refused member is deleted, and the pool is made whole with members of the new key
+        pool = await _pool(c, lambda p: p["ready"] == 2 and refused[0] not in fake.worker.runtimes)
+        assert pool["claimed"] == 0
+        members = [r.id for r in fake.manager.live() if r.pooled]
+        assert all(fake.worker.runtimes[m].runtime_key == "2" for m in members if m not in old)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -145,25 +146,87 @@ def test_two_installations_side_by_side(local, api, atoll_server):
 
 def test_start_removes_template_images_of_other_versions(local):
     root = os.path.join(local.home, "builds")
-    # an older version's build of `base`, and the layout before built-in templates were builds
+    user_build = os.path.join(root, "bld-0123456789abcdef")
     stale = [
-        os.path.join(root, "base-0123456789abcdef", "images", "512m"),
+        # an older version's build of `base`, and the layout before built-in templates were builds
+        os.path.join(root, "base-0123456789abcdef", "images", "0123456789abcdef", "512m"),
         os.path.join(local.home, "template-images", "base-512m-0123456789abcdef"),
+        # a user build's images made under another agent or runsc, and before images were keyed
+        os.path.join(user_build, "images", "0123456789abcdef", "512m"),
+        os.path.join(user_build, "images", "512m"),
     ]
-    other = os.path.join(root, "bld-0123456789abcdef", "images", "512m")  # a user build's: kept
-    for d in [*stale, other]:
+    for d in stale:
         os.makedirs(d)
         open(os.path.join(d, "manifest.json"), "w").write("{}")
+    open(os.path.join(user_build, "log"), "w").write("the build itself is kept\n")
     local.start(timeout=600)
     deadline = time.monotonic() + 120
-    while not glob.glob(os.path.join(root, "base-*", "images", "512m", "manifest.json")) or any(
+    while not glob.glob(os.path.join(root, "base-*", "images", "*", "512m", "manifest.json")) or any(
         map(os.path.exists, stale)
     ):
         assert time.monotonic() < deadline, os.listdir(root)
         time.sleep(0.2)
-    assert os.path.exists(other)
+    assert os.path.exists(os.path.join(user_build, "log"))
     assert not os.path.exists(os.path.join(local.home, "template-images"))
     assert len(glob.glob(os.path.join(root, "base-*"))) == 1
+
+
+def _until(what, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while not (got := what()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what.__doc__ or what}"
+        time.sleep(0.2)
+    return got
+
+
+def test_a_restart_under_another_runsc_makes_the_images_and_the_pool_again(local, tmp_path):
+    """The same agent and runsc after a restart: the images are kept. Another runsc (here the same
+    program at another path, ATOLL_RUNSC): `base`'s image is made again under the new runtime key,
+    the old one removed, and the pool member frozen before the restart is replaced, not claimed."""
+    local.env["ATOLL_DEFAULT_POOL"] = "1"
+    images = os.path.join(local.home, "builds", "base-*", "images")
+
+    def keys():
+        """the runtime keys with a 512 MB image of base"""
+        return sorted(
+            os.path.basename(os.path.dirname(os.path.dirname(p)))
+            for p in glob.glob(os.path.join(images, "*", "512m", "manifest.json"))
+        )
+
+    def members():
+        """the pool's member, ready"""
+        with _client(local) as c:
+            pool = c.get("/v1/templates/base/pool").json()
+        sids = os.listdir(os.path.join(local.home, "sandboxes"))
+        return sids if pool["ready"] == 1 and len(sids) == 1 else None
+
+    local.start(timeout=600)
+    [key] = _until(keys)
+    [old_member] = _until(members)
+    local.stop(reap=False)
+    local.start(timeout=600)
+    assert keys() == [key]  # nothing changed: the image is kept
+    assert _until(members) == [old_member]
+    local.stop(reap=False)
+
+    runsc_copy = tmp_path / "bin" / "runsc"
+    runsc_copy.parent.mkdir()
+    shutil.copy2(shutil.which("runsc") or "/usr/bin/runsc", runsc_copy)
+    local.env["ATOLL_RUNSC"] = str(runsc_copy)
+    local.start(timeout=600)
+    [new_key] = _until(lambda: [k for k in keys() if k != key] if key not in keys() else None)
+    [new_member] = _until(members)
+    assert new_member != old_member
+    with _client(local) as c:
+        r = c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        assert sid == new_member  # claimed from the pool: the member made under the new runsc
+        assert _exec(c, sid, "hostname")["stdout"] == f"{sid}\n"
+    log = open(local.log_path).read()
+    assert "were made under an earlier guest agent or runsc" in log
+    assert "is not handed out" not in log  # never offered to a create
+    assert keys() == [new_key]
 
 
 def test_create_boots_cold_when_the_template_image_is_damaged(local):
@@ -172,7 +235,7 @@ def test_create_boots_cold_when_the_template_image_is_damaged(local):
     deadline = time.monotonic() + 120
     images = []
     while time.monotonic() < deadline and not images:
-        images = glob.glob(os.path.join(local.home, "builds", "base-*", "images", "*m", "manifest.json"))
+        images = glob.glob(os.path.join(local.home, "builds", "base-*", "images", "*", "*m", "manifest.json"))
         time.sleep(0.2)
     assert images, "the base template image was not made at start-up"
     with _client(local) as c:
@@ -206,7 +269,7 @@ def test_stop_during_a_background_template_image_build_leaves_no_sandbox_behind(
     assert local.stop(reap=False) is not None
     assert os.listdir(sandboxes) == [sid]  # the temporary one was deleted on the way out
     # the image was abandoned, or committed whole if the stop came after its commit: never half-made
-    for d in glob.glob(os.path.join(local.home, "builds", "base-*", "images", "192m")):
+    for d in glob.glob(os.path.join(local.home, "builds", "base-*", "images", "*", "192m")):
         assert os.path.exists(os.path.join(d, "manifest.json")), d
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     others = [line for line in ps.splitlines() if local.home in line and sid not in line]

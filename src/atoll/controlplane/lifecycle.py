@@ -416,6 +416,7 @@ class SandboxManager:
         for b in list(handle.builds.values()):  # builds that moved while nobody listened
             self.templates.on_build(handle.id, b)
         held = {r.sandbox_id: r for r in inventory.runtimes}
+        self.pools.outdated(r.sandbox_id for r in inventory.runtimes if r.stale_runtime)
         for rec in [r for r in self.ledger.cache.values() if r.worker_id == handle.id]:
             report = held.pop(rec.id, None)
             if self.ledger.lock(rec.id).locked() or _changed_since(rec, started):

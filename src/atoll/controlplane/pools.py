@@ -8,7 +8,10 @@ template claims from it. Its desired size is the
 largest of `min` and the floors of the schedule entries whose UTC window holds now
 (`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight), capped at
 `max`. The keeper (`run`) refills one sandbox at a time per pool in the background, never on a
-create's path; it removes pooled sandboxes of superseded builds and those beyond `max`. A claim
+create's path; it removes pooled sandboxes of superseded builds, those beyond `max`, and those
+their worker's inventory calls `stale_runtime` (made before its guest agent or runsc changed: a
+worker restarted with another version keeps its frozen sandboxes, and their memory holds the old
+agent; `outdated`, at each adoption and reconciliation). A claim
 (`claim`) takes a frozen one of the template's current build and memory size, thaws it and gives it
 the caller's environment, CPU count, egress policy, secrets, metadata and timeouts — its id,
 hostname and generation are already its own (it was made as itself). Pooled sandboxes are not
@@ -124,6 +127,8 @@ class Pools:
         self._refilling: set[str] = set()
         self._last_claim = 0.0
         self._stopped: set[str] = set()
+        self._outdated: set[str] = set()
+        """Pool members whose worker says their memory was made under another agent or runsc."""
         self.builtin: dict[str, dict] = {
             name: {"min": default_pool, "max": default_pool, "schedule": [], "memory_mb": default_memory_mb}
             for name in BUILTIN
@@ -155,6 +160,18 @@ class Pools:
             "pool.set", extra={"template": name, **{k: v for k, v in rec.pool.items() if k != "schedule"}}
         )
         return self.view(name)
+
+    def outdated(self, sandbox_ids: typing.Iterable[str]) -> None:
+        """A worker's inventory named these sandboxes `stale_runtime`: the pooled ones among them
+        are not claimed from now on, and the keeper replaces them."""
+        pooled = {sid for sid in sandbox_ids if (rec := self.m.cache.get(sid)) is not None and rec.pooled}
+        if pooled - self._outdated:
+            log.info(
+                "pool: %d member(s) were made under an earlier guest agent or runsc; replacing them",
+                len(pooled - self._outdated),
+            )
+            self._outdated |= pooled
+            self._wake.set()
 
     def _members(self, name: str) -> list[dbm.SandboxRecord]:
         return [r for r in self.m.live() if r.pooled and r.template == name and r.state != State.DELETED]
@@ -196,6 +213,7 @@ class Pools:
             sid = rec.id
             if (
                 rec.build_id != (build.id if build is not None else None)
+                or sid in self._outdated
                 or rec.state != State.STANDBY
                 or rec.standby_tier != Tier.MEMORY
                 or sid in self._claims
@@ -305,11 +323,16 @@ class Pools:
 
     async def _pass(self) -> None:
         now = dt.datetime.now(dt.UTC)
+        self._outdated &= {r.id for r in self.m.live() if r.pooled}  # the deleted and the claimed go
         for name, cfg, current in self._pools():
             if name in self._stopped:  # being deleted
                 continue
             members = self._members(name)
-            stale = [r for r in members if not cfg or r.build_id != current or r.state == State.FAILED]
+            stale = [
+                r
+                for r in members
+                if not cfg or r.build_id != current or r.state == State.FAILED or r.id in self._outdated
+            ]
             keep = [r for r in members if r not in stale]
             extra = keep[desired(cfg, now) :] if cfg else []  # a window closed, min lowered: shrink
             for r in [*stale, *extra]:

@@ -211,6 +211,12 @@ class RuntimeReport:
     busy: bool = False
     """A step (create, pause, resume, delete, compaction) is running on it right now: its phase is
     about to change, so reconciliation leaves it alone this time."""
+    stale_runtime: bool = False
+    """Its memory was made under a guest agent or runsc the worker no longer starts sandboxes with
+    (it was made before they changed, or by a version that did not record what it was made under):
+    it may not speak the worker's current protocol. A pool member so marked is never handed out;
+    the pool keeper replaces it. (Added within protocol 6: a peer that does not send it sends
+    False, and a worker refuses to claim such a sandbox whatever its control plane knows.)"""
 
 
 @dataclass(frozen=True)

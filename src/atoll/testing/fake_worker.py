@@ -8,7 +8,9 @@ emits the same events. Knobs provoke what a real host does: `delay[verb]`, `fail
 raise a RuntimeFailure; a failed "restore" leaves the sandbox checkpointed and raises
 ResumeFailed, as a real worker does), `gate_blockers`, `open_connections[sid]`, `freeze_stuck`,
 `gate_stalled` (a pause that never answers), `kill(sid)` (the runtime dies), `vanish(sid)` (it is
-gone without a word), `exec_handler` (what a command "prints"). Every call is recorded in `calls`.
+gone without a word), `exec_handler` (what a command "prints"), `runtime_key` (change it to play a
+worker restarted with another guest agent or runsc: the sandboxes made before are `stale_runtime`
+in the inventory, and `claim` refuses them). Every call is recorded in `calls`.
 
     manager = SandboxManager(db, metrics)           # controlplane.lifecycle
     await manager.start()
@@ -50,6 +52,8 @@ class FakeRuntime:
     """A background process's stdout: what exec_handler answered for it, then what its stdin got
     (a fake process echoes its input), until it is signalled (then it exits 128+N)."""
     stdin: dict[int, bytearray] = field(default_factory=dict)
+    runtime_key: str = ""
+    """The worker's `runtime_key` when it was made (a fork's: its parent's)."""
 
 
 def _key(path: api.FilePath) -> bytes:
@@ -94,6 +98,8 @@ class FakeWorker(fake_files.FakeFileOps):
         self.builds: dict[str, api.BuildInfo] = {}
         self.build_fails: str | None = None
         """A build asked for while this is set fails with it as its error."""
+        self.runtime_key = "1"
+        """What a real worker's guest agent and runsc are (worker.host.snapshots.RuntimeKey)."""
 
     # ---- test knobs -----------------------------------------------------------------------------
     def emit(self, ev: api.WorkerEvent) -> None:
@@ -165,7 +171,7 @@ class FakeWorker(fake_files.FakeFileOps):
             raise errors.TemplateNotFound(f"template {spec.template!r} does not exist")
         if spec.sandbox_id in self.runtimes:
             raise errors.Conflict(f"sandbox {spec.sandbox_id} already exists", code="invalid_state")
-        rt = FakeRuntime(spec)
+        rt = FakeRuntime(spec, runtime_key=self.runtime_key)
         self.runtimes[spec.sandbox_id] = rt
         try:
             await self._step("create", spec.sandbox_id)
@@ -299,6 +305,11 @@ class FakeWorker(fake_files.FakeFileOps):
         self.builds.pop(build_id, None)
 
     async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> api.ResumeOutcome:
+        if self._get(sandbox_id).runtime_key != self.runtime_key:
+            self.calls.append(("claim refused", sandbox_id))
+            raise errors.Conflict(
+                f"fake: pooled sandbox {sandbox_id} was made under another runtime", code="invalid_state"
+            )
         outcome = await self.resume(sandbox_id)
         rt = self._get(sandbox_id)
         rt.spec = dataclasses.replace(rt.spec, env={**rt.spec.env, **env}, cpus=cpus)
@@ -314,7 +325,11 @@ class FakeWorker(fake_files.FakeFileOps):
                 code="checkpoint_refused",
             )
         for nid in new_ids:
-            child = FakeRuntime(dataclasses.replace(parent.spec, sandbox_id=nid), files=dict(parent.files))
+            child = FakeRuntime(
+                dataclasses.replace(parent.spec, sandbox_id=nid),
+                files=dict(parent.files),
+                runtime_key=parent.runtime_key,
+            )
             child.phase = Phase.RUNNING
             self.runtimes[nid] = child
         return api.ForkOutcome(tuple(new_ids), 0.0, 0.0)
@@ -340,7 +355,9 @@ class FakeWorker(fake_files.FakeFileOps):
         return api.Inventory(
             self.name,
             tuple(
-                api.RuntimeReport(sid, rt.phase, rt.generation, rt.failure)
+                api.RuntimeReport(
+                    sid, rt.phase, rt.generation, rt.failure, stale_runtime=rt.runtime_key != self.runtime_key
+                )
                 for sid, rt in self.runtimes.items()
             ),
         )

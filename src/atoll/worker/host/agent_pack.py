@@ -11,14 +11,18 @@
 * `agent-source.pyz` (SOURCE): a zipapp of the .py files, for a template whose python3 is another
   version; its top-level `__main__` calls the package's `main()`.
 
-Each file is written to a temp file and renamed over the old one. Its bytes depend only on the
-sources and, for the bytecode, this interpreter (hash-based .pyc, fixed names, dates and order),
-because the template-image key hashes them (`Worker._compute_template_key`). Tests build and run
-the same files.
+Each file is written to a temp file and renamed over the old one, with fixed names, dates and
+order (hash-based .pyc). What a sandbox runs is named by `digest`: the sources, the packing and
+this interpreter's bytecode version — not the bytes of the .pyc, which may differ between
+processes (marshal marks the objects it finds referenced more than once, and that depends on the
+process's state). The runtime key of every snapshot includes it (worker.host.snapshots.RuntimeKey):
+a changed agent makes the worker snapshot its templates again. Tests build and run the same files.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import marshal
 import os
 import py_compile
@@ -98,8 +102,23 @@ def build(dest_dir: str, *, dir_in_sandbox: str = "/opt/atoll") -> None:
     _write_zip(os.path.join(dest_dir, SOURCE), source_entries)
 
 
-def _module_names() -> list[str]:
-    return sorted(n for n in os.listdir(SOURCE_DIR) if n.endswith(".py"))
+def digest(source_dir: str = SOURCE_DIR) -> str:
+    """The identity of the agent `build` packs from `source_dir`: every module's source, the
+    importer and entry the archives add, and this interpreter's bytecode version (COMPILED is
+    its bytecode)."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in (_BOOT, _MAIN, PACKAGE, importlib.util.MAGIC_NUMBER.hex()):
+        h.update(part.encode() + b"\0")
+    for name in _module_names(source_dir):
+        with open(os.path.join(source_dir, name), "rb") as f:
+            src = f.read()
+        h.update(f"{name}\0{len(src)}\0".encode())
+        h.update(src)
+    return h.hexdigest()
+
+
+def _module_names(source_dir: str = SOURCE_DIR) -> list[str]:
+    return sorted(n for n in os.listdir(source_dir) if n.endswith(".py"))
 
 
 def _write_zip(path: str, entries: dict[str, bytes]) -> None:

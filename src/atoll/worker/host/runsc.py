@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 
 from atoll.core import errors
 from atoll.worker.host import hostcmd
@@ -30,6 +31,18 @@ _NET_WORKAROUND = "mount -t tmpfs tmpfs /proc/sys/net && exec "
 
 def base_flags(root: str) -> list[str]:
     return [RUNSC, f"--root={root}", "--platform=ptrace", "--network=sandbox"]
+
+
+def binary_identity() -> str:
+    """The runsc binary this worker starts sandboxes with, as its path, size and modification time:
+    a package upgrade changes them (hashing its ~40 MB at every look would cost ~0.1 s). Part of
+    every snapshot's runtime key (worker.host.snapshots.RuntimeKey): the sentry is this binary."""
+    path = os.path.realpath(shutil.which(RUNSC) or RUNSC)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return f"{path} (missing)"
+    return f"{path} {st.st_size} {st.st_mtime_ns}"
 
 
 def _open_log(log_path: str) -> int:

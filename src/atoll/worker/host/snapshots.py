@@ -15,6 +15,12 @@ by ~19 ms (measured). Snapshots written with BLAKE2b by earlier versions are sti
 `LocalSnapshotStore` keeps them on the worker's disk under each sandbox's directory; an object
 store or a shared filesystem (archive tier, cross-worker resume) is another implementation of the
 same interface. Called by worker.tiers and worker.recovery.
+
+`RuntimeKey` names what every checkpoint holds that the worker, not the template or the caller,
+decides (the guest agent, the runsc sentry, the bundle's process): template images are kept under
+it (worker.images.builder) and each runtime records the key its memory came from
+(worker.runtimes.sandboxes), so a worker whose agent or runsc changed makes its template images
+again and replaces the pool members made before.
 """
 
 from __future__ import annotations
@@ -30,8 +36,60 @@ import zlib
 from dataclasses import dataclass
 
 from atoll.core import errors
+from atoll.worker.host import agent_pack, bundle, netns, runsc
 
 RUNSC_VERSION = "0.0~20221219.0"
+
+
+SNAPSHOT_FORMAT = 1
+"""Part of every runtime key: raise it when something the worker puts into a sandbox's memory
+changes where `RuntimeKey` does not look (the agent's files, runsc and `bundle.render` it sees)."""
+
+
+class RuntimeKey:
+    """What a sandbox's memory holds that the worker decides, as a short key (16 hex digits): the
+    guest agent it packs (`agent_pack.digest`: its sources and this interpreter's bytecode version),
+    the runsc binary (the sentry is that program), runsc's flags, the OCI bundle a sandbox boots
+    with (the agent's command line, address and port, the environment, mounts and capabilities:
+    `bundle.render` of a fixed spec) and SNAPSHOT_FORMAT. A snapshot restores into a working
+    sandbox only under the key it was made under: an old agent in memory may not speak this
+    worker's protocol.
+
+    The worker's own part is computed at the first call (the agent is packed once, at start-up);
+    the runsc binary is looked at on every call, a few stat calls (a package upgrade may replace it
+    under a running worker)."""
+
+    def __init__(self) -> None:
+        self._fixed = ""
+
+    def __call__(self) -> str:
+        if not self._fixed:
+            canonical = bundle.BundleSpec(  # what every sandbox's bundle says apart from its own values
+                sandbox_id="sbx",
+                hostname="sbx",
+                rootfs="/rootfs",
+                agent_dir="/agent",
+                netns_path="/netns",
+                cgroup_path="/cgroup",
+                memory_mb=512,
+                cpus=None,
+                env={},
+                agent_entry=agent_pack.COMPILED,
+                visible_cpus=1.0,
+                agent_host=netns.SANDBOX_IP,
+            )
+            self._fixed = json.dumps(
+                {
+                    "format": SNAPSHOT_FORMAT,
+                    "agent": agent_pack.digest(agent_pack.SOURCE_DIR),
+                    "flags": runsc.base_flags("/root")[1:],
+                    "bundle": bundle.render(canonical),
+                },
+                sort_keys=True,
+            )
+        h = hashlib.blake2b(self._fixed.encode(), digest_size=8)
+        h.update(runsc.binary_identity().encode())
+        return h.hexdigest()
 
 
 @dataclass(frozen=True)

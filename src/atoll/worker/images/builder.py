@@ -20,16 +20,22 @@ its log `<home>/builds/<build_id>/log`, streamed while it grows (`log_stream`). 
    refuses (an epoll-based server) is stopped, the sandbox is saved without it, and the start
    command runs after each restore instead (`start_mode` "after_restore", with the reason).
    The checkpoint and the sandbox's writable layer (files the boot wrote, which open files need)
-   are kept under the build: `images/<memory>m/` and `images/<memory>m.upper/`.
+   are kept under the build: `images/<runtime key>/<memory>m/` and `.../<memory>m.upper/`.
+
+A snapshot's memory holds what the worker put there besides the template: the guest agent, the
+runsc sentry, the bundle's process (worker.host.snapshots.RuntimeKey). So every build's snapshots
+are kept under the runtime key they were made under, and only the current key's are restored: after
+the agent or runsc changed, a create finds none, boots cold from the build's layers (which are still
+valid) and the snapshot is made again in the background; `prepare_builtin` removes the images of
+other keys of every build at start-up (`sweep_images`).
 
 Built-in templates (`base`) are builds too (`builtin`): zero steps over their mmdebstrap root file
 system (worker.images.templates), no start command, id `<name>-<digest>` where the digest covers
-the layer, the guest agent, the runsc binary and the agent's address (a change of any makes a new
-build; `prepare_builtin` removes the old ones at start-up). Their snapshots are made, cached and
-restored exactly like a user build's. A create restores the snapshot of its memory size; the first
-create of a size without one boots cold and makes it in the background, for at most
-MAX_IMAGE_SIZES sizes per build (further sizes boot cold; a size whose snapshot failed is not
-retried until the worker restarts).
+the layer (a new layer makes a new build; `prepare_builtin` removes the old ones at start-up).
+Their snapshots are made, keyed, cached and restored exactly like a user build's. A create restores
+the snapshot of its memory size; the first create of a size without one boots cold and makes it in
+the background, for at most MAX_IMAGE_SIZES sizes per build (further sizes boot cold; a size whose
+snapshot failed is not retried until the worker restarts).
 
 Time limits (worker settings): a step that runs in a build sandbox may take `step_timeout_s`
 (ATOLL_BUILD_STEP_TIMEOUT_S), the whole build `build_timeout_s` (ATOLL_BUILD_TIMEOUT_S); past
@@ -58,7 +64,7 @@ from dataclasses import dataclass, field
 
 from atoll.core import errors, ids, templatespec
 from atoll.core import worker_api as api
-from atoll.worker.host import agent_pack, bundle, netns, runsc, storage
+from atoll.worker.host import storage
 from atoll.worker.images import layers
 from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
@@ -152,6 +158,19 @@ class BuildFailed(errors.InvalidRequest):
     """A build step failed (its command's output is in the build log)."""
 
 
+class Image(typing.NamedTuple):
+    """A build's snapshot at one memory size, as a create restores it."""
+
+    dir: str
+    """The checkpoint (runsc's --image-path)."""
+    seed_upper: str | None
+    """The writable layer it was saved with, or None when the boot wrote nothing a create needs."""
+    start_mode: str
+    """The size's own: "snapshot", "after_restore" (its start command runs after each restore) or ""."""
+    runtime_key: str
+    """What its memory was made under (worker.host.snapshots.RuntimeKey): the restored sandbox's."""
+
+
 class Builder:
     def __init__(
         self,
@@ -198,7 +217,6 @@ class Builder:
         self._image_failed: set[str] = set()
         self._seeds: dict[str, str | None] = {}
         self._builtins: dict[str, Build] = {}
-        self._digests: dict[str, str] = {}
         self.temporary: set[str] = set()
         """Ids of the build's and the snapshots' temporary sandboxes (busy: never paused or reported)."""
         self._load()
@@ -556,25 +574,17 @@ class Builder:
             self._builtins[name] = b
         return b
 
-    def _digest(self, layer_key: str) -> str:
-        """What a built-in template's snapshots depend on besides its layer, computed once per
-        process (the agent's files are rewritten only at start-up): the agent, the runsc binary,
-        the agent's address."""
-        digest = self._digests.get(layer_key)
-        if digest is None:
-            h = hashlib.blake2b(layer_key.encode(), digest_size=8)
-            for name in (agent_pack.COMPILED, agent_pack.SOURCE):  # whichever the template runs
-                with open(os.path.join(self.sandboxes.agent_dir, name), "rb") as f:
-                    h.update(f.read())
-            st = os.stat(shutil.which(runsc.RUNSC) or runsc.RUNSC)
-            h.update(f"{st.st_size}-{st.st_mtime_ns}-{bundle.AGENT_PORT}-{netns.SANDBOX_IP}".encode())
-            digest = self._digests[layer_key] = h.hexdigest()
-        return digest
+    @staticmethod
+    def _digest(layer_key: str) -> str:
+        """A built-in template's build is its layer: what its snapshots hold besides (the agent,
+        runsc) keys the images inside the build, as for every build."""
+        return hashlib.blake2b(layer_key.encode(), digest_size=8).hexdigest()
 
     async def prepare_builtin(self, name: str, memory_mb: int, snapshot: bool = True) -> None:
         """Start-up: the built-in template's layer and (`snapshot`) its snapshot at `memory_mb`;
-        the builds of it that other versions left, and the `template-images/` directory of the
-        versions before built-in templates were builds, are removed."""
+        the builds of it that other versions left, the `template-images/` directory of the
+        versions before built-in templates were builds, and every build's images of another
+        runtime key (`sweep_images`) are removed."""
         b = await self.builtin(name, memory_mb)
         ours = re.compile(rf"{re.escape(name)}-[0-9a-f]{{16}}")
         for d in os.listdir(self.root):
@@ -584,16 +594,49 @@ class Builder:
         legacy = os.path.join(os.path.dirname(self.root), "template-images")
         if os.path.isdir(legacy):
             await asyncio.to_thread(shutil.rmtree, legacy, True)
+        await self.sweep_images()
         if snapshot:
             await self._snapshot_later(b, memory_mb)
 
     # ---- the snapshot ---------------------------------------------------------------------------
-    def image(self, b: Build, memory_mb: int) -> tuple[str, str | None, str] | None:
-        """(checkpoint dir, writable-layer dir or None when the boot wrote nothing a create needs,
-        start mode) of the build's snapshot at this memory size, or None: that create boots cold,
-        and a snapshot of the size is made in the background. The start mode ("snapshot",
-        "after_restore" or "") is the size's own."""
-        d = self._dir(b.build_id, "images", f"{memory_mb}m")
+    def _image_dir(self, b: Build, memory_mb: int, runtime_key: str) -> str:
+        return self._dir(b.build_id, "images", runtime_key, f"{memory_mb}m")
+
+    async def sweep_images(self) -> list[str]:
+        """Remove every build's images made under another runtime key than this worker's (and those
+        of the layout before images were keyed, `images/<memory>m`): no create restores them again.
+        Returns what was removed."""
+        current = self.sandboxes.runtime_key()
+        removed = []
+        for bid in os.listdir(self.root):
+            images = self._dir(bid, "images")
+            try:
+                names = os.listdir(images)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                if name == current:
+                    continue
+                path = os.path.join(images, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    await asyncio.to_thread(shutil.rmtree, path, True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                removed.append(path)
+        if removed:
+            log.info(
+                "removed %d template image(s) made under another guest agent or runsc (runtime key now %s)",
+                len(removed),
+                current,
+            )
+        return removed
+
+    def image(self, b: Build, memory_mb: int) -> Image | None:
+        """The build's snapshot at this memory size made under this worker's runtime key, or None:
+        that create boots cold, and a snapshot of the size is made in the background."""
+        runtime_key = self.sandboxes.runtime_key()
+        d = self._image_dir(b, memory_mb, runtime_key)
         if os.path.exists(os.path.join(d, "manifest.json")):
             try:
                 with open(d + ".mode") as f:
@@ -602,27 +645,27 @@ class Builder:
                 mode = b.start_mode
             if d not in self._seeds:
                 self._seeds[d] = d + ".upper" if _needed(d + ".upper", b.layers) else None
-            return d, self._seeds[d], mode
-        key = f"{b.build_id}-{memory_mb}"
+            return Image(d, self._seeds[d], mode, runtime_key)
         try:
-            sizes = sum(1 for n in os.listdir(self._dir(b.build_id, "images")) if n.endswith("m"))
+            sizes = sum(1 for n in os.listdir(os.path.dirname(d)) if n.endswith("m"))
         except FileNotFoundError:
             sizes = 0
         if (
-            key not in self._image_tasks
-            and key not in self._image_failed
+            d not in self._image_tasks
+            and d not in self._image_failed
             and sizes + len(self._image_tasks) < MAX_IMAGE_SIZES
         ):
             task = asyncio.ensure_future(self._snapshot_later(b, memory_mb))
-            self._image_tasks[key] = task
-            task.add_done_callback(lambda _t: self._image_tasks.pop(key, None))
+            self._image_tasks[d] = task
+            task.add_done_callback(lambda _t: self._image_tasks.pop(d, None))
         return None
 
     async def _snapshot_later(self, b: Build, memory_mb: int) -> None:
+        d = self._image_dir(b, memory_mb, self.sandboxes.runtime_key())
         try:
             await self._snapshot(b, memory_mb, lambda line: log.info("build %s: %s", b.build_id, line))
         except Exception as e:  # noqa: BLE001 - that size keeps booting cold; say why
-            self._image_failed.add(f"{b.build_id}-{memory_mb}")
+            self._image_failed.add(d)
             log.warning(
                 "template %s: no template image of %d MB (build %s: %s); its sandboxes of that size "
                 "boot cold",
@@ -633,7 +676,8 @@ class Builder:
             )
 
     async def _snapshot(self, b: Build, memory_mb: int, say: typing.Callable[[str], None]) -> None:
-        dest = self._dir(b.build_id, "images", f"{memory_mb}m")
+        runtime_key = self.sandboxes.runtime_key()
+        dest = self._image_dir(b, memory_mb, runtime_key)
         async with self._image_locks.setdefault(dest, asyncio.Lock()):
             if os.path.exists(os.path.join(dest, "manifest.json")):
                 return
@@ -642,6 +686,11 @@ class Builder:
                 b, b.lower, memory_mb=memory_mb, cpus=1, env=dict(b.env), disk_mb=IMAGE_DISK_MB, user=b.user
             ) as rt:
                 sid = rt.sandbox_id
+                if rt.runtime_key != runtime_key:  # runsc was replaced under this worker just now
+                    raise BuildFailed(
+                        "the runsc binary or the guest agent changed while the snapshot was being "
+                        "made; try again"
+                    )
                 await self.prepare_boot(sid, b)
                 mode, reason = "", ""
                 if b.start:

@@ -104,6 +104,7 @@ async def fork(
                     build_id=parent.build_id,
                     lower=lower,
                     workdir=parent.workdir,
+                    runtime_key=parent.runtime_key,  # its memory is the parent's
                 )
             )
 

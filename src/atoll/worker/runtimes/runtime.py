@@ -56,6 +56,10 @@ class Runtime:
     """The overlay lowerdir stack of its root file system (a fork's copies mount the same)."""
     workdir: str | None = None
     """The template's workdir: the default cwd of its commands."""
+    runtime_key: str = ""
+    """The runtime key (worker.host.snapshots.RuntimeKey) its memory was made under: this worker's
+    at a cold boot, the template image's or the parent's at a restore or a fork; kept by its own
+    checkpoints. "" for records of versions that did not say (unknown: treated as another key)."""
 
     @property
     def cid(self) -> str:
@@ -97,6 +101,7 @@ class RuntimeStore:
         build_id: str = "",
         lower: str = "",
         workdir: str | None = None,
+        runtime_key: str = "",
     ) -> Runtime:
         """Record a runtime about to be made (phase creating), before anything exists on the host:
         whatever a crash leaves is then owned by a record, and a reattach or sweep finds it."""
@@ -115,6 +120,7 @@ class RuntimeStore:
             build_id=build_id,
             lower=lower,
             workdir=workdir,
+            runtime_key=runtime_key,
         )
         storage.private_dir(self.dir(sid))
         self._cache[sid] = rt

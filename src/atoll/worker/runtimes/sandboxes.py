@@ -4,7 +4,9 @@
 `start` boots a recorded runtime (phase creating): it sets up the upper layer + overlay rootfs and
 the namespace pair concurrently, writes the bundle, and either restores the template image it is
 given (then tells the agent its own identity) or boots cold; a failed image restore falls back to a
-cold boot in a new generation. `delete` runs `runsc delete` in its own session and then removes by
+cold boot in a new generation. A cold boot records this worker's runtime key (`runtime_key`,
+worker.host.snapshots.RuntimeKey) in the runtime; a restore keeps the one its caller recorded (the
+image's). `delete` runs `runsc delete` in its own session and then removes by
 name whatever it left (worker.sweep). Called by worker.node and worker.builder; the tiers
 module uses `write_bundle`, `limit_cpu` and `discard_container`.
 """
@@ -20,7 +22,18 @@ import time
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
-from atoll.worker.host import agent_pack, bundle, cgroups, hostcmd, netns, runsc, storage, sweep, trust
+from atoll.worker.host import (
+    agent_pack,
+    bundle,
+    cgroups,
+    hostcmd,
+    netns,
+    runsc,
+    snapshots,
+    storage,
+    sweep,
+    trust,
+)
 from atoll.worker.images import layers
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
@@ -74,6 +87,8 @@ class Sandboxes:
         self.runsc_root = host.runsc_root
         self.agent_dir = agent_dir
         self.edge = edge
+        self.runtime_key = snapshots.RuntimeKey()
+        """This worker's runtime key now: what a cold boot's memory holds."""
 
     def _p(self, rt: Runtime, *parts: str) -> str:
         return self.runtimes.path(rt.sandbox_id, *parts)
@@ -83,7 +98,8 @@ class Sandboxes:
         """Boot `rt` (phase creating) from the template layer(s) `lower` (an overlay lowerdir
         stack): restore `image` if given, else boot cold. `seed_upper` is the writable layer the
         image was saved with (a user template's boot wrote files its processes hold open): the
-        sandbox's own starts as a copy of it. Returns how ("template image" or "cold boot"); on
+        sandbox's own starts as a copy of it; `rt.runtime_key` says what the image was made under
+        (a cold boot sets it to this worker's). Returns how ("template image" or "cold boot"); on
         failure the runtime is failed and the error raised."""
         sid = rt.sandbox_id
         t0 = time.perf_counter()
@@ -129,6 +145,7 @@ class Sandboxes:
                     await self._reset_for_cold_boot(rt, lower)
                     image = None
             if image is None:
+                rt.runtime_key = self.runtime_key()
                 await runsc.run(self.runsc_root, self._p(rt, "bundle"), rt.cid, self._p(rt, "runsc.log"))
                 marks["runsc"] = time.perf_counter()
                 self._booted(rt)

@@ -535,7 +535,6 @@ class Node:
                 raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
             lower = build.lower
             found = self.builder.image(build, spec.memory_mb) if self.s.template_snapshots else None
-            image, seed_upper, start_mode = found if found else (None, None, "")
             env = {**build.env, **spec.env}
             trust_pem = trust.combine(spec.trust_pem, self.sandbox_ca_pem)
             if trust_pem:
@@ -554,15 +553,18 @@ class Node:
                 build_id=spec.build_id,
                 lower=lower,
                 workdir=build.workdir,
+                runtime_key=found.runtime_key if found else "",
             )
             if not spec.user:
                 rt.user = build.user
             self.edge.set_secrets(sid, spec.secrets)
             try:
-                how = await self.sandboxes.start(rt, lower, image, seed_upper)
+                how = await self.sandboxes.start(
+                    rt, lower, found.dir if found else None, found.seed_upper if found else None
+                )
                 if how == "cold boot":
                     await self.builder.prepare_boot(sid, build)
-                if build.start and (how == "cold boot" or start_mode == "after_restore"):
+                if build.start and (how == "cold boot" or (found and found.start_mode == "after_restore")):
                     await self.builder.start_command(sid, build)  # its snapshot does not hold it running
             except BaseException:
                 self.edge.set_secrets(sid, ())
@@ -594,6 +596,13 @@ class Node:
             rt = self.runtimes.get(sandbox_id)
             if rt.phase == Phase.FAILED:
                 raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
+            if rt.runtime_key != self.sandboxes.runtime_key():
+                # made before this worker's agent or runsc changed: its agent may not speak ours
+                raise errors.Conflict(
+                    f"pooled sandbox {sandbox_id} was made under another guest agent or runsc than "
+                    "this worker runs now; it is not handed out (the pool replaces it)",
+                    code="invalid_state",
+                )
             outcome = await self.tiers.resume(rt)
             rt.env = {**rt.env, **env}
             rt.cpus = cpus
@@ -726,12 +735,18 @@ class Node:
 
     async def inventory(self) -> api.Inventory:
         reports = []
+        current = self.sandboxes.runtime_key()
         for rt in self.runtimes.cached():
             if rt.temporary or rt.phase == Phase.DELETING:
                 continue
             reports.append(
                 api.RuntimeReport(
-                    rt.sandbox_id, rt.phase, rt.generation, rt.failure, busy=self._busy(rt.sandbox_id)
+                    rt.sandbox_id,
+                    rt.phase,
+                    rt.generation,
+                    rt.failure,
+                    busy=self._busy(rt.sandbox_id),
+                    stale_runtime=rt.runtime_key != current,
                 )
             )
         return api.Inventory(self.s.name, tuple(reports))
