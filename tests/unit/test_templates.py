@@ -15,6 +15,7 @@ import pytest
 
 from atoll.core import errors
 from atoll.worker.images import login_profile, templates
+from atoll.worker.images import shim as shim_mod
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (scripts/install-deps.sh)")
 
@@ -25,7 +26,7 @@ def shim(tmp_path_factory):
         pytest.skip("needs gcc (scripts/install-deps.sh)")
     rootfs = tmp_path_factory.mktemp("rootfs")
     (rootfs / "etc").mkdir()
-    lib = asyncio.run(templates.install_compat_shim(str(rootfs)))
+    lib = asyncio.run(shim_mod.install(str(rootfs)))
     return rootfs, lib
 
 
@@ -33,21 +34,27 @@ def test_layer_hash_covers_the_shim_source(tmp_path, monkeypatch):
     before = templates.BASE.content_hash()
     assert before == templates.BASE.content_hash()
     changed = tmp_path / "atoll-compat.c"
-    changed.write_bytes(open(templates.COMPAT_SOURCE, "rb").read() + b"/* changed */\n")
-    monkeypatch.setattr(templates, "COMPAT_SOURCE", str(changed))
+    changed.write_bytes(open(shim_mod.COMPAT_SOURCE, "rb").read() + b"/* changed */\n")
+    monkeypatch.setattr(shim_mod, "COMPAT_SOURCE", str(changed))
+    assert templates.BASE.content_hash() != before
+
+
+def test_layer_hash_covers_the_shim_flags(monkeypatch):
+    before = templates.BASE.content_hash()
+    monkeypatch.setattr(shim_mod, "COMPAT_CFLAGS", (*shim_mod.COMPAT_CFLAGS, "-O3"))
     assert templates.BASE.content_hash() != before
 
 
 def test_shim_source_ships_with_the_package():
-    assert os.path.isfile(templates.COMPAT_SOURCE)
+    assert os.path.isfile(shim_mod.COMPAT_SOURCE)
     assert "atoll.worker" in open("pyproject.toml").read().split("[tool.setuptools.package-data]")[1]
 
 
 def test_shim_installed_and_preloaded(shim):
     rootfs, lib = shim
-    assert lib == str(rootfs / templates.COMPAT_LIBRARY.lstrip("/"))
+    assert lib == str(rootfs / shim_mod.COMPAT_LIBRARY.lstrip("/"))
     assert os.stat(lib).st_mode & 0o777 == 0o644
-    assert (rootfs / "etc/ld.so.preload").read_text() == templates.COMPAT_LIBRARY + "\n"
+    assert (rootfs / "etc/ld.so.preload").read_text() == shim_mod.COMPAT_LIBRARY + "\n"
     dyn = subprocess.run(
         ["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True
     ).stdout
@@ -102,9 +109,9 @@ def test_shim_clears_at_no_automount(shim, tmp_path):
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(templates.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shim_mod.shutil, "which", lambda name: None)
     with pytest.raises(errors.RuntimeFailure, match="gcc and libc6-dev"):
-        asyncio.run(templates.install_compat_shim(str(tmp_path)))
+        asyncio.run(shim_mod.install(str(tmp_path)))
 
 
 @needs_gcc
@@ -113,7 +120,7 @@ def test_broken_source_fails_the_build(tmp_path):
     bad = tmp_path / "bad.c"
     bad.write_text("this is not C\n")
     with pytest.raises(errors.RuntimeFailure, match="gcc failed"):
-        asyncio.run(templates.install_compat_shim(str(tmp_path), source=str(bad)))
+        asyncio.run(shim_mod.install(str(tmp_path), source=str(bad)))
     assert not (tmp_path / "etc/ld.so.preload").exists()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ import typing
 
 from atoll.core import errors, templatespec
 from atoll.worker.host import hostcmd
-from atoll.worker.images import ociarchive, templates
+from atoll.worker.images import ociarchive, shim
 
 MAX_LAYERS = 60
 """Layers in one stack (the overlay mount's option string must fit a page)."""
@@ -72,7 +73,7 @@ class LayerStore:
     def commit(self, key: str, fs: str, what: str) -> None:
         tmp = os.path.dirname(fs)
         with open(os.path.join(tmp, "layer.json"), "w") as f:
-            json.dump({"key": key, "what": what, "size_bytes": templates._du(fs), "made_at": time.time()}, f)
+            json.dump({"key": key, "what": what, "size_bytes": _du(fs), "made_at": time.time()}, f)
         final = os.path.join(self.dir, key)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -84,14 +85,15 @@ class LayerStore:
         Unpacked once per archive content; atoll's compatibility shim and mount point are added.
         A path that holds no readable image archive, whatever the reason, is ociarchive.NoArchive."""
         digest = await asyncio.to_thread(ociarchive.content_digest, archive)
-        key = "oci-" + digest[:24]
+        # the key names the shim too: a changed shim reaches templates built FROM an archive
+        key = "oci-" + hashlib.sha256(f"{digest}/{shim.digest()}".encode()).hexdigest()[:24]
         config = await asyncio.to_thread(ociarchive.inspect, archive)
         async with self.making(key) as fs:
             if fs is not None:
                 log(f"unpacking {archive} (image {digest[:12]})")
                 await asyncio.to_thread(ociarchive.unpack, archive, fs)
                 check_real_dirs(fs)  # before anything is written into it on the host
-                await templates.install_compat_shim(fs)
+                await shim.install(fs)
                 os.makedirs(os.path.join(fs, "opt/atoll"), exist_ok=True)
                 self.commit(key, fs, f"FROM oci-archive:{archive}")
             else:
@@ -249,3 +251,14 @@ def find_file(layers_top_first: typing.Sequence[str], rel: str) -> str | None:
             return None
         return p
     return None
+
+
+def _du(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for fn in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, fn)).st_size
+            except OSError:
+                pass
+    return total

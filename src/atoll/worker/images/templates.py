@@ -18,19 +18,17 @@ rejects; the shim's source is part of the layer's content hash.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 import typing
 from dataclasses import asdict, dataclass, field
 
 from atoll.core import errors
 from atoll.worker.host import hostcmd
-from atoll.worker.images import login_profile
+from atoll.worker.images import login_profile, shim
 
 if typing.TYPE_CHECKING:
     from atoll.worker.images.layers import LayerStore
@@ -38,11 +36,6 @@ if typing.TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECIPE_VERSION = 2  # 2: the compatibility shim preloaded in every layer
-
-# The shim's source ships as package data; the compiled library and the preload entry in a layer.
-COMPAT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compat", "atoll-compat.c")
-COMPAT_LIBRARY = "/usr/lib/atoll/libatoll-compat.so"
-COMPAT_CFLAGS = ("-shared", "-fPIC", "-O2", "-fno-stack-protector", "-Wall", "-Wextra", "-Werror")
 
 
 @dataclass(frozen=True)
@@ -59,18 +52,12 @@ class Recipe:
             {
                 "v": RECIPE_VERSION,
                 **asdict(self),
-                "compat_shim": compat_source_digest(COMPAT_SOURCE),
+                "compat_shim": shim.digest(),
                 "login_profile": login_profile.digest(),
             },
             sort_keys=True,
         ).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
-
-
-@functools.cache
-def compat_source_digest(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 BASE = Recipe(
@@ -236,7 +223,7 @@ class TemplateStore:
 async def _customize(rootfs: str) -> None:
     """Post-build files: a local-only resolver, the guest agent's mount point, the compat shim, a
     login profile that starts no programs."""
-    await install_compat_shim(rootfs)
+    await shim.install(rootfs)
     login_profile.patch(rootfs)
     os.makedirs(os.path.join(rootfs, "opt/atoll"), exist_ok=True)
     resolv = os.path.join(rootfs, "etc/resolv.conf")
@@ -246,36 +233,3 @@ async def _customize(rootfs: str) -> None:
         # No egress in this release: lookups go to the sandbox's own loopback and fail fast,
         # never to the host machine's resolver.
         f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-
-
-async def install_compat_shim(rootfs: str, source: str = COMPAT_SOURCE) -> str:
-    """Compile the shim into `rootfs` and preload it into every dynamically linked program there.
-
-    /etc/ld.so.preload (unlike LD_PRELOAD) survives a user clearing the environment and applies to
-    setuid programs too. The host compiler builds for the host's architecture, which is the
-    template's (mmdebstrap builds the native one). Returns the library's path on the host.
-    """
-    cc = shutil.which("gcc")
-    if cc is None:
-        raise errors.RuntimeFailure(
-            "building a template needs gcc and libc6-dev on the host (for atoll's compatibility shim); "
-            "install them with scripts/install-deps.sh or `apt-get install gcc libc6-dev`"
-        )
-    out = os.path.join(rootfs, COMPAT_LIBRARY.lstrip("/"))
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    await hostcmd.run(cc, *COMPAT_CFLAGS, "-o", out, source)
-    os.chmod(out, 0o644)
-    with open(os.path.join(rootfs, "etc/ld.so.preload"), "w") as f:
-        f.write(COMPAT_LIBRARY + "\n")
-    return out
-
-
-def _du(path: str) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for fn in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, fn)).st_size
-            except OSError:
-                pass
-    return total
