@@ -37,7 +37,10 @@ def _ws(server, sid, pty_id):
 def _until(ws, needle: bytes, seen: bytearray, timeout: float = 30) -> bytearray:
     deadline = time.monotonic() + timeout
     while needle not in seen:
-        msg = ws.recv(timeout=max(0.1, deadline - time.monotonic()))
+        try:
+            msg = ws.recv(timeout=max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            raise AssertionError(f"no {needle!r} within {timeout} s; output so far {bytes(seen)!r}") from None
         if isinstance(msg, str):
             raise AssertionError(f"text message {msg!r} before {needle!r}; output so far {bytes(seen)!r}")
         seen += msg

@@ -116,7 +116,14 @@ class ProcessTable:
         may wait for the spawns in flight to register their pids (an exit can arrive right after
         its spawn's answer, before the spawner registered it), and those spawns wait for answers
         that only this reader thread reads: delivering here would hold every spawn up for
-        `_deliver_code`'s 60 s (it did, whenever a command was killed just before the next exec)."""
+        `_deliver_code`'s 60 s (it did, whenever a command was killed just before the next exec).
+        The usual case, a registered command that is still running, is delivered here at once."""
+        try:
+            if self._deliver_code(pid, code, wait=False):
+                return
+        except Exception:
+            log("delivering an exit status from atoll-init failed:\n" + format_exc())
+            return
         self._init_exits.put((pid, code))
 
     def _init_restarting(self) -> None:
@@ -286,8 +293,15 @@ class ProcessTable:
             code = 128 - code  # killed by signal N -> 128+N, like a shell
         self._deliver_code(pid, code)
 
-    def _deliver_code(self, pid: int, code: int) -> None:
+    def _deliver_code(self, pid: int, code: int, *, wait: bool = True) -> bool:
+        """Record `pid`'s exit and tell whoever waits for it. A pid not (yet) in the table waits for
+        the spawns in flight to register theirs — unless `wait` is False: then False is returned
+        and nothing is done, for the caller to hand the exit to a thread that may wait."""
         with self._cond:
+            if not wait:
+                proc = self._procs.get(pid)
+                if proc is None or proc.exit_code is not None:
+                    return False
             pending = set(self._inflight)
             deadline = time.monotonic() + 60.0
             proc = self._procs.get(pid)
@@ -298,7 +312,7 @@ class ProcessTable:
                 self._cond.wait(min(remaining, 1.0))
                 proc = self._procs.get(pid)
             if proc is None or proc.exit_code is not None:
-                return  # an orphan (PID 1 inherits them) or a forgotten record
+                return True  # an orphan (PID 1 inherits them) or a forgotten record
             proc.exit_code = code
             proc.ended_at = time.time()
             notify, timer = proc.notify, proc.timer
@@ -307,6 +321,7 @@ class ProcessTable:
             timer.cancel()
         if notify is not None:
             notify.put(("exit", code))
+        return True
 
     def get(self, pid: int) -> Proc | None:
         with self._cond:
