@@ -400,6 +400,38 @@ def test_dockerfile_build_context_keeps_symlinks_and_never_follows_them_on_the_h
         assert "No such file" in r.stderr, r.stderr
 
 
+def test_files_under_the_merged_usr_links_land_in_usr_and_bin_sh_stays(client, api, make, tmp_path):
+    """Debian's /bin, /sbin, /lib and /lib64 are links into /usr. A file written under one (JSON
+    `files`, a Dockerfile COPY) used to make a real /bin in its layer holding only that file: the
+    template's /bin/sh was gone and every string exec failed with exit 127. Now the path resolves
+    through the link, as Docker's COPY does, and a file that would replace the link is refused."""
+    _t, lines = build(
+        client, "spec-bin", files={"/bin/tool2": f"#!/bin/sh\necho t2 {NONCE}\n", "/tmp/note": "n\n"}
+    )
+    assert any("/bin/tool2 is /usr/bin/tool2" in ln for ln in lines), lines
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "tool").write_text(f"#!/bin/sh\necho tool {NONCE}\n")
+    os.chmod(ctx / "tool", 0o755)
+    (ctx / "Dockerfile").write_text("FROM spec-bin\nCOPY tool /bin/tool\nCOPY tool /sbin/\n")
+    lines = []
+    t = client.templates.build_dockerfile("docker-bin", str(ctx), on_log=lines.append, timeout=BUILD_TIMEOUT)
+    assert t.status == "ready", (t.to_dict(), lines)
+
+    sb = make("docker-bin")
+    assert out(sb, "true") == ""  # a string exec: through /bin/sh
+    r = sb.exec(["sh", "-c", "true"], timeout_s=60)
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert out(sb, "readlink /bin /sbin") == "usr/bin\nusr/sbin"
+    assert {"sh", "ls", "tool", "tool2"} <= set(out(sb, "ls /bin/").split())
+    assert out(sb, "sh /bin/tool2") == f"t2 {NONCE}"
+    assert out(sb, "/bin/tool") == out(sb, "/usr/sbin/tool") == f"tool {NONCE}"
+    assert out(sb, "stat -c %a /tmp") == "1777"  # the directory the files step made keeps its mode
+
+    _e, failed, _log = build_fails(client, api, "spec-bin-dir", files={"/bin": "x"})
+    assert "/bin is a symbolic link to the directory /usr/bin" in (failed.error or ""), failed.error
+
+
 @pytest.mark.parametrize(
     "dockerfile, needle",
     [

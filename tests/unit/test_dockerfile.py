@@ -358,6 +358,10 @@ def test_copy_file_destinations():
         "COPY a.txt /opt/": ["/opt/a.txt"],
         "COPY a.txt /opt": ["/opt/a.txt"],  # a directory every image has
         "COPY a.txt /usr/local/bin": ["/usr/local/bin/a.txt"],
+        # merged /usr's links to directories (the worker resolves them: /bin/a.txt is /usr/bin/a.txt)
+        "COPY a.txt /bin": ["/bin/a.txt"],
+        "COPY a.txt /sbin": ["/sbin/a.txt"],
+        "COPY a.txt /lib64": ["/lib64/a.txt"],
         "COPY a.txt /app": ["/app"],  # not known to be a directory: the file's new path
         "COPY a.txt .": ["/a.txt"],
         "COPY ./a.txt ./x/../y.txt": ["/y.txt"],

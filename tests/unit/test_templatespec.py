@@ -562,6 +562,16 @@ def test_base_key_and_file_mode_are_in_the_keys():
     assert ts.step_keys(one, "b") != ts.step_keys(two, "b")
 
 
+def test_a_files_step_key_names_its_layout_and_other_steps_keys_do_not(monkeypatch):
+    """Layers a files step made before its paths were resolved through the image's links (a real
+    bin/ hiding /bin) are never reused: the layout is in the key, from that step up."""
+    spec = req(apt=["jq"], files={"/bin/tool": "x"}, run=["one"])
+    now = ts.step_keys(spec, "b")
+    monkeypatch.setattr(ts, "FILES_LAYOUT", ts.FILES_LAYOUT - 1)
+    before = ts.step_keys(spec, "b")
+    assert now[0] == before[0] and now[1] != before[1] and now[2] != before[2]
+
+
 def test_bad_base_and_layer_keys():
     refused(ts.step_keys, req(), "", says="base_key")
     refused(ts.step_keys, req(), None, says="base_key")

@@ -60,9 +60,10 @@ _UNSUPPORTED = {
     "STOPSIGNAL": "remove the line",
 }
 # Directories every Debian-based image has: a COPY of one file to one of these (no trailing '/')
-# copies into it, as Docker does when the destination is an existing directory.
+# copies into it, as Docker does when the destination is an existing directory (/bin, /lib, /lib64
+# and /sbin are links to /usr's: the worker writes through them, worker.images.rootpath).
 _IMAGE_DIRS = frozenset(
-    "/ /bin /boot /etc /etc/apt /etc/default /etc/profile.d /etc/ssl /etc/ssl/certs /home /lib /media "
+    "/ /bin /boot /etc /etc/apt /etc/default /etc/profile.d /etc/ssl /etc/ssl/certs /home /lib /lib64 /media "
     "/mnt /opt /root /run /sbin /srv /tmp /usr /usr/bin /usr/include /usr/lib /usr/libexec /usr/local "
     "/usr/local/bin /usr/local/etc /usr/local/include /usr/local/lib /usr/local/sbin /usr/local/share "
     "/usr/local/share/ca-certificates /usr/local/src /usr/sbin /usr/share /usr/src /var /var/cache "

@@ -19,8 +19,11 @@ snapshot, so a Dockerfile WORKDIR emits no step of its own. apt and pip steps al
 their packages are meant to be passed as separate arguments, not through a shell (pip
 requirements may hold '<', '>' and spaces). A run step's command is run by `/bin/sh -c`; files
 are written as root with their mode, replacing what is at their paths (a symbolic link is written as
-itself, never followed). Env values are literal (no `$VAR`
-expansion in the JSON shape; a Dockerfile's ENV substitutes when it is parsed, as Docker does).
+itself, never followed), each path resolved first through the image's links of its parent
+directories, as Docker resolves a COPY destination (`/bin/x` over `/bin -> usr/bin` is
+`/usr/bin/x`); a path that is a directory of the image or a link to one fails the build. Env
+values are literal (no `$VAR` expansion in the JSON shape; a Dockerfile's ENV substitutes when it
+is parsed, as Docker does).
 
 Pure: standard library only, no I/O. Called by the control plane's template routes (validating a
 request, sending the spec to a worker), by core.dockerfile (the model and its validators), and by
@@ -63,6 +66,11 @@ dockerfile.MAX_DOCKERFILE_STEPS)."""
 READY_TIMEOUT_RANGE = (1.0, 1800.0)
 KEY_VERSION = "atoll-template-v1"
 """Part of every key: changing what a step means (the builder's promises) changes this."""
+FILES_LAYOUT = 2
+"""Part of a files step's key: how the worker lays its paths out in the layer. 2: each path is
+resolved through the image's symbolic links, as Docker resolves a COPY destination (`/bin/x` over
+`/bin -> usr/bin` is `usr/bin/x`), and directories the layer makes keep the image's modes. Layers
+of layout 1 (a real `bin/` that hid the image's `/bin`) are never reused."""
 
 STEP_KINDS = ("apt", "pip", "run", "files")
 REQUEST_KEYS = ("name", "from", "apt", "pip", "run", "files", "env", "workdir", "user", "start", "ready")
@@ -656,6 +664,7 @@ def _step_canonical(step: Step) -> bytes:
             "env": [list(p) for p in step.env],
             "workdir": step.workdir,
             "user": step.user,
+            **({"layout": FILES_LAYOUT} if step.kind == "files" else {}),  # other steps' keys unchanged
         }
     )
 

@@ -460,7 +460,9 @@ class Builder:
         self, b: Build, step: templatespec.Step, stack: list[str], env: dict[str, str], fs: str
     ) -> None:
         if step.kind == "files":
-            await self.layers.files_layer(fs, step.files)
+            moved = await self.layers.files_layer(fs, step.files, list(reversed(stack)))
+            for path, real in moved:  # Docker's way: /bin/x over /bin -> usr/bin is /usr/bin/x
+                self._log(b, f"  {path} is {real} (through the template's symbolic links)")
             self._log(b, f"  wrote {len(step.files)} file(s)")
             return
         cmd, user = self._step_command(step)

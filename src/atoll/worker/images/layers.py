@@ -28,7 +28,7 @@ import typing
 
 from atoll.core import errors, templatespec
 from atoll.worker.host import hostcmd
-from atoll.worker.images import ociarchive, shim
+from atoll.worker.images import ociarchive, rootpath, shim
 
 MAX_LAYERS = 60
 """Layers in one stack (the overlay mount's option string must fit a page)."""
@@ -100,37 +100,54 @@ class LayerStore:
                 log(f"CACHED unpacked image {digest[:12]}")
         return key, self.path(key), config
 
-    async def files_layer(self, fs: str, items: typing.Sequence[templatespec.FileItem]) -> None:
-        """Write a files step into the empty layer dir `fs` (the paths are normalised absolute
-        paths). Symbolic links are written as links and never followed: each write opens its
-        directory component by component with O_NOFOLLOW (a spec never puts a path below one of
-        its links, core.templatespec refuses it; this is the host's own guard), and a link that
-        replaces a directory atoll writes into (/etc, /usr, /opt) is refused."""
+    async def files_layer(
+        self, fs: str, items: typing.Sequence[templatespec.FileItem], lower: typing.Sequence[str]
+    ) -> list[tuple[str, str]]:
+        """Write a files step into the empty layer dir `fs` over the layers `lower` (host paths, top
+        first). Each path is resolved first as Docker resolves a COPY destination
+        (worker.images.rootpath): the links of its parent directories are followed inside the
+        image's root, so `/bin/tool` over `/bin -> usr/bin` is written as `usr/bin/tool`; a path
+        that is a directory of the image, or a link to one, is refused. Returns the (path, real
+        path) of each item written elsewhere than its own path.
 
-        def write() -> None:
+        Symbolic links are written as links and never followed on the host: each write opens its
+        directory component by component with O_NOFOLLOW, and a link that replaces a directory atoll
+        writes into (/etc, /usr, /opt) is refused. A directory the layer needs takes the mode and
+        owner the image's has (`/tmp` stays 1777, `/root` 0700)."""
+
+        def write() -> list[tuple[str, str]]:
+            view = rootpath.View(fs, lower)
+            moved = []
             for item in items:
-                parent_rel, name = os.path.split(item.path.lstrip("/"))
-                parent = _make_dirs(fs, parent_rel, item.path)
+                parent_parts, name = rootpath.destination(view, item.path)
+                real = rootpath.show((*parent_parts, name))
+                if real != item.path:
+                    moved.append((item.path, real))
+                parent = _make_dirs(fs, parent_parts, item.path, view.lower_dir)
                 try:
-                    if item.link is not None:
-                        os.symlink(item.link, name, dir_fd=parent)
-                        continue
-                    try:
-                        fd = os.open(
-                            name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=parent
-                        )
+                    try:  # what this step wrote there before (another path resolving here): the last wins
+                        os.unlink(name, dir_fd=parent)
+                    except FileNotFoundError:
+                        pass
                     except IsADirectoryError:
                         raise errors.InvalidRequest(
                             f"files: {item.path} is a directory of an earlier file's path"
                         ) from None
+                    if item.link is not None:
+                        os.symlink(item.link, name, dir_fd=parent)
+                        continue
+                    fd = os.open(
+                        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=parent
+                    )
                     with os.fdopen(fd, "wb") as f:
                         f.write(item.data)
                         os.fchmod(f.fileno(), item.mode)
                 finally:
                     os.close(parent)
             check_real_dirs(fs)
+            return moved
 
-        await asyncio.to_thread(write)
+        return await asyncio.to_thread(write)
 
     async def from_upper(self, fs: str, upper: str) -> None:
         """Copy a build sandbox's writable layer (an overlay upper dir, whiteouts and xattrs kept)
@@ -167,23 +184,37 @@ REAL_DIRS = (
 )
 
 
-def _make_dirs(root: str, rel: str, what: str) -> int:
-    """A descriptor of `root/rel`, its missing directories made (0755), walked component by
-    component without following a symlink (mkdir -p would write through one)."""
+def _make_dirs(
+    root: str,
+    parts: typing.Sequence[str],
+    what: str,
+    below: typing.Callable[[tuple[str, ...]], rootpath.Entry | None],
+) -> int:
+    """A descriptor of `root/parts`, its missing directories made, walked component by component
+    without following a symlink (mkdir -p would write through one). A directory made takes the mode
+    and owner of the one `below` shows at its path (the image's), else 0755 root."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    for part in rel.split("/") if rel else ():
+    for i, part in enumerate(parts):
         try:
+            made = False
             with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
+                os.mkdir(part, 0o700, dir_fd=fd)
+                made = True
             nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
         except OSError as e:
             os.close(fd)
             raise errors.InvalidRequest(
-                f"files: {what} is below {part!r}, a symbolic link or a file of this step ({e.strerror}); "
-                "nothing is written through a link: copy to the link's target path instead"
+                f"files: {what} is below {part!r}, which is a symbolic link or a file in this step's "
+                f"layer ({e.strerror}); nothing is written through a link on the host"
             ) from None
         os.close(fd)
         fd = nxt
+        if made:
+            image = below(tuple(parts[: i + 1]))
+            st = os.fstat(fd)
+            if image is not None and (image.uid, image.gid) != (st.st_uid, st.st_gid):
+                os.fchown(fd, image.uid, image.gid)  # before the mode: a chown may drop set-id bits
+            os.fchmod(fd, image.mode if image is not None else 0o755)
     return fd
 
 
