@@ -5,12 +5,13 @@ it cannot serve restores instead; its size is the server's setting, not PUT's.""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
 from atoll.controlplane import settings
 from atoll.core import config
-from atoll.testing import FakeAtoll
+from atoll.testing import FakeAtoll, FakeWorker
 from tests.component.conftest import KEY
 
 
@@ -123,3 +124,47 @@ async def test_a_member_the_control_plane_has_not_yet_heard_is_stale_is_refused_
         assert pool["claimed"] == 0
         members = [r.id for r in fake.manager.live() if r.pooled]
         assert all(fake.worker.runtimes[m].runtime_key == "2" for m in members if m not in old)
+
+
+async def _replaced(fake, old: set[str]) -> set[str]:
+    """Waits until the pool is whole again without any of `old`; its members now."""
+
+    def fresh(p) -> bool:
+        pooled = {r.id for r in fake.manager.live() if r.pooled}
+        return p["ready"] == 2 and not pooled & old
+
+    await _pool(fake.http, fresh)
+    return {r.id for r in fake.manager.live() if r.pooled}
+
+
+@pytest.mark.parametrize("change", ["ATOLL_SANDBOX_CA_FILE", "installation CA"])
+async def test_pool_members_that_trust_other_certificates_than_a_new_sandbox_are_replaced(change, tmp_path):
+    """A worker restarted with another ATOLL_SANDBOX_CA_FILE, or a server whose CA was made again
+    (its `ca/` moved away), keeps its frozen pool members, which trust the old certificates: the
+    pool replaces them at the adoption (the worker learns the root before its inventory is read,
+    so no create is offered one) and never hands one out."""
+    from atoll.controlplane.authority import Authority
+
+    worker = FakeWorker()
+    worker.sandbox_ca = "proxy CA 1\n"
+    authority = Authority.open(str(tmp_path / "server"))
+    async with FakeAtoll(tmp_path, [worker], api_key=KEY, default_pool=2, authority=authority) as first:
+        await _pool(first.http, lambda p: p["ready"] == 2)
+        old = {r.id for r in first.manager.live() if r.pooled}
+    assert {worker.runtimes[sid].trust for sid in old} == {(authority.root_pem.decode(), "proxy CA 1\n")}
+    if change == "ATOLL_SANDBOX_CA_FILE":
+        worker.sandbox_ca = "proxy CA 2\n"
+    else:
+        os.rename(tmp_path / "server" / "ca", tmp_path / "old-ca")
+        authority = Authority.open(str(tmp_path / "server"))  # a new root
+    now = (authority.root_pem.decode(), worker.sandbox_ca)
+    async with FakeAtoll(tmp_path, [worker], api_key=KEY, default_pool=2, authority=authority) as second:
+        members = await _replaced(second, old)
+        assert all(sid not in worker.runtimes for sid in old)  # deleted on the worker
+        assert {worker.runtimes[sid].trust for sid in members} == {now}
+        r = await second.http.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        assert ("claim", sid) in worker.calls and sid in members
+        assert worker.runtimes[sid].trust == now
+        assert not [call for call in worker.calls if call[0] == "claim refused"]

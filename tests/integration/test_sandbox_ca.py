@@ -10,6 +10,7 @@ certificate — so the check can fail.
 from __future__ import annotations
 
 import os
+import time
 
 import httpx
 import pytest
@@ -100,3 +101,70 @@ def test_a_sandbox_verifies_a_private_host_only_with_atoll_sandbox_ca_file(host,
     curl, python = _sandbox_runs(host, tmp_path / "without", {}, [CURL, PYTHON])
     assert curl["exit_code"] == 60 and "certificate" in curl["stderr"], curl  # CURLE_PEER_FAILED_VERIFICATION
     assert python["exit_code"] != 0 and "CERTIFICATE_VERIFY_FAILED" in python["stderr"], python
+
+
+def _until(what, timeout: float = 180):
+    deadline = time.monotonic() + timeout
+    while not (got := what()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what.__doc__ or what}"
+        time.sleep(0.2)
+    return got
+
+
+def test_a_pool_member_made_before_the_ca_file_changed_is_replaced_not_claimed(host, tmp_path):
+    """A restart with another ATOLL_SANDBOX_CA_FILE: the `base` pool member frozen before it trusts
+    the old certificates (the tester's report: behind a TLS-inspecting proxy, pip failed in
+    claimed sandboxes and worked in restored ones). It is replaced, never handed out: the next
+    default create claims a member made trusting the new CA, and verifies the private host."""
+    before = tmp_path / "before.pem"
+    before.write_bytes(pki.new_root_ca("atoll test CA of the first start")[0])
+    marker = before.read_text().splitlines()[1]  # a base64 line of that certificate
+    la = LocalAtoll(
+        home=tmp_path / "home",
+        env={
+            "ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE,
+            "ATOLL_EXTRA_HOSTS": host.hosts,
+            "ATOLL_DEFAULT_POOL": "1",
+            "ATOLL_SANDBOX_CA_FILE": str(before),
+        },
+    )
+
+    def members():
+        """the pool's one member, ready"""
+        with httpx.Client(base_url=la.url, headers=la.headers(), timeout=60) as api:
+            pool = api.get("/v1/templates/base/pool").json()
+        sids = os.listdir(os.path.join(la.home, "sandboxes"))
+        return sids if pool["ready"] == 1 and len(sids) == 1 else None
+
+    la.start(timeout=600)
+    try:
+        [old] = _until(members)
+        la.stop(reap=False)
+        la.env["ATOLL_SANDBOX_CA_FILE"] = host.path("ca.crt")
+        la.start(timeout=600)
+
+        def replaced():
+            """a pool member other than the one made before the restart, ready"""
+            return [m for m in members() or [] if m != old]
+
+        [new] = _until(replaced)
+        with httpx.Client(base_url=la.url, headers=la.headers(), timeout=120) as api:
+            r = api.post(
+                "/v1/sandboxes", json={"idle_timeout_s": 0, "network": {"allow_out": ["ca.atoll.test"]}}
+            )
+            assert r.status_code == 201, r.text
+            sid = r.json()["id"]
+            assert sid == new  # claimed from the pool: the member made trusting the new CA
+            python, old_ca = (
+                api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd, "timeout_s": 60}).json()
+                for cmd in (PYTHON, f"grep -c '{marker}' /etc/atoll/ca-bundle.crt || true")
+            )
+            assert python["exit_code"] == 0 and python["stdout"].strip() == "private-ok", python
+            assert old_ca["stdout"].strip() == "0", old_ca  # the first start's CA is gone
+        log = open(la.log_path).read()
+        assert "or trust other CA certificates than a new sandbox; replacing them" in log
+        assert "is not handed out" not in log  # never offered to a create
+    finally:
+        if la.proc is None:  # reaped with a server running
+            la.start(timeout=600)
+        la.stop(reap=True)

@@ -224,3 +224,49 @@ async def test_the_inventory_marks_and_claim_refuses_a_sandbox_of_another_key(tm
             await node.claim(sid, {"WHO": "me"}, 1.0)
         assert "not handed out" in e.value.message
         assert node.runtimes.get(sid).phase == Phase.FROZEN  # refused before any thaw
+
+
+async def test_a_sandbox_trusting_other_certificates_than_a_new_one_is_marked_and_refused(
+    tmp_path, fake_runsc
+):
+    """The CA certificates a sandbox is made with (the installation's root, which `set_authority`
+    gives, and ATOLL_SANDBOX_CA_FILE's) are in its files and environment: a pool member made before
+    a restart with another file, or under another root, is not what a create makes now."""
+    from atoll.core import pki
+    from atoll.core import worker_api as api
+    from atoll.worker.host import trust
+
+    home = str(tmp_path / "home")
+    root, other_root = pki.new_root_ca("installation")[0].decode(), pki.new_root_ca("again")[0].decode()
+    files = {}
+    for name in ("proxy-1", "proxy-2"):
+        files[name] = tmp_path / f"{name}.pem"
+        files[name].write_bytes(pki.new_root_ca(name)[0])
+
+    async def worker(ca_file, root_pem) -> Node:  # a worker (re)started with these
+        node = Node(WorkerSettings(home=home, sandbox_ca_file=str(ca_file) if ca_file else None))
+        await node.set_authority(api.Authority(root_pem=root_pem, cert_pem="", key_pem=""))
+        return node
+
+    node = await worker(files["proxy-1"], root)
+    member = "sb-0000000000000021"
+    rt = _new(node.runtimes, member, runtime_key=node.sandboxes.runtime_key())
+    rt.trust_pem = trust.combine(root, trust.certificates(files["proxy-1"].read_text()))  # as create does
+    node.runtimes.advance(rt, Step.BOOTED)
+    node.runtimes.advance(rt, Step.FREEZE)
+    assert [r.stale_runtime for r in (await node.inventory()).runtimes] == [False]
+
+    for ca_file, root_pem, stale in (
+        (files["proxy-1"], root, False),  # the same file and root after a restart: kept
+        (files["proxy-2"], root, True),  # another ATOLL_SANDBOX_CA_FILE
+        (None, root, True),  # none any more
+        (files["proxy-1"], other_root, True),  # the installation's CA was made again
+    ):
+        node = await worker(ca_file, root_pem)
+        node.runtimes.get(member)  # reattached from its record
+        assert [r.stale_runtime for r in (await node.inventory()).runtimes] == [stale], (ca_file, stale)
+        if stale:
+            with pytest.raises(errors.Conflict) as e:
+                await node.claim(member, {"WHO": "me"}, 1.0)
+            assert "trusting other CA certificates" in e.value.message and "not handed out" in e.value.message
+            assert node.runtimes.get(member).phase == Phase.FROZEN  # refused before any thaw

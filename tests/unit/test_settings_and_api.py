@@ -143,3 +143,67 @@ def test_sandbox_ca_file_is_a_pem_file_or_host_and_only_certificates_reach_sandb
     key_only.write_bytes(key)
     with pytest.raises(config.SettingsError, match="holds no PEM certificate"):
         worker_settings.load(env={**home, "ATOLL_SANDBOX_CA_FILE": str(key_only)})
+
+
+CA_VARIABLES = ("ATOLL_SANDBOX_CA_FILE", "ATOLL_BUILD_CA_FILE", "ATOLL_UPSTREAM_CA_FILE")
+
+
+@pytest.mark.parametrize("var", CA_VARIABLES)
+def test_a_ca_file_whose_certificates_do_not_parse_stops_the_start_naming_the_block(var, tmp_path, capsys):
+    """A block that only looks like a certificate (the tester's `AAAA`) would reach every sandbox's
+    bundle and break Python's HTTPS there: every certificate block is parsed at start-up."""
+    from atoll.core import pki
+    from atoll.shared import entry
+
+    home = {"ATOLL_HOME": str(tmp_path / "home")}
+    ca = pki.new_root_ca("test CA")[0].decode()
+    cut = ca.splitlines()
+    bad_files = {
+        "fake.pem": (
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            "certificate 1 (line 1)",
+        ),
+        "cut.pem": (ca + "\n".join(cut[:4] + cut[-1:]) + "\n", f"certificate 2 (line {len(cut) + 1})"),
+        "no-end.pem": (ca + "-----BEGIN CERTIFICATE-----\n" + "\n".join(cut[1:-1]) + "\n", "certificate 2"),
+        "header.pem": (
+            "# ours\n" + ca.replace("\n", "\nProc-Type: 4,ENCRYPTED\n", 1),
+            "certificate 1 (line 2)",
+        ),
+    }
+    for name, (text, where) in bad_files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            entry.settings_or_exit("atoll", lambda p=path: worker_settings.load(env={**home, var: str(p)}))
+        assert e.value.code == 2, name
+        message = capsys.readouterr().err
+        assert message.startswith(f"atoll: invalid setting: {var}={str(path)!r}: {where}"), message
+        assert f"unset {var}" in message, message
+    assert "not a valid X.509 certificate" in message or "not a PEM block" in message
+
+    # what passes: several certificates, CRLF line ends, comments and a key beside them
+    good = tmp_path / "good.pem"
+    key = pki.new_root_ca("key")[1].decode()
+    good.write_bytes(
+        ("# two CAs\n" + ca + pki.new_root_ca("other")[0].decode() + key).replace("\n", "\r\n").encode()
+    )
+    assert getattr(worker_settings.load(env={**home, var: str(good)}), var[6:].lower()) == str(good)
+    assert pki.check_certificates(good.read_text()) == 2
+
+
+def test_the_host_s_system_bundle_passes_the_check_without_a_warning(tmp_path):
+    """Debian's bundle holds certificates cryptography reads only with a deprecation warning (a
+    serial number that is not positive); OpenSSL loads them, so ATOLL_SANDBOX_CA_FILE=host passes
+    (a cryptography upgrade that refuses them fails here, not at an operator's start)."""
+    import warnings
+
+    from atoll.core import pki
+
+    if not os.path.exists(worker_settings.SYSTEM_CA):
+        pytest.skip("no system CA bundle on this host")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = worker_settings.load(env={"ATOLL_HOME": str(tmp_path), "ATOLL_SANDBOX_CA_FILE": "host"})
+        with open(worker_settings.SYSTEM_CA) as f:
+            assert pki.check_certificates(f.read()) > 0
+    assert s.sandbox_ca_file == worker_settings.SYSTEM_CA

@@ -235,11 +235,16 @@ class SandboxManager:
                     extra={"sandbox_id": rec.id, "secret": name},
                 )
 
-    async def configure_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None:
-        """At adoption: the worker's CA (an intermediate of the installation's) and the secret
-        bindings of its live sandboxes (a worker keeps them in memory only)."""
+    async def authorize_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None:
+        """First at adoption, before the worker's inventory is read: its CA (an intermediate of
+        the installation's, with the root every spec's `trust_pem` carries). The inventory marks
+        `stale_runtime` the pooled sandboxes made trusting another root (the CA was made again)."""
         if self.authority is not None:
             await worker.set_authority(self.authority.for_worker(handle.name))
+
+    async def configure_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None:
+        """At adoption, once the records follow the worker's inventory: the secret bindings of its
+        live sandboxes (a worker keeps them in memory only)."""
         if self.secrets is None:
             return
         for rec in self.live():

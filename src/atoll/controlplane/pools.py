@@ -9,9 +9,10 @@ largest of `min` and the floors of the schedule entries whose UTC window holds n
 (`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight), capped at
 `max`. The keeper (`run`) refills one sandbox at a time per pool in the background, never on a
 create's path; it removes pooled sandboxes of superseded builds, those beyond `max`, and those
-their worker's inventory calls `stale_runtime` (made before its guest agent or runsc changed: a
-worker restarted with another version keeps its frozen sandboxes, and their memory holds the old
-agent; `outdated`, at each adoption and reconciliation). A claim
+their worker's inventory calls `stale_runtime` (not what a create makes now: a worker restarted
+with another guest agent or runsc keeps its frozen sandboxes, and their memory holds the old agent;
+one restarted with another ATOLL_SANDBOX_CA_FILE, or under a new installation CA, keeps sandboxes
+that trust the old certificates; `outdated`, at each adoption and reconciliation). A claim
 (`claim`) takes a frozen one of the template's current build and memory size, thaws it and gives it
 the caller's environment, CPU count, egress policy, secrets, metadata and timeouts — its id,
 hostname and generation are already its own (it was made as itself). Pooled sandboxes are not
@@ -128,7 +129,7 @@ class Pools:
         self._last_claim = 0.0
         self._stopped: set[str] = set()
         self._outdated: set[str] = set()
-        """Pool members whose worker says their memory was made under another agent or runsc."""
+        """Pool members whose worker says they are not what a create makes now (`outdated`)."""
         self.builtin: dict[str, dict] = {
             name: {"min": default_pool, "max": default_pool, "schedule": [], "memory_mb": default_memory_mb}
             for name in BUILTIN
@@ -162,12 +163,14 @@ class Pools:
         return self.view(name)
 
     def outdated(self, sandbox_ids: typing.Iterable[str]) -> None:
-        """A worker's inventory named these sandboxes `stale_runtime`: the pooled ones among them
-        are not claimed from now on, and the keeper replaces them."""
+        """A worker's inventory named these sandboxes `stale_runtime` (made under another guest
+        agent or runsc, or trusting other CA certificates than a new sandbox): the pooled ones
+        among them are not claimed from now on, and the keeper replaces them."""
         pooled = {sid for sid in sandbox_ids if (rec := self.m.cache.get(sid)) is not None and rec.pooled}
         if pooled - self._outdated:
             log.info(
-                "pool: %d member(s) were made under an earlier guest agent or runsc; replacing them",
+                "pool: %d member(s) were made under an earlier guest agent or runsc, or trust other CA "
+                "certificates than a new sandbox; replacing them",
                 len(pooled - self._outdated),
             )
             self._outdated |= pooled

@@ -2,9 +2,10 @@
 
 A worker joins in one of two ways: `attach_local` (the in-process worker of `atoll up`) or
 `register` (an `atoll worker` process over HTTP: protocol version checked, a fresh token issued,
-a `RemoteWorker` made for it). Either way it is *adopted*: its info and inventory are read, the
-records are reconciled with that inventory (the listener's `worker_joined`), and only then is it
-`ready`; its events are consumed from then on, and it is reconciled again every `reconcile_s`.
+a `RemoteWorker` made for it). Either way it is *adopted*: it is given the installation's CA (the
+listener's `authorize_worker`: the worker judges by it whether its pooled sandboxes trust what a
+new one would, so before its inventory is read), its inventory is read, the records are reconciled
+with that inventory (the listener's `worker_joined`), and only then is it `ready`; its events are consumed from then on, and it is reconciled again every `reconcile_s`.
 
 States: joining → ready; ready → lost (no heartbeat for `lost_after_s`, or it said it stops) →
 joining when it registers again (same name and installation: the same worker id, its sandboxes
@@ -38,6 +39,8 @@ DRAINING = "draining: no new sandboxes are placed here"
 
 
 class Listener(typing.Protocol):
+    async def authorize_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None: ...
+
     async def worker_joined(self, handle: WorkerHandle, inventory: api.Inventory, started: float) -> None: ...
 
     async def worker_event(self, handle: WorkerHandle, ev: api.WorkerEvent) -> None: ...
@@ -374,10 +377,11 @@ class WorkerRegistry:
         h.tasks = [t for t in h.tasks if t is current]
 
     async def _adopt(self, h: WorkerHandle) -> None:
-        """Read the worker's inventory, reconcile the records with it, then serve it."""
+        """Give the worker its CA, read its inventory, reconcile the records with it, then serve it."""
         worker = h.worker
         assert worker is not None
         try:
+            await self.listener.authorize_worker(h, worker)
             started = dbm.utcnow().timestamp()
             inv = await worker.inventory()
             await self.listener.worker_joined(h, inv, started)

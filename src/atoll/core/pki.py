@@ -2,16 +2,23 @@
 root CA, an intermediate under it, and short-lived server (leaf) certificates for the names the
 gateway intercepts. EC P-256 keys, SHA-256 signatures, PEM bytes in and out.
 
-Pure: no file I/O (callers store the PEM). Called by gateway.intercept (leaves, per name) and by
-whoever sets an installation up (the root and the intermediate).
+Also the check of an operator's PEM file of certificates (`check_certificates`: every block must
+be one whole certificate) and the block pattern that picks certificates out of such a file.
+
+Pure: no file I/O (callers store the PEM). Called by gateway.intercept (leaves, per name), by
+whoever sets an installation up (the root and the intermediate), and by the worker's settings and
+worker.host.trust (operators' CA files).
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
+import warnings
 from collections.abc import Iterable
 
+from cryptography import utils as crypto_utils
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -101,6 +108,52 @@ def issue_server(
 def fingerprint(cert_pem: bytes) -> str:
     """The SHA-256 fingerprint of a certificate, lower-case hex (64 characters)."""
     return x509.load_pem_x509_certificate(cert_pem).fingerprint(hashes.SHA256()).hex()
+
+
+CERTIFICATE_BLOCK = re.compile(
+    r"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+?-----END CERTIFICATE-----"
+)
+"""One PEM certificate: its BEGIN line, base64 lines only, its END line."""
+_BEGIN = "-----BEGIN CERTIFICATE-----"
+
+
+def check_certificates(text: str) -> int:
+    """How many certificates `text` (a PEM file) holds, each parsed; a ValueError saying which
+    block (its number and line) is not one whole certificate, and why. Text outside the blocks
+    (comments, a private key) is not looked at. A certificate that cryptography reads only with a
+    deprecation warning (a serial number that is not positive, as a few in Debian's system bundle)
+    counts as good: OpenSSL, which sandboxes and the gateway load them with, accepts it."""
+    blocks = {m.start(): m for m in CERTIFICATE_BLOCK.finditer(text)}
+    if not blocks and _BEGIN not in text:
+        raise ValueError(f"it holds no PEM certificate ({_BEGIN})")
+    n, at = 0, text.find(_BEGIN)
+    while at != -1:
+        n += 1
+        where = f"certificate {n} (line {text.count(chr(10), 0, at) + 1})"
+        block = blocks.get(at)
+        if block is None:
+            raise ValueError(
+                f"{where} is not a PEM block: between its {_BEGIN} line and the next "
+                "-----END CERTIFICATE----- line there may be base64 lines only (no headers, spaces "
+                "or other text), and every block needs its END line"
+            )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", crypto_utils.CryptographyDeprecationWarning)
+                x509.load_pem_x509_certificate(block.group(0).encode("ascii"))
+        except ValueError as e:
+            raise ValueError(f"{where} is not a valid X.509 certificate ({_reason(e)})") from None
+        at = text.find(_BEGIN, block.end())
+    return n
+
+
+def _reason(e: ValueError) -> str:
+    text = str(e)
+    if "MalformedFraming" in text or "Unable to load PEM" in text:
+        return "its base64 text does not decode"
+    if "asn1" in text.lower():
+        return "its bytes are not DER: the base64 text is cut short, damaged or not a certificate"
+    return text[:200]
 
 
 # ---- helpers ------------------------------------------------------------------------------------

@@ -212,11 +212,14 @@ class RuntimeReport:
     """A step (create, pause, resume, delete, compaction) is running on it right now: its phase is
     about to change, so reconciliation leaves it alone this time."""
     stale_runtime: bool = False
-    """Its memory was made under a guest agent or runsc the worker no longer starts sandboxes with
-    (it was made before they changed, or by a version that did not record what it was made under):
-    it may not speak the worker's current protocol. A pool member so marked is never handed out;
-    the pool keeper replaces it. (Added within protocol 6: a peer that does not send it sends
-    False, and a worker refuses to claim such a sandbox whatever its control plane knows.)"""
+    """It is not what a create would make now: its memory was made under a guest agent or runsc
+    the worker no longer starts sandboxes with (it was made before they changed, or by a version
+    that did not record what it was made under), so it may not speak the worker's current
+    protocol; or it trusts other CA certificates than a new sandbox gets (the worker's
+    ATOLL_SANDBOX_CA_FILE or the installation's root, `set_authority`, changed since). A pool
+    member so marked is never handed out; the pool keeper replaces it. (Added within protocol 6:
+    a peer that does not send it sends False, and a worker refuses to claim such a sandbox
+    whatever its control plane knows.)"""
 
 
 @dataclass(frozen=True)
@@ -565,7 +568,9 @@ class WorkerAPI(Protocol):
         ...
 
     async def set_authority(self, authority: Authority) -> None:
-        """The CA the worker's egress gateway signs intercepted HTTPS with (given at adoption)."""
+        """The CA the worker's egress gateway signs intercepted HTTPS with, and the root its
+        sandboxes trust (given first at every adoption, before `inventory`: the root is what the
+        worker compares its pooled sandboxes' trust with)."""
         ...
 
     async def open_port(self, sandbox_id: str, port: int) -> PortStream:
@@ -588,7 +593,9 @@ class WorkerAPI(Protocol):
 
     async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> ResumeOutcome:
         """Wake a pooled sandbox for its new owner: thaw it and give it the caller's environment
-        and CPU count (its id, hostname and generation are already its own)."""
+        and CPU count (its id, hostname and generation are already its own). A sandbox that is not
+        what a create would make now (see RuntimeReport.stale_runtime) is refused, 409
+        invalid_state, before any thaw."""
         ...
 
     async def fork(self, sandbox_id: str, new_ids: Sequence[str]) -> ForkOutcome:

@@ -8,6 +8,8 @@ policy) over `FakeWorker`s — an atoll without root or runsc, for tests of code
 
 `fake.http` is an httpx.AsyncClient on the API (the key already set); `fake.worker` the first fake
 worker (`fake.workers` all of them); `fake.manager` the control plane's SandboxManager.
+`authority` (controlplane.authority.Authority) is the installation's CA: its root goes in every
+spec's `trust_pem` and to each worker at adoption, as in `atoll up`; without one, neither.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import httpx
 
 from atoll.controlplane import app as app_mod
 from atoll.controlplane import db, lifecycle, metrics, policy
+from atoll.controlplane.authority import Authority
 from atoll.testing.fake_worker import FakeWorker
 
 
@@ -35,6 +38,7 @@ class FakeAtoll:
         tier_policy: bool = True,
         reconcile_s: float = 30.0,
         default_pool: int = 0,
+        authority: Authority | None = None,
     ):
         self.dir = os.fspath(directory)
         os.makedirs(self.dir, exist_ok=True)
@@ -46,6 +50,7 @@ class FakeAtoll:
             m,
             reconcile_s=reconcile_s,
             default_pool=default_pool,
+            authority=authority,
         )
         m.bind_state_counts(self.manager.counts)
         self.app = app_mod.create_app(

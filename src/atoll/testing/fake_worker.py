@@ -10,7 +10,9 @@ ResumeFailed, as a real worker does), `gate_blockers`, `open_connections[sid]`, 
 `gate_stalled` (a pause that never answers), `kill(sid)` (the runtime dies), `vanish(sid)` (it is
 gone without a word), `exec_handler` (what a command "prints"), `runtime_key` (change it to play a
 worker restarted with another guest agent or runsc: the sandboxes made before are `stale_runtime`
-in the inventory, and `claim` refuses them). Every call is recorded in `calls`.
+in the inventory, and `claim` refuses them), `sandbox_ca` (the certificates a real worker's
+ATOLL_SANDBOX_CA_FILE adds; a sandbox made trusting other ones than a new sandbox would — this and
+the root `set_authority` gave — is `stale_runtime` too). Every call is recorded in `calls`.
 
     manager = SandboxManager(db, metrics)           # controlplane.lifecycle
     await manager.start()
@@ -54,6 +56,9 @@ class FakeRuntime:
     stdin: dict[int, bytearray] = field(default_factory=dict)
     runtime_key: str = ""
     """The worker's `runtime_key` when it was made (a fork's: its parent's)."""
+    trust: tuple[str, str] = ("", "")
+    """The certificates it was made trusting: its spec's `trust_pem` and the worker's
+    `sandbox_ca` then (a fork's: its parent's)."""
 
 
 def _key(path: api.FilePath) -> bytes:
@@ -100,6 +105,8 @@ class FakeWorker(fake_files.FakeFileOps):
         """A build asked for while this is set fails with it as its error."""
         self.runtime_key = "1"
         """What a real worker's guest agent and runsc are (worker.host.snapshots.RuntimeKey)."""
+        self.sandbox_ca = ""
+        """What a real worker's ATOLL_SANDBOX_CA_FILE adds to every sandbox's trust store."""
 
     # ---- test knobs -----------------------------------------------------------------------------
     def emit(self, ev: api.WorkerEvent) -> None:
@@ -171,7 +178,7 @@ class FakeWorker(fake_files.FakeFileOps):
             raise errors.TemplateNotFound(f"template {spec.template!r} does not exist")
         if spec.sandbox_id in self.runtimes:
             raise errors.Conflict(f"sandbox {spec.sandbox_id} already exists", code="invalid_state")
-        rt = FakeRuntime(spec, runtime_key=self.runtime_key)
+        rt = FakeRuntime(spec, runtime_key=self.runtime_key, trust=(spec.trust_pem, self.sandbox_ca))
         self.runtimes[spec.sandbox_id] = rt
         try:
             await self._step("create", spec.sandbox_id)
@@ -305,10 +312,12 @@ class FakeWorker(fake_files.FakeFileOps):
         self.builds.pop(build_id, None)
 
     async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> api.ResumeOutcome:
-        if self._get(sandbox_id).runtime_key != self.runtime_key:
+        if self._stale(self._get(sandbox_id)):
             self.calls.append(("claim refused", sandbox_id))
             raise errors.Conflict(
-                f"fake: pooled sandbox {sandbox_id} was made under another runtime", code="invalid_state"
+                f"fake: pooled sandbox {sandbox_id} was made under another runtime or trusting other "
+                "certificates",
+                code="invalid_state",
             )
         outcome = await self.resume(sandbox_id)
         rt = self._get(sandbox_id)
@@ -329,6 +338,7 @@ class FakeWorker(fake_files.FakeFileOps):
                 dataclasses.replace(parent.spec, sandbox_id=nid),
                 files=dict(parent.files),
                 runtime_key=parent.runtime_key,
+                trust=parent.trust,
             )
             child.phase = Phase.RUNNING
             self.runtimes[nid] = child
@@ -351,13 +361,16 @@ class FakeWorker(fake_files.FakeFileOps):
             raise
         return SocketPort(sock)
 
+    def _stale(self, rt: FakeRuntime) -> bool:
+        """Not what a create makes now: another runtime key, or other trusted certificates."""
+        root = self.authority.root_pem if self.authority is not None else ""
+        return rt.runtime_key != self.runtime_key or rt.trust != (root, self.sandbox_ca)
+
     async def inventory(self) -> api.Inventory:
         return api.Inventory(
             self.name,
             tuple(
-                api.RuntimeReport(
-                    sid, rt.phase, rt.generation, rt.failure, stale_runtime=rt.runtime_key != self.runtime_key
-                )
+                api.RuntimeReport(sid, rt.phase, rt.generation, rt.failure, stale_runtime=self._stale(rt))
                 for sid, rt in self.runtimes.items()
             ),
         )

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
+
+from atoll.core import pki
 
 CA = "/etc/atoll/ca.crt"
 BUNDLE = "/etc/atoll/ca-bundle.crt"
@@ -62,14 +63,13 @@ def _read_regular(dirfd: int, name: str) -> bytes | None:
         return f.read(_MAX_BUNDLE)
 
 
-_CERT = re.compile(r"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+?-----END CERTIFICATE-----")
-
-
 def certificates(text: str) -> str:
     """Only the PEM certificate blocks of `text`, one per line group: what an operator's CA file
     (ATOLL_SANDBOX_CA_FILE) adds to sandboxes. Anything else in the file — a private key kept
-    beside the certificate, comments — never reaches a sandbox."""
-    return "".join(m.group(0).replace("\r\n", "\n") + "\n" for m in _CERT.finditer(text))
+    beside the certificate, comments — never reaches a sandbox. (The worker's settings have
+    checked at start-up that every certificate block of the file is one whole certificate,
+    pki.check_certificates.)"""
+    return "".join(m.group(0).replace("\r\n", "\n") + "\n" for m in pki.CERTIFICATE_BLOCK.finditer(text))
 
 
 def combine(installation_pem: str, extra_pem: str) -> str:

@@ -43,7 +43,7 @@ from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.liveness import Liveness
 from atoll.worker.runtimes.pressure import Pressure
 from atoll.worker.runtimes.recovery import Recovery
-from atoll.worker.runtimes.runtime import RuntimeStore
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 from atoll.worker.runtimes.sandbox_metrics import figures as metric_figures
 from atoll.worker.runtimes.sandboxes import Sandboxes
 from atoll.worker.runtimes.tiers import Tiers
@@ -187,6 +187,11 @@ class Node:
         if settings.sandbox_ca_file:
             with open(settings.sandbox_ca_file, encoding="ascii", errors="replace") as f:
                 self.sandbox_ca_pem = trust.certificates(f.read(8 * 1024 * 1024))
+        self.installation_ca = ""
+        """The installation's root CA as the control plane last gave it (`set_authority`, first
+        at every adoption; every create's spec carries the same in `trust_pem`). With
+        `sandbox_ca_pem`, what a sandbox made now trusts: a frozen pool member that trusts
+        anything else was made before one of them changed, and is not handed out."""
         self.layers = layers.LayerStore(settings.templates)
         """The one layer cache: built-in templates' root file systems and user templates' steps."""
         self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror, self.layers)
@@ -596,11 +601,11 @@ class Node:
             rt = self.runtimes.get(sandbox_id)
             if rt.phase == Phase.FAILED:
                 raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
-            if rt.runtime_key != self.sandboxes.runtime_key():
-                # made before this worker's agent or runsc changed: its agent may not speak ours
+            why = self._outdated(rt, self._made_now())
+            if why:
                 raise errors.Conflict(
-                    f"pooled sandbox {sandbox_id} was made under another guest agent or runsc than "
-                    "this worker runs now; it is not handed out (the pool replaces it)",
+                    f"pooled sandbox {sandbox_id} was made {why}; it is not handed out (the pool "
+                    "replaces it)",
                     code="invalid_state",
                 )
             outcome = await self.tiers.resume(rt)
@@ -690,6 +695,7 @@ class Node:
         self.edge.set_secrets(sandbox_id, tuple(secrets))
 
     async def set_authority(self, authority: api.Authority) -> None:
+        self.installation_ca = authority.root_pem
         self.edge.set_authority(authority)
 
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
@@ -733,9 +739,29 @@ class Node:
         if not self._lock(sid).locked():
             self._locks.pop(sid, None)
 
+    def _made_now(self) -> tuple[str, str]:
+        """What a sandbox made now holds that may change under a worker: the runtime key of its
+        memory, and the certificates it trusts besides its template's (see `create`)."""
+        return self.sandboxes.runtime_key(), trust.combine(self.installation_ca, self.sandbox_ca_pem)
+
+    def _outdated(self, rt: Runtime, made_now: tuple[str, str]) -> str | None:
+        """Why `rt` is not what a create would make now, or None. Its memory holds the guest agent
+        it was made with (which may not speak this worker's protocol), and its files and
+        environment the CA certificates it was given: a frozen pool member keeps both across a
+        restart of its worker with another agent, runsc, ATOLL_SANDBOX_CA_FILE or installation CA."""
+        runtime_key, trust_pem = made_now
+        if rt.runtime_key != runtime_key:
+            return "under another guest agent or runsc than this worker runs now"
+        if rt.trust_pem != trust_pem:
+            return (
+                "trusting other CA certificates than a sandbox made now (ATOLL_SANDBOX_CA_FILE or "
+                "the installation's CA changed since)"
+            )
+        return None
+
     async def inventory(self) -> api.Inventory:
         reports = []
-        current = self.sandboxes.runtime_key()
+        made_now = self._made_now()
         for rt in self.runtimes.cached():
             if rt.temporary or rt.phase == Phase.DELETING:
                 continue
@@ -746,7 +772,7 @@ class Node:
                     rt.generation,
                     rt.failure,
                     busy=self._busy(rt.sandbox_id),
-                    stale_runtime=rt.runtime_key != current,
+                    stale_runtime=self._outdated(rt, made_now) is not None,
                 )
             )
         return api.Inventory(self.s.name, tuple(reports))

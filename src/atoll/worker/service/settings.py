@@ -12,7 +12,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from atoll.core import config, errors, ids, netpolicy
+from atoll.core import config, errors, ids, netpolicy, pki
 
 
 @dataclass
@@ -221,17 +221,41 @@ def _build_timeouts(env: Mapping[str, str]) -> dict[str, float]:
     return {"build_step_timeout_s": step, "build_timeout_s": whole}
 
 
+MAX_CA_FILE = 8 * 1024 * 1024
+_CA_USE = {
+    "ATOLL_UPSTREAM_CA_FILE": "The egress gateway trusts it when it re-encrypts intercepted HTTPS",
+    "ATOLL_BUILD_CA_FILE": "Build steps trust it for HTTPS (pip, curl, git)",
+    "ATOLL_SANDBOX_CA_FILE": (
+        "Every sandbox made here would get it in its trust store, where one bad certificate breaks "
+        "HTTPS (Python's ssl refuses the whole bundle)"
+    ),
+}
+
+
 def _ca_file(path: str | None, var: str = "ATOLL_UPSTREAM_CA_FILE") -> str | None:
+    """An operator's PEM file of certificates: readable, and every certificate block in it one
+    whole certificate (core.pki.check_certificates), or a SettingsError naming the variable, the
+    file, the bad block and how to fix it."""
     if path is None:
         return None
     path = os.path.abspath(path)
     try:
         with open(path, "rb") as f:
-            text = f.read(4 * 1024 * 1024)
+            data = f.read(MAX_CA_FILE + 1)
     except OSError as e:
         raise config.SettingsError(f"{var}={path!r} cannot be read: {e.strerror}") from None
-    if b"-----BEGIN CERTIFICATE-----" not in text:
-        raise config.SettingsError(f"{var}={path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    if len(data) > MAX_CA_FILE:
+        raise config.SettingsError(
+            f"{var}={path!r} is larger than {MAX_CA_FILE // 2**20} MiB; a CA file holds certificates only"
+        )
+    try:
+        pki.check_certificates(data.decode("ascii", errors="replace"))
+    except ValueError as e:
+        raise config.SettingsError(
+            f"{var}={path!r}: {e}. {_CA_USE[var]}. Fix or remove that block (each block from "
+            "-----BEGIN CERTIFICATE----- to -----END CERTIFICATE----- must be one whole certificate, "
+            f"as `openssl x509 -in CERT.pem` prints it), or unset {var}"
+        ) from None
     return path
 
 
@@ -244,7 +268,7 @@ def _sandbox_ca_file(value: str | None) -> str | None:
                 f"ATOLL_SANDBOX_CA_FILE=host names this host's system bundle, but {SYSTEM_CA} does not "
                 "exist; install ca-certificates or name a PEM file"
             )
-        return SYSTEM_CA
+        value = SYSTEM_CA  # checked like any file: every sandbox gets it
     return _ca_file(value, "ATOLL_SANDBOX_CA_FILE")
 
 
