@@ -108,6 +108,53 @@ async def test_bad_specs_are_refused_at_once(fake):
     assert fake.worker.builds == {}  # nothing reached a worker
 
 
+def _context_tar(*members: tuple[str, str, bytes | str]) -> bytes:
+    """(name, kind 'file' | 'sym' | 'hard', data or link target) members."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, kind, value in members:
+            m = tarfile.TarInfo(name)
+            if kind == "file":
+                assert isinstance(value, bytes)
+                m.size = len(value)
+                tf.addfile(m, io.BytesIO(value))
+            else:
+                assert isinstance(value, str)
+                m.type, m.linkname = (tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE), value
+                tf.addfile(m)
+    return buf.getvalue()
+
+
+async def test_a_hard_link_to_a_symbolic_link_in_a_build_context(fake):
+    """A tester's context (h a hard link to s -> /etc/shadow) answered 500 with a traceback in the
+    log: h is that link now; a hard link that names nothing of the context is a 400 naming it."""
+    c = fake.http
+    dockerfile = ("Dockerfile", "file", b"FROM base\nCOPY h /h\n")
+    r = await c.post(
+        "/v1/templates?name=hl",
+        content=_context_tar(dockerfile, ("s", "sym", "/etc/shadow"), ("h", "hard", "s")),
+        headers={"Content-Type": "application/x-tar"},
+    )
+    assert r.status_code == 202, r.text
+    build = fake.manager.templates.db.get_build(r.json()["build_id"])
+    (step,) = build.spec["steps"]
+    assert [(f["path"], f.get("link")) for f in step["files"]] == [("/h", "/etc/shadow")]
+    for members, named in (
+        ([("h", "hard", "/etc/shadow")], "'h' names '/etc/shadow'"),
+        ([("s", "sym", "/etc/shadow"), ("h", "hard", "missing")], "'h' names 'missing'"),
+    ):
+        r = await c.post(
+            "/v1/templates?name=hm",
+            content=_context_tar(dockerfile, *members),
+            headers={"Content-Type": "application/x-tar"},
+        )
+        assert r.status_code == 400, r.text
+        assert f"hard link {named}" in r.json()["error"]["message"], r.text
+
+
 async def test_the_server_does_not_say_whether_an_archive_path_exists(fake, tmp_path):
     """FROM oci-archive: names a host path; a missing one was 400 here while an existing one went
     on to the build: the answer told which paths exist. Both are now accepted alike (the worker
