@@ -372,10 +372,11 @@ class Pools:
             rec = await self.steps.create(req, pooled=True)
             # one command before the freeze: a restored sentry makes its first process's host-side
             # machinery (ptrace stubs) and reads the interpreter's files into its page cache then,
-            # ~20 ms of each that would otherwise be the claimer's (python3 is in every template:
-            # the guest agent runs on it)
+            # ~20 ms of each that would otherwise be the claimer's (/usr/bin/python3 is in every
+            # template: the guest agent runs on it; named by path, whatever PATH the template sets)
             await self.m.worker(rec).exec(
-                rec.id, api.ExecSpec(cmd=["python3", "-c", "pass"], max_output_bytes=1024, timeout_s=30)
+                rec.id,
+                api.ExecSpec(cmd=["/usr/bin/python3", "-c", "pass"], max_output_bytes=1024, timeout_s=30),
             )
             await self.steps.pause(rec.id, Tier.MEMORY)
         except errors.AtollError as e:
