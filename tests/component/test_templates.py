@@ -342,26 +342,30 @@ async def test_the_builtin_templates_pool_is_the_servers_setting(fake):
 
 
 async def test_a_path_that_finds_nothing_is_refused_naming_path(fake):
-    """PATH='' (or one without an absolute directory) used to pass and fail later as "runsc run
-    failed": the sandbox's agent is started as python3, looked up through PATH."""
+    """PATH='' (or one without an absolute directory, or with a newline) used to pass and fail
+    later as "runsc run failed"; a Dockerfile's names its line."""
     c = fake.http
     bodies = [
         ("/v1/templates", {"name": "p", "env": {"PATH": ""}}, "''"),
         ("/v1/templates", {"name": "p", "env": {"PATH": "::"}}, "'::'"),
         ("/v1/templates", {"name": "p", "env": {"PATH": "bin:node_modules/.bin"}}, "'bin:node_modules/.bin'"),
+        ("/v1/templates", {"name": "p", "env": {"PATH": "/usr/bin\n/bin"}}, "'/usr/bin\\n/bin'"),
         ("/v1/sandboxes", {"env": {"PATH": ""}}, "''"),
+        ("/v1/sandboxes", {"env": {"PATH": "/usr/bin\r\n"}}, "'/usr/bin\\r\\n'"),
     ]
     for route, body, value in bodies:
         r = await c.post(route, json=body)
         assert r.status_code == 400, (body, r.text)
         message = r.json()["error"]["message"]
-        assert "PATH" in message and value in message and "absolute directories" in message, message
+        assert "PATH" in message and value in message, message
+        assert "directories joined by ':'" in message, message
     r = await c.post(
         "/v1/templates?name=p",
-        content=b'FROM base\nENV PATH=""\n',
+        content=b'FROM base\nENV A=1\nRUN true\nENV PATH=""\n',
         headers={"Content-Type": "text/x-dockerfile"},
     )
-    assert r.status_code == 400 and "PATH ''" in r.json()["error"]["message"], r.text
+    assert r.status_code == 400, r.text
+    assert "Dockerfile line 4: ENV PATH ''" in r.json()["error"]["message"], r.text
     assert fake.worker.builds == {}  # nothing reached a worker
     assert (await c.get("/v1/sandboxes")).json()["items"] == []
     r = await c.post("/v1/templates", json={"name": "p", "env": {"PATH": "/opt/tools/bin:/usr/bin:/bin"}})
