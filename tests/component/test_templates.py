@@ -60,6 +60,21 @@ async def test_a_failed_rebuild_leaves_the_previous_build_serving(fake):
     assert fake.worker.runtimes[sid].spec.build_id == first["build_id"]
 
 
+async def test_a_template_whose_first_build_failed_shows_what_was_submitted(fake):
+    """A tester's failed template showed `"env": {}`: the settings came from the serving build only."""
+    c = fake.http
+    fake.worker.build_fails = "runsc run failed (exit 128)"
+    spec = {**SPEC, "env": {"PATH": "/nonexistent", "A": "1"}, "user": "app", "start": "serve"}
+    started = await build(c, spec)
+    t = await wait_status(c, "web", "failed", started["build_id"])
+    assert t["current_build_id"] is None
+    assert (t["env"], t["workdir"], t["user"], t["start"]) == (spec["env"], "/app", "app", "serve"), t
+    fake.worker.build_fails = None
+    await build(c)  # once a build serves, its settings are the ones shown
+    t = await wait_status(c, "web", "ready")
+    assert t["current_build_id"] is not None and t["user"] is None and t["start"] is None, t
+
+
 async def test_one_build_of_a_template_at_a_time(fake):
     c = fake.http
     fake.worker.delay["build"] = 0.5

@@ -84,6 +84,17 @@ class TemplateService:
         current = self.db.get_build(rec.current_build) if rec.current_build else None
         live = self._live_info(latest) if latest else None
         info = (current.info if current else None) or {}
+        if current is None and latest is not None:
+            # No build serves yet (the first one failed or runs): show what was submitted, with
+            # what the worker resolved so far over it (the FROM template's env, ...); `{}` read
+            # as if the spec had set nothing.
+            resolved = latest.info or {}
+            submitted = latest.spec
+            info = {
+                **resolved,
+                "env": {**(submitted.get("env") or {}), **(resolved.get("env") or {})},
+                **{k: resolved.get(k) or submitted.get(k) for k in ("workdir", "user", "start")},
+            }
         return {
             "name": rec.name,
             "status": (live.status if live else latest.status) if latest else "missing",
