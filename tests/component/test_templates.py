@@ -7,7 +7,7 @@ import asyncio
 
 from atoll.core import ids
 from atoll.testing import FakeAtoll, FakeWorker
-from tests.component.conftest import create
+from tests.component.conftest import KEY, create
 
 SPEC = {"name": "web", "from": "base", "run": ["echo hi"], "env": {"A": "1"}, "workdir": "/app"}
 
@@ -345,6 +345,22 @@ async def test_a_failed_fork_whose_parent_runs_on_leaves_it_running(fake):
     assert r.status_code == 507 and r.json()["error"]["code"] == "disk_full", r.text
     assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
     assert [s["id"] for s in (await c.get("/v1/sandboxes")).json()["items"]] == [sid]
+
+
+async def test_what_base_has_and_has_not_is_said_truly(fake, tmp_path):
+    """`GET /v1/templates/base/builds/bld-x/logs` said base had "no builds, logs or pool of its
+    own"; it has a pool (ATOLL_DEFAULT_POOL) and each worker builds it: say where to look."""
+    c = fake.http
+    r = await c.get("/v1/templates/base/builds/bld-0000000000000000/logs")
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "built in" in message and "pool of its own" not in message, message
+    assert "GET /v1/templates/base shows its status" in message and "worker's log" in message, message
+    assert (await c.get("/v1/templates/base/pool")).status_code == 200
+    async with FakeAtoll(tmp_path / "none", [], api_key=KEY) as empty:
+        r = await empty.http.get("/v1/templates/base")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker", r.text
+        assert "no usable worker reports it" in r.json()["error"]["message"], r.text
 
 
 async def test_the_builtin_templates_pool_is_the_servers_setting(fake):

@@ -16,7 +16,7 @@ import tarfile
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from atoll.controlplane import http
+from atoll.controlplane import http, templates
 from atoll.controlplane.context import ctx
 from atoll.core import dockerfile, errors, templatespec, wire
 
@@ -187,6 +187,13 @@ async def get_template(request: Request, name: str):
     for t in _builtin(request):
         if t["name"] == name:
             return {**t, "build_id": None, "current_build_id": None}
+    if name in templates.BUILTIN:
+        raise errors.Unavailable(
+            f"template {name!r} is built in, and no usable worker reports it now (each worker "
+            "builds and holds its own); start a worker or wait for the registered ones to come "
+            "back (GET /v1/workers), then retry",
+            code="no_worker",
+        )
     svc = ctx(request).manager.templates
     return svc.view(svc.record(name))
 

@@ -52,8 +52,10 @@ class TemplateService:
     def record(self, name: str) -> dbm.TemplateRecord:
         if name in BUILTIN:
             raise errors.InvalidRequest(
-                f"template {name!r} is built in: it has no builds, logs or pool of its own (those are for "
-                "templates you build with POST /v1/templates)"
+                f"template {name!r} is built in, not one you built: each worker builds it for itself "
+                f"on first use, so it has no build records here; GET /v1/templates/{name} shows its "
+                f"status, progress and error, GET /v1/templates/{name}/pool its warm pool (sized by "
+                "the server's ATOLL_DEFAULT_POOL); it cannot be rebuilt or deleted"
             )
         rec = self.db.get_template(ids.DEFAULT_TENANT, name)
         if rec is None:
@@ -247,6 +249,15 @@ class TemplateService:
             )
 
     def build_record(self, name: str, build_id: str) -> dbm.BuildRecord:
+        if name in BUILTIN:
+            raise errors.InvalidRequest(
+                f"template {name!r} is built in: each worker builds its layer for itself on first use "
+                f"(mmdebstrap), outside the builds of /v1/templates/{name}/builds, so there is no "
+                f"build {build_id!r} or build log to stream; GET /v1/templates/{name} shows its "
+                "status, progress and, if it failed, the error with the last lines of its output "
+                "(the worker's log has all of it). Build logs are for templates you build with "
+                "POST /v1/templates"
+            )
         self.record(name)
         build = self.db.get_build(build_id) if ids.is_build_id(build_id) else None
         if build is None or build.template != name:
