@@ -265,6 +265,10 @@ async def test_bad_pools_are_refused(fake):
         ({"min": 1, "max": 1000}, "max"),
         ({"min": 1, "max": 2, "schedule": [{"from": "25:00", "to": "08:00", "min": 1}]}, "HH:MM"),
         ({"min": 1, "max": 2, "schedule": [{"from": "08:00", "to": "20:00", "min": 5}]}, "max"),
+        (  # accepted without a word, and never applied
+            {"min": 0, "max": 2, "schedule": [{"from": "08:00", "to": "08:00", "min": 2}]},
+            "schedule[0] is an empty window: from and to are both '08:00'",
+        ),
         ({"min": 1, "max": 2, "size": 3}, "size"),
     ]:
         r = await c.put("/v1/templates/web/pool", json=body)

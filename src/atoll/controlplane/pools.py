@@ -6,7 +6,8 @@ A user template's pool is `{min, max, schedule?, memory_mb}` on the template's r
 default memory size; 0: none) and filled once a worker reports `base` ready: a create that names no
 template claims from it. Its desired size is the
 largest of `min` and the floors of the schedule entries whose UTC window holds now
-(`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight), capped at
+(`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight; from = to, an
+empty window, is refused), capped at
 `max`. The keeper (`run`) refills one sandbox at a time per pool in the background, never on a
 create's path; it removes pooled sandboxes of superseded builds, those beyond `max`, and those
 their worker's inventory calls `stale_runtime` (made before its guest agent or runsc changed: a
@@ -85,6 +86,12 @@ def check(body: object, default_memory_mb: int) -> dict:
         for k in ("from", "to"):
             if not isinstance(w[k], str) or not _HHMM.fullmatch(w[k]):
                 raise errors.InvalidRequest(f"pool schedule[{i}].{k}={w[k]!r} is not a UTC time HH:MM")
+        if w["from"] == w["to"]:  # [a, a) holds no minute: accepted, it never applied
+            raise errors.InvalidRequest(
+                f"pool schedule[{i}] is an empty window: from and to are both {w['from']!r} (a window "
+                "holds from <= now < to, UTC, and may wrap past midnight, e.g. 22:00-06:00); for a "
+                "floor all day, raise the pool's min instead"
+            )
         m = w["min"]
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= hi:
             raise errors.InvalidRequest(
