@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from atoll.controlplane import settings
+from atoll.controlplane import pools, settings
 from atoll.core import config
 from atoll.testing import FakeAtoll, FakeWorker
 from tests.component.conftest import KEY
@@ -67,11 +67,15 @@ async def test_without_a_default_pool_base_has_none(fake):
     assert r.status_code == 201 and ("claim", r.json()["id"]) not in fake.worker.calls
 
 
-@pytest.mark.parametrize("raw", ["x", "-1", "2.5", "201"])
+@pytest.mark.parametrize("raw", ["x", "abc", "1e9", "2.5", "0x2", "-1", "201"])
 def test_a_bad_default_pool_is_refused_at_start_naming_the_variable(raw, tmp_path):
+    """Not a number or out of range: the message names the variable, the value, the range allowed
+    and how to fix it (`'abc' is not an integer` used to give no range)."""
     with pytest.raises(config.SettingsError) as e:
         settings.load({"ATOLL_DEFAULT_POOL": raw, "ATOLL_HOME": str(tmp_path)})
-    assert "ATOLL_DEFAULT_POOL" in str(e.value) and raw.lstrip("-") in str(e.value)
+    message = str(e.value)
+    assert "ATOLL_DEFAULT_POOL" in message and raw.lstrip("-") in message, message
+    assert f"a whole number in 0-{pools.MAX_POOL}, or unset it for the default 2" in message, message
 
 
 def test_the_default_pool_is_two_and_zero_turns_it_off(tmp_path):

@@ -7,7 +7,7 @@ import asyncio
 
 from atoll.core import ids
 from atoll.testing import FakeAtoll, FakeWorker
-from tests.component.conftest import create
+from tests.component.conftest import KEY, create
 
 SPEC = {"name": "web", "from": "base", "run": ["echo hi"], "env": {"A": "1"}, "workdir": "/app"}
 
@@ -60,6 +60,21 @@ async def test_a_failed_rebuild_leaves_the_previous_build_serving(fake):
     assert fake.worker.runtimes[sid].spec.build_id == first["build_id"]
 
 
+async def test_a_template_whose_first_build_failed_shows_what_was_submitted(fake):
+    """A tester's failed template showed `"env": {}`: the settings came from the serving build only."""
+    c = fake.http
+    fake.worker.build_fails = "runsc run failed (exit 128)"
+    spec = {**SPEC, "env": {"PATH": "/nonexistent", "A": "1"}, "user": "app", "start": "serve"}
+    started = await build(c, spec)
+    t = await wait_status(c, "web", "failed", started["build_id"])
+    assert t["current_build_id"] is None
+    assert (t["env"], t["workdir"], t["user"], t["start"]) == (spec["env"], "/app", "app", "serve"), t
+    fake.worker.build_fails = None
+    await build(c)  # once a build serves, its settings are the ones shown
+    t = await wait_status(c, "web", "ready")
+    assert t["current_build_id"] is not None and t["user"] is None and t["start"] is None, t
+
+
 async def test_one_build_of_a_template_at_a_time(fake):
     c = fake.http
     fake.worker.delay["build"] = 0.5
@@ -106,6 +121,53 @@ async def test_bad_specs_are_refused_at_once(fake):
     )
     assert r.status_code == 400 and "tar" in r.json()["error"]["message"]
     assert fake.worker.builds == {}  # nothing reached a worker
+
+
+def _context_tar(*members: tuple[str, str, bytes | str]) -> bytes:
+    """(name, kind 'file' | 'sym' | 'hard', data or link target) members."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, kind, value in members:
+            m = tarfile.TarInfo(name)
+            if kind == "file":
+                assert isinstance(value, bytes)
+                m.size = len(value)
+                tf.addfile(m, io.BytesIO(value))
+            else:
+                assert isinstance(value, str)
+                m.type, m.linkname = (tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE), value
+                tf.addfile(m)
+    return buf.getvalue()
+
+
+async def test_a_hard_link_to_a_symbolic_link_in_a_build_context(fake):
+    """A tester's context (h a hard link to s -> /etc/shadow) answered 500 with a traceback in the
+    log: h is that link now; a hard link that names nothing of the context is a 400 naming it."""
+    c = fake.http
+    dockerfile = ("Dockerfile", "file", b"FROM base\nCOPY h /h\n")
+    r = await c.post(
+        "/v1/templates?name=hl",
+        content=_context_tar(dockerfile, ("s", "sym", "/etc/shadow"), ("h", "hard", "s")),
+        headers={"Content-Type": "application/x-tar"},
+    )
+    assert r.status_code == 202, r.text
+    build = fake.manager.templates.db.get_build(r.json()["build_id"])
+    (step,) = build.spec["steps"]
+    assert [(f["path"], f.get("link")) for f in step["files"]] == [("/h", "/etc/shadow")]
+    for members, named in (
+        ([("h", "hard", "/etc/shadow")], "'h' names '/etc/shadow'"),
+        ([("s", "sym", "/etc/shadow"), ("h", "hard", "missing")], "'h' names 'missing'"),
+    ):
+        r = await c.post(
+            "/v1/templates?name=hm",
+            content=_context_tar(dockerfile, *members),
+            headers={"Content-Type": "application/x-tar"},
+        )
+        assert r.status_code == 400, r.text
+        assert f"hard link {named}" in r.json()["error"]["message"], r.text
 
 
 async def test_the_server_does_not_say_whether_an_archive_path_exists(fake, tmp_path):
@@ -203,6 +265,10 @@ async def test_bad_pools_are_refused(fake):
         ({"min": 1, "max": 1000}, "max"),
         ({"min": 1, "max": 2, "schedule": [{"from": "25:00", "to": "08:00", "min": 1}]}, "HH:MM"),
         ({"min": 1, "max": 2, "schedule": [{"from": "08:00", "to": "20:00", "min": 5}]}, "max"),
+        (  # accepted without a word, and never applied
+            {"min": 0, "max": 2, "schedule": [{"from": "08:00", "to": "08:00", "min": 2}]},
+            "schedule[0] is an empty window: from and to are both '08:00'",
+        ),
         ({"min": 1, "max": 2, "size": 3}, "size"),
     ]:
         r = await c.put("/v1/templates/web/pool", json=body)
@@ -285,6 +351,22 @@ async def test_a_failed_fork_whose_parent_runs_on_leaves_it_running(fake):
     assert [s["id"] for s in (await c.get("/v1/sandboxes")).json()["items"]] == [sid]
 
 
+async def test_what_base_has_and_has_not_is_said_truly(fake, tmp_path):
+    """`GET /v1/templates/base/builds/bld-x/logs` said base had "no builds, logs or pool of its
+    own"; it has a pool (ATOLL_DEFAULT_POOL) and each worker builds it: say where to look."""
+    c = fake.http
+    r = await c.get("/v1/templates/base/builds/bld-0000000000000000/logs")
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "built in" in message and "pool of its own" not in message, message
+    assert "GET /v1/templates/base shows its status" in message and "worker's log" in message, message
+    assert (await c.get("/v1/templates/base/pool")).status_code == 200
+    async with FakeAtoll(tmp_path / "none", [], api_key=KEY) as empty:
+        r = await empty.http.get("/v1/templates/base")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker", r.text
+        assert "no usable worker reports it" in r.json()["error"]["message"], r.text
+
+
 async def test_the_builtin_templates_pool_is_the_servers_setting(fake):
     c = fake.http
     r = await c.put("/v1/templates/base/pool", json={"min": 1, "max": 1})
@@ -295,26 +377,30 @@ async def test_the_builtin_templates_pool_is_the_servers_setting(fake):
 
 
 async def test_a_path_that_finds_nothing_is_refused_naming_path(fake):
-    """PATH='' (or one without an absolute directory) used to pass and fail later as "runsc run
-    failed": the sandbox's agent is started as python3, looked up through PATH."""
+    """PATH='' (or one without an absolute directory, or with a newline) used to pass and fail
+    later as "runsc run failed"; a Dockerfile's names its line."""
     c = fake.http
     bodies = [
         ("/v1/templates", {"name": "p", "env": {"PATH": ""}}, "''"),
         ("/v1/templates", {"name": "p", "env": {"PATH": "::"}}, "'::'"),
         ("/v1/templates", {"name": "p", "env": {"PATH": "bin:node_modules/.bin"}}, "'bin:node_modules/.bin'"),
+        ("/v1/templates", {"name": "p", "env": {"PATH": "/usr/bin\n/bin"}}, "'/usr/bin\\n/bin'"),
         ("/v1/sandboxes", {"env": {"PATH": ""}}, "''"),
+        ("/v1/sandboxes", {"env": {"PATH": "/usr/bin\r\n"}}, "'/usr/bin\\r\\n'"),
     ]
     for route, body, value in bodies:
         r = await c.post(route, json=body)
         assert r.status_code == 400, (body, r.text)
         message = r.json()["error"]["message"]
-        assert "PATH" in message and value in message and "absolute directories" in message, message
+        assert "PATH" in message and value in message, message
+        assert "directories joined by ':'" in message, message
     r = await c.post(
         "/v1/templates?name=p",
-        content=b'FROM base\nENV PATH=""\n',
+        content=b'FROM base\nENV A=1\nRUN true\nENV PATH=""\n',
         headers={"Content-Type": "text/x-dockerfile"},
     )
-    assert r.status_code == 400 and "PATH ''" in r.json()["error"]["message"], r.text
+    assert r.status_code == 400, r.text
+    assert "Dockerfile line 4: ENV PATH ''" in r.json()["error"]["message"], r.text
     assert fake.worker.builds == {}  # nothing reached a worker
     assert (await c.get("/v1/sandboxes")).json()["items"] == []
     r = await c.post("/v1/templates", json={"name": "p", "env": {"PATH": "/opt/tools/bin:/usr/bin:/bin"}})

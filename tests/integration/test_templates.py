@@ -528,6 +528,28 @@ def test_a_ready_port_nothing_listens_on_fails_the_build(client, api):
     assert ei.value.status_code == 409, ei.value  # no ready build to create from
 
 
+def test_a_template_path_that_finds_no_python_boots_and_is_its_commands_path(client, make):
+    """A tester's `{"env": {"PATH": "/nonexistent"}}` failed its build with "runsc run failed
+    (exit 128)": the guest agent was started as `python3` through the template's PATH. It starts by
+    its absolute path now, and atoll's own commands of the boot (mkdir of the workdir, the listen
+    probe) do not use that PATH either; the sandbox's commands do."""
+    t, lines = build(
+        client,
+        "path-nowhere",
+        env={"PATH": "/nonexistent", "NONCE": NONCE},
+        workdir="/srv/path-nowhere",
+        start="exec /usr/bin/python3 -m http.server 8001",
+        ready={"port": 8001},
+    )
+    assert t.status == "ready", (t.to_dict(), lines)
+    assert t["env"]["PATH"] == "/nonexistent", t.to_dict()
+    sb = make("path-nowhere")
+    assert out(sb, ["/bin/sh", "-c", 'echo "$PATH $PWD"']) == "/nonexistent /srv/path-nowhere"
+    r = sb.exec("ls", timeout_s=60)  # found through the template's PATH: not there
+    assert r.exit_code == 127 and "not found" in r.stderr, (r.exit_code, r.stdout, r.stderr)
+    assert "http.server" in out(sb, ["/bin/ps", "-eo", "args"])
+
+
 # ---- 7. bad input ------------------------------------------------------------------------------
 
 

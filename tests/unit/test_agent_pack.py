@@ -48,3 +48,15 @@ def test_host_pids_ceiling_is_8x_the_guest_limit():
     assert bundle.HOST_PIDS_LIMIT >= 8 * limits.USER_PIDS_MAX
     spec = bundle.BundleSpec("sb-x", "h", "/r", "/a", "/n", "/c", 512, None, {})
     assert bundle.render(spec)["linux"]["resources"]["pids"]["limit"] == bundle.HOST_PIDS_LIMIT
+
+
+def test_the_agent_starts_by_its_absolute_path_whatever_path_the_template_sets():
+    """A template with env PATH=/nonexistent built to "runsc run failed (exit 128)" at its boot:
+    runsc looked `python3` up through the PATH of the sandbox's env. The agent is named by its
+    path; the template's PATH stays the env of its commands."""
+    from atoll.worker.host import bundle
+
+    spec = bundle.BundleSpec("sb-x", "h", "/r", "/a", "/n", "/c", 512, None, {"PATH": "/nonexistent"})
+    process = bundle.render(spec)["process"]
+    assert process["args"][0] == bundle.AGENT_PYTHON == "/usr/bin/python3"
+    assert "PATH=/nonexistent" in process["env"]

@@ -2,7 +2,8 @@
 a word): the control plane's tar reader keeps their targets as written, COPY copies them as links,
 the wire and the layer keys carry them, and the worker writes them into the layer without ever
 following one on the host — a link whose target leads out of the context is kept, and resolved
-only inside the sandbox. Hard links become copies of the member they name."""
+only inside the sandbox. A hard link becomes what it names: a copy of a regular file, or the
+symbolic link itself when it names one (a hard link shares the inode, and that inode is the link)."""
 
 from __future__ import annotations
 
@@ -86,12 +87,55 @@ def test_links_cross_the_wire_and_change_the_layer_key():
     [
         ([("d", b"", "sym", "/etc"), ("d/x", b"x", "file", "")], "symbolic link d and d/x"),
         ([("h", b"", "hard", "missing")], "hard link 'h' names 'missing'"),
+        ([("h", b"", "hard", "/etc/shadow")], "hard link 'h' names '/etc/shadow'"),
+        ([("d/x", b"x", "file", ""), ("h", b"", "hard", "d")], "hard link 'h' names 'd'"),  # a directory
+        ([("h", b"", "hard", "later"), ("later", b"x", "file", "")], "hard link 'h' names 'later'"),
         ([("p", b"", "fifo", "")], "device or a FIFO"),
     ],
 )
 def test_what_cannot_be_kept_is_refused_naming_it(members, words):
     with pytest.raises(errors.InvalidRequest, match=words):
         _files(_tar(("Dockerfile", DOCKERFILE, "file", ""), *members))
+
+
+def test_a_hard_link_to_a_symbolic_link_is_that_link_never_followed():
+    """A tester's context: `s -> /etc/shadow` and `h` a hard link to `s` answered 500 (tarfile
+    followed s to resolve h); with `s -> f` inside the context, h silently became a copy of f."""
+    got = _files(
+        _tar(
+            ("Dockerfile", DOCKERFILE, "file", ""),
+            ("f", b"data\n", "file", ""),
+            ("s", b"", "sym", "/etc/shadow"),
+            ("h", b"", "hard", "s"),
+            ("t", b"", "sym", "f"),
+            ("./sub/g", b"", "hard", "./t"),  # names as tar -C DIR . writes them
+            ("h2", b"", "hard", "h"),  # a hard link to a hard link: the same inode
+        )
+    )
+    links = {p: f.link for p, f in got.items() if f.link is not None}
+    assert links == {
+        "/app/s": "/etc/shadow",
+        "/app/h": "/etc/shadow",
+        "/app/h2": "/etc/shadow",
+        "/app/t": "f",
+        "/app/sub/g": "f",
+    }
+    assert got["/app/f"].data == b"data\n" and got["/app/f"].link is None
+
+
+def test_hard_links_count_against_the_unpacked_size_each_time(monkeypatch):
+    monkeypatch.setattr(routes_templates, "MAX_CONTEXT_FILES_BYTES", 1000)
+    big = ("big", b"x" * 400, "file", "")
+    routes_templates._context(_tar(("Dockerfile", DOCKERFILE, "file", ""), big, ("h", b"", "hard", "big")))
+    with pytest.raises(errors.PayloadTooLarge, match="'h2' alone is 400"):
+        routes_templates._context(
+            _tar(
+                ("Dockerfile", DOCKERFILE, "file", ""),
+                big,
+                ("h", b"", "hard", "big"),
+                ("h2", b"", "hard", "h"),  # size 0 in its header: counted as what it copies
+            )
+        )
 
 
 def test_a_dockerfile_that_is_a_link_is_refused():

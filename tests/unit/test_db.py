@@ -75,3 +75,16 @@ def test_a_database_at_0008_upgrades_to_count_pool_claims(tmp_path):
     assert dbm.open_database(url).pool_claimed("t", "web") == 2
     command.downgrade(cfg, "0008")  # and back
     assert "pool_claims" not in sa.inspect(sa.create_engine(url)).get_table_names()
+
+
+def test_every_migration_logs_one_line():
+    """Alembic logs `Running upgrade A -> B, <message>` with the docstring's first paragraph: 0009's
+    ran over two lines."""
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(dbm.__file__), "migrations"))
+    scripts = list(ScriptDirectory.from_config(cfg).walk_revisions())
+    assert len(scripts) >= 9
+    for script in scripts:
+        assert script.doc and "\n" not in script.doc, (script.revision, script.doc)

@@ -296,10 +296,22 @@ def test_env_applies_to_later_steps_only():
         ('ENV A="${UNSET:?set it please}"', "UNSET is not set: set it please"),
         ("ENV A=${UNSET:?set it please}", "unterminated ${...}"),  # words split at spaces first
         ("ENV A=${UNSET?}", "UNSET is not set"),
+        ('ENV PATH=""', "ENV PATH '' has no absolute directory"),
+        ("ENV PATH bin:node_modules/.bin", "ENV PATH 'bin:node_modules/.bin' has no absolute directory"),
+        ("ENV PATH=/usr/bin\x01/bin", "ENV PATH '/usr/bin\\x01/bin' contains the control character"),
     ],
 )
 def test_env_errors(line, says):
     refused(df, f"FROM base\n{line}\n", says=("Dockerfile line 2: ", says))
+
+
+def test_a_path_that_finds_nothing_names_its_line():
+    """A tester's Dockerfile: the PATH error came from the spec at the end, with no line number."""
+    refused(
+        df,
+        'FROM base\nENV A=1\nRUN true\nENV PATH=""\n',
+        says=("Dockerfile line 4: ENV PATH '' has no absolute directory", "leave PATH out"),
+    )
 
 
 def test_required_variable_that_is_set():

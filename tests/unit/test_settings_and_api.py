@@ -55,6 +55,7 @@ def test_build_time_limits(tmp_path):
         ({"ATOLL_BUILD_TIMEOUT_S": "-5"}, "ATOLL_BUILD_TIMEOUT_S=-5.0 is out of range"),
         ({"ATOLL_BUILD_TIMEOUT_S": "nan"}, "ATOLL_BUILD_TIMEOUT_S='nan' is not a finite number"),
         ({"ATOLL_BUILD_TIMEOUT_S": "inf"}, "ATOLL_BUILD_TIMEOUT_S='inf' is not a finite number"),
+        ({"ATOLL_BUILD_TIMEOUT_S": "1h"}, "set it to a number in 1-604800, or unset it for the default 3600"),
         (
             {"ATOLL_BUILD_STEP_TIMEOUT_S": "600", "ATOLL_BUILD_TIMEOUT_S": "300"},
             "ATOLL_BUILD_STEP_TIMEOUT_S=600 is longer than ATOLL_BUILD_TIMEOUT_S=300",

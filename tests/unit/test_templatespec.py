@@ -297,10 +297,27 @@ def test_empty_file_is_fine():
         ({"A": "x\0y"}, "env A contains a NUL"),
         ({"A": "x" * (ts.MAX_ENV_VALUE + 1)}, "more than"),
         ({f"V{i}": "" for i in range(ts.MAX_ENV + 1)}, "set fewer"),
+        # a tester's PATHs: accepted, then the build failed with "runsc run failed (exit 128)"
+        (
+            {"PATH": "/usr/bin\n/bin"},
+            ("env: PATH '/usr/bin\\n/bin'", "control character '\\n' (at position 8)"),
+        ),
+        ({"PATH": "/usr/bin:/bin\t"}, ("env: PATH", "control character '\\t'", "remove it")),
+        ({"PATH": "/bin\x7f"}, ("env: PATH", "control character '\\x7f'")),
+        ({"PATH": ""}, ("env: PATH ''", "no absolute directory")),
     ],
 )
 def test_bad_env(env, says):
     refused(req, env=env, says=says)
+
+
+def test_a_path_of_absolute_directories_is_kept_even_if_they_do_not_exist():
+    """The sandbox's agent starts by its own absolute path: a PATH that names no existing directory
+    only fails the commands that rely on it, so it is the template's to choose."""
+    assert dict(req(env={"PATH": "/nonexistent"}).env) == {"PATH": "/nonexistent"}
+    assert (
+        dict(req(env={"PATH": "./node_modules/.bin:/usr/bin"}).env)["PATH"] == "./node_modules/.bin:/usr/bin"
+    )
 
 
 @pytest.mark.parametrize(

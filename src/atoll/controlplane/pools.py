@@ -6,7 +6,8 @@ A user template's pool is `{min, max, schedule?, memory_mb}` on the template's r
 default memory size; 0: none) and filled once a worker reports `base` ready: a create that names no
 template claims from it. Its desired size is the
 largest of `min` and the floors of the schedule entries whose UTC window holds now
-(`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight), capped at
+(`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight; from = to, an
+empty window, is refused), capped at
 `max`. The keeper (`run`) refills one sandbox at a time per pool in the background, never on a
 create's path; it removes pooled sandboxes of superseded builds, those beyond `max`, and those
 their worker's inventory calls `stale_runtime` (not what a create makes now: a worker restarted
@@ -86,6 +87,12 @@ def check(body: object, default_memory_mb: int) -> dict:
         for k in ("from", "to"):
             if not isinstance(w[k], str) or not _HHMM.fullmatch(w[k]):
                 raise errors.InvalidRequest(f"pool schedule[{i}].{k}={w[k]!r} is not a UTC time HH:MM")
+        if w["from"] == w["to"]:  # [a, a) holds no minute: accepted, it never applied
+            raise errors.InvalidRequest(
+                f"pool schedule[{i}] is an empty window: from and to are both {w['from']!r} (a window "
+                "holds from <= now < to, UTC, and may wrap past midnight, e.g. 22:00-06:00); for a "
+                "floor all day, raise the pool's min instead"
+            )
         m = w["min"]
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= hi:
             raise errors.InvalidRequest(
@@ -375,10 +382,11 @@ class Pools:
             rec = await self.steps.create(req, pooled=True)
             # one command before the freeze: a restored sentry makes its first process's host-side
             # machinery (ptrace stubs) and reads the interpreter's files into its page cache then,
-            # ~20 ms of each that would otherwise be the claimer's (python3 is in every template:
-            # the guest agent runs on it)
+            # ~20 ms of each that would otherwise be the claimer's (/usr/bin/python3 is in every
+            # template: the guest agent runs on it; named by path, whatever PATH the template sets)
             await self.m.worker(rec).exec(
-                rec.id, api.ExecSpec(cmd=["python3", "-c", "pass"], max_output_bytes=1024, timeout_s=30)
+                rec.id,
+                api.ExecSpec(cmd=["/usr/bin/python3", "-c", "pass"], max_output_bytes=1024, timeout_s=30),
             )
             await self.steps.pause(rec.id, Tier.MEMORY)
         except errors.AtollError as e:

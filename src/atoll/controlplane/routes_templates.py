@@ -16,7 +16,7 @@ import tarfile
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from atoll.controlplane import http
+from atoll.controlplane import http, templates
 from atoll.controlplane.context import ctx
 from atoll.core import dockerfile, errors, templatespec, wire
 
@@ -48,10 +48,20 @@ async def _body(request: Request, limit: int) -> bytes:
     return bytes(buf)
 
 
+def _check_budget(budget: int, member: str, size: int) -> None:
+    if budget < 0:
+        raise errors.PayloadTooLarge(
+            f"the build context unpacks to more than {MAX_CONTEXT_FILES_BYTES} bytes "
+            f"({member!r} alone is {size}); leave large files out of it (.dockerignore "
+            "is not read: send only what COPY/ADD need)"
+        )
+
+
 def _context(data: bytes) -> tuple[str, dict[str, dockerfile.ContextEntry]]:
     """The Dockerfile and the files of a tar build context: regular files; symbolic links as
     links (target kept as written, never followed here or on the worker; resolved inside the
-    sandbox); hard links as copies of the member they name (which must be in the context).
+    sandbox); a hard link as what it names, earlier in the context: a copy of a regular file, or
+    that symbolic link itself (the inode they share is the link).
     Directories are implied by the paths; devices and FIFOs are refused."""
     files: dict[str, dockerfile.ContextEntry] = {}
     budget = MAX_CONTEXT_FILES_BYTES  # what it unpacks to (a small .tar.gz may hold gigabytes)
@@ -69,23 +79,25 @@ def _context(data: bytes) -> tuple[str, dict[str, dockerfile.ContextEntry]]:
                     raise errors.InvalidRequest(f"build context: {m.name!r} points outside the context")
                 if m.issym():
                     files[name] = (b"", 0o777, m.linkname)
-                elif m.isfile() or m.islnk():
-                    size = m.size
-                    if m.islnk():
-                        try:  # tarfile reads a hard link as the member it names
-                            size = tar.getmember(m.linkname).size
-                        except KeyError:
-                            raise errors.InvalidRequest(
-                                f"build context: hard link {m.name!r} names {m.linkname!r}, which is not "
-                                "in the context; send the file itself"
-                            ) from None
-                    budget -= size
-                    if budget < 0:
-                        raise errors.PayloadTooLarge(
-                            f"the build context unpacks to more than {MAX_CONTEXT_FILES_BYTES} bytes "
-                            f"({m.name!r} alone is {size}); leave large files out of it (.dockerignore "
-                            "is not read: send only what COPY/ADD need)"
+                elif m.islnk():
+                    # A hard link shares the inode of the member it names: a regular file becomes
+                    # a copy of that file, a symbolic link that link (never followed). It is resolved
+                    # here, against what the context held so far (tar writes the inode's first name
+                    # first), not by tarfile, which follows a link to a symbolic link.
+                    target = files.get(posixpath.normpath(m.linkname.lstrip("/")))
+                    if target is None:
+                        raise errors.InvalidRequest(
+                            f"build context: hard link {m.name!r} names {m.linkname!r}, which is not "
+                            "a file or symbolic link earlier in the context; send the file itself "
+                            "(tar --hard-dereference) or include the member it names"
                         )
+                    if len(target) == 2:
+                        budget -= len(target[0])
+                        _check_budget(budget, m.name, len(target[0]))
+                    files[name] = target
+                elif m.isfile():
+                    budget -= m.size
+                    _check_budget(budget, m.name, m.size)
                     f = tar.extractfile(m)
                     files[name] = (f.read() if f else b"", m.mode & 0o7777)
                 elif not m.isdir():
@@ -175,6 +187,13 @@ async def get_template(request: Request, name: str):
     for t in _builtin(request):
         if t["name"] == name:
             return {**t, "build_id": None, "current_build_id": None}
+    if name in templates.BUILTIN:
+        raise errors.Unavailable(
+            f"template {name!r} is built in, and no usable worker reports it now (each worker "
+            "builds and holds its own); start a worker or wait for the registered ones to come "
+            "back (GET /v1/workers), then retry",
+            code="no_worker",
+        )
     svc = ctx(request).manager.templates
     return svc.view(svc.record(name))
 

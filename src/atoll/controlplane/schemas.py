@@ -41,8 +41,8 @@ def _check_env(v: dict[str, str] | None) -> dict[str, str] | None:
 
 
 def _check_sandbox_env(v: dict[str, str] | None) -> dict[str, str] | None:
-    """A sandbox's env also starts its agent (as python3, through PATH): a PATH that finds
-    nothing would fail at `runsc run`, so it is refused here (an exec's env may set any PATH)."""
+    """A sandbox's env is its commands' env: a PATH that can find nothing (a control character, no
+    absolute directory) is refused here, naming PATH (an exec's env may set any PATH)."""
     v = _check_env(v)
     if v and "PATH" in v and (problem := templatespec.path_problem(v["PATH"])):
         raise ValueError(f"env: {problem}")

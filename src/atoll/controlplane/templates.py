@@ -52,8 +52,10 @@ class TemplateService:
     def record(self, name: str) -> dbm.TemplateRecord:
         if name in BUILTIN:
             raise errors.InvalidRequest(
-                f"template {name!r} is built in: it has no builds, logs or pool of its own (those are for "
-                "templates you build with POST /v1/templates)"
+                f"template {name!r} is built in, not one you built: each worker builds it for itself "
+                f"on first use, so it has no build records here; GET /v1/templates/{name} shows its "
+                f"status, progress and error, GET /v1/templates/{name}/pool its warm pool (sized by "
+                "the server's ATOLL_DEFAULT_POOL); it cannot be rebuilt or deleted"
             )
         rec = self.db.get_template(ids.DEFAULT_TENANT, name)
         if rec is None:
@@ -84,6 +86,17 @@ class TemplateService:
         current = self.db.get_build(rec.current_build) if rec.current_build else None
         live = self._live_info(latest) if latest else None
         info = (current.info if current else None) or {}
+        if current is None and latest is not None:
+            # No build serves yet (the first one failed or runs): show what was submitted, with
+            # what the worker resolved so far over it (the FROM template's env, ...); `{}` read
+            # as if the spec had set nothing.
+            resolved = latest.info or {}
+            submitted = latest.spec
+            info = {
+                **resolved,
+                "env": {**(submitted.get("env") or {}), **(resolved.get("env") or {})},
+                **{k: resolved.get(k) or submitted.get(k) for k in ("workdir", "user", "start")},
+            }
         return {
             "name": rec.name,
             "status": (live.status if live else latest.status) if latest else "missing",
@@ -236,6 +249,15 @@ class TemplateService:
             )
 
     def build_record(self, name: str, build_id: str) -> dbm.BuildRecord:
+        if name in BUILTIN:
+            raise errors.InvalidRequest(
+                f"template {name!r} is built in: each worker builds its layer for itself on first use "
+                f"(mmdebstrap), outside the builds of /v1/templates/{name}/builds, so there is no "
+                f"build {build_id!r} or build log to stream; GET /v1/templates/{name} shows its "
+                "status, progress and, if it failed, the error with the last lines of its output "
+                "(the worker's log has all of it). Build logs are for templates you build with "
+                "POST /v1/templates"
+            )
         self.record(name)
         build = self.db.get_build(build_id) if ids.is_build_id(build_id) else None
         if build is None or build.template != name:

@@ -39,16 +39,17 @@ def integer(
     what: str = "",
 ) -> int:
     raw = flag if flag is not None else env.get(name)
+    bounds = f"{lo if lo is not None else '-inf'}-{hi if hi is not None else 'inf'}"
+    fix = f"{f' ({what})' if what else ''}; set it to a whole number in {bounds}, or unset it for the default {default}"
     if raw is None or raw == "":
         value = default
     else:
         try:
-            value = int(raw)
+            value = int(raw)  # decimal digits only: 1e9, 2.5 and 0x2 are refused, not read as something else
         except (TypeError, ValueError):
-            raise SettingsError(f"{name}={raw!r} is not an integer") from None
+            raise SettingsError(f"{name}={raw!r} is not an integer{fix}") from None
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f"{lo if lo is not None else '-inf'}-{hi if hi is not None else 'inf'}"
-        raise SettingsError(f"{name}={value} is out of range {bounds}{f' ({what})' if what else ''}")
+        raise SettingsError(f"{name}={value} is out of range {bounds}{fix}")
     return value
 
 
@@ -58,14 +59,16 @@ def number(
     raw = env.get(name)
     if raw is None or raw == "":
         return default
+    bounds = f"{'-inf' if lo is None else format(lo, 'g')}-{'inf' if hi is None else format(hi, 'g')}"
+    fix = f"; set it to a number in {bounds}, or unset it for the default {default:g}"
     try:
         value = float(raw)
     except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
+        raise SettingsError(f"{name}={raw!r} is not a number{fix}") from None
     if not math.isfinite(value):  # NaN passes every range check below
-        raise SettingsError(f"{name}={raw!r} is not a finite number")
+        raise SettingsError(f"{name}={raw!r} is not a finite number{fix}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise SettingsError(f"{name}={value} is out of range {lo}-{hi}")
+        raise SettingsError(f"{name}={value} is out of range {bounds}{fix}")
     return value
 
 

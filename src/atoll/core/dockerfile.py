@@ -379,6 +379,8 @@ class _Build:
                     f"ENV name {_show(key)} is not a variable name: letters, digits and '_', not starting with a digit"
                 )
             _text(value, f"ENV {key}", limit=MAX_ENV_VALUE, empty=True)
+            if key == "PATH" and (problem := templatespec.path_problem(value)):
+                raise _fail(f"ENV {problem}")  # here, with this line's number (not at the spec's end)
         self.env.update(pairs)
         if len(self.env) > MAX_ENV:
             raise _fail(f"more than {MAX_ENV} environment variables; set fewer")

@@ -202,18 +202,26 @@ def _env_pairs(value: object, what: str) -> tuple[tuple[str, str], ...]:
 
 
 def path_problem(value: str) -> str | None:
-    """Why `value` cannot be a sandbox's PATH, or None. A sandbox's first process (the guest agent)
-    is started as `python3`, found through PATH by `runsc run`, and so are the template's steps:
-    a PATH without one absolute directory finds nothing there and fails with nothing but "runsc run
-    failed". A relative or empty entry beside absolute ones is left alone (it is searched in the
-    working directory, as in any shell; `ENV PATH=./node_modules/.bin:$PATH` is common).
-    Shared by template specs and sandbox env."""
+    """Why `value` cannot be a sandbox's PATH, or None. PATH is how the commands of the template
+    (its steps, its start command) and of its callers are found; the sandbox's own agent is started
+    by its absolute path, whatever PATH says. A PATH with a control character (`"/usr/bin\\n/bin"`
+    is one directory that cannot exist, not two) or without one absolute directory finds nothing,
+    and every command fails with "command not found". A relative or empty entry beside absolute
+    ones is left alone (it is searched in the working directory, as in any shell;
+    `ENV PATH=./node_modules/.bin:$PATH` is common). Shared by template specs, Dockerfiles and
+    sandbox env."""
+    bad = next((i for i, c in enumerate(value) if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        return (
+            f"PATH {_show(value)} contains the control character {value[bad]!r} (at position {bad}); "
+            f"PATH is one line of directories joined by ':' (e.g. '{DEFAULT_PATH}'): remove it"
+        )
     if any(entry.startswith("/") for entry in value.split(":")):
         return None
     return (
-        f"PATH {_show(value)} has no absolute directory, so no program (not even the sandbox's "
-        f"agent, started as python3) can be found and the sandbox cannot start; list absolute "
-        f"directories joined by ':' (e.g. '{DEFAULT_PATH}') or leave PATH out to keep the default"
+        f"PATH {_show(value)} has no absolute directory, so no command of the sandbox can be found "
+        f"by name; list absolute directories joined by ':' (e.g. '{DEFAULT_PATH}') or leave PATH "
+        "out to keep the default"
     )
 
 

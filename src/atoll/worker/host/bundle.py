@@ -17,6 +17,11 @@ from atoll.core import templatespec
 AGENT_PORT = 49999
 AGENT_DIR_IN_SANDBOX = "/opt/atoll"
 PATH = templatespec.DEFAULT_PATH
+AGENT_PYTHON = "/usr/bin/python3"
+"""The interpreter the agent runs on, by its absolute path: never looked up through the PATH of the
+sandbox's env, which is the template's or the caller's for their commands, not the agent's (a PATH
+of `/nonexistent` failed every boot with nothing but "runsc run failed"). Every template has it: a
+build refuses an image or a step without it (worker.images.builder)."""
 # The runtime's own overhead (sentry, gofer, page tables) and the growth a restore brings
 # (DESIGN facts: a restored sandbox uses 17–80 MB more) are put on top of what the programs may use.
 RUNTIME_OVERHEAD_MB = 96
@@ -86,7 +91,7 @@ def render(spec: BundleSpec) -> dict:
             "user": {"uid": 0, "gid": 0},
             # -I: isolated (no env, no user site); -S: no site import (~10 ms inside gVisor).
             "args": [
-                "python3",
+                AGENT_PYTHON,
                 "-I",
                 "-S",
                 "-u",

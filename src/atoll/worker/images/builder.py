@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 
 from atoll.core import errors, ids, templatespec
 from atoll.core import worker_api as api
-from atoll.worker.host import storage
+from atoll.worker.host import bundle, storage
 from atoll.worker.images import layers
 from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
@@ -84,6 +84,10 @@ STEP_TIMEOUT_S = 1800.0
 BUILD_TIMEOUT_S = 3600.0
 LOG_LIMIT = 8 * 2**20
 MAX_IMAGE_SIZES = 8
+TOOLS_ENV = {"PATH": templatespec.DEFAULT_PATH}
+"""The env of atoll's own commands in a build or template sandbox (mkdir of a workdir, `id` of a
+user, the listen probe): they find their programs on the default PATH, whatever PATH the template
+sets for its own commands (`PATH=/nonexistent` is the template's business, not theirs)."""
 
 # Reads /proc/net/tcp{,6} inside the sandbox: exit 0 when something listens on the port (argv[1];
 # "any": on any port but the guest agent's). No connection is made.
@@ -379,7 +383,7 @@ class Builder:
             )
         workdir = spec.workdir or workdir
         user = spec.user or user
-        if layers.find_file(list(reversed(stack)), "usr/bin/python3") is None:
+        if layers.find_file(list(reversed(stack)), bundle.AGENT_PYTHON[1:]) is None:
             raise BuildFailed(
                 f"FROM {spec.from_}: the image has no /usr/bin/python3, which atoll's guest agent "
                 "runs on; start from an image with python3 (3.8 or newer) installed"
@@ -413,7 +417,7 @@ class Builder:
                         self.layers.commit(key, fs, step.describe())
             stack.append(self.layers.path(key))
             layers.stack(stack)  # refuse a stack the mount cannot take, before the snapshot
-            if layers.find_file(list(reversed(stack)), "usr/bin/python3") is None:
+            if layers.find_file(list(reversed(stack)), bundle.AGENT_PYTHON[1:]) is None:
                 raise BuildFailed(
                     f"step {i} ({step.describe()}) removed /usr/bin/python3, which atoll's guest agent "
                     "runs on; keep python3 (3.8 or newer) in the template"
@@ -480,7 +484,8 @@ class Builder:
                 user = await self._check_user(sid, user)
             if step.workdir != "/":  # made by root, as Docker's WORKDIR does
                 await self.guest.exec(
-                    sid, api.ExecSpec(cmd=["mkdir", "-p", step.workdir], max_output_bytes=4096)
+                    sid,
+                    api.ExecSpec(cmd=["mkdir", "-p", step.workdir], env=TOOLS_ENV, max_output_bytes=4096),
                 )
             spec = api.ExecSpec(
                 cmd=["/bin/sh", "-c", cmd],
@@ -522,7 +527,9 @@ class Builder:
 
     async def _check_user(self, sid: str, user: str) -> str:
         """The user's name (a numeric uid — `USER 1000` — is looked up: commands run as names)."""
-        r = await self.guest.exec(sid, api.ExecSpec(cmd=["id", "-nu", user], max_output_bytes=4096))
+        r = await self.guest.exec(
+            sid, api.ExecSpec(cmd=["id", "-nu", user], env=TOOLS_ENV, max_output_bytes=4096)
+        )
         name = r.stdout.strip()
         if r.exit_code != 0 or not name:
             raise BuildFailed(
@@ -737,7 +744,7 @@ class Builder:
         """What a fresh boot of the build needs before its start command: the workdir."""
         if b.workdir and b.workdir != "/":
             r = await self.guest.exec(
-                sid, api.ExecSpec(cmd=["mkdir", "-p", b.workdir], max_output_bytes=4096)
+                sid, api.ExecSpec(cmd=["mkdir", "-p", b.workdir], env=TOOLS_ENV, max_output_bytes=4096)
             )
             if r.exit_code != 0:
                 raise BuildFailed(f"workdir {b.workdir!r} cannot be made: {r.stderr.strip()[:300]}")
@@ -767,7 +774,9 @@ class Builder:
         else:
             port = ready.get("port")
             probe = api.ExecSpec(
-                cmd=["python3", "-c", _LISTEN_PROBE, str(port) if port else "any"], max_output_bytes=4096
+                cmd=[bundle.AGENT_PYTHON, "-I", "-c", _LISTEN_PROBE, str(port) if port else "any"],
+                env=TOOLS_ENV,
+                max_output_bytes=4096,
             )
             what = f"port {port} listening" if port else "the start command listening on a TCP port"
             if not port:

@@ -252,7 +252,7 @@ class Sandboxes:
     def _agent_entry(self, lower: str | None) -> str:
         if lower is None:  # restore: the process already runs; the entry is not used
             return agent_pack.SOURCE
-        found = layers.find_file(lower.split(":"), "usr/bin/python3")
+        found = layers.find_file(lower.split(":"), bundle.AGENT_PYTHON[1:])
         py = os.readlink(found) if found and os.path.islink(found) else (found or "")
         ours = f"python{sys.version_info.major}.{sys.version_info.minor}"
         has_pyc = os.path.exists(os.path.join(self.agent_dir, agent_pack.COMPILED))

@@ -1,5 +1,4 @@
-"""pool claims: pool_claims.claimed, how many sandboxes each template's warm pool handed to creates
-(was counted in memory and read 0 after a restart)
+"""pool claims: pool_claims.claimed, the sandboxes each warm pool handed out (survives a restart)
 
 Revision ID: 0009
 Revises: 0008
