@@ -270,3 +270,38 @@ async def test_a_sandbox_trusting_other_certificates_than_a_new_one_is_marked_an
                 await node.claim(member, {"WHO": "me"}, 1.0)
             assert "trusting other CA certificates" in e.value.message and "not handed out" in e.value.message
             assert node.runtimes.get(member).phase == Phase.FROZEN  # refused before any thaw
+
+
+async def test_a_base_sandbox_of_an_older_base_layer_is_marked_and_refused(tmp_path, fake_runsc):
+    """`base`'s layer changes with atoll itself (its recipe, the shim, the login profile): a pool
+    member made from the layer before an upgrade is not what a create makes now."""
+    from atoll.worker.images.builder import Build
+
+    node = Node(WorkerSettings(home=str(tmp_path / "home")))
+    current = Build(
+        build_id="base-0123456789abcdef",
+        template="base",
+        status="ready",
+        progress="ready",
+        layers=["/layers/base-new/fs"],
+        top_key="base-new",
+        memory_mb=512,
+    )
+    made = {"sb-0000000000000031": current.lower, "sb-0000000000000032": "/layers/base-old/fs"}
+    for sid, lower in made.items():
+        rt = _new(node.runtimes, sid, runtime_key=node.sandboxes.runtime_key())
+        rt.lower = lower
+        node.runtimes.advance(rt, Step.BOOTED)
+        node.runtimes.advance(rt, Step.FREEZE)
+    # before the worker knows its base build, nothing is judged by the layer
+    assert not any(r.stale_runtime for r in (await node.inventory()).runtimes)
+    node.builder._builtins["base"] = current
+    inventory = await node.inventory()
+    assert {r.sandbox_id: r.stale_runtime for r in inventory.runtimes} == {
+        "sb-0000000000000031": False,
+        "sb-0000000000000032": True,
+    }
+    with pytest.raises(errors.Conflict) as e:
+        await node.claim("sb-0000000000000032", {"WHO": "me"}, 1.0)
+    assert "older layer" in e.value.message and "not handed out" in e.value.message
+    assert node.runtimes.get("sb-0000000000000032").phase == Phase.FROZEN

@@ -583,6 +583,10 @@ class Builder:
             self._builtins[name] = b
         return b
 
+    def known_builtin(self, name: str) -> Build | None:
+        """The built-in template's build as this worker last made or found it (None before)."""
+        return self._builtins.get(name)
+
     @staticmethod
     def _digest(layer_key: str) -> str:
         """A built-in template's build is its layer: what its snapshots hold besides (the agent,

@@ -747,11 +747,16 @@ class Node:
     def _outdated(self, rt: Runtime, made_now: tuple[str, str]) -> str | None:
         """Why `rt` is not what a create would make now, or None. Its memory holds the guest agent
         it was made with (which may not speak this worker's protocol), and its files and
-        environment the CA certificates it was given: a frozen pool member keeps both across a
-        restart of its worker with another agent, runsc, ATOLL_SANDBOX_CA_FILE or installation CA."""
+        environment the CA certificates it was given, and its root file system the layer of its
+        template: a frozen pool member keeps them across a restart of its worker with another agent,
+        runsc, ATOLL_SANDBOX_CA_FILE, installation CA or built-in layer (after an upgrade)."""
         runtime_key, trust_pem = made_now
         if rt.runtime_key != runtime_key:
             return "under another guest agent or runsc than this worker runs now"
+        if not rt.build_id:  # a built-in template's: its layer changes with atoll (recipe, shim, profile)
+            current = self.builder.known_builtin(rt.template)
+            if current is not None and rt.lower != current.lower:
+                return f"from an older layer of the built-in template {rt.template!r} than this worker's"
         if rt.trust_pem != trust_pem:
             return (
                 "trusting other CA certificates than a sandbox made now (ATOLL_SANDBOX_CA_FILE or "
