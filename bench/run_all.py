@@ -12,6 +12,8 @@ two user templates in the shared atoll, and deletes them), checks the issues' ta
 document to stdout and saves it to bench/results/latest.json. Progress goes to stderr. Everything
 started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
 Takes about 12-15 minutes on 2 cores (bench_templates alone ~8). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
+Two sections run only when named in `--only`: `idle` (bench_idle, ~6 min) and `density` (bench_density:
+200 idle sandboxes and their memory, ~20 min).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_api  # noqa: E402
 import bench_cli  # noqa: E402
 import bench_default_pool  # noqa: E402
+import bench_density  # noqa: E402
 import bench_files  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
@@ -57,6 +60,10 @@ TARGETS = {
     "templates_fork3_p50_ms": 2000.0,
     # issue 9, idle and lifetime (section `idle`, bench_idle: opt-in, --only idle; ~6 min)
     "idle_cpu_check_200_share_of_core": 0.01,
+    # issue 18 item 6, host memory per idle sandbox (section `density`, bench_density: opt-in,
+    # --only density; ~20 min)
+    "density_settled_mb_per_sandbox": 50.0,
+    "density_fresh_mb_per_sandbox": 50.0,
     # issue 9, files (section `files`)
     "files_tar_1000_speedup": 10.0,  # at least
     "files_watch_event_p50_ms": 100.0,
@@ -188,6 +195,21 @@ def check_targets(res: dict) -> dict:
             sandboxes=last["sandboxes"],
             whole_process_share=last["process"]["share_of_core"],
         )
+    dens = res.get("density", {}).get("levels", [])
+    if dens:
+        last = dens[-1]
+        for moment in ("settled", "fresh"):
+            m = last[moment]
+            out[f"density_{moment}_mb_per_sandbox"] = _verdict(
+                f"density_{moment}_mb_per_sandbox",
+                m["mem_available"]["per_sandbox_mb"],
+                f"host MemAvailable drop per idle default sandbox (python3 -c pass run once) at "
+                f"{last['sandboxes']} sandboxes, {moment} ({m['seconds_since_last_create']} s after the last "
+                "create); cgroup_usage_mean_mb: the sandboxes' memory cgroups, pss_mb: their host processes",
+                sandboxes=last["sandboxes"],
+                cgroup_usage_mean_mb=m["cgroup"]["usage"].get("mean"),
+                pss_mb=m["processes"]["pss_total_per_sandbox_mb"],
+            )
     fl = res.get("files", {})
     if "upload_1000" in fl:
         up = fl["upload_1000"]
@@ -274,6 +296,13 @@ def main() -> int:
         if "idle" in only:
             c.log("== idle: the CPU-activity check at many idle sandboxes")
             res["idle"] = bench_idle.run(a, (5,) if q else bench_idle.LEVELS, passes=6 if q else 40)
+        if "density" in only:
+            c.log("== density: host memory per idle sandbox")
+            res["density"] = bench_density.run(
+                a,
+                (5,) if q else bench_density.LEVELS,
+                **({"settle_s": 5.0, "min_settled_s": 20.0, "max_settled_s": 40.0} if q else {}),
+            )
         if "files" in only:
             c.log("== files: tar upload vs single PUTs, watch latency")
             res["files"] = bench_files.run(a, n_files=1000, rounds=1 if q else 3, n_events=5 if q else 30)
