@@ -23,7 +23,9 @@ Each moment is measured three ways:
   mem_available  (a) the host's view, everything included (sentry, gofer, ptrace stubs, page
                  tables, the sandbox's loop-mounted upper layer and network namespaces, atoll's
                  own processes growing): (MemAvailable before the first create - now) / sandboxes.
-                 Other programs on the host move it too: the machine should be quiet.
+                 Other programs on the host move it too: the machine should be quiet. Other atoll
+                 installations' cgroups (tests beside the benchmark) are tracked, and the figure
+                 without their growth is reported beside it.
   cgroup         (b) each sandbox's memory cgroup (/sys/fs/cgroup/memory/atoll-<inst>/<sid>-<gen>):
                  memory.usage_in_bytes, memory.stat rss (anonymous: the sentry's and gofer's Go
                  heaps), cache and its shmem part (the sentry's memory file: guest memory and the
@@ -45,6 +47,7 @@ Target: settled mem_available per sandbox ≤ 50 MB at 200 sandboxes.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import signal
@@ -132,6 +135,16 @@ def _memory_stat(cg: str) -> dict[str, int]:
     except OSError:
         pass
     return out
+
+
+def other_atoll_cgroups_mb(install_id: str) -> float:
+    """Memory charged to other atoll installations' cgroups on this host (tests running beside the
+    benchmark): what moves MemAvailable without being ours."""
+    total = 0
+    for d in glob.glob("/sys/fs/cgroup/memory/atoll-*"):
+        if os.path.basename(d) != f"atoll-{install_id}":
+            total += _read_int(os.path.join(d, "memory.usage_in_bytes")) or 0
+    return total / MB
 
 
 def _cgroup_dir(a: common.Atoll, sid: str) -> str:
@@ -237,16 +250,21 @@ def _guest_meminfo(a: common.Atoll, sid: str) -> dict:
     return vals
 
 
-def measure(a: common.Atoll, sids: list[str], base_available_mb: float, last_create: float) -> dict:
+def measure(a: common.Atoll, sids: list[str], base: dict, last_create: float) -> dict:
     readings = [_sandbox_reading(a, sid) for sid in sids]
     avail = available_mb()
+    others = other_atoll_cgroups_mb(a.install_id)
     n = max(len(sids), 1)
+    drop = base["mem_available_mb"] - avail
+    others_grew = others - base["other_atoll_cgroups_mb"]
     out: dict[str, typing.Any] = {
         "seconds_since_last_create": round(time.monotonic() - last_create, 1),
         "mem_available": {
             "mb": round(avail),
-            "drop_mb": round(base_available_mb - avail),
-            "per_sandbox_mb": round((base_available_mb - avail) / n, 2),
+            "drop_mb": round(drop),
+            "per_sandbox_mb": round(drop / n, 2),
+            "other_atoll_cgroups_grew_mb": round(others_grew),
+            "per_sandbox_mb_without_other_atoll": round((drop - others_grew) / n, 2),
         },
         "cgroup": {
             k: _summary([r[k] for r in readings])
@@ -376,8 +394,11 @@ def run(
     common.log("breakdown of one idle sandbox")
     out["breakdown"] = breakdown(a, settle_s)
     time.sleep(3)
-    base = available_mb()
-    out["base"] = {"mem_available_mb": round(base), "installation": _installation(a)}
+    base = {
+        "mem_available_mb": available_mb(),
+        "other_atoll_cgroups_mb": other_atoll_cgroups_mb(a.install_id),
+    }
+    out["base"] = {**{k: round(v) for k, v in base.items()}, "installation": _installation(a)}
     sids: list[str] = []
     try:
         for level in levels:
@@ -423,6 +444,7 @@ def run(
 def _short(m: dict) -> dict:
     return {
         "mem_available_per_sandbox_mb": m["mem_available"]["per_sandbox_mb"],
+        "without_other_atoll_mb": m["mem_available"]["per_sandbox_mb_without_other_atoll"],
         "cgroup_usage_mean_mb": m["cgroup"]["usage"].get("mean"),
         "cgroup_rss_mean_mb": m["cgroup"]["rss"].get("mean"),
         "cgroup_shmem_mean_mb": m["cgroup"]["shmem"].get("mean"),
