@@ -89,7 +89,7 @@ class ProcessTable:
             self._devnull = subprocess.DEVNULL
 
     def start_init(self) -> None:
-        """Run commands in a child PID namespace under atoll-init. Call before any thread starts."""
+        """Run commands in a child PID namespace under atoll-init."""
         client = InitClient(self._exit_reported, self._init_restarting)
         self.proc_root = zygote.mount_agent_proc()
         client.start_first()
