@@ -20,9 +20,11 @@ def test_archives_hold_the_whole_package(tmp_path):
     assert "__main__.py" in modules and "routing.py" in modules
     assert source == ["__main__.py"] + [f"agent/{m}" for m in modules]
     # the bytecode bundle: one .pyc whose importer serves every module of the package from memory
-    code = marshal.loads((tmp_path / agent_pack.COMPILED).read_bytes()[16:])
-    blob = next(c for c in code.co_consts if isinstance(c, bytes) and len(c) > 1000)
-    bundled = marshal.loads(blob)
+    data = (tmp_path / agent_pack.COMPILED).read_bytes()
+    code = marshal.loads(data[16:])  # the importer; the table follows it, its size at the end
+    assert not any(isinstance(c, bytes) and len(c) > 1000 for c in code.co_consts)  # not a constant
+    size = int.from_bytes(data[-8:], "little")
+    bundled = marshal.loads(data[-8 - size : -8])
     assert sorted(bundled) == sorted("agent" if m == "__init__.py" else f"agent.{m[:-3]}" for m in modules)
     assert bundled["agent"][0] is True and bundled["agent.routing"][0] is False
     assert "from agent.__main__ import main" in main
