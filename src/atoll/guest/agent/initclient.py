@@ -15,13 +15,12 @@ import json
 import os
 import queue
 import socket
-import subprocess
 import threading
 import time
 
 from . import zygote
-from .common import log
-from .errors import ApiError, NotRunnable
+from .common import PIPE, log
+from .errors import ApiError, NotRunnable, SpawnFailed
 
 RESTART_WAIT_S = 30.0
 REPLY_WAIT_S = 60.0  # a live init answers a spawn in milliseconds; SIGCONT is sent when it stops
@@ -144,7 +143,7 @@ class InitClient:
         try:
             fds = [stdin]
             for i, target in enumerate((stdout, stderr)):
-                if target == subprocess.PIPE:
+                if target == PIPE:
                     r, w = os.pipe2(os.O_CLOEXEC)
                     pipes.append(w)
                     ends[i] = open(r, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
@@ -208,7 +207,7 @@ class InitClient:
             raise OSError(err.get("errno"), os.strerror(err.get("errno", 0)), filename)
         if err.get("kind") == "value":
             raise ValueError(err.get("message"))
-        raise subprocess.SubprocessError(err.get("message", "unknown failure in atoll-init"))
+        raise SpawnFailed(err.get("message", "unknown failure in atoll-init"))
 
     @staticmethod
     def _answer(replies: queue.SimpleQueue, request_id: int) -> dict | None:

@@ -19,14 +19,12 @@ import fcntl
 import json
 import os
 import socket
-import subprocess
 import sys
 import termios
 
 from .common import libc, log
 
 MNT_DETACH = 2
-_REAPER_OWNS_STATUS = -(1 << 30)
 INIT = os.environ.get("ATOLL_INIT") or os.path.join(
     os.path.dirname(os.path.abspath(sys.argv[0])), "atoll-init"
 )
@@ -61,17 +59,19 @@ def start(sandbox_id: str, env: dict[str, str]) -> tuple[int, socket.socket]:
     """Start an init: exec `atoll-init FD` with the other end of a new socketpair as FD; returns the
     init's pid (in the agent's namespace) and the agent's end once the init said hello."""
     ours, theirs = socketpair()
-    theirs.set_inheritable(True)
+    theirs.set_inheritable(True)  # every other descriptor of the agent is close-on-exec (PEP 446)
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        subprocess.Popen(
+        # (the agent's reaper reaps the process started, which exits once it forked the init)
+        os.posix_spawn(
+            INIT,
             ["atoll-init", str(theirs.fileno())],
-            executable=INIT,
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            env={**env, "ATOLL_SANDBOX_ID": sandbox_id},
-            start_new_session=True,
-        ).returncode = _REAPER_OWNS_STATUS  # the agent's reaper reaps the process started
+            {**env, "ATOLL_SANDBOX_ID": sandbox_id},
+            file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0)],
+            setsid=True,
+        )
     finally:
+        os.close(devnull)
         theirs.close()
     data = ours.recv(4096)
     hello = json.loads(data) if data else {}
