@@ -25,7 +25,9 @@ Each moment is measured three ways:
                  own processes growing): (MemAvailable before the first create - now) / sandboxes.
                  Other programs on the host move it too: the machine should be quiet. Other atoll
                  installations' cgroups (tests beside the benchmark) are tracked, and the figure
-                 without their growth is reported beside it.
+                 without their growth is reported beside it, and the growth per sandbox of the
+                 /proc/meminfo fields that say where it went (anonymous, shmem: the sentries'
+                 memory files, page cache, slab, kernel stacks, page tables).
   cgroup         (b) each sandbox's memory cgroup (/sys/fs/cgroup/memory/atoll-<inst>/<sid>-<gen>):
                  memory.usage_in_bytes, memory.stat rss (anonymous: the sentry's and gofer's Go
                  heaps), cache and its shmem part (the sentry's memory file: guest memory and the
@@ -250,9 +252,14 @@ def _guest_meminfo(a: common.Atoll, sid: str) -> dict:
     return vals
 
 
+HOST_FIELDS = ("AnonPages", "Shmem", "Cached", "Slab", "SUnreclaim", "KernelStack", "PageTables")
+"""/proc/meminfo fields whose growth per sandbox says where the host's memory went."""
+
+
 def measure(a: common.Atoll, sids: list[str], base: dict, last_create: float) -> dict:
     readings = [_sandbox_reading(a, sid) for sid in sids]
-    avail = available_mb()
+    info = meminfo_kb()
+    avail = info["MemAvailable"] / 1024
     others = other_atoll_cgroups_mb(a.install_id)
     n = max(len(sids), 1)
     drop = base["mem_available_mb"] - avail
@@ -265,6 +272,9 @@ def measure(a: common.Atoll, sids: list[str], base: dict, last_create: float) ->
             "per_sandbox_mb": round(drop / n, 2),
             "other_atoll_cgroups_grew_mb": round(others_grew),
             "per_sandbox_mb_without_other_atoll": round((drop - others_grew) / n, 2),
+            "growth_per_sandbox_mb": {
+                k: round((info[k] - base["meminfo_kb"][k]) / 1024 / n, 2) for k in HOST_FIELDS
+            },
         },
         "cgroup": {
             k: _summary([r[k] for r in readings])
@@ -394,11 +404,17 @@ def run(
     common.log("breakdown of one idle sandbox")
     out["breakdown"] = breakdown(a, settle_s)
     time.sleep(3)
+    info = meminfo_kb()
     base = {
-        "mem_available_mb": available_mb(),
+        "mem_available_mb": info["MemAvailable"] / 1024,
         "other_atoll_cgroups_mb": other_atoll_cgroups_mb(a.install_id),
+        "meminfo_kb": {k: info[k] for k in HOST_FIELDS},
     }
-    out["base"] = {**{k: round(v) for k, v in base.items()}, "installation": _installation(a)}
+    out["base"] = {
+        "mem_available_mb": round(base["mem_available_mb"]),
+        "other_atoll_cgroups_mb": round(base["other_atoll_cgroups_mb"]),
+        "installation": _installation(a),
+    }
     sids: list[str] = []
     try:
         for level in levels:

@@ -9,9 +9,10 @@ command -v ip >/dev/null 2>&1 || need="$need iproute2"
 command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v unshare >/dev/null 2>&1 || need="$need util-linux"
 command -v nft >/dev/null 2>&1 || need="$need nftables"
-# The template build compiles atoll's compatibility shim (src/atoll/worker/compat) with the host's gcc.
+# The worker compiles atoll-init (src/atoll/guest/init, static: libc6-dev's libc.a) at start, and the
+# template build atoll's compatibility shim (src/atoll/worker/images/compat), with the host's gcc.
 command -v gcc >/dev/null 2>&1 || need="$need gcc"
-[ -e /usr/include/stdio.h ] || need="$need libc6-dev"
+[ -e /usr/include/stdio.h ] && [ -n "$(gcc -print-file-name=libc.a 2>/dev/null | grep /)" ] || need="$need libc6-dev"
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need="$need python3-venv"
 if [ -n "$need" ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -22,8 +22,9 @@ Modules, bottom up:
   common           stderr logging, compact JSON, printable names, small /proc reads
   threads          the pool of reused daemon threads (connections, leftover pipe readers)
   proctree         SIGKILL a command's session, group and descendants
-  limits           the pids cgroup inside the sandbox: 1,024 user tasks, 512 per command
-  zygote           atoll-init: PID 1 of the user processes' PID namespace, which spawns them
+  zygote           starting atoll-init (a C program: atoll/guest/init/atoll-init.c), PID 1 of the
+                   user processes' PID namespace, which spawns them and keeps them in the pids
+                   cgroup inside the sandbox (1,024 user tasks, 512 per command)
   initclient       the agent's side of atoll-init (start, requests, restart after a kill)
   processes        process records, spawning (through atoll-init), the agent's reaper
   gate             what would make a checkpoint fail now (GET /gate)
@@ -58,7 +59,8 @@ Standard library only (Python 3.11). Design rules, from measured gVisor behaviou
   subprocess.Popen objects are made inert right after the spawn so they never wait on a pid.
   SIGCHLD is reset to default, SIGPIPE is ignored (children get the default back through
   subprocess's restore_signals), SIGTERM/SIGINT SIGKILL the tracked process groups and exit 0.
-* User commands never run beside the agent: atoll-init (`zygote`), PID 1 of a child PID namespace
+* User commands never run beside the agent: atoll-init (`zygote`, a small C program beside
+  agent.pyc), PID 1 of a child PID namespace
   with its own /proc, spawns them on the agent's request over a unix socketpair and reports their
   exits, so no command can see or signal the agent (`pkill python3`, `kill -9 1`). A killed init
   is restarted (its commands report 137), a stopped one continued. When the agent is not PID 1 (a
@@ -91,7 +93,7 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
       process of its cgroup (what left its session: setsid, orphans) get SIGKILL and the result has
       timed_out=true and exit_code 137. A command killed by signal N reports 128+N, like a shell.
       timeout_s covers what the command leaves running too: at its deadline atoll-init kills
-      whatever is still in the command's cgroup (limits.Deadlines), even after the call returned.
+      whatever is still in the command's cgroup (its deadlines), even after the call returned.
       * default: 200 {"exit_code", "stdout", "stderr", "duration_ms", "timed_out"}, output decoded as
         UTF-8 (errors replaced), each stream capped at 64 MiB (the head is kept, then
         "…[truncated N bytes]").

@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 
-from . import limits, zygote  # noqa: F401 - every module is imported before main() (see above)
+from . import zygote  # noqa: F401 - every module is imported before main() (see above)
 from .common import log
 from .connection import Conn
 from .routing import Agent
@@ -63,13 +63,11 @@ def _isolate(mode: str) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) == 2 and args[0] == "--zygote":  # a restarted atoll-init (see zygote.start_exec)
-        zygote.exec_main(int(args[1]))
     host, port = _parse_args(args)
     agent = Agent(host, port)
     if _isolate(os.environ.get("ATOLL_AGENT_ISOLATE", "")):
         try:
-            agent.procs.start_init()  # forks: must come before any thread starts
+            agent.procs.start_init()
         except OSError as e:
             log(f"cannot start atoll-init ({e}); commands run beside the agent, which they can signal")
 

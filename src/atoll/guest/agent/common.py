@@ -9,6 +9,10 @@ import math
 import os
 import sys
 
+PIPE = -1
+"""A command's stdout or stderr as a pipe to the agent: subprocess.PIPE's value (the agent does not
+import subprocess at start: ~0.5 MB of every idle sandbox), so Popen takes it too."""
+
 
 def log(message: str) -> None:
     try:

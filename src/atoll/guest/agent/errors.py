@@ -45,6 +45,11 @@ class BadRequest(Exception):
         self.message = message
 
 
+class SpawnFailed(Exception):
+    """A command could not be started for a reason other than an OSError or a bad argument (what
+    subprocess raises as SubprocessError: a terminal that could not become the controlling tty)."""
+
+
 class NotRunnable(Exception):
     """The command did not run the way a shell reports it: exec() failed (126/127), or the
     sandbox's process init was killed while it started it (137)."""

@@ -7,13 +7,16 @@ guest agent (`worker.runtimes.guest`), and the agent reads it back with `from_js
 (`handlers_exec`), which checks each field's type and range. What depends on the sandbox — that
 `cwd` exists, that `user` is in /etc/passwd, which shell runs a string — the agent resolves after.
 It lives in the agent's package because the agent imports nothing of atoll; stdlib only, pure.
+
+On the host (imported as `atoll.guest.agent.execspec`) `ExecSpec` is a frozen dataclass, which
+pydantic reads for the seam. The guest agent runs this file as `agent.execspec` and uses the class
+as it is written below: `dataclasses` (with the `inspect`, `ast`, `dis` and `tokenize` it imports)
+and `typing` would cost every idle sandbox's agent ~2 MB for nothing it needs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 DEFAULT_CAPTURE = 1 << 20
 """Bytes of each stream kept by a plain exec when the request names no limit."""
@@ -25,7 +28,6 @@ class Invalid(ValueError):
     """A field of the request is not what it must be; the message says which, its value and the fix."""
 
 
-@dataclass(frozen=True)
 class ExecSpec:
     cmd: str | list[str]
     """A shell string (run with `bash -l -c` or `sh -c`, see `shell`) or an argv list."""
@@ -41,6 +43,30 @@ class ExecSpec:
     shell: Literal["bash", "sh"] | None = None
     """What runs a string cmd: `bash -l -c` or `sh -c`; None: bash when the sandbox has /bin/bash."""
 
+    def __init__(
+        self,
+        cmd: str | list[str],
+        max_output_bytes: int,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        user: str | None = None,
+        stdin: str | None = None,
+        shell: Literal["bash", "sh"] | None = None,
+    ) -> None:
+        # object.__setattr__: on the host the class is frozen (see the module's docstring)
+        for name, value in (
+            ("cmd", cmd),
+            ("max_output_bytes", max_output_bytes),
+            ("cwd", cwd),
+            ("env", env),
+            ("timeout_s", timeout_s),
+            ("user", user),
+            ("stdin", stdin),
+            ("shell", shell),
+        ):
+            object.__setattr__(self, name, value)
+
     def to_json(self, background: bool = False) -> dict:
         """The body of the agent's POST /exec (`background`: a process handle, not an answer)."""
         return {
@@ -54,6 +80,13 @@ class ExecSpec:
             "stdin": self.stdin,
             "shell": self.shell,
         }
+
+
+if __name__.startswith("atoll."):  # the host's copy: the seam's frozen dataclass
+    import dataclasses
+    from typing import Literal  # noqa: F401 - resolves the annotation `shell` for pydantic
+
+    ExecSpec = dataclasses.dataclass(frozen=True, init=False)(ExecSpec)  # type: ignore[misc]
 
 
 def from_json(body: dict) -> tuple[ExecSpec, bool]:

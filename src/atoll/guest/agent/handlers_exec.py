@@ -14,15 +14,14 @@ import queue
 import select
 import signal
 import socket
-import subprocess
 import threading
 import time
 
 from . import execspec, procio, shells
 from .capture import PIPE_READ, Capture, Stream, drain_leftovers
-from .common import dumps
+from .common import PIPE, dumps
 from .connection import Conn, Request, json_body
-from .errors import ApiError, PeerGone, invalid
+from .errors import ApiError, PeerGone, SpawnFailed, invalid
 from .processes import NotRunnable, Proc, remove_log, spawn_error
 from .proctree import kill_tree
 from .threads import pool
@@ -139,7 +138,7 @@ class ExecHandlers:
             raise spawn_error(e, spec.argv, spec.cwd, spec.user) from None
         except ValueError as e:
             raise invalid(f"cannot start the command: {e}") from None
-        except subprocess.SubprocessError as e:
+        except SpawnFailed as e:
             raise ApiError(500, "runtime_error", f"could not start {spec.argv[0]!r}: {e}") from None
 
     def exec(self, conn: Conn, req: Request) -> None:
@@ -153,9 +152,7 @@ class ExecHandlers:
         if spec.stdin is not None:
             stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         try:
-            proc, popen = self._spawn(
-                spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE, notify=q, stdin=stdin_r
-            )
+            proc, popen = self._spawn(spec, stdout=PIPE, stderr=PIPE, notify=q, stdin=stdin_r)
         except NotRunnable as e:
             if stdin_w is not None:
                 os.close(stdin_w)
@@ -333,9 +330,7 @@ class ExecHandlers:
         wake = procio.ExitWake()
         try:
             try:
-                proc, popen = self._spawn(
-                    spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=stdin_r, notify=wake
-                )
+                proc, popen = self._spawn(spec, stdout=PIPE, stderr=PIPE, stdin=stdin_r, notify=wake)
             except NotRunnable as e:
                 raise invalid(f"cannot start the background command: {e.message.strip()}") from None
         except BaseException:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
 
 from . import tarball, watch
@@ -147,6 +146,8 @@ class FileOpsHandlers:
             except OSError as e:
                 if e.errno != errno.EXDEV:
                     raise
+                import shutil  # noqa: PLC0415 - rare, and shutil pulls in bz2 and lzma
+
                 shutil.move(src, dst)  # another file system: copy, then remove the source
             conn.send_json(200, stat_entry(dst))
         except FileNotFoundError:

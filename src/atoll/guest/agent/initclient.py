@@ -1,5 +1,6 @@
-"""The agent's side of `atoll-init` (see `zygote`): start it, send it spawn/kill/identity requests,
-receive the exit statuses of the commands it started, and restart it if user code killed it.
+"""The agent's side of `atoll-init` (see `zygote`; the program is atoll/guest/init/atoll-init.c): start
+it, send it spawn/kill/signal/identity requests, receive the exit statuses of the commands it
+started, and restart it if user code killed it.
 
 `processes.ProcessTable` owns one InitClient when the agent runs as PID 1 (`__main__` calls
 `ProcessTable.start_init`); `proctree.kill_tree` is routed here so that pids are the namespace's.
@@ -14,16 +15,24 @@ import json
 import os
 import queue
 import socket
-import subprocess
 import threading
 import time
 
 from . import zygote
-from .common import log
-from .errors import ApiError, NotRunnable
+from .common import PIPE, log
+from .errors import ApiError, NotRunnable, SpawnFailed
 
 RESTART_WAIT_S = 30.0
 REPLY_WAIT_S = 60.0  # a live init answers a spawn in milliseconds; SIGCONT is sent when it stops
+
+
+def request(*fields) -> bytes:
+    """One request to atoll-init: NUL-terminated fields, strings as subprocess passes them to exec
+    (os.fsencode), numbers in decimal. A field holding NUL cannot be sent (nor exec'd)."""
+    parts = [os.fsencode(f) if isinstance(f, str) else str(f).encode() for f in fields]
+    if any(b"\0" in p for p in parts):
+        raise ValueError("embedded null byte")
+    return b"\0".join(parts) + b"\0"
 
 
 class Spawned:
@@ -50,7 +59,14 @@ class InitClient:
         self._ids = itertools.count(1)
 
     def start_first(self) -> None:
-        self._attach(*zygote.start_first(self.sandbox_id))
+        self._attach(*zygote.start(self.sandbox_id, self._env()))
+
+    def _env(self) -> dict[str, str]:
+        """The init's environment (each command gets its own with its spawn request)."""
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C.UTF-8"}
+        if self.cpus is not None:
+            env["ATOLL_CPUS"] = str(self.cpus)
+        return env
 
     def _attach(self, pid: int, sock: socket.socket) -> None:
         replies: queue.SimpleQueue = queue.SimpleQueue()
@@ -94,10 +110,7 @@ class InitClient:
         while True:
             try:
                 zygote.unmount_proc()  # the dead namespace's proc
-                env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C.UTF-8"}
-                if self.cpus is not None:
-                    env["ATOLL_CPUS"] = str(self.cpus)
-                self._attach(*zygote.start_exec(self.sandbox_id, env))
+                self._attach(*zygote.start(self.sandbox_id, self._env()))
                 return
             except Exception as e:  # keep trying: without an init no command can run
                 log(f"cannot restart atoll-init: {e!r}")
@@ -106,16 +119,16 @@ class InitClient:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    def _request(self, msg: dict, fds: list[int] = ()) -> queue.SimpleQueue:
-        """Send `msg` to the current init (waiting for a restarted one); return the queue its
-        answers arrive in — the queue of the socket it was sent on, never a dead init's."""
+    def _request(self, msg: bytes, fds: list[int] = ()) -> queue.SimpleQueue:
+        """Send `msg` (see `request`) to the current init (waiting for a restarted one); return the
+        queue its answers arrive in — the queue of the socket it was sent on, never a dead init's."""
         if not self._ready.wait(RESTART_WAIT_S):
             raise ApiError(500, "runtime_error", "the sandbox's process init (atoll-init) is not running")
         sock, replies = self._sock, self._replies
         if sock is None:
             raise ApiError(500, "runtime_error", "the sandbox's process init (atoll-init) is not running")
         try:
-            socket.send_fds(sock, [json.dumps(msg).encode()], list(fds))
+            socket.send_fds(sock, [msg], list(fds))
         except OSError:
             if self._sock is sock:
                 self._ready.clear()  # it died: wait for the successor (see died), not a timeout
@@ -130,21 +143,33 @@ class InitClient:
         try:
             fds = [stdin]
             for i, target in enumerate((stdout, stderr)):
-                if target == subprocess.PIPE:
+                if target == PIPE:
                     r, w = os.pipe2(os.O_CLOEXEC)
                     pipes.append(w)
                     ends[i] = open(r, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
                     fds.append(w)
                 else:
                     fds.append(target)
-            user = None
+            user: list = ["", ""]
+            groups: list = []
             if user_kwargs:
-                user = [user_kwargs["user"], user_kwargs["group"], list(user_kwargs.get("extra_groups", []))]
-            msg = {"op": "spawn", "id": next(self._ids), "argv": argv, "cwd": cwd, "env": env, "user": user}
-            if ctty:  # a terminal (ptys): stdin is the pty slave, to become the controlling tty
-                msg["ctty"] = True
-            if deadline_s:  # what the command leaves running dies with its timeout
-                msg["deadline_s"] = deadline_s
+                user = [user_kwargs["user"], user_kwargs["group"]]
+                groups = list(user_kwargs.get("extra_groups", []))
+            request_id = next(self._ids)
+            msg = request(
+                "spawn",
+                request_id,
+                "c" if ctty else "",  # a terminal (ptys): stdin is the pty slave, its controlling tty
+                deadline_s or "",  # what the command leaves running dies with its timeout
+                cwd or "",
+                *user,
+                len(groups),
+                *groups,
+                len(argv),
+                *argv,
+                len(env),
+                *(f"{k}={v}" for k, v in env.items()),
+            )
             answer = None
             for _attempt in range(2):
                 with self._lock:
@@ -152,7 +177,7 @@ class InitClient:
                         replies = self._request(msg, fds)
                     except OSError:  # not delivered (the init is gone): safe to send again
                         continue
-                    answer = self._answer(replies, msg["id"])
+                    answer = self._answer(replies, request_id)
                 break
             if answer is None:
                 # Never sent twice: the init may have started it before it died (at most once). A
@@ -177,11 +202,12 @@ class InitClient:
             if f is not None:
                 f.close()
         err = answer.get("error", {})
-        if err.get("kind") == "os":
-            raise OSError(err.get("errno"), err.get("strerror"), err.get("filename"))
+        if err.get("kind") == "os":  # as subprocess raises it: the file is the program or the cwd
+            filename = {"exec": argv[0], "chdir": cwd}.get(err.get("step"))
+            raise OSError(err.get("errno"), os.strerror(err.get("errno", 0)), filename)
         if err.get("kind") == "value":
             raise ValueError(err.get("message"))
-        raise subprocess.SubprocessError(err.get("message", "unknown failure in atoll-init"))
+        raise SpawnFailed(err.get("message", "unknown failure in atoll-init"))
 
     @staticmethod
     def _answer(replies: queue.SimpleQueue, request_id: int) -> dict | None:
@@ -199,13 +225,13 @@ class InitClient:
 
     def kill_tree(self, pid: int, *, root_alive: bool = True) -> None:
         try:
-            self._request({"op": "kill", "pid": pid, "root_alive": root_alive})
+            self._request(request("kill", pid, int(root_alive)))
         except (OSError, ApiError) as e:
             log(f"cannot ask atoll-init to kill {pid}: {e}")
 
     def signal(self, pid: int, sig: int) -> None:
         try:
-            self._request({"op": "signal", "pid": pid, "sig": sig})
+            self._request(request("signal", pid, sig))
         except (OSError, ApiError) as e:
             log(f"cannot ask atoll-init to signal {pid}: {e}")
 
@@ -219,7 +245,7 @@ class InitClient:
             self.cpus = cpus
         zygote.set_environ_in_place("ATOLL_SANDBOX_ID", sandbox_id)  # the agent's own
         try:
-            self._request({"op": "identity", "sandbox_id": sandbox_id, "cpus": self.cpus})
+            self._request(request("identity", sandbox_id, "" if self.cpus is None else self.cpus))
         except (OSError, ApiError) as e:
             log(f"cannot pass the identity to atoll-init: {e}")
 

@@ -13,13 +13,12 @@ import itertools
 import os
 import queue
 import signal
-import subprocess
 import threading
 import time
 
 from . import proctree, zygote
 from .common import format_exc, log
-from .errors import ApiError, NotRunnable, invalid
+from .errors import ApiError, NotRunnable, SpawnFailed, invalid
 from .initclient import InitClient
 
 MAX_PROCESS_RECORDS = 1000
@@ -65,6 +64,24 @@ class Proc:
 _REAPER_OWNS_STATUS = -(1 << 30)  # returncode given to inert Popen objects; never reported
 
 
+def _popen(argv, **kwargs):
+    """Start a command beside the agent (no atoll-init: a checkout run on the host, or an init that
+    could not start), in a new session. subprocess is imported here, not at start (~0.5 MB of every
+    idle sandbox's agent, where atoll-init spawns). Every fd the agent opens is non-inheritable
+    (PEP 446; checked by a test), so close_fds=False spares the child the scan of /proc/self/fd
+    (~0.3 ms per spawn in gVisor)."""
+    import subprocess  # noqa: PLC0415
+
+    try:
+        popen = subprocess.Popen(argv, close_fds=False, start_new_session=True, **kwargs)
+    except subprocess.SubprocessError as e:
+        raise SpawnFailed(str(e)) from None
+    # The reaper owns this pid's exit status: make the Popen inert so neither it nor subprocess's
+    # _cleanup() ever waits on the pid (which may be reused later).
+    popen.returncode = _REAPER_OWNS_STATUS
+    return popen
+
+
 class ProcessTable:
     """Records of the processes the agent started, and the reaper that collects every exit status.
 
@@ -83,13 +100,10 @@ class ProcessTable:
         self.proc_root = "/proc"  # where the agent reads its own namespace's processes
         # exits atoll-init reports, delivered by a thread of their own (see _exit_reported)
         self._init_exits: queue.SimpleQueue = queue.SimpleQueue()
-        try:
-            self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._devnull = subprocess.DEVNULL
+        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def start_init(self) -> None:
-        """Run commands in a child PID namespace under atoll-init. Call before any thread starts."""
+        """Run commands in a child PID namespace under atoll-init."""
         client = InitClient(self._exit_reported, self._init_restarting)
         self.proc_root = zygote.mount_agent_proc()
         client.start_first()
@@ -165,23 +179,16 @@ class ProcessTable:
                     deadline_s=deadline_s,
                 )
                 return self._register(popen, cmd, background, notify)
-            popen = subprocess.Popen(
+            popen = _popen(
                 argv,
                 stdin=stdin,
                 stdout=stdout,
                 stderr=stderr,
                 cwd=cwd,
                 env=env,
-                # Every fd the agent opens is non-inheritable (PEP 446; checked by a test), so the
-                # child need not scan /proc/self/fd to close them: ~0.3 ms less per spawn in gVisor.
-                close_fds=False,
-                start_new_session=True,
                 bufsize=0,
                 **user_kwargs,
             )
-            # The reaper owns this pid's exit status: make the Popen inert so neither it nor
-            # subprocess's _cleanup() ever waits on the pid (which may be reused later).
-            popen.returncode = _REAPER_OWNS_STATUS
             return self._register(popen, cmd, background, notify)
         finally:
             with self._cond:
@@ -208,19 +215,16 @@ class ProcessTable:
                     ctty=True,
                 )
             else:
-                popen = subprocess.Popen(
+                popen = _popen(
                     argv,
                     stdin=slave,
                     stdout=slave,
                     stderr=slave,
                     cwd=cwd,
                     env=env,
-                    close_fds=False,
-                    start_new_session=True,
                     preexec_fn=zygote.take_controlling_tty,
                     **user_kwargs,
                 )
-                popen.returncode = _REAPER_OWNS_STATUS
             return self._register(popen, cmd, False, notify)
         finally:
             with self._cond:

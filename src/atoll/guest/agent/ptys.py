@@ -27,7 +27,6 @@ import os
 import pwd
 import queue
 import re
-import secrets
 import select
 import shlex
 import signal
@@ -364,7 +363,7 @@ class PtyHandlers:
             )
         master, slave = os.openpty()
         notify: queue.SimpleQueue = queue.SimpleQueue()
-        session = Session("pty_" + secrets.token_hex(6), master, cmd, cols, rows, term, os.ttyname(slave))
+        session = Session("pty_" + os.urandom(6).hex(), master, cmd, cols, rows, term, os.ttyname(slave))
         try:
             set_size(slave, cols, rows)
             try:

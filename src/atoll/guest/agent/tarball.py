@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import os
-import tarfile
 
 from .common import printable
 from .connection import Conn, Request
@@ -30,6 +29,10 @@ COPY_CHUNK = 1 << 20
 SEND_CHUNK = 256 << 10
 ENCODING = "utf-8"
 ERRORS = "surrogateescape"
+
+TYPE_CHECKING = False  # typing itself is not imported (its ~0.2 MB, in every idle agent)
+if TYPE_CHECKING:
+    import tarfile
 
 
 class Refused(Exception):
@@ -320,7 +323,7 @@ def _write(
             if raw is not None and not m.issparse():  # a plain tar in memory: its bytes as they lie
                 view = raw[m.offset_data : m.offset_data + m.size]
                 if len(view) != m.size:
-                    raise tarfile.ReadError(f"unexpected end of data in {printable(m.name)!r}")
+                    raise _tarfile().ReadError(f"unexpected end of data in {printable(m.name)!r}")
                 counts["bytes"] += m.size
                 while view:
                     view = view[os.write(fd, view[:COPY_CHUNK]) :]
@@ -353,9 +356,19 @@ def _write(
     return counts
 
 
+def _tarfile():
+    """tarfile, imported on the first tar call rather than at the agent's start: with what it pulls
+    in (shutil, bz2, lzma, their C libraries) ~1 MB that every idle sandbox's agent would hold."""
+    import tarfile  # noqa: PLC0415
+
+    return tarfile
+
+
 def receive(conn: Conn, req: Request, root: str) -> None:
     """PUT /files/tar?path=DIR: answers {files, dirs, links, bytes} written."""
     from .handlers_files import _os_error
+
+    tarfile = _tarfile()
 
     shown = printable(root)
     spool = None
@@ -435,6 +448,7 @@ def send(conn: Conn, root: str) -> None:
     if conn.head_only:
         return
     out = _ChunkWriter(conn)
+    tarfile = _tarfile()
     with tarfile.open(
         fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding=ENCODING, errors=ERRORS,
         bufsize=SEND_CHUNK,

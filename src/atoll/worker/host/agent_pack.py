@@ -1,15 +1,18 @@
 """Pack the guest agent (the `atoll.guest.agent` package) into the one file a sandbox runs as PID 1.
 
-`Worker.start()` calls `build()` at every start; it writes two files into `$ATOLL_HOME/agent`
+`Worker.start()` calls `build()` at every start; it writes three files into `$ATOLL_HOME/agent`
 (bind-mounted read-only at /opt/atoll in every sandbox):
 
 * `agent.pyc` (COMPILED): one bytecode file, compiled by this interpreter, for templates whose
-  python3 has this interpreter's version. It holds every module of the package as a marshalled
-  code object and a ~20-line importer that serves them from memory: `python3 -I -S -u
-  /opt/atoll/agent.pyc` reads one file and compiles nothing. (A zipapp of .pyc files cost ~45 ms
+  python3 has this interpreter's version. It holds a ~20-line importer and, after it, every module
+  of the package as a marshalled code object, which the importer reads once and serves from
+  memory: `python3 -I -S -u /opt/atoll/agent.pyc` reads one file and compiles nothing. (A zipapp of .pyc files cost ~45 ms
   more per cold boot inside gVisor: runpy's extra imports and one archive read per module.)
 * `agent-source.pyz` (SOURCE): a zipapp of the .py files, for a template whose python3 is another
   version; its top-level `__main__` calls the package's `main()`.
+* `atoll-init` (INIT): the PID 1 of the sandbox's user processes (`atoll/guest/init/atoll-init.c`),
+  compiled with the host's gcc, linked statically so that it runs on any template's C library
+  (or none). Compiled again only when its source or the compiler changed (`atoll-init.key`).
 
 Each file is written to a temp file and renamed over the old one, with fixed names, dates and
 order (hash-based .pyc). What a sandbox runs is named by `digest`: the sources, the packing and
@@ -21,29 +24,45 @@ a changed agent makes the worker snapshot its templates again. Tests build and r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import marshal
 import os
 import py_compile
+import shutil
+import subprocess
 import tempfile
 import zipfile
+
+from atoll.core import errors
 
 SOURCE_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "guest", "agent"
 )
 COMPILED = "agent.pyc"
 SOURCE = "agent-source.pyz"
+INIT = "atoll-init"
+INIT_SOURCE = os.path.join(os.path.dirname(SOURCE_DIR), "init", "atoll-init.c")
+INIT_CFLAGS = ("-O2", "-static", "-s", "-Wall", "-Wextra", "-Werror")
 PACKAGE = "agent"  # the package's name inside the archives
 _MAIN = f"from {PACKAGE}.__main__ import main\n\nmain()\n"
 _DATE = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can say: the bytes do not depend on file times
 
 
-# The importer at the top of COMPILED. BLOB is a marshalled {module name: (is_package, code)}.
+# The importer at the top of COMPILED. The file goes on after its code with a marshalled
+# {module name: (is_package, code)} and that table's size (8 bytes, little-endian) at the very end:
+# read once at start, and not kept as a constant of the running code (~0.4 MB in every idle sandbox,
+# and in every snapshot). A .pyc run as a script holds one code object; what follows it is not read.
 _BOOT = """\
 import marshal, sys
 
-_MODULES = marshal.loads(BLOB)
+with open(__file__, "rb") as _f:
+    _f.seek(-8, 2)
+    _size = int.from_bytes(_f.read(8), "little")
+    _f.seek(-8 - _size, 2)
+    _MODULES = marshal.loads(_f.read(_size))
+del _f, _size
 _bootstrap = sys.modules["_frozen_importlib"]
 
 
@@ -72,8 +91,9 @@ main()
 
 
 def build(dest_dir: str, *, dir_in_sandbox: str = "/opt/atoll") -> None:
-    """Write COMPILED and SOURCE into `dest_dir`. Code objects name their source as it is in the
-    package (`<dir_in_sandbox>/agent/<module>.py`) for tracebacks."""
+    """Write COMPILED, SOURCE and INIT into `dest_dir`. Code objects name their source as it is in
+    the package (`<dir_in_sandbox>/agent/<module>.py`) for tracebacks."""
+    build_init(dest_dir)
     names = _module_names()
     source_entries = {"__main__.py": _MAIN.encode()}
     modules: dict[str, tuple[bool, object]] = {}
@@ -85,7 +105,7 @@ def build(dest_dir: str, *, dir_in_sandbox: str = "/opt/atoll") -> None:
         code = compile(src, f"{dir_in_sandbox}/{PACKAGE}/{name}", "exec", dont_inherit=True)
         modules[mod] = (name == "__init__.py", code)
     blob = marshal.dumps(dict(sorted(modules.items())))
-    boot = _BOOT.replace("PACKAGE", PACKAGE).replace("BLOB", repr(blob))
+    boot = _BOOT.replace("PACKAGE", PACKAGE)
     with tempfile.TemporaryDirectory(prefix="atoll-agent-") as tmp:
         boot_path = os.path.join(tmp, "boot.py")
         with open(boot_path, "w") as f:
@@ -98,16 +118,87 @@ def build(dest_dir: str, *, dir_in_sandbox: str = "/opt/atoll") -> None:
             doraise=True,
             invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
         )
+        with open(tmp_pyc, "ab") as f:
+            f.write(blob)
+            f.write(len(blob).to_bytes(8, "little"))
         os.replace(tmp_pyc, os.path.join(dest_dir, COMPILED))
     _write_zip(os.path.join(dest_dir, SOURCE), source_entries)
 
 
+def build_init(dest_dir: str) -> str:
+    """Compile INIT into `dest_dir` unless the one there was made from the same source by the same
+    compiler; returns its path. The file is replaced by a rename: a running init keeps its own."""
+    out = os.path.join(dest_dir, INIT)
+    key = init_key()
+    key_path = out + ".key"
+    try:
+        with open(key_path) as f:
+            if f.read() == key and os.access(out, os.X_OK):
+                return out
+    except OSError:
+        pass
+    tmp = out + ".tmp"
+    proc = subprocess.run(
+        [_compiler(), *INIT_CFLAGS, "-o", tmp, INIT_SOURCE],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise errors.RuntimeFailure(
+            "cannot compile the guest's atoll-init with gcc (it needs libc6-dev for a static link; "
+            "scripts/install-deps.sh installs it)",
+            detail=proc.stderr[-2000:],
+        )
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, out)
+    with open(key_path + ".tmp", "w") as f:
+        f.write(key)
+    os.replace(key_path + ".tmp", key_path)
+    return out
+
+
+def _compiler() -> str:
+    cc = shutil.which("gcc")
+    if cc is None:
+        raise errors.RuntimeFailure(
+            "the guest's atoll-init is compiled on the host: install gcc and libc6-dev "
+            "(scripts/install-deps.sh, or `apt-get install gcc libc6-dev`)"
+        )
+    return cc
+
+
+@functools.cache
+def init_key() -> str:
+    """What INIT's bytes depend on: its source, the flags, the compiler's version and the static C
+    library it links (path, size, modification time)."""
+    cc = _compiler()
+    version = subprocess.run(
+        [cc, "-dumpfullversion"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+    libc_a = subprocess.run(
+        [cc, "-print-file-name=libc.a"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+    try:
+        st = os.stat(libc_a)
+        libc = f"{os.path.realpath(libc_a)} {st.st_size} {st.st_mtime_ns}"
+    except OSError:
+        libc = f"{libc_a} (missing)"
+    h = hashlib.blake2b(digest_size=16)
+    with open(INIT_SOURCE, "rb") as f:
+        h.update(f.read())
+    h.update("\0".join([*INIT_CFLAGS, cc, version, libc]).encode())
+    return h.hexdigest()
+
+
 def digest(source_dir: str = SOURCE_DIR) -> str:
     """The identity of the agent `build` packs from `source_dir`: every module's source, the
-    importer and entry the archives add, and this interpreter's bytecode version (COMPILED is
-    its bytecode)."""
+    importer and entry the archives add, this interpreter's bytecode version (COMPILED is
+    its bytecode) and INIT's `init_key`."""
     h = hashlib.blake2b(digest_size=16)
-    for part in (_BOOT, _MAIN, PACKAGE, importlib.util.MAGIC_NUMBER.hex()):
+    for part in (_BOOT, _MAIN, PACKAGE, importlib.util.MAGIC_NUMBER.hex(), init_key()):
         h.update(part.encode() + b"\0")
     for name in _module_names(source_dir):
         with open(os.path.join(source_dir, name), "rb") as f:
