@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
+import re
 import threading
 import time
 
@@ -105,6 +106,23 @@ def _one_sandbox(c: httpx.Client, rnd: random.Random, tag: str, counts: dict, lo
         raise Failure(f"{sid} ended {state}")
 
 
+def _log_lines(path: str, sandbox_ids: list[str], most: int = 40) -> list[str]:
+    """The server log's warnings and errors about the failed sandboxes (runsc's own error among
+    them), so that a failure here says why without the installation it ran in."""
+    if not sandbox_ids:
+        return []
+    try:
+        with open(path, errors="replace") as f:
+            lines = [
+                ln.rstrip()
+                for ln in f
+                if any(s in ln for s in sandbox_ids) and (" WARNING " in ln or " ERROR " in ln)
+            ]
+    except OSError as e:
+        return [f"(server log {path} unreadable: {e})"]
+    return ["server log:", *lines[-most:]]
+
+
 @pytest.mark.stress
 def test_mixed_load_loses_no_sandbox(atoll_up):
     counts = {"disk_resumes": 0}
@@ -127,6 +145,6 @@ def test_mixed_load_loses_no_sandbox(atoll_up):
         failures = [f for fs in pool.map(worker, range(THREADS)) for f in fs]
     took = time.monotonic() - t0
     assert not failures, f"seed {seed}, {counts['disk_resumes']} disk resumes in {took:.0f} s:\n" + "\n".join(
-        failures
+        failures + _log_lines(atoll_up.log_path, re.findall(r"sb-[0-9a-z]+", "\n".join(failures)))
     )
     assert counts["disk_resumes"] == THREADS * SANDBOXES_PER_THREAD * DISK_CYCLES

@@ -142,13 +142,16 @@ class Tiers:
         """Checkpoint a running, gated sandbox to disk and release its memory. On failure the
         sandbox is dead (this runsc kills it): the runtime is failed with the cause."""
         sid = rt.sandbox_id
+        # Saving is the runtime's work, not the sandbox's: do not throttle it to the sandbox's cpus.
+        # Lifted before the resets below, so that a sandbox that used up its quota does not leave
+        # the RSTs unprocessed by its network stack until the next period (an endpoint still
+        # connected when the sentry saves fails the checkpoint, and that kills the sandbox).
+        cgroups.set_cpu_limit(self._cg(rt), None)
         await self.guest.close(sid)
         # Let the agent's threads see the RSTs and close their sockets before the sentry saves.
         await asyncio.sleep(0.02)
         tmp = self.snapshots.staging(sid, rt.generation)
         self.runtimes.advance(rt, Step.BEGIN_CHECKPOINT)
-        # Saving is the runtime's work, not the sandbox's: do not throttle it to the sandbox's cpus.
-        cgroups.set_cpu_limit(self._cg(rt), None)
         t0 = time.perf_counter()
         proc = await runsc.start_checkpoint(
             self.runsc_root, rt.cid, tmp, self.runtimes.path(sid, "runsc.log")
@@ -166,6 +169,7 @@ class Tiers:
             cause = runsc.tail(self.runtimes.path(sid, "runsc.log"))
             self.snapshots.drop_staging(tmp)
             message = f"checkpoint of sandbox {sid} failed and runsc stopped it (runsc's error is in the worker log)"
+            log.error("sandbox.checkpoint.failed: runsc log: %s", cause, extra={"sandbox_id": sid})
             self.liveness.failed(sid, message)
             self._spawn(self.sandboxes.discard_container(old_cid, old_cg))
             raise errors.RuntimeFailure(message, detail=f"runsc log: {cause}")
