@@ -17,10 +17,10 @@ only boots and snapshots). `bench-pool` gets a warm pool; `bench-snap` never has
                     counter must have gone up by one (the create was a claim, not a restore).
                     Two per round.
     pooled_python   the same with ["python3", "-c", "pass"] as the first exec.
-    pooled_python_quiet  the same, but the pool is set to min=0, max=POOL just before the claim (the
-                    keeper keeps the ready members and starts no refill), and back to min=max=POOL
-                    after the clock stopped: what the claimant's first exec costs without the
-                    refill's snapshot restore competing for the 2 cores.
+    (A "quiet" variant set the pool to min=0, max=POOL around the claim so that no refill would
+    start; since pools shrink to their `min` (4accf24) that drained the pool instead. It is not
+    needed: the keeper waits REFILL_AFTER_CLAIM_S (0.3 s) of quiet after a claim before it starts a
+    refill, longer than a claim and its first python3 take, so pooled_python has no refill beside it.)
     snapshot_python POST /v1/sandboxes {template: bench-snap} (no pool: the worker restores the
                     template's snapshot) + first ["python3", "-c", "pass"].
     base_python     the same with the built-in `base` template (its template image), for reference.
@@ -268,10 +268,7 @@ class Creates:
         time.sleep(SETTLE_S)
         self.settle_waits.append(time.monotonic() - t0)
 
-    def _atoll(self, peer: str, template: str, cmd: list[str], pooled: bool, quiet: bool = False) -> float:
-        if quiet:  # min 0: the keeper keeps the ready members (max) but starts no refill after the claim
-            self.pool.sdk.templates.set_pool(POOLED, min=0, max=POOL)
-            time.sleep(0.3)
+    def _atoll(self, peer: str, template: str, cmd: list[str], pooled: bool) -> float:
         before = self.pool.claimed() if pooled else None
         t0 = c.now_ms()
         sb = self.a.create(template=template)
@@ -289,8 +286,6 @@ class Creates:
             if pooled and self.pool.claimed() != before + 1:
                 raise RuntimeError(f"{peer}: the create did not claim from the pool ({self.pool.get()})")
         finally:
-            if quiet:
-                self.pool.set(POOL)
             self.a.delete(sb["id"])
         self._note(peer, "create", t1 - t0)
         self._note(peer, "first_exec", t2 - t1)
@@ -307,9 +302,6 @@ class Creates:
 
     def pooled_python(self) -> float:
         return self._atoll("pooled_python", POOLED, PY, pooled=True)
-
-    def pooled_python_quiet(self) -> float:
-        return self._atoll("pooled_python_quiet", POOLED, PY, pooled=True, quiet=True)
 
     def snapshot_python(self) -> float:
         return self._atoll("snapshot_python", SNAP, PY, pooled=False)
@@ -355,7 +347,6 @@ def bench_creates(a: c.Atoll, sdk: atoll.Client, rootfs: str, rounds: int, nb: N
         "pooled_true": cr.pooled_true,
         "pooled_python": cr.pooled_python,
         "pooled_true_b": cr.pooled_true_b,
-        "pooled_python_quiet": cr.pooled_python_quiet,
         "snapshot_python": cr.snapshot_python,
         "base_python": cr.base_python,
         "gvisor_pkg": cr.gvisor_pkg,
@@ -384,7 +375,7 @@ def bench_creates(a: c.Atoll, sdk: atoll.Client, rootfs: str, rounds: int, nb: N
     for k, v in samples.items():
         out[k] = c.summarize(v)
         out[k]["parts"] = {p: c.summarize(xs) for p, xs in cr.parts[k].items()}
-    for k in ("pooled_true", "pooled_python", "pooled_python_quiet"):
+    for k in ("pooled_true", "pooled_python"):
         out[k]["server"] = _server_summary(a, cr.sids[k], "claim")
     for k in ("snapshot_python", "base_python"):
         out[k]["server"] = _server_summary(a, cr.sids[k], "create")
@@ -397,7 +388,6 @@ def bench_creates(a: c.Atoll, sdk: atoll.Client, rootfs: str, rounds: int, nb: N
         "pooled_python/gvisor_pkg": c.ratio(out["pooled_python"], g),
         "snapshot_python/gvisor_pkg": c.ratio(out["snapshot_python"], g),
         "base_python/gvisor_pkg": c.ratio(out["base_python"], g),
-        "pooled_python_quiet/gvisor_pkg": c.ratio(out["pooled_python_quiet"], g),
         "pooled_python/snapshot_python": c.ratio(out["pooled_python"], out["snapshot_python"]),
     }
     out["pool_size"] = POOL
@@ -690,8 +680,6 @@ def summary(out: dict) -> dict:
         s["pooled_claim_create_exec_true_p90_ms"] = cr["pooled_true"]["p90"]
         s["pooled_claim_n"] = cr["pooled_true"]["n"]
         s["pooled_python_p50_ms"] = cr["pooled_python"]["p50"]
-        s["pooled_python_quiet_p50_ms"] = cr["pooled_python_quiet"]["p50"]
-        s["pooled_python_quiet_over_gvisor_pkg"] = r["pooled_python_quiet/gvisor_pkg"]
         s["snapshot_python_p50_ms"] = cr["snapshot_python"]["p50"]
         s["base_python_p50_ms"] = cr["base_python"]["p50"]
         s["gvisor_pkg_python_p50_ms"] = cr["gvisor_pkg"]["p50"]
