@@ -63,6 +63,14 @@ for name, argv, cwd in (("missing", ["no-such-program-x"], "/"), ("cwd", ["true"
         out[name] = None
     except OSError as e:
         out[name] = [e.errno, e.filename]
+# the PATH search: a file that cannot run is passed over for a later one, and reported if none is found
+s = spawn(["true"], env={"PATH": os.environ["PATHDIR"] + ":/no/such/dir:/usr/bin:/bin"})
+out["path_later"] = exit_of(s.pid)
+try:
+    spawn(["true"], env={"PATH": "/no/such/dir:" + os.environ["PATHDIR"]})
+    out["path_noexec"] = None
+except OSError as e:
+    out["path_noexec"] = [e.errno, e.filename]
 s = spawn(["sleep", "60"])
 client.signal(s.pid, signal.SIGTERM)
 out["signal"] = exit_of(s.pid)
@@ -102,11 +110,17 @@ def result():
         with open(noexec, "w") as f:
             f.write("#!/bin/sh\n")
         os.chmod(noexec, 0o644)
+        pathdir = os.path.join(tmp, "pathdir")
+        os.makedirs(pathdir)
+        with open(os.path.join(pathdir, "true"), "w") as f:
+            f.write("#!/bin/sh\nexit 9\n")
+        os.chmod(os.path.join(pathdir, "true"), 0o644)
         env = {
             **os.environ,
             "ATOLL_INIT": init,
             "CG": cg,
             "NOEXEC": noexec,
+            "PATHDIR": pathdir,
             "PYTHONPATH": os.path.dirname(src),
         }
         proc = subprocess.run(
@@ -139,6 +153,9 @@ def test_failed_starts_are_what_subprocess_would_raise(result):
     assert out["missing"] == [2, "no-such-program-x"]  # -> 127 "command not found" in the agent
     assert out["cwd"] == [2, "/no/such/dir"]  # -> 400 about cwd
     assert out["noexec"] == [13, noexec]  # -> 126 Permission denied
+    # execvp's search: a file without x is passed over, then reported if no later entry has one
+    assert out["path_later"] == 0
+    assert out["path_noexec"] == [13, "true"]
 
 
 def test_signal_and_kill_reach_the_command_and_its_session(result):

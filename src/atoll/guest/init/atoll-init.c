@@ -622,7 +622,11 @@ static void child(int pipe_w, int fds[3], const char *cwd, int ctty, long uid, l
                 memcpy(full, p, dl);
                 full[dl] = '/';
                 strcpy(full + dl + 1, argv[0]);
-                execve(full, argv, envp);
+                /* A miss is skipped after access(): in gVisor a failed execve costs ~0.6 ms, an
+                 * access() ~0.14 ms (three misses before /usr/bin were ~2 ms of every `true`).
+                 * Any other answer goes to execve, whose error is the one reported. */
+                if (access(full, X_OK) == 0 || (errno != ENOENT && errno != ENOTDIR))
+                    execve(full, argv, envp);
             }
         } else {
             execve(argv[0], argv, envp); /* an empty entry: the current directory */
