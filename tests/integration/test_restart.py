@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -227,6 +228,60 @@ def test_a_restart_under_another_runsc_makes_the_images_and_the_pool_again(local
     assert "were made under an earlier guest agent or runsc" in log
     assert "is not handed out" not in log  # never offered to a create
     assert keys() == [new_key]
+
+
+def test_a_sandbox_keeps_the_agent_files_of_its_version_across_an_upgrade(local, tmp_path):
+    """Each agent version's files live in a directory of their own: a sandbox mounts the one it
+    was started with (its agent in memory restarts its atoll-init from it) and keeps it after the
+    worker is upgraded; the directory goes once no sandbox runs that version. The upgrade here is
+    another gcc (a wrapper at another path): atoll-init's key, so the agent's digest, changes."""
+
+    def record(sid):
+        with open(os.path.join(local.home, "sandboxes", sid, "runtime.json")) as f:
+            return json.load(f)
+
+    def mount_source(sid):
+        with open(os.path.join(local.home, "sandboxes", sid, "bundle", "config.json")) as f:
+            mounts = json.load(f)["mounts"]
+        return next(m["source"] for m in mounts if m["destination"] == "/opt/atoll")
+
+    def versions():
+        return sorted(n for n in os.listdir(os.path.join(local.home, "agent")) if n.startswith("v-"))
+
+    local.start(timeout=600)
+    with _client(local) as c:
+        old = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        _exec(c, old, "true")
+    old_dir = record(old)["agent_dir"]
+    assert os.path.dirname(old_dir) == os.path.join(local.home, "agent")
+    assert versions() == [os.path.basename(old_dir)] and mount_source(old) == old_dir
+    local.stop(reap=False)
+
+    gcc = tmp_path / "bin" / "gcc"
+    gcc.parent.mkdir()
+    gcc.write_text(f'#!/bin/sh\nexec {shutil.which("gcc")} "$@"\n')
+    gcc.chmod(0o755)
+    local.env["PATH"] = f"{gcc.parent}:{os.environ['PATH']}"
+    local.start(timeout=600)
+    [new_version] = [v for v in versions() if v != os.path.basename(old_dir)]
+    new_dir = os.path.join(local.home, "agent", new_version)
+    assert os.path.exists(os.path.join(old_dir, "atoll-init"))  # kept: a sandbox runs that version
+    with _client(local) as c:
+        new = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        assert record(new)["agent_dir"] == new_dir and mount_source(new) == new_dir
+        # the old sandbox's agent restarts its atoll-init from its own version's files
+        r = c.post(f"/v1/sandboxes/{old}/exec", json={"cmd": "kill -9 1", "timeout_s": 30})
+        assert r.status_code == 200 and r.json()["exit_code"] == 137, r.text
+        assert _exec(c, old, "echo alive")["stdout"] == "alive\n"
+        assert record(old)["agent_dir"] == old_dir
+        # a disk-tier round trip writes its bundle again: still its own version's files
+        assert c.post(f"/v1/sandboxes/{old}/pause", json={"tier": "disk"}).json()["standby_tier"] == "disk"
+        assert _exec(c, old, "echo back")["stdout"] == "back\n"
+        assert mount_source(old) == old_dir
+        assert c.delete(f"/v1/sandboxes/{old}").status_code == 204
+    local.stop(reap=False)
+    local.start(timeout=600)
+    assert versions() == [new_version]  # nobody runs the old version any more
 
 
 def test_create_boots_cold_when_the_template_image_is_damaged(local):

@@ -10,6 +10,7 @@ and the exit messages, which it hands to `on_exit`.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -33,6 +34,16 @@ def request(*fields) -> bytes:
     if any(b"\0" in p for p in parts):
         raise ValueError("embedded null byte")
     return b"\0".join(parts) + b"\0"
+
+
+def _too_large(size: int, limit: int) -> ApiError:
+    return ApiError(
+        400,
+        "invalid_request",
+        f"the command's arguments and environment take {size} bytes, more than the sandbox's "
+        f"process init takes in one request (about {limit} bytes here); pass large data in a "
+        "file or on stdin instead",
+    )
 
 
 class Spawned:
@@ -127,9 +138,13 @@ class InitClient:
         sock, replies = self._sock, self._replies
         if sock is None:
             raise ApiError(500, "runtime_error", "the sandbox's process init (atoll-init) is not running")
+        if len(msg) > zygote.MAX_MESSAGE:
+            raise _too_large(len(msg), zygote.MAX_MESSAGE)
         try:
             socket.send_fds(sock, [msg], list(fds))
-        except OSError:
+        except OSError as e:
+            if e.errno in (errno.EMSGSIZE, errno.ENOBUFS):  # the init lives on: the request was too big
+                raise _too_large(len(msg), sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)) from None
             if self._sock is sock:
                 self._ready.clear()  # it died: wait for the successor (see died), not a timeout
             raise

@@ -358,9 +358,18 @@ def _write(
 
 def _tarfile():
     """tarfile, imported on the first tar call rather than at the agent's start: with what it pulls
-    in (shutil, bz2, lzma, their C libraries) ~1 MB that every idle sandbox's agent would hold."""
-    import tarfile  # noqa: PLC0415
-
+    in (shutil, bz2, lzma, their C libraries) ~1 MB that every idle sandbox's agent would hold.
+    It comes from the template's Python, which the sandbox's own code can change or remove: a
+    failed import is a clean error, raised before any answer has begun."""
+    try:
+        import tarfile  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001 - ImportError, or a module broken by the sandbox's code
+        raise ApiError(
+            409,
+            "invalid_state",
+            f"the sandbox's Python module tarfile cannot be imported ({type(e).__name__}: {e}); "
+            "tar calls need the template's tarfile.py intact — restore it, or read files one by one",
+        ) from None
     return tarfile
 
 
@@ -444,11 +453,11 @@ def send(conn: Conn, root: str) -> None:
         raise ApiError(404, "file_not_found", f"directory {shown!r} does not exist") from None
     except OSError as e:
         raise _os_error(e, "listing", shown) from None
+    tarfile = _tarfile()  # before the answer begins: a failure is an error answer, not a cut stream
     conn.start_chunked("application/x-tar")
     if conn.head_only:
         return
     out = _ChunkWriter(conn)
-    tarfile = _tarfile()
     with tarfile.open(
         fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding=ENCODING, errors=ERRORS,
         bufsize=SEND_CHUNK,

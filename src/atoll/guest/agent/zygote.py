@@ -51,8 +51,24 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+MAX_MESSAGE = 1 << 20
+"""The largest request atoll-init reads (MAX_MESSAGE in atoll-init.c): a spawn's argv and env."""
+
+
 def socketpair() -> tuple[socket.socket, socket.socket]:
-    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    """The agent's and the init's ends. A request is one datagram, which may not exceed the send
+    buffer (gVisor's default, 208 KiB, refused ~300 KB of env with EMSGSIZE): the agent's is raised
+    to hold MAX_MESSAGE (gVisor takes SO_SNDBUF up to 4 MiB and ignores SO_SNDBUFFORCE; Linux caps
+    SO_SNDBUF at wmem_max, which SO_SNDBUFFORCE passes for root). Best effort."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for opt in (socket.SO_SNDBUF, getattr(socket, "SO_SNDBUFFORCE", 32)):
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, opt, 2 * MAX_MESSAGE)
+            if ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= MAX_MESSAGE:
+                break
+        except OSError:
+            continue
+    return ours, theirs
 
 
 def start(sandbox_id: str, env: dict[str, str]) -> tuple[int, socket.socket]:

@@ -105,6 +105,7 @@ async def fork(
                     lower=lower,
                     workdir=parent.workdir,
                     runtime_key=parent.runtime_key,  # its memory is the parent's
+                    agent_dir=sandboxes.agent_dir_of(parent),  # and so is its agent
                 )
             )
 

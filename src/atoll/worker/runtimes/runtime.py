@@ -60,6 +60,11 @@ class Runtime:
     """The runtime key (worker.host.snapshots.RuntimeKey) its memory was made under: this worker's
     at a cold boot, the template image's or the parent's at a restore or a fork; kept by its own
     checkpoints. "" for records of versions that did not say (unknown: treated as another key)."""
+    agent_dir: str = ""
+    """The host directory bind-mounted at /opt/atoll: the guest agent's files of the version its
+    memory was made with (set at its start, a fork's is the parent's), so that its agent and
+    atoll-init keep running those after the worker is upgraded. "" for records of versions that
+    kept one directory for all (`$ATOLL_HOME/agent` itself, see `Sandboxes.agent_dir_of`)."""
 
     @property
     def cid(self) -> str:
@@ -102,6 +107,7 @@ class RuntimeStore:
         lower: str = "",
         workdir: str | None = None,
         runtime_key: str = "",
+        agent_dir: str = "",
     ) -> Runtime:
         """Record a runtime about to be made (phase creating), before anything exists on the host:
         whatever a crash leaves is then owned by a record, and a reattach or sweep finds it."""
@@ -121,6 +127,7 @@ class RuntimeStore:
             lower=lower,
             workdir=workdir,
             runtime_key=runtime_key,
+            agent_dir=agent_dir,
         )
         storage.private_dir(self.dir(sid))
         self._cache[sid] = rt

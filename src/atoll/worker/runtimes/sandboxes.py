@@ -76,7 +76,7 @@ class Sandboxes:
         guest: Guest,
         liveness: Liveness,
         host: sweep.Installation,
-        agent_dir: str,
+        agent_root: str,
         edge: Edge,
     ):
         self.runtimes = runtimes
@@ -85,13 +85,23 @@ class Sandboxes:
         self.host = host
         self.install_id = host.install_id
         self.runsc_root = host.runsc_root
-        self.agent_dir = agent_dir
+        self.agent_root = agent_root
+        """`$ATOLL_HOME/agent`: the agent's files of each version in a directory of their own (see
+        `agent_dir`); the files of versions before those directories lie in it directly."""
+        self.agent_dir = agent_root
+        """This worker's agent files (`<agent_root>/v-<digest>`, set by Node.start once built):
+        every sandbox it starts mounts them, and keeps mounting them after an upgrade."""
         self.edge = edge
         self.runtime_key = snapshots.RuntimeKey()
         """This worker's runtime key now: what a cold boot's memory holds."""
 
     def _p(self, rt: Runtime, *parts: str) -> str:
         return self.runtimes.path(rt.sandbox_id, *parts)
+
+    def agent_dir_of(self, rt: Runtime) -> str:
+        """The agent files `rt` runs: those of its version (a record of an earlier version, which
+        named none, has the files in `agent_root` itself)."""
+        return rt.agent_dir or self.agent_root
 
     # ---- start ----------------------------------------------------------------------------------
     async def start(self, rt: Runtime, lower: str, image: str | None, seed_upper: str | None = None) -> str:
@@ -101,6 +111,9 @@ class Sandboxes:
         sandbox's own starts as a copy of it; `rt.runtime_key` says what the image was made under
         (a cold boot sets it to this worker's). Returns how ("template image" or "cold boot"); on
         failure the runtime is failed and the error raised."""
+        if not rt.agent_dir:  # a new sandbox runs this worker's agent (a fork's names its parent's)
+            rt.agent_dir = self.agent_dir
+            self.runtimes.save(rt)
         sid = rt.sandbox_id
         t0 = time.perf_counter()
         marks: dict[str, float] = {}
@@ -236,7 +249,7 @@ class Sandboxes:
                 sandbox_id=rt.sandbox_id,
                 hostname=hostname(rt.sandbox_id),
                 rootfs=self._p(rt, "rootfs"),
-                agent_dir=self.agent_dir,
+                agent_dir=self.agent_dir_of(rt),
                 netns_path=netns.path(rt.name),
                 cgroup_path=rt.cgroup(self.install_id),
                 memory_mb=rt.memory_mb,

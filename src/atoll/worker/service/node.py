@@ -61,6 +61,7 @@ USAGE_EVERY_S = 10.0
 ACTIVITY_CPU_SHARE = 0.1
 ACTIVITY_WINDOW_S = 2.0
 ACTIVITY_EVENT_EVERY_S = 2.0
+AGENT_VERSION_PREFIX = "v-"  # <agent_root>/v-<digest>: one version's agent files
 REATTACH_TIMEOUT_S = 180.0
 EVENT_QUEUE = 1000
 
@@ -181,7 +182,8 @@ class Node:
         self.s = settings
         self.install_id = installation_id(settings.home)
         self.host = sweep.Installation(os.path.realpath(settings.home), self.install_id)
-        self.agent_dir = os.path.join(settings.home, "agent")
+        self.agent_root = os.path.join(settings.home, "agent")
+        self.agent_dir = self.agent_root  # this version's own directory under it, once built (start)
         self.sandbox_ca_pem = ""
         """ATOLL_SANDBOX_CA_FILE's certificates (only those), added to every sandbox made here."""
         if settings.sandbox_ca_file:
@@ -215,7 +217,7 @@ class Node:
             log_level=settings.log_level,
         )
         self.sandboxes = Sandboxes(
-            self.runtimes, self.guest, self.liveness, self.host, self.agent_dir, self.edge
+            self.runtimes, self.guest, self.liveness, self.host, self.agent_root, self.edge
         )
         self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
         self.tiers = Tiers(
@@ -320,18 +322,24 @@ class Node:
         self.claim_home()
         for d in (self.runtimes.root, self.host.runsc_root):
             storage.private_dir(d)
-        os.makedirs(self.agent_dir, exist_ok=True)  # bind-mounted into sandboxes: keeps 0755
+        os.makedirs(self.agent_root, exist_ok=True)  # bind-mounted into sandboxes: keeps 0755
         storage.secure_home(self.s.home)
         storage.private_dir(self.templates.dir)
         for mp in await storage.harden_mounts(self.s.home):
             log.warning("added nosuid,nodev to %s (mounted by an earlier version without them)", mp)
+        # Each version's files in a directory of their own: a sandbox keeps mounting the files
+        # of the agent in its memory (an old agent restarts its atoll-init from them).
+        self.agent_dir = os.path.join(self.agent_root, AGENT_VERSION_PREFIX + agent_pack.digest()[:16])
+        os.makedirs(self.agent_dir, mode=0o755, exist_ok=True)
+        os.chmod(self.agent_dir, 0o755)
         agent_pack.build(self.agent_dir, dir_in_sandbox=bundle.AGENT_DIR_IN_SANDBOX)
+        self.sandboxes.agent_dir = self.agent_dir
         if self.s.build_ca_file:  # the CA bundle of build steps (public certificates only)
             shutil.copyfile(self.s.build_ca_file, os.path.join(self.agent_dir, self.s.BUILD_CA_NAME))
             os.chmod(os.path.join(self.agent_dir, self.s.BUILD_CA_NAME), 0o644)
-        for stale in ("agent.py", "agent.pyz"):  # what earlier versions ran
+        for stale in ("agent.py", "agent.pyz"):  # what much earlier versions ran
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.agent_dir, stale))
+                os.unlink(os.path.join(self.agent_root, stale))
         _raise_pid_max()
         _raise_nofile()
         await self.edge.start()  # the egress gateway's process: sandboxes are attached to it below
@@ -360,9 +368,25 @@ class Node:
                         e,
                         extra={"sandbox_id": rt.sandbox_id},
                     )
+        self._sweep_agent_dirs()
         self.last_reconcile = await self.recovery.reconcile(parents=True)
         self._loops.append(asyncio.ensure_future(self._monitor()))
         self._loops.append(asyncio.ensure_future(self._prepare_templates()))
+
+    def _sweep_agent_dirs(self) -> None:
+        """Remove the agent files of versions no recorded runtime runs any more (after the
+        reattach: the records left are the sandboxes this worker keeps)."""
+        used = {self.sandboxes.agent_dir_of(rt) for rt in self.runtimes.all()}
+        for name in os.listdir(self.agent_root):
+            path = os.path.join(self.agent_root, name)
+            if name.startswith(AGENT_VERSION_PREFIX) and path != self.agent_dir and path not in used:
+                shutil.rmtree(path, ignore_errors=True)
+                log.info("removed the agent files of an earlier version: %s", path)
+        if self.agent_root not in used:  # files of versions before the per-version directories
+            legacy = (agent_pack.COMPILED, agent_pack.SOURCE, agent_pack.INIT, agent_pack.INIT + ".key")
+            for name in (*legacy, self.s.BUILD_CA_NAME):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.agent_root, name))
 
     async def _prepare_templates(self) -> None:
         name = "base"
