@@ -5,11 +5,13 @@ process sees its sandbox's own id in ATOLL_SANDBOX_ID."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
 import time
 
+import httpx
 import pytest
 
 from tests.integration.conftest import run
@@ -58,6 +60,35 @@ def test_stopped_init_does_not_hang_later_calls(api, sandbox):
         assert out["stdout"] == "ok\n", out
     assert api.get(f"/v1/sandboxes/{sid}/processes", timeout=30).status_code == 200
     _usable(api, sid)
+
+
+def test_concurrent_execs_while_user_code_kills_the_init(atoll_server, sandbox):
+    """Four clients run commands at once while every third one kills atoll-init (`kill -9 1`).
+        The agent (PID 1 of the sandbox) used to reap the short-lived process that starts a new init
+        as if it were a command and wait up to 60 s for the spawns in flight, which waited for that
+        very restart: calls hung 30-90 s and some answered 500 "atoll-init is not running" (12 of
+        120 in one run). Every call must now answer 200: its output, or 137 when it ran in the init
+    that another call killed."""
+    sid = sandbox["id"]
+
+    def client(n: int) -> list[str]:
+        wrong = []
+        with httpx.Client(base_url=atoll_server.url, headers=atoll_server.headers(), timeout=300) as c:
+            for k in range(9):
+                kills = k % 3 == 0
+                cmd = "kill -9 1; sleep 1" if kills else f"echo {n}-{k}"
+                r = c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd, "timeout_s": 60})
+                if r.status_code != 200:
+                    wrong.append(f"{cmd!r}: {r.status_code} {r.text[:200]}")
+                elif not kills and r.json()["stdout"] != f"{n}-{k}\n" and r.json()["exit_code"] != 137:
+                    wrong.append(f"{cmd!r}: {r.json()}")  # (137: it ran in the init another call killed)
+        return wrong
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        wrong = [w for ws in pool.map(client, range(4)) for w in ws]
+    assert not wrong, "\n".join(wrong)
+    with httpx.Client(base_url=atoll_server.url, headers=atoll_server.headers(), timeout=300) as c:
+        _usable(c, sid)
 
 
 def test_ps_shows_the_users_processes_with_pids_the_api_reports(api, sandbox):

@@ -286,6 +286,13 @@ class ProcessTable:
                 continue
             if os.WIFSTOPPED(status):
                 continue  # not ours to judge (only atoll-init is watched with WUNTRACED)
+            if init is not None:
+                # With an init the commands are its children, their exits come from it, and their
+                # pids are its namespace's: what PID 1 reaps here is the process that started an
+                # init (it exits once the init forked) or an orphan of `runsc exec`, never a command
+                # (delivering it would wait up to 60 s for spawns in flight, which may be waiting
+                # for the init restart this thread triggers, and could hit a command's pid).
+                continue
             try:
                 self._deliver(pid, status)
             except Exception:
