@@ -155,6 +155,15 @@ def _disk_cycle(a: c.Atoll, sid: str) -> dict:
     }
 
 
+def _host_tasks(a: c.Atoll, sid: str) -> int | None:
+    """Host tasks in the sandbox's pids cgroup (sentry threads, gofer, ptrace stubs)."""
+    try:
+        with open(f"/sys/fs/cgroup/pids{a.cgroup(sid)}/pids.current") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def _server(a: c.Atoll, sid: str) -> dict:
     out: dict = {}
     for key, prefix in EVENTS.items():
@@ -188,6 +197,7 @@ def one_round(a: c.Atoll, label: str, keep_config: str | None = None) -> dict:
             # what the image holds: the guest's processes and threads (warm-up round only)
             guest_ps = a.exec(sid, ["ps", "-eLo", "pid,lwp,rss,vsz,args"])["stdout"]
         cgroup_mb = a.memory_usage_mb(sid)
+        host_tasks = _host_tasks(a, sid)
         cycles = []
         for k in (1, 2):
             cycles.append(_disk_cycle(a, sid))
@@ -197,7 +207,14 @@ def one_round(a: c.Atoll, label: str, keep_config: str | None = None) -> dict:
         f = a.api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/on-disk.txt"})
         if f.content != b"persisted\n":
             raise RuntimeError(f"{label}: /root/on-disk.txt is {f.content!r} after the cycles")
-        out = {"sandbox_id": sid, "cgroup_mb_before": cgroup_mb, "cycles": cycles, "server": _server(a, sid)}
+        out = {
+            "sandbox_id": sid,
+            "cgroup_mb_before": cgroup_mb,
+            "host_tasks_before": host_tasks,
+            "host_tasks_after": _host_tasks(a, sid),
+            "cycles": cycles,
+            "server": _server(a, sid),
+        }
         if guest_ps is not None:
             out["guest_ps"] = guest_ps
         return out
@@ -227,7 +244,70 @@ def summarize_rounds(rows: list[dict]) -> dict:
                 if len(xs) > k:
                     parts.setdefault(part, []).append(xs[k])
         srv["restore_parts"] = {p: c.summarize(xs) for p, xs in parts.items()}
+        # where the API call's time is spent outside the worker's restore
+        http, cp = [], []
+        for r in rows:
+            step, took = r["server"]["resume_disk_complete"], r["server"]["restore_took"]
+            if len(step) > k and len(took) > k:
+                http.append(r["cycles"][k]["resume_api"] - step[k])
+                cp.append(step[k] - took[k])
+        srv["resume_api_minus_server_step"] = c.summarize(http)
+        srv["server_step_minus_worker_restore"] = c.summarize(cp)
         out[name]["server"] = srv
+    out["host_tasks_before"] = c.summarize(
+        [r["host_tasks_before"] for r in rows if r["host_tasks_before"]], unit="tasks"
+    )
+    out["host_tasks_after"] = c.summarize(
+        [r["host_tasks_after"] for r in rows if r["host_tasks_after"]], unit="tasks"
+    )
+    return out
+
+
+# A plain runsc holder (bench_standby.runsc_floor) that also starts `extra` more processes of one
+# kind: what one more guest process costs `runsc restore` on this host, without atoll.
+EXTRA_KINDS = {
+    "sleep": "['sleep', '1000000']",  # a small dynamically linked program (coreutils)
+    "python": "[sys.executable, '-I', '-S', '-c', 'import time; time.sleep(10**6)']",
+}
+
+
+def procs_floor(extras: list[int], kind: str, n: int) -> dict:
+    import bench_standby
+
+    out: dict = {}
+    saved = bench_standby.RAW_HOG
+    try:
+        for k in extras:
+            bench_standby.RAW_HOG = (
+                "import os, subprocess, sys, time; b = os.urandom({mb} * 2**20); "
+                f"ps = [subprocess.Popen({EXTRA_KINDS[kind]}) for _ in range({k})]; "
+                "time.sleep(0.5); print('ready', flush=True); time.sleep(10**6)"
+            )
+            c.log(f"plain runsc floor: holder + {k} {kind} processes")
+            out[f"{kind}+{k}"] = bench_standby.runsc_floor(1, n)
+    finally:
+        bench_standby.RAW_HOG = saved
+    return out
+
+
+def heap_floor(sizes: list[int], n: int) -> dict:
+    """The plain runsc floor with a holder of N MB of *compressible* heap (a repeated pattern, like
+    an interpreter's heap and unlike bench_standby's random bytes): what guest memory costs
+    `runsc restore` when the image file stays small."""
+    import bench_standby
+
+    out: dict = {}
+    saved = bench_standby.RAW_HOG
+    try:
+        bench_standby.RAW_HOG = (
+            "import time; b = bytearray(b'atoll-heap-' * ({mb} * 2**20 // 11)); "
+            "print('ready', flush=True); time.sleep(10**6)"
+        )
+        for mb in sizes:
+            c.log(f"plain runsc floor: holder with {mb} MB of compressible heap")
+            out[f"heap{mb}MB"] = bench_standby.runsc_floor(mb, n)
+    finally:
+        bench_standby.RAW_HOG = saved
     return out
 
 
@@ -252,24 +332,62 @@ def start(label: str, src: str, templates: str) -> c.Atoll:
     return c.Atoll(local)
 
 
-def stop(a: c.Atoll) -> None:
+def stop(a: c.Atoll, keep_dir: str | None, label: str) -> None:
     """Delete this installation's sandboxes through its own API, then stop its process group (by
     the PID this script started). No purge with this tree's code: the installation may be another
-    version's."""
+    version's. Its server log goes to keep_dir; the home is removed when nothing is mounted there."""
     with contextlib.suppress(Exception):
         a.close()
     a.local.reap_sandboxes()
     a.local.stop(reap=False)
+    if keep_dir:
+        with contextlib.suppress(OSError):
+            shutil.copy(a.local.log_path, os.path.join(keep_dir, f"atoll-server-{label}.log"))
+    sbx = os.path.join(a.home, "sandboxes")
+    left = os.listdir(sbx) if os.path.isdir(sbx) else []
+    if not left and not c._has_mounts_under(a.home):
+        shutil.rmtree(a.home, ignore_errors=True)
+    else:
+        c.log(f"{label}: left {a.home} (mounts or sandboxes remain)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--a", required=True, help="label=<src dir>:<template dir>")
-    ap.add_argument("--b", required=True, help="label=<src dir>:<template dir>")
+    ap.add_argument("--a", help="label=<src dir>:<template dir>")
+    ap.add_argument("--b", help="label=<src dir>:<template dir>")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--out", default=None)
     ap.add_argument("--keep-dir", default=None, help="where to copy one bundle config.json per version")
+    ap.add_argument(
+        "--procs-floor",
+        default=None,
+        help="only the plain runsc floor with these numbers of extra guest processes, e.g. 0,1,2",
+    )
+    ap.add_argument("--procs-kind", default="sleep", choices=sorted(EXTRA_KINDS))
+    ap.add_argument("--procs-n", type=int, default=5)
+    ap.add_argument(
+        "--heap-floor", default=None, help="only the plain runsc floor with these MB of compressible heap"
+    )
     args = ap.parse_args()
+    if args.procs_floor or args.heap_floor:
+        if args.heap_floor:
+            results = heap_floor([int(x) for x in args.heap_floor.split(",")], args.procs_n)
+        else:
+            results = procs_floor(
+                [int(x) for x in args.procs_floor.split(",")], args.procs_kind, args.procs_n
+            )
+        doc = {
+            "benchmark": "ab_standby.floor",
+            "timestamp": c.timestamp(),
+            "machine": c.machine_info(),
+            "results": results,
+        }
+        c.emit(doc)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=1)
+                f.write("\n")
+        return
     specs = [_spec(args.a), _spec(args.b)]
     installs: dict[str, c.Atoll] = {}
     doc: dict = {
@@ -309,9 +427,9 @@ def main() -> None:
                 )
             load.append((time.strftime("%H:%M:%S"), list(os.getloadavg())))
     finally:
-        for a in installs.values():
+        for label, a in installs.items():
             try:
-                stop(a)
+                stop(a, args.keep_dir, label)
             except Exception as e:  # noqa: BLE001 - report and go on stopping the other one
                 c.log(f"stop failed: {e!r}")
     doc["results"] = {label: summarize_rounds(r) for label, r in rows.items() if r}
