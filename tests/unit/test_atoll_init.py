@@ -53,6 +53,9 @@ def spawn(argv, **kw):
 
 s = spawn(["sh", "-c", "echo out $X; echo err >&2; exit 3"], env={"PATH": "/usr/bin:/bin", "X": "x\udcff"})
 out["echo"] = [s.stdout.read().decode("utf-8", "surrogateescape"), s.stderr.read().decode(), exit_of(s.pid), s.pid]
+s = spawn(["sh", "-c", "readlink /proc/1/fd/0 /proc/1/fd/1 /proc/1/fd/2"])  # PID 1: the init, as commands see it
+out["init_stdio"] = s.stdout.read().decode().split()
+exit_of(s.pid)
 fds = spawn(["sh", "-c", FDS])
 out["fds"] = fds.stdout.read().decode().split()
 exit_of(fds.pid)
@@ -156,6 +159,13 @@ def test_failed_starts_are_what_subprocess_would_raise(result):
     # execvp's search: a file without x is passed over, then reported if no later entry has one
     assert out["path_later"] == 0
     assert out["path_noexec"] == [13, "true"]
+
+
+def test_the_inits_own_stdio_is_dev_null(result):
+    # commands can write to /proc/1/fd/1 and 2: those must not be the agent's (the host's log file,
+    # outside the sandbox's disk quota); the init's log lines go to the agent on its socket
+    out, *_ = result
+    assert out["init_stdio"] == ["/dev/null"] * 3
 
 
 def test_signal_and_kill_reach_the_command_and_its_session(result):

@@ -99,7 +99,9 @@ class InitClient:
                 replies.put(None)
                 return
             msg = json.loads(data)
-            if "exit" in msg:
+            if "log" in msg:  # a line of the init's (its stdout and stderr are /dev/null)
+                log(str(msg["log"]))
+            elif "exit" in msg:
                 self._on_exit(int(msg["exit"]), int(msg["code"]))
             else:
                 replies.put(msg)

@@ -76,21 +76,28 @@ def start(sandbox_id: str, env: dict[str, str]) -> tuple[int, socket.socket]:
     init's pid (in the agent's namespace) and the agent's end once the init said hello."""
     ours, theirs = socketpair()
     theirs.set_inheritable(True)  # every other descriptor of the agent is close-on-exec (PEP 446)
-    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         # (the agent's reaper reaps the process started, which exits once it forked the init)
+        # Its stdin, stdout and stderr are /dev/null: commands can write to /proc/1/fd/N, and the
+        # agent's own are the host's log file (outside the sandbox's disk quota). It sends its log
+        # lines on the socket instead.
         os.posix_spawn(
             INIT,
             ["atoll-init", str(theirs.fileno())],
             {**env, "ATOLL_SANDBOX_ID": sandbox_id},
-            file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0)],
+            file_actions=[(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)],
             setsid=True,
         )
     finally:
         os.close(devnull)
         theirs.close()
-    data = ours.recv(4096)
-    hello = json.loads(data) if data else {}
+    while True:
+        data = ours.recv(4096)
+        hello = json.loads(data) if data else {}
+        if "log" not in hello:
+            break
+        log(str(hello["log"]))
     if "init" not in hello:
         ours.close()
         raise OSError(f"atoll-init did not start: {hello.get('error', 'no answer')}")

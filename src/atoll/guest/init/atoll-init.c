@@ -83,17 +83,33 @@ static pid_t self;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
+/* A line for the agent's log, sent as {"log": "..."} on the socket: the init's own stdout and
+ * stderr are /dev/null (commands can write to /proc/1/fd/1, and the agent's are the host's log
+ * file, outside the sandbox's disk quota). Before the socket exists it goes nowhere. */
 static void logf_(const char *fmt, ...) {
-    char buf[512];
+    char text[512], msg[sizeof text * 6 + 16];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    int n = vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
-    if (n > (int)sizeof buf - 2) n = sizeof buf - 2;
-    buf[n++] = '\n';
-    dprintf(2, "atoll-agent: ");
-    (void)!write(2, buf, n);
+    if (n < 0 || sock < 0) return;
+    if (n >= (int)sizeof text) n = sizeof text - 1;
+    size_t m = 0;
+    m += (size_t)snprintf(msg, sizeof msg, "{\"log\": \"");
+    for (int i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == '"' || c == '\\') {
+            msg[m++] = '\\';
+            msg[m++] = (char)c;
+        } else if (c < 0x20 || c >= 0x7f) { /* JSON asks only for < 0x20; the rest keeps it ASCII */
+            m += (size_t)snprintf(msg + m, sizeof msg - m, "\\u%04x", c);
+        } else {
+            msg[m++] = (char)c;
+        }
+    }
+    m += (size_t)snprintf(msg + m, sizeof msg - m, "\"}");
+    while (send(sock, msg, m, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    }
 }
 
 static void send_msg(const char *fmt, ...) {
