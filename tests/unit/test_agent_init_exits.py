@@ -90,3 +90,27 @@ def test_an_exit_reported_before_its_spawner_registered_still_reaches_it():
     proc = out["proc"]
     assert proc.ended.wait(10)
     assert proc.exit_code == 3
+
+
+class _DyingInit(_Init):
+    """An init that answers a spawn and dies before the spawner registers the command (the command
+    was `kill -9 1`): its restart looks at the running commands before this one is in the table."""
+
+    epoch = 0
+
+    def spawn(self, argv, **_kw):
+        answer = types.SimpleNamespace(pid=self.child, stdout=None, stderr=None, epoch=self.epoch)
+        self.epoch += 1  # InitClient.died, then its restart thread calls _init_restarting
+        self.table._init_restarting()
+        return answer
+
+
+def test_a_command_whose_init_died_before_it_was_registered_is_reported_killed():
+    init = _DyingInit(77)
+    table = init.table = _table(init)
+    proc, _ = table.spawn(
+        ["sh", "-c", "kill -9 1"], cmd="kill -9 1", background=False, cwd="/", env={}, user_kwargs={},
+        stdout=None, stderr=None,
+    )  # fmt: skip
+    # before: nothing ever reported its exit, and the exec waited for its timeout (90 s)
+    assert proc.ended.wait(5) and proc.exit_code == 128 + 9

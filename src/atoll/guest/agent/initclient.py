@@ -49,10 +49,11 @@ def _too_large(size: int, limit: int) -> ApiError:
 class Spawned:
     """What the exec handlers use of a started command: its pid and the read ends of its pipes."""
 
-    __slots__ = ("pid", "stdout", "stderr")
+    __slots__ = ("pid", "stdout", "stderr", "epoch")
 
-    def __init__(self, pid: int, stdout, stderr):
+    def __init__(self, pid: int, stdout, stderr, epoch: int = 0):
         self.pid, self.stdout, self.stderr = pid, stdout, stderr
+        self.epoch = epoch  # the InitClient.epoch of the init that started it
 
 
 class InitClient:
@@ -67,6 +68,10 @@ class InitClient:
         self._sock: socket.socket | None = None
         # the queue of the answers that arrive on self._sock (a new one with each init)
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self.epoch = 0
+        """Counts the inits that died: a command started by an init of an earlier epoch was killed
+        with it (ProcessTable checks when it registers the command, see died)."""
+        self._sock_epoch = 0
         self._ids = itertools.count(1)
 
     def start_first(self) -> None:
@@ -81,7 +86,7 @@ class InitClient:
 
     def _attach(self, pid: int, sock: socket.socket) -> None:
         replies: queue.SimpleQueue = queue.SimpleQueue()
-        self.pid, self._sock, self._replies = pid, sock, replies
+        self.pid, self._sock, self._replies, self._sock_epoch = pid, sock, replies, self.epoch
         threading.Thread(target=self._read_forever, args=(sock, replies), daemon=True).start()
         self._ready.set()
 
@@ -109,7 +114,10 @@ class InitClient:
     # ---- the init died or stopped (called by the agent's reaper) --------------------------------
 
     def died(self) -> None:
-        """User code killed the init (and with it every process of its namespace): start a new one."""
+        """User code killed the init (and with it every process of its namespace): start a new one.
+        The epoch moves on first: a spawn whose answer came from the dead init, registered after
+        `on_restart` looked at the running commands, is then seen as killed when it registers."""
+        self.epoch += 1
         self._ready.clear()
         if self._sock is not None:
             self._sock.close()
@@ -133,11 +141,15 @@ class InitClient:
     # ---- requests --------------------------------------------------------------------------------
 
     def _request(self, msg: bytes, fds: list[int] = ()) -> queue.SimpleQueue:
+        return self._request_on(msg, fds)[0]
+
+    def _request_on(self, msg: bytes, fds: list[int] = ()) -> tuple[queue.SimpleQueue, int]:
         """Send `msg` (see `request`) to the current init (waiting for a restarted one); return the
-        queue its answers arrive in — the queue of the socket it was sent on, never a dead init's."""
+        queue its answers arrive in — the queue of the socket it was sent on, never a dead init's —
+        and that init's epoch."""
         if not self._ready.wait(RESTART_WAIT_S):
             raise ApiError(500, "runtime_error", "the sandbox's process init (atoll-init) is not running")
-        sock, replies = self._sock, self._replies
+        sock, replies, epoch = self._sock, self._replies, self._sock_epoch
         if sock is None:
             raise ApiError(500, "runtime_error", "the sandbox's process init (atoll-init) is not running")
         if len(msg) > zygote.MAX_MESSAGE:
@@ -150,7 +162,7 @@ class InitClient:
             if self._sock is sock:
                 self._ready.clear()  # it died: wait for the successor (see died), not a timeout
             raise
-        return replies
+        return replies, epoch
 
     def spawn(
         self, argv, *, cwd, env, user_kwargs, stdin, stdout, stderr, ctty: bool = False, deadline_s=None
@@ -191,7 +203,7 @@ class InitClient:
             for _attempt in range(2):
                 with self._lock:
                     try:
-                        replies = self._request(msg, fds)
+                        replies, epoch = self._request_on(msg, fds)
                     except OSError:  # not delivered (the init is gone): safe to send again
                         continue
                     answer = self._answer(replies, request_id)
@@ -214,7 +226,7 @@ class InitClient:
             for w in pipes:
                 os.close(w)
         if "pid" in answer:
-            return Spawned(int(answer["pid"]), ends[0], ends[1])
+            return Spawned(int(answer["pid"]), ends[0], ends[1], epoch)
         for f in ends:
             if f is not None:
                 f.close()

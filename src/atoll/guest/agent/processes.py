@@ -144,8 +144,8 @@ class ProcessTable:
         """The init died with its namespace: every command still running was killed with it."""
         with self._cond:
             running = [p for p in self._procs.values() if p.exit_code is None]
-        for p in running:
-            self._deliver_code(p.pid, 128 + 9)
+        for p in running:  # (never waits: one that got its code meanwhile is left as it is)
+            self._deliver_code(p.pid, 128 + 9, wait=False)
 
     def spawn(
         self,
@@ -248,6 +248,12 @@ class ProcessTable:
             stale = self._procs.pop(popen.pid, None)  # the pid was reused
             self._procs[popen.pid] = proc
             evicted = self._evict_locked() if background else []
+            # started by an init that died before this registration (the command killed it, as
+            # `kill -9 1` does): _init_restarting may have looked before it was here
+            current = getattr(self.init, "epoch", None)
+            lost = current is not None and getattr(popen, "epoch", current) != current
+        if lost:
+            self._deliver_code(popen.pid, 128 + 9, wait=False)
         for old in ([stale] if stale else []) + evicted:
             remove_log(old)
         return proc, popen

@@ -320,20 +320,24 @@ static void limits_setup(void) {
         if (!cg_make()) break;
 }
 
-/* Put a freshly spawned command into its own cgroup with COMMAND_PIDS_MAX. */
-static void limits_confine(pid_t pid) {
-    char file[PATH_LEN + 16], text[16];
+/* The cgroup (COMMAND_PIDS_MAX) for the next command, taken from the pool into `out`; "" when
+ * there are no limits. The child moves itself into it before its exec (see child), so that
+ * nothing it starts can be outside it; `limits_confined` or `limits_unused` follow. */
+static void limits_take(char out[PATH_LEN]) {
+    out[0] = 0;
     if (!lim.enabled) return;
     if (!lim.nready && !cg_make()) return;
-    const char *path = lim.ready[--lim.nready];
-    snprintf(file, sizeof file, "%s/cgroup.procs", path);
-    snprintf(text, sizeof text, "%d", pid);
-    if (write_file(file, text) < 0) {
-        lim.nready++;
-        logf_("atoll-init: cannot limit command %d: %s", pid, strerror(errno));
-        return;
-    }
-    slot_append(&lim.in_use, &lim.n_in_use, &lim.cap_in_use, pid, path);
+    snprintf(out, PATH_LEN, "%s", lim.ready[--lim.nready]);
+}
+
+/* The command `pid` runs in `path` (from limits_take). */
+static void limits_confined(pid_t pid, const char *path) {
+    if (*path) slot_append(&lim.in_use, &lim.n_in_use, &lim.cap_in_use, pid, path);
+}
+
+/* The command did not start: its cgroup goes back to the pool. */
+static void limits_unused(const char *path) {
+    if (*path && !cg_recycle(path)) logf_("atoll-init: a command cgroup is not empty: %s", path);
 }
 
 static const char *limits_path_of(pid_t pid) {
@@ -605,8 +609,14 @@ static void child_fail(int pipe_w, const char *step) {
 
 /* In the child: the command's descriptors, directory, session, user and terminal, then exec the
  * program, searched in the command's own PATH when its name has no slash (as subprocess does). */
-static void child(int pipe_w, int fds[3], const char *cwd, int ctty, long uid, long gid, gid_t *groups,
-                  size_t ngroups, char **argv, char **envp) {
+static void child(int pipe_w, const char *cg, int fds[3], const char *cwd, int ctty, long uid, long gid,
+                  gid_t *groups, size_t ngroups, char **argv, char **envp) {
+    if (*cg) { /* its cgroup first: nothing it starts may be outside it (as root, before the user) */
+        char file[PATH_LEN + 16];
+        snprintf(file, sizeof file, "%s/cgroup.procs", cg);
+        if (write_file(file, "0") < 0)
+            logf_("atoll-init: cannot limit command %d: %s", (int)getpid(), strerror(errno));
+    }
     for (int i = 0; i < 3; i++) /* none of them is 0-2 (see serve): dup2 cannot clobber another */
         if (dup2(fds[i], i) < 0) child_fail(pipe_w, "setup");
     if (cwd && chdir(cwd) < 0) child_fail(pipe_w, "chdir");
@@ -707,15 +717,18 @@ static void do_spawn(char **f, size_t nf, int *fds, size_t nfds) {
         os_error(id, errno, "setup");
         goto done;
     }
+    char cg[PATH_LEN];
+    limits_take(cg);
     pid_t pid = fork();
     if (pid == 0) {
         close(ep[0]);
-        child(ep[1], fds, cwd, ctty, uid, gid, groups, ng, argv, envp);
+        child(ep[1], cg, fds, cwd, ctty, uid, gid, groups, ng, argv, envp);
     }
     int fork_errno = errno;
     close(ep[1]);
     if (pid < 0) {
         close(ep[0]);
+        limits_unused(cg);
         os_error(id, fork_errno, "setup");
         goto done;
     }
@@ -727,6 +740,7 @@ static void do_spawn(char **f, size_t nf, int *fds, size_t nfds) {
     if (n == (ssize_t)sizeof ce) { /* it failed before its exec: reap it here, it ran nothing */
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
         }
+        limits_unused(cg);
         if (strcmp(ce.step, "ctty") == 0)
             spawn_error(id, "other", "Exception occurred in preexec_fn.");
         else
@@ -736,7 +750,7 @@ static void do_spawn(char **f, size_t nf, int *fds, size_t nfds) {
     pids_add(&spawned, pid);
     /* answer first: the agent waits for the pid, the cgroup write need not delay it */
     send_msg("{\"id\": %ld, \"pid\": %d}", id, pid);
-    limits_confine(pid);
+    limits_confined(pid, cg);
     if (deadline_s > 0) deadlines_add(pid, deadline_s);
     goto done;
 malformed:
