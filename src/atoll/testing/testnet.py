@@ -35,8 +35,20 @@ def claim_subnet() -> tuple[int, int]:
         except BlockingIOError:
             os.close(fd)
             continue
+        if _in_use(n):  # a test host of a killed test run left its interface behind: not this one
+            os.close(fd)
+            continue
         return n, fd
     raise RuntimeError("all 50 test subnets 10.250.200-249.0/29 are in use")
+
+
+def _in_use(n: int) -> bool:
+    """Whether an address of 10.250.<n>.0/29 is on an interface of this namespace already (the
+    lock is free, so whoever put it there is gone; its route would take this host's traffic)."""
+    out = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False
+    ).stdout
+    return f" 10.250.{n}." in out
 
 
 def release_subnet(fd: int) -> None:
