@@ -45,6 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bench_standby  # noqa: E402
 import common as c  # noqa: E402
 
 from atoll.testing import LocalAtoll  # noqa: E402
@@ -109,14 +110,6 @@ def _git_rev(src: str) -> str | None:
     return out or None
 
 
-def _post(a: c.Atoll, path: str, **body) -> tuple[float, dict]:
-    with c.Timer() as t:
-        r = a.api.post(path, json=body if body else None)
-    if r.status_code != 200:
-        raise RuntimeError(f"POST {path}: {r.status_code} {r.text}")
-    return t.ms, r.json()
-
-
 def _ping(a: c.Atoll, sid: str) -> str:
     r = a.exec(sid, ["python3", "-c", PING])
     if r["exit_code"] != 0:
@@ -125,33 +118,15 @@ def _ping(a: c.Atoll, sid: str) -> str:
 
 
 def _disk_cycle(a: c.Atoll, sid: str) -> dict:
-    base = f"/v1/sandboxes/{sid}"
-    pause_ms, sb = _post(a, base + "/pause", tier="disk")
-    if sb["state"] != "standby" or sb["standby_tier"] != "disk":
-        raise RuntimeError(f"pause disk gave {sb['state']}/{sb['standby_tier']} ({sb.get('standby_reason')})")
-    image = os.path.getsize(os.path.join(a.home, "sandboxes", sid, "snapshot", "checkpoint.img"))
-    a.wait_containers_at_most(sid, 0)  # the checkpointed container's background delete
-    time.sleep(0.1)
-    t0 = c.now_ms()
-    resume_ms, sb = _post(a, base + "/resume")
-    if sb["state"] != "running":
-        raise RuntimeError(f"resume gave {sb['state']}")
-    with c.Timer() as t:
-        r = a.exec(sid, ["true"])
-    total = c.now_ms() - t0
-    if r["exit_code"] != 0:
-        raise RuntimeError(f"true after resume exited {r['exit_code']}")
-    snap = os.path.join(a.home, "sandboxes", sid, "snapshot")  # the worker drops the stale image
-    deadline = time.monotonic() + 30
-    while os.path.exists(snap) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.1)
+    """One disk-tier cycle timed as bench_standby times it (pause, the old container's delete
+    awaited, resume, first exec, the stale image dropped)."""
+    r = bench_standby._cycle(a, sid, "disk")
     return {
-        "pause_api": pause_ms,
-        "resume_api": resume_ms,
-        "first_exec": t.ms,
-        "resume_plus_first_exec": total,
-        "image_mib": image / 2**20,
+        "pause_api": r["pause"],
+        "resume_api": r["resume"],
+        "first_exec": r["exec"],
+        "resume_plus_first_exec": r["total"],
+        "image_mib": r["image"] / 2**20,
     }
 
 
