@@ -34,6 +34,7 @@ from atoll.worker.host import (
     sweep,
     trust,
 )
+from atoll.worker.host.stores import Stores
 from atoll.worker.images import layers
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
@@ -78,6 +79,7 @@ class Sandboxes:
         host: sweep.Installation,
         agent_root: str,
         edge: Edge,
+        stores: Stores | None = None,
     ):
         self.runtimes = runtimes
         self.guest = guest
@@ -92,6 +94,7 @@ class Sandboxes:
         """This worker's agent files (`<agent_root>/v-<digest>`, set by Node.start once built):
         every sandbox it starts mounts them, and keeps mounting them after an upgrade."""
         self.edge = edge
+        self.stores = stores
         self.runtime_key = snapshots.RuntimeKey()
         """This worker's runtime key now: what a cold boot's memory holds."""
 
@@ -259,7 +262,17 @@ class Sandboxes:
                 agent_entry=self._agent_entry(lower),
                 visible_cpus=rt.cpus,
                 agent_host=netns.SANDBOX_IP,
+                binds=self._binds(rt),
             ),
+        )
+
+    def _binds(self, rt: Runtime) -> tuple[tuple[str, str, bool], ...]:
+        if not rt.mounts:
+            return ()
+        if self.stores is None:
+            raise errors.RuntimeFailure(f"sandbox {rt.sandbox_id} mounts volumes, but this worker keeps none")
+        return tuple(
+            (self.stores.fs(m["kind"], m["name"]), m["path"], bool(m["read_only"])) for m in rt.mounts
         )
 
     def _agent_entry(self, lower: str | None) -> str:
