@@ -92,6 +92,8 @@ class StoreRecord(Base):
     creates can never both take it."""
     detaching: Mapped[bool] = mapped_column(sa.Boolean, default=False)
     """The holder's DELETE has answered; its worker is still taking it down."""
+    backend: Mapped[str] = mapped_column(sa.String(16), default="local")
+    """"local" (an image on `worker_id`) or "filer" (a drive every worker with the filer mounts)."""
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 

@@ -150,6 +150,7 @@ class SandboxManager:
         )
         sid = ids.new_sandbox_id()
         pin = await self.stores.attach(want, sid) if want else None
+        filer_sizes = self.stores.sizes([m for m in want if m.kind == "drive"]) if want else {}
         try:
             handle = self.ledger.place(build.id if build is not None else req.template, req.memory_mb, pin)
         except BaseException:
@@ -196,7 +197,10 @@ class SandboxManager:
             secrets=self.secrets.bindings(ids.DEFAULT_TENANT, bound) if self.secrets and bound else (),
             trust_pem=self.authority.root_pem.decode() if self.authority else "",
             build_id=build.id if build is not None else "",
-            mounts=tuple(api.MountSpec(m.kind, m.name, m.path, m.read_only) for m in want),
+            mounts=tuple(
+                api.MountSpec(m.kind, m.name, m.path, m.read_only, size_mb=filer_sizes.get(m.name, 0))
+                for m in want
+            ),
         )
         async with self.ledger.lock(sid), self.ledger.step("create", sid):
             self.db.add(rec)  # the record exists before the runtime does (placement is recorded)

@@ -16,6 +16,7 @@ delete of sandboxes that mount stores).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import typing
 
@@ -119,10 +120,14 @@ class StoreService:
         except sa.exc.IntegrityError:
             raise errors.Conflict(f"a {kind} named {name!r} exists", code=f"{kind}_exists") from None
         try:
-            await self.ledger.workers.api_for(worker_id).create_store(kind, name, size)
+            info = await self.ledger.workers.api_for(worker_id).create_store(kind, name, size)
         except BaseException:
             self._drop(rec)
             raise
+        if info.backend != "local":
+            rec.backend = info.backend
+            with self.db.session.begin() as s:
+                s.merge(rec)
         return await self.view(rec)
 
     def _drop(self, rec: dbm.StoreRecord) -> None:
@@ -170,16 +175,32 @@ class StoreService:
                 code=f"{kind}_in_use",
             )
         await self.worker(rec).delete_store(kind, name)
+        if rec.backend == "filer":  # other workers may have mounted it for their sandboxes
+            for h in self.ledger.workers.ready():
+                if h.id != rec.worker_id and h.worker is not None:
+                    with contextlib.suppress(errors.NotFound, errors.Unavailable):
+                        await h.worker.delete_store(kind, name)
         self._drop(rec)
 
     # ---- a volume's holder ----------------------------------------------------------------------
+    def sizes(self, want: typing.Sequence[mounts.Mount], tenant: str = ids.DEFAULT_TENANT) -> dict[str, int]:
+        """The size of each filer-backed drive among `want` (a worker that has not mounted one yet
+        mounts it with that quota)."""
+        out = {}
+        for m in want:
+            rec = self.record(m.kind, m.name, tenant)
+            if rec.backend == "filer":
+                out[m.name] = rec.size_mb
+        return out
+
     async def attach(
         self, want: typing.Sequence[mounts.Mount], sid: str, tenant: str = ids.DEFAULT_TENANT
-    ) -> str:
+    ) -> str | None:
         """Check every store exists, take each volume for `sid` (waiting for one still detaching),
-        and return the worker they all live on. On any refusal nothing stays taken."""
+        and return the worker they all live on (None: only filer-backed drives, any worker). On any
+        refusal nothing stays taken."""
         recs = [self.record(m.kind, m.name, tenant) for m in want]
-        workers = {r.worker_id for r in recs}
+        workers = {r.worker_id for r in recs if r.backend == "local"}  # a filer's drive: any worker
         if len(workers) > 1:
             raise errors.Conflict(
                 "the volumes and drives of this create live on different workers ("
@@ -197,14 +218,14 @@ class StoreService:
             for name in taken:
                 self.release("volume", name, sid, tenant)
             raise
-        return workers.pop()
+        return workers.pop() if workers else None
 
     async def _take(self, rec: dbm.StoreRecord, sid: str) -> None:
         deadline = time.monotonic() + DETACH_WAIT_S
         t = dbm.StoreRecord
         while True:
             with self.db.session.begin() as s:
-                done = s.execute(
+                done = s.execute(  # type: ignore[attr-defined]
                     sa.update(t)
                     .where(
                         t.tenant_id == rec.tenant_id,

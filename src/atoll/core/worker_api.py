@@ -100,16 +100,21 @@ class MountSpec:
     name: str
     path: str
     read_only: bool = False
+    size_mb: int = 0
+    """A filer-backed drive's size (its quota): a worker that has not mounted it yet mounts it."""
 
 
 @dataclass(frozen=True)
 class StoreInfo:
-    """A volume or drive on a worker: its size limit and what is used of it, in MB."""
+    """A volume or drive on a worker: its size limit and what is used of it, in MB. `backend`:
+    "local" (an ext4 image on this worker) or "filer" (a drive served by ATOLL_FILER_URL, which
+    every worker configured with the same filer mounts)."""
 
     kind: str
     name: str
     size_mb: int
     used_mb: float
+    backend: str = "local"
 
 
 @dataclass(frozen=True)

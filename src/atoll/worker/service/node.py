@@ -217,7 +217,7 @@ class Node(StoreVerbs):
             log_format=settings.log_format,
             log_level=settings.log_level,
         )
-        self.stores = stores.Stores(self.host.home)
+        self.stores = stores.Stores(self.host.home, settings.filer_url)
         self.sandboxes = Sandboxes(
             self.runtimes, self.guest, self.liveness, self.host, self.agent_root, self.edge, self.stores
         )
@@ -569,6 +569,15 @@ class Node(StoreVerbs):
                 raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
             lower = build.lower
             for m in spec.mounts:  # 404 before any work
+                if (
+                    m.kind == "drive"
+                    and m.size_mb
+                    and self.stores.filer
+                    and not self.stores.exists(m.kind, m.name)
+                ):
+                    # a filer-backed drive made on another worker: mounted here too
+                    with contextlib.suppress(errors.Conflict):
+                        await self.stores.create(m.kind, m.name, m.size_mb, attach=True)
                 self.stores.fs(m.kind, m.name)
             # a template image restores with the mount layout it was saved with: with volumes or
             # drives the sandbox boots cold (measured, docs/benchmarks.md "Volumes")

@@ -23,6 +23,7 @@ def upgrade() -> None:
         sa.Column("size_mb", sa.Integer, nullable=False),
         sa.Column("attached_to", sa.String(32), nullable=True),
         sa.Column("detaching", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column("backend", sa.String(16), nullable=False, server_default="local"),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     )
     with op.batch_alter_table("sandboxes") as b:
