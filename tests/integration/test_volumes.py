@@ -123,3 +123,16 @@ def test_a_drive_is_shared_by_sandboxes_and_the_api_without_following_their_link
         deadline = time.monotonic() + 60
         while api.delete(f"/v1/drives/{drive}").status_code == 409 and time.monotonic() < deadline:
             time.sleep(0.2)
+
+
+def test_a_volume_path_that_is_a_file_in_the_template_is_a_clear_400_and_frees_the_volume(api):
+    vol = _name("vol")
+    assert api.post("/v1/volumes", json={"name": vol, "size_mb": 8}).status_code == 201
+    try:
+        r = api.post("/v1/sandboxes", json={"volumes": [{"name": vol, "path": "/usr/bin/env"}]})
+        assert r.status_code == 400 and "is a file" in r.json()["error"]["message"], r.text
+        assert api.get(f"/v1/volumes/{vol}").json()["attached_to"] is None
+    finally:
+        for sb in api.get("/v1/sandboxes", params={"state": "failed"}).json()["items"]:
+            api.delete(f"/v1/sandboxes/{sb['id']}")
+        assert api.delete(f"/v1/volumes/{vol}").status_code == 204

@@ -165,7 +165,11 @@ class StoreService:
 
     async def delete(self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT) -> None:
         rec = self.record(kind, name, tenant)
-        holders = [rec.attached_to] if kind == "volume" and rec.attached_to else self.users(kind, name)
+        if kind == "volume":
+            rec = await self._settled(rec)
+            holders = [rec.attached_to] if rec.attached_to else []
+        else:
+            holders = self.users(kind, name)
         if holders:
             what = "sandbox " + holders[0] if kind == "volume" else "sandboxes " + ", ".join(holders)
             raise errors.Conflict(
@@ -252,6 +256,16 @@ class StoreService:
                 await asyncio.wait_for(self._released.wait(), timeout=min(0.5, deadline - time.monotonic()))
             except TimeoutError:
                 pass
+
+    async def _settled(self, rec: dbm.StoreRecord) -> dbm.StoreRecord:
+        """The volume's record once no detach is in progress (waits up to DETACH_WAIT_S)."""
+        deadline = time.monotonic() + DETACH_WAIT_S
+        while rec.detaching and time.monotonic() < deadline:
+            self._released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), timeout=0.5)
+            rec = self.record(rec.kind, rec.name, rec.tenant_id)
+        return rec
 
     def detaching(self, sid: str, rec_mounts: list | None, tenant: str) -> None:
         """The holder's DELETE answered: its volumes are detaching until `release`."""

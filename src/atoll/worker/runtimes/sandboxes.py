@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import sys
 import time
 
@@ -68,6 +69,31 @@ def _write_identity_files(rootfs: str, name: str) -> None:
                 f.write(text)
     finally:
         os.close(etc)
+
+
+def _check_mount_point(rootfs: str, m: dict) -> None:
+    """A volume or drive is mounted on a directory: refuse a path that is a file (or a device, a
+    socket) in the sandbox's root file system, before runsc fails on it. Walked without following
+    links (a link is resolved inside the sandbox by gVisor: not checked here)."""
+    fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in [p for p in m["path"].split("/") if p]:
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return  # made by runsc
+            if stat.S_ISLNK(st.st_mode):
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                raise errors.InvalidPath(
+                    f"{m['kind']} {m['name']!r} cannot be mounted at {m['path']}: /{part} is a file in the "
+                    "sandbox's template, not a directory; choose a directory path"
+                )
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
 
 
 class Sandboxes:
@@ -242,6 +268,8 @@ class Sandboxes:
             ) from None
         if rt.trust_pem:
             trust.install(self._p(rt, "rootfs"), rt.trust_pem)
+        for m in rt.mounts:
+            _check_mount_point(self._p(rt, "rootfs"), m)
 
     def write_bundle(self, rt: Runtime, lower: str | None = None) -> None:
         """Write config.json. The CPU quota is left out: runsc would apply it while the sentry boots

@@ -29,11 +29,11 @@ class StoreVerbs:
     runtimes: RuntimeStore
 
     def store_users(self, kind: str, name: str) -> list[str]:
-        """The sandboxes on this worker that mount the store (any phase but deleting)."""
+        """The sandboxes on this worker that mount the store (any phase but deleting or failed)."""
         return [
             rt.sandbox_id
             for rt in self.runtimes.cached()
-            if rt.phase != Phase.DELETING
+            if rt.phase not in (Phase.DELETING, Phase.FAILED)  # a failed one's runtime is stopped
             and any(m.get("kind") == kind and m.get("name") == name for m in rt.mounts)
         ]
 
