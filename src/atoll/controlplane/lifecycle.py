@@ -33,6 +33,7 @@ from atoll.core import errors, ids, netpolicy, preview
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import (
     FAILED,
+    PAUSE_VERB,
     PUBLIC_STATUS,
     TIER_ORDER,
     Phase,
@@ -47,7 +48,7 @@ from atoll.core.lifecycle import (
 
 log = logging.getLogger(__name__)
 
-RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk"}
+RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk", Tier.ARCHIVE: "resume_archive"}
 
 
 class SandboxManager:
@@ -311,7 +312,7 @@ class SandboxManager:
                     code="invalid_state",
                 )
         else:
-            check_transition(cur, Verb.FREEZE if tier == Tier.MEMORY else Verb.CHECKPOINT)
+            check_transition(cur, PAUSE_VERB[tier])
             if self.ledger.inflight.get(sid):
                 raise errors.SandboxBusy(
                     f"sandbox {sid} has {self.ledger.inflight[sid]} exec/file call(s) in progress; "
@@ -341,7 +342,7 @@ class SandboxManager:
             return
         self.ledger.persist(
             rec,
-            Verb.FREEZE if outcome.tier == Tier.MEMORY else Verb.CHECKPOINT,
+            PAUSE_VERB[outcome.tier],
             standby_reason=outcome.reason,
             standby_since=since,
         )

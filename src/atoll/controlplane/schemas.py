@@ -231,7 +231,7 @@ class ExecRequest(BaseModel):
 class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tier: Literal["memory", "disk"] = "memory"
+    tier: Literal["memory", "disk", "archive"] = "memory"
 
 
 def _no_default(schema: JsonDict) -> None:
@@ -417,7 +417,7 @@ class Sandbox(BaseModel):
     id: str
     tenant_id: str
     state: Literal["creating", "running", "standby", "failed", "deleted"]
-    standby_tier: Literal["memory", "disk"] | None
+    standby_tier: Literal["memory", "disk", "archive"] | None
     standby_reason: str | None
     failure_reason: str | None
     resume_error: str | None = Field(
@@ -464,7 +464,7 @@ class SandboxMetrics(BaseModel):
 
     sandbox_id: str
     state: Literal["creating", "running", "standby", "failed"]
-    standby_tier: Literal["memory", "disk"] | None
+    standby_tier: Literal["memory", "disk", "archive"] | None
     cpu_percent: float = Field(description="Share of one CPU used over about the last 2 s, in percent")
     memory_used_mb: float = Field(description="Host memory its cgroup charges (programs and gVisor's own)")
     memory_limit_mb: int = Field(description="Memory its programs may use (memory_mb)")

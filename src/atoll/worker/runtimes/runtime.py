@@ -65,6 +65,9 @@ class Runtime:
     memory was made with (set at its start, a fork's is the parent's), so that its agent and
     atoll-init keep running those after the worker is upgraded. "" for records of versions that
     kept one directory for all (`$ATOLL_HOME/agent` itself, see `Sandboxes.agent_dir_of`)."""
+    archive_key: str = ""
+    """The object key of its archive (worker.runtimes.archiving) while it may have objects in the
+    archive tier's store: set when an archive begins, cleared once they are removed."""
 
     @property
     def cid(self) -> str:

@@ -33,11 +33,12 @@ from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
 from atoll.guest.agent import ptyframes
-from atoll.worker.host import agent_pack, bundle, cgroups, storage, sweep, trust
+from atoll.worker.host import agent_pack, bundle, cgroups, objectstore, storage, sweep, trust
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layers, templates
 from atoll.worker.images.builder import Builder
 from atoll.worker.runtimes import forks
+from atoll.worker.runtimes.archiving import Archiver
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.liveness import Liveness
@@ -220,8 +221,17 @@ class Node:
             self.runtimes, self.guest, self.liveness, self.host, self.agent_root, self.edge
         )
         self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
+        self.store = objectstore.from_settings(settings.home, settings.archive_dir, settings.s3)
+        """The archive tier's object store (S3 when ATOLL_S3_* are set, else a local directory)."""
+        self.archiver = Archiver(self.runtimes, self.store, self._spawn)
         self.tiers = Tiers(
-            self.runtimes, self.guest, self.liveness, self.sandboxes, self.snapshots, self._spawn
+            self.runtimes,
+            self.guest,
+            self.liveness,
+            self.sandboxes,
+            self.snapshots,
+            self._spawn,
+            archiver=self.archiver,
         )
         self.builder = Builder(
             settings.home,
@@ -755,7 +765,10 @@ class Node:
 
     async def _delete_runtime(self, sid: str) -> None:
         async with self._lock(sid):
+            rt = self.runtimes.find(sid)
+            archive_key = rt.archive_key if rt is not None else ""
             await self.sandboxes.delete(sid)
+            await self.archiver.remove(sid, archive_key)
             self.edge.forget(sid)
             self.pressure.forget(sid)
             self.tiers.forget(sid)
