@@ -163,6 +163,7 @@ class SandboxManager:
             disk_mb=req.disk_mb or handle.info.default_disk_mb,
             idle_timeout_s=req.idle_timeout_s,
             disk_after_s=req.disk_after_s,
+            archive_after_s=getattr(req, "archive_after_s", 0.0),
             created_at=now,
             updated_at=now,
             last_activity_at=now,
