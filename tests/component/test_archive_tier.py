@@ -116,3 +116,22 @@ async def test_policy_retries_an_archive_the_store_refused(fake):
         await asyncio.sleep(0.05)
     assert "kept in the disk tier" in sb["standby_reason"], sb
     assert worker.phase(sid) == "checkpointed"
+
+
+async def test_sdk_pause_archive_and_create_standby(fake):
+    import httpx
+
+    import atoll
+    from tests.component.conftest import KEY
+
+    async with atoll.AsyncClient(
+        "http://fake.test", KEY, transport=httpx.ASGITransport(app=fake.app)
+    ) as client:
+        sb = await client.sandboxes.create(standby={"memory_s": 0, "archive_after_s": 3600})
+        assert sb.data["standby"]["archive_after_s"] == 3600
+        await sb.pause(tier="archive")
+        assert (sb.state, sb.standby_tier) == ("standby", "archive")
+        await sb.resume()
+        assert sb.state == "running"
+        await sb.update(archive_after_s=0)
+        assert sb.data["standby"]["archive_after_s"] == 0
