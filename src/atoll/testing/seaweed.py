@@ -178,6 +178,7 @@ class SeaweedFS:
 
 def main() -> None:  # make run-s3: a SeaweedFS in the foreground, its ATOLL_S3_* printed
     data = sys.argv[1] if len(sys.argv) > 1 else None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop weed too (the `with` below)
     with SeaweedFS(data) as sw:
         for k, v in sw.env().items():
             print(f"export {k}={v}", flush=True)
