@@ -252,3 +252,35 @@ def test_archive_on_seaweedfs_store_down_and_kills(atoll_s3, seaweed):
         sb = c.get(f"/v1/sandboxes/{sid}").json()
         assert (sb["state"], sb["standby_tier"]) == ("standby", "archive"), sb
         _intact(c, sid, before)
+
+
+def test_disk_budget_archives_the_longest_idle_and_never_a_running_one(tmp_path):
+    # 20 MB: less than one checkpoint image of a sandbox holding 20 MB, more than a running one's layer
+    la = _local(tmp_path, {"ATOLL_DISK_BUDGET_GB": "0.02", "ATOLL_ARCHIVE_DIR": str(tmp_path / "archive")})
+    try:
+        la.start(timeout=600)
+        with client(la) as c:
+            running, before_running = _start(c)
+            older, before_older = _start(c)
+            newer, before_newer = _start(c)
+            assert _pause(c, older, "disk")["standby_tier"] == "disk"
+            time.sleep(1)
+            assert _pause(c, newer, "disk")["standby_tier"] == "disk"
+            tiers: dict[str, str | None] = {}
+            for _ in range(120):
+                tiers = {sid: c.get(f"/v1/sandboxes/{sid}").json()["standby_tier"] for sid in (older, newer)}
+                if set(tiers.values()) == {"archive"}:
+                    break
+                time.sleep(0.5)
+            assert tiers == {older: "archive", newer: "archive"}, tiers
+            with open(la.log_path, errors="replace") as f:
+                order = [ln for ln in f if "disk budget: archived" in ln]
+            assert older in order[0] and newer in order[1], order  # the longest idle first
+            sb = c.get(f"/v1/sandboxes/{running}").json()
+            assert sb["state"] == "running" and _phase(la, running) == "running", sb
+            _intact(c, running, before_running)
+            _intact(c, older, before_older)  # and it comes back
+    finally:
+        if la.proc is None:
+            la.start(timeout=600)
+        la.stop(reap=True)

@@ -59,6 +59,9 @@ class Archiver:
         self.store = store
         self._spawn = spawn
         self._runtime_key = runtime_key
+        self.store_failed = False
+        """Whether the last archive failed because of the store (down, refusing): a caller that
+        archives many in a row stops until later."""
 
     def _p(self, rt: Runtime, *parts: str) -> str:
         return self.runtimes.path(rt.sandbox_id, *parts)
@@ -96,6 +99,7 @@ class Archiver:
         except errors.SandboxBusy as e:
             await self._mount_layers(rt)
             return f"kept in the disk tier: {e.message}; the archive is tried again later"
+        self.store_failed = False
         rt.archive_key = archive.object_key(sid, rt.generation)
         self.runtimes.advance(rt, Step.BEGIN_ARCHIVE)
         before = disk_bytes(self._p(rt, "snapshot")) + disk_bytes(self._p(rt, "upper.img"))
@@ -117,6 +121,7 @@ class Archiver:
             # nothing is lost: the snapshot and the upper image are still here
             await asyncio.shield(self._abort(rt))
             if isinstance(e, objectstore.StoreError):
+                self.store_failed = True
                 log.warning("sandbox.archive.failed: %s", e, extra={"sandbox_id": sid})
                 return f"kept in the disk tier: {e}; the archive is tried again later"
             raise

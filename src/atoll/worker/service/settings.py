@@ -93,6 +93,11 @@ class WorkerSettings:
     (default us-east-1): the S3-compatible object store of the archive tier (all four of the first
     or none); logged without the keys."""
 
+    disk_budget_gb: float | None = None
+    """ATOLL_DISK_BUDGET_GB: the most the sandboxes may take on this worker's disk (checkpoint and
+    upper images); over it, the longest-idle disk-tier sandboxes move to the archive tier (running
+    ones are never touched). Default: no budget."""
+
     BUILD_CA_NAME = "build-ca.crt"
 
     def build_env(self) -> dict[str, str]:
@@ -185,6 +190,7 @@ def load(
         **_build_timeouts(env),
         archive_dir=os.path.abspath(env["ATOLL_ARCHIVE_DIR"]) if env.get("ATOLL_ARCHIVE_DIR") else None,
         s3=_s3(env),
+        disk_budget_gb=config.number(env, "ATOLL_DISK_BUDGET_GB", 0.0, lo=0, hi=1024 * 1024) or None,
     )
 
 

@@ -1,4 +1,4 @@
-"""The worker's archive-store settings: ATOLL_S3_* all or none, a valid bucket, region default."""
+"""The worker's archive-tier settings (ATOLL_S3_* all or none, bucket, region; ATOLL_DISK_BUDGET_GB) and the budget's disk count."""
 
 import pytest
 
@@ -48,3 +48,26 @@ def test_bad_bucket_names(tmp_path, bucket):
 def test_bad_endpoint(tmp_path):
     with pytest.raises(config.SettingsError, match="ATOLL_S3_ENDPOINT"):
         settings.load({"ATOLL_HOME": str(tmp_path), **S3, "ATOLL_S3_ENDPOINT": "127.0.0.1:8333"})
+
+
+def test_disk_budget_setting(tmp_path):
+    assert settings.load({"ATOLL_HOME": str(tmp_path)}).disk_budget_gb is None
+    assert settings.load({"ATOLL_HOME": str(tmp_path), "ATOLL_DISK_BUDGET_GB": "2.5"}).disk_budget_gb == 2.5
+    for bad in ("-1", "lots", "nan"):
+        with pytest.raises(config.SettingsError, match="ATOLL_DISK_BUDGET_GB"):
+            settings.load({"ATOLL_HOME": str(tmp_path), "ATOLL_DISK_BUDGET_GB": bad})
+
+
+def test_budget_counts_a_sandbox_dirs_own_blocks_not_its_mounts(tmp_path):
+    from atoll.worker.runtimes.budget import sandbox_disk_bytes
+
+    (tmp_path / "snapshot").mkdir()
+    (tmp_path / "snapshot" / "checkpoint.img").write_bytes(b"x" * 1_000_000)
+    with open(tmp_path / "upper.img", "wb") as f:  # sparse: 1 GiB apparent, 64 KiB written
+        f.truncate(2**30)
+        f.write(b"y" * 65536)
+    for mp in ("rootfs", "upper"):  # what is mounted there (the sandbox's files) is not counted
+        (tmp_path / mp).mkdir()
+        (tmp_path / mp / "big").write_bytes(b"z" * 3_000_000)
+    used = sandbox_disk_bytes(str(tmp_path))
+    assert 1_000_000 + 65536 <= used < 1_000_000 + 65536 + 200_000, used
