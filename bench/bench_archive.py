@@ -95,12 +95,8 @@ def bench_store(a: c.Atoll, mb: int, n: int) -> dict:
             if last["rss_mb"]:
                 res[tier]["bytes_per_mb_rss"] = round(last["object_bytes"] / last["rss_mb"])
             res[tier]["bytes_per_mb_held"] = round(last["object_bytes"] / mb)
-    procs = a.api.get(f"/v1/sandboxes/{sid}/processes").json()
-    alive = any(
-        p.get("pid") == pid and p.get("running", True)
-        for p in (procs if isinstance(procs, list) else procs.get("processes", []))
-    )
-    res["holder_still_running"] = alive
+    items = a.api.get(f"/v1/sandboxes/{sid}/processes").json().get("items", [])
+    res["holder_still_running"] = any(p["pid"] == pid and p["running"] for p in items)
     res["resume_ratio_archive_to_disk"] = c.ratio(res["archive"]["resume_api"], res["disk"]["resume_api"])
     a.delete(sid)
     return res
