@@ -131,3 +131,19 @@ async def test_store_down_keeps_the_local_copy(tmp_path):
         await archive.upload(store, str(tmp_path), _man())
     assert sorted(os.listdir(tmp_path)) == ["snapshot", "upper.img"]
     assert (tmp_path / "snapshot" / "checkpoint.img").read_bytes() == files["snapshot/checkpoint.img"]
+
+
+def test_drop_leftovers_removes_cut_short_transfers_only(tmp_path):
+    for name in (
+        "archive.in.tar.zst.tmp-0a1b2c",
+        "archive.out.tar.zst",
+        "archive.json.new",
+        "runtime.json",
+        "upper.img",
+    ):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "archive.unpack").mkdir()
+    (tmp_path / "archive.unpack" / "upper.img").write_bytes(b"x")
+    dropped = archive.drop_leftovers(str(tmp_path))
+    assert len(dropped) == 4
+    assert sorted(os.listdir(tmp_path)) == ["runtime.json", "upper.img"]

@@ -68,7 +68,8 @@ def _start(c) -> tuple[str, tuple[int, int, bool]]:
 def _intact(c, sid, before) -> None:
     pid, n, ok = _ask(c, sid)
     assert pid == before[0] and n > before[1] and ok, (before, (pid, n, ok))
-    assert exec_ok(c, sid, "sha256sum -c /root/data.sum")["exit_code"] == 0
+    out = exec_ok(c, sid, "sha256sum -c /root/data.sum; ls -l /root/data.bin; cat /root/data.sum")
+    assert out["exit_code"] == 0, (sid, out)
 
 
 def _pause(c, sid, tier="archive") -> dict:
@@ -251,6 +252,8 @@ def test_archive_on_seaweedfs_store_down_and_kills(atoll_s3, seaweed):
         la.start(timeout=600)
         sb = c.get(f"/v1/sandboxes/{sid}").json()
         assert (sb["state"], sb["standby_tier"]) == ("standby", "archive"), sb
+        left = [n for n in os.listdir(d) if n.startswith(("archive.in", "archive.unpack"))]
+        assert left == [], left  # what the download left was dropped at the restart
         _intact(c, sid, before)
 
 

@@ -398,16 +398,20 @@ async def download(store: objectstore.ObjectStore, sandbox_dir: str, man: Archiv
 
 
 def drop_leftovers(sandbox_dir: str) -> list[str]:
-    """Remove what an archive or download cut short left in `sandbox_dir` (a restarted worker)."""
+    """Remove what an archive or download cut short left in `sandbox_dir` (a restarted worker):
+    the packed or fetched object and their temporary files, the unpacking directory."""
     out = []
-    for name in (PACKING, FETCHED, UNPACKING, LOCAL_MANIFEST + ".new"):
+    prefixes = (PACKING, FETCHED, UNPACKING, LOCAL_MANIFEST + ".new", "manifest.fetched.json")
+    for name in os.listdir(sandbox_dir):
+        if not name.startswith(prefixes):
+            continue
         path = os.path.join(sandbox_dir, name)
-        if os.path.isdir(path):
+        if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
-            out.append(path)
-        elif os.path.exists(path):
-            os.unlink(path)
-            out.append(path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        out.append(path)
     return out
 
 

@@ -7,8 +7,8 @@ failing (down, refusing) leaves everything on disk: the layers are mounted again
 and the caller is told why (the sandbox stays in the disk tier; the policy tries again later).
 unarchive (phase archived): download, verify and unpack (nothing is moved into place unless every
 checksum matches), mount the layers again, `unarchived` (durable): the sandbox is checkpointed on
-disk again and the normal disk restore follows; the archive's objects are removed after that. A
-damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
+disk again; its stale archive objects are removed (under the sandbox's lock, so never racing a new
+upload) and the normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
 unreachable store is a ResumeFailed (the sandbox stays archived, a retry may work).
 `reattach` finishes what a killed worker left: archiving -> checkpointed (the disk copy was kept),
 archived -> local leftovers dropped (the archive is whole). Called by worker.tiers and
@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import time
-import typing
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
@@ -52,13 +51,9 @@ class Archiver:
         self,
         runtimes: RuntimeStore,
         store: objectstore.ObjectStore,
-        spawn: typing.Callable[[typing.Awaitable], None],
-        runtime_key: typing.Callable[[], str] | None = None,
     ):
         self.runtimes = runtimes
         self.store = store
-        self._spawn = spawn
-        self._runtime_key = runtime_key
         self.store_failed = False
         """Whether the last archive failed because of the store (down, refusing): a caller that
         archives many in a row stops until later."""
@@ -82,6 +77,18 @@ class Archiver:
                 raise errors.SandboxBusy(
                     f"{mp} is still in use (the checkpointed container is being removed)"
                 )
+        # Unmounted here is not unmounted everywhere: a mount namespace runsc made (a private copy of
+        # these mounts) may still hold the ext4 filesystem, unflushed, until its last process is
+        # gone. The loop device (autoclear) is detached only once the filesystem is released.
+        image = self._p(rt, "upper.img")
+        for i in range(UNMOUNT_TRIES * 2):
+            code, out, _ = await hostcmd.run("losetup", "-j", image, check=False)
+            if code == 0 and not out.strip():
+                if i:
+                    log.info("the upper image was released %.1f s after its unmount", i * 0.1)
+                return
+            await asyncio.sleep(0.1)
+        raise errors.SandboxBusy(f"{image} is still attached to a loop device (mounted in another namespace)")
 
     async def _mount_layers(self, rt: Runtime) -> None:
         await storage.create_upper(self._p(rt, "upper.img"), self._p(rt, "upper"), rt.disk_mb)
@@ -171,7 +178,7 @@ class Archiver:
         self.runtimes.advance(rt, Step.UNARCHIVED)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(d, archive.LOCAL_MANIFEST))
-        self._spawn(self._remove_after_unarchive(rt))
+        await self._remove_stale(rt, man)
         log.info(
             "sandbox.unarchive.complete in %.0f ms (%d bytes)",
             (time.perf_counter() - t0) * 1000,
@@ -179,17 +186,19 @@ class Archiver:
             extra={"sandbox_id": sid},
         )
 
-    async def _remove_after_unarchive(self, rt: Runtime) -> None:
-        """The sandbox is on disk again: its archive is stale (a later archive writes a new one)."""
+    async def _remove_stale(self, rt: Runtime, man: archive.ArchiveManifest) -> None:
+        """The sandbox is on disk again: its archive is stale (a later archive writes a new one).
+        Removed now, under the sandbox's lock, so that it can never race a new archive's upload;
+        a store that fails here leaves objects the next archive or the delete removes."""
         try:
-            await archive.remove(self.store, rt.sandbox_id)
+            await self.store.delete(archive.manifest_key(rt.sandbox_id))
+            await self.store.delete(man.key)
         except objectstore.StoreError as e:
             log.warning("the stale archive of %s stays in the store: %s", rt.sandbox_id, e)
             return
-        if rt.phase not in (Phase.ARCHIVING, Phase.ARCHIVED, Phase.DELETING):
-            rt.archive_key = ""
-            with contextlib.suppress(OSError):
-                self.runtimes.save(rt)
+        rt.archive_key = ""
+        with contextlib.suppress(OSError):
+            self.runtimes.save(rt)
 
     async def remove(self, sid: str, archive_key: str) -> None:
         """Delete a sandbox's archive objects (its delete), if it ever had any."""

@@ -223,7 +223,7 @@ class Node:
         self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
         self.store = objectstore.from_settings(settings.home, settings.archive_dir, settings.s3)
         """The archive tier's object store (S3 when ATOLL_S3_* are set, else a local directory)."""
-        self.archiver = Archiver(self.runtimes, self.store, self._spawn)
+        self.archiver = Archiver(self.runtimes, self.store)
         self.budget = (
             budget.DiskBudget(
                 int(settings.disk_budget_gb * 2**30),
