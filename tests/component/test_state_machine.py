@@ -45,7 +45,7 @@ class ControlPlaneOverFake(RuleBasedStateMachine):
         assert r.status_code == 201
         return r.json()["id"]
 
-    @rule(sid=sandboxes, tier=st.sampled_from(["memory", "disk"]))
+    @rule(sid=sandboxes, tier=st.sampled_from(["memory", "disk", "archive"]))
     def pause(self, sid, tier):
         r = self.call("POST", f"/v1/sandboxes/{sid}/pause", json={"tier": tier})
         assert r.status_code in (200, 404, 409), r.text
@@ -82,6 +82,10 @@ class ControlPlaneOverFake(RuleBasedStateMachine):
     @rule(on=st.booleans())
     def gate(self, on):
         self.worker.gate_blockers = ["an epoll server"] if on else []
+
+    @rule(down=st.booleans())
+    def object_store(self, down):
+        (self.worker.fail.add if down else self.worker.fail.discard)("archive")
 
     @rule()
     def reconcile(self):

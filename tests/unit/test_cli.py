@@ -255,6 +255,12 @@ def test_pause_resume_rm(routes):
     assert run("sandbox", "pause", "sb_1").exit_code == 0
     assert json.loads(routes.last.content) == {"tier": "memory"}
     assert run("sandbox", "pause", "sb_1", "--tier", "swap").exit_code == 2
+    routes.on(
+        "POST", "/v1/sandboxes/sb_1/pause", httpx.Response(200, json={**paused, "standby_tier": "archive"})
+    )
+    result = run("sandbox", "pause", "sb_1", "--tier", "archive")
+    assert result.exit_code == 0 and result.stdout == "sb_1 standby (archive)\n"
+    assert json.loads(routes.last.content) == {"tier": "archive"}
     result = run("sandbox", "resume", "sb_1")
     assert result.exit_code == 0 and result.stdout == "sb_1 running\n"
     result = run("sandbox", "rm", "sb_1")

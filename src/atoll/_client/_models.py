@@ -342,7 +342,7 @@ class SandboxFields:
 
     @property
     def standby_tier(self) -> str | None:
-        """None while running; "memory" or "disk" while in standby."""
+        """None while running; "memory", "disk" or "archive" while in standby."""
         return self.data.get("standby_tier")
 
     @property

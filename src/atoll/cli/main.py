@@ -110,6 +110,7 @@ class OnTimeout(StrEnum):
 class Tier(StrEnum):
     memory = "memory"
     disk = "disk"
+    archive = "archive"
 
 
 @dataclass(frozen=True)
@@ -519,7 +520,11 @@ def pause(
     ctx: typer.Context,
     sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
     tier: Annotated[
-        Tier, typer.Option(help="memory: fast resume; disk: frees the memory.", case_sensitive=False)
+        Tier,
+        typer.Option(
+            help="memory: fast resume; disk: frees the memory; archive: frees the disk too (object store).",
+            case_sensitive=False,
+        ),
     ] = Tier.memory,
 ) -> None:
     """Put a sandbox in standby."""

@@ -51,6 +51,8 @@ class SandboxRecord(Base):
     disk_mb: Mapped[int] = mapped_column(sa.Integer)
     idle_timeout_s: Mapped[float] = mapped_column(sa.Float)
     disk_after_s: Mapped[float] = mapped_column(sa.Float)
+    archive_after_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    """Seconds in standby (from standby_since) before a disk-tier sandbox moves to the archive (0 = never)."""
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
     standby_since: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)

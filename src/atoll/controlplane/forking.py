@@ -86,6 +86,7 @@ async def fork(m: Ledger, steps: Steps, sid: str, count: int) -> list[dbm.Sandbo
                 disk_mb=rec.disk_mb,
                 idle_timeout_s=rec.idle_timeout_s,
                 disk_after_s=rec.disk_after_s,
+                archive_after_s=rec.archive_after_s or 0.0,
                 created_at=now,
                 updated_at=now,
                 last_activity_at=now,

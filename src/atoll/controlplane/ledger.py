@@ -217,7 +217,8 @@ class Ledger:
             if rec.worker_id != worker_id:
                 continue
             count += 1
-            disk += rec.disk_mb
+            if rec.standby_tier != Tier.ARCHIVE:  # an archived sandbox's layers are in the store
+                disk += rec.disk_mb
             if rec.state in (State.CREATING, State.RUNNING) or rec.standby_tier == Tier.MEMORY:
                 mem += rec.memory_mb
             if rec.state in (State.CREATING, State.RUNNING):

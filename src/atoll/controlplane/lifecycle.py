@@ -34,6 +34,7 @@ from atoll.core import errors, ids, mounts, netpolicy, preview
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import (
     FAILED,
+    PAUSE_VERB,
     PUBLIC_STATUS,
     TIER_ORDER,
     Phase,
@@ -48,7 +49,7 @@ from atoll.core.lifecycle import (
 
 log = logging.getLogger(__name__)
 
-RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk"}
+RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk", Tier.ARCHIVE: "resume_archive"}
 
 
 class SandboxManager:
@@ -175,6 +176,7 @@ class SandboxManager:
             disk_mb=req.disk_mb or handle.info.default_disk_mb,
             idle_timeout_s=req.idle_timeout_s,
             disk_after_s=req.disk_after_s,
+            archive_after_s=getattr(req, "archive_after_s", 0.0),
             created_at=now,
             updated_at=now,
             last_activity_at=now,
@@ -334,7 +336,7 @@ class SandboxManager:
                     code="invalid_state",
                 )
         else:
-            check_transition(cur, Verb.FREEZE if tier == Tier.MEMORY else Verb.CHECKPOINT)
+            check_transition(cur, PAUSE_VERB[tier])
             if self.ledger.inflight.get(sid):
                 raise errors.SandboxBusy(
                     f"sandbox {sid} has {self.ledger.inflight[sid]} exec/file call(s) in progress; "
@@ -364,7 +366,7 @@ class SandboxManager:
             return
         self.ledger.persist(
             rec,
-            Verb.FREEZE if outcome.tier == Tier.MEMORY else Verb.CHECKPOINT,
+            PAUSE_VERB[outcome.tier],
             standby_reason=outcome.reason,
             standby_since=since,
         )

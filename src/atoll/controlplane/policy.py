@@ -1,4 +1,4 @@
-"""The tier policy: when an idle sandbox goes to standby, and when a memory-tier one moves to disk.
+"""The tier policy: when an idle sandbox goes to standby, and when it moves to disk and to the archive.
 
 Every PASS_EVERY_S the policy looks at each live record whose worker is ready and that has no call in
 flight and no lifecycle step running, and starts at most POLICY_CONCURRENCY steps at once (one
@@ -8,6 +8,9 @@ sandbox whose worker or agent is slow delays no other's standby):
   * memory → disk after `disk_after_s` in the memory tier, on the wall clock from the persisted
     `standby_since` (so it survives restarts); a sandbox the checkpoint gate refuses stays in
     memory and is retried after max(60 s, disk_after_s).
+  * disk → archive after `archive_after_s` in standby (memory and disk together, from
+    `standby_since`; 0 = never); a sandbox whose archive upload failed (the store down) stays on
+    disk with the reason and is retried after max(60 s, archive_after_s).
   * a lifetime's end (`expires_at`, controlplane.lifetime): to the disk tier or deleted, first.
 The policy decides *when*; the worker owns *how* (core.worker_api.WorkerAPI.pause).
 Called by atoll.up and controlplane.main (run as a task beside the API).
@@ -85,6 +88,20 @@ class TierPolicy:
                 )
                 if (wall - since).total_seconds() >= rec.disk_after_s:
                     step = self._pause(sid, Tier.DISK)
+            elif (
+                rec.state == State.STANDBY
+                and rec.standby_tier == Tier.DISK
+                and (rec.archive_after_s or 0) > 0
+                and rec.standby_since is not None
+                and now >= self._gate_retry.get(sid, 0.0)
+            ):
+                since = (
+                    rec.standby_since
+                    if rec.standby_since.tzinfo
+                    else rec.standby_since.replace(tzinfo=dt.UTC)
+                )
+                if (wall - since).total_seconds() >= rec.archive_after_s:
+                    step = self._pause(sid, Tier.ARCHIVE)
             if step is not None:
                 self._start(sid, step)
         for sid in [s for s in self._gate_retry if s not in live]:
@@ -99,8 +116,8 @@ class TierPolicy:
         """The step that ends an expired lifetime (controlplane.lifetime), None for none now."""
         if rec.on_timeout == "delete":
             return self._expire_delete(rec.id)
-        if rec.state == State.STANDBY and rec.standby_tier == Tier.DISK:
-            lifetime.clear(self.manager.ledger, rec)  # already where a "pause" expiry puts it
+        if rec.state == State.STANDBY and rec.standby_tier in (Tier.DISK, Tier.ARCHIVE):
+            lifetime.clear(self.manager.ledger, rec)  # already where a "pause" expiry puts it (or colder)
             return None
         if (
             rec.state in (State.RUNNING, State.STANDBY)
@@ -137,6 +154,8 @@ class TierPolicy:
             rec = await self.manager.pause(sid, tier, only_if_idle=only_if_idle)
             if tier == Tier.DISK and rec.standby_tier == Tier.MEMORY:  # gated: try again later
                 self._gate_retry[sid] = time.monotonic() + max(GATE_RETRY_MIN_S, rec.disk_after_s)
+            if tier == Tier.ARCHIVE and rec.standby_tier == Tier.DISK:  # the store failed: later
+                self._gate_retry[sid] = time.monotonic() + max(GATE_RETRY_MIN_S, rec.archive_after_s)
 
     async def aclose(self) -> None:
         for t in list(self._steps.values()):

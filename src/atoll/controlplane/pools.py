@@ -279,6 +279,7 @@ class Pools:
                 cpus=req.cpus,
                 idle_timeout_s=req.idle_timeout_s,
                 disk_after_s=req.disk_after_s,
+                archive_after_s=getattr(req, "archive_after_s", 0.0),
                 created_at=now,
                 last_activity_at=now,
                 network=rec.network,

@@ -183,8 +183,10 @@ async def delete_sandbox(request: Request, sid: SandboxId):
     responses={200: {"model": schemas.Sandbox}, **ERRORS, **TOO_LARGE},
 )
 async def pause_sandbox(request: Request, sid: SandboxId):
-    """Standby: `memory` (frozen in RAM) or `disk` (checkpointed; the memory is freed). A sandbox
-    the checkpoint gate refuses stays in the memory tier and `standby_reason` says why."""
+    """Standby: `memory` (frozen in RAM), `disk` (checkpointed; the memory is freed) or `archive`
+    (checkpointed, then moved with its files to the object store; the worker's disk is freed). A
+    sandbox the checkpoint gate refuses stays in the memory tier, one whose archive upload fails
+    stays in the disk tier, and `standby_reason` says why."""
     manager = ctx(request).manager
     manager.get(sid)
     req = await http.read_json(request, schemas.PauseRequest, optional=True)

@@ -148,6 +148,44 @@ class DriveList(BaseModel):
     items: list[Drive]
 
 
+class StandbyPolicy(BaseModel):
+    """When an idle sandbox moves down the standby tiers (controlplane.policy); a field left out
+    keeps the server's default (memory_s 15, disk_s 300, archive_after_s 0 = never)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_s: float | None = Field(
+        None,
+        ge=0,
+        le=7 * 86400,
+        description="Seconds without activity before the memory tier (0 = never); alias of idle_timeout_s",
+    )
+    disk_s: float | None = Field(
+        None,
+        ge=0,
+        le=30 * 86400,
+        description="Seconds in the memory tier before disk (0 = never); alias of disk_after_s",
+    )
+    archive_after_s: float | None = Field(
+        None,
+        ge=0,
+        le=365 * 86400,
+        description="Seconds in standby (memory and disk together) before a disk-tier sandbox moves to "
+        "the archive tier, the object store (0 = never)",
+    )
+
+
+class StandbySettings(BaseModel):
+    """A sandbox's standby policy as it is (GET): memory_s and disk_s are idle_timeout_s and disk_after_s."""
+
+    memory_s: float
+    disk_s: float
+    archive_after_s: float
+
+
+_STANDBY_ALIASES = (("memory_s", "idle_timeout_s"), ("disk_s", "disk_after_s"))
+
+
 class CreateSandbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -204,9 +242,35 @@ class CreateSandbox(BaseModel):
         None, gt=0, le=MAX_LIFETIME_S, description=_TIMEOUT_DOC + " (default: none, it lives until deleted)"
     )
     on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
+    standby: StandbyPolicy | None = Field(
+        None,
+        description="Standby policy {memory_s, disk_s, archive_after_s}; memory_s and disk_s are "
+        "idle_timeout_s and disk_after_s by other names (give either form, or both with equal values)",
+    )
 
     _v_timeout = field_validator("timeout_s", mode="before")(classmethod(lambda cls, v: _check_lifetime(v)))
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_sandbox_env(v)))
+
+    @pydantic.model_validator(mode="after")
+    def _v_standby(self) -> CreateSandbox:
+        """Fold `standby`'s aliases into idle_timeout_s / disk_after_s; both forms must agree."""
+        if self.standby is None:
+            return self
+        for alias, name in _STANDBY_ALIASES:
+            value = getattr(self.standby, alias)
+            if value is None:
+                continue
+            if name in self.model_fields_set and getattr(self, name) != value:
+                raise ValueError(
+                    f"standby.{alias}={value:g} and {name}={getattr(self, name):g} disagree (they are "
+                    f"the same setting); give one of them"
+                )
+            setattr(self, name, value)
+        return self
+
+    @property
+    def archive_after_s(self) -> float:
+        return (self.standby.archive_after_s if self.standby else None) or 0.0
 
     @field_validator("user")
     @classmethod
@@ -288,7 +352,7 @@ class ExecRequest(BaseModel):
 class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tier: Literal["memory", "disk"] = "memory"
+    tier: Literal["memory", "disk", "archive"] = "memory"
 
 
 def _no_default(schema: JsonDict) -> None:
@@ -314,6 +378,13 @@ class UpdateSandbox(BaseModel):
         ge=0,
         le=30 * 86400,
         description="Seconds in the memory tier before disk (0 = never)",
+        json_schema_extra=_no_default,
+    )
+    archive_after_s: float = Field(
+        0,
+        ge=0,
+        le=365 * 86400,
+        description="Seconds in standby before a disk-tier sandbox moves to the archive (0 = never)",
         json_schema_extra=_no_default,
     )
     timeout_s: float | None = Field(
@@ -343,7 +414,7 @@ class UpdateSandbox(BaseModel):
                     f"unknown field(s) {', '.join(map(repr, unknown))}; PATCH changes only "
                     + ", ".join(cls.model_fields)
                 )
-            for name in ("idle_timeout_s", "disk_after_s", "on_timeout", "metadata"):
+            for name in ("idle_timeout_s", "disk_after_s", "archive_after_s", "on_timeout", "metadata"):
                 if name in data and data[name] is None:
                     raise ValueError(f"{name} cannot be null; leave it out to keep its value")
         return data
@@ -446,6 +517,11 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.U
         "disk_mb": rec.disk_mb,
         "idle_timeout_s": rec.idle_timeout_s,
         "disk_after_s": rec.disk_after_s,
+        "standby": {
+            "memory_s": rec.idle_timeout_s,
+            "disk_s": rec.disk_after_s,
+            "archive_after_s": rec.archive_after_s or 0.0,
+        },
         "worker": worker,
         "worker_id": rec.worker_id,
         "created_at": iso(rec.created_at),
@@ -480,7 +556,7 @@ class Sandbox(BaseModel):
     id: str
     tenant_id: str
     state: Literal["creating", "running", "standby", "failed", "deleted"]
-    standby_tier: Literal["memory", "disk"] | None
+    standby_tier: Literal["memory", "disk", "archive"] | None
     standby_reason: str | None
     failure_reason: str | None
     resume_error: str | None = Field(
@@ -512,6 +588,7 @@ class Sandbox(BaseModel):
     disk_mb: int
     idle_timeout_s: float
     disk_after_s: float
+    standby: StandbySettings = Field(description="Its standby policy (memory_s, disk_s as the two above)")
     worker: str | None = Field(description="Name of the worker that holds the sandbox")
     worker_id: str
     created_at: str | None
@@ -527,7 +604,7 @@ class SandboxMetrics(BaseModel):
 
     sandbox_id: str
     state: Literal["creating", "running", "standby", "failed"]
-    standby_tier: Literal["memory", "disk"] | None
+    standby_tier: Literal["memory", "disk", "archive"] | None
     cpu_percent: float = Field(description="Share of one CPU used over about the last 2 s, in percent")
     memory_used_mb: float = Field(description="Host memory its cgroup charges (programs and gVisor's own)")
     memory_limit_mb: int = Field(description="Memory its programs may use (memory_mb)")

@@ -5,17 +5,22 @@ Sandbox (what records and the API say; the control plane writes it):
 
     creating ──start──▶ running ──freeze──▶ standby(memory) ──checkpoint──▶ standby(disk)
                           ▲  └────────────checkpoint─────────────────────────────┘  │
+                          │                                   archive ▼ ▲ unarchive (also from
+                          │                                        standby(archive)  running, memory)
                           └───────────────────resume (from any standby tier)────────┘
     + fail (from anything but deleted) ▶ failed;  delete (from anything but deleted) ▶ deleted
 
 A tier is part of the status (`Status(STANDBY, Tier.DISK)`), so "pause to disk" is one verb whose
-rows say where it may start; an `archive` tier becomes one more Tier and its rows.
+rows say where it may start; `archive` (the disk tier's snapshot and writable layer in an object
+store, worker.host.archive) is one more Tier and its rows.
 
 Worker phase (what one worker knows about one runtime on its host; `worker.runtime` writes it):
 
     creating ─booted─▶ running ⇄ frozen          running ─begin_checkpoint─▶ checkpointing
     checkpointing ─commit_checkpoint─▶ checkpointed ─begin_restore─▶ restoring ─restored─▶ running
     checkpointing ─abort_checkpoint─▶ running     restoring ─restore_failed─▶ checkpointed
+    checkpointed ─begin_archive─▶ archiving ─commit_archive─▶ archived ─unarchived─▶ checkpointed
+    archiving ─abort_archive─▶ checkpointed (the store failed: the disk copy is kept)
     + fail ▶ failed, delete ▶ deleting (from every phase but deleting)
 
 `PUBLIC_STATUS` maps a phase to the sandbox status it shows; reconciliation moves a record to the
@@ -43,6 +48,7 @@ class State(enum.StrEnum):
 class Tier(enum.StrEnum):
     MEMORY = "memory"
     DISK = "disk"
+    ARCHIVE = "archive"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +66,11 @@ CREATING = Status(State.CREATING)
 RUNNING = Status(State.RUNNING)
 STANDBY_MEMORY = Status(State.STANDBY, Tier.MEMORY)
 STANDBY_DISK = Status(State.STANDBY, Tier.DISK)
+STANDBY_ARCHIVE = Status(State.STANDBY, Tier.ARCHIVE)
 FAILED = Status(State.FAILED)
 DELETED = Status(State.DELETED)
-STATUSES = (CREATING, RUNNING, STANDBY_MEMORY, STANDBY_DISK, FAILED, DELETED)
+STATUSES = (CREATING, RUNNING, STANDBY_MEMORY, STANDBY_DISK, STANDBY_ARCHIVE, FAILED, DELETED)
+STANDBYS = (STANDBY_MEMORY, STANDBY_DISK, STANDBY_ARCHIVE)
 
 
 def status(state: str, tier: str | None = None) -> Status:
@@ -75,6 +83,8 @@ class Verb(enum.StrEnum):
     START = "start"
     FREEZE = "freeze"  # to the memory tier
     CHECKPOINT = "checkpoint"  # to the disk tier
+    ARCHIVE = "archive"  # to the archive tier
+    UNARCHIVE = "unarchive"  # back on its worker's disk (downloaded; a restore after it failed)
     RESUME = "resume"
     FAIL = "fail"
     DELETE = "delete"
@@ -85,16 +95,19 @@ TRANSITIONS: dict[tuple[Status, Verb], Status] = {
     (RUNNING, Verb.FREEZE): STANDBY_MEMORY,
     (RUNNING, Verb.CHECKPOINT): STANDBY_DISK,
     (STANDBY_MEMORY, Verb.CHECKPOINT): STANDBY_DISK,
-    (STANDBY_MEMORY, Verb.RESUME): RUNNING,
-    (STANDBY_DISK, Verb.RESUME): RUNNING,
-    **{(s, Verb.FAIL): FAILED for s in (CREATING, RUNNING, STANDBY_MEMORY, STANDBY_DISK)},
-    **{(s, Verb.DELETE): DELETED for s in (CREATING, RUNNING, STANDBY_MEMORY, STANDBY_DISK, FAILED)},
+    (RUNNING, Verb.ARCHIVE): STANDBY_ARCHIVE,
+    (STANDBY_MEMORY, Verb.ARCHIVE): STANDBY_ARCHIVE,
+    (STANDBY_DISK, Verb.ARCHIVE): STANDBY_ARCHIVE,
+    (STANDBY_ARCHIVE, Verb.UNARCHIVE): STANDBY_DISK,
+    **{(s, Verb.RESUME): RUNNING for s in STANDBYS},
+    **{(s, Verb.FAIL): FAILED for s in (CREATING, RUNNING, *STANDBYS)},
+    **{(s, Verb.DELETE): DELETED for s in (CREATING, RUNNING, *STANDBYS, FAILED)},
 }
 
 # The verb that pauses to a tier, and the order of tiers: pausing to a colder tier moves there, to
 # the same tier changes nothing, to a warmer one while in standby is a conflict (resume first).
-PAUSE_VERB = {Tier.MEMORY: Verb.FREEZE, Tier.DISK: Verb.CHECKPOINT}
-TIER_ORDER = {Tier.MEMORY: 0, Tier.DISK: 1}
+PAUSE_VERB = {Tier.MEMORY: Verb.FREEZE, Tier.DISK: Verb.CHECKPOINT, Tier.ARCHIVE: Verb.ARCHIVE}
+TIER_ORDER = {Tier.MEMORY: 0, Tier.DISK: 1, Tier.ARCHIVE: 2}
 
 
 def check_transition(current: Status, verb: Verb) -> Status:
@@ -140,6 +153,8 @@ class Phase(enum.StrEnum):
     CHECKPOINTING = "checkpointing"
     CHECKPOINTED = "checkpointed"
     RESTORING = "restoring"
+    ARCHIVING = "archiving"
+    ARCHIVED = "archived"
     FAILED = "failed"
     DELETING = "deleting"
 
@@ -154,6 +169,10 @@ class Step(enum.StrEnum):
     BEGIN_RESTORE = "begin_restore"
     RESTORED = "restored"
     RESTORE_FAILED = "restore_failed"  # the image is still committed: it stays checkpointed
+    BEGIN_ARCHIVE = "begin_archive"
+    COMMIT_ARCHIVE = "commit_archive"  # the object is stored and verified: the disk copy may go
+    ABORT_ARCHIVE = "abort_archive"  # the store failed: the disk copy is kept
+    UNARCHIVED = "unarchived"  # downloaded, verified and unpacked: on disk again
     FAIL = "fail"
     DELETE = "delete"
 
@@ -168,6 +187,10 @@ PHASE_TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (Phase.CHECKPOINTED, Step.BEGIN_RESTORE): Phase.RESTORING,
     (Phase.RESTORING, Step.RESTORED): Phase.RUNNING,
     (Phase.RESTORING, Step.RESTORE_FAILED): Phase.CHECKPOINTED,
+    (Phase.CHECKPOINTED, Step.BEGIN_ARCHIVE): Phase.ARCHIVING,
+    (Phase.ARCHIVING, Step.COMMIT_ARCHIVE): Phase.ARCHIVED,
+    (Phase.ARCHIVING, Step.ABORT_ARCHIVE): Phase.CHECKPOINTED,
+    (Phase.ARCHIVED, Step.UNARCHIVED): Phase.CHECKPOINTED,
     **{(p, Step.FAIL): Phase.FAILED for p in Phase if p not in (Phase.FAILED, Phase.DELETING)},
     **{(p, Step.DELETE): Phase.DELETING for p in Phase if p != Phase.DELETING},
 }
@@ -182,6 +205,8 @@ PUBLIC_STATUS: dict[Phase, Status] = {
     Phase.CHECKPOINTING: RUNNING,
     Phase.CHECKPOINTED: STANDBY_DISK,
     Phase.RESTORING: STANDBY_DISK,
+    Phase.ARCHIVING: STANDBY_DISK,
+    Phase.ARCHIVED: STANDBY_ARCHIVE,
     Phase.FAILED: FAILED,
     Phase.DELETING: DELETED,
 }

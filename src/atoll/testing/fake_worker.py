@@ -195,8 +195,10 @@ class FakeWorker(fake_files.FakeFileOps):
         if sandbox_id in self.gate_stalled:
             await asyncio.sleep(3600)
         rt = self._get(sandbox_id)
+        if rt.phase == Phase.ARCHIVED:
+            return api.PauseOutcome(Tier.ARCHIVE)
         if rt.phase == Phase.CHECKPOINTED:
-            return api.PauseOutcome(Tier.DISK)
+            return await self._archive(rt) if tier == Tier.ARCHIVE else api.PauseOutcome(Tier.DISK)
         if rt.phase not in (Phase.RUNNING, Phase.FROZEN):
             raise errors.Conflict(f"fake: sandbox {sandbox_id} is {rt.phase.value}", code="invalid_state")
         if tier == Tier.MEMORY:
@@ -222,7 +224,20 @@ class FakeWorker(fake_files.FakeFileOps):
             self._advance(rt, Step.FAIL)
             raise
         self._advance(rt, Step.COMMIT_CHECKPOINT)
+        if tier == Tier.ARCHIVE:
+            return await self._archive(rt)
         return api.PauseOutcome(Tier.DISK)
+
+    async def _archive(self, rt: FakeRuntime) -> api.PauseOutcome:
+        """As the real worker: a store that fails (`fail` holds "archive") leaves it on disk."""
+        self._advance(rt, Step.BEGIN_ARCHIVE)
+        try:
+            await self._step("archive", rt.spec.sandbox_id)
+        except errors.AtollError as e:
+            self._advance(rt, Step.ABORT_ARCHIVE)
+            return api.PauseOutcome(Tier.DISK, f"kept in the disk tier: {e.message}")
+        self._advance(rt, Step.COMMIT_ARCHIVE)
+        return api.PauseOutcome(Tier.ARCHIVE)
 
     async def _freeze(self, rt: FakeRuntime, tier: Tier, reason: str | None) -> api.PauseOutcome:
         await self._step("freeze", rt.spec.sandbox_id)
@@ -240,7 +255,10 @@ class FakeWorker(fake_files.FakeFileOps):
             await self._step("thaw", sandbox_id)
             self._advance(rt, Step.THAW)
             tier = Tier.MEMORY
-        elif rt.phase == Phase.CHECKPOINTED:
+        elif rt.phase in (Phase.CHECKPOINTED, Phase.ARCHIVED):
+            if rt.phase == Phase.ARCHIVED:
+                await self._step("unarchive", sandbox_id)
+                self._advance(rt, Step.UNARCHIVED)
             self._advance(rt, Step.BEGIN_RESTORE)
             try:
                 await self._step("restore", sandbox_id)

@@ -51,6 +51,7 @@ class AsyncSandboxes:
         shell: str | None = None,
         volumes: Sequence[Mapping[str, Any]] | None = None,
         drives: Sequence[Mapping[str, Any]] | None = None,
+        standby: Mapping[str, float] | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return it once running.
 
@@ -69,6 +70,9 @@ class AsyncSandboxes:
         string commands: "bash" (`bash -l -c`) or "sh" (default: bash when the template has it).
         `volumes` and `drives` mount stores, `[{"name": "data", "path": "/data", "read_only": False}]`
         (a volume has one holder at a time; the sandbox then boots cold).
+        `standby` is its standby policy, `{"memory_s": 15, "disk_s": 300, "archive_after_s":
+        86400}`: seconds idle before the memory tier, then in memory before disk, then in standby
+        before the archive tier (0 = never; memory_s and disk_s are idle_timeout_s and disk_after_s).
         """
         _base.refuse_timeout("sandboxes.create()", timeout)
         body = _base.without_none(
@@ -88,6 +92,7 @@ class AsyncSandboxes:
             shell=shell,
             volumes=[dict(v) for v in volumes] if volumes is not None else None,
             drives=[dict(d) for d in drives] if drives is not None else None,
+            standby=dict(standby) if standby is not None else None,
         )
         response = await self._client._request(
             "POST",
@@ -143,7 +148,9 @@ class AsyncSandbox(SandboxFields):
         return self
 
     async def pause(self, tier: str = "memory") -> AsyncSandbox:
-        """Put the sandbox in standby: "memory" (fast resume) or "disk" (frees the memory)."""
+        """Put the sandbox in standby: "memory" (fast resume), "disk" (frees the memory) or
+        "archive" (frees the worker's disk too: the sandbox goes to the object store; the slowest
+        resume). `standby_reason` says why it stayed in a warmer tier."""
         response = await self._client._request(
             "POST", self._path("pause"), json={"tier": tier}, timeout=self._client.create_timeout
         )
@@ -207,6 +214,7 @@ class AsyncSandbox(SandboxFields):
         *,
         idle_timeout_s: float | None = None,
         disk_after_s: float | None = None,
+        archive_after_s: float | None = None,
         timeout_s: float | None = _base.UNSET,
         on_timeout: Literal["pause", "delete"] | None = None,
         metadata: Mapping[str, str] | None = None,
@@ -217,6 +225,7 @@ class AsyncSandbox(SandboxFields):
         body = _base.without_none(
             idle_timeout_s=idle_timeout_s,
             disk_after_s=disk_after_s,
+            archive_after_s=archive_after_s,
             on_timeout=on_timeout,
             metadata=dict(metadata) if metadata is not None else None,
         )

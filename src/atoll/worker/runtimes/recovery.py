@@ -10,6 +10,8 @@ stopped or killed, and moves its phase there through the phase table:
 | checkpointed    | committed snapshot                                | checkpointed / failed            |
 | restoring       | wait for an orphaned `runsc restore`, runsc state | running (agent, quota, identity) / checkpointed / failed |
 | running, frozen | freezer cgroup (never `runsc state` on a frozen sentry), runsc state | frozen / running / failed |
+| archiving       | — (the disk copy is whole until the commit)       | checkpointed (layers mounted again) |
+| archived        | local leftovers of a download                     | archived (leftovers dropped)     |
 | deleting        | —                                                 | deleted now                      |
 
 `reconcile` (start-up and every RECONCILE_EVERY_S) scans the host once (worker.sweep.scan): objects
@@ -111,6 +113,14 @@ class Recovery:
         if rt.phase == Phase.CREATING:
             self.runtimes.fail(rt, f"the worker stopped while sandbox {sid} was being created")
             return "the create was cut short"
+        if rt.phase in (Phase.ARCHIVING, Phase.ARCHIVED):
+            if self.tiers.archiver is None:
+                if rt.phase == Phase.ARCHIVING:
+                    raise errors.RuntimeFailure(
+                        "an archive was cut short and no archive tier is configured now"
+                    )
+                return "archived; no archive tier is configured now (set ATOLL_S3_* or ATOLL_ARCHIVE_DIR as before)"
+            return await self.tiers.archiver.reattach(rt)
         if rt.phase == Phase.CHECKPOINTING:
             tmp = self.snapshots.staging_path(sid, rt.generation)
             await self._wait_orphan("checkpoint", f"--image-path={tmp}")
@@ -242,8 +252,8 @@ class Recovery:
 
     def _vanished(self, rt: Runtime, found: sweep.HostObjects) -> str | None:
         """What a runtime needs on the host and does not have (None when all is there)."""
-        if rt.phase in (Phase.FAILED, Phase.DELETING, Phase.CREATING):
-            return None
+        if rt.phase in (Phase.FAILED, Phase.DELETING, Phase.CREATING, Phase.ARCHIVING, Phase.ARCHIVED):
+            return None  # nothing of an archived sandbox is mounted; an archiving one is busy
         has = found.of(self.host, rt.sandbox_id)
         if not any(m.endswith("/rootfs") for m in has.get("mounts", ())):
             return "its root filesystem is not mounted"

@@ -68,6 +68,9 @@ class Runtime:
     mounts: list[dict] = field(default_factory=list)
     """Volumes and drives bind-mounted into it (`{kind, name, path, read_only}`): every bundle
     written for it (boot, restore) has them, so each checkpoint restores with the same layout."""
+    archive_key: str = ""
+    """The object key of its archive (worker.runtimes.archiving) while it may have objects in the
+    archive tier's store: set when an archive begins, cleared once they are removed."""
 
     @property
     def cid(self) -> str:

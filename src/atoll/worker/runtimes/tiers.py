@@ -10,6 +10,9 @@ disk:   thaw if frozen, ask the checkpoint gate (a failed checkpoint kills the s
         meanwhile), agent health, CPU quota, identity. A resume that fails at any step throws the
         half-restored runtime away and leaves the sandbox checkpointed, image and files kept
         (ResumeFailed: the control plane decides whether to try again).
+archive: a checkpointed sandbox (checkpointed first, through the same gate, when it runs or is
+        frozen) goes to the object store (worker.runtimes.archiving); the store failing leaves it in
+        the disk tier with the reason. Resume = download, verify, unpack, then the disk restore.
 `pause` answers a `PauseOutcome` (tier reached and why); nothing here decides *when* (the control
 plane's policy does). Called by worker.node, worker.pressure and worker.builder.
 """
@@ -26,6 +29,7 @@ from atoll.core.lifecycle import Phase, Step, Tier
 from atoll.core.worker_api import PauseOutcome, ResumeOutcome
 from atoll.worker.host import cgroups, netns, runsc
 from atoll.worker.host.snapshots import Snapshot, SnapshotStore
+from atoll.worker.runtimes.archiving import Archiver
 from atoll.worker.runtimes.guest import Gate, Guest
 from atoll.worker.runtimes.liveness import Liveness
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
@@ -46,7 +50,10 @@ class Tiers:
         sandboxes: Sandboxes,
         snapshots: SnapshotStore,
         spawn: typing.Callable[[typing.Awaitable], None],
+        archiver: Archiver | None = None,
     ):
+        self.archiver = archiver
+        """The archive tier (None: pausing to it is refused)."""
         self.runtimes = runtimes
         self.guest = guest
         self.liveness = liveness
@@ -95,7 +102,13 @@ class Tiers:
 
     # ---- pause ----------------------------------------------------------------------------------
     async def pause(self, rt: Runtime, tier: Tier, *, only_if_idle: bool = False) -> PauseOutcome:
+        if rt.phase == Phase.ARCHIVED:
+            return PauseOutcome(Tier.ARCHIVE)  # the coldest: the control plane checks the order
+        if tier == Tier.ARCHIVE and self.archiver is None:
+            raise errors.Conflict("this worker has no archive tier configured", code="invalid_state")
         if rt.phase == Phase.CHECKPOINTED:
+            if tier == Tier.ARCHIVE:
+                return await self._archive(rt)
             return PauseOutcome(Tier.DISK)  # colder than anything asked: the control plane checks order
         if rt.phase not in (Phase.RUNNING, Phase.FROZEN):
             raise errors.Conflict(
@@ -128,7 +141,14 @@ class Tiers:
             log.info("sandbox.pause_disk.gated", extra={"sandbox_id": rt.sandbox_id, "reason": why})
             return self._freeze_outcome(rt, Tier.MEMORY, why)
         await self.checkpoint(rt)
+        if tier == Tier.ARCHIVE:
+            return await self._archive(rt)
         return PauseOutcome(Tier.DISK)
+
+    async def _archive(self, rt: Runtime) -> PauseOutcome:
+        assert self.archiver is not None
+        why = await self.archiver.archive(rt)
+        return PauseOutcome(Tier.DISK, why) if why else PauseOutcome(Tier.ARCHIVE)
 
     def _freeze_outcome(self, rt: Runtime, tier: Tier, reason: str | None) -> PauseOutcome:
         try:
@@ -314,6 +334,14 @@ class Tiers:
         elif rt.phase == Phase.CHECKPOINTED:
             await self.restore(rt)
             tier = Tier.DISK
+        elif rt.phase == Phase.ARCHIVED:
+            if self.archiver is None:
+                raise errors.RuntimeFailure(
+                    f"sandbox {rt.sandbox_id} is archived and this worker has no archive tier"
+                )
+            await self.archiver.unarchive(rt)
+            await self.restore(rt)
+            tier = Tier.ARCHIVE
         elif rt.phase == Phase.RUNNING:
             return ResumeOutcome(Tier.MEMORY, 0.0)  # nothing to do (e.g. a resume shared with another)
         else:

@@ -33,11 +33,12 @@ from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
 from atoll.guest.agent import ptyframes
-from atoll.worker.host import agent_pack, bundle, cgroups, storage, stores, sweep, trust
+from atoll.worker.host import agent_pack, bundle, cgroups, objectstore, storage, stores, sweep, trust
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layers, templates
 from atoll.worker.images.builder import Builder
-from atoll.worker.runtimes import forks
+from atoll.worker.runtimes import budget, forks
+from atoll.worker.runtimes.archiving import Archiver
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.liveness import Liveness
@@ -222,8 +223,29 @@ class Node(StoreVerbs):
             self.runtimes, self.guest, self.liveness, self.host, self.agent_root, self.edge, self.stores
         )
         self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
+        self.store = objectstore.from_settings(settings.home, settings.archive_dir, settings.s3)
+        """The archive tier's object store (S3 when ATOLL_S3_* are set, else a local directory)."""
+        self.archiver = Archiver(self.runtimes, self.store)
+        self.budget = (
+            budget.DiskBudget(
+                int(settings.disk_budget_gb * 2**30),
+                self.runtimes,
+                self.snapshots,
+                self.archiver,
+                self._lock,
+                self.hub.emit,
+            )
+            if settings.disk_budget_gb
+            else None
+        )
         self.tiers = Tiers(
-            self.runtimes, self.guest, self.liveness, self.sandboxes, self.snapshots, self._spawn
+            self.runtimes,
+            self.guest,
+            self.liveness,
+            self.sandboxes,
+            self.snapshots,
+            self._spawn,
+            archiver=self.archiver,
         )
         self.builder = Builder(
             settings.home,
@@ -377,6 +399,8 @@ class Node(StoreVerbs):
         self.last_reconcile = await self.recovery.reconcile(parents=True)
         self._loops.append(asyncio.ensure_future(self._monitor()))
         self._loops.append(asyncio.ensure_future(self._prepare_templates()))
+        if self.budget is not None:
+            self._loops.append(asyncio.ensure_future(self._keep_budget()))
 
     def _sweep_agent_dirs(self) -> None:
         """Remove the agent files of versions no recorded runtime runs any more (after the
@@ -425,6 +449,16 @@ class Node(StoreVerbs):
         if self._bg:
             await asyncio.wait(list(self._bg), timeout=10)
         cgroups.remove_empty_parents(self.install_id)  # where no sandbox is left
+
+    async def _keep_budget(self) -> None:
+        """ATOLL_DISK_BUDGET_GB: a pass every BUDGET_EVERY_S (worker.runtimes.budget)."""
+        assert self.budget is not None
+        while True:
+            await asyncio.sleep(budget.BUDGET_EVERY_S)
+            try:
+                await self.budget.enforce()
+            except Exception:
+                log.exception("disk budget pass failed")
 
     # ---- monitor --------------------------------------------------------------------------------
     async def _monitor(self) -> None:
@@ -786,7 +820,10 @@ class Node(StoreVerbs):
 
     async def _delete_runtime(self, sid: str) -> None:
         async with self._lock(sid):
+            rt = self.runtimes.find(sid)
+            archive_key = rt.archive_key if rt is not None else ""
             await self.sandboxes.delete(sid)
+            await self.archiver.remove(sid, archive_key)
             self.edge.forget(sid)
             self.pressure.forget(sid)
             self.tiers.forget(sid)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from atoll.core import config, errors, ids, netpolicy, pki
+from atoll.worker.host import objectstore
 
 
 @dataclass
@@ -86,6 +88,19 @@ class WorkerSettings:
     """ATOLL_BUILD_TIMEOUT_S: the longest a whole template build may take, its snapshot included;
     past it the build fails naming what it was doing."""
 
+    archive_dir: str | None = None
+    """ATOLL_ARCHIVE_DIR: where the archive tier keeps sandboxes when no object store is configured
+    (default <home>/archive): the embedded store (worker.host.objectstore.LocalStore)."""
+    s3: objectstore.S3Config | None = None
+    """ATOLL_S3_ENDPOINT, ATOLL_S3_BUCKET, ATOLL_S3_ACCESS_KEY, ATOLL_S3_SECRET_KEY, ATOLL_S3_REGION
+    (default us-east-1): the S3-compatible object store of the archive tier (all four of the first
+    or none); logged without the keys."""
+
+    disk_budget_gb: float | None = None
+    """ATOLL_DISK_BUDGET_GB: the most the sandboxes may take on this worker's disk (checkpoint and
+    upper images); over it, the longest-idle disk-tier sandboxes move to the archive tier (running
+    ones are never touched). Default: no budget."""
+
     BUILD_CA_NAME = "build-ca.crt"
 
     def build_env(self) -> dict[str, str]:
@@ -115,6 +130,7 @@ class WorkerSettings:
     def redacted(self) -> dict:
         d = asdict(self)
         d["api_key"] = "***" if self.api_key else None
+        d["s3"] = self.s3.redacted() if self.s3 else None
         return d
 
     @property
@@ -176,6 +192,40 @@ def load(
         sandbox_ca_file=_sandbox_ca_file(env.get("ATOLL_SANDBOX_CA_FILE") or None),
         filer_url=_filer_url(env.get("ATOLL_FILER_URL") or None),
         **_build_timeouts(env),
+        archive_dir=os.path.abspath(env["ATOLL_ARCHIVE_DIR"]) if env.get("ATOLL_ARCHIVE_DIR") else None,
+        s3=_s3(env),
+        disk_budget_gb=config.number(env, "ATOLL_DISK_BUDGET_GB", 0.0, lo=0, hi=1024 * 1024) or None,
+    )
+
+
+S3_VARS = ("ATOLL_S3_ENDPOINT", "ATOLL_S3_BUCKET", "ATOLL_S3_ACCESS_KEY", "ATOLL_S3_SECRET_KEY")
+
+
+def _s3(env: Mapping[str, str]) -> objectstore.S3Config | None:
+    """The archive tier's S3 store: all of S3_VARS, or none of them (the local archive directory)."""
+    given = {v: env.get(v) or "" for v in S3_VARS}
+    if not any(given.values()):
+        return None
+    missing = [v for v, x in given.items() if not x]
+    if missing:
+        raise config.SettingsError(
+            f"{', '.join(missing)} not set while {', '.join(v for v in S3_VARS if v not in missing)} "
+            "are: the archive tier's object store needs all four (or none, for the local directory "
+            "ATOLL_ARCHIVE_DIR)"
+        )
+    endpoint = _url(given["ATOLL_S3_ENDPOINT"], "ATOLL_S3_ENDPOINT") or ""
+    bucket = given["ATOLL_S3_BUCKET"]
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+        raise config.SettingsError(
+            f"ATOLL_S3_BUCKET={bucket!r} is not a valid bucket name: use 3-63 lower-case letters, "
+            "digits, '.' or '-', starting and ending with a letter or digit"
+        )
+    return objectstore.S3Config(
+        endpoint=endpoint.rstrip("/"),
+        bucket=bucket,
+        access_key=given["ATOLL_S3_ACCESS_KEY"],
+        secret_key=given["ATOLL_S3_SECRET_KEY"],
+        region=env.get("ATOLL_S3_REGION") or "us-east-1",
     )
 
 

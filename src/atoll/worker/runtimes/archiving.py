@@ -1,0 +1,229 @@
+"""The archive tier of one sandbox: a checkpointed sandbox moved to the object store and back.
+
+archive (phase checkpointed): unmount the root filesystem and the upper image (the writable layer
+must be at rest to be copied), `begin_archive` (durable), pack + upload + verify (worker.host.archive),
+`commit_archive` (durable), and only then drop the local snapshot and upper image. The object store
+failing (down, refusing) leaves everything on disk: the layers are mounted again, `abort_archive`,
+and the caller is told why (the sandbox stays in the disk tier; the policy tries again later).
+unarchive (phase archived): download, verify and unpack (nothing is moved into place unless every
+checksum matches), mount the layers again, `unarchived` (durable): the sandbox is checkpointed on
+disk again; its stale archive objects are removed (under the sandbox's lock, so never racing a new
+upload) and the normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
+unreachable store is a ResumeFailed (the sandbox stays archived, a retry may work).
+`reattach` finishes what a killed worker left: archiving -> checkpointed (the disk copy was kept),
+archived -> local leftovers dropped (the archive is whole). Called by worker.tiers and
+worker.recovery (and worker.node at delete: `remove`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import time
+
+from atoll.core import errors
+from atoll.core.lifecycle import Phase, Step
+from atoll.worker.host import archive, hostcmd, objectstore, runsc, snapshots, storage
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
+
+log = logging.getLogger(__name__)
+
+UNMOUNT_TRIES = 50  # x 0.1 s: the discarded container's gofer may hold the root filesystem briefly
+
+
+def disk_bytes(path: str) -> int:
+    """Bytes a file or tree really takes on disk (allocated blocks; holes do not count)."""
+    if os.path.isfile(path):
+        return os.stat(path).st_blocks * 512
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+    return total
+
+
+class Archiver:
+    def __init__(
+        self,
+        runtimes: RuntimeStore,
+        store: objectstore.ObjectStore,
+    ):
+        self.runtimes = runtimes
+        self.store = store
+        self.store_failed = False
+        """Whether the last archive failed because of the store (down, refusing): a caller that
+        archives many in a row stops until later."""
+
+    def _p(self, rt: Runtime, *parts: str) -> str:
+        return self.runtimes.path(rt.sandbox_id, *parts)
+
+    # ---- the layers ---------------------------------------------------------------------------
+    async def _unmount_layers(self, rt: Runtime) -> None:
+        """Unmount the root filesystem and the upper image, not lazily: the ext4 image must be
+        written out and at rest before it is copied."""
+        for mp in (self._p(rt, "rootfs"), self._p(rt, "upper")):
+            for _ in range(UNMOUNT_TRIES):
+                if not storage.is_mounted(mp):
+                    break
+                code, _, _ = await hostcmd.run("umount", mp, check=False)
+                if code == 0:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise errors.SandboxBusy(
+                    f"{mp} is still in use (the checkpointed container is being removed)"
+                )
+        # Unmounted here is not unmounted everywhere: a mount namespace runsc made (a private copy of
+        # these mounts) may still hold the ext4 filesystem, unflushed, until its last process is
+        # gone. The loop device (autoclear) is detached only once the filesystem is released.
+        image = self._p(rt, "upper.img")
+        for i in range(UNMOUNT_TRIES * 2):
+            code, out, _ = await hostcmd.run("losetup", "-j", image, check=False)
+            if code == 0 and not out.strip():
+                if i:
+                    log.info("the upper image was released %.1f s after its unmount", i * 0.1)
+                return
+            await asyncio.sleep(0.1)
+        raise errors.SandboxBusy(f"{image} is still attached to a loop device (mounted in another namespace)")
+
+    async def _mount_layers(self, rt: Runtime) -> None:
+        await storage.create_upper(self._p(rt, "upper.img"), self._p(rt, "upper"), rt.disk_mb)
+        await storage.mount_rootfs(rt.lower, self._p(rt, "upper"), self._p(rt, "rootfs"))
+
+    # ---- archive ------------------------------------------------------------------------------
+    async def archive(self, rt: Runtime) -> str | None:
+        """Move a checkpointed sandbox to the store; None when archived, else why it stays on disk."""
+        sid = rt.sandbox_id
+        if not rt.lower:
+            return "kept in the disk tier: the sandbox was made by an earlier atoll that did not record its layers"
+        t0 = time.perf_counter()
+        try:
+            await self._unmount_layers(rt)
+        except errors.SandboxBusy as e:
+            await self._mount_layers(rt)
+            return f"kept in the disk tier: {e.message}; the archive is tried again later"
+        self.store_failed = False
+        rt.archive_key = archive.object_key(sid, rt.generation)
+        self.runtimes.advance(rt, Step.BEGIN_ARCHIVE)
+        before = disk_bytes(self._p(rt, "snapshot")) + disk_bytes(self._p(rt, "upper.img"))
+        man = archive.ArchiveManifest(
+            sandbox_id=sid,
+            generation=rt.generation,
+            key=rt.archive_key,
+            size=0,
+            sha256="",
+            runsc=f"{snapshots.RUNSC_VERSION} {runsc.binary_identity()}",
+            runtime_key=rt.runtime_key,
+            template=rt.template,
+            build_id=rt.build_id,
+            created_at=time.time(),
+        )
+        try:
+            man = await archive.upload(self.store, self.runtimes.dir(sid), man)
+        except BaseException as e:
+            # nothing is lost: the snapshot and the upper image are still here
+            await asyncio.shield(self._abort(rt))
+            if isinstance(e, objectstore.StoreError):
+                self.store_failed = True
+                log.warning("sandbox.archive.failed: %s", e, extra={"sandbox_id": sid})
+                return f"kept in the disk tier: {e}; the archive is tried again later"
+            raise
+        self.runtimes.advance(rt, Step.COMMIT_ARCHIVE)
+        self._drop_local(rt)
+        log.info(
+            "sandbox.archive.complete: %d bytes on disk freed, %d bytes stored (%d before compression) in %.0f ms",
+            before,
+            man.size,
+            man.raw_bytes,
+            (time.perf_counter() - t0) * 1000,
+            extra={"sandbox_id": sid, "store": self.store.name},
+        )
+        return None
+
+    async def _abort(self, rt: Runtime) -> None:
+        archive.drop_leftovers(self.runtimes.dir(rt.sandbox_id))
+        await self._mount_layers(rt)
+        self.runtimes.advance(rt, Step.ABORT_ARCHIVE)
+
+    def _drop_local(self, rt: Runtime) -> None:
+        shutil.rmtree(self._p(rt, "snapshot"), ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._p(rt, "upper.img"))
+
+    # ---- unarchive ----------------------------------------------------------------------------
+    async def unarchive(self, rt: Runtime) -> None:
+        """Bring an archived sandbox back onto this disk (checkpointed); see the module doc."""
+        sid = rt.sandbox_id
+        d = self.runtimes.dir(sid)
+        t0 = time.perf_counter()
+        try:
+            man = archive.local_manifest(d) or await archive.fetch_manifest(self.store, sid, d)
+            if man.sandbox_id != sid:
+                raise archive.ArchiveDamaged(f"the archive manifest of sandbox {sid} names {man.sandbox_id}")
+            await archive.download(self.store, d, man)
+        except (archive.ArchiveDamaged, archive.ArchiveMissing) as e:
+            cause = f"the archived snapshot of sandbox {sid} cannot be restored: {e}"
+            log.error("sandbox.unarchive.failed: %s", cause, extra={"sandbox_id": sid})
+            self.runtimes.fail(rt, cause)
+            raise errors.RuntimeFailure(cause + "; delete the sandbox (its memory is not restored)") from None
+        except objectstore.StoreError as e:
+            raise errors.ResumeFailed(
+                f"sandbox {sid} is archived and its object store failed: {e}; it stays archived, retry the call",
+            ) from None
+        await self._mount_layers(rt)
+        self.runtimes.advance(rt, Step.UNARCHIVED)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(d, archive.LOCAL_MANIFEST))
+        await self._remove_stale(rt, man)
+        log.info(
+            "sandbox.unarchive.complete in %.0f ms (%d bytes)",
+            (time.perf_counter() - t0) * 1000,
+            man.size,
+            extra={"sandbox_id": sid},
+        )
+
+    async def _remove_stale(self, rt: Runtime, man: archive.ArchiveManifest) -> None:
+        """The sandbox is on disk again: its archive is stale (a later archive writes a new one).
+        Removed now, under the sandbox's lock, so that it can never race a new archive's upload;
+        a store that fails here leaves objects the next archive or the delete removes."""
+        try:
+            await self.store.delete(archive.manifest_key(rt.sandbox_id))
+            await self.store.delete(man.key)
+        except objectstore.StoreError as e:
+            log.warning("the stale archive of %s stays in the store: %s", rt.sandbox_id, e)
+            return
+        rt.archive_key = ""
+        with contextlib.suppress(OSError):
+            self.runtimes.save(rt)
+
+    async def remove(self, sid: str, archive_key: str) -> None:
+        """Delete a sandbox's archive objects (its delete), if it ever had any."""
+        if not archive_key:
+            return
+        try:
+            n = await archive.remove(self.store, sid)
+        except objectstore.StoreError as e:
+            log.warning("sandbox.archive.orphaned: %s", e, extra={"sandbox_id": sid})
+            return
+        if n:
+            log.info("sandbox.archive.removed: %d object(s)", n, extra={"sandbox_id": sid})
+
+    # ---- after a restart ----------------------------------------------------------------------
+    async def reattach(self, rt: Runtime) -> str | None:
+        d = self.runtimes.dir(rt.sandbox_id)
+        if rt.phase == Phase.ARCHIVING:
+            # the upload was cut short (or finished without its commit): the disk copy is whole
+            await self._abort(rt)
+            return "an archive cut short by the restart was abandoned; the sandbox stays on disk"
+        if rt.phase == Phase.ARCHIVED:
+            dropped = archive.drop_leftovers(d)
+            await self._unmount_layers(rt)  # a download that had mounted them before the restart
+            self._drop_local(rt)
+            if archive.local_manifest(d) is None:
+                return "archived (its manifest is read from the store at resume)"
+            return "a download cut short by the restart was dropped" if dropped else None
+        return None
