@@ -114,6 +114,8 @@ class SeaweedFS:
             "-s3",
             f"-s3.port={p['s3']}",
             f"-s3.port.grpc={p['s3_grpc']}",
+            "-s3.port.iceberg=0",  # their fixed default ports (8181, 9101) would collide between
+            "-s3.port.lance=0",  # two servers at once (parallel test files)
             f"-s3.config={s3_config}",
             "-metricsPort=0",
         ]
