@@ -275,7 +275,7 @@ class Stores:
         fs = os.path.join(d, FS)
         for mp in [*storage.mounts_under(d), *([fs] if storage.is_mounted(fs) else [])]:
             await hostcmd.run("umount", "-l", mp, check=False)
-        _stop_weed(d)
+        stop_weed(d)
         if storage.is_mounted(fs) or storage.mounts_under(d):
             raise errors.RuntimeFailure(f"the store at {d} is still mounted; not removing it")
         # never into a filesystem that is still mounted: --one-file-system
@@ -359,7 +359,7 @@ def _start_weed(argv: list[str], d: str) -> subprocess.Popen:
     return proc
 
 
-def _stop_weed(d: str) -> None:
+def stop_weed(d: str) -> None:
     """Stop the `weed mount` of a filer-backed store (by the pid it recorded, if still that)."""
     try:
         with open(os.path.join(d, "weed-mount.pid")) as f:

@@ -1065,5 +1065,6 @@ async def purge_installation(home: str) -> list[str]:
     removed = await sweep.sweep(inst, live=())
     for mp in storage.mounts_under(inst.stores):  # volumes and drives: unmounted, their files kept
         await storage.unmount(mp)
+        stores.stop_weed(os.path.dirname(mp))  # a filer-backed drive's `weed mount`
         removed.append(f"mount {mp}")
     return removed
