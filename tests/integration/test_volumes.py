@@ -43,6 +43,11 @@ def test_a_volume_outlives_its_sandbox_the_disk_tier_and_holds_its_size(api):
         r = api.post(f"/v1/sandboxes/{a}/pause", json={"tier": "disk"})
         assert r.json()["standby_tier"] == "disk", r.text
         assert run(api, a, "cat /data/a.txt")["stdout"] == "one\n"  # resumed with its volume
+        run(api, a, "echo three > /data/c.txt")
+        r = api.post(f"/v1/sandboxes/{a}/pause", json={"tier": "archive"})
+        assert r.json()["standby_tier"] == "archive", r.text
+        assert run(api, a, "cat /data/a.txt /data/c.txt")["stdout"] == "one\nthree\n"  # and from the archive
+        run(api, a, "rm /data/c.txt")
         # a clone and an export while attached: what the sandbox has written
         clone = _name("clone")
         r = api.post(f"/v1/volumes/{vol}/clone", json={"name": clone})
