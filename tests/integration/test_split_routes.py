@@ -202,6 +202,31 @@ def test_every_route_through_the_split(atoll_split):
         _ok(c.delete("/v1/secrets/walk"), 204)
         _err(c.get("/v1/secrets/walk"), 404, "secret_not_found")
 
+        # ---- volumes and drives: records here, bytes on the worker
+        _ok(c.post("/v1/volumes", json={"name": "walkv", "size_mb": 16}), 201)
+        _ok(c.post("/v1/drives", json={"name": "walkd", "size_mb": 16}), 201)
+        assert "walkv" in [v["name"] for v in _ok(c.get("/v1/volumes")).json()["items"]]
+        assert "walkd" in [v["name"] for v in _ok(c.get("/v1/drives")).json()["items"]]
+        assert _ok(c.get("/v1/volumes/walkv")).json()["attached_to"] is None
+        assert _ok(c.get("/v1/drives/walkd")).json()["attached_to"] == []
+        f = {"path": "/in/a.txt"}
+        assert _ok(c.put("/v1/drives/walkd/files", params=f, content=b"drive")).json()["size"] == 5
+        assert _ok(c.get("/v1/drives/walkd/files", params=f)).content == b"drive"
+        assert [
+            e["name"]
+            for e in _ok(c.get("/v1/drives/walkd/files/list", params={"path": "/in"})).json()["items"]
+        ] == ["a.txt"]
+        tar = _ok(c.get("/v1/drives/walkd/tar")).content
+        assert _ok(c.put("/v1/volumes/walkv/tar", content=tar)).json()["files"] == 1
+        assert len(_ok(c.get("/v1/volumes/walkv/tar")).content) >= 1024
+        _ok(c.post("/v1/volumes/walkv/clone", json={"name": "walkv2"}), 201)
+        _err(c.post("/v1/drives/walkd/clone", json={"name": "walkd"}), 409, "drive_exists")
+        _ok(c.put("/v1/drives/walkd/tar", content=tar))
+        _ok(c.delete("/v1/drives/walkd/files", params=f), 204)
+        for kind, name in (("volumes", "walkv"), ("volumes", "walkv2"), ("drives", "walkd")):
+            _ok(c.delete(f"/v1/{kind}/{name}"), 204)
+        _err(c.get("/v1/volumes/walkv"), 404, "volume_not_found")
+
         # ---- templates: a build on the worker, its log, the pool's settings, the deletion
         bid = _ok(c.post("/v1/templates", json={"name": "walk", "files": {"/w.txt": "w\n"}}), 202).json()[
             "build_id"
