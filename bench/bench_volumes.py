@@ -12,13 +12,15 @@ is another loop-mounted ext4 image, served as the root (`cache=fscache`). Measur
 
   seq_io      `dd` of `size_mb` MiB of zeros, `bs=1M conv=fsync` (write: open → data on the disk
               → close), then `sync` + `echo 3 > /proc/sys/vm/drop_caches` on the host, then `dd` of
-              the same file to /dev/null (read, from the disk). Four places, in a rotating order
-              each round: `gvisor_volume` (/data on a volume, inside gVisor), `gvisor_rootfs` (/root
+              the same file to /dev/null (read, from the disk), then `rm`. After one untimed-for-
+              the-ratio first write into each place (`first_write_fresh_image_mb_per_s`: the images
+              are sparse, so a first write also allocates the image file's blocks on the host),
+              `rounds` rounds over four places in a rotating order: `gvisor_volume` (/data on a volume, inside gVisor), `gvisor_rootfs` (/root
               of the same sandbox: its overlay upper layer), `host_volume_image` (a directory of
               the very same loop-mounted image, from the host) and `host_dir` (a plain directory
               of the host's disk, /var/tmp). MB/s = bytes / 1e6 / the seconds dd reports. The
               sandbox's memory cgroup shows the host page cache it is charged for (the gofer
-              writes on its behalf) — `cache_mb_before_read` is that figure after the drop, so the
+              writes on its behalf) — `sandbox_cache_mb_before_read` is that figure after the drop, so the
               read really came from the disk; the sentry keeps no copy (its shmem does not grow).
   workload    in the same sandbox, on the volume and on its own disk, alternately: `git clone` of
               a bundle of atoll's own repository (its whole history; the bundle sits in /tmp, the
@@ -131,42 +133,67 @@ def _mbps(nbytes: int, seconds: float) -> float:
 
 
 # ---- 1. sequential write and read ------------------------------------------------------------------
+def _write(
+    a: c.Atoll, sid: str, place: str, size_mb: int, vol_host: str, host_dir: str
+) -> tuple[str, tuple[int, float]]:
+    """dd `size_mb` MiB of zeros (bs=1M, conv=fsync) to `place`; (the file's path, (bytes, s))."""
+    os.sync()
+    if place.startswith("gvisor"):
+        path = "/data/seq" if place == "gvisor_volume" else "/root/seq"
+        out = _sh(a, sid, f"dd if=/dev/zero of={path} bs=1M count={size_mb} conv=fsync 2>&1")
+        return path, _dd_rate(out["stdout"])
+    path = os.path.join(vol_host if place == "host_volume_image" else host_dir, "seq")
+    return path, _host_dd(["if=/dev/zero", f"of={path}", "bs=1M", f"count={size_mb}", "conv=fsync"])
+
+
+def _remove(a: c.Atoll, sid: str, place: str, path: str) -> None:
+    if place.startswith("gvisor"):
+        _sh(a, sid, f"rm -f {path}")
+    else:
+        os.unlink(path)
+
+
 def seq_io(a: c.Atoll, sid: str, vol_host: str, host_dir: str, size_mb: int, rounds: int) -> dict:
-    count = f"count={size_mb}"
+    # A first write into each place, reported apart: the images are sparse, so their first write
+    # also allocates the image file's blocks on the host (later rounds reuse them).
+    first: dict[str, float] = {}
+    for place in PLACES:
+        path, w = _write(a, sid, place, size_mb, vol_host, host_dir)
+        _remove(a, sid, place, path)
+        first[place] = _mbps(*w)
+    c.log(f"  seq first writes (fresh images), MB/s: {first}")
     rates: dict[str, dict[str, list[float]]] = {p: {"write": [], "read": []} for p in PLACES}
     cache_before_read: list[float] = []
     shmem_growth: list[float] = []
+    load = [os.getloadavg()[0]]
     for r in range(rounds):
         order = PLACES[r % len(PLACES) :] + PLACES[: r % len(PLACES)]
         for place in order:
-            os.sync()
+            path, w = _write(a, sid, place, size_mb, vol_host, host_dir)
+            _drop_host_caches()
             if place.startswith("gvisor"):
-                path = "/data/seq" if place == "gvisor_volume" else "/root/seq"
-                out = _sh(a, sid, f"dd if=/dev/zero of={path} bs=1M {count} conv=fsync 2>&1")
-                w = _dd_rate(out["stdout"])
-                _drop_host_caches()
                 before = _memstat(a, sid)
                 out = _sh(a, sid, f"dd if={path} of=/dev/null bs=1M 2>&1")
                 rd = _dd_rate(out["stdout"])
                 after = _memstat(a, sid)
                 cache_before_read.append(before.get("cache", float("nan")))
                 shmem_growth.append(round(after.get("shmem", 0) - before.get("shmem", 0), 1))
-                _sh(a, sid, f"rm -f {path}")
             else:
-                path = os.path.join(vol_host if place == "host_volume_image" else host_dir, "seq")
-                w = _host_dd(["if=/dev/zero", f"of={path}", "bs=1M", count, "conv=fsync"])
-                _drop_host_caches()
                 rd = _host_dd([f"if={path}", "of=/dev/null", "bs=1M"])
-                os.unlink(path)
+            _remove(a, sid, place, path)
             rates[place]["write"].append(_mbps(*w))
             rates[place]["read"].append(_mbps(*rd))
             c.log(
-                f"  seq round {r} {place}: write {rates[place]['write'][-1]} MB/s, read {rates[place]['read'][-1]} MB/s"
+                f"  seq round {r} {place}: write {rates[place]['write'][-1]} MB/s, "
+                f"read {rates[place]['read'][-1]} MB/s"
             )
+    load.append(os.getloadavg()[0])
     out: dict = {
         "size_mb": size_mb,
         "rounds": rounds,
         "mb_per_s": {p: {k: c.summarize(v, unit="MB/s") for k, v in d.items()} for p, d in rates.items()},
+        "first_write_fresh_image_mb_per_s": first,
+        "loadavg_1m_start_end": load,
         "sandbox_cache_mb_before_read": cache_before_read,
         "sandbox_shmem_growth_mb_during_read": shmem_growth,
     }
@@ -301,9 +328,9 @@ for i in range(n):
         time.sleep(gap)
         with open(path, "wb") as f:
             f.write(want)
-        out.append([i, "closed", time.time_ns(), 0])
+        out.append([i, "closed", time.time_ns(), None])
     else:
-        spins, deadline = 0, time.monotonic() + 30
+        spins, t0, deadline = 0, time.time_ns(), time.monotonic() + 30
         while True:
             try:
                 with open(path, "rb") as f:
@@ -314,7 +341,8 @@ for i in range(n):
             spins += 1
             if time.monotonic() > deadline:
                 sys.exit(f"{path} never arrived")
-        out.append([i, "seen", time.time_ns(), spins])
+        t = time.time_ns()
+        out.append([i, "seen", t, [spins, t - t0]])
 print(json.dumps(out))
 """
 
@@ -392,17 +420,24 @@ def drive(a: c.Atoll, sid_a: str, sid_b: str, n: int, gap: float = 0.1) -> dict:
     for t in threads:
         t.join(300)
     ra, rb = _result(box, "A"), _result(box, "B")
-    events = {(i, kind): (t, spins) for i, kind, t, spins in ra + rb}
-    a_to_b, b_to_a, spins_ab = [], [], []
+    events = {(i, kind): (t, extra) for i, kind, t, extra in ra + rb}
+    a_to_b, b_to_a, per_spin, slowest = [], [], [], []
     for i in range(2 * n):
         delta = (events[(i, "seen")][0] - events[(i, "closed")][0]) / 1e6
         (a_to_b if i % 2 == 0 else b_to_a).append(delta)
-        spins_ab.append(events[(i, "seen")][1])
+        spins, waited_ns = events[(i, "seen")][1]
+        per_spin.append(waited_ns / 1e3 / max(spins, 1))
+        slowest.append(
+            {"trial": i, "ms": round(delta, 3), "reader_spins": spins, "us_per_spin": round(per_spin[-1], 1)}
+        )
     res: dict = {
         "a_to_b": c.summarize(a_to_b),
         "b_to_a": c.summarize(b_to_a),
         "both": c.summarize(a_to_b + b_to_a),
-        "reader_spins": c.summarize(spins_ab, unit="loops"),
+        # the reader's loop: µs per open+read while it waited (its resolution; a trial whose figure
+        # is far above the rest had its reader off the CPU, not its file hidden by a cache)
+        "reader_us_per_spin": c.summarize(per_spin, unit="us"),
+        "slowest_trials": sorted(slowest, key=lambda x: -x["ms"])[:5],
     }
     res["both"]["p95"] = round(c.percentile(sorted(a_to_b + b_to_a), 0.95), 3)
     res["clock_offset_estimate_ms"] = round((res["a_to_b"]["p50"] - res["b_to_a"]["p50"]) / 2, 3)
@@ -464,6 +499,7 @@ def creates(a: c.Atoll, n: int) -> dict:
     }
     samples = {k: {"create": [], "first_exec": [], "total": [], "worker_start": []} for k in kinds}
     how: dict[str, list[str]] = {k: [] for k in kinds}
+    parts: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
     for i in range(n):
         order = list(kinds)[i % 3 :] + list(kinds)[: i % 3]
         for k in order:
@@ -479,10 +515,16 @@ def creates(a: c.Atoll, n: int) -> dict:
             samples[k]["first_exec"].append(te.ms)
             samples[k]["total"].append(tc.ms + te.ms)
             samples[k]["worker_start"] += [s["ms"] for s in starts]
+            for s in starts:
+                for part, ms in s["parts"].items():
+                    parts[k].setdefault(part, []).append(ms)
             a.delete(sb["id"])
     out: dict = {k: {p: c.summarize(v) for p, v in d.items()} for k, d in samples.items()}
     for k in kinds:
         out[k]["how"] = sorted(set(how[k]))
+        out[k]["worker_parts_p50_ms"] = {
+            p: round(c.percentile(sorted(v), 0.5), 1) for p, v in parts[k].items()
+        }
     out["volume_minus_none_total_p50_ms"] = round(
         out["volume"]["total"]["p50"] - out["none"]["total"]["p50"], 1
     )
@@ -494,8 +536,8 @@ def creates(a: c.Atoll, n: int) -> dict:
 def run(
     a: c.Atoll,
     size_mb: int = 1024,
-    seq_rounds: int = 3,
-    workload_rounds: int = 3,
+    seq_rounds: int = 5,
+    workload_rounds: int = 4,
     drive_trials: int = 30,
     n_create: int = 5,
 ) -> dict:
