@@ -11,7 +11,8 @@ ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison, bench_split an `atoll s
 two user templates in the shared atoll, and deletes them), checks the issues' targets, prints the
 document to stdout and saves it to bench/results/latest.json. Progress goes to stderr. Everything
 started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
-Takes about 12-15 minutes on 2 cores (bench_templates alone ~8). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
+Takes about 17-20 minutes on 2 cores (bench_templates alone ~8, bench_volumes ~5 and ~13 GB
+written under /var/tmp). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
 Two sections run only when named in `--only`: `idle` (bench_idle, ~6 min) and `density` (bench_density:
 200 idle sandboxes and their memory, ~20 min).
 """
