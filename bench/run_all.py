@@ -266,9 +266,10 @@ def check_targets(res: dict) -> dict:
             d["both"]["p50"],
             "a 4 KiB file closed in sandbox A → read whole in sandbox B (tight poll), both on one drive, "
             "clocks of the two sentries, both directions alternating; api_value: PUT /v1/drives/…/files "
-            "sent → read in a sandbox",
+            "sent → read in a sandbox; filer_value: the same on a drive served by a SeaweedFS filer",
             p95=d["both"]["p95"],
             api_value=d["api_to_sandbox"]["from_put_sent"]["p50"],
+            filer_value=vol.get("drive_filer", {}).get("both", {}).get("p50"),
         )
     return out
 
