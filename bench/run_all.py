@@ -5,13 +5,14 @@ Called by `make bench` (`.venv/bin/python bench/run_all.py`); needs root, runsc 
 shared cache /var/tmp/atoll-test-templates, built at start-up if missing), waits for the server's
 template image and does one untimed warm-up create, runs
 bench_api, bench_standby, bench_peers, bench_split, bench_templates, bench_files, bench_pty,
-bench_shell, bench_cli and bench_default_pool in that order (bench_peers starts a second atoll with
+bench_shell, bench_cli, bench_default_pool and bench_volumes in that order (bench_peers starts a second atoll with
 ATOLL_TEMPLATE_SNAPSHOTS=0 for the cold-boot comparison, bench_split an `atoll server` with one
 `atoll worker`, bench_default_pool a second atoll with ATOLL_DEFAULT_POOL=2; bench_templates builds
 two user templates in the shared atoll, and deletes them), checks the issues' targets, prints the
 document to stdout and saves it to bench/results/latest.json. Progress goes to stderr. Everything
 started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
-Takes about 12-15 minutes on 2 cores (bench_templates alone ~8). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
+Takes about 17-20 minutes on 2 cores (bench_templates alone ~8, bench_volumes ~5 and ~13 GB
+written under /var/tmp). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
 Two sections run only when named in `--only`: `idle` (bench_idle, ~6 min) and `density` (bench_density:
 200 idle sandboxes and their memory, ~20 min).
 """
@@ -39,6 +40,7 @@ import bench_shell  # noqa: E402
 import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
 import bench_templates  # noqa: E402
+import bench_volumes  # noqa: E402
 import common as c  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -69,8 +71,17 @@ TARGETS = {
     "files_watch_event_p50_ms": 100.0,
     # issue 9, terminals (section `pty`)
     "pty_keystroke_echo_p50_ms": 15.0,
+    # issue 19, volumes and drives (section `volumes`)
+    "volumes_seq_write_over_host": 0.5,  # at least
+    "volumes_seq_read_over_host": 0.5,  # at least
+    "drive_propagation_p50_ms": 100.0,
 }
-AT_LEAST = {"templates_burst_creates_per_s", "files_tar_1000_speedup"}
+AT_LEAST = {
+    "templates_burst_creates_per_s",
+    "files_tar_1000_speedup",
+    "volumes_seq_write_over_host",
+    "volumes_seq_read_over_host",
+}
 
 
 def _verdict(name: str, value: float | None, how: str, **extra: typing.Any) -> dict:
@@ -235,6 +246,31 @@ def check_targets(res: dict) -> dict:
             "one byte over the public WebSocket to `cat` in raw mode and back, p50 (worse of back to "
             "back and 100 ms apart)",
         )
+    vol = res.get("volumes", {})
+    if "seq_io" in vol:
+        seq = vol["seq_io"]
+        for op in ("write", "read"):
+            r = seq["ratios_p50"]
+            out[f"volumes_seq_{op}_over_host"] = _verdict(
+                f"volumes_seq_{op}_over_host",
+                r[f"{op}_volume_over_host_dir"],
+                f"p50 MB/s of dd {op} of {seq['size_mb']} MiB (bs=1M; write conv=fsync, read after the host's "
+                "caches were dropped) on a volume inside gVisor / the same on a plain host directory, "
+                f"{seq['rounds']} rounds interleaved; same_image_value: / the volume's own image mounted on the host",
+                same_image_value=r[f"{op}_volume_over_host_volume_image"],
+            )
+    if "drive" in vol:
+        d = vol["drive"]
+        out["drive_propagation_p50_ms"] = _verdict(
+            "drive_propagation_p50_ms",
+            d["both"]["p50"],
+            "a 4 KiB file closed in sandbox A → read whole in sandbox B (tight poll), both on one drive, "
+            "clocks of the two sentries, both directions alternating; api_value: PUT /v1/drives/…/files "
+            "sent → read in a sandbox; filer_value: the same on a drive served by a SeaweedFS filer",
+            p95=d["both"]["p95"],
+            api_value=d["api_to_sandbox"]["from_put_sent"]["p50"],
+            filer_value=vol.get("drive_filer", {}).get("both", {}).get("p50"),
+        )
     return out
 
 
@@ -243,7 +279,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sample counts (smoke test)")
     ap.add_argument(
         "--only",
-        default="api,standby,peers,split,templates,files,pty,shell,cli,default_pool",
+        default="api,standby,peers,split,templates,files,pty,shell,cli,default_pool,volumes",
         help="comma-separated subset",
     )
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latest.json")
@@ -318,6 +354,9 @@ def main() -> int:
         if "default_pool" in only:
             c.log("== default_pool: a default create claiming from base's pool vs restoring its snapshot")
             res["default_pool"] = bench_default_pool.run(a, n=2 if q else 10)
+        if "volumes" in only:
+            c.log("== volumes: volumes and drives against the sandbox's own disk and the host's")
+            res["volumes"] = bench_volumes.run(a, **(bench_volumes.QUICK if q else {}))
         doc["template_image_made_ms"] = a.server_durations(None, "template base: image made")
         doc["atoll_server_log_errors"] = [
             r["msg"] for r in a.server_events() if r.get("level") in ("error", "critical")
