@@ -16,7 +16,8 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── FileNotFound            file_not_found
     │   ├── ProcessNotFound         process_not_found
     │   ├── PtyNotFound             pty_not_found
-    │   └── SecretNotFound          secret_not_found
+    │   ├── SecretNotFound          secret_not_found
+    │   └── (NotFound)              volume_not_found, drive_not_found
     ├── Conflict                409
     │   ├── SandboxBusy             sandbox_busy (retryable)
     │   ├── InvalidState            invalid_state
@@ -26,9 +27,11 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── ProcessRunning          process_running: a wait's timeout passed, the process still runs
     │   └── (Conflict)              worker_conflict, incompatible_protocol, worker_not_registered,
     │                               secret_exists, template_exists, template_in_use,
+    │                               volume_exists, drive_exists, volume_in_use, drive_in_use,
     │                               checkpoint_refused (fork: the sandbox's state cannot be saved now)
     ├── PayloadTooLarge         413 payload_too_large
-    ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full
+    ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full; store_full: a
+    │                               volume's or drive's size_mb is used up
     ├── CommandFailed           command_failed: `exec(..., check=True)` exited non-zero (.exit_code,
     │                               .stdout, .stderr); raised by the SDK itself, not an HTTP answer
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
@@ -270,6 +273,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "permission_denied": PermissionDenied,
     "read_only_path": PermissionDenied,
     "disk_full": DiskFull,
+    "store_full": DiskFull,
     "unauthorized": Unauthorized,
     "forbidden": Unauthorized,
     "not_found": NotFound,
@@ -280,6 +284,8 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "pty_not_found": PtyNotFound,
     "worker_not_found": WorkerNotFound,
     "secret_not_found": SecretNotFound,
+    "volume_not_found": NotFound,
+    "drive_not_found": NotFound,
     "conflict": Conflict,
     "sandbox_busy": SandboxBusy,
     "invalid_state": InvalidState,
@@ -293,6 +299,10 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "secret_exists": Conflict,
     "template_exists": Conflict,
     "template_in_use": Conflict,
+    "volume_exists": Conflict,
+    "drive_exists": Conflict,
+    "volume_in_use": Conflict,
+    "drive_in_use": Conflict,
     "checkpoint_refused": Conflict,
     "method_not_allowed": InvalidRequest,
     "payload_too_large": PayloadTooLarge,

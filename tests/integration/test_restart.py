@@ -23,8 +23,12 @@ def test_restart_reattaches_running_memory_and_disk(local):
     local.start(timeout=600)
     with _client(local) as c:
         sids = {}
+        assert c.post("/v1/volumes", json={"name": "kept", "size_mb": 16}).status_code == 201
         for name in ("running", "memory", "disk"):
-            sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"role": name}}).json()["id"]
+            body = {"idle_timeout_s": 0, "metadata": {"role": name}}
+            if name == "disk":  # a volume comes back with its sandbox and with atoll
+                body["volumes"] = [{"name": "kept", "path": "/data"}]
+            sid = c.post("/v1/sandboxes", json=body).json()["id"]
             _exec(c, sid, f"echo {name} > /root/name")
             _exec(
                 c,
@@ -33,6 +37,7 @@ def test_restart_reattaches_running_memory_and_disk(local):
                 'python3 -c \'import os, time\nx=[0]\nwhile True:\n  x[0]+=1; open("/tmp/beat.tmp","w").write(str(x[0])); os.replace("/tmp/beat.tmp", "/tmp/beat"); time.sleep(0.1)\' &',
             )
             sids[name] = sid
+        _exec(c, sids["disk"], "echo volume > /data/v")
         assert (
             c.post(f"/v1/sandboxes/{sids['memory']}/pause", json={"tier": "memory"}).json()["standby_tier"]
             == "memory"
@@ -47,9 +52,13 @@ def test_restart_reattaches_running_memory_and_disk(local):
     local.stop(reap=False)
     assert time.monotonic() - t0 < 10, "stopping atoll must take seconds"
     assert _gone(helpers.values()), "the gateway and the router stop with atoll"
+    # as after a reboot of the host: the volume's filesystem is not mounted (the start mounts it)
+    fs = os.path.join(local.home, "stores", "volume", "kept", "fs")
+    subprocess.run(["umount", fs], check=True)
     time.sleep(1)
     local.start(timeout=600)
     with _client(local) as c:
+        assert c.get("/v1/volumes/kept").json()["attached_to"] == sids["disk"]
         got = {n: c.get(f"/v1/sandboxes/{sid}").json() for n, sid in sids.items()}
         assert got["running"]["state"] == "running"
         assert (got["memory"]["state"], got["memory"]["standby_tier"]) == ("standby", "memory")
@@ -60,6 +69,7 @@ def test_restart_reattaches_running_memory_and_disk(local):
             time.sleep(0.5)
             b = int(_exec(c, sid, "cat /tmp/beat")["stdout"])
             assert b > a, f"{name}: the background process must still be running after the restart"
+        assert _exec(c, sids["disk"], "cat /data/v")["stdout"] == "volume\n"
 
 
 def test_sigkill_during_checkpoint_never_loses_the_sandbox(local):

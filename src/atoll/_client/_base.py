@@ -213,6 +213,13 @@ def sandbox_path(sandbox_id: str, *rest: str) -> str:
     return "/".join([f"/v1/sandboxes/{quote(sandbox_id, safe='')}", *rest])
 
 
+def store_path(kind: str, name: str, *rest: str) -> str:
+    """`/v1/volumes/{name}/...` or `/v1/drives/{name}/...`."""
+    if not name:
+        raise ValueError(f"{kind} name must be a non-empty string")
+    return "/".join([f"/v1/{kind}s/{quote(name, safe='')}", *rest])
+
+
 def template_path(name: str, *rest: str) -> str:
     if not name:
         raise ValueError("template name must be a non-empty string")

@@ -31,6 +31,7 @@ from atoll.cli import argv as cli_argv
 from atoll.cli import coercion as cli_coercion
 from atoll.cli import files as cli_files
 from atoll.cli import shell as cli_shell
+from atoll.cli import stores as cli_stores
 from atoll.cli import templates as cli_templates
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ def _session(ctx: typer.Context) -> "Iterator[Client]":
 
 
 cli_templates.register(app, _session)
+cli_stores.register(app, _session)
 cli_files.register(sandbox_app, _session)
 
 
@@ -376,6 +378,12 @@ def create(
         OnTimeout | None,
         typer.Option("--on-timeout", help="At the lifetime's end: pause (to disk) or delete."),
     ] = None,
+    volume: Annotated[
+        list[str] | None, typer.Option("--volume", help="NAME:PATH[:ro]: mount a volume (repeat).")
+    ] = None,
+    drive: Annotated[
+        list[str] | None, typer.Option("--drive", help="NAME:PATH[:ro]: mount a drive (repeat).")
+    ] = None,
 ) -> None:
     """Create a sandbox and print its id once it is running (no network way out unless --allow-out).
     While its template is still being built, shows the build's progress and waits."""
@@ -399,6 +407,8 @@ def create(
             cpus=cpus,
             network=network,
             secrets=secrets,
+            volumes=cli_stores.parse_mounts(volume or [], "--volume") or None,
+            drives=cli_stores.parse_mounts(drive or [], "--drive") or None,
         )
     if as_json:
         _print_json(sandbox.to_dict())

@@ -35,6 +35,7 @@ from atoll.controlplane import (
     routes_pty,
     routes_sandboxes,
     routes_secrets,
+    routes_stores,
     routes_system,
     routes_templates,
     routes_workers,
@@ -278,6 +279,7 @@ def create_app(
         routes_workers,
         routes_secrets,
         routes_templates,
+        routes_stores,
     ):
         app.include_router(module.router)
 

@@ -75,6 +75,28 @@ class SandboxRecord(Base):
     """Why the last resume from the disk tier failed (it stays in standby); None once one succeeds."""
     resume_failures: Mapped[int] = mapped_column(sa.Integer, default=0)
     """Failed resumes in a row; the sandbox is failed at ledger.MAX_RESUME_FAILURES."""
+    mounts: Mapped[list | None] = mapped_column(sa.JSON, nullable=True)
+    """Volumes and drives it mounts: [{kind, name, path, read_only}] (None: none)."""
+
+
+class StoreRecord(Base):
+    """A volume or drive: where it lives and, for a volume, the one sandbox that has it."""
+
+    __tablename__ = "stores"
+
+    tenant_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    worker_id: Mapped[str] = mapped_column(sa.String(64))
+    size_mb: Mapped[int] = mapped_column(sa.Integer)
+    attached_to: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
+    """A volume's holder (a sandbox id); None when free. Set with one conditional UPDATE, so two
+    creates can never both take it."""
+    detaching: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    """The holder's DELETE has answered; its worker is still taking it down."""
+    backend: Mapped[str] = mapped_column(sa.String(16), default="local")
+    """"local" (an image on `worker_id`) or "filer" (a drive every worker with the filer mounts)."""
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 
 class TemplateRecord(Base):

@@ -225,10 +225,14 @@ class Ledger:
                 cpus += rec.cpus
         return {"memory_mb": int(mem), "cpus": round(cpus, 3), "disk_mb": int(disk), "sandboxes": count}
 
-    def place(self, template: str, memory_mb: int) -> WorkerHandle:
+    def place(self, template: str, memory_mb: int, worker_id: str | None = None) -> WorkerHandle:
+        """The worker a new sandbox goes to; `worker_id`: only that one (the one keeping its
+        volumes and drives)."""
         candidates = []
         for h in self.workers.ready():
             assert h.info is not None
+            if worker_id is not None and h.id != worker_id:
+                continue
             candidates.append(
                 placement.Candidate(
                     worker_id=h.id,
@@ -238,6 +242,11 @@ class Ledger:
                     templates=frozenset(h.templates)
                     | {b.build_id for b in h.builds.values() if b.status == "ready"},
                 )
+            )
+        if worker_id is not None and not candidates:
+            raise errors.Unavailable(
+                f"worker {worker_id}, which keeps this sandbox's volumes and drives, is not ready now; try again",
+                code="no_worker",
             )
         choice = placement.choose(candidates, memory_mb=memory_mb, template=template)
         return self.workers.get(choice.worker_id)

@@ -27,9 +27,10 @@ from atoll.controlplane.authority import Authority
 from atoll.controlplane.ledger import Ledger
 from atoll.controlplane.pools import Pools
 from atoll.controlplane.secrets import SecretStore
+from atoll.controlplane.stores import StoreService
 from atoll.controlplane.templates import TemplateService
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
-from atoll.core import errors, ids, netpolicy, preview
+from atoll.core import errors, ids, mounts, netpolicy, preview
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import (
     FAILED,
@@ -81,6 +82,8 @@ class SandboxManager:
         self.pools = Pools(self.ledger, self, self.templates, schemas.DEFAULT_MEMORY_MB, default_pool)
         """Warm pools a create claims from (`default_pool`: the size of the built-in `base`'s)."""
         self.templates.pool_stop, self.templates.pool_resume = self.pools.stop, self.pools.resume
+        self.stores = StoreService(database, self.ledger)
+        """Volumes and drives (controlplane.stores)."""
         self.templates.on_ready = self.pools.wake
 
     def get(self, sid: str) -> dbm.SandboxRecord:
@@ -129,7 +132,11 @@ class SandboxManager:
         settings applied after the restore), else restored from its template's snapshot on a
         worker placement picks. `pooled`: made for the pool (not listed until claimed)."""
         build = self.templates.serving(req.template)
-        if not pooled:
+        want = mounts.parse(
+            [m.model_dump() for m in req.volumes] if getattr(req, "volumes", None) else None,
+            [m.model_dump() for m in req.drives] if getattr(req, "drives", None) else None,
+        )
+        if not pooled and not want:  # a pool member cannot take a mount (runsc restores its layout)
             claimed = await self.pools.claim(req, build)
             if claimed is not None:
                 return claimed
@@ -142,9 +149,15 @@ class SandboxManager:
         bound = (
             self.secrets.placeholders(ids.DEFAULT_TENANT, requested, dict(req.env)) if self.secrets else {}
         )
-        handle = self.ledger.place(build.id if build is not None else req.template, req.memory_mb)
-        assert handle.info is not None
         sid = ids.new_sandbox_id()
+        pin = await self.stores.attach(want, sid) if want else None
+        filer_sizes = self.stores.sizes([m for m in want if m.kind == "drive"]) if want else {}
+        try:
+            handle = self.ledger.place(build.id if build is not None else req.template, req.memory_mb, pin)
+        except BaseException:
+            self.stores.release_all(sid, _mount_dicts(want), ids.DEFAULT_TENANT)
+            raise
+        assert handle.info is not None
         now = dbm.utcnow()
         rec = dbm.SandboxRecord(
             id=sid,
@@ -172,6 +185,7 @@ class SandboxManager:
             pooled=pooled,
             expires_at=None if pooled else lifetime.deadline(getattr(req, "timeout_s", None), now),
             on_timeout=getattr(req, "on_timeout", "pause"),
+            mounts=_mount_dicts(want) or None,
         )
         spec = api.SandboxSpec(
             sandbox_id=sid,
@@ -185,6 +199,10 @@ class SandboxManager:
             secrets=self.secrets.bindings(ids.DEFAULT_TENANT, bound) if self.secrets and bound else (),
             trust_pem=self.authority.root_pem.decode() if self.authority else "",
             build_id=build.id if build is not None else "",
+            mounts=tuple(
+                api.MountSpec(m.kind, m.name, m.path, m.read_only, size_mb=filer_sizes.get(m.name, 0))
+                for m in want
+            ),
         )
         async with self.ledger.lock(sid), self.ledger.step("create", sid):
             self.db.add(rec)  # the record exists before the runtime does (placement is recorded)
@@ -196,6 +214,7 @@ class SandboxManager:
                 raise errors.Unavailable(f"sandbox {sid} could not be created: {e.message}") from None
             except errors.AtollError as e:
                 self.ledger.fail(rec, e.message, e.detail)
+                self.stores.release_all(sid, rec.mounts, rec.tenant_id)  # its runtime is stopped
                 if isinstance(e, errors.NotFound | errors.InvalidRequest):
                     raise
                 raise errors.RuntimeFailure(f"sandbox {sid} could not be started: {e.message}") from None
@@ -277,16 +296,20 @@ class SandboxManager:
             rec = self.get(sid)
             worker_id = rec.worker_id
             self.ledger.persist(rec, Verb.DELETE, deleted_at=dbm.utcnow())
+            self.stores.detaching(sid, rec.mounts, rec.tenant_id)
         # runsc delete takes 1.5–2 s; the record is already gone for the caller.
-        self.ledger.track(asyncio.ensure_future(self._reap(sid, worker_id)))
+        self.ledger.track(asyncio.ensure_future(self._reap(sid, worker_id, rec.mounts, rec.tenant_id)))
 
-    async def _reap(self, sid: str, worker_id: str) -> None:
+    async def _reap(self, sid: str, worker_id: str, rec_mounts: list | None = None, tenant: str = "") -> None:
         try:
             await self.workers.api_for(worker_id).delete(sid)
         except errors.Unavailable as e:
             log.info("sandbox.reap.deferred: %s", e.message, extra={"sandbox_id": sid})
         except Exception:
             log.exception("sandbox.reap.failed", extra={"sandbox_id": sid})
+        # Its volumes are free: it is gone from its worker, or that worker cannot be reached now
+        # (a worker is adopted again only after its orphan runtimes are deleted).
+        self.stores.release_all(sid, rec_mounts, tenant)
         if not self.ledger.lock(sid).locked():
             self.ledger.locks.pop(sid, None)
         self.ledger.inflight.pop(sid, None)
@@ -523,6 +546,10 @@ class SandboxManager:
 
     def counts(self) -> dict[str, int]:
         return self.db.count_by_state()
+
+
+def _mount_dicts(want: typing.Sequence[mounts.Mount]) -> list[dict]:
+    return [{"kind": m.kind, "name": m.name, "path": m.path, "read_only": m.read_only} for m in want]
 
 
 def _changed_since(rec: dbm.SandboxRecord, started: float) -> bool:

@@ -318,3 +318,55 @@ class RemoteVerbs:
             effect="the file change may have been made, in whole or in part",
         )
         return wire.load(api.FileStat, data, "chmod file answer")
+
+    async def create_store(self, kind: str, name: str, size_mb: int) -> api.StoreInfo:
+        url = f"/stores/{kind}"
+        data = await self._call(
+            "POST",
+            url,
+            json={"name": wire.dump(name, str), "size_mb": wire.dump(size_mb, int)},
+            timeout=STEP_TIMEOUT_S,
+            effect="the volume or drive may have been made",
+        )
+        return wire.load(api.StoreInfo, data, "create store answer")
+
+    async def get_store(self, kind: str, name: str) -> api.StoreInfo:
+        url = f"/stores/{kind}/{name}"
+        data = await self._call("GET", url, timeout=CALL_TIMEOUT_S, effect=None)
+        return wire.load(api.StoreInfo, data, "get store answer")
+
+    async def delete_store(self, kind: str, name: str) -> None:
+        url = f"/stores/{kind}/{name}"
+        await self._call(
+            "DELETE", url, timeout=STEP_TIMEOUT_S, effect="the volume or drive may have been deleted"
+        )
+
+    async def clone_store(self, kind: str, name: str, new_name: str) -> api.StoreInfo:
+        url = f"/stores/{kind}/{name}/clone"
+        data = await self._call(
+            "POST",
+            url,
+            json={"new_name": wire.dump(new_name, str)},
+            timeout=STEP_TIMEOUT_S,
+            effect="the copy may have been made",
+        )
+        return wire.load(api.StoreInfo, data, "clone store answer")
+
+    async def list_store_files(self, kind: str, name: str, path: api.FilePath) -> Sequence[api.FileEntry]:
+        url = f"/stores/{kind}/{name}/files/list"
+        params: dict[str, str] = {}
+        params.update(_file("path", path))
+        data = await self._call("GET", url, params=params, timeout=CALL_TIMEOUT_S, effect=None)
+        return wire.load(list[api.FileEntry], data, "list store files answer")
+
+    async def delete_store_file(self, kind: str, name: str, path: api.FilePath) -> None:
+        url = f"/stores/{kind}/{name}/files"
+        params: dict[str, str] = {}
+        params.update(_file("path", path))
+        await self._call(
+            "DELETE",
+            url,
+            params=params,
+            timeout=CALL_TIMEOUT_S,
+            effect="the volume or drive may have changed",
+        )

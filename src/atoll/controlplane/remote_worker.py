@@ -377,6 +377,49 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
 
             yield api.FileDownload(None, chunks())
 
+    # ---- volumes and drives (issue 19) ------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _download(self, where: str, params: dict) -> AsyncIterator[api.FileDownload]:
+        async with self._stream("GET", where, params=params, timeout=None) as r:
+            length = r.headers.get("content-length")
+
+            async def chunks() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in r.aiter_raw():
+                        yield chunk
+                except http11.ChannelError as e:
+                    raise self._unreachable(e, "GET", where) from None
+
+            yield api.FileDownload(int(length) if length and length.isdigit() else None, chunks())
+
+    async def _upload(
+        self, where: str, params: dict, chunks: AsyncIterator[bytes], size: int | None
+    ) -> typing.Any:
+        headers = {"Content-Type": "application/octet-stream"}
+        if size is not None:
+            headers["Content-Length"] = str(size)
+        return await self._call("PUT", where, params=params, content=chunks, headers=headers, timeout=None)
+
+    def read_store_file(
+        self, kind: str, name: str, path: api.FilePath
+    ) -> typing.AsyncContextManager[api.FileDownload]:
+        return self._download(f"/stores/{kind}/{name}/files", _path_params(path))
+
+    async def write_store_file(
+        self, kind: str, name: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.FileStat:
+        data = await self._upload(f"/stores/{kind}/{name}/files", _path_params(path), chunks, size)
+        return wire.load(api.FileStat, data, "file stat")
+
+    def read_store_tar(self, kind: str, name: str) -> typing.AsyncContextManager[api.FileDownload]:
+        return self._download(f"/stores/{kind}/{name}/tar", {})
+
+    async def write_store_tar(
+        self, kind: str, name: str, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.TarWritten:
+        data = await self._upload(f"/stores/{kind}/{name}/tar", {}, chunks, size)
+        return wire.load(api.TarWritten, data, "tar answer")
+
     # ---- events ---------------------------------------------------------------------------------
     async def events(self) -> AsyncIterator[api.WorkerEvent]:
         async with self._stream("GET", "/events") as r:

@@ -97,6 +97,57 @@ class NetworkPolicy(BaseModel):
 Shell = Literal["bash", "sh"]
 
 
+class MountRequest(BaseModel):
+    """A volume or drive mounted into a new sandbox."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="The volume's or drive's name", max_length=64)
+    path: str = Field(
+        description="Absolute directory inside the sandbox (not /, /proc, /dev, /sys, /tmp, /etc, /opt/atoll)"
+    )
+    read_only: bool = Field(False, description="Mount it read-only")
+
+
+class CreateStore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="1-64 letters, digits, '_', '.', '-' (starting with a letter or digit)")
+    size_mb: int = Field(description="Its size limit in MB (8 to 1048576): writes past it fail with ENOSPC")
+
+
+class CloneStore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="The copy's name")
+
+
+class Volume(BaseModel):
+    name: str
+    size_mb: int
+    used_mb: float
+    attached_to: str | None = Field(description="The sandbox that has it mounted (null: none)")
+    worker_id: str
+    created_at: str | None
+
+
+class Drive(BaseModel):
+    name: str
+    size_mb: int
+    used_mb: float
+    attached_to: list[str] = Field(description="The live sandboxes that have it mounted")
+    worker_id: str
+    created_at: str | None
+
+
+class VolumeList(BaseModel):
+    items: list[Volume]
+
+
+class DriveList(BaseModel):
+    items: list[Drive]
+
+
 class StandbyPolicy(BaseModel):
     """When an idle sandbox moves down the standby tiers (controlplane.policy); a field left out
     keeps the server's default (memory_s 15, disk_s 300, archive_after_s 0 = never)."""
@@ -173,6 +224,12 @@ class CreateSandbox(BaseModel):
         None, description="Default user of exec calls (default root)", json_schema_extra=_USER_SCHEMA
     )
     network: NetworkPolicy | None = Field(None, description="Egress policy (default: no way out)")
+    volumes: list[MountRequest] | None = Field(
+        None,
+        description="Volumes to mount (one holder at a time: a volume another sandbox has is 409 volume_in_use). "
+        "A sandbox with volumes or drives boots cold (its template's start command runs)",
+    )
+    drives: list[MountRequest] | None = Field(None, description="Drives to mount (shared by many sandboxes)")
     secrets: dict[str, str] | None = Field(
         None,
         max_length=64,
@@ -425,6 +482,10 @@ def iso(t):
     return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).isoformat()
 
 
+def _mount_view(m: dict) -> dict:
+    return {"name": m["name"], "path": m["path"], "read_only": bool(m.get("read_only"))}
+
+
 def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.Usage | None = None) -> dict:
     return {
         "id": rec.id,
@@ -444,6 +505,8 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.U
         "network": rec.network or {"allow_out": [], "deny_out": []},
         "secrets": {var: b["secret"] for var, b in (rec.secrets or {}).items()},
         "public_ports": sorted((rec.previews or {}).get("public", [])),
+        "volumes": [_mount_view(m) for m in (rec.mounts or []) if m["kind"] == "volume"],
+        "drives": [_mount_view(m) for m in (rec.mounts or []) if m["kind"] == "drive"],
         "egress": {
             "allowed": usage.egress_allowed if usage else 0,
             "refused": usage.egress_refused if usage else 0,

@@ -55,6 +55,8 @@ CODES: dict[str, Code] = {
     "worker_not_found": Code(404, False, "no such worker"),
     "pty_not_found": Code(404, False, "no terminal session with that id in the sandbox"),
     "secret_not_found": Code(404, False, "no secret of that name"),
+    "volume_not_found": Code(404, False, "no volume of that name"),
+    "drive_not_found": Code(404, False, "no drive of that name"),
     "method_not_allowed": Code(405, False, "known route, wrong method"),
     "invalid_state": Code(409, False, "the sandbox's state does not allow the call"),
     "sandbox_busy": Code(409, True, "the sandbox is busy (calls in flight, or it could not be frozen)"),
@@ -63,6 +65,14 @@ CODES: dict[str, Code] = {
     "secret_exists": Code(409, False, "a secret of that name exists (PUT replaces it)"),
     "template_exists": Code(409, False, "a template of that name is being built; wait for its build"),
     "template_in_use": Code(409, False, "the template has sandboxes or a pool; delete them first"),
+    "volume_exists": Code(409, False, "a volume of that name exists"),
+    "drive_exists": Code(409, False, "a drive of that name exists"),
+    "volume_in_use": Code(
+        409, False, "the volume is attached to a sandbox (the error names it); delete that first"
+    ),
+    "drive_in_use": Code(
+        409, False, "the drive is attached to sandboxes (the error names them); delete them first"
+    ),
     "checkpoint_refused": Code(
         409,
         False,
@@ -73,6 +83,9 @@ CODES: dict[str, Code] = {
     "payload_too_large": Code(413, False, "a request body is over its limit"),
     "answer_too_large": Code(413, False, "an answer atoll reads whole is over 64 MiB"),
     "disk_full": Code(507, False, "the sandbox's disk (disk_mb) is full"),
+    "store_full": Code(
+        507, False, "the volume or drive is full (its size_mb); free space or use a larger one"
+    ),
     "runtime_error": Code(500, False, "a host step failed (runsc, mount, template build, the guest agent)"),
     "internal_error": Code(500, True, "a bug; the server log has the traceback"),
     "resume_failed": Code(

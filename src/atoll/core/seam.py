@@ -276,6 +276,47 @@ VERBS: tuple[Verb, ...] = (
     ),
 )
 
+KIND = Arg("kind", "path")
+NAME = Arg("name", "path")
+_STORE = "the volume or drive may have changed"
+VERBS += (
+    # ---- volumes and drives (issue 19) ---------------------------------------------------------
+    Verb(
+        "create_store",
+        "POST",
+        "/stores/{kind}",
+        (KIND, Arg("name", "field"), Arg("size_mb", "field", int)),
+        api.StoreInfo,
+        wait="step",
+        step=True,
+        effect="the volume or drive may have been made",
+    ),
+    Verb("get_store", "GET", "/stores/{kind}/{name}", (KIND, NAME), api.StoreInfo),
+    Verb(
+        "delete_store",
+        "DELETE",
+        "/stores/{kind}/{name}",
+        (KIND, NAME),
+        wait="step",
+        step=True,
+        effect="the volume or drive may have been deleted",
+    ),
+    Verb(
+        "clone_store",
+        "POST",
+        "/stores/{kind}/{name}/clone",
+        (KIND, NAME, Arg("new_name", "field")),
+        api.StoreInfo,
+        wait="step",
+        step=True,
+        effect="the copy may have been made",
+    ),
+    Verb(
+        "list_store_files", "GET", "/stores/{kind}/{name}/files/list", (KIND, NAME, FILE), list[api.FileEntry]
+    ),
+    Verb("delete_store_file", "DELETE", "/stores/{kind}/{name}/files", (KIND, NAME, FILE), effect=_STORE),
+)
+
 BY_NAME = {v.name: v for v in VERBS}
 HAND_WRITTEN = (
     "exec",
@@ -286,6 +327,10 @@ HAND_WRITTEN = (
     "watch_files",
     "write_tar",
     "read_tar",
+    "read_store_file",
+    "write_store_file",
+    "read_store_tar",
+    "write_store_tar",
     "build_log",
     "events",
     "open_port",

@@ -30,8 +30,8 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 6
-"""6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
+PROTOCOL_VERSION = 7
+"""7: volumes and drives (issue 19: SandboxSpec.mounts, the store verbs); 6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
 tunnel's connections into a sandbox's port relayed by the worker's gateway process; 5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
 pools (claim) and fork; 3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
 set_authority) and connections into a sandbox's port (open_port); 2: SandboxSpec.network and the
@@ -87,6 +87,34 @@ class SandboxSpec:
     """The installation's root CA: installed in the sandbox's own trust store (never the template)."""
     build_id: str = ""
     """The user template's build it starts from (its snapshot); "" for a built-in template."""
+    mounts: tuple[MountSpec, ...] = ()
+    """Volumes and drives (on this worker) bind-mounted into it; a sandbox with any boots cold."""
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    """A volume or drive a sandbox mounts (core.mounts checked it): `kind` "volume" | "drive", the
+    store's `name`, the absolute `path` inside the sandbox."""
+
+    kind: str
+    name: str
+    path: str
+    read_only: bool = False
+    size_mb: int = 0
+    """A filer-backed drive's size (its quota): a worker that has not mounted it yet mounts it."""
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """A volume or drive on a worker: its size limit and what is used of it, in MB. `backend`:
+    "local" (an ext4 image on this worker) or "filer" (a drive served by ATOLL_FILER_URL, which
+    every worker configured with the same filer mounts)."""
+
+    kind: str
+    name: str
+    size_mb: int
+    used_mb: float
+    backend: str = "local"
 
 
 @dataclass(frozen=True)
@@ -692,6 +720,44 @@ class WorkerAPI(Protocol):
 
     def read_tar(self, sandbox_id: str, path: FilePath) -> typing.AsyncContextManager[FileDownload]:
         """The directory's contents as a tar stream (size None)."""
+        ...
+
+    # volumes and drives (issue 19): ext4 images on the worker, mounted into sandboxes at create
+    async def create_store(self, kind: str, name: str, size_mb: int) -> StoreInfo: ...
+
+    async def get_store(self, kind: str, name: str) -> StoreInfo: ...
+
+    async def delete_store(self, kind: str, name: str) -> None:
+        """Remove it and its data (the control plane refuses while a sandbox mounts it)."""
+        ...
+
+    async def clone_store(self, kind: str, name: str, new_name: str) -> StoreInfo:
+        """A point-in-time copy (the filesystem frozen while the image is copied)."""
+        ...
+
+    async def list_store_files(self, kind: str, name: str, path: FilePath) -> Sequence[FileEntry]: ...
+
+    async def delete_store_file(self, kind: str, name: str, path: FilePath) -> None: ...
+
+    def read_store_file(
+        self, kind: str, name: str, path: FilePath
+    ) -> typing.AsyncContextManager[FileDownload]: ...
+
+    async def write_store_file(
+        self, kind: str, name: str, path: FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> FileStat:
+        """Write a file (parents made), atomically: readers see the old file or the whole new one."""
+        ...
+
+    def read_store_tar(self, kind: str, name: str) -> typing.AsyncContextManager[FileDownload]:
+        """The whole tree as a tar stream, members relative to its root (flushed first)."""
+        ...
+
+    async def write_store_tar(
+        self, kind: str, name: str, chunks: AsyncIterator[bytes], size: int | None
+    ) -> TarWritten:
+        """Unpack a tar into the tree's root (members with absolute names, `..` or links leading
+        out are refused)."""
         ...
 
     async def open_pty(self, sandbox_id: str, spec: PtySpec) -> PtyStarted:

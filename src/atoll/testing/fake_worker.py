@@ -101,6 +101,8 @@ class FakeWorker(fake_files.FakeFileOps):
         self._locks: dict[str, asyncio.Lock] = {}
         self.closed = False
         self.builds: dict[str, api.BuildInfo] = {}
+        self.stores: dict[tuple[str, str], dict] = {}
+        """Volumes and drives: (kind, name) -> {size_mb, files: path -> bytes}."""
         self.build_fails: str | None = None
         """A build asked for while this is set fails with it as its error."""
         self.runtime_key = "1"
@@ -568,6 +570,138 @@ class FakeWorker(fake_files.FakeFileOps):
         if rt.files.pop(_key(path), None) is None:
             raise errors.FileNotFound(f"file {path!r} does not exist")
         self._files_changed(sandbox_id, path, "delete")
+
+    # ---- volumes and drives: each a dict of path -> bytes ------------------------------------------
+    def _store(self, kind: str, name: str) -> dict:
+        st = self.stores.get((kind, name))
+        if st is None:
+            raise errors.NotFound(f"no {kind} named {name!r}", code=f"{kind}_not_found")
+        return st
+
+    def _store_info(self, kind: str, name: str) -> api.StoreInfo:
+        st = self._store(kind, name)
+        used = sum(len(v) for v in st["files"].values())
+        return api.StoreInfo(kind, name, st["size_mb"], round(used / 1048576, 1))
+
+    async def create_store(self, kind: str, name: str, size_mb: int) -> api.StoreInfo:
+        self.calls.append(("create_store", f"{kind}/{name}"))
+        if (kind, name) in self.stores:
+            raise errors.Conflict(f"a {kind} named {name!r} exists", code=f"{kind}_exists")
+        self.stores[(kind, name)] = {"size_mb": size_mb, "files": {}}
+        return self._store_info(kind, name)
+
+    async def get_store(self, kind: str, name: str) -> api.StoreInfo:
+        return self._store_info(kind, name)
+
+    async def delete_store(self, kind: str, name: str) -> None:
+        self._store(kind, name)
+        del self.stores[(kind, name)]
+
+    async def clone_store(self, kind: str, name: str, new_name: str) -> api.StoreInfo:
+        st = self._store(kind, name)
+        if (kind, new_name) in self.stores:
+            raise errors.Conflict(f"a {kind} named {new_name!r} exists", code=f"{kind}_exists")
+        self.stores[(kind, new_name)] = {"size_mb": st["size_mb"], "files": dict(st["files"])}
+        return self._store_info(kind, new_name)
+
+    async def list_store_files(self, kind: str, name: str, path: api.FilePath) -> Sequence[api.FileEntry]:
+        import base64
+
+        files = self._store(kind, name)["files"]
+        prefix = _key(path).rstrip(b"/") + b"/"
+        out = []
+        for p, data in sorted(files.items()):
+            if p.startswith(prefix) and b"/" not in p[len(prefix) :]:
+                n = p[len(prefix) :]
+                out.append(
+                    api.FileEntry(
+                        n.decode(errors="replace"),
+                        p.decode(errors="replace"),
+                        base64.b64encode(n).decode(),
+                        base64.b64encode(p).decode(),
+                        "file",
+                        len(data),
+                        0o644,
+                        0.0,
+                    )
+                )
+        return out
+
+    async def delete_store_file(self, kind: str, name: str, path: api.FilePath) -> None:
+        if self._store(kind, name)["files"].pop(_key(path), None) is None:
+            raise errors.FileNotFound(f"file {path!r} does not exist")
+
+    @contextlib.asynccontextmanager
+    async def read_store_file(
+        self, kind: str, name: str, path: api.FilePath
+    ) -> AsyncIterator[api.FileDownload]:
+        data = self._store(kind, name)["files"].get(_key(path))
+        if data is None:
+            raise errors.FileNotFound(f"file {path!r} does not exist")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield data
+
+        yield api.FileDownload(len(data), chunks())
+
+    async def write_store_file(
+        self, kind: str, name: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.FileStat:
+        import base64
+
+        st = self._store(kind, name)
+        data = b"".join([c async for c in chunks])
+        if sum(len(v) for v in st["files"].values()) + len(data) > st["size_mb"] * 1048576:
+            raise errors.InsufficientStorage(f"{kind} {name!r} is full", code="store_full")
+        k = _key(path)
+        st["files"][k] = data
+        n = k.rsplit(b"/", 1)[-1]
+        return api.FileStat(
+            n.decode(errors="replace"),
+            k.decode(errors="replace"),
+            base64.b64encode(n).decode(),
+            base64.b64encode(k).decode(),
+            "file",
+            len(data),
+            0o644,
+            0.0,
+        )
+
+    @contextlib.asynccontextmanager
+    async def read_store_tar(self, kind: str, name: str) -> AsyncIterator[api.FileDownload]:
+        import io
+        import tarfile
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for p, data in sorted(self._store(kind, name)["files"].items()):
+                info = tarfile.TarInfo(p.decode(errors="replace").lstrip("/"))
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield buf.getvalue()
+
+        yield api.FileDownload(None, chunks())
+
+    async def write_store_tar(
+        self, kind: str, name: str, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.TarWritten:
+        import io
+        import tarfile
+
+        files = self._store(kind, name)["files"]
+        raw = b"".join([c async for c in chunks])
+        n = nbytes = 0
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            for m in tar:
+                if m.isfile():
+                    f = tar.extractfile(m)
+                    data = f.read() if f else b""
+                    files[b"/" + m.name.encode()] = data
+                    n += 1
+                    nbytes += len(data)
+        return api.TarWritten("/", n, 0, 0, nbytes)
 
     async def open_pty(self, sandbox_id: str, spec: api.PtySpec) -> api.PtyStarted:
         self._running(sandbox_id)

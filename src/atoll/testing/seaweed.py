@@ -68,6 +68,11 @@ class SeaweedFS:
     def filer_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['filer']}"
 
+    @property
+    def atoll_filer_url(self) -> str:
+        """ATOLL_FILER_URL for this server: its filer's HTTP port and (after a dot) gRPC port."""
+        return f"http://127.0.0.1:{self.ports['filer']}.{self.ports['filer_grpc']}"
+
     def env(self) -> dict[str, str]:
         """The ATOLL_S3_* variables that point a worker at this server."""
         return {
@@ -114,6 +119,8 @@ class SeaweedFS:
             "-s3",
             f"-s3.port={p['s3']}",
             f"-s3.port.grpc={p['s3_grpc']}",
+            "-s3.port.iceberg=0",  # their fixed default ports (8181, 9101) would collide between
+            "-s3.port.lance=0",  # two servers at once (parallel test files)
             f"-s3.config={s3_config}",
             "-metricsPort=0",
         ]

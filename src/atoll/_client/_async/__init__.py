@@ -15,6 +15,7 @@ from .files import AsyncFiles, AsyncWatch
 from .processes import AsyncProcess, AsyncProcesses
 from .sandboxes import AsyncSandbox, AsyncSandboxes
 from .secrets import AsyncSecrets
+from .stores import AsyncDrive, AsyncDriveFiles, AsyncDrives, AsyncVolume, AsyncVolumes
 from .templates import AsyncTemplates
 from .terminal import AsyncTerminal
 from .workers import AsyncWorkers
@@ -27,6 +28,11 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncSecrets",
+    "AsyncVolume",
+    "AsyncVolumes",
+    "AsyncDrive",
+    "AsyncDriveFiles",
+    "AsyncDrives",
     "AsyncTemplates",
     "AsyncTerminal",
     "AsyncWatch",

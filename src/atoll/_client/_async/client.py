@@ -14,6 +14,7 @@ import httpx
 from .. import _base
 from .sandboxes import AsyncSandboxes
 from .secrets import AsyncSecrets
+from .stores import AsyncDrives, AsyncVolumes
 from .templates import AsyncTemplates
 from .workers import AsyncWorkers
 
@@ -59,6 +60,8 @@ class AsyncClient:
         self.templates = AsyncTemplates(self)
         self.workers = AsyncWorkers(self)
         self.secrets = AsyncSecrets(self)
+        self.volumes = AsyncVolumes(self)
+        self.drives = AsyncDrives(self)
 
     @property
     def base_url(self) -> str:

@@ -49,6 +49,8 @@ class AsyncSandboxes:
         request_timeout: float | None = None,
         timeout: None = None,  # noqa: ASYNC109 - refused: E2B's lifetime or an HTTP timeout?
         shell: str | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
+        drives: Sequence[Mapping[str, Any]] | None = None,
         standby: Mapping[str, float] | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return it once running.
@@ -66,6 +68,8 @@ class AsyncSandboxes:
         tier, the default) or "delete". `request_timeout` is this call's HTTP timeout (default
         the client's `create_timeout`). `timeout=` is refused with a TypeError. `shell` runs its
         string commands: "bash" (`bash -l -c`) or "sh" (default: bash when the template has it).
+        `volumes` and `drives` mount stores, `[{"name": "data", "path": "/data", "read_only": False}]`
+        (a volume has one holder at a time; the sandbox then boots cold).
         `standby` is its standby policy, `{"memory_s": 15, "disk_s": 300, "archive_after_s":
         86400}`: seconds idle before the memory tier, then in memory before disk, then in standby
         before the archive tier (0 = never; memory_s and disk_s are idle_timeout_s and disk_after_s).
@@ -86,6 +90,8 @@ class AsyncSandboxes:
             timeout_s=timeout_s,
             on_timeout=on_timeout,
             shell=shell,
+            volumes=[dict(v) for v in volumes] if volumes is not None else None,
+            drives=[dict(d) for d in drives] if drives is not None else None,
             standby=dict(standby) if standby is not None else None,
         )
         response = await self._client._request(

@@ -10,6 +10,7 @@ from .files import Files, Watch
 from .processes import Process, Processes
 from .sandboxes import Sandbox, Sandboxes
 from .secrets import Secrets
+from .stores import Drive, DriveFiles, Drives, Volume, Volumes
 from .templates import Templates
 from .terminal import Terminal
 from .workers import Workers
@@ -22,6 +23,11 @@ __all__ = [
     "Sandbox",
     "Sandboxes",
     "Secrets",
+    "Volume",
+    "Volumes",
+    "Drive",
+    "DriveFiles",
+    "Drives",
     "Templates",
     "Terminal",
     "Watch",

@@ -16,6 +16,7 @@ import httpx
 from .. import _base
 from .sandboxes import Sandboxes
 from .secrets import Secrets
+from .stores import Drives, Volumes
 from .templates import Templates
 from .workers import Workers
 
@@ -61,6 +62,8 @@ class Client:
         self.templates = Templates(self)
         self.workers = Workers(self)
         self.secrets = Secrets(self)
+        self.volumes = Volumes(self)
+        self.drives = Drives(self)
 
     @property
     def base_url(self) -> str:

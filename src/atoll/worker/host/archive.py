@@ -76,6 +76,9 @@ class ArchiveManifest:
     runtime_key: str = ""
     template: str = ""
     build_id: str = ""
+    mounts: list[dict] = field(default_factory=list)
+    """The volumes and drives the sandbox mounts (`{kind, name, path, read_only}`): they stay on
+    their worker (or filer) while it is archived; its restore's bundle binds them again."""
     raw_bytes: int = 0
     """Bytes before compression (the members' sizes)."""
     created_at: float = 0.0

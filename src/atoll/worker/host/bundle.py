@@ -69,6 +69,8 @@ class BundleSpec:
     agent_host: str = "0.0.0.0"
     """The address the agent listens on: the sandbox's own (not the wildcard), so that no program
     in the sandbox can bind the agent's port beside it."""
+    binds: tuple[tuple[str, str, bool], ...] = ()
+    """Volumes and drives: (host directory, path in the sandbox, read-only)."""
     visible_cpus: float | None = None
     """The CPU count the sandbox's programs see (`ATOLL_CPUS` for the agent, which narrows the
     CPU affinity of commands to it); the quota itself is set on the host cgroup."""
@@ -129,6 +131,15 @@ def render(spec: BundleSpec) -> dict:
                 "source": spec.agent_dir,
                 "options": ["rbind", "ro"],
             },
+            *(
+                {
+                    "destination": dest,
+                    "type": "bind",
+                    "source": src,
+                    "options": ["rbind", "ro" if ro else "rw"],
+                }
+                for src, dest, ro in spec.binds
+            ),
         ],
         "linux": {
             "namespaces": [

@@ -53,6 +53,12 @@ class Installation:
         return os.path.join(self.home, "sandboxes")
 
     @property
+    def stores(self) -> str:
+        """Volumes and drives (worker.host.stores): their mounts belong to no sandbox and are
+        never swept."""
+        return os.path.join(self.home, "stores")
+
+    @property
     def prefix(self) -> str:
         """Start of every host-wide runtime name (container ids, netns) of this installation."""
         return f"atoll-{self.install_id}-"
@@ -219,7 +225,7 @@ def scan(inst: Installation) -> HostObjects:
         processes=processes(inst),
         states=_state_entries(inst),
         netns=netns_names,
-        mounts=storage.mounts_under(inst.home),
+        mounts=[m for m in storage.mounts_under(inst.home) if not m.startswith(inst.stores + "/")],
         cgroups=cgroups.installation_leaves(inst.install_id),
         dirs=dirs,
     )

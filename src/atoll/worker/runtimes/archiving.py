@@ -120,6 +120,7 @@ class Archiver:
             runtime_key=rt.runtime_key,
             template=rt.template,
             build_id=rt.build_id,
+            mounts=[dict(m) for m in rt.mounts],
             created_at=time.time(),
         )
         try:

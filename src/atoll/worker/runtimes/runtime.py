@@ -65,6 +65,9 @@ class Runtime:
     memory was made with (set at its start, a fork's is the parent's), so that its agent and
     atoll-init keep running those after the worker is upgraded. "" for records of versions that
     kept one directory for all (`$ATOLL_HOME/agent` itself, see `Sandboxes.agent_dir_of`)."""
+    mounts: list[dict] = field(default_factory=list)
+    """Volumes and drives bind-mounted into it (`{kind, name, path, read_only}`): every bundle
+    written for it (boot, restore) has them, so each checkpoint restores with the same layout."""
     archive_key: str = ""
     """The object key of its archive (worker.runtimes.archiving) while it may have objects in the
     archive tier's store: set when an archive begins, cleared once they are removed."""
@@ -111,6 +114,7 @@ class RuntimeStore:
         workdir: str | None = None,
         runtime_key: str = "",
         agent_dir: str = "",
+        mounts: list[dict] | None = None,
     ) -> Runtime:
         """Record a runtime about to be made (phase creating), before anything exists on the host:
         whatever a crash leaves is then owned by a record, and a reattach or sweep finds it."""
@@ -131,6 +135,7 @@ class RuntimeStore:
             workdir=workdir,
             runtime_key=runtime_key,
             agent_dir=agent_dir,
+            mounts=list(mounts or []),
         )
         storage.private_dir(self.dir(sid))
         self._cache[sid] = rt

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import sys
 import time
 
@@ -34,6 +35,7 @@ from atoll.worker.host import (
     sweep,
     trust,
 )
+from atoll.worker.host.stores import Stores
 from atoll.worker.images import layers
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
@@ -69,6 +71,31 @@ def _write_identity_files(rootfs: str, name: str) -> None:
         os.close(etc)
 
 
+def _check_mount_point(rootfs: str, m: dict) -> None:
+    """A volume or drive is mounted on a directory: refuse a path that is a file (or a device, a
+    socket) in the sandbox's root file system, before runsc fails on it. Walked without following
+    links (a link is resolved inside the sandbox by gVisor: not checked here)."""
+    fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in [p for p in m["path"].split("/") if p]:
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return  # made by runsc
+            if stat.S_ISLNK(st.st_mode):
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                raise errors.InvalidPath(
+                    f"{m['kind']} {m['name']!r} cannot be mounted at {m['path']}: /{part} is a file in the "
+                    "sandbox's template, not a directory; choose a directory path"
+                )
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
+
+
 class Sandboxes:
     def __init__(
         self,
@@ -78,6 +105,7 @@ class Sandboxes:
         host: sweep.Installation,
         agent_root: str,
         edge: Edge,
+        stores: Stores | None = None,
     ):
         self.runtimes = runtimes
         self.guest = guest
@@ -92,6 +120,7 @@ class Sandboxes:
         """This worker's agent files (`<agent_root>/v-<digest>`, set by Node.start once built):
         every sandbox it starts mounts them, and keeps mounting them after an upgrade."""
         self.edge = edge
+        self.stores = stores
         self.runtime_key = snapshots.RuntimeKey()
         """This worker's runtime key now: what a cold boot's memory holds."""
 
@@ -239,6 +268,8 @@ class Sandboxes:
             ) from None
         if rt.trust_pem:
             trust.install(self._p(rt, "rootfs"), rt.trust_pem)
+        for m in rt.mounts:
+            _check_mount_point(self._p(rt, "rootfs"), m)
 
     def write_bundle(self, rt: Runtime, lower: str | None = None) -> None:
         """Write config.json. The CPU quota is left out: runsc would apply it while the sentry boots
@@ -259,7 +290,17 @@ class Sandboxes:
                 agent_entry=self._agent_entry(lower),
                 visible_cpus=rt.cpus,
                 agent_host=netns.SANDBOX_IP,
+                binds=self._binds(rt),
             ),
+        )
+
+    def _binds(self, rt: Runtime) -> tuple[tuple[str, str, bool], ...]:
+        if not rt.mounts:
+            return ()
+        if self.stores is None:
+            raise errors.RuntimeFailure(f"sandbox {rt.sandbox_id} mounts volumes, but this worker keeps none")
+        return tuple(
+            (self.stores.fs(m["kind"], m["name"]), m["path"], bool(m["read_only"])) for m in rt.mounts
         )
 
     def _agent_entry(self, lower: str | None) -> str:

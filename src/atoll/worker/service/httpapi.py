@@ -344,6 +344,36 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         reading = node.read_tar(request.path_params["sid"], _path(request))
         return await download_stream(reading, "application/x-tar")
 
+    # ---- volumes and drives (issue 19) -------------------------------------------------------------
+    def _store(request: Request) -> tuple[str, str]:
+        return request.path_params["kind"], request.path_params["name"]
+
+    async def _upload(request: Request) -> tuple[typing.AsyncIterator[bytes], int | None]:
+        declared = request.headers.get("content-length")
+
+        async def chunks() -> typing.AsyncIterator[bytes]:
+            async for chunk in request.stream():
+                if chunk:
+                    yield chunk
+
+        return chunks(), int(declared) if declared and declared.isdigit() else None
+
+    async def read_store_file(request: Request) -> Response:
+        return await download_stream(
+            node.read_store_file(*_store(request), _path(request)), "application/octet-stream"
+        )
+
+    async def write_store_file(request: Request) -> Response:
+        chunks, size = await _upload(request)
+        return _answer(wire.dump(await node.write_store_file(*_store(request), _path(request), chunks, size)))
+
+    async def read_store_tar(request: Request) -> Response:
+        return await download_stream(node.read_store_tar(*_store(request)), "application/x-tar")
+
+    async def write_store_tar(request: Request) -> Response:
+        chunks, size = await _upload(request)
+        return _answer(wire.dump(await node.write_store_tar(*_store(request), chunks, size)))
+
     # ---- events -----------------------------------------------------------------------------------
     async def events(request: Request) -> Response:
         async def lines() -> typing.AsyncIterator[bytes]:
@@ -382,6 +412,10 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb + "/files/watch", watch_files, methods=["GET"]),
         Route(sb + "/files/tar", write_tar, methods=["PUT"]),
         Route(sb + "/files/tar", read_tar, methods=["GET"]),
+        Route(PREFIX + "/stores/{kind}/{name}/files", read_store_file, methods=["GET"]),
+        Route(PREFIX + "/stores/{kind}/{name}/files", write_store_file, methods=["PUT"]),
+        Route(PREFIX + "/stores/{kind}/{name}/tar", read_store_tar, methods=["GET"]),
+        Route(PREFIX + "/stores/{kind}/{name}/tar", write_store_tar, methods=["PUT"]),
     ]
 
     async def atoll_error(request: Request, exc: Exception) -> Response:

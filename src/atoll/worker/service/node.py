@@ -33,7 +33,7 @@ from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
 from atoll.guest.agent import ptyframes
-from atoll.worker.host import agent_pack, bundle, cgroups, objectstore, storage, sweep, trust
+from atoll.worker.host import agent_pack, bundle, cgroups, objectstore, storage, stores, sweep, trust
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layers, templates
 from atoll.worker.images.builder import Builder
@@ -49,6 +49,7 @@ from atoll.worker.runtimes.sandbox_metrics import figures as metric_figures
 from atoll.worker.runtimes.sandboxes import Sandboxes
 from atoll.worker.runtimes.tiers import Tiers
 from atoll.worker.service.settings import WorkerSettings
+from atoll.worker.service.store_verbs import StoreVerbs
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class EventHub:
                 q.put_nowait(None)
 
 
-class Node:
+class Node(StoreVerbs):
     def __init__(self, settings: WorkerSettings):
         self.s = settings
         self.install_id = installation_id(settings.home)
@@ -217,8 +218,9 @@ class Node:
             log_format=settings.log_format,
             log_level=settings.log_level,
         )
+        self.stores = stores.Stores(self.host.home, settings.filer_url)
         self.sandboxes = Sandboxes(
-            self.runtimes, self.guest, self.liveness, self.host, self.agent_root, self.edge
+            self.runtimes, self.guest, self.liveness, self.host, self.agent_root, self.edge, self.stores
         )
         self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
         self.store = objectstore.from_settings(settings.home, settings.archive_dir, settings.s3)
@@ -364,6 +366,9 @@ class Node:
                 os.unlink(os.path.join(self.agent_root, stale))
         _raise_pid_max()
         _raise_nofile()
+        await self.stores.thaw_all()  # a worker killed during a clone left its source frozen
+        for what in await self.stores.mount_all():
+            log.info("mounted %s", what)
         await self.edge.start()  # the egress gateway's process: sandboxes are attached to it below
         doomed = []
         for rt in self.runtimes.all():
@@ -597,7 +602,21 @@ class Node:
             if self.runtimes.find(sid) is not None:
                 raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
             lower = build.lower
-            found = self.builder.image(build, spec.memory_mb) if self.s.template_snapshots else None
+            for m in spec.mounts:  # 404 before any work
+                if (
+                    m.kind == "drive"
+                    and m.size_mb
+                    and self.stores.filer
+                    and not self.stores.exists(m.kind, m.name)
+                ):
+                    # a filer-backed drive made on another worker: mounted here too
+                    with contextlib.suppress(errors.Conflict):
+                        await self.stores.create(m.kind, m.name, m.size_mb, attach=True)
+                self.stores.fs(m.kind, m.name)
+            # a template image restores with the mount layout it was saved with: with volumes or
+            # drives the sandbox boots cold (measured, docs/benchmarks.md "Volumes")
+            use_image = self.s.template_snapshots and not spec.mounts
+            found = self.builder.image(build, spec.memory_mb) if use_image else None
             env = {**build.env, **spec.env}
             trust_pem = trust.combine(spec.trust_pem, self.sandbox_ca_pem)
             if trust_pem:
@@ -617,6 +636,10 @@ class Node:
                 lower=lower,
                 workdir=build.workdir,
                 runtime_key=found.runtime_key if found else "",
+                mounts=[
+                    {"kind": m.kind, "name": m.name, "path": m.path, "read_only": m.read_only}
+                    for m in spec.mounts
+                ],
             )
             if not spec.user:
                 rt.user = build.user
@@ -681,6 +704,14 @@ class Node:
             parent = self.runtimes.get(sandbox_id)
             if parent.phase == Phase.FAILED:
                 raise errors.SandboxDied(parent.failure or f"sandbox {sandbox_id} has failed")
+            if parent.mounts:
+                raise errors.Conflict(
+                    f"sandbox {sandbox_id} mounts volumes or drives ("
+                    + ", ".join(f"{m['kind']} {m['name']}" for m in parent.mounts)
+                    + "): it cannot be forked (a volume has one holder); clone the volume and create a sandbox "
+                    "with the copy instead",
+                    code="invalid_state",
+                )
             if self._inflight.get(sandbox_id):
                 raise errors.SandboxBusy(
                     f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress; fork it "
@@ -1030,4 +1061,10 @@ async def purge_installation(home: str) -> list[str]:
     or worker running: a sweep with no live sandbox, also of the installation's parent cgroups.
     For test fixtures and `atoll.testing`. Returns what it removed."""
     home = os.path.realpath(home)
-    return await sweep.sweep(sweep.Installation(home, installation_id(home)), live=())
+    inst = sweep.Installation(home, installation_id(home))
+    removed = await sweep.sweep(inst, live=())
+    for mp in storage.mounts_under(inst.stores):  # volumes and drives: unmounted, their files kept
+        await storage.unmount(mp)
+        stores.stop_weed(os.path.dirname(mp))  # a filer-backed drive's `weed mount`
+        removed.append(f"mount {mp}")
+    return removed

@@ -74,6 +74,9 @@ class WorkerSettings:
     build_ca_file: str | None = None
     """ATOLL_BUILD_CA_FILE: CA certificates build steps trust for HTTPS (default: this host's
     system bundle, so that a registry reached through a TLS-inspecting proxy verifies)."""
+    filer_url: str | None = None
+    """ATOLL_FILER_URL: a SeaweedFS filer (`http://HOST:PORT[.GRPC_PORT]`) that serves drives, so
+    that sandboxes on every worker configured with it share them (worker.host.stores)."""
     sandbox_ca_file: str | None = None
     """ATOLL_SANDBOX_CA_FILE: CA certificates every sandbox created here trusts besides its
     template's, added to its trust store with the installation CA (core of worker.host.trust);
@@ -187,6 +190,7 @@ def load(
         if env.get("ATOLL_BUILD_CA_FILE")
         else (SYSTEM_CA if os.path.exists(SYSTEM_CA) else None),
         sandbox_ca_file=_sandbox_ca_file(env.get("ATOLL_SANDBOX_CA_FILE") or None),
+        filer_url=_filer_url(env.get("ATOLL_FILER_URL") or None),
         **_build_timeouts(env),
         archive_dir=os.path.abspath(env["ATOLL_ARCHIVE_DIR"]) if env.get("ATOLL_ARCHIVE_DIR") else None,
         s3=_s3(env),
@@ -235,6 +239,18 @@ def _url(value: str | None, var: str) -> str | None:
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise config.SettingsError(f"{var}={value!r} is not an http(s) URL")
+    return value
+
+
+def _filer_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from atoll.worker.host.stores import parse_filer_url
+
+    try:
+        parse_filer_url(value)
+    except ValueError as e:
+        raise config.SettingsError(str(e)) from None
     return value
 
 

@@ -1,0 +1,300 @@
+"""Volumes and drives in the control plane: their records, which worker keeps each, and who holds
+a volume.
+
+A store lives on one worker (worker.host.stores: an ext4 image there); a sandbox that mounts it is
+placed on that worker. A volume has at most one holder: `attach` takes it with one conditional
+UPDATE (`attached_to IS NULL`), so of two concurrent creates exactly one wins and the other gets
+409 volume_in_use naming the holder. A holder's DELETE marks the volume `detaching` and answers;
+once its worker has removed the sandbox the volume is free (`release`), and a create that meets a
+detaching volume waits for that (up to DETACH_WAIT_S) instead of answering 409. A drive has any
+number of users (the live sandboxes whose `mounts` name it).
+
+Called by controlplane.routes_stores (the public routes) and controlplane.lifecycle (create and
+delete of sandboxes that mount stores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import typing
+
+import sqlalchemy as sa
+
+from atoll.controlplane import db as dbm
+from atoll.controlplane.schemas import iso
+from atoll.core import errors, ids, mounts
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import State
+
+if typing.TYPE_CHECKING:
+    from atoll.controlplane.ledger import Ledger
+
+DETACH_WAIT_S = 30.0
+
+
+def _not_found(kind: str, name: str) -> errors.AtollError:
+    return errors.NotFound(
+        f"no {kind} named {name!r} (GET /v1/{kind}s lists them; POST /v1/{kind}s makes one)",
+        code=f"{kind}_not_found",
+    )
+
+
+class StoreService:
+    def __init__(self, database: dbm.Database, ledger: Ledger):
+        self.db = database
+        self.ledger = ledger
+        self._released = asyncio.Event()
+
+    # ---- records --------------------------------------------------------------------------------
+    def record(self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT) -> dbm.StoreRecord:
+        mounts.check_name(kind, name)
+        with self.db.session() as s:
+            rec = s.get(dbm.StoreRecord, (tenant, kind, name))
+        if rec is None:
+            raise _not_found(kind, name)
+        return rec
+
+    def records(self, kind: str, tenant: str = ids.DEFAULT_TENANT) -> list[dbm.StoreRecord]:
+        with self.db.session() as s:
+            q = sa.select(dbm.StoreRecord).where(
+                dbm.StoreRecord.tenant_id == tenant, dbm.StoreRecord.kind == kind
+            )
+            return list(s.scalars(q.order_by(dbm.StoreRecord.name)))
+
+    def users(self, kind: str, name: str) -> list[str]:
+        """The live sandboxes whose mounts name the store."""
+        return [
+            r.id
+            for r in self.ledger.live()
+            if r.state != State.DELETED
+            and any(m["kind"] == kind and m["name"] == name for m in (r.mounts or []))
+        ]
+
+    def worker(self, rec: dbm.StoreRecord) -> api.WorkerAPI:
+        return self.ledger.workers.api_for(rec.worker_id)
+
+    async def view(self, rec: dbm.StoreRecord) -> dict:
+        try:
+            info = await self.worker(rec).get_store(rec.kind, rec.name)
+            used = info.used_mb
+        except errors.Unavailable:
+            used = None
+        out = {
+            "name": rec.name,
+            "size_mb": rec.size_mb,
+            "used_mb": used,
+            "worker_id": rec.worker_id,
+            "created_at": iso(rec.created_at),
+        }
+        if rec.kind == "volume":
+            out["attached_to"] = rec.attached_to
+        else:
+            out["attached_to"] = self.users(rec.kind, rec.name)
+        return out
+
+    # ---- create, clone, delete ------------------------------------------------------------------
+    def _place(self) -> str:
+        ready = self.ledger.workers.ready()
+        if not ready:
+            raise errors.Unavailable("no worker is ready to keep a new volume or drive", code="no_worker")
+        # the worker keeping the fewest stores (one machine: the local worker)
+        counts: dict[str, int] = {h.id: 0 for h in ready}
+        with self.db.session() as s:
+            for wid in s.scalars(sa.select(dbm.StoreRecord.worker_id)):
+                if wid in counts:
+                    counts[wid] += 1
+        return min(counts, key=lambda w: (counts[w], w))
+
+    async def create(self, kind: str, name: str, size_mb: object, tenant: str = ids.DEFAULT_TENANT) -> dict:
+        mounts.check_name(kind, name)
+        size = mounts.check_size(kind, size_mb)
+        worker_id = self._place()
+        rec = dbm.StoreRecord(
+            tenant_id=tenant, kind=kind, name=name, worker_id=worker_id, size_mb=size, created_at=dbm.utcnow()
+        )
+        try:
+            with self.db.session.begin() as s:
+                s.add(rec)
+        except sa.exc.IntegrityError:
+            raise errors.Conflict(f"a {kind} named {name!r} exists", code=f"{kind}_exists") from None
+        try:
+            info = await self.ledger.workers.api_for(worker_id).create_store(kind, name, size)
+        except BaseException:
+            self._drop(rec)
+            raise
+        if info.backend != "local":
+            rec.backend = info.backend
+            with self.db.session.begin() as s:
+                s.merge(rec)
+        return await self.view(rec)
+
+    def _drop(self, rec: dbm.StoreRecord) -> None:
+        with self.db.session.begin() as s:
+            s.execute(
+                sa.delete(dbm.StoreRecord).where(
+                    dbm.StoreRecord.tenant_id == rec.tenant_id,
+                    dbm.StoreRecord.kind == rec.kind,
+                    dbm.StoreRecord.name == rec.name,
+                )
+            )
+
+    async def clone(self, kind: str, name: str, new_name: object, tenant: str = ids.DEFAULT_TENANT) -> dict:
+        src = self.record(kind, name, tenant)
+        new = mounts.check_name(kind, new_name)
+        rec = dbm.StoreRecord(
+            tenant_id=tenant,
+            kind=kind,
+            name=new,
+            worker_id=src.worker_id,
+            size_mb=src.size_mb,
+            created_at=dbm.utcnow(),
+        )
+        try:
+            with self.db.session.begin() as s:
+                s.add(rec)
+        except sa.exc.IntegrityError:
+            raise errors.Conflict(f"a {kind} named {new!r} exists", code=f"{kind}_exists") from None
+        try:
+            await self.worker(src).clone_store(kind, name, new)
+        except BaseException:
+            self._drop(rec)
+            raise
+        return await self.view(rec)
+
+    async def delete(self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT) -> None:
+        rec = self.record(kind, name, tenant)
+        if kind == "volume":
+            rec = await self._settled(rec)
+            holders = [rec.attached_to] if rec.attached_to else []
+        else:
+            holders = self.users(kind, name)
+        if holders:
+            what = "sandbox " + holders[0] if kind == "volume" else "sandboxes " + ", ".join(holders)
+            raise errors.Conflict(
+                f"{kind} {name!r} is attached to {what}; delete "
+                + ("it" if len(holders) == 1 else "them")
+                + " first (its data stays until this delete)",
+                code=f"{kind}_in_use",
+            )
+        await self.worker(rec).delete_store(kind, name)
+        if rec.backend == "filer":  # other workers may have mounted it for their sandboxes
+            for h in self.ledger.workers.ready():
+                if h.id != rec.worker_id and h.worker is not None:
+                    with contextlib.suppress(errors.NotFound, errors.Unavailable):
+                        await h.worker.delete_store(kind, name)
+        self._drop(rec)
+
+    # ---- a volume's holder ----------------------------------------------------------------------
+    def sizes(self, want: typing.Sequence[mounts.Mount], tenant: str = ids.DEFAULT_TENANT) -> dict[str, int]:
+        """The size of each filer-backed drive among `want` (a worker that has not mounted one yet
+        mounts it with that quota)."""
+        out = {}
+        for m in want:
+            rec = self.record(m.kind, m.name, tenant)
+            if rec.backend == "filer":
+                out[m.name] = rec.size_mb
+        return out
+
+    async def attach(
+        self, want: typing.Sequence[mounts.Mount], sid: str, tenant: str = ids.DEFAULT_TENANT
+    ) -> str | None:
+        """Check every store exists, take each volume for `sid` (waiting for one still detaching),
+        and return the worker they all live on (None: only filer-backed drives, any worker). On any
+        refusal nothing stays taken."""
+        recs = [self.record(m.kind, m.name, tenant) for m in want]
+        workers = {r.worker_id for r in recs if r.backend == "local"}  # a filer's drive: any worker
+        if len(workers) > 1:
+            raise errors.Conflict(
+                "the volumes and drives of this create live on different workers ("
+                + ", ".join(f"{r.kind} {r.name} on {r.worker_id}" for r in recs)
+                + "); a sandbox mounts only stores of one worker",
+                code="invalid_state",
+            )
+        taken: list[str] = []
+        try:
+            for r in recs:
+                if r.kind == "volume":
+                    await self._take(r, sid)
+                    taken.append(r.name)
+        except BaseException:
+            for name in taken:
+                self.release("volume", name, sid, tenant)
+            raise
+        return workers.pop() if workers else None
+
+    async def _take(self, rec: dbm.StoreRecord, sid: str) -> None:
+        deadline = time.monotonic() + DETACH_WAIT_S
+        t = dbm.StoreRecord
+        while True:
+            with self.db.session.begin() as s:
+                done = s.execute(  # type: ignore[attr-defined]
+                    sa.update(t)
+                    .where(
+                        t.tenant_id == rec.tenant_id,
+                        t.kind == "volume",
+                        t.name == rec.name,
+                        t.attached_to.is_(None),
+                    )
+                    .values(attached_to=sid, detaching=False)
+                ).rowcount
+                cur = s.get(t, (rec.tenant_id, "volume", rec.name))
+            if done == 1:
+                return
+            if cur is None:
+                raise _not_found("volume", rec.name)
+            if not cur.detaching or time.monotonic() >= deadline:
+                raise errors.Conflict(
+                    f"volume {rec.name!r} is attached to sandbox {cur.attached_to}"
+                    + (" (still detaching after its delete)" if cur.detaching else "")
+                    + "; a volume has one holder at a time: delete that sandbox first, or clone the volume",
+                    code="volume_in_use",
+                )
+            self._released.clear()
+            try:
+                await asyncio.wait_for(self._released.wait(), timeout=min(0.5, deadline - time.monotonic()))
+            except TimeoutError:
+                pass
+
+    async def _settled(self, rec: dbm.StoreRecord) -> dbm.StoreRecord:
+        """The volume's record once no detach is in progress (waits up to DETACH_WAIT_S)."""
+        deadline = time.monotonic() + DETACH_WAIT_S
+        while rec.detaching and time.monotonic() < deadline:
+            self._released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), timeout=0.5)
+            rec = self.record(rec.kind, rec.name, rec.tenant_id)
+        return rec
+
+    def detaching(self, sid: str, rec_mounts: list | None, tenant: str) -> None:
+        """The holder's DELETE answered: its volumes are detaching until `release`."""
+        t = dbm.StoreRecord
+        for m in rec_mounts or []:
+            if m["kind"] == "volume":
+                with self.db.session.begin() as s:
+                    s.execute(
+                        sa.update(t)
+                        .where(
+                            t.tenant_id == tenant,
+                            t.kind == "volume",
+                            t.name == m["name"],
+                            t.attached_to == sid,
+                        )
+                        .values(detaching=True)
+                    )
+
+    def release(self, kind: str, name: str, sid: str, tenant: str = ids.DEFAULT_TENANT) -> None:
+        t = dbm.StoreRecord
+        with self.db.session.begin() as s:
+            s.execute(
+                sa.update(t)
+                .where(t.tenant_id == tenant, t.kind == kind, t.name == name, t.attached_to == sid)
+                .values(attached_to=None, detaching=False)
+            )
+        self._released.set()
+
+    def release_all(self, sid: str, rec_mounts: list | None, tenant: str) -> None:
+        for m in rec_mounts or []:
+            if m["kind"] == "volume":
+                self.release("volume", m["name"], sid, tenant)

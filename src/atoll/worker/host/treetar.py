@@ -1,0 +1,79 @@
+"""Tar export and import of a volume's or drive's tree, in a process chrooted into the tree.
+
+Run by the worker as `python -I -S treetar.py export|import ROOT` (worker.service.node via
+`run_export`/`run_import` below): the child chroots into ROOT first, so nothing in the tree — a
+symlink a sandbox planted, or swapped in while the tar is written — can make it read or write
+outside. Export writes a tar of the tree (members relative to its root) to stdout; import reads a
+tar from stdin and unpacks it with tarfile's `data` filter (no absolute names, no `..`, no device
+nodes, no setuid bits, links only inside), then prints one JSON line of counts. Standalone on
+purpose: imports nothing of atoll (the file is run by path with an isolated interpreter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import sys
+import tarfile
+
+
+def _export() -> int:
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(os.listdir(".")):
+            tar.add(name, recursive=True)
+    return 0
+
+
+def _import() -> int:
+    counts = {"files": 0, "dirs": 0, "links": 0, "bytes": 0}
+    try:
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as tar:
+            for member in tar:
+                parts = member.name.split("/")
+                if member.name.startswith("/") or ".." in parts:
+                    msg = f"tar member {member.name!r} refused: names must be relative to the root, without '..'"
+                    print(json.dumps({"error": "invalid_request", "message": msg}))
+                    return 2
+                try:
+                    checked = tarfile.data_filter(member, "/")
+                except tarfile.FilterError as e:
+                    print(json.dumps({"error": "invalid_request", "message": f"tar member refused: {e}"}))
+                    return 2
+                if checked is None:
+                    continue
+                try:
+                    tar.extract(checked, "/", set_attrs=True, filter="fully_trusted")
+                except OSError:
+                    if checked.isfile():  # a file cut short (the tree is full): not left half-written
+                        with contextlib.suppress(OSError):
+                            os.unlink("/" + checked.name)
+                    raise
+                if checked.isdir():
+                    counts["dirs"] += 1
+                elif checked.issym() or checked.islnk():
+                    counts["links"] += 1
+                else:
+                    counts["files"] += 1
+                    counts["bytes"] += checked.size
+    except tarfile.TarError as e:
+        print(json.dumps({"error": "invalid_request", "message": f"the body is not a valid tar stream: {e}"}))
+        return 2
+    except OSError as e:
+        code = "store_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "runtime_error"
+        print(json.dumps({"error": code, "message": f"unpacking failed: {e.strerror}: {e.filename or ''}"}))
+        return 3
+    print(json.dumps(counts))
+    return 0
+
+
+def main() -> int:
+    verb, root = sys.argv[1], sys.argv[2]
+    os.chroot(root)
+    os.chdir("/")
+    return _export() if verb == "export" else _import()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

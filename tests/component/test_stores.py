@@ -1,0 +1,125 @@
+"""Volumes and drives in the control plane over a FakeWorker: one holder per volume (also under
+concurrent creates), delete refused while attached, a holder's delete frees the volume for the
+next create (which waits for the detach instead of a 409), bad input, drive files."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.component.conftest import create
+
+
+async def _volume(c, name="data", size_mb=64):
+    r = await c.post("/v1/volumes", json={"name": name, "size_mb": size_mb})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def test_a_volume_has_one_holder_even_under_concurrent_creates(fake):
+    c = fake.http
+    v = await _volume(c)
+    assert (v["name"], v["size_mb"], v["attached_to"]) == ("data", 64, None)
+    body = {"idle_timeout_s": 0, "volumes": [{"name": "data", "path": "/data"}]}
+    rs = await asyncio.gather(*[c.post("/v1/sandboxes", json=body) for _ in range(5)])
+    won = [r for r in rs if r.status_code == 201]
+    lost = [r for r in rs if r.status_code != 201]
+    assert len(won) == 1, [r.text for r in rs]
+    holder = won[0].json()["id"]
+    assert won[0].json()["volumes"] == [{"name": "data", "path": "/data", "read_only": False}]
+    for r in lost:
+        err = r.json()["error"]
+        assert r.status_code == 409 and err["code"] == "volume_in_use" and holder in err["message"]
+    assert (await c.get("/v1/volumes/data")).json()["attached_to"] == holder
+    r = await c.delete("/v1/volumes/data")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "volume_in_use" and holder in r.text
+    # the worker's copy is placed where the volume lives and got the mount
+    [spec] = [s for s in fake.worker.runtimes.values() if s.spec.sandbox_id == holder]
+    assert [(m.kind, m.name, m.path) for m in spec.spec.mounts] == [("volume", "data", "/data")]
+
+
+async def test_a_create_right_after_the_holders_delete_waits_for_the_detach(fake):
+    c, worker = fake.http, fake.worker
+    await _volume(c)
+    first = await create(c, volumes=[{"name": "data", "path": "/data"}])
+    worker.delay["delete"] = 0.5  # the worker takes a while to remove the sandbox
+    assert (await c.delete(f"/v1/sandboxes/{first}")).status_code == 204
+    r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "volumes": [{"name": "data", "path": "/x"}]})
+    assert r.status_code == 201, r.text
+    assert ("delete", first) in worker.calls
+    assert (await c.get("/v1/volumes/data")).json()["attached_to"] == r.json()["id"]
+    assert (await c.delete(f"/v1/sandboxes/{r.json()['id']}")).status_code == 204
+
+    async def free():
+        while (await c.get("/v1/volumes/data")).json()["attached_to"] is not None:
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(free(), 5)
+    assert (await c.delete("/v1/volumes/data")).status_code == 204
+    assert (await c.get("/v1/volumes/data")).status_code == 404
+
+
+async def test_a_failed_create_frees_its_volume(fake):
+    c, worker = fake.http, fake.worker
+    await _volume(c)
+    worker.fail.add("create")
+    r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "volumes": [{"name": "data", "path": "/d"}]})
+    assert r.status_code >= 500
+    worker.fail.discard("create")
+    assert (await c.get("/v1/volumes/data")).json()["attached_to"] is None
+    await create(c, volumes=[{"name": "data", "path": "/d"}])
+
+
+async def test_bad_input_gets_clear_errors_and_changes_nothing(fake):
+    c = fake.http
+    for body, code, words in (
+        ({"name": "a/b", "size_mb": 64}, 400, "invalid volume name"),
+        ({"name": "x" * 65, "size_mb": 64}, 400, "invalid volume name"),
+        ({"name": "ok", "size_mb": 0}, 400, "size_mb"),
+        ({"name": "ok", "size_mb": 10**9}, 400, "size_mb"),
+    ):
+        r = await c.post("/v1/volumes", json=body)
+        assert r.status_code == code and words in r.json()["error"]["message"], r.text
+    assert (await c.get("/v1/volumes")).json()["items"] == []
+    await _volume(c)
+    r = await c.post("/v1/volumes", json={"name": "data", "size_mb": 64})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "volume_exists"
+    for mounts, words in (
+        ([{"name": "data", "path": "/proc"}], "/proc"),
+        ([{"name": "data", "path": "/opt/atoll/x"}], "/opt/atoll"),
+        ([{"name": "data", "path": "relative"}], "absolute"),
+        ([{"name": "nope", "path": "/n"}], "no volume named 'nope'"),
+    ):
+        r = await c.post("/v1/sandboxes", json={"volumes": mounts})
+        assert r.status_code in (400, 404) and words in r.json()["error"]["message"], r.text
+    r = await c.post(
+        "/v1/sandboxes",
+        json={
+            "volumes": [{"name": "data", "path": "/data"}],
+            "drives": [{"name": "data", "path": "/data/x"}],
+        },
+    )
+    assert r.status_code in (400, 404), r.text
+    assert (await c.get("/v1/volumes/data")).json()["attached_to"] is None  # nothing stays taken
+    assert (await c.get("/v1/volumes/no-such")).status_code == 404
+
+
+async def test_a_drive_is_shared_and_its_files_are_reachable_without_a_sandbox(fake):
+    c = fake.http
+    r = await c.post("/v1/drives", json={"name": "shared", "size_mb": 8})
+    assert r.status_code == 201 and r.json()["attached_to"] == []
+    a = await create(c, drives=[{"name": "shared", "path": "/shared"}])
+    b = await create(c, drives=[{"name": "shared", "path": "/s", "read_only": True}])
+    assert sorted((await c.get("/v1/drives/shared")).json()["attached_to"]) == sorted([a, b])
+    r = await c.put("/v1/drives/shared/files", params={"path": "/dir/a.txt"}, content=b"hello")
+    assert r.status_code == 200 and r.json()["size"] == 5
+    assert (await c.get("/v1/drives/shared/files", params={"path": "/dir/a.txt"})).content == b"hello"
+    names = [
+        e["name"]
+        for e in (await c.get("/v1/drives/shared/files/list", params={"path": "/dir"})).json()["items"]
+    ]
+    assert names == ["a.txt"]
+    for bad in ("/../etc/passwd", "relative"):
+        r = await c.get("/v1/drives/shared/files", params={"path": bad})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", r.text
+    r = await c.delete("/v1/drives/shared")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "drive_in_use"

@@ -1,0 +1,176 @@
+"""Volumes and drives below the API: the rules for names, sizes and mount paths (core.mounts), the
+host-side file calls that never follow a sandbox's symlinks (worker.host.treeio), the chrooted tar
+import/export (worker.host.treetar) and the ext4 images themselves (worker.host.stores, root only)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+
+import pytest
+
+from atoll.core import errors, mounts
+from atoll.worker.host import storage, stores, treeio
+
+ROOT = os.geteuid() == 0
+
+
+# ---- core.mounts -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["", "a/b", "../x", ".hidden", "x" * 65, "a b", "é", None, 3])
+def test_bad_names_are_refused_with_the_value(name):
+    with pytest.raises(errors.InvalidRequest) as e:
+        mounts.check_name("volume", name)
+    assert repr(name)[:20] in e.value.message
+
+
+@pytest.mark.parametrize("size", [0, -1, 7, 2 * 1024 * 1024, True, 1.5, "64", None])
+def test_bad_sizes_are_refused(size):
+    with pytest.raises(errors.InvalidRequest) as e:
+        mounts.check_size("volume", size)
+    assert "size_mb" in e.value.message
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "relative",
+        "/proc",
+        "/dev",
+        "/sys/x",
+        "/opt/atoll",
+        "/run",
+        "/run/atoll/x",
+        "/etc",
+        "/tmp",
+        "/a/../b",
+        "/a\x00",
+    ],
+)
+def test_paths_that_would_hide_the_sandboxs_own_are_refused(path):
+    with pytest.raises(errors.InvalidPath):
+        mounts.check_path("volume", "v", path)
+
+
+def test_a_good_create_parses_and_overlaps_duplicates_and_too_many_are_refused():
+    got = mounts.parse(
+        [{"name": "v", "path": "/data/"}], [{"name": "d", "path": "/shared", "read_only": True}]
+    )
+    assert got == (mounts.Mount("volume", "v", "/data"), mounts.Mount("drive", "d", "/shared", True))
+    with pytest.raises(errors.InvalidPath, match="overlap"):
+        mounts.parse([{"name": "v", "path": "/data"}], [{"name": "d", "path": "/data/sub"}])
+    with pytest.raises(errors.InvalidRequest, match="named twice"):
+        mounts.parse([{"name": "v", "path": "/a"}, {"name": "v", "path": "/b"}], None)
+    with pytest.raises(errors.InvalidRequest, match="at most"):
+        mounts.parse([{"name": f"v{i}", "path": f"/m{i}"} for i in range(mounts.SLOTS + 1)], None)
+    with pytest.raises(errors.InvalidRequest, match="unknown field"):
+        mounts.parse([{"name": "v", "path": "/a", "size": 3}], None)
+
+
+# ---- worker.host.treeio --------------------------------------------------------------------------
+def test_file_calls_stay_inside_the_tree_whatever_links_it_holds(tmp_path):
+    root = tmp_path / "tree"
+    outside = tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_text("host")
+    os.symlink(outside, root / "link")
+    os.symlink(outside / "secret", root / "file-link")
+    for call in (
+        lambda: treeio.open_read(str(root), "/link/secret"),
+        lambda: treeio.open_read(str(root), "/file-link"),
+        lambda: treeio.Writer(str(root), "/link/new"),
+        lambda: treeio.list_dir(str(root), "/link"),
+        lambda: treeio.remove(str(root), "/link/secret"),
+    ):
+        with pytest.raises(errors.InvalidPath, match="symbolic link"):
+            call()
+    with pytest.raises(errors.InvalidPath, match=r"\.\."):
+        treeio.open_read(str(root), "/../outside/secret")
+    with pytest.raises(errors.InvalidPath, match="absolute"):
+        treeio.open_read(str(root), "relative")
+    treeio.remove(str(root), "/link")  # the link itself goes; its target stays
+    assert (outside / "secret").read_text() == "host"
+    assert not (root / "link").exists() and (root / "file-link").is_symlink()
+
+
+def test_a_write_is_atomic_and_makes_parents(tmp_path):
+    w = treeio.Writer(str(tmp_path), "/a/b/c.txt")
+    w.write(b"part")
+    assert not (tmp_path / "a" / "b" / "c.txt").exists()  # not there until committed
+    w.write(b" two")
+    w.commit()
+    assert (tmp_path / "a" / "b" / "c.txt").read_bytes() == b"part two"
+    w = treeio.Writer(str(tmp_path), "/a/b/c.txt")
+    w.write(b"half")
+    w.abort()
+    assert (tmp_path / "a" / "b" / "c.txt").read_bytes() == b"part two"
+    assert os.listdir(tmp_path / "a" / "b") == ["c.txt"]  # no temporary file left
+    [entry] = treeio.list_dir(str(tmp_path), "/a/b")
+    assert (entry.name, entry.path, entry.type, entry.size) == ("c.txt", "/a/b/c.txt", "file", 8)
+
+
+# ---- worker.host.stores (ext4 images, loop mounts: root) ----------------------------------------
+@pytest.mark.skipif(not ROOT, reason="loop mounts need root")
+def test_a_store_limits_its_size_clones_exports_and_imports(tmp_path):
+    async def main():
+        s = stores.Stores(str(tmp_path))
+        try:
+            info = await s.create("volume", "v1", 16)
+            assert (info.size_mb, info.kind) == (16, "volume")
+            with pytest.raises(errors.Conflict) as e:
+                await s.create("volume", "v1", 16)
+            assert e.value.code == "volume_exists"
+            root = s.fs("volume", "v1")
+            assert os.stat(root).st_mode & 0o777 == 0o777 and os.listdir(root) == []
+            (tmp_path / "stores" / "volume" / "v1" / "fs" / "a.txt").write_text("one")
+            with pytest.raises(OSError) as full:
+                with open(os.path.join(root, "big"), "wb") as f:
+                    for _ in range(32):
+                        f.write(b"\0" * 1024 * 1024)
+                        f.flush()
+                        os.fsync(f.fileno())
+            assert full.value.errno == 28  # ENOSPC: the size holds
+            os.unlink(os.path.join(root, "big"))
+            copy = await s.clone("volume", "v1", "v2")
+            assert copy.name == "v2" and open(os.path.join(s.fs("volume", "v2"), "a.txt")).read() == "one"
+            chunks = [c async for c in stores.export_tar(root)]
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as t:
+                assert t.getnames() == ["a.txt"]  # relative to the root
+
+            async def body(data: bytes):
+                yield data
+
+            def tar_of(*members: tuple[str, bytes]) -> bytes:
+                buf = io.BytesIO()
+                with tarfile.open(fileobj=buf, mode="w") as t:
+                    for name, data in members:
+                        ti = tarfile.TarInfo(name)
+                        ti.size = len(data)
+                        t.addfile(ti, io.BytesIO(data))
+                return buf.getvalue()
+
+            counts = await stores.import_tar(s.fs("volume", "v2"), body(tar_of(("x/y.txt", b"yy"))))
+            assert counts["files"] == 1 and open(os.path.join(s.fs("volume", "v2"), "x/y.txt")).read() == "yy"
+            for bad in ("../escape", "/abs"):
+                with pytest.raises(errors.InvalidRequest, match="refused"):
+                    await stores.import_tar(s.fs("volume", "v2"), body(tar_of((bad, b"no"))))
+            assert not (tmp_path / "stores" / "volume" / "escape").exists()
+            with pytest.raises(errors.InvalidRequest, match="not a valid tar"):
+                await stores.import_tar(s.fs("volume", "v2"), body(b"garbage" * 100))
+            with pytest.raises(errors.InsufficientStorage) as e:
+                await stores.import_tar(
+                    s.fs("volume", "v2"), body(tar_of(("huge", b"\0" * 20 * 1024 * 1024)))
+                )
+            assert e.value.code == "store_full"
+            assert not os.path.exists(os.path.join(s.fs("volume", "v2"), "huge"))  # not left half-written
+            await s.delete("volume", "v1")
+            with pytest.raises(errors.NotFound):
+                s.fs("volume", "v1")
+        finally:
+            for mp in storage.mounts_under(str(tmp_path)):
+                await storage.unmount(mp)
+
+    asyncio.run(main())
