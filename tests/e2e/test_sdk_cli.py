@@ -150,6 +150,9 @@ def test_cli(atoll_server):
         assert json.loads(_cli(atoll_server, "sandbox", "get", sid).stdout)["standby_tier"] == "disk"
         _cli(atoll_server, "sandbox", "resume", sid)
         assert json.loads(_cli(atoll_server, "sandbox", "get", sid).stdout)["state"] == "running"
+        # the archive tier (the local archive directory of atoll up's home), and back on a call
+        assert _cli(atoll_server, "sandbox", "pause", sid, "--tier", "archive").stdout.endswith("(archive)\n")
+        assert _cli(atoll_server, "sandbox", "exec", sid, "--", "echo", "back").stdout == "back\n"
         p = _cli(atoll_server, "sandbox", "get", "sb-0000000000000000", check=False)
         assert p.returncode == 1 and "sandbox_not_found" in p.stderr and "Traceback" not in p.stderr
     finally:

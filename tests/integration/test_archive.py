@@ -287,3 +287,31 @@ def test_disk_budget_archives_the_longest_idle_and_never_a_running_one(tmp_path)
         if la.proc is None:
             la.start(timeout=600)
         la.stop(reap=True)
+
+
+def test_archive_through_the_split_with_seaweedfs(tmp_path, seaweed):
+    """`atoll server` + `atoll worker` (the worker reads ATOLL_S3_*): the tier crosses the seam,
+    and a worker killed while a sandbox is archived takes it back from its record."""
+    from atoll.testing import LocalCluster
+    from tests.integration.test_split import _restart_worker
+
+    cl = LocalCluster(
+        tmp_path / "cluster", workers=1, env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE, **seaweed.env()}
+    )
+    cl.start(timeout=600)
+    try:
+        with client(cl) as c:
+            sid, before = _start(c)
+            sb = _pause(c, sid)
+            assert (sb["state"], sb["standby_tier"]) == ("standby", "archive"), sb
+            w = cl.workers[0]
+            w.kill()
+            _restart_worker(cl)  # the same name and home: it reattaches the archived runtime
+            sb = c.get(f"/v1/sandboxes/{sid}").json()
+            assert (sb["state"], sb["standby_tier"]) == ("standby", "archive"), sb
+            _intact(c, sid, before)
+    finally:
+        for w in cl.workers:
+            if w.proc is None:
+                w.start()
+        cl.stop(reap=True)

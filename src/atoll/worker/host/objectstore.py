@@ -136,7 +136,11 @@ class LocalStore:
 
     async def list(self, prefix: str) -> list[str]:
         out = []
-        for dirpath, _dirs, files in os.walk(self.root):
+        # only the directory the prefix is in (an archive holds thousands of sandboxes' objects)
+        if ".." in prefix.split("/"):
+            raise ValueError(f"object key prefix {prefix!r} is not valid: no '..'")
+        start = os.path.join(self.root, *prefix.split("/")[:-1])
+        for dirpath, _dirs, files in os.walk(start):
             rel = os.path.relpath(dirpath, self.root)
             for f in files:
                 if ".tmp-" in f:
