@@ -141,3 +141,17 @@ def test_a_volume_path_that_is_a_file_in_the_template_is_a_clear_400_and_frees_t
         for sb in api.get("/v1/sandboxes", params={"state": "failed"}).json()["items"]:
             api.delete(f"/v1/sandboxes/{sb['id']}")
         assert api.delete(f"/v1/volumes/{vol}").status_code == 204
+
+
+def test_a_mount_path_through_a_template_link_is_checked_where_it_leads(api):
+    drive = _name("drv")
+    assert api.post("/v1/drives", json={"name": drive, "size_mb": 8}).status_code == 201
+    try:
+        for path in ("/var/run", "/var/run/atoll", "/usr", "/bin"):  # /var/run -> /run in Debian
+            r = api.post("/v1/sandboxes", json={"drives": [{"name": drive, "path": path}]})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", (path, r.text)
+        assert api.get(f"/v1/drives/{drive}").json()["attached_to"] == []  # failed creates hold nothing
+    finally:
+        for sb in api.get("/v1/sandboxes", params={"state": "failed"}).json()["items"]:
+            api.delete(f"/v1/sandboxes/{sb['id']}")
+        assert api.delete(f"/v1/drives/{drive}").status_code == 204

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import shutil
+import subprocess
 import tarfile
 
 import pytest
@@ -174,3 +176,56 @@ def test_a_store_limits_its_size_clones_exports_and_imports(tmp_path):
                 await storage.unmount(mp)
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(not ROOT or not shutil.which("gcc"), reason="needs root (chroot) and gcc")
+def test_an_export_never_loads_code_a_sandbox_planted_in_the_tree(tmp_path):
+    """A tree holding /etc/nsswitch.conf and the NSS module it names: glibc would dlopen it as root
+    for tarfile's owner-name lookups after the chroot (and root leaves a chroot)."""
+    tree = tmp_path / "tree"
+    marker = tmp_path / "pwned"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "lib").mkdir()
+    src = tmp_path / "evil.c"
+    src.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void run(void) {\n"
+        '  FILE *f = fopen("/marker-in-tree", "w"); if (f) fclose(f);\n'
+        "}\n"
+    )
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(tree / "lib" / "libnss_evil.so.2"), str(src)], check=True
+    )
+    (tree / "etc" / "nsswitch.conf").write_text("passwd: evil\ngroup: evil\n")
+    (tree / "owned-by-someone").write_text("x")
+    os.chown(tree / "owned-by-someone", 4321, 4321)
+    # a module a lazy import would look for under the interpreter's own path, inside the tree
+    planted = tree / os.path.relpath(os.path.dirname(tarfile.__file__), "/")
+    planted.mkdir(parents=True)
+    (planted / "antigravity.py").write_text("open('/marker-py', 'w').close()\n")
+
+    async def main():
+        return b"".join([c async for c in stores.export_tar(str(tree))])
+
+    data = asyncio.run(main())
+    assert not (tree / "marker-in-tree").exists() and not (tree / "marker-py").exists()
+    assert not marker.exists()
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        m = t.getmember("owned-by-someone")
+        assert (m.uid, m.uname) == (4321, "")  # numeric owners only
+        assert "etc/nsswitch.conf" in t.getnames()
+
+
+def test_a_write_over_a_directory_or_with_a_long_name_is_a_clear_400(tmp_path):
+    treeio.Writer(str(tmp_path), "/dd/x").commit()
+    w = treeio.Writer(str(tmp_path), "/dd")
+    w.write(b"data")
+    with pytest.raises(errors.InvalidPath, match="directory"):
+        w.commit()
+    assert os.listdir(tmp_path) == ["dd"]  # no temporary file left
+    for call in (
+        lambda: treeio.Writer(str(tmp_path), "/" + "a" * 300),
+        lambda: treeio.list_dir(str(tmp_path), "/" + "a" * 300),
+    ):
+        with pytest.raises(errors.InvalidPath, match="255"):
+            call()

@@ -68,7 +68,7 @@ class StoreService:
         return [
             r.id
             for r in self.ledger.live()
-            if r.state != State.DELETED
+            if r.state not in (State.DELETED, State.FAILED)  # a failed one's runtime is stopped
             and any(m["kind"] == kind and m["name"] == name for m in (r.mounts or []))
         ]
 

@@ -41,6 +41,8 @@ def parts(path: str | bytes) -> list[bytes]:
     out = [p for p in raw.split(b"/") if p not in (b"", b".")]
     if b".." in out:
         raise errors.InvalidPath(f"path {path!r} must not contain '..'")
+    if any(len(p) > 255 for p in out):
+        raise errors.InvalidPath(f"path {str(path)[:100]!r}…: a name in it is over 255 bytes")
     return out
 
 
@@ -54,6 +56,8 @@ def _os_error(e: OSError, what: str, path: object) -> errors.AtollError:
         )
     if e.errno == errno.EISDIR:
         return errors.InvalidPath(f"{what}: {path!r} is a directory")
+    if e.errno == errno.ENAMETOOLONG:
+        return errors.InvalidPath(f"{what}: a name in {str(path)[:100]!r} is over 255 bytes")
     if e.errno == errno.ENOSPC or e.errno == errno.EDQUOT:
         return errors.InsufficientStorage(f"{what}: no space left for {path!r}", code="store_full")
     if e.errno == errno.ENOTEMPTY:
@@ -227,8 +231,9 @@ class Writer:
             self.abort()
             raise _os_error(e, "writing", self.path) from None
         finally:
-            os.close(self.dfd)
-            self.dfd = -1
+            if self.dfd >= 0:
+                os.close(self.dfd)
+                self.dfd = -1
 
     def abort(self) -> None:
         if self.fd >= 0:

@@ -7,16 +7,30 @@ outside. Export writes a tar of the tree (members relative to its root) to stdou
 tar from stdin and unpacks it with tarfile's `data` filter (no absolute names, no `..`, no device
 nodes, no setuid bits, links only inside), then prints one JSON line of counts. Standalone on
 purpose: imports nothing of atoll (the file is run by path with an isolated interpreter).
+
+Nothing may load code from the tree after the chroot (the child is root, and root leaves a chroot
+at will): tarfile's user and group name lookups are switched off (glibc's NSS would read the
+tree's /etc/nsswitch.conf and dlopen a library it names: a sandbox could plant both), every module
+the work needs (the compressors included) is imported before the chroot, and the import path is
+emptied after it, so a lazy import fails instead of reading a module from the tree.
 """
 
 from __future__ import annotations
 
+import bz2  # noqa: F401 - tarfile opens compressed streams with these: imported before the chroot
 import contextlib
 import errno
+import gzip  # noqa: F401
 import json
+import lzma  # noqa: F401
 import os
 import sys
 import tarfile
+import zlib  # noqa: F401
+
+# Numeric owners only: no getpwuid/getgrgid, so no NSS module is ever loaded (see the docstring).
+tarfile.pwd = None  # type: ignore[attr-defined]
+tarfile.grp = None  # type: ignore[attr-defined]
 
 
 def _export() -> int:
@@ -45,8 +59,12 @@ def _import() -> int:
                     continue
                 try:
                     tar.extract(checked, "/", set_attrs=True, filter="fully_trusted")
-                except OSError:
-                    if checked.isfile():  # a file cut short (the tree is full): not left half-written
+                except KeyError as e:  # a hard link to a member the stream did not hold
+                    msg = f"tar member {member.name!r} refused: {e.args[0] if e.args else e}"
+                    print(json.dumps({"error": "invalid_request", "message": msg}))
+                    return 2
+                except BaseException:
+                    if checked.isfile():  # a file cut short (full, or a truncated stream): removed
                         with contextlib.suppress(OSError):
                             os.unlink("/" + checked.name)
                     raise
@@ -61,7 +79,8 @@ def _import() -> int:
         print(json.dumps({"error": "invalid_request", "message": f"the body is not a valid tar stream: {e}"}))
         return 2
     except OSError as e:
-        code = "store_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "runtime_error"
+        # the tree is full, or the tar does not fit it (a file where it has a directory, ...)
+        code = "store_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "invalid_request"
         print(json.dumps({"error": code, "message": f"unpacking failed: {e.strerror}: {e.filename or ''}"}))
         return 3
     print(json.dumps(counts))
@@ -72,6 +91,8 @@ def main() -> int:
     verb, root = sys.argv[1], sys.argv[2]
     os.chroot(root)
     os.chdir("/")
+    sys.path[:] = []  # a module not imported yet is not looked for in the tree
+    sys.path_importer_cache.clear()
     return _export() if verb == "export" else _import()
 
 

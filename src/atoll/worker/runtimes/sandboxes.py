@@ -21,7 +21,7 @@ import stat
 import sys
 import time
 
-from atoll.core import errors
+from atoll.core import errors, mounts
 from atoll.core.lifecycle import Phase, Step
 from atoll.worker.host import (
     agent_pack,
@@ -71,29 +71,57 @@ def _write_identity_files(rootfs: str, name: str) -> None:
         os.close(etc)
 
 
+def _resolve_in_root(rootfs: str, path: str) -> str:
+    """`path` as the sandbox's kernel resolves it: symbolic links in its root file system followed
+    within that root (an absolute target starts again at the root; at most 40 links)."""
+    todo = [p for p in path.split("/") if p and p != "."]
+    done: list[str] = []
+    links = 0
+    while todo:
+        part = todo.pop(0)
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        try:
+            st = os.lstat(os.path.join(rootfs, *done, part))
+        except (FileNotFoundError, NotADirectoryError):
+            done.append(part)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > 40:
+                raise errors.InvalidPath(f"mount path {path!r} goes through more than 40 symbolic links")
+            target = os.readlink(os.path.join(rootfs, *done, part))
+            if target.startswith("/"):
+                done = []
+            todo = [p for p in target.split("/") if p and p != "."] + todo
+            continue
+        done.append(part)
+    return "/" + "/".join(done)
+
+
 def _check_mount_point(rootfs: str, m: dict) -> None:
-    """A volume or drive is mounted on a directory: refuse a path that is a file (or a device, a
-    socket) in the sandbox's root file system, before runsc fails on it. Walked without following
-    links (a link is resolved inside the sandbox by gVisor: not checked here)."""
-    fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY)
+    """A volume or drive is mounted on a directory, by the path the sandbox sees: the path with the
+    template's symbolic links followed (`/var/run` is `/run` in Debian) must pass the same rules
+    (core.mounts: never on /run/atoll, /proc, ...) and, if it exists, be a directory."""
+    real = _resolve_in_root(rootfs, m["path"])
+    if real != m["path"]:
+        try:
+            mounts.check_path(m["kind"], m["name"], real)
+        except errors.InvalidPath as e:
+            raise errors.InvalidPath(
+                f"{m['path']} is {real} in the sandbox's template (symbolic links): {e.message}"
+            ) from None
     try:
-        for part in [p for p in m["path"].split("/") if p]:
-            try:
-                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                return  # made by runsc
-            if stat.S_ISLNK(st.st_mode):
-                return
-            if not stat.S_ISDIR(st.st_mode):
-                raise errors.InvalidPath(
-                    f"{m['kind']} {m['name']!r} cannot be mounted at {m['path']}: /{part} is a file in the "
-                    "sandbox's template, not a directory; choose a directory path"
-                )
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    finally:
-        os.close(fd)
+        st = os.lstat(os.path.join(rootfs, real.lstrip("/")))
+    except (FileNotFoundError, NotADirectoryError):
+        return  # made by runsc
+    if not stat.S_ISDIR(st.st_mode):
+        raise errors.InvalidPath(
+            f"{m['kind']} {m['name']!r} cannot be mounted at {m['path']}: {real} is a file in the "
+            "sandbox's template, not a directory; choose a directory path"
+        )
 
 
 class Sandboxes:
