@@ -123,3 +123,26 @@ async def test_a_drive_is_shared_and_its_files_are_reachable_without_a_sandbox(f
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", r.text
     r = await c.delete("/v1/drives/shared")
     assert r.status_code == 409 and r.json()["error"]["code"] == "drive_in_use"
+
+
+async def test_a_tar_import_holds_the_volume_against_creates_and_deletes(fake):
+    import io
+    import tarfile
+
+    c, worker = fake.http, fake.worker
+    await _volume(c)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        ti = tarfile.TarInfo("a.txt")
+        ti.size = 1
+        t.addfile(ti, io.BytesIO(b"a"))
+    worker.delay["write_store_tar"] = 0.5
+    imp = asyncio.ensure_future(c.put("/v1/volumes/data/tar", content=buf.getvalue()))
+    await asyncio.sleep(0.2)
+    r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "volumes": [{"name": "data", "path": "/d"}]})
+    assert r.status_code == 409 and "a tar import" in r.json()["error"]["message"], r.text
+    r = await c.delete("/v1/volumes/data")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "volume_in_use", r.text
+    assert (await imp).status_code == 200
+    assert (await c.get("/v1/volumes/data")).json()["attached_to"] is None
+    await create(c, volumes=[{"name": "data", "path": "/d"}])

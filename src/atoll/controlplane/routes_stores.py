@@ -152,17 +152,10 @@ def _routes(kind: str) -> None:
         """Unpack a tar into the store's root (a volume: only while no sandbox has it)."""
         c = ctx(request)
         svc = c.manager.stores
-        rec = svc.record(kind, name)
-        if kind == "volume" and rec.attached_to:
-            raise errors.Conflict(
-                f"volume {name!r} is attached to sandbox {rec.attached_to}: a tar is imported only into a free "
-                "volume (delete the sandbox first, or write the files from inside it)",
-                code="volume_in_use",
-            )
-        chunks, size = http.limited_body(
-            request, max(c.max_file_bytes, rec.size_mb * 1024 * 1024 * 2), "tar body"
-        )
-        written = await svc.worker(rec).write_store_tar(kind, name, chunks, size)
+        async with svc.importing(kind, name) as rec:  # a volume: 409 volume_in_use while a sandbox has it
+            limit = max(c.max_file_bytes, rec.size_mb * 1024 * 1024 * 2)
+            chunks, size = http.limited_body(request, limit, "tar body")
+            written = await svc.worker(rec).write_store_tar(kind, name, chunks, size)
         return http.json_response(dataclasses.asdict(written))
 
     if kind != "drive":

@@ -32,6 +32,8 @@ if typing.TYPE_CHECKING:
     from atoll.controlplane.ledger import Ledger
 
 DETACH_WAIT_S = 30.0
+IMPORT_HOLDER = "tar-import"
+"""What `attached_to` says while a tar is being unpacked into a volume (no sandbox may take it)."""
 
 
 def _not_found(kind: str, name: str) -> errors.AtollError:
@@ -46,6 +48,7 @@ class StoreService:
         self.db = database
         self.ledger = ledger
         self._released = asyncio.Event()
+        self._importing: set[tuple[str, str, str]] = set()  # (tenant, kind, name) of running tar imports
 
     # ---- records --------------------------------------------------------------------------------
     def record(self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT) -> dbm.StoreRecord:
@@ -163,8 +166,35 @@ class StoreService:
             raise
         return await self.view(rec)
 
+    @contextlib.asynccontextmanager
+    async def importing(
+        self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT
+    ) -> typing.AsyncIterator[dbm.StoreRecord]:
+        """Hold the store while a tar is unpacked into it: a volume is taken (no sandbox may mount
+        it meanwhile), and neither may be deleted under the import."""
+        rec = self.record(kind, name, tenant)
+        key = (tenant, kind, name)
+        if key in self._importing:
+            raise errors.Conflict(
+                f"a tar import into {kind} {name!r} is running; wait for it", code=f"{kind}_in_use"
+            )
+        if kind == "volume":
+            await self._take(rec, IMPORT_HOLDER)
+        self._importing.add(key)
+        try:
+            yield rec
+        finally:
+            self._importing.discard(key)
+            if kind == "volume":
+                self.release("volume", name, IMPORT_HOLDER, tenant)
+
     async def delete(self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT) -> None:
         rec = self.record(kind, name, tenant)
+        if (tenant, kind, name) in self._importing:
+            raise errors.Conflict(
+                f"a tar import into {kind} {name!r} is running; delete it when the import has answered",
+                code=f"{kind}_in_use",
+            )
         if kind == "volume":
             rec = await self._settled(rec)
             holders = [rec.attached_to] if rec.attached_to else []
@@ -245,8 +275,9 @@ class StoreService:
             if cur is None:
                 raise _not_found("volume", rec.name)
             if not cur.detaching or time.monotonic() >= deadline:
+                holder = "a tar import" if cur.attached_to == IMPORT_HOLDER else f"sandbox {cur.attached_to}"
                 raise errors.Conflict(
-                    f"volume {rec.name!r} is attached to sandbox {cur.attached_to}"
+                    f"volume {rec.name!r} is attached to {holder}"
                     + (" (still detaching after its delete)" if cur.detaching else "")
                     + "; a volume has one holder at a time: delete that sandbox first, or clone the volume",
                     code="volume_in_use",

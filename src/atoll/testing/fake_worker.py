@@ -692,6 +692,7 @@ class FakeWorker(fake_files.FakeFileOps):
 
         files = self._store(kind, name)["files"]
         raw = b"".join([c async for c in chunks])
+        await self._step("write_store_tar", f"{kind}/{name}")
         n = nbytes = 0
         with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
             for m in tar:
