@@ -105,3 +105,17 @@ def test_settings_pick_the_store(tmp_path):
         str(tmp_path), None, objectstore.S3Config("http://127.0.0.1:1", "b", "a", "s")
     )
     assert isinstance(s3, objectstore.S3Store) and s3.cfg.region == "us-east-1"
+
+
+async def test_a_local_store_drops_a_prefix_directory_with_its_last_object(tmp_path):
+    store = objectstore.LocalStore(str(tmp_path / "archive"))
+    src = tmp_path / "obj"
+    src.write_bytes(b"x")
+    for key in ("sandboxes/sb-1/a", "sandboxes/sb-1/b", "sandboxes/sb-2/a"):
+        await store.put_file(key, str(src))
+    await store.delete("sandboxes/sb-1/a")
+    assert (tmp_path / "archive" / "sandboxes" / "sb-1").is_dir()  # b is still there
+    await store.delete("sandboxes/sb-1/b")
+    assert sorted(os.listdir(tmp_path / "archive" / "sandboxes")) == ["sb-2"]
+    await store.delete("sandboxes/sb-2/a")
+    assert os.path.isdir(tmp_path / "archive")  # the store's own root stays

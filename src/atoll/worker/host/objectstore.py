@@ -131,8 +131,17 @@ class LocalStore:
             raise ObjectNotFound(f"no object {key!r} in {self.name}") from None
 
     async def delete(self, key: str) -> None:
+        path = self._p(key)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._p(key))
+            os.unlink(path)
+        # its directories go with their last object (a sandbox's prefix is a directory of its own)
+        parent = os.path.dirname(path)
+        while parent != self.root and parent.startswith(self.root + os.sep):
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
 
     async def list(self, prefix: str) -> list[str]:
         out = []
