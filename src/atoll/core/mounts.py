@@ -31,7 +31,7 @@ MAX_PATH = 1024
 
 # Paths a volume or drive may not hide or sit inside: the kernel's trees, the guest agent's files,
 # the slots themselves, the sandbox's identity and trust files, and /tmp (a mount of its own).
-_RESERVED = ("/proc", "/dev", "/sys", "/opt/atoll", "/run/atoll", "/etc", "/tmp")
+_RESERVED: tuple[str, ...] = ("/proc", "/dev", "/sys", "/opt/atoll", "/run/atoll", "/etc", "/tmp")
 # ... and the programs and libraries the guest agent and every shell need (a mount on /usr would
 # hide /usr/bin/python3: the sandbox could not start)
 _RESERVED += ("/usr/bin", "/usr/sbin", "/usr/lib", "/bin", "/sbin", "/lib", "/lib64")
