@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -36,6 +37,8 @@ import typing
 from atoll.core import errors, mounts
 from atoll.core.worker_api import StoreInfo
 from atoll.worker.host import hostcmd, storage
+
+log = logging.getLogger(__name__)
 
 IMAGE = "disk.img"
 FS = "fs"
@@ -240,7 +243,11 @@ class Stores:
                     await self._remove_dir(d)
                     continue
                 if not storage.is_mounted(os.path.join(d, FS)):
-                    await self._mount(d)
+                    try:
+                        await self._mount(d)
+                    except errors.AtollError as e:  # a filer that is down must not stop the worker
+                        log.warning("%s %s could not be mounted now: %s", kind, name, e.message)
+                        continue
                     done.append(f"{kind} {name}")
         return done
 
