@@ -151,59 +151,59 @@ class SandboxManager:
         )
         sid = ids.new_sandbox_id()
         pin = await self.stores.attach(want, sid) if want else None
-        filer_sizes = self.stores.sizes([m for m in want if m.kind == "drive"]) if want else {}
-        try:
+        try:  # until the record exists, a failure must not leave its volumes taken
+            filer_sizes = self.stores.sizes([m for m in want if m.kind == "drive"]) if want else {}
             handle = self.ledger.place(build.id if build is not None else req.template, req.memory_mb, pin)
+            assert handle.info is not None
+            now = dbm.utcnow()
+            rec = dbm.SandboxRecord(
+                id=sid,
+                tenant_id=ids.DEFAULT_TENANT,
+                worker_id=handle.id,
+                state=State.CREATING.value,
+                template=req.template,
+                metadata_=dict(req.metadata),
+                env=dict(req.env),
+                user=req.user or ((build.info or {}).get("user") if build is not None else None),
+                shell=getattr(req, "shell", None),
+                network=network,
+                secrets=bound or None,
+                memory_mb=req.memory_mb,
+                cpus=req.cpus,
+                disk_mb=req.disk_mb or handle.info.default_disk_mb,
+                idle_timeout_s=req.idle_timeout_s,
+                disk_after_s=req.disk_after_s,
+                archive_after_s=getattr(req, "archive_after_s", 0.0),
+                created_at=now,
+                updated_at=now,
+                last_activity_at=now,
+                build_id=build.id if build is not None else None,
+                workdir=(build.info or {}).get("workdir") if build is not None else None,
+                pooled=pooled,
+                expires_at=None if pooled else lifetime.deadline(getattr(req, "timeout_s", None), now),
+                on_timeout=getattr(req, "on_timeout", "pause"),
+                mounts=_mount_dicts(want) or None,
+            )
+            spec = api.SandboxSpec(
+                sandbox_id=sid,
+                template=req.template,
+                memory_mb=req.memory_mb,
+                cpus=req.cpus,
+                disk_mb=rec.disk_mb,
+                env={**req.env, **{var: b["placeholder"] for var, b in bound.items()}},
+                user=req.user,
+                network=network,
+                secrets=self.secrets.bindings(ids.DEFAULT_TENANT, bound) if self.secrets and bound else (),
+                trust_pem=self.authority.root_pem.decode() if self.authority else "",
+                build_id=build.id if build is not None else "",
+                mounts=tuple(
+                    api.MountSpec(m.kind, m.name, m.path, m.read_only, size_mb=filer_sizes.get(m.name, 0))
+                    for m in want
+                ),
+            )
         except BaseException:
             self.stores.release_all(sid, _mount_dicts(want), ids.DEFAULT_TENANT)
             raise
-        assert handle.info is not None
-        now = dbm.utcnow()
-        rec = dbm.SandboxRecord(
-            id=sid,
-            tenant_id=ids.DEFAULT_TENANT,
-            worker_id=handle.id,
-            state=State.CREATING.value,
-            template=req.template,
-            metadata_=dict(req.metadata),
-            env=dict(req.env),
-            user=req.user or ((build.info or {}).get("user") if build is not None else None),
-            shell=getattr(req, "shell", None),
-            network=network,
-            secrets=bound or None,
-            memory_mb=req.memory_mb,
-            cpus=req.cpus,
-            disk_mb=req.disk_mb or handle.info.default_disk_mb,
-            idle_timeout_s=req.idle_timeout_s,
-            disk_after_s=req.disk_after_s,
-            archive_after_s=getattr(req, "archive_after_s", 0.0),
-            created_at=now,
-            updated_at=now,
-            last_activity_at=now,
-            build_id=build.id if build is not None else None,
-            workdir=(build.info or {}).get("workdir") if build is not None else None,
-            pooled=pooled,
-            expires_at=None if pooled else lifetime.deadline(getattr(req, "timeout_s", None), now),
-            on_timeout=getattr(req, "on_timeout", "pause"),
-            mounts=_mount_dicts(want) or None,
-        )
-        spec = api.SandboxSpec(
-            sandbox_id=sid,
-            template=req.template,
-            memory_mb=req.memory_mb,
-            cpus=req.cpus,
-            disk_mb=rec.disk_mb,
-            env={**req.env, **{var: b["placeholder"] for var, b in bound.items()}},
-            user=req.user,
-            network=network,
-            secrets=self.secrets.bindings(ids.DEFAULT_TENANT, bound) if self.secrets and bound else (),
-            trust_pem=self.authority.root_pem.decode() if self.authority else "",
-            build_id=build.id if build is not None else "",
-            mounts=tuple(
-                api.MountSpec(m.kind, m.name, m.path, m.read_only, size_mb=filer_sizes.get(m.name, 0))
-                for m in want
-            ),
-        )
         async with self.ledger.lock(sid), self.ledger.step("create", sid):
             self.db.add(rec)  # the record exists before the runtime does (placement is recorded)
             self.ledger.cache[sid] = rec
