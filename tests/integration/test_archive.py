@@ -223,6 +223,13 @@ def test_archive_on_seaweedfs_store_down_and_kills(atoll_s3, seaweed):
         assert "kept in the disk tier" in sb["standby_reason"] and "cannot be reached" in sb["standby_reason"]
         _intact(c, sid, before)
         seaweed.start()
+        # the store is back: an archive works again (after the worker's retry wait), then resume
+        deadline = time.monotonic() + 60
+        while _pause(c, sid)["standby_tier"] != "archive":
+            assert time.monotonic() < deadline, "the archive never worked again after the store came back"
+            _intact(c, sid, before)
+            time.sleep(1)
+        _intact(c, sid, before)
 
         # atoll killed during the upload: after the restart the disk copy is intact
         t = threading.Thread(target=_cut_short, args=(c, f"/v1/sandboxes/{sid}/pause", {"tier": "archive"}))
