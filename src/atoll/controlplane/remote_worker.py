@@ -66,6 +66,10 @@ def _path_params(path: api.FilePath) -> dict[str, str]:
     return {"path": path}
 
 
+_DEFAULT = object()
+"""`_download(timeout=_DEFAULT)`: the stream's default timeout."""
+
+
 class RemoteWorker(remote_verbs.RemoteVerbs):
     def __init__(
         self,
@@ -300,35 +304,13 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
             yield wire.load_process_event(obj)
 
     # ---- files ----------------------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def read_file(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
-        where = self._sb(sandbox_id, "files")
-        async with self._stream("GET", where, params=_path_params(path)) as r:
-            length = r.headers.get("content-length")
-
-            async def chunks() -> AsyncIterator[bytes]:
-                try:
-                    async for chunk in r.aiter_raw():
-                        yield chunk
-                except http11.ChannelError as e:
-                    raise self._unreachable(e, "GET", where) from None
-
-            yield api.FileDownload(int(length) if length and length.isdigit() else None, chunks())
+    def read_file(self, sandbox_id: str, path: api.FilePath) -> typing.AsyncContextManager[api.FileDownload]:
+        return self._download(self._sb(sandbox_id, "files"), _path_params(path), timeout=_DEFAULT)
 
     async def write_file(
         self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
     ) -> None:
-        headers = {"Content-Type": "application/octet-stream"}
-        if size is not None:
-            headers["Content-Length"] = str(size)
-        await self._call(
-            "PUT",
-            self._sb(sandbox_id, "files"),
-            params=_path_params(path),
-            content=chunks,
-            headers=headers,
-            timeout=None,
-        )
+        await self._upload(self._sb(sandbox_id, "files"), _path_params(path), chunks, size)
 
     # ---- files, issue 9 ---------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -350,38 +332,23 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
     async def write_tar(
         self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
     ) -> api.TarWritten:
-        headers = {"Content-Type": "application/x-tar"}
-        if size is not None:
-            headers["Content-Length"] = str(size)
-        data = await self._call(
-            "PUT",
-            self._sb(sandbox_id, "files", "tar"),
-            params=_path_params(path),
-            content=chunks,
-            headers=headers,
-            timeout=None,
-        )
+        where = self._sb(sandbox_id, "files", "tar")
+        data = await self._upload(where, _path_params(path), chunks, size, "application/x-tar")
         return wire.load(api.TarWritten, data, "tar answer")
 
+    def read_tar(self, sandbox_id: str, path: api.FilePath) -> typing.AsyncContextManager[api.FileDownload]:
+        return self._download(self._sb(sandbox_id, "files", "tar"), _path_params(path), sized=False)
+
+    # ---- byte streams: sandbox files and tars, volumes' and drives' ------------------------------
     @contextlib.asynccontextmanager
-    async def read_tar(self, sandbox_id: str, path: api.FilePath) -> AsyncIterator[api.FileDownload]:
-        where = self._sb(sandbox_id, "files", "tar")
-        async with self._stream("GET", where, params=_path_params(path), timeout=None) as r:
-
-            async def chunks() -> AsyncIterator[bytes]:
-                try:
-                    async for chunk in r.aiter_raw():
-                        yield chunk
-                except http11.ChannelError as e:
-                    raise self._unreachable(e, "GET", where) from None
-
-            yield api.FileDownload(None, chunks())
-
-    # ---- volumes and drives (issue 19) ------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def _download(self, where: str, params: dict) -> AsyncIterator[api.FileDownload]:
-        async with self._stream("GET", where, params=params, timeout=None) as r:
-            length = r.headers.get("content-length")
+    async def _download(
+        self, where: str, params: dict, *, timeout: typing.Any = None, sized: bool = True
+    ) -> AsyncIterator[api.FileDownload]:
+        """A GET whose answer is bytes, relayed chunk by chunk (`timeout` _DEFAULT: the stream's
+        own; `sized`: the size from Content-Length, else None)."""
+        kw = {} if timeout is _DEFAULT else {"timeout": timeout}
+        async with self._stream("GET", where, params=params, **kw) as r:
+            length = r.headers.get("content-length") if sized else None
 
             async def chunks() -> AsyncIterator[bytes]:
                 try:
@@ -393,9 +360,15 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
             yield api.FileDownload(int(length) if length and length.isdigit() else None, chunks())
 
     async def _upload(
-        self, where: str, params: dict, chunks: AsyncIterator[bytes], size: int | None
+        self,
+        where: str,
+        params: dict,
+        chunks: AsyncIterator[bytes],
+        size: int | None,
+        content_type: str = "application/octet-stream",
     ) -> typing.Any:
-        headers = {"Content-Type": "application/octet-stream"}
+        """A PUT of a streamed body (no timeout: as long as the bytes take)."""
+        headers = {"Content-Type": content_type}
         if size is not None:
             headers["Content-Length"] = str(size)
         return await self._call("PUT", where, params=params, content=chunks, headers=headers, timeout=None)

@@ -61,6 +61,30 @@ class FakeRuntime:
     `sandbox_ca` then (a fork's: its parent's)."""
 
 
+def _entries(files: dict[bytes, bytes], path: api.FilePath) -> list[api.FileEntry]:
+    """The entries of directory `path` among `files` (path -> content), as a listing shows them."""
+    import base64
+
+    prefix = _key(path).rstrip(b"/") + b"/"
+    out = []
+    for p, data in sorted(files.items()):
+        if p.startswith(prefix) and b"/" not in p[len(prefix) :]:
+            name = p[len(prefix) :]
+            out.append(
+                api.FileEntry(
+                    name.decode(errors="replace"),
+                    p.decode(errors="replace"),
+                    base64.b64encode(name).decode(),
+                    base64.b64encode(p).decode(),
+                    "file",
+                    len(data),
+                    0o644,
+                    0.0,
+                )
+            )
+    return out
+
+
 def _key(path: api.FilePath) -> bytes:
     return path if isinstance(path, bytes) else path.encode("utf-8", "surrogateescape")
 
@@ -543,27 +567,7 @@ class FakeWorker(fake_files.FakeFileOps):
         self._files_changed(sandbox_id, path, "create")
 
     async def list_files(self, sandbox_id: str, path: api.FilePath) -> Sequence[api.FileEntry]:
-        import base64
-
-        rt = self._running(sandbox_id)
-        prefix = _key(path).rstrip(b"/") + b"/"
-        out = []
-        for p, data in sorted(rt.files.items()):
-            if p.startswith(prefix) and b"/" not in p[len(prefix) :]:
-                name = p[len(prefix) :]
-                out.append(
-                    api.FileEntry(
-                        name.decode(errors="replace"),
-                        p.decode(errors="replace"),
-                        base64.b64encode(name).decode(),
-                        base64.b64encode(p).decode(),
-                        "file",
-                        len(data),
-                        0o644,
-                        0.0,
-                    )
-                )
-        return out
+        return _entries(self._running(sandbox_id).files, path)
 
     async def delete_file(self, sandbox_id: str, path: api.FilePath) -> None:
         rt = self._running(sandbox_id)
@@ -605,27 +609,7 @@ class FakeWorker(fake_files.FakeFileOps):
         return self._store_info(kind, new_name)
 
     async def list_store_files(self, kind: str, name: str, path: api.FilePath) -> Sequence[api.FileEntry]:
-        import base64
-
-        files = self._store(kind, name)["files"]
-        prefix = _key(path).rstrip(b"/") + b"/"
-        out = []
-        for p, data in sorted(files.items()):
-            if p.startswith(prefix) and b"/" not in p[len(prefix) :]:
-                n = p[len(prefix) :]
-                out.append(
-                    api.FileEntry(
-                        n.decode(errors="replace"),
-                        p.decode(errors="replace"),
-                        base64.b64encode(n).decode(),
-                        base64.b64encode(p).decode(),
-                        "file",
-                        len(data),
-                        0o644,
-                        0.0,
-                    )
-                )
-        return out
+        return _entries(self._store(kind, name)["files"], path)
 
     async def delete_store_file(self, kind: str, name: str, path: api.FilePath) -> None:
         if self._store(kind, name)["files"].pop(_key(path), None) is None:
