@@ -225,9 +225,9 @@ class Ledger:
                 cpus += rec.cpus
         return {"memory_mb": int(mem), "cpus": round(cpus, 3), "disk_mb": int(disk), "sandboxes": count}
 
-    def place(self, template: str, memory_mb: int, worker_id: str | None = None) -> WorkerHandle:
+    def place(self, template: str | None, memory_mb: int, worker_id: str | None = None) -> WorkerHandle:
         """The worker a new sandbox goes to; `worker_id`: only that one (the one keeping its
-        volumes and drives)."""
+        volumes and drives); `template` None: any (an archived sandbox moving to another worker)."""
         candidates = []
         for h in self.workers.ready():
             assert h.info is not None

@@ -107,6 +107,56 @@ class SandboxManager:
     def worker(self, rec: dbm.SandboxRecord) -> api.WorkerAPI:
         return self.ledger.worker(rec)
 
+    async def move_archived(self, rec: dbm.SandboxRecord, gone: str) -> str | None:
+        """A sandbox in the archive tier whose worker `gone` is gone for good: another worker
+        adopts it from the shared object store (its template layers follow), and it resumes there
+        on the next call. None when it moved, else why it could not (the record is untouched)."""
+        if rec.state != State.STANDBY or rec.standby_tier != Tier.ARCHIVE:
+            return "it was not in the archive tier"
+        async with self.ledger.lock(rec.id):
+            try:
+                handle = self.ledger.place(None, rec.memory_mb)
+                filer_sizes = self.stores.sizes(
+                    [mounts.Mount(**m) for m in rec.mounts or () if m.get("kind") == "drive"], rec.tenant_id
+                )
+                worker = self.workers.api_for_worker(handle)
+                outcome = await worker.adopt(
+                    rec.id,
+                    tuple(
+                        api.MountSpec(
+                            m["kind"],
+                            m["name"],
+                            m["path"],
+                            bool(m.get("read_only")),
+                            size_mb=filer_sizes.get(m["name"], 0),
+                        )
+                        for m in rec.mounts or ()
+                    ),
+                )
+            except errors.AtollError as e:
+                log.warning("sandbox.move.refused: %s", e.message, extra={"sandbox_id": rec.id, "from": gone})
+                return e.message
+            rec.worker_id = handle.id
+            self.db.save(rec, fields=["worker_id"], durable=True)
+            log.info(
+                "sandbox.moved: archived on %s, adopted by %s (%d layer(s) fetched, %.0f ms)",
+                gone,
+                handle.name,
+                outcome.layers_fetched,
+                outcome.duration_ms,
+                extra={"sandbox_id": rec.id},
+            )
+            try:
+                if rec.network:
+                    await worker.set_network(rec.id, rec.network)
+                if self.secrets is not None and rec.secrets:
+                    await worker.set_secrets(rec.id, self.secrets.bindings(rec.tenant_id, rec.secrets))
+            except errors.AtollError as e:  # delivered again when the worker is adopted next
+                log.warning(
+                    "sandbox.moved: policy not delivered: %s", e.message, extra={"sandbox_id": rec.id}
+                )
+        return None
+
     def allocated(self, worker_id: str) -> dict[str, float]:
         return self.ledger.allocated(worker_id)
 

@@ -101,6 +101,17 @@ class RemoteVerbs:
         )
         return wire.load(api.ResumeOutcome, data, "resume answer")
 
+    async def adopt(self, sandbox_id: str, mounts: Sequence[api.MountSpec]) -> api.AdoptOutcome:
+        url = f"/sandboxes/{sandbox_id}/adopt"
+        data = await self._call(
+            "POST",
+            url,
+            json={"mounts": wire.dump(mounts, tuple[api.MountSpec, ...])},
+            timeout=STEP_TIMEOUT_S,
+            effect="the sandbox may have been recorded on this worker (archived)",
+        )
+        return wire.load(api.AdoptOutcome, data, "adopt answer")
+
     async def delete(self, sandbox_id: str) -> None:
         url = f"/sandboxes/{sandbox_id}"
         await self._call(

@@ -132,17 +132,21 @@ async def reconcile_worker(request: Request, wid: WorkerId):
     status_code=204,
     response_class=Response,
     responses={
-        204: {"description": "forgotten; its sandboxes are failed"},
+        204: {"description": "forgotten; its archived sandboxes moved to other workers, the rest failed"},
         **NOT_FOUND,
         **http.error_responses({409: "invalid_state: only a lost remote worker can be removed"}),
     },
 )
 async def remove_worker(request: Request, wid: WorkerId):
-    """Forget a lost worker for good (its machine is gone): its sandboxes become failed."""
+    """Forget a lost worker for good (its machine is gone). Its sandboxes in the archive tier move
+    to another worker through the shared object store (they resume there on the next call); the
+    others, and those no worker can adopt, become failed with the reason."""
     manager = ctx(request).manager
     h = manager.workers.forget(wid)
     for rec in [r for r in manager.live() if r.worker_id == h.id]:
-        manager.fail_lost(rec, f"its worker {h.name!r} was removed")
+        why = await manager.move_archived(rec, h.name)
+        if why is not None:
+            manager.fail_lost(rec, f"its worker {h.name!r} was removed ({why})")
     return Response(status_code=204)
 
 

@@ -73,6 +73,11 @@ CODES: dict[str, Code] = {
     "drive_in_use": Code(
         409, False, "the drive is attached to sandboxes (the error names them); delete them first"
     ),
+    "not_adoptable": Code(
+        409,
+        False,
+        "an archived sandbox cannot move to this worker (another runsc or agent, layers not published, a volume)",
+    ),
     "checkpoint_refused": Code(
         409,
         False,

@@ -173,6 +173,7 @@ class Step(enum.StrEnum):
     COMMIT_ARCHIVE = "commit_archive"  # the object is stored and verified: the disk copy may go
     ABORT_ARCHIVE = "abort_archive"  # the store failed: the disk copy is kept
     UNARCHIVED = "unarchived"  # downloaded, verified and unpacked: on disk again
+    ADOPTED = "adopted"  # another worker's archived sandbox, taken over from the store
     FAIL = "fail"
     DELETE = "delete"
 
@@ -191,6 +192,7 @@ PHASE_TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (Phase.ARCHIVING, Step.COMMIT_ARCHIVE): Phase.ARCHIVED,
     (Phase.ARCHIVING, Step.ABORT_ARCHIVE): Phase.CHECKPOINTED,
     (Phase.ARCHIVED, Step.UNARCHIVED): Phase.CHECKPOINTED,
+    (Phase.CREATING, Step.ADOPTED): Phase.ARCHIVED,
     **{(p, Step.FAIL): Phase.FAILED for p in Phase if p not in (Phase.FAILED, Phase.DELETING)},
     **{(p, Step.DELETE): Phase.DELETING for p in Phase if p != Phase.DELETING},
 }

@@ -32,16 +32,20 @@ class Candidate:
 
 
 def choose(
-    candidates: Sequence[Candidate], *, memory_mb: int, template: str, rng: random.Random | None = None
+    candidates: Sequence[Candidate], *, memory_mb: int, template: str | None, rng: random.Random | None = None
 ) -> Candidate:
-    """The worker for a sandbox of `memory_mb` and `template`, or an error saying why none fits."""
+    """The worker for a sandbox of `memory_mb` and `template` (None: any worker will do — an
+    archived sandbox brings its template's layers through the store), or an error saying why none
+    fits."""
     if not candidates:
         raise errors.Unavailable(
             "no worker is ready to take a sandbox; start one (`atoll worker --server URL --name NAME`) "
             "or wait for the registered ones to come back (GET /v1/workers)",
             code="no_worker",
         )
-    with_template = [c for c in candidates if template in c.templates]
+    with_template = (
+        list(candidates) if template is None else [c for c in candidates if template in c.templates]
+    )
     if not with_template:
         known = sorted(set().union(*(c.templates for c in candidates)))
         raise errors.TemplateNotFound(

@@ -128,6 +128,16 @@ VERBS: tuple[Verb, ...] = (
         step=True,
         effect=_STATE,
     ),
+    Verb(
+        "adopt",
+        "POST",
+        "/sandboxes/{sandbox_id}/adopt",
+        (SID, Arg("mounts", "field", tuple[api.MountSpec, ...], default=(), required=False)),
+        api.AdoptOutcome,
+        wait="step",
+        step=True,
+        effect="the sandbox may have been recorded on this worker (archived)",
+    ),
     Verb("delete", "DELETE", "/sandboxes/{sandbox_id}", (SID,), wait="step", step=True, effect=_STATE),
     Verb(
         "set_network",

@@ -30,8 +30,8 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 7
-"""7: volumes and drives (issue 19: SandboxSpec.mounts, the store verbs); 6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
+PROTOCOL_VERSION = 8
+"""8: adopt (an archived sandbox moves to another worker through the store); 7: volumes and drives (issue 19: SandboxSpec.mounts, the store verbs); 6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
 tunnel's connections into a sandbox's port relayed by the worker's gateway process; 5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
 pools (claim) and fork; 3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
 set_authority) and connections into a sandbox's port (open_port); 2: SandboxSpec.network and the
@@ -216,6 +216,15 @@ class PauseOutcome:
 @dataclass(frozen=True)
 class ResumeOutcome:
     tier: Tier  # the tier it came back from
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class AdoptOutcome:
+    """Another worker's archived sandbox, now recorded here (archived): how many of its template
+    layers had to be fetched from the store, and what it took."""
+
+    layers_fetched: int
     duration_ms: float
 
 
@@ -583,6 +592,14 @@ class WorkerAPI(Protocol):
         ...
 
     async def resume(self, sandbox_id: str) -> ResumeOutcome: ...
+
+    async def adopt(self, sandbox_id: str, mounts: Sequence[MountSpec]) -> AdoptOutcome:
+        """Take over a sandbox another worker archived into the shared store (its worker is gone):
+        recorded here archived, resumed by the next call. `mounts`: its volumes and drives (only
+        filer-backed drives can follow). 409 not_adoptable with the reason when this worker cannot
+        run it (another guest agent or runsc, layers not published, a volume); 404 when the store
+        holds no archive of it."""
+        ...
 
     async def delete(self, sandbox_id: str) -> None: ...
 

@@ -98,8 +98,11 @@ class FakeWorker(fake_files.FakeFileOps):
         memory_mb: int = 65536,
         cpus: float = 16,
         templates: Sequence[str] = ("base",),
+        store: dict[str, FakeRuntime] | None = None,
     ):
         self.name = name
+        self.store: dict[str, FakeRuntime] = {} if store is None else store
+        """The archive tier's object store: fakes given the same dict share it (adopt)."""
         self.installation = installation
         self.capacity = api.Capacity(memory_mb=memory_mb, cpus=cpus, disk_mb=1 << 20)
         self.template_names = list(templates)
@@ -261,7 +264,30 @@ class FakeWorker(fake_files.FakeFileOps):
             self._advance(rt, Step.ABORT_ARCHIVE)
             return api.PauseOutcome(Tier.DISK, f"kept in the disk tier: {e.message}")
         self._advance(rt, Step.COMMIT_ARCHIVE)
+        self.store[rt.spec.sandbox_id] = rt
         return api.PauseOutcome(Tier.ARCHIVE)
+
+    async def adopt(self, sandbox_id: str, mounts: Sequence[api.MountSpec]) -> api.AdoptOutcome:
+        """As the real worker: only an archive in the (shared) store can be adopted, never one
+        with a volume; the record arrives archived."""
+        await self._step("adopt", sandbox_id)
+        if sandbox_id in self.runtimes:
+            raise errors.Conflict(f"fake: sandbox {sandbox_id} already exists on this worker")
+        held = self.store.get(sandbox_id)
+        if held is None or held.phase != Phase.ARCHIVED:
+            raise errors.SandboxNotFound(f"fake: sandbox {sandbox_id} has no archive in the store")
+        if any(m.kind == "volume" for m in held.spec.mounts):
+            raise errors.Conflict(f"fake: sandbox {sandbox_id} mounts a volume", code="not_adoptable")
+        rt = FakeRuntime(
+            spec=held.spec,
+            phase=Phase.ARCHIVED,
+            generation=held.generation,
+            files=dict(held.files),
+            runtime_key=held.runtime_key,
+            trust=held.trust,
+        )
+        self.runtimes[sandbox_id] = rt
+        return api.AdoptOutcome(layers_fetched=0, duration_ms=0.0)
 
     async def _freeze(self, rt: FakeRuntime, tier: Tier, reason: str | None) -> api.PauseOutcome:
         await self._step("freeze", rt.spec.sandbox_id)

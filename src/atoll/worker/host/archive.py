@@ -6,7 +6,8 @@ upper image is sparse (its size is the disk quota, mostly holes), so only its da
 stored (member `upper.img.data`, found with SEEK_DATA/SEEK_HOLE) and the manifest lists where they
 go; unpacking recreates the holes. The manifest (`ArchiveManifest`, JSON) pins the format version,
 the sha256 and size of the compressed object and of every member, the runsc version, the runtime
-key and template the memory was made under, and the sizes.
+key and template the memory was made under, the sizes, and — for another worker to adopt it — its
+template's layer stack (published beside it) and its runtime settings.
 
 Upload (`upload`): pack to a local file (hashing as it compresses), put it under a key unique to
 the sandbox's generation, check the stored size, then write the manifest — locally (`archive.json`,
@@ -79,6 +80,13 @@ class ArchiveManifest:
     mounts: list[dict] = field(default_factory=list)
     """The volumes and drives the sandbox mounts (`{kind, name, path, read_only}`): they stay on
     their worker (or filer) while it is archived; its restore's bundle binds them again."""
+    layers: list[dict] = field(default_factory=list)
+    """The root file system's layer stack, top first, as `{key, instance}` published in the same
+    store (worker.images.layerpack): another worker restores onto these very bytes. Empty when the
+    store is this worker's own (the embedded local directory): it resumes only here."""
+    runtime: dict = field(default_factory=dict)
+    """What another worker needs to run it (worker.runtimes.runtime.Runtime's memory_mb, cpus,
+    env, disk_mb, user, workdir, network, trust_pem)."""
     raw_bytes: int = 0
     """Bytes before compression (the members' sizes)."""
     created_at: float = 0.0
@@ -317,6 +325,11 @@ def _write_json(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_local_manifest(sandbox_dir: str, man: ArchiveManifest) -> None:
+    """Keep `man` in `sandbox_dir` (fsync'd): an adopted sandbox's resume reads it from here."""
+    _write_json(os.path.join(sandbox_dir, LOCAL_MANIFEST), man.dumps())
 
 
 def local_manifest(sandbox_dir: str) -> ArchiveManifest | None:

@@ -5,7 +5,8 @@ worker.images.templates, or an OCI image archive unpacked).
 
     <template_dir>/layers/<key>/fs          what the step changed (an overlay upper dir: whiteouts
                                             are 0/0 character devices, opaque dirs an xattr)
-    <template_dir>/layers/<key>/layer.json  what made it, its size, when
+    <template_dir>/layers/<key>/layer.json  what made it, its size, when, and its instance (a
+                                            random id of these very bytes: worker.images.layerpack)
 
 A layer is made in `.tmp-<key>-<pid>` and renamed into place when complete, so a crash never leaves
 a half layer and a cached step is one `os.path.exists`. Layers are shared by every build and every
@@ -25,6 +26,7 @@ import shutil
 import stat
 import time
 import typing
+import uuid
 
 from atoll.core import errors, templatespec
 from atoll.worker.host import hostcmd
@@ -70,10 +72,21 @@ class LayerStore:
         finally:
             os.close(fd)
 
-    def commit(self, key: str, fs: str, what: str) -> None:
+    def commit(self, key: str, fs: str, what: str, instance: str | None = None) -> None:
+        """Make the filled dir `fs` the layer `key`. `instance` names these very bytes (a new
+        random one unless they were fetched: worker.images.layerpack)."""
         tmp = os.path.dirname(fs)
         with open(os.path.join(tmp, "layer.json"), "w") as f:
-            json.dump({"key": key, "what": what, "size_bytes": _du(fs), "made_at": time.time()}, f)
+            json.dump(
+                {
+                    "key": key,
+                    "what": what,
+                    "size_bytes": _du(fs),
+                    "made_at": time.time(),
+                    "instance": instance or uuid.uuid4().hex,
+                },
+                f,
+            )
         final = os.path.join(self.dir, key)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

@@ -27,10 +27,13 @@ import time
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
 from atoll.worker.host import archive, hostcmd, objectstore, runsc, snapshots, storage
+from atoll.worker.images import layerpack
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 
 log = logging.getLogger(__name__)
 
+RUNTIME_FIELDS = ("memory_mb", "cpus", "env", "disk_mb", "user", "workdir", "network", "trust_pem")
+"""What an archive's manifest carries of its runtime record, for a worker that adopts it."""
 UNMOUNT_TRIES = 50  # x 0.1 s: the discarded container's gofer may hold the root filesystem briefly
 
 
@@ -51,9 +54,15 @@ class Archiver:
         self,
         runtimes: RuntimeStore,
         store: objectstore.ObjectStore,
+        *,
+        share_layers: bool = False,
     ):
         self.runtimes = runtimes
         self.store = store
+        self.share_layers = share_layers
+        """Whether the store may be read by other workers (S3, or an ATOLL_ARCHIVE_DIR set
+        explicitly): each archive then publishes its template layers too, so another worker can
+        adopt it (worker.images.layerpack)."""
         self.store_failed = False
         """Whether the last archive failed because of the store (down, refusing): a caller that
         archives many in a row stops until later."""
@@ -121,9 +130,12 @@ class Archiver:
             template=rt.template,
             build_id=rt.build_id,
             mounts=[dict(m) for m in rt.mounts],
+            runtime={k: getattr(rt, k) for k in RUNTIME_FIELDS},
             created_at=time.time(),
         )
         try:
+            if self.share_layers:
+                man.layers = await self._publish_layers(rt)
             man = await archive.upload(self.store, self.runtimes.dir(sid), man)
         except BaseException as e:
             # nothing is lost: the snapshot and the upper image are still here
@@ -144,6 +156,27 @@ class Archiver:
             extra={"sandbox_id": sid, "store": self.store.name},
         )
         return None
+
+    async def _publish_layers(self, rt: Runtime) -> list[dict]:
+        """Publish the sandbox's template layers beside its archive: their `{key, instance}`, or []
+        when they cannot be (it then resumes only on this worker). StoreError: the store failed."""
+        try:
+            refs = await asyncio.to_thread(layerpack.refs_of, rt.lower)
+            if refs is None:
+                log.warning(
+                    "sandbox.archive: its root file system is not made of layers; only this worker can resume it",
+                    extra={"sandbox_id": rt.sandbox_id},
+                )
+                return []
+            await layerpack.publish(self.store, refs, self.runtimes.dir(rt.sandbox_id))
+        except (OSError, layerpack.LayerUnavailable) as e:
+            log.warning(
+                "sandbox.archive: its layers could not be published (%s); only this worker can resume it",
+                e,
+                extra={"sandbox_id": rt.sandbox_id},
+            )
+            return []
+        return [{"key": r["key"], "instance": r["instance"]} for r in refs]
 
     async def _abort(self, rt: Runtime) -> None:
         archive.drop_leftovers(self.runtimes.dir(rt.sandbox_id))

@@ -37,7 +37,7 @@ from atoll.worker.host import agent_pack, bundle, cgroups, objectstore, storage,
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layers, templates
 from atoll.worker.images.builder import Builder
-from atoll.worker.runtimes import budget, forks
+from atoll.worker.runtimes import adoption, budget, forks
 from atoll.worker.runtimes.archiving import Archiver
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
@@ -225,7 +225,9 @@ class Node(StoreVerbs):
         self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
         self.store = objectstore.from_settings(settings.home, settings.archive_dir, settings.s3)
         """The archive tier's object store (S3 when ATOLL_S3_* are set, else a local directory)."""
-        self.archiver = Archiver(self.runtimes, self.store)
+        self.archiver = Archiver(
+            self.runtimes, self.store, share_layers=bool(settings.s3 or settings.archive_dir)
+        )
         self.budget = (
             budget.DiskBudget(
                 int(settings.disk_budget_gb * 2**30),
@@ -758,6 +760,38 @@ class Node(StoreVerbs):
             if rt.phase == Phase.FAILED:
                 raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
             return await self.tiers.resume(rt)
+
+    async def adopt(self, sandbox_id: str, mounts: typing.Sequence[api.MountSpec]) -> api.AdoptOutcome:
+        """Take over a sandbox another worker archived into the shared store (worker.runtimes.adoption)."""
+        if not ids.is_sandbox_id(sandbox_id):
+            raise errors.InvalidRequest(f"malformed sandbox id {sandbox_id!r}")
+
+        async def undo(sid: str) -> None:
+            await self.sandboxes.delete(sid)
+            self.edge.forget(sid)
+
+        async with self._lock(sandbox_id):
+            if self.runtimes.find(sandbox_id) is not None:
+                raise errors.Conflict(
+                    f"sandbox {sandbox_id} already exists on this worker", code="invalid_state"
+                )
+            man = await adoption.read_manifest(self.store, sandbox_id, self.runtimes.root)
+            adoption.check(man, self.sandboxes.runtime_key(), mounts, self.stores.filer is not None)
+            for m in mounts:
+                if m.kind == "drive" and m.size_mb and not self.stores.exists(m.kind, m.name):
+                    with contextlib.suppress(errors.Conflict):
+                        await self.stores.create(m.kind, m.name, m.size_mb, attach=True)
+                self.stores.fs(m.kind, m.name)
+            return await adoption.adopt(
+                sandbox_id,
+                man,
+                store=self.store,
+                layers=self.layers,
+                runtimes=self.runtimes,
+                agent_dir=self.sandboxes.agent_dir,
+                attach=self.edge.attach,
+                undo=undo,
+            )
 
     async def set_network(self, sandbox_id: str, network: dict) -> dict:
         """Replace a sandbox's egress policy; applies to new connections and DNS questions at once,
