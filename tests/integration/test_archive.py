@@ -117,7 +117,9 @@ def _disk(la: LocalAtoll, sid: str) -> int:
 
 
 def _objects(root: str) -> list[str]:
-    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    """The sandboxes' objects in a local store (its published template layers aside)."""
+    found = (os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    return sorted(k for k in found if not k.startswith("layers/"))
 
 
 @pytest.fixture
@@ -171,6 +173,14 @@ def test_archive_resume_restart_corruption_and_delete_on_the_local_store(atoll_l
             f"sandboxes/{sid}/{n}" for n in sorted(os.listdir(f"{store}/sandboxes/{sid}"))
         ]
         assert len(_objects(store)) == 2
+        # the store is ATOLL_ARCHIVE_DIR (others may read it): the template's layers are published
+        # beside the archive, each object named by a manifest written after it
+        layers = sorted(
+            os.path.relpath(os.path.join(d, f), store) for d, _, fs in os.walk(f"{store}/layers") for f in fs
+        )
+        assert layers and sum(k.endswith(".json") for k in layers) == sum(
+            k.endswith(".tar.zst") for k in layers
+        ), layers
         # the archived state survives a restart of atoll
         la.stop(reap=False)
         la.start(timeout=600)
