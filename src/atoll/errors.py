@@ -8,7 +8,9 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     ├── APIConnectionError      connection_error: the server could not be reached (also a ConnectionError)
     │   └── APITimeoutError     timeout: no answer within the client's timeout (also a TimeoutError)
     ├── InvalidRequest          400/422 invalid_request, invalid_path, io_error
-    ├── Unauthorized            401/403 unauthorized
+    ├── Unauthorized            401/403 unauthorized, forbidden (the key's scope does not allow the route)
+    ├── QuotaExceeded           403/429 quota_exceeded: a tenant quota (the message names it, its
+    │                               limit and the use); 429 for creates_per_minute (retryable, Retry-After)
     ├── PermissionDenied        403 permission_denied, read_only_path: the sandbox's file system refused
     ├── NotFound                404
     │   ├── SandboxNotFound         sandbox_not_found
@@ -17,7 +19,7 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── ProcessNotFound         process_not_found
     │   ├── PtyNotFound             pty_not_found
     │   ├── SecretNotFound          secret_not_found
-    │   └── (NotFound)              volume_not_found, drive_not_found
+    │   └── (NotFound)              volume_not_found, drive_not_found, tenant_not_found, key_not_found
     ├── Conflict                409
     │   ├── SandboxBusy             sandbox_busy (retryable)
     │   ├── InvalidState            invalid_state
@@ -26,7 +28,7 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── StdinClosed             stdin_closed: stdin after eof (or after stdin given at start)
     │   ├── ProcessRunning          process_running: a wait's timeout passed, the process still runs
     │   └── (Conflict)              worker_conflict, incompatible_protocol, worker_not_registered,
-    │                               secret_exists, template_exists, template_in_use,
+    │                               secret_exists, template_exists, template_in_use, tenant_exists, tenant_in_use,
     │                               volume_exists, drive_exists, volume_in_use, drive_in_use,
     │                               checkpoint_refused (fork: the sandbox's state cannot be saved now),
     │                               not_adoptable (worker protocol only)
@@ -230,6 +232,12 @@ class PayloadTooLarge(AtollError):
     default_code = "payload_too_large"
 
 
+class QuotaExceeded(AtollError):
+    """A tenant quota would be exceeded: the message names the quota, its limit and the use."""
+
+    default_code = "quota_exceeded"
+
+
 class DiskFull(AtollError):
     """The sandbox's writable layer is full: delete files, or use a larger `disk_mb`."""
 
@@ -277,7 +285,10 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "store_full": DiskFull,
     "unauthorized": Unauthorized,
     "forbidden": Unauthorized,
+    "quota_exceeded": QuotaExceeded,
     "not_found": NotFound,
+    "tenant_not_found": NotFound,
+    "key_not_found": NotFound,
     "sandbox_not_found": SandboxNotFound,
     "template_not_found": TemplateNotFound,
     "file_not_found": FileNotFound,
@@ -300,6 +311,8 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "secret_exists": Conflict,
     "template_exists": Conflict,
     "template_in_use": Conflict,
+    "tenant_exists": Conflict,
+    "tenant_in_use": Conflict,
     "volume_exists": Conflict,
     "drive_exists": Conflict,
     "volume_in_use": Conflict,

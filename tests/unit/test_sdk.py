@@ -237,7 +237,7 @@ def _aclient(fake: FakeAtoll) -> atoll.AsyncClient:
 EXPECTED_ALL = """
     APIConnectionError APITimeoutError AsyncClient AsyncFiles AsyncProcess AsyncSandbox AtollError BuildFailed Client
     Conflict DiskFull ExecResult FileEntry FileNotFound Files InvalidRequest InvalidState NotFound
-    PayloadTooLarge PermissionDenied Preview Process ProcessInfo ProcessNotFound Sandbox SandboxBusy SandboxNotFound
+    PayloadTooLarge PermissionDenied Preview Process ProcessInfo ProcessNotFound QuotaExceeded Sandbox SandboxBusy SandboxNotFound
     Secret SecretNotFound ServerError Template
     TemplateNotFound Unauthorized __version__ errors
 """.split()

@@ -15,8 +15,8 @@ Built by atoll.up and controlplane.main (create_app); the routers talk only to S
 
 from __future__ import annotations
 
-import hmac
 import logging
+import re
 import secrets
 import time
 
@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atoll.controlplane import (
+    auth,
     context,
     docs_pages,
     http,
@@ -38,6 +39,7 @@ from atoll.controlplane import (
     routes_stores,
     routes_system,
     routes_templates,
+    routes_tenants,
     routes_workers,
     schemas,
 )
@@ -114,12 +116,30 @@ def finish_openapi(doc: dict) -> dict:
     return doc
 
 
-def _bearer_ok(scope, key: bytes) -> bool:
+def _bearer(scope) -> bytes:
     for k, v in scope["headers"]:
         if k == b"authorization":
             scheme, _, token = v.partition(b" ")
-            return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
-    return False
+            return token.strip() if scheme.lower() == b"bearer" else b""
+    return b""
+
+
+WORKER_PATHS = re.compile(r"/v1/workers/register|/v1/workers/[^/]+/(heartbeat|stopping)|/v1/ca\.crt")
+"""What a `worker` key may call: the worker protocol's server side."""
+ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?")
+"""What only an admin key may call (a tenant key gets 403 forbidden)."""
+
+
+def _scope_refusal(p: auth.Principal, path: str) -> str | None:
+    """Why the key's scope does not allow `path` (None: allowed)."""
+    if p.scope == "worker":
+        if not WORKER_PATHS.fullmatch(path):
+            return "a worker key may call only the worker protocol (register, heartbeat); use a tenant or admin key"
+    elif WORKER_PATHS.fullmatch(path) and path != "/v1/ca.crt" and p.scope != "admin":
+        return "the worker protocol needs a worker (or admin) key"
+    elif p.scope == "tenant" and ADMIN_PATHS.fullmatch(path):
+        return f"{path} needs an admin key; this is a tenant key"
+    return None
 
 
 async def _refuse_websocket(scope, send) -> None:
@@ -175,38 +195,47 @@ def create_app(
         previews = Previews(manager, secretbox.new_key(), "atoll.localhost", 7081)
     app.state.ctx = Context(manager, max_file_bytes, max_exec_output_bytes, manager.secrets, previews)
     m = manager.m
-    key_bytes = api_key.encode()
+    keys = auth.Keys(manager.db, manager.secrets.key, api_key)
+    keys.ensure_default()
+    manager.keys = keys
 
     async def request_context(scope, receive, send, inner):
         """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
         duration metric, and a JSON 500 if anything escapes."""
         if scope["type"] == "websocket":  # terminals (routes_pty): the handshake needs the key too
-            if not _public(scope["path"]) and not _bearer_ok(scope, key_bytes):
+            if _public(scope["path"]):
+                return await inner(scope, receive, send)
+            p = keys.check(_bearer(scope))
+            if p is None or _scope_refusal(p, scope["path"]):
                 return await _refuse_websocket(scope, send)
-            return await inner(scope, receive, send)
+            token = auth.set_current(p)
+            try:
+                return await inner(scope, receive, send)
+            finally:
+                auth.reset_current(token)
         if scope["type"] != "http":
             return await inner(scope, receive, send)
         rid = "req_" + secrets.token_hex(8)
         scope.setdefault("state", {})["request_id"] = rid
         t0 = time.perf_counter()
         path = scope["path"]
+        principal = None
         if not _public(path):
-            token = b""
-            for k, v in scope["headers"]:
-                if k == b"authorization":
-                    scheme, _, token = v.partition(b" ")
-                    if scheme.lower() != b"bearer":
-                        token = b""
-                    break
-            if not hmac.compare_digest(token.strip(), key_bytes):
+            principal = keys.check(_bearer(scope))
+            if principal is None:
                 resp = http.error_response(
                     401,
                     "unauthorized",
-                    "missing or wrong API key; send 'Authorization: Bearer <key>' "
+                    "missing, wrong, revoked or expired API key; send 'Authorization: Bearer <key>' "
                     "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)",
                     rid,
                 )
                 return await resp(scope, receive, send)
+            why = _scope_refusal(principal, path)
+            if why is not None:
+                return await http.error_response(403, "forbidden", why, rid)(scope, receive, send)
+            scope["state"]["principal"] = principal
+        ctx_token = auth.set_current(principal)
         status = {"code": 500, "started": False}
 
         async def send_wrapper(message):
@@ -226,6 +255,8 @@ def create_app(
                     500, "internal_error", f"internal error; the server logged it as {rid}", rid, True
                 )
                 await resp(scope, receive, send)
+        finally:
+            auth.reset_current(ctx_token)
         route = scope.get("route")
         m.requests.labels(route=getattr(route, "path", "unmatched"), status=str(status["code"])).observe(
             time.perf_counter() - t0
@@ -242,7 +273,11 @@ def create_app(
                 exc.message,
                 extra={"request_id": rid, "path": request.url.path, "detail": exc.detail},
             )
-        return http.error_response(exc.status, exc.code, exc.message, rid, exc.retryable)
+        resp = http.error_response(exc.status, exc.code, exc.message, rid, exc.retryable)
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            resp.headers["Retry-After"] = str(max(1, int(retry_after + 0.999)))
+        return resp
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -280,6 +315,7 @@ def create_app(
         routes_secrets,
         routes_templates,
         routes_stores,
+        routes_tenants,
     ):
         app.include_router(module.router)
 

@@ -21,8 +21,8 @@ import logging
 import time
 import typing
 
+from atoll.controlplane import auth, lifetime, metrics, schemas
 from atoll.controlplane import db as dbm
-from atoll.controlplane import lifetime, metrics, schemas
 from atoll.controlplane.authority import Authority
 from atoll.controlplane.ledger import Ledger
 from atoll.controlplane.pools import Pools
@@ -67,6 +67,8 @@ class SandboxManager:
     ):
         self.db = database
         self.secrets = secrets
+        self.keys: auth.Keys | None = None
+        """Tenants and API keys (set by controlplane.app, which checks every request's key)."""
         """The secret store (None: this manager takes no secrets, as in some tests)."""
         self.authority = authority
         """The installation's CA (None: sandboxes get no CA and no HTTPS interception)."""

@@ -925,3 +925,73 @@ class PtyInfo(BaseModel):
 
 class PtyList(BaseModel):
     items: list[PtyInfo]
+
+
+# ---- tenants and keys (controlplane.routes_tenants) ------------------------------------------------
+
+
+class Quotas(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_running: int | None = Field(None, description="Running sandboxes at once")
+    max_memory_mb: int | None = Field(None, description="Memory (MB) of running sandboxes, summed")
+    max_standby_gb: float | None = Field(None, description="Standby storage (disk + archive tier), GB")
+    max_volume_gb: float | None = Field(None, description="Volume and drive storage, GB")
+    creates_per_minute: int | None = Field(None, description="Sandbox creates per minute (429 beyond)")
+    max_pool_slots: int | None = Field(None, description="Warm pool slots over all its templates")
+    build_minutes_per_day: float | None = Field(None, description="Template build minutes per day")
+
+
+class CreateTenant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., description="1-63 lower-case letters, digits, '.', '_' or '-'")
+    quotas: Quotas | None = Field(None, description="Limits; a quota left out is unlimited")
+
+
+class UpdateTenant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    quotas: dict | None = Field(None, description="Quotas to change; null for one removes it (unlimited)")
+
+
+class Tenant(BaseModel):
+    id: str
+    name: str
+    quotas: dict
+    created_at: str | None
+    updated_at: str | None
+
+
+class TenantList(BaseModel):
+    items: list[Tenant]
+    next_cursor: str | None = None
+
+
+class CreateKey(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scope: str = Field("admin", description='"admin" or "worker" (tenant keys: POST /v1/tenants/{id}/keys)')
+    expires_at: str | None = Field(None, description="ISO 8601; the key stops working then")
+
+
+class CreateTenantKey(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expires_at: str | None = Field(None, description="ISO 8601; the key stops working then")
+
+
+class ApiKey(BaseModel):
+    id: str
+    scope: str
+    tenant_id: str | None
+    created_at: str | None
+    expires_at: str | None
+    revoked_at: str | None
+    key: str | None = Field(None, description="The key itself: only in the answer that created it")
+
+
+class ApiKeyList(BaseModel):
+    items: list[ApiKey]
+    next_cursor: str | None = None

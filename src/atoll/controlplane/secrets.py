@@ -169,6 +169,11 @@ class SecretStore:
         self.db = database
         self._key = secretbox.check_key(key, "the secrets key")
 
+    @property
+    def key(self) -> bytes:
+        """The installation's secrets key (controlplane.auth derives the API keys' hash key from it)."""
+        return self._key
+
     def create(
         self, tenant: str, body: object, *, replace: bool = False, name: str | None = None
     ) -> dbm.SecretRecord:

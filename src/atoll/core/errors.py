@@ -42,9 +42,20 @@ CODES: dict[str, Code] = {
     "invalid_path": Code(400, False, "a file path is missing, relative, or otherwise unusable"),
     "io_error": Code(400, False, "a file call hit an input/output error inside the sandbox"),
     "unauthorized": Code(401, False, "missing or wrong bearer key or worker token"),
+    "forbidden": Code(
+        403, False, "the key's scope does not allow this route (tenant or worker key on an admin route)"
+    ),
+    "quota_exceeded": Code(
+        403,
+        False,
+        "a tenant quota would be exceeded (the message names it, its limit and use); 429 with "
+        "Retry-After for a rate (creates_per_minute)",
+    ),
     "permission_denied": Code(403, False, "the sandbox's file system refused the call"),
     "read_only_path": Code(403, False, "the call would write to a read-only file system"),
     "not_found": Code(404, False, "no such route"),
+    "tenant_not_found": Code(404, False, "no tenant of that id"),
+    "key_not_found": Code(404, False, "no API key of that id"),
     "sandbox_not_found": Code(404, False, "no such sandbox, or it was deleted"),
     "template_not_found": Code(404, False, "no such template"),
     "file_not_found": Code(404, False, "no file or directory at the path"),
@@ -65,6 +76,8 @@ CODES: dict[str, Code] = {
     "secret_exists": Code(409, False, "a secret of that name exists (PUT replaces it)"),
     "template_exists": Code(409, False, "a template of that name is being built; wait for its build"),
     "template_in_use": Code(409, False, "the template has sandboxes or a pool; delete them first"),
+    "tenant_exists": Code(409, False, "a tenant of that name exists"),
+    "tenant_in_use": Code(409, False, "the tenant still owns resources (the message lists them)"),
     "volume_exists": Code(409, False, "a volume of that name exists"),
     "drive_exists": Code(409, False, "a drive of that name exists"),
     "volume_in_use": Code(
