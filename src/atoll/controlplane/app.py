@@ -19,6 +19,7 @@ import logging
 import re
 import secrets
 import time
+import urllib.parse
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -130,6 +131,14 @@ ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?")
 """What only an admin key may call (a tenant key gets 403 forbidden)."""
 
 
+def _query_tenant(scope) -> str | None:
+    """The request's `?tenant_id=` (an admin acts in that tenant), or None."""
+    for k, v in urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+        if k == "tenant_id":
+            return v
+    return None
+
+
 def _scope_refusal(p: auth.Principal, path: str) -> str | None:
     """Why the key's scope does not allow `path` (None: allowed)."""
     if p.scope == "worker":
@@ -234,6 +243,17 @@ def create_app(
             why = _scope_refusal(principal, path)
             if why is not None:
                 return await http.error_response(403, "forbidden", why, rid)(scope, receive, send)
+            if principal.admin and b"tenant_id=" in scope.get("query_string", b""):
+                tid = _query_tenant(scope)
+                if tid is not None and not auth.TENANT_ID_RE.fullmatch(tid):
+                    resp = http.error_response(
+                        400,
+                        "invalid_request",
+                        f"tenant_id {tid[:80]!r} is not a tenant id (tn-… or default)",
+                        rid,
+                    )
+                    return await resp(scope, receive, send)
+                principal = auth.for_tenant(principal, tid)
             scope["state"]["principal"] = principal
         ctx_token = auth.set_current(principal)
         status = {"code": 500, "started": False}

@@ -75,7 +75,8 @@ class Principal:
     """The key's id ("admin" for ATOLL_API_KEY)."""
     scope: str
     tenant_id: str | None
-    """A tenant key's tenant; None for admin and worker keys."""
+    """A tenant key's tenant; for an admin key the tenant its request names (`?tenant_id=`), else
+    None; None for worker keys."""
 
     @property
     def admin(self) -> bool:
@@ -101,6 +102,13 @@ def reset_current(token: contextvars.Token) -> None:
 # ---- what the caller may see ----------------------------------------------------------------------
 
 
+def for_tenant(p: Principal, tenant_id: str | None) -> Principal:
+    """An admin's principal acting in `tenant_id` (its `?tenant_id=`); others unchanged."""
+    if not p.admin or not tenant_id:
+        return p
+    return dataclasses.replace(p, tenant_id=tenant_id)
+
+
 def visible(tenant_id: str | None) -> bool:
     """Whether the current caller may see a resource of `tenant_id` (another tenant's is 404)."""
     p = _current.get()
@@ -111,8 +119,10 @@ def list_tenant(explicit: str | None = None) -> str | None:
     """The tenant a list is filtered to: a tenant key's own; for an admin `?tenant_id=` (None:
     every tenant)."""
     p = _current.get()
-    if p is None or p.admin:
+    if p is None:
         return explicit or None
+    if p.admin:
+        return explicit or p.tenant_id
     return p.tenant_id
 
 
@@ -125,7 +135,7 @@ def acting_tenant(explicit: str | None = None) -> str:
             raise Forbidden("tenant_id is set by the key: a tenant key acts only for its own tenant")
         assert p.tenant_id is not None
         return p.tenant_id
-    return explicit or ids.DEFAULT_TENANT
+    return explicit or (p.tenant_id if p is not None else None) or ids.DEFAULT_TENANT
 
 
 class Forbidden(errors.AtollError):
