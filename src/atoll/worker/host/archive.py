@@ -12,7 +12,9 @@ template's layer stack (published beside it) and its runtime settings.
 Upload (`upload`): pack to a local file (hashing as it compresses), put it under a key unique to
 the sandbox's generation, check the stored size, then write the manifest — locally (`archive.json`,
 fsync'd) and to the store, last: an archive exists only once its manifest does, so an upload cut
-short leaves at most an object no manifest names (removed by the next upload or delete).
+short leaves at most an object no manifest names (removed by the next upload, or by
+`drop_orphans` in the worker's garbage collection). `remove` deletes only what the caller owns:
+the store may be shared by several workers.
 Download (`download`): fetch the object into a regular file (runsc restores from a file, never a
 stream), check its size and sha256 against the manifest before anything is unpacked, then unpack
 into a staging directory checking every member's sha256, and only then move the snapshot and the
@@ -30,6 +32,7 @@ import json
 import os
 import shutil
 import tarfile
+import tempfile
 import time
 import typing
 from dataclasses import asdict, dataclass, field
@@ -431,10 +434,66 @@ def drop_leftovers(sandbox_dir: str) -> list[str]:
     return out
 
 
-async def remove(store: objectstore.ObjectStore, sid: str) -> int:
-    """Delete every object of the sandbox (manifest first, so no half archive is ever named)."""
-    keys = await store.list(prefix(sid))
-    keys.sort(key=lambda k: k != manifest_key(sid))
-    for key in keys:
-        await store.delete(key)
-    return len(keys)
+async def _store_manifest(store: objectstore.ObjectStore, sid: str) -> ArchiveManifest | None:
+    """The manifest the store holds for `sid` (None when it has none). ArchiveDamaged when it
+    is unreadable; StoreError when the store fails."""
+    with tempfile.TemporaryDirectory(prefix="atoll-manifest-") as tmp:
+        try:
+            return await fetch_manifest(store, sid, tmp)
+        except ArchiveMissing:
+            return None
+
+
+async def remove(store: objectstore.ObjectStore, sid: str, key: str | None = None) -> int:
+    """Delete the sandbox's archive; returns how many objects were deleted.
+
+    With `key` (the object the caller's own manifest names, `Runtime.archive_key`) only what the
+    caller owns goes: that object, and the store's manifest when it names that object too. The
+    store may be shared by several workers, and another one may have adopted the sandbox since and
+    written a newer manifest naming its own object: both are left to it. The manifest goes first,
+    so no half archive is ever named. Without `key`, every object under the sandbox's prefix goes
+    (a store only this caller uses). StoreError when the store fails (nothing named is left
+    half-removed: a retry deletes the rest)."""
+    if key is None:
+        keys = await store.list(prefix(sid))
+        keys.sort(key=lambda k: k != manifest_key(sid))
+        for k in keys:
+            await store.delete(k)
+        return len(keys)
+    objectstore.check_key(key)
+    if not key.startswith(prefix(sid)) or key == manifest_key(sid):
+        raise ValueError(f"{key!r} is not an archive object of sandbox {sid}")
+    n = 0
+    try:
+        man = await _store_manifest(store, sid)
+    except ArchiveDamaged:
+        man = None  # unreadable: whose it is cannot be told, so it stays
+    else:
+        if man is not None and man.key == key:
+            await store.delete(manifest_key(sid))
+            n += 1
+    try:
+        await store.size(key)
+    except objectstore.ObjectNotFound:
+        return n
+    await store.delete(key)
+    return n + 1
+
+
+async def drop_orphans(store: objectstore.ObjectStore, sid: str, key: str) -> list[str]:
+    """Objects under the sandbox's prefix that its manifest does not name (an upload cut short),
+    removed, when the store's manifest names `key` (the caller's archive: the caller holds the
+    sandbox). Nothing is removed when the manifest names another object or is missing or
+    unreadable (the sandbox may be another worker's now). Returns the keys removed."""
+    try:
+        man = await _store_manifest(store, sid)
+    except ArchiveDamaged:
+        return []
+    if man is None or man.key != key:
+        return []
+    out = []
+    for k in await store.list(prefix(sid)):
+        if k not in (key, manifest_key(sid)):
+            await store.delete(k)
+            out.append(k)
+    return out
