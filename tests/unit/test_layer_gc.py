@@ -171,3 +171,17 @@ def test_a_real_overlay_keeps_its_lower_layer(tmp_path):
     finally:
         subprocess.run(["umount", str(merged)], check=True)
     assert lower not in layer_gc.mounted_lowers()
+
+
+def test_layer_cache_settings(tmp_path):
+    from atoll.core import config
+    from atoll.worker.service import settings
+
+    home = {"ATOLL_HOME": str(tmp_path)}
+    w = settings.load(home)
+    assert (w.layer_cache_ttl_s, w.layer_cache_gb) == (7 * DAY, None)
+    w = settings.load({**home, "ATOLL_LAYER_CACHE_TTL_S": "3600", "ATOLL_LAYER_CACHE_GB": "20"})
+    assert (w.layer_cache_ttl_s, w.layer_cache_gb) == (3600, 20)
+    for name, bad in (("ATOLL_LAYER_CACHE_TTL_S", "-1"), ("ATOLL_LAYER_CACHE_GB", "lots")):
+        with pytest.raises(config.SettingsError, match=name):
+            settings.load({**home, name: bad})
