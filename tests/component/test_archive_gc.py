@@ -61,11 +61,12 @@ async def test_remove_deletes_only_what_the_caller_owns(store, tmp_path):
     mine = await _archive(store, tmp_path, sid, 3)
     # another worker adopted the sandbox since and archived it anew: a newer manifest, its object
     theirs = await _archive(store, tmp_path, sid, 5)
+    await _put(store, tmp_path, archive.object_key(sid, 6))  # an upload of theirs in progress
     assert await archive.remove(store, sid, mine) == 1  # my object only: the manifest is theirs
-    assert await _keys(store, sid) == [theirs, archive.manifest_key(sid)]
+    assert await _keys(store, sid) == [theirs, archive.object_key(sid, 6), archive.manifest_key(sid)]
     assert (await archive.fetch_manifest(store, sid, str(tmp_path))).key == theirs
-    # their removal (they own the manifest now) takes both; a second one finds nothing
-    assert await archive.remove(store, sid, theirs) == 2
+    # their removal (they own the manifest now) takes both, and what an upload of theirs left
+    assert await archive.remove(store, sid, theirs) == 3
     assert await _keys(store, sid) == []
     assert await archive.remove(store, sid, theirs) == 0
     with pytest.raises(ValueError, match="not an archive object"):

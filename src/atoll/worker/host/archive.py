@@ -19,7 +19,8 @@ Download (`download`): fetch the object into a regular file (runsc restores from
 stream), check its size and sha256 against the manifest before anything is unpacked, then unpack
 into a staging directory checking every member's sha256, and only then move the snapshot and the
 upper image into place. Any mismatch raises `ArchiveDamaged`: nothing bad is ever restored.
-Called by worker.runtimes.tiers (pause to and resume from the archive tier, delete).
+Called by worker.runtimes.archiving (pause to and resume from the archive tier, delete) and
+worker.runtimes.archive_gc (removals retried, orphans).
 """
 
 from __future__ import annotations
@@ -448,12 +449,13 @@ async def remove(store: objectstore.ObjectStore, sid: str, key: str | None = Non
     """Delete the sandbox's archive; returns how many objects were deleted.
 
     With `key` (the object the caller's own manifest names, `Runtime.archive_key`) only what the
-    caller owns goes: that object, and the store's manifest when it names that object too. The
-    store may be shared by several workers, and another one may have adopted the sandbox since and
-    written a newer manifest naming its own object: both are left to it. The manifest goes first,
-    so no half archive is ever named. Without `key`, every object under the sandbox's prefix goes
-    (a store only this caller uses). StoreError when the store fails (nothing named is left
-    half-removed: a retry deletes the rest)."""
+    caller owns goes: that object, and — when the store's manifest names that object too, so the
+    sandbox is the caller's — the objects of uploads cut short under its prefix and the manifest.
+    The store may be shared by several workers, and another one may have adopted the sandbox since
+    and written a newer manifest naming its own object: both are left to it. The manifest goes
+    before the object it names, so no half archive is ever named. Without `key`, every object under
+    the sandbox's prefix goes (a store only this caller uses). StoreError when the store fails
+    (what is left is still consistent: a retry deletes the rest)."""
     if key is None:
         keys = await store.list(prefix(sid))
         keys.sort(key=lambda k: k != manifest_key(sid))
@@ -468,10 +470,10 @@ async def remove(store: objectstore.ObjectStore, sid: str, key: str | None = Non
         man = await _store_manifest(store, sid)
     except ArchiveDamaged:
         man = None  # unreadable: whose it is cannot be told, so it stays
-    else:
-        if man is not None and man.key == key:
-            await store.delete(manifest_key(sid))
-            n += 1
+    if man is not None and man.key == key:
+        n += len(await drop_orphans(store, sid, key, man))
+        await store.delete(manifest_key(sid))
+        n += 1
     try:
         await store.size(key)
     except objectstore.ObjectNotFound:
@@ -480,15 +482,19 @@ async def remove(store: objectstore.ObjectStore, sid: str, key: str | None = Non
     return n + 1
 
 
-async def drop_orphans(store: objectstore.ObjectStore, sid: str, key: str) -> list[str]:
+async def drop_orphans(
+    store: objectstore.ObjectStore, sid: str, key: str, man: ArchiveManifest | None = None
+) -> list[str]:
     """Objects under the sandbox's prefix that its manifest does not name (an upload cut short),
-    removed, when the store's manifest names `key` (the caller's archive: the caller holds the
-    sandbox). Nothing is removed when the manifest names another object or is missing or
-    unreadable (the sandbox may be another worker's now). Returns the keys removed."""
-    try:
-        man = await _store_manifest(store, sid)
-    except ArchiveDamaged:
-        return []
+    removed, when the store's manifest (`man`, read from the store when not given) names `key`
+    (the caller's archive: the caller holds the sandbox). Nothing is removed when the manifest
+    names another object or is missing or unreadable (the sandbox may be another worker's now).
+    Returns the keys removed."""
+    if man is None:
+        try:
+            man = await _store_manifest(store, sid)
+        except ArchiveDamaged:
+            return []
     if man is None or man.key != key:
         return []
     out = []
