@@ -116,7 +116,7 @@ class LayerStore:
             trash = os.path.join(self.dir, f"{TRASH}{key}-{os.getpid()}-{time.monotonic_ns()}")
             os.rename(os.path.join(self.dir, key), trash)
         finally:
-            os.close(fd)
+            os.close(fd)  # `.lock-<key>` stays: unlinked, two holders could lock two different files
         shutil.rmtree(trash, ignore_errors=True)
         return True
 
