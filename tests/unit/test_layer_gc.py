@@ -94,6 +94,21 @@ async def test_a_layer_used_or_locked_meanwhile_stays(tmp_path):
     ] == ["being-used"]
 
 
+async def test_use_waits_for_a_make_in_progress_and_marks_the_layer(tmp_path):
+    store = layers.LayerStore(str(tmp_path / "templates"))
+    holder = os.open(os.path.join(store.dir, ".lock-being-made"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another installation is making it
+    try:
+        use = asyncio.ensure_future(store.use("being-made"))
+        await asyncio.sleep(0.2)
+        assert not use.done()
+        _layer(store, "being-made", age_s=30 * DAY)
+    finally:
+        os.close(holder)
+    assert await asyncio.wait_for(use, 10)
+    assert time.time() - (store.last_used("being-made") or 0) < 60
+
+
 def test_mark_used_touches_each_cached_layer_of_a_stack(tmp_path):
     store = layers.LayerStore(str(tmp_path / "templates"))
     a = _layer(store, "a", age_s=30 * DAY)

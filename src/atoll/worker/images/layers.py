@@ -77,7 +77,10 @@ class LayerStore:
         garbage collection that holds it exclusively either saw this use or removed the layer first)."""
         fd = self._lock_fd(key)
         try:
-            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_SH)
+            try:  # free almost always (a create of a built-in template asks every time): no thread
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # being made (or removed) now: wait for it
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_SH)
             if not self.exists(key):
                 return False
             _touch(os.path.join(self.dir, key, USED))
