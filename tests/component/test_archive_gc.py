@@ -41,11 +41,11 @@ async def _put(store, tmp_path, key: str, data: bytes = b"x") -> None:
     await store.put_file(key, str(src))
 
 
-async def _archive(store, tmp_path, sid: str, generation: int) -> str:
+async def _archive(store, tmp_path, sid: str, generation: int, holder: str = "") -> str:
     """An archive of `sid` as a worker's upload leaves it: object, then the manifest naming it."""
     key = archive.object_key(sid, generation)
     await _put(store, tmp_path, key, b"object of generation %d" % generation)
-    man = archive.ArchiveManifest(sid, generation, key, 1, "0" * 64)
+    man = archive.ArchiveManifest(sid, generation, key, 1, "0" * 64, holder=holder)
     man_file = tmp_path / "manifest.json"
     man_file.write_text(man.dumps())
     await store.put_file(archive.manifest_key(sid), str(man_file))
@@ -73,6 +73,27 @@ async def test_remove_deletes_only_what_the_caller_owns(store, tmp_path):
         await archive.remove(store, sid, archive.manifest_key(sid))
     with pytest.raises(ValueError, match="not an archive object"):
         await archive.remove(store, sid, archive.object_key(ids.new_sandbox_id(), 1))
+
+
+async def test_an_archive_another_worker_adopted_is_left_to_it(store, tmp_path):
+    """Worker A archived the sandbox; it was lost and B adopted it (claimed the manifest) without
+    archiving anew: the same object, now B's. A, back with its stale record, removes nothing."""
+    sid = ids.new_sandbox_id()
+    key = await _archive(store, tmp_path, sid, 2, holder="install-a")
+    d = tmp_path / "b-sandbox"
+    d.mkdir()
+    man = await archive.fetch_manifest(store, sid, str(tmp_path))
+    claimed = await archive.claim(store, str(d), man, "install-b")
+    assert claimed.holder == "install-b" and archive.local_manifest(str(d)) == claimed
+    assert (await archive.fetch_manifest(store, sid, str(tmp_path))).holder == "install-b"
+    assert sorted(os.listdir(d)) == [archive.LOCAL_MANIFEST]
+    await _put(store, tmp_path, archive.object_key(sid, 3))  # B's upload of a new archive, under way
+    assert await archive.drop_orphans(store, sid, key, "install-a") == []
+    assert await archive.remove(store, sid, key, "install-a") == 0
+    assert len(await _keys(store, sid)) == 3
+    # B's own removal (its resume) takes all of it
+    assert await archive.remove(store, sid, key, "install-b") == 3
+    assert await _keys(store, sid) == []
 
 
 async def test_orphans_go_only_when_the_manifest_is_the_callers(store, tmp_path):

@@ -348,6 +348,10 @@ def test_garbage_collection_at_start_removes_only_what_this_worker_owns(atoll_lo
         assert _pause(c, archived)["standby_tier"] == "archive"
         objects = _objects(store)
         assert len(objects) == 2, objects
+        with open(os.path.join(store, "sandboxes", archived, "manifest.json")) as f:
+            holder = json.load(f)["holder"]
+        with open(os.path.join(la.home, "installation-id")) as f:
+            assert holder == f.read().strip()  # only this installation removes the archive
         la.stop(reap=False)
         # what a killed upload and a killed download leave, another worker's archive, an old layer
         cut_short = f"sandboxes/{archived}/99.tar.zst"

@@ -141,15 +141,25 @@ async def test_size_cap_removes_least_recently_used_first_never_a_fresh_one(tmp_
 
 async def test_debris_of_a_crash_is_removed_unless_a_make_holds_its_key(tmp_path):
     store = layers.LayerStore(str(tmp_path / "templates"))
-    for name in (".trash-gone-1-2", ".tmp-base-0123-999999", ".tmp-step-abc-999998"):
+    for name in (
+        ".trash-gone-1-2",
+        ".tmp-base-0123-999999",
+        ".tmp-step-abc-999998",
+        ".fetch-old",
+        ".fetch-new",
+    ):
         os.makedirs(os.path.join(store.dir, name, "fs"))
+    os.utime(os.path.join(store.dir, ".fetch-old"), (time.time() - 2 * DAY,) * 2)
     holder = os.open(os.path.join(store.dir, ".lock-step-abc"), os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)  # a make of step-abc is in progress
         await layer_gc.collect(store, [], set(), ttl_s=7 * DAY, mounted=_nothing_mounted)
     finally:
         os.close(holder)
-    assert sorted(n for n in os.listdir(store.dir) if not n.startswith(".lock-")) == [".tmp-step-abc-999998"]
+    assert sorted(n for n in os.listdir(store.dir) if not n.startswith(".lock-")) == [
+        ".fetch-new",  # a download under way
+        ".tmp-step-abc-999998",
+    ]
 
 
 def test_mountinfo_lower_dirs_are_parsed_with_escapes():

@@ -41,6 +41,8 @@ from atoll.worker.images import ociarchive, rootpath, shim
 
 USED = "used"
 TRASH = ".trash-"
+FETCHING = ".fetch-"
+FETCH_DEBRIS_S = 86400.0
 
 MAX_LAYERS = 60
 """Layers in one stack (the overlay mount's option string must fit a page)."""
@@ -124,9 +126,10 @@ class LayerStore:
         return True
 
     def sweep_debris(self) -> list[str]:
-        """Remove what a crash left: `.trash-*` directories (a removal cut short) and `.tmp-<key>-<pid>`
-        directories whose key's lock is free (no make of that key is in progress anywhere).
-        Blocking: run it in a thread. Returns the paths removed."""
+        """Remove what a crash left: `.trash-*` directories (a removal cut short), `.tmp-<key>-<pid>`
+        directories whose key's lock is free (no make of that key is in progress anywhere), and
+        `.fetch-*` directories of layer downloads older than a day. Blocking: run it in a thread.
+        Returns the paths removed."""
         out: list[str] = []
         try:
             names = os.listdir(self.dir)
@@ -135,6 +138,10 @@ class LayerStore:
         for name in names:
             path = os.path.join(self.dir, name)
             if name.startswith(TRASH):
+                shutil.rmtree(path, ignore_errors=True)
+                out.append(path)
+            elif name.startswith(FETCHING) and _older_than(path, FETCH_DEBRIS_S):
+                # a download of worker.images.layerpack cut short (one takes seconds)
                 shutil.rmtree(path, ignore_errors=True)
                 out.append(path)
             elif name.startswith(".tmp-") and "-" in name[5:]:
@@ -395,6 +402,13 @@ def find_file(layers_top_first: typing.Sequence[str], rel: str) -> str | None:
             return None
         return p
     return None
+
+
+def _older_than(path: str, seconds: float) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime > seconds
+    except FileNotFoundError:
+        return False
 
 
 def _touch(path: str) -> None:

@@ -140,7 +140,7 @@ class ArchiveCollector:
                     pending.discard(sid, key)  # archived anew under the same key: it is live
                     continue
                 try:
-                    n = await archive.remove(self.store, sid, key)
+                    n = await archive.remove(self.store, sid, key, self.archiver.holder)
                 except objectstore.StoreError as e:
                     log.info("pending archive removals wait for the store: %s", e)
                     break
@@ -173,7 +173,7 @@ class ArchiveCollector:
     async def _sweep_one(self, rt: Runtime) -> list[str]:
         sid, key = rt.sandbox_id, rt.archive_key
         if rt.phase == Phase.ARCHIVED:
-            gone = await archive.drop_orphans(self.store, sid, key)
+            gone = await archive.drop_orphans(self.store, sid, key, self.archiver.holder)
             for k in gone:
                 log.info("sandbox.archive.orphan_removed", extra={"sandbox_id": sid, "key": k})
             return gone

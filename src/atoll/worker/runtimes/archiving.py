@@ -70,6 +70,8 @@ class Archiver:
             pending or os.path.join(os.path.dirname(runtimes.root), archive_gc.JOURNAL)
         )
         """Removals the store refused, retried by worker.runtimes.archive_gc (`<home>/archive-removals.json`)."""
+        self.holder = runtimes.install_id
+        """This installation's id, named in the manifests of its archives: only the holder removes one."""
         self.store_failed = False
         """Whether the last archive failed because of the store (down, refusing): a caller that
         archives many in a row stops until later."""
@@ -140,6 +142,7 @@ class Archiver:
             build_id=rt.build_id,
             mounts=[dict(m) for m in rt.mounts],
             runtime={k: getattr(rt, k) for k in RUNTIME_FIELDS},
+            holder=self.holder,
             created_at=time.time(),
         )
         try:
@@ -246,7 +249,7 @@ class Archiver:
         if not archive_key:
             return True
         try:
-            n = await archive.remove(self.store, sid, archive_key)
+            n = await archive.remove(self.store, sid, archive_key, self.holder)
         except objectstore.StoreError as e:
             self.pending.add(sid, archive_key)
             log.warning(
