@@ -365,7 +365,9 @@ def test_garbage_collection_at_start_removes_only_what_this_worker_owns(atoll_lo
         os.makedirs(os.path.join(stale_layer, "fs"))
         with open(os.path.join(stale_layer, "layer.json"), "w") as f:
             json.dump({"key": os.path.basename(stale_layer), "size_bytes": 0, "made_at": 0}, f)
-        os.utime(os.path.join(stale_layer, "layer.json"), (0, 0))
+        with open(os.path.join(stale_layer, "used"), "w"):
+            pass
+        os.utime(os.path.join(stale_layer, "used"), (0, 0))  # last used in 1970
         try:
             la.start(timeout=600)
             deadline = time.monotonic() + 30

@@ -21,9 +21,10 @@ DAY = 86400.0
 
 
 def _layer(
-    store: layers.LayerStore, key: str, *, age_s: float = 0.0, size: int = 10, used: bool = False
+    store: layers.LayerStore, key: str, *, age_s: float = 0.0, size: int = 10, used: bool = True
 ) -> str:
-    """A complete layer `key`, last used `age_s` ago (its `used` marker, or its layer.json)."""
+    """A complete layer `key`, last used `age_s` ago (its `used` marker); without the marker
+    (`used=False`, an earlier version's layer) made `age_s` ago."""
     d = os.path.join(store.dir, key)
     os.makedirs(os.path.join(d, "fs", "etc"))
     with open(os.path.join(d, "fs", "etc", "os-release"), "w") as f:
@@ -47,11 +48,12 @@ def _nothing_mounted() -> set[str]:
 async def test_only_unreferenced_unmounted_idle_non_builtin_layers_go(tmp_path):
     store = layers.LayerStore(str(tmp_path / "templates"))
     _layer(store, "old", age_s=8 * DAY)
-    _layer(store, "old-used-marker", age_s=8 * DAY, used=True)
+    _layer(store, "older", age_s=9 * DAY)
+    _layer(store, "earlier-version", age_s=300 * DAY, used=False)  # never marked: its clock starts now
     referenced = _layer(store, "referenced", age_s=30 * DAY)
     _layer(store, "base-0123456789abcdef", age_s=30 * DAY)
     _layer(store, "recent", age_s=6 * DAY)
-    _layer(store, "recently-used", age_s=1 * DAY, used=True)  # its layer.json is 2 days old
+    _layer(store, "recently-used", age_s=1 * DAY)  # its layer.json is 2 days old
     mounted = _layer(store, "mounted", age_s=30 * DAY)
     removed = await layer_gc.collect(
         store,
@@ -60,9 +62,17 @@ async def test_only_unreferenced_unmounted_idle_non_builtin_layers_go(tmp_path):
         ttl_s=7 * DAY,
         mounted=lambda: {mounted},
     )
-    assert sorted(r.key for r in removed) == ["old", "old-used-marker"]
+    assert sorted(r.key for r in removed) == ["old", "older"]
     assert all(r.why == "ttl" and r.idle_s >= 8 * DAY - 5 and r.size_bytes == 10 for r in removed)
-    assert store.keys() == ["base-0123456789abcdef", "mounted", "recent", "recently-used", "referenced"]
+    assert store.keys() == [
+        "base-0123456789abcdef",
+        "earlier-version",
+        "mounted",
+        "recent",
+        "recently-used",
+        "referenced",
+    ]
+    assert time.time() - (store.last_used("earlier-version") or 0) < 60
     assert [n for n in os.listdir(store.dir) if n.startswith(layers.TRASH)] == []
 
 
@@ -123,10 +133,10 @@ def test_mark_used_touches_each_cached_layer_of_a_stack(tmp_path):
 
 async def test_size_cap_removes_least_recently_used_first_never_a_fresh_one(tmp_path):
     store = layers.LayerStore(str(tmp_path / "templates"))
-    _layer(store, "oldest", age_s=3 * DAY, size=400, used=True)
-    _layer(store, "older", age_s=2 * DAY, size=400, used=True)
-    _layer(store, "old", age_s=1 * DAY, size=400, used=True)
-    _layer(store, "fresh", age_s=60, size=4000, used=True)
+    _layer(store, "oldest", age_s=3 * DAY, size=400)
+    _layer(store, "older", age_s=2 * DAY, size=400)
+    _layer(store, "old", age_s=1 * DAY, size=400)
+    _layer(store, "fresh", age_s=60, size=4000)
     removed = await layer_gc.collect(
         store, [], set(), ttl_s=7 * DAY, cap_bytes=4500, mounted=_nothing_mounted
     )

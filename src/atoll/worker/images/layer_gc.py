@@ -9,9 +9,11 @@ only when all of these hold:
 - no overlay mounted on the host stacks it: the `lowerdir=` option of every overlay in every mount
   namespace (`/proc/<pid>/mountinfo`, one per namespace), which names host paths — so another
   installation's running or checkpointed sandboxes keep their layers;
-- it was last used (its `used` marker, touched whenever a build, create or restore stacks it; else
-  its layer.json) longer than `ttl_s` ago (ATOLL_LAYER_CACHE_TTL_S, default 7 days) — which covers
-  another installation's builds, whose records this worker cannot see, until they go unused that long.
+- it was last used (its `used` marker, touched when it is made and whenever a build, create or
+  restore stacks it) longer than `ttl_s` ago (ATOLL_LAYER_CACHE_TTL_S, default 7 days) — which
+  covers another installation's builds, whose records this worker cannot see, until they go unused
+  that long. A layer without a marker (made by an earlier version) gets one at its first pass: its
+  idle time starts then, never at its layer.json's date.
 
 With a size cap (ATOLL_LAYER_CACHE_GB), layers that pass the first two rules and were not used in the
 last CAP_MIN_IDLE_S go too, least recently used first, while the cache is over the cap. Each removal

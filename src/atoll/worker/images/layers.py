@@ -8,8 +8,8 @@ worker.images.templates, or an OCI image archive unpacked).
     <template_dir>/layers/<key>/layer.json  what made it, its size, when, and its instance (a
                                             random id of these very bytes: worker.images.layerpack)
 
-    <template_dir>/layers/<key>/used        touched whenever a build, create or restore stacks it
-                                            (its mtime is the layer's last use)
+    <template_dir>/layers/<key>/used        touched when it is made and whenever a build, create or
+                                            restore stacks it (its mtime is the layer's last use)
 
 A layer is made in `.tmp-<key>-<pid>` and renamed into place when complete, so a crash never leaves
 a half layer. Everything that decides about one key holds its flock (`.lock-<key>`): `making`
@@ -91,12 +91,18 @@ class LayerStore:
             os.close(fd)
 
     def last_used(self, key: str) -> float | None:
-        """When the layer was last stacked (its `used` marker, else when it was made); None if gone."""
-        for name in (USED, "layer.json"):
+        """When the layer was last stacked: its `used` marker's mtime (None if the layer is gone). A
+        layer without one was made by a version that did not record uses: its last use is unknown,
+        so it gets a marker now and its idle time starts now (an upgrade never removes a layer
+        that another installation may still be using)."""
+        marker = os.path.join(self.dir, key, USED)
+        for _ in range(2):
             try:
-                return os.stat(os.path.join(self.dir, key, name)).st_mtime
+                return os.stat(marker).st_mtime
             except FileNotFoundError:
-                continue
+                if not self.exists(key):
+                    return None
+                _touch(marker)
         return None
 
     def size(self, key: str) -> int:
@@ -183,6 +189,7 @@ class LayerStore:
         """Make the filled dir `fs` the layer `key`. `instance` names these very bytes (a new
         random one unless they were fetched: worker.images.layerpack)."""
         tmp = os.path.dirname(fs)
+        _touch(os.path.join(tmp, USED))  # made is used
         with open(os.path.join(tmp, "layer.json"), "w") as f:
             json.dump(
                 {
