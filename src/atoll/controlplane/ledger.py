@@ -20,8 +20,8 @@ import logging
 import time
 import typing
 
+from atoll.controlplane import auth, metrics
 from atoll.controlplane import db as dbm
-from atoll.controlplane import metrics
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
 from atoll.core import errors, ids, placement
 from atoll.core import worker_api as api
@@ -77,7 +77,8 @@ class Ledger:
                 f"malformed sandbox id {sid!r}: ids look like 'sb-' followed by 16 lower-case letters/digits"
             )
         rec = self.cache.get(sid) or self.db.get(sid)
-        if rec is None or rec.state == State.DELETED:
+        if rec is None or rec.state == State.DELETED or not auth.visible(rec.tenant_id):
+            # another tenant's sandbox is as absent as one that never was: ids cannot be probed
             raise errors.SandboxNotFound(
                 f"sandbox {sid} does not exist (or was deleted); list yours with GET /v1/sandboxes"
             )
