@@ -22,6 +22,7 @@ import typing
 
 from atoll.controlplane import auth, metrics
 from atoll.controlplane import db as dbm
+from atoll.controlplane.quotas import Quotas
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
 from atoll.core import errors, ids, placement
 from atoll.core import worker_api as api
@@ -67,6 +68,8 @@ class Ledger:
         """When each sandbox last had an API call, a worker-reported activity or a step (monotonic)."""
         self.cache: dict[str, dbm.SandboxRecord] = {}
         self.usage: dict[str, api.Usage] = {}
+        self.quotas = Quotas(database)
+        """Tenant quotas (controlplane.quotas), for the lifecycle, pools, stores and templates."""
         self.reaps: set[asyncio.Task] = set()
         """Deletions of runtimes on their workers, in flight."""
 

@@ -23,6 +23,7 @@ import typing
 
 from atoll.controlplane import auth, lifetime, metrics, schemas
 from atoll.controlplane import db as dbm
+from atoll.controlplane import quotas as quotas_mod
 from atoll.controlplane.authority import Authority
 from atoll.controlplane.ledger import Ledger
 from atoll.controlplane.pools import Pools
@@ -77,6 +78,8 @@ class SandboxManager:
         """The installation's egress policy for a sandbox created without one."""
         self.workers = WorkerRegistry(database, self, lost_after_s=lost_after_s, reconcile_s=reconcile_s)
         self.ledger = Ledger(database, m, self.workers, secrets=secrets, default_network=self.default_network)
+        self.quotas = self.ledger.quotas
+        """Tenant quotas: admission of creates, claims, stores, pools and builds."""
         """Per-sandbox bookkeeping (locks, calls in flight, activity, records, persisting)."""
         self.usage = self.ledger.usage
         self.templates = TemplateService(self.ledger, self, schemas.DEFAULT_MEMORY_MB)
@@ -84,7 +87,7 @@ class SandboxManager:
         self.pools = Pools(self.ledger, self, self.templates, schemas.DEFAULT_MEMORY_MB, default_pool)
         """Warm pools a create claims from (`default_pool`: the size of the built-in `base`'s)."""
         self.templates.pool_stop, self.templates.pool_resume = self.pools.stop, self.pools.resume
-        self.stores = StoreService(database, self.ledger)
+        self.stores = StoreService(database, self.ledger, self.quotas)
         """Volumes and drives (controlplane.stores)."""
         self.templates.on_ready = self.pools.wake
 
@@ -187,6 +190,14 @@ class SandboxManager:
         tenant = auth.acting_tenant(getattr(req, "tenant_id", None))
         if self.keys is not None and tenant != ids.DEFAULT_TENANT:
             self.keys.tenant(tenant)  # 404 tenant_not_found for an admin naming an unknown one
+        if pooled:  # the pool's own: counted against a tenant when claimed
+            return await self._create(req, pooled, tenant, None)
+        with self.quotas.admitting(tenant, req.memory_mb) as ticket:
+            return await self._create(req, pooled, tenant, ticket)
+
+    async def _create(
+        self, req: typing.Any, pooled: bool, tenant: str, ticket: quotas_mod.Ticket | None
+    ) -> dbm.SandboxRecord:
         build = self.templates.serving(req.template, tenant)
         want = mounts.parse(
             [m.model_dump() for m in req.volumes] if getattr(req, "volumes", None) else None,
@@ -265,7 +276,11 @@ class SandboxManager:
             self.stores.release_all(sid, _mount_dicts(want), tenant)
             raise
         async with self.ledger.lock(sid), self.ledger.step("create", sid):
-            self.db.add(rec)  # the record exists before the runtime does (placement is recorded)
+            try:  # the record exists before the runtime does (placement is recorded)
+                self.quotas.insert(rec, ticket)
+            except BaseException:
+                self.stores.release_all(sid, _mount_dicts(want), tenant)
+                raise
             self.ledger.cache[sid] = rec
             try:
                 await self.workers.api_for(handle.id).create(spec)

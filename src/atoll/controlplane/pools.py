@@ -159,8 +159,10 @@ class Pools:
             )
         rec = self.templates.record(name)
         key = pool_key(rec.tenant_id, name)
+        pool = check(body, self.default_memory_mb)
+        self.m.quotas.check_pool(rec.tenant_id, name, pool["max"])
         self._stopped.discard(key)
-        rec.pool = check(body, self.default_memory_mb)
+        rec.pool = pool
         rec.pool_error = None
         self.m.db.put_template(rec)
         self._errors.pop(key, None)

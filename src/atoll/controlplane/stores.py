@@ -31,6 +31,7 @@ from atoll.core.lifecycle import State
 
 if typing.TYPE_CHECKING:
     from atoll.controlplane.ledger import Ledger
+    from atoll.controlplane.quotas import Quotas
 
 DETACH_WAIT_S = 30.0
 IMPORT_HOLDER = "tar-import"
@@ -50,7 +51,8 @@ def _not_found(kind: str, name: str) -> errors.AtollError:
 
 
 class StoreService:
-    def __init__(self, database: dbm.Database, ledger: Ledger):
+    def __init__(self, database: dbm.Database, ledger: Ledger, quotas: Quotas | None = None):
+        self.quotas = quotas
         self.db = database
         self.ledger = ledger
         self._released = asyncio.Event()
@@ -126,6 +128,8 @@ class StoreService:
         tenant = tenant or auth.acting_tenant()
         mounts.check_name(kind, name)
         size = mounts.check_size(kind, size_mb)
+        if self.quotas is not None:
+            self.quotas.check_store(tenant, size)
         worker_id = self._place()
         rec = dbm.StoreRecord(
             tenant_id=tenant, kind=kind, name=name, worker_id=worker_id, size_mb=size, created_at=dbm.utcnow()
@@ -162,6 +166,8 @@ class StoreService:
         tenant = tenant or auth.acting_tenant()
         src = self.record(kind, name, tenant)
         new = mounts.check_name(kind, new_name)
+        if self.quotas is not None:
+            self.quotas.check_store(tenant, src.size_mb)
         rec = dbm.StoreRecord(
             tenant_id=tenant,
             kind=kind,

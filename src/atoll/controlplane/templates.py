@@ -146,6 +146,7 @@ class TemplateService:
         if spec.name in BUILTIN:
             raise errors.InvalidRequest(f"template {spec.name!r} is built in; choose another name")
         tenant = auth.acting_tenant()
+        self.m.quotas.check_build(tenant)
         rec = self.db.get_template(tenant, spec.name)
         if rec is not None and rec.latest_build:
             latest = self.db.get_build(rec.latest_build)
