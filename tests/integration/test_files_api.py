@@ -110,12 +110,14 @@ def test_a_file_read_is_over_once_its_answer_is(api, atoll_server):
     assert r.status_code == 201, r.text
     sid = r.json()["id"]
     try:
-        r = api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/r.txt"}, content=b"hello")
-        assert r.status_code in (200, 201, 204), r.text
+        for name, content in (("r.txt", b"hello"), ("empty", b"")):  # an empty one: headers only
+            r = api.put(f"/v1/sandboxes/{sid}/files", params={"path": f"/tmp/{name}"}, content=content)
+            assert r.status_code in (200, 201, 204), r.text
         with httpx.Client(base_url=atoll_server.url, headers=atoll_server.headers(), timeout=120) as other:
-            for _ in range(40):
-                r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/r.txt"})
-                assert (r.status_code, r.content) == (200, b"hello"), r.text
+            for i in range(60):
+                name, content = ("r.txt", b"hello") if i % 2 else ("empty", b"")
+                r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": f"/tmp/{name}"})
+                assert (r.status_code, r.content) == (200, content), r.text
                 p = other.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})
                 assert p.status_code == 200, p.text
                 assert other.post(f"/v1/sandboxes/{sid}/resume").json()["state"] == "running"
