@@ -1,6 +1,6 @@
 """Benchmark: 100 disk-tier sandboxes over a worker's disk budget (ATOLL_DISK_BUDGET_GB).
 
-Run standalone (`.venv/bin/python bench/bench_budget.py [--quick] [--s3] [--no-save]`, root, ~5 min).
+Run standalone (`.venv/bin/python bench/bench_budget.py [--quick] [--s3] [--no-save]`, root, ~3 min).
 Prints one JSON document to stdout (also bench/results/budget.json); progress on stderr.
 
 What it shows: the worker gets back under its budget by archiving (the longest idle first) without
