@@ -318,3 +318,17 @@ async def test_the_sdk_follows_cursors_to_the_whole_trail(fake, monkeypatch):
             await client.audit(from_="last tuesday")
         with pytest.raises(ValueError, match="limit"):
             await client.audit(limit=0)
+
+
+async def test_a_row_the_database_refuses_does_not_hold_back_the_others(fake):
+    log = fake.app.state.audit
+    now = dt.datetime.now(dt.UTC)
+    log.record((now, None, None, "test.first", None, 200, None, None, None))
+    log.record((now, None, None, "test.refused", None, None, None, None, None))  # status is NOT NULL
+    log.record((now, None, None, "test.last", None, 200, None, None, None))
+    await log.flush()
+    assert [r.action for r in _rows(fake)] == ["test.first", "test.last"] and log.dropped == 1
+    # control characters from the path (PostgreSQL refuses a NUL) are replaced, not stored
+    r = await fake.http.post("/v1/%00x%0a/y", json={})
+    assert r.status_code == 404
+    assert (await _trail(fake))[-1]["action"] == "POST /v1/?x?/y"

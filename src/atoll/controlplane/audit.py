@@ -118,7 +118,7 @@ QUIET = frozenset({"worker.heartbeat"})
 
 
 def action_name(method: str, route_path: str) -> str:
-    return ACTIONS.get((method, route_path)) or f"{method} {route_path[:FIELD]}"
+    return ACTIONS.get((method, route_path)) or f"{method} {_cut(route_path)}"
 
 
 class AuditRecord(dbm.Base):
@@ -217,6 +217,14 @@ def _utc(t: dt.datetime) -> dt.datetime:
 Row = tuple  # (at, key_id, tenant_id, action, target, status, error, request_id, source)
 
 
+class _Unwritten(Exception):
+    """The database did not answer: these rows are still to be written."""
+
+    def __init__(self, rows: list[Row]):
+        super().__init__(f"{len(rows)} audit row(s) not written")
+        self.rows = rows
+
+
 class AuditLog:
     """Pending rows in memory, inserted in batches by a background task started at the first row."""
 
@@ -248,14 +256,15 @@ class AuditLog:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous caller): the next flush or aclose writes it
             return
-        self._wake, self._lock = asyncio.Event(), asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._lock = self._lock or asyncio.Lock()
         self._task = loop.create_task(self._run(), name="audit-flush")
 
     async def _run(self) -> None:
         assert self._wake is not None
         loop = asyncio.get_running_loop()
         next_prune = loop.time()
-        while True:
+        while not self._closed:
             try:
                 await asyncio.wait_for(self._wake.wait(), FLUSH_S)
             except TimeoutError:
@@ -263,17 +272,40 @@ class AuditLog:
             self._wake.clear()
             try:
                 await self.flush()
-                if loop.time() >= next_prune:
+                if loop.time() >= next_prune and not self._closed:
                     next_prune = loop.time() + PRUNE_S
                     await asyncio.to_thread(self.prune)
-            except asyncio.CancelledError:
-                raise
             except Exception:  # noqa: BLE001 - the loop must outlive a database hiccup
                 log.exception("audit: writing the trail failed; retrying in %.0f s", FLUSH_S)
 
     def _write(self, rows: list[Row]) -> None:
-        with self.db.engine.begin() as conn:
-            conn.execute(self._insert, [dict(zip(COLUMNS, r, strict=True)) for r in rows])
+        """Insert rows in one transaction. When the database refuses the batch for what is in it
+        (not for being unreachable), the rows go one by one and those it refuses are dropped,
+        logged: one bad row must not hold back the trail. `_Unwritten` carries what is left when
+        the database stops answering."""
+        try:
+            with self.db.engine.begin() as conn:
+                conn.execute(self._insert, [dict(zip(COLUMNS, r, strict=True)) for r in rows])
+            return
+        except sa.exc.OperationalError as e:
+            raise _Unwritten(rows) from e
+        except sa.exc.DBAPIError:
+            pass
+        for i, r in enumerate(rows):
+            try:
+                with self.db.engine.begin() as conn:
+                    conn.execute(self._insert, dict(zip(COLUMNS, r, strict=True)))
+            except sa.exc.OperationalError as e:
+                raise _Unwritten(rows[i:]) from e
+            except sa.exc.DBAPIError as e:
+                self.dropped += 1
+                log.error(
+                    "audit: a row the database refused was dropped (%s %s, request %s): %s",
+                    r[3],
+                    r[5],
+                    r[7],
+                    type(e.orig).__name__,
+                )
 
     async def flush(self) -> None:
         """Insert what is pending (waits for an insert already under way, so a read after it sees
@@ -286,8 +318,8 @@ class AuditLog:
                 return
             try:
                 await asyncio.to_thread(self._write, rows)
-            except BaseException:
-                self._pending[:0] = rows  # keep them for the next try, oldest first
+            except _Unwritten as e:
+                self._pending[:0] = e.rows  # kept for the next try, oldest first
                 if len(self._pending) > MAX_PENDING:
                     cut = len(self._pending) - MAX_PENDING
                     del self._pending[:cut]
@@ -305,14 +337,13 @@ class AuditLog:
         return n
 
     async def aclose(self) -> None:
-        """Stop the background task and write what is pending (the server's shutdown)."""
+        """Stop the background task after its insert under way and write what is pending (the
+        server's shutdown)."""
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            assert self._wake is not None
+            self._wake.set()
+            await self._task
             self._task = None
         try:
             await self.flush()
@@ -357,8 +388,12 @@ class AuditLog:
 # ---- the request side ---------------------------------------------------------------------------
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _cut(value: object) -> str:
-    return str(value)[:FIELD]
+    """At most FIELD characters, control characters (NUL: PostgreSQL refuses it) as '?'."""
+    return _CONTROL.sub("?", str(value)[:FIELD])
 
 
 class AuditMiddleware:
@@ -417,7 +452,7 @@ class AuditMiddleware:
     def _record(self, scope, seen: dict, chunks: list[bytes]) -> None:
         method, status = scope["method"], seen["status"]
         path, params = self._route(scope)
-        action = action_name(method, path) if path is not None else f"{method} {scope['path'][:FIELD]}"
+        action = action_name(method, path if path is not None else scope["path"])
         if status < 400 and action in QUIET:
             return
         state = scope.get("state") or {}
@@ -434,7 +469,7 @@ class AuditMiddleware:
                 if status >= 400:
                     err = doc.get("error")
                     if isinstance(err, dict) and isinstance(err.get("code"), str):
-                        error = err["code"][:64]
+                        error = _cut(err["code"])[:64]
                 else:
                     items = doc.get("items")
                     items = items if isinstance(items, list) else []
@@ -450,12 +485,12 @@ class AuditMiddleware:
             (
                 dbm.utcnow(),
                 getattr(p, "key_id", None),
-                tenant[:64] if tenant else None,
+                _cut(tenant)[:64] if tenant else None,
                 action,
                 "/".join(parts)[:512] or None,
                 status,
                 error,
                 state.get("request_id"),
-                client[0][:64] if client else None,
+                _cut(client[0])[:64] if client else None,
             )
         )
