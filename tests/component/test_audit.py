@@ -250,7 +250,7 @@ async def test_only_admin_keys_read_the_trail(fake):
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
 
 
-async def test_retention_prunes_old_rows(fake):
+async def test_retention_prunes_old_rows(fake, monkeypatch):
     log = fake.app.state.audit
     now = dt.datetime.now(dt.UTC)
     row = (None, None, "test.old", None, 200, None, None, None)
@@ -265,6 +265,15 @@ async def test_retention_prunes_old_rows(fake):
     assert actions == ["test.kept"]
     log.retention = dt.timedelta(days=30)  # ATOLL_AUDIT_RETENTION_DAYS=30
     assert log.prune() == 1 and _rows(fake) == []
+    monkeypatch.setattr(audit, "PRUNE_CHUNK", 3)  # a big prune goes in short transactions
+    log._write(
+        [
+            (now - dt.timedelta(days=31 + i), None, None, f"test.{i}", None, 200, None, None, None)
+            for i in range(7)
+        ]
+    )
+    log._write([(now - dt.timedelta(days=29), None, None, "test.young", None, 200, None, None, None)])
+    assert log.prune() == 7 and [r.action for r in _rows(fake)] == ["test.young"]
     s = settings_mod.load({"ATOLL_AUDIT_RETENTION_DAYS": "30", "ATOLL_HOME": "/tmp/unused"})
     assert s.audit_retention_days == 30
     assert settings_mod.load({"ATOLL_HOME": "/tmp/unused"}).audit_retention_days == 90

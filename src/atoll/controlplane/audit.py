@@ -51,6 +51,8 @@ MAX_PENDING = 100_000
 """Rows kept in memory while the database refuses them; past this the oldest are dropped (logged)."""
 PRUNE_S = 3600.0
 """Seconds between deletions of rows past the retention."""
+PRUNE_CHUNK = 5000
+"""Rows deleted per transaction by a prune."""
 SNIFF_BYTES = 8192
 """Largest JSON answer read for a created id or an error code; larger answers are not read."""
 DEFAULT_RETENTION_DAYS = 90
@@ -328,10 +330,20 @@ class AuditLog:
                 raise
 
     def prune(self, now: dt.datetime | None = None) -> int:
-        """Delete rows older than the retention; the number deleted."""
+        """Delete rows older than the retention, PRUNE_CHUNK at a time (a short transaction each:
+        a retention just lowered must not hold SQLite's write lock past others' busy timeout);
+        the number deleted."""
         cutoff = (now or dbm.utcnow()) - self.retention
-        with self.db.engine.begin() as conn:
-            n = conn.execute(sa.delete(AuditRecord).where(AuditRecord.at < cutoff)).rowcount
+        old = sa.select(AuditRecord.id).where(AuditRecord.at < cutoff).limit(PRUNE_CHUNK)
+        n = 0
+        while True:
+            with self.db.engine.begin() as conn:
+                gone = conn.execute(
+                    sa.delete(AuditRecord).where(AuditRecord.id.in_(old.scalar_subquery()))
+                ).rowcount
+            n += gone
+            if gone < PRUNE_CHUNK:
+                break
         if n:
             log.info("audit: %d row(s) older than %s deleted", n, cutoff.isoformat())
         return n
