@@ -349,3 +349,33 @@ async def test_a_row_the_database_refuses_does_not_hold_back_the_others(fake):
     r = await fake.http.post("/v1/%00x%0a/y", json={})
     assert r.status_code == 404
     assert (await _trail(fake))[-1]["action"] == "POST /v1/?x?/y"
+
+
+async def test_a_request_that_ends_before_its_answer_is_recorded_as_such():
+    """A call cancelled before it answered (its client hung up) is a 499 `no_answer`, not a
+    success nor a server error."""
+    rows: list[tuple] = []
+
+    class Log:
+        def record(self, row):
+            rows.append(row)
+
+    async def hung_up(scope, receive, send):
+        scope["state"]["request_id"] = "req_cut"
+        raise asyncio.CancelledError
+
+    layer = audit.AuditMiddleware(hung_up, Log())  # type: ignore[arg-type]
+    scope = {"type": "http", "method": "POST", "path": "/v1/sandboxes/sb-aaaaaaaaaaaaaaaa/exec", "state": {}}
+    with pytest.raises(asyncio.CancelledError):
+        await layer(scope, None, None)
+    assert len(rows) == 1
+    _, key_id, _, action, target, status, error, rid, source = rows[0]
+    assert (action, target, status, error, rid, key_id, source) == (
+        "sandbox.exec",
+        "sb-aaaaaaaaaaaaaaaa",
+        499,
+        "no_answer",
+        "req_cut",
+        None,
+        None,
+    )

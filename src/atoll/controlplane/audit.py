@@ -57,6 +57,9 @@ SNIFF_BYTES = 8192
 """Largest JSON answer read for a created id or an error code; larger answers are not read."""
 DEFAULT_RETENTION_DAYS = 90
 MAX_LIMIT = 1000
+NO_ANSWER = 499
+"""The status recorded for a request that ended before an answer started (the client hung up and
+the call was cancelled), with the error `no_answer`."""
 FIELD = 200
 """Longest id, name or path kept in a row (longer ones are cut)."""
 
@@ -421,7 +424,7 @@ class AuditMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in MUTATIONS:
             return await self.app(scope, receive, send)
-        seen: dict = {"status": 500}
+        seen: dict = {"status": NO_ANSWER}
         chunks: list[bytes] = []
 
         async def watch(message):
@@ -471,7 +474,7 @@ class AuditMiddleware:
         p = state.get("principal")
         tenant = getattr(p, "tenant_id", None) or params.get("tid")
         parts = [_cut(v) for v in params.values()]
-        error = None
+        error = "no_answer" if status == NO_ANSWER else None
         if chunks and not seen.get("big"):
             try:
                 doc = json.loads(b"".join(chunks))
