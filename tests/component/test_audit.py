@@ -379,3 +379,23 @@ async def test_a_request_that_ends_before_its_answer_is_recorded_as_such():
         None,
         None,
     )
+
+
+async def test_a_key_pasted_into_a_path_is_redacted(tmp_path):
+    """`DELETE /v1/keys/<the key itself>` (an id expected): the row keeps the key's id, never its
+    secret; the same for the installation's admin key anywhere in a path."""
+    admin = "atoll_" + "Z" * 40
+    async with FakeAtoll(tmp_path, api_key=admin) as f:
+        r = await f.http.post("/v1/keys", json={"scope": "worker"})
+        kid, key = r.json()["id"], r.json()["key"]
+        assert (await f.http.delete(f"/v1/keys/{key}")).status_code == 404
+        async with _as(f, None) as anon:
+            assert (await anon.delete(f"/v1/keys/{key}")).status_code == 401
+            assert (await anon.post(f"/v1/{admin}/x", json={})).status_code == 401
+        items = (await _trail(f))[1:]
+        assert [i["target"] for i in items[:2]] == [f"atk_{kid}_[redacted]"] * 2
+        assert items[2]["action"] == "POST /v1/[redacted]/x"
+        for row in _rows(f):
+            for col in audit.AuditRecord.__table__.columns:
+                cell = str(getattr(row, col.key))
+                assert key[-43:] not in cell and admin not in cell, cell

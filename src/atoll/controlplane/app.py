@@ -353,5 +353,5 @@ def create_app(
             await request_context(scope, receive, send, self.inner)
 
     app.add_middleware(RequestContext)
-    app.add_middleware(audit.AuditMiddleware, audit=app.state.audit)  # outermost: sees the answer sent
+    app.add_middleware(audit.AuditMiddleware, audit=app.state.audit, admin_key=api_key)  # outermost
     return app

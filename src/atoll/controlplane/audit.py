@@ -404,11 +404,15 @@ class AuditLog:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_API_KEY = re.compile(r"(atk_ak-[0-9a-z]{16})_[A-Za-z0-9_-]*")
+"""An API key (controlplane.auth) pasted where an id goes (`DELETE /v1/keys/atk_…`): its secret
+part is redacted, its id kept."""
 
 
 def _cut(value: object) -> str:
-    """At most FIELD characters, control characters (NUL: PostgreSQL refuses it) as '?'."""
-    return _CONTROL.sub("?", str(value)[:FIELD])
+    """At most FIELD characters, an API key's secret part redacted, control characters (NUL:
+    PostgreSQL refuses it) as '?'."""
+    return _CONTROL.sub("?", _API_KEY.sub(r"\1_[redacted]", str(value))[:FIELD])
 
 
 class AuditMiddleware:
@@ -417,9 +421,17 @@ class AuditMiddleware:
     app.request_context, so it sees the principal and request id that one put in scope["state"]
     and the route the router matched."""
 
-    def __init__(self, app, audit: AuditLog):
+    def __init__(self, app, audit: AuditLog, admin_key: str = ""):
         self.app = app
         self.audit = audit
+        self._admin = admin_key if len(admin_key) >= 8 else ""
+        """ATOLL_API_KEY, redacted wherever a path holds it (a short test key is not looked for)."""
+
+    def _clean(self, value: object) -> str:
+        text = str(value)
+        if self._admin and self._admin in text:
+            text = text.replace(self._admin, "[redacted]")
+        return _cut(text)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in MUTATIONS:
@@ -467,13 +479,13 @@ class AuditMiddleware:
     def _record(self, scope, seen: dict, chunks: list[bytes]) -> None:
         method, status = scope["method"], seen["status"]
         path, params = self._route(scope)
-        action = action_name(method, path if path is not None else scope["path"])
+        action = action_name(method, path if path is not None else self._clean(scope["path"]))
         if status < 400 and action in QUIET:
             return
         state = scope.get("state") or {}
         p = state.get("principal")
         tenant = getattr(p, "tenant_id", None) or params.get("tid")
-        parts = [_cut(v) for v in params.values()]
+        parts = [self._clean(v) for v in params.values()]
         error = "no_answer" if status == NO_ANSWER else None
         if chunks and not seen.get("big"):
             try:
