@@ -412,7 +412,11 @@ part is redacted, its id kept."""
 def _cut(value: object) -> str:
     """At most FIELD characters, an API key's secret part redacted, control characters (NUL:
     PostgreSQL refuses it) as '?'."""
-    return _CONTROL.sub("?", _API_KEY.sub(r"\1_[redacted]", str(value))[:FIELD])
+    text = str(value)
+    if "atk_" in text:
+        text = _API_KEY.sub(r"\1_[redacted]", text)
+    text = text[:FIELD]
+    return text if text.isprintable() else _CONTROL.sub("?", text)
 
 
 class AuditMiddleware:
