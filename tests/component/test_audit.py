@@ -399,3 +399,16 @@ async def test_a_key_pasted_into_a_path_is_redacted(tmp_path):
             for col in audit.AuditRecord.__table__.columns:
                 cell = str(getattr(row, col.key))
                 assert key[-43:] not in cell and admin not in cell, cell
+
+
+async def test_cursors_walk_rows_of_one_instant_in_id_order(fake):
+    same = dt.datetime.now(dt.UTC)
+    rows = [(same, None, None, f"test.{i}", None, 200, None, None, None) for i in range(5)]
+    fake.app.state.audit._write(rows)
+    fake.app.state.audit._write(
+        [(same - dt.timedelta(microseconds=1), None, None, "test.before", None, 200, None, None, None)]
+    )
+    for limit in (1, 2, 5):
+        assert [i["action"] for i in await _trail(fake, limit=limit)] == ["test.before"] + [
+            f"test.{i}" for i in range(5)
+        ]

@@ -392,7 +392,9 @@ class AuditLog:
                 q = q.where(t.action == action)
         if cursor is not None:
             at, rid = self.cursors.read(cursor)
-            q = q.where(sa.or_(t.at > at, sa.and_(t.at == at, t.id > rid)))
+            # (at, id) after the cursor's, written so the index's range starts at `at` (a plain
+            # OR of the two cases made SQLite read ~5x longer)
+            q = q.where(t.at >= at, sa.or_(t.at > at, t.id > rid))
         with self.db.session() as s:
             rows = list(s.scalars(q))
         more = len(rows) > limit
