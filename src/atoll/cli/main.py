@@ -28,6 +28,7 @@ import typer
 
 from atoll import errors
 from atoll.cli import argv as cli_argv
+from atoll.cli import audit as cli_audit
 from atoll.cli import coercion as cli_coercion
 from atoll.cli import files as cli_files
 from atoll.cli import shell as cli_shell
@@ -139,6 +140,7 @@ def _session(ctx: typer.Context) -> "Iterator[Client]":
 
 cli_templates.register(app, _session)
 cli_stores.register(app, _session)
+cli_audit.register(app, _session)
 cli_files.register(sandbox_app, _session)
 
 

@@ -26,10 +26,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atoll.controlplane import (
+    audit,
     auth,
     context,
     docs_pages,
     http,
+    routes_audit,
     routes_exec,
     routes_fileops,
     routes_files,
@@ -178,6 +180,7 @@ def create_app(
     max_file_bytes: int,
     max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES,
     previews: Previews | None = None,
+    audit_retention_days: int = audit.DEFAULT_RETENTION_DAYS,
 ) -> FastAPI:
     app = FastAPI(
         title="atoll",
@@ -207,6 +210,7 @@ def create_app(
     keys = auth.Keys(manager.db, manager.secrets.key, api_key)
     keys.ensure_default()
     manager.keys = keys
+    app.state.audit = audit.AuditLog(manager.db, manager.secrets.key, audit_retention_days)
 
     async def request_context(scope, receive, send, inner):
         """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
@@ -231,6 +235,7 @@ def create_app(
         principal = None
         if not _public(path):
             principal = keys.check(_bearer(scope))
+            scope["state"]["principal"] = principal  # also for a refusal: the audit names the key
             if principal is None:
                 resp = http.error_response(
                     401,
@@ -254,7 +259,7 @@ def create_app(
                     )
                     return await resp(scope, receive, send)
                 principal = auth.for_tenant(principal, tid)
-            scope["state"]["principal"] = principal
+                scope["state"]["principal"] = principal
         ctx_token = auth.set_current(principal)
         status = {"code": 500, "started": False}
 
@@ -336,6 +341,7 @@ def create_app(
         routes_templates,
         routes_stores,
         routes_tenants,
+        routes_audit,
     ):
         app.include_router(module.router)
 
@@ -347,4 +353,5 @@ def create_app(
             await request_context(scope, receive, send, self.inner)
 
     app.add_middleware(RequestContext)
+    app.add_middleware(audit.AuditMiddleware, audit=app.state.audit, admin_key=api_key)  # outermost
     return app

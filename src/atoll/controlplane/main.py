@@ -76,6 +76,7 @@ def build(s: settings_mod.ServerSettings):
         max_file_bytes=s.max_file_mb * 1024 * 1024,
         max_exec_output_bytes=s.max_exec_output_kb * 1024,
         previews=backend,
+        audit_retention_days=s.audit_retention_days,
     )
     app.state.ingress = ingress_host.IngressHost(
         backend,
@@ -167,6 +168,7 @@ async def serve_api(
             running.cancel()
             await app.state.ingress.aclose()
             await tiers.aclose()
+            await app.state.audit.aclose()
             await manager.stop()
             if local is not None:
                 await local[1]()

@@ -69,6 +69,10 @@ class ServerSettings:
     """ATOLL_SECRETS_KEY_FILE: the 32-byte key secrets are sealed with (default $ATOLL_HOME/secrets.key,
     made at first start)."""
 
+    audit_retention_days: int = 90
+    """ATOLL_AUDIT_RETENTION_DAYS: days the audit trail (GET /v1/audit) keeps a row (default 90,
+    1-36500); older rows are deleted hourly."""
+
     def redacted(self) -> dict:
         d = asdict(self)
         d["api_key"] = "***" if self.api_key else None
@@ -133,6 +137,9 @@ def load(
             lo=0,
             hi=pools.MAX_POOL,
             what="the size of the `base` pool; 0 turns it off",
+        ),
+        audit_retention_days=config.integer(
+            env, "ATOLL_AUDIT_RETENTION_DAYS", 90, lo=1, hi=36500, what="days the audit trail keeps a row"
         ),
         secrets_key_file=os.path.abspath(env["ATOLL_SECRETS_KEY_FILE"])
         if env.get("ATOLL_SECRETS_KEY_FILE")

@@ -84,6 +84,7 @@ class FakeAtoll:
             self._policy_task.cancel()
             await self.policy.aclose()  # type: ignore[union-attr]
         await self.http.aclose()
+        await self.app.state.audit.aclose()
         await self.manager.stop()
 
     async def __aenter__(self) -> FakeAtoll:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import httpx
 
 from .. import _base
+from .._models import AuditEntry
 from .sandboxes import AsyncSandboxes
 from .secrets import AsyncSecrets
 from .stores import AsyncDrives, AsyncVolumes
@@ -94,6 +96,29 @@ class AsyncClient:
         `ssl.create_default_context(cadata=client.ca_certificate())`."""
         response = await self._request("GET", "/v1/ca.crt")
         return response.text
+
+    async def audit(
+        self,
+        *,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        tenant_id: str | None = None,
+        action: str | None = None,
+        limit: int | None = None,
+    ) -> list[AuditEntry]:
+        """The audit trail (an admin key): every mutation — who (key id, tenant), what, on what
+        and its result —, oldest first, following the server's pages to the end or to `limit`
+        rows. `from_` is inclusive, `to` exclusive (datetimes, naive = UTC, or ISO 8601 strings);
+        `action` is exact ("sandbox.create") or a prefix with a trailing `*` ("sandbox.*")."""
+        params = _base.audit_params(from_, to, tenant_id, action, limit)
+        out: list[AuditEntry] = []
+        while True:
+            response = await self._request("GET", "/v1/audit", params=params)
+            out += [AuditEntry(item) for item in _base.items(response)]
+            cursor = _base.next_cursor(response)
+            if cursor is None or (limit is not None and len(out) >= limit):
+                return out[:limit] if limit is not None else out
+            params = {**params, "cursor": cursor}
 
     async def aclose(self) -> None:
         await self._http.aclose()
