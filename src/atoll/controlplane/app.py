@@ -41,6 +41,7 @@ from atoll.controlplane import (
     routes_system,
     routes_templates,
     routes_tenants,
+    routes_usage,
     routes_workers,
     schemas,
 )
@@ -336,6 +337,7 @@ def create_app(
         routes_templates,
         routes_stores,
         routes_tenants,
+        routes_usage,
     ):
         app.include_router(module.router)
 

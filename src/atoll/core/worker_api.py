@@ -543,6 +543,9 @@ class Usage:
     """Connections the gateway refused (policy, never-reachable, limits, failed upstreams)."""
     dns_refused: int = 0
     """DNS questions the gateway answered REFUSED (names no policy entry could allow)."""
+    generation: int = 0
+    """The runtime generation the CPU time belongs to: a restore starts a new one whose cgroup
+    counts from 0 (controlplane.metering counts a new generation from 0)."""
 
 
 @dataclass(frozen=True)
