@@ -184,3 +184,19 @@ def test_price_sheets():
     ):
         with pytest.raises(Exception, match=words):
             metering.load_prices(bad)
+
+
+async def test_metrics_carry_per_tenant_usage_and_need_an_admin_key(metered):
+    fake, clock = metered
+    await create(fake.http)
+    fake.meter.tick(clock.t)
+    clock.t += 30
+    fake.meter.tick(clock.t)
+    r = await fake.http.get("/metrics")
+    assert r.status_code == 200
+    assert 'atoll_usage_memory_gb_seconds_total{tenant="default"}' in r.text
+    anonymous = await fake.http.get("/metrics", headers={"Authorization": ""})
+    assert anonymous.status_code == 401
+    tid = (await fake.http.post("/v1/tenants", json={"name": "other"})).json()["id"]
+    key = (await fake.http.post(f"/v1/tenants/{tid}/keys", json={})).json()["key"]
+    assert (await fake.http.get("/metrics", headers={"Authorization": f"Bearer {key}"})).status_code == 403

@@ -16,6 +16,7 @@ Built by atoll.up and controlplane.main (create_app); the routers talk only to S
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import time
@@ -54,7 +55,12 @@ from atoll.core import errors, secretbox
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EXEC_OUTPUT_BYTES = 1024 * 1024  # per stream of a non-streamed exec (ATOLL_MAX_EXEC_OUTPUT_KB)
-PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json"}  # and docs_pages.is_public: /docs, /redoc
+# /metrics carries per-tenant usage labels (controlplane.metering): an admin key reads it, unless
+# ATOLL_METRICS_PUBLIC=1 (read when this module is imported, i.e. at the server's start)
+PUBLIC_PATHS = {"/healthz", "/openapi.json"} | (
+    {"/metrics"} if os.environ.get("ATOLL_METRICS_PUBLIC") == "1" else set()
+)
+# and docs_pages.is_public: /docs, /redoc
 
 
 def _public(path: str) -> bool:
@@ -128,7 +134,7 @@ def _bearer(scope) -> bytes:
 
 WORKER_PATHS = re.compile(r"/v1/workers/register|/v1/workers/[^/]+/(heartbeat|stopping)|/v1/ca\.crt")
 """What a `worker` key may call: the worker protocol's server side."""
-ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?")
+ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?|/metrics")
 """What only an admin key may call (a tenant key gets 403 forbidden)."""
 
 
