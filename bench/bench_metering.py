@@ -56,7 +56,7 @@ def real(a: common.Atoll, burn_s: float) -> dict:
         hot0, idle0 = _usage(a, hot), _usage(a, idle)
         code = f"import time\nt = time.time()\nwhile time.time() - t < {burn_s}:\n    pass\n"
         burn = threading.Thread(
-            target=a.exec, args=(hot, ["python3", "-c", code]), kwargs={"timeout": burn_s + 60}
+            target=a.exec, args=(hot, ["python3", "-c", code]), kwargs={"timeout_s": burn_s + 60}
         )
         r = a.api.post(f"/v1/sandboxes/{idle}/pause", json={"tier": "memory"})
         r.raise_for_status()

@@ -200,3 +200,18 @@ async def test_metrics_carry_per_tenant_usage_and_need_an_admin_key(metered):
     tid = (await fake.http.post("/v1/tenants", json={"name": "other"})).json()["id"]
     key = (await fake.http.post(f"/v1/tenants/{tid}/keys", json={})).json()["key"]
     assert (await fake.http.get("/metrics", headers={"Authorization": f"Bearer {key}"})).status_code == 403
+
+
+async def test_a_deleted_sandbox_stops_accruing_and_keeps_its_usage(metered):
+    fake, clock = metered
+    sid = await create(fake.http)
+    gb = fake.manager.get(sid).memory_mb / 1024
+    fake.meter.tick(clock.t)
+    clock.t += 20
+    fake.meter.tick(clock.t)
+    assert (await fake.http.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    clock.t += 40
+    fake.meter.tick(clock.t, flush=True)
+    assert sid not in fake.meter.cursors
+    clock.t += 40
+    assert item(await usage(fake), sid)["memory_gb_seconds"] == pytest.approx(gb * 20, rel=0.001)
