@@ -33,6 +33,7 @@ controlplane.main and testing.control_plane (start/stop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -46,8 +47,8 @@ import sqlalchemy as sa
 from prometheus_client.core import CounterMetricFamily
 from sqlalchemy.orm import Mapped, mapped_column
 
-from atoll.controlplane import auth, metrics
 from atoll.controlplane import db as dbm
+from atoll.controlplane import metrics
 from atoll.core import errors
 from atoll.core.lifecycle import State, Tier
 
@@ -276,7 +277,7 @@ class Meter:
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with _suppress():
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         try:
@@ -589,14 +590,6 @@ def _iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, typ, exc, tb) -> bool:
-        return typ is not None and issubclass(typ, asyncio.CancelledError | Exception)
-
-
 class _UsageCollector:
     """`atoll_usage_<field>_total{tenant}`: each tenant's usage since this server started."""
 
@@ -612,8 +605,3 @@ class _UsageCollector:
             for tenant, amounts in sorted(totals.items()):
                 c.add_metric([tenant], amounts.get(f, 0.0))
             yield c
-
-
-def visible_tenant(explicit: str | None) -> str | None:
-    """The tenant a usage query covers (a tenant key: its own; an admin: `?tenant_id=` or all)."""
-    return auth.list_tenant(explicit)
