@@ -48,16 +48,38 @@ def _usage(a: common.Atoll, sid: str) -> dict:
     return {"cpu_seconds": 0.0, "standby_memory_gb_seconds": 0.0, "memory_gb_seconds": 0.0}
 
 
+def _cgroup_cpu(a: common.Atoll, sid: str) -> float:
+    """The cgroup's own counter (the ground truth the worker reports from)."""
+    with open(f"/sys/fs/cgroup/cpuacct{a.cgroup(sid)}/cpuacct.usage") as f:
+        return int(f.read()) / 1e9
+
+
+def _host_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
 def real(a: common.Atoll, burn_s: float) -> dict:
     hot = a.create(cpus=1, memory_mb=MEMORY_MB)["id"]
     idle = a.create(memory_mb=MEMORY_MB)["id"]
     try:
         time.sleep(USAGE_WAIT_S)  # a first report of each
         hot0, idle0 = _usage(a, hot), _usage(a, idle)
-        code = f"import time\nt = time.time()\nwhile time.time() - t < {burn_s}:\n    pass\n"
-        burn = threading.Thread(
-            target=a.exec, args=(hot, ["python3", "-c", code]), kwargs={"timeout_s": burn_s + 60}
+        cg0, host0 = _cgroup_cpu(a, hot), _host_busy()
+        load0 = os.getloadavg()[0]
+        code = (
+            f"import time\nt = time.time()\nwhile time.time() - t < {burn_s}:\n    pass\n"
+            "print(time.process_time())\n"
         )
+        res: dict = {}
+
+        def _burn() -> None:
+            res.update(a.exec(hot, ["python3", "-c", code], timeout_s=burn_s + 60))
+
+        burn = threading.Thread(target=_burn)
         r = a.api.post(f"/v1/sandboxes/{idle}/pause", json={"tier": "memory"})
         r.raise_for_status()
         t0 = time.monotonic()
@@ -65,6 +87,8 @@ def real(a: common.Atoll, burn_s: float) -> dict:
         common.log(f"burning {burn_s:.0f} s in {hot}; {idle} in the memory tier")
         burn.join()
         wall = time.monotonic() - t0
+        cg1, host1 = _cgroup_cpu(a, hot), _host_busy()
+        load1 = os.getloadavg()[0]
         time.sleep(max(0.0, burn_s - wall))
         r = a.api.post(f"/v1/sandboxes/{idle}/resume")
         r.raise_for_status()
@@ -80,6 +104,11 @@ def real(a: common.Atoll, burn_s: float) -> dict:
                 "cpu_seconds": round(pinned, 2),
                 "target": f"{burn_s:.0f} ± 3",
                 "ok": abs(pinned - burn_s) <= 3,
+                "cgroup_cpuacct_s": round(cg1 - cg0, 2),
+                "metered_over_cgroup": round(pinned / (cg1 - cg0), 4) if cg1 > cg0 else None,
+                "guest_process_time_s": float((res.get("stdout") or "0").strip() or 0),
+                "host_busy_share": round((host1[0] - host0[0]) / max(1, host1[1] - host0[1]), 3),
+                "loadavg_1m_before_after": [round(load0, 2), round(load1, 2)],
             },
             "standby": {
                 "seconds_in_memory_tier": burn_s,
