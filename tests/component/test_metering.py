@@ -215,3 +215,16 @@ async def test_a_deleted_sandbox_stops_accruing_and_keeps_its_usage(metered):
     assert sid not in fake.meter.cursors
     clock.t += 40
     assert item(await usage(fake), sid)["memory_gb_seconds"] == pytest.approx(gb * 20, rel=0.001)
+
+
+async def test_gateway_bytes_count_across_a_worker_restart(metered):
+    fake, clock = metered
+    sid = await create(fake.http)
+    handle = next(iter(fake.manager.workers.handles.values()))
+    for out, into in ((1000, 50_000), (1500, 80_000), (200, 300)):  # the worker restarted: from 0
+        u = api.Usage(sid, 0.0, 1 << 20, 3, egress_bytes=out, ingress_bytes=into)
+        await fake.manager.worker_event(handle, api.UsageReport((u,)))
+        clock.t += 5
+        fake.meter.tick(clock.t)
+    u = item(await usage(fake), sid)
+    assert (u["egress_bytes"], u["ingress_bytes"]) == (1700, 80_300)

@@ -23,8 +23,9 @@ nothing is counted twice and the time the server was down is accrued from the re
 not yet written is kept in memory and included in queries (`usage`), which tick first: answers
 include usage up to the moment of the request (CPU up to the worker's last report).
 
-Egress and ingress bytes are not measured yet (the gateway counts connections, not bytes): they
-are always 0. A price sheet (`ATOLL_PRICES`: JSON, or a path to a JSON file; a price per unit of
+Egress and ingress bytes are the TCP payload bytes on the sandbox's side of its gateway
+connections (gateway.egress reads TCP_INFO; outbound connections and previews alike), from the
+worker's reports, which count from the worker's start (a lower reading counts from 0). A price sheet (`ATOLL_PRICES`: JSON, or a path to a JSON file; a price per unit of
 each field) turns usage into `cost`. Per-tenant totals since the server started are exported to
 Prometheus (`atoll_usage_*_total{tenant}`). Called by controlplane.routes_usage (queries),
 controlplane.main and testing.control_plane (start/stop).
@@ -145,8 +146,12 @@ class UsageCursor(dbm.Base):
     cpu_generation: Mapped[int] = mapped_column(sa.Integer, default=0)
     cpu_seen: Mapped[float] = mapped_column(sa.Float, default=0.0)
     """The CPU reading (of `cpu_generation`) already counted."""
+    egress_seen: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    ingress_seen: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    """The worker's byte counters already counted (they count from the worker's start)."""
 
 
+CURSOR_SET = ("tenant_id", "accrued_to", "state", "cpu_generation", "cpu_seen", "egress_seen", "ingress_seen")
 MARK = "_meter"
 """The cursor row that says up to when the meter last wrote (a subject first seen after a restart
 starts there, or at its creation if later)."""
@@ -197,6 +202,8 @@ class _Cursor:
     sandbox_id: str | None = None
     cpu_generation: int = 0
     cpu_seen: float = 0.0
+    egress_seen: int = 0
+    ingress_seen: int = 0
     report: object = None
     """The last UsageReport item counted (identity: a new report is a new object)."""
     dirty: bool = True
@@ -300,6 +307,8 @@ class Meter:
                 r.subject if r.subject.startswith("sb-") else None,
                 r.cpu_generation,
                 r.cpu_seen,
+                r.egress_seen or 0,
+                r.ingress_seen or 0,
                 dirty=False,
             )
         self._loaded = True
@@ -355,7 +364,14 @@ class Meter:
             c.cpu_generation, c.cpu_seen = gen, u.cpu_seconds
             if delta > 0:
                 self._add(rec.id, c, "cpu_seconds", delta, now)
-                c.dirty = True
+            for field, attr in (("egress_bytes", "egress_seen"), ("ingress_bytes", "ingress_seen")):
+                value = int(getattr(u, field, 0))
+                seen = getattr(c, attr)
+                moved = value - seen if value >= seen else value  # a restarted worker counts from 0
+                setattr(c, attr, value)
+                if moved > 0:
+                    self._add(rec.id, c, field, moved, now)
+            c.dirty = True
 
     def _time(
         self, subject: str, c: _Cursor, state: str | None, gb: float, disk_gb: float, to: float
@@ -436,8 +452,7 @@ class Meter:
         for bid, tenant_id, created_at, finished_at in builds:
             subject = f"build:{bid}"
             end = _epoch(finished_at)
-            c = self.cursors.get(subject)
-            if c is None and end is not None and self.mark is not None and end <= self.mark:
+            if subject not in self.cursors and end is not None and self.mark is not None and end <= self.mark:
                 continue  # finished before metering knew of it
             live.add(subject)
             c = self._cursor(subject, tenant_id, "build", _epoch(created_at), now)
@@ -449,11 +464,13 @@ class Meter:
 
     # ---- writing -----------------------------------------------------------------------------
     def _upsert(self, table: sa.Table, keys: tuple[str, ...], add: tuple[str, ...], set_: tuple[str, ...]):
-        name = self.db.engine.dialect.name
-        if name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
+        """INSERT … ON CONFLICT DO UPDATE (SQLite and PostgreSQL): `add` columns add up, `set_`
+        columns are replaced."""
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        insert: typing.Any = (
+            postgresql.insert if self.db.engine.dialect.name == "postgresql" else sqlite.insert
+        )
         stmt = insert(table)
         values = {k: table.c[k] + stmt.excluded[k] for k in add}
         values.update({k: stmt.excluded[k] for k in set_})
@@ -481,6 +498,8 @@ class Meter:
                 "state": c.state,
                 "cpu_generation": c.cpu_generation,
                 "cpu_seen": c.cpu_seen,
+                "egress_seen": c.egress_seen,
+                "ingress_seen": c.ingress_seen,
             }
             for s, c in self.cursors.items()
             if c.dirty
@@ -493,17 +512,19 @@ class Meter:
                 "state": None,
                 "cpu_generation": 0,
                 "cpu_seen": 0.0,
+                "egress_seen": 0,
+                "ingress_seen": 0,
             }
         )
-        ints = UsageInterval.__table__
-        curs = UsageCursor.__table__
+        ints = typing.cast(sa.Table, UsageInterval.__table__)
+        curs = typing.cast(sa.Table, UsageCursor.__table__)
         if "i" not in self._upsert_cache:
             self._upsert_cache["i"] = self._upsert(ints, ("subject", "start"), STORED, ())
             self._upsert_cache["c"] = self._upsert(
                 curs,
                 ("subject",),
                 (),
-                ("tenant_id", "accrued_to", "state", "cpu_generation", "cpu_seen"),
+                CURSOR_SET,
             )
         gone = [s for s, c in self.cursors.items() if c.state is None and c.report == "gone"]
         gone += [s for s, c in self.cursors.items() if c.state is None and not s.startswith("sb-")]

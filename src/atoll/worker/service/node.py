@@ -604,6 +604,8 @@ class Node(StoreVerbs):
                             n.refused,
                             n.dns_refused,
                             generation=rt.generation,
+                            egress_bytes=n.bytes_out,
+                            ingress_bytes=n.bytes_in,
                         )
                     )
         if items:

@@ -45,6 +45,8 @@ def upgrade() -> None:
         sa.Column("state", sa.String(32), nullable=True),
         sa.Column("cpu_generation", sa.Integer, nullable=False, server_default="0"),
         sa.Column("cpu_seen", sa.Float, nullable=False, server_default="0"),
+        sa.Column("egress_seen", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("ingress_seen", sa.BigInteger, nullable=False, server_default="0"),
     )
 
 
