@@ -412,6 +412,8 @@ class Meter:
     def _gone(self, subject: str, now: float) -> None:
         """A sandbox no longer in the ledger (deleted): accrue up to its deletion, drop the cursor."""
         c = self.cursors[subject]
+        if c.report == "gone":  # done; its cursor goes at the next write
+            return
         rec = self.db.get(subject)
         end = now
         if rec is not None:
