@@ -228,3 +228,28 @@ async def test_gateway_bytes_count_across_a_worker_restart(metered):
         fake.meter.tick(clock.t)
     u = item(await usage(fake), sid)
     assert (u["egress_bytes"], u["ingress_bytes"]) == (1700, 80_300)
+
+
+async def test_a_server_restart_accrues_the_time_it_was_down(tmp_path):
+    """A real stop and start of the control plane on the same database and worker: the new meter
+    loads the cursors, accrues the time the server was down from the record's state, and the
+    worker's cumulative CPU counter carries the CPU used meanwhile."""
+    clock = Clock()
+    first = FakeAtoll(tmp_path, api_key=KEY, tier_policy=False)
+    first.meter.clock = clock
+    async with first:
+        sid = await create(first.http)
+        gb = first.manager.get(sid).memory_mb / 1024
+        first.meter.tick(clock.t)
+        await report(first, sid, 4.0)
+        clock.t += 30
+        first.meter.tick(clock.t)
+    clock.t += 100  # the server is down
+    second = FakeAtoll(tmp_path, workers=first.workers, api_key=KEY, tier_policy=False)
+    second.meter.clock = clock
+    async with second:
+        await report(second, sid, 9.0)
+        clock.t += 20
+        u = item(await usage(second), sid)
+        assert u["memory_gb_seconds"] == pytest.approx(gb * 150, rel=0.001)
+        assert u["cpu_seconds"] == pytest.approx(9.0)
