@@ -32,7 +32,9 @@ class UsageAmounts(BaseModel):
     snapshot_archive_gb_seconds: float = Field(description="… of which in the archive tier (bound: disk_mb)")
     volume_gb_seconds: float = Field(description="Volume size × seconds")
     drive_gb_seconds: float = Field(description="Drive size × seconds")
-    egress_bytes: int = Field(description="TCP bytes the sandbox sent through its gateway (egress, preview answers)")
+    egress_bytes: int = Field(
+        description="TCP bytes the sandbox sent through its gateway (egress, preview answers)"
+    )
     ingress_bytes: int = Field(description="TCP bytes that reached the sandbox through its gateway")
     build_seconds: float = Field(description="Seconds of template builds")
     cost: float = Field(description="The amounts priced by the server's price sheet (ATOLL_PRICES)")
