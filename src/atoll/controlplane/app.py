@@ -58,7 +58,9 @@ DEFAULT_MAX_EXEC_OUTPUT_BYTES = 1024 * 1024  # per stream of a non-streamed exec
 # /metrics carries per-tenant usage labels (controlplane.metering): an admin key reads it, unless
 # ATOLL_METRICS_PUBLIC=1 (read when this module is imported, i.e. at the server's start)
 PUBLIC_PATHS = {"/healthz", "/openapi.json"} | (
-    {"/metrics"} if os.environ.get("ATOLL_METRICS_PUBLIC") == "1" else set()
+    {"/metrics"}
+    if os.environ.get("ATOLL_METRICS_PUBLIC", "").lower() in ("1", "true", "yes", "on")
+    else set()
 )
 # and docs_pages.is_public: /docs, /redoc
 

@@ -69,7 +69,7 @@ def build(s: settings_mod.ServerSettings):
         default_pool=s.default_pool,
     )
     m.bind_state_counts(manager.counts)
-    meter = metering.Meter(manager, m)
+    meter = metering.Meter(manager, m, prices=s.prices)
     backend = previews.Previews(manager, previews.preview_key(secrets_key), s.preview_domain, s.ingress_port)
     app = app_mod.create_app(
         manager,
