@@ -5,6 +5,7 @@ are refused."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import pytest
@@ -253,3 +254,23 @@ async def test_a_server_restart_accrues_the_time_it_was_down(tmp_path):
         u = item(await usage(second), sid)
         assert u["memory_gb_seconds"] == pytest.approx(gb * 150, rel=0.001)
         assert u["cpu_seconds"] == pytest.approx(9.0)
+
+
+async def test_days_split_at_utc_midnight(tmp_path):
+    clock = Clock()
+    clock.t = dt.datetime(2026, 12, 3, 23, 58, tzinfo=dt.UTC).timestamp()
+    fake = FakeAtoll(tmp_path, api_key=KEY, tier_policy=False)
+    fake.meter.clock = clock
+    async with fake:
+        sid = await create(fake.http)
+        gb = fake.manager.get(sid).memory_mb / 1024
+        fake.meter.tick(clock.t)
+        clock.t += 240
+        body = await usage(fake, group_by="day", **{"from": "2026-12-03T00:00:00Z", "to": "2026-12-05"})
+        assert [(i["day"], round(i["memory_gb_seconds"] / gb, 3)) for i in body["items"]] == [
+            ("2026-12-03", 120.0),
+            ("2026-12-04", 120.0),
+        ]
+        # a range of the second day only
+        body = await usage(fake, group_by="sandbox", **{"from": "2026-12-04", "to": "2026-12-05"})
+        assert item(body, sid)["memory_gb_seconds"] == pytest.approx(gb * 120)

@@ -51,7 +51,7 @@ class UsageItem(UsageAmounts):
     tenant_id: str | None = Field(None, description="group_by=sandbox or tenant: the tenant")
 
 
-class UsageReport(BaseModel):
+class UsageAnswer(BaseModel):
     from_: str = Field(alias="from", description="The range's start, rounded down to an interval")
     to: str
     group_by: str
@@ -95,7 +95,7 @@ def check_range(
 @router.get(
     "/v1/usage",
     responses={
-        200: {"model": UsageReport},
+        200: {"model": UsageAnswer},
         **http.error_responses({400: "invalid_request: a bad time, range or group_by (the message says)"}),
     },
 )
