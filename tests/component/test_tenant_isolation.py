@@ -30,6 +30,11 @@ async def _tenant(c: httpx.AsyncClient, name: str) -> tuple[str, str]:
     return tid, key
 
 
+def _code(r: httpx.Response) -> tuple[int, str | None]:
+    json_answer = r.headers.get("content-type", "").startswith("application/json")
+    return r.status_code, r.json().get("error", {}).get("code") if json_answer else None
+
+
 def _fill(path: str, values: dict[str, str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: values.get(m.group(1), "1"), path)
 
@@ -74,13 +79,7 @@ async def test_b_gets_what_a_missing_resource_gets_on_every_route(two):
             r_missing = await b.request(method.upper(), _fill(path, {param: missing}), **args)
             assert r_theirs.status_code != 403, (method, path, r_theirs.text)
             assert r_theirs.status_code < 500, (method, path, r_theirs.text)
-            code = lambda r: (
-                r.status_code,
-                r.json().get("error", {}).get("code")
-                if r.headers.get("content-type", "").startswith("application/json")
-                else None,
-            )  # noqa: E731
-            assert code(r_theirs) == code(r_missing), (method, path, r_theirs.text, r_missing.text)
+            assert _code(r_theirs) == _code(r_missing), (method, path, r_theirs.text, r_missing.text)
             probed += 1
     assert probed > 40  # every sandbox route and the stores' and secrets' ones
     # nothing of A's changed: its sandbox runs, its secret, volume and drive are there

@@ -4,8 +4,6 @@ key cannot register again. The admin key still registers (with a deprecation war
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 

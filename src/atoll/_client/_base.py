@@ -693,3 +693,25 @@ def next_cursor(response: httpx.Response) -> str | None:
     payload = json_body(response)
     cursor = payload.get("next_cursor") if isinstance(payload, dict) else None
     return cursor if isinstance(cursor, str) and cursor else None
+
+
+USAGE_GROUPS = ("sandbox", "day", "tenant")
+
+
+def usage_params(from_: Any, to: Any, group_by: str, tenant_id: str | None) -> dict[str, str]:
+    """The query of GET /v1/usage: times as ISO 8601 (a naive datetime is taken as UTC)."""
+    if group_by not in USAGE_GROUPS:
+        raise ValueError(f"group_by={group_by!r} is not one of {', '.join(USAGE_GROUPS)}")
+    params = {"group_by": group_by}
+    for name, value in (("from", from_), ("to", to)):
+        if value is None:
+            continue
+        if hasattr(value, "isoformat"):
+            if getattr(value, "tzinfo", True) is None:
+                value = value.isoformat() + "Z"
+            else:
+                value = value.isoformat()
+        params[name] = str(value)
+    if tenant_id is not None:
+        params["tenant_id"] = tenant_id
+    return params

@@ -16,6 +16,7 @@ Built by atoll.up and controlplane.main (create_app); the routers talk only to S
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import time
@@ -43,6 +44,7 @@ from atoll.controlplane import (
     routes_system,
     routes_templates,
     routes_tenants,
+    routes_usage,
     routes_workers,
     schemas,
 )
@@ -55,7 +57,14 @@ from atoll.core import errors, secretbox
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EXEC_OUTPUT_BYTES = 1024 * 1024  # per stream of a non-streamed exec (ATOLL_MAX_EXEC_OUTPUT_KB)
-PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json"}  # and docs_pages.is_public: /docs, /redoc
+# /metrics carries per-tenant usage labels (controlplane.metering): an admin key reads it, unless
+# ATOLL_METRICS_PUBLIC=1 (read when this module is imported, i.e. at the server's start)
+PUBLIC_PATHS = {"/healthz", "/openapi.json"} | (
+    {"/metrics"}
+    if os.environ.get("ATOLL_METRICS_PUBLIC", "").lower() in ("1", "true", "yes", "on")
+    else set()
+)
+# and docs_pages.is_public: /docs, /redoc
 
 
 def _public(path: str) -> bool:
@@ -129,7 +138,7 @@ def _bearer(scope) -> bytes:
 
 WORKER_PATHS = re.compile(r"/v1/workers/register|/v1/workers/[^/]+/(heartbeat|stopping)|/v1/ca\.crt")
 """What a `worker` key may call: the worker protocol's server side."""
-ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?")
+ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?|/metrics")
 """What only an admin key may call (a tenant key gets 403 forbidden)."""
 
 
@@ -342,6 +351,7 @@ def create_app(
         routes_stores,
         routes_tenants,
         routes_audit,
+        routes_usage,
     ):
         app.include_router(module.router)
 

@@ -120,6 +120,24 @@ class AsyncClient:
                 return out[:limit] if limit is not None else out
             params = {**params, "cursor": cursor}
 
+    async def usage(
+        self,
+        from_: str | datetime | None = None,
+        to: str | datetime | None = None,
+        group_by: str = "sandbox",
+        *,
+        tenant_id: str | None = None,
+    ) -> dict[str, Any]:
+        """What was used in [from_, to) (ISO 8601 strings or datetimes; default: the last 24 h),
+        grouped by `sandbox`, `day` or `tenant`: `{"items": [...], "total": {...}}`, each with
+        cpu_seconds, memory_gb_seconds, standby_memory_gb_seconds, snapshot_gb_seconds,
+        volume_gb_seconds, drive_gb_seconds, egress_bytes, ingress_bytes, build_seconds and cost.
+        A tenant key sees its own tenant; an admin key every tenant, or `tenant_id`'s."""
+        response = await self._request(
+            "GET", "/v1/usage", params=_base.usage_params(from_, to, group_by, tenant_id)
+        )
+        return _base.json_body(response)
+
     async def aclose(self) -> None:
         await self._http.aclose()
 

@@ -56,7 +56,7 @@ from atoll.worker.service.store_verbs import StoreVerbs
 log = logging.getLogger(__name__)
 
 MONITOR_EVERY_S = 0.5
-USAGE_EVERY_S = 10.0
+USAGE_EVERY_S = 5.0
 # A running sandbox whose processes used more than ACTIVITY_CPU_SHARE of one CPU over the last
 # ACTIVITY_WINDOW_S is busy (a build, a test run): the idle policy's pause declines it, and a
 # SandboxActivity event (at most every ACTIVITY_EVENT_EVERY_S) tells the control plane. An idle dev
@@ -596,7 +596,16 @@ class Node(StoreVerbs):
                     n = self.edge.stats(rt.sandbox_id)
                     items.append(
                         api.Usage(
-                            rt.sandbox_id, round(u[0], 3), u[1], u[2], n.allowed, n.refused, n.dns_refused
+                            rt.sandbox_id,
+                            round(u[0], 3),
+                            u[1],
+                            u[2],
+                            n.allowed,
+                            n.refused,
+                            n.dns_refused,
+                            generation=rt.generation,
+                            egress_bytes=n.bytes_out,
+                            ingress_bytes=n.bytes_in,
                         )
                     )
         if items:

@@ -1,14 +1,14 @@
 """the audit trail
 
 Revision ID: 0014
-Revises: 0012 (renumber to 0013 at merge: metering's migration comes between)
+Revises: 0013
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0014"
-down_revision = "0012"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
