@@ -289,6 +289,21 @@ def test_every_route_through_the_split(atoll_split):
         usage = _ok(c.get("/v1/usage", params={"group_by": "sandbox"})).json()
         assert any(i["sandbox_id"] == sid and i["memory_gb_seconds"] > 0 for i in usage["items"]), usage
 
+        # ---- tenants, keys, the audit trail (admin routes)
+        t = _ok(c.post("/v1/tenants", json={"name": "walk-t", "quotas": {"max_running": 1}}), 201).json()
+        assert _ok(c.get(f"/v1/tenants/{t['id']}")).json()["name"] == "walk-t"
+        assert "walk-t" in [x["name"] for x in _ok(c.get("/v1/tenants")).json()["items"]]
+        assert _ok(c.patch(f"/v1/tenants/{t['id']}", json={"quotas": {"max_running": 2}})).json()[
+            "quotas"
+        ] == {"max_running": 2}
+        tk = _ok(c.post(f"/v1/tenants/{t['id']}/keys", json={}), 201).json()
+        ak = _ok(c.post("/v1/keys", json={"scope": "worker"}), 201).json()
+        assert {tk["id"], ak["id"]} <= {k["id"] for k in _ok(c.get("/v1/keys")).json()["items"]}
+        for k in (tk, ak):
+            _ok(c.delete(f"/v1/keys/{k['id']}"), 204)
+        _ok(c.delete(f"/v1/tenants/{t['id']}"), 204)
+        assert any(e["action"].startswith("tenant") for e in _ok(c.get("/v1/audit")).json()["items"])
+
         # ---- the end of a sandbox
         for s in list(created):
             _ok(c.delete(f"/v1/sandboxes/{s}"), 204)

@@ -15,6 +15,8 @@ Built by atoll.up and controlplane.main (create_app); the routers talk only to S
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -232,7 +234,17 @@ def create_app(
                 return await _refuse_websocket(scope, send)
             token = auth.set_current(p)
             try:
-                return await inner(scope, receive, send)
+                with keys.tracking(p):
+                    return await inner(scope, receive, send)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or not keys.was_cut(task):
+                    raise
+                task.uncancel()
+                log.info("terminal closed: its key was revoked or expired", extra={"path": scope["path"]})
+                with contextlib.suppress(Exception):
+                    await send({"type": "websocket.close", "code": 1008, "reason": "key revoked or expired"})
+                return None
             finally:
                 auth.reset_current(token)
         if scope["type"] != "http":
@@ -281,7 +293,20 @@ def create_app(
             await send(message)
 
         try:
-            await inner(scope, receive, send_wrapper)
+            with keys.tracking(principal) if principal is not None else contextlib.nullcontext():
+                await inner(scope, receive, send_wrapper)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or not keys.was_cut(task):
+                raise
+            task.uncancel()  # cut by auth.Keys: its key was revoked or expired under it
+            log.info("request cut: its key was revoked or expired", extra={"request_id": rid, "path": path})
+            if not status["started"]:
+                resp = http.error_response(
+                    401, "unauthorized", "the API key was revoked or expired during the request", rid
+                )
+                await resp(scope, receive, send)
+            status["code"] = 401
         except Exception:  # noqa: BLE001 - last line of defence: never a traceback to the client
             log.exception("unhandled error", extra={"request_id": rid, "path": path})
             if not status["started"]:

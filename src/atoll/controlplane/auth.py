@@ -17,6 +17,8 @@ routes_tenants, lifecycle, stores, templates, routes_secrets and pools.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import datetime as dt
@@ -24,6 +26,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import typing
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
@@ -169,6 +172,9 @@ class Keys:
 
     def __init__(self, database: dbm.Database, secrets_key: bytes, admin_key: str):
         self.db = database
+        self._inflight: dict[str, set[asyncio.Task]] = {}
+        self._cut_tasks: set[asyncio.Task] = set()
+        self._watcher: asyncio.Task | None = None
         self._hk = hash_key(secrets_key)
         self._admin = admin_key.encode()
         self._select = sa.select(
@@ -232,7 +238,66 @@ class Keys:
                 raise errors.AtollError(f"no API key {kid!r}", code="key_not_found")
             if rec.revoked_at is None:
                 rec.revoked_at = _now()
-            return rec
+        self._cut(kid)
+        return rec
+
+    # ---- requests in flight -------------------------------------------------------------------
+    # A long request (a streaming exec, a terminal's WebSocket, a file transfer) outlives the check
+    # made at its start: it is tracked by its key, cut at once when this server revokes the key,
+    # and within STREAM_CHECK_S when another server does or the key expires.
+    STREAM_CHECK_S = 2.0
+
+    def _cut(self, kid: str) -> None:
+        for task in list(self._inflight.get(kid, ())):
+            self._cut_tasks.add(task)
+            task.cancel()
+
+    def was_cut(self, task: asyncio.Task) -> bool:
+        """Whether `task` was cancelled because its key stopped being valid (then consumed)."""
+        if task in self._cut_tasks:
+            self._cut_tasks.discard(task)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def tracking(self, p: Principal) -> typing.Iterator[None]:
+        if p.key_id == ADMIN.key_id:  # ATOLL_API_KEY: not revocable
+            yield
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.setdefault(p.key_id, set()).add(task)
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.ensure_future(self._watch())
+        try:
+            yield
+        finally:
+            held = self._inflight.get(p.key_id)
+            if held is not None:
+                held.discard(task)
+                if not held:
+                    del self._inflight[p.key_id]
+
+    def valid(self, kid: str) -> bool:
+        with self.db.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(KeyRecord.expires_at, KeyRecord.revoked_at).where(KeyRecord.id == kid)
+            ).first()
+        if row is None or row[1] is not None:
+            return False
+        exp = _aware(row[0])
+        return exp is None or exp > _now()
+
+    async def _watch(self) -> None:
+        while self._inflight:
+            await asyncio.sleep(self.STREAM_CHECK_S)
+            for kid in list(self._inflight):
+                try:
+                    ok = self.valid(kid)
+                except sa.exc.SQLAlchemyError:
+                    continue  # the database is away: checked again next time
+                if not ok:
+                    self._cut(kid)
 
     def keys(self, tenant_id: str | None = None) -> list[KeyRecord]:
         with self.db.session() as s:
