@@ -208,27 +208,55 @@ def of_query(
     cols: Sequence[typing.Any],
     key: Callable[[typing.Any], tuple],
     keep: Callable[[typing.Any], bool] | None = None,
+    *,
+    rows: bool = False,
 ) -> tuple[list, str | None]:
-    """A page of `stmt` (rows of one entity) in the order of `cols` (unique together), read with
-    `WHERE (cols) > cursor ... LIMIT`. `keep` re-checks a filter the database could not apply
-    exactly; then the read goes on in batches until the page is full or the rows run out."""
+    """A page of `stmt` (of one ORM entity, or of columns with `rows=True`) in the order of `cols`
+    (unique together), read with `WHERE (cols) > cursor ... LIMIT`. `keep` re-checks a filter the
+    database could not apply exactly; then the read goes on in batches until the page is full or
+    the rows run out."""
     stmt = stmt.order_by(*cols)
     after = p.after
     out: list = []
     batch = p.limit + 1
     while True:
         q = stmt if after is None else stmt.where(_past(cols, after))
-        rows = list(session.scalars(q.limit(batch)))
-        out += [r for r in rows if keep is None or keep(r)]
-        if len(out) > p.limit or len(rows) < batch:
+        got = (
+            [Row(r._asdict()) for r in session.execute(q.limit(batch))]
+            if rows
+            else list(session.scalars(q.limit(batch)))
+        )
+        out += [r for r in got if keep is None or keep(r)]
+        if len(out) > p.limit or len(got) < batch:
             break
-        after = key(rows[-1])
+        after = key(got[-1])
     nxt = p.cursor(key(out[p.limit - 1])) if len(out) > p.limit else None
     return out[: p.limit], nxt
 
 
 def _created_key(rec: typing.Any) -> tuple:
     return (rec.created_at, rec.id)
+
+
+class Row:
+    """A row read as columns, its values as attributes (reading them is a dict lookup: a
+    SQLAlchemy Row's attribute access costs several times more, for 35 fields by 1000 rows)."""
+
+    def __init__(self, values: dict[str, typing.Any]) -> None:
+        self.__dict__ = values
+
+
+_COLUMNS: list | None = None
+
+
+def _sandbox_columns() -> list:
+    """Every column of a sandbox record, labelled with its attribute's name: a page is read as
+    plain rows that look like records to `schemas.sandbox_view` (rec.metadata_, rec.id, ...), without
+    the ORM's per-object bookkeeping — a third of the time of a page of 1000."""
+    global _COLUMNS
+    if _COLUMNS is None:
+        _COLUMNS = [a.columns[0].label(a.key) for a in sa.inspect(dbm.SandboxRecord).column_attrs]
+    return _COLUMNS
 
 
 def sandboxes(
@@ -239,10 +267,11 @@ def sandboxes(
     tier: str | None = None,
     template: str | None = None,
     metadata: dict[str, str] | None = None,
-) -> tuple[list[dbm.SandboxRecord], str | None]:
+) -> tuple[list[typing.Any], str | None]:
     """A page of the caller's sandboxes, oldest first: what `SandboxManager.list` answers (not
     pooled, not deleted unless `state=deleted`, the caller's tenant), filtered in the database by
-    state, standby tier, template and metadata."""
+    state, standby tier, template and metadata. The items are read-only rows with the record's
+    attribute names (see `_sandbox_columns`), not SandboxRecords."""
     if state is not None and state not in {s.value for s in State}:
         raise errors.InvalidRequest(
             f"unknown state filter {state!r}; use one of: {', '.join(s.value for s in State)}"
@@ -252,7 +281,7 @@ def sandboxes(
             f"unknown tier filter {tier!r}; use one of: {', '.join(t.value for t in Tier)}"
         )
     R = dbm.SandboxRecord
-    stmt = sa.select(R).where(R.pooled.is_(False))
+    stmt = sa.select(*_sandbox_columns()).where(R.pooled.is_(False))
     tenant = auth.list_tenant()
     if tenant is not None:
         stmt = stmt.where(R.tenant_id == tenant)
@@ -266,12 +295,12 @@ def sandboxes(
         if _SAFE_JSON_KEY.fullmatch(k):
             stmt = stmt.where(R.metadata_[k].as_string() == v)
 
-    def keep(r: dbm.SandboxRecord) -> bool:
+    def keep(r: typing.Any) -> bool:
         return all((r.metadata_ or {}).get(k) == v for k, v in md.items())
 
     db = ctx(request).manager.db
     with db.session() as s:
-        return of_query(p, s, stmt, (R.created_at, R.id), _created_key, keep if md else None)
+        return of_query(p, s, stmt, (R.created_at, R.id), _created_key, keep if md else None, rows=True)
 
 
 def tenants(request: Request, p: Page) -> tuple[list[auth.TenantRecord], str | None]:
