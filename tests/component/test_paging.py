@@ -10,6 +10,7 @@ import datetime as dt
 import json
 
 import httpx
+import pytest
 
 import atoll
 from atoll.controlplane import db as dbm
@@ -188,3 +189,27 @@ async def test_the_sdk_follows_cursors(fake):
         assert [s.id for s in got] == made
         team = await client.sandboxes.list(metadata={"team": "a"})
         assert len(team) == 700
+
+
+async def test_the_sdk_tenants_and_keys_against_the_server(fake):
+    async with atoll.AsyncClient("http://atoll", KEY, transport=fake.transport) as admin:
+        t = await admin.tenants.create("acme", quotas={"max_running": 2})
+        assert t["quotas"] == {"max_running": 2}
+        assert (await admin.tenants.update(t["id"], quotas={"max_running": None}))["quotas"] == {}
+        names = [x["name"] for x in await admin.tenants.list()]
+        assert names == ["default", "acme"]
+        k = await admin.tenants.create_key(t["id"], expires_at="2099-01-01T00:00:00Z")
+        assert k["scope"] == "tenant" and k["key"].startswith("atk_")
+        w = await admin.keys.create(scope="worker")
+        assert [x["id"] for x in await admin.keys.list()] == [k["id"], w["id"]]
+        assert [x["id"] for x in await admin.keys.list(tenant_id=t["id"])] == [k["id"]]
+        async with atoll.AsyncClient("http://atoll", k["key"], transport=fake.transport) as tenant:
+            assert await tenant.sandboxes.list() == []
+            await admin.keys.revoke(k["id"])
+            with pytest.raises(atoll.errors.Unauthorized):
+                await tenant.sandboxes.list()
+        with pytest.raises(atoll.errors.AtollError) as e:
+            await admin.tenants.delete("default")
+        assert e.value.status_code == 400
+        await admin.tenants.delete(t["id"])
+        assert [x["name"] for x in await admin.tenants.list()] == ["default"]

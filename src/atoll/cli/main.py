@@ -33,6 +33,7 @@ from atoll.cli import files as cli_files
 from atoll.cli import shell as cli_shell
 from atoll.cli import stores as cli_stores
 from atoll.cli import templates as cli_templates
+from atoll.cli import tenants as cli_tenants
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -139,6 +140,7 @@ def _session(ctx: typer.Context) -> "Iterator[Client]":
 
 cli_templates.register(app, _session)
 cli_stores.register(app, _session)
+cli_tenants.register(app, _session)
 cli_files.register(sandbox_app, _session)
 
 
