@@ -1,21 +1,23 @@
 """Benchmark: `GET /v1/sandboxes` with 10,000 sandbox records — one page, the way lists scale.
 
-Run standalone (`.venv/bin/python bench/bench_lists.py [--records N] [--quick] [--no-save]`; no root,
-no runsc): the real control plane (FastAPI app, SQLite in a temp dir, lifecycle, paging) of
-`atoll.testing.FakeAtoll` served by uvicorn on 127.0.0.1, with N sandbox records (default 10,000)
-written straight to its database — 90% running, 10% in the disk tier, a third labelled team=a.
+Run standalone (`.venv/bin/python bench/bench_lists.py [--records 1000,10000] [--quick] [--no-save]`;
+no root, no runsc): the real control plane (FastAPI app, SQLite in a temp dir, lifecycle, paging) of
+`atoll.testing.FakeAtoll` served by uvicorn on 127.0.0.1, with N sandbox records written straight
+to its database — 90% running, 10% in the disk tier, a third labelled team=a — once per N (default
+1,000 and 10,000: a page must cost the same whatever the total; `ratio_largest_to_smallest`).
 Prints one JSON document to stdout (also bench/results/lists.json unless --no-save or --quick);
 progress on stderr.
 
 Measured (wall clock on the caller's side, kept-alive httpx client on loopback; n=30 after 3
-warm-ups, the cases interleaved per round):
+warm-ups, the page cases interleaved per round, `gc.collect()` untimed between rounds):
   first_page_1000   GET /v1/sandboxes (the default limit, 1000 items) → 200, body read (~1 MB;
                     parsing it on the caller's side is not timed)
   page_100          GET /v1/sandboxes?limit=100
   deep_page_1000    the 9th page of 1000 (its cursor from an untimed walk): keyset, not OFFSET
   filtered_state    GET /v1/sandboxes?state=standby&tier=disk (1,000 of them, one page)
   filtered_metadata GET /v1/sandboxes?metadata.team=a&limit=100 (JSON filter in the database)
-  walk_all          every page one after another (what the SDK's list() does), total time
+  walk_all          every page one after another (what the SDK's list() does), total time (n=10,
+                    in a loop of its own after the page cases, with the next one)
   unpaged_in_process  for comparison: SandboxManager.list() of every record plus the view of each,
                     in process (what GET /v1/sandboxes did before paging, minus HTTP)
 The promise (docs/specification.md): a page of GET /v1/sandboxes with 10,000 records in ≤ 50 ms.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import json
 import os
 import socket
@@ -76,7 +79,9 @@ def insert(fake: FakeAtoll, n: int) -> None:
 
 async def timed(client: httpx.AsyncClient, path: str, params: dict | None = None) -> tuple[float, dict]:
     with c.Timer() as t:
-        r = await client.get(path, params=params)  # the body is read whole; parsing it is the caller's, untimed
+        r = await client.get(
+            path, params=params
+        )  # the body is read whole; parsing it is the caller's, untimed
     assert r.status_code == 200, r.text
     return t.ms, r.json()
 
@@ -124,14 +129,19 @@ async def _rounds(fake: FakeAtoll, url: str, records: int, rounds: int) -> dict:
         }
         samples: dict[str, list[float]] = {k: [] for k in cases}
         items: dict[str, int] = {}
-        walk: list[float] = []
-        unpaged: list[float] = []
         for rnd in range(rounds + 3):
+            gc.collect()  # untimed: the garbage of the previous round is not charged to the next case
             for name, (path, params) in cases.items():
                 ms, body = await timed(client, path, params)
                 items[name] = len(body["items"])
                 if rnd >= 3:
                     samples[name].append(ms)
+        # the whole list, paged and (for comparison) unpaged in process: after the page cases, so
+        # that their large garbage does not land in the small requests' samples
+        walk: list[float] = []
+        unpaged: list[float] = []
+        for rnd in range(max(3, rounds // 3) + 1):
+            gc.collect()
             with c.Timer() as t:
                 total, cursor = 0, None
                 while True:
@@ -141,10 +151,11 @@ async def _rounds(fake: FakeAtoll, url: str, records: int, rounds: int) -> dict:
                     if cursor is None:
                         break
             assert total == records, total
+            gc.collect()
             with c.Timer() as u:
                 recs = fake.manager.list(None, {})
                 json.dumps([view_of(fake, r) for r in recs])
-            if rnd >= 3:
+            if rnd >= 1:
                 walk.append(t.ms)
                 unpaged.append(u.ms)
     out = {
@@ -171,13 +182,23 @@ def view_of(fake: FakeAtoll, rec) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=10_000)
+    ap.add_argument(
+        "--records", default="1000,10000", help="comma-separated record counts, each its own installation"
+    )
     ap.add_argument("--quick", action="store_true", help="1,000 records, 3 rounds (smoke test, never saved)")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/lists.json")
     args = ap.parse_args()
-    records, rounds = (1000, 3) if args.quick else (args.records, 30)
+    sizes, rounds = ([1000], 3) if args.quick else ([int(n) for n in args.records.split(",")], 30)
     machine = c.machine_info()
-    res = asyncio.run(measure(records, rounds))
+    res: dict = {}
+    for n in sizes:
+        c.log(f"{n} records")
+        res[str(n)] = asyncio.run(measure(n, rounds))
+    if len(sizes) > 1:  # the same page read from the smallest and the largest installation
+        lo, hi = res[str(min(sizes))], res[str(max(sizes))]
+        res["ratio_largest_to_smallest"] = {
+            k: c.ratio(hi[k], lo[k]) for k in ("first_page_1000", "page_100", "filtered_metadata")
+        }
     doc = {
         "benchmark": "lists",
         "timestamp": c.timestamp(),
