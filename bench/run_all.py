@@ -13,8 +13,9 @@ document to stdout and saves it to bench/results/latest.json. Progress goes to s
 started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
 Takes about 17-20 minutes on 2 cores (bench_templates alone ~8, bench_volumes ~5 and ~13 GB
 written under /var/tmp). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
-Two sections run only when named in `--only`: `idle` (bench_idle, ~6 min) and `density` (bench_density:
-200 idle sandboxes and their memory, ~20 min).
+Three sections run only when named in `--only`: `idle` (bench_idle, ~6 min), `density` (bench_density:
+200 idle sandboxes and their memory, ~20 min) and `budget` (bench_budget: 100 disk-tier sandboxes over
+a disk budget, in two atolls of its own, ~3 min).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import typing
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_api  # noqa: E402
+import bench_budget  # noqa: E402
 import bench_cli  # noqa: E402
 import bench_default_pool  # noqa: E402
 import bench_density  # noqa: E402
@@ -75,6 +77,10 @@ TARGETS = {
     "volumes_seq_write_over_host": 0.5,  # at least
     "volumes_seq_read_over_host": 0.5,  # at least
     "drive_propagation_p50_ms": 100.0,
+    # issue 19, the disk budget (section `budget`, bench_budget: opt-in, --only budget; ~3 min)
+    "budget_under_after_last_pause_s": 10.0,
+    "budget_failed_resumes": 0,
+    "budget_running_touched": 0,
 }
 AT_LEAST = {
     "templates_burst_creates_per_s",
@@ -271,6 +277,36 @@ def check_targets(res: dict) -> dict:
             api_value=d["api_to_sandbox"]["from_put_sent"]["p50"],
             filer_value=vol.get("drive_filer", {}).get("both", {}).get("p50"),
         )
+    bud = res.get("budget", {})
+    if "budget_enforcement" in bud:
+        be = bud["budget_enforcement"]
+        n, room = bud["sandboxes"], bud["budget"]["room_for_disk_tier_sandboxes"]
+        out["budget_under_after_last_pause_s"] = _verdict(
+            "budget_under_after_last_pause_s",
+            be["under_budget_after_last_pause_s"],
+            f"{n} sandboxes paused to the disk tier two at a time on a worker whose ATOLL_DISK_BUDGET_GB "
+            f"holds ~{room}: seconds from the last pause's answer until its sandbox directories add up "
+            "to less than the budget (sum of budget.sandbox_disk_bytes, sampled every 0.5 s)",
+            archived=be["archived"],
+            longest_idle_first=be["archived_are_the_longest_idle"],
+            peak_over_budget=be["peak_over_budget"],
+        )
+        out["budget_failed_resumes"] = _verdict(
+            "budget_failed_resumes",
+            len(bud["resume"]["failures"]) + (n - bud["resume"]["resumed_ok"]),
+            "of the same sandboxes, those whose resume failed or whose holder process did not answer "
+            "from memory with its token and pid, with both files intact",
+        )
+        out["budget_running_touched"] = _verdict(
+            "budget_running_touched",
+            sum(
+                1
+                for k in bud["keepers"].values()
+                if not k["untouched"] or set(k["states_seen"]) != {"running/None"}
+            ),
+            "running sandboxes kept beside them whose state, runtime generation, sentry host pid or "
+            "counting process changed (or seen not running)",
+        )
     return out
 
 
@@ -339,6 +375,9 @@ def main() -> int:
                 (5,) if q else bench_density.LEVELS,
                 **({"settle_s": 5.0, "min_settled_s": 20.0, "max_settled_s": 40.0} if q else {}),
             )
+        if "budget" in only:
+            c.log("== budget: 100 disk-tier sandboxes over a disk budget (two atolls of its own)")
+            res["budget"] = bench_budget.run(**({"n": 12, "keepers": 2, "room": 4} if q else {}))
         if "files" in only:
             c.log("== files: tar upload vs single PUTs, watch latency")
             res["files"] = bench_files.run(a, n_files=1000, rounds=1 if q else 3, n_events=5 if q else 30)

@@ -26,7 +26,9 @@ from atoll.controlplane import http as http_mod
 from atoll.testing import FakeAtoll, FakeWorker
 from tests.component.conftest import KEY
 
-PUBLIC = {"/healthz", "/metrics"}  # the operations of app.PUBLIC_PATHS (the others are not in the document)
+# the operations of app.PUBLIC_PATHS (the others are not in the document); /metrics only with
+# ATOLL_METRICS_PUBLIC=1
+PUBLIC = {"/healthz", "/metrics"} & app_mod.PUBLIC_PATHS
 
 
 def _refs(node: typing.Any) -> typing.Iterator[str]:

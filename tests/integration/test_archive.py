@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import threading
 import time
 
@@ -332,3 +333,60 @@ def test_archive_through_the_split_with_seaweedfs(tmp_path, seaweed):
             if w.proc is None:
                 w.start()
         cl.stop(reap=True)
+
+
+def test_garbage_collection_at_start_removes_only_what_this_worker_owns(atoll_local_store, tmp_path):
+    """A restart collects: the object an upload cut short (of a sandbox this worker holds), the
+    staging files of a transfer cut short, an unused layer of the shared template cache; another
+    worker's objects in the same store stay."""
+    la = atoll_local_store.start(timeout=600)
+    store = str(tmp_path / "archive")
+    stale_layer = os.path.join(TEMPLATE_CACHE, "layers", f"gc-test-{os.getpid()}-{time.monotonic_ns()}")
+    with client(la) as c:
+        archived = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        running = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        assert _pause(c, archived)["standby_tier"] == "archive"
+        objects = _objects(store)
+        assert len(objects) == 2, objects
+        with open(os.path.join(store, "sandboxes", archived, "manifest.json")) as f:
+            holder = json.load(f)["holder"]
+        with open(os.path.join(la.home, "installation-id")) as f:
+            assert holder == f.read().strip()  # only this installation removes the archive
+        la.stop(reap=False)
+        # what a killed upload and a killed download leave, another worker's archive, an old layer
+        cut_short = f"sandboxes/{archived}/99.tar.zst"
+        foreign = ["sandboxes/sb-0000000000000000/1.tar.zst", "sandboxes/sb-0000000000000000/7.tar.zst"]
+        for key in (cut_short, *foreign):
+            os.makedirs(os.path.dirname(os.path.join(store, key)), exist_ok=True)
+            with open(os.path.join(store, key), "wb") as f:
+                f.write(b"x" * 100)
+        unpack = os.path.join(la.home, "sandboxes", running, archive.UNPACKING)
+        os.makedirs(os.path.join(unpack, "snapshot"))
+        os.makedirs(os.path.join(stale_layer, "fs"))
+        with open(os.path.join(stale_layer, "layer.json"), "w") as f:
+            json.dump({"key": os.path.basename(stale_layer), "size_bytes": 0, "made_at": 0}, f)
+        with open(os.path.join(stale_layer, "used"), "w"):
+            pass
+        os.utime(os.path.join(stale_layer, "used"), (0, 0))  # last used in 1970
+        try:
+            la.start(timeout=600)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (
+                cut_short in _objects(store) or os.path.exists(stale_layer)
+            ):
+                time.sleep(0.2)
+            assert _objects(store) == sorted([*objects, *foreign]), _objects(store)
+            assert not os.path.exists(stale_layer)
+            assert not os.path.exists(unpack)
+            with open(la.log_path, errors="replace") as f:
+                log = f.read()
+            assert "layer cache: removed layer " + os.path.basename(stale_layer) in log
+            # the sandboxes are whole: the archived one comes back, its archive then goes
+            assert exec_ok(c, archived, "true")["exit_code"] == 0
+            assert exec_ok(c, running, "true")["exit_code"] == 0
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(archived in k for k in _objects(store)):
+                time.sleep(0.1)
+            assert _objects(store) == foreign
+        finally:
+            shutil.rmtree(stale_layer, ignore_errors=True)

@@ -31,6 +31,10 @@ a, b, sink, cert = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: connections stay open between requests
     def do_GET(self):
+        if self.path == "/big":  # 1 MiB, for the gateway's byte counters
+            self.send_response(200); self.send_header("content-length", str(1 << 20)); self.end_headers()
+            self.wfile.write(b"x" * (1 << 20))
+            return
         if self.path == "/whoami":
             body = self.client_address[0].encode()
             self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
@@ -434,3 +438,26 @@ def test_a_malformed_http_head_cannot_fool_the_host_check(edge, make, testnet):
     ):
         out = py(edge, sid, RAW.format(ip=f"{net}.2", port=8080, data=data))["stdout"]
         assert "hello" not in out, (data, out)
+
+
+def test_bytes_through_the_gateway_are_metered(edge, make):
+    """The gateway counts each connection's bytes on the sandbox's side (TCP_INFO): a 1 MiB
+    download shows in GET /v1/usage as ingress_bytes, the request as egress_bytes."""
+
+    def counted(sid: str) -> tuple[int, int]:
+        r = edge.get("/v1/usage", params={"group_by": "sandbox"})
+        assert r.status_code == 200, r.text
+        u = [i for i in r.json()["items"] if i["sandbox_id"] == sid]
+        return (u[0]["egress_bytes"], u[0]["ingress_bytes"]) if u else (0, 0)
+
+    sid = make({"allow_out": ["allowed.atoll.test"]})["id"]
+    code = GET.replace(".read().decode())", ".read().__len__())")
+    assert py(edge, sid, code.format(url="http://allowed.atoll.test:8080/big"))["stdout"].strip() == str(
+        1 << 20
+    )
+    deadline = time.monotonic() + 20  # the gateway reports each second, the worker every 5 s
+    while counted(sid)[1] < 1 << 20 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    out, into = counted(sid)
+    assert 1 << 20 <= into <= (1 << 20) + 16_384, into  # the body, the answer's head
+    assert 40 <= out <= 4096, out  # the request

@@ -24,7 +24,9 @@ def test_auth_required(atoll_server):
     r = httpx.get(atoll_server.url + "/v1/sandboxes", headers={"Authorization": "Bearer wrong"})
     _err(r, 401, "unauthorized")
     assert httpx.get(atoll_server.url + "/healthz").status_code == 200
-    m = httpx.get(atoll_server.url + "/metrics")
+    # per-tenant usage labels: /metrics needs an admin key (unless ATOLL_METRICS_PUBLIC=1)
+    _err(httpx.get(atoll_server.url + "/metrics"), 401, "unauthorized")
+    m = httpx.get(atoll_server.url + "/metrics", headers=atoll_server.headers())
     assert (
         m.status_code == 200 and "atoll_sandboxes" in m.text and "atoll_lifecycle_duration_seconds" in m.text
     )

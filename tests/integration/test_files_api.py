@@ -101,6 +101,30 @@ def test_stat_mkdir_move_chmod(api, sdk, sandbox):
     )
 
 
+def test_a_file_read_is_over_once_its_answer_is(api, atoll_server):
+    """A read whose whole answer has arrived no longer counts as a call in progress: a pause sent
+    right after it on another connection (a second client, a pool, another thread) is not refused
+    as sandbox_busy. (The read used to release the sandbox only after its last byte was sent: with a
+    64 MB sandbox ~1 pause in 4 fell into that window, with a 512 MB one hardly any.)"""
+    r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0, "memory_mb": 64})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    try:
+        for name, content in (("r.txt", b"hello"), ("empty", b"")):  # an empty one: headers only
+            r = api.put(f"/v1/sandboxes/{sid}/files", params={"path": f"/tmp/{name}"}, content=content)
+            assert r.status_code in (200, 201, 204), r.text
+        with httpx.Client(base_url=atoll_server.url, headers=atoll_server.headers(), timeout=120) as other:
+            for i in range(60):
+                name, content = ("r.txt", b"hello") if i % 2 else ("empty", b"")
+                r = api.get(f"/v1/sandboxes/{sid}/files", params={"path": f"/tmp/{name}"})
+                assert (r.status_code, r.content) == (200, content), r.text
+                p = other.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})
+                assert p.status_code == 200, p.text
+                assert other.post(f"/v1/sandboxes/{sid}/resume").json()["state"] == "running"
+    finally:
+        api.delete(f"/v1/sandboxes/{sid}")
+
+
 def test_relative_paths_resolve_against_the_working_directory(api, sandbox):
     sid = sandbox["id"]
     wd = run(api, sid, "pwd")["stdout"].strip()

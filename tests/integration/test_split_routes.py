@@ -285,6 +285,10 @@ def test_every_route_through_the_split(atoll_split):
         )
         assert _ok(c.get(f"/v1/workers/{wk['id']}")).json()["state"] == "ready"
 
+        # ---- usage: the sandbox's time running, metered by the server from the worker's records
+        usage = _ok(c.get("/v1/usage", params={"group_by": "sandbox"})).json()
+        assert any(i["sandbox_id"] == sid and i["memory_gb_seconds"] > 0 for i in usage["items"]), usage
+
         # ---- the end of a sandbox
         for s in list(created):
             _ok(c.delete(f"/v1/sandboxes/{s}"), 204)

@@ -208,3 +208,22 @@ def test_the_host_s_system_bundle_passes_the_check_without_a_warning(tmp_path):
         with open(worker_settings.SYSTEM_CA) as f:
             assert pki.check_certificates(f.read()) > 0
     assert s.sandbox_ca_file == worker_settings.SYSTEM_CA
+
+
+@pytest.mark.parametrize("chunks", [[b"a", b"b", b"c"], [b"only"], []])
+async def test_a_download_releases_its_sandbox_before_its_last_chunk(chunks):
+    """http.relayed: a client holding the whole answer (Content-Length) may call again at once on
+    another connection; the sandbox must be released by then, so before the last chunk goes out."""
+    seen: list = []
+
+    async def source():
+        for c in chunks:
+            yield c
+
+    async def close(failure):
+        seen.append(("released", failure))
+
+    async for chunk in http.relayed("sb-x", source(), close, "file"):
+        seen.append(chunk)
+    want = [*chunks[:-1], ("released", None), *chunks[-1:]]
+    assert seen == want

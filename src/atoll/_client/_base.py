@@ -17,6 +17,7 @@ import ssl
 import urllib.request
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import IO, Any
 from urllib.parse import quote
 
@@ -666,3 +667,61 @@ async def arecv(ws: Any, timeout: float | None) -> str | bytes:  # noqa: ASYNC10
 
 def recv(ws: Any, timeout: float | None) -> str | bytes:
     return ws.recv(timeout=timeout)
+
+
+AUDIT_PAGE = 1000
+"""Rows per page of GET /v1/audit (the server's largest)."""
+
+
+def iso_time(value: datetime | str | None, name: str) -> str | None:
+    """A time for a query parameter: a datetime (naive = UTC) as ISO 8601, a string as given."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).isoformat()
+    raise TypeError(f"{name} must be a datetime or an ISO 8601 string, not {type(value).__name__}")
+
+
+def audit_params(
+    from_: datetime | str | None,
+    to: datetime | str | None,
+    tenant_id: str | None,
+    action: str | None,
+    limit: int | None,
+) -> dict[str, str]:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a whole number >= 1 (rows in all), not {limit!r}")
+    params = without_none(
+        **{"from": iso_time(from_, "from_"), "to": iso_time(to, "to")}, tenant_id=tenant_id, action=action
+    )
+    params["limit"] = str(min(limit, AUDIT_PAGE) if limit is not None else AUDIT_PAGE)
+    return params
+
+
+def next_cursor(response: httpx.Response) -> str | None:
+    """The `next_cursor` of a list page (None: the last page)."""
+    payload = json_body(response)
+    cursor = payload.get("next_cursor") if isinstance(payload, dict) else None
+    return cursor if isinstance(cursor, str) and cursor else None
+
+
+USAGE_GROUPS = ("sandbox", "day", "tenant")
+
+
+def usage_params(from_: Any, to: Any, group_by: str, tenant_id: str | None) -> dict[str, str]:
+    """The query of GET /v1/usage: times as ISO 8601 (a naive datetime is taken as UTC)."""
+    if group_by not in USAGE_GROUPS:
+        raise ValueError(f"group_by={group_by!r} is not one of {', '.join(USAGE_GROUPS)}")
+    params = {"group_by": group_by}
+    for name, value in (("from", from_), ("to", to)):
+        if value is None:
+            continue
+        if hasattr(value, "isoformat"):
+            if getattr(value, "tzinfo", True) is None:
+                value = value.isoformat() + "Z"
+            else:
+                value = value.isoformat()
+        params[name] = str(value)
+    if tenant_id is not None:
+        params["tenant_id"] = tenant_id
+    return params

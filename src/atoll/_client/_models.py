@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
+    "AuditEntry",
     "ExecResult",
     "FileEntry",
     "OutputEvent",
@@ -99,6 +100,55 @@ class Secret(Record):
     def allow_http(self) -> bool:
         """Whether plain-HTTP requests get the value too (else only HTTPS)."""
         return bool(self.data.get("allow_http", False))
+
+
+class AuditEntry(Record):
+    """One row of `client.audit()`: a mutation, who made it and what came of it."""
+
+    __slots__ = ()
+
+    @property
+    def at(self) -> str:
+        """When it was answered (ISO 8601, UTC)."""
+        return self.data["at"]
+
+    @property
+    def key_id(self) -> str | None:
+        """The key used ("admin" for the installation's ATOLL_API_KEY); None: no valid key."""
+        return self.data.get("key_id")
+
+    @property
+    def tenant_id(self) -> str | None:
+        return self.data.get("tenant_id")
+
+    @property
+    def action(self) -> str:
+        """e.g. "sandbox.create", "secret.put", "key.create"."""
+        return self.data["action"]
+
+    @property
+    def target(self) -> str | None:
+        """The ids and names it acted on ("sb-…", "tn-…/ak-…")."""
+        return self.data.get("target")
+
+    @property
+    def status(self) -> int:
+        """The HTTP status of the answer."""
+        return int(self.data.get("result", {}).get("status", 0))
+
+    @property
+    def error(self) -> str | None:
+        """The error code of a failure (e.g. "forbidden"), else None."""
+        return self.data.get("result", {}).get("error")
+
+    @property
+    def request_id(self) -> str | None:
+        return self.data.get("request_id")
+
+    @property
+    def source(self) -> str | None:
+        """The client's address."""
+        return self.data.get("source")
 
 
 class Preview(Record):

@@ -28,12 +28,14 @@ import typer
 
 from atoll import errors
 from atoll.cli import argv as cli_argv
+from atoll.cli import audit as cli_audit
 from atoll.cli import coercion as cli_coercion
 from atoll.cli import files as cli_files
 from atoll.cli import shell as cli_shell
 from atoll.cli import stores as cli_stores
 from atoll.cli import templates as cli_templates
 from atoll.cli import tenants as cli_tenants
+from atoll.cli import usage as cli_usage
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -141,6 +143,8 @@ def _session(ctx: typer.Context) -> "Iterator[Client]":
 cli_templates.register(app, _session)
 cli_stores.register(app, _session)
 cli_tenants.register(app, _session)
+cli_audit.register(app, _session)
+cli_usage.register(app, _session, _table, _console)
 cli_files.register(sandbox_app, _session)
 
 

@@ -16,6 +16,7 @@ Built by atoll.up and controlplane.main (create_app); the routers talk only to S
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import time
@@ -26,10 +27,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atoll.controlplane import (
+    audit,
     auth,
     context,
     docs_pages,
     http,
+    routes_audit,
     routes_exec,
     routes_fileops,
     routes_files,
@@ -41,6 +44,7 @@ from atoll.controlplane import (
     routes_system,
     routes_templates,
     routes_tenants,
+    routes_usage,
     routes_workers,
     schemas,
 )
@@ -53,7 +57,14 @@ from atoll.core import errors, secretbox
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EXEC_OUTPUT_BYTES = 1024 * 1024  # per stream of a non-streamed exec (ATOLL_MAX_EXEC_OUTPUT_KB)
-PUBLIC_PATHS = {"/healthz", "/metrics", "/openapi.json"}  # and docs_pages.is_public: /docs, /redoc
+# /metrics carries per-tenant usage labels (controlplane.metering): an admin key reads it, unless
+# ATOLL_METRICS_PUBLIC=1 (read when this module is imported, i.e. at the server's start)
+PUBLIC_PATHS = {"/healthz", "/openapi.json"} | (
+    {"/metrics"}
+    if os.environ.get("ATOLL_METRICS_PUBLIC", "").lower() in ("1", "true", "yes", "on")
+    else set()
+)
+# and docs_pages.is_public: /docs, /redoc
 
 
 def _public(path: str) -> bool:
@@ -127,7 +138,7 @@ def _bearer(scope) -> bytes:
 
 WORKER_PATHS = re.compile(r"/v1/workers/register|/v1/workers/[^/]+/(heartbeat|stopping)|/v1/ca\.crt")
 """What a `worker` key may call: the worker protocol's server side."""
-ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?")
+ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?|/metrics")
 """What only an admin key may call (a tenant key gets 403 forbidden)."""
 
 
@@ -178,6 +189,7 @@ def create_app(
     max_file_bytes: int,
     max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES,
     previews: Previews | None = None,
+    audit_retention_days: int = audit.DEFAULT_RETENTION_DAYS,
 ) -> FastAPI:
     app = FastAPI(
         title="atoll",
@@ -207,6 +219,7 @@ def create_app(
     keys = auth.Keys(manager.db, manager.secrets.key, api_key)
     keys.ensure_default()
     manager.keys = keys
+    app.state.audit = audit.AuditLog(manager.db, manager.secrets.key, audit_retention_days)
 
     async def request_context(scope, receive, send, inner):
         """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
@@ -231,6 +244,7 @@ def create_app(
         principal = None
         if not _public(path):
             principal = keys.check(_bearer(scope))
+            scope["state"]["principal"] = principal  # also for a refusal: the audit names the key
             if principal is None:
                 resp = http.error_response(
                     401,
@@ -254,7 +268,7 @@ def create_app(
                     )
                     return await resp(scope, receive, send)
                 principal = auth.for_tenant(principal, tid)
-            scope["state"]["principal"] = principal
+                scope["state"]["principal"] = principal
         ctx_token = auth.set_current(principal)
         status = {"code": 500, "started": False}
 
@@ -336,6 +350,8 @@ def create_app(
         routes_templates,
         routes_stores,
         routes_tenants,
+        routes_audit,
+        routes_usage,
     ):
         app.include_router(module.router)
 
@@ -347,4 +363,5 @@ def create_app(
             await request_context(scope, receive, send, self.inner)
 
     app.add_middleware(RequestContext)
+    app.add_middleware(audit.AuditMiddleware, audit=app.state.audit, admin_key=api_key)  # outermost
     return app

@@ -282,9 +282,11 @@ class Database:
                 sa.delete(SecretRecord).where(SecretRecord.tenant_id == tenant_id, SecretRecord.name == name)
             )
 
-    def secrets(self, tenant_id: str) -> builtins.list[SecretRecord]:
+    def secrets(self, tenant_id: str | None) -> builtins.list[SecretRecord]:
         with self.session() as s:
-            q = sa.select(SecretRecord).where(SecretRecord.tenant_id == tenant_id).order_by(SecretRecord.name)
+            q = sa.select(SecretRecord).order_by(SecretRecord.tenant_id, SecretRecord.name)
+            if tenant_id is not None:
+                q = q.where(SecretRecord.tenant_id == tenant_id)
             return list(s.scalars(q))
 
     # ---- templates ------------------------------------------------------------------------------
@@ -348,10 +350,12 @@ class Database:
         with self.session.begin() as s:
             s.merge(rec)
 
-    def builds(self, template: str | None = None) -> builtins.list[BuildRecord]:
+    def builds(self, template: str | None = None, tenant_id: str | None = None) -> builtins.list[BuildRecord]:
         q = sa.select(BuildRecord).order_by(BuildRecord.created_at)
         if template is not None:
             q = q.where(BuildRecord.template == template)
+        if tenant_id is not None:
+            q = q.where(BuildRecord.tenant_id == tenant_id)
         with self.session() as s:
             return list(s.scalars(q))
 

@@ -260,11 +260,24 @@ async def relayed(
     what: str,
 ) -> typing.AsyncIterator[bytes]:
     """A download's body from a held worker stream (open_held): relayed chunk by chunk; a break
-    after the headers cuts the answer short (the client sees it end early) and is logged."""
+    after the headers cuts the answer short (the client sees it end early) and is logged.
+
+    The stream is released (the sandbox no longer busy) before the last chunk is handed on: a
+    client that has the whole answer (Content-Length) may send its next call on another connection
+    at once, and a pause must not find this download still in progress."""
     failure: BaseException | None = None
+    released = False
+    end = object()
     try:
-        async for chunk in chunks:
+        it = aiter(chunks)
+        chunk: typing.Any = await anext(it, end)
+        while chunk is not end:
+            following = await anext(it, end)
+            if following is end:
+                released = True
+                await close(None)
             yield chunk
+            chunk = following
     except Exception as e:  # the headers are sent: the download is cut short
         failure = e
         _log.warning(
@@ -275,4 +288,5 @@ async def relayed(
         )
         raise
     finally:
-        await close(failure)
+        if not released:
+            await close(failure)

@@ -20,8 +20,9 @@ import logging
 import time
 import typing
 
+from atoll.controlplane import auth, metrics
 from atoll.controlplane import db as dbm
-from atoll.controlplane import metrics
+from atoll.controlplane.quotas import Quotas
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
 from atoll.core import errors, ids, placement
 from atoll.core import worker_api as api
@@ -67,6 +68,8 @@ class Ledger:
         """When each sandbox last had an API call, a worker-reported activity or a step (monotonic)."""
         self.cache: dict[str, dbm.SandboxRecord] = {}
         self.usage: dict[str, api.Usage] = {}
+        self.quotas = Quotas(database)
+        """Tenant quotas (controlplane.quotas), for the lifecycle, pools, stores and templates."""
         self.reaps: set[asyncio.Task] = set()
         """Deletions of runtimes on their workers, in flight."""
 
@@ -77,7 +80,8 @@ class Ledger:
                 f"malformed sandbox id {sid!r}: ids look like 'sb-' followed by 16 lower-case letters/digits"
             )
         rec = self.cache.get(sid) or self.db.get(sid)
-        if rec is None or rec.state == State.DELETED:
+        if rec is None or rec.state == State.DELETED or not auth.visible(rec.tenant_id):
+            # another tenant's sandbox is as absent as one that never was: ids cannot be probed
             raise errors.SandboxNotFound(
                 f"sandbox {sid} does not exist (or was deleted); list yours with GET /v1/sandboxes"
             )

@@ -23,6 +23,7 @@ import typing
 
 from atoll.controlplane import auth, lifetime, metrics, schemas
 from atoll.controlplane import db as dbm
+from atoll.controlplane import quotas as quotas_mod
 from atoll.controlplane.authority import Authority
 from atoll.controlplane.ledger import Ledger
 from atoll.controlplane.pools import Pools
@@ -77,6 +78,8 @@ class SandboxManager:
         """The installation's egress policy for a sandbox created without one."""
         self.workers = WorkerRegistry(database, self, lost_after_s=lost_after_s, reconcile_s=reconcile_s)
         self.ledger = Ledger(database, m, self.workers, secrets=secrets, default_network=self.default_network)
+        self.quotas = self.ledger.quotas
+        """Tenant quotas: admission of creates, claims, stores, pools and builds."""
         """Per-sandbox bookkeeping (locks, calls in flight, activity, records, persisting)."""
         self.usage = self.ledger.usage
         self.templates = TemplateService(self.ledger, self, schemas.DEFAULT_MEMORY_MB)
@@ -84,7 +87,7 @@ class SandboxManager:
         self.pools = Pools(self.ledger, self, self.templates, schemas.DEFAULT_MEMORY_MB, default_pool)
         """Warm pools a create claims from (`default_pool`: the size of the built-in `base`'s)."""
         self.templates.pool_stop, self.templates.pool_resume = self.pools.stop, self.pools.resume
-        self.stores = StoreService(database, self.ledger)
+        self.stores = StoreService(database, self.ledger, self.quotas)
         """Volumes and drives (controlplane.stores)."""
         self.templates.on_ready = self.pools.wake
 
@@ -96,7 +99,7 @@ class SandboxManager:
             raise errors.InvalidRequest(
                 f"unknown state filter {state!r}; use one of: {', '.join(s.value for s in State)}"
             )
-        recs = self.db.list(tenant_id=ids.DEFAULT_TENANT, state=state)
+        recs = self.db.list(tenant_id=auth.list_tenant(), state=state)
         return [r for r in recs if not r.pooled and all(r.metadata_.get(k) == v for k, v in metadata.items())]
 
     def live(self) -> list[dbm.SandboxRecord]:
@@ -127,7 +130,7 @@ class SandboxManager:
                     tuple(
                         api.MountSpec(
                             m["kind"],
-                            m["name"],
+                            mounts.worker_name(rec.tenant_id, m["name"]),
                             m["path"],
                             bool(m.get("read_only")),
                             size_mb=filer_sizes.get(m["name"], 0),
@@ -182,14 +185,26 @@ class SandboxManager:
     async def create(self, req: typing.Any, *, pooled: bool = False) -> dbm.SandboxRecord:
         """A new sandbox: from a warm pool when the template has one ready (claimed: the caller's
         settings applied after the restore), else restored from its template's snapshot on a
-        worker placement picks. `pooled`: made for the pool (not listed until claimed)."""
-        build = self.templates.serving(req.template)
+        worker placement picks. `pooled`: made for the pool (not listed until claimed). It belongs
+        to the caller's tenant (an admin's: `tenant_id` in the body or query, else default)."""
+        tenant = auth.acting_tenant(getattr(req, "tenant_id", None))
+        if self.keys is not None and tenant != ids.DEFAULT_TENANT:
+            self.keys.tenant(tenant)  # 404 tenant_not_found for an admin naming an unknown one
+        if pooled:  # the pool's own: counted against a tenant when claimed
+            return await self._create(req, pooled, tenant, None)
+        with self.quotas.admitting(tenant, req.memory_mb) as ticket:
+            return await self._create(req, pooled, tenant, ticket)
+
+    async def _create(
+        self, req: typing.Any, pooled: bool, tenant: str, ticket: quotas_mod.Ticket | None
+    ) -> dbm.SandboxRecord:
+        build = self.templates.serving(req.template, tenant)
         want = mounts.parse(
             [m.model_dump() for m in req.volumes] if getattr(req, "volumes", None) else None,
             [m.model_dump() for m in req.drives] if getattr(req, "drives", None) else None,
         )
         if not pooled and not want:  # a pool member cannot take a mount (runsc restores its layout)
-            claimed = await self.pools.claim(req, build)
+            claimed = await self.pools.claim(req, build, tenant)
             if claimed is not None:
                 return claimed
         network = (
@@ -198,19 +213,17 @@ class SandboxManager:
         requested = getattr(req, "secrets", None)
         if requested and self.secrets is None:
             raise errors.InvalidRequest("this server keeps no secrets; create the sandbox without `secrets`")
-        bound = (
-            self.secrets.placeholders(ids.DEFAULT_TENANT, requested, dict(req.env)) if self.secrets else {}
-        )
+        bound = self.secrets.placeholders(tenant, requested, dict(req.env)) if self.secrets else {}
         sid = ids.new_sandbox_id()
-        pin = await self.stores.attach(want, sid) if want else None
+        pin = await self.stores.attach(want, sid, tenant) if want else None
         try:  # until the record exists, a failure must not leave its volumes taken
-            filer_sizes = self.stores.sizes([m for m in want if m.kind == "drive"]) if want else {}
+            filer_sizes = self.stores.sizes([m for m in want if m.kind == "drive"], tenant) if want else {}
             handle = self.ledger.place(build.id if build is not None else req.template, req.memory_mb, pin)
             assert handle.info is not None
             now = dbm.utcnow()
             rec = dbm.SandboxRecord(
                 id=sid,
-                tenant_id=ids.DEFAULT_TENANT,
+                tenant_id=tenant,
                 worker_id=handle.id,
                 state=State.CREATING.value,
                 template=req.template,
@@ -245,19 +258,29 @@ class SandboxManager:
                 env={**req.env, **{var: b["placeholder"] for var, b in bound.items()}},
                 user=req.user,
                 network=network,
-                secrets=self.secrets.bindings(ids.DEFAULT_TENANT, bound) if self.secrets and bound else (),
+                secrets=self.secrets.bindings(tenant, bound) if self.secrets and bound else (),
                 trust_pem=self.authority.root_pem.decode() if self.authority else "",
                 build_id=build.id if build is not None else "",
                 mounts=tuple(
-                    api.MountSpec(m.kind, m.name, m.path, m.read_only, size_mb=filer_sizes.get(m.name, 0))
+                    api.MountSpec(
+                        m.kind,
+                        mounts.worker_name(tenant, m.name),
+                        m.path,
+                        m.read_only,
+                        size_mb=filer_sizes.get(m.name, 0),
+                    )
                     for m in want
                 ),
             )
         except BaseException:
-            self.stores.release_all(sid, _mount_dicts(want), ids.DEFAULT_TENANT)
+            self.stores.release_all(sid, _mount_dicts(want), tenant)
             raise
         async with self.ledger.lock(sid), self.ledger.step("create", sid):
-            self.db.add(rec)  # the record exists before the runtime does (placement is recorded)
+            try:  # the record exists before the runtime does (placement is recorded)
+                self.quotas.insert(rec, ticket)
+            except BaseException:
+                self.stores.release_all(sid, _mount_dicts(want), tenant)
+                raise
             self.ledger.cache[sid] = rec
             try:
                 await self.workers.api_for(handle.id).create(spec)
@@ -291,12 +314,14 @@ class SandboxManager:
         log.info("sandbox.network.updated", extra={"sandbox_id": sid, **stored})
         return stored
 
-    async def secret_changed(self, name: str) -> None:
+    async def secret_changed(self, name: str, tenant: str | None = None) -> None:
         """A secret was replaced or deleted: every live sandbox bound to it gets its bindings
         again (a worker that cannot be reached now gets them when it is adopted again)."""
         if self.secrets is None:
             return
         for rec in self.live():
+            if rec.tenant_id != (tenant or auth.acting_tenant()):
+                continue
             if not rec.secrets or not any(b.get("secret") == name for b in rec.secrets.values()):
                 continue
             try:

@@ -21,7 +21,7 @@ import typing
 import uvicorn
 
 from atoll.controlplane import app as app_mod
-from atoll.controlplane import db, ingress_host, lifecycle, metrics, policy, previews, routes_pty
+from atoll.controlplane import db, ingress_host, lifecycle, metering, metrics, policy, previews, routes_pty
 from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane import settings as settings_mod
 from atoll.controlplane.authority import Authority
@@ -69,6 +69,7 @@ def build(s: settings_mod.ServerSettings):
         default_pool=s.default_pool,
     )
     m.bind_state_counts(manager.counts)
+    meter = metering.Meter(manager, m, prices=s.prices)
     backend = previews.Previews(manager, previews.preview_key(secrets_key), s.preview_domain, s.ingress_port)
     app = app_mod.create_app(
         manager,
@@ -76,6 +77,7 @@ def build(s: settings_mod.ServerSettings):
         max_file_bytes=s.max_file_mb * 1024 * 1024,
         max_exec_output_bytes=s.max_exec_output_kb * 1024,
         previews=backend,
+        audit_retention_days=s.audit_retention_days,
     )
     app.state.ingress = ingress_host.IngressHost(
         backend,
@@ -87,6 +89,7 @@ def build(s: settings_mod.ServerSettings):
         log_format=s.log_format,
         log_level=s.log_level,
     )
+    app.state.meter = meter
     return manager, policy.TierPolicy(manager), app
 
 
@@ -159,14 +162,20 @@ async def serve_api(
         if local is not None:
             await local[0]()
         running = asyncio.ensure_future(tiers.run())
+        meter = getattr(app.state, "meter", None)
+        if meter is not None:
+            meter.start()
         app.state.ctx.started = True
         log.info("%s is up on http://%s:%d (home %s)", up, s.host, s.port, s.home)
         try:
             yield
         finally:
             running.cancel()
+            if meter is not None:
+                await meter.aclose()
             await app.state.ingress.aclose()
             await tiers.aclose()
+            await app.state.audit.aclose()
             await manager.stop()
             if local is not None:
                 await local[1]()

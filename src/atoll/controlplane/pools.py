@@ -31,9 +31,9 @@ import re
 import time
 import typing
 
+from atoll.controlplane import auth, lifetime, schemas
 from atoll.controlplane import db as dbm
-from atoll.controlplane import lifetime, schemas
-from atoll.controlplane.templates import BUILTIN
+from atoll.controlplane.templates import BUILTIN, pool_key
 from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import State, Tier, Verb
@@ -143,11 +143,11 @@ class Pools:
         }
         """The built-in templates' pools (ATOLL_DEFAULT_POOL; min 0 keeps none)."""
 
-    def _config(self, name: str) -> dict | None:
+    def _config(self, name: str, tenant: str) -> dict | None:
         if name in BUILTIN:
             cfg = self.builtin[name]
             return cfg if cfg["max"] else None
-        rec = self.m.db.get_template(ids.DEFAULT_TENANT, name)
+        rec = self.m.db.get_template(tenant, name)
         return rec.pool if rec is not None else None
 
     # ---- settings -------------------------------------------------------------------------------
@@ -158,11 +158,14 @@ class Pools:
                 f"(now {self.builtin[name]['min']}); restart the server with another value (0: no pool)"
             )
         rec = self.templates.record(name)
-        self._stopped.discard(name)
-        rec.pool = check(body, self.default_memory_mb)
+        key = pool_key(rec.tenant_id, name)
+        pool = check(body, self.default_memory_mb)
+        self.m.quotas.check_pool(rec.tenant_id, name, pool["max"])
+        self._stopped.discard(key)
+        rec.pool = pool
         rec.pool_error = None
         self.m.db.put_template(rec)
-        self._errors.pop(name, None)
+        self._errors.pop(key, None)
         self._wake.set()
         log.info(
             "pool.set", extra={"template": name, **{k: v for k, v in rec.pool.items() if k != "schedule"}}
@@ -183,17 +186,30 @@ class Pools:
             self._outdated |= pooled
             self._wake.set()
 
-    def _members(self, name: str) -> list[dbm.SandboxRecord]:
-        return [r for r in self.m.live() if r.pooled and r.template == name and r.state != State.DELETED]
+    def _members(self, name: str, tenant: str) -> list[dbm.SandboxRecord]:
+        """A pool's members: a built-in template's pool is shared (its members are the default
+        tenant's until claimed), a user template's is its tenant's."""
+        return [
+            r
+            for r in self.m.live()
+            if r.pooled
+            and r.template == name
+            and (name in BUILTIN or r.tenant_id == tenant)
+            and r.state != State.DELETED
+        ]
 
     def view(self, name: str) -> dict:
+        tenant = auth.acting_tenant()
         if name in BUILTIN:
-            pool, build_id, stored_error = self._config(name), None, None
+            pool, build_id, stored_error = self._config(name, tenant), None, None
+            counted = ids.DEFAULT_TENANT
         else:
             rec = self.templates.record(name)
             pool, build_id, stored_error = rec.pool, rec.current_build, rec.pool_error
+            tenant = counted = rec.tenant_id
+        key = pool_key(tenant, name)
         cfg = pool or {"min": 0, "max": 0, "schedule": [], "memory_mb": self.default_memory_mb}
-        members = self._members(name)
+        members = self._members(name, tenant)
         ready = [r for r in members if r.state == State.STANDBY and r.id not in self._claims]
         return {
             "template": name,
@@ -204,22 +220,22 @@ class Pools:
             "desired": desired(cfg, dt.datetime.now(dt.UTC)) if pool else 0,
             "ready": len(ready),
             "starting": len(members) - len(ready),
-            "claimed": self.m.db.pool_claimed(ids.DEFAULT_TENANT, name),  # persisted: survives restarts
+            "claimed": self.m.db.pool_claimed(counted, name),  # persisted: survives restarts
             "build_id": build_id,
-            "last_error": self._errors.get(name) or stored_error,
+            "last_error": self._errors.get(key) or stored_error,
         }
 
     # ---- claims ---------------------------------------------------------------------------------
     async def claim(
-        self, req: schemas.CreateSandbox, build: dbm.BuildRecord | None
+        self, req: schemas.CreateSandbox, build: dbm.BuildRecord | None, tenant: str
     ) -> dbm.SandboxRecord | None:
-        """A pooled sandbox for this create, its caller's settings applied; None when none fits
-        (the create then restores one from the snapshot). `build`: the template's current build
-        (None for a built-in template)."""
-        cfg = self._config(req.template)
+        """A pooled sandbox for this create, its caller's settings applied and now `tenant`'s;
+        None when none fits (the create then restores one from the snapshot). `build`: the
+        template's current build (None for a built-in template)."""
+        cfg = self._config(req.template, tenant)
         if not cfg or req.memory_mb != cfg.get("memory_mb") or req.disk_mb is not None:
             return None
-        for rec in self._members(req.template):
+        for rec in self._members(req.template, tenant):
             sid = rec.id
             if (
                 rec.build_id != (build.id if build is not None else None)
@@ -232,10 +248,10 @@ class Pools:
                 continue
             self._claims.add(sid)
             try:
-                return await self._claim(rec, req)
+                return await self._claim(rec, req, tenant)
             except errors.AtollError as e:
                 log.warning("pool.claim.failed: %s", e.message, extra={"sandbox_id": sid})
-                self._errors[req.template] = f"a claim failed: {e.message}"
+                self._errors[pool_key(tenant, req.template)] = f"a claim failed: {e.message}"
                 with contextlib.suppress(errors.AtollError):
                     await self.steps.delete(sid)
                 return None
@@ -244,14 +260,17 @@ class Pools:
                 self._wake.set()
         return None
 
-    async def _claim(self, rec: dbm.SandboxRecord, req: schemas.CreateSandbox) -> dbm.SandboxRecord:
+    async def _claim(
+        self, rec: dbm.SandboxRecord, req: schemas.CreateSandbox, tenant: str
+    ) -> dbm.SandboxRecord:
         m = self.m
+        pool_tenant = rec.tenant_id
         sid = rec.id
         network = (
             netpolicy.parse(req.network.model_dump()).to_wire() if req.network else dict(m.default_network)
         )
         bound = (
-            m.secrets.placeholders(ids.DEFAULT_TENANT, req.secrets, dict(req.env))
+            m.secrets.placeholders(tenant, req.secrets, dict(req.env))
             if req.secrets and m.secrets is not None
             else {}
         )
@@ -263,7 +282,7 @@ class Pools:
             if network != rec.network:
                 rec.network = await worker.set_network(sid, network)
             if bound and m.secrets is not None:
-                await worker.set_secrets(sid, m.secrets.bindings(ids.DEFAULT_TENANT, bound))
+                await worker.set_secrets(sid, m.secrets.bindings(tenant, bound))
             outcome = await m.guard(rec, worker.claim(sid, env, req.cpus))
             fields["worker_ms"] = outcome.duration_ms
             now = dbm.utcnow()
@@ -271,6 +290,7 @@ class Pools:
                 rec,
                 Verb.RESUME,
                 pooled=False,
+                tenant_id=tenant,
                 metadata_=dict(req.metadata),
                 env=dict(req.env),
                 user=req.user or rec.user,
@@ -287,7 +307,7 @@ class Pools:
                 on_timeout=req.on_timeout,
             )
             m.touch(sid)
-        m.db.count_pool_claim(ids.DEFAULT_TENANT, rec.template)
+        m.db.count_pool_claim(pool_tenant, rec.template)
         self._last_claim = time.monotonic()
         return rec
 
@@ -314,11 +334,14 @@ class Pools:
             except Exception:
                 log.exception("pool pass failed")
 
-    def _pools(self) -> list[tuple[str, dict | None, str | None]]:
-        """(template, pool settings, current build) of every template that may have pool members."""
-        out: list[tuple[str, dict | None, str | None]] = [(n, self._config(n), None) for n in BUILTIN]
-        for t in self.m.db.templates(ids.DEFAULT_TENANT):
-            out.append((t.name, t.pool, t.current_build))
+    def _pools(self) -> list[tuple[str, str, dict | None, str | None]]:
+        """(tenant, template, pool settings, current build) of every template that may have pool
+        members, of every tenant."""
+        out: list[tuple[str, str, dict | None, str | None]] = [
+            (ids.DEFAULT_TENANT, n, self._config(n, ids.DEFAULT_TENANT), None) for n in BUILTIN
+        ]
+        for t in self.m.db.templates(None):
+            out.append((t.tenant_id, t.name, t.pool, t.current_build))
         return out
 
     def _servable(self, name: str, build: str | None) -> bool:
@@ -335,10 +358,11 @@ class Pools:
     async def _pass(self) -> None:
         now = dt.datetime.now(dt.UTC)
         self._outdated &= {r.id for r in self.m.live() if r.pooled}  # the deleted and the claimed go
-        for name, cfg, current in self._pools():
-            if name in self._stopped:  # being deleted
+        for tenant, name, cfg, current in self._pools():
+            key = pool_key(tenant, name)
+            if key in self._stopped:  # being deleted
                 continue
-            members = self._members(name)
+            members = self._members(name, tenant)
             stale = [
                 r
                 for r in members
@@ -358,27 +382,31 @@ class Pools:
                     await asyncio.sleep(REFILL_AFTER_CLAIM_S - quiet)
                     self._wake.set()
                     continue
-                if await self._refill(name, cfg):
+                if await self._refill(tenant, name, cfg):
                     self._wake.set()  # next one soon, after other pools had their turn
 
-    async def stop(self, name: str) -> None:
-        """No more refills of `name` (its template is being deleted); waits for one in flight."""
-        self._stopped.add(name)
+    async def stop(self, key: str) -> None:
+        """No more refills of the pool `key` (templates.pool_key: its template is being
+        deleted); waits for one in flight."""
+        self._stopped.add(key)
         for _ in range(600):
-            if name not in self._refilling:
+            if key not in self._refilling:
                 return
             await asyncio.sleep(0.05)
 
-    def resume(self, name: str) -> None:
-        self._stopped.discard(name)
+    def resume(self, key: str) -> None:
+        self._stopped.discard(key)
         self._wake.set()
 
-    async def _refill(self, name: str, cfg: dict) -> bool:
+    async def _refill(self, tenant: str, name: str, cfg: dict) -> bool:
         """One pooled sandbox more; False when none was made."""
-        if name in self._stopped:
+        key = pool_key(tenant, name)
+        if key in self._stopped:
             return False
-        req = schemas.CreateSandbox(template=name, memory_mb=cfg.get("memory_mb", self.default_memory_mb))
-        self._refilling.add(name)
+        req = schemas.CreateSandbox(
+            template=name, memory_mb=cfg.get("memory_mb", self.default_memory_mb), tenant_id=tenant
+        )
+        self._refilling.add(key)
         try:
             rec = await self.steps.create(req, pooled=True)
             # one command before the freeze: a restored sentry makes its first process's host-side
@@ -391,13 +419,13 @@ class Pools:
             )
             await self.steps.pause(rec.id, Tier.MEMORY)
         except errors.AtollError as e:
-            self._errors[name] = e.message
-            log.warning("pool.refill.failed: %s", e.message, extra={"template": name})
+            self._errors[key] = e.message
+            log.warning("pool.refill.failed: %s", e.message, extra={"template": name, "tenant": tenant})
             await asyncio.sleep(2.0)  # a failing pool does not spin
             return False
         finally:
-            self._refilling.discard(name)
-        self._errors[name] = None
+            self._refilling.discard(key)
+        self._errors[key] = None
         return True
 
     async def aclose(self) -> None:

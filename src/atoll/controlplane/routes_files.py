@@ -85,6 +85,19 @@ async def read_file(
     manager = ctx(request).manager
     target = http.check_path(path, path_b64, manager.get(sid).workdir)
     download, close = await http.open_held(manager, sid, lambda w: w.read_file(sid, target))
+    if download.size == 0:
+        # its headers are the whole answer: the sandbox is released before they are sent (a pause
+        # right after must not find this read in progress; http.relayed does so for the last chunk)
+        failure: BaseException | None = None
+        try:
+            async for _ in download.chunks:
+                pass
+        except BaseException as e:
+            failure = e
+            raise
+        finally:
+            await close(failure)
+        return Response(b"", media_type="application/octet-stream")
     headers = {"Content-Length": str(download.size)} if download.size is not None else {}
     return StreamingResponse(
         http.relayed(sid, download.chunks, close, "file"),

@@ -11,10 +11,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import http, paging, schemas
+from atoll.controlplane import auth, http, paging, schemas
 from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane.context import ctx
-from atoll.core import ids
 
 router = APIRouter(tags=["secrets"])
 
@@ -44,14 +43,14 @@ async def create_secret(request: Request):
     created with `secrets: {ENV: name}` sees a placeholder in ENV; its egress gateway puts the value
     in place of the placeholder in requests to those hosts (headers and query string)."""
     body = await http.read_json(request, schemas.CreateSecret)
-    rec = ctx(request).secrets.create(ids.DEFAULT_TENANT, body.model_dump())
+    rec = ctx(request).secrets.create(auth.acting_tenant(), body.model_dump())
     return http.json_response(secrets_mod.view(rec), 201)
 
 
 @router.get("/v1/secrets", openapi_extra=paging.OPENAPI, responses={200: {"model": schemas.SecretList}})
 async def list_secrets(request: Request):
     """Secrets by name, with their hosts (never their values)."""
-    recs = ctx(request).secrets.list(ids.DEFAULT_TENANT)
+    recs = ctx(request).secrets.list(auth.list_tenant())
     recs, nxt = paging.of_list(paging.page(request, "/v1/secrets"), recs, lambda r: (r.name, r.tenant_id))
     return http.json_response(paging.answer([secrets_mod.view(r) for r in recs], nxt))
 
@@ -64,7 +63,7 @@ async def list_secrets(request: Request):
     },
 )
 async def get_secret(request: Request, name: SecretName):
-    return http.json_response(secrets_mod.view(ctx(request).secrets.get(ids.DEFAULT_TENANT, name)))
+    return http.json_response(secrets_mod.view(ctx(request).secrets.get(auth.acting_tenant(), name)))
 
 
 @router.put(
@@ -81,8 +80,8 @@ async def replace_secret(request: Request, name: SecretName):
     value from its next request on."""
     body = await http.read_json(request, schemas.ReplaceSecret)
     c = ctx(request)
-    rec = c.secrets.create(ids.DEFAULT_TENANT, body.model_dump(exclude_none=True), replace=True, name=name)
-    await c.manager.secret_changed(rec.name)
+    rec = c.secrets.create(auth.acting_tenant(), body.model_dump(exclude_none=True), replace=True, name=name)
+    await c.manager.secret_changed(rec.name, rec.tenant_id)
     return http.json_response(secrets_mod.view(rec))
 
 
@@ -97,6 +96,6 @@ async def replace_secret(request: Request, name: SecretName):
 )
 async def delete_secret(request: Request, name: SecretName):
     c = ctx(request)
-    c.secrets.delete(ids.DEFAULT_TENANT, name)
-    await c.manager.secret_changed(name)
+    c.secrets.delete(auth.acting_tenant(), name)
+    await c.manager.secret_changed(name, auth.acting_tenant())
     return Response(status_code=204)

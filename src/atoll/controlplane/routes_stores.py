@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from atoll.controlplane import http, paging, schemas
+from atoll.controlplane import stores as stores_mod
 from atoll.controlplane.context import ctx
 from atoll.core import errors
 
@@ -140,7 +141,9 @@ def _routes(kind: str) -> None:
     async def export(request: Request, name: str):
         svc = ctx(request).manager.stores
         rec = svc.record(kind, name)
-        return await _download(svc.worker(rec).read_store_tar(kind, name), "application/x-tar")
+        return await _download(
+            svc.worker(rec).read_store_tar(kind, stores_mod.wname(rec)), "application/x-tar"
+        )
 
     @router.put(
         plural + "/{name}/tar",
@@ -164,7 +167,7 @@ def _routes(kind: str) -> None:
         async with svc.importing(kind, name) as rec:  # a volume: 409 volume_in_use while a sandbox has it
             limit = max(c.max_file_bytes, rec.size_mb * 1024 * 1024 * 2)
             chunks, size = http.limited_body(request, limit, "tar body")
-            written = await svc.worker(rec).write_store_tar(kind, name, chunks, size)
+            written = await svc.worker(rec).write_store_tar(kind, stores_mod.wname(rec), chunks, size)
         return http.json_response(dataclasses.asdict(written))
 
     if kind != "drive":
@@ -191,7 +194,7 @@ def _routes(kind: str) -> None:
         svc = c.manager.stores
         rec = svc.record(kind, name)
         chunks, size = http.limited_body(request, c.max_file_bytes, "file body")
-        st = await svc.worker(rec).write_store_file(kind, name, target, chunks, size)
+        st = await svc.worker(rec).write_store_file(kind, stores_mod.wname(rec), target, chunks, size)
         return http.json_response(dataclasses.asdict(st))
 
     @router.get(
@@ -208,7 +211,7 @@ def _routes(kind: str) -> None:
         rec = svc.record(kind, name)
         target = _path(path, path_b64)
         return await _download(
-            svc.worker(rec).read_store_file(kind, name, target), "application/octet-stream"
+            svc.worker(rec).read_store_file(kind, stores_mod.wname(rec), target), "application/octet-stream"
         )
 
     @router.get(
@@ -222,7 +225,9 @@ def _routes(kind: str) -> None:
     ):
         svc = ctx(request).manager.stores
         rec = svc.record(kind, name)
-        entries = await svc.worker(rec).list_store_files(kind, name, _path(path, path_b64, root_ok=True))
+        entries = await svc.worker(rec).list_store_files(
+            kind, stores_mod.wname(rec), _path(path, path_b64, root_ok=True)
+        )
         return http.json_response({"items": [dataclasses.asdict(e) for e in entries]})
 
     @router.delete(
@@ -238,7 +243,7 @@ def _routes(kind: str) -> None:
     ):
         svc = ctx(request).manager.stores
         rec = svc.record(kind, name)
-        await svc.worker(rec).delete_store_file(kind, name, _path(path, path_b64))
+        await svc.worker(rec).delete_store_file(kind, stores_mod.wname(rec), _path(path, path_b64))
         return Response(status_code=204)
 
 

@@ -7,6 +7,7 @@ Part of the app built by controlplane.app; registrations go to controlplane.work
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
@@ -19,6 +20,7 @@ from atoll.controlplane.workers import WorkerHandle
 from atoll.core import errors, ids, wire
 from atoll.core import worker_api as api
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["workers"])
 NOT_FOUND = http.error_responses({404: "worker_not_found"})
 WorkerId = Annotated[
@@ -189,6 +191,13 @@ async def register_worker(request: Request):
     if not req.url.startswith(("http://", "https://")):
         raise errors.InvalidRequest(
             f"url {req.url!r} must be an http:// or https:// URL the server can reach"
+        )
+    principal = request.scope.get("state", {}).get("principal")
+    if principal is not None and principal.admin:
+        log.warning(
+            "worker %r registered with an admin key: deprecated; give it a worker key "
+            '(POST /v1/keys {"scope": "worker"}) as its ATOLL_API_KEY',
+            req.info.get("name") if isinstance(req.info, dict) else None,
         )
     answer = ctx(request).manager.workers.register({"info": req.info}, req.url.rstrip("/"))
     return http.json_response(answer, 201)

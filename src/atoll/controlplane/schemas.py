@@ -195,6 +195,10 @@ _STANDBY_ALIASES = (("memory_s", "idle_timeout_s"), ("disk_s", "disk_after_s"))
 class CreateSandbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    tenant_id: str | None = Field(
+        None,
+        description="The tenant it belongs to (admin keys only; a tenant key's is its own; default: `default`)",
+    )
     shell: Shell | None = Field(
         None, description="Shell of string commands: bash (`bash -l -c`), sh; default bash when present"
     )
@@ -454,6 +458,7 @@ class ReplaceSecret(BaseModel):
 
 class Secret(BaseModel):
     name: str
+    tenant_id: str | None = None
     hosts: list[str]
     allow_http: bool = Field(description="Whether plain-HTTP requests get the value too")
     created_at: str | None

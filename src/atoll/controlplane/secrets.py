@@ -223,7 +223,8 @@ class SecretStore:
             raise errors.SecretNotFound(f"no secret named {name!r}; GET /v1/secrets lists them")
         return rec
 
-    def list(self, tenant: str) -> list[dbm.SecretRecord]:
+    def list(self, tenant: str | None) -> list[dbm.SecretRecord]:
+        """A tenant's secrets (None: every tenant's, for an admin)."""
         return self.db.secrets(tenant)
 
     def delete(self, tenant: str, name: str) -> None:
@@ -284,6 +285,7 @@ class SecretStore:
 def view(rec: dbm.SecretRecord) -> dict:
     return {
         "name": rec.name,
+        "tenant_id": rec.tenant_id,
         "hosts": list(rec.hosts),
         "allow_http": bool(rec.allow_http),
         "created_at": iso(rec.created_at),

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from atoll.controlplane import pools
+from atoll.controlplane import metering, pools
 from atoll.core import config, errors, netpolicy
 
 MAX_EXEC_OUTPUT_KB = 65536  # the guest agent keeps at most 64 MiB per stream
@@ -68,6 +68,17 @@ class ServerSettings:
     secrets_key_file: str | None = None
     """ATOLL_SECRETS_KEY_FILE: the 32-byte key secrets are sealed with (default $ATOLL_HOME/secrets.key,
     made at first start)."""
+    prices: dict = field(default_factory=lambda: dict(metering.DEFAULT_PRICES))
+    """ATOLL_PRICES: the price sheet of GET /v1/usage's `cost` — a JSON object, or the path of a
+    file holding one, of prices per unit of each usage field (fields left out keep
+    metering.DEFAULT_PRICES)."""
+    metrics_public: bool = False
+    """ATOLL_METRICS_PUBLIC: 1 serves /metrics (per-tenant usage labels) without a key; default 0,
+    an admin key. Read by controlplane.app when it is imported."""
+
+    audit_retention_days: int = 90
+    """ATOLL_AUDIT_RETENTION_DAYS: days the audit trail (GET /v1/audit) keeps a row (default 90,
+    1-36500); older rows are deleted hourly."""
 
     def redacted(self) -> dict:
         d = asdict(self)
@@ -134,10 +145,22 @@ def load(
             hi=pools.MAX_POOL,
             what="the size of the `base` pool; 0 turns it off",
         ),
+        audit_retention_days=config.integer(
+            env, "ATOLL_AUDIT_RETENTION_DAYS", 90, lo=1, hi=36500, what="days the audit trail keeps a row"
+        ),
         secrets_key_file=os.path.abspath(env["ATOLL_SECRETS_KEY_FILE"])
         if env.get("ATOLL_SECRETS_KEY_FILE")
         else None,
+        prices=_prices(env.get("ATOLL_PRICES", "")),
+        metrics_public=config.boolean(env, "ATOLL_METRICS_PUBLIC", False),
     )
+
+
+def _prices(raw: str) -> dict:
+    try:
+        return metering.load_prices(raw)
+    except errors.InvalidRequest as e:
+        raise config.SettingsError(e.message) from None
 
 
 def _trusted_proxies(raw: str) -> tuple[str, ...]:

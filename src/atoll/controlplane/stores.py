@@ -22,18 +22,25 @@ import typing
 
 import sqlalchemy as sa
 
+from atoll.controlplane import auth
 from atoll.controlplane import db as dbm
 from atoll.controlplane.schemas import iso
-from atoll.core import errors, ids, mounts
+from atoll.core import errors, mounts
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import State
 
 if typing.TYPE_CHECKING:
     from atoll.controlplane.ledger import Ledger
+    from atoll.controlplane.quotas import Quotas
 
 DETACH_WAIT_S = 30.0
 IMPORT_HOLDER = "tar-import"
 """What `attached_to` says while a tar is being unpacked into a volume (no sandbox may take it)."""
+
+
+def wname(rec: dbm.StoreRecord) -> str:
+    """The store's name on its worker (core.mounts.worker_name)."""
+    return mounts.worker_name(rec.tenant_id, rec.name)
 
 
 def _not_found(kind: str, name: str) -> errors.AtollError:
@@ -44,34 +51,41 @@ def _not_found(kind: str, name: str) -> errors.AtollError:
 
 
 class StoreService:
-    def __init__(self, database: dbm.Database, ledger: Ledger):
+    def __init__(self, database: dbm.Database, ledger: Ledger, quotas: Quotas | None = None):
+        self.quotas = quotas
         self.db = database
         self.ledger = ledger
         self._released = asyncio.Event()
         self._importing: set[tuple[str, str, str]] = set()  # (tenant, kind, name) of running tar imports
 
     # ---- records --------------------------------------------------------------------------------
-    def record(self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT) -> dbm.StoreRecord:
+    def record(self, kind: str, name: str, tenant: str | None = None) -> dbm.StoreRecord:
+        """The caller's store `name` (`tenant`: whose, when not the caller's)."""
         mounts.check_name(kind, name)
+        tenant = tenant or auth.acting_tenant()
         with self.db.session() as s:
             rec = s.get(dbm.StoreRecord, (tenant, kind, name))
         if rec is None:
             raise _not_found(kind, name)
         return rec
 
-    def records(self, kind: str, tenant: str = ids.DEFAULT_TENANT) -> list[dbm.StoreRecord]:
+    def records(self, kind: str, tenant: str | None = None) -> list[dbm.StoreRecord]:
+        """The stores of `kind` the caller may list (an admin: every tenant's, or its ?tenant_id=)."""
+        tenant = tenant or auth.list_tenant()
         with self.db.session() as s:
-            q = sa.select(dbm.StoreRecord).where(
-                dbm.StoreRecord.tenant_id == tenant, dbm.StoreRecord.kind == kind
-            )
-            return list(s.scalars(q.order_by(dbm.StoreRecord.name)))
+            q = sa.select(dbm.StoreRecord).where(dbm.StoreRecord.kind == kind)
+            if tenant is not None:
+                q = q.where(dbm.StoreRecord.tenant_id == tenant)
+            return list(s.scalars(q.order_by(dbm.StoreRecord.tenant_id, dbm.StoreRecord.name)))
 
-    def users(self, kind: str, name: str) -> list[str]:
-        """The live sandboxes whose mounts name the store."""
+    def users(self, kind: str, name: str, tenant: str | None = None) -> list[str]:
+        """The live sandboxes (of the store's tenant) whose mounts name the store."""
+        tenant = tenant or auth.acting_tenant()
         return [
             r.id
             for r in self.ledger.live()
             if r.state not in (State.DELETED, State.FAILED)  # a failed one's runtime is stopped
+            and r.tenant_id == tenant
             and any(m["kind"] == kind and m["name"] == name for m in (r.mounts or []))
         ]
 
@@ -80,7 +94,7 @@ class StoreService:
 
     async def view(self, rec: dbm.StoreRecord) -> dict:
         try:
-            info = await self.worker(rec).get_store(rec.kind, rec.name)
+            info = await self.worker(rec).get_store(rec.kind, wname(rec))
             used = info.used_mb
         except errors.Unavailable:
             used = None
@@ -94,7 +108,7 @@ class StoreService:
         if rec.kind == "volume":
             out["attached_to"] = rec.attached_to
         else:
-            out["attached_to"] = self.users(rec.kind, rec.name)
+            out["attached_to"] = self.users(rec.kind, rec.name, rec.tenant_id)
         return out
 
     # ---- create, clone, delete ------------------------------------------------------------------
@@ -110,9 +124,12 @@ class StoreService:
                     counts[wid] += 1
         return min(counts, key=lambda w: (counts[w], w))
 
-    async def create(self, kind: str, name: str, size_mb: object, tenant: str = ids.DEFAULT_TENANT) -> dict:
+    async def create(self, kind: str, name: str, size_mb: object, tenant: str | None = None) -> dict:
+        tenant = tenant or auth.acting_tenant()
         mounts.check_name(kind, name)
         size = mounts.check_size(kind, size_mb)
+        if self.quotas is not None:
+            self.quotas.check_store(tenant, size)
         worker_id = self._place()
         rec = dbm.StoreRecord(
             tenant_id=tenant, kind=kind, name=name, worker_id=worker_id, size_mb=size, created_at=dbm.utcnow()
@@ -123,7 +140,9 @@ class StoreService:
         except sa.exc.IntegrityError:
             raise errors.Conflict(f"a {kind} named {name!r} exists", code=f"{kind}_exists") from None
         try:
-            info = await self.ledger.workers.api_for(worker_id).create_store(kind, name, size)
+            info = await self.ledger.workers.api_for(worker_id).create_store(
+                kind, mounts.worker_name(tenant, name), size
+            )
         except BaseException:
             self._drop(rec)
             raise
@@ -143,9 +162,12 @@ class StoreService:
                 )
             )
 
-    async def clone(self, kind: str, name: str, new_name: object, tenant: str = ids.DEFAULT_TENANT) -> dict:
+    async def clone(self, kind: str, name: str, new_name: object, tenant: str | None = None) -> dict:
+        tenant = tenant or auth.acting_tenant()
         src = self.record(kind, name, tenant)
         new = mounts.check_name(kind, new_name)
+        if self.quotas is not None:
+            self.quotas.check_store(tenant, src.size_mb)
         rec = dbm.StoreRecord(
             tenant_id=tenant,
             kind=kind,
@@ -160,7 +182,7 @@ class StoreService:
         except sa.exc.IntegrityError:
             raise errors.Conflict(f"a {kind} named {new!r} exists", code=f"{kind}_exists") from None
         try:
-            await self.worker(src).clone_store(kind, name, new)
+            await self.worker(src).clone_store(kind, wname(src), mounts.worker_name(tenant, new))
         except BaseException:
             self._drop(rec)
             raise
@@ -168,11 +190,12 @@ class StoreService:
 
     @contextlib.asynccontextmanager
     async def importing(
-        self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT
+        self, kind: str, name: str, tenant: str | None = None
     ) -> typing.AsyncIterator[dbm.StoreRecord]:
         """Hold the store while a tar is unpacked into it: a volume is taken (no sandbox may mount
         it meanwhile), and neither may be deleted under the import."""
         rec = self.record(kind, name, tenant)
+        tenant = rec.tenant_id
         key = (tenant, kind, name)
         if key in self._importing:
             raise errors.Conflict(
@@ -188,7 +211,8 @@ class StoreService:
             if kind == "volume":
                 self.release("volume", name, IMPORT_HOLDER, tenant)
 
-    async def delete(self, kind: str, name: str, tenant: str = ids.DEFAULT_TENANT) -> None:
+    async def delete(self, kind: str, name: str, tenant: str | None = None) -> None:
+        tenant = tenant or auth.acting_tenant()
         rec = self.record(kind, name, tenant)
         if (tenant, kind, name) in self._importing:
             raise errors.Conflict(
@@ -208,7 +232,7 @@ class StoreService:
                 + " first (its data stays until this delete)",
                 code=f"{kind}_in_use",
             )
-        await self.worker(rec).delete_store(kind, name)
+        await self.worker(rec).delete_store(kind, wname(rec))
         if rec.backend == "filer":  # other workers may have mounted it for their sandboxes
             for h in self.ledger.workers.ready():
                 if h.id != rec.worker_id and h.worker is not None:
@@ -217,7 +241,7 @@ class StoreService:
         self._drop(rec)
 
     # ---- a volume's holder ----------------------------------------------------------------------
-    def sizes(self, want: typing.Sequence[mounts.Mount], tenant: str = ids.DEFAULT_TENANT) -> dict[str, int]:
+    def sizes(self, want: typing.Sequence[mounts.Mount], tenant: str | None = None) -> dict[str, int]:
         """The size of each filer-backed drive among `want` (a worker that has not mounted one yet
         mounts it with that quota)."""
         out = {}
@@ -228,11 +252,12 @@ class StoreService:
         return out
 
     async def attach(
-        self, want: typing.Sequence[mounts.Mount], sid: str, tenant: str = ids.DEFAULT_TENANT
+        self, want: typing.Sequence[mounts.Mount], sid: str, tenant: str | None = None
     ) -> str | None:
         """Check every store exists, take each volume for `sid` (waiting for one still detaching),
         and return the worker they all live on (None: only filer-backed drives, any worker). On any
         refusal nothing stays taken."""
+        tenant = tenant or auth.acting_tenant()
         recs = [self.record(m.kind, m.name, tenant) for m in want]
         workers = {r.worker_id for r in recs if r.backend == "local"}  # a filer's drive: any worker
         if len(workers) > 1:
@@ -315,7 +340,8 @@ class StoreService:
                         .values(detaching=True)
                     )
 
-    def release(self, kind: str, name: str, sid: str, tenant: str = ids.DEFAULT_TENANT) -> None:
+    def release(self, kind: str, name: str, sid: str, tenant: str | None = None) -> None:
+        tenant = tenant or auth.acting_tenant()
         t = dbm.StoreRecord
         with self.db.session.begin() as s:
             s.execute(

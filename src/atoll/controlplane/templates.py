@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 import typing
 
+from atoll.controlplane import auth
 from atoll.controlplane import db as dbm
 from atoll.core import errors, ids, templatespec
 from atoll.core import worker_api as api
@@ -49,7 +50,9 @@ class TemplateService:
         """Called when a template gets a new current build (the pools refill with it)."""
 
     # ---- reading --------------------------------------------------------------------------------
-    def record(self, name: str) -> dbm.TemplateRecord:
+    def record(self, name: str, tenant: str | None = None) -> dbm.TemplateRecord:
+        """The caller's template `name` (`tenant`: another's, for the server's own loops)."""
+        tenant = tenant or auth.acting_tenant()
         if name in BUILTIN:
             raise errors.InvalidRequest(
                 f"template {name!r} is built in, not one you built: each worker builds it for itself "
@@ -57,18 +60,18 @@ class TemplateService:
                 f"status, progress and error, GET /v1/templates/{name}/pool its warm pool (sized by "
                 "the server's ATOLL_DEFAULT_POOL); it cannot be rebuilt or deleted"
             )
-        rec = self.db.get_template(ids.DEFAULT_TENANT, name)
+        rec = self.db.get_template(tenant, name)
         if rec is None:
-            known = ", ".join([*BUILTIN, *(t.name for t in self.db.templates(ids.DEFAULT_TENANT))])
+            known = ", ".join([*BUILTIN, *(t.name for t in self.db.templates(tenant))])
             raise errors.TemplateNotFound(f"template {name!r} does not exist; templates: {known}")
         return rec
 
-    def serving(self, name: str) -> dbm.BuildRecord | None:
+    def serving(self, name: str, tenant: str | None = None) -> dbm.BuildRecord | None:
         """The build creates of `name` start from; None for a built-in template. Raises for a user
         template without a ready build."""
         if name in BUILTIN:
             return None
-        rec = self.record(name)
+        rec = self.record(name, tenant)
         build = self.db.get_build(rec.current_build) if rec.current_build else None
         if build is None:
             latest = self.db.get_build(rec.latest_build) if rec.latest_build else None
@@ -114,7 +117,7 @@ class TemplateService:
             "steps": info.get("steps", 0),
             "cached_steps": (live.cached_steps if live else info.get("cached_steps", 0)),
             "size_bytes": info.get("size_bytes"),
-            "builds": [b.id for b in self.db.builds(rec.name)],
+            "builds": [b.id for b in self.db.builds(rec.name, rec.tenant_id)],
             "in_use": self.in_use(rec.name),
             "created_at": _iso(rec.created_at),
             "updated_at": _iso(rec.updated_at),
@@ -128,18 +131,23 @@ class TemplateService:
         return None
 
     def list(self) -> list[dict]:
-        return [self.view(r) for r in self.db.templates(ids.DEFAULT_TENANT)]
+        return [self.view(r) for r in self.db.templates(auth.list_tenant())]
 
-    def in_use(self, name: str) -> int:
+    def in_use(self, name: str, tenant: str | None = None) -> int:
+        tenant = tenant or auth.acting_tenant()
         return sum(
-            1 for r in self.m.live() if r.template == name and not r.pooled and r.state != State.DELETED
+            1
+            for r in self.m.live()
+            if r.template == name and r.tenant_id == tenant and not r.pooled and r.state != State.DELETED
         )
 
     # ---- building -------------------------------------------------------------------------------
     async def build(self, spec: templatespec.TemplateSpec) -> dbm.BuildRecord:
         if spec.name in BUILTIN:
             raise errors.InvalidRequest(f"template {spec.name!r} is built in; choose another name")
-        rec = self.db.get_template(ids.DEFAULT_TENANT, spec.name)
+        tenant = auth.acting_tenant()
+        self.m.quotas.check_build(tenant)
+        rec = self.db.get_template(tenant, spec.name)
         if rec is not None and rec.latest_build:
             latest = self.db.get_build(rec.latest_build)
             if latest is not None and latest.status == "building":
@@ -155,7 +163,7 @@ class TemplateService:
             if spec.from_ == spec.name:
                 raise errors.InvalidRequest(f"template {spec.name!r} cannot be built FROM itself")
             try:
-                parent = self.serving(spec.from_)
+                parent = self.serving(spec.from_, tenant)
             except errors.TemplateNotFound:
                 raise errors.InvalidRequest(
                     f"from={spec.from_!r}: no such template; use `base`, a template of yours "
@@ -179,7 +187,7 @@ class TemplateService:
         now = dbm.utcnow()
         build = dbm.BuildRecord(
             id=bid,
-            tenant_id=ids.DEFAULT_TENANT,
+            tenant_id=tenant,
             template=spec.name,
             worker_id=handle.id,
             status="building",
@@ -188,7 +196,7 @@ class TemplateService:
             created_at=now,
         )
         if rec is None:
-            rec = dbm.TemplateRecord(tenant_id=ids.DEFAULT_TENANT, name=spec.name, created_at=now)
+            rec = dbm.TemplateRecord(tenant_id=tenant, name=spec.name, created_at=now)
         rec.latest_build = bid
         self.db.put_build(build)
         self.db.put_template(rec)
@@ -258,9 +266,9 @@ class TemplateService:
                 "(the worker's log has all of it). Build logs are for templates you build with "
                 "POST /v1/templates"
             )
-        self.record(name)
+        rec = self.record(name)
         build = self.db.get_build(build_id) if ids.is_build_id(build_id) else None
-        if build is None or build.template != name:
+        if build is None or build.template != name or build.tenant_id != rec.tenant_id:
             raise errors.NotFound(
                 f"template {name!r} has no build {build_id!r}; its builds are listed in GET /v1/templates/{name}",
                 code="template_not_found",
@@ -275,7 +283,8 @@ class TemplateService:
         if name in BUILTIN:
             raise errors.InvalidRequest(f"template {name!r} is built in and cannot be deleted")
         rec = self.record(name)
-        users = [r.id for r in self.m.live() if r.template == name and not r.pooled]
+        tenant = rec.tenant_id
+        users = [r.id for r in self.m.live() if r.template == name and r.tenant_id == tenant and not r.pooled]
         if users:
             raise errors.Conflict(
                 f"template {name!r} is in use by {len(users)} sandbox(es) ({', '.join(users[:5])}); "
@@ -284,10 +293,11 @@ class TemplateService:
             )
         children = [
             t.name
-            for t in self.db.templates(ids.DEFAULT_TENANT)
+            for t in self.db.templates(tenant)
             if t.name != name
             and any(
-                b.parent_build and self._template_of(b.parent_build) == name for b in self.db.builds(t.name)
+                b.parent_build and self._template_of(b.parent_build) == name
+                for b in self.db.builds(t.name, tenant)
             )
         ]
         if children:
@@ -295,27 +305,32 @@ class TemplateService:
                 f"template {name!r} is the parent of {', '.join(children)}; delete those first",
                 code="template_in_use",
             )
-        await self.pool_stop(name)
+        await self.pool_stop(pool_key(tenant, name))
         try:
-            for r in [r for r in self.m.live() if r.template == name and r.pooled]:
+            for r in [r for r in self.m.live() if r.template == name and r.tenant_id == tenant and r.pooled]:
                 await self.steps.delete(r.id)
             if self.m.reaps:  # the pool's runtimes go before their build does
                 await asyncio.wait(list(self.m.reaps), timeout=30)
         except BaseException:
-            self.pool_resume(name)
+            self.pool_resume(pool_key(tenant, name))
             raise
-        for b in self.db.builds(name):
+        for b in self.db.builds(name, tenant):
             try:
                 await self.m.workers.api_for(b.worker_id).delete_build(b.id)
             except errors.AtollError as e:
                 log.warning("template.delete: build %s not removed from its worker: %s", b.id, e.message)
         self.db.delete_template(rec.tenant_id, name)
-        self.pool_resume(name)  # a template of that name made later may have a pool again
+        self.pool_resume(pool_key(tenant, name))  # a template of that name made later may have a pool again
         log.info("template.deleted", extra={"template": name})
 
     def _template_of(self, build_id: str) -> str | None:
         b = self.db.get_build(build_id)
         return b.template if b else None
+
+
+def pool_key(tenant: str, name: str) -> str:
+    """The pools' name of a template's pool: a built-in template's is shared by every tenant."""
+    return name if name in BUILTIN else f"{tenant}/{name}"
 
 
 def _ts(t: dt.datetime | None) -> float:

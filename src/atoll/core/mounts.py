@@ -25,6 +25,9 @@ SLOT_ROOT = "/run/atoll/mounts"
 SLOTS = 8
 """At most this many volumes and drives together per sandbox."""
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+WORKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.~-]{0,127}")
+"""A store's name on its worker: the tenant's name, qualified by its tenant unless it is the
+default one (`worker_name`); '~' is in no tenant's names, so no two tenants' stores collide."""
 MIN_SIZE_MB = 8
 MAX_SIZE_MB = 1024 * 1024  # 1 TiB
 MAX_PATH = 1024
@@ -54,6 +57,17 @@ def check_name(kind: str, name: object) -> str:
             f"invalid {kind} name {name!r}: use 1-64 characters of letters, digits, '_', '.' and '-', "
             "starting with a letter or digit (no '/' or other path characters)"
         )
+    return name
+
+
+def worker_name(tenant_id: str, name: str) -> str:
+    """The name of tenant `tenant_id`'s store `name` on its worker (and its filer)."""
+    return name if tenant_id == "default" else f"{tenant_id}~{name}"
+
+
+def check_worker_name(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not WORKER_NAME.fullmatch(name):
+        raise errors.InvalidRequest(f"invalid {kind} name {name!r} on the worker")
     return name
 
 

@@ -543,6 +543,14 @@ class Usage:
     """Connections the gateway refused (policy, never-reachable, limits, failed upstreams)."""
     dns_refused: int = 0
     """DNS questions the gateway answered REFUSED (names no policy entry could allow)."""
+    generation: int = 0
+    """The runtime generation the CPU time belongs to: a restore starts a new one whose cgroup
+    counts from 0 (controlplane.metering counts a new generation from 0)."""
+    egress_bytes: int = 0
+    """TCP bytes the sandbox sent through its gateway (egress and answers to previews) since
+    the worker started (a restarted worker counts from 0 again)."""
+    ingress_bytes: int = 0
+    """TCP bytes that reached the sandbox through its gateway, since the worker started."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ The sandbox's side of every connection is ended with an RST (SO_LINGER 0), never
 this runsc cannot checkpoint a sandbox with a TCP endpoint in CLOSE_WAIT or TIME_WAIT. Before a
 disk checkpoint the worker calls `quiesce`: idle connections (no byte for IDLE_S) are reset the
 same way, so an idle keep-alive connection does not pin the sandbox in RAM; bytes moving count as
-activity (`busy`, `last_io`).
+activity (`busy`, `last_io`). Bytes are counted on the sandbox's side of each connection from the
+kernel's TCP_INFO (received: out of the sandbox; acknowledged: into it), for every path alike —
+spliced, relayed request by request, intercepted (there the TLS bytes) and previews (`stats`).
 Called by worker.node (attach, detach, set_policy, stats); uses gateway.sniff and gateway.names.
 """
 
@@ -73,6 +75,28 @@ class Counters:
     dns_answered: int = 0
     dns_refused: int = 0
     intercepted: int = 0
+    bytes_out: int = 0
+    """TCP payload bytes the sandbox sent over its connections (egress and preview answers)."""
+    bytes_in: int = 0
+    """TCP payload bytes that reached the sandbox (acknowledged by it)."""
+
+
+_TCP_BYTES = struct.Struct("=QQ")
+"""tcp_info's tcpi_bytes_acked and tcpi_bytes_received, at offset 120 (Linux ≥ 4.2)."""
+
+
+def _tcp_bytes(writer: asyncio.StreamWriter) -> tuple[int, int]:
+    """(bytes the peer acknowledged, bytes received) on the writer's socket; (0, 0) once closed."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return 0, 0
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 136)
+    except (OSError, ValueError):
+        return 0, 0
+    if len(info) < 136:
+        return 0, 0
+    return _TCP_BYTES.unpack_from(info, 120)
 
 
 @dataclasses.dataclass(eq=False)
@@ -93,6 +117,18 @@ class _Conn:
     min_answer: int = 0
     """Fewer bytes back than this is no answer yet (ANSWER_MIN for egress, whose TLS the gateway
     cannot read; 1 for a connection into the sandbox, which carries plain HTTP from the router)."""
+    counters: Counters | None = None
+    """The sandbox's counters, which get its bytes when its sandbox side is reset (`fold`)."""
+    folded: bool = False
+
+    def fold(self) -> None:
+        """Add its bytes to the sandbox's counters, once, before its socket closes."""
+        if self.folded or self.counters is None:
+            return
+        self.folded = True
+        into, out = _tcp_bytes(self.sandbox_side)
+        self.counters.bytes_in += into
+        self.counters.bytes_out += out
 
     def busy(self, now: float, idle_s: float) -> bool:
         """In use: a request in flight — known (request by request), or guessed from bytes (the
@@ -106,7 +142,7 @@ class _Conn:
     def abort(self) -> None:
         if self.upstream is not None:
             self.upstream.transport.abort()
-        _reset(self.sandbox_side)
+        _reset(self.sandbox_side, self)
 
 
 @dataclasses.dataclass
@@ -136,7 +172,9 @@ def original_destination(sock: socket.socket) -> tuple[str, int]:
     return socket.inet_ntoa(raw[4:8]), int.from_bytes(raw[2:4], "big")
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
+def _reset(writer: asyncio.StreamWriter, conn: _Conn | None = None) -> None:
+    if conn is not None:
+        conn.fold()
     sock = writer.get_extra_info("socket")
     with contextlib.suppress(OSError):
         if sock is not None:
@@ -279,7 +317,7 @@ class Gateway:
             raise
         reader, writer = await asyncio.open_connection(sock=sock, limit=_CHUNK)
         c_reader, c_writer = await asyncio.open_connection(sock=client, limit=_CHUNK)
-        conn = _Conn(writer, upstream=c_writer, min_answer=1)
+        conn = _Conn(writer, upstream=c_writer, min_answer=1, counters=att.counters)
         att.relayed.add(conn)
         att.last_io = conn.last_io
         if greeting:
@@ -323,13 +361,22 @@ class Gateway:
             att.relayed.discard(conn)
             c_writer.transport.abort()
             if cancelled:
-                _reset(writer)
+                _reset(writer, conn)
             else:
-                await _flush_then_reset(writer)
+                await _flush_then_reset(writer, conn)
 
     def stats(self, sid: str) -> Counters:
+        """Its counters: connections ended, plus the bytes of those still open."""
         att = self._att.get(sid)
-        return dataclasses.replace(att.counters) if att is not None else Counters()
+        if att is None:
+            return Counters()
+        out = dataclasses.replace(att.counters)
+        for c in {*att.relayed, *att.deciding}:
+            if not c.folded:
+                into, sent = _tcp_bytes(c.sandbox_side)
+                out.bytes_in += into
+                out.bytes_out += sent
+        return out
 
     async def detach(self, sid: str) -> None:
         """Stop serving a sandbox and reset its connections. Must come before its namespaces are
@@ -379,7 +426,7 @@ class Gateway:
     ) -> None:
         up_w: asyncio.StreamWriter | None = None
         cancelled = False
-        conn = _Conn(writer)
+        conn = _Conn(writer, counters=att.counters)
         att.last_io = conn.last_io
         att.deciding.add(conn)
         try:
@@ -465,9 +512,9 @@ class Gateway:
             if up_w is not None:
                 up_w.transport.abort()
             if cancelled:
-                _reset(writer)
+                _reset(writer, conn)
             else:
-                await _flush_then_reset(writer)
+                await _flush_then_reset(writer, conn)
 
     async def _connect(
         self,
@@ -793,7 +840,7 @@ async def _end_gently(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
             await asyncio.wait_for(_discard(reader, DISCARD_MAX), END_WAIT_S)
 
 
-async def _flush_then_reset(writer: asyncio.StreamWriter, within: float = 2.0) -> None:
+async def _flush_then_reset(writer: asyncio.StreamWriter, conn: _Conn, within: float = 2.0) -> None:
     """End the sandbox's side with an RST once what was written reached it (an RST drops what
     the kernel still holds unsent)."""
     sock = writer.get_extra_info("socket")
@@ -803,7 +850,7 @@ async def _flush_then_reset(writer: asyncio.StreamWriter, within: float = 2.0) -
             if writer.transport.get_write_buffer_size() == 0 and _unsent(sock) == 0:
                 break
             await asyncio.sleep(0.01)
-    _reset(writer)
+    _reset(writer, conn)
 
 
 def _unsent(sock: socket.socket) -> int:

@@ -139,6 +139,8 @@ class Service:
                 c.dns_answered,
                 c.dns_refused,
                 c.intercepted,
+                c.bytes_out,
+                c.bytes_in,
             )
             if self._sent.get(sid) != state:
                 self._sent[sid] = state
@@ -152,6 +154,8 @@ class Service:
                             "dns_answered",
                             "dns_refused",
                             "intercepted",
+                            "bytes_out",
+                            "bytes_in",
                         ),
                         state,
                         strict=True,

@@ -21,7 +21,7 @@ import typing
 import httpx
 
 from atoll.controlplane import app as app_mod
-from atoll.controlplane import db, lifecycle, metrics, policy
+from atoll.controlplane import db, lifecycle, metering, metrics, policy
 from atoll.controlplane.authority import Authority
 from atoll.testing.fake_worker import FakeWorker
 
@@ -59,6 +59,9 @@ class FakeAtoll:
             max_file_bytes=max_file_bytes,
             max_exec_output_bytes=max_exec_output_bytes,
         )
+        self.meter = metering.Meter(self.manager, m)
+        """Usage accrual (controlplane.metering); tests may set `meter.clock` before start."""
+        self.app.state.meter = self.meter
         self.transport = httpx.ASGITransport(app=self.app)
         self.http = httpx.AsyncClient(
             transport=self.transport, base_url="http://atoll", headers={"Authorization": f"Bearer {api_key}"}
@@ -77,13 +80,16 @@ class FakeAtoll:
         self.app.state.ctx.started = True
         if self.policy is not None:
             self._policy_task = asyncio.ensure_future(self.policy.run())
+        self.meter.start()
         return self
 
     async def stop(self) -> None:
         if self._policy_task is not None:
             self._policy_task.cancel()
             await self.policy.aclose()  # type: ignore[union-attr]
+        await self.meter.aclose()
         await self.http.aclose()
+        await self.app.state.audit.aclose()
         await self.manager.stop()
 
     async def __aenter__(self) -> FakeAtoll:

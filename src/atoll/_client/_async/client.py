@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -14,6 +15,7 @@ import httpx
 from atoll import errors
 
 from .. import _base
+from .._models import AuditEntry
 from .sandboxes import AsyncSandboxes
 from .secrets import AsyncSecrets
 from .stores import AsyncDrives, AsyncVolumes
@@ -116,6 +118,47 @@ class AsyncClient:
                     f"GET {path} answered the same page cursor twice", code="bad_response"
                 )
             query["cursor"] = cursor
+
+    async def audit(
+        self,
+        *,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        tenant_id: str | None = None,
+        action: str | None = None,
+        limit: int | None = None,
+    ) -> list[AuditEntry]:
+        """The audit trail (an admin key): every mutation — who (key id, tenant), what, on what
+        and its result —, oldest first, following the server's pages to the end or to `limit`
+        rows. `from_` is inclusive, `to` exclusive (datetimes, naive = UTC, or ISO 8601 strings);
+        `action` is exact ("sandbox.create") or a prefix with a trailing `*` ("sandbox.*")."""
+        params = _base.audit_params(from_, to, tenant_id, action, limit)
+        out: list[AuditEntry] = []
+        while True:
+            response = await self._request("GET", "/v1/audit", params=params)
+            out += [AuditEntry(item) for item in _base.items(response)]
+            cursor = _base.next_cursor(response)
+            if cursor is None or (limit is not None and len(out) >= limit):
+                return out[:limit] if limit is not None else out
+            params = {**params, "cursor": cursor}
+
+    async def usage(
+        self,
+        from_: str | datetime | None = None,
+        to: str | datetime | None = None,
+        group_by: str = "sandbox",
+        *,
+        tenant_id: str | None = None,
+    ) -> dict[str, Any]:
+        """What was used in [from_, to) (ISO 8601 strings or datetimes; default: the last 24 h),
+        grouped by `sandbox`, `day` or `tenant`: `{"items": [...], "total": {...}}`, each with
+        cpu_seconds, memory_gb_seconds, standby_memory_gb_seconds, snapshot_gb_seconds,
+        volume_gb_seconds, drive_gb_seconds, egress_bytes, ingress_bytes, build_seconds and cost.
+        A tenant key sees its own tenant; an admin key every tenant, or `tenant_id`'s."""
+        response = await self._request(
+            "GET", "/v1/usage", params=_base.usage_params(from_, to, group_by, tenant_id)
+        )
+        return _base.json_body(response)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -12,24 +12,29 @@ template's layer stack (published beside it) and its runtime settings.
 Upload (`upload`): pack to a local file (hashing as it compresses), put it under a key unique to
 the sandbox's generation, check the stored size, then write the manifest — locally (`archive.json`,
 fsync'd) and to the store, last: an archive exists only once its manifest does, so an upload cut
-short leaves at most an object no manifest names (removed by the next upload or delete).
+short leaves at most an object no manifest names (removed by the next upload, or by
+`drop_orphans` in the worker's garbage collection). `remove` deletes only what the caller owns:
+the store may be shared by several workers.
 Download (`download`): fetch the object into a regular file (runsc restores from a file, never a
 stream), check its size and sha256 against the manifest before anything is unpacked, then unpack
 into a staging directory checking every member's sha256, and only then move the snapshot and the
 upper image into place. Any mismatch raises `ArchiveDamaged`: nothing bad is ever restored.
-Called by worker.runtimes.tiers (pause to and resume from the archive tier, delete).
+Called by worker.runtimes.archiving (pause to and resume from the archive tier, delete) and
+worker.runtimes.archive_gc (removals retried, orphans).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
 import os
 import shutil
 import tarfile
+import tempfile
 import time
 import typing
 from dataclasses import asdict, dataclass, field
@@ -87,6 +92,10 @@ class ArchiveManifest:
     runtime: dict = field(default_factory=dict)
     """What another worker needs to run it (worker.runtimes.runtime.Runtime's memory_mb, cpus,
     env, disk_mb, user, workdir, network, trust_pem)."""
+    holder: str = ""
+    """The installation id of the worker that holds the sandbox: the one that archived it, or the
+    one that adopted it since (worker.runtimes.adoption rewrites the manifest). Only the holder
+    removes the archive ("" in manifests of earlier versions: whoever's record names `key`)."""
     raw_bytes: int = 0
     """Bytes before compression (the members' sizes)."""
     created_at: float = 0.0
@@ -332,6 +341,24 @@ def write_local_manifest(sandbox_dir: str, man: ArchiveManifest) -> None:
     _write_json(os.path.join(sandbox_dir, LOCAL_MANIFEST), man.dumps())
 
 
+async def claim(
+    store: objectstore.ObjectStore, sandbox_dir: str, man: ArchiveManifest, holder: str
+) -> ArchiveManifest:
+    """Name `holder` (an installation id) in the sandbox's manifest, in the store and in
+    `sandbox_dir`: the worker that adopted the sandbox takes its archive over, and the worker it
+    came from (should it come back with a stale record) no longer removes any of it."""
+    man = dataclasses.replace(man, holder=holder)
+    new = os.path.join(sandbox_dir, LOCAL_MANIFEST + ".new")
+    _write_json(new, man.dumps())
+    try:
+        await store.put_file(manifest_key(man.sandbox_id), new)
+        os.replace(new, os.path.join(sandbox_dir, LOCAL_MANIFEST))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(new)
+    return man
+
+
 def local_manifest(sandbox_dir: str) -> ArchiveManifest | None:
     """The manifest this worker wrote when it archived the sandbox (None if it did not)."""
     try:
@@ -431,10 +458,87 @@ def drop_leftovers(sandbox_dir: str) -> list[str]:
     return out
 
 
-async def remove(store: objectstore.ObjectStore, sid: str) -> int:
-    """Delete every object of the sandbox (manifest first, so no half archive is ever named)."""
-    keys = await store.list(prefix(sid))
-    keys.sort(key=lambda k: k != manifest_key(sid))
-    for key in keys:
-        await store.delete(key)
-    return len(keys)
+async def _store_manifest(store: objectstore.ObjectStore, sid: str) -> ArchiveManifest | None:
+    """The manifest the store holds for `sid` (None when it has none). ArchiveDamaged when it
+    is unreadable; StoreError when the store fails."""
+    with tempfile.TemporaryDirectory(prefix="atoll-manifest-") as tmp:
+        try:
+            return await fetch_manifest(store, sid, tmp)
+        except ArchiveMissing:
+            return None
+
+
+def _is_callers(man: ArchiveManifest | None, key: str, holder: str | None) -> bool:
+    """Whether the store's manifest is the caller's own: it names the caller's object, and no
+    other worker has claimed the sandbox since (adopted it)."""
+    return man is not None and man.key == key and not (holder and man.holder and man.holder != holder)
+
+
+async def remove(
+    store: objectstore.ObjectStore, sid: str, key: str | None = None, holder: str | None = None
+) -> int:
+    """Delete the sandbox's archive; returns how many objects were deleted.
+
+    With `key` (the object the caller's own manifest names, `Runtime.archive_key`) only what the
+    caller owns goes. The store may be shared by several workers, and another one may have adopted
+    the sandbox since (its manifest then names that worker as `holder`) or archived it anew (its
+    manifest names another object): what that worker's manifest names is left to it. So: when the
+    store's manifest is the caller's (it names `key`, and `holder` — the caller's installation id —
+    unless it names none), the objects of uploads cut short under the prefix, the manifest and then
+    `key` go (the manifest before the object it names: no half archive is ever named); when another
+    worker holds `key`, nothing; else (another object named, or no manifest) `key` alone. Without
+    `key`, every object under the sandbox's prefix goes (a store only this caller uses). StoreError
+    when the store fails (what is left is still consistent: a retry deletes the rest)."""
+    if key is None:
+        keys = await store.list(prefix(sid))
+        keys.sort(key=lambda k: k != manifest_key(sid))
+        for k in keys:
+            await store.delete(k)
+        return len(keys)
+    objectstore.check_key(key)
+    if not key.startswith(prefix(sid)) or key == manifest_key(sid):
+        raise ValueError(f"{key!r} is not an archive object of sandbox {sid}")
+    n = 0
+    try:
+        man = await _store_manifest(store, sid)
+    except ArchiveDamaged:
+        return 0  # unreadable: whose the archive is cannot be told, so all of it stays
+    if man is not None and man.key == key and not _is_callers(man, key, holder):
+        return 0  # adopted by another worker: its archive now
+    if _is_callers(man, key, holder):
+        n += len(await drop_orphans(store, sid, key, holder, man))
+        await store.delete(manifest_key(sid))
+        n += 1
+    try:
+        await store.size(key)
+    except objectstore.ObjectNotFound:
+        return n
+    await store.delete(key)
+    return n + 1
+
+
+async def drop_orphans(
+    store: objectstore.ObjectStore,
+    sid: str,
+    key: str,
+    holder: str | None = None,
+    man: ArchiveManifest | None = None,
+) -> list[str]:
+    """Objects under the sandbox's prefix that its manifest does not name (an upload cut short),
+    removed, when the store's manifest (`man`, read from the store when not given) is the caller's:
+    it names `key` and no other holder than `holder`. Nothing is removed when the manifest names
+    another object or holder, or is missing or unreadable (the sandbox may be another worker's
+    now). Returns the keys removed."""
+    if man is None:
+        try:
+            man = await _store_manifest(store, sid)
+        except ArchiveDamaged:
+            return []
+    if not _is_callers(man, key, holder):
+        return []
+    out = []
+    for k in await store.list(prefix(sid)):
+        if k not in (key, manifest_key(sid)):
+            await store.delete(k)
+            out.append(k)
+    return out

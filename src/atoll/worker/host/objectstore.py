@@ -132,6 +132,7 @@ class LocalStore:
 
     async def delete(self, key: str) -> None:
         path = self._p(key)
+        self._available()  # a shared mount that is gone: the removal is owed, not done
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         # its directories go with their last object (a sandbox's prefix is a directory of its own)
@@ -148,6 +149,7 @@ class LocalStore:
         # only the directory the prefix is in (an archive holds thousands of sandboxes' objects)
         if ".." in prefix.split("/"):
             raise ValueError(f"object key prefix {prefix!r} is not valid: no '..'")
+        self._available()
         start = os.path.join(self.root, *prefix.split("/")[:-1])
         for dirpath, _dirs, files in os.walk(start):
             rel = os.path.relpath(dirpath, self.root)

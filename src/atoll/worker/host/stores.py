@@ -80,7 +80,7 @@ class Stores:
         return self._locks.setdefault((kind, name), asyncio.Lock())
 
     def dir(self, kind: str, name: str) -> str:
-        mounts.check_name(kind, name)
+        mounts.check_worker_name(kind, name)
         if kind not in mounts.KINDS:
             raise errors.InvalidRequest(f"unknown store kind {kind!r}: use one of {', '.join(mounts.KINDS)}")
         return os.path.join(self.root, kind, name)

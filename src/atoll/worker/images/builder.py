@@ -256,7 +256,23 @@ class Builder:
         if b is None or b.status != "ready":
             state = "unknown on this worker" if b is None else b.status
             raise errors.TemplateNotFound(f"template build {bid} is {state}; build the template again")
+        gone = [p for p in b.layers if not os.path.isdir(p)]
+        if gone:  # removed from a layer cache shared with another installation (worker.images.layer_gc)
+            raise errors.TemplateNotFound(
+                f"template build {bid} lost {len(gone)} of its layers from the layer cache ({gone[0]}): "
+                "they went unused longer than ATOLL_LAYER_CACHE_TTL_S on every installation sharing "
+                "the template directory; build the template again"
+            )
         return b
+
+    def layer_paths(self) -> set[str]:
+        """Host paths of the layers this installation's builds stack (built-in ones included): the
+        layer cache's garbage collection keeps them."""
+        return {p for b in (*self._builds.values(), *self._builtins.values()) for p in b.layers}
+
+    def building(self) -> bool:
+        """Whether a build runs now (its stack so far is in no record yet)."""
+        return bool(self._tasks)
 
     # ---- the log --------------------------------------------------------------------------------
     def _log(self, b: Build, line: str) -> None:
@@ -392,7 +408,7 @@ class Builder:
         for i, (step, key) in enumerate(zip(spec.steps, keys, strict=True), 1):
             b.progress = f"step {i}/{len(spec.steps)}: {step.describe()}"
             self._save(b)
-            if self.layers.exists(key):
+            if await self.layers.use(key):
                 b.cached_steps += 1
                 say(f"CACHED [{i}/{len(spec.steps)}] {step.describe()}")
             else:

@@ -37,6 +37,7 @@ import uuid
 import zstandard
 
 from atoll.worker.host import objectstore
+from atoll.worker.images import layers as layers_mod
 from atoll.worker.images.layers import LayerStore
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ async def fetch(store: objectstore.ObjectStore, layers: LayerStore, ref: dict) -
     key, instance = check_ref(ref)
     found = local_path(layers, key, instance)
     if found:
+        layers_mod.mark_used(found)  # the layer cache's garbage collection keeps it from now on
         return found
     local_key = f"{key}@{instance}"
     async with layers.making(local_key) as fs:

@@ -8,10 +8,17 @@ worker.images.templates, or an OCI image archive unpacked).
     <template_dir>/layers/<key>/layer.json  what made it, its size, when, and its instance (a
                                             random id of these very bytes: worker.images.layerpack)
 
+    <template_dir>/layers/<key>/used        touched when it is made and whenever a build, create or
+                                            restore stacks it (its mtime is the layer's last use)
+
 A layer is made in `.tmp-<key>-<pid>` and renamed into place when complete, so a crash never leaves
-a half layer and a cached step is one `os.path.exists`. Layers are shared by every build and every
-installation using the directory, and stay until removed by hand (they are the build cache).
-Called by worker.images.builder and worker.images.templates.
+a half layer. Everything that decides about one key holds its flock (`.lock-<key>`): `making`
+exclusively, `use` (a cached step, a built-in layer found made) shared while it marks the use.
+Layers are shared by every build and every installation using the directory; `remove` (the
+garbage collection of worker.images.layer_gc) takes the key's lock exclusively without waiting,
+checks again that the layer may go, and renames it to `.trash-…` before deleting it, so a build
+never sees half a layer. Called by worker.images.builder, worker.images.templates,
+worker.images.layer_gc, and (`mark_used`) worker.runtimes.sandboxes and worker.runtimes.archiving.
 """
 
 from __future__ import annotations
@@ -32,6 +39,11 @@ from atoll.core import errors, templatespec
 from atoll.worker.host import hostcmd
 from atoll.worker.images import ociarchive, rootpath, shim
 
+USED = "used"
+TRASH = ".trash-"
+FETCHING = ".fetch-"
+FETCH_DEBRIS_S = 86400.0
+
 MAX_LAYERS = 60
 """Layers in one stack (the overlay mount's option string must fit a page)."""
 
@@ -51,14 +63,115 @@ class LayerStore:
     def exists(self, key: str) -> bool:
         return os.path.exists(os.path.join(self.dir, key, "layer.json"))
 
+    def _lock_fd(self, key: str) -> int:
+        return os.open(os.path.join(self.dir, f".lock-{key}"), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+
+    def keys(self) -> list[str]:
+        """The keys of the complete layers in the cache."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if not n.startswith(".") and self.exists(n))
+
+    async def use(self, key: str) -> bool:
+        """Whether the layer exists, marking its use when it does (under the key's shared lock, so a
+        garbage collection that holds it exclusively either saw this use or removed the layer first)."""
+        fd = self._lock_fd(key)
+        try:
+            try:  # free almost always (a create of a built-in template asks every time): no thread
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # being made (or removed) now: wait for it
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_SH)
+            if not self.exists(key):
+                return False
+            _touch(os.path.join(self.dir, key, USED))
+            return True
+        finally:
+            os.close(fd)
+
+    def last_used(self, key: str) -> float | None:
+        """When the layer was last stacked: its `used` marker's mtime (None if the layer is gone). A
+        layer without one was made by a version that did not record uses: its last use is unknown,
+        so it gets a marker now and its idle time starts now (an upgrade never removes a layer
+        that another installation may still be using)."""
+        marker = os.path.join(self.dir, key, USED)
+        for _ in range(2):
+            try:
+                return os.stat(marker).st_mtime
+            except FileNotFoundError:
+                if not self.exists(key):
+                    return None
+                _touch(marker)
+        return None
+
+    def size(self, key: str) -> int:
+        try:
+            with open(os.path.join(self.dir, key, "layer.json")) as f:
+                return int(json.load(f).get("size_bytes") or 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return 0
+
+    def remove(self, key: str, may_go: typing.Callable[[], bool]) -> bool:
+        """Remove the layer if its lock is free now and `may_go()` still says so under it: renamed to
+        `.trash-<key>-…` (one rename: a build sees the whole layer or none), then deleted. Returns
+        whether it was removed. Blocking: run it in a thread."""
+        fd = self._lock_fd(key)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # being made or used right now
+            if not self.exists(key) or not may_go():
+                return False
+            trash = os.path.join(self.dir, f"{TRASH}{key}-{os.getpid()}-{time.monotonic_ns()}")
+            os.rename(os.path.join(self.dir, key), trash)
+        finally:
+            os.close(fd)  # `.lock-<key>` stays: unlinked, two holders could lock two different files
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def sweep_debris(self) -> list[str]:
+        """Remove what a crash left: `.trash-*` directories (a removal cut short), `.tmp-<key>-<pid>`
+        directories whose key's lock is free (no make of that key is in progress anywhere), and
+        `.fetch-*` directories of layer downloads older than a day. Blocking: run it in a thread.
+        Returns the paths removed."""
+        out: list[str] = []
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            path = os.path.join(self.dir, name)
+            if name.startswith(TRASH):
+                shutil.rmtree(path, ignore_errors=True)
+                out.append(path)
+            elif name.startswith(FETCHING) and _older_than(path, FETCH_DEBRIS_S):
+                # a download of worker.images.layerpack cut short (one takes seconds)
+                shutil.rmtree(path, ignore_errors=True)
+                out.append(path)
+            elif name.startswith(".tmp-") and "-" in name[5:]:
+                fd = self._lock_fd(name[5:].rsplit("-", 1)[0])
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    shutil.rmtree(path, ignore_errors=True)  # under the lock: no make starts meanwhile
+                    out.append(path)
+                except BlockingIOError:
+                    continue
+                finally:
+                    os.close(fd)
+        return out
+
     @contextlib.asynccontextmanager
     async def making(self, key: str) -> typing.AsyncIterator[str | None]:
         """Hold the key's lock; yields a fresh temporary fs dir to fill, or None when the layer
-        exists already (made meanwhile by another build). `commit` makes the filled dir the layer."""
-        fd = os.open(os.path.join(self.dir, f".lock-{key}"), os.O_CREAT | os.O_RDWR, 0o600)
+        exists already (made meanwhile by another build; its use is marked). `commit` makes the
+        filled dir the layer."""
+        fd = self._lock_fd(key)
         try:
             await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
             if self.exists(key):
+                _touch(os.path.join(self.dir, key, USED))
                 yield None
                 return
             tmp = os.path.join(self.dir, f".tmp-{key}-{os.getpid()}")
@@ -76,6 +189,7 @@ class LayerStore:
         """Make the filled dir `fs` the layer `key`. `instance` names these very bytes (a new
         random one unless they were fetched: worker.images.layerpack)."""
         tmp = os.path.dirname(fs)
+        _touch(os.path.join(tmp, USED))  # made is used
         with open(os.path.join(tmp, "layer.json"), "w") as f:
             json.dump(
                 {
@@ -295,6 +409,30 @@ def find_file(layers_top_first: typing.Sequence[str], rel: str) -> str | None:
             return None
         return p
     return None
+
+
+def _older_than(path: str, seconds: float) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime > seconds
+    except FileNotFoundError:
+        return False
+
+
+def _touch(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # a layer removed meanwhile: nothing to mark
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+
+
+def mark_used(lower: str) -> None:
+    """Mark the use of every cached layer in an overlay `lowerdir=` stack (host paths, top first):
+    called whenever a sandbox's root file system is mounted (create, restore, unarchive, build)."""
+    for p in lower.split(":"):
+        if os.path.basename(p) == "fs" and os.path.exists(os.path.join(os.path.dirname(p), "layer.json")):
+            _touch(os.path.join(os.path.dirname(p), USED))
 
 
 def _du(path: str) -> int:

@@ -157,7 +157,7 @@ class TemplateStore:
         """Return the template's read-only rootfs path, building it first if needed."""
         r = self.recipe(name)
         key = self.key(r)
-        if self.layers.exists(key):
+        if await self.layers.use(key):
             return self.layers.path(key)
         async with self._locks.setdefault(r.name, asyncio.Lock()):
             # Installations may share a template dir: one builds, the others wait for it (the

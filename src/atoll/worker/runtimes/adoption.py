@@ -12,8 +12,11 @@ them, so a sandbox with a volume is refused; a drive is adopted when it is serve
 Adopting only records the sandbox here, archived (phase creating -> archived, step `adopted`),
 with its network namespace and gateway attachment ready and the manifest kept locally: the next
 call resumes it as any archived sandbox (download, verify, restore). The archive's objects become
-this worker's once the record is: until then a failure leaves the store untouched (the local
-record is deleted without its archive key). Called by worker.service.node (`adopt`).
+this worker's once the record is, and then its claim: the manifest is written again naming this
+installation as `holder` (archive.claim), so the worker it came from, should it come back with a
+stale record, never removes them (worker.runtimes.archive_gc). Until then a failure leaves the
+store untouched (the local record is deleted without its archive key). Called by
+worker.service.node (`adopt`).
 """
 
 from __future__ import annotations
@@ -145,6 +148,10 @@ async def adopt(
         await attach(rt)
         rt.archive_key = man.key
         runtimes.advance(rt, Step.ADOPTED)
+        try:  # the archive is this worker's from now on (worker.runtimes.archive_gc)
+            await archive.claim(store, runtimes.dir(sid), man, runtimes.install_id)
+        except objectstore.StoreError as e:
+            raise errors.Unavailable(f"the object store failed while adopting sandbox {sid}: {e}") from None
     except BaseException:
         rt.archive_key = ""
         with contextlib.suppress(Exception):

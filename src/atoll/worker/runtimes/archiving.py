@@ -8,7 +8,8 @@ and the caller is told why (the sandbox stays in the disk tier; the policy tries
 unarchive (phase archived): download, verify and unpack (nothing is moved into place unless every
 checksum matches), mount the layers again, `unarchived` (durable): the sandbox is checkpointed on
 disk again; its stale archive objects are removed (under the sandbox's lock, so never racing a new
-upload) and the normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
+upload; a store that fails leaves the removal in worker.runtimes.archive_gc's journal) and the
+normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
 unreachable store is a ResumeFailed (the sandbox stays archived, a retry may work).
 `reattach` finishes what a killed worker left: archiving -> checkpointed (the disk copy was kept),
 archived -> local leftovers dropped (the archive is whole). Called by worker.tiers and
@@ -27,7 +28,8 @@ import time
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
 from atoll.worker.host import archive, hostcmd, objectstore, runsc, snapshots, storage
-from atoll.worker.images import layerpack
+from atoll.worker.images import layerpack, layers
+from atoll.worker.runtimes import archive_gc
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class Archiver:
         self,
         runtimes: RuntimeStore,
         store: objectstore.ObjectStore,
+        pending: str | None = None,
         *,
         share_layers: bool = False,
     ):
@@ -63,6 +66,12 @@ class Archiver:
         """Whether the store may be read by other workers (S3, or an ATOLL_ARCHIVE_DIR set
         explicitly): each archive then publishes its template layers too, so another worker can
         adopt it (worker.images.layerpack)."""
+        self.pending = archive_gc.PendingRemovals(
+            pending or os.path.join(os.path.dirname(runtimes.root), archive_gc.JOURNAL)
+        )
+        """Removals the store refused, retried by worker.runtimes.archive_gc (`<home>/archive-removals.json`)."""
+        self.holder = runtimes.install_id
+        """This installation's id, named in the manifests of its archives: only the holder removes one."""
         self.store_failed = False
         """Whether the last archive failed because of the store (down, refusing): a caller that
         archives many in a row stops until later."""
@@ -101,6 +110,7 @@ class Archiver:
 
     async def _mount_layers(self, rt: Runtime) -> None:
         await storage.create_upper(self._p(rt, "upper.img"), self._p(rt, "upper"), rt.disk_mb)
+        layers.mark_used(rt.lower)
         await storage.mount_rootfs(rt.lower, self._p(rt, "upper"), self._p(rt, "rootfs"))
 
     # ---- archive ------------------------------------------------------------------------------
@@ -117,6 +127,7 @@ class Archiver:
             return f"kept in the disk tier: {e.message}; the archive is tried again later"
         self.store_failed = False
         rt.archive_key = archive.object_key(sid, rt.generation)
+        self.pending.discard(sid, rt.archive_key)  # a removal owed for this very key must not follow
         self.runtimes.advance(rt, Step.BEGIN_ARCHIVE)
         before = disk_bytes(self._p(rt, "snapshot")) + disk_bytes(self._p(rt, "upper.img"))
         man = archive.ArchiveManifest(
@@ -131,6 +142,7 @@ class Archiver:
             build_id=rt.build_id,
             mounts=[dict(m) for m in rt.mounts],
             runtime={k: getattr(rt, k) for k in RUNTIME_FIELDS},
+            holder=self.holder,
             created_at=time.time(),
         )
         try:
@@ -223,28 +235,33 @@ class Archiver:
     async def _remove_stale(self, rt: Runtime, man: archive.ArchiveManifest) -> None:
         """The sandbox is on disk again: its archive is stale (a later archive writes a new one).
         Removed now, under the sandbox's lock, so that it can never race a new archive's upload;
-        a store that fails here leaves objects the next archive or the delete removes."""
-        try:
-            await self.store.delete(archive.manifest_key(rt.sandbox_id))
-            await self.store.delete(man.key)
-        except objectstore.StoreError as e:
-            log.warning("the stale archive of %s stays in the store: %s", rt.sandbox_id, e)
-            return
+        a store that fails here leaves the removal in the journal (retried by the garbage loop)."""
+        await self.remove(rt.sandbox_id, man.key)
         rt.archive_key = ""
         with contextlib.suppress(OSError):
             self.runtimes.save(rt)
 
-    async def remove(self, sid: str, archive_key: str) -> None:
-        """Delete a sandbox's archive objects (its delete), if it ever had any."""
+    async def remove(self, sid: str, archive_key: str) -> bool:
+        """Delete a sandbox's archive (its delete), if it ever had one: the object `archive_key`
+        and the store's manifest if it names that object (archive.remove: never what another
+        worker wrote since). A store that fails records the removal in the journal, which the
+        garbage loop retries; returns whether it was done now. Called under the sandbox's lock."""
         if not archive_key:
-            return
+            return True
         try:
-            n = await archive.remove(self.store, sid)
+            n = await archive.remove(self.store, sid, archive_key, self.holder)
         except objectstore.StoreError as e:
-            log.warning("sandbox.archive.orphaned: %s", e, extra={"sandbox_id": sid})
-            return
+            self.pending.add(sid, archive_key)
+            log.warning(
+                "sandbox.archive.removal_pending: %s; retried until the store takes it",
+                e,
+                extra={"sandbox_id": sid, "key": archive_key},
+            )
+            return False
+        self.pending.discard(sid, archive_key)
         if n:
             log.info("sandbox.archive.removed: %d object(s)", n, extra={"sandbox_id": sid})
+        return True
 
     # ---- after a restart ----------------------------------------------------------------------
     async def reattach(self, rt: Runtime) -> str | None:

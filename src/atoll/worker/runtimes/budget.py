@@ -5,8 +5,9 @@ sandbox directory's own files: checkpoint images, upper images, records; never w
 there), and while that is over the budget moves checkpointed sandboxes to the archive tier, the
 longest idle first (oldest committed checkpoint). A running or frozen sandbox is never touched, nor
 one whose lock is held (a step or a call in progress). Each move is reported as a RuntimeChanged
-event, so the control plane's record follows (standby: archive). A store that fails stops the
-pass (the next one tries again). Called by worker.node's monitor loop every BUDGET_EVERY_S.
+event, so the control plane's record follows (standby: archive). A pass measures again after
+each round (sandboxes keep landing in the disk tier while it archives) and goes on until under the
+budget or nothing more can be archived. A store that fails stops the pass (the next one tries again). Called by worker.node's monitor loop every BUDGET_EVERY_S.
 """
 
 from __future__ import annotations
@@ -68,7 +69,17 @@ class DiskBudget:
         return snap.manifest.created_at if snap else float("inf")
 
     async def enforce(self) -> list[str]:
-        """One pass; returns the sandboxes it archived."""
+        """One pass; returns the sandboxes it archived. A round counts what it frees against one
+        measure, so what landed meanwhile (pauses to the disk tier go on during a pass) is measured
+        by another round, until the worker is under the budget or a round can archive nothing."""
+        moved: list[str] = []
+        while True:
+            got = await self._round()
+            moved += got
+            if not got or sum(self.usage().values()) <= self.budget_bytes:
+                return moved
+
+    async def _round(self) -> list[str]:
         usage = self.usage()
         total = sum(usage.values())
         if total <= self.budget_bytes:

@@ -81,6 +81,10 @@ class Counters:
     dns_answered: int = 0
     dns_refused: int = 0
     intercepted: int = 0
+    bytes_out: int = 0
+    """Bytes the sandbox sent over TCP through the gateway (egress, preview answers)."""
+    bytes_in: int = 0
+    """Bytes that reached the sandbox over TCP through the gateway."""
 
 
 @dataclasses.dataclass
@@ -323,7 +327,15 @@ class Edge:
         return Counters(
             *(
                 int(r.get(k, 0)) + getattr(base, k)
-                for k in ("allowed", "refused", "dns_answered", "dns_refused", "intercepted")
+                for k in (
+                    "allowed",
+                    "refused",
+                    "dns_answered",
+                    "dns_refused",
+                    "intercepted",
+                    "bytes_out",
+                    "bytes_in",
+                )
             )
         )
 

@@ -14,6 +14,9 @@ stopped or killed, and moves its phase there through the phase table:
 | archived        | local leftovers of a download                     | archived (leftovers dropped)     |
 | deleting        | —                                                 | deleted now                      |
 
+In every other phase the staging files of an archive transfer cut short and a stale local archive
+manifest are removed (worker.runtimes.archive_gc.drop_local_leftovers).
+
 `reconcile` (start-up and every RECONCILE_EVERY_S) scans the host once (worker.sweep.scan): objects
 no live runtime record owns are removed (logged), and a runtime whose objects vanished (no sentry,
 no root filesystem mount, no network namespace, no snapshot) becomes failed with the cause.
@@ -35,6 +38,7 @@ from atoll.core.lifecycle import Phase, Step
 from atoll.core.worker_api import ReconcileReport
 from atoll.worker.host import cgroups, runsc, sweep
 from atoll.worker.host.snapshots import SnapshotStore
+from atoll.worker.runtimes import archive_gc
 from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.liveness import Liveness
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
@@ -101,6 +105,8 @@ class Recovery:
             self.runtimes.fail(rt, f"could not reattach to sandbox {sid} after the worker restarted: {e}")
         if rt.phase in (Phase.RUNNING, Phase.FROZEN):
             self.liveness.watch(rt)
+        for path in archive_gc.drop_local_leftovers(rt, self.runtimes.dir(sid)):
+            log.info("removed %s (an archive transfer cut short)", path, extra={"sandbox_id": sid})
         log.info(
             "sandbox.reattach.complete",
             extra={"sandbox_id": sid, "before": before.value, "phase": rt.phase.value, "note": note},

@@ -285,6 +285,7 @@ class Sandboxes:
                 raise errors.RuntimeFailure(
                     f"the writable layer of sandbox {rt.sandbox_id} could not be prepared", detail=err[-800:]
                 )
+        layers.mark_used(lower)  # the layer cache's garbage collection keeps recently used layers
         await storage.mount_rootfs(lower, self._p(rt, "upper"), self._p(rt, "rootfs"))
         try:
             _write_identity_files(self._p(rt, "rootfs"), hostname(rt.sandbox_id))

@@ -3,8 +3,10 @@
 It wires the worker's parts and owns what spans them: one lock per sandbox (its steps — create,
 pause, resume, delete, a compaction — run one at a time, and a call waits for a step in progress),
 the count of calls in flight (a sandbox with calls is not paused or compacted), the events to the
-control plane, and the monitor loop (host task pressure every MONITOR_EVERY_S, usage every
-USAGE_EVERY_S, reconciliation every `reconcile_s`, template status changes).
+control plane, the monitor loop (host task pressure every MONITOR_EVERY_S, usage every
+USAGE_EVERY_S, reconciliation every `reconcile_s`, template status changes) and the garbage loop
+(archive removals the store owes every GC_EVERY_S; orphaned archive objects and unused template
+layers at start and hourly).
 
     templates, layers ─▶ builder ─▶ sandboxes, tiers ─▶ guest, liveness, runtime, snapshots
     recovery (reattach, reconcile) and pressure sit beside them; node is the only caller of all.
@@ -35,9 +37,9 @@ from atoll.core.lifecycle import Phase, Tier
 from atoll.guest.agent import ptyframes
 from atoll.worker.host import agent_pack, bundle, cgroups, objectstore, storage, stores, sweep, trust
 from atoll.worker.host.snapshots import LocalSnapshotStore
-from atoll.worker.images import layers, templates
+from atoll.worker.images import layer_gc, layers, templates
 from atoll.worker.images.builder import Builder
-from atoll.worker.runtimes import adoption, budget, forks
+from atoll.worker.runtimes import adoption, archive_gc, budget, forks
 from atoll.worker.runtimes.archiving import Archiver
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
@@ -54,7 +56,7 @@ from atoll.worker.service.store_verbs import StoreVerbs
 log = logging.getLogger(__name__)
 
 MONITOR_EVERY_S = 0.5
-USAGE_EVERY_S = 10.0
+USAGE_EVERY_S = 5.0
 # A running sandbox whose processes used more than ACTIVITY_CPU_SHARE of one CPU over the last
 # ACTIVITY_WINDOW_S is busy (a build, a test run): the idle policy's pause declines it, and a
 # SandboxActivity event (at most every ACTIVITY_EVENT_EVERY_S) tells the control plane. An idle dev
@@ -66,6 +68,9 @@ ACTIVITY_EVENT_EVERY_S = 2.0
 AGENT_VERSION_PREFIX = "v-"  # <agent_root>/v-<digest>: one version's agent files
 REATTACH_TIMEOUT_S = 180.0
 EVENT_QUEUE = 1000
+GC_EVERY_S = 60.0
+"""Pending archive removals are retried this often; the full garbage pass runs hourly
+(worker.images.layer_gc.LAYER_GC_EVERY_S) and at start."""
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -226,8 +231,12 @@ class Node(StoreVerbs):
         self.store = objectstore.from_settings(settings.home, settings.archive_dir, settings.s3)
         """The archive tier's object store (S3 when ATOLL_S3_* are set, else a local directory)."""
         self.archiver = Archiver(
-            self.runtimes, self.store, share_layers=bool(settings.s3 or settings.archive_dir)
+            self.runtimes,
+            self.store,
+            os.path.join(settings.home, archive_gc.JOURNAL),
+            share_layers=bool(settings.s3 or settings.archive_dir),
         )
+        self.archive_gc = archive_gc.ArchiveCollector(self.runtimes, self.archiver, self._lock)
         self.budget = (
             budget.DiskBudget(
                 int(settings.disk_budget_gb * 2**30),
@@ -401,6 +410,7 @@ class Node(StoreVerbs):
         self.last_reconcile = await self.recovery.reconcile(parents=True)
         self._loops.append(asyncio.ensure_future(self._monitor()))
         self._loops.append(asyncio.ensure_future(self._prepare_templates()))
+        self._loops.append(asyncio.ensure_future(self._collect_garbage()))
         if self.budget is not None:
             self._loops.append(asyncio.ensure_future(self._keep_budget()))
 
@@ -461,6 +471,58 @@ class Node(StoreVerbs):
                 await self.budget.enforce()
             except Exception:
                 log.exception("disk budget pass failed")
+
+    # ---- garbage --------------------------------------------------------------------------------
+    async def _collect_garbage(self) -> None:
+        """A pass now (start) and every GC_EVERY_S; the full one every LAYER_GC_EVERY_S."""
+        last_full: float | None = None
+        while True:
+            now = time.monotonic()
+            full = last_full is None or now - last_full >= layer_gc.LAYER_GC_EVERY_S
+            try:
+                await self.collect_garbage(full=full)
+            except Exception:
+                log.exception("garbage collection pass failed")
+            if full:
+                last_full = now
+            await asyncio.sleep(GC_EVERY_S)
+
+    async def collect_garbage(self, *, full: bool = True) -> None:
+        """Retry the archive removals the store refused (worker.runtimes.archive_gc); with `full`,
+        also remove archive objects uploads cut short and layers nothing uses any more
+        (worker.images.layer_gc)."""
+        owed = await self.archive_gc.retry()
+        if owed:
+            log.info("%d archive removal(s) still wait for the object store %s", owed, self.store.name)
+        if not full:
+            return
+        gone = await self.archive_gc.sweep()
+        if gone:
+            log.info("archive garbage collection removed %d object(s): %s", len(gone), ", ".join(gone))
+        await self.collect_layers()
+
+    async def collect_layers(self) -> list[layer_gc.Removed]:
+        """One pass of the layer cache's garbage collection (never while a template build runs:
+        its stack so far is in no record yet)."""
+        if self.builder.building():
+            return []
+        referenced = self.builder.layer_paths()
+        for rt in self.runtimes.all():
+            referenced.update(p for p in rt.lower.split(":") if p)
+        removed = await layer_gc.collect(
+            self.layers,
+            referenced,
+            {self.templates.key(r) for r in templates.RECIPES.values()},
+            ttl_s=self.s.layer_cache_ttl_s,
+            cap_bytes=int((self.s.layer_cache_gb or 0) * 2**30),
+        )
+        if removed:
+            log.info(
+                "layer cache: removed %d layer(s), %d bytes",
+                len(removed),
+                sum(r.size_bytes for r in removed),
+            )
+        return removed
 
     # ---- monitor --------------------------------------------------------------------------------
     async def _monitor(self) -> None:
@@ -534,7 +596,16 @@ class Node(StoreVerbs):
                     n = self.edge.stats(rt.sandbox_id)
                     items.append(
                         api.Usage(
-                            rt.sandbox_id, round(u[0], 3), u[1], u[2], n.allowed, n.refused, n.dns_refused
+                            rt.sandbox_id,
+                            round(u[0], 3),
+                            u[1],
+                            u[2],
+                            n.allowed,
+                            n.refused,
+                            n.dns_refused,
+                            generation=rt.generation,
+                            egress_bytes=n.bytes_out,
+                            ingress_bytes=n.bytes_in,
                         )
                     )
         if items:

@@ -101,6 +101,15 @@ class WorkerSettings:
     upper images); over it, the longest-idle disk-tier sandboxes move to the archive tier (running
     ones are never touched). Default: no budget."""
 
+    layer_cache_ttl_s: float = 7 * 86400.0
+    """ATOLL_LAYER_CACHE_TTL_S: a template layer no build or sandbox of this installation stacks
+    and no mounted overlay uses goes from the layer cache once unused this long (default 7 days;
+    worker.images.layer_gc). Installations sharing the template directory keep their layers by
+    using them within it."""
+    layer_cache_gb: float | None = None
+    """ATOLL_LAYER_CACHE_GB: the most the layer cache may hold; over it, layers nothing uses go
+    least recently used first (never one used in the last 10 minutes). Default: no cap."""
+
     BUILD_CA_NAME = "build-ca.crt"
 
     def build_env(self) -> dict[str, str]:
@@ -195,6 +204,10 @@ def load(
         archive_dir=os.path.abspath(env["ATOLL_ARCHIVE_DIR"]) if env.get("ATOLL_ARCHIVE_DIR") else None,
         s3=_s3(env),
         disk_budget_gb=config.number(env, "ATOLL_DISK_BUDGET_GB", 0.0, lo=0, hi=1024 * 1024) or None,
+        layer_cache_ttl_s=config.number(
+            env, "ATOLL_LAYER_CACHE_TTL_S", 7 * 86400.0, lo=0, hi=10 * 365 * 86400
+        ),
+        layer_cache_gb=config.number(env, "ATOLL_LAYER_CACHE_GB", 0.0, lo=0, hi=1024 * 1024) or None,
     )
 
 

@@ -1,13 +1,13 @@
 """sandboxes: indexes in the order lists page in, (created_at, id) and (tenant_id, created_at, id)
 
 Revision ID: 0015
-Revises: 0012
+Revises: 0014
 """
 
 from alembic import op
 
 revision = "0015"
-down_revision = "0012"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
