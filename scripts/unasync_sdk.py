@@ -39,6 +39,8 @@ REPLACEMENTS = {
     "AsyncTemplates": "Templates",
     "AsyncWorkers": "Workers",
     "AsyncSecrets": "Secrets",
+    "AsyncTenants": "Tenants",
+    "AsyncKeys": "Keys",
     "AsyncStore": "Store",
     "AsyncVolumes": "Volumes",
     "AsyncVolume": "Volume",

@@ -284,6 +284,8 @@ PAIRS = [
     (_sync.Files, _async.AsyncFiles),
     (_sync.Process, _async.AsyncProcess),
     (_sync.Terminal, _async.AsyncTerminal),
+    (_sync.Tenants, _async.AsyncTenants),
+    (_sync.Keys, _async.AsyncKeys),
 ]
 
 

@@ -451,6 +451,16 @@ def json_body(response: httpx.Response) -> Any:
         ) from exc
 
 
+def page(response: httpx.Response) -> tuple[list[dict[str, Any]], str | None]:
+    """The `items` of one page of a list response and its `next_cursor` (None: the last page, or
+    a server that does not page)."""
+    payload = json_body(response)
+    cursor = payload.get("next_cursor") if isinstance(payload, dict) else None
+    if cursor is not None and not isinstance(cursor, str):
+        raise errors.ServerError(f"expected a string next_cursor, got {cursor!r:.200}", code="bad_response")
+    return items(response), cursor or None
+
+
 def items(response: httpx.Response) -> list[dict[str, Any]]:
     """The `items` of a list response."""
     payload = json_body(response)

@@ -34,6 +34,7 @@ from atoll.cli import files as cli_files
 from atoll.cli import shell as cli_shell
 from atoll.cli import stores as cli_stores
 from atoll.cli import templates as cli_templates
+from atoll.cli import tenants as cli_tenants
 from atoll.cli import usage as cli_usage
 
 if TYPE_CHECKING:
@@ -141,6 +142,7 @@ def _session(ctx: typer.Context) -> "Iterator[Client]":
 
 cli_templates.register(app, _session)
 cli_stores.register(app, _session)
+cli_tenants.register(app, _session)
 cli_audit.register(app, _session)
 cli_usage.register(app, _session, _table, _console)
 cli_files.register(sandbox_app, _session)

@@ -28,6 +28,11 @@ def utcnow() -> dt.datetime:
 
 class SandboxRecord(Base):
     __tablename__ = "sandboxes"
+    __table_args__ = (
+        # the order lists page in (controlplane.paging; migration 0015)
+        sa.Index("ix_sandboxes_list", "created_at", "id"),
+        sa.Index("ix_sandboxes_tenant_list", "tenant_id", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(sa.String(64), index=True)

@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response, StreamingResponse
 
-from atoll.controlplane import http, schemas
+from atoll.controlplane import http, paging, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
 from atoll.core import errors
@@ -125,13 +125,16 @@ async def _stream(request: Request, sid: str, spec: api.ExecSpec) -> StreamingRe
 
 @router.get(
     "/v1/sandboxes/{sid}/processes",
+    openapi_extra=paging.OPENAPI,
     responses={200: {"model": schemas.ProcessList}, **ERRORS, **ANSWER_TOO_LARGE},
 )
 async def list_processes(request: Request, sid: SandboxId):
-    """The background processes started in the sandbox, running or finished."""
+    """The background processes started in the sandbox, running or finished, oldest first."""
+    p = paging.page(request, "/v1/sandboxes/{id}/processes")
     async with ctx(request).manager.activity(sid) as worker:
         procs = await worker.list_processes(sid)
-    return http.json_response({"items": [dataclasses.asdict(p) for p in procs]})
+    procs, nxt = paging.of_list(p, procs, lambda i: (i.started_at, i.pid))
+    return http.json_response(paging.answer([dataclasses.asdict(i) for i in procs], nxt))
 
 
 @router.delete(

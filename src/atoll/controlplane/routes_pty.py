@@ -25,7 +25,7 @@ from fastapi import APIRouter, Path, Request, WebSocket
 from fastapi.responses import Response
 from starlette.websockets import WebSocketDisconnect
 
-from atoll.controlplane import http, schemas
+from atoll.controlplane import http, paging, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
 from atoll.core import errors
@@ -83,12 +83,18 @@ async def open_pty(request: Request, sid: SandboxId):
     return http.json_response(dataclasses.asdict(started), status=201)
 
 
-@router.get("/v1/sandboxes/{sid}/pty", responses={200: {"model": schemas.PtyList}, **ERRORS})
+@router.get(
+    "/v1/sandboxes/{sid}/pty",
+    openapi_extra=paging.OPENAPI,
+    responses={200: {"model": schemas.PtyList}, **ERRORS},
+)
 async def list_ptys(request: Request, sid: SandboxId):
-    """The sandbox's terminal sessions: running ones, and finished ones for a while."""
+    """The sandbox's terminal sessions: running ones, and finished ones for a while; oldest first."""
+    p = paging.page(request, "/v1/sandboxes/{id}/pty")
     async with ctx(request).manager.activity(sid) as worker:
         items = await worker.list_ptys(sid)
-    return http.json_response({"items": [dataclasses.asdict(i) for i in items]})
+    items, nxt = paging.of_list(p, items, lambda i: (i.created_at, i.pty_id))
+    return http.json_response(paging.answer([dataclasses.asdict(i) for i in items], nxt))
 
 
 @router.delete(

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import forking, http, lifetime, schemas
+from atoll.controlplane import forking, http, lifetime, paging, schemas
 from atoll.controlplane.context import ctx
 from atoll.core import errors, ids
 from atoll.core.lifecycle import State, Tier
@@ -134,10 +134,12 @@ METADATA_FILTER = {
 
 @router.get(
     "/v1/sandboxes",
-    openapi_extra={"parameters": [METADATA_FILTER]},
+    openapi_extra={"parameters": [METADATA_FILTER, *paging.PARAMETERS]},
     responses={
         200: {"model": schemas.SandboxList},
-        **http.error_responses({400: "invalid_request: unknown state filter"}),
+        **http.error_responses(
+            {400: "invalid_request: an unknown state or tier filter, a bad limit or cursor"}
+        ),
     },
 )
 async def list_sandboxes(
@@ -145,14 +147,23 @@ async def list_sandboxes(
     state: str | None = Query(
         None,
         description="Only sandboxes in this state",
-        json_schema_extra={"enum": [s.value for s in State]},  # checked by SandboxManager.list
+        json_schema_extra={"enum": [s.value for s in State]},  # checked by paging.sandboxes
     ),
+    tier: str | None = Query(
+        None,
+        description="Only sandboxes in standby in this tier",
+        json_schema_extra={"enum": [t.value for t in Tier]},
+    ),
+    template: str | None = Query(None, description="Only sandboxes made from this template"),
 ):
-    """Sandboxes, oldest first. Filter by `state`, and by labels with any number of
+    """Sandboxes, oldest first, a page at a time (`limit`, `cursor`: pass `next_cursor` until it
+    is null). Filter by `state`, `tier`, `template`, and by labels with any number of
     `metadata.<KEY>=<VALUE>` query parameters (all must match exactly), e.g.
     `GET /v1/sandboxes?state=running&metadata.team=a`."""
     md = {k[len("metadata.") :]: v for k, v in request.query_params.items() if k.startswith("metadata.")}
-    return http.json_response({"items": [view(request, r) for r in ctx(request).manager.list(state, md)]})
+    p = paging.page(request, "/v1/sandboxes")
+    recs, nxt = paging.sandboxes(request, p, state=state, tier=tier, template=template, metadata=md)
+    return http.json_response(paging.answer([view(request, r) for r in recs], nxt))
 
 
 @router.get(

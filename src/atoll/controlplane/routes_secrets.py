@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import auth, http, schemas
+from atoll.controlplane import auth, http, paging, schemas
 from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane.context import ctx
 
@@ -47,11 +47,12 @@ async def create_secret(request: Request):
     return http.json_response(secrets_mod.view(rec), 201)
 
 
-@router.get("/v1/secrets", responses={200: {"model": schemas.SecretList}})
+@router.get("/v1/secrets", openapi_extra=paging.OPENAPI, responses={200: {"model": schemas.SecretList}})
 async def list_secrets(request: Request):
     """Secrets by name, with their hosts (never their values)."""
     recs = ctx(request).secrets.list(auth.list_tenant())
-    return http.json_response({"items": [secrets_mod.view(r) for r in recs]})
+    recs, nxt = paging.of_list(paging.page(request, "/v1/secrets"), recs, lambda r: (r.name, r.tenant_id))
+    return http.json_response(paging.answer([secrets_mod.view(r) for r in recs], nxt))
 
 
 @router.get(

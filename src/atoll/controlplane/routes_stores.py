@@ -14,7 +14,7 @@ import typing
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from atoll.controlplane import http, schemas
+from atoll.controlplane import http, paging, schemas
 from atoll.controlplane import stores as stores_mod
 from atoll.controlplane.context import ctx
 from atoll.core import errors
@@ -81,10 +81,19 @@ def _routes(kind: str) -> None:
             await ctx(request).manager.stores.create(kind, body.name, body.size_mb), 201
         )
 
-    @router.get(plural, tags=tags, responses={200: {"model": listing}, **errs}, name=f"list_{kind}s")
+    @router.get(
+        plural,
+        tags=tags,
+        openapi_extra=paging.OPENAPI,
+        responses={200: {"model": listing}, **errs},
+        name=f"list_{kind}s",
+    )
     async def list_(request: Request):
         svc = ctx(request).manager.stores
-        return http.json_response({"items": [await svc.view(r) for r in svc.records(kind)]})
+        recs, nxt = paging.of_list(
+            paging.page(request, plural), svc.records(kind), lambda r: (r.name, r.tenant_id)
+        )
+        return http.json_response(paging.answer([await svc.view(r) for r in recs], nxt))
 
     @router.get(plural + "/{name}", tags=tags, responses={200: {"model": model}, **errs}, name=f"get_{kind}")
     async def get(request: Request, name: str):

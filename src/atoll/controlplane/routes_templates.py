@@ -16,7 +16,7 @@ import tarfile
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from atoll.controlplane import http, templates
+from atoll.controlplane import http, paging, templates
 from atoll.controlplane.context import ctx
 from atoll.core import dockerfile, errors, templatespec, wire
 
@@ -174,10 +174,14 @@ def _builtin(request: Request) -> list[dict]:
     return [wire.dump(t) for t in ctx(request).manager.workers.templates()]
 
 
-@router.get("/v1/templates", responses=ERRORS)
+@router.get("/v1/templates", openapi_extra=paging.OPENAPI, responses=ERRORS)
 async def list_templates(request: Request):
-    """Built-in templates (with their status on the workers) and yours."""
-    return {"items": [*_builtin(request), *ctx(request).manager.templates.list()]}
+    """Built-in templates (with their status on the workers) and yours, by name, a page at a time."""
+    items = [*_builtin(request), *ctx(request).manager.templates.list()]
+    page, nxt = paging.of_list(
+        paging.page(request, "/v1/templates"), items, lambda t: (t["name"], t.get("tenant_id") or "")
+    )
+    return paging.answer(page, nxt)
 
 
 @router.get("/v1/templates/{name}", responses=ERRORS)

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import auth, http, schemas
+from atoll.controlplane import auth, http, paging, schemas
 from atoll.controlplane import db as dbm
 from atoll.controlplane.context import ctx
 from atoll.core import errors
@@ -100,11 +100,13 @@ async def create_tenant(request: Request):
     return http.json_response(tenant_view(_keys(request).create_tenant(body.name, quotas)), 201)
 
 
-@router.get("/v1/tenants", responses={200: {"model": schemas.TenantList}, **ADMIN_ONLY})
+@router.get(
+    "/v1/tenants", openapi_extra=paging.OPENAPI, responses={200: {"model": schemas.TenantList}, **ADMIN_ONLY}
+)
 async def list_tenants(request: Request):
-    return http.json_response(
-        {"items": [tenant_view(t) for t in _keys(request).tenants()], "next_cursor": None}
-    )
+    """Tenants, oldest first, a page at a time (`limit`, `cursor`)."""
+    recs, nxt = paging.tenants(request, paging.page(request, "/v1/tenants"))
+    return http.json_response(paging.answer([tenant_view(t) for t in recs], nxt))
 
 
 @router.get(
@@ -228,12 +230,14 @@ async def create_key(request: Request):
     return http.json_response(key_view(rec, key), 201)
 
 
-@router.get("/v1/keys", responses={200: {"model": schemas.ApiKeyList}, **ADMIN_ONLY})
+@router.get(
+    "/v1/keys", openapi_extra=paging.OPENAPI, responses={200: {"model": schemas.ApiKeyList}, **ADMIN_ONLY}
+)
 async def list_keys(request: Request, tenant_id: str | None = None):
-    """Keys by id (never the keys themselves), `?tenant_id=` for one tenant's."""
-    return http.json_response(
-        {"items": [key_view(k) for k in _keys(request).keys(tenant_id)], "next_cursor": None}
-    )
+    """Keys by id (never the keys themselves), oldest first, a page at a time; `?tenant_id=` for
+    one tenant's."""
+    recs, nxt = paging.keys(request, paging.page(request, "/v1/keys"), tenant_id)
+    return http.json_response(paging.answer([key_view(k) for k in recs], nxt))
 
 
 @router.delete(

@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import http, schemas
+from atoll.controlplane import http, paging, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import TOO_LARGE
 from atoll.controlplane.workers import WorkerHandle
@@ -73,13 +73,15 @@ def view(request: Request, h: WorkerHandle) -> dict:
     }
 
 
-@router.get("/v1/workers", responses={200: {"model": schemas.WorkerList}})
+@router.get("/v1/workers", openapi_extra=paging.OPENAPI, responses={200: {"model": schemas.WorkerList}})
 async def list_workers(request: Request):
     """Every worker the server knows, by name: state (`ready`, `lost`, `draining`; `joining` while
     it is taken over), capacity, what its sandboxes hold, how many it holds, its version."""
     reg = ctx(request).manager.workers
-    items = [view(request, h) for h in sorted(reg.handles.values(), key=lambda h: h.name)]
-    return http.json_response({"items": items})
+    handles, nxt = paging.of_list(
+        paging.page(request, "/v1/workers"), reg.handles.values(), lambda h: (h.name,)
+    )
+    return http.json_response(paging.answer([view(request, h) for h in handles], nxt))
 
 
 @router.get("/v1/workers/{wid}", responses={200: {"model": schemas.Worker}, **NOT_FOUND})

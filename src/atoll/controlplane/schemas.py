@@ -19,6 +19,10 @@ from atoll.core import templatespec, worker_api
 from atoll.guest.agent import ptyframes
 
 DEFAULT_MEMORY_MB = 512  # also the size of the template image made at start-up
+NEXT_CURSOR = Field(
+    default=None,
+    description="Pass it as `?cursor=` for the next page (controlplane.paging); null on the last page",
+)
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -142,10 +146,12 @@ class Drive(BaseModel):
 
 class VolumeList(BaseModel):
     items: list[Volume]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class DriveList(BaseModel):
     items: list[Drive]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class StandbyPolicy(BaseModel):
@@ -461,6 +467,7 @@ class Secret(BaseModel):
 
 class SecretList(BaseModel):
     items: list[Secret]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class PreviewUpdate(BaseModel):
@@ -620,6 +627,7 @@ class SandboxMetrics(BaseModel):
 
 class SandboxList(BaseModel):
     items: list[Sandbox]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class ExecResult(BaseModel):
@@ -652,6 +660,7 @@ class ProcessInfo(BaseModel):
 
 class ProcessList(BaseModel):
     items: list[ProcessInfo]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class SignalRequest(BaseModel):
@@ -770,6 +779,7 @@ class TemplateInfo(BaseModel):
 
 class TemplateList(BaseModel):
     items: list[TemplateInfo]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class Health(BaseModel):
@@ -807,6 +817,7 @@ class Worker(BaseModel):
 
 class WorkerList(BaseModel):
     items: list[Worker]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class WorkerPass(BaseModel):
@@ -930,6 +941,7 @@ class PtyInfo(BaseModel):
 
 class PtyList(BaseModel):
     items: list[PtyInfo]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 # ---- tenants and keys (controlplane.routes_tenants) ------------------------------------------------
@@ -971,7 +983,7 @@ class Tenant(BaseModel):
 
 class TenantList(BaseModel):
     items: list[Tenant]
-    next_cursor: str | None = None
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class CreateKey(BaseModel):
@@ -999,4 +1011,4 @@ class ApiKey(BaseModel):
 
 class ApiKeyList(BaseModel):
     items: list[ApiKey]
-    next_cursor: str | None = None
+    next_cursor: str | None = NEXT_CURSOR

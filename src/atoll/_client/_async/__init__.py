@@ -1,7 +1,7 @@
 """The atoll SDK's asynchronous client, one module per resource.
 
 `AsyncClient` (client), sandboxes and `AsyncSandbox` (sandboxes), files and watches (files),
-processes, terminals, templates, secrets and workers.
+processes, terminals, templates, secrets, workers, tenants and keys.
 
 Hand-written; the source of truth for the SDK. `scripts/unasync_sdk.py` generates the sync twin
 `_sync/` from this folder, file by file, so write only code that still makes sense with
@@ -17,6 +17,7 @@ from .sandboxes import AsyncSandbox, AsyncSandboxes
 from .secrets import AsyncSecrets
 from .stores import AsyncDrive, AsyncDriveFiles, AsyncDrives, AsyncVolume, AsyncVolumes
 from .templates import AsyncTemplates
+from .tenants import AsyncKeys, AsyncTenants
 from .terminal import AsyncTerminal
 from .workers import AsyncWorkers
 
@@ -34,6 +35,8 @@ __all__ = [
     "AsyncDriveFiles",
     "AsyncDrives",
     "AsyncTemplates",
+    "AsyncTenants",
+    "AsyncKeys",
     "AsyncTerminal",
     "AsyncWatch",
     "AsyncWorkers",

@@ -42,6 +42,8 @@ class ClientLike(Protocol):
         timeout: float | None = None,  # noqa: ASYNC109 - passed on to httpx
     ) -> httpx.Response: ...
 
+    async def _items(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]: ...
+
     def _stream(
         self,
         method: str,

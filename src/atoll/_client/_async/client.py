@@ -12,12 +12,15 @@ from typing import Any
 
 import httpx
 
+from atoll import errors
+
 from .. import _base
 from .._models import AuditEntry
 from .sandboxes import AsyncSandboxes
 from .secrets import AsyncSecrets
 from .stores import AsyncDrives, AsyncVolumes
 from .templates import AsyncTemplates
+from .tenants import AsyncKeys, AsyncTenants
 from .workers import AsyncWorkers
 
 
@@ -64,6 +67,8 @@ class AsyncClient:
         self.secrets = AsyncSecrets(self)
         self.volumes = AsyncVolumes(self)
         self.drives = AsyncDrives(self)
+        self.tenants = AsyncTenants(self)
+        self.keys = AsyncKeys(self)
 
     @property
     def base_url(self) -> str:
@@ -96,6 +101,23 @@ class AsyncClient:
         `ssl.create_default_context(cadata=client.ca_certificate())`."""
         response = await self._request("GET", "/v1/ca.crt")
         return response.text
+
+    async def _items(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """Every item of a list: its pages one after another (the server's `next_cursor` passed
+        back as `?cursor=` until it is null), so a caller sees the whole list as one."""
+        query = dict(params or {})
+        out: list[dict[str, Any]] = []
+        while True:
+            response = await self._request("GET", path, params=query)
+            items, cursor = _base.page(response)
+            out += items
+            if cursor is None:
+                return out
+            if cursor == query.get("cursor"):
+                raise errors.ServerError(
+                    f"GET {path} answered the same page cursor twice", code="bad_response"
+                )
+            query["cursor"] = cursor
 
     async def audit(
         self,

@@ -33,8 +33,9 @@ class AsyncProcesses:
 
     async def list(self) -> list[ProcessInfo]:
         """The background processes started in this sandbox, running or finished."""
-        response = await self.sandbox._client._request("GET", self.sandbox._path("processes"))
-        return [ProcessInfo(item) for item in _base.items(response)]
+        return [
+            ProcessInfo(item) for item in await self.sandbox._client._items(self.sandbox._path("processes"))
+        ]
 
     async def get(self, pid: int) -> AsyncProcess:
         """A handle on process `pid` (`ProcessNotFound` if the sandbox has no such process)."""

@@ -117,10 +117,8 @@ class AsyncSandboxes:
         self, state: str | None = None, metadata: Mapping[str, str] | None = None
     ) -> list[AsyncSandbox]:
         """Sandboxes, optionally only those in `state` whose metadata has all the given pairs."""
-        response = await self._client._request(
-            "GET", "/v1/sandboxes", params=_base.list_params(state, metadata)
-        )
-        return [AsyncSandbox(self._client, item) for item in _base.items(response)]
+        items = await self._client._items("/v1/sandboxes", _base.list_params(state, metadata))
+        return [AsyncSandbox(self._client, item) for item in items]
 
     async def delete(self, sandbox_id: str) -> None:
         await self._client._request("DELETE", _base.sandbox_path(sandbox_id))
@@ -428,8 +426,7 @@ class AsyncSandbox(SandboxFields):
 
     async def ptys(self) -> list[dict[str, Any]]:
         """The sandbox's terminal sessions (running, and finished ones for a while)."""
-        response = await self._client._request("GET", self._path("pty"))
-        return _base.items(response)
+        return await self._client._items(self._path("pty"))
 
     async def kill_pty(self, pty_id: str) -> None:
         """Kill a terminal session's programs and forget it."""

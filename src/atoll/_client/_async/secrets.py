@@ -49,8 +49,7 @@ class AsyncSecrets:
         return Secret(_base.json_body(response))
 
     async def list(self) -> list[Secret]:
-        response = await self._client._request("GET", "/v1/secrets")
-        return [Secret(item) for item in _base.items(response)]
+        return [Secret(item) for item in await self._client._items("/v1/secrets")]
 
     async def delete(self, name: str) -> None:
         await self._client._request("DELETE", _base.secret_path(name))

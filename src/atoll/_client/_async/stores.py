@@ -160,8 +160,7 @@ class AsyncVolumes:
         return self._wrap(_base.json_body(response))
 
     async def list(self) -> list[Any]:
-        response = await self._client._request("GET", f"/v1/{self._kind}s")
-        return [self._wrap(item) for item in _base.items(response)]
+        return [self._wrap(item) for item in await self._client._items(f"/v1/{self._kind}s")]
 
     async def delete(self, name: str) -> None:
         await self._client._request("DELETE", _store_path(self._kind, name))

@@ -24,8 +24,7 @@ class AsyncTemplates:
         self._client = client
 
     async def list(self) -> list[Template]:
-        response = await self._client._request("GET", "/v1/templates")
-        return [Template(item) for item in _base.items(response)]
+        return [Template(item) for item in await self._client._items("/v1/templates")]
 
     async def get(self, name: str) -> Template:
         response = await self._client._request("GET", _base.template_path(name))

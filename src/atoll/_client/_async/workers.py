@@ -18,8 +18,7 @@ class AsyncWorkers:
         self._client = client
 
     async def list(self) -> list[dict[str, Any]]:
-        response = await self._client._request("GET", "/v1/workers")
-        return _base.items(response)
+        return await self._client._items("/v1/workers")
 
     async def get(self, worker_id: str) -> dict[str, Any]:
         response = await self._client._request("GET", f"/v1/workers/{worker_id}")

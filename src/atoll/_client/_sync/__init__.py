@@ -12,6 +12,7 @@ from .sandboxes import Sandbox, Sandboxes
 from .secrets import Secrets
 from .stores import Drive, DriveFiles, Drives, Volume, Volumes
 from .templates import Templates
+from .tenants import Keys, Tenants
 from .terminal import Terminal
 from .workers import Workers
 
@@ -29,6 +30,8 @@ __all__ = [
     "DriveFiles",
     "Drives",
     "Templates",
+    "Tenants",
+    "Keys",
     "Terminal",
     "Watch",
     "Workers",

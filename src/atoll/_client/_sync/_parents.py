@@ -40,6 +40,8 @@ class ClientLike(Protocol):
         timeout: float | None = None,
     ) -> httpx.Response: ...
 
+    def _items(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]: ...
+
     def _stream(
         self,
         method: str,

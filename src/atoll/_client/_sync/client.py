@@ -14,12 +14,15 @@ from typing import Any
 
 import httpx
 
+from atoll import errors
+
 from .. import _base
 from .._models import AuditEntry
 from .sandboxes import Sandboxes
 from .secrets import Secrets
 from .stores import Drives, Volumes
 from .templates import Templates
+from .tenants import Keys, Tenants
 from .workers import Workers
 
 
@@ -66,6 +69,8 @@ class Client:
         self.secrets = Secrets(self)
         self.volumes = Volumes(self)
         self.drives = Drives(self)
+        self.tenants = Tenants(self)
+        self.keys = Keys(self)
 
     @property
     def base_url(self) -> str:
@@ -98,6 +103,23 @@ class Client:
         `ssl.create_default_context(cadata=client.ca_certificate())`."""
         response = self._request("GET", "/v1/ca.crt")
         return response.text
+
+    def _items(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """Every item of a list: its pages one after another (the server's `next_cursor` passed
+        back as `?cursor=` until it is null), so a caller sees the whole list as one."""
+        query = dict(params or {})
+        out: list[dict[str, Any]] = []
+        while True:
+            response = self._request("GET", path, params=query)
+            items, cursor = _base.page(response)
+            out += items
+            if cursor is None:
+                return out
+            if cursor == query.get("cursor"):
+                raise errors.ServerError(
+                    f"GET {path} answered the same page cursor twice", code="bad_response"
+                )
+            query["cursor"] = cursor
 
     def audit(
         self,

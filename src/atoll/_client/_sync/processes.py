@@ -35,8 +35,7 @@ class Processes:
 
     def list(self) -> list[ProcessInfo]:
         """The background processes started in this sandbox, running or finished."""
-        response = self.sandbox._client._request("GET", self.sandbox._path("processes"))
-        return [ProcessInfo(item) for item in _base.items(response)]
+        return [ProcessInfo(item) for item in self.sandbox._client._items(self.sandbox._path("processes"))]
 
     def get(self, pid: int) -> Process:
         """A handle on process `pid` (`ProcessNotFound` if the sandbox has no such process)."""

@@ -117,8 +117,8 @@ class Sandboxes:
 
     def list(self, state: str | None = None, metadata: Mapping[str, str] | None = None) -> list[Sandbox]:
         """Sandboxes, optionally only those in `state` whose metadata has all the given pairs."""
-        response = self._client._request("GET", "/v1/sandboxes", params=_base.list_params(state, metadata))
-        return [Sandbox(self._client, item) for item in _base.items(response)]
+        items = self._client._items("/v1/sandboxes", _base.list_params(state, metadata))
+        return [Sandbox(self._client, item) for item in items]
 
     def delete(self, sandbox_id: str) -> None:
         self._client._request("DELETE", _base.sandbox_path(sandbox_id))
@@ -422,8 +422,7 @@ class Sandbox(SandboxFields):
 
     def ptys(self) -> list[dict[str, Any]]:
         """The sandbox's terminal sessions (running, and finished ones for a while)."""
-        response = self._client._request("GET", self._path("pty"))
-        return _base.items(response)
+        return self._client._items(self._path("pty"))
 
     def kill_pty(self, pty_id: str) -> None:
         """Kill a terminal session's programs and forget it."""

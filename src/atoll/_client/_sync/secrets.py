@@ -47,8 +47,7 @@ class Secrets:
         return Secret(_base.json_body(response))
 
     def list(self) -> list[Secret]:
-        response = self._client._request("GET", "/v1/secrets")
-        return [Secret(item) for item in _base.items(response)]
+        return [Secret(item) for item in self._client._items("/v1/secrets")]
 
     def delete(self, name: str) -> None:
         self._client._request("DELETE", _base.secret_path(name))

@@ -159,8 +159,7 @@ class Volumes:
         return self._wrap(_base.json_body(response))
 
     def list(self) -> list[Any]:
-        response = self._client._request("GET", f"/v1/{self._kind}s")
-        return [self._wrap(item) for item in _base.items(response)]
+        return [self._wrap(item) for item in self._client._items(f"/v1/{self._kind}s")]
 
     def delete(self, name: str) -> None:
         self._client._request("DELETE", _store_path(self._kind, name))

@@ -26,8 +26,7 @@ class Templates:
         self._client = client
 
     def list(self) -> list[Template]:
-        response = self._client._request("GET", "/v1/templates")
-        return [Template(item) for item in _base.items(response)]
+        return [Template(item) for item in self._client._items("/v1/templates")]
 
     def get(self, name: str) -> Template:
         response = self._client._request("GET", _base.template_path(name))

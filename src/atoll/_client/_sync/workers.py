@@ -20,8 +20,7 @@ class Workers:
         self._client = client
 
     def list(self) -> list[dict[str, Any]]:
-        response = self._client._request("GET", "/v1/workers")
-        return _base.items(response)
+        return self._client._items("/v1/workers")
 
     def get(self, worker_id: str) -> dict[str, Any]:
         response = self._client._request("GET", f"/v1/workers/{worker_id}")

@@ -1,0 +1,266 @@
+"""`atoll tenant create|list|get|update|rm` and `atoll key create|list|rm`: tenants, their quotas
+and API keys (an admin key is needed). A new key is printed once and never shown again.
+Registered on the `atoll` app by atoll.cli.main.
+"""
+
+# No `from __future__ import annotations`: typer reads the commands' annotations at every start.
+import json
+import typing
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+Session = typing.Callable[[typer.Context], typing.ContextManager[typing.Any]]
+_session: Session
+
+QUOTA_OPTIONS = (
+    ("max_running", "--max-running", "Running sandboxes at once."),
+    ("max_memory_mb", "--max-memory-mb", "Memory of its running sandboxes, in MB."),
+    ("max_standby_gb", "--max-standby-gb", "Standby storage (disk + archive tiers), in GB."),
+    ("max_volume_gb", "--max-volume-gb", "Volume and drive storage, in GB."),
+    ("creates_per_minute", "--creates-per-minute", "Sandbox creates per minute."),
+    ("max_pool_slots", "--max-pool-slots", "Warm pool slots of its templates."),
+    ("build_minutes_per_day", "--build-minutes-per-day", "Template build minutes per day."),
+)
+
+
+class Scope(StrEnum):
+    admin = "admin"
+    worker = "worker"
+
+
+def _quotas(values: dict[str, float | None], clear: list[str] | None) -> dict[str, float | None] | None:
+    known = {k for k, _, _ in QUOTA_OPTIONS}
+    out: dict[str, float | None] = {k: v for k, v in values.items() if v is not None}
+    for name in clear or []:
+        key = name.replace("-", "_")
+        if key not in known:
+            raise typer.BadParameter(
+                f"unknown quota {name!r}; known: {', '.join(sorted(known))}", param_hint="--unset"
+            )
+        out[key] = None
+    return out or None
+
+
+def _number(v: float | None) -> float | int | None:
+    return int(v) if v is not None and float(v).is_integer() else v
+
+
+def _show_tenants(items: list[dict], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(items, indent=2))
+        return
+    if not items:
+        typer.echo("no tenants", err=True)
+        return
+    typer.echo(f"{'ID':20} {'NAME':24} QUOTAS")
+    for t in items:
+        quotas = " ".join(f"{k}={v}" for k, v in sorted((t.get("quotas") or {}).items())) or "-"
+        typer.echo(f"{t['id']:20} {t['name']:24} {quotas}")
+
+
+def _show_key(k: dict, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(k, indent=2))
+        return
+    typer.echo(k["key"])
+    where = f" for tenant {k['tenant_id']}" if k.get("tenant_id") else ""
+    expiry = f", expires {k['expires_at']}" if k.get("expires_at") else ""
+    typer.echo(
+        f"{k['id']}: a {k['scope']} key{where}{expiry}. It is shown only this once: keep it now.", err=True
+    )
+
+
+def _tenant_commands() -> typer.Typer:
+    sub = typer.Typer(
+        help="Tenants: whose sandboxes, templates, secrets and volumes are whose, and their quotas.",
+        no_args_is_help=True,
+    )
+
+    @sub.command("create")
+    def create(
+        ctx: typer.Context,
+        name: Annotated[str, typer.Argument(metavar="NAME")],
+        max_running: Annotated[float | None, typer.Option("--max-running", help=QUOTA_OPTIONS[0][2])] = None,
+        max_memory_mb: Annotated[
+            float | None, typer.Option("--max-memory-mb", help=QUOTA_OPTIONS[1][2])
+        ] = None,
+        max_standby_gb: Annotated[
+            float | None, typer.Option("--max-standby-gb", help=QUOTA_OPTIONS[2][2])
+        ] = None,
+        max_volume_gb: Annotated[
+            float | None, typer.Option("--max-volume-gb", help=QUOTA_OPTIONS[3][2])
+        ] = None,
+        creates_per_minute: Annotated[
+            float | None, typer.Option("--creates-per-minute", help=QUOTA_OPTIONS[4][2])
+        ] = None,
+        max_pool_slots: Annotated[
+            float | None, typer.Option("--max-pool-slots", help=QUOTA_OPTIONS[5][2])
+        ] = None,
+        build_minutes_per_day: Annotated[
+            float | None, typer.Option("--build-minutes-per-day", help=QUOTA_OPTIONS[6][2])
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
+    ) -> None:
+        """Make a tenant (quotas left out are unlimited); prints its id."""
+        quotas = _quotas(
+            {
+                "max_running": _number(max_running),
+                "max_memory_mb": _number(max_memory_mb),
+                "max_standby_gb": _number(max_standby_gb),
+                "max_volume_gb": _number(max_volume_gb),
+                "creates_per_minute": _number(creates_per_minute),
+                "max_pool_slots": _number(max_pool_slots),
+                "build_minutes_per_day": _number(build_minutes_per_day),
+            },
+            None,
+        )
+        with _session(ctx) as client:
+            t = client.tenants.create(name, quotas=quotas)
+        _show_tenants([t], True) if as_json else typer.echo(t["id"])
+
+    @sub.command("list")
+    def list_(
+        ctx: typer.Context,
+        as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+    ) -> None:
+        """List tenants with their quotas (every page)."""
+        with _session(ctx) as client:
+            items = client.tenants.list()
+        _show_tenants(items, as_json)
+
+    @sub.command("get")
+    def get(ctx: typer.Context, tenant_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+        """Show one as JSON."""
+        with _session(ctx) as client:
+            typer.echo(json.dumps(client.tenants.get(tenant_id), indent=2))
+
+    @sub.command("update")
+    def update(
+        ctx: typer.Context,
+        tenant_id: Annotated[str, typer.Argument(metavar="ID")],
+        name: Annotated[str | None, typer.Option("--name", help="A new name.")] = None,
+        max_running: Annotated[float | None, typer.Option("--max-running", help=QUOTA_OPTIONS[0][2])] = None,
+        max_memory_mb: Annotated[
+            float | None, typer.Option("--max-memory-mb", help=QUOTA_OPTIONS[1][2])
+        ] = None,
+        max_standby_gb: Annotated[
+            float | None, typer.Option("--max-standby-gb", help=QUOTA_OPTIONS[2][2])
+        ] = None,
+        max_volume_gb: Annotated[
+            float | None, typer.Option("--max-volume-gb", help=QUOTA_OPTIONS[3][2])
+        ] = None,
+        creates_per_minute: Annotated[
+            float | None, typer.Option("--creates-per-minute", help=QUOTA_OPTIONS[4][2])
+        ] = None,
+        max_pool_slots: Annotated[
+            float | None, typer.Option("--max-pool-slots", help=QUOTA_OPTIONS[5][2])
+        ] = None,
+        build_minutes_per_day: Annotated[
+            float | None, typer.Option("--build-minutes-per-day", help=QUOTA_OPTIONS[6][2])
+        ] = None,
+        unset: Annotated[
+            list[str] | None,
+            typer.Option("--unset", help="Remove a quota (unlimited), e.g. max-running (repeat)."),
+        ] = None,
+    ) -> None:
+        """Rename a tenant or change its quotas (lowering one below the current use refuses new
+        admissions; nothing running is stopped)."""
+        quotas = _quotas(
+            {
+                "max_running": _number(max_running),
+                "max_memory_mb": _number(max_memory_mb),
+                "max_standby_gb": _number(max_standby_gb),
+                "max_volume_gb": _number(max_volume_gb),
+                "creates_per_minute": _number(creates_per_minute),
+                "max_pool_slots": _number(max_pool_slots),
+                "build_minutes_per_day": _number(build_minutes_per_day),
+            },
+            unset,
+        )
+        if name is None and quotas is None:
+            raise typer.BadParameter("nothing to change: give --name, a quota option or --unset")
+        with _session(ctx) as client:
+            t = client.tenants.update(tenant_id, name=name, quotas=quotas)
+        _show_tenants([t], False)
+
+    @sub.command("rm")
+    def rm(ctx: typer.Context, tenant_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+        """Delete an empty tenant (one that owns anything is refused, with what it owns)."""
+        with _session(ctx) as client:
+            client.tenants.delete(tenant_id)
+        typer.echo(tenant_id)
+
+    return sub
+
+
+def _key_commands() -> typer.Typer:
+    sub = typer.Typer(
+        help="API keys: tenant, admin and worker keys (shown once), listed by id, revoked.",
+        no_args_is_help=True,
+    )
+
+    @sub.command("create")
+    def create(
+        ctx: typer.Context,
+        tenant: Annotated[
+            str | None, typer.Option("--tenant", help="A tenant key for this tenant id (else --scope).")
+        ] = None,
+        scope: Annotated[
+            Scope | None, typer.Option("--scope", help="admin or worker (without --tenant; default admin).")
+        ] = None,
+        expires: Annotated[
+            str | None, typer.Option("--expires", help="Expiry, ISO 8601 (e.g. 2027-01-31T00:00:00Z).")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON (with the key).")] = False,
+    ) -> None:
+        """Make a key and print it (only this once)."""
+        if tenant is not None and scope is not None:
+            raise typer.BadParameter(
+                "a key is for a --tenant or has a --scope, not both", param_hint="--scope"
+            )
+        with _session(ctx) as client:
+            if tenant is not None:
+                k = client.tenants.create_key(tenant, expires_at=expires)
+            else:
+                k = client.keys.create(scope=(scope or Scope.admin).value, expires_at=expires)
+        _show_key(k, as_json)
+
+    @sub.command("list")
+    def list_(
+        ctx: typer.Context,
+        tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's keys.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+    ) -> None:
+        """List keys by id (never the keys themselves)."""
+        with _session(ctx) as client:
+            items = client.keys.list(tenant_id=tenant)
+        if as_json:
+            typer.echo(json.dumps(items, indent=2))
+            return
+        if not items:
+            typer.echo("no keys", err=True)
+            return
+        typer.echo(f"{'ID':20} {'SCOPE':7} {'TENANT':20} {'EXPIRES':26} REVOKED")
+        for k in items:
+            typer.echo(
+                f"{k['id']:20} {k['scope']:7} {k.get('tenant_id') or '-':20} "
+                f"{k.get('expires_at') or '-':26} {k.get('revoked_at') or '-'}"
+            )
+
+    @sub.command("rm")
+    def rm(ctx: typer.Context, key_id: Annotated[str, typer.Argument(metavar="KEY_ID")]) -> None:
+        """Revoke a key: its next request is refused (401)."""
+        with _session(ctx) as client:
+            client.keys.revoke(key_id)
+        typer.echo(key_id)
+
+    return sub
+
+
+def register(app: typer.Typer, session: Session) -> None:
+    global _session
+    _session = session
+    app.add_typer(_tenant_commands(), name="tenant")
+    app.add_typer(_key_commands(), name="key")

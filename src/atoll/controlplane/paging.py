@@ -1,0 +1,318 @@
+"""Pages of every list of the public API: `?limit=` and `?cursor=` -> `{"items", "next_cursor"}`.
+
+A list is in a stable order by a key (sandboxes, tenants and keys: `(created_at, id)`; named
+resources: their name); a page is the first `limit` items whose key is past the cursor's (keyset
+paging, so a record inserted or deleted meanwhile never makes another one appear twice or be
+skipped). The cursor is the last key of the page and the list's name, as base64url JSON signed
+with an HMAC derived from the installation's secrets key: opaque to callers and tamper-evident — a
+cursor that was changed, made up, cut short or taken from another list is `400 invalid_request`
+saying so, never a 500.
+
+Lists held in the database page there (`sandboxes`, `tenants`, `keys`: a WHERE on the key and a
+LIMIT, never every row read); the short lists a service or a worker hands over whole (secrets,
+templates, volumes, drives, workers, processes, terminals) page in memory with the same cursors.
+Called by the list routes (controlplane.routes_*).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import datetime as dt
+import hashlib
+import hmac
+import json
+import re
+import typing
+from collections.abc import Callable, Iterable, Sequence
+
+import sqlalchemy as sa
+from fastapi import Request
+
+from atoll.controlplane import auth
+from atoll.controlplane import db as dbm
+from atoll.controlplane.context import ctx
+from atoll.core import errors
+from atoll.core.lifecycle import State, Tier
+
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 1000
+_SIG_BYTES = 16
+_MAX_CURSOR = 2048
+_SAFE_JSON_KEY = re.compile(r"[A-Za-z0-9_.:/@+-]{1,128}")
+"""Metadata keys the database filters by (the SQLite JSON path of others needs quoting we don't
+trust); every key is checked again in Python, so an odd key only costs a larger read."""
+
+T = typing.TypeVar("T")
+
+PARAMETERS = [
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "description": f"Items per page, 1-{MAX_LIMIT} (default {DEFAULT_LIMIT})",
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+    },
+    {
+        "name": "cursor",
+        "in": "query",
+        "required": False,
+        "description": "The `next_cursor` of the previous page (opaque); leave it out for the first page",
+        "schema": {"type": "string"},
+    },
+]
+"""The paging query parameters, for a list route's `openapi_extra` (read by `page`, not FastAPI)."""
+OPENAPI = {"parameters": PARAMETERS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """What a list request asks for: at most `limit` items after the key `after` (None: from the
+    first)."""
+
+    limit: int
+    after: tuple | None
+    kind: str
+    _key: bytes
+
+    def cursor(self, key: Sequence[typing.Any]) -> str:
+        """The cursor of the page that ends at `key`."""
+        payload = json.dumps([self.kind, [_enc(v) for v in key]], separators=(",", ":")).encode()
+        sig = hmac.new(self._key, payload, hashlib.sha256).digest()[:_SIG_BYTES]
+        return _b64(payload) + "." + _b64(sig)
+
+
+def _b64(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def _unb64(s: str) -> bytes:
+    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+
+def _enc(v: typing.Any) -> typing.Any:
+    if isinstance(v, dt.datetime):
+        return {"t": v.isoformat()}
+    if v is None or isinstance(v, str | int | float):
+        return v
+    raise TypeError(f"cannot put {type(v).__name__} in a cursor")
+
+
+def _dec(v: typing.Any) -> typing.Any:
+    if isinstance(v, dict):
+        t = v.get("t")
+        if len(v) != 1 or not isinstance(t, str):
+            raise ValueError("bad key")
+        return dt.datetime.fromisoformat(t)
+    if v is None or isinstance(v, str | int | float):
+        return v
+    raise ValueError("bad key")
+
+
+def cursor_key(request: Request) -> bytes:
+    """The HMAC key of cursors: derived from the installation's secrets key (so every server of
+    the installation accepts the others' cursors, and a restart keeps them valid)."""
+    return hmac.new(ctx(request).secrets.key, b"atoll list cursor v1", hashlib.sha256).digest()
+
+
+def page(request: Request, kind: str) -> Page:
+    """The page `request` asks for, of the list `kind`; `400 invalid_request` for a bad limit or
+    cursor."""
+    q = request.query_params
+    raw_limit = q.get("limit")
+    if raw_limit is None or raw_limit == "":
+        limit = DEFAULT_LIMIT
+    else:
+        limit = int(raw_limit) if re.fullmatch(r"[0-9]{1,4}", raw_limit) else 0
+        if not 1 <= limit <= MAX_LIMIT:
+            raise errors.InvalidRequest(
+                f"limit {raw_limit!r} is not a whole number from 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})"
+            )
+    key = cursor_key(request)
+    raw = q.get("cursor")
+    after = None if raw in (None, "") else _check(raw, kind, key)
+    return Page(limit, after, kind, key)
+
+
+def _check(raw: str, kind: str, key: bytes) -> tuple:
+    bad = (
+        f"cursor {raw[:40]!r}{'…' if len(raw) > 40 else ''} is not one this server handed out for "
+        f"GET {kind} (it is changed, cut short or made up); pass next_cursor from the previous page "
+        "exactly, or leave cursor out to start from the first page"
+    )
+    if len(raw) > _MAX_CURSOR or raw.count(".") != 1:
+        raise errors.InvalidRequest(bad)
+    body, sig = raw.split(".")
+    try:
+        payload, got = _unb64(body), _unb64(sig)
+    except (binascii.Error, ValueError):
+        raise errors.InvalidRequest(bad) from None
+    want = hmac.new(key, payload, hashlib.sha256).digest()[:_SIG_BYTES]
+    if not hmac.compare_digest(want, got):
+        raise errors.InvalidRequest(bad)
+    try:
+        name, values = json.loads(payload)
+        after = tuple(_dec(v) for v in values)
+    except (ValueError, TypeError):
+        raise errors.InvalidRequest(bad) from None
+    if name != kind:
+        raise errors.InvalidRequest(
+            f"this cursor belongs to GET {name}, not GET {kind}; pass each list its own next_cursor"
+        )
+    return after
+
+
+def answer(items: list, next_cursor: str | None) -> dict:
+    return {"items": items, "next_cursor": next_cursor}
+
+
+# ---- in memory --------------------------------------------------------------------------------------
+
+
+def of_list(p: Page, items: Iterable[T], key: Callable[[T], tuple]) -> tuple[list[T], str | None]:
+    """A page of a list held whole in memory, ordered by `key` (unique per item): the items and
+    the next cursor (None on the last page)."""
+    rows = sorted(items, key=key)
+    if p.after is not None:
+        after = p.after
+        try:
+            rows = [r for r in rows if key(r) > after]
+        except TypeError:  # a signed cursor whose key has other types than this list's
+            raise errors.InvalidRequest(
+                f"this cursor does not fit GET {p.kind}; start again without it"
+            ) from None
+    out = rows[: p.limit]
+    nxt = p.cursor(key(out[-1])) if len(rows) > p.limit else None
+    return out, nxt
+
+
+# ---- in the database --------------------------------------------------------------------------------
+
+
+def _past(cols: Sequence[typing.Any], values: tuple) -> typing.Any:
+    """`(cols) > (values)` in the order of the columns, written without row values (every
+    database we support takes it, and the first column's index serves it)."""
+    if len(values) != len(cols):
+        raise errors.InvalidRequest("this cursor does not fit this list; start again without it")
+    head, *rest = cols
+    if not rest:
+        return head > values[0]
+    return sa.or_(head > values[0], sa.and_(head == values[0], _past(rest, values[1:])))
+
+
+def of_query(
+    p: Page,
+    session: typing.Any,
+    stmt: sa.Select,
+    cols: Sequence[typing.Any],
+    key: Callable[[typing.Any], tuple],
+    keep: Callable[[typing.Any], bool] | None = None,
+    *,
+    rows: bool = False,
+) -> tuple[list, str | None]:
+    """A page of `stmt` (of one ORM entity, or of columns with `rows=True`) in the order of `cols`
+    (unique together), read with `WHERE (cols) > cursor ... LIMIT`. `keep` re-checks a filter the
+    database could not apply exactly; then the read goes on in batches until the page is full or
+    the rows run out."""
+    stmt = stmt.order_by(*cols)
+    after = p.after
+    out: list = []
+    batch = p.limit + 1
+    while True:
+        q = stmt if after is None else stmt.where(_past(cols, after))
+        got = (
+            [Row(r._asdict()) for r in session.execute(q.limit(batch))]
+            if rows
+            else list(session.scalars(q.limit(batch)))
+        )
+        out += [r for r in got if keep is None or keep(r)]
+        if len(out) > p.limit or len(got) < batch:
+            break
+        after = key(got[-1])
+    nxt = p.cursor(key(out[p.limit - 1])) if len(out) > p.limit else None
+    return out[: p.limit], nxt
+
+
+def _created_key(rec: typing.Any) -> tuple:
+    return (rec.created_at, rec.id)
+
+
+class Row:
+    """A row read as columns, its values as attributes (reading them is a dict lookup: a
+    SQLAlchemy Row's attribute access costs several times more, for 35 fields by 1000 rows)."""
+
+    def __init__(self, values: dict[str, typing.Any]) -> None:
+        self.__dict__ = values
+
+
+_COLUMNS: list | None = None
+
+
+def _sandbox_columns() -> list:
+    """Every column of a sandbox record, labelled with its attribute's name: a page is read as
+    plain rows that look like records to `schemas.sandbox_view` (rec.metadata_, rec.id, ...), without
+    the ORM's per-object bookkeeping — a third of the time of a page of 1000."""
+    global _COLUMNS
+    if _COLUMNS is None:
+        _COLUMNS = [a.columns[0].label(a.key) for a in sa.inspect(dbm.SandboxRecord).column_attrs]
+    return _COLUMNS
+
+
+def sandboxes(
+    request: Request,
+    p: Page,
+    *,
+    state: str | None = None,
+    tier: str | None = None,
+    template: str | None = None,
+    metadata: dict[str, str] | None = None,
+) -> tuple[list[typing.Any], str | None]:
+    """A page of the caller's sandboxes, oldest first: what `SandboxManager.list` answers (not
+    pooled, not deleted unless `state=deleted`, the caller's tenant), filtered in the database by
+    state, standby tier, template and metadata. The items are read-only rows with the record's
+    attribute names (see `_sandbox_columns`), not SandboxRecords."""
+    if state is not None and state not in {s.value for s in State}:
+        raise errors.InvalidRequest(
+            f"unknown state filter {state!r}; use one of: {', '.join(s.value for s in State)}"
+        )
+    if tier is not None and tier not in {t.value for t in Tier}:
+        raise errors.InvalidRequest(
+            f"unknown tier filter {tier!r}; use one of: {', '.join(t.value for t in Tier)}"
+        )
+    R = dbm.SandboxRecord
+    stmt = sa.select(*_sandbox_columns()).where(R.pooled.is_(False))
+    tenant = auth.list_tenant()
+    if tenant is not None:
+        stmt = stmt.where(R.tenant_id == tenant)
+    stmt = stmt.where(R.state == state) if state is not None else stmt.where(R.state != State.DELETED.value)
+    if tier is not None:
+        stmt = stmt.where(R.standby_tier == tier)
+    if template is not None:
+        stmt = stmt.where(R.template == template)
+    md = metadata or {}
+    for k, v in md.items():
+        if _SAFE_JSON_KEY.fullmatch(k):
+            stmt = stmt.where(R.metadata_[k].as_string() == v)
+
+    def keep(r: typing.Any) -> bool:
+        return all((r.metadata_ or {}).get(k) == v for k, v in md.items())
+
+    db = ctx(request).manager.db
+    with db.session() as s:
+        return of_query(p, s, stmt, (R.created_at, R.id), _created_key, keep if md else None, rows=True)
+
+
+def tenants(request: Request, p: Page) -> tuple[list[auth.TenantRecord], str | None]:
+    R = auth.TenantRecord
+    with ctx(request).manager.db.session() as s:
+        return of_query(p, s, sa.select(R), (R.created_at, R.id), _created_key)
+
+
+def keys(request: Request, p: Page, tenant_id: str | None) -> tuple[list[auth.KeyRecord], str | None]:
+    R = auth.KeyRecord
+    stmt = sa.select(R)
+    if tenant_id is not None:
+        stmt = stmt.where(R.tenant_id == tenant_id)
+    with ctx(request).manager.db.session() as s:
+        return of_query(p, s, stmt, (R.created_at, R.id), _created_key)
