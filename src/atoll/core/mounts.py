@@ -38,7 +38,16 @@ _RESERVED: tuple[str, ...] = ("/proc", "/dev", "/sys", "/opt/atoll", "/run/atoll
 # ... and the programs and libraries the guest agent and every shell need (a mount on /usr would
 # hide /usr/bin/python3: the sandbox could not start)
 _RESERVED += ("/usr/bin", "/usr/sbin", "/usr/lib", "/bin", "/sbin", "/lib", "/lib64")
-_NO_INSIDE = ("/proc", "/dev", "/sys", "/opt/atoll", "/run/atoll")
+_NO_INSIDE = ("/proc", "/dev", "/sys", "/opt/atoll", "/run/atoll", "/usr/lib/atoll")
+# ... and the system's shared libraries (hiding them stops every program, the guest agent's too)
+_NO_INSIDE += (
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/python3",
+)
+MAX_COMPONENT = 255
+"""Bytes in one path component (the kernel's NAME_MAX)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,12 @@ def check_path(kind: str, name: str, path: object) -> str:
     ):
         raise errors.InvalidPath(
             f"{what} must be an absolute path of at most {MAX_PATH} bytes without NUL, got {path!r}"
+        )
+    long = [part for part in path.split("/") if len(part.encode()) > MAX_COMPONENT]
+    if long or "\n" in path:
+        raise errors.InvalidPath(
+            f"{what} has a component over {MAX_COMPONENT} bytes or a newline "
+            f"({(long[0][:40] + '…') if long else 'newline'}); use a shorter, single-line path"
         )
     norm = posixpath.normpath(path)
     if norm.startswith("//"):

@@ -84,8 +84,11 @@ class TestHost:
             _sh("ip", "-n", self.ns, "link", "set", "eth0", "up")
             _sh("ip", "-n", self.ns, "link", "set", "lo", "up")
             args = [x.format(a=self.a, b=self.b, dir=self.dir) for x in self.args]
+            # nsenter --net, not `ip netns exec`: that one also makes a mount namespace, a copy of
+            # the host's mounts — sandboxes' upper images included — which pins them while this
+            # host lives (an archive then cannot detach a checkpointed sandbox's image)
             self.proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.ns, sys.executable, "-c", self.script, *args],
+                ["nsenter", f"--net=/run/netns/{self.ns}", sys.executable, "-c", self.script, *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )

@@ -105,7 +105,10 @@ def _check_mount_point(rootfs: str, m: dict) -> None:
     """A volume or drive is mounted on a directory, by the path the sandbox sees: the path with the
     template's symbolic links followed (`/var/run` is `/run` in Debian) must pass the same rules
     (core.mounts: never on /run/atoll, /proc, ...) and, if it exists, be a directory."""
-    real = _resolve_in_root(rootfs, m["path"])
+    try:
+        real = _resolve_in_root(rootfs, m["path"])
+    except OSError as e:  # a name too long, a loop the kernel refuses, …
+        raise errors.InvalidPath(f"mount path {m['path'][:200]!r} cannot be resolved: {e.strerror}") from None
     if real != m["path"]:
         try:
             mounts.check_path(m["kind"], m["name"], real)
