@@ -179,7 +179,7 @@ class S3Config:
 class S3Store:
     """Objects in one bucket of an S3-compatible server (boto3; path-style; core calls only)."""
 
-    def __init__(self, cfg: S3Config, *, connect_timeout: float = 5.0, read_timeout: float = 60.0):
+    def __init__(self, cfg: S3Config, *, connect_timeout: float = 5.0, read_timeout: float = 15.0):
         import boto3  # server-side only: the SDK never imports this module
         import boto3.s3.transfer
         import botocore.config
@@ -194,7 +194,7 @@ class S3Store:
             region_name=cfg.region,
             config=botocore.config.Config(
                 s3={"addressing_style": "path"},
-                retries={"max_attempts": 4, "mode": "standard"},
+                retries={"max_attempts": 3, "mode": "standard"},
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
                 # only what every S3 server checks; newer botocore adds CRC32 trailers by default

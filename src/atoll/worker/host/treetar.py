@@ -5,7 +5,8 @@ Run by the worker as `python -I -S treetar.py export|import ROOT` (worker.servic
 symlink a sandbox planted, or swapped in while the tar is written — can make it read or write
 outside. Export writes a tar of the tree (members relative to its root) to stdout; import reads a
 tar from stdin and unpacks it with tarfile's `data` filter (no absolute names, no `..`, no device
-nodes, no setuid bits, links only inside), then prints one JSON line of counts. Standalone on
+nodes, no setuid bits, hard links only inside; a symbolic link to an absolute path is kept — in the
+chroot it names a path of the tree, as it does in the sandbox), then prints one JSON line of counts. Standalone on
 purpose: imports nothing of atoll (the file is run by path with an isolated interpreter).
 
 Nothing may load code from the tree after the chroot (the child is root, and root leaves a chroot
@@ -50,6 +51,17 @@ def _import() -> int:
                     msg = f"tar member {member.name!r} refused: names must be relative to the root, without '..'"
                     print(json.dumps({"error": "invalid_request", "message": msg}))
                     return 2
+                if member.issym() and member.linkname.startswith("/"):
+                    # An absolute link (a venv's bin/python3, what an export of the tree holds):
+                    # in this chroot, as in the sandbox that mounts the tree, it names a path of
+                    # the tree's own world, never the host's — made as it is (data_filter refuses it).
+                    path = "/" + member.name.rstrip("/")
+                    os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+                    if os.path.lexists(path) and not os.path.isdir(path):
+                        os.unlink(path)
+                    os.symlink(member.linkname, path)
+                    counts["links"] += 1
+                    continue
                 try:
                     checked = tarfile.data_filter(member, "/")
                 except tarfile.FilterError as e:
