@@ -175,10 +175,8 @@ def test_a_store_limits_its_size_clones_exports_and_imports(tmp_path):
             again = b"".join([c async for c in stores.export_tar(v2)])
             with tarfile.open(fileobj=io.BytesIO(again)) as t:
                 assert t.getmember("venv/bin/python3").linkname == "/usr/bin/python3"
-            for p in ("etc", "venv"):
-                subprocess.run(["rm", "-rf", os.path.join(v2, p)], check=True)
-            if os.path.exists(os.path.join(v2, "etc")):
-                os.unlink(os.path.join(v2, "etc"))
+            os.unlink(os.path.join(v2, "etc"))
+            shutil.rmtree(os.path.join(v2, "venv"))
             counts = await stores.import_tar(s.fs("volume", "v2"), body(tar_of(("x/y.txt", b"yy"))))
             assert counts["files"] == 1 and open(os.path.join(s.fs("volume", "v2"), "x/y.txt")).read() == "yy"
             for bad in ("../escape", "/abs"):

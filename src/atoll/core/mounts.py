@@ -38,7 +38,7 @@ _RESERVED: tuple[str, ...] = ("/proc", "/dev", "/sys", "/opt/atoll", "/run/atoll
 # ... and the programs and libraries the guest agent and every shell need (a mount on /usr would
 # hide /usr/bin/python3: the sandbox could not start)
 _RESERVED += ("/usr/bin", "/usr/sbin", "/usr/lib", "/bin", "/sbin", "/lib", "/lib64")
-_NO_INSIDE = ("/proc", "/dev", "/sys", "/opt/atoll", "/run/atoll", "/usr/lib/atoll")
+_NO_INSIDE: tuple[str, ...] = ("/proc", "/dev", "/sys", "/opt/atoll", "/run/atoll", "/usr/lib/atoll")
 # ... and the system's shared libraries (hiding them stops every program, the guest agent's too)
 _NO_INSIDE += (
     "/usr/lib/x86_64-linux-gnu",
