@@ -247,3 +247,22 @@ def test_local_leftovers_go_unless_a_transfer_may_be_in_progress(tmp_path):
         else:
             assert left == ["runtime.json", "upper.img"], (phase, left)
             assert len(dropped) == 4
+
+
+async def test_an_archive_made_in_another_store_is_not_called_lost(tmp_path):
+    """A worker restarted with another archive store (make run, then make run-s3 on one home):
+    its archived sandbox's object is in the old store. The resume says where it is and keeps the
+    sandbox archived (found by the adversarial run: it was failed as 'gone')."""
+    from atoll.core import errors
+
+    runtimes = RuntimeStore(str(tmp_path / "home"), "inst")
+    old = objectstore.LocalStore(str(tmp_path / "old-archive"))
+    new = objectstore.LocalStore(str(tmp_path / "new-archive"))
+    rt = _rt(runtimes, Phase.ARCHIVED)
+    key = await _archive(old, tmp_path, rt.sandbox_id, 0)
+    man = archive.ArchiveManifest(rt.sandbox_id, 0, key, 1, "0" * 64, store=old.name)
+    archive.write_local_manifest(runtimes.dir(rt.sandbox_id), man)
+    rt.archive_key = key
+    with pytest.raises(errors.ResumeFailed, match="start the worker with that store again"):
+        await Archiver(runtimes, new).unarchive(rt)
+    assert rt.phase == Phase.ARCHIVED and await old.list(archive.prefix(rt.sandbox_id))

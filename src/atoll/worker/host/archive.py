@@ -96,6 +96,9 @@ class ArchiveManifest:
     """The installation id of the worker that holds the sandbox: the one that archived it, or the
     one that adopted it since (worker.runtimes.adoption rewrites the manifest). Only the holder
     removes the archive ("" in manifests of earlier versions: whoever's record names `key`)."""
+    store: str = ""
+    """The store the object was put in (ObjectStore.name): a worker restarted with another store
+    refuses to look for it elsewhere (retryable) instead of calling it lost ("" in earlier ones)."""
     raw_bytes: int = 0
     """Bytes before compression (the members' sizes)."""
     created_at: float = 0.0

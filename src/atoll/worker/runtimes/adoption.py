@@ -22,6 +22,7 @@ worker.service.node (`adopt`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -143,6 +144,7 @@ async def adopt(
     )
     try:
         rt.generation = man.generation
+        man = dataclasses.replace(man, store=store.name)  # found in this worker's store
         archive.write_local_manifest(runtimes.dir(sid), man)
         await netns.create(rt.name)
         await attach(rt)

@@ -143,6 +143,7 @@ class Archiver:
             mounts=[dict(m) for m in rt.mounts],
             runtime={k: getattr(rt, k) for k in RUNTIME_FIELDS},
             holder=self.holder,
+            store=self.store.name,
             created_at=time.time(),
         )
         try:
@@ -210,6 +211,12 @@ class Archiver:
             man = archive.local_manifest(d) or await archive.fetch_manifest(self.store, sid, d)
             if man.sandbox_id != sid:
                 raise archive.ArchiveDamaged(f"the archive manifest of sandbox {sid} names {man.sandbox_id}")
+            if man.store and man.store != self.store.name:
+                raise errors.ResumeFailed(
+                    f"sandbox {sid} was archived in {man.store}, and this worker's archive store is now "
+                    f"{self.store.name}; start the worker with that store again (ATOLL_S3_* / "
+                    "ATOLL_ARCHIVE_DIR) to resume it — it stays archived"
+                )
             await archive.download(self.store, d, man)
         except (archive.ArchiveDamaged, archive.ArchiveMissing) as e:
             cause = f"the archived snapshot of sandbox {sid} cannot be restored: {e}"
