@@ -266,3 +266,20 @@ async def test_an_archive_made_in_another_store_is_not_called_lost(tmp_path):
     with pytest.raises(errors.ResumeFailed, match="start the worker with that store again"):
         await Archiver(runtimes, new).unarchive(rt)
     assert rt.phase == Phase.ARCHIVED and await old.list(archive.prefix(rt.sandbox_id))
+
+
+def test_the_manifest_pins_the_volumes_state(tmp_path):
+    from atoll.core import worker_api as api
+
+    archiver = Archiver(
+        RuntimeStore(str(tmp_path / "home"), "inst"), objectstore.LocalStore(str(tmp_path / "a"))
+    )
+    archiver.store_info = lambda kind, name: api.StoreInfo(kind, name, 64, 12.5)
+    m = {"kind": "volume", "name": "data", "path": "/data", "read_only": False}
+    assert archiver._mount_state(m) == {**m, "state": {"size_mb": 64, "used_mb": 12.5, "backend": "local"}}
+
+    def gone(kind, name):
+        raise FileNotFoundError(name)
+
+    archiver.store_info = gone
+    assert "error" in archiver._mount_state(m)["state"]  # informative only: the archive goes on

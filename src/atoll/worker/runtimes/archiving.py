@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import time
+import typing
 
 from atoll.core import errors
 from atoll.core.lifecycle import Phase, Step
@@ -63,6 +64,8 @@ class Archiver:
         self.runtimes = runtimes
         self.store = store
         self.share_layers = share_layers
+        self.store_info: typing.Callable[[str, str], typing.Any] | None = None
+        """(kind, name) -> the store's StoreInfo: pinned in the manifest (set by the worker)."""
         """Whether the store may be read by other workers (S3, or an ATOLL_ARCHIVE_DIR set
         explicitly): each archive then publishes its template layers too, so another worker can
         adopt it (worker.images.layerpack)."""
@@ -140,7 +143,7 @@ class Archiver:
             runtime_key=rt.runtime_key,
             template=rt.template,
             build_id=rt.build_id,
-            mounts=[dict(m) for m in rt.mounts],
+            mounts=[self._mount_state(m) for m in rt.mounts],
             runtime={k: getattr(rt, k) for k in RUNTIME_FIELDS},
             holder=self.holder,
             store=self.store.name,
@@ -169,6 +172,18 @@ class Archiver:
             extra={"sandbox_id": sid, "store": self.store.name},
         )
         return None
+
+    def _mount_state(self, m: dict) -> dict:
+        """A mount as the manifest pins it: with its store's state when archived (size, use,
+        backend) — the volume itself stays where it is (worker.service.node sets `store_info`)."""
+        out = dict(m)
+        if self.store_info is not None:
+            try:
+                info = self.store_info(m["kind"], m["name"])
+                out["state"] = {"size_mb": info.size_mb, "used_mb": info.used_mb, "backend": info.backend}
+            except Exception as e:  # noqa: BLE001 - the pin is informative; the archive goes on
+                out["state"] = {"error": str(e)[:200]}
+        return out
 
     async def _publish_layers(self, rt: Runtime) -> list[dict]:
         """Publish the sandbox's template layers beside its archive: their `{key, instance}`, or []

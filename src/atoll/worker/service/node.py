@@ -236,6 +236,7 @@ class Node(StoreVerbs):
             os.path.join(settings.home, archive_gc.JOURNAL),
             share_layers=bool(settings.s3 or settings.archive_dir),
         )
+        self.archiver.store_info = self.stores.info  # the volumes' state, pinned in each manifest
         self.archive_gc = archive_gc.ArchiveCollector(self.runtimes, self.archiver, self._lock)
         self.budget = (
             budget.DiskBudget(
