@@ -10,6 +10,7 @@ import io
 import json
 import logging
 
+import httpx
 import pytest
 import uvicorn
 import websockets
@@ -284,3 +285,23 @@ def _sync_session(url: str):
             finally:
                 bad.close()
         return code, bytes(out)
+
+
+async def test_a_terminal_closes_when_its_key_is_revoked(served):
+    """Issue 20: an open terminal of a tenant key ends (1008) as soon as the key is revoked."""
+    c = served.http
+    tid = (await c.post("/v1/tenants", json={"name": "pty-rv"})).json()["id"]
+    k = (await c.post(f"/v1/tenants/{tid}/keys", json={})).json()
+    async with httpx.AsyncClient(
+        transport=served.transport, base_url="http://atoll", headers={"Authorization": f"Bearer {k['key']}"}
+    ) as t:
+        sid = await create(t)
+        r = await t.post(f"/v1/sandboxes/{sid}/pty", json={"cols": 80, "rows": 24})
+        pty_id = r.json()["pty_id"]
+    async with _ws(served, sid, pty_id, key=k["key"]) as ws:
+        await _read_until(ws, b"fake-tty ready", bytearray())
+        assert (await c.delete(f"/v1/keys/{k['id']}")).status_code == 204
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                await asyncio.wait_for(ws.recv(), 5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
