@@ -378,9 +378,10 @@ def test_garbage_collection_at_start_removes_only_what_this_worker_owns(atoll_lo
             assert _objects(store) == sorted([*objects, *foreign]), _objects(store)
             assert not os.path.exists(stale_layer)
             assert not os.path.exists(unpack)
-            with open(la.log_path, errors="replace") as f:
-                log = f.read()
-            assert "layer cache: removed layer " + os.path.basename(stale_layer) in log
+            # not asserted: that *this* worker's log names the layer. The template cache is shared
+            # by every installation of the suite, and one starting on another xdist process at the
+            # same moment may collect the layer first (seen once in CI); which one did is not the
+            # point. layer_gc's choices are checked in tests/unit/test_layer_gc.py.
             # the sandboxes are whole: the archived one comes back, its archive then goes
             assert exec_ok(c, archived, "true")["exit_code"] == 0
             assert exec_ok(c, running, "true")["exit_code"] == 0
