@@ -278,7 +278,8 @@ def worker(
     ] = None,
 ) -> None:
     """Run a worker in the foreground: it registers with the server, heartbeats and runs sandboxes.
-    Needs root and ATOLL_API_KEY (the server's admin key)."""
+    Needs root and ATOLL_API_KEY: a `worker`-scoped key (`atoll key create --scope worker`); the
+    server's admin key is still accepted, with a deprecation warning in the server's log."""
     try:
         from atoll.worker.service import main as _worker
     except ImportError as exc:

@@ -155,6 +155,7 @@ def _load(server, name, home, listen, advertise) -> settings_mod.WorkerSettings:
         )
     if not s.api_key:
         raise config.SettingsError(
-            "ATOLL_API_KEY is required: the server's admin key, which the worker presents when it registers"
+            "ATOLL_API_KEY is required: a `worker` key (`atoll key create --scope worker`), or the server's "
+            "admin key (deprecated), which the worker presents when it registers"
         )
     return s

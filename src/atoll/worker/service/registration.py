@@ -67,8 +67,10 @@ class Registration:
         r = await self._http.post("/v1/workers/register", json={"url": self.url, "info": wire.dump(info)})
         if r.status_code == 401:
             raise Fatal(
-                f"the server at {self.s.server_url} refused this worker's key: set ATOLL_API_KEY to the "
-                "server's admin key (its ATOLL_API_KEY or $ATOLL_HOME/admin.key on the server)"
+                f"the server at {self.s.server_url} refused this worker's key: set ATOLL_API_KEY to a "
+                "`worker` key (`atoll key create --scope worker` with the admin key), or to the server's admin "
+                "key (deprecated; its ATOLL_API_KEY or $ATOLL_HOME/admin.key on the server); a revoked or "
+                "expired key is refused too"
             )
         if r.status_code == 404:
             raise Fatal(
