@@ -134,7 +134,9 @@ async def test_placement_spreads_and_skips_draining_and_full_workers(tmp_path):
         c = fake.http
         sids = [await create(c, memory_mb=512) for _ in range(5)]
         where = [(await c.get(f"/v1/sandboxes/{s}")).json()["worker"] for s in sids]
-        assert where == ["a", "a", "b", "a", "b"]  # the one with more memory left wins (ties: by name)
+        # the least committed share of memory wins (a: 2048 MB, b: 1024); at equal shares (the 2nd
+        # and 5th) the one holding fewer of the tenant's sandboxes does (core.placement)
+        assert where == ["a", "b", "a", "a", "b"]
         big = await create(c, memory_mb=1536)  # only "a" can hold it
         assert (await c.get(f"/v1/sandboxes/{big}")).json()["worker"] == "a"
         a_id = next(h.id for h in fake.manager.workers.handles.values() if h.name == "a")

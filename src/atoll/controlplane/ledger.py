@@ -214,37 +214,52 @@ class Ledger:
 
     def allocated(self, worker_id: str) -> dict[str, float]:
         """What the live records on a worker hold: memory of those in RAM (running, memory tier,
-        being created), CPUs of those running, disk of all."""
-        mem = cpus = disk = 0.0
-        count = 0
-        for rec in self.cache.values():
-            if rec.worker_id != worker_id:
-                continue
-            count += 1
-            if rec.standby_tier != Tier.ARCHIVE:  # an archived sandbox's layers are in the store
-                disk += rec.disk_mb
-            if rec.state in (State.CREATING, State.RUNNING) or rec.standby_tier == Tier.MEMORY:
-                mem += rec.memory_mb
-            if rec.state in (State.CREATING, State.RUNNING):
-                cpus += rec.cpus
-        return {"memory_mb": int(mem), "cpus": round(cpus, 3), "disk_mb": int(disk), "sandboxes": count}
+        being created), CPUs of those running, disk of all but the archived (core.placement)."""
+        c = placement.commitments(r for r in self.cache.values() if r.worker_id == worker_id).get(
+            worker_id, placement.Commitment()
+        )
+        return {
+            "memory_mb": c.memory_mb,
+            "cpus": round(c.cpus, 3),
+            "disk_mb": c.disk_mb,
+            "sandboxes": c.sandboxes,
+        }
 
-    def place(self, template: str | None, memory_mb: int, worker_id: str | None = None) -> WorkerHandle:
-        """The worker a new sandbox goes to; `worker_id`: only that one (the one keeping its
-        volumes and drives); `template` None: any (an archived sandbox moving to another worker)."""
+    def place(
+        self,
+        template: str | None,
+        memory_mb: int,
+        worker_id: str | None = None,
+        *,
+        cpus: float = 0.0,
+        tenant: str | None = None,
+        prefer: str | None = None,
+        what: str = "a sandbox",
+    ) -> WorkerHandle:
+        """The worker a sandbox goes to (core.placement; the decision and its reason are logged);
+        `worker_id`: only that one (the one keeping its volumes and drives); `template` None: any
+        (an archived sandbox moving to another worker); `prefer`: the worker with affinity;
+        `tenant`: whose sandbox (spread by tenant)."""
+        held = placement.commitments(self.cache.values())
+        empty = placement.Commitment()
         candidates = []
         for h in self.workers.ready():
             assert h.info is not None
             if worker_id is not None and h.id != worker_id:
                 continue
+            c = held.get(h.id, empty)
             candidates.append(
                 placement.Candidate(
                     worker_id=h.id,
                     name=h.name,
                     memory_mb=h.info.capacity.memory_mb,
-                    allocated_memory_mb=int(self.allocated(h.id)["memory_mb"]),
+                    allocated_memory_mb=c.memory_mb,
                     templates=frozenset(h.templates)
                     | {b.build_id for b in h.builds.values() if b.status == "ready"},
+                    cpus=h.info.capacity.cpus,
+                    allocated_cpus=c.cpus,
+                    sandboxes=c.sandboxes,
+                    tenant_sandboxes=c.by_tenant.get(tenant, 0) if tenant is not None else 0,
                 )
             )
         if worker_id is not None and not candidates:
@@ -252,8 +267,20 @@ class Ledger:
                 f"worker {worker_id}, which keeps this sandbox's volumes and drives, is not ready now; try again",
                 code="no_worker",
             )
-        choice = placement.choose(candidates, memory_mb=memory_mb, template=template)
-        return self.workers.get(choice.worker_id)
+        decision = placement.decide(
+            candidates, memory_mb=memory_mb, cpus=cpus, template=template, prefer=prefer
+        )
+        log.info(
+            "placement: %s (%d MB, %s cpus, tenant %s) on %s: %s",
+            what,
+            memory_mb,
+            cpus,
+            tenant,
+            decision.worker.name,
+            decision.reason,
+            extra={"worker": decision.worker.name, "candidates": len(candidates)},
+        )
+        return self.workers.get(decision.worker.worker_id)
 
     def track(self, task: asyncio.Task) -> None:
         """A deletion on a worker, in the background (`reaps`)."""

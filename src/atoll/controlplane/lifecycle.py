@@ -120,7 +120,13 @@ class SandboxManager:
             return "it was not in the archive tier"
         async with self.ledger.lock(rec.id):
             try:
-                handle = self.ledger.place(None, rec.memory_mb)
+                handle = self.ledger.place(
+                    None,
+                    rec.memory_mb,
+                    cpus=rec.cpus,
+                    tenant=rec.tenant_id,
+                    what=f"move {rec.id} from {gone}",
+                )
                 filer_sizes = self.stores.sizes(
                     [mounts.Mount(**m) for m in rec.mounts or () if m.get("kind") == "drive"], rec.tenant_id
                 )
@@ -218,7 +224,14 @@ class SandboxManager:
         pin = await self.stores.attach(want, sid, tenant) if want else None
         try:  # until the record exists, a failure must not leave its volumes taken
             filer_sizes = self.stores.sizes([m for m in want if m.kind == "drive"], tenant) if want else {}
-            handle = self.ledger.place(build.id if build is not None else req.template, req.memory_mb, pin)
+            handle = self.ledger.place(
+                build.id if build is not None else req.template,
+                req.memory_mb,
+                pin,
+                cpus=req.cpus,
+                tenant=tenant,
+                what=f"create {sid}",
+            )
             assert handle.info is not None
             now = dbm.utcnow()
             rec = dbm.SandboxRecord(
