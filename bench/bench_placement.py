@@ -107,7 +107,9 @@ async def run(workers: int, sandboxes: int, n: int) -> dict:
             fill(fake, sandboxes, ids_)
             c.log(f"{workers} workers, {len(ledger.cache)} records")
             place = timed(lambda: ledger.place("base", 512, cpus=1.0, tenant="t3"), n)
-            prefer = timed(lambda: ledger.place("base", 512, cpus=1.0, tenant="t3", prefer=ids_[len(ids_) // 2]), n)
+            prefer = timed(
+                lambda: ledger.place("base", 512, cpus=1.0, tenant="t3", prefer=ids_[len(ids_) // 2]), n
+            )
             held = placement.commitments(ledger.cache.values())
             cands = [
                 placement.Candidate(

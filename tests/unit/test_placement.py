@@ -80,7 +80,9 @@ def test_tenant_spread_over_a_burst():
     # without tenant counts (all 0) the same burst goes by name inside the tie band: uneven
     rng = random.Random(7)
     names = [
-        placement.decide([cand(n, mem=100_000) for n in "abc"], memory_mb=10, template="base", rng=rng).worker.name
+        placement.decide(
+            [cand(n, mem=100_000) for n in "abc"], memory_mb=10, template="base", rng=rng
+        ).worker.name
         for _ in range(30)
     ]
     assert names.count("c") == 0

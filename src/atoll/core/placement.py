@@ -100,7 +100,6 @@ def commitments(records: Iterable[Held]) -> dict[str, Commitment]:
     return out
 
 
-
 @dataclass(frozen=True)
 class Candidate:
     worker_id: str
