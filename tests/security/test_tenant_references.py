@@ -27,9 +27,9 @@ def _as(fake, key: str) -> httpx.AsyncClient:
     )
 
 
-async def _key(c: httpx.AsyncClient, name: str) -> str:
+async def _key(c: httpx.AsyncClient, name: str) -> tuple[str, str]:
     tid = (await c.post("/v1/tenants", json={"name": name})).json()["id"]
-    return (await c.post(f"/v1/tenants/{tid}/keys", json={})).json()["key"]
+    return tid, (await c.post(f"/v1/tenants/{tid}/keys", json={})).json()["key"]
 
 
 def _code(r: httpx.Response) -> tuple[int, str | None]:
@@ -55,7 +55,9 @@ async def _pool_ready(a: httpx.AsyncClient, want: int) -> dict:
 
 async def test_b_names_as_template_build_pool_and_volume_as_if_they_did_not_exist(fake):
     c = fake.http
-    async with _as(fake, await _key(c, "ref-a")) as a, _as(fake, await _key(c, "ref-b")) as b:
+    a_tid, a_key = await _key(c, "ref-a")
+    _, b_key = await _key(c, "ref-b")
+    async with _as(fake, a_key) as a, _as(fake, b_key) as b:
         built = await build(a, SPEC)
         await wait_status(a, "web", "ready")
         build_id = built["build_id"]
@@ -96,9 +98,16 @@ async def test_b_names_as_template_build_pool_and_volume_as_if_they_did_not_exis
         r = await b.get(f"/v1/templates/web/builds/{build_id}/logs")
         assert r.status_code == 404, r.text
         b_sid = (await b.post("/v1/sandboxes", json={"template": "web", "idle_timeout_s": 0})).json()["id"]
-        # usage: B sees its own sandboxes only
-        usage = (await b.get("/v1/usage", params={"group_by": "sandbox"})).json()
-        assert a_sid not in {i.get("sandbox_id") for i in usage["items"]}, usage
+        # usage and lists: B sees its own only, also when it names A's tenant
+        for params in ({}, {"tenant_id": a_tid}):
+            usage = (await b.get("/v1/usage", params={"group_by": "sandbox", **params})).json()
+            assert a_sid not in {i.get("sandbox_id") for i in usage["items"]}, usage
+            listed = (await b.get("/v1/sandboxes", params=params)).json()["items"]
+            assert {s["id"] for s in listed} == {b_sid}, listed
+            templates = [t["name"] for t in (await b.get("/v1/templates", params=params)).json()["items"]]
+            assert templates.count("web") == 1, templates  # B's own, not A's as well
+            volumes = [v["name"] for v in (await b.get("/v1/volumes", params=params)).json()["items"]]
+            assert volumes == [], volumes
         usage = (await b.get("/v1/usage", params={"group_by": "tenant"})).json()
         assert len({i.get("tenant_id") for i in usage["items"]}) <= 1, usage
 
