@@ -5,7 +5,7 @@ own code (zygote.start through InitClient) inside a private mount namespace (`un
 the proc it mounts over /proc stays there. Its pids cgroup is a directory of plain files
 (ATOLL_INIT_CGROUP) instead of gVisor's cgroupfs: the init finds one there and mounts nothing; its
 `cgroup.procs` files say which processes a command's cgroup holds. The real cgroups, floods and
-timeouts are covered on gVisor by tests/integration/test_agent_isolation.py.
+timeouts are covered on gVisor by tests/security/test_agent_isolation.py.
 """
 
 from __future__ import annotations
