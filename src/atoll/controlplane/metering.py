@@ -251,6 +251,8 @@ def sandbox_state(rec: dbm.SandboxRecord) -> str | None:
 
 SNAPSHOT_STATES = frozenset({f"standby:{Tier.DISK.value}", f"standby:{Tier.ARCHIVE.value}"})
 
+TIER_STATE = {t: f"standby:{t.value}" for t in Tier}
+
 STATE_FIELD = {
     "running": "memory_gb_seconds",
     f"standby:{Tier.MEMORY.value}": "standby_memory_gb_seconds",
@@ -422,7 +424,7 @@ class Meter:
             c.measured, c.waiting_since, c.stale = None, since, self._image(rec)
         if state in SNAPSHOT_STATES:
             image = self._image(rec)
-            if image is not None and image is not c.stale and state == f"standby:{image.tier.value}":
+            if image is not None and image is not c.stale and state == TIER_STATE.get(image.tier):
                 c.measured = image.bytes * GIB_PER_BYTE
             if c.measured is not None or self._waited(c, now):
                 self._time(rec.id, c, state, gb, _or(c.measured, bound_gb), now)
