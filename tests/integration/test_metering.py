@@ -1,6 +1,6 @@
 """Metering on a real gVisor sandbox (the shared `atoll up`): CPU burnt inside shows up in
 `GET /v1/usage` as the runtime cgroup's own CPU time (read beside it from cpuacct), and an idle
-sandbox records next to none."""
+sandbox records next to none; standby images and a volume accrue the bytes they really take."""
 
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def _subjects(api) -> tuple[float, dict[str, dict]]:
 
 def test_standby_images_and_volumes_meter_their_real_bytes(atoll_up):
     """A sandbox paused to disk accrues snapshot_gb_seconds at the bytes its checkpoint and upper
-    layer take on the host (not its disk_mb); a volume with 10 MiB written accrues ~10 MiB (not its
-    size_mb)."""
+    layer take on the host (not its disk_mb), then in the archive tier at its object's size in the
+    store; a volume with 10 MiB written accrues ~10 MiB (not its size_mb)."""
     home = os.path.realpath(atoll_up.home)
     made = []
     vol = f"meter-{os.getpid()}"
@@ -126,6 +126,20 @@ def test_standby_images_and_volumes_meter_their_real_bytes(atoll_up):
             vol_rate = (u1[key]["volume_gb_seconds"] - u0[key]["volume_gb_seconds"]) / (t1 - t0)
             assert 10 * 2**20 <= used <= 14 * 2**20, used
             assert vol_rate == pytest.approx(used / GIB, rel=0.05), (vol_rate * GIB, used)
+
+            # the archive tier: the object's size in the store, as its manifest says
+            r = api.post(f"/v1/sandboxes/{paused}/pause", json={"tier": "archive"})
+            assert r.status_code == 200 and r.json()["standby_tier"] == "archive", r.text
+            time.sleep(WAIT_REPORT_S)
+            t0, u0 = _subjects(api)
+            time.sleep(RATE_S)
+            t1, u1 = _subjects(api)
+            with open(os.path.join(d, "archive.json")) as f:
+                stored = json.load(f)["size"]
+            field = "snapshot_archive_gb_seconds"
+            arch_rate = (u1[paused][field] - u0[paused][field]) / (t1 - t0)
+            assert stored > 0
+            assert arch_rate == pytest.approx(stored / GIB, rel=0.05), (arch_rate * GIB, stored)
         finally:
             for sid in made:
                 api.delete(f"/v1/sandboxes/{sid}")
