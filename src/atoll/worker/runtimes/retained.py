@@ -79,7 +79,7 @@ class Retained:
         return api.SnapshotUsage(sid, Tier.ARCHIVE, man.size) if man is not None else None
 
     # ---- volumes and drives ------------------------------------------------------------------
-    async def stores_now(self, wait_s: float = 1.0) -> tuple[api.StoreUsage, ...]:
+    async def stores_now(self, wait_s: float = 0.2) -> tuple[api.StoreUsage, ...]:
         """The stores' figures: a pass on a thread, waited for up to `wait_s`; when it takes
         longer (a hung FUSE mount) the last figures, and that pass is taken up next time (never
         two at once)."""
