@@ -14,6 +14,9 @@ only: the sandboxes have no network policy.
              sandboxes, a UsageReport for each every 5 simulated seconds, `Meter.tick` once per
              simulated second (as in the server) with its writes every FLUSH_S; CPU time
              (time.thread_time) per simulated second = share of one core. Target ≤ 0.01 at 200.
+             The third level puts 100 of the 200 in the disk tier and adds 20 volumes, their
+             bytes in each report (`snapshots`, `stores`): the measured-bytes path.
+             `--cost-only` writes bench/results/metering-cost.json.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from atoll.core import worker_api as api  # noqa: E402
+from atoll.core.lifecycle import Tier  # noqa: E402
 from atoll.testing import FakeAtoll  # noqa: E402
 
 BURN_S = 60.0
@@ -122,7 +126,7 @@ def real(a: common.Atoll, burn_s: float) -> dict:
         a.delete(idle, wait=False)
 
 
-async def _cost(n: int, seconds: int) -> dict:
+async def _cost(n: int, seconds: int, standby: int = 0, volumes: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="atoll-bench-meter-") as d:
         fake = FakeAtoll(d, tier_policy=False)
         clock = [time.time()]
@@ -134,6 +138,14 @@ async def _cost(n: int, seconds: int) -> dict:
                 r = await fake.http.post("/v1/sandboxes", json={"idle_timeout_s": 0, "memory_mb": 64})
                 r.raise_for_status()
                 sids.append(r.json()["id"])
+            paused = sids[:standby]
+            for sid in paused:
+                r = await fake.http.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+                r.raise_for_status()
+            for i in range(volumes):
+                r = await fake.http.post("/v1/volumes", json={"name": f"v{i}", "size_mb": 1024})
+                r.raise_for_status()
+            running = sids[standby:]
             clock[0] = time.time()  # after the creates: every sandbox accrues from here
             fake.meter.tick()
             handle = next(iter(fake.manager.workers.handles.values()))
@@ -142,7 +154,11 @@ async def _cost(n: int, seconds: int) -> dict:
             for s in range(seconds):
                 clock[0] += 1.0
                 if s % 5 == 0:
-                    ev = api.UsageReport(tuple(api.Usage(sid, s * 0.01, 1 << 24, 4) for sid in sids))
+                    ev = api.UsageReport(
+                        tuple(api.Usage(sid, s * 0.01, 1 << 24, 4) for sid in running),
+                        tuple(api.SnapshotUsage(sid, Tier.DISK, 100 << 20) for sid in paused),
+                        tuple(api.StoreUsage("volume", f"v{i}", 10 << 20) for i in range(volumes)),
+                    )
                     await fake.manager.worker_event(handle, ev)
                 t0 = time.thread_time()
                 fake.meter.tick()
@@ -152,13 +168,19 @@ async def _cost(n: int, seconds: int) -> dict:
             total = r.json()["total"]
     return {
         "sandboxes": n,
+        "disk_tier": standby,
+        "volumes": volumes,
         "simulated_s": seconds,
         "cpu_ms_per_tick": round(cpu / ticks * 1000, 3),
         "share_of_core": round(cpu / seconds, 5),
         "target": 0.01,
         "ok": cpu / seconds <= 0.01,
         "check_memory_gb_seconds": round(total["memory_gb_seconds"], 1),
-        "expected_memory_gb_seconds": round(n * 64 / 1024 * seconds, 1),
+        "expected_memory_gb_seconds": round((n - standby) * 64 / 1024 * seconds, 1),
+        "check_snapshot_gb_seconds": round(total["snapshot_gb_seconds"], 2),
+        "expected_snapshot_gb_seconds": round(standby * 100 / 1024 * seconds, 2),
+        "check_volume_gb_seconds": round(total["volume_gb_seconds"], 2),
+        "expected_volume_gb_seconds": round(volumes * 10 / 1024 * seconds, 2),
     }
 
 
@@ -168,8 +190,8 @@ def main() -> None:
     p.add_argument("--cost-only", action="store_true", help="only the FakeWorker cost part (no root)")
     args = p.parse_args()
     doc: dict = {"benchmark": "metering", "timestamp": common.timestamp(), "machine": common.machine_info()}
-    levels = (20,) if args.quick else (50, 200)
-    doc["cost"] = [asyncio.run(_cost(n, 30 if args.quick else 120)) for n in levels]
+    levels = ((20, 0, 0),) if args.quick else ((50, 0, 0), (200, 0, 0), (200, 100, 20))
+    doc["cost"] = [asyncio.run(_cost(n, 30 if args.quick else 120, sb, v)) for n, sb, v in levels]
     common.log(json.dumps(doc["cost"]))
     if not args.cost_only:
         with common.local_atoll() as a:
@@ -177,7 +199,7 @@ def main() -> None:
             doc.update(real(a, 10.0 if args.quick else BURN_S))
     common.emit(doc)
     if not args.quick:
-        path = os.path.join(common.RESULTS, "metering.json")
+        path = os.path.join(common.RESULTS, "metering-cost.json" if args.cost_only else "metering.json")
         with open(path, "w") as f:
             json.dump(doc, f, indent=2)
 

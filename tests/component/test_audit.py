@@ -88,6 +88,47 @@ async def test_mutations_are_recorded_with_who_what_target_and_result(fake):
     assert (last["action"], last["key_id"], last["tenant_id"]) == ("sandbox.create", "admin", tid)
 
 
+async def test_an_admins_action_on_a_tenants_resource_is_recorded_in_that_tenant(fake):
+    """An admin key naming no tenant (`?tenant_id=` absent) acts on tenant resources found by id
+    (a sandbox, a tenant's key) or by name (secrets, volumes: in the `default` tenant then): the
+    row carries the tenant of what was acted on, so the tenant's trail lists it."""
+    c = fake.http
+    tid, kid, key = await _tenant(c, "owned")
+    async with _as(fake, key) as tc:
+        r = await tc.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+    assert (await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
+    assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})).status_code == 200
+    assert (await c.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    assert (await c.delete(f"/v1/keys/{kid}")).status_code == 204
+    r = await c.post("/v1/secrets", json={"name": "token", "value": "s3cret-1", "hosts": ["api.example.com"]})
+    assert r.status_code == 201, r.text
+    r = await c.put("/v1/secrets/token", json={"value": "s3cret-2", "hosts": ["api.example.com"]})
+    assert r.status_code == 200, r.text
+    assert (await c.delete("/v1/secrets/token")).status_code == 204
+    assert (await c.post("/v1/volumes", json={"name": "v1", "size_mb": 64})).status_code == 201
+    assert (await c.delete("/v1/volumes/v1")).status_code == 204
+    items = await _trail(fake)
+    mine = [(i["action"], i["key_id"], i["target"]) for i in await _trail(fake, tenant_id=tid)]
+    assert mine == [
+        ("tenant.create", "admin", tid),
+        ("key.create", "admin", f"{tid}/{kid}"),
+        ("sandbox.create", kid, sid),
+        ("sandbox.exec", "admin", sid),
+        ("sandbox.pause", "admin", sid),
+        ("sandbox.delete", "admin", sid),
+        ("key.revoke", "admin", kid),
+    ]
+    by_action = {i["action"]: i["tenant_id"] for i in items}
+    for action in ("secret.put", "secret.delete", "volume.create", "volume.delete"):
+        assert by_action[action] == "default", (action, items)
+    # what targets no tenant resource stays without a tenant
+    r = await c.post("/v1/keys", json={"scope": "worker"})
+    assert r.status_code == 201, r.text
+    assert (await _trail(fake))[-1]["tenant_id"] is None
+
+
 async def test_refused_attempts_are_recorded(fake):
     c = fake.http
     tid, kid, key = await _tenant(c, "probe")

@@ -12,6 +12,7 @@ import pytest
 
 from atoll.controlplane import metering
 from atoll.core import worker_api as api
+from atoll.core.lifecycle import Tier
 from atoll.testing import FakeAtoll
 
 from .conftest import KEY, create
@@ -149,14 +150,92 @@ async def test_groups_add_up_to_the_total_and_tenants_see_their_own(metered):
     assert [i["sandbox_id"] for i in r.json()["items"]] == [b]
 
 
-async def test_volumes_accrue_their_size(metered):
+MIB = 1 << 20
+
+
+async def retained(fake, snapshots=(), stores=()) -> None:
+    """A worker's usage report of the bytes it retains (worker.runtimes.retained measures them)."""
+    handle = next(iter(fake.manager.workers.handles.values()))
+    await fake.manager.worker_event(handle, api.UsageReport((), tuple(snapshots), tuple(stores)))
+
+
+async def test_standby_images_and_stores_accrue_their_measured_bytes(metered):
     fake, clock = metered
+    measured, old = await create(fake.http), await create(fake.http)
     r = await fake.http.post("/v1/volumes", json={"name": "data", "size_mb": 2048})
     assert r.status_code == 201, r.text
+    r = await fake.http.post("/v1/drives", json={"name": "shared", "size_mb": 1024})
+    assert r.status_code == 201, r.text
+    for sid in (measured, old):
+        assert (await fake.http.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).status_code == 200
     fake.meter.tick(clock.t)
+    # nothing measured yet: accrual waits (the first report comes within 5 s)
+    clock.t += 5
+    body = await usage(fake, group_by="sandbox")
+    assert body["total"]["snapshot_gb_seconds"] == 0 and body["total"]["volume_gb_seconds"] == 0
+    # this worker measures the image of `measured` and the volume (not `old`, not the drive:
+    # as a worker of an earlier version would)
+    await retained(
+        fake,
+        [api.SnapshotUsage(measured, Tier.DISK, 300 * MIB)],
+        [api.StoreUsage("volume", "data", 10 * MIB)],
+    )
+    clock.t += 55
+    body = await usage(fake, group_by="sandbox")
+    gib_s = {i["subject"]: i for i in body["items"]}
+    # the waited time too, at the measured rate: continuous from the pause / the creation
+    assert gib_s[measured]["snapshot_disk_gb_seconds"] == pytest.approx(300 / 1024 * 60, rel=0.01)
+    assert gib_s["volume:default/data"]["volume_gb_seconds"] == pytest.approx(10 / 1024 * 60, rel=0.01)
+    # no measurement within MEASURE_WAIT_S: the bounds, disk_mb and size_mb
+    bound = fake.manager.get(old).disk_mb / 1024
+    assert gib_s[old]["snapshot_disk_gb_seconds"] == pytest.approx(bound * 60, rel=0.01)
+    assert gib_s["drive:default/shared"]["drive_gb_seconds"] == pytest.approx(1 * 60, rel=0.01)
+    # a new measurement changes the rate from then on; the groups add up to the total
+    await retained(
+        fake,
+        [api.SnapshotUsage(measured, Tier.DISK, 100 * MIB)],
+        [api.StoreUsage("volume", "data", 30 * MIB)],
+    )
+    clock.t += 400  # across interval boundaries
+    total = None
+    for group in ("sandbox", "day", "tenant"):
+        body = await usage(fake, group_by=group)
+        total = total or body["total"]
+        for f in ("snapshot_gb_seconds", "snapshot_disk_gb_seconds", "volume_gb_seconds", "drive_gb_seconds"):
+            assert sum(i[f] for i in body["items"]) == pytest.approx(body["total"][f], rel=1e-6), (group, f)
+            assert body["total"][f] == pytest.approx(total[f], rel=1e-6)
+        # each item's cost is rounded to 6 places; the total is the sum of the items' costs
+        assert sum(i["cost"] for i in body["items"]) == pytest.approx(body["total"]["cost"], abs=1e-9)
+        assert body["total"]["cost"] == pytest.approx(total["cost"], abs=1e-5)
+    gib_s = {i["subject"]: i for i in (await usage(fake, group_by="sandbox"))["items"]}
+    assert gib_s[measured]["snapshot_gb_seconds"] == pytest.approx((300 * 60 + 100 * 400) / 1024, rel=0.01)
+    assert gib_s["volume:default/data"]["volume_gb_seconds"] == pytest.approx(
+        (10 * 60 + 30 * 400) / 1024, rel=0.01
+    )
+
+
+async def test_an_image_measured_before_a_standby_is_not_its_size(metered):
+    """Disk, resume, disk again before the worker's next report: the last report still names the
+    first standby's image; the second waits for its own measurement."""
+    fake, clock = metered
+    sid = await create(fake.http)
+    assert (await fake.http.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).status_code == 200
+    fake.meter.tick(clock.t)
+    await retained(fake, [api.SnapshotUsage(sid, Tier.DISK, 500 * MIB)])
     clock.t += 10
-    body = await usage(fake, group_by="tenant")
-    assert body["total"]["volume_gb_seconds"] == pytest.approx(20, rel=0.01)
+    fake.meter.tick(clock.t)
+    assert (await fake.http.post(f"/v1/sandboxes/{sid}/resume")).status_code == 200
+    fake.meter.tick(clock.t)
+    assert (await fake.http.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).status_code == 200
+    fake.meter.tick(clock.t)
+    clock.t += 5
+    assert item(await usage(fake), sid)["snapshot_disk_gb_seconds"] == pytest.approx(
+        500 / 1024 * 10, rel=0.01
+    )
+    await retained(fake, [api.SnapshotUsage(sid, Tier.DISK, 50 * MIB)])
+    clock.t += 5
+    expected = (500 * 10 + 50 * 10) / 1024
+    assert item(await usage(fake), sid)["snapshot_disk_gb_seconds"] == pytest.approx(expected, rel=0.01)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Metering on a real gVisor sandbox (the shared `atoll up`): CPU burnt inside shows up in
 `GET /v1/usage` as the runtime cgroup's own CPU time (read beside it from cpuacct), and an idle
-sandbox records next to none."""
+sandbox records next to none; standby images and a volume accrue the bytes they really take."""
 
 from __future__ import annotations
 
@@ -60,3 +60,90 @@ def test_cpu_burnt_in_a_sandbox_is_the_cgroups_cpu_time(atoll_up):
         finally:
             for sid in made:
                 api.delete(f"/v1/sandboxes/{sid}")
+
+
+GIB = 2**30
+WAIT_REPORT_S = REPORT_S + 2.0
+RATE_S = 10.0
+
+
+def _allocated(path: str) -> int:
+    """Allocated bytes of a file or tree (st_blocks), as `du` counts them."""
+    if os.path.isfile(path):
+        return os.stat(path).st_blocks * 512
+    return sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, _, files in os.walk(path) for f in files)
+
+
+def _subjects(api) -> tuple[float, dict[str, dict]]:
+    r = api.get("/v1/usage", params={"group_by": "sandbox"})
+    assert r.status_code == 200, r.text
+    return time.time(), {i["subject"]: i for i in r.json()["items"]}
+
+
+def test_standby_images_and_volumes_meter_their_real_bytes(atoll_up):
+    """A sandbox paused to disk accrues snapshot_gb_seconds at the bytes its checkpoint and upper
+    layer take on the host (not its disk_mb), then in the archive tier at its object's size in the
+    store; a volume with 10 MiB written accrues ~10 MiB (not its size_mb)."""
+    home = os.path.realpath(atoll_up.home)
+    made = []
+    vol = f"meter-{os.getpid()}"
+    with httpx.Client(base_url=atoll_up.url, headers=atoll_up.headers(), timeout=120) as api:
+        try:
+            r = api.post("/v1/volumes", json={"name": vol, "size_mb": 256})
+            assert r.status_code == 201, r.text
+            r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            paused = r.json()["id"]
+            made.append(paused)
+            disk_mb = r.json()["disk_mb"]
+            r = api.post(
+                "/v1/sandboxes", json={"idle_timeout_s": 0, "volumes": [{"name": vol, "path": "/data"}]}
+            )
+            assert r.status_code == 201, r.text
+            writer = r.json()["id"]
+            made.append(writer)
+            r = api.post(
+                f"/v1/sandboxes/{writer}/exec",
+                json={"cmd": ["sh", "-c", "head -c 10485760 /dev/urandom > /data/blob && sync"]},
+            )
+            assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+            r = api.post(f"/v1/sandboxes/{paused}/pause", json={"tier": "disk"})
+            assert r.status_code == 200 and r.json()["standby_tier"] == "disk", r.text
+            time.sleep(WAIT_REPORT_S)  # the worker's next report measures both
+            t0, u0 = _subjects(api)
+            time.sleep(RATE_S)
+            t1, u1 = _subjects(api)
+            # what the host holds: the checkpoint and the upper layer image; the volume's use
+            d = os.path.join(home, "sandboxes", paused)
+            image = _allocated(os.path.join(d, "snapshot")) + _allocated(os.path.join(d, "upper.img"))
+            st = os.statvfs(os.path.join(home, "stores", "volume", vol, "fs"))
+            used = (st.f_blocks - st.f_bfree) * st.f_frsize
+
+            snap_rate = (u1[paused]["snapshot_gb_seconds"] - u0[paused]["snapshot_gb_seconds"]) / (t1 - t0)
+            assert snap_rate == pytest.approx(image / GIB, rel=0.05), (snap_rate * GIB, image, disk_mb)
+            assert image < disk_mb * 2**20 / 2  # the bound would be far off
+            key = f"volume:default/{vol}"
+            vol_rate = (u1[key]["volume_gb_seconds"] - u0[key]["volume_gb_seconds"]) / (t1 - t0)
+            assert 10 * 2**20 <= used <= 14 * 2**20, used
+            assert vol_rate == pytest.approx(used / GIB, rel=0.05), (vol_rate * GIB, used)
+
+            # the archive tier: the object's size in the store, as its manifest says
+            r = api.post(f"/v1/sandboxes/{paused}/pause", json={"tier": "archive"})
+            assert r.status_code == 200 and r.json()["standby_tier"] == "archive", r.text
+            time.sleep(WAIT_REPORT_S)
+            t0, u0 = _subjects(api)
+            time.sleep(RATE_S)
+            t1, u1 = _subjects(api)
+            with open(os.path.join(d, "archive.json")) as f:
+                stored = json.load(f)["size"]
+            field = "snapshot_archive_gb_seconds"
+            arch_rate = (u1[paused][field] - u0[paused][field]) / (t1 - t0)
+            assert stored > 0
+            assert arch_rate == pytest.approx(stored / GIB, rel=0.05), (arch_rate * GIB, stored)
+        finally:
+            for sid in made:
+                api.delete(f"/v1/sandboxes/{sid}")
+            for _ in range(60):  # the volume is free once its holder is gone
+                if api.delete(f"/v1/volumes/{vol}").status_code in (204, 404):
+                    break
+                time.sleep(0.5)

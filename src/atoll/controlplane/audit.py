@@ -2,7 +2,9 @@
 
 Every POST, PUT, PATCH and DELETE that reaches the control plane is recorded — refused ones too
 (401 with no key id, 403 with the key that was refused) — as an `AuditRecord`: when, the key id
-and its tenant (or the tenant the request acted in), a readable action named after the matched
+and its tenant (or the tenant the request acted in: `?tenant_id=`, the path's tenant, what a create
+made, else the tenant of the first tenant resource it touched — a sandbox, template, secret,
+volume, drive, a tenant's key — as controlplane.auth saw it looked up), a readable action named after the matched
 route (`sandbox.create`, `secret.put`, `key.create`; an unnamed route is `"POST /v1/…"`), the
 target (the ids and names in the path, plus the id or name of what a create made), the status and
 error code, the request id and the client's address. Never a body, a query string, a header, a
@@ -37,6 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 from starlette.routing import compile_path
 
+from atoll.controlplane import auth
 from atoll.controlplane import db as dbm
 from atoll.core import errors
 
@@ -444,6 +447,8 @@ class AuditMiddleware:
             return await self.app(scope, receive, send)
         seen: dict = {"status": NO_ANSWER}
         chunks: list[bytes] = []
+        target: list[str] = []
+        token = auth.watch_target(target)
 
         async def watch(message):
             if message["type"] == "http.response.start":
@@ -465,8 +470,9 @@ class AuditMiddleware:
         try:
             await self.app(scope, receive, watch)
         finally:
+            auth.unwatch_target(token)
             try:
-                self._record(scope, seen, chunks)
+                self._record(scope, seen, chunks, target)
             except Exception:  # noqa: BLE001 - never fail a request for its audit row
                 log.exception("audit: a row could not be made for %s %s", scope["method"], scope["path"][:80])
 
@@ -482,7 +488,7 @@ class AuditMiddleware:
                 return template, m.groupdict()
         return None, {}
 
-    def _record(self, scope, seen: dict, chunks: list[bytes]) -> None:
+    def _record(self, scope, seen: dict, chunks: list[bytes], target: list[str]) -> None:
         method, status = scope["method"], seen["status"]
         path, params = self._route(scope)
         action = action_name(method, path if path is not None else self._clean(scope["path"]))
@@ -513,6 +519,8 @@ class AuditMiddleware:
                         tenant = doc.get("tenant_id") if isinstance(doc.get("tenant_id"), str) else None
                         if tenant is None and action == "tenant.create" and isinstance(doc.get("id"), str):
                             tenant = doc["id"]
+        if tenant is None and target:
+            tenant = target[0]  # an admin's request naming no tenant: the tenant of what it acted on
         client = scope.get("client")
         self.audit.record(
             (

@@ -102,6 +102,27 @@ def reset_current(token: contextvars.Token) -> None:
     _current.reset(token)
 
 
+_target: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "atoll_target_tenant", default=None
+)
+
+
+def watch_target(holder: list[str]) -> contextvars.Token:
+    """Collect, for this request, the tenant of the first tenant resource it touches (`holder`
+    gets it): controlplane.audit records it for an admin's request that names no tenant."""
+    return _target.set(holder)
+
+
+def unwatch_target(token: contextvars.Token) -> None:
+    _target.reset(token)
+
+
+def _touched(tenant_id: str | None) -> None:
+    holder = _target.get()
+    if holder is not None and not holder and tenant_id:
+        holder.append(tenant_id)
+
+
 # ---- what the caller may see ----------------------------------------------------------------------
 
 
@@ -115,7 +136,10 @@ def for_tenant(p: Principal, tenant_id: str | None) -> Principal:
 def visible(tenant_id: str | None) -> bool:
     """Whether the current caller may see a resource of `tenant_id` (another tenant's is 404)."""
     p = _current.get()
-    return p is None or p.admin or p.tenant_id == tenant_id
+    ok = p is None or p.admin or p.tenant_id == tenant_id
+    if ok:
+        _touched(tenant_id)
+    return ok
 
 
 def list_tenant(explicit: str | None = None) -> str | None:
@@ -138,7 +162,9 @@ def acting_tenant(explicit: str | None = None) -> str:
             raise Forbidden("tenant_id is set by the key: a tenant key acts only for its own tenant")
         assert p.tenant_id is not None
         return p.tenant_id
-    return explicit or (p.tenant_id if p is not None else None) or ids.DEFAULT_TENANT
+    tenant = explicit or (p.tenant_id if p is not None else None) or ids.DEFAULT_TENANT
+    _touched(tenant)
+    return tenant
 
 
 class Forbidden(errors.AtollError):
@@ -243,6 +269,7 @@ class Keys:
             rec = s.get(KeyRecord, kid)
             if rec is None:
                 raise errors.AtollError(f"no API key {kid!r}", code="key_not_found")
+            _touched(rec.tenant_id)
             if rec.revoked_at is None:
                 rec.revoked_at = _now()
         self._cut(kid)

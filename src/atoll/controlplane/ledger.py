@@ -4,7 +4,8 @@ What pools, templates, forks, lifetimes and the manager itself need of a sandbox
 here, public and named, instead of in `SandboxManager`'s private parts: the records (a cache over
 the database), one lock per sandbox for its lifecycle steps (the control plane owns it: a worker
 has its own for what it does on the host), the count of calls in flight, the activity clock, the
-last usage a worker reported, persisting a change through the core state table, the step log
+last usage a worker reported (per sandbox, and per worker for the bytes of what it retains),
+persisting a change through the core state table, the step log
 (`sandbox.<verb>.started/complete/failed`), failing a sandbox, guarding a worker step, placement,
 and the background deletions in flight. `Steps` is what those modules ask of the manager's own
 verbs (create, delete, pause, resume), so none of them imports it.
@@ -68,6 +69,9 @@ class Ledger:
         """When each sandbox last had an API call, a worker-reported activity or a step (monotonic)."""
         self.cache: dict[str, dbm.SandboxRecord] = {}
         self.usage: dict[str, api.Usage] = {}
+        self.retained: dict[str, api.UsageReport] = {}
+        """worker id -> its last usage report, for the bytes of standby images and stores it
+        measured (controlplane.metering reads `snapshots` and `stores`)."""
         self.quotas = Quotas(database)
         """Tenant quotas (controlplane.quotas), for the lifecycle, pools, stores and templates."""
         self.reaps: set[asyncio.Task] = set()

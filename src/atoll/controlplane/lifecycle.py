@@ -620,6 +620,7 @@ class SandboxManager:
             for u in ev.items:
                 if u.sandbox_id in self.ledger.cache:
                     self.usage[u.sandbox_id] = u
+            self.ledger.retained[handle.id] = ev
             return
         sid = getattr(ev, "sandbox_id", None)
         rec = self.ledger.cache.get(sid) if sid else None

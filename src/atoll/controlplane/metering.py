@@ -5,14 +5,25 @@ to the tier policy) and ticks every TICK_S. Each tick accrues, for every subject
 its last accrued point:
 
 - a sandbox (the ledger's live records): `memory_gb_seconds` while running (its memory limit,
-  `memory_mb`), `standby_memory_gb_seconds` in the memory tier (the limit stays reserved, no CPU),
-  `snapshot_disk_gb_seconds` / `snapshot_archive_gb_seconds` in the disk / archive tier (`disk_mb`,
-  the bound of its image: the workers do not report snapshot bytes yet), and `cpu_seconds` from the
+  `memory_mb`), `standby_memory_gb_seconds` in the memory tier (the limit stays reserved, no CPU;
+  the memory tier holds no image, so nothing else accrues), `snapshot_disk_gb_seconds` /
+  `snapshot_archive_gb_seconds` in the disk / archive tier at the bytes its image really takes
+  (the worker's UsageReport `snapshots`, worker.runtimes.retained: allocated blocks of checkpoint
+  + upper layer image on disk, the object's size in the store), and `cpu_seconds` from the
   worker's UsageReports (the runtime cgroup's CPU time since that runtime generation started: a
   restore starts a new generation at 0, so a lower reading or a new `generation` counts from 0);
-- a volume or drive (the stores table): `volume_gb_seconds` / `drive_gb_seconds` of its `size_mb`
-  (provisioned size; the workers do not report bytes used);
+- a volume or drive (the stores table): `volume_gb_seconds` / `drive_gb_seconds` of the bytes used
+  in it (the report's `stores`: statvfs of the mounted filesystem, from the worker that keeps it;
+  for a filer drive from any worker that mounts it);
 - a template build while it builds: `build_seconds`.
+
+Measured bytes: an image is measured once per standby (a report from before the standby began is
+not used); accrual of a standby image or a store waits for the first measurement up to
+MEASURE_WAIT_S (the workers report every 5 s) and then accrues the waited time at that rate, so
+usage stays continuous. When no measurement comes (a worker of an earlier version, an archive
+adopted without its manifest, an unmounted store) it accrues at the bound after MEASURE_WAIT_S:
+`disk_mb` for an image, `size_mb` for a store. A store keeps its last measurement while its worker
+is away; the rate of a GiB is 2^30 bytes.
 
 A state change between two ticks is placed at the record's `updated_at`. Amounts go into aligned
 intervals of INTERVAL_S (`usage_intervals`, keyed by subject and interval start) and are written
@@ -50,7 +61,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from atoll.controlplane import db as dbm
 from atoll.controlplane import metrics
-from atoll.core import errors
+from atoll.core import errors, mounts
+from atoll.core import worker_api as api
 from atoll.core.lifecycle import State, Tier
 
 if typing.TYPE_CHECKING:
@@ -62,6 +74,11 @@ INTERVAL_S = 300
 """Width of a stored interval (seconds, aligned to the epoch); query ranges round out to it."""
 TICK_S = 1.0
 FLUSH_S = 10.0
+MEASURE_WAIT_S = 12.0
+"""How long accrual of a standby image or a store waits for its worker's first measurement (the
+workers report every 5 s) before it accrues at the size bound (a worker of an earlier version, or
+one that cannot measure it)."""
+GIB_PER_BYTE = 1 / 2**30
 MAX_RANGE_DAYS = 366
 GIB_PER_MB = 1 / 1024
 
@@ -207,6 +224,12 @@ class _Cursor:
     report: object = None
     """The last UsageReport item counted (identity: a new report is a new object)."""
     dirty: bool = True
+    measured: float | None = None
+    """GiB its worker last measured of its standby image (this standby) or of its store; None:
+    none yet (accrual waits up to MEASURE_WAIT_S for one, then falls back to the bound)."""
+    stale: object = None
+    """The image measurement held when this standby began (a report from before it: not used)."""
+    waiting_since: float | None = None
 
 
 def _epoch(t: dt.datetime | None) -> float | None:
@@ -225,6 +248,10 @@ def sandbox_state(rec: dbm.SandboxRecord) -> str | None:
         return f"standby:{rec.standby_tier}"
     return None
 
+
+SNAPSHOT_STATES = frozenset({f"standby:{Tier.DISK.value}", f"standby:{Tier.ARCHIVE.value}"})
+
+TIER_STATE = {t: f"standby:{t.value}" for t in Tier}
 
 STATE_FIELD = {
     "running": "memory_gb_seconds",
@@ -265,6 +292,10 @@ class Meter:
         self._last_flush = 0.0
         self._task: asyncio.Task | None = None
         self._upsert_cache: dict[str, typing.Any] = {}
+        self._retained: dict[
+            str, tuple[object, dict[str, api.SnapshotUsage], dict[tuple[str, str], int]]
+        ] = {}
+        """worker id -> (its last report, images by sandbox id, stores' bytes by (kind, worker name))."""
         if m is not None:
             m.registry.register(_UsageCollector(self))
 
@@ -340,19 +371,65 @@ class Meter:
             c = self.cursors[subject] = _Cursor(tenant_id, min(start, now), state)
         return c
 
+    def _measurements(
+        self, worker_id: str | None
+    ) -> tuple[dict[str, api.SnapshotUsage], dict[tuple[str, str], int]] | None:
+        """The images and stores `worker_id` measured in its last report (indexed once per report)."""
+        if worker_id is None:
+            return None
+        report = self.manager.ledger.retained.get(worker_id)
+        if report is None:
+            return None
+        known = self._retained.get(worker_id)
+        if known is None or known[0] is not report:
+            snaps = {u.sandbox_id: u for u in getattr(report, "snapshots", ())}
+            stores = {(u.kind, u.name): u.used_bytes for u in getattr(report, "stores", ())}
+            known = self._retained[worker_id] = (report, snaps, stores)
+        return known[1], known[2]
+
+    def _image(self, rec: dbm.SandboxRecord) -> api.SnapshotUsage | None:
+        m = self._measurements(rec.worker_id)
+        return m[0].get(rec.id) if m is not None else None
+
+    def _store_bytes(self, worker_id: str | None, backend: str | None, kind: str, wname: str) -> int | None:
+        m = self._measurements(worker_id)
+        used = m[1].get((kind, wname)) if m is not None else None
+        if used is None and backend == "filer":  # every worker with the filer mounts it
+            for wid in list(self.manager.ledger.retained):
+                m = self._measurements(wid)
+                if m is not None and (kind, wname) in m[1]:
+                    return m[1][(kind, wname)]
+        return used
+
+    @staticmethod
+    def _waited(c: _Cursor, now: float) -> bool:
+        """Whether accrual without a measurement has waited long enough to take the bound."""
+        if c.waiting_since is None:
+            c.waiting_since = now
+        return now - c.waiting_since >= MEASURE_WAIT_S
+
     def _sandbox(self, rec: dbm.SandboxRecord, now: float) -> None:
         state = sandbox_state(rec)
         c = self._cursor(rec.id, rec.tenant_id, state, _epoch(rec.created_at), now)
         c.sandbox_id = rec.id
         c.tenant_id = rec.tenant_id
         gb = rec.memory_mb * GIB_PER_MB
-        disk_gb = rec.disk_mb * GIB_PER_MB
+        bound_gb = rec.disk_mb * GIB_PER_MB
         if state != c.state:
             changed = _epoch(rec.updated_at)
             if changed is not None and c.accrued_to < changed < now:
-                self._time(rec.id, c, c.state, gb, disk_gb, changed)
+                self._time(rec.id, c, c.state, gb, _or(c.measured, bound_gb), changed)
             c.state = state
-        self._time(rec.id, c, state, gb, disk_gb, now)
+            since = min(now, max(changed if changed is not None else now, c.accrued_to))
+            c.measured, c.waiting_since, c.stale = None, since, self._image(rec)
+        if state in SNAPSHOT_STATES:
+            image = self._image(rec)
+            if image is not None and image is not c.stale and state == TIER_STATE.get(image.tier):
+                c.measured = image.bytes * GIB_PER_BYTE
+            if c.measured is not None or self._waited(c, now):
+                self._time(rec.id, c, state, gb, _or(c.measured, bound_gb), now)
+        else:
+            self._time(rec.id, c, state, gb, bound_gb, now)
         u = self.manager.usage.get(rec.id)
         if u is not None and u is not c.report:
             c.report = u
@@ -418,7 +495,7 @@ class Meter:
         end = now
         if rec is not None:
             end = min(now, _epoch(rec.deleted_at) or _epoch(rec.updated_at) or now)
-            gb, disk_gb = rec.memory_mb * GIB_PER_MB, rec.disk_mb * GIB_PER_MB
+            gb, disk_gb = rec.memory_mb * GIB_PER_MB, _or(c.measured, rec.disk_mb * GIB_PER_MB)
             self._time(subject, c, c.state, gb, disk_gb, max(end, c.accrued_to))
         c.state = None
         c.accrued_to = max(c.accrued_to, end)
@@ -434,6 +511,8 @@ class Meter:
                     dbm.StoreRecord.name,
                     dbm.StoreRecord.size_mb,
                     dbm.StoreRecord.created_at,
+                    dbm.StoreRecord.worker_id,
+                    dbm.StoreRecord.backend,
                 )
             ).all()
             horizon = dt.datetime.fromtimestamp(min(self.mark or now, now) - 3600, dt.UTC)
@@ -446,11 +525,15 @@ class Meter:
                 ).where(sa.or_(dbm.BuildRecord.finished_at.is_(None), dbm.BuildRecord.finished_at >= horizon))
             ).all()
         live: set[str] = set()
-        for tenant_id, kind, name, size_mb, created_at in stores:
+        for tenant_id, kind, name, size_mb, created_at, worker_id, backend in stores:
             subject = f"{kind}:{tenant_id}/{name}"
             live.add(subject)
             c = self._cursor(subject, tenant_id, kind, _epoch(created_at), now)
-            self._time(subject, c, kind, (size_mb or 0) * GIB_PER_MB, 0.0, now)
+            used = self._store_bytes(worker_id, backend, kind, mounts.worker_name(tenant_id, name))
+            if used is not None:
+                c.measured = used * GIB_PER_BYTE
+            if c.measured is not None or self._waited(c, now):
+                self._time(subject, c, kind, _or(c.measured, (size_mb or 0) * GIB_PER_MB), 0.0, now)
         for bid, tenant_id, created_at, finished_at in builds:
             subject = f"build:{bid}"
             end = _epoch(finished_at)
@@ -615,6 +698,10 @@ class Meter:
         out["ingress_bytes"] = int(out["ingress_bytes"])
         out["cost"] = round(sum(out[f] * self.prices.get(f, 0.0) for f in PRICED), 6)
         return {f: out[f] for f in (*FIELDS, "cost")}
+
+
+def _or(measured: float | None, bound: float) -> float:
+    return bound if measured is None else measured
 
 
 def _iso(t: float) -> str:

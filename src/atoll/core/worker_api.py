@@ -554,8 +554,38 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class SnapshotUsage:
+    """Bytes a sandbox's standby image really takes, measured by the worker that holds it: in the
+    disk tier the allocated blocks of its checkpoint and its upper (writable) layer image, in the
+    archive tier the size of its object in the store (from the archive's manifest). The memory
+    tier holds no image (its memory is metered as standby memory) and is not reported."""
+
+    sandbox_id: str
+    tier: Tier
+    bytes: int
+
+
+@dataclass(frozen=True)
+class StoreUsage:
+    """Bytes used in a volume or drive (its worker name, core.mounts.worker_name): statvfs of the
+    mounted filesystem — (blocks − free blocks) × fragment size, what `df` shows as used — for an
+    ext4 image as for a filer drive's FUSE mount."""
+
+    kind: str
+    name: str
+    used_bytes: int
+
+
+@dataclass(frozen=True)
 class UsageReport:
+    """What a worker measured, every few seconds: its running sandboxes (`items`), its standby
+    images (`snapshots`) and its stores (`stores`). A worker of an earlier version sends only
+    `items`: the other two default to empty (controlplane.metering then meters standby images
+    and stores at their size bounds)."""
+
     items: tuple[Usage, ...]
+    snapshots: tuple[SnapshotUsage, ...] = ()
+    stores: tuple[StoreUsage, ...] = ()
     kind: Literal["usage"] = "usage"
 
 

@@ -4,7 +4,8 @@ It wires the worker's parts and owns what spans them: one lock per sandbox (its 
 pause, resume, delete, a compaction — run one at a time, and a call waits for a step in progress),
 the count of calls in flight (a sandbox with calls is not paused or compacted), the events to the
 control plane, the monitor loop (host task pressure every MONITOR_EVERY_S, usage every
-USAGE_EVERY_S, reconciliation every `reconcile_s`, template status changes) and the garbage loop
+USAGE_EVERY_S — cgroup counters, and the bytes of standby images and stores from
+worker.runtimes.retained —, reconciliation every `reconcile_s`, template status changes) and the garbage loop
 (archive removals the store owes every GC_EVERY_S; orphaned archive objects and unused template
 layers at start and hourly).
 
@@ -46,6 +47,7 @@ from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.liveness import Liveness
 from atoll.worker.runtimes.pressure import Pressure
 from atoll.worker.runtimes.recovery import Recovery
+from atoll.worker.runtimes.retained import Retained
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 from atoll.worker.runtimes.sandbox_metrics import figures as metric_figures
 from atoll.worker.runtimes.sandboxes import Sandboxes
@@ -237,6 +239,9 @@ class Node(StoreVerbs):
             share_layers=bool(settings.s3 or settings.archive_dir),
         )
         self.archiver.store_info = self.stores.info  # the volumes' state, pinned in each manifest
+        self.retained = Retained(self.runtimes, self.stores)
+        """Bytes of standby images and stores, for the usage report."""
+        self._usage_told = False
         self.archive_gc = archive_gc.ArchiveCollector(self.runtimes, self.archiver, self._lock)
         self.budget = (
             budget.DiskBudget(
@@ -454,6 +459,7 @@ class Node(StoreVerbs):
         for t in self._loops:
             with contextlib.suppress(BaseException):
                 await t
+        self.retained.aclose()
         await self.pressure.aclose()
         await self.guest.aclose()
         await self.edge.aclose()
@@ -541,7 +547,7 @@ class Node(StoreVerbs):
                 self._sample_cpu(now)
                 if now - last_usage >= USAGE_EVERY_S:
                     last_usage = now
-                    self._emit_usage()
+                    await self._emit_usage()
                 if now - last_reconcile >= self.s.reconcile_s:
                     last_reconcile = now
                     self.last_reconcile = await self.recovery.reconcile()
@@ -588,7 +594,7 @@ class Node(StoreVerbs):
             return None
         return _share([dq[0], (time.monotonic(), cpu)])
 
-    def _emit_usage(self) -> None:
+    async def _emit_usage(self) -> None:
         items = []
         for rt in self.runtimes.cached():
             if rt.phase == Phase.RUNNING and not rt.temporary:
@@ -609,8 +615,11 @@ class Node(StoreVerbs):
                             ingress_bytes=n.bytes_in,
                         )
                     )
-        if items:
-            self.hub.emit(api.UsageReport(tuple(items)))
+        snapshots = self.retained.snapshots(self.runtimes.cached())
+        used = await self.retained.stores_now()
+        if items or snapshots or used or self._usage_told:  # an emptied report is told once
+            self.hub.emit(api.UsageReport(tuple(items), snapshots, used))
+        self._usage_told = bool(items or snapshots or used)
 
     def _emit_templates(self) -> None:
         for t in self.template_infos():

@@ -1,0 +1,118 @@
+"""What this worker's retained state really takes, for the usage report (controlplane.metering
+meters standby images and stores by these bytes, not by their size limits).
+
+- a sandbox in the disk tier: the allocated blocks (`st_blocks × 512`; holes do not count) of its
+  checkpoint directory and its upper (writable) layer image — measured once per standby (the
+  files do not change while it is checkpointed; a restore starts a new runtime generation);
+- a sandbox in the archive tier: its object's size in the store, from the manifest the worker
+  wrote when it archived it (a sandbox adopted archived, whose manifest is only in the store, is
+  not reported: the meter keeps its bound);
+- the memory tier holds no image (its memory is metered as standby memory) and is not reported;
+- a volume or drive: statvfs of its mounted filesystem, (blocks − free blocks) × fragment size,
+  what `df` shows as used — chosen over the image's allocated blocks because that is what the
+  tenant can see and free (the image keeps blocks of deleted files and the ext4 journal); for a
+  filer drive it is what its FUSE mount reports. Measured on a thread, at most one pass at a time,
+  so a FUSE mount that hangs never stalls the worker's monitor (its last figures are reported).
+
+Called by worker.service.node (its monitor, every USAGE_EVERY_S).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from atoll.core import mounts
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import Phase, Tier
+from atoll.worker.host import archive, storage
+from atoll.worker.host.stores import FS, Stores
+from atoll.worker.runtimes.archiving import disk_bytes
+from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
+
+log = logging.getLogger(__name__)
+
+
+class Retained:
+    def __init__(self, runtimes: RuntimeStore, stores: Stores):
+        self.runtimes = runtimes
+        self.stores = stores
+        self._images: dict[str, tuple[tuple, api.SnapshotUsage]] = {}
+        """sandbox id -> ((generation, phase), its measurement): one per standby."""
+        self._store_bytes: tuple[api.StoreUsage, ...] = ()
+        self._probe: asyncio.Future | None = None
+
+    # ---- standby images ----------------------------------------------------------------------
+    def snapshots(self, runtimes: list[Runtime]) -> tuple[api.SnapshotUsage, ...]:
+        out = []
+        kept: dict[str, tuple[tuple, api.SnapshotUsage]] = {}
+        for rt in runtimes:
+            if rt.temporary or rt.phase not in (Phase.CHECKPOINTED, Phase.ARCHIVED):
+                continue
+            key = (rt.generation, rt.phase)
+            seen = self._images.get(rt.sandbox_id)
+            if seen is not None and seen[0] == key:
+                kept[rt.sandbox_id] = seen
+                out.append(seen[1])
+                continue
+            try:
+                u = self._measure(rt)
+            except (OSError, ValueError, archive.ArchiveDamaged) as e:
+                log.warning("usage: the standby image of %s could not be measured: %s", rt.sandbox_id, e)
+                continue
+            if u is not None:
+                kept[rt.sandbox_id] = (key, u)
+                out.append(u)
+        self._images = kept
+        return tuple(out)
+
+    def _measure(self, rt: Runtime) -> api.SnapshotUsage | None:
+        sid = rt.sandbox_id
+        if rt.phase == Phase.CHECKPOINTED:
+            n = disk_bytes(self.runtimes.path(sid, "snapshot"))
+            upper = self.runtimes.path(sid, "upper.img")
+            if os.path.exists(upper):
+                n += disk_bytes(upper)
+            return api.SnapshotUsage(sid, Tier.DISK, n)
+        man = archive.local_manifest(self.runtimes.dir(sid))
+        return api.SnapshotUsage(sid, Tier.ARCHIVE, man.size) if man is not None else None
+
+    # ---- volumes and drives ------------------------------------------------------------------
+    async def stores_now(self, wait_s: float = 0.2) -> tuple[api.StoreUsage, ...]:
+        """The stores' figures: a pass on a thread, waited for up to `wait_s`; when it takes
+        longer (a hung FUSE mount) the last figures, and that pass is taken up next time (never
+        two at once)."""
+        if self._probe is None:
+            self._probe = asyncio.ensure_future(asyncio.to_thread(self._measure_stores))
+        await asyncio.wait({self._probe}, timeout=wait_s)
+        if self._probe.done():
+            probe, self._probe = self._probe, None
+            if probe.cancelled():
+                return self._store_bytes
+            err = probe.exception()
+            if err is None:
+                self._store_bytes = probe.result()
+            else:
+                log.warning("usage: the stores could not be measured: %s", err)
+        return self._store_bytes
+
+    def _measure_stores(self) -> tuple[api.StoreUsage, ...]:
+        mounted = {mp for mp, _ in storage.mounts()}
+        out = []
+        for kind in mounts.KINDS:
+            for name in self.stores.names(kind):
+                fs = os.path.realpath(os.path.join(self.stores.dir(kind, name), FS))
+                if fs not in mounted:
+                    continue  # statvfs would describe the host's filesystem
+                try:
+                    st = os.statvfs(fs)
+                except OSError:
+                    continue
+                out.append(api.StoreUsage(kind, name, (st.f_blocks - st.f_bfree) * st.f_frsize))
+        return tuple(out)
+
+    def aclose(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
