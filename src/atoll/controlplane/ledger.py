@@ -229,13 +229,16 @@ class Ledger:
                 cpus += rec.cpus
         return {"memory_mb": int(mem), "cpus": round(cpus, 3), "disk_mb": int(disk), "sandboxes": count}
 
-    def place(self, template: str | None, memory_mb: int, worker_id: str | None = None) -> WorkerHandle:
+    def place(
+        self, template: str | None, memory_mb: int, worker_id: str | None = None, avoid: str | None = None
+    ) -> WorkerHandle:
         """The worker a new sandbox goes to; `worker_id`: only that one (the one keeping its
-        volumes and drives); `template` None: any (an archived sandbox moving to another worker)."""
+        volumes and drives); `template` None: any (an archived sandbox moving to another worker);
+        `avoid`: never that one (the worker a drain moves the sandbox off)."""
         candidates = []
         for h in self.workers.ready():
             assert h.info is not None
-            if worker_id is not None and h.id != worker_id:
+            if (worker_id is not None and h.id != worker_id) or h.id == avoid:
                 continue
             candidates.append(
                 placement.Candidate(
