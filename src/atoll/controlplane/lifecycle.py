@@ -21,7 +21,7 @@ import logging
 import time
 import typing
 
-from atoll.controlplane import auth, evacuation, lifetime, metrics, schemas
+from atoll.controlplane import auth, evacuation, idempotency, lifetime, metrics, schemas
 from atoll.controlplane import db as dbm
 from atoll.controlplane import quotas as quotas_mod
 from atoll.controlplane.authority import Authority
@@ -90,6 +90,8 @@ class SandboxManager:
         self.stores = StoreService(database, self.ledger, self.quotas)
         """Volumes and drives (controlplane.stores)."""
         self.templates.on_ready = self.pools.wake
+        self.idempotency = idempotency.Keys(database)
+        """Idempotency-Key of creates (controlplane.idempotency)."""
         self.evacuations = evacuation.Evacuator(self)
         """Drains that move every sandbox off a worker (controlplane.evacuation)."""
 
