@@ -49,7 +49,9 @@ def test_drain_evacuates_by_default_and_prints_what_stays(routes):
     result = run("worker", "drain", "w1")
     assert result.exit_code == 0, result.output
     assert json.loads(routes.last.content) == {"draining": True, "evacuate": True}
-    assert "1 moved, 1 left" in result.stdout and "sb-bbbbbbbbbbbbbbbb: kept in the memory tier" in result.stdout
+    assert (
+        "1 moved, 1 left" in result.stdout and "sb-bbbbbbbbbbbbbbbb: kept in the memory tier" in result.stdout
+    )
     routes.on("GET", f"/v1/workers/{WID}", httpx.Response(200, json={**W, "evacuation": ev}))
     assert run("worker", "drain", "w1", "--wait").exit_code == 2  # something stayed
 
