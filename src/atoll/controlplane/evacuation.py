@@ -132,9 +132,11 @@ class Evacuator:
                     ev.left[rec.id] = why
 
         try:
-            recs = [r for r in self.m.live() if r.worker_id == h.id]
             # running ones first: their pause is what users notice; standby ones wait unnoticed
-            recs.sort(key=lambda r: (r.state != State.RUNNING, r.created_at or dbm.utcnow()))
+            recs = sorted(
+                (r for r in self.m.ledger.live() if r.worker_id == h.id),
+                key=lambda r: r.state != State.RUNNING,
+            )
             await asyncio.gather(*(one(r) for r in recs))
         finally:
             ev.state = "stopped" if ev.stop else "done"
@@ -200,15 +202,15 @@ class Evacuator:
                     return f"it failed while being archived: {e.message}"
                 return f"it could not be archived: {e.message}"
             if rec.standby_tier != Tier.ARCHIVE:
-                why = rec.standby_reason or f"it stayed in the {rec.standby_tier or 'running'} state"
+                stayed = rec.standby_reason or f"it stayed in the {rec.standby_tier or 'running'} state"
                 if was_running and rec.state == State.STANDBY:
                     await self._resume_here(rec)
-                return why
-        why = await m._move_archived_locked(rec, h.name, avoid=h.id)
-        if why is not None:
+                return stayed
+        refused = await m._move_archived_locked(rec, h.name, avoid=h.id)
+        if refused is not None:
             if was_running:
                 await self._resume_here(rec)
-            return f"no other worker adopted it from the object store: {why}"
+            return f"no other worker adopted it from the object store: {refused}"
         # the new holder owns the archive now: the drained worker drops its local copy only
         if h.worker is not None:
             try:
