@@ -200,3 +200,22 @@ async def test_pool_members_of_a_draining_worker_are_refilled_elsewhere(tmp_path
         assert len(ms) == 2 and all(r.worker_id != wid for r in ms), [(r.id, r.worker_id) for r in ms]
         sid = await create(c)  # claimed from the pool, on the ready worker
         assert (await c.get(f"/v1/sandboxes/{sid}")).json()["worker"] != target
+
+
+async def test_a_copy_the_old_worker_kept_is_removed_by_reconciliation(two):
+    """The old worker's delete failed after the move: its copy is an orphan (its record names the
+    new worker), removed by the next reconciliation; the moved sandbox is untouched."""
+    f, w1, w2 = two
+    c = f.http
+    [sid] = await _on(c, "w1", 1)
+    wid = (await _ids(c))["w1"]
+    w1.fail.add("delete")
+    assert (await c.post(f"/v1/workers/{wid}/drain")).status_code == 202
+    w = await _evacuated(c, wid)
+    assert w["evacuation"]["moved"] == 1 and w["evacuated"], w
+    assert sid in w1.runtimes and sid in w2.runtimes  # two copies for now
+    w1.fail.discard("delete")
+    assert (await c.post(f"/v1/workers/{wid}/reconcile")).status_code == 200
+    assert sid not in w1.runtimes and w2.runtimes[sid].phase == Phase.RUNNING
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert (sb["state"], sb["worker"]) == ("running", "w2"), sb
