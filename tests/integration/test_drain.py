@@ -1,22 +1,23 @@
-"""Drain with evacuation on real gVisor: `atoll server` + workers w0 and w1 sharing an archive
-store (ATOLL_ARCHIVE_DIR, one directory both read). On w0: a running sandbox whose process counts
+"""Drain with evacuation on real gVisor: `atoll server` + workers w0 and w1 sharing an S3 object
+store (SeaweedFS on loopback). On w0: a running sandbox whose process counts
 in memory (and a file), one in the disk tier, one in the memory tier, and one running an asyncio
 (epoll) TCP server, which the checkpoint gate keeps in memory. Draining w0 moves the first three to
 w1 — the running one runs on there with its process and its count, the others resume on their
 next call with their files — and reports the fourth, still running on w0, never killed. w0 drops
 its local copies. Then w1 is drained with no other worker ready: it answers 202, nothing moves,
-every sandbox is reported with the reason. One installation for the module."""
+every sandbox is reported with the reason. With the object store down, a drain leaves a running
+sandbox where it is, running on with its process, and says why. One installation for the module."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 import httpx
 import pytest
 
 from atoll.testing import LocalCluster
+from atoll.testing.seaweed import SeaweedFS
 from tests.conftest import TEMPLATE_CACHE
 
 pytestmark = pytest.mark.integration
@@ -48,11 +49,17 @@ def _wait_evacuation(c: httpx.Client, wid: str, timeout: float = 300) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def seaweed(tmp_path_factory):
+    with SeaweedFS(str(tmp_path_factory.mktemp("drain-seaweed"))) as sw:
+        yield sw
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, seaweed):
     root = tmp_path_factory.mktemp("drain")
     env = {
         "ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE,
-        "ATOLL_ARCHIVE_DIR": str(root / "store"),
+        **seaweed.env(),  # one S3 store (SeaweedFS on loopback) both workers use
         "ATOLL_WORKER_LOST_S": "10",
         "ATOLL_HEARTBEAT_S": "1",
     }
@@ -61,8 +68,8 @@ def cluster(tmp_path_factory):
     try:
         yield cl
     finally:
+        seaweed.start()  # a test that stopped it: the reaping deletes archives too
         cl.stop(reap=True)
-        shutil.rmtree(root / "store", ignore_errors=True)
 
 
 def test_drain_moves_running_and_standby_sandboxes_and_reports_the_gated_one(cluster):
@@ -146,3 +153,32 @@ def test_drain_moves_running_and_standby_sandboxes_and_reports_the_gated_one(clu
     assert _exec(c, made["running"], "cat /root/notes.txt") == "running"  # untouched, still served
     for wid in ids.values():
         assert c.post(f"/v1/workers/{wid}/drain", json={"draining": False}).status_code == 200
+
+
+def test_with_the_store_down_a_running_sandbox_stays_where_it_is(cluster, seaweed):
+    c = httpx.Client(base_url=cluster.url, headers=cluster.headers(), timeout=300)
+    ids = {w["name"]: w["id"] for w in c.get("/v1/workers").json()["items"]}
+    sb = c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+    assert sb.status_code == 201, sb.text
+    sid, home = sb.json()["id"], sb.json()["worker"]
+    pid = _exec(c, sid, COUNTER).strip()
+    time.sleep(0.5)
+    seaweed.stop()
+    try:
+        r = c.post(f"/v1/workers/{ids[home]}/drain", json={})
+        assert r.status_code == 202, r.text
+        t0 = time.monotonic()
+        w = _wait_evacuation(c, ids[home])
+        print(f"evacuation with the store down: {time.monotonic() - t0:.1f} s: {w['evacuation']}")
+        reasons = {x["id"]: x["reason"] for x in w["evacuation"]["left"]}
+        assert sid in reasons and "disk tier" in reasons[sid], w["evacuation"]
+        view = c.get(f"/v1/sandboxes/{sid}").json()
+        assert (view["state"], view["worker"]) == ("running", home), view  # resumed where it was
+        before = int(c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/beat"}).text)
+        time.sleep(0.5)
+        out = _exec(c, sid, f"kill -0 {pid} && cat /tmp/beat")
+        assert int(out) > before, out  # the same process, counting on
+    finally:
+        seaweed.start()
+        c.post(f"/v1/workers/{ids[home]}/drain", json={"draining": False})
+    assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
