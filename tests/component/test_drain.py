@@ -219,3 +219,18 @@ async def test_a_copy_the_old_worker_kept_is_removed_by_reconciliation(two):
     assert sid not in w1.runtimes and w2.runtimes[sid].phase == Phase.RUNNING
     sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
     assert (sb["state"], sb["worker"]) == ("running", "w2"), sb
+
+
+async def test_a_call_arriving_during_the_move_waits_and_runs_on_the_new_worker(two):
+    f, w1, w2 = two
+    c = f.http
+    [sid] = await _on(c, "w1", 1)
+    wid = (await _ids(c))["w1"]
+    w1.delay["checkpoint"] = 0.3
+    assert (await c.post(f"/v1/workers/{wid}/drain")).status_code == 202
+    await asyncio.sleep(0.05)  # the move holds the sandbox's lock now
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 200, r.text
+    assert ("exec", sid) in w2.calls and ("exec", sid) not in w1.calls
+    w = await _evacuated(c, wid)
+    assert w["evacuation"]["moved"] == 1 and w["evacuated"], w
