@@ -103,3 +103,22 @@ async def test_a_bad_key_is_refused(fake, bad):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
     assert "Idempotency-Key" in r.json()["error"]["message"]
     assert _live(fake) == []
+
+
+async def test_two_servers_on_one_database_make_one_sandbox_for_one_key(tmp_path):
+    """Two control planes sharing the database (each with its own worker): racing creates with
+    one key, half through each, make one sandbox; the key is a row of the database, not a lock of
+    one process."""
+    from atoll.testing import FakeWorker
+
+    wa, wb = FakeWorker("a"), FakeWorker("b", installation="fake01")
+    wa.delay["create"] = wb.delay["create"] = 0.3
+    async with FakeAtoll(tmp_path, [wa], api_key=KEY) as one, FakeAtoll(tmp_path, [wb], api_key=KEY) as two:
+        h = {"Idempotency-Key": "two-servers"}
+        rs = await asyncio.gather(
+            *(srv.http.post("/v1/sandboxes", json={}, headers=h) for srv in (one, two, one, two))
+        )
+        assert [r.status_code for r in rs] == [201] * 4, [r.text for r in rs]
+        assert len({r.json()["id"] for r in rs}) == 1
+        made = [v for w in (wa, wb) for v, _ in w.calls if v == "create"]
+        assert len(made) == 1, (wa.calls, wb.calls)
