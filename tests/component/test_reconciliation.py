@@ -140,7 +140,7 @@ async def test_placement_spreads_and_skips_draining_and_full_workers(tmp_path):
         big = await create(c, memory_mb=1536)  # only "a" can hold it
         assert (await c.get(f"/v1/sandboxes/{big}")).json()["worker"] == "a"
         a_id = next(h.id for h in fake.manager.workers.handles.values() if h.name == "a")
-        assert (await c.post(f"/v1/workers/{a_id}/drain", json={"draining": True})).json()[
+        assert (await c.post(f"/v1/workers/{a_id}/drain", json={"draining": True, "evacuate": False})).json()[
             "state"
         ] == "draining"
         for _ in range(3):

@@ -238,7 +238,8 @@ async def test_a_forgotten_registration_registers_again(cluster):
     cp, c, fake, reg, _ = cluster
     sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
     handle = cp.manager.workers.handles[reg.worker_id]
-    assert (await c.post(f"/v1/workers/{handle.id}/drain", json={"draining": True})).status_code == 200
+    r = await c.post(f"/v1/workers/{handle.id}/drain", json={"draining": True, "evacuate": False})
+    assert r.status_code == 202
     handle.epoch = "forgotten"
     cp.manager.workers._lose(handle, "server restarted")
     for _ in range(200):

@@ -36,7 +36,9 @@ def test_a_filer_drive_is_shared_across_workers(tmp_path):
                 )
                 assert a.status_code == 201, a.text
                 first = a.json()["worker_id"]
-                assert api.post(f"/v1/workers/{first}/drain").status_code == 200  # the next goes elsewhere
+                # cordoned (evacuate: false): the next goes elsewhere
+                r = api.post(f"/v1/workers/{first}/drain", json={"evacuate": False})
+                assert r.status_code == 202
                 b = api.post(
                     "/v1/sandboxes", json={"idle_timeout_s": 0, "drives": [{"name": "team", "path": "/t"}]}
                 )

@@ -249,7 +249,9 @@ def test_every_route_through_the_split(atoll_split):
         assert wk["name"] == "w0" and wk["state"] == "ready", wk
         assert _ok(c.get(f"/v1/workers/{wk['id']}")).json()["id"] == wk["id"]
         assert (
-            _ok(c.post(f"/v1/workers/{wk['id']}/drain", json={"draining": True})).json()["state"]
+            _ok(
+                c.post(f"/v1/workers/{wk['id']}/drain", json={"draining": True, "evacuate": False}), 202
+            ).json()["state"]
             == "draining"
         )
         assert (

@@ -82,6 +82,21 @@ def test_a_published_layer_comes_back_whole_under_its_instance(tmp_path):
     assert asyncio.run(layerpack.fetch(store, here, refs[0])) == fs  # the maker uses its own
 
 
+def test_archives_published_at_once_upload_a_shared_layer_once(tmp_path):
+    """A drain archives several sandboxes of one template at once: their publications of the same
+    layer must not race (they shared a staging file, and one's size check saw the other's)."""
+    here = LayerStore(str(tmp_path / "a"))
+    store = objectstore.LocalStore(str(tmp_path / "store"))
+    refs = layerpack.refs_of(_make(here, "k1"))
+
+    async def many() -> list[int]:
+        return await asyncio.gather(*(layerpack.publish(store, refs, str(tmp_path)) for _ in range(4)))
+
+    assert sorted(asyncio.run(many())) == [0, 0, 0, 1]
+    there = LayerStore(str(tmp_path / "b"))
+    assert _tree(asyncio.run(layerpack.fetch(store, there, refs[0]))) == _tree(here.path("k1"))
+
+
 def test_a_layer_made_before_instances_gets_one_and_keeps_it(tmp_path):
     here = LayerStore(str(tmp_path / "a"))
     fs = _make(here, "old")

@@ -167,6 +167,15 @@ def test_posts_are_never_retried(waits):
     assert len(script.requests) == 1
 
 
+def test_a_create_with_an_idempotency_key_is_retried_with_the_same_key(waits):
+    script = Script(_busy(503), httpx.ConnectError("refused"), httpx.Response(201, json=SB))
+    with _client(script) as c:
+        sb = c.sandboxes.create(idempotency_key="job-7")
+    assert sb.id == SB["id"] and len(script.requests) == 3 and len(waits) == 2
+    assert {r.headers["Idempotency-Key"] for r in script.requests} == {"job-7"}
+    assert len({r.content for r in script.requests}) == 1  # the same body each time
+
+
 def test_retries_zero_disables_and_patch_and_delete_retry(waits):
     script = Script(_busy(503))
     with _client(script, retries=0) as c, pytest.raises(errors.AtollError):

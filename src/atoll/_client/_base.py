@@ -148,9 +148,11 @@ def _retry_wait(state: tenacity.RetryCallState) -> float:
     return backoff
 
 
-def _retry_policy(retries: int, method: str, content: Any) -> dict[str, Any]:
+def _retry_policy(retries: int, method: str, content: Any, keyed: bool = False) -> dict[str, Any]:
+    """`keyed`: the request carries an Idempotency-Key, so repeating even a POST makes nothing twice."""
     replayable = content is None or isinstance(content, bytes | bytearray | str)
-    attempts = 1 + max(0, retries) if method.upper() in RETRY_METHODS and replayable else 1
+    idempotent = method.upper() in RETRY_METHODS or keyed
+    attempts = 1 + max(0, retries) if idempotent and replayable else 1
     return {
         "stop": tenacity.stop_after_attempt(attempts),
         "wait": _retry_wait,
@@ -159,15 +161,16 @@ def _retry_policy(retries: int, method: str, content: Any) -> dict[str, Any]:
     }
 
 
-def retrying(retries: int, method: str, content: Any = None) -> tenacity.Retrying:
-    """Attempts of one call (sync): idempotent ones retried on RETRY_ERRORS and RETRY_STATUSES
-    with exponential backoff and jitter (or the server's Retry-After), at most `retries` times."""
-    return tenacity.Retrying(sleep=lambda s: sleep(s), **_retry_policy(retries, method, content))
+def retrying(retries: int, method: str, content: Any = None, keyed: bool = False) -> tenacity.Retrying:
+    """Attempts of one call (sync): idempotent ones (and keyed ones: an Idempotency-Key) retried
+    on RETRY_ERRORS and RETRY_STATUSES with exponential backoff and jitter (or the server's
+    Retry-After), at most `retries` times."""
+    return tenacity.Retrying(sleep=lambda s: sleep(s), **_retry_policy(retries, method, content, keyed))
 
 
-def aretrying(retries: int, method: str, content: Any = None) -> tenacity.AsyncRetrying:
+def aretrying(retries: int, method: str, content: Any = None, keyed: bool = False) -> tenacity.AsyncRetrying:
     """As `retrying`, for the async client."""
-    return tenacity.AsyncRetrying(sleep=lambda s: asleep(s), **_retry_policy(retries, method, content))
+    return tenacity.AsyncRetrying(sleep=lambda s: asleep(s), **_retry_policy(retries, method, content, keyed))
 
 
 def refuse_timeout(where: str, timeout: object) -> None:

@@ -36,6 +36,7 @@ from atoll.cli import stores as cli_stores
 from atoll.cli import templates as cli_templates
 from atoll.cli import tenants as cli_tenants
 from atoll.cli import usage as cli_usage
+from atoll.cli import workers as cli_workers
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -252,8 +253,28 @@ def server(
     _server.main(port=port, home=str(home) if home is not None else None, host=host)
 
 
-@app.command()
+worker_app = typer.Typer(
+    help="Run a worker (`atoll worker --server URL --name NAME`), or drain one (`atoll worker drain NAME`)."
+)
+app.add_typer(worker_app, name="worker")
+
+
+@contextmanager
+def _client_for(url: str | None, api_key: str | None) -> "Iterator[Client]":
+    """`_session` for a command with its own --url and --api-key."""
+    try:
+        with make_client(url, api_key) as client:
+            yield client
+    except errors.AtollError as exc:
+        _fail(f"{exc.code}: {exc.message}")
+
+
+cli_workers.register(worker_app, _client_for)
+
+
+@worker_app.callback(invoke_without_command=True)
 def worker(
+    ctx: typer.Context,
     server_url: Annotated[
         str | None,
         typer.Option("--server", envvar="ATOLL_SERVER_URL", help="URL of the atoll server to join."),
@@ -280,6 +301,8 @@ def worker(
     """Run a worker in the foreground: it registers with the server, heartbeats and runs sandboxes.
     Needs root and ATOLL_API_KEY: a `worker`-scoped key (`atoll key create --scope worker`); the
     server's admin key is still accepted, with a deprecation warning in the server's log."""
+    if ctx.invoked_subcommand is not None:  # `atoll worker drain NAME`
+        return
     try:
         from atoll.worker.service import main as _worker
     except ImportError as exc:

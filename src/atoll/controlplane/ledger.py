@@ -238,18 +238,20 @@ class Ledger:
         cpus: float = 0.0,
         tenant: str | None = None,
         prefer: str | None = None,
+        avoid: str | None = None,
         what: str = "a sandbox",
     ) -> WorkerHandle:
         """The worker a sandbox goes to (core.placement; the decision and its reason are logged);
         `worker_id`: only that one (the one keeping its volumes and drives); `template` None: any
         (an archived sandbox moving to another worker); `prefer`: the worker with affinity;
-        `tenant`: whose sandbox (spread by tenant)."""
+        `tenant`: whose sandbox (spread by tenant); `avoid`: never that one (the worker a drain
+        moves the sandbox off)."""
         held = placement.commitments(self.cache.values())
         empty = placement.Commitment()
         candidates = []
         for h in self.workers.ready():
             assert h.info is not None
-            if worker_id is not None and h.id != worker_id:
+            if (worker_id is not None and h.id != worker_id) or h.id == avoid:
                 continue
             c = held.get(h.id, empty)
             candidates.append(

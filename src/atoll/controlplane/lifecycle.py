@@ -21,7 +21,7 @@ import logging
 import time
 import typing
 
-from atoll.controlplane import auth, lifetime, metrics, schemas
+from atoll.controlplane import auth, evacuation, idempotency, lifetime, metrics, schemas
 from atoll.controlplane import db as dbm
 from atoll.controlplane import quotas as quotas_mod
 from atoll.controlplane.authority import Authority
@@ -90,6 +90,10 @@ class SandboxManager:
         self.stores = StoreService(database, self.ledger, self.quotas)
         """Volumes and drives (controlplane.stores)."""
         self.templates.on_ready = self.pools.wake
+        self.idempotency = idempotency.Keys(database)
+        """Idempotency-Key of creates (controlplane.idempotency)."""
+        self.evacuations = evacuation.Evacuator(self)
+        """Drains that move every sandbox off a worker (controlplane.evacuation)."""
 
     def get(self, sid: str) -> dbm.SandboxRecord:
         return self.ledger.get(sid)
@@ -119,53 +123,59 @@ class SandboxManager:
         if rec.state != State.STANDBY or rec.standby_tier != Tier.ARCHIVE:
             return "it was not in the archive tier"
         async with self.ledger.lock(rec.id):
-            try:
-                handle = self.ledger.place(
-                    None,
-                    rec.memory_mb,
-                    cpus=rec.cpus,
-                    tenant=rec.tenant_id,
-                    what=f"move {rec.id} from {gone}",
-                )
-                filer_sizes = self.stores.sizes(
-                    [mounts.Mount(**m) for m in rec.mounts or () if m.get("kind") == "drive"], rec.tenant_id
-                )
-                worker = self.workers.api_for_worker(handle)
-                outcome = await worker.adopt(
-                    rec.id,
-                    tuple(
-                        api.MountSpec(
-                            m["kind"],
-                            mounts.worker_name(rec.tenant_id, m["name"]),
-                            m["path"],
-                            bool(m.get("read_only")),
-                            size_mb=filer_sizes.get(m["name"], 0),
-                        )
-                        for m in rec.mounts or ()
-                    ),
-                )
-            except errors.AtollError as e:
-                log.warning("sandbox.move.refused: %s", e.message, extra={"sandbox_id": rec.id, "from": gone})
-                return e.message
-            rec.worker_id = handle.id
-            self.db.save(rec, fields=["worker_id"], durable=True)
-            log.info(
-                "sandbox.moved: archived on %s, adopted by %s (%d layer(s) fetched, %.0f ms)",
-                gone,
-                handle.name,
-                outcome.layers_fetched,
-                outcome.duration_ms,
-                extra={"sandbox_id": rec.id},
+            return await self._move_archived_locked(rec, gone)
+
+    async def _move_archived_locked(
+        self, rec: dbm.SandboxRecord, gone: str, avoid: str | None = None
+    ) -> str | None:
+        """`move_archived` under the sandbox's lock (controlplane.evacuation holds it across the
+        archive, the move and the resume of a drain; `avoid`: the worker it moves off)."""
+        try:
+            handle = self.ledger.place(
+                None,
+                rec.memory_mb,
+                cpus=rec.cpus,
+                tenant=rec.tenant_id,
+                avoid=avoid,
+                what=f"move {rec.id} from {gone}",
             )
-            try:
-                if rec.network:
-                    await worker.set_network(rec.id, rec.network)
-                if self.secrets is not None and rec.secrets:
-                    await worker.set_secrets(rec.id, self.secrets.bindings(rec.tenant_id, rec.secrets))
-            except errors.AtollError as e:  # delivered again when the worker is adopted next
-                log.warning(
-                    "sandbox.moved: policy not delivered: %s", e.message, extra={"sandbox_id": rec.id}
-                )
+            filer_sizes = self.stores.sizes(
+                [mounts.Mount(**m) for m in rec.mounts or () if m.get("kind") == "drive"], rec.tenant_id
+            )
+            worker = self.workers.api_for_worker(handle)
+            outcome = await worker.adopt(
+                rec.id,
+                tuple(
+                    api.MountSpec(
+                        m["kind"],
+                        mounts.worker_name(rec.tenant_id, m["name"]),
+                        m["path"],
+                        bool(m.get("read_only")),
+                        size_mb=filer_sizes.get(m["name"], 0),
+                    )
+                    for m in rec.mounts or ()
+                ),
+            )
+        except errors.AtollError as e:
+            log.warning("sandbox.move.refused: %s", e.message, extra={"sandbox_id": rec.id, "from": gone})
+            return e.message
+        rec.worker_id = handle.id
+        self.db.save(rec, fields=["worker_id"], durable=True)
+        log.info(
+            "sandbox.moved: archived on %s, adopted by %s (%d layer(s) fetched, %.0f ms)",
+            gone,
+            handle.name,
+            outcome.layers_fetched,
+            outcome.duration_ms,
+            extra={"sandbox_id": rec.id},
+        )
+        try:
+            if rec.network:
+                await worker.set_network(rec.id, rec.network)
+            if self.secrets is not None and rec.secrets:
+                await worker.set_secrets(rec.id, self.secrets.bindings(rec.tenant_id, rec.secrets))
+        except errors.AtollError as e:  # delivered again when the worker is adopted next
+            log.warning("sandbox.moved: policy not delivered: %s", e.message, extra={"sandbox_id": rec.id})
         return None
 
     def allocated(self, worker_id: str) -> dict[str, float]:
@@ -182,6 +192,7 @@ class SandboxManager:
     async def stop(self) -> None:
         """Let go of the workers; sandboxes keep running. Deletions in flight get a few seconds
         (the worker, or the next reconciliation, finishes the rest)."""
+        await self.evacuations.aclose()
         await self.pools.aclose()
         if self.ledger.reaps:
             await asyncio.wait(list(self.ledger.reaps), timeout=10)
@@ -467,40 +478,44 @@ class SandboxManager:
             self.ledger.activity[sid] = time.monotonic()
             return rec
         async with self.ledger.lock(sid):
-            rec = self.get(sid)
-            if rec.state == State.RUNNING:  # someone else resumed it while we waited: share it
-                return rec
-            cur = status(rec.state, rec.standby_tier)
-            check_transition(cur, Verb.RESUME)
-            assert cur.tier is not None
-            async with self.ledger.step(RESUME_STEP[cur.tier], sid) as fields:
-                call = asyncio.ensure_future(self.worker(rec).resume(sid))
-                if cur.tier == Tier.MEMORY:
-                    # the record is written while the thawed sandbox wakes and answers: a runtime
-                    # failure then marks it failed from running; any other error puts it back.
-                    # Two turns of the loop let the call get that far first: an in-process worker
-                    # sends its health ping (one turn) and thaws (the next), a remote one's request
-                    # is on the wire. Writing before the thaw instead cost ~1 ms per resume.
-                    for _ in range(2):
-                        await asyncio.sleep(0)
-                    since, reason = rec.standby_since, rec.standby_reason
-                    self.ledger.persist(rec, Verb.RESUME)
-                    try:
-                        outcome = await self.ledger.guard(rec, call)
-                    except errors.AtollError as e:
-                        if rec.state == State.RUNNING and not isinstance(
-                            e, errors.RuntimeFailure | errors.SandboxDied
-                        ):
-                            self.ledger.persist(rec, Verb.FREEZE, standby_since=since, standby_reason=reason)
-                        raise
-                else:
-                    try:
-                        outcome = await self.ledger.guard(rec, call)
-                    except errors.ResumeFailed as e:
-                        raise self.ledger.resume_failed(rec, e.message, e.detail) from None
-                    self.ledger.persist(rec, Verb.RESUME, resume_error=None, resume_failures=0)
-                fields["worker_ms"] = outcome.duration_ms  # the worker's own part of the resume
-            self.ledger.activity[sid] = time.monotonic()
+            return await self._resume_locked(self.get(sid))
+
+    async def _resume_locked(self, rec: dbm.SandboxRecord) -> dbm.SandboxRecord:
+        """`resume` under the sandbox's lock (also controlplane.evacuation's, after a move)."""
+        sid = rec.id
+        if rec.state == State.RUNNING:  # someone else resumed it while we waited: share it
+            return rec
+        cur = status(rec.state, rec.standby_tier)
+        check_transition(cur, Verb.RESUME)
+        assert cur.tier is not None
+        async with self.ledger.step(RESUME_STEP[cur.tier], sid) as fields:
+            call = asyncio.ensure_future(self.worker(rec).resume(sid))
+            if cur.tier == Tier.MEMORY:
+                # the record is written while the thawed sandbox wakes and answers: a runtime
+                # failure then marks it failed from running; any other error puts it back.
+                # Two turns of the loop let the call get that far first: an in-process worker
+                # sends its health ping (one turn) and thaws (the next), a remote one's request
+                # is on the wire. Writing before the thaw instead cost ~1 ms per resume.
+                for _ in range(2):
+                    await asyncio.sleep(0)
+                since, reason = rec.standby_since, rec.standby_reason
+                self.ledger.persist(rec, Verb.RESUME)
+                try:
+                    outcome = await self.ledger.guard(rec, call)
+                except errors.AtollError as e:
+                    if rec.state == State.RUNNING and not isinstance(
+                        e, errors.RuntimeFailure | errors.SandboxDied
+                    ):
+                        self.ledger.persist(rec, Verb.FREEZE, standby_since=since, standby_reason=reason)
+                    raise
+            else:
+                try:
+                    outcome = await self.ledger.guard(rec, call)
+                except errors.ResumeFailed as e:
+                    raise self.ledger.resume_failed(rec, e.message, e.detail) from None
+                self.ledger.persist(rec, Verb.RESUME, resume_error=None, resume_failures=0)
+            fields["worker_ms"] = outcome.duration_ms  # the worker's own part of the resume
+        self.ledger.activity[sid] = time.monotonic()
         return rec
 
     @contextlib.asynccontextmanager
@@ -545,7 +560,7 @@ class SandboxManager:
                 self._vanished(rec, handle)
             elif not report.busy:
                 self._follow(rec, report, handle)
-        orphans = [r for r in held.values() if not r.busy and self._orphan(r.sandbox_id)]
+        orphans = [r for r in held.values() if not r.busy and self._orphan(r.sandbox_id, handle.id)]
         for r in orphans:
             log.info(
                 "reconcile: deleting a runtime no live record owns",
@@ -560,9 +575,14 @@ class SandboxManager:
                 if isinstance(res, BaseException):
                     log.warning("reconcile: deleting %s failed: %r", r.sandbox_id, res)
 
-    def _orphan(self, sid: str) -> bool:
-        if sid in self.ledger.cache or self.ledger.lock(sid).locked():
+    def _orphan(self, sid: str, worker_id: str) -> bool:
+        """No live record owns this runtime on `worker_id`: none at all, or the sandbox moved to
+        another worker (a drain or a removal: the copy left behind is dropped; its archive in the
+        store names the new holder, so the old worker's delete leaves it alone)."""
+        if self.ledger.lock(sid).locked():
             return False
+        if sid in self.ledger.cache:
+            return self.ledger.cache[sid].worker_id != worker_id
         rec = self.db.get(sid)
         return rec is None or rec.state == State.DELETED
 

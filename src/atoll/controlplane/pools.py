@@ -13,7 +13,8 @@ create's path; it removes pooled sandboxes of superseded builds, those beyond `m
 their worker's inventory calls `stale_runtime` (not what a create makes now: a worker restarted
 with another guest agent or runsc keeps its frozen sandboxes, and their memory holds the old agent;
 one restarted with another ATOLL_SANDBOX_CA_FILE, or under a new installation CA, keeps sandboxes
-that trust the old certificates; `outdated`, at each adoption and reconciliation). A claim
+that trust the old certificates; `outdated`, at each adoption and reconciliation), and those on a
+draining worker (never claimed: the pool refills on the ready workers). A claim
 (`claim`) takes a frozen one of the template's current build and memory size, thaws it and gives it
 the caller's environment, CPU count, egress policy, secrets, metadata and timeouts — its id,
 hostname and generation are already its own (it was made as itself). Pooled sandboxes are not
@@ -244,6 +245,7 @@ class Pools:
                 or rec.standby_tier != Tier.MEMORY
                 or sid in self._claims
                 or self.m.lock(sid).locked()
+                or not self._on_ready_worker(rec)  # a draining worker's members are dropped
             ):
                 continue
             self._claims.add(sid)
@@ -259,6 +261,14 @@ class Pools:
                 self._claims.discard(sid)
                 self._wake.set()
         return None
+
+    def _on_ready_worker(self, rec: dbm.SandboxRecord) -> bool:
+        h = self.m.workers.handles.get(rec.worker_id)
+        return h is not None and h.state == "ready"
+
+    def _draining(self, rec: dbm.SandboxRecord) -> bool:
+        h = self.m.workers.handles.get(rec.worker_id)
+        return h is not None and h.state == "draining"
 
     async def _claim(
         self, rec: dbm.SandboxRecord, req: schemas.CreateSandbox, tenant: str
@@ -366,7 +376,11 @@ class Pools:
             stale = [
                 r
                 for r in members
-                if not cfg or r.build_id != current or r.state == State.FAILED or r.id in self._outdated
+                if not cfg
+                or r.build_id != current
+                or r.state == State.FAILED
+                or r.id in self._outdated
+                or self._draining(r)  # refilled on the ready workers
             ]
             keep = [r for r in members if r not in stale]
             extra = keep[desired(cfg, now) :] if cfg else []  # a window closed, min lowered: shrink

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import forking, http, lifetime, paging, schemas
+from atoll.controlplane import auth, forking, http, idempotency, lifetime, paging, schemas
 from atoll.controlplane.context import ctx
 from atoll.core import errors, ids
 from atoll.core.lifecycle import State, Tier
@@ -56,13 +56,30 @@ def answer(request: Request, rec, status: int = 200) -> Response:
 @router.post(
     "/v1/sandboxes",
     status_code=201,
-    openapi_extra=http.body_schema(schemas.CreateSandbox, required=False),
+    openapi_extra={
+        **http.body_schema(schemas.CreateSandbox, required=False),
+        "parameters": [
+            {
+                "name": idempotency.HEADER,
+                "in": "header",
+                "required": False,
+                "description": "Makes a retry safe: the same key (per tenant, 1-255 printable ASCII "
+                "characters) within 24 h answers the first create's sandbox (201 with the header "
+                f"`{idempotency.REPLAYED_HEADER}: true`) instead of making another; with another body "
+                "it is refused (409 idempotency_key_reused)",
+                "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+            }
+        ],
+    },
     responses={
         201: {"model": schemas.Sandbox, "description": "the sandbox, running"},
         **http.error_responses(
             {
-                400: "invalid_request: the body is malformed, or asks for more than any worker has",
+                400: "invalid_request: the body is malformed, or asks for more than any worker has, or "
+                "the Idempotency-Key is not 1-255 printable ASCII characters",
                 404: "template_not_found",
+                409: "idempotency_key_reused: the key named a create with another body; or "
+                "idempotency_key_in_use: its first create is still running (retryable)",
                 500: "runtime_error: the sandbox could not be started (it is left failed)",
                 503: "no_worker, or worker_unavailable: no worker can take it now (retryable)",
             }
@@ -73,10 +90,21 @@ def answer(request: Request, rec, status: int = 200) -> Response:
 async def create_sandbox(request: Request):
     """Create a sandbox on a ready worker and answer once it runs (every field optional). A user
     template's sandbox is claimed from its warm pool when one is ready, else restored from the
-    template's snapshot; the caller's env, metadata, limits, network and secrets apply either way."""
+    template's snapshot; the caller's env, metadata, limits, network and secrets apply either way.
+    With an `Idempotency-Key` header a retry answers the first create's sandbox."""
+    key = idempotency.check_key(request.headers.get(idempotency.HEADER))
     req = await http.read_json(request, schemas.CreateSandbox, optional=True)
-    rec = await ctx(request).manager.create(req)
-    return answer(request, rec, 201)
+    manager = ctx(request).manager
+    if key is None:
+        return answer(request, await manager.create(req), 201)
+    tenant = auth.acting_tenant(req.tenant_id)
+    rec, replayed = await manager.idempotency.create(
+        tenant, key, req.model_dump(mode="json"), lambda: manager.create(req)
+    )
+    r = answer(request, rec, 201)
+    if replayed:
+        r.headers[idempotency.REPLAYED_HEADER] = "true"
+    return r
 
 
 @router.post(

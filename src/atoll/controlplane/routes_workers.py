@@ -63,6 +63,8 @@ def view(request: Request, h: WorkerHandle) -> dict:
         },
         "allocated": {k: alloc[k] for k in ("memory_mb", "cpus", "disk_mb")},
         "sandboxes": alloc["sandboxes"],
+        "evacuated": h.state == "draining" and alloc["sandboxes"] == 0,
+        "evacuation": ev.view() if (ev := manager.evacuations.get(h.id)) is not None else None,
         "version": rec.version,
         "protocol": rec.protocol,
         "url": None if h.local else rec.url,
@@ -92,8 +94,10 @@ async def get_worker(request: Request, wid: WorkerId):
 @router.post(
     "/v1/workers/{wid}/drain",
     openapi_extra=http.body_schema(schemas.DrainRequest, required=False),
+    status_code=202,
     responses={
-        200: {"model": schemas.Worker},
+        202: {"model": schemas.Worker, "description": "draining (the evacuation runs in the background)"},
+        200: {"model": schemas.Worker, "description": "undrained (`draining: false`)"},
         **BAD_BODY,
         **NOT_FOUND,
         **http.error_responses({409: "invalid_state: the worker is neither ready nor draining"}),
@@ -101,9 +105,23 @@ async def get_worker(request: Request, wid: WorkerId):
     },
 )
 async def drain_worker(request: Request, wid: WorkerId):
-    """`{"draining": true}` (default): no new sandboxes go to this worker; `false` undoes it."""
+    """`{}` or `{"draining": true}`: no new sandboxes go to this worker, and every sandbox on it
+    moves to another worker in the background (standby ones by reference through the object
+    store, running ones by checkpoint, adoption and restore there: a pause of seconds, memory and
+    files intact); `GET /v1/workers/{id}` shows the progress (`evacuation`, and `evacuated: true`
+    once it holds none). A sandbox that cannot move (the checkpoint gate keeps it in memory, the
+    store fails, no other worker has room) stays, listed with the reason. Draining again moves
+    what is left. `{"draining": true, "evacuate": false}`: only the cordon. `{"draining": false}`:
+    undrained (200), an evacuation stops between sandboxes."""
     req = await http.read_json(request, schemas.DrainRequest, optional=True)
-    return http.json_response(view(request, ctx(request).manager.workers.drain(wid, req.draining)))
+    manager = ctx(request).manager
+    h = manager.workers.drain(wid, req.draining)
+    if not req.draining:
+        manager.evacuations.stop(h.id)
+        return http.json_response(view(request, h))
+    if req.evacuate:
+        manager.evacuations.start(h)
+    return http.json_response(view(request, h), 202)
 
 
 @router.post(

@@ -796,6 +796,22 @@ class Resources(BaseModel):
     disk_mb: float
 
 
+class LeftSandbox(BaseModel):
+    id: str
+    reason: str = Field(description="Why it stays on the draining worker")
+
+
+class Evacuation(BaseModel):
+    state: Literal["running", "done", "stopped"] = Field(
+        description="`stopped`: the worker was undrained before every sandbox had its turn"
+    )
+    moved: int = Field(description="Sandboxes moved to other workers")
+    left: list[LeftSandbox] = Field(description="Sandboxes that stay, each with the reason")
+    pool_members_dropped: int = Field(description="Unclaimed warm-pool members deleted (refilled elsewhere)")
+    started_at: str
+    finished_at: str | None
+
+
 class Worker(BaseModel):
     id: str
     name: str
@@ -804,6 +820,12 @@ class Worker(BaseModel):
     capacity: Resources
     allocated: Resources
     sandboxes: int = Field(description="Live sandboxes on this worker")
+    evacuated: bool = Field(
+        False, description="Draining and holding no sandbox any more (a drain's evacuation is complete)"
+    )
+    evacuation: Evacuation | None = Field(
+        None, description="The last drain's evacuation of this worker (null: none since the server started)"
+    )
     version: str | None
     protocol: int | None
     url: str | None = Field(description="Where the server calls it (null for the in-process worker)")
@@ -835,7 +857,11 @@ class ReconcileAnswer(BaseModel):
 class DrainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    draining: bool = True
+    draining: bool = Field(True, description="false: undrain (and stop an evacuation between sandboxes)")
+    evacuate: bool = Field(
+        True,
+        description="Move every sandbox to other workers (false: only cordon: no new sandboxes go there)",
+    )
 
 
 _WORKER_INFO = pydantic.TypeAdapter(worker_api.WorkerInfo)

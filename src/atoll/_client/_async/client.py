@@ -34,7 +34,8 @@ class AsyncClient:
     accepted here, with a DeprecationWarning; a sandbox's lifetime is `sandboxes.create(timeout_s=...)`,
     where `timeout=` is refused.) Idempotent calls (GET, PUT, DELETE, PATCH)
     are retried up to `retries` times on connection failures and 429/502/503/504 answers, with
-    exponential backoff or the server's Retry-After; POSTs (exec, create) never are.
+    exponential backoff or the server's Retry-After; POSTs (exec, create) never are, except a
+    create with an `idempotency_key` (the server answers a repeat with the first sandbox).
     `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
     Use it as a context manager, or close it when done.
     """
@@ -184,9 +185,11 @@ class AsyncClient:
         timeout: float | None = None,  # noqa: ASYNC109 - passed on to httpx
     ) -> httpx.Response:
         """Send one request; raise the mapped `AtollError` for any non-2xx answer. Idempotent
-        methods are retried (see the class docstring; tenacity does the waiting)."""
+        methods, and requests with an Idempotency-Key, are retried (see the class docstring;
+        tenacity does the waiting)."""
         try:
-            async for attempt in _base.aretrying(self._retries, method, content):
+            keyed = headers is not None and "Idempotency-Key" in headers
+            async for attempt in _base.aretrying(self._retries, method, content, keyed):
                 with attempt:
                     response = await self._http.request(
                         method,

@@ -52,6 +52,7 @@ class AsyncSandboxes:
         volumes: Sequence[Mapping[str, Any]] | None = None,
         drives: Sequence[Mapping[str, Any]] | None = None,
         standby: Mapping[str, float] | None = None,
+        idempotency_key: str | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return it once running.
 
@@ -73,6 +74,8 @@ class AsyncSandboxes:
         `standby` is its standby policy, `{"memory_s": 15, "disk_s": 300, "archive_after_s":
         86400}`: seconds idle before the memory tier, then in memory before disk, then in standby
         before the archive tier (0 = never; memory_s and disk_s are idle_timeout_s and disk_after_s).
+        `idempotency_key` (1-255 printable ASCII characters, e.g. a UUID) makes a retry safe: the
+        same key with the same arguments within 24 h returns the sandbox the first call made.
         """
         _base.refuse_timeout("sandboxes.create()", timeout)
         body = _base.without_none(
@@ -98,6 +101,7 @@ class AsyncSandboxes:
             "POST",
             "/v1/sandboxes",
             json=body,
+            headers={"Idempotency-Key": idempotency_key} if idempotency_key is not None else None,
             timeout=request_timeout if request_timeout is not None else self._client.create_timeout,
         )
         return AsyncSandbox(self._client, _base.json_body(response))

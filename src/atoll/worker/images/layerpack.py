@@ -186,51 +186,65 @@ async def _exists(store: objectstore.ObjectStore, key: str) -> bool:
         return False
 
 
+_publishing: dict[tuple[str, str, str], asyncio.Lock] = {}
+"""One publication of a layer instance at a time in this worker: sandboxes archived at once (a
+drain) share their template's layers, and two uploads of one object raced (the size check of one
+saw the other's partial object, and its archive failed)."""
+
+
 async def publish(store: objectstore.ObjectStore, refs: list[dict], tmp_dir: str) -> int:
     """Upload the instances of `refs` (from `refs_of`) the store lacks; returns how many were
     uploaded. StoreError when the store fails (nothing is named by a manifest then)."""
     uploaded = 0
     for ref in refs:
         key, instance = check_ref(ref)
-        if await _exists(store, manifest_key(key, instance)):
-            continue
-        t0 = time.perf_counter()
-        out = os.path.join(tmp_dir, f"layer-{key}-{instance}.tar.zst")
-        meta_path = out + ".json"
-        try:
-            sha, size, raw = await asyncio.to_thread(_pack, ref["path"], out)
-            stored = await store.put_file(object_key(key, instance), out)
-            if stored != size or await store.size(object_key(key, instance)) != size:
-                raise objectstore.StoreUnavailable(
-                    f"{store.name} holds {stored} bytes of layer {key}, {size} were uploaded"
-                )
-            with open(meta_path, "w") as f:
-                json.dump(
-                    {
-                        "key": key,
-                        "instance": instance,
-                        "sha256": sha,
-                        "size": size,
-                        "raw_bytes": raw,
-                        "published_at": time.time(),
-                    },
-                    f,
-                )
-            await store.put_file(manifest_key(key, instance), meta_path)
-        finally:
-            for p in (out, meta_path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-        uploaded += 1
-        log.info(
-            "layer %s (instance %s) published: %d bytes (%d before compression) in %.0f ms",
-            key,
-            instance,
-            size,
-            raw,
-            (time.perf_counter() - t0) * 1000,
-        )
+        async with _publishing.setdefault((store.name, key, instance), asyncio.Lock()):
+            uploaded += await _publish_one(store, ref, key, instance, tmp_dir)
     return uploaded
+
+
+async def _publish_one(
+    store: objectstore.ObjectStore, ref: dict, key: str, instance: str, tmp_dir: str
+) -> int:
+    """Publish one instance unless the store has it (1 when uploaded); under its `_publishing` lock."""
+    if await _exists(store, manifest_key(key, instance)):
+        return 0
+    t0 = time.perf_counter()
+    out = os.path.join(tmp_dir, f"layer-{key}-{instance}.tar.zst")
+    meta_path = out + ".json"
+    try:
+        sha, size, raw = await asyncio.to_thread(_pack, ref["path"], out)
+        stored = await store.put_file(object_key(key, instance), out)
+        if stored != size or await store.size(object_key(key, instance)) != size:
+            raise objectstore.StoreUnavailable(
+                f"{store.name} holds {stored} bytes of layer {key}, {size} were uploaded"
+            )
+        with open(meta_path, "w") as f:
+            json.dump(
+                {
+                    "key": key,
+                    "instance": instance,
+                    "sha256": sha,
+                    "size": size,
+                    "raw_bytes": raw,
+                    "published_at": time.time(),
+                },
+                f,
+            )
+        await store.put_file(manifest_key(key, instance), meta_path)
+    finally:
+        for p in (out, meta_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+    log.info(
+        "layer %s (instance %s) published: %d bytes (%d before compression) in %.0f ms",
+        key,
+        instance,
+        size,
+        raw,
+        (time.perf_counter() - t0) * 1000,
+    )
+    return 1
 
 
 # ---- fetching -------------------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""`Idempotency-Key` on creates: a retried `POST /v1/sandboxes` never makes a second sandbox.
+
+A key (1-255 printable ASCII characters, per tenant) names one create for KEEP_S (24 h). The
+first request with it INSERTs a row `(tenant, key) -> fingerprint of the body` before it creates
+anything; the row's primary key makes that atomic through the database (SQLite or PostgreSQL, any
+number of servers): a second request with the key — a retry, or one racing the first — fails that
+INSERT and instead reads the row. Same body: it waits while the first is still creating, then
+answers the same sandbox (as it is now); another body: 409 `idempotency_key_reused`. A create that
+fails deletes its row, so its retry creates anew (a waiter then makes it itself). A row still
+pending after PENDING_STALE_S (its server died mid-create) is taken over. Expired rows are swept
+now and then. Called by controlplane.routes_sandboxes; the SandboxManager owns one `Keys`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import logging
+import time
+import typing
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from atoll.controlplane import db as dbm
+from atoll.core import errors
+
+log = logging.getLogger(__name__)
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+KEEP_S = 24 * 3600.0
+"""How long a key names its create."""
+PENDING_STALE_S = 600.0
+"""A create pending this long is taken to have died with its server."""
+WAIT_S = 300.0
+"""How long a request waits for the first request with its key to finish."""
+POLL_S = 0.05
+SWEEP_EVERY_S = 600.0
+
+
+class IdempotencyRecord(dbm.Base):
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (sa.Index("ix_idempotency_keys_created_at", "created_at"),)
+
+    tenant_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(sa.String(64))
+    """SHA-256 of the create's body as understood (canonical JSON of its fields)."""
+    sandbox_id: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
+    """The sandbox made; None while the first request is creating it."""
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True))
+
+
+class KeyReused(errors.Conflict):
+    code = "idempotency_key_reused"
+
+
+class KeyInUse(errors.Conflict):
+    code = "idempotency_key_in_use"
+    retryable = True
+
+
+def check_key(raw: str | None) -> str | None:
+    """The header's value, or None when absent; 400 for an empty, too long or non-ASCII one."""
+    if raw is None:
+        return None
+    if not raw or len(raw) > 255 or not raw.isascii() or not raw.isprintable():
+        shown = raw[:40].encode("ascii", "backslashreplace").decode()
+        raise errors.InvalidRequest(
+            f"{HEADER} {shown!r} ({len(raw)} characters) is not valid: use 1-255 printable ASCII "
+            "characters (a UUID is a good key)"
+        )
+    return raw
+
+
+def fingerprint(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)  # SQLite hands them back naive (UTC)
+
+
+class Keys:
+    def __init__(self, database: dbm.Database):
+        self.db = database
+        self._swept = 0.0
+
+    async def create(
+        self,
+        tenant: str,
+        key: str,
+        body: dict,
+        make: typing.Callable[[], typing.Awaitable[dbm.SandboxRecord]],
+    ) -> tuple[dbm.SandboxRecord, bool]:
+        """The sandbox of this key: made now by `make` (False), or the earlier one (True)."""
+        fp = fingerprint(body)
+        self._sweep()
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            row = self._insert(tenant, key, fp)
+            if row is None:
+                break  # this request makes it
+            if row == "again":
+                continue
+            if row.fingerprint != fp:
+                raise KeyReused(
+                    f"{HEADER} {key!r} was used by another create of this tenant with a different "
+                    "body in the last 24 h; send the same body to get that sandbox, or use a new key"
+                )
+            if row.sandbox_id is not None:
+                rec = self.db.get(row.sandbox_id)
+                if rec is not None:
+                    log.info("sandbox.create.replayed", extra={"sandbox_id": rec.id, "tenant": tenant})
+                    return rec, True
+                self._drop(tenant, key, row.sandbox_id)  # its record is gone for good
+                continue
+            if time.monotonic() >= deadline:
+                raise KeyInUse(
+                    f"a create with {HEADER} {key!r} is still in progress after {WAIT_S:.0f} s; retry later"
+                )
+            await asyncio.sleep(POLL_S)
+        try:
+            rec = await make()
+        except BaseException:
+            self._drop(tenant, key, None)
+            raise
+        with self.db.session.begin() as s:
+            s.execute(
+                sa.update(IdempotencyRecord)
+                .where(IdempotencyRecord.tenant_id == tenant, IdempotencyRecord.key == key)
+                .values(sandbox_id=rec.id)
+            )
+        return rec, False
+
+    def _insert(self, tenant: str, key: str, fp: str) -> IdempotencyRecord | None | typing.Literal["again"]:
+        """None when this request's row went in; else the row in the way, or "again" when there
+        was none after all, or an expired or abandoned one was just removed (INSERT again)."""
+        now = dbm.utcnow()
+        try:
+            with self.db.session.begin() as s:
+                s.add(IdempotencyRecord(tenant_id=tenant, key=key, fingerprint=fp, created_at=now))
+            return None
+        except sa.exc.IntegrityError:
+            pass
+        with self.db.session() as s:
+            row = s.get(IdempotencyRecord, (tenant, key))
+        if row is None:  # removed meanwhile
+            return "again"
+        age = (now - _aware(row.created_at)).total_seconds()
+        if age > KEEP_S or (row.sandbox_id is None and age > PENDING_STALE_S):
+            t = IdempotencyRecord
+            with self.db.session.begin() as s:  # the condition again in SQL: another may have replaced it
+                s.execute(
+                    sa.delete(t).where(
+                        t.tenant_id == tenant,
+                        t.key == key,
+                        sa.or_(
+                            t.created_at < now - dt.timedelta(seconds=KEEP_S),
+                            sa.and_(
+                                t.sandbox_id.is_(None),
+                                t.created_at < now - dt.timedelta(seconds=PENDING_STALE_S),
+                            ),
+                        ),
+                    )
+                )
+            return "again"
+        return row
+
+    def _drop(self, tenant: str, key: str, sandbox_id: str | None) -> None:
+        cond = (
+            IdempotencyRecord.sandbox_id.is_(None)
+            if sandbox_id is None
+            else IdempotencyRecord.sandbox_id == sandbox_id
+        )
+        with self.db.session.begin() as s:
+            s.execute(
+                sa.delete(IdempotencyRecord).where(
+                    IdempotencyRecord.tenant_id == tenant, IdempotencyRecord.key == key, cond
+                )
+            )
+
+    def _sweep(self) -> None:
+        if time.monotonic() - self._swept < SWEEP_EVERY_S:
+            return
+        self._swept = time.monotonic()
+        cutoff = dbm.utcnow() - dt.timedelta(seconds=KEEP_S)
+        with self.db.session.begin() as s:
+            s.execute(sa.delete(IdempotencyRecord).where(IdempotencyRecord.created_at < cutoff))

@@ -1,0 +1,236 @@
+"""Drain with evacuation (controlplane.evacuation) over two in-process FakeWorkers sharing one
+archive store: running, memory- and disk-tier sandboxes move to the other worker with their files,
+a gated one and a busy one stay (reported, not killed), the store failing or no other worker
+leaves them where they are, `evacuate: false` only cordons, `draining: false` undrains and stops an
+evacuation between sandboxes, pool members are refilled elsewhere. The real moves (gVisor,
+SeaweedFS) are tests/integration/test_drain.py's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from atoll.controlplane import evacuation
+from atoll.core.lifecycle import Phase
+from atoll.testing import FakeAtoll, FakeWorker
+from tests.component.conftest import create
+
+KEY = "component-key"
+
+
+@pytest.fixture
+async def two(tmp_path):
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    async with FakeAtoll(tmp_path, [w1, w2], api_key=KEY) as f:
+        yield f, w1, w2
+
+
+async def _ids(c) -> dict[str, str]:
+    return {w["name"]: w["id"] for w in (await c.get("/v1/workers")).json()["items"]}
+
+
+async def _on(c, name: str, n: int, **kw) -> list[str]:
+    """`n` sandboxes made on worker `name` (the other one cordoned meanwhile)."""
+    ids = await _ids(c)
+    other = next(k for k in ids if k != name)
+    r = await c.post(f"/v1/workers/{ids[other]}/drain", json={"draining": True, "evacuate": False})
+    assert r.status_code == 202 and r.json()["state"] == "draining" and r.json()["evacuation"] is None
+    out = [await create(c, **kw) for _ in range(n)]
+    r = await c.post(f"/v1/workers/{ids[other]}/drain", json={"draining": False})
+    assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+    return out
+
+
+async def _evacuated(c, wid: str, timeout: float = 10.0) -> dict:
+    for _ in range(int(timeout / 0.02)):
+        w = (await c.get(f"/v1/workers/{wid}")).json()
+        if w["evacuation"] and w["evacuation"]["state"] != "running":
+            return w
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the evacuation did not end: {w}")
+
+
+async def test_drain_moves_running_memory_and_disk_sandboxes_with_their_files(two):
+    f, w1, w2 = two
+    c = f.http
+    running, memory, disk = await _on(c, "w1", 3)
+    for sid in (running, memory, disk):
+        r = await c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/kept"}, content=sid.encode())
+        assert r.status_code in (200, 201, 204), r.text
+    assert (await c.post(f"/v1/sandboxes/{memory}/pause", json={"tier": "memory"})).status_code == 200
+    assert (await c.post(f"/v1/sandboxes/{disk}/pause", json={"tier": "disk"})).status_code == 200
+    wid = (await _ids(c))["w1"]
+
+    r = await c.post(f"/v1/workers/{wid}/drain", json={})
+    assert r.status_code == 202, r.text
+    assert r.json()["state"] == "draining" and r.json()["evacuation"]["state"] == "running"
+    w = await _evacuated(c, wid)
+    assert w["evacuation"]["moved"] == 3 and w["evacuation"]["left"] == [], w
+    assert (w["sandboxes"], w["evacuated"], w["evacuation"]["state"]) == (0, True, "done"), w
+
+    views = {sid: (await c.get(f"/v1/sandboxes/{sid}")).json() for sid in (running, memory, disk)}
+    assert {v["worker"] for v in views.values()} == {"w2"}
+    # the running one runs again on w2; the standby ones wait in the archive tier there
+    assert views[running]["state"] == "running" and w2.runtimes[running].phase == Phase.RUNNING
+    for sid in (memory, disk):
+        assert (views[sid]["state"], views[sid]["standby_tier"]) == ("standby", "archive"), views[sid]
+    assert not w1.runtimes, "w1 kept local copies"
+    for sid in (running, memory, disk):
+        r = await c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/kept"})
+        assert r.status_code == 200 and r.content == sid.encode(), r.text
+        assert ("adopt", sid) in w2.calls
+    # nothing goes to the draining worker; the drain outlasts nothing else
+    fresh = await create(c)
+    assert (await c.get(f"/v1/sandboxes/{fresh}")).json()["worker"] == "w2"
+    listed = {w["name"]: w for w in (await c.get("/v1/workers")).json()["items"]}
+    assert listed["w1"]["evacuated"] is True and listed["w2"]["evacuated"] is False
+    assert listed["w2"]["sandboxes"] == 4
+
+
+async def test_what_cannot_move_stays_and_is_reported(two, monkeypatch):
+    """Gated (open connections keep it in memory), the store failing, a failed one: each stays on
+    w1 in the state it had, with the reason; nothing is killed."""
+    monkeypatch.setattr(evacuation, "CONCURRENCY", 1)  # the fake's gate knob is worker-wide
+    f, w1, w2 = two
+    c = f.http
+    gated, unstored, ok = await _on(c, "w1", 3)
+    dead = (await _on(c, "w1", 1))[0]
+    w1.kill(dead, "fake: it died")
+    await asyncio.sleep(0.05)
+    real_pause = w1.pause
+
+    async def pause(sid, tier, *, only_if_idle=False):  # the gate of one, the store of another
+        w1.gate_blockers = ["1 TCP connection(s) open (ESTABLISHED)"] if sid == gated else []
+        if sid == unstored:
+            w1.fail.add("archive")
+        try:
+            return await real_pause(sid, tier, only_if_idle=only_if_idle)
+        finally:
+            w1.fail.discard("archive")
+
+    w1.pause = pause  # type: ignore[method-assign]
+    wid = (await _ids(c))["w1"]
+    assert (await c.post(f"/v1/workers/{wid}/drain")).status_code == 202
+    w = await _evacuated(c, wid)
+    left = {x["id"]: x["reason"] for x in w["evacuation"]["left"]}
+    assert w["evacuation"]["moved"] == 1 and set(left) == {gated, unstored, dead}, w
+    assert "kept in the memory tier" in left[gated] and "ESTABLISHED" in left[gated]
+    assert "disk tier" in left[unstored] and "failed" in left[dead]
+    assert (w["sandboxes"], w["evacuated"]) == (3, False)
+    for sid in (gated, unstored):  # running again, on w1, nothing lost
+        sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+        assert (sb["state"], sb["worker"]) == ("running", "w1"), sb
+        assert w1.runtimes[sid].phase == Phase.RUNNING and sid not in w2.runtimes
+    assert (await c.get(f"/v1/sandboxes/{ok}")).json()["worker"] == "w2"
+    # draining again retries what is left: the gate has let go now
+    w1.pause = real_pause  # type: ignore[method-assign]
+    w1.gate_blockers = []
+    assert (await c.post(f"/v1/workers/{wid}/drain", json={"draining": True})).status_code == 202
+    w = await _evacuated(c, wid)
+    assert w["evacuation"]["moved"] == 2 and [x["id"] for x in w["evacuation"]["left"]] == [dead], w
+
+
+async def test_a_drain_with_no_other_worker_reports_every_sandbox(tmp_path):
+    async with FakeAtoll(tmp_path, [FakeWorker("solo")], api_key=KEY) as f:
+        c = f.http
+        a, b = await create(c), await create(c)
+        assert (await c.post(f"/v1/sandboxes/{b}/pause", json={"tier": "disk"})).status_code == 200
+        wid = (await _ids(c))["solo"]
+        r = await c.post(f"/v1/workers/{wid}/drain", json={})
+        assert r.status_code == 202 and r.json()["state"] == "draining"
+        w = await _evacuated(c, wid)
+        left = {x["id"]: x["reason"] for x in w["evacuation"]["left"]}
+        assert set(left) == {a, b} and all("no other worker can take it" in why for why in left.values())
+        assert (w["evacuation"]["moved"], w["evacuated"]) == (0, False)
+        sb = (await c.get(f"/v1/sandboxes/{a}")).json()
+        assert sb["state"] == "running" and ("pause", a) not in f.worker.calls  # never touched
+        assert (await c.get(f"/v1/sandboxes/{b}")).json()["standby_tier"] == "disk"
+
+
+async def test_undrain_stops_an_evacuation_between_sandboxes_and_cordon_only_moves_nothing(two):
+    f, w1, w2 = two
+    c = f.http
+    sids = await _on(c, "w1", 6)
+    wid = (await _ids(c))["w1"]
+    r = await c.post(f"/v1/workers/{wid}/drain", json={"draining": True, "evacuate": False})
+    assert r.status_code == 202 and r.json()["evacuation"] is None
+    await asyncio.sleep(0.1)
+    assert [(await c.get(f"/v1/sandboxes/{s}")).json()["worker"] for s in sids] == ["w1"] * len(sids)
+    w1.delay["checkpoint"] = 0.2  # each move takes a while
+    assert (await c.post(f"/v1/workers/{wid}/drain", json={})).status_code == 202
+    await asyncio.sleep(0.05)
+    r = await c.post(f"/v1/workers/{wid}/drain", json={"draining": False})
+    assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+    w = await _evacuated(c, wid)
+    assert w["evacuation"]["state"] == "stopped" and w["state"] == "ready" and not w["evacuated"]
+    moved = w["evacuation"]["moved"]
+    assert 1 <= moved < len(sids), w  # those under way finished their move; the rest stayed
+    workers = [(await c.get(f"/v1/sandboxes/{s}")).json() for s in sids]
+    assert sum(v["worker"] == "w2" for v in workers) == moved
+    assert all(v["state"] == "running" for v in workers), workers
+
+
+async def test_pool_members_of_a_draining_worker_are_refilled_elsewhere(tmp_path):
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    async with FakeAtoll(tmp_path, [w1, w2], api_key=KEY, default_pool=2) as f:
+        c = f.http
+        m = f.manager
+
+        def members() -> list:
+            return [r for r in m.live() if r.pooled and r.state == "standby"]
+
+        for _ in range(300):
+            if len(members()) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(members()) == 2
+        ids = await _ids(c)
+        on_w1 = [r for r in members() if r.worker_id == ids["w1"]]
+        target = "w1" if on_w1 else "w2"
+        wid = ids[target]
+        assert (await c.post(f"/v1/workers/{wid}/drain", json={})).status_code == 202
+        for _ in range(500):
+            ms = members()
+            if len(ms) == 2 and all(r.worker_id != wid for r in ms):
+                break
+            await asyncio.sleep(0.02)
+        assert len(ms) == 2 and all(r.worker_id != wid for r in ms), [(r.id, r.worker_id) for r in ms]
+        sid = await create(c)  # claimed from the pool, on the ready worker
+        assert (await c.get(f"/v1/sandboxes/{sid}")).json()["worker"] != target
+
+
+async def test_a_copy_the_old_worker_kept_is_removed_by_reconciliation(two):
+    """The old worker's delete failed after the move: its copy is an orphan (its record names the
+    new worker), removed by the next reconciliation; the moved sandbox is untouched."""
+    f, w1, w2 = two
+    c = f.http
+    [sid] = await _on(c, "w1", 1)
+    wid = (await _ids(c))["w1"]
+    w1.fail.add("delete")
+    assert (await c.post(f"/v1/workers/{wid}/drain")).status_code == 202
+    w = await _evacuated(c, wid)
+    assert w["evacuation"]["moved"] == 1 and w["evacuated"], w
+    assert sid in w1.runtimes and sid in w2.runtimes  # two copies for now
+    w1.fail.discard("delete")
+    assert (await c.post(f"/v1/workers/{wid}/reconcile")).status_code == 200
+    assert sid not in w1.runtimes and w2.runtimes[sid].phase == Phase.RUNNING
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert (sb["state"], sb["worker"]) == ("running", "w2"), sb
+
+
+async def test_a_call_arriving_during_the_move_waits_and_runs_on_the_new_worker(two):
+    f, w1, w2 = two
+    c = f.http
+    [sid] = await _on(c, "w1", 1)
+    wid = (await _ids(c))["w1"]
+    w1.delay["checkpoint"] = 0.3
+    assert (await c.post(f"/v1/workers/{wid}/drain")).status_code == 202
+    await asyncio.sleep(0.05)  # the move holds the sandbox's lock now
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 200, r.text
+    assert ("exec", sid) in w2.calls and ("exec", sid) not in w1.calls
+    w = await _evacuated(c, wid)
+    assert w["evacuation"]["moved"] == 1 and w["evacuated"], w

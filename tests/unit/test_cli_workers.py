@@ -1,0 +1,71 @@
+"""Unit tests of `atoll worker drain NAME` (atoll.cli.workers) with typer's CliRunner over an
+`httpx.MockTransport`: the name is found in the list, what each flag sends, what stays is
+printed with its reason, an unknown name is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import atoll
+from atoll.cli import main as cli
+
+from .test_cli import Routes, run
+
+WID = "wk-aaaaaaaaaaaaaaaa"
+W = {"id": WID, "name": "w1", "state": "ready", "sandboxes": 2, "evacuated": False, "evacuation": None}
+
+
+@pytest.fixture
+def routes(monkeypatch) -> Routes:
+    monkeypatch.delenv("ATOLL_URL", raising=False)
+    monkeypatch.delenv("ATOLL_API_KEY", raising=False)
+    r = Routes()
+    monkeypatch.setattr(
+        cli,
+        "make_client",
+        lambda url, key: atoll.Client("http://atoll.test", key, transport=httpx.MockTransport(r)),
+    )
+    r.on("GET", "/v1/workers", httpx.Response(200, json={"items": [W], "next_cursor": None}))
+    return r
+
+
+def test_drain_evacuates_by_default_and_prints_what_stays(routes):
+    ev = {
+        "state": "done",
+        "moved": 1,
+        "left": [{"id": "sb-bbbbbbbbbbbbbbbb", "reason": "kept in the memory tier: epoll"}],
+        "pool_members_dropped": 0,
+        "started_at": "x",
+        "finished_at": "y",
+    }
+    routes.on(
+        "POST",
+        f"/v1/workers/{WID}/drain",
+        httpx.Response(202, json={**W, "state": "draining", "sandboxes": 1, "evacuation": ev}),
+    )
+    result = run("worker", "drain", "w1")
+    assert result.exit_code == 0, result.output
+    assert json.loads(routes.last.content) == {"draining": True, "evacuate": True}
+    assert (
+        "1 moved, 1 left" in result.stdout and "sb-bbbbbbbbbbbbbbbb: kept in the memory tier" in result.stdout
+    )
+    routes.on("GET", f"/v1/workers/{WID}", httpx.Response(200, json={**W, "evacuation": ev}))
+    assert run("worker", "drain", "w1", "--wait").exit_code == 2  # something stayed
+
+
+def test_no_evacuate_and_undo(routes):
+    routes.on("POST", f"/v1/workers/{WID}/drain", httpx.Response(202, json={**W, "state": "draining"}))
+    assert run("worker", "drain", WID, "--no-evacuate").exit_code == 0
+    assert json.loads(routes.last.content) == {"draining": True, "evacuate": False}
+    routes.on("POST", f"/v1/workers/{WID}/drain", httpx.Response(200, json=W))
+    result = run("worker", "drain", "w1", "--undo")
+    assert result.exit_code == 0 and "w1: ready" in result.stdout, result.output
+    assert json.loads(routes.last.content) == {"draining": False}
+
+
+def test_an_unknown_worker_is_a_clear_error(routes):
+    result = run("worker", "drain", "nope")
+    assert result.exit_code == 1 and "no worker named 'nope' (known: w1)" in result.output
