@@ -31,7 +31,8 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │                               secret_exists, template_exists, template_in_use, tenant_exists, tenant_in_use,
     │                               volume_exists, drive_exists, volume_in_use, drive_in_use,
     │                               checkpoint_refused (fork: the sandbox's state cannot be saved now),
-    │                               not_adoptable (worker protocol only)
+    │                               not_adoptable (worker protocol only),
+    │                               idempotency_key_reused, idempotency_key_in_use (retryable)
     ├── PayloadTooLarge         413 payload_too_large
     ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full; store_full: a
     │                               volume's or drive's size_mb is used up
@@ -319,6 +320,8 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "drive_in_use": Conflict,
     "checkpoint_refused": Conflict,
     "not_adoptable": Conflict,
+    "idempotency_key_reused": Conflict,
+    "idempotency_key_in_use": Conflict,
     "method_not_allowed": InvalidRequest,
     "payload_too_large": PayloadTooLarge,
     "answer_too_large": PayloadTooLarge,

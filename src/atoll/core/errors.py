@@ -86,6 +86,12 @@ CODES: dict[str, Code] = {
     "drive_in_use": Code(
         409, False, "the drive is attached to sandboxes (the error names them); delete them first"
     ),
+    "idempotency_key_reused": Code(
+        409, False, "the Idempotency-Key named an earlier create with another body; use a new key"
+    ),
+    "idempotency_key_in_use": Code(
+        409, True, "the first create with this Idempotency-Key is still running; retry to get its sandbox"
+    ),
     "not_adoptable": Code(
         409,
         False,
