@@ -9,12 +9,14 @@ import asyncio
 import concurrent.futures
 import datetime as dt
 import itertools
+import os
 import subprocess
 import sys
 import threading
 import time
 
 import httpx
+import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -25,6 +27,7 @@ from atoll.controlplane import audit, auth, metering, settings  # noqa: F401  (t
 from atoll.controlplane import db as dbm
 from atoll.core import config
 from atoll.testing import FakeAtoll, FakeWorker, free_port
+from atoll.testing import postgres as pgtesting
 
 _fresh = itertools.count()
 
@@ -255,3 +258,23 @@ def test_records_round_trip_and_pool_claims_count_across_servers(database_url):
             other.engine.dispose()
     finally:
         d.engine.dispose()
+
+
+def test_the_test_cluster_stops_its_own_postmaster_and_leaves_nothing(postgres):
+    """(`postgres`, the session's cluster, only for its skip/fail when PostgreSQL is missing.)"""
+    with pgtesting.PostgresCluster() as pg:
+        pid, directory = pg.pid, pg.dir
+        assert pid is not None and directory is not None
+        with psycopg.connect(pg.socket_url()) as conn:  # the socket, trusted
+            assert conn.execute("SELECT current_setting('listen_addresses')").fetchone() == ("127.0.0.1",)
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(pg.url().replace(pg.password, "nope"))  # TCP needs the password
+    assert not os.path.exists(directory)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_missing_postgresql_programs_are_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATOLL_PG_BINDIR", str(tmp_path))
+    with pytest.raises(pgtesting.PostgresMissing, match="holds no executable initdb"):
+        pgtesting.PostgresCluster()
