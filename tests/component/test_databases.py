@@ -278,3 +278,24 @@ def test_missing_postgresql_programs_are_named(monkeypatch, tmp_path):
     monkeypatch.setenv("ATOLL_PG_BINDIR", str(tmp_path))
     with pytest.raises(pgtesting.PostgresMissing, match="holds no executable initdb"):
         pgtesting.PostgresCluster()
+
+
+@pytest.mark.databases
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", "/v1/sandboxes", {"idle_timeout_s": 0, "template": "x\u0000y"}),
+        ("GET", "/v1/sandboxes?metadata.a=x%00y", None),
+        ("GET", "/v1/sandboxes?template=x%00y", None),
+        ("GET", "/v1/audit?action=x%00y", None),
+        ("GET", "/v1/templates/x%00y", None),
+        ("DELETE", "/v1/keys/x%00y", None),
+    ],
+)
+async def test_a_nul_character_is_never_a_server_error(fake, method, path, body):
+    """PostgreSQL refuses a NUL in text where SQLite takes it: a name or filter with one is the
+    caller's mistake (400, or what SQLite answers), never a 500."""
+    r = await fake.http.request(method, path, json=body)
+    assert r.status_code in (200, 400, 404), r.text
+    if fake.manager.db.dialect == "postgresql":
+        assert r.status_code == 400 and "NUL" in r.json()["error"]["message"], r.text
