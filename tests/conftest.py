@@ -62,12 +62,11 @@ def postgres():
     `atoll_template` at the newest migration that each test's database is copied from. Missing
     PostgreSQL fails the test (CI must run both databases); ATOLL_TEST_SKIP_POSTGRES=1 skips it."""
     try:
-        cluster = pgtesting.PostgresCluster()
-    except pgtesting.PostgresMissing as e:
+        cluster = pgtesting.PostgresCluster().start()
+    except pgtesting.PostgresMissing as e:  # no programs, or (as root) no `postgres` user
         if os.environ.get("ATOLL_TEST_SKIP_POSTGRES") == "1":
             pytest.skip(f"ATOLL_TEST_SKIP_POSTGRES=1: {e}")
         pytest.fail(f"{e} (or set ATOLL_TEST_SKIP_POSTGRES=1 to skip the PostgreSQL runs)", pytrace=False)
-    cluster.start()
     try:
         cluster.migrated_template(PG_TEMPLATE)
         yield cluster
