@@ -6,7 +6,9 @@ no root, no runsc): the real control plane (FastAPI app, SQLite in a temp dir, l
 to its database — 90% running, 10% in the disk tier, a third labelled team=a — once per N (default
 1,000 and 10,000: a page must cost the same whatever the total; `ratio_largest_to_smallest`).
 Prints one JSON document to stdout (also bench/results/lists.json unless --no-save or --quick);
-progress on stderr.
+progress on stderr. `--database postgresql` keeps the records in a private PostgreSQL instead
+(atoll.testing.postgres, loopback TCP; lists-postgresql.json), `--database both` measures SQLite
+and PostgreSQL one after the other in the same run with their ratios (lists-databases.json).
 
 Measured (wall clock on the caller's side, kept-alive httpx client on loopback; n=30 after 3
 warm-ups, the page cases interleaved per round, `gc.collect()` untimed between rounds):
@@ -48,6 +50,7 @@ from atoll.core import ids  # noqa: E402
 from atoll.testing import FakeAtoll  # noqa: E402
 
 KEY = "bench-lists-key"
+_CASES = ("first_page_1000", "page_100", "deep_page_1000", "filtered_state", "filtered_metadata", "walk_all")
 
 
 def insert(fake: FakeAtoll, n: int) -> None:
@@ -86,9 +89,9 @@ async def timed(client: httpx.AsyncClient, path: str, params: dict | None = None
     return t.ms, r.json()
 
 
-async def measure(records: int, rounds: int) -> dict:
+async def measure(records: int, rounds: int, database_url: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(dir=c.BENCH_TMP) as tmp:
-        async with FakeAtoll(tmp, api_key=KEY, tier_policy=False) as fake:
+        async with FakeAtoll(tmp, api_key=KEY, tier_policy=False, database_url=database_url) as fake:
             with c.Timer() as t_ins:
                 insert(fake, records)
             c.log(f"{records} records written in {t_ins.ms:.0f} ms")
@@ -187,17 +190,48 @@ def main() -> int:
     )
     ap.add_argument("--quick", action="store_true", help="1,000 records, 3 rounds (smoke test, never saved)")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/lists.json")
+    ap.add_argument(
+        "--database",
+        choices=("sqlite", "postgresql", "both"),
+        default="sqlite",
+        help="where the records are: SQLite (default), a private PostgreSQL (atoll.testing.postgres), "
+        "or both side by side (saved as lists-databases.json, with ratio_postgresql_to_sqlite)",
+    )
     args = ap.parse_args()
     sizes, rounds = ([1000], 3) if args.quick else ([int(n) for n in args.records.split(",")], 30)
     machine = c.machine_info()
-    res: dict = {}
-    for n in sizes:
-        c.log(f"{n} records")
-        res[str(n)] = asyncio.run(measure(n, rounds))
-    if len(sizes) > 1:  # the same page read from the smallest and the largest installation
-        lo, hi = res[str(min(sizes))], res[str(max(sizes))]
-        res["ratio_largest_to_smallest"] = {
-            k: c.ratio(hi[k], lo[k]) for k in ("first_page_1000", "page_100", "filtered_metadata")
+    kinds = ("sqlite", "postgresql") if args.database == "both" else (args.database,)
+    by_kind: dict = {}
+    pg = None
+    try:
+        if "postgresql" in kinds:
+            from atoll.testing import postgres
+
+            pg = postgres.PostgresCluster().start()
+        for kind in kinds:
+            res: dict = {}
+            for n in sizes:
+                c.log(f"{n} records ({kind})")
+                url = pg.create_database(f"lists_{n}") if kind == "postgresql" and pg is not None else None
+                res[str(n)] = asyncio.run(measure(n, rounds, url))
+            if len(sizes) > 1:  # the same page read from the smallest and the largest installation
+                lo, hi = res[str(min(sizes))], res[str(max(sizes))]
+                res["ratio_largest_to_smallest"] = {
+                    k: c.ratio(hi[k], lo[k]) for k in ("first_page_1000", "page_100", "filtered_metadata")
+                }
+            by_kind[kind] = res
+    finally:
+        if pg is not None:
+            pg.stop()
+    if len(kinds) == 1:
+        res = by_kind[kinds[0]]
+    else:
+        res = dict(by_kind)
+        res["ratio_postgresql_to_sqlite"] = {
+            str(n): {
+                k: c.ratio(by_kind["postgresql"][str(n)][k], by_kind["sqlite"][str(n)][k]) for k in _CASES
+            }
+            for n in sizes
         }
     doc = {
         "benchmark": "lists",
@@ -205,11 +239,15 @@ def main() -> int:
         "machine": machine,
         "results": res,
         "quick": args.quick,
+        "database": args.database,
     }
     c.emit(doc)
     if not args.no_save and not args.quick:
         os.makedirs(c.RESULTS, exist_ok=True)
-        with open(os.path.join(c.RESULTS, "lists.json"), "w") as f:
+        name = {"sqlite": "lists.json", "postgresql": "lists-postgresql.json"}.get(
+            args.database, "lists-databases.json"
+        )
+        with open(os.path.join(c.RESULTS, name), "w") as f:
             json.dump(doc, f, indent=1)
     return 0
 

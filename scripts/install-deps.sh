@@ -14,6 +14,9 @@ command -v nft >/dev/null 2>&1 || need="$need nftables"
 command -v gcc >/dev/null 2>&1 || need="$need gcc"
 [ -e /usr/include/stdio.h ] && [ -n "$(gcc -print-file-name=libc.a 2>/dev/null | grep /)" ] || need="$need libc6-dev"
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need="$need python3-venv"
+# The tests keep the records in PostgreSQL too (atoll.testing.postgres runs initdb and postgres from
+# here, as the package's `postgres` user); atoll itself needs it only with a postgresql:// URL.
+{ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && id postgres >/dev/null 2>&1; } || need="$need postgresql"
 if [ -n "$need" ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "atoll: missing host packages:$need — run as root (apt-get install$need)" >&2

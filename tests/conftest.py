@@ -12,6 +12,7 @@ goes untested there, and tests/integration/test_split.py covers the split's own 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 
@@ -19,10 +20,12 @@ import httpx
 import pytest
 
 from atoll.testing import LocalAtoll, LocalCluster
+from atoll.testing import postgres as pgtesting
 
 # One template layer cache for all test installations, so the Debian base layer is built once per
 # machine (~30-60 s) rather than once per test home.
 TEMPLATE_CACHE = os.environ.get("ATOLL_TEST_TEMPLATE_DIR", "/var/tmp/atoll-test-templates")
+PG_TEMPLATE = "atoll_template"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,12 +43,59 @@ def pytest_generate_tests(metafunc):
     # The explicit opt-in: only `seam` tests run in both deployments (see the module docstring).
     # A `slow` test runs once, against `atoll up`, even when it is marked `seam` too.
     d = metafunc.definition
+    # `databases` tests (and those that take `database_url` themselves) run on SQLite and PostgreSQL
+    if "database_kind" in metafunc.fixturenames and (
+        d.get_closest_marker("databases") or "database_url" in metafunc.fixturenames
+    ):
+        metafunc.parametrize("database_kind", ["sqlite", "postgresql"], indirect=True)
     if (
         "atoll_server" in metafunc.fixturenames
         and d.get_closest_marker("seam")
         and not d.get_closest_marker("slow")
     ):
         metafunc.parametrize("atoll_server", ["up", "split"], indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One private PostgreSQL cluster per test process (atoll.testing.postgres), with a database
+    `atoll_template` at the newest migration that each test's database is copied from. Missing
+    PostgreSQL fails the test (CI must run both databases); ATOLL_TEST_SKIP_POSTGRES=1 skips it."""
+    try:
+        cluster = pgtesting.PostgresCluster().start()
+    except pgtesting.PostgresMissing as e:  # no programs, or (as root) no `postgres` user
+        if os.environ.get("ATOLL_TEST_SKIP_POSTGRES") == "1":
+            pytest.skip(f"ATOLL_TEST_SKIP_POSTGRES=1: {e}")
+        pytest.fail(f"{e} (or set ATOLL_TEST_SKIP_POSTGRES=1 to skip the PostgreSQL runs)", pytrace=False)
+    try:
+        cluster.migrated_template(PG_TEMPLATE)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def database_kind(request) -> str:
+    """ "sqlite" or "postgresql": both for `databases` tests (pytest_generate_tests); for the others
+    $ATOLL_TEST_DATABASE (default sqlite), so `ATOLL_TEST_DATABASE=postgresql pytest tests/component`
+    runs every `fake` control plane on PostgreSQL."""
+    return getattr(request, "param", None) or os.environ.get("ATOLL_TEST_DATABASE", "sqlite")
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture
+def database_url(request, database_kind, tmp_path):
+    """A fresh records database of `database_kind`, at the newest migration: SQLite in tmp_path, or
+    on PostgreSQL a database copied from the session's template (dropped afterwards)."""
+    if database_kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'records.db'}"
+        return
+    cluster = request.getfixturevalue("postgres")
+    name = f"t{os.getpid()}_{next(_databases)}"
+    yield cluster.create_database(name, template=PG_TEMPLATE)
+    cluster.drop_database(name)
 
 
 @pytest.fixture(scope="session")

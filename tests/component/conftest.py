@@ -1,5 +1,6 @@
-"""Component tier: the real control plane in process (FastAPI app, SQLite, lifecycle, tier policy)
-over `atoll.testing.FakeWorker`s, through `atoll.testing.FakeAtoll`."""
+"""Component tier: the real control plane in process (FastAPI app, records, lifecycle, tier policy)
+over `atoll.testing.FakeWorker`s, through `atoll.testing.FakeAtoll`. Its records are SQLite; a
+module or test marked `databases` runs on SQLite and on PostgreSQL (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ KEY = "component-key"
 
 
 @pytest.fixture
-async def fake(tmp_path):
-    async with FakeAtoll(tmp_path, api_key=KEY, max_file_bytes=1024, max_exec_output_bytes=4096) as f:
+async def fake(request, tmp_path, database_kind):
+    """The control plane over one fake worker; its records in SQLite, or — in a module or test
+    marked `databases`, which then runs twice — on the session's PostgreSQL too."""
+    url = request.getfixturevalue("database_url") if database_kind != "sqlite" else None
+    async with FakeAtoll(
+        tmp_path, api_key=KEY, max_file_bytes=1024, max_exec_output_bytes=4096, database_url=url
+    ) as f:
         yield f
 
 

@@ -51,6 +51,7 @@ async def _tenant(c: httpx.AsyncClient, name: str) -> tuple[str, str, str]:
     return tid, r.json()["id"], r.json()["key"]
 
 
+@pytest.mark.databases
 async def test_mutations_are_recorded_with_who_what_target_and_result(fake):
     c = fake.http
     tid, kid, key = await _tenant(c, "acme")
@@ -222,6 +223,7 @@ async def test_no_secret_value_key_or_body_is_ever_in_the_trail(fake):
     ]
 
 
+@pytest.mark.databases
 async def test_filters_cursors_and_order(fake):
     c = fake.http
     tid, _, key = await _tenant(c, "pages")
@@ -299,6 +301,7 @@ async def test_only_admin_keys_read_the_trail(fake):
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
 
 
+@pytest.mark.databases
 async def test_retention_prunes_old_rows(fake, monkeypatch):
     log = fake.app.state.audit
     now = dt.datetime.now(dt.UTC)
@@ -378,6 +381,7 @@ async def test_the_sdk_follows_cursors_to_the_whole_trail(fake, monkeypatch):
             await client.audit(limit=0)
 
 
+@pytest.mark.databases
 async def test_a_row_the_database_refuses_does_not_hold_back_the_others(fake):
     log = fake.app.state.audit
     now = dt.datetime.now(dt.UTC)
@@ -442,6 +446,7 @@ async def test_a_key_pasted_into_a_path_is_redacted(tmp_path):
                 assert key[-43:] not in cell and admin not in cell, cell
 
 
+@pytest.mark.databases
 async def test_cursors_walk_rows_of_one_instant_in_id_order(fake):
     same = dt.datetime.now(dt.UTC)
     rows = [(same, None, None, f"test.{i}", None, 200, None, None, None) for i in range(5)]

@@ -29,9 +29,11 @@ class Clock:
 
 
 @pytest.fixture
-async def metered(tmp_path):
+async def metered(request, tmp_path, database_kind):
+    """A control plane with a hand-driven meter clock; on PostgreSQL too in `databases` tests."""
     clock = Clock()
-    f = FakeAtoll(tmp_path, api_key=KEY, tier_policy=False)
+    url = request.getfixturevalue("database_url") if database_kind != "sqlite" else None
+    f = FakeAtoll(tmp_path, api_key=KEY, tier_policy=False, database_url=url)
     f.meter.clock = clock
     async with f:
         yield f, clock
@@ -54,6 +56,7 @@ def item(body: dict, sid: str) -> dict:
     return next(i for i in body["items"] if i["sandbox_id"] == sid)
 
 
+@pytest.mark.databases
 async def test_time_in_each_state_accrues_into_its_field(metered):
     fake, clock = metered
     sid = await create(fake.http)
@@ -90,6 +93,7 @@ async def test_cpu_counts_each_generation_from_zero(metered):
     assert item(await usage(fake), sid)["cpu_seconds"] == pytest.approx(38)
 
 
+@pytest.mark.databases
 async def test_a_restart_neither_double_counts_nor_leaves_a_gap(metered):
     fake, clock = metered
     sid = await create(fake.http)
@@ -114,6 +118,7 @@ async def test_a_restart_neither_double_counts_nor_leaves_a_gap(metered):
     assert u["cpu_seconds"] == pytest.approx(12.0)
 
 
+@pytest.mark.databases
 async def test_groups_add_up_to_the_total_and_tenants_see_their_own(metered):
     fake, clock = metered
     a, b = await create(fake.http), await create(fake.http)
@@ -159,6 +164,7 @@ async def retained(fake, snapshots=(), stores=()) -> None:
     await fake.manager.worker_event(handle, api.UsageReport((), tuple(snapshots), tuple(stores)))
 
 
+@pytest.mark.databases
 async def test_standby_images_and_stores_accrue_their_measured_bytes(metered):
     fake, clock = metered
     measured, old = await create(fake.http), await create(fake.http)
@@ -310,12 +316,12 @@ async def test_gateway_bytes_count_across_a_worker_restart(metered):
     assert (u["egress_bytes"], u["ingress_bytes"]) == (1700, 80_300)
 
 
-async def test_a_server_restart_accrues_the_time_it_was_down(tmp_path):
+async def test_a_server_restart_accrues_the_time_it_was_down(tmp_path, database_url):
     """A real stop and start of the control plane on the same database and worker: the new meter
     loads the cursors, accrues the time the server was down from the record's state, and the
     worker's cumulative CPU counter carries the CPU used meanwhile."""
     clock = Clock()
-    first = FakeAtoll(tmp_path, api_key=KEY, tier_policy=False)
+    first = FakeAtoll(tmp_path, api_key=KEY, tier_policy=False, database_url=database_url)
     first.meter.clock = clock
     async with first:
         sid = await create(first.http)
@@ -325,7 +331,9 @@ async def test_a_server_restart_accrues_the_time_it_was_down(tmp_path):
         clock.t += 30
         first.meter.tick(clock.t)
     clock.t += 100  # the server is down
-    second = FakeAtoll(tmp_path, workers=first.workers, api_key=KEY, tier_policy=False)
+    second = FakeAtoll(
+        tmp_path, workers=first.workers, api_key=KEY, tier_policy=False, database_url=database_url
+    )
     second.meter.clock = clock
     async with second:
         await report(second, sid, 9.0)
@@ -335,10 +343,10 @@ async def test_a_server_restart_accrues_the_time_it_was_down(tmp_path):
         assert u["cpu_seconds"] == pytest.approx(9.0)
 
 
-async def test_days_split_at_utc_midnight(tmp_path):
+async def test_days_split_at_utc_midnight(tmp_path, database_url):
     clock = Clock()
     clock.t = dt.datetime(2026, 12, 3, 23, 58, tzinfo=dt.UTC).timestamp()
-    fake = FakeAtoll(tmp_path, api_key=KEY, tier_policy=False)
+    fake = FakeAtoll(tmp_path, api_key=KEY, tier_policy=False, database_url=database_url)
     fake.meter.clock = clock
     async with fake:
         sid = await create(fake.http)

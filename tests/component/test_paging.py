@@ -70,6 +70,7 @@ async def _walk(c: httpx.AsyncClient, path: str, params: dict | None = None, bet
             await between(pages)
 
 
+@pytest.mark.databases
 async def test_every_sandbox_exactly_once_in_order(fake):
     c = fake.http
     made = _records(fake, 2345)
@@ -91,6 +92,7 @@ async def test_every_sandbox_exactly_once_in_order(fake):
     assert team == [s for s in [*made, *other] if s in team_a] and len(team) == 782 + 2
 
 
+@pytest.mark.databases
 async def test_filters_run_in_the_database(fake):
     c = fake.http
     _records(fake, 50)
@@ -191,6 +193,7 @@ async def test_the_sdk_follows_cursors(fake):
         assert len(team) == 700
 
 
+@pytest.mark.databases
 async def test_the_sdk_tenants_and_keys_against_the_server(fake):
     async with atoll.AsyncClient("http://atoll", KEY, transport=fake.transport) as admin:
         t = await admin.tenants.create("acme", quotas={"max_running": 2})

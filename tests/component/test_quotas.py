@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.databases  # each test runs on SQLite and on PostgreSQL
 
 
 def _as(fake, key: str) -> httpx.AsyncClient:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import datetime as dt
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from atoll.controlplane import auth
+
+pytestmark = pytest.mark.databases  # each test runs on SQLite and on PostgreSQL
 
 
 def _as(fake, key: str) -> httpx.AsyncClient:

@@ -26,6 +26,7 @@ import urllib.parse
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atoll.controlplane import (
@@ -353,6 +354,23 @@ def create_app(
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
         msg = f"{request.method} {request.url.path}: {exc.detail}; see /openapi.json for the API"
         return http.error_response(exc.status_code, code, msg, rid)
+
+    @app.exception_handler(sa_exc.DataError)
+    async def unstorable(request: Request, exc: sa_exc.DataError):
+        # PostgreSQL refuses what SQLite takes: a NUL character in text (in a name, a filter, a
+        # path), text longer than its column. The caller's value, not a server fault.
+        rid = getattr(request.state, "request_id", "req_unknown")
+        cause = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+        log.warning(
+            "request refused by the database: %s", cause, extra={"request_id": rid, "path": request.url.path}
+        )
+        return http.error_response(
+            400,
+            "invalid_request",
+            f"a value in this request cannot be stored or looked up in the records ({cause}); "
+            "remove NUL characters and keep names and fields within their documented lengths",
+            rid,
+        )
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception):

@@ -1,15 +1,20 @@
-"""Records of the control plane (SQLAlchemy 2; SQLite embedded by default): sandboxes, workers, secrets,
-templates, their builds and their pools' claim counts.
+"""Records of the control plane (SQLAlchemy 2): sandboxes, workers, secrets, templates, their builds
+and their pools' claim counts.
 
-Every sandbox record carries a tenant id and the id of the worker that holds it. Schema changes go through Alembic migrations
-(`controlplane/migrations`); `open_database` upgrades the database to the newest revision at start-up.
-Called by controlplane.lifecycle and controlplane.workers.
+The records live in SQLite (embedded, the default: `$ATOLL_HOME/atoll.db`) or PostgreSQL
+(`ATOLL_DATABASE_URL=postgresql://…`, through psycopg 3: `engine_url`); the same models, queries
+and Alembic migrations serve both, and the tests run on both. Where the two differ the code asks
+`Database.dialect` (SQLite's `BEGIN IMMEDIATE` and synchronous pragmas; PostgreSQL's row locks).
+Every sandbox record carries a tenant id and the id of the worker that holds it. Schema changes
+go through Alembic migrations (`controlplane/migrations`); `open_database` upgrades the database
+to the newest revision at start-up. Called by controlplane.lifecycle and controlplane.workers.
 """
 
 from __future__ import annotations
 
 import builtins
 import datetime as dt
+import importlib.util
 import os
 import typing
 
@@ -67,18 +72,18 @@ class SandboxRecord(Base):
     """The user template build it was made from (None: a built-in template)."""
     workdir: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     """Its template's workdir: relative file paths and commands without cwd start there."""
-    pooled: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    pooled: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     """A warm pool's sandbox not claimed yet: not listed, not subject to the idle policy."""
     shell: Mapped[str | None] = mapped_column(sa.String(16), nullable=True)
     """How its string commands run: "bash" (bash -l -c), "sh" (sh -c); None = bash when the
     template has it."""
     expires_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
     """The end of its lifetime (create's timeout_s; PATCH extends it); None = no lifetime."""
-    on_timeout: Mapped[str] = mapped_column(sa.String(16), default="pause")
+    on_timeout: Mapped[str] = mapped_column(sa.String(16), default="pause", server_default="pause")
     """What its lifetime's end does: "pause" (the disk tier) or "delete"."""
     resume_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     """Why the last resume from the disk tier failed (it stays in standby); None once one succeeds."""
-    resume_failures: Mapped[int] = mapped_column(sa.Integer, default=0)
+    resume_failures: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     """Failed resumes in a row; the sandbox is failed at ledger.MAX_RESUME_FAILURES."""
     mounts: Mapped[list | None] = mapped_column(sa.JSON, nullable=True)
     """Volumes and drives it mounts: [{kind, name, path, read_only}] (None: none)."""
@@ -97,9 +102,9 @@ class StoreRecord(Base):
     attached_to: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
     """A volume's holder (a sandbox id); None when free. Set with one conditional UPDATE, so two
     creates can never both take it."""
-    detaching: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    detaching: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     """The holder's DELETE has answered; its worker is still taking it down."""
-    backend: Mapped[str] = mapped_column(sa.String(16), default="local")
+    backend: Mapped[str] = mapped_column(sa.String(16), default="local", server_default="local")
     """"local" (an image on `worker_id`) or "filer" (a drive every worker with the filer mounts)."""
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
@@ -176,7 +181,7 @@ class WorkerRecord(Base):
     url: Mapped[str | None] = mapped_column(sa.String(512), nullable=True)
     state: Mapped[str] = mapped_column(sa.String(16))
     state_reason: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
-    draining: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    draining: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     """An operator drained it: it gets no new sandboxes, also after it or the server restarts."""
     version: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
     protocol: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
@@ -185,11 +190,83 @@ class WorkerRecord(Base):
     last_heartbeat_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
 
 
+class BadDatabaseURL(ValueError):
+    """ATOLL_DATABASE_URL names no database atoll can use (the message says why and what works)."""
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database could not be opened or migrated at start-up (unreachable, refused the login,
+    ...); the message names the URL (password hidden) and the database's reason."""
+
+
+_FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
+def engine_url(url: str) -> str:
+    """The SQLAlchemy URL for ATOLL_DATABASE_URL `url`: `postgresql://` (and `postgres://`) use
+    psycopg 3, the driver the server extra installs (`postgresql+psycopg://`); `sqlite:///PATH`
+    stays. BadDatabaseURL says what is wrong with any other (it names the URL, password hidden)."""
+    try:
+        u = sa.engine.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        raise BadDatabaseURL(f"{redact(url)!r} is not a database URL; give {_FORMS}") from None
+    backend, _, driver = u.drivername.partition("+")
+    shown = redact(url)
+    if backend == "sqlite":
+        if driver not in ("", "pysqlite"):
+            raise BadDatabaseURL(f"{shown!r}: SQLite is used through Python's sqlite3; give sqlite:///PATH")
+        if not u.database or u.database == ":memory:":
+            raise BadDatabaseURL(
+                f"{shown!r} names no file (an in-memory SQLite database is lost at exit and not shared "
+                "between connections); give sqlite:///PATH"
+            )
+        return url
+    if backend in ("postgresql", "postgres"):
+        if driver not in ("", "psycopg"):
+            raise BadDatabaseURL(
+                f"{shown!r}: the PostgreSQL driver {driver!r} is not supported; give postgresql://… "
+                "(atoll uses psycopg 3)"
+            )
+        if not u.database:
+            raise BadDatabaseURL(f"{shown!r} names no database; give {_FORMS}")
+        if importlib.util.find_spec("psycopg") is None:
+            raise BadDatabaseURL(
+                f"{shown!r} needs the PostgreSQL driver psycopg 3, which is not installed: "
+                "pip install 'atoll[server]' (or psycopg[binary])"
+            )
+        return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    raise BadDatabaseURL(f"{shown!r}: atoll keeps its records in SQLite or PostgreSQL; give {_FORMS}")
+
+
+def redact(url: str) -> str:
+    """`url` with its password hidden (***), for logs and messages."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except (sa.exc.ArgumentError, ValueError):
+        return "<not a URL>" if "@" in url else url
+
+
 class Database:
+    """The records: an engine, its sessions and the queries the control plane runs on them. The
+    same code serves SQLite (one file, WAL, BEGIN IMMEDIATE where it must serialize) and
+    PostgreSQL (row locks), on the same Alembic migrations."""
+
     def __init__(self, url: str):
-        self.engine = sa.create_engine(url)
+        url = engine_url(url)
         if url.startswith("sqlite"):
+            self.engine = sa.create_engine(url)
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        else:
+            self.engine = sa.create_engine(
+                url,
+                # a server restarted or a connection cut by a proxy: found out before use, not by
+                # the request that draws the dead connection from the pool
+                pool_pre_ping=True,
+                # datetimes come back in UTC, as SQLite's (naive, UTC) are read
+                connect_args={"options": "-c TimeZone=UTC"},
+            )
+        self.dialect = self.engine.dialect.name
+        """"sqlite" or "postgresql"."""
         self.session = sessionmaker(self.engine, expire_on_commit=False)
 
     def get(self, sid: str) -> SandboxRecord | None:
@@ -376,12 +453,26 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 def open_database(url: str) -> Database:
     """Open the database and bring its schema to the newest Alembic revision."""
     from alembic import command
+
+    url = engine_url(url)
+    cfg = alembic_config(url)
+    try:
+        command.upgrade(cfg, "head")
+    except sa.exc.OperationalError as e:
+        raise DatabaseUnavailable(
+            f"the records database {redact(url)} cannot be opened: {str(e.orig).strip() or e}"
+        ) from e
+    return Database(url)
+
+
+def alembic_config(url: str):
+    """Alembic's configuration for the records at `url` (open_database; tests compare the
+    migrated schema with the models through it)."""
     from alembic.config import Config
 
-    here = os.path.dirname(__file__)
     cfg = Config()
-    cfg.set_main_option("script_location", os.path.join(here, "migrations"))
-    cfg.set_main_option("sqlalchemy.url", url)
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(__file__), "migrations"))
+    # Alembic's ini interpolation would read a `%` in a password as a reference
+    cfg.set_main_option("sqlalchemy.url", engine_url(url).replace("%", "%%"))
     cfg.attributes["configure_logger"] = False
-    command.upgrade(cfg, "head")
-    return Database(url)
+    return cfg

@@ -54,7 +54,11 @@ def build(s: settings_mod.ServerSettings):
     os.makedirs(s.home, mode=0o700, exist_ok=True)
     os.chmod(s.home, 0o700)
     key = admin_key(s)
-    database = db.open_database(s.database_url)
+    try:
+        database = db.open_database(s.database_url)
+    except db.DatabaseUnavailable as e:  # unreachable, login refused, ...: say so, no traceback
+        print(f"atoll: {e} (ATOLL_DATABASE_URL)", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     m = metrics.Metrics()
     secrets_key = secrets_mod.load_key(s.home, s.secrets_key_file)
     authority = Authority.open(s.home)

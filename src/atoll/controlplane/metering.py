@@ -137,16 +137,16 @@ class UsageInterval(dbm.Base):
     """The interval's start (Unix seconds, a multiple of INTERVAL_S)."""
     tenant_id: Mapped[str] = mapped_column(sa.String(64), index=True)
     sandbox_id: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
-    cpu_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    memory_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    standby_memory_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    snapshot_disk_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    snapshot_archive_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    volume_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    drive_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    egress_bytes: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    ingress_bytes: Mapped[float] = mapped_column(sa.Float, default=0.0)
-    build_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    cpu_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    memory_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    standby_memory_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    snapshot_disk_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    snapshot_archive_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    volume_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    drive_gb_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    egress_bytes: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    ingress_bytes: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    build_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
 
 
 class UsageCursor(dbm.Base):
@@ -160,11 +160,11 @@ class UsageCursor(dbm.Base):
     """Unix seconds up to which its usage is in usage_intervals."""
     state: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
     """What it was at accrued_to ("running", "standby:memory", …), for the gap after a restart."""
-    cpu_generation: Mapped[int] = mapped_column(sa.Integer, default=0)
-    cpu_seen: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    cpu_generation: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    cpu_seen: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
     """The CPU reading (of `cpu_generation`) already counted."""
-    egress_seen: Mapped[int] = mapped_column(sa.BigInteger, default=0)
-    ingress_seen: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    egress_seen: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    ingress_seen: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
     """The worker's byte counters already counted (they count from the worker's start)."""
 
 

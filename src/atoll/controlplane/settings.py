@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from atoll.controlplane import metering, pools
+from atoll.controlplane import db, metering, pools
 from atoll.core import config, errors, netpolicy
 
 MAX_EXEC_OUTPUT_KB = 65536  # the guest agent keeps at most 64 MiB per stream
@@ -29,7 +29,9 @@ class ServerSettings:
     api_key: str | None
     """ATOLL_API_KEY: admin API key; generated and saved to $ATOLL_HOME/admin.key when unset."""
     database_url: str
-    """ATOLL_DATABASE_URL: SQLAlchemy URL of the records (default SQLite at $ATOLL_HOME/atoll.db)."""
+    """ATOLL_DATABASE_URL: where the records are: `sqlite:///PATH` (default SQLite at
+    $ATOLL_HOME/atoll.db) or `postgresql://USER:PASSWORD@HOST:PORT/DATABASE` (held here as the
+    SQLAlchemy URL with its driver, `postgresql+psycopg://`; logged with the password hidden)."""
     max_file_mb: int
     """ATOLL_MAX_FILE_MB: largest file body accepted by PUT …/files (default 4096)."""
     max_exec_output_kb: int
@@ -83,6 +85,7 @@ class ServerSettings:
     def redacted(self) -> dict:
         d = asdict(self)
         d["api_key"] = "***" if self.api_key else None
+        d["database_url"] = db.redact(self.database_url)
         return d
 
 
@@ -114,7 +117,9 @@ def load(
         port=port_v,
         home=home_v,
         api_key=env.get("ATOLL_API_KEY") or None,
-        database_url=env.get("ATOLL_DATABASE_URL") or f"sqlite:///{os.path.join(home_v, 'atoll.db')}",
+        database_url=_database_url(
+            env.get("ATOLL_DATABASE_URL") or f"sqlite:///{os.path.join(home_v, 'atoll.db')}"
+        ),
         max_file_mb=config.integer(env, "ATOLL_MAX_FILE_MB", 4096, lo=1),
         max_exec_output_kb=config.integer(
             env,
@@ -154,6 +159,13 @@ def load(
         prices=_prices(env.get("ATOLL_PRICES", "")),
         metrics_public=config.boolean(env, "ATOLL_METRICS_PUBLIC", False),
     )
+
+
+def _database_url(raw: str) -> str:
+    try:
+        return db.engine_url(raw.strip())
+    except db.BadDatabaseURL as e:
+        raise config.SettingsError(f"ATOLL_DATABASE_URL={e}") from None
 
 
 def _prices(raw: str) -> dict:

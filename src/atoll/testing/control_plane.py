@@ -1,4 +1,4 @@
-"""`FakeAtoll`: the real control plane in process (its FastAPI app, SQLite records, lifecycle and tier
+"""`FakeAtoll`: the real control plane in process (its FastAPI app, records, lifecycle and tier
 policy) over `FakeWorker`s — an atoll without root or runsc, for tests of code that drives atoll.
 
     async with atoll.testing.FakeAtoll(tmp_path) as fake:
@@ -10,6 +10,11 @@ policy) over `FakeWorker`s — an atoll without root or runsc, for tests of code
 worker (`fake.workers` all of them); `fake.manager` the control plane's SandboxManager.
 `authority` (controlplane.authority.Authority) is the installation's CA: its root goes in every
 spec's `trust_pem` and to each worker at adoption, as in `atoll up`; without one, neither.
+The records are SQLite in `directory` unless `database_url` names another database (a
+`postgresql://…` one, e.g. from atoll.testing.postgres); two FakeAtolls given the same URL are two
+control planes sharing their records, as two `atoll server` processes would (give them the same
+`secrets_key`, the installation's: API keys, secrets and list cursors are keyed with it; default a
+new one each).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import httpx
 
 from atoll.controlplane import app as app_mod
 from atoll.controlplane import db, lifecycle, metering, metrics, policy
+from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane.authority import Authority
 from atoll.testing.fake_worker import FakeWorker
 
@@ -39,15 +45,19 @@ class FakeAtoll:
         reconcile_s: float = 30.0,
         default_pool: int = 0,
         authority: Authority | None = None,
+        database_url: str | None = None,
+        secrets_key: bytes | None = None,
     ):
         self.dir = os.fspath(directory)
         os.makedirs(self.dir, exist_ok=True)
         self.workers = list(workers) if workers is not None else [FakeWorker()]
         self.api_key = api_key
         m = metrics.Metrics()
+        database = db.open_database(database_url or f"sqlite:///{os.path.join(self.dir, 'atoll.db')}")
         self.manager = lifecycle.SandboxManager(
-            db.open_database(f"sqlite:///{os.path.join(self.dir, 'atoll.db')}"),
+            database,
             m,
+            secrets=secrets_mod.SecretStore(database, secrets_key) if secrets_key is not None else None,
             reconcile_s=reconcile_s,
             default_pool=default_pool,
             authority=authority,
@@ -91,6 +101,7 @@ class FakeAtoll:
         await self.http.aclose()
         await self.app.state.audit.aclose()
         await self.manager.stop()
+        self.manager.db.engine.dispose()  # its pooled connections closed (a database can be dropped)
 
     async def __aenter__(self) -> FakeAtoll:
         return await self.start()
