@@ -103,7 +103,7 @@ async def test_a_worker_lost_for_the_gone_timeout_settles_each_sandbox(two):
     r = await c.get(f"/v1/sandboxes/{restored}/files", params={"path": "/root/notes"})
     assert r.status_code == 200 and r.text == "archived", r.text
     sb = (await c.get(f"/v1/sandboxes/{never_archived}")).json()
-    assert sb["state"] == "failed" and "holds no archive" in sb["failure_reason"], sb
+    assert sb["state"] == "failed" and "holds no archive of it" in sb["failure_reason"], sb
     assert never_archived not in w2.runtimes and running not in w2.runtimes
     # the archive-tier one resumes on w2 by the call itself
     r = await c.post(f"/v1/sandboxes/{archived}/exec", json={"cmd": "true"})

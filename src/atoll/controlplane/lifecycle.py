@@ -112,27 +112,17 @@ class SandboxManager:
     def live(self) -> list[dbm.SandboxRecord]:
         return self.ledger.live()
 
-    def fail_lost(self, rec: dbm.SandboxRecord, cause: str) -> None:
-        """A sandbox whose worker is gone for good."""
-        self.ledger.fail(rec, cause)
-
     def worker(self, rec: dbm.SandboxRecord) -> api.WorkerAPI:
         return self.ledger.worker(rec)
-
-    async def move_archived(self, rec: dbm.SandboxRecord, gone: str) -> str | None:
-        """A sandbox in the archive tier whose worker `gone` is gone for good: another worker
-        adopts it from the shared object store (its template layers follow), and it resumes there
-        on the next call. None when it moved, else why it could not (the record is untouched)."""
-        if rec.state != State.STANDBY or rec.standby_tier != Tier.ARCHIVE:
-            return "it was not in the archive tier"
-        async with self.ledger.lock(rec.id):
-            return await self._move_archived_locked(rec, gone)
 
     async def _move_archived_locked(
         self, rec: dbm.SandboxRecord, gone: str, avoid: str | None = None
     ) -> str | None:
-        """`move_archived` under the sandbox's lock (controlplane.evacuation holds it across the
-        archive, the move and the resume of a drain; `avoid`: the worker it moves off)."""
+        """A sandbox in the archive tier moves to another worker, which adopts it from the shared
+        object store (its template layers follow); it resumes there on the next call. None when it
+        moved, else why not (the record untouched). Under the sandbox's lock: controlplane.evacuation
+        holds it across the archive, the move and the resume of a drain; `avoid`: the worker it
+        moves off."""
         try:
             await self._adopt_elsewhere(rec, gone, avoid)
         except errors.AtollError as e:

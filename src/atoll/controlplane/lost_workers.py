@@ -87,16 +87,28 @@ class GoneWorkers:
                 continue
             if now - h.lost_since < self.gone_after_s:
                 continue
-            for rec in [r for r in self.m.ledger.live() if r.worker_id == h.id]:
-                if rec.state in (State.FAILED, State.DELETED):
-                    continue
-                try:
-                    changed += await self._settle(rec.id, h)
-                except Exception:  # one sandbox's trouble must not stop the others
-                    log.exception("settling a sandbox of a lost worker failed", extra={"sandbox_id": rec.id})
+            cause = (
+                f"its worker {h.name!r} has been lost since {_iso(h.lost_since)} "
+                f"({h.reason or 'no heartbeat'}) for over ATOLL_WORKER_GONE_S ({self.gone_after_s:g} s)"
+            )
+            changed += await self.settle(h, cause, final=False)
         return changed
 
-    async def _settle(self, sid: str, h: WorkerHandle) -> bool:
+    async def settle(self, h: WorkerHandle, cause: str, *, final: bool) -> int:
+        """Settle every live sandbox `h` holds (see the module doc); `cause` says why, in the
+        failure reasons. `final` (the worker was removed): what cannot move now fails instead of
+        waiting for the next pass. How many changed."""
+        changed = 0
+        for rec in [r for r in self.m.ledger.live() if r.worker_id == h.id]:
+            if rec.state in (State.FAILED, State.DELETED):
+                continue
+            try:
+                changed += await self._settle(rec.id, h, cause, final)
+            except Exception:  # one sandbox's trouble must not stop the others
+                log.exception("settling a sandbox of a lost worker failed", extra={"sandbox_id": rec.id})
+        return changed
+
+    async def _settle(self, sid: str, h: WorkerHandle, cause: str, final: bool) -> bool:
         m = self.m
         async with m.ledger.lock(sid):
             try:
@@ -105,32 +117,29 @@ class GoneWorkers:
                 return False
             if rec.worker_id != h.id or rec.state in (State.FAILED, State.DELETED) or h.state != "lost":
                 return False  # moved, ended, or its worker came back meanwhile
-            since = _iso(h.lost_since)
-            lost = f"its worker {h.name!r} has been lost since {since} ({h.reason or 'no heartbeat'})"
             if rec.pooled:
                 log.info("sandbox.gone: an unclaimed pool member dropped", extra={"sandbox_id": sid})
-                m.ledger.persist(rec, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason=f"{GONE}{lost}")
+                m.ledger.persist(rec, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason=f"{GONE}{cause}")
                 return True
             archived = rec.state == State.STANDBY and rec.standby_tier == Tier.ARCHIVE
             restore = rec.on_worker_lost == "restore" and rec.state in (State.RUNNING, State.STANDBY)
             if not (archived or restore):
-                m.ledger.fail(
-                    rec, f"{GONE}{lost} for over ATOLL_WORKER_GONE_S ({self.gone_after_s:g} s){_HINT}"
-                )
+                m.ledger.fail(rec, f"{GONE}{cause}; it was not in the archive tier{_HINT}")
                 return True
             try:
                 await m._adopt_elsewhere(rec, h.name, avoid=h.id)
             except errors.Unavailable as e:  # no room now, the store down: the next pass tries again
                 log.info("sandbox.gone: not moved yet: %s", e.message, extra={"sandbox_id": sid})
-                return False
-            except errors.SandboxNotFound:
-                what = "archive tier" if archived else '`on_worker_lost: "restore"`'
+                if final:
+                    m.ledger.fail(rec, f"{GONE}{cause}, and no other worker could take it now: {e.message}")
+                return final
+            except errors.SandboxNotFound as e:
                 m.ledger.fail(
-                    rec, f"{GONE}{lost}, and the object store holds no archive of it ({what}){_HINT}"
+                    rec, f"{GONE}{cause}, and the object store holds no archive of it ({e.message}){_HINT}"
                 )
                 return True
             except errors.AtollError as e:
-                m.ledger.fail(rec, f"{GONE}{lost}, and no other worker could take it: {e.message}{_HINT}")
+                m.ledger.fail(rec, f"{GONE}{cause}, and no other worker could take it: {e.message}{_HINT}")
                 return True
             if archived:
                 log.info("sandbox.gone: moved by reference to another worker", extra={"sandbox_id": sid})
@@ -140,8 +149,8 @@ class GoneWorkers:
                 rec,
                 Verb.ARCHIVE,
                 standby_since=dbm.utcnow(),
-                standby_reason=f"restored from its last archive after {lost}; what changed after that "
-                "archive was made is lost",
+                standby_reason=f"restored from its last archive on another worker ({cause}); what changed "
+                "after that archive was made is lost",
             )
             log.warning(
                 "sandbox.gone: restored from its last archive on another worker (was %s)",
