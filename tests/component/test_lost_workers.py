@@ -24,7 +24,7 @@ async def two(tmp_path):
     store: dict = {}
     async with FakeAtoll(tmp_path, [], api_key=KEY) as cp:
         cp.manager.workers.lost_after_s = 1.0
-        cp.manager.gone.every_s = 0.2
+        cp.manager.gone.every_s = 0.1
         port = free_port()
         async with _serve(cp.app, port):
             url = f"http://127.0.0.1:{port}"
@@ -79,7 +79,7 @@ async def test_a_worker_lost_for_the_gone_timeout_settles_each_sandbox(two):
     assert ("keep_archive", restored) in w1.calls  # its resume left the archive in the store
     await stack.enter_async_context(_worker(url, w2))
     await _wait(c, "w2", "ready")
-    cp.manager.gone.gone_after_s = 1.5
+    cp.manager.gone.gone_after_s = 30  # until the lost state is looked at
 
     reg1.heartbeat_s = 60  # w1 falls silent
     await _wait(c, "w1", "lost")
@@ -89,6 +89,7 @@ async def test_a_worker_lost_for_the_gone_timeout_settles_each_sandbox(two):
     r = await c.post(f"/v1/sandboxes/{running}/exec", json={"cmd": "true"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
 
+    cp.manager.gone.gone_after_s = 0.5  # w1 has been lost for longer than that now
     sb = await _until(c, running, lambda s: s["state"] == "failed")
     why = sb["failure_reason"]
     assert why.startswith("worker gone: ") and "'w1'" in why and "lost since" in why, why
@@ -121,7 +122,7 @@ async def test_a_returning_worker_drops_what_moved_or_failed_and_resurrects_noth
         await _archived_then_resumed(c, restored)
         await stack.enter_async_context(_worker(url, w2))
         await _wait(c, "w2", "ready")
-        cp.manager.gone.gone_after_s = 1.0
+        cp.manager.gone.gone_after_s = 0.5
         reg1.heartbeat_s = 60
         await _wait(c, "w1", "lost")
         await _until(c, running, lambda s: s["state"] == "failed")
@@ -164,3 +165,38 @@ async def test_back_before_the_gone_timeout_nothing_changes(two):
     assert (sb["state"], sb["worker"], sb["worker_state"]) == ("running", "w1", "ready"), sb
     assert w1.phase(sid) == Phase.RUNNING
     assert (await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
+
+
+async def test_a_worker_killed_during_a_restore_hands_it_on_to_the_next(two):
+    """w1 is gone: its "restore" sandbox is adopted by w2, which is killed while restoring it. The
+    record stays in the archive tier, on w2 (nothing of it ran there); once w2 is gone too, w3
+    adopts the same archive and the next call runs it there, as of that archive."""
+    cp, c, url, w1, w2, stack = two
+    w3 = FakeWorker("w3", installation="fake03", store=w1.store)
+    reg1, _, _ = await stack.enter_async_context(_worker(url, w1))
+    await _wait(c, "w1", "ready")
+    sid = await _new(c, on_worker_lost="restore")
+    await _archived_then_resumed(c, sid)
+    second = _worker(url, w2)
+    await second.__aenter__()
+    try:
+        await _wait(c, "w2", "ready")
+        w2.delay["restore"] = 30.0  # the restore hangs until w2 is killed
+        cp.manager.gone.gone_after_s = 0.5
+        reg1.heartbeat_s = 60
+        for _ in range(150):
+            if ("restore", sid) in w2.calls:
+                break
+            await asyncio.sleep(0.1)
+        assert ("restore", sid) in w2.calls, w2.calls
+    finally:
+        await second.__aexit__(None, None, None)  # w2 dies mid-restore
+    sb = await _until(c, sid, lambda s: s["worker_state"] == "lost" and s["worker"] == "w2")
+    assert (sb["state"], sb["standby_tier"]) == ("standby", "archive"), sb
+    await stack.enter_async_context(_worker(url, w3))
+    sb = await _until(c, sid, lambda s: s["worker"] == "w3")
+    assert (sb["state"], sb["standby_tier"]) == ("standby", "archive"), sb
+    r = await c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/notes"})  # resumes it on w3
+    assert r.status_code == 200 and r.text == "archived", r.text
+    sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+    assert (sb["state"], sb["worker"], sb["worker_state"]) == ("running", "w3", "ready"), sb

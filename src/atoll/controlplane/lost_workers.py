@@ -43,6 +43,8 @@ if typing.TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CONCURRENCY = 4
+"""Sandboxes settled at once (a restore is an adoption and a resume on another worker)."""
 GONE = "worker gone: "
 """How the failure reason of a sandbox failed here begins (its returning worker drops its copy)."""
 
@@ -98,15 +100,21 @@ class GoneWorkers:
         """Settle every live sandbox `h` holds (see the module doc); `cause` says why, in the
         failure reasons. `final` (the worker was removed): what cannot move now fails instead of
         waiting for the next pass. How many changed."""
-        changed = 0
-        for rec in [r for r in self.m.ledger.live() if r.worker_id == h.id]:
-            if rec.state in (State.FAILED, State.DELETED):
-                continue
-            try:
-                changed += await self._settle(rec.id, h, cause, final)
-            except Exception:  # one sandbox's trouble must not stop the others
-                log.exception("settling a sandbox of a lost worker failed", extra={"sandbox_id": rec.id})
-        return changed
+        limit = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(sid: str) -> bool:
+            async with limit:
+                try:
+                    return await self._settle(sid, h, cause, final)
+                except Exception:  # one sandbox's trouble must not stop the others
+                    log.exception("settling a sandbox of a lost worker failed", extra={"sandbox_id": sid})
+                    return False
+
+        recs = [r for r in self.m.ledger.live() if r.worker_id == h.id]
+        done = await asyncio.gather(
+            *(one(r.id) for r in recs if r.state not in (State.FAILED, State.DELETED))
+        )
+        return sum(done)
 
     async def _settle(self, sid: str, h: WorkerHandle, cause: str, final: bool) -> bool:
         m = self.m
