@@ -8,8 +8,10 @@ and the caller is told why (the sandbox stays in the disk tier; the policy tries
 unarchive (phase archived): download, verify and unpack (nothing is moved into place unless every
 checksum matches), mount the layers again, `unarchived` (durable): the sandbox is checkpointed on
 disk again; its stale archive objects are removed (under the sandbox's lock, so never racing a new
-upload; a store that fails leaves the removal in worker.runtimes.archive_gc's journal) and the
-normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
+upload; a store that fails leaves the removal in worker.runtimes.archive_gc's journal) — unless the
+resume asked to keep them (`keep_archive`: the control plane's `on_worker_lost: "restore"` comes
+back from there on another worker; `archive_kept` on the runtime, until its next archive or its
+delete) — and the normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
 unreachable store is a ResumeFailed (the sandbox stays archived, a retry may work).
 `reattach` finishes what a killed worker left: archiving -> checkpointed (the disk copy was kept),
 archived -> local leftovers dropped (the archive is whole). Called by worker.tiers and
