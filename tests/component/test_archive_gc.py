@@ -199,6 +199,11 @@ async def test_sweep_removes_orphans_and_stale_archives_of_held_sandboxes_only(t
     back = _rt(runtimes, Phase.CHECKPOINTED)
     stale = back.archive_key = await _archive(store, tmp_path, back.sandbox_id, 3)
     runtimes.save(back)
+    # running again with its archive kept on purpose (`on_worker_lost: "restore"`)
+    kept = _rt(runtimes, Phase.RUNNING)
+    kept.archive_key = await _archive(store, tmp_path, kept.sandbox_id, 2)
+    kept.archive_kept = True
+    runtimes.save(kept)
     failed = _rt(runtimes, Phase.FAILED)  # keeps its archive until its delete
     failed.archive_key = await _archive(store, tmp_path, failed.sandbox_id, 1)
     runtimes.save(failed)
@@ -216,6 +221,11 @@ async def test_sweep_removes_orphans_and_stale_archives_of_held_sandboxes_only(t
     assert runtimes.load(back.sandbox_id).archive_key == ""  # recorded: never tried again
     assert len(await _keys(store, failed.sandbox_id)) == 2
     assert len(await _keys(store, foreign)) == 3
+    assert len(await _keys(store, kept.sandbox_id)) == 2
+    assert runtimes.load(kept.sandbox_id).archive_key == kept.archive_key
+    # its delete removes it (the manifest names this worker's object)
+    assert await archiver.remove(kept.sandbox_id, kept.archive_key)
+    assert await _keys(store, kept.sandbox_id) == []
 
 
 def test_unreadable_journal_is_kept_aside_not_overwritten(tmp_path):

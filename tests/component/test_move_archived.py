@@ -1,6 +1,7 @@
 """Removing a lost worker: its archived sandboxes move to another worker through the shared store
 (the worker verb `adopt`, over real HTTP between a control plane and two FakeWorkers sharing one
-store), the others fail with the reason. The real adoption (layers, restore) is
+store), an `on_worker_lost: "restore"` one comes back from its last archive, the others fail with
+the reason. The real adoption (layers, restore) is
 tests/integration/test_adopt.py's."""
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ async def test_a_removed_workers_archived_sandbox_resumes_on_another(two):
     archived = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
     running = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
     on_disk = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+    body = {"idle_timeout_s": 0, "on_worker_lost": "restore"}
+    restored = (await c.post("/v1/sandboxes", json=body)).json()["id"]
+    assert (await c.post(f"/v1/sandboxes/{restored}/pause", json={"tier": "archive"})).status_code == 200
+    assert (await c.post(f"/v1/sandboxes/{restored}/resume")).json()["state"] == "running"  # archive kept
     r = await c.post(f"/v1/sandboxes/{archived}/pause", json={"tier": "archive"})
     assert r.status_code == 200 and r.json()["standby_tier"] == "archive", r.text
     assert (await c.post(f"/v1/sandboxes/{on_disk}/pause", json={"tier": "disk"})).status_code == 200
@@ -66,6 +71,8 @@ async def test_a_removed_workers_archived_sandbox_resumes_on_another(two):
     assert r.status_code == 200, r.text
     sb = (await c.get(f"/v1/sandboxes/{archived}")).json()
     assert (sb["state"], sb["worker"]) == ("running", "w2") and w2.runtimes[archived].phase == Phase.RUNNING
+    sb = (await c.get(f"/v1/sandboxes/{restored}")).json()  # its policy: back from its archive
+    assert (sb["state"], sb["worker"]) == ("running", "w2") and w2.runtimes[restored].phase == Phase.RUNNING
     for sid, why in ((running, "not in the archive tier"), (on_disk, "not in the archive tier")):
         sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
         assert sb["state"] == "failed" and "w1" in sb["failure_reason"] and why in sb["failure_reason"], sb

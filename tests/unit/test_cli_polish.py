@@ -124,6 +124,10 @@ def test_create_with_a_lifetime(routes):
     assert body["timeout_s"] == 300 and body["on_timeout"] == "delete"
     result = run("sandbox", "create", "--on-timeout", "explode")
     assert result.exit_code == 2 and "explode" in result.output
+    result = run("sandbox", "create", "--on-worker-lost", "restore")
+    assert result.exit_code == 0 and json.loads(routes.last.content)["on_worker_lost"] == "restore"
+    result = run("sandbox", "create", "--on-worker-lost", "pray")
+    assert result.exit_code == 2 and "pray" in result.output
 
 
 def test_create_waits_for_a_template_being_built(routes, monkeypatch):
@@ -160,6 +164,8 @@ def test_update_and_metrics(routes):
     assert json.loads(routes.last.content) == {"timeout_s": 60.0, "on_timeout": "delete"}
     result = run("sandbox", "update", "sb_1", "--no-lifetime")
     assert json.loads(routes.last.content) == {"timeout_s": None}
+    result = run("sandbox", "update", "sb_1", "--on-worker-lost", "fail")
+    assert result.exit_code == 0 and json.loads(routes.last.content) == {"on_worker_lost": "fail"}
     assert run("sandbox", "update", "sb_1", "--no-lifetime", "--lifetime", "5").exit_code == 2
 
     routes.on("GET", "/v1/sandboxes/sb_1/metrics", httpx.Response(200, json=FIGURES))

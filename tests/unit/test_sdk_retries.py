@@ -204,3 +204,17 @@ async def test_the_async_client_retries_the_same_way(waits):
         with pytest.raises(TypeError):
             await c.sandboxes.create(timeout=60)
     assert [r.method for r in script.requests] == ["GET", "GET", "PATCH"] and len(waits) == 1
+
+
+def test_on_worker_lost_is_sent_at_create_and_update_and_worker_state_read():
+    script = Script(
+        httpx.Response(201, json={**SB, "on_worker_lost": "restore", "worker_state": "lost"}),
+        httpx.Response(200, json={**SB, "on_worker_lost": "fail", "worker_state": "ready"}),
+    )
+    with _client(script) as c:
+        sb = c.sandboxes.create(on_worker_lost="restore")
+        assert json.loads(script.requests[0].content)["on_worker_lost"] == "restore"
+        assert (sb.on_worker_lost, sb.worker_state) == ("restore", "lost")
+        sb.update(on_worker_lost="fail")
+        assert json.loads(script.requests[-1].content) == {"on_worker_lost": "fail"}
+        assert (sb.on_worker_lost, sb.worker_state) == ("fail", "ready")

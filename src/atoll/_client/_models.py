@@ -474,6 +474,18 @@ class SandboxFields:
         """What the end of its lifetime does: "pause" (to the disk tier) or "delete"."""
         return self.data.get("on_timeout") or "pause"
 
+    @property
+    def on_worker_lost(self) -> str:
+        """What happens to it once its worker has been lost for the server's ATOLL_WORKER_GONE_S:
+        "fail" or "restore" (back on another worker from its last archive)."""
+        return self.data.get("on_worker_lost") or "fail"
+
+    @property
+    def worker_state(self) -> str | None:
+        """The state of the worker that holds it, as last seen: "ready", "draining", "joining" or
+        "lost" (calls answer worker_unavailable until it is back); None: unknown."""
+        return self.data.get("worker_state")
+
     def __repr__(self) -> str:
         tier = f", standby_tier={self.standby_tier!r}" if self.standby_tier else ""
         return f"{type(self).__name__}(id={self.data.get('id')!r}, state={self.state!r}{tier})"

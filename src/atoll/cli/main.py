@@ -111,6 +111,17 @@ class OnTimeout(StrEnum):
     delete = "delete"
 
 
+class OnWorkerLost(StrEnum):
+    fail = "fail"
+    restore = "restore"
+
+
+_ON_WORKER_LOST_HELP = (
+    "Once its worker has been lost for ATOLL_WORKER_GONE_S: fail, or restore (on another worker "
+    "from its last archive)."
+)
+
+
 class Tier(StrEnum):
     memory = "memory"
     disk = "disk"
@@ -408,6 +419,9 @@ def create(
         OnTimeout | None,
         typer.Option("--on-timeout", help="At the lifetime's end: pause (to disk) or delete."),
     ] = None,
+    on_worker_lost: Annotated[
+        OnWorkerLost | None, typer.Option("--on-worker-lost", help=_ON_WORKER_LOST_HELP)
+    ] = None,
     volume: Annotated[
         list[str] | None, typer.Option("--volume", help="NAME:PATH[:ro]: mount a volume (repeat).")
     ] = None,
@@ -428,6 +442,7 @@ def create(
         sandbox = client.sandboxes.create(
             timeout_s=lifetime,
             on_timeout=on_timeout.value if on_timeout is not None else None,
+            on_worker_lost=on_worker_lost.value if on_worker_lost is not None else None,
             template=template,
             env=env_vars,
             metadata=labels,
@@ -728,6 +743,9 @@ def update(
     ] = None,
     no_lifetime: Annotated[bool, typer.Option("--no-lifetime", help="Remove the lifetime.")] = False,
     on_timeout: Annotated[OnTimeout | None, typer.Option("--on-timeout", help="pause or delete.")] = None,
+    on_worker_lost: Annotated[
+        OnWorkerLost | None, typer.Option("--on-worker-lost", help=_ON_WORKER_LOST_HELP)
+    ] = None,
     idle_timeout: Annotated[
         float | None, typer.Option("--idle-timeout", help="Seconds idle before standby.")
     ] = None,
@@ -750,6 +768,7 @@ def update(
             idle_timeout_s=idle_timeout,
             disk_after_s=disk_after,
             on_timeout=on_timeout.value if on_timeout is not None else None,
+            on_worker_lost=on_worker_lost.value if on_worker_lost is not None else None,
             metadata=_pairs(metadata, "--metadata"),
             **extra,
         )

@@ -81,6 +81,10 @@ class SandboxRecord(Base):
     """The end of its lifetime (create's timeout_s; PATCH extends it); None = no lifetime."""
     on_timeout: Mapped[str] = mapped_column(sa.String(16), default="pause", server_default="pause")
     """What its lifetime's end does: "pause" (the disk tier) or "delete"."""
+    on_worker_lost: Mapped[str] = mapped_column(sa.String(16), default="fail")
+    """What happens to it, running or in the memory/disk tier, once its worker has been lost for
+    ATOLL_WORKER_GONE_S (controlplane.lost_workers): "fail", or "restore" (from its last archive
+    in the object store, on another worker; its resumes keep that archive)."""
     resume_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     """Why the last resume from the disk tier failed (it stays in standby); None once one succeeds."""
     resume_failures: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")

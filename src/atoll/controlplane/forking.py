@@ -95,6 +95,7 @@ async def fork(m: Ledger, steps: Steps, sid: str, count: int) -> list[dbm.Sandbo
                 pooled=False,
                 expires_at=rec.expires_at,  # a copy never outlives its parent's bound (lifetime)
                 on_timeout=rec.on_timeout,
+                on_worker_lost=rec.on_worker_lost,
             )
             m.db.add(c)
             m.cache[c.id] = c

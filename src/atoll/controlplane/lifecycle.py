@@ -21,7 +21,7 @@ import logging
 import time
 import typing
 
-from atoll.controlplane import auth, evacuation, idempotency, lifetime, metrics, schemas
+from atoll.controlplane import auth, evacuation, idempotency, lifetime, lost_workers, metrics, schemas
 from atoll.controlplane import db as dbm
 from atoll.controlplane import quotas as quotas_mod
 from atoll.controlplane.authority import Authority
@@ -60,6 +60,7 @@ class SandboxManager:
         m: metrics.Metrics,
         *,
         lost_after_s: float = 15.0,
+        gone_after_s: float = 0.0,
         reconcile_s: float = 30.0,
         default_network: dict | None = None,
         secrets: SecretStore | None = None,
@@ -94,6 +95,8 @@ class SandboxManager:
         """Idempotency-Key of creates (controlplane.idempotency)."""
         self.evacuations = evacuation.Evacuator(self)
         """Drains that move every sandbox off a worker (controlplane.evacuation)."""
+        self.gone = lost_workers.GoneWorkers(self, gone_after_s)
+        """What becomes of the sandboxes of a worker lost for ATOLL_WORKER_GONE_S."""
 
     def get(self, sid: str) -> dbm.SandboxRecord:
         return self.ledger.get(sid)
@@ -109,56 +112,52 @@ class SandboxManager:
     def live(self) -> list[dbm.SandboxRecord]:
         return self.ledger.live()
 
-    def fail_lost(self, rec: dbm.SandboxRecord, cause: str) -> None:
-        """A sandbox whose worker is gone for good."""
-        self.ledger.fail(rec, cause)
-
     def worker(self, rec: dbm.SandboxRecord) -> api.WorkerAPI:
         return self.ledger.worker(rec)
-
-    async def move_archived(self, rec: dbm.SandboxRecord, gone: str) -> str | None:
-        """A sandbox in the archive tier whose worker `gone` is gone for good: another worker
-        adopts it from the shared object store (its template layers follow), and it resumes there
-        on the next call. None when it moved, else why it could not (the record is untouched)."""
-        if rec.state != State.STANDBY or rec.standby_tier != Tier.ARCHIVE:
-            return "it was not in the archive tier"
-        async with self.ledger.lock(rec.id):
-            return await self._move_archived_locked(rec, gone)
 
     async def _move_archived_locked(
         self, rec: dbm.SandboxRecord, gone: str, avoid: str | None = None
     ) -> str | None:
-        """`move_archived` under the sandbox's lock (controlplane.evacuation holds it across the
-        archive, the move and the resume of a drain; `avoid`: the worker it moves off)."""
+        """A sandbox in the archive tier moves to another worker, which adopts it from the shared
+        object store (its template layers follow); it resumes there on the next call. None when it
+        moved, else why not (the record untouched). Under the sandbox's lock: controlplane.evacuation
+        holds it across the archive, the move and the resume of a drain; `avoid`: the worker it
+        moves off."""
         try:
-            handle = self.ledger.place(
-                None,
-                rec.memory_mb,
-                cpus=rec.cpus,
-                tenant=rec.tenant_id,
-                avoid=avoid,
-                what=f"move {rec.id} from {gone}",
-            )
-            filer_sizes = self.stores.sizes(
-                [mounts.Mount(**m) for m in rec.mounts or () if m.get("kind") == "drive"], rec.tenant_id
-            )
-            worker = self.workers.api_for_worker(handle)
-            outcome = await worker.adopt(
-                rec.id,
-                tuple(
-                    api.MountSpec(
-                        m["kind"],
-                        mounts.worker_name(rec.tenant_id, m["name"]),
-                        m["path"],
-                        bool(m.get("read_only")),
-                        size_mb=filer_sizes.get(m["name"], 0),
-                    )
-                    for m in rec.mounts or ()
-                ),
-            )
+            await self._adopt_elsewhere(rec, gone, avoid)
         except errors.AtollError as e:
             log.warning("sandbox.move.refused: %s", e.message, extra={"sandbox_id": rec.id, "from": gone})
             return e.message
+        return None
+
+    async def _adopt_elsewhere(self, rec: dbm.SandboxRecord, gone: str, avoid: str | None) -> None:
+        """Another worker adopts `rec`'s archive from the store and the record names it (the
+        record's state is the caller's to set); raises what refused it, the record untouched."""
+        handle = self.ledger.place(
+            None,
+            rec.memory_mb,
+            cpus=rec.cpus,
+            tenant=rec.tenant_id,
+            avoid=avoid,
+            what=f"move {rec.id} from {gone}",
+        )
+        filer_sizes = self.stores.sizes(
+            [mounts.Mount(**m) for m in rec.mounts or () if m.get("kind") == "drive"], rec.tenant_id
+        )
+        worker = self.workers.api_for_worker(handle)
+        outcome = await worker.adopt(
+            rec.id,
+            tuple(
+                api.MountSpec(
+                    m["kind"],
+                    mounts.worker_name(rec.tenant_id, m["name"]),
+                    m["path"],
+                    bool(m.get("read_only")),
+                    size_mb=filer_sizes.get(m["name"], 0),
+                )
+                for m in rec.mounts or ()
+            ),
+        )
         rec.worker_id = handle.id
         self.db.save(rec, fields=["worker_id"], durable=True)
         log.info(
@@ -176,7 +175,6 @@ class SandboxManager:
                 await worker.set_secrets(rec.id, self.secrets.bindings(rec.tenant_id, rec.secrets))
         except errors.AtollError as e:  # delivered again when the worker is adopted next
             log.warning("sandbox.moved: policy not delivered: %s", e.message, extra={"sandbox_id": rec.id})
-        return None
 
     def allocated(self, worker_id: str) -> dict[str, float]:
         return self.ledger.allocated(worker_id)
@@ -188,11 +186,13 @@ class SandboxManager:
             self.ledger.activity[rec.id] = time.monotonic()
         self.workers.load()
         self.pools.start()
+        self.gone.start()
 
     async def stop(self) -> None:
         """Let go of the workers; sandboxes keep running. Deletions in flight get a few seconds
         (the worker, or the next reconciliation, finishes the rest)."""
         await self.evacuations.aclose()
+        await self.gone.aclose()
         await self.pools.aclose()
         if self.ledger.reaps:
             await asyncio.wait(list(self.ledger.reaps), timeout=10)
@@ -271,6 +271,7 @@ class SandboxManager:
                 pooled=pooled,
                 expires_at=None if pooled else lifetime.deadline(getattr(req, "timeout_s", None), now),
                 on_timeout=getattr(req, "on_timeout", "pause"),
+                on_worker_lost=getattr(req, "on_worker_lost", "fail"),
                 mounts=_mount_dicts(want) or None,
             )
             spec = api.SandboxSpec(
@@ -489,7 +490,9 @@ class SandboxManager:
         check_transition(cur, Verb.RESUME)
         assert cur.tier is not None
         async with self.ledger.step(RESUME_STEP[cur.tier], sid) as fields:
-            call = asyncio.ensure_future(self.worker(rec).resume(sid))
+            # `on_worker_lost: "restore"`: its archive stays in the store to come back from
+            keep = rec.on_worker_lost == "restore"
+            call = asyncio.ensure_future(self.worker(rec).resume(sid, keep_archive=keep))
             if cur.tier == Tier.MEMORY:
                 # the record is written while the thawed sandbox wakes and answers: a runtime
                 # failure then marks it failed from running; any other error puts it back.
@@ -552,15 +555,20 @@ class SandboxManager:
             self.templates.on_build(handle.id, b)
         held = {r.sandbox_id: r for r in inventory.runtimes}
         self.pools.outdated(r.sandbox_id for r in inventory.runtimes if r.stale_runtime)
+        stale: list[api.RuntimeReport] = []
         for rec in [r for r in self.ledger.cache.values() if r.worker_id == handle.id]:
             report = held.pop(rec.id, None)
             if self.ledger.lock(rec.id).locked() or _changed_since(rec, started):
                 continue
             if report is None:
                 self._vanished(rec, handle)
+            elif lost_workers.failed_as_gone(rec):
+                # failed while this worker was gone: the copy it kept never runs again
+                if not report.busy and report.phase != Phase.FAILED:
+                    stale.append(report)
             elif not report.busy:
                 self._follow(rec, report, handle)
-        orphans = [r for r in held.values() if not r.busy and self._orphan(r.sandbox_id, handle.id)]
+        orphans = stale + [r for r in held.values() if not r.busy and self._orphan(r.sandbox_id, handle.id)]
         for r in orphans:
             log.info(
                 "reconcile: deleting a runtime no live record owns",

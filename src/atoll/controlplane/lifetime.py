@@ -65,7 +65,7 @@ def update(manager: Ledger, sid: str, req: UpdateSandbox) -> dbm.SandboxRecord:
     rec = manager.get(sid)
     sent = req.model_fields_set
     changes: dict[str, typing.Any] = {}
-    for name in ("idle_timeout_s", "disk_after_s", "archive_after_s", "on_timeout"):
+    for name in ("idle_timeout_s", "disk_after_s", "archive_after_s", "on_timeout", "on_worker_lost"):
         if name in sent:
             changes[name] = getattr(req, name)
     if "metadata" in sent:

@@ -66,6 +66,7 @@ def build(s: settings_mod.ServerSettings):
         database,
         m,
         lost_after_s=s.lost_after_s,
+        gone_after_s=s.gone_after_s,
         reconcile_s=s.reconcile_s,
         default_network=s.default_network,
         secrets=secrets_mod.SecretStore(database, secrets_key),

@@ -315,6 +315,7 @@ class Pools:
                 network=rec.network,
                 expires_at=lifetime.deadline(req.timeout_s, now),
                 on_timeout=req.on_timeout,
+                on_worker_lost=getattr(req, "on_worker_lost", "fail"),
             )
             m.touch(sid)
         m.db.count_pool_claim(pool_tenant, rec.template)

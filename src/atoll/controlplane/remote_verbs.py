@@ -91,11 +91,12 @@ class RemoteVerbs:
         )
         return wire.load(api.PauseOutcome, data, "pause answer")
 
-    async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
+    async def resume(self, sandbox_id: str, keep_archive: bool = False) -> api.ResumeOutcome:
         url = f"/sandboxes/{sandbox_id}/resume"
         data = await self._call(
             "POST",
             url,
+            json={"keep_archive": wire.dump(keep_archive, bool)},
             timeout=STEP_TIMEOUT_S,
             effect="the sandbox's state may have changed (the next reconciliation with the worker brings its record in line)",
         )

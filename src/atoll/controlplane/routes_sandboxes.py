@@ -46,7 +46,10 @@ TOO_LARGE = http.error_responses({413: "payload_too_large: the JSON body is over
 
 def view(request: Request, rec) -> dict:
     manager = ctx(request).manager
-    return schemas.sandbox_view(rec, manager.workers.name_of(rec.worker_id), manager.usage.get(rec.id))
+    h = manager.workers.handles.get(rec.worker_id)
+    return schemas.sandbox_view(
+        rec, h.name if h else None, manager.usage.get(rec.id), worker_state=h.state if h else None
+    )
 
 
 def answer(request: Request, rec, status: int = 200) -> Response:

@@ -161,14 +161,13 @@ async def reconcile_worker(request: Request, wid: WorkerId):
 )
 async def remove_worker(request: Request, wid: WorkerId):
     """Forget a lost worker for good (its machine is gone). Its sandboxes in the archive tier move
-    to another worker through the shared object store (they resume there on the next call); the
-    others, and those no worker can adopt, become failed with the reason."""
+    to another worker through the shared object store (they resume there on the next call), those
+    with `on_worker_lost: "restore"` come back on another worker from their last archive (as
+    ATOLL_WORKER_GONE_S does, controlplane.lost_workers); the others, and those no worker can
+    adopt, become failed with the reason."""
     manager = ctx(request).manager
     h = manager.workers.forget(wid)
-    for rec in [r for r in manager.live() if r.worker_id == h.id]:
-        why = await manager.move_archived(rec, h.name)
-        if why is not None:
-            manager.fail_lost(rec, f"its worker {h.name!r} was removed ({why})")
+    await manager.gone.settle(h, f"its worker {h.name!r} was removed", final=True)
     return Response(status_code=204)
 
 

@@ -58,6 +58,12 @@ _TIMEOUT_DOC = "Lifetime in seconds from now (> 0, at most 30 days); at its end 
 _ON_TIMEOUT_DOC = (
     'What the end of the lifetime does: "pause" (to the disk tier; the lifetime is then cleared) or "delete"'
 )
+_ON_WORKER_LOST_DOC = (
+    "What happens to it when its worker has been lost for ATOLL_WORKER_GONE_S while it runs or is in "
+    'the memory or disk tier: "fail" (failed, with the reason), or "restore": it comes back on another '
+    "worker from its last archive in the object store (its state as of that archive: what changed since "
+    "is lost; with no archive it fails). An archive-tier sandbox moves in either case"
+)
 
 
 def _check_lifetime(v: object) -> object:
@@ -252,6 +258,7 @@ class CreateSandbox(BaseModel):
         None, gt=0, le=MAX_LIFETIME_S, description=_TIMEOUT_DOC + " (default: none, it lives until deleted)"
     )
     on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
+    on_worker_lost: Literal["fail", "restore"] = Field("fail", description=_ON_WORKER_LOST_DOC)
     standby: StandbyPolicy | None = Field(
         None,
         description="Standby policy {memory_s, disk_s, archive_after_s}; memory_s and disk_s are "
@@ -407,6 +414,9 @@ class UpdateSandbox(BaseModel):
     on_timeout: Literal["pause", "delete"] = Field(
         "pause", description=_ON_TIMEOUT_DOC, json_schema_extra=_no_default
     )
+    on_worker_lost: Literal["fail", "restore"] = Field(
+        "fail", description=_ON_WORKER_LOST_DOC, json_schema_extra=_no_default
+    )
     metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict,
         max_length=64,
@@ -424,7 +434,14 @@ class UpdateSandbox(BaseModel):
                     f"unknown field(s) {', '.join(map(repr, unknown))}; PATCH changes only "
                     + ", ".join(cls.model_fields)
                 )
-            for name in ("idle_timeout_s", "disk_after_s", "archive_after_s", "on_timeout", "metadata"):
+            for name in (
+                "idle_timeout_s",
+                "disk_after_s",
+                "archive_after_s",
+                "on_timeout",
+                "on_worker_lost",
+                "metadata",
+            ):
                 if name in data and data[name] is None:
                     raise ValueError(f"{name} cannot be null; leave it out to keep its value")
         return data
@@ -498,7 +515,12 @@ def _mount_view(m: dict) -> dict:
     return {"name": m["name"], "path": m["path"], "read_only": bool(m.get("read_only"))}
 
 
-def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.Usage | None = None) -> dict:
+def sandbox_view(
+    rec: dbm.SandboxRecord,
+    worker: str | None,
+    usage: worker_api.Usage | None = None,
+    worker_state: str | None = None,
+) -> dict:
     return {
         "id": rec.id,
         "tenant_id": rec.tenant_id,
@@ -536,11 +558,13 @@ def sandbox_view(rec: dbm.SandboxRecord, worker: str | None, usage: worker_api.U
         },
         "worker": worker,
         "worker_id": rec.worker_id,
+        "worker_state": worker_state,
         "created_at": iso(rec.created_at),
         "updated_at": iso(rec.updated_at),
         "standby_since": iso(rec.standby_since),
         "expires_at": iso(rec.expires_at),
         "on_timeout": rec.on_timeout or "pause",
+        "on_worker_lost": rec.on_worker_lost or "fail",
     }
 
 
@@ -603,11 +627,18 @@ class Sandbox(BaseModel):
     standby: StandbySettings = Field(description="Its standby policy (memory_s, disk_s as the two above)")
     worker: str | None = Field(description="Name of the worker that holds the sandbox")
     worker_id: str
+    worker_state: Literal["joining", "ready", "draining", "lost"] | None = Field(
+        None,
+        description='The state of the worker that holds it: "lost" means calls to it answer 503 '
+        "worker_unavailable until the worker returns, or until ATOLL_WORKER_GONE_S settles it "
+        "(moved, restored or failed); null: a worker this server no longer knows",
+    )
     created_at: str | None
     updated_at: str | None
     standby_since: str | None
     expires_at: str | None = Field(None, description="End of its lifetime (ISO 8601, UTC); null: none")
     on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
+    on_worker_lost: Literal["fail", "restore"] = Field("fail", description=_ON_WORKER_LOST_DOC)
 
 
 class SandboxMetrics(BaseModel):

@@ -40,6 +40,10 @@ class ServerSettings:
     max_output_bytes. Streamed exec output is not limited."""
     lost_after_s: float
     """ATOLL_WORKER_LOST_S: a worker without a heartbeat for this long is shown `lost` (default 15)."""
+    gone_after_s: float
+    """ATOLL_WORKER_GONE_S: a worker `lost` for this long is treated as gone for its sandboxes
+    (controlplane.lost_workers: archive-tier ones move to another worker, `on_worker_lost:
+    "restore"` ones come back from their last archive, the others fail); default 300, 0 = never."""
     reconcile_s: float
     """ATOLL_RECONCILE_S: seconds between reconciliations of the records with each worker's inventory."""
     log_format: str
@@ -130,6 +134,7 @@ def load(
             what="KiB per output stream of a non-streamed exec",
         ),
         lost_after_s=config.number(env, "ATOLL_WORKER_LOST_S", 15.0, lo=1, hi=30),
+        gone_after_s=config.number(env, "ATOLL_WORKER_GONE_S", 300.0, lo=0, hi=30 * 86400),
         reconcile_s=config.number(env, "ATOLL_RECONCILE_S", 30.0, lo=1, hi=3600),
         log_format=config.choice(env, "ATOLL_LOG_FORMAT", "text", ("text", "json")),
         log_level=config.choice(

@@ -64,6 +64,9 @@ class WorkerHandle:
     builds: dict[str, api.BuildInfo] = field(default_factory=dict)
     """User template builds it holds (BuildChanged events keep it current)."""
     tasks: list[asyncio.Task] = field(default_factory=list)
+    lost_since: float | None = None
+    """When this server last saw it become `lost` (wall clock; None while it is not): after
+    ATOLL_WORKER_GONE_S, controlplane.lost_workers settles its sandboxes."""
 
     @property
     def usable(self) -> bool:
@@ -141,7 +144,11 @@ class WorkerRegistry:
                 if rec.state == "lost"
                 else "waiting for it to register again after a server restart"
             )
-            h = WorkerHandle(rec.id, rec.name, rec, state="lost", reason=reason, local=False)
+            # lost as of now, not of its last heartbeat: the server's own downtime never counts
+            # towards ATOLL_WORKER_GONE_S (its workers register again within a heartbeat)
+            h = WorkerHandle(
+                rec.id, rec.name, rec, state="lost", reason=reason, local=False, lost_since=time.time()
+            )
             rec.state, rec.state_reason = "lost", reason
             self.handles[rec.id] = h
             self._by_name[rec.name] = rec.id
@@ -397,6 +404,7 @@ class WorkerRegistry:
             return
         # an operator's drain outlasts the worker's restarts (and the server's: it is in the record)
         h.state, h.reason = ("draining", DRAINING) if h.record.draining else ("ready", None)
+        h.lost_since = None
         h.last_seen = time.monotonic()
         self._save(h)
         self.changed.set()
@@ -456,7 +464,7 @@ class WorkerRegistry:
         if h.state == "lost":
             return
         log.warning("worker.lost", extra={"worker": h.name, "reason": reason})
-        h.state, h.reason = "lost", reason
+        h.state, h.reason, h.lost_since = "lost", reason, time.time()
         if isinstance(h.worker, RemoteWorker):
             self._stop_tasks(h)
             h.worker.abort_calls()

@@ -122,7 +122,7 @@ VERBS: tuple[Verb, ...] = (
         "resume",
         "POST",
         "/sandboxes/{sandbox_id}/resume",
-        (SID,),
+        (SID, Arg("keep_archive", "field", bool, default=False, required=False)),
         api.ResumeOutcome,
         wait="step",
         step=True,

@@ -629,7 +629,11 @@ class WorkerAPI(Protocol):
         with open connections on its external interface stays running (outcome tier None)."""
         ...
 
-    async def resume(self, sandbox_id: str) -> ResumeOutcome: ...
+    async def resume(self, sandbox_id: str, keep_archive: bool = False) -> ResumeOutcome:
+        """Run it again from the tier it is in. `keep_archive`: one coming back from the archive
+        tier leaves its archive in the store (else it is removed, being stale), so that the
+        control plane can restore it on another worker from there if this one is lost."""
+        ...
 
     async def adopt(self, sandbox_id: str, mounts: Sequence[MountSpec]) -> AdoptOutcome:
         """Take over a sandbox another worker archived into the shared store (its worker is gone):

@@ -298,7 +298,7 @@ class FakeWorker(fake_files.FakeFileOps):
         self._advance(rt, Step.FREEZE)
         return api.PauseOutcome(tier, reason)
 
-    async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
+    async def resume(self, sandbox_id: str, keep_archive: bool = False) -> api.ResumeOutcome:
         rt = self._get(sandbox_id)
         t0 = time.perf_counter()
         if rt.phase == Phase.FROZEN:
@@ -308,6 +308,9 @@ class FakeWorker(fake_files.FakeFileOps):
         elif rt.phase in (Phase.CHECKPOINTED, Phase.ARCHIVED):
             if rt.phase == Phase.ARCHIVED:
                 await self._step("unarchive", sandbox_id)
+                if keep_archive:  # as the real worker: the archive stays in the store as it was
+                    self.store[sandbox_id] = dataclasses.replace(rt, files=dict(rt.files))
+                    self.calls.append(("keep_archive", sandbox_id))
                 self._advance(rt, Step.UNARCHIVED)
             self._advance(rt, Step.BEGIN_RESTORE)
             try:

@@ -53,6 +53,7 @@ class AsyncSandboxes:
         drives: Sequence[Mapping[str, Any]] | None = None,
         standby: Mapping[str, float] | None = None,
         idempotency_key: str | None = None,
+        on_worker_lost: Literal["fail", "restore"] | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return it once running.
 
@@ -76,6 +77,9 @@ class AsyncSandboxes:
         before the archive tier (0 = never; memory_s and disk_s are idle_timeout_s and disk_after_s).
         `idempotency_key` (1-255 printable ASCII characters, e.g. a UUID) makes a retry safe: the
         same key with the same arguments within 24 h returns the sandbox the first call made.
+        `on_worker_lost` is what happens to it, running or in the memory/disk tier, once its
+        worker has been lost for the server's ATOLL_WORKER_GONE_S: "fail" (the default) or
+        "restore" (back on another worker from its last archive; what changed since is lost).
         """
         _base.refuse_timeout("sandboxes.create()", timeout)
         body = _base.without_none(
@@ -96,6 +100,7 @@ class AsyncSandboxes:
             volumes=[dict(v) for v in volumes] if volumes is not None else None,
             drives=[dict(d) for d in drives] if drives is not None else None,
             standby=dict(standby) if standby is not None else None,
+            on_worker_lost=on_worker_lost,
         )
         response = await self._client._request(
             "POST",
@@ -220,15 +225,18 @@ class AsyncSandbox(SandboxFields):
         timeout_s: float | None = _base.UNSET,
         on_timeout: Literal["pause", "delete"] | None = None,
         metadata: Mapping[str, str] | None = None,
+        on_worker_lost: Literal["fail", "restore"] | None = None,
     ) -> AsyncSandbox:
         """Change settings live (PATCH), in any state, without resuming it; only the arguments
         given change. `timeout_s` sets the lifetime to that many seconds from now (extend it);
-        `timeout_s=None` removes it. `metadata` replaces the labels."""
+        `timeout_s=None` removes it. `metadata` replaces the labels. `on_worker_lost`: see
+        `sandboxes.create`."""
         body = _base.without_none(
             idle_timeout_s=idle_timeout_s,
             disk_after_s=disk_after_s,
             archive_after_s=archive_after_s,
             on_timeout=on_timeout,
+            on_worker_lost=on_worker_lost,
             metadata=dict(metadata) if metadata is not None else None,
         )
         if timeout_s is not _base.UNSET:

@@ -12,7 +12,7 @@ manifest names them too), never a prefix wholesale.
 - `ArchiveCollector.sweep`: for each sandbox this worker holds with an archive key, an archived one's
   objects its manifest does not name are removed (an upload cut short); an archive key kept by a
   sandbox that is on disk again (an archive aborted, a stale archive whose removal failed) is
-  removed as above.
+  removed as above, unless it was kept on purpose (a resume with `keep_archive`).
 - `drop_local_leftovers`: the staging files of a transfer cut short (archive.drop_leftovers) and a
   stale local manifest in the directory of a sandbox not archiving or archived, at start.
 
@@ -177,8 +177,8 @@ class ArchiveCollector:
             for k in gone:
                 log.info("sandbox.archive.orphan_removed", extra={"sandbox_id": sid, "key": k})
             return gone
-        if rt.phase == Phase.ARCHIVING or not key:
-            return []
+        if rt.phase == Phase.ARCHIVING or not key or rt.archive_kept:
+            return []  # a kept archive is the control plane's to restore from (`keep_archive`)
         # on disk again with an archive key left: that archive is stale (an aborted archive, or
         # an unarchive whose removal failed before the journal existed)
         done = await self.archiver.remove(sid, key)  # journaled when the store fails

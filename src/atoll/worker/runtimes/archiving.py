@@ -8,8 +8,10 @@ and the caller is told why (the sandbox stays in the disk tier; the policy tries
 unarchive (phase archived): download, verify and unpack (nothing is moved into place unless every
 checksum matches), mount the layers again, `unarchived` (durable): the sandbox is checkpointed on
 disk again; its stale archive objects are removed (under the sandbox's lock, so never racing a new
-upload; a store that fails leaves the removal in worker.runtimes.archive_gc's journal) and the
-normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
+upload; a store that fails leaves the removal in worker.runtimes.archive_gc's journal) — unless the
+resume asked to keep them (`keep_archive`: the control plane's `on_worker_lost: "restore"` comes
+back from there on another worker; `archive_kept` on the runtime, until its next archive or its
+delete) — and the normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
 unreachable store is a ResumeFailed (the sandbox stays archived, a retry may work).
 `reattach` finishes what a killed worker left: archiving -> checkpointed (the disk copy was kept),
 archived -> local leftovers dropped (the archive is whole). Called by worker.tiers and
@@ -130,6 +132,7 @@ class Archiver:
             return f"kept in the disk tier: {e.message}; the archive is tried again later"
         self.store_failed = False
         rt.archive_key = archive.object_key(sid, rt.generation)
+        rt.archive_kept = False  # this archive is current; a kept older one is an orphan now
         self.pending.discard(sid, rt.archive_key)  # a removal owed for this very key must not follow
         self.runtimes.advance(rt, Step.BEGIN_ARCHIVE)
         before = disk_bytes(self._p(rt, "snapshot")) + disk_bytes(self._p(rt, "upper.img"))
@@ -217,8 +220,10 @@ class Archiver:
             os.unlink(self._p(rt, "upper.img"))
 
     # ---- unarchive ----------------------------------------------------------------------------
-    async def unarchive(self, rt: Runtime) -> None:
-        """Bring an archived sandbox back onto this disk (checkpointed); see the module doc."""
+    async def unarchive(self, rt: Runtime, keep_archive: bool = False) -> None:
+        """Bring an archived sandbox back onto this disk (checkpointed); see the module doc.
+        `keep_archive`: its archive stays in the store (the control plane's `on_worker_lost:
+        "restore"` restores it from there elsewhere should this worker be lost)."""
         sid = rt.sandbox_id
         d = self.runtimes.dir(sid)
         t0 = time.perf_counter()
@@ -246,7 +251,11 @@ class Archiver:
         self.runtimes.advance(rt, Step.UNARCHIVED)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(d, archive.LOCAL_MANIFEST))
-        await self._remove_stale(rt, man)
+        if keep_archive:
+            rt.archive_kept = True
+            self.runtimes.save(rt)
+        else:
+            await self._remove_stale(rt, man)
         log.info(
             "sandbox.unarchive.complete in %.0f ms (%d bytes)",
             (time.perf_counter() - t0) * 1000,

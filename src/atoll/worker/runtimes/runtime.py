@@ -71,6 +71,10 @@ class Runtime:
     archive_key: str = ""
     """The object key of its archive (worker.runtimes.archiving) while it may have objects in the
     archive tier's store: set when an archive begins, cleared once they are removed."""
+    archive_kept: bool = False
+    """Its archive stays in the store although it runs again (a resume with `keep_archive`: the
+    control plane may restore it from there on another worker if this one is lost); removed by its
+    next archive's sweep or its delete, not by the garbage loop."""
 
     @property
     def cid(self) -> str:

@@ -326,7 +326,7 @@ class Tiers:
             )
 
     # ---- resume ---------------------------------------------------------------------------------
-    async def resume(self, rt: Runtime) -> ResumeOutcome:
+    async def resume(self, rt: Runtime, keep_archive: bool = False) -> ResumeOutcome:
         t0 = time.perf_counter()
         if rt.phase == Phase.FROZEN:
             await self.thaw_and_ping(rt)
@@ -339,7 +339,7 @@ class Tiers:
                 raise errors.RuntimeFailure(
                     f"sandbox {rt.sandbox_id} is archived and this worker has no archive tier"
                 )
-            await self.archiver.unarchive(rt)
+            await self.archiver.unarchive(rt, keep_archive)
             await self.restore(rt)
             tier = Tier.ARCHIVE
         elif rt.phase == Phase.RUNNING:

@@ -835,12 +835,12 @@ class Node(StoreVerbs):
                     return api.PauseOutcome(None, f"its processes use {share:.0%} of a CPU (activity)")
             return await self.tiers.pause(rt, tier, only_if_idle=only_if_idle)
 
-    async def resume(self, sandbox_id: str) -> api.ResumeOutcome:
+    async def resume(self, sandbox_id: str, keep_archive: bool = False) -> api.ResumeOutcome:
         async with self._lock(sandbox_id):
             rt = self.runtimes.get(sandbox_id)
             if rt.phase == Phase.FAILED:
                 raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
-            return await self.tiers.resume(rt)
+            return await self.tiers.resume(rt, keep_archive)
 
     async def adopt(self, sandbox_id: str, mounts: typing.Sequence[api.MountSpec]) -> api.AdoptOutcome:
         """Take over a sandbox another worker archived into the shared store (worker.runtimes.adoption)."""
