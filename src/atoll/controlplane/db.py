@@ -81,7 +81,7 @@ class SandboxRecord(Base):
     """The end of its lifetime (create's timeout_s; PATCH extends it); None = no lifetime."""
     on_timeout: Mapped[str] = mapped_column(sa.String(16), default="pause", server_default="pause")
     """What its lifetime's end does: "pause" (the disk tier) or "delete"."""
-    on_worker_lost: Mapped[str] = mapped_column(sa.String(16), default="fail")
+    on_worker_lost: Mapped[str] = mapped_column(sa.String(16), default="fail", server_default="fail")
     """What happens to it, running or in the memory/disk tier, once its worker has been lost for
     ATOLL_WORKER_GONE_S (controlplane.lost_workers): "fail", or "restore" (from its last archive
     in the object store, on another worker; its resumes keep that archive)."""
