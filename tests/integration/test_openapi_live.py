@@ -5,7 +5,7 @@ in /openapi.json — over HTTP, with ids pointing at real sandboxes, processes a
 More tightly bounded than the component run: 5 examples per operation, no coverage phase (each of
 its cases is a real call; POST /v1/sandboxes alone would boot dozens of sandboxes), no stateful phase,
 and commands bounded to 10 s. Left out: DELETE /v1/workers/{wid} (it forgets a lost worker for good)
-and the worker protocol (register, heartbeat, stopping: the workers' own calls; a registration that
+and the worker protocol (register, certificate, heartbeat, stopping: the workers' own calls; a registration that
 passes makes the server call the URL it names). Every sandbox the run made is deleted afterwards
 and a drained worker undrained, since the server is the session's (tests/conftest.py).
 """
@@ -59,7 +59,14 @@ def live_schema(atoll_server, api, request):
 schema = (
     schemathesis.pytest.from_fixture("live_schema")
     .exclude(method="DELETE", path="/v1/workers/{wid}")
-    .exclude(path=["/v1/workers/register", "/v1/workers/{wid}/heartbeat", "/v1/workers/{wid}/stopping"])
+    .exclude(
+        path=[
+            "/v1/workers/register",
+            "/v1/workers/certificate",
+            "/v1/workers/{wid}/heartbeat",
+            "/v1/workers/{wid}/stopping",
+        ]
+    )
 )
 
 

@@ -14,9 +14,11 @@ import time
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 from websockets.sync.client import connect
 
-from atoll.core import wire, worker_api
+from atoll.core import pki, wire, worker_api
 
 pytestmark = pytest.mark.integration
 
@@ -274,6 +276,27 @@ def test_every_route_through_the_split(atoll_split):
             c.post("/v1/workers/register", json={"url": "http://127.0.0.1:1", "info": info}, headers=proto),
             409,
             "worker_conflict",
+        )
+        # a worker serving https gets its certificate first: the CSR is checked, the name goes in
+        _, csr = pki.new_worker_request("w-tls")
+        cert = _ok(
+            c.post(
+                "/v1/workers/certificate",
+                json={"name": "w-tls", "url": "https://127.0.0.1:1", "csr": csr.decode()},
+                headers=proto,
+            )
+        ).json()["certificate"]
+        assert pki.worker_names(x509.load_pem_x509_certificate(cert.encode()).public_bytes(Encoding.DER)) == [
+            "w-tls"
+        ]
+        _err(
+            c.post(
+                "/v1/workers/certificate",
+                json={"name": "w-tls", "url": "https://127.0.0.1:1", "csr": "junk"},
+                headers=proto,
+            ),
+            400,
+            "invalid_request",
         )
         _err(
             c.post(f"/v1/workers/{wk['id']}/heartbeat", json={"epoch": "stale"}, headers=proto),

@@ -306,7 +306,18 @@ def worker(
     ] = None,
     advertise: Annotated[
         str | None,
-        typer.Option(help="URL the server calls this worker at (default http://<listen address>)."),
+        typer.Option(
+            help="URL the server calls this worker at (default http(s)://<listen address>: https "
+            "when --server is https)."
+        ),
+    ] = None,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-file",
+            help="The installation CA (the server's GET /v1/ca.crt) this worker trusts for an "
+            "https:// --server (default $ATOLL_CA_FILE, else the system trust store).",
+        ),
     ] = None,
 ) -> None:
     """Run a worker in the foreground: it registers with the server, heartbeats and runs sandboxes.
@@ -324,6 +335,7 @@ def worker(
         home=str(home) if home is not None else None,
         listen=listen,
         advertise=advertise,
+        ca_file=str(ca_file) if ca_file is not None else None,
     )
 
 

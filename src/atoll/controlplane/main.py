@@ -1,7 +1,7 @@
 """`atoll server`: the control plane alone; workers join it with `atoll worker --server URL`.
 
 Loads the server's settings, opens the records, the secret store and the installation's CA, and
-serves the public API (controlplane.app) with the tier policy, and starts the ingress router (preview
+serves the public API (controlplane.app; over HTTPS with ATOLL_TLS_NAMES or ATOLL_TLS_CERT_FILE) with the tier policy, and starts the ingress router (preview
 URLs, ATOLL_INGRESS_PORT) in a process beside it (controlplane.ingress_host). Workers known from earlier runs are shown `lost` until they register
 again. SIGINT/SIGTERM stop the server, never a sandbox. Called by the CLI; `atoll up` shares
 `admin_key` and `build`.
@@ -95,7 +95,27 @@ def build(s: settings_mod.ServerSettings):
         log_level=s.log_level,
     )
     app.state.meter = meter
+    app.state.api_tls = api_tls(s, authority)
+    manager.workers.worker_tls = authority.worker_client_context()
     return manager, policy.TierPolicy(manager), app
+
+
+def api_tls(s: settings_mod.ServerSettings, authority: Authority) -> tuple[str, str] | None:
+    """The API's certificate and key files when it serves HTTPS: the operator's
+    (ATOLL_TLS_CERT_FILE / ATOLL_TLS_KEY_FILE, checked here so a bad pair stops the start), or one
+    from the installation's CA for ATOLL_TLS_NAMES; None: plain HTTP."""
+    if s.tls_cert_file and s.tls_key_file:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            ctx.load_cert_chain(s.tls_cert_file, s.tls_key_file)
+        except (ssl.SSLError, OSError) as e:
+            raise config.SettingsError(
+                f"ATOLL_TLS_CERT_FILE / ATOLL_TLS_KEY_FILE cannot be used: {e}"
+            ) from None
+        return s.tls_cert_file, s.tls_key_file
+    if s.tls_names:
+        return authority.api_cert_files(s.home, list(s.tls_names))
+    return None
 
 
 def ingress_tls(s: settings_mod.ServerSettings, authority: Authority) -> dict:
@@ -131,8 +151,11 @@ async def start_ingress(app, s: settings_mod.ServerSettings) -> None:
 
 
 def uvicorn_config(app, s: settings_mod.ServerSettings) -> uvicorn.Config:
+    tls = getattr(app.state, "api_tls", None)
     return uvicorn.Config(
         app,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
         host=s.host,
         port=s.port,
         log_config=None,
@@ -171,7 +194,8 @@ async def serve_api(
         if meter is not None:
             meter.start()
         app.state.ctx.started = True
-        log.info("%s is up on http://%s:%d (home %s)", up, s.host, s.port, s.home)
+        scheme = "https" if getattr(app.state, "api_tls", None) else "http"
+        log.info("%s is up on %s://%s:%d (home %s)", up, scheme, s.host, s.port, s.home)
         try:
             yield
         finally:

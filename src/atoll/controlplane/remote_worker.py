@@ -1,7 +1,10 @@
 """`RemoteWorker`: the seam (core.worker_api.WorkerAPI) over HTTP, to one `atoll worker` process.
 
 It rides on the small HTTP/1.1 client atoll.shared.http11 (kept-alive connections; ~1 ms less per call
-than httpx, which on the exec path is the difference between the split and `atoll up`). Every
+than httpx, which on the exec path is the difference between the split and `atoll up`). Over https:// the
+TLS handshake checks the worker's certificate against the installation CA and its host name, and
+then that the certificate names this worker (core.pki.check_worker_certificate: another worker's
+certificate and key are refused) before a byte of a request goes out. Every
 request carries the token the server issued at registration and `Atoll-Protocol`; an answer
 that lacks it or speaks another version is refused. Worker errors come back as the same domain
 errors (core.wire.error_from_body); a worker that cannot be reached is `Unavailable` (503; the
@@ -21,12 +24,13 @@ import contextlib
 import json
 import re
 import socket
+import ssl
 import typing
 import urllib.parse
 from collections.abc import AsyncIterator
 
 from atoll.controlplane import remote_verbs
-from atoll.core import errors, seam, wire
+from atoll.core import config, errors, pki, seam, wire
 from atoll.core import worker_api as api
 from atoll.shared import http11, ndjson, portstream
 
@@ -78,6 +82,7 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
         name: str,
         on_unreachable: typing.Callable[[str], None] | None = None,
         tunnel_port: int = 0,
+        tls: ssl.SSLContext | None = None,
     ):
         self.url = url.rstrip("/")
         self.name = name
@@ -85,21 +90,35 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
         self.tunnel_port = tunnel_port
         self._on_unreachable = on_unreachable
         host, port = self.address(self.url)
-        self._channel = http11.Channel(host, port)
+        if self.url.startswith("https://"):
+            if tls is None:
+                raise errors.InvalidRequest(
+                    f"worker URL {url!r} is https:// but this server has no CA to check it"
+                )
+            self._channel = http11.Channel(
+                host, port, tls=tls, check_peer=lambda der: pki.check_worker_certificate(der, name)
+            )
+        else:
+            self._channel = http11.Channel(host, port)
         self._headers = {"Authorization": f"Bearer {token}", wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION)}
 
     @staticmethod
     def address(url: str) -> tuple[str, int]:
-        """(host, port) of a worker URL, which must be http://HOST:PORT."""
+        """(host, port) of a worker URL: https://HOST:PORT, or http://HOST:PORT on a loopback
+        address only (the link carries the worker's token and every sandbox's traffic)."""
         parsed = urllib.parse.urlsplit(url)
         try:
             port = parsed.port
         except ValueError:
             port = None
-        if parsed.scheme != "http" or not parsed.hostname or not port:
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or not port:
             raise errors.InvalidRequest(
-                f"worker URL {url!r} must be http://HOST:PORT (TLS between server and workers is not "
-                "supported yet: keep workers on a private network or loopback)"
+                f"worker URL {url!r} must be https://HOST:PORT (or http:// on loopback)"
+            )
+        if parsed.scheme == "http" and not config.is_loopback_url(url):
+            raise errors.InvalidRequest(
+                f"worker URL {url!r} is plain http:// to an address that is not loopback; a worker on "
+                "another machine serves https (start it with --server https://… and --ca-file)"
             )
         return parsed.hostname, port
 
@@ -112,7 +131,7 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
         verbs, else guessed from the path."""
         if isinstance(e, http11.ConnectFailed):
             if self._on_unreachable is not None:
-                self._on_unreachable(f"cannot be reached at {self.url} (connecting failed)")
+                self._on_unreachable(f"cannot be reached at {self.url} (connecting failed: {e})"[:500])
             return errors.Unavailable(
                 f"worker {self.name!r} cannot be reached at {self.url} ({type(e).__name__}); the call "
                 "did not reach it, so nothing about the sandbox changed — retry once it is back "
@@ -231,7 +250,9 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
             sock.close()
             raise errors.Unavailable(f"worker {self.name}'s port tunnel cannot be reached: {e!r}") from None
         try:
-            hello_line = f"{hello} {api.PROTOCOL_VERSION} {self.token} {sandbox_id} {target}\n".encode()
+            # the tunnel is plain TCP: it carries a token derived for it alone, never the API's
+            tunnel_token = wire.tunnel_token(self.token)
+            hello_line = f"{hello} {api.PROTOCOL_VERSION} {tunnel_token} {sandbox_id} {target}\n".encode()
             await asyncio.wait_for(loop.sock_sendall(sock, hello_line), TUNNEL_ANSWER_S)
             raw = await asyncio.wait_for(portstream.read_line(sock), TUNNEL_ANSWER_S)
         except (OSError, TimeoutError, ValueError) as e:

@@ -1,5 +1,5 @@
 """Routes of workers: the admin's view (`GET /v1/workers`, drain, remove) and the worker protocol's
-server side (register, heartbeat, stopping), which `atoll worker` calls with the admin key and the
+server side (certificate, register, heartbeat, stopping), which `atoll worker` calls with the admin key and the
 `Atoll-Protocol` header (an incompatible version is refused with 409 incompatible_protocol).
 
 Part of the app built by controlplane.app; registrations go to controlplane.workers.
@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from atoll.controlplane import http, paging, schemas
 from atoll.controlplane.context import ctx
+from atoll.controlplane.remote_worker import RemoteWorker
 from atoll.controlplane.routes_sandboxes import TOO_LARGE
 from atoll.controlplane.workers import WorkerHandle
 from atoll.core import errors, ids, wire
@@ -218,6 +219,45 @@ async def register_worker(request: Request):
         )
     answer = ctx(request).manager.workers.register({"info": req.info}, req.url.rstrip("/"))
     return http.json_response(answer, 201)
+
+
+@router.post(
+    "/v1/workers/certificate",
+    openapi_extra={**http.body_schema(schemas.CertificateRequest), **PROTOCOL},
+    responses={
+        200: {"model": schemas.CertificateAnswer},
+        **BAD_BODY,
+        **http.error_responses({400: "invalid_request: the CSR or the URL is not usable"}),
+        **http.error_responses(
+            {409: "incompatible_protocol, or worker_conflict: the name is this server's own worker"}
+        ),
+        **TOO_LARGE,
+    },
+)
+async def worker_certificate(request: Request):
+    """Called by `atoll worker` before it registers when it serves https: the installation CA signs
+    its CSR (the key stays on the worker) for the URL's host and its name; the server then checks,
+    on every connection to that worker, that it presents a certificate naming it."""
+    _protocol(request)
+    req = await http.read_json(request, schemas.CertificateRequest)
+    manager = ctx(request).manager
+    authority = manager.authority
+    if authority is None:
+        raise errors.NotFound("this server has no certificate authority")
+    if not req.url.startswith("https://"):
+        raise errors.InvalidRequest(f"url {req.url!r} must be the https:// URL the worker serves at")
+    RemoteWorker.address(req.url)
+    if any(h.local and h.name == req.name for h in manager.workers.handles.values()):
+        raise errors.Conflict(
+            f"worker name {req.name!r} is this server's own in-process worker; give yours another --name",
+            code="worker_conflict",
+        )
+    try:
+        cert = authority.sign_worker(req.csr.encode(), req.name, req.url)
+    except ValueError as e:
+        raise errors.InvalidRequest(f"csr: {e}") from None
+    log.info("worker.certified", extra={"worker": req.name, "url": req.url})
+    return http.json_response({"certificate": cert.decode(), "ca": authority.root_pem.decode()})
 
 
 @router.post(

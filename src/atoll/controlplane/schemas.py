@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import JsonDict
 
 from atoll.controlplane import db as dbm
-from atoll.core import templatespec, worker_api
+from atoll.core import ids, templatespec, worker_api
 from atoll.guest.agent import ptyframes
 
 DEFAULT_MEMORY_MB = 512  # also the size of the template image made at start-up
@@ -931,6 +931,32 @@ class RegisterAnswer(BaseModel):
     protocol: int
     heartbeat_s: float
     lost_after_s: float
+
+
+class CertificateRequest(BaseModel):
+    """What `atoll worker` sends before it registers when its API is https://: a CSR over the key
+    it keeps (the key never leaves the worker)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        max_length=64,
+        description="The worker's name (--name): its certificate names it",
+        pattern=f"^{ids.WORKER_NAME_RE.pattern}$",
+    )
+    url: str = Field(
+        max_length=512,
+        description="The https:// URL the server will call the worker at (its host goes in the certificate)",
+    )
+    csr: str = Field(max_length=16384, description="A PEM certificate signing request (EC P-256)")
+
+
+class CertificateAnswer(BaseModel):
+    certificate: str = Field(
+        description="PEM: the worker's certificate from the installation CA, its SAN the URL's host and "
+        "urn:atoll:worker:<name>"
+    )
+    ca: str = Field(description="PEM: the installation CA (what GET /v1/ca.crt answers)")
 
 
 class HeartbeatRequest(BaseModel):

@@ -86,6 +86,21 @@ class ServerSettings:
     """ATOLL_AUDIT_RETENTION_DAYS: days the audit trail (GET /v1/audit) keeps a row (default 90,
     1-36500); older rows are deleted hourly."""
 
+    tls_cert_file: str | None = None
+    """ATOLL_TLS_CERT_FILE / ATOLL_TLS_KEY_FILE: serve the API over HTTPS with this certificate
+    chain and key (PEM). Workers on other machines verify it with --ca-file (the CA that issued
+    it) or the system trust store."""
+    tls_key_file: str | None = None
+    tls_names: tuple[str, ...] = ()
+    """ATOLL_TLS_NAMES: comma-separated DNS names and IP addresses the API is reached at; serve it
+    over HTTPS with a certificate for them from the installation's CA ($ATOLL_HOME/ca/root.crt,
+    also GET /v1/ca.crt: what a worker's --ca-file holds). Ignored when ATOLL_TLS_CERT_FILE is
+    set. Default: none, plain HTTP (fit for loopback only)."""
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert_file or self.tls_names)
+
     def redacted(self) -> dict:
         d = asdict(self)
         d["api_key"] = "***" if self.api_key else None
@@ -113,7 +128,15 @@ def load(
     cert, key = env.get("ATOLL_INGRESS_CERT_FILE") or None, env.get("ATOLL_INGRESS_KEY_FILE") or None
     if (cert is None) != (key is None):
         raise config.SettingsError("give both ATOLL_INGRESS_CERT_FILE and ATOLL_INGRESS_KEY_FILE, or neither")
-    for var, path in (("ATOLL_INGRESS_CERT_FILE", cert), ("ATOLL_INGRESS_KEY_FILE", key)):
+    tls_cert, tls_key = env.get("ATOLL_TLS_CERT_FILE") or None, env.get("ATOLL_TLS_KEY_FILE") or None
+    if (tls_cert is None) != (tls_key is None):
+        raise config.SettingsError("give both ATOLL_TLS_CERT_FILE and ATOLL_TLS_KEY_FILE, or neither")
+    for var, path in (
+        ("ATOLL_INGRESS_CERT_FILE", cert),
+        ("ATOLL_INGRESS_KEY_FILE", key),
+        ("ATOLL_TLS_CERT_FILE", tls_cert),
+        ("ATOLL_TLS_KEY_FILE", tls_key),
+    ):
         if path is not None and not os.path.isfile(path):
             raise config.SettingsError(f"{var}={path!r} is not a file")
     return ServerSettings(
@@ -163,6 +186,9 @@ def load(
         else None,
         prices=_prices(env.get("ATOLL_PRICES", "")),
         metrics_public=config.boolean(env, "ATOLL_METRICS_PUBLIC", False),
+        tls_cert_file=os.path.abspath(tls_cert) if tls_cert else None,
+        tls_key_file=os.path.abspath(tls_key) if tls_key else None,
+        tls_names=_tls_names(env.get("ATOLL_TLS_NAMES", "")),
     )
 
 
@@ -171,6 +197,27 @@ def _database_url(raw: str) -> str:
         return db.engine_url(raw.strip())
     except db.BadDatabaseURL as e:
         raise config.SettingsError(f"ATOLL_DATABASE_URL={e}") from None
+
+
+def _tls_names(raw: str) -> tuple[str, ...]:
+    """ATOLL_TLS_NAMES: DNS names (letters, digits, '-', '.') and IP addresses."""
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    for n in names:
+        try:
+            ipaddress.ip_address(n)
+            continue
+        except ValueError:
+            pass
+        labels = n.rstrip(".").split(".")
+        if len(n) > 253 or not all(
+            label and len(label) <= 63 and label.replace("-", "").isalnum() and label.isascii()
+            for label in labels
+        ):
+            raise config.SettingsError(
+                f"ATOLL_TLS_NAMES: {n!r} is neither an IP address nor a DNS name; list the names and "
+                "addresses workers reach this server at, comma-separated (e.g. atoll.example.com,10.0.0.5)"
+            )
+    return names
 
 
 def _prices(raw: str) -> dict:

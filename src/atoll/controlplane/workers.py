@@ -23,6 +23,7 @@ import hmac
 import logging
 import math
 import secrets
+import ssl
 import time
 import typing
 from dataclasses import dataclass, field
@@ -134,6 +135,7 @@ class WorkerRegistry:
         self._by_name: dict[str, str] = {}
         self._loop: asyncio.Task | None = None
         self.changed = asyncio.Event()  # set whenever a worker becomes ready or its templates change
+        self.worker_tls: ssl.SSLContext | None = None  # https:// workers are called with it (main)
 
     # ---- records --------------------------------------------------------------------------------
     def load(self) -> None:
@@ -238,6 +240,10 @@ class WorkerRegistry:
                 f"{api.PROTOCOL_VERSION}; run the same atoll version on the server and its workers"
             )
         RemoteWorker.address(url)  # refused before anything is recorded
+        if url.startswith("https://") and self.worker_tls is None:
+            raise errors.InvalidRequest(
+                f"worker URL {url!r} is https:// but this server has no CA to check it"
+            )
         known = self.handles.get(self._by_name.get(info.name, ""))
         if known is not None and known.local:
             raise errors.Conflict(
@@ -267,6 +273,7 @@ class WorkerRegistry:
             info.name,
             on_unreachable=lambda why: self._unreachable(h, remote, why),
             tunnel_port=info.tunnel_port,
+            tls=self.worker_tls,
         )
         self._replace(h, remote, info, local=False)
         h.record.url = url

@@ -8,9 +8,11 @@ called by controlplane.settings and worker.settings.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import typing
+import urllib.parse
 from collections.abc import Mapping
 
 
@@ -112,3 +114,15 @@ def host_port(raw: str, name: str, default_host: str = "127.0.0.1") -> tuple[str
     if not 0 <= number_ <= 65535:
         raise SettingsError(f"{name}={raw!r}: port out of range 0-65535")
     return (host.strip("[]") or default_host), number_
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether `url`'s host is this machine's loopback (`localhost`, 127.0.0.0/8, ::1): the one
+    place a worker ↔ server link may go without TLS."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

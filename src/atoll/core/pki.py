@@ -5,9 +5,17 @@ gateway intercepts. EC P-256 keys, SHA-256 signatures, PEM bytes in and out.
 Also the check of an operator's PEM file of certificates (`check_certificates`: every block must
 be one whole certificate) and the block pattern that picks certificates out of such a file.
 
+And a worker's own identity on the server ↔ worker link: the worker makes its key and a CSR
+(`new_worker_request`; the key never leaves it), the control plane's CA signs it
+(`issue_worker`: the worker's host in the SAN, and its name as the URI `urn:atoll:worker:<name>`),
+and the control plane checks, on every connection to a worker, that the certificate names the
+worker it meant to reach (`check_worker_certificate`; the chain itself is checked by the TLS
+handshake against the installation CA).
+
 Pure: no file I/O (callers store the PEM). Called by gateway.intercept (leaves, per name), by
-whoever sets an installation up (the root and the intermediate), and by the worker's settings and
-worker.host.trust (operators' CA files).
+whoever sets an installation up (the root and the intermediate), by the worker's settings and
+worker.host.trust (operators' CA files), and by controlplane.authority, controlplane.remote_worker
+and worker.registration (worker certificates).
 """
 
 from __future__ import annotations
@@ -103,6 +111,96 @@ def issue_server(
         .sign(ca_key, hashes.SHA256())
     )
     return _cert_pem(cert), _key_pem(key)
+
+
+WORKER_URI = "urn:atoll:worker:"
+"""A worker certificate's SAN URI: this prefix and the worker's name."""
+
+
+def new_worker_request(name: str) -> tuple[bytes, bytes]:
+    """A worker's new private key and its certificate signing request: (key_pem, csr_pem)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(_name(f"atoll worker {name}"))
+        .sign(key, hashes.SHA256())
+    )
+    return _key_pem(key), csr.public_bytes(serialization.Encoding.PEM)
+
+
+def issue_worker(
+    ca_cert_pem: bytes, ca_key_pem: bytes, csr_pem: bytes, name: str, host: str, days: int = 825
+) -> bytes:
+    """A certificate for worker `name` reached at `host` (a DNS name or an IP address) over the key
+    of `csr_pem`: server and client use, SAN = `host` and `urn:atoll:worker:<name>`. Only the
+    CSR's key is taken from it (its subject and extensions are the caller's wish, not ours). A
+    ValueError when the CSR is not one or its signature does not verify."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as e:
+        raise ValueError(f"the certificate request is not a PEM CSR ({_reason(e)})") from None
+    if not csr.is_signature_valid:
+        raise ValueError("the certificate request's signature does not verify")
+    public = csr.public_key()
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        raise ValueError("the certificate request's key must be an EC key")
+    try:
+        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(host))]
+    except ValueError:
+        sans = [x509.DNSName(host)]
+    sans.append(x509.UniformResourceIdentifier(WORKER_URI + name))
+    ca_cert, ca_key = _load(ca_cert_pem, ca_key_pem)
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(f"atoll worker {name}"))
+        .issuer_name(ca_cert.subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - SKEW)
+        .not_valid_after(min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return _cert_pem(cert)
+
+
+def worker_names(cert_der: bytes) -> list[str]:
+    """The worker names a certificate (DER) carries as `urn:atoll:worker:` SAN URIs."""
+    cert = x509.load_der_x509_certificate(cert_der)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [
+        u[len(WORKER_URI) :]
+        for u in san.get_values_for_type(x509.UniformResourceIdentifier)
+        if u.startswith(WORKER_URI)
+    ]
+
+
+def check_worker_certificate(cert_der: bytes | None, name: str) -> None:
+    """The peer certificate (DER, already verified against the installation CA by the handshake)
+    must name worker `name`; a ValueError saying whom it names otherwise — another worker's
+    certificate (and key) is refused."""
+    if not cert_der:
+        raise ValueError(f"the peer presented no certificate; worker {name!r} must present its own")
+    names = worker_names(cert_der)
+    if names != [name]:
+        whom = ", ".join(repr(n) for n in names) if names else "no worker"
+        raise ValueError(
+            f"the peer's certificate names {whom}, not worker {name!r}: a worker must present the "
+            "certificate it got at its own registration"
+        )
 
 
 def fingerprint(cert_pem: bytes) -> str:

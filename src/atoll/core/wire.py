@@ -4,13 +4,16 @@ Both sides send `Atoll-Protocol: <PROTOCOL_VERSION>` on every request and answer
 sends another version is refused (`check_protocol`), naming both versions. Values are checked as
 they are decoded (pydantic TypeAdapters over the dataclasses): a malformed message from a peer is a
 `RuntimeFailure`, never an unchecked dict. Errors travel as the public envelope
-`{"error": {"code", "message", "retryable"}}` and are rebuilt with `errors.from_code`.
+`{"error": {"code", "message", "retryable"}}` and are rebuilt with `errors.from_code`. The port
+tunnel's token is derived here too (`tunnel_token`).
 Pure; called by worker.httpapi, worker.registration, controlplane.remote_worker and
 controlplane.routes_workers.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import typing
 from typing import Annotated, Any
 
@@ -19,6 +22,14 @@ import pydantic
 from atoll.core import errors, worker_api
 
 PROTOCOL_HEADER = "Atoll-Protocol"
+
+
+def tunnel_token(token: str) -> str:
+    """What the port tunnel's hello carries instead of the registration's token: derived from it
+    (HMAC-SHA256), so that the tunnel — plain TCP even when the API link is TLS — never shows the
+    token that opens the worker's API."""
+    return hmac.new(token.encode(), b"atoll-tunnel", hashlib.sha256).hexdigest()
+
 
 _Event = Annotated[worker_api.WorkerEvent, pydantic.Field(discriminator="kind")]
 _ExecEvent = Annotated[worker_api.ExecEvent, pydantic.Field(discriminator="kind")]

@@ -6,7 +6,8 @@ both this. h11 is the sans-IO HTTP/1.1 library httpcore builds on; going without
 anyio layers takes ~1 ms off every call (measured on the exec path), which is why it exists.
 Requests go out with one write when small (a small request is one segment), bodies are streamed
 both ways in chunks, answers read whole are bounded (`AnswerTooLarge`), and a GET on a kept-alive
-connection that turns out dead is retried once on a fresh one. Sockets have TCP_NODELAY.
+connection that turns out dead is retried once on a fresh one. Sockets have TCP_NODELAY. A channel may be TLS (the control plane's to an https:// worker),
+with a check of the peer's certificate on every new connection.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import json as jsonlib
 import select
 import socket
+import ssl
 import typing
 import urllib.parse
 
@@ -134,11 +136,23 @@ class _Conn:
 
 class Channel:
     """HTTP/1.1 client bound to one peer (`host:port`), its connections kept alive and reused.
-    `make_socket` makes a non-blocking TCP socket (subclasses make it elsewhere, e.g. in a netns)."""
+    `make_socket` makes a non-blocking TCP socket (subclasses make it elsewhere, e.g. in a netns).
+    With `tls`, every connection is TLS (the context checks the chain and `ip`, the host name, as
+    it is configured to) and `check_peer` is then given the peer's certificate (DER, None if it
+    sent none) before a request goes out: raising ValueError refuses the peer (ConnectFailed)."""
 
-    def __init__(self, ip: str, port: int):
+    def __init__(
+        self,
+        ip: str,
+        port: int,
+        *,
+        tls: ssl.SSLContext | None = None,
+        check_peer: typing.Callable[[bytes | None], None] | None = None,
+    ):
         self._addr = (ip, port)
         self._host = f"{ip}:{port}"
+        self._tls = tls
+        self._check_peer = check_peer
         self._idle: list[_Conn] = []
         self._open: set[_Conn] = set()
 
@@ -154,13 +168,29 @@ class Channel:
         sock = await self.make_socket()
         try:
             await asyncio.wait_for(loop.sock_connect(sock, self._addr), 5)
-            reader, writer = await asyncio.open_connection(sock=sock, limit=_READ)
-        except (OSError, TimeoutError) as e:
+            if self._tls is None:
+                reader, writer = await asyncio.open_connection(sock=sock, limit=_READ)
+            else:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(
+                        sock=sock, limit=_READ, ssl=self._tls, server_hostname=self._addr[0]
+                    ),
+                    5,
+                )
+        except (OSError, TimeoutError) as e:  # ssl.SSLError (a refused certificate) is an OSError
             sock.close()
             raise ConnectFailed(f"connect to {self._host} failed: {e!r}") from e
         except BaseException:
             sock.close()
             raise
+        if self._tls is not None and self._check_peer is not None:
+            tls_object = writer.get_extra_info("ssl_object")
+            try:
+                self._check_peer(tls_object.getpeercert(binary_form=True) if tls_object else None)
+            except ValueError as e:
+                writer.transport.abort()
+                sock.close()
+                raise ConnectFailed(f"{self._host} refused: {e}") from e
         conn = _Conn(sock, reader, writer)
         self._open.add(conn)
         return conn

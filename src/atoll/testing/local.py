@@ -24,6 +24,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -117,6 +118,13 @@ class _Api:
 
     url: str
     api_key: str
+    tls_ca: str | None = None
+    """The CA file the server's certificate is checked with when it serves https (its own)."""
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """httpx's `verify=` for this server."""
+        return ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else True
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
@@ -128,7 +136,7 @@ class _Api:
             if why:
                 raise RuntimeError(why)
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/healthz", timeout=1, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -140,7 +148,9 @@ class _Api:
         stopping with `reap` purges them from the host.)"""
         deleted = []
         try:
-            with httpx.Client(base_url=self.url, headers=self.headers(), timeout=120) as c:
+            with httpx.Client(
+                base_url=self.url, headers=self.headers(), timeout=120, verify=self.verify
+            ) as c:
                 for sb in c.get("/v1/sandboxes").json().get("items", []):
                     c.delete(f"/v1/sandboxes/{sb['id']}")
                     deleted.append(sb["id"])
@@ -241,9 +251,17 @@ class LocalServer(_Process, _Api):
         _Process.__init__(self, home, env, log_path, "atoll-server.log")
         self.port = port or free_port()
         self.api_key = api_key or "test_" + secrets.token_hex(12)
-        self.url = f"http://127.0.0.1:{self.port}"
+        tls = bool((env or {}).get("ATOLL_TLS_NAMES"))
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        if tls:  # (ATOLL_TLS_NAMES must then name 127.0.0.1)
+            self.tls_ca = self.ca_file
         self.ingress_port = int((env or {}).get("ATOLL_INGRESS_PORT") or free_port())
         self.argv = ["server"]
+
+    @property
+    def ca_file(self) -> str:
+        """The installation CA (made at the first start): what a worker's --ca-file names."""
+        return os.path.join(self.home, "ca", "root.crt")
 
     def _environment(self) -> dict[str, str]:
         return {
@@ -262,10 +280,12 @@ class LocalServer(_Process, _Api):
             if rc is not None:
                 raise RuntimeError(f"atoll server exited with {rc}; see {self.log_path}:\n{self.tail()}")
             try:
-                httpx.get(self.url + "/healthz", timeout=1)
-                return self
+                if not (self.url.startswith("https://") and not os.path.exists(self.ca_file)):
+                    httpx.get(self.url + "/healthz", timeout=1, verify=self.verify)
+                    return self
             except httpx.HTTPError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         raise RuntimeError(f"atoll server did not answer within {timeout}s; see {self.log_path}")
 
 
@@ -281,11 +301,13 @@ class LocalWorker(_Process):
         env: dict[str, str] | None = None,
         log_path: str | os.PathLike | None = None,
         listen: str | None = None,
+        ca_file: str | None = None,
     ):
         _Process.__init__(self, home, env, log_path, "atoll-worker.log")
         self.server_url = server_url
         self.api_key = api_key
         self.name = name
+        self.ca_file = ca_file
         self.argv = [
             "worker",
             "--server",
@@ -293,6 +315,7 @@ class LocalWorker(_Process):
             "--name",
             name,
             *(["--listen", listen] if listen else []),
+            *(["--ca-file", ca_file] if ca_file else []),
         ]
 
     def _environment(self) -> dict[str, str]:
@@ -304,6 +327,11 @@ class LocalWorker(_Process):
         self.spawn()
         return self
 
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """httpx's `verify=` for its server (the --ca-file, read when it is asked)."""
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
+
     def worker_state(self) -> str | None:
         """This worker's state at the server (None if the server does not list it)."""
         try:
@@ -311,6 +339,7 @@ class LocalWorker(_Process):
                 self.server_url + "/v1/workers",
                 headers={"Authorization": f"Bearer {self.api_key}"},
                 timeout=5,
+                verify=self.verify,
             )
             for w in r.json().get("items", []):
                 if w["name"] == self.name:
@@ -350,14 +379,26 @@ class LocalCluster(_Api):
         env: dict[str, str] | None = None,
         reap: bool = True,
         api_key: str | None = None,
+        tls: bool = False,
     ):
+        """`tls`: the server serves https with a certificate from its CA for 127.0.0.1, and each
+        worker joins it with `--ca-file` (and serves its own API over TLS)."""
         self.root = os.fspath(root)
         self.env = env or {}
         self.reap = reap
-        self.server = LocalServer(os.path.join(self.root, "server"), api_key=api_key, env=self.env)
-        self.url, self.api_key = self.server.url, self.server.api_key
+        server_env = {**self.env, "ATOLL_TLS_NAMES": "127.0.0.1,localhost"} if tls else self.env
+        self.server = LocalServer(os.path.join(self.root, "server"), api_key=api_key, env=server_env)
+        self.url, self.api_key, self.tls_ca = self.server.url, self.server.api_key, self.server.tls_ca
+        ca = self.server.ca_file if tls else None
         self.workers = [
-            LocalWorker(os.path.join(self.root, f"worker-{i}"), self.url, self.api_key, f"w{i}", env=self.env)
+            LocalWorker(
+                os.path.join(self.root, f"worker-{i}"),
+                self.url,
+                self.api_key,
+                f"w{i}",
+                env=self.env,
+                ca_file=ca,
+            )
             for i in range(workers)
         ]
 

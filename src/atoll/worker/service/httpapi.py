@@ -44,9 +44,12 @@ class Credentials:
 
     def __init__(self) -> None:
         self.token: bytes | None = None
+        self.tunnel: bytes | None = None
+        """What the port tunnel accepts (core.wire.tunnel_token of the token)."""
 
     def set(self, token: str) -> None:
         self.token = token.encode()
+        self.tunnel = wire.tunnel_token(token).encode()
 
 
 def _dumps(obj: typing.Any) -> bytes:

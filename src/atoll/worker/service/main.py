@@ -2,7 +2,9 @@
 
 Loads the worker's settings, prepares the host and reattaches to the sandboxes of its home
 (worker.node), serves the worker API (worker.httpapi) on `--listen` (a free loopback port by
-default), and registers and heartbeats (worker.registration). SIGINT/SIGTERM stop the worker, never
+default; over TLS when the server is https://, with the certificate it gets from the installation
+CA before registering, worker.registration.Identity), and registers and heartbeats
+(worker.registration). SIGINT/SIGTERM stop the worker, never
 its sandboxes: the server is told it stops (shown lost), and the next `atoll worker` with the same
 name and home takes them back. The stop is finished — the server told, the tunnel and channels
 closed, deletions waited for, the installation's empty parent cgroups removed — before the process
@@ -88,9 +90,11 @@ async def serve(s: settings_mod.WorkerSettings, caught: list[int] | None = None)
     creds = httpapi.Credentials()
     app = httpapi.create_app(worker, creds)
     host, port = sock.getsockname()[:2]
-    tunnel = Tunnel(worker, lambda: creds.token)
+    tunnel = Tunnel(worker, lambda: creds.tunnel)
     worker.tunnel_port = await tunnel.start(host)
-    url = s.advertise or f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    identity = registration.Identity(s) if s.server_url and s.server_url.startswith("https://") else None
+    scheme = "https" if identity is not None else "http"
+    url = s.advertise or f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
     server = _Server(
         # the server keeps its connections to the worker alive for as long as it likes
         uvicorn.Config(
@@ -100,10 +104,12 @@ async def serve(s: settings_mod.WorkerSettings, caught: list[int] | None = None)
             timeout_graceful_shutdown=3,
             lifespan="off",
             timeout_keep_alive=3600,
+            # over TLS: the certificate the installation CA gives it before it registers
+            ssl_context_factory=(lambda _c, _d: identity.context) if identity is not None else None,
         ),
         worker.hub.close,
     )
-    reg = registration.Registration(s, worker, creds, url)
+    reg = registration.Registration(s, worker, creds, url, identity)
     status = 0
 
     async def join() -> None:
@@ -140,15 +146,18 @@ def main(
     home: str | None = None,
     listen: str | None = None,
     advertise: str | None = None,
+    ca_file: str | None = None,
 ) -> None:
-    s = entry.settings_or_exit("atoll worker", lambda: _load(server, name, home, listen, advertise))
+    s = entry.settings_or_exit("atoll worker", lambda: _load(server, name, home, listen, advertise, ca_file))
     entry.start("atoll worker", s, log, needs_root=f"needs root ({entry.ROOT_FOR})")
     caught: list[int] = []
     entry.run(serve(s, caught), caught)
 
 
-def _load(server, name, home, listen, advertise) -> settings_mod.WorkerSettings:
-    s = settings_mod.load(home=home, name=name, server=server, listen=listen, advertise=advertise)
+def _load(server, name, home, listen, advertise, ca_file=None) -> settings_mod.WorkerSettings:
+    s = settings_mod.load(
+        home=home, name=name, server=server, listen=listen, advertise=advertise, ca_file=ca_file
+    )
     if not s.server_url:
         raise config.SettingsError(
             "--server URL (or ATOLL_SERVER_URL) is required: the control plane to join"

@@ -7,18 +7,28 @@ registration epoch. It then heartbeats every `heartbeat_s`. A heartbeat answered
 worker_not_registered (the server restarted and forgot its tokens) leads to a new registration; an
 unreachable server is retried (with a growing pause, at most MAX_RETRY_S) while the sandboxes run
 on. A refusal that no retry fixes — a wrong key (401), another protocol version, a name taken by
-another installation — is `Fatal`: the worker stops with that message.
+another installation, a server certificate the CA file does not vouch for — is `Fatal`: the worker
+stops with that message.
+
+Over https:// (`Identity`): the worker checks the server's certificate against `--ca-file` (or the
+system trust store), makes its own key under `$ATOLL_HOME/tls/` (it never leaves the worker) and,
+before it registers, sends a CSR to `POST /v1/workers/certificate`; the installation CA's answer —
+a certificate for the advertised URL's host naming this worker — is loaded into the TLS context the
+worker's API serves with, so it is in place before the server's first call.
 Called by worker.main.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import ssl
 
 import httpx
 
-from atoll.core import errors, wire
+from atoll.core import errors, pki, wire
 from atoll.core import worker_api as api
 from atoll.worker.service.httpapi import Credentials
 from atoll.worker.service.node import Node
@@ -33,13 +43,59 @@ class Fatal(Exception):
     """The server refused this worker for a reason a retry cannot fix."""
 
 
+class Identity:
+    """This worker's key and the TLS context its API serves with (its certificate loaded by
+    `install` once the installation CA signed it)."""
+
+    def __init__(self, settings: WorkerSettings):
+        self.dir = os.path.join(settings.home, "tls")
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.key_path = os.path.join(self.dir, "worker.key")
+        self.cert_path = os.path.join(self.dir, "worker.crt")
+        key, self.csr = pki.new_worker_request(settings.name)
+        _replace_private(self.key_path, key)
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.ready = False
+
+    def install(self, cert_pem: bytes) -> None:
+        _replace_private(self.cert_path, cert_pem)
+        self.context.load_cert_chain(self.cert_path, self.key_path)
+        self.ready = True
+
+
+def _replace_private(path: str, data: bytes) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _server_trust(s: WorkerSettings) -> ssl.SSLContext | bool:
+    """How the server's certificate is checked: the CA file, or this host's trust store."""
+    if not (s.server_url or "").startswith("https://"):
+        return True
+    if s.ca_file:
+        return ssl.create_default_context(cafile=s.ca_file)
+    return ssl.create_default_context()
+
+
 class Registration:
-    def __init__(self, settings: WorkerSettings, node: Node, creds: Credentials, url: str):
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        node: Node,
+        creds: Credentials,
+        url: str,
+        identity: Identity | None = None,
+    ):
         assert settings.server_url
         self.s = settings
         self.node = node
         self.creds = creds
         self.url = url
+        self.identity = identity
         self.worker_id: str | None = None
         self.epoch: str | None = None
         self.heartbeat_s = settings.heartbeat_s
@@ -51,6 +107,7 @@ class Registration:
                 wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION),
             },
             timeout=httpx.Timeout(10.0, connect=5.0),
+            verify=_server_trust(settings),
         )
 
     def _refusal(self, r: httpx.Response) -> errors.AtollError:
@@ -62,7 +119,56 @@ class Registration:
             r.status_code, body, f"the server answered {r.status_code}: {r.text[:200]}"
         )
 
+    def _untrusted(self, e: httpx.HTTPError) -> Fatal | None:
+        """A Fatal when `e` is the server's certificate failing verification (no retry fixes it)."""
+        if "CERTIFICATE_VERIFY_FAILED" not in str(e):
+            return None
+        trust = (
+            f"the CA in --ca-file {self.s.ca_file}"
+            if self.s.ca_file
+            else "this host's trust store (no --ca-file given)"
+        )
+        return Fatal(
+            f"the server at {self.s.server_url} presented a certificate that {trust} does not vouch "
+            f"for ({e}). Give --ca-file (ATOLL_CA_FILE) the server's installation CA — its GET "
+            "/v1/ca.crt, or $ATOLL_HOME/ca/root.crt on the server — and check that the --server host "
+            "is among the server's ATOLL_TLS_NAMES"
+        )
+
+    async def certify(self) -> None:
+        """Have the installation CA sign this worker's key (before registering: the server calls
+        the worker over TLS as soon as it is registered)."""
+        assert self.identity is not None
+        body = {"name": self.s.name, "url": self.url, "csr": self.identity.csr.decode()}
+        r = await self._http.post("/v1/workers/certificate", json=body)
+        if r.status_code == 401:
+            raise Fatal(
+                f"the server at {self.s.server_url} refused this worker's key: set ATOLL_API_KEY to a "
+                "`worker` key (`atoll key create --scope worker`)"
+            )
+        if r.status_code >= 400:
+            e = self._refusal(r)
+            if r.status_code < 500:
+                raise Fatal(f"the server refused to certify this worker: {e.code}: {e.message}")
+            raise e
+        try:
+            self.identity.install(r.json()["certificate"].encode())
+        except (ssl.SSLError, KeyError, ValueError) as e:
+            raise Fatal(f"the server's certificate for this worker cannot be used: {e}") from None
+        log.info("certified by the installation CA for %s", self.url)
+
     async def register(self) -> None:
+        try:
+            await self._register()
+        except httpx.HTTPError as e:
+            fatal = self._untrusted(e)
+            if fatal is not None:
+                raise fatal from None
+            raise
+
+    async def _register(self) -> None:
+        if self.identity is not None and not self.identity.ready:
+            await self.certify()
         info = await self.node.info()
         r = await self._http.post("/v1/workers/register", json={"url": self.url, "info": wire.dump(info)})
         if r.status_code == 401:

@@ -28,7 +28,12 @@ class WorkerSettings:
     server_url: str | None = None
     """`--server` (ATOLL_SERVER_URL): the control plane to register with (None in `atoll up`)."""
     api_key: str | None = None
-    """ATOLL_API_KEY: the admin key the worker presents when it registers."""
+    """ATOLL_API_KEY: the `worker` key (or the admin key, deprecated) the worker presents when it
+    registers."""
+    ca_file: str | None = None
+    """`--ca-file` (ATOLL_CA_FILE): the installation CA (the server's `GET /v1/ca.crt`, its
+    `$ATOLL_HOME/ca/root.crt`) the worker trusts for an https:// server; without it, the system
+    trust store. A --server that is not on a loopback address must be https://."""
     listen: tuple[str, int] = ("127.0.0.1", 0)
     """`--listen` (ATOLL_WORKER_LISTEN): HOST:PORT the worker's API listens on; port 0 = a free one."""
     advertise: str | None = None
@@ -155,6 +160,7 @@ def load(
     server: str | None = None,
     listen: str | None = None,
     advertise: str | None = None,
+    ca_file: str | None = None,
 ) -> WorkerSettings:
     env = os.environ if env is None else env
     home_v = config.home(home, env)
@@ -165,19 +171,34 @@ def load(
             "with a letter or digit (--name or ATOLL_WORKER_NAME)"
         )
     server_v = server or env.get("ATOLL_SERVER_URL") or None
-    if server_v is not None and not server_v.startswith(("http://", "https://")):
-        raise config.SettingsError(f"server URL {server_v!r} must start with http:// or https:// (--server)")
+    _check_server_url(server_v)
+    ca_v = ca_file or env.get("ATOLL_CA_FILE") or None
+    if ca_v is not None and not (server_v or "").startswith("https://"):
+        raise config.SettingsError(
+            f"--ca-file (ATOLL_CA_FILE) is given but the server URL {server_v!r} is not https://; "
+            "start the server with ATOLL_TLS_NAMES and give --server https://…"
+        )
     listen_v = config.host_port(listen or env.get("ATOLL_WORKER_LISTEN") or "127.0.0.1:0", "--listen")
     advertise_v = advertise or env.get("ATOLL_WORKER_ADVERTISE") or None
     if advertise_v is not None and not advertise_v.startswith(("http://", "https://")):
         raise config.SettingsError(
             f"advertised URL {advertise_v!r} must start with http:// or https:// (--advertise)"
         )
+    if (
+        advertise_v is not None
+        and (server_v or "").startswith("https://")
+        and advertise_v.startswith("http://")
+    ):
+        raise config.SettingsError(
+            f"advertised URL {advertise_v!r} is http:// while the server is https://: a worker that "
+            "joins over TLS serves its API over TLS too; give --advertise https://HOST:PORT"
+        )
     return WorkerSettings(
         home=home_v,
         name=name_v,
         server_url=server_v.rstrip("/") if server_v else None,
         api_key=env.get("ATOLL_API_KEY") or None,
+        ca_file=_ca_file(ca_v, "ATOLL_CA_FILE") if ca_v else None,
         listen=listen_v,
         advertise=advertise_v.rstrip("/") if advertise_v else None,
         template_dir=os.path.abspath(env["ATOLL_TEMPLATE_DIR"]) if env.get("ATOLL_TEMPLATE_DIR") else None,
@@ -209,6 +230,24 @@ def load(
         ),
         layer_cache_gb=config.number(env, "ATOLL_LAYER_CACHE_GB", 0.0, lo=0, hi=1024 * 1024) or None,
     )
+
+
+def _check_server_url(url: str | None) -> None:
+    """--server: http(s)://HOST[:PORT]; plain http:// only to a loopback address (the link carries
+    the worker's key and token, and every sandbox's bytes)."""
+    if url is None:
+        return
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise config.SettingsError(f"server URL {url!r} must be http(s)://HOST[:PORT] (--server)")
+    if parts.scheme == "http" and not config.is_loopback_url(url):
+        raise config.SettingsError(
+            f"--server {url} is plain http:// to {parts.hostname}, which is not a loopback address: "
+            "the worker's key and every sandbox's traffic would cross the network in the clear. Start "
+            f"the server with ATOLL_TLS_NAMES={parts.hostname} (or ATOLL_TLS_CERT_FILE / "
+            "ATOLL_TLS_KEY_FILE), give --server https://…, and --ca-file PATH with its installation CA "
+            "(GET /v1/ca.crt, or $ATOLL_HOME/ca/root.crt on the server)"
+        )
 
 
 S3_VARS = ("ATOLL_S3_ENDPOINT", "ATOLL_S3_BUCKET", "ATOLL_S3_ACCESS_KEY", "ATOLL_S3_SECRET_KEY")
@@ -302,6 +341,7 @@ def _build_timeouts(env: Mapping[str, str]) -> dict[str, float]:
 
 MAX_CA_FILE = 8 * 1024 * 1024
 _CA_USE = {
+    "ATOLL_CA_FILE": "The worker trusts it for the server's certificate (--ca-file)",
     "ATOLL_UPSTREAM_CA_FILE": "The egress gateway trusts it when it re-encrypts intercepted HTTPS",
     "ATOLL_BUILD_CA_FILE": "Build steps trust it for HTTPS (pip, curl, git)",
     "ATOLL_SANDBOX_CA_FILE": (
