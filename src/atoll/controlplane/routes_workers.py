@@ -227,9 +227,12 @@ async def register_worker(request: Request):
     responses={
         200: {"model": schemas.CertificateAnswer},
         **BAD_BODY,
-        **http.error_responses({400: "invalid_request: the CSR or the URL is not usable"}),
         **http.error_responses(
-            {409: "incompatible_protocol, or worker_conflict: the name is this server's own worker"}
+            {
+                400: "invalid_request: the body is malformed, or the CSR or the URL is not usable",
+                404: "not_found: this server has no certificate authority",
+                409: "incompatible_protocol, or worker_conflict: the name is this server's own worker",
+            }
         ),
         **TOO_LARGE,
     },
