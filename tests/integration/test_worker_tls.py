@@ -1,7 +1,8 @@
 """Issue 21 item 6 over a real link: `atoll server` serving https with a certificate from its
 installation CA (ATOLL_TLS_NAMES=127.0.0.1), an `atoll worker --server https://127.0.0.1:PORT
 --ca-file …` that gets its own certificate at registration and serves its API over TLS, and a
-sandbox created, exec'd in and deleted through that link; a worker whose --ca-file holds another
+sandbox created, exec'd in, given a terminal (through the plain port tunnel) and deleted through
+that link; a worker whose --ca-file holds another
 CA refuses to register, saying why."""
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from atoll.core import pki
 from atoll.testing import LocalCluster, LocalWorker
@@ -43,6 +46,17 @@ def test_server_and_worker_over_tls(tmp_path):
         sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
         out = c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo over tls"}).json()
         assert out["stdout"] == "over tls\n" and out["exit_code"] == 0
+        # a terminal: its bytes come through the worker's port tunnel (plain TCP, with the token
+        # derived for the tunnel), to the client over wss
+        pty = c.post(f"/v1/sandboxes/{sid}/pty", json={"cols": 80, "rows": 24, "cmd": ["cat"]})
+        assert pty.status_code == 201, pty.text
+        url = cl.url.replace("https://", "wss://") + f"/v1/sandboxes/{sid}/pty/{pty.json()['pty_id']}/ws"
+        with connect(url, additional_headers=cl.headers(), ssl=cl.verify, open_timeout=60) as ws:
+            ws.send(b"typed\r")
+            seen, deadline = b"", time.monotonic() + 30
+            while b"typed\r\ntyped\r\n" not in seen:
+                msg = ws.recv(timeout=max(0.1, deadline - time.monotonic()))
+                seen += msg if isinstance(msg, bytes) else b""
         assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
 
         # a worker whose --ca-file is another installation's CA does not register
