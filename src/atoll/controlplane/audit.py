@@ -92,6 +92,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/v1/workers/{wid}/drain"): "worker.drain",
     ("POST", "/v1/workers/{wid}/reconcile"): "worker.reconcile",
     ("POST", "/v1/workers/register"): "worker.register",
+    ("POST", "/v1/workers/certificate"): "worker.certificate",
     ("POST", "/v1/workers/{wid}/heartbeat"): "worker.heartbeat",
     ("POST", "/v1/workers/{wid}/stopping"): "worker.stopping",
     ("POST", "/v1/secrets"): "secret.create",
