@@ -137,22 +137,6 @@ class Decision:
     """Why this worker, in words (logged by the ledger)."""
 
 
-def choose(
-    candidates: Sequence[Candidate],
-    *,
-    memory_mb: int,
-    template: str | None,
-    cpus: float = 0.0,
-    prefer: str | None = None,
-    k: int = 2,
-    rng: random.Random | None = None,
-) -> Candidate:
-    """`decide`'s worker."""
-    return decide(
-        candidates, memory_mb=memory_mb, template=template, cpus=cpus, prefer=prefer, k=k, rng=rng
-    ).worker
-
-
 def decide(
     candidates: Sequence[Candidate],
     *,
