@@ -80,6 +80,32 @@ def _subjects(api) -> tuple[float, dict[str, dict]]:
     return time.time(), {i["subject"]: i for i in r.json()["items"]}
 
 
+def _window(api, *watched: tuple[str, str]) -> tuple[float, dict, float, dict]:
+    """Two usage samples in which each watched (subject, field) accrued at one steady rate.
+
+    The meter accrues a new standby image at the disk_mb bound until the worker's report has
+    measured it (MEASURE_WAIT_S); on a loaded machine that report can come late, and a window
+    that straddles it mixes the two rates. So: windows of RATE_S in a row, until two in a row give
+    the same rates (the measured ones, the bound being thousands of times larger), for up to a
+    minute; then the two together."""
+    deadline = time.monotonic() + 60
+    t0, u0 = _subjects(api)
+    last = None
+    while True:
+        time.sleep(RATE_S)
+        t1, u1 = _subjects(api)
+        rates = [(u1[s][f] - u0[s][f]) / (t1 - t0) if s in u0 and s in u1 else None for s, f in watched]
+        if last is not None and all(
+            r is not None and p is not None and r == pytest.approx(p, rel=0.05)
+            for r, p in zip(rates, last[0], strict=True)
+        ):
+            return last[1], last[2], t1, u1
+        if time.monotonic() > deadline:
+            return t0, u0, t1, u1
+        last = (rates, t0, u0)
+        t0, u0 = t1, u1
+
+
 def test_standby_images_and_volumes_meter_their_real_bytes(atoll_up):
     """A sandbox paused to disk accrues snapshot_gb_seconds at the bytes its checkpoint and upper
     layer take on the host (not its disk_mb), then in the archive tier at its object's size in the
@@ -110,9 +136,8 @@ def test_standby_images_and_volumes_meter_their_real_bytes(atoll_up):
             r = api.post(f"/v1/sandboxes/{paused}/pause", json={"tier": "disk"})
             assert r.status_code == 200 and r.json()["standby_tier"] == "disk", r.text
             time.sleep(WAIT_REPORT_S)  # the worker's next report measures both
-            t0, u0 = _subjects(api)
-            time.sleep(RATE_S)
-            t1, u1 = _subjects(api)
+            key = f"volume:default/{vol}"
+            t0, u0, t1, u1 = _window(api, (paused, "snapshot_gb_seconds"), (key, "volume_gb_seconds"))
             # what the host holds: the checkpoint and the upper layer image; the volume's use
             d = os.path.join(home, "sandboxes", paused)
             image = _allocated(os.path.join(d, "snapshot")) + _allocated(os.path.join(d, "upper.img"))
@@ -122,7 +147,6 @@ def test_standby_images_and_volumes_meter_their_real_bytes(atoll_up):
             snap_rate = (u1[paused]["snapshot_gb_seconds"] - u0[paused]["snapshot_gb_seconds"]) / (t1 - t0)
             assert snap_rate == pytest.approx(image / GIB, rel=0.05), (snap_rate * GIB, image, disk_mb)
             assert image < disk_mb * 2**20 / 2  # the bound would be far off
-            key = f"volume:default/{vol}"
             vol_rate = (u1[key]["volume_gb_seconds"] - u0[key]["volume_gb_seconds"]) / (t1 - t0)
             assert 10 * 2**20 <= used <= 14 * 2**20, used
             assert vol_rate == pytest.approx(used / GIB, rel=0.05), (vol_rate * GIB, used)
@@ -131,12 +155,10 @@ def test_standby_images_and_volumes_meter_their_real_bytes(atoll_up):
             r = api.post(f"/v1/sandboxes/{paused}/pause", json={"tier": "archive"})
             assert r.status_code == 200 and r.json()["standby_tier"] == "archive", r.text
             time.sleep(WAIT_REPORT_S)
-            t0, u0 = _subjects(api)
-            time.sleep(RATE_S)
-            t1, u1 = _subjects(api)
+            field = "snapshot_archive_gb_seconds"
+            t0, u0, t1, u1 = _window(api, (paused, field))
             with open(os.path.join(d, "archive.json")) as f:
                 stored = json.load(f)["size"]
-            field = "snapshot_archive_gb_seconds"
             arch_rate = (u1[paused][field] - u0[paused][field]) / (t1 - t0)
             assert stored > 0
             assert arch_rate == pytest.approx(stored / GIB, rel=0.05), (arch_rate * GIB, stored)

@@ -7,7 +7,7 @@ know fails the walk, so that a new route needs a decision. Then:
 - a `tenant` key gets `403 forbidden` on every admin route (tenants, keys, workers, audit,
   /metrics) and on the worker protocol, and is let through (not 401/403) on every tenant route;
 - a `worker` key gets `403 forbidden` on every route but the worker protocol (register,
-  heartbeat, stopping) and the CA certificate, also on a terminal's WebSocket;
+  certificate, heartbeat, stopping) and the CA certificate, also on a terminal's WebSocket;
 - an `admin` key created by the API is let through everywhere.
 
 Tenant B against tenant A's ids on every route: tests/component/test_tenant_isolation.py."""
@@ -39,6 +39,7 @@ TENANT_TAGS = {
 }
 WORKER_PROTOCOL = {
     "/v1/workers/register",
+    "/v1/workers/certificate",
     "/v1/workers/{wid}/heartbeat",
     "/v1/workers/{wid}/stopping",
 }
