@@ -32,7 +32,8 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │                               volume_exists, drive_exists, volume_in_use, drive_in_use,
     │                               checkpoint_refused (fork: the sandbox's state cannot be saved now),
     │                               not_adoptable (worker protocol only),
-    │                               idempotency_key_reused, idempotency_key_in_use (retryable)
+    │                               idempotency_key_reused, idempotency_key_in_use (retryable),
+    │                               sandbox_changed (retryable: another server wrote it at once)
     ├── PayloadTooLarge         413 payload_too_large
     ├── DiskFull                507 disk_full: the sandbox's disk (disk_mb) is full; store_full: a
     │                               volume's or drive's size_mb is used up
@@ -322,6 +323,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "not_adoptable": Conflict,
     "idempotency_key_reused": Conflict,
     "idempotency_key_in_use": Conflict,
+    "sandbox_changed": Conflict,
     "method_not_allowed": InvalidRequest,
     "payload_too_large": PayloadTooLarge,
     "answer_too_large": PayloadTooLarge,

@@ -217,6 +217,73 @@ def _record(sid: str, **kw) -> dbm.SandboxRecord:
 
 
 @pytest.mark.databases
+def test_a_write_from_a_stale_copy_is_refused_not_lost(database_url):
+    """Two servers read one sandbox; the first writes; the second's write from its older copy
+    matches no row and fails with the retryable `sandbox_changed` — the first write stands (no
+    lost update) — and once it reads the record again its write goes through."""
+    from atoll.core import errors
+
+    a, b = dbm.open_database(database_url), dbm.Database(database_url)
+    try:
+        a.add(_record("sb-cccccccccccccccc"))
+        mine, theirs = a.get("sb-cccccccccccccccc"), b.get("sb-cccccccccccccccc")
+        assert mine.version == theirs.version == 0
+        mine.state, mine.standby_tier = "standby", "disk"
+        a.save(mine, fields=["state", "standby_tier"])
+        assert mine.version == 1 == a.version(mine.id) == b.version(mine.id)
+        theirs.state = "failed"
+        with pytest.raises(errors.SandboxChanged) as e:
+            b.save(theirs, fields=["state"])
+        assert e.value.code == "sandbox_changed" and e.value.retryable and "sb-cccccccccccccccc" in str(e.value)
+        got = a.get(mine.id)
+        assert (got.state, got.standby_tier, got.version) == ("standby", "disk", 1)
+        again = b.get(mine.id)
+        again.metadata_ = {"k": "v"}
+        b.save(again, fields=["metadata_"])
+        got = a.get(mine.id)
+        assert (got.state, got.metadata_, got.version) == ("standby", {"k": "v"}, 2)
+        assert a.version("sb-dddddddddddddddd") is None
+    finally:
+        a.engine.dispose()
+        b.engine.dispose()
+
+
+@pytest.mark.databases
+async def test_a_server_reads_again_what_another_server_wrote(tmp_path, database_url, database_kind):
+    """Another server (a second Database on the same records) changes a sandbox's labels. On
+    PostgreSQL — where several servers share the records — this server sees the change at its
+    next call (its cached copy's version is stale) and its own change then goes through; on
+    SQLite, which one server owns, its write from the stale copy is refused with `409
+    sandbox_changed` (never a lost update) and the call after it reads the record again."""
+    fake = FakeAtoll(tmp_path / "a", [FakeWorker("wa")], database_url=database_url, tier_policy=False)
+    async with fake:
+        r = await fake.http.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"by": "a"}})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        other = dbm.Database(database_url)
+        try:
+            rec = other.get(sid)
+            rec.metadata_ = {"by": "other"}
+            other.save(rec, fields=["metadata_"])
+        finally:
+            other.engine.dispose()
+        r = await fake.http.patch(f"/v1/sandboxes/{sid}", json={"metadata": {"by": "a", "n": "2"}})
+        if database_kind == "postgresql":
+            assert r.status_code == 200, r.text
+        else:
+            assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_changed", r.text
+            assert r.json()["error"]["retryable"] is True
+            r = await fake.http.get(f"/v1/sandboxes/{sid}")
+            assert r.json()["metadata"] == {"by": "other"}, r.text  # refused: the other write stands
+            r = await fake.http.patch(f"/v1/sandboxes/{sid}", json={"metadata": {"by": "a", "n": "2"}})
+            assert r.status_code == 200, r.text
+        r = await fake.http.get(f"/v1/sandboxes/{sid}")
+        assert r.json()["metadata"] == {"by": "a", "n": "2"}, r.text
+        r = await fake.http.delete(f"/v1/sandboxes/{sid}")
+        assert r.status_code in (200, 204), r.text
+
+
+@pytest.mark.databases
 def test_records_round_trip_and_pool_claims_count_across_servers(database_url):
     """What the ledger writes comes back the same on both databases (JSON, booleans, floats,
     times in UTC, server defaults), a save writes only its fields, and pool claims counted by two

@@ -1,5 +1,5 @@
 """worker.runtimes.retained on files in a temporary directory: a disk-tier image is its allocated
-blocks (holes do not count), measured once per standby; an archive-tier image is its manifest's
+blocks (holes do not count), measured while it settles and then seldom; an archive-tier image is its manifest's
 object size; other phases report nothing; a store pass that hangs never holds up the report."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import types
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
 from atoll.worker.host import archive
+from atoll.worker.runtimes import retained
 from atoll.worker.runtimes.retained import Retained
 
 MIB = 1 << 20
@@ -43,16 +44,29 @@ def _checkpoint(root, sid: str) -> int:
     return sum(os.stat(p).st_blocks * 512 for p in (d / "checkpoint.img", root / sid / "upper.img"))
 
 
-def test_images_are_their_allocated_bytes_measured_once_per_standby(tmp_path):
+def test_images_are_their_allocated_bytes_measured_while_they_settle_then_seldom(tmp_path, monkeypatch):
+    """Measured at every report for SETTLE_S (the page cache still writes the upper image back
+    after the pause), then only every REFRESH_S; a new standby (generation) starts over."""
+    clock = [1000.0]
+    monkeypatch.setattr(retained.time, "monotonic", lambda: clock[0])
     r = Retained(Runtimes(str(tmp_path)), stores=None)  # type: ignore[arg-type]
     allocated = _checkpoint(tmp_path, "sb-a")
     assert MIB <= allocated < 3 * MIB  # not the upper image's 100 MiB
     got = r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)])
     assert got == (api.SnapshotUsage("sb-a", Tier.DISK, allocated),)
     (tmp_path / "sb-a" / "snapshot" / "more").write_bytes(os.urandom(MIB))
-    assert r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)]) == got  # the same standby: not walked again
-    again = r.snapshots([_rt("sb-a", Phase.CHECKPOINTED, generation=2)])  # a new one is
-    assert again[0].bytes >= allocated + MIB
+    clock[0] += 5  # still settling: measured again, and the written-back bytes count
+    grown = r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)])
+    assert grown[0].bytes >= allocated + MIB
+    clock[0] += retained.SETTLE_S
+    assert r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)]) == grown  # measured once more at settling
+    (tmp_path / "sb-a" / "snapshot" / "late").write_bytes(os.urandom(MIB))
+    clock[0] += 5
+    assert r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)]) == grown  # settled: not walked again
+    clock[0] += retained.REFRESH_S
+    assert r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)])[0].bytes >= grown[0].bytes + MIB
+    again = r.snapshots([_rt("sb-a", Phase.CHECKPOINTED, generation=2)])  # a new standby is
+    assert again[0].bytes >= allocated + 2 * MIB
 
 
 def test_archived_images_are_their_objects_size_and_other_phases_are_not_reported(tmp_path):

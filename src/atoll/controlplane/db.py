@@ -22,6 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
+from atoll.core import errors
+
 
 class Base(DeclarativeBase):
     pass
@@ -85,6 +87,9 @@ class SandboxRecord(Base):
     """What happens to it, running or in the memory/disk tier, once its worker has been lost for
     ATOLL_WORKER_GONE_S (controlplane.lost_workers): "fail", or "restore" (from its last archive
     in the object store, on another worker; its resumes keep that archive)."""
+    version: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    """Bumped by every write (Database.save): a write made from a stale copy (another server
+    wrote since it was read) matches no row and fails with `sandbox_changed` (no lost update)."""
     resume_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     """Why the last resume from the disk tier failed (it stays in standby); None once one succeeds."""
     resume_failures: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
@@ -296,25 +301,36 @@ class Database:
 
         The UPDATE for each set of fields is built once and cached with bind parameters: building
         it per call cost ~0.2 ms, more than the write itself (resume and pause call this)."""
-        rec.updated_at = utcnow()
         if Database._COLUMNS is None:
             Database._COLUMNS = {
                 attr.key: attr.columns[0].name
                 for attr in sa.inspect(SandboxRecord).column_attrs
-                if attr.key != "id"
+                if attr.key not in ("id", "version")
             }
         cols = Database._COLUMNS
-        keys = tuple(cols) if fields is None else (*fields, "updated_at")
+        keys = tuple(cols) if fields is None else (*(f for f in fields if f != "version"), "updated_at")
         stmt = Database._UPDATES.get(keys)
         if stmt is None:
             table = SandboxRecord.__table__
             stmt = (
                 sa.update(table)
-                .where(table.c.id == sa.bindparam("b_id"))
-                .values({cols[k]: sa.bindparam("v_" + k, type_=table.c[cols[k]].type) for k in keys})
+                .where((table.c.id == sa.bindparam("b_id")) & (table.c.version == sa.bindparam("b_version")))
+                .values(
+                    {
+                        **{cols[k]: sa.bindparam("v_" + k, type_=table.c[cols[k]].type) for k in keys},
+                        "version": sa.bindparam("v_version", type_=sa.Integer),
+                    }
+                )
             )
             Database._UPDATES[keys] = stmt
-        params = {"b_id": rec.id, **{"v_" + k: getattr(rec, k) for k in keys}}
+        read = rec.version or 0
+        rec.updated_at = utcnow()
+        params = {
+            "b_id": rec.id,
+            "b_version": read,
+            "v_version": read + 1,
+            **{"v_" + k: getattr(rec, k) for k in keys},
+        }
         full = durable and self.engine.dialect.name == "sqlite"
         with self.engine.connect() as conn:
             # on the driver's connection: a PRAGMA through SQLAlchemy would autobegin a transaction
@@ -323,10 +339,23 @@ class Database:
                 raw.execute("PRAGMA synchronous=FULL")
             try:
                 with conn.begin():
-                    conn.execute(stmt, params)
+                    written = conn.execute(stmt, params).rowcount
             finally:
                 if raw is not None:
                     raw.execute("PRAGMA synchronous=NORMAL")
+        if written != 1:
+            raise errors.SandboxChanged(
+                f"sandbox {rec.id} was changed by another server since this one read it "
+                f"(version {read}); nothing was written — retry the call (it reads the sandbox again)"
+            )
+        rec.version = read + 1
+
+    def version(self, sid: str) -> int | None:
+        """The record's version in the database (None: no such record): one indexed read, to see
+        whether a copy is stale."""
+        t = SandboxRecord.__table__
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(t.c.version).where(t.c.id == sid)).scalar_one_or_none()
 
     def list(
         self, tenant_id: str | None = None, state: str | None = None, include_deleted: bool = False

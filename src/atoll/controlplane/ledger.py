@@ -68,6 +68,11 @@ class Ledger:
         self.activity: dict[str, float] = {}
         """When each sandbox last had an API call, a worker-reported activity or a step (monotonic)."""
         self.cache: dict[str, dbm.SandboxRecord] = {}
+        self.shared = database.dialect != "sqlite"
+        """Whether other servers may write the records too (PostgreSQL): then `get` checks the
+        cached copy's version against the database's (one indexed read) and reads a stale one
+        again. On SQLite one server owns the file; a second one's writes are still refused, not
+        lost (`sandbox_changed`), by the version every write checks."""
         self.usage: dict[str, api.Usage] = {}
         self.retained: dict[str, api.UsageReport] = {}
         """worker id -> its last usage report, for the bytes of standby images and stores it
@@ -83,7 +88,11 @@ class Ledger:
             raise errors.InvalidRequest(
                 f"malformed sandbox id {sid!r}: ids look like 'sb-' followed by 16 lower-case letters/digits"
             )
-        rec = self.cache.get(sid) or self.db.get(sid)
+        rec = self.cache.get(sid)
+        if rec is not None and self.shared and self.db.version(sid) != rec.version:
+            rec = None  # another server wrote it since: read it again
+        if rec is None:
+            rec = self.db.get(sid)
         if rec is None or rec.state == State.DELETED or not auth.visible(rec.tenant_id):
             # another tenant's sandbox is as absent as one that never was: ids cannot be probed
             raise errors.SandboxNotFound(
@@ -106,11 +115,21 @@ class Ledger:
             setattr(rec, k, v)
         fields = ["state", "standby_tier", "standby_reason", "standby_since", *changes]
         # a delete must survive a power loss once acknowledged (the next start finishes it)
-        self.db.save(rec, fields=list(dict.fromkeys(fields)), durable=verb == Verb.DELETE)
+        self.save(rec, list(dict.fromkeys(fields)), durable=verb == Verb.DELETE)
         if new.state == State.DELETED:
             self.forget(rec.id)
         else:
             self.cache[rec.id] = rec
+
+    def save(self, rec: dbm.SandboxRecord, fields: list[str], durable: bool = False) -> None:
+        """Write `fields` of a record (Database.save). Every write of a sandbox's record goes
+        through here: a write from a stale copy (another server wrote it since) is refused with
+        `sandbox_changed` and the copy leaves the cache, so the next call reads the record again."""
+        try:
+            self.db.save(rec, fields=fields, durable=durable)
+        except errors.SandboxChanged:
+            self.cache.pop(rec.id, None)
+            raise
 
     def forget(self, sid: str) -> None:
         self.cache.pop(sid, None)
@@ -144,7 +163,7 @@ class Ledger:
             self.persist(rec, Verb.FAIL, failure_reason=reason, resume_error=cause, resume_failures=tries)
             return errors.SandboxDied(reason)
         rec.resume_error, rec.resume_failures = cause, tries
-        self.db.save(rec, fields=["resume_error", "resume_failures"])
+        self.save(rec, ["resume_error", "resume_failures"])
         return errors.ResumeFailed(
             f"sandbox {rec.id} could not be resumed from disk (try {tries} of {MAX_RESUME_FAILURES}): "
             f"{cause}; it stays in standby with its files and memory image — call again to retry"

@@ -159,7 +159,7 @@ class SandboxManager:
             ),
         )
         rec.worker_id = handle.id
-        self.db.save(rec, fields=["worker_id"], durable=True)
+        self.ledger.save(rec, ["worker_id"], durable=True)
         log.info(
             "sandbox.moved: archived on %s, adopted by %s (%d layer(s) fetched, %.0f ms)",
             gone,
@@ -335,7 +335,7 @@ class SandboxManager:
                 )
             stored = await self.worker(rec).set_network(sid, network)
             rec.network = stored
-            self.db.save(rec, fields=["network"])
+            self.ledger.save(rec, ["network"])
         log.info("sandbox.network.updated", extra={"sandbox_id": sid, **stored})
         return stored
 
@@ -388,7 +388,7 @@ class SandboxManager:
         ports = set((rec.previews or {}).get("public", []))
         (ports.add if public else ports.discard)(port)
         rec.previews = {"public": sorted(ports)}
-        self.db.save(rec, fields=["previews"])
+        self.ledger.save(rec, ["previews"])
         log.info("sandbox.preview.updated", extra={"sandbox_id": sid, "port": port, "public": public})
         return rec
 
@@ -464,7 +464,7 @@ class SandboxManager:
         since = rec.standby_since if before.state == State.STANDBY else now
         if before == status(State.STANDBY, outcome.tier):  # stayed (a gated disk pause from memory)
             rec.standby_reason = outcome.reason
-            self.db.save(rec, fields=["standby_reason"])
+            self.ledger.save(rec, ["standby_reason"])
             return
         self.ledger.persist(
             rec,

@@ -54,7 +54,7 @@ def expired(rec: dbm.SandboxRecord, wall: dt.datetime) -> bool:
 def clear(manager: Ledger, rec: dbm.SandboxRecord) -> None:
     """The lifetime is spent (its "pause" happened): the sandbox lives on without one."""
     rec.expires_at = None
-    manager.db.save(rec, fields=["expires_at"])
+    manager.save(rec, ["expires_at"])
     log.info("sandbox.lifetime.cleared", extra={"sandbox_id": rec.id})
 
 
@@ -75,7 +75,7 @@ def update(manager: Ledger, sid: str, req: UpdateSandbox) -> dbm.SandboxRecord:
     for k, v in changes.items():
         setattr(rec, k, v)
     if changes:
-        manager.db.save(rec, fields=list(changes))
+        manager.save(rec, list(changes))
     log.info(
         "sandbox.settings.updated",
         extra={"sandbox_id": sid, "fields": sorted(sent), "expires_at": str(rec.expires_at)},

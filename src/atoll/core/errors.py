@@ -9,6 +9,7 @@
     │                                   pty_not_found
     ├── Conflict                    409 invalid_state / sandbox_failed / worker_conflict /
     │   │                               incompatible_protocol / worker_not_registered
+    │   ├── SandboxChanged          409 sandbox_changed (retryable: another server wrote the record)
     │   └── SandboxBusy             409 sandbox_busy (retryable)
     ├── PayloadTooLarge             413 payload_too_large / answer_too_large
     ├── InsufficientStorage         507 disk_full (the sandbox's disk_mb quota is used up)
@@ -101,6 +102,11 @@ CODES: dict[str, Code] = {
         409,
         False,
         "the sandbox's state cannot be saved now (the checkpoint gate's reason); it runs on untouched",
+    ),
+    "sandbox_changed": Code(
+        409,
+        True,
+        "another server wrote this sandbox's record at the same moment; retry (the call reads it again)",
     ),
     "incompatible_protocol": Code(409, False, "control plane and worker speak different protocol versions"),
     "worker_not_registered": Code(409, False, "the server does not know this registration: register again"),
@@ -207,6 +213,13 @@ class SecretNotFound(NotFound):
 class Conflict(AtollError):
     status = 409
     code = "invalid_state"
+
+
+class SandboxChanged(Conflict):
+    """A write from a stale copy of a sandbox's record: another server wrote it since (db.save)."""
+
+    code = "sandbox_changed"
+    retryable = True
 
 
 class SandboxBusy(Conflict):

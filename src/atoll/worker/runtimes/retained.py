@@ -2,8 +2,11 @@
 meters standby images and stores by these bytes, not by their size limits).
 
 - a sandbox in the disk tier: the allocated blocks (`st_blocks × 512`; holes do not count) of its
-  checkpoint directory and its upper (writable) layer image — measured once per standby (the
-  files do not change while it is checkpointed; a restore starts a new runtime generation);
+  checkpoint directory and its upper (writable) layer image — measured at every report for
+  SETTLE_S after it went to standby (the host's page cache writes the upper image back for up to
+  ~30 s after the pause, so its allocated blocks still grow: a measurement taken at once was ~10%
+  low), then every REFRESH_S (the files do not change while it is checkpointed; a restore starts
+  a new runtime generation);
 - a sandbox in the archive tier: its object's size in the store, from the manifest the worker
   wrote when it archived it (a sandbox adopted archived, whose manifest is only in the store, is
   not reported: the meter keeps its bound);
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 
 from atoll.core import mounts
 from atoll.core import worker_api as api
@@ -33,28 +37,38 @@ from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 
 log = logging.getLogger(__name__)
 
+SETTLE_S = 60.0
+"""How long after a standby began its image is measured at every report."""
+REFRESH_S = 600.0
+"""How often a settled image is measured again."""
+
 
 class Retained:
     def __init__(self, runtimes: RuntimeStore, stores: Stores):
         self.runtimes = runtimes
         self.stores = stores
-        self._images: dict[str, tuple[tuple, api.SnapshotUsage]] = {}
-        """sandbox id -> ((generation, phase), its measurement): one per standby."""
+        self._images: dict[str, tuple[tuple, float, float, api.SnapshotUsage]] = {}
+        """sandbox id -> ((generation, phase), first seen, last measured (monotonic), the last
+        measurement)."""
         self._store_bytes: tuple[api.StoreUsage, ...] = ()
         self._probe: asyncio.Future | None = None
 
     # ---- standby images ----------------------------------------------------------------------
     def snapshots(self, runtimes: list[Runtime]) -> tuple[api.SnapshotUsage, ...]:
         out = []
-        kept: dict[str, tuple[tuple, api.SnapshotUsage]] = {}
+        kept: dict[str, tuple[tuple, float, float, api.SnapshotUsage]] = {}
+        now = time.monotonic()
         for rt in runtimes:
             if rt.temporary or rt.phase not in (Phase.CHECKPOINTED, Phase.ARCHIVED):
                 continue
             key = (rt.generation, rt.phase)
             seen = self._images.get(rt.sandbox_id)
-            if seen is not None and seen[0] == key:
+            if seen is not None and seen[0] != key:
+                seen = None
+            first = seen[1] if seen is not None else now
+            if seen is not None and now - first >= SETTLE_S and now - seen[2] < REFRESH_S:
                 kept[rt.sandbox_id] = seen
-                out.append(seen[1])
+                out.append(seen[3])
                 continue
             try:
                 u = self._measure(rt)
@@ -62,7 +76,7 @@ class Retained:
                 log.warning("usage: the standby image of %s could not be measured: %s", rt.sandbox_id, e)
                 continue
             if u is not None:
-                kept[rt.sandbox_id] = (key, u)
+                kept[rt.sandbox_id] = (key, first, now, u)
                 out.append(u)
         self._images = kept
         return tuple(out)
