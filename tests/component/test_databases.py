@@ -234,7 +234,9 @@ def test_a_write_from_a_stale_copy_is_refused_not_lost(database_url):
         theirs.state = "failed"
         with pytest.raises(errors.SandboxChanged) as e:
             b.save(theirs, fields=["state"])
-        assert e.value.code == "sandbox_changed" and e.value.retryable and "sb-cccccccccccccccc" in str(e.value)
+        assert (
+            e.value.code == "sandbox_changed" and e.value.retryable and "sb-cccccccccccccccc" in str(e.value)
+        )
         got = a.get(mine.id)
         assert (got.state, got.standby_tier, got.version) == ("standby", "disk", 1)
         again = b.get(mine.id)
