@@ -40,8 +40,9 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     ├── CommandFailed           command_failed: `exec(..., check=True)` exited non-zero (.exit_code,
     │                               .stdout, .stderr); raised by the SDK itself, not an HTTP answer
     └── ServerError             5xx runtime_error, internal_error, and any other 5xx
-        ├── Unavailable         503 worker_unavailable, no_worker (retryable): the sandbox's worker,
-        │                           or any worker, cannot take the call right now (a POST cut off
+        ├── Unavailable         503 worker_unavailable, no_worker, database_unavailable
+        │                           (retryable): the sandbox's worker, any worker, or the records
+        │                           database cannot take the call right now (a POST cut off
         │                           after it was sent has an unknown outcome: not retryable)
         └── ResumeFailed        503 resume_failed (retryable): the sandbox could not be resumed from
                                     disk this time; it stays in standby, files kept; call again
@@ -331,6 +332,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "internal_error": ServerError,
     "worker_unavailable": Unavailable,
     "no_worker": Unavailable,
+    "database_unavailable": Unavailable,
     "resume_failed": ResumeFailed,
 }
 

@@ -51,6 +51,7 @@ from atoll.controlplane import (
     routes_workers,
     schemas,
 )
+from atoll.controlplane import db as dbm
 from atoll.controlplane.context import Context
 from atoll.controlplane.lifecycle import SandboxManager
 from atoll.controlplane.previews import Previews
@@ -373,6 +374,30 @@ def create_app(
             "remove NUL characters and keep names and fields within their documented lengths",
             rid,
         )
+
+    @app.exception_handler(sa_exc.OperationalError)
+    @app.exception_handler(sa_exc.InterfaceError)
+    async def database_down(request: Request, exc: sa_exc.DBAPIError):
+        # the database cannot be reached (PostgreSQL restarting, its network cut) or, on SQLite,
+        # stayed locked past the busy timeout: not a fault of this request or a bug; the pool's
+        # pre-ping reconnects once it is back
+        rid = getattr(request.state, "request_id", "req_unknown")
+        log.warning(
+            "request failed: the records database is unavailable: %s",
+            dbm.cause(exc),
+            extra={"request_id": rid, "path": request.url.path},
+        )
+        resp = http.error_response(
+            503,
+            "database_unavailable",
+            "the records database cannot be reached right now; nothing was changed by this call "
+            "unless it had committed it already — retry in a moment (with the same Idempotency-Key "
+            "for a create)",
+            rid,
+            True,
+        )
+        resp.headers["Retry-After"] = "1"
+        return resp
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception):

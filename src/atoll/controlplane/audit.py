@@ -284,6 +284,12 @@ class AuditLog:
                 if loop.time() >= next_prune and not self._closed:
                     next_prune = loop.time() + PRUNE_S
                     await asyncio.to_thread(self.prune)
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as e:
+                log.warning(
+                    "audit: the records database is unavailable (%s); retrying in %.0f s",
+                    dbm.cause(e),
+                    FLUSH_S,
+                )
             except Exception:  # noqa: BLE001 - the loop must outlive a database hiccup
                 log.exception("audit: writing the trail failed; retrying in %.0f s", FLUSH_S)
 

@@ -211,6 +211,12 @@ class DatabaseUnavailable(RuntimeError):
 _FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
 
 
+def cause(exc: sa.exc.DBAPIError) -> str:
+    """The first line of the driver's message for a database error (for a one-line log or answer)."""
+    orig = getattr(exc, "orig", None)
+    return str(orig).strip().splitlines()[0] if orig is not None and str(orig).strip() else type(exc).__name__
+
+
 def engine_url(url: str) -> str:
     """The SQLAlchemy URL for ATOLL_DATABASE_URL `url`: `postgresql://` (and `postgres://`) use
     psycopg 3, the driver the server extra installs (`postgresql+psycopg://`); `sqlite:///PATH`

@@ -6,7 +6,10 @@ anything; the row's primary key makes that atomic through the database (SQLite o
 number of servers): a second request with the key — a retry, or one racing the first — fails that
 INSERT and instead reads the row. Same body: it waits while the first is still creating, then
 answers the same sandbox (as it is now); another body: 409 `idempotency_key_reused`. A create that
-fails deletes its row, so its retry creates anew (a waiter then makes it itself). A row still
+fails deletes its row, so its retry creates anew (a waiter then makes it itself); a key write the
+database could not take (it was restarting) is retried in the background until it can
+(controlplane.dbretry); a create whose sandbox started but whose start the database could not
+record keeps its key pending until both are written, so a retry gets that sandbox. A row still
 pending after PENDING_STALE_S (its server died mid-create) is taken over. Expired rows are swept
 now and then. Called by controlplane.routes_sandboxes; the SandboxManager owns one `Keys`.
 """
@@ -25,6 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from atoll.controlplane import db as dbm
+from atoll.controlplane import dbretry
 from atoll.core import errors
 
 log = logging.getLogger(__name__)
@@ -125,16 +129,29 @@ class Keys:
             await asyncio.sleep(POLL_S)
         try:
             rec = await make()
-        except BaseException:
-            self._drop(tenant, key, None)
+        except errors.DatabaseUnavailable as e:
+            if e.made is None:
+                dbretry.later(f"free key {key!r}", lambda: self._drop(tenant, key, None))
+            else:  # made, its start not recorded yet: the key names it once it is
+                made = e.made
+                dbretry.later(f"record sandbox {made} for key {key!r}", lambda: self._made(tenant, key, made))
             raise
+        except BaseException:
+            dbretry.later(f"free key {key!r}", lambda: self._drop(tenant, key, None))
+            raise
+        dbretry.later(f"record sandbox {rec.id} for key {key!r}", lambda: self._made(tenant, key, rec.id))
+        return rec, False
+
+    def _made(self, tenant: str, key: str, sandbox_id: str) -> None:
+        rec = self.db.get(sandbox_id)
+        if rec is not None and rec.state == "creating":
+            raise dbretry.NotYet(f"sandbox {sandbox_id}'s start is not recorded yet")
         with self.db.session.begin() as s:
             s.execute(
                 sa.update(IdempotencyRecord)
                 .where(IdempotencyRecord.tenant_id == tenant, IdempotencyRecord.key == key)
-                .values(sandbox_id=rec.id)
+                .values(sandbox_id=sandbox_id)
             )
-        return rec, False
 
     def _insert(self, tenant: str, key: str, fp: str) -> IdempotencyRecord | None | typing.Literal["again"]:
         """None when this request's row went in; else the row in the way, or "again" when there

@@ -21,7 +21,16 @@ import logging
 import time
 import typing
 
-from atoll.controlplane import auth, evacuation, idempotency, lifetime, lost_workers, metrics, schemas
+from atoll.controlplane import (
+    auth,
+    dbretry,
+    evacuation,
+    idempotency,
+    lifetime,
+    lost_workers,
+    metrics,
+    schemas,
+)
 from atoll.controlplane import db as dbm
 from atoll.controlplane import quotas as quotas_mod
 from atoll.controlplane.authority import Authority
@@ -318,7 +327,19 @@ class SandboxManager:
                 if isinstance(e, errors.NotFound | errors.InvalidRequest):
                     raise
                 raise errors.RuntimeFailure(f"sandbox {sid} could not be started: {e.message}") from None
-            self.ledger.persist(rec, Verb.START)
+            try:
+                self.ledger.persist(rec, Verb.START)
+            except dbretry.UNAVAILABLE as e:
+                # it runs on its worker; its record says `creating` until the database is back
+                fields = ["state", "standby_tier", "standby_reason", "standby_since"]
+                dbretry.later(f"record the start of {sid}", lambda: self.ledger.save(rec, fields))
+                self.ledger.activity[sid] = time.monotonic()
+                raise errors.DatabaseUnavailable(
+                    f"sandbox {sid} was started but the records database could not take it "
+                    f"({dbm.cause(e)}); it is recorded once the database is back — retry with the "
+                    "same Idempotency-Key to get it (without one, list the sandboxes)",
+                    made=sid,
+                ) from None
             self.ledger.activity[sid] = time.monotonic()
         return rec
 

@@ -309,6 +309,8 @@ class Meter:
             await asyncio.sleep(TICK_S)
             try:
                 self.tick()
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as e:
+                log.warning("metering tick skipped: the records database is unavailable (%s)", dbm.cause(e))
             except Exception:  # noqa: BLE001 - a failed pass is retried at the next tick
                 log.exception("metering tick failed")
 

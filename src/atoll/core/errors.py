@@ -15,7 +15,7 @@
     ├── InsufficientStorage         507 disk_full (the sandbox's disk_mb quota is used up)
     ├── RuntimeFailure              500 runtime_error (a host step failed; logged with its cause)
     ├── ResumeFailed                503 resume_failed (retryable: the sandbox stays in standby, kept)
-    └── Unavailable                 503 worker_unavailable / no_worker (retryable)
+    └── Unavailable                 503 worker_unavailable / no_worker / database_unavailable (retryable)
 
 `CODES` is the registry: every code the server may answer, with its status, whether a retry makes
 sense, and what it means (docs/api.md lists the same; a test keeps the SDK mapping every code).
@@ -126,6 +126,9 @@ CODES: dict[str, Code] = {
     ),
     "worker_unavailable": Code(503, True, "the sandbox's worker cannot be reached right now"),
     "no_worker": Code(503, True, "no worker is ready to take a new sandbox"),
+    "database_unavailable": Code(
+        503, True, "the records database cannot be reached right now (restarting, network); retry"
+    ),
 }
 
 
@@ -278,6 +281,19 @@ class Unavailable(AtollError):
     status = 503
     code = "worker_unavailable"
     retryable = True
+
+
+class DatabaseUnavailable(Unavailable):
+    """The records database cannot be reached now. `made`: the sandbox a create started on its
+    worker before the database went away (its start is recorded once it is back)."""
+
+    code = "database_unavailable"
+    retryable = True
+    retry_after = 1.0
+
+    def __init__(self, message: str, *, made: str | None = None):
+        super().__init__(message)
+        self.made = made
 
 
 # The class a code is raised as (codes not listed are raised as the class of their status).

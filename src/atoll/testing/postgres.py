@@ -76,8 +76,12 @@ def _free_port() -> int:
 class PostgresCluster:
     """One private cluster: `start()` (or `with`), `url(dbname)`, `create_database`, `stop()`."""
 
-    def __init__(self, *, run_as: str | None = None):
+    def __init__(self, *, run_as: str | None = None, synchronous_commit: bool = False):
+        """`synchronous_commit`: a commit is acknowledged once its WAL is written (PostgreSQL's
+        default) — for tests that crash the postmaster (`down()`) and count what survived; off
+        (faster) for the rest, where a commit acknowledged but lost in a crash never matters."""
         self.bindir = bindir()
+        self.synchronous_commit = synchronous_commit
         if run_as is None and os.geteuid() == 0:
             run_as = "postgres"
         self.run_as = run_as
@@ -192,7 +196,7 @@ class PostgresCluster:
             "unix_socket_directories": self.socket_dir,
             "unix_socket_permissions": "0700",
             "fsync": "off",
-            "synchronous_commit": "off",
+            "synchronous_commit": "on" if self.synchronous_commit else "off",
             "full_page_writes": "off",
             "max_connections": "200",
             "shared_buffers": "32MB",
@@ -240,16 +244,18 @@ class PostgresCluster:
         except OSError:
             return "(no log)"
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Stop the postmaster this object started (fast shutdown: SIGINT to its PID; SIGQUIT and
-        then SIGKILL if it does not exit) and remove the cluster's directory."""
+    def down(self, immediate: bool = True, timeout: float = 15.0) -> None:
+        """Stop the postmaster and keep the cluster (its data, port and password), for `up()`:
+        `immediate` is PostgreSQL's crash-like immediate shutdown (SIGQUIT: connections cut, no
+        checkpoint, recovery at the next start), else a fast one (SIGINT)."""
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 self._admin.close()
             self._admin = None
         proc, self.proc, self.pid = self.proc, None, None
         if proc is not None:
-            for sig, wait in ((signal.SIGINT, timeout), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
+            first = signal.SIGQUIT if immediate else signal.SIGINT
+            for sig, wait in ((first, timeout), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, sig)
                 try:
@@ -257,6 +263,19 @@ class PostgresCluster:
                     break
                 except subprocess.TimeoutExpired:
                     continue
+
+    def up(self, timeout: float = 60.0) -> None:
+        """Start the postmaster again after `down()`, on the same port and data."""
+        assert self.proc is None and self.dir is not None, "up() follows down()"
+        if not self._spawn(timeout):
+            raise RuntimeError(
+                f"PostgreSQL did not start again; its log ({self.log_path}):\n{self._log_tail()}"
+            )
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the postmaster this object started (fast shutdown: SIGINT to its PID; SIGQUIT and
+        then SIGKILL if it does not exit) and remove the cluster's directory."""
+        self.down(immediate=False, timeout=timeout)
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
