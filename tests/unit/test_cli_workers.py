@@ -26,7 +26,9 @@ def routes(monkeypatch) -> Routes:
     monkeypatch.setattr(
         cli,
         "make_client",
-        lambda url, key: atoll.Client("http://atoll.test", key, transport=httpx.MockTransport(r)),
+        lambda url, key, ca_file=None: atoll.Client(
+            "http://atoll.test", key, transport=httpx.MockTransport(r)
+        ),
     )
     r.on("GET", "/v1/workers", httpx.Response(200, json={"items": [W], "next_cursor": None}))
     return r
