@@ -142,12 +142,9 @@ _CA_FILE_HELP = (
 )
 
 
-def _top(ctx: "typer.Context | None" = None) -> _Connection:
+def _top(ctx: typer.Context) -> _Connection:
     """The options given to `atoll` itself (`atoll --url U --ca-file F worker drain NAME`)."""
-    import click
-
-    ctx = ctx or click.get_current_context(silent=True)
-    obj = ctx.find_root().obj if ctx is not None else None
+    obj = ctx.find_root().obj
     return obj if isinstance(obj, _Connection) else _Connection(None, None)
 
 
@@ -289,10 +286,14 @@ app.add_typer(worker_app, name="worker")
 
 
 @contextmanager
-def _client_for(url: str | None, api_key: str | None) -> "Iterator[Client]":
-    """`_session` for a command with its own --url and --api-key (and `atoll --ca-file`)."""
+def _client_for(ctx: typer.Context, url: str | None, api_key: str | None) -> "Iterator[Client]":
+    """`_session` for a command with its own --url and --api-key; those given to `atoll` itself
+    (where cli.argv moves them from `atoll worker drain NAME --url U`) fill in, and --ca-file."""
+    top = _top(ctx)
     try:
-        with make_client(url, api_key, _top().ca_file) as client:
+        with make_client(
+            url if url is not None else top.url, api_key if api_key is not None else top.api_key, top.ca_file
+        ) as client:
             yield client
     except errors.AtollError as exc:
         _fail(f"{exc.code}: {exc.message}")
@@ -361,6 +362,7 @@ def worker(
 
 @app.command("workers")
 def workers_(
+    ctx: typer.Context,
     url: Annotated[
         str | None,
         typer.Option("--url", envvar="ATOLL_URL", help="Server URL (default http://127.0.0.1:7080)."),
@@ -372,7 +374,7 @@ def workers_(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List the server's workers: name, state, sandboxes, memory allocated of capacity."""
-    ca = str(ca_file) if ca_file is not None else _top().ca_file
+    ca = str(ca_file) if ca_file is not None else _top(ctx).ca_file
     try:
         with make_client(url, api_key, ca) as client:
             items = client.workers.list()
