@@ -1,9 +1,11 @@
 """Sans-I/O helpers shared by the async client (`_async/`) and the generated sync one (`_sync/`).
 
-Configuration from the environment, URL and body building, error mapping, the ndjson exec
-stream decoder, and the pairs of sync/async helpers (`call_callback` / `acall_callback`,
-`request_body` / `arequest_body`) that `scripts/unasync_sdk.py` swaps when it generates the
-sync client. Nothing here opens a connection.
+Configuration from the environment, TLS trust (`tls_verify`, `ca_context`: the `ca_file` a client
+checks servers against), URL and body building, error mapping (`certificate_error` for a server
+certificate that did not verify), the ndjson exec stream decoder, and the pairs of sync/async
+helpers (`call_callback` / `acall_callback`, `request_body` / `arequest_body`) that
+`scripts/unasync_sdk.py` swaps when it generates the sync client. Nothing here opens a connection
+(`ca_context` reads the CA file).
 """
 
 from __future__ import annotations
