@@ -6,7 +6,10 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
 
     AtollError                  .code .message .status_code .request_id .retryable
     ├── APIConnectionError      connection_error: the server could not be reached (also a ConnectionError)
-    │   └── APITimeoutError     timeout: no answer within the client's timeout (also a TimeoutError)
+    │   ├── APITimeoutError     timeout: no answer within the client's timeout (also a TimeoutError)
+    │   ├── CertificateError    certificate_error: the server's TLS certificate did not verify (trust
+    │   │                           the installation CA, GET /v1/ca.crt, with ca_file= / ATOLL_CA_FILE)
+    │   └── BadCAFile           bad_ca_file: the ca_file (ATOLL_CA_FILE) is missing, unreadable or not PEM
     ├── InvalidRequest          400/422 invalid_request, invalid_path, io_error
     ├── Unauthorized            401/403 unauthorized, forbidden (the key's scope does not allow the route)
     ├── QuotaExceeded           403/429 quota_exceeded: a tenant quota (the message names it, its
@@ -60,6 +63,8 @@ __all__ = [
     "BuildFailed",
     "APIConnectionError",
     "APITimeoutError",
+    "CertificateError",
+    "BadCAFile",
     "InvalidRequest",
     "Unauthorized",
     "PermissionDenied",
@@ -131,6 +136,23 @@ class APITimeoutError(APIConnectionError, TimeoutError):
     """The server did not answer within the client's timeout."""
 
     default_code = "timeout"
+
+
+class CertificateError(APIConnectionError):
+    """The server's TLS certificate did not verify against the CAs the client trusts (the system's,
+    or its `ca_file`): trust the installation CA (GET /v1/ca.crt) with `ca_file=` / ATOLL_CA_FILE.
+    Raised by the SDK itself, never retried."""
+
+    default_code = "certificate_error"
+    default_retryable = False
+
+
+class BadCAFile(APIConnectionError):
+    """The client's `ca_file` (or ATOLL_CA_FILE) is missing, unreadable or holds no PEM
+    certificate; raised when the client is made, before anything is sent."""
+
+    default_code = "bad_ca_file"
+    default_retryable = False
 
 
 class InvalidRequest(AtollError):
@@ -334,6 +356,9 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "no_worker": Unavailable,
     "database_unavailable": Unavailable,
     "resume_failed": ResumeFailed,
+    # raised by the SDK itself (a server never answers them)
+    "certificate_error": CertificateError,
+    "bad_ca_file": BadCAFile,
 }
 
 _BY_STATUS: dict[int, type[AtollError]] = {

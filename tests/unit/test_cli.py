@@ -61,7 +61,7 @@ def routes(monkeypatch) -> Routes:
     monkeypatch.delenv("ATOLL_API_KEY", raising=False)
     r = Routes()
 
-    def make_client(url, api_key):
+    def make_client(url, api_key, ca_file=None):
         r.factory_args.append((url, api_key))
         return atoll.Client(url or "http://atoll.test", api_key, transport=httpx.MockTransport(r))
 
@@ -288,7 +288,9 @@ def test_connection_error_is_reported(monkeypatch):
     monkeypatch.setattr(
         cli,
         "make_client",
-        lambda url, key: atoll.Client("http://127.0.0.1:1", transport=httpx.MockTransport(refused)),
+        lambda url, key, ca_file=None: atoll.Client(
+            "http://127.0.0.1:1", transport=httpx.MockTransport(refused)
+        ),
     )
     result = run("sandbox", "list")
     assert result.exit_code == 1

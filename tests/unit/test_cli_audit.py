@@ -47,7 +47,9 @@ def _serve(monkeypatch, handler) -> None:
     monkeypatch.setattr(
         cli,
         "make_client",
-        lambda url, key: atoll.Client("http://atoll.test", key, transport=httpx.MockTransport(handler)),
+        lambda url, key, ca_file=None: atoll.Client(
+            "http://atoll.test", key, transport=httpx.MockTransport(handler)
+        ),
     )
 
 

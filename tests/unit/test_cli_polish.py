@@ -27,7 +27,7 @@ def routes(monkeypatch) -> Routes:
     monkeypatch.delenv("ATOLL_API_KEY", raising=False)
     r = Routes()
 
-    def make_client(url, api_key):
+    def make_client(url, api_key, ca_file=None):
         r.factory_args.append((url, api_key))
         return atoll.Client(url or "http://atoll.test", api_key, transport=httpx.MockTransport(r))
 

@@ -23,7 +23,9 @@ def routes(monkeypatch) -> Routes:
     monkeypatch.setattr(
         cli,
         "make_client",
-        lambda url, key: atoll.Client("http://atoll.test", key, transport=httpx.MockTransport(r)),
+        lambda url, key, ca_file=None: atoll.Client(
+            "http://atoll.test", key, transport=httpx.MockTransport(r)
+        ),
     )
     return r
 
@@ -70,7 +72,9 @@ def test_tenant_list_follows_pages_and_prints_a_table(monkeypatch):
     monkeypatch.setattr(
         cli,
         "make_client",
-        lambda url, key: atoll.Client("http://atoll.test", "k", transport=httpx.MockTransport(handle)),
+        lambda url, key, ca_file=None: atoll.Client(
+            "http://atoll.test", "k", transport=httpx.MockTransport(handle)
+        ),
     )
     result = run("tenant", "list")
     assert result.exit_code == 0, result.output

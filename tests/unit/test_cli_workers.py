@@ -5,6 +5,8 @@ printed with its reason, an unknown name is a clear error."""
 from __future__ import annotations
 
 import json
+import sys
+import types
 
 import httpx
 import pytest
@@ -26,7 +28,9 @@ def routes(monkeypatch) -> Routes:
     monkeypatch.setattr(
         cli,
         "make_client",
-        lambda url, key: atoll.Client("http://atoll.test", key, transport=httpx.MockTransport(r)),
+        lambda url, key, ca_file=None: atoll.Client(
+            "http://atoll.test", key, transport=httpx.MockTransport(r)
+        ),
     )
     r.on("GET", "/v1/workers", httpx.Response(200, json={"items": [W], "next_cursor": None}))
     return r
@@ -69,3 +73,31 @@ def test_no_evacuate_and_undo(routes):
 def test_an_unknown_worker_is_a_clear_error(routes):
     result = run("worker", "drain", "nope")
     assert result.exit_code == 1 and "no worker named 'nope' (known: w1)" in result.output
+
+
+def test_drain_and_a_worker_take_the_ca_file_and_connection_given_to_atoll(monkeypatch):
+    """cli.argv moves `--url`, `--api-key` and `--ca-file` of `atoll worker …` in front of
+    `worker`: drain and a worker read them from there."""
+    seen: list[tuple] = []
+
+    def make_client(url, api_key, ca_file=None):
+        seen.append((url, api_key, ca_file))
+        return atoll.Client("http://atoll.test", api_key, transport=httpx.MockTransport(lambda r: None))
+
+    monkeypatch.setattr(cli, "make_client", make_client)
+    result = run("--url", "https://u.test", "--api-key", "k", "--ca-file", "/ca.pem", "worker", "drain", "w1")
+    assert seen == [("https://u.test", "k", "/ca.pem")], result.output
+
+    started: list[dict] = []
+    fake = types.ModuleType("atoll.worker.service.main")
+    fake.main = lambda **kw: started.append(kw)
+    import atoll.worker.service as service
+
+    monkeypatch.setattr(service, "main", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "atoll.worker.service.main", fake)
+    result = run("--ca-file", "/ca.pem", "worker", "--server", "https://u.test")
+    assert result.exit_code == 0, result.output
+    assert started and started[0]["ca_file"] == "/ca.pem"
+    started.clear()
+    run("--ca-file", "/ca.pem", "worker", "--server", "https://u.test", "--ca-file", "/own.pem")
+    assert started[0]["ca_file"] == "/own.pem"

@@ -1,9 +1,11 @@
 """Sans-I/O helpers shared by the async client (`_async/`) and the generated sync one (`_sync/`).
 
-Configuration from the environment, URL and body building, error mapping, the ndjson exec
-stream decoder, and the pairs of sync/async helpers (`call_callback` / `acall_callback`,
-`request_body` / `arequest_body`) that `scripts/unasync_sdk.py` swaps when it generates the
-sync client. Nothing here opens a connection.
+Configuration from the environment, TLS trust (`tls_verify`, `ca_context`: the `ca_file` a client
+checks servers against), URL and body building, error mapping (`certificate_error` for a server
+certificate that did not verify), the ndjson exec stream decoder, and the pairs of sync/async
+helpers (`call_callback` / `acall_callback`, `request_body` / `arequest_body`) that
+`scripts/unasync_sdk.py` swaps when it generates the sync client. Nothing here opens a connection
+(`ca_context` reads the CA file).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ NDJSON = "application/x-ndjson"
 OCTET_STREAM = "application/octet-stream"
 ENV_URL = "ATOLL_URL"
 ENV_API_KEY = "ATOLL_API_KEY"
+ENV_CA_FILE = "ATOLL_CA_FILE"
 
 
 #: What `Files.write` accepts: bytes-like, str (UTF-8), an open file, or an iterable of chunks.
@@ -58,6 +61,10 @@ class Config:
     api_key: str | None
     timeout: float
     create_timeout: float
+    ca_file: str | None = None
+    """The CA file (PEM) server certificates are checked against, in place of the system's CAs."""
+    ca_origin: str = "ca_file="
+    """Where `ca_file` came from, for messages: `ca_file=` (the caller) or `$ATOLL_CA_FILE`."""
 
     def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
@@ -68,30 +75,82 @@ class Config:
 
 
 def resolve_config(
-    base_url: str | None, api_key: str | None, timeout: float, create_timeout: float
+    base_url: str | None,
+    api_key: str | None,
+    timeout: float,
+    create_timeout: float,
+    ca_file: str | os.PathLike[str] | None = None,
 ) -> Config:
-    """Constructor arguments win over `ATOLL_URL` / `ATOLL_API_KEY`, which win over the defaults."""
+    """Constructor arguments win over `ATOLL_URL` / `ATOLL_API_KEY` / `ATOLL_CA_FILE`, which win
+    over the defaults (an empty variable counts as unset)."""
     url = base_url or os.environ.get(ENV_URL) or DEFAULT_BASE_URL
     key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
+    if ca_file is not None:
+        ca, origin = os.fspath(ca_file), "ca_file="
+    else:
+        ca, origin = os.environ.get(ENV_CA_FILE) or None, "$" + ENV_CA_FILE
     return Config(
-        base_url=url.rstrip("/"), api_key=key or None, timeout=timeout, create_timeout=create_timeout
+        base_url=url.rstrip("/"),
+        api_key=key or None,
+        timeout=timeout,
+        create_timeout=create_timeout,
+        ca_file=ca,
+        ca_origin=origin,
     )
 
 
-def tls_verify(base_url: str) -> bool | ssl.SSLContext:
+def tls_verify(
+    base_url: str, ca_file: str | None = None, ca_origin: str = "ca_file="
+) -> bool | ssl.SSLContext:
     """httpx's `verify=` for a client of `base_url`.
 
-    httpx loads the whole CA bundle into an SSL context when a client is made (~30 ms, the largest
-    part of a CLI command's start after imports), even for a plain-HTTP server that never needs
-    it. For an `http://` URL without a proxy that could speak TLS, the client gets an empty
-    verifying context instead: nothing it sends uses TLS, and if something did, verification
-    would fail (no CA trusted) rather than pass. `https://` URLs get httpx's default (True).
+    With a `ca_file`, a context that trusts the CA certificates in it and nothing else
+    (`ca_context`; BadCAFile if it cannot be used), whatever the scheme. Otherwise: httpx loads the
+    whole CA bundle into an SSL context when a client is made (~30 ms, the largest part of a CLI
+    command's start after imports), even for a plain-HTTP server that never needs it. For an
+    `http://` URL without a proxy that could speak TLS, the client gets an empty verifying context
+    instead: nothing it sends uses TLS, and if something did, verification would fail (no CA
+    trusted) rather than pass. `https://` URLs get httpx's default (True).
     """
+    if ca_file:
+        return ca_context(ca_file, ca_origin)
     if not base_url.startswith("http://"):
         return True
     if any(str(proxy).startswith("https:") for proxy in urllib.request.getproxies().values()):
         return True  # a TLS proxy for plain-HTTP requests needs the CA bundle
     return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies (CERT_REQUIRED) and trusts nothing
+
+
+_CA_FIX = (
+    "give the installation CA: the PEM that the server's GET /v1/ca.crt answers "
+    "(on the server: $ATOLL_HOME/ca/root.crt)"
+)
+
+
+def ca_context(path: str, origin: str = "ca_file=") -> ssl.SSLContext:
+    """A verifying client context (hostname checked) that trusts the PEM certificates in `path`
+    only; BadCAFile, naming the path and where it came from, when it cannot be read or holds none."""
+    where = f"the CA file {path!r} (from {origin})"
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise errors.BadCAFile(f"{where} cannot be read: {exc.strerror or exc}; {_CA_FIX}") from None
+    text = data.decode("ascii", "replace")
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise errors.BadCAFile(
+            f"{where} holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' line); {_CA_FIX}"
+        )
+    try:
+        return ssl.create_default_context(cadata=text)
+    except (ssl.SSLError, ValueError) as exc:
+        raise errors.BadCAFile(f"{where} is not a usable PEM certificate ({exc}); {_CA_FIX}") from None
+
+
+def ws_ssl(url: str, verify: bool | ssl.SSLContext) -> ssl.SSLContext | None:
+    """websockets' `ssl=` for `url`: the client's own context for a wss:// URL (its ca_file), else
+    None (websockets' default context for wss://; nothing for ws://, where `ssl=` is refused)."""
+    return verify if url.startswith("wss://") and isinstance(verify, ssl.SSLContext) else None
 
 
 # ---------------------------------------------------------------- retries
@@ -148,6 +207,12 @@ def _retry_wait(state: tenacity.RetryCallState) -> float:
     return backoff
 
 
+def _worth_retrying(exc: BaseException) -> bool:
+    """A retryable answer or transport failure; never a certificate that did not verify (the next
+    attempt would meet the same certificate)."""
+    return isinstance(exc, (RetryableStatus, *RETRY_ERRORS)) and certificate_failure(exc) is None
+
+
 def _retry_policy(retries: int, method: str, content: Any, keyed: bool = False) -> dict[str, Any]:
     """`keyed`: the request carries an Idempotency-Key, so repeating even a POST makes nothing twice."""
     replayable = content is None or isinstance(content, bytes | bytearray | str)
@@ -156,7 +221,7 @@ def _retry_policy(retries: int, method: str, content: Any, keyed: bool = False) 
     return {
         "stop": tenacity.stop_after_attempt(attempts),
         "wait": _retry_wait,
-        "retry": tenacity.retry_if_exception_type((RetryableStatus, *RETRY_ERRORS)),
+        "retry": tenacity.retry_if_exception(_worth_retrying),
         "reraise": True,
     }
 
@@ -474,8 +539,50 @@ def items(response: httpx.Response) -> list[dict[str, Any]]:
     raise errors.ServerError(f"expected a list response, got {payload!r:.200}", code="bad_response")
 
 
-def connection_error(exc: httpx.TransportError, base_url: str) -> errors.APIConnectionError:
-    """Map an httpx transport failure to the SDK's error, naming the URL and how to start a server."""
+def certificate_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind a transport error (httpx and websockets chain
+    the ssl module's error as a cause), or None."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, ssl.SSLCertVerificationError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def certificate_error(
+    failure: ssl.SSLCertVerificationError, url: str, ca_file: str | None, ca_origin: str = "ca_file="
+) -> errors.CertificateError:
+    """The error for a server certificate that did not verify: the URL, why, and how to trust the
+    installation CA (or, when a CA file was used, that it is likely not this server's)."""
+    reason = failure.verify_message or failure.reason or str(failure)
+    if ca_file:
+        fix = (
+            f"it was checked against the CA in {ca_file!r} (from {ca_origin}): is that this server's "
+            "installation CA (its GET /v1/ca.crt, on the server $ATOLL_HOME/ca/root.crt), and is "
+            "the URL's host among the names of its certificate (ATOLL_TLS_NAMES)?"
+        )
+    else:
+        fix = (
+            "trust the installation CA: save the PEM that the server's GET /v1/ca.crt answers (on "
+            "the server: $ATOLL_HOME/ca/root.crt) and pass it with --ca-file PATH (CLI), "
+            "ca_file=PATH (SDK) or ATOLL_CA_FILE=PATH"
+        )
+    return errors.CertificateError(
+        f"the TLS certificate of the atoll server at {url} did not verify ({reason}); {fix}"
+    )
+
+
+def connection_error(
+    exc: httpx.TransportError, base_url: str, ca_file: str | None = None, ca_origin: str = "ca_file="
+) -> errors.APIConnectionError:
+    """Map an httpx transport failure to the SDK's error, naming the URL and how to start a server
+    (or, for a certificate that did not verify, how to trust the installation CA)."""
+    failure = certificate_failure(exc)
+    if failure is not None:
+        return certificate_error(failure, base_url, ca_file, ca_origin)
     if isinstance(exc, httpx.TimeoutException):
         return errors.APITimeoutError(
             f"the atoll server at {base_url} did not answer in time ({type(exc).__name__}: {exc}); "

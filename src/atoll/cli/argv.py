@@ -2,10 +2,10 @@
 sandbox get ID` and `atoll sandbox --url URL list` all mean the same.
 
 click only accepts a group's options right after the group's name, so before typer parses,
-`normalize` moves `--url` / `--api-key` (with their values) to where the command that owns them
-reads them — right after `sandbox` or `workers` (their own options), else right after `atoll`
-(the top-level options, which `secret`, `template` and `pool` read) — and `--json` to the end
-of the leaf command's options. Nothing after `--` (an exec's command) is touched.
+`normalize` moves `--url` / `--api-key` / `--ca-file` (with their values) to where the command
+that owns them reads them — right after `sandbox` or `workers` (their own options), else right
+after `atoll` (the top-level options, which `secret`, `template`, `pool` and `worker` read) — and
+`--json` to the end of the leaf command's options. Nothing after `--` (an exec's command) is touched.
 Called by atoll.cli.main's entry point (`app()`), nothing else.
 """
 
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-VALUED = ("--url", "--api-key")
+VALUED = ("--url", "--api-key", "--ca-file")
 FLAGS = ("--json",)
-# Top-level commands that declare --url/--api-key themselves (the others read atoll's own).
+# Top-level commands that declare --url/--api-key/--ca-file themselves (the others read atoll's own;
+# `atoll worker` falls back on atoll's --ca-file).
 OWN_CONNECTION = ("sandbox", "workers")
 
 

@@ -78,11 +78,12 @@ secret_app = typer.Typer(
 app.add_typer(secret_app, name="secret")
 
 
-def make_client(url: str | None, api_key: str | None) -> "Client":
-    """The SDK client the `sandbox` commands use; None means "from the environment"."""
+def make_client(url: str | None, api_key: str | None, ca_file: str | None = None) -> "Client":
+    """The SDK client every command that talks to a server uses; None means "from the
+    environment" ($ATOLL_URL, $ATOLL_API_KEY, $ATOLL_CA_FILE)."""
     from atoll._client import Client
 
-    return Client(base_url=url, api_key=api_key)
+    return Client(base_url=url, api_key=api_key, ca_file=ca_file)
 
 
 def _sandbox(client: "Client", sandbox_id: str) -> "Sandbox":
@@ -132,6 +133,19 @@ class Tier(StrEnum):
 class _Connection:
     url: str | None
     api_key: str | None
+    ca_file: str | None = None
+
+
+_CA_FILE_HELP = (
+    "The installation CA (PEM: what the server's GET /v1/ca.crt answers) to check an https:// "
+    "server's certificate against (default $ATOLL_CA_FILE, else the system's CAs)."
+)
+
+
+def _top(ctx: typer.Context) -> _Connection:
+    """The options given to `atoll` itself (`atoll --url U --ca-file F worker drain NAME`)."""
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, _Connection) else _Connection(None, None)
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -144,7 +158,7 @@ def _session(ctx: typer.Context) -> "Iterator[Client]":
     """A client for one command; SDK errors become `error: <code>: <message>` and exit 1."""
     conn: _Connection = ctx.obj or _Connection(None, None)
     try:
-        with make_client(conn.url, conn.api_key) as client:
+        with make_client(conn.url, conn.api_key, conn.ca_file) as client:
             yield client
     except errors.AtollError as exc:
         _fail(f"{exc.code}: {exc.message}")
@@ -177,12 +191,13 @@ def atoll_main(
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="API key (default $ATOLL_API_KEY).", show_default=False)
     ] = None,
+    ca_file: Annotated[Path | None, typer.Option("--ca-file", help=_CA_FILE_HELP, show_default=False)] = None,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
-    """Self-hostable sandboxes for AI agents. --url, --api-key and --json may go anywhere."""
-    ctx.obj = _Connection(url, api_key)
+    """Self-hostable sandboxes for AI agents. --url, --api-key, --ca-file and --json may go anywhere."""
+    ctx.obj = _Connection(url, api_key, str(ca_file) if ca_file is not None else None)
 
 
 cli_shell.register(sandbox_app, _session)
@@ -271,10 +286,14 @@ app.add_typer(worker_app, name="worker")
 
 
 @contextmanager
-def _client_for(url: str | None, api_key: str | None) -> "Iterator[Client]":
-    """`_session` for a command with its own --url and --api-key."""
+def _client_for(ctx: typer.Context, url: str | None, api_key: str | None) -> "Iterator[Client]":
+    """`_session` for a command with its own --url and --api-key; those given to `atoll` itself
+    (where cli.argv moves them from `atoll worker drain NAME --url U`) fill in, and --ca-file."""
+    top = _top(ctx)
     try:
-        with make_client(url, api_key) as client:
+        with make_client(
+            url if url is not None else top.url, api_key if api_key is not None else top.api_key, top.ca_file
+        ) as client:
             yield client
     except errors.AtollError as exc:
         _fail(f"{exc.code}: {exc.message}")
@@ -317,6 +336,7 @@ def worker(
             "--ca-file",
             help="The installation CA (the server's GET /v1/ca.crt) this worker trusts for an "
             "https:// --server (default $ATOLL_CA_FILE, else the system trust store).",
+            show_default=False,
         ),
     ] = None,
 ) -> None:
@@ -325,6 +345,7 @@ def worker(
     server's admin key is still accepted, with a deprecation warning in the server's log."""
     if ctx.invoked_subcommand is not None:  # `atoll worker drain NAME`
         return
+    top_ca = _top(ctx).ca_file  # `atoll --ca-file F worker …` (where cli.argv moves it)
     try:
         from atoll.worker.service import main as _worker
     except ImportError as exc:
@@ -335,12 +356,13 @@ def worker(
         home=str(home) if home is not None else None,
         listen=listen,
         advertise=advertise,
-        ca_file=str(ca_file) if ca_file is not None else None,
+        ca_file=str(ca_file) if ca_file is not None else top_ca,
     )
 
 
 @app.command("workers")
 def workers_(
+    ctx: typer.Context,
     url: Annotated[
         str | None,
         typer.Option("--url", envvar="ATOLL_URL", help="Server URL (default http://127.0.0.1:7080)."),
@@ -348,11 +370,13 @@ def workers_(
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="ATOLL_API_KEY", help="API key.", show_default=False)
     ] = None,
+    ca_file: Annotated[Path | None, typer.Option("--ca-file", help=_CA_FILE_HELP, show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List the server's workers: name, state, sandboxes, memory allocated of capacity."""
+    ca = str(ca_file) if ca_file is not None else _top(ctx).ca_file
     try:
-        with make_client(url, api_key) as client:
+        with make_client(url, api_key, ca) as client:
             items = client.workers.list()
     except errors.AtollError as exc:
         _fail(f"{exc.code}: {exc.message}")
@@ -385,11 +409,14 @@ def sandbox_main(
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="ATOLL_API_KEY", help="API key.", show_default=False)
     ] = None,
+    ca_file: Annotated[Path | None, typer.Option("--ca-file", help=_CA_FILE_HELP, show_default=False)] = None,
 ) -> None:
     """Create, inspect and drive sandboxes."""
     top: _Connection = ctx.obj or _Connection(None, None)  # `atoll --url X sandbox ...`
     ctx.obj = _Connection(
-        url if url is not None else top.url, api_key if api_key is not None else top.api_key
+        url if url is not None else top.url,
+        api_key if api_key is not None else top.api_key,
+        str(ca_file) if ca_file is not None else top.ca_file,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-Connect = typing.Callable[[str | None, str | None], typing.ContextManager[typing.Any]]
+Connect = typing.Callable[[typer.Context, str | None, str | None], typing.ContextManager[typing.Any]]
 
 
 def _find(client: typing.Any, name: str) -> dict:
@@ -40,6 +40,7 @@ def _summary(w: dict) -> str:
 def register(worker_app: typer.Typer, connect: Connect) -> None:
     @worker_app.command("drain")
     def drain(
+        ctx: typer.Context,
         name: Annotated[str, typer.Argument(help="The worker's name (or id), as `atoll workers` lists it.")],
         no_evacuate: Annotated[
             bool, typer.Option("--no-evacuate", help="Only cordon: no new sandboxes; its own stay.")
@@ -61,7 +62,7 @@ def register(worker_app: typer.Typer, connect: Connect) -> None:
     ) -> None:
         """Drain worker NAME: every sandbox on it moves to another worker (running ones pause for
         seconds, state intact); those that cannot move stay and are listed with the reason."""
-        with connect(url, api_key) as client:
+        with connect(ctx, url, api_key) as client:
             wid = _find(client, name)["id"]
             if undo:
                 w = client.workers.undrain(wid)

@@ -9,6 +9,7 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from .. import _base
 
 class ClientLike(Protocol):
     _config: _base.Config
+    _verify: bool | ssl.SSLContext
 
     @property
     def base_url(self) -> str: ...

@@ -5,6 +5,7 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -36,6 +37,11 @@ class AsyncClient:
     are retried up to `retries` times on connection failures and 429/502/503/504 answers, with
     exponential backoff or the server's Retry-After; POSTs (exec, create) never are, except a
     create with an `idempotency_key` (the server answers a repeat with the first sandbox).
+    `ca_file` (default `$ATOLL_CA_FILE`) is a PEM file of the CA certificates an https:// server's
+    certificate is checked against, in place of the system's: the installation CA, which the
+    server's `GET /v1/ca.crt` answers. It serves every connection of the client (calls, streams,
+    terminals); a file that cannot be used raises `BadCAFile` here, and a certificate that does not
+    verify raises `CertificateError` (never retried).
     `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
     Use it as a context manager, or close it when done.
     """
@@ -50,17 +56,19 @@ class AsyncClient:
         retries: int = _base.DEFAULT_RETRIES,
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the deprecated name of request_timeout
     ) -> None:
         request_timeout = _base.deprecated_timeout(type(self).__name__ + "()", timeout, request_timeout)
-        self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout)
+        self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout, ca_file)
         self._retries = int(retries)
+        self._verify = _base.tls_verify(self._config.base_url, self._config.ca_file, self._config.ca_origin)
         self._http = httpx.AsyncClient(
             base_url=self._config.base_url,
             headers=self._config.headers(headers),
             timeout=request_timeout,
             transport=transport,
-            verify=_base.tls_verify(self._config.base_url),
+            verify=self._verify,
         )
         self.sandboxes = AsyncSandboxes(self)
         self.templates = AsyncTemplates(self)
@@ -83,6 +91,11 @@ class AsyncClient:
     def timeout(self) -> float:
         """The same as `request_timeout` (read-only; kept for code that reads it)."""
         return self._config.timeout
+
+    @property
+    def ca_file(self) -> str | None:
+        """The CA file server certificates are checked against (None: the system's CAs)."""
+        return self._config.ca_file
 
     @property
     def retries(self) -> int:
@@ -173,6 +186,9 @@ class AsyncClient:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
 
+    def _connection_error(self, exc: httpx.TransportError) -> errors.APIConnectionError:
+        return _base.connection_error(exc, self.base_url, self._config.ca_file, self._config.ca_origin)
+
     async def _request(
         self,
         method: str,
@@ -205,7 +221,7 @@ class AsyncClient:
         except _base.RetryableStatus as exc:
             response = exc.response
         except httpx.TransportError as exc:
-            raise _base.connection_error(exc, self.base_url) from exc
+            raise self._connection_error(exc) from exc
         _base.raise_for_status(response)
         return response
 
@@ -241,13 +257,13 @@ class AsyncClient:
         except _base.RetryableStatus as exc:
             raise _base.error_from_response(exc.response) from None
         except httpx.TransportError as exc:
-            raise _base.connection_error(exc, self.base_url) from exc
+            raise self._connection_error(exc) from exc
         try:
             if not response.is_success:
                 await response.aread()
                 raise _base.error_from_response(response)
             yield response
         except httpx.TransportError as exc:
-            raise _base.connection_error(exc, self.base_url) from exc
+            raise self._connection_error(exc) from exc
         finally:
             await response.aclose()

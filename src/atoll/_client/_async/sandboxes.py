@@ -417,17 +417,22 @@ class AsyncSandbox(SandboxFields):
         from websockets.asyncio.client import connect as ws_connect
 
         url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
+        config = self._client._config
         try:
             ws = await ws_connect(
                 url,
-                additional_headers=self._client._config.headers(),
+                additional_headers=config.headers(),
                 open_timeout=self._client.create_timeout,
                 compression=None,
                 max_size=None,
+                ssl=_base.ws_ssl(url, self._client._verify),
             )
         except ws_errors.InvalidStatus as exc:
             raise _base.ws_refused(exc.response.status_code, exc.response.body, url) from exc
         except (OSError, TimeoutError, ws_errors.InvalidHandshake) as exc:
+            failure = _base.certificate_failure(exc)
+            if failure is not None:
+                raise _base.certificate_error(failure, url, config.ca_file, config.ca_origin) from exc
             raise errors.APIConnectionError(
                 f"cannot open the terminal WebSocket {url}: {type(exc).__name__}: {exc}"
             ) from exc

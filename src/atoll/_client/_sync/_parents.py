@@ -7,6 +7,7 @@ Generated from `_async/_parents.py` by `scripts/unasync_sdk.py` (edit that file 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from .. import _base
 
 class ClientLike(Protocol):
     _config: _base.Config
+    _verify: bool | ssl.SSLContext
 
     @property
     def base_url(self) -> str: ...

@@ -7,6 +7,7 @@ Generated from `_async/client.py` by `scripts/unasync_sdk.py` (edit that file an
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -38,6 +39,11 @@ class Client:
     are retried up to `retries` times on connection failures and 429/502/503/504 answers, with
     exponential backoff or the server's Retry-After; POSTs (exec, create) never are, except a
     create with an `idempotency_key` (the server answers a repeat with the first sandbox).
+    `ca_file` (default `$ATOLL_CA_FILE`) is a PEM file of the CA certificates an https:// server's
+    certificate is checked against, in place of the system's: the installation CA, which the
+    server's `GET /v1/ca.crt` answers. It serves every connection of the client (calls, streams,
+    terminals); a file that cannot be used raises `BadCAFile` here, and a certificate that does not
+    verify raises `CertificateError` (never retried).
     `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
     Use it as a context manager, or close it when done.
     """
@@ -52,17 +58,19 @@ class Client:
         retries: int = _base.DEFAULT_RETRIES,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
         timeout: float | None = None,
     ) -> None:
         request_timeout = _base.deprecated_timeout(type(self).__name__ + "()", timeout, request_timeout)
-        self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout)
+        self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout, ca_file)
         self._retries = int(retries)
+        self._verify = _base.tls_verify(self._config.base_url, self._config.ca_file, self._config.ca_origin)
         self._http = httpx.Client(
             base_url=self._config.base_url,
             headers=self._config.headers(headers),
             timeout=request_timeout,
             transport=transport,
-            verify=_base.tls_verify(self._config.base_url),
+            verify=self._verify,
         )
         self.sandboxes = Sandboxes(self)
         self.templates = Templates(self)
@@ -85,6 +93,11 @@ class Client:
     def timeout(self) -> float:
         """The same as `request_timeout` (read-only; kept for code that reads it)."""
         return self._config.timeout
+
+    @property
+    def ca_file(self) -> str | None:
+        """The CA file server certificates are checked against (None: the system's CAs)."""
+        return self._config.ca_file
 
     @property
     def retries(self) -> int:
@@ -175,6 +188,9 @@ class Client:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
 
+    def _connection_error(self, exc: httpx.TransportError) -> errors.APIConnectionError:
+        return _base.connection_error(exc, self.base_url, self._config.ca_file, self._config.ca_origin)
+
     def _request(
         self,
         method: str,
@@ -207,7 +223,7 @@ class Client:
         except _base.RetryableStatus as exc:
             response = exc.response
         except httpx.TransportError as exc:
-            raise _base.connection_error(exc, self.base_url) from exc
+            raise self._connection_error(exc) from exc
         _base.raise_for_status(response)
         return response
 
@@ -243,13 +259,13 @@ class Client:
         except _base.RetryableStatus as exc:
             raise _base.error_from_response(exc.response) from None
         except httpx.TransportError as exc:
-            raise _base.connection_error(exc, self.base_url) from exc
+            raise self._connection_error(exc) from exc
         try:
             if not response.is_success:
                 response.read()
                 raise _base.error_from_response(response)
             yield response
         except httpx.TransportError as exc:
-            raise _base.connection_error(exc, self.base_url) from exc
+            raise self._connection_error(exc) from exc
         finally:
             response.close()
