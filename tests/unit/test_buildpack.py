@@ -200,3 +200,24 @@ def test_a_store_that_fails_is_retryable_and_a_private_store_never_fetches(tmp_p
     private = _builder(str(tmp_path / "c"), LayerStore(str(tmp_path / "c-layers")), None, [])
     with pytest.raises(errors.TemplateNotFound, match="unknown on this worker"):
         asyncio.run(private.ensure(bid))
+
+
+def test_ready_builds_not_in_the_store_are_published_at_start_up(tmp_path):
+    """Builds made before the store was shared (or whose publication was cut short) go there when
+    the worker starts with a shared store; fetched ones and those in the store already do not."""
+    here = LayerStore(str(tmp_path / "a-layers"))
+    first = _builder(str(tmp_path / "a"), here, None, [])
+    b = _ready_build(first, here)
+    first._save(b)
+    assert first.publish_pending() == 0  # no shared store: nothing to do
+    store = objectstore.LocalStore(str(tmp_path / "store"))
+    restarted = _builder(str(tmp_path / "a"), here, store, [])
+
+    async def go() -> int:
+        n = restarted.publish_pending()
+        await asyncio.gather(*restarted._publishing)
+        return n
+
+    assert asyncio.run(go()) == 1
+    assert os.path.exists(os.path.join(store.root, buildpack.manifest_key(b.build_id)))
+    assert restarted.get(b.build_id).in_store and restarted.publish_pending() == 0

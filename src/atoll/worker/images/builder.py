@@ -43,7 +43,14 @@ either the build fails naming the step (or what it was doing), and the build san
 the way out like on any failure.
 
 Builds are immutable once ready; a new build of the same template is another build id, and the
-sandboxes of the old one keep running from its layers. Called by worker.node.
+sandboxes of the old one keep running from its layers.
+
+With an object store the other workers read (`store`, set by worker.node), a ready build is
+published there (`publish`: its layers and `builds/<id>.json`, worker.images.buildpack; `in_store`
+then), and a create or a build FROM a build this worker lacks fetches it by id (`ensure`: once per
+build however many ask; its very layers, sha256-checked, never built again here) and keeps it as a
+ready build of its own (`fetched`). Its snapshots are made here, from those layers. Called by
+worker.node.
 """
 
 from __future__ import annotations
@@ -499,9 +506,24 @@ class Builder:
             self._tasks.pop(b.build_id, None)
         self._save(b)
         if b.status == "ready" and self.store is not None:
-            task = asyncio.ensure_future(self.publish(b))
-            self._publishing.add(task)
-            task.add_done_callback(self._publishing.discard)
+            self._publish_later(b)
+
+    def _publish_later(self, b: Build) -> None:
+        task = asyncio.ensure_future(self.publish(b))
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    def publish_pending(self) -> int:
+        """Start-up: publish, in the background, the ready builds of this worker not in the store
+        (made before the store was shared, or their publication cut short). Returns how many."""
+        if self.store is None:
+            return 0
+        pending = [
+            b for b in self._builds.values() if b.status == "ready" and not b.in_store and not b.fetched
+        ]
+        for b in pending:
+            self._publish_later(b)
+        return len(pending)
 
     async def _build(self, b: Build, spec: templatespec.TemplateSpec, parent: Build | None) -> None:
         say = lambda line: self._log(b, line)  # noqa: E731

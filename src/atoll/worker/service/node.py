@@ -418,6 +418,7 @@ class Node(StoreVerbs):
         self.last_reconcile = await self.recovery.reconcile(parents=True)
         self._loops.append(asyncio.ensure_future(self._monitor()))
         self._loops.append(asyncio.ensure_future(self._prepare_templates()))
+        self.builder.publish_pending()  # builds made before the store was shared, or cut short
         self._loops.append(asyncio.ensure_future(self._collect_garbage()))
         if self.budget is not None:
             self._loops.append(asyncio.ensure_future(self._keep_budget()))
