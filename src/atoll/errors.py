@@ -31,7 +31,9 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── StdinClosed             stdin_closed: stdin after eof (or after stdin given at start)
     │   ├── ProcessRunning          process_running: a wait's timeout passed, the process still runs
     │   └── (Conflict)              worker_conflict, incompatible_protocol, worker_not_registered,
-    │                               secret_exists, template_exists, template_in_use, tenant_exists, tenant_in_use,
+    │                               secret_exists, template_exists, template_in_use, build_unavailable
+    │                               (no worker holds the template's build, nor the store: build it again),
+    │                               tenant_exists, tenant_in_use,
     │                               volume_exists, drive_exists, volume_in_use, drive_in_use,
     │                               checkpoint_refused (fork: the sandbox's state cannot be saved now),
     │                               not_adoptable (worker protocol only),
@@ -336,6 +338,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "secret_exists": Conflict,
     "template_exists": Conflict,
     "template_in_use": Conflict,
+    "build_unavailable": Conflict,
     "tenant_exists": Conflict,
     "tenant_in_use": Conflict,
     "volume_exists": Conflict,

@@ -258,13 +258,15 @@ class Ledger:
         tenant: str | None = None,
         prefer: str | None = None,
         avoid: str | None = None,
+        fetchable: bool = False,
         what: str = "a sandbox",
     ) -> WorkerHandle:
         """The worker a sandbox goes to (core.placement; the decision and its reason are logged);
         `worker_id`: only that one (the one keeping its volumes and drives); `template` None: any
         (an archived sandbox moving to another worker); `prefer`: the worker with affinity;
         `tenant`: whose sandbox (spread by tenant); `avoid`: never that one (the worker a drain
-        moves the sandbox off)."""
+        moves the sandbox off); `fetchable`: `template` is a build in the object store, which every
+        worker can fetch (worker.images.buildpack), so every worker counts as holding it."""
         held = placement.commitments(self.cache.values())
         empty = placement.Commitment()
         candidates = []
@@ -280,7 +282,8 @@ class Ledger:
                     memory_mb=h.info.capacity.memory_mb,
                     allocated_memory_mb=c.memory_mb,
                     templates=frozenset(h.templates)
-                    | {b.build_id for b in h.builds.values() if b.status == "ready"},
+                    | {b.build_id for b in h.builds.values() if b.status == "ready"}
+                    | ({template} if fetchable and template else set()),
                     cpus=h.info.capacity.cpus,
                     allocated_cpus=c.cpus,
                     sandboxes=c.sandboxes,

@@ -248,6 +248,7 @@ class SandboxManager:
                 build.id if build is not None else req.template,
                 req.memory_mb,
                 pin,
+                fetchable=self.templates.placeable(build) if build is not None else False,
                 cpus=req.cpus,
                 tenant=tenant,
                 what=f"create {sid}",

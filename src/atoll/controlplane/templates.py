@@ -1,9 +1,13 @@
 """User templates on the control plane: records of templates and their builds, which worker builds
 each, which build serves creates, logs, deletion.
 
-A build (`build`) validates the spec (core.templatespec), picks a worker (the one holding the
-parent build for a template FROM another; otherwise placement, like a sandbox) and asks it to build
-(`WorkerAPI.build_template`); the worker's BuildChanged events move the build record (`on_build`).
+A build (`build`) validates the spec (core.templatespec), picks a worker (placement, like a
+sandbox; for a template FROM another, the worker holding the parent build when it has room) and
+asks it to build (`WorkerAPI.build_template`); the worker's BuildChanged events move the build
+record (`on_build`). A worker with a shared object store publishes each ready build there
+(worker.images.buildpack; `in_store` in the build's info): then any worker can take a create from
+it, fetching the build by id (`placeable`). A build on no ready worker and not in the store is a
+409 build_unavailable (build the template again), never a 500.
 A template's `current_build` is its newest ready build: creates start from it, and a failed or
 running rebuild leaves it serving. One build of a template runs at a time. Deleting a template is
 refused while a sandbox made from it lives; its pool's sandboxes go with it. Called by
@@ -84,6 +88,37 @@ class TemplateService:
             )
         return build
 
+    def placeable(self, build: dbm.BuildRecord) -> bool:
+        """Whether a create from `build` may go to a worker that does not hold it (it is in the
+        object store: that worker fetches it). Raises when no ready worker holds it and it is not
+        in the store: 503 worker_unavailable when a registered worker holding it is not ready (it
+        may come back), else 409 build_unavailable."""
+        if (build.info or {}).get("in_store"):
+            return True
+        holders = [
+            h
+            for h in self.m.workers.handles.values()
+            if (b := h.builds.get(build.id)) is not None and b.status == "ready"
+        ]
+        if any(h.state == "ready" and h.worker is not None for h in holders):
+            return False
+        fix = (
+            "build the template again (POST /v1/templates with its spec, or `atoll template build`); "
+            "with an object store shared by the workers (ATOLL_S3_* or ATOLL_ARCHIVE_DIR) a build "
+            "is published there and any worker can create from it"
+        )
+        if holders:
+            names = ", ".join(f"{h.name} ({h.state})" for h in holders)
+            raise errors.Unavailable(
+                f"template {build.template!r}: its build {build.id} is only on worker {names}, which "
+                f"is not ready, and not in the object store; wait for that worker to come back, or {fix}",
+                code="worker_unavailable",
+            )
+        raise errors.BuildUnavailable(
+            f"template {build.template!r}: its build {build.id} is on no worker (the worker that "
+            f"built it is gone) and not in the object store; {fix}"
+        )
+
     def view(self, rec: dbm.TemplateRecord) -> dict:
         latest = self.db.get_build(rec.latest_build) if rec.latest_build else None
         current = self.db.get_build(rec.current_build) if rec.current_build else None
@@ -117,6 +152,7 @@ class TemplateService:
             "steps": info.get("steps", 0),
             "cached_steps": (live.cached_steps if live else info.get("cached_steps", 0)),
             "size_bytes": info.get("size_bytes"),
+            "in_store": bool(info.get("in_store")),
             "builds": [b.id for b in self.db.builds(rec.name, rec.tenant_id)],
             "in_use": self.in_use(rec.name),
             "created_at": _iso(rec.created_at),
@@ -174,13 +210,14 @@ class TemplateService:
         # FROM oci-archive: the worker reads the path when it builds. Whether a host path exists is
         # never checked here: a 400 for a missing one and a failed build for an unreadable one told
         # callers which paths exist (the worker gives every such path one answer).
-        if parent is not None:
-            handle = self.m.workers.get(parent.worker_id)
-            if not handle.usable:
-                raise errors.Unavailable(
-                    f"the worker holding template {spec.from_!r} ({handle.name}) is not ready",
-                    code="worker_unavailable",
-                )
+        if parent is not None:  # a worker holding the parent build, or any when it is in the store
+            handle = self.m.place(
+                parent.id,
+                self.default_memory_mb,
+                fetchable=self.placeable(parent),
+                prefer=parent.worker_id,
+                what=f"build of {spec.name}",
+            )
         else:
             handle = self.m.place("base", self.default_memory_mb)
         bid = ids.new_build_id()
@@ -224,7 +261,11 @@ class TemplateService:
         build = self.db.get_build(info.build_id)
         if build is None or build.worker_id != handle_id:
             return
-        if build.status == info.status and build.progress == info.progress:
+        if (
+            build.status == info.status
+            and build.progress == info.progress
+            and bool((build.info or {}).get("in_store")) == info.in_store
+        ):
             return
         build.status, build.error, build.progress = info.status, info.error, info.progress
         build.info = {
@@ -237,6 +278,7 @@ class TemplateService:
             "workdir": info.workdir,
             "user": info.user,
             "start": info.start,
+            "in_store": info.in_store,
         }
         if info.status in ("ready", "failed"):
             build.finished_at = dbm.utcnow()
@@ -315,10 +357,18 @@ class TemplateService:
             self.pool_resume(pool_key(tenant, name))
             raise
         for b in self.db.builds(name, tenant):
-            try:
-                await self.m.workers.api_for(b.worker_id).delete_build(b.id)
-            except errors.AtollError as e:
-                log.warning("template.delete: build %s not removed from its worker: %s", b.id, e.message)
+            # the worker that built it, and those that fetched it from the store
+            holders = [
+                b.worker_id,
+                *(h.id for h in self.m.workers.ready() if h.id != b.worker_id and b.id in h.builds),
+            ]
+            for wid in holders:
+                try:
+                    await self.m.workers.api_for(wid).delete_build(b.id)
+                except errors.AtollError as e:
+                    log.warning(
+                        "template.delete: build %s not removed from worker %s: %s", b.id, wid, e.message
+                    )
         self.db.delete_template(rec.tenant_id, name)
         self.pool_resume(pool_key(tenant, name))  # a template of that name made later may have a pool again
         log.info("template.deleted", extra={"template": name})

@@ -10,7 +10,9 @@
     ├── Conflict                    409 invalid_state / sandbox_failed / worker_conflict /
     │   │                               incompatible_protocol / worker_not_registered
     │   ├── SandboxChanged          409 sandbox_changed (retryable: another server wrote the record)
-    │   └── SandboxBusy             409 sandbox_busy (retryable)
+    │   ├── SandboxBusy             409 sandbox_busy (retryable)
+    │   └── BuildUnavailable        409 build_unavailable (a template's build is on no ready worker
+    │                                   and not in the object store: build the template again)
     ├── PayloadTooLarge             413 payload_too_large / answer_too_large
     ├── InsufficientStorage         507 disk_full (the sandbox's disk_mb quota is used up)
     ├── RuntimeFailure              500 runtime_error (a host step failed; logged with its cause)
@@ -77,6 +79,11 @@ CODES: dict[str, Code] = {
     "secret_exists": Code(409, False, "a secret of that name exists (PUT replaces it)"),
     "template_exists": Code(409, False, "a template of that name is being built; wait for its build"),
     "template_in_use": Code(409, False, "the template has sandboxes or a pool; delete them first"),
+    "build_unavailable": Code(
+        409,
+        False,
+        "the template's build is on no ready worker and not in the object store; build the template again",
+    ),
     "tenant_exists": Code(409, False, "a tenant of that name exists"),
     "tenant_in_use": Code(409, False, "the tenant still owns resources (the message lists them)"),
     "volume_exists": Code(409, False, "a volume of that name exists"),
@@ -228,6 +235,13 @@ class SandboxChanged(Conflict):
 class SandboxBusy(Conflict):
     code = "sandbox_busy"
     retryable = True
+
+
+class BuildUnavailable(Conflict):
+    """A template's build can be had nowhere: no ready worker holds it and it is not (whole) in the
+    object store. A rebuild makes a new one."""
+
+    code = "build_unavailable"
 
 
 class FreezeTimeout(SandboxBusy):

@@ -99,10 +99,16 @@ class FakeWorker(fake_files.FakeFileOps):
         cpus: float = 16,
         templates: Sequence[str] = ("base",),
         store: dict[str, FakeRuntime] | None = None,
+        published: dict[str, api.BuildInfo] | None = None,
     ):
         self.name = name
         self.store: dict[str, FakeRuntime] = {} if store is None else store
         """The archive tier's object store: fakes given the same dict share it (adopt)."""
+        self.published = published
+        """Builds in a shared object store (build id -> its info), as a real worker with S3 or
+        ATOLL_ARCHIVE_DIR publishes them: fakes given the same dict publish ready builds there and
+        fetch from it a build they lack (None: builds stay on this fake)."""
+        self._fetching: dict[str, asyncio.Lock] = {}
         self.installation = installation
         self.capacity = api.Capacity(memory_mb=memory_mb, cpus=cpus, disk_mb=1 << 20)
         self.template_names = list(templates)
@@ -198,8 +204,27 @@ class FakeWorker(fake_files.FakeFileOps):
             builds=tuple(self.builds.values()),
         )
 
+    async def _ensure_build(self, build_id: str) -> None:
+        """As the real worker (worker.images.builder.ensure): a build this fake lacks is fetched
+        from `published` by id, once however many creates ask at the same time."""
+        if build_id in self.builds or self.published is None:
+            return
+        async with self._fetching.setdefault(build_id, asyncio.Lock()):
+            if build_id in self.builds:
+                return
+            held = self.published.get(build_id)
+            if held is None:
+                raise errors.BuildUnavailable(
+                    f"fake: template build {build_id} is neither on worker {self.name} nor in the store"
+                )
+            self.calls.append(("fetch_build", build_id))
+            await asyncio.sleep(self.delay.get("fetch_build", 0))
+            self.builds[build_id] = held
+            self.emit(api.BuildChanged(held))
+
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         if spec.build_id:
+            await self._ensure_build(spec.build_id)
             b = self.builds.get(spec.build_id)
             if b is None or b.status != "ready":
                 raise errors.TemplateNotFound(f"fake: build {spec.build_id} is not ready here")
@@ -352,6 +377,8 @@ class FakeWorker(fake_files.FakeFileOps):
     async def build_template(self, build: api.TemplateBuild) -> api.BuildInfo:
         """A build "runs" for one loop turn: ready (or failed with `build_fails`), with an event."""
         self.calls.append(("build", build.build_id))
+        if build.parent_build:
+            await self._ensure_build(build.parent_build)
         info = api.BuildInfo(build.build_id, str(build.spec.get("name", "")), "building")
         self.builds[build.build_id] = info
 
@@ -366,6 +393,12 @@ class FakeWorker(fake_files.FakeFileOps):
             )
             self.builds[build.build_id] = done
             self.emit(api.BuildChanged(done))
+            if self.published is not None and done.status == "ready":
+                await asyncio.sleep(self.delay.get("publish", 0))
+                done = dataclasses.replace(done, in_store=True)
+                self.published[build.build_id] = done
+                self.builds[build.build_id] = done
+                self.emit(api.BuildChanged(done))
 
         asyncio.ensure_future(finish())
         return info
@@ -383,6 +416,8 @@ class FakeWorker(fake_files.FakeFileOps):
     async def delete_build(self, build_id: str) -> None:
         self.calls.append(("delete_build", build_id))
         self.builds.pop(build_id, None)
+        if self.published is not None:
+            self.published.pop(build_id, None)
 
     async def claim(self, sandbox_id: str, env: dict[str, str], cpus: float) -> api.ResumeOutcome:
         if self._stale(self._get(sandbox_id)):

@@ -43,7 +43,14 @@ either the build fails naming the step (or what it was doing), and the build san
 the way out like on any failure.
 
 Builds are immutable once ready; a new build of the same template is another build id, and the
-sandboxes of the old one keep running from its layers. Called by worker.node.
+sandboxes of the old one keep running from its layers.
+
+With an object store the other workers read (`store`, set by worker.node), a ready build is
+published there (`publish`: its layers and `builds/<id>.json`, worker.images.buildpack; `in_store`
+then), and a create or a build FROM a build this worker lacks fetches it by id (`ensure`: once per
+build however many ask; its very layers, sha256-checked, never built again here) and keeps it as a
+ready build of its own (`fetched`). Its snapshots are made here, from those layers. Called by
+worker.node.
 """
 
 from __future__ import annotations
@@ -64,8 +71,8 @@ from dataclasses import dataclass, field
 
 from atoll.core import errors, ids, templatespec
 from atoll.core import worker_api as api
-from atoll.worker.host import bundle, storage
-from atoll.worker.images import layers
+from atoll.worker.host import bundle, objectstore, storage
+from atoll.worker.images import buildpack, layers
 from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 from atoll.worker.runtimes.sandboxes import Sandboxes
@@ -132,6 +139,10 @@ class Build:
     """Host paths of its layers, top first (the overlay lowerdir order)."""
     top_key: str = ""
     memory_mb: int = 512
+    in_store: bool = False
+    """Published in the object store (worker.images.buildpack): other workers can fetch it."""
+    fetched: bool = False
+    """Fetched from the store, not built here."""
 
     def info(self) -> api.BuildInfo:
         return api.BuildInfo(
@@ -151,6 +162,7 @@ class Build:
             workdir=self.workdir,
             user=self.user,
             start=self.start,
+            in_store=self.in_store,
         )
 
     @property
@@ -221,6 +233,13 @@ class Builder:
         self._image_failed: set[str] = set()
         self._seeds: dict[str, str | None] = {}
         self._builtins: dict[str, Build] = {}
+        self.store: objectstore.ObjectStore | None = None
+        """The object store builds are published to and fetched from: set by worker.node when it can
+        be shared with other workers (S3, ATOLL_ARCHIVE_DIR); None keeps builds on this worker."""
+        self.holder = ""
+        """This worker's installation id (named in the manifests it publishes)."""
+        self._fetch_locks: dict[str, asyncio.Lock] = {}
+        self._publishing: set[asyncio.Task] = set()
         self.temporary: set[str] = set()
         """Ids of the build's and the snapshots' temporary sandboxes (busy: never paused or reported)."""
         self._load()
@@ -263,6 +282,128 @@ class Builder:
                 "they went unused longer than ATOLL_LAYER_CACHE_TTL_S on every installation sharing "
                 "the template directory; build the template again"
             )
+        return b
+
+    # ---- the object store (worker.images.buildpack) --------------------------------------------
+    async def publish(self, b: Build) -> bool:
+        """Put the ready build `b` in the store (its layers, then its manifest); `in_store` follows
+        (BuildChanged tells the control plane). A failure is logged: the build still serves here."""
+        assert self.store is not None
+        t0 = time.monotonic()
+        man = buildpack.BuildManifest(
+            build_id=b.build_id,
+            template=b.template,
+            layers=[],
+            top_key=b.top_key,
+            env=dict(b.env),
+            workdir=b.workdir,
+            user=b.user,
+            start=b.start,
+            ready=b.ready,
+            start_mode=b.start_mode,
+            start_reason=b.start_reason,
+            steps=b.steps,
+            cached_steps=b.cached_steps,
+            size_bytes=b.size_bytes,
+            memory_mb=b.memory_mb,
+            built_at=b.built_at,
+            holder=self.holder,
+        )
+        try:
+            await buildpack.publish(self.store, man, b.lower, self._dir(b.build_id))
+        except (objectstore.StoreError, buildpack.BuildDamaged, OSError, KeyError) as e:
+            log.warning(
+                "template %s: build %s not published to %s (%s); only this worker can create from it",
+                b.template,
+                b.build_id,
+                self.store.name,
+                e,
+            )
+            self._log(b, f"NOTE not published to the object store: {e}")
+            return False
+        if self._builds.get(b.build_id) is not b:  # deleted meanwhile
+            await buildpack.forget(self.store, b.build_id)
+            return False
+        b.in_store = True
+        self._log(b, f"PUBLISHED to {self.store.name} in {time.monotonic() - t0:.1f}s")
+        log.info(
+            "template %s: build %s published to %s in %.0f ms",
+            b.template,
+            b.build_id,
+            self.store.name,
+            (time.monotonic() - t0) * 1000,
+        )
+        self._save(b)
+        return True
+
+    async def ensure(self, bid: str) -> Build:
+        """The ready build `bid`: this worker's, or fetched from the store by its id when this
+        worker never had it (its very layers, sha256-checked, cached like a local build's; never
+        built again). One fetch per build at a time: concurrent creates wait for the first."""
+        if bid in self._builds or self.store is None or not ids.is_build_id(bid):
+            return self.get(bid)
+        async with self._fetch_locks.setdefault(bid, asyncio.Lock()):
+            if bid in self._builds:
+                return self.get(bid)
+            return await self._fetch(bid)
+
+    async def _fetch(self, bid: str) -> Build:
+        assert self.store is not None
+        t0 = time.monotonic()
+        storage.private_dir(self._dir(bid))
+        try:
+            man = await buildpack.fetch_manifest(self.store, bid, self._dir(bid))
+            paths = await buildpack.fetch_layers(self.store, self.layers, man)
+        except buildpack.BuildMissing:
+            shutil.rmtree(self._dir(bid), ignore_errors=True)
+            raise errors.BuildUnavailable(
+                f"template build {bid} is neither on this worker nor in the object store "
+                f"({self.store.name}); build the template again"
+            ) from None
+        except buildpack.BuildDamaged as e:
+            shutil.rmtree(self._dir(bid), ignore_errors=True)
+            raise errors.BuildUnavailable(
+                f"template build {bid} in the object store cannot be used: {e}; build the template again"
+            ) from None
+        except objectstore.StoreError as e:
+            shutil.rmtree(self._dir(bid), ignore_errors=True)
+            raise errors.Unavailable(
+                f"template build {bid} could not be fetched from the object store {self.store.name}: {e}; "
+                "try again",
+                code="worker_unavailable",
+            ) from None
+        b = Build(
+            build_id=bid,
+            template=man.template,
+            status="ready",
+            progress="ready",
+            start_mode=man.start_mode,
+            start_reason=man.start_reason,
+            steps=man.steps,
+            cached_steps=man.cached_steps,
+            built_at=man.built_at,
+            size_bytes=man.size_bytes,
+            env=dict(man.env),
+            workdir=man.workdir,
+            user=man.user,
+            start=man.start,
+            ready=man.ready,
+            layers=paths,
+            top_key=man.top_key,
+            memory_mb=man.memory_mb,
+            in_store=True,
+            fetched=True,
+        )
+        self._builds[bid] = b
+        self._log(b, f"FETCHED build {bid} of {b.template} from {self.store.name} ({len(paths)} layer(s))")
+        self._save(b)
+        log.info(
+            "template %s: build %s fetched from %s in %.0f ms",
+            b.template,
+            bid,
+            self.store.name,
+            (time.monotonic() - t0) * 1000,
+        )
         return b
 
     def layer_paths(self) -> set[str]:
@@ -322,7 +463,7 @@ class Builder:
         spec = templatespec.from_wire(tb.spec)
         parent = None
         if spec.from_kind == "template":
-            parent = self.get(tb.parent_build)
+            parent = await self.ensure(tb.parent_build)
         storage.private_dir(self._dir(tb.build_id))
         b = Build(build_id=tb.build_id, template=spec.name, memory_mb=tb.memory_mb, steps=len(spec.steps))
         self._builds[b.build_id] = b
@@ -364,6 +505,25 @@ class Builder:
         finally:
             self._tasks.pop(b.build_id, None)
         self._save(b)
+        if b.status == "ready" and self.store is not None:
+            self._publish_later(b)
+
+    def _publish_later(self, b: Build) -> None:
+        task = asyncio.ensure_future(self.publish(b))
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    def publish_pending(self) -> int:
+        """Start-up: publish, in the background, the ready builds of this worker not in the store
+        (made before the store was shared, or their publication cut short). Returns how many."""
+        if self.store is None:
+            return 0
+        pending = [
+            b for b in self._builds.values() if b.status == "ready" and not b.in_store and not b.fetched
+        ]
+        for b in pending:
+            self._publish_later(b)
+        return len(pending)
 
     async def _build(self, b: Build, spec: templatespec.TemplateSpec, parent: Build | None) -> None:
         say = lambda line: self._log(b, line)  # noqa: E731
@@ -852,9 +1012,14 @@ class Builder:
                 await task
         self._builds.pop(bid, None)
         await asyncio.to_thread(shutil.rmtree, self._dir(bid), True)
+        if self.store is not None and ids.is_build_id(bid):
+            try:  # the template is going: no worker fetches the build again
+                await buildpack.forget(self.store, bid)
+            except objectstore.StoreError as e:
+                log.warning("build %s: its manifest stays in %s (%s)", bid, self.store.name, e)
 
     async def aclose(self) -> None:
-        tasks = [*self._tasks.values(), *self._image_tasks.values()]
+        tasks = [*self._tasks.values(), *self._image_tasks.values(), *self._publishing]
         for t in tasks:
             t.cancel()
         if tasks:

@@ -13,10 +13,11 @@ In the store a layer instance is two objects:
     layers/<key>/<instance>.json      {sha256, size, ...} of that object — written last, so a
                                       layer exists in the store only once it is whole
 `publish` uploads the instances a stack is missing (worker.runtimes.archiving, before an archive,
-when the store can be shared). `fetch` (worker.service.node's `adopt`) gives the local path of an
-instance: the local layer when its instance matches, else the published one — downloaded, checked
-against its sha256 and unpacked under the local key `<key>@<instance>`. A separately built layer of
-the same key is never used in its place.
+when the store can be shared; worker.images.buildpack, when a template build is ready). `fetch`
+(worker.service.node's `adopt`, worker.images.buildpack) gives the local path of an instance: the
+local layer when its instance matches, else the published one — downloaded, checked against its
+sha256 (and the one the caller's ref pins, if any) and unpacked under the local key
+`<key>@<instance>`. A separately built layer of the same key is never used in its place.
 """
 
 from __future__ import annotations
@@ -294,6 +295,11 @@ async def fetch(store: objectstore.ObjectStore, layers: LayerStore, ref: dict) -
                 ) from None
             except ValueError as e:
                 raise LayerUnavailable(f"the manifest of layer {key} is unreadable: {e}") from None
+            if ref.get("sha256") and meta.get("sha256") != ref["sha256"]:
+                raise LayerUnavailable(
+                    f"layer {key} (instance {instance}) in {store.name} is not the one pinned "
+                    f"(sha256 {str(meta.get('sha256'))[:16]}…, pinned {str(ref['sha256'])[:16]}…)"
+                )
             if os.path.getsize(obj) != meta.get("size") or await asyncio.to_thread(_sha256, obj) != meta.get(
                 "sha256"
             ):

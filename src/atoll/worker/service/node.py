@@ -281,6 +281,8 @@ class Node(StoreVerbs):
             step_timeout_s=settings.build_step_timeout_s,
             build_timeout_s=settings.build_timeout_s,
         )
+        if settings.s3 or settings.archive_dir:  # a store other workers read: builds travel through it
+            self.builder.store, self.builder.holder = self.store, self.install_id
         self.pressure = Pressure(
             self.runtimes,
             self.guest,
@@ -416,6 +418,7 @@ class Node(StoreVerbs):
         self.last_reconcile = await self.recovery.reconcile(parents=True)
         self._loops.append(asyncio.ensure_future(self._monitor()))
         self._loops.append(asyncio.ensure_future(self._prepare_templates()))
+        self.builder.publish_pending()  # builds made before the store was shared, or cut short
         self._loops.append(asyncio.ensure_future(self._collect_garbage()))
         if self.budget is not None:
             self._loops.append(asyncio.ensure_future(self._keep_budget()))
@@ -676,7 +679,7 @@ class Node(StoreVerbs):
         sid = spec.sandbox_id
         _check_spec(spec)
         if spec.build_id:
-            build = self.builder.get(spec.build_id)
+            build = await self.builder.ensure(spec.build_id)  # fetched from the store if not here
         else:
             self.templates.recipe(spec.template)  # 404 template_not_found before any work
             build = await self.builder.builtin(spec.template, self.s.default_memory_mb)
