@@ -87,6 +87,8 @@ class Evacuation:
     """This server stops: no further sandbox starts moving; the evacuation stays `running`."""
     halted: str | None = None
     """Why it paused without finishing (its worker not draining any more, e.g. lost)."""
+    to_wake: list[str] = field(default_factory=list)
+    """Resumed run: sandboxes moved before the stop but not resumed on their new worker yet."""
     task: asyncio.Task | None = None
 
     @property
@@ -188,9 +190,11 @@ class Evacuator:
             rec = live.get(sid)
             if rec is None:
                 continue  # deleted meanwhile
-            if rec.worker_id != h.id:
-                if sid not in ev.moved:  # its move completed as the server stopped
+            if rec.worker_id != h.id:  # its move was cut short after the adoption: it moved
+                if sid not in ev.moved:
                     ev.moved.append(sid)
+                if sid in ev.was_running and (rec.state, rec.standby_tier) == (State.STANDBY, Tier.ARCHIVE):
+                    ev.to_wake.append(sid)  # ... but was not resumed on its new worker
                 continue
             todo.append(rec)
         known = {*ev.pending, *ev.moved, *ev.left}
@@ -258,6 +262,17 @@ class Evacuator:
         except Exception:  # the next verdict writes it again; the moves go on
             log.exception("saving the evacuation of worker %s failed", h.name)
 
+    async def _wake(self, ev: Evacuation) -> None:
+        """Resume on their new worker the running sandboxes whose move a stop cut short after the
+        adoption (else they would wait there for their next call)."""
+        for sid in ev.to_wake:
+            async with self.m.ledger.lock(sid):
+                with contextlib.suppress(errors.SandboxNotFound):
+                    rec = self.m.get(sid)
+                    if rec.state == State.STANDBY and rec.standby_tier == Tier.ARCHIVE:
+                        await self._resume_here(rec)
+        ev.to_wake = []
+
     async def _settle(self, ev: Evacuation, h: WorkerHandle) -> None:
         """A resumed evacuation waits (up to RESUME_SETTLE_S) for another worker to be ready."""
         deadline = time.monotonic() + RESUME_SETTLE_S
@@ -303,6 +318,7 @@ class Evacuator:
         try:
             if resumed:
                 await self._settle(ev, h)
+                await self._wake(ev)
             await asyncio.gather(*(one(r) for r in recs))
         finally:
             if ev.stop:
