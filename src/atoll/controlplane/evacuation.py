@@ -253,8 +253,9 @@ class Evacuator:
         return ev
 
     def _save(self, ev: Evacuation, h: WorkerHandle) -> None:
-        """The progress into the worker's record (not for a worker forgotten meanwhile)."""
-        if self.m.workers.handles.get(h.id) is not h:
+        """The progress into the worker's record (not for a worker forgotten meanwhile, nor from
+        an evacuation a newer one of the same worker replaced)."""
+        if self.m.workers.handles.get(h.id) is not h or self.runs.get(h.id) is not ev:
             return
         h.record.evacuation = ev.record()
         try:
