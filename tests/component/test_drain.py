@@ -2,7 +2,7 @@
 archive store: running, memory- and disk-tier sandboxes move to the other worker with their files,
 a gated one and a busy one stay (reported, not killed), the store failing or no other worker
 leaves them where they are, `evacuate: false` only cordons, `draining: false` undrains and stops an
-evacuation between sandboxes, pool members are refilled elsewhere. The real moves (gVisor,
+evacuation between sandboxes, pool members are refilled elsewhere, a drain outlives a server restart. The real moves (gVisor,
 SeaweedFS) are tests/integration/test_drain.py's."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from atoll.controlplane import evacuation
+from atoll.controlplane import db, evacuation
 from atoll.core.lifecycle import Phase
 from atoll.testing import FakeAtoll, FakeWorker
 from tests.component.conftest import create
@@ -234,3 +234,86 @@ async def test_a_call_arriving_during_the_move_waits_and_runs_on_the_new_worker(
     assert ("exec", sid) in w2.calls and ("exec", sid) not in w1.calls
     w = await _evacuated(c, wid)
     assert w["evacuation"]["moved"] == 1 and w["evacuated"], w
+
+
+@pytest.mark.parametrize("cut_in", ["adopt", "resume"])
+async def test_a_drain_survives_a_server_restart(tmp_path, monkeypatch, cut_in):
+    """The control plane stops in the middle of a drain, one move cut short (while w2 adopts it,
+    or once adopted, while w2 resumes it); a new one on the same database resumes the evacuation
+    when the drained worker is adopted again, and it finishes: every sandbox on w2, the running
+    ones running (also the one whose move was cut short), their files intact."""
+    monkeypatch.setattr(evacuation, "CONCURRENCY", 1)
+    monkeypatch.setattr(evacuation, "CLOSE_WAIT_S", 0.05)
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    first = FakeAtoll(tmp_path, [w1, w2], api_key=KEY, tier_policy=False)
+    await first.start()
+    try:
+        c = first.http
+        sids = await _on(c, "w1", 5)
+        running, standby = sids[:3], sids[3:]
+        for sid in sids:
+            r = await c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/kept"}, content=sid.encode())
+            assert r.status_code in (200, 201, 204), r.text
+        for sid in standby:
+            assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).status_code == 200
+        real, seen = getattr(w2, cut_in), []
+
+        async def hang(sid, *args, **kw):  # the first call goes through, the second hangs
+            seen.append(sid)
+            if len(seen) > 1:
+                await asyncio.Event().wait()
+            return await real(sid, *args, **kw)
+
+        setattr(w2, cut_in, hang)
+        wid = (await _ids(c))["w1"]
+        assert (await c.post(f"/v1/workers/{wid}/drain", json={})).status_code == 202
+        for _ in range(500):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.02)
+        w = (await c.get(f"/v1/workers/{wid}")).json()
+        assert (w["evacuation"]["moved"], w["evacuation"]["pending"]) == (1, 4), w
+        cut = seen[-1]
+    finally:
+        await first.stop()
+
+    # what the record keeps: unfinished, the cut-short move still pending
+    database = db.open_database(f"sqlite:///{tmp_path / 'atoll.db'}")
+    try:
+        [kept] = [r.evacuation for r in database.workers() if r.id == wid]
+        cut_rec = database.get(cut)
+    finally:
+        database.engine.dispose()
+    assert kept["state"] == "running" and kept["finished_at"] is None, kept
+    assert cut in kept["pending"] and len(kept["moved"]) == 1 and kept["left"] == {}, kept
+    assert set(kept["pending"]) | set(kept["moved"]) == set(sids), kept
+    # archived on w1 (cut in the adoption), or already w2's (cut in the resume there)
+    assert (cut_rec.state, cut_rec.standby_tier) == ("standby", "archive"), cut_rec
+    assert (cut_rec.worker_id == wid) == (cut_in == "adopt"), cut_rec.worker_id
+
+    setattr(w2, cut_in, real)
+    async with FakeAtoll(tmp_path, [w1, w2], api_key=KEY, tier_policy=False) as second:
+        c = second.http
+        w = await _evacuated(c, wid)
+        ev = w["evacuation"]
+        assert (ev["state"], ev["moved"], ev["pending"], ev["left"]) == ("done", 5, 0, []), w
+        assert ev["resumed_at"] is not None and ev["started_at"] == kept["started_at"], ev
+        assert (w["state"], w["sandboxes"], w["evacuated"]) == ("draining", 0, True), w
+        assert not w1.runtimes, "w1 kept local copies"
+        for sid in sids:
+            sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+            assert sb["worker"] == "w2", sb
+            if sid in running:  # the cut-short one too: it was running when the drain began
+                assert sb["state"] == "running" and w2.runtimes[sid].phase == Phase.RUNNING, sb
+            else:
+                assert (sb["state"], sb["standby_tier"]) == ("standby", "archive"), sb
+            r = await c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/kept"})
+            assert r.status_code == 200 and r.content == sid.encode(), r.text
+    # and the finished evacuation is what the record keeps now
+    database = db.open_database(f"sqlite:///{tmp_path / 'atoll.db'}")
+    try:
+        [kept] = [r.evacuation for r in database.workers() if r.id == wid]
+    finally:
+        database.engine.dispose()
+    assert kept["state"] == "done" and kept["pending"] == [] and sorted(kept["moved"]) == sorted(sids)

@@ -1,10 +1,14 @@
 """Volumes and drives in the control plane over a FakeWorker: one holder per volume (also under
 concurrent creates), delete refused while attached, a holder's delete frees the volume for the
-next create (which waits for the detach instead of a 409), bad input, drive files."""
+next create (which waits for the detach instead of a 409), bad input (a body that is no tar),
+drive files."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import io
+import tarfile
 
 from tests.component.conftest import create
 
@@ -146,3 +150,37 @@ async def test_a_tar_import_holds_the_volume_against_creates_and_deletes(fake):
     assert (await imp).status_code == 200
     assert (await c.get("/v1/volumes/data")).json()["attached_to"] is None
     await create(c, volumes=[{"name": "data", "path": "/d"}])
+
+
+async def test_a_body_that_is_not_a_tar_is_a_400_and_changes_nothing(fake):
+    """PUT …/tar of drives, volumes and a sandbox's files with a body that is no tar archive (the
+    OpenAPI fuzz found a 500): 400 invalid_request naming the problem; nothing is written."""
+    c = fake.http
+    assert (await c.post("/v1/drives", json={"name": "shared", "size_mb": 8})).status_code == 201
+    await _volume(c)
+    r = await c.put("/v1/drives/shared/files", params={"path": "/kept.txt"}, content=b"kept")
+    assert r.status_code in (200, 201, 204), r.text
+    sid = await create(c)
+    good = io.BytesIO()
+    with tarfile.open(fileobj=good, mode="w:gz") as t:
+        ti = tarfile.TarInfo("new.txt")
+        ti.size = 3
+        t.addfile(ti, io.BytesIO(b"new"))
+    bodies = [b"garbage" * 100, b"", b'{"not": "a tar"}', gzip.compress(b"plain text"), good.getvalue()[:40]]
+    for url in ("/v1/drives/shared/tar", "/v1/volumes/data/tar", f"/v1/sandboxes/{sid}/files/tar"):
+        for body in bodies:
+            r = await c.put(url, content=body, params={"path": "/root"} if "sandboxes" in url else None)
+            assert r.status_code == 400, (url, body[:20], r.status_code, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "invalid_request" and "not a tar archive" in err["message"], (url, err)
+            if "sandboxes" not in url:
+                assert "send a tar (optionally gzip) stream" in err["message"], err
+    drive = fake.worker.stores[("drive", "shared")]["files"]
+    assert drive == {b"/kept.txt": b"kept"}, drive
+    assert fake.worker.stores[("volume", "data")]["files"] == {}
+    r = await c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/new.txt"})
+    assert r.status_code == 404, r.text
+    # the same routes take a gzip tar
+    r = await c.put("/v1/drives/shared/tar", content=good.getvalue())
+    assert r.status_code == 200 and r.json()["files"] == 1, r.text
+    assert (await c.get("/v1/drives/shared/files", params={"path": "/new.txt"})).content == b"new"

@@ -6,7 +6,8 @@ w1 — the running one runs on there with its process and its count, the others 
 next call with their files — and reports the fourth, still running on w0, never killed. w0 drops
 its local copies. Then w1 is drained with no other worker ready: it answers 202, nothing moves,
 every sandbox is reported with the reason. With the object store down, a drain leaves a running
-sandbox where it is, running on with its process, and says why. One installation for the module."""
+sandbox where it is, running on with its process, and says why. A drain the server's restart
+interrupted goes on once the new server has its workers back. One installation for the module."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from atoll.controlplane import evacuation
 from atoll.testing import LocalCluster
 from atoll.testing.seaweed import SeaweedFS
 from tests.conftest import TEMPLATE_CACHE
@@ -182,3 +184,49 @@ def test_with_the_store_down_a_running_sandbox_stays_where_it_is(cluster, seawee
         seaweed.start()
         c.post(f"/v1/workers/{ids[home]}/drain", json={"draining": False})
     assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+
+
+def test_a_drain_goes_on_after_the_server_restarts(cluster):
+    """The server stops right after a drain began (SIGTERM: the moves under way finish, the rest
+    stays pending in the worker's record); the new server resumes the evacuation once w0 has
+    registered again, and it finishes: every sandbox on w1, the running ones running with their
+    processes, the others with their files."""
+    c = httpx.Client(base_url=cluster.url, headers=cluster.headers(), timeout=300)
+    ids = {w["name"]: w["id"] for w in c.get("/v1/workers").json()["items"]}
+    r = c.post(f"/v1/workers/{ids['w1']}/drain", json={"draining": True, "evacuate": False})
+    assert r.status_code == 202, r.text
+    made: list[str] = []
+    for _ in range(evacuation.CONCURRENCY + 2):  # more than move at once: some must wait
+        sb = c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+        assert sb.status_code == 201 and sb.json()["worker"] == "w0", sb.text
+        made.append(sb.json()["id"])
+        c.put(
+            f"/v1/sandboxes/{made[-1]}/files", params={"path": "/root/notes.txt"}, content=made[-1].encode()
+        )
+    running = made[:2]
+    pids = {sid: _exec(c, sid, COUNTER).strip() for sid in running}
+    for sid in made[2:]:
+        assert c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"}).status_code == 200
+    assert c.post(f"/v1/workers/{ids['w1']}/drain", json={"draining": False}).status_code == 200
+    try:
+        r = c.post(f"/v1/workers/{ids['w0']}/drain", json={})
+        assert r.status_code == 202, r.text
+        started = r.json()["evacuation"]["started_at"]
+        cluster.server.terminate()
+        cluster.server.start()
+        w0 = _wait_evacuation(c, ids["w0"])
+        ev = w0["evacuation"]
+        assert (ev["state"], ev["moved"], ev["pending"], ev["left"]) == ("done", len(made), 0, []), ev
+        assert ev["resumed_at"] is not None and ev["started_at"] == started, ev
+        assert (w0["state"], w0["sandboxes"], w0["evacuated"]) == ("draining", 0, True), w0
+        for sid in made:
+            view = c.get(f"/v1/sandboxes/{sid}").json()
+            assert view["worker"] == "w1", view
+            if sid in running:
+                assert view["state"] == "running", view
+                assert _exec(c, sid, f"kill -0 {pids[sid]} && echo alive") == "alive\n"
+            assert _exec(c, sid, "cat /root/notes.txt") == sid
+    finally:
+        c.post(f"/v1/workers/{ids['w0']}/drain", json={"draining": False})
+    for sid in made:
+        assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204

@@ -13,6 +13,7 @@ import pytest
 
 import atoll
 from atoll.cli import main as cli
+from atoll.cli import workers as workers_cli
 
 from .test_cli import Routes, run
 
@@ -58,6 +59,12 @@ def test_drain_evacuates_by_default_and_prints_what_stays(routes):
     )
     routes.on("GET", f"/v1/workers/{WID}", httpx.Response(200, json={**W, "evacuation": ev}))
     assert run("worker", "drain", "w1", "--wait").exit_code == 2  # something stayed
+
+
+def test_a_resumed_evacuation_shows_what_is_to_go():
+    ev = {"state": "running", "moved": 2, "pending": 3, "left": [], "resumed_at": "2026-12-06T01:00:00+00:00"}
+    line = workers_cli._summary({**W, "state": "draining", "evacuation": ev})
+    assert "2 moved, 0 left, 3 to go (resumed 2026-12-06T01:00:00+00:00)" in line, line
 
 
 def test_no_evacuate_and_undo(routes):

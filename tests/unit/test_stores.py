@@ -5,6 +5,7 @@ import/export (worker.host.treetar) and the ext4 images themselves (worker.host.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import io
 import os
 import shutil
@@ -183,8 +184,20 @@ def test_a_store_limits_its_size_clones_exports_and_imports(tmp_path):
                 with pytest.raises(errors.InvalidRequest, match="refused"):
                     await stores.import_tar(s.fs("volume", "v2"), body(tar_of((bad, b"no"))))
             assert not (tmp_path / "stores" / "volume" / "escape").exists()
-            with pytest.raises(errors.InvalidRequest, match="not a valid tar"):
-                await stores.import_tar(s.fs("volume", "v2"), body(b"garbage" * 100))
+            v2 = s.fs("volume", "v2")
+            before = sorted(os.listdir(v2))
+            for bad in (b"garbage" * 100, b"", gzip.compress(b"garbage" * 100), b'{"not": "a tar"}'):
+                with pytest.raises(
+                    errors.InvalidRequest, match="not a tar archive.*send a tar.*nothing was written"
+                ):
+                    await stores.import_tar(v2, body(bad))
+            assert sorted(os.listdir(v2)) == before  # nothing changed
+            whole = gzip.compress(tar_of(("a.txt", b"a" * 600), ("b.txt", os.urandom(40_000))))
+            with pytest.raises(errors.InvalidRequest, match="damaged after 1 file"):
+                await stores.import_tar(v2, body(whole[: len(whole) // 2]))
+            assert open(os.path.join(v2, "a.txt")).read() == "a" * 600 and not os.path.exists(
+                os.path.join(v2, "b.txt")
+            )  # the cut file removed
             with pytest.raises(errors.InsufficientStorage) as e:
                 await stores.import_tar(
                     s.fs("volume", "v2"), body(tar_of(("huge", b"\0" * 20 * 1024 * 1024)))

@@ -30,6 +30,10 @@ def _summary(w: dict) -> str:
     line = f"{w['name']}: {w['state']}, {w['sandboxes']} sandbox(es)"
     if ev:
         line += f"; evacuation {ev['state']}: {ev['moved']} moved, {len(ev['left'])} left"
+        if ev.get("pending"):
+            line += f", {ev['pending']} to go"
+        if ev.get("resumed_at"):
+            line += f" (resumed {ev['resumed_at']})"
         if ev.get("pool_members_dropped"):
             line += f", {ev['pool_members_dropped']} pool member(s) refilled elsewhere"
     if w.get("evacuated"):

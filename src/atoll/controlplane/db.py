@@ -197,6 +197,9 @@ class WorkerRecord(Base):
     capacity: Mapped[dict] = mapped_column(sa.JSON, default=dict)
     registered_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
     last_heartbeat_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+    evacuation: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
+    """The last drain's evacuation (controlplane.evacuation `Evacuation.record`): what is still to
+    move, what moved, what stays and why; a server that starts finds an unfinished one and resumes it."""
 
 
 class BadDatabaseURL(ValueError):

@@ -21,9 +21,14 @@ A sandbox that cannot move (gated, busy for BUSY_WAIT_S, the store failing, no o
 room, failed, a volume that stays with its worker) stays where it is, back in the state it had when
 it was running, and is listed in `left` with the reason. Unclaimed warm-pool members are deleted
 instead (the pool keepers refill on the ready workers). `{"draining": false}` stops an evacuation
-between sandboxes. Evacuations live in this process: after a server restart the worker is still
-draining and a new `POST …/drain` moves what is left. Called by controlplane.routes_workers; the
-SandboxManager owns one `Evacuator`.
+between sandboxes.
+
+The progress is durable: `Evacuation.record()` is written to the worker's record (`workers.evacuation`)
+when the evacuation starts and after every sandbox's verdict. A server that stops lets the moves
+under way finish (CLOSE_WAIT_S) and leaves the rest `pending`; when the worker is adopted again in
+the `draining` state (after a server restart, or after it was lost meanwhile), the manager's
+`worker_ready` calls `Evacuator.resume`, which goes on with what is pending (`resumed_at`). Called
+by controlplane.routes_workers and controlplane.lifecycle; the SandboxManager owns one `Evacuator`.
 """
 
 from __future__ import annotations
@@ -50,31 +55,97 @@ CONCURRENCY = 4
 """Sandboxes moved at once (each is a checkpoint, an upload, a download and a restore)."""
 BUSY_WAIT_S = 30.0
 """How long a sandbox with exec/file calls in flight is waited for before it is reported."""
+CLOSE_WAIT_S = 10.0
+"""How long a stopping server lets the moves under way finish (the rest stays pending)."""
+RESUME_SETTLE_S = 15.0
+"""How long a resumed evacuation waits for another worker to be ready (after a server restart the
+workers register again one by one; the drained one may come back first)."""
 
 
 @dataclass
 class Evacuation:
-    """One drain's progress on one worker (shown as `evacuation` by GET /v1/workers/{id})."""
+    """One drain's progress on one worker (shown as `evacuation` by GET /v1/workers/{id}, kept in
+    the worker's record as `record()`)."""
 
     worker_id: str
     state: str = "running"  # running | done | stopped
+    pending: list[str] = field(default_factory=list)
+    """Sandboxes whose turn has not come (or whose move a server stop cut short), in order."""
     moved: list[str] = field(default_factory=list)
     left: dict[str, str] = field(default_factory=dict)
+    """Sandboxes that stay on the worker -> why."""
+    was_running: list[str] = field(default_factory=list)
+    """Sandboxes running when the evacuation started: a move cut short by a server stop leaves one
+    archived on its old worker; the resumed evacuation resumes it on its new worker."""
     pool_members_dropped: int = 0
     started_at: float = field(default_factory=time.time)
+    resumed_at: float | None = None
     finished_at: float | None = None
     stop: bool = False
+    """Undrained: no further sandbox starts moving; the evacuation ends `stopped`."""
+    closing: bool = False
+    """This server stops: no further sandbox starts moving; the evacuation stays `running`."""
+    halted: str | None = None
+    """Why it paused without finishing (its worker not draining any more, e.g. lost)."""
+    to_wake: list[str] = field(default_factory=list)
+    """Resumed run: sandboxes moved before the stop but not resumed on their new worker yet."""
     task: asyncio.Task | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.task is not None and not self.task.done()
 
     def view(self) -> dict:
         return {
             "state": self.state,
             "moved": len(self.moved),
+            "pending": len(self.pending),
             "left": [{"id": sid, "reason": why} for sid, why in self.left.items()],
             "pool_members_dropped": self.pool_members_dropped,
             "started_at": _iso(self.started_at),
+            "resumed_at": _iso(self.resumed_at),
             "finished_at": _iso(self.finished_at),
         }
+
+    def record(self) -> dict:
+        """What the worker's record keeps (JSON; `from_record` reads it back)."""
+        return {
+            "state": self.state,
+            "pending": list(self.pending),
+            "moved": list(self.moved),
+            "left": dict(self.left),
+            "was_running": list(self.was_running),
+            "pool_members_dropped": self.pool_members_dropped,
+            "started_at": _iso(self.started_at),
+            "resumed_at": _iso(self.resumed_at),
+            "finished_at": _iso(self.finished_at),
+        }
+
+    @classmethod
+    def from_record(cls, worker_id: str, rec: object) -> Evacuation | None:
+        """The evacuation a worker's record keeps (None: none, or a value this server cannot read,
+        which is logged and ignored: a drain again starts afresh)."""
+        if rec is None:
+            return None
+        try:
+            if not isinstance(rec, dict) or rec.get("state") not in ("running", "done", "stopped"):
+                raise ValueError(f"state {rec.get('state') if isinstance(rec, dict) else rec!r}")
+            started = _parse(rec.get("started_at"))
+            return cls(
+                worker_id,
+                state=rec["state"],
+                pending=[str(x) for x in rec.get("pending") or ()],
+                moved=[str(x) for x in rec.get("moved") or ()],
+                left={str(k): str(v) for k, v in (rec.get("left") or {}).items()},
+                was_running=[str(x) for x in rec.get("was_running") or ()],
+                pool_members_dropped=int(rec.get("pool_members_dropped") or 0),
+                started_at=started if started is not None else time.time(),
+                resumed_at=_parse(rec.get("resumed_at")),
+                finished_at=_parse(rec.get("finished_at")),
+            )
+        except (TypeError, ValueError, AttributeError) as e:
+            log.warning("worker %s: its evacuation record is unreadable (%s); ignored", worker_id, e)
+            return None
 
 
 class Evacuator:
@@ -83,77 +154,197 @@ class Evacuator:
         self.runs: dict[str, Evacuation] = {}
 
     def get(self, worker_id: str) -> Evacuation | None:
-        return self.runs.get(worker_id)
+        """This server's evacuation of the worker, else the one its record keeps."""
+        ev = self.runs.get(worker_id)
+        if ev is not None:
+            return ev
+        h = self.m.workers.handles.get(worker_id)
+        return None if h is None else Evacuation.from_record(worker_id, h.record.evacuation)
 
     def start(self, h: WorkerHandle) -> Evacuation:
         """Evacuate `h` (draining) in the background; one already running goes on."""
         cur = self.runs.get(h.id)
-        if cur is not None and cur.state == "running" and not cur.stop:
+        if cur is not None and cur.active and not cur.stop:
             return cur
         ev = Evacuation(h.id)
-        self.runs[h.id] = ev
-        ev.task = asyncio.ensure_future(self._run(ev, h))
-        return ev
+        recs = self._on(h)
+        ev.pending = [r.id for r in recs]
+        ev.was_running = [r.id for r in recs if r.state == State.RUNNING]
+        return self._launch(ev, h, recs)
+
+    def resume(self, h: WorkerHandle) -> Evacuation | None:
+        """Go on with the unfinished evacuation of `h` (draining, adopted again: after a server
+        restart or its loss); None when there is none (or it runs)."""
+        cur = self.runs.get(h.id)
+        if cur is not None and cur.active:
+            return None
+        ev = cur if cur is not None else Evacuation.from_record(h.id, h.record.evacuation)
+        if ev is None or ev.state != "running":
+            return None
+        ev.stop = ev.closing = False
+        ev.halted = None
+        ev.resumed_at = time.time()
+        live = {r.id: r for r in self.m.ledger.live()}
+        todo: list[dbm.SandboxRecord] = []
+        for sid in ev.pending:
+            rec = live.get(sid)
+            if rec is None:
+                continue  # deleted meanwhile
+            if rec.worker_id != h.id:  # its move was cut short after the adoption: it moved
+                if sid not in ev.moved:
+                    ev.moved.append(sid)
+                if sid in ev.was_running and (rec.state, rec.standby_tier) == (State.STANDBY, Tier.ARCHIVE):
+                    ev.to_wake.append(sid)  # ... but was not resumed on its new worker
+                continue
+            todo.append(rec)
+        known = {*ev.pending, *ev.moved, *ev.left}
+        todo += [r for r in self._on(h) if r.id not in known]
+        todo.sort(key=lambda r: r.state != State.RUNNING)
+        ev.pending = [r.id for r in todo]
+        log.info(
+            "worker.evacuate.resumed: %d pending, %d moved, %d left before",
+            len(ev.pending),
+            len(ev.moved),
+            len(ev.left),
+            extra={"worker": h.name, "worker_id": h.id},
+        )
+        return self._launch(ev, h, todo, resumed=True)
 
     def stop(self, worker_id: str) -> None:
         """Undrained: no further sandbox starts moving (one moving now finishes its move)."""
-        ev = self.runs.get(worker_id)
-        if ev is not None and ev.state == "running":
-            ev.stop = True
+        ev = self.get(worker_id)
+        if ev is None or ev.state != "running":
+            return
+        ev.stop = True
+        if not ev.active:  # none under way here (a record left by an earlier server): ends now
+            h = self.m.workers.handles.get(worker_id)
+            ev.state, ev.finished_at = "stopped", time.time()
+            self.runs[worker_id] = ev
+            if h is not None:
+                self._save(ev, h)
 
     async def aclose(self) -> None:
+        """The server stops: the moves under way get CLOSE_WAIT_S to finish; what has not moved
+        stays pending in the worker's record (the next server resumes it)."""
         for ev in self.runs.values():
-            ev.stop = True
-            if ev.task is not None and not ev.task.done():
-                ev.task.cancel()
+            ev.closing = True
+        tasks = [ev.task for ev in self.runs.values() if ev.active]
+        if tasks:
+            await asyncio.wait(typing.cast(list, tasks), timeout=CLOSE_WAIT_S)
+        for t in tasks:
+            if t is not None and not t.done():
+                t.cancel()
                 with contextlib.suppress(BaseException):
-                    await ev.task
+                    await t
 
-    async def _run(self, ev: Evacuation, h: WorkerHandle) -> None:
+    def _on(self, h: WorkerHandle) -> list[dbm.SandboxRecord]:
+        # running ones first: their pause is what users notice; standby ones wait unnoticed
+        return sorted(
+            (r for r in self.m.ledger.live() if r.worker_id == h.id),
+            key=lambda r: r.state != State.RUNNING,
+        )
+
+    def _launch(
+        self, ev: Evacuation, h: WorkerHandle, recs: list[dbm.SandboxRecord], *, resumed: bool = False
+    ) -> Evacuation:
+        self.runs[h.id] = ev
+        self._save(ev, h)
+        ev.task = asyncio.ensure_future(self._run(ev, h, recs, resumed))
+        return ev
+
+    def _save(self, ev: Evacuation, h: WorkerHandle) -> None:
+        """The progress into the worker's record (not for a worker forgotten meanwhile, nor from
+        an evacuation a newer one of the same worker replaced)."""
+        if self.m.workers.handles.get(h.id) is not h or self.runs.get(h.id) is not ev:
+            return
+        h.record.evacuation = ev.record()
+        try:
+            self.m.db.put_worker(h.record)
+        except Exception:  # the next verdict writes it again; the moves go on
+            log.exception("saving the evacuation of worker %s failed", h.name)
+
+    async def _wake(self, ev: Evacuation) -> None:
+        """Resume on their new worker the running sandboxes whose move a stop cut short after the
+        adoption (else they would wait there for their next call)."""
+        for sid in ev.to_wake:
+            async with self.m.ledger.lock(sid):
+                with contextlib.suppress(errors.SandboxNotFound):
+                    rec = self.m.get(sid)
+                    if rec.state == State.STANDBY and rec.standby_tier == Tier.ARCHIVE:
+                        await self._resume_here(rec)
+        ev.to_wake = []
+
+    async def _settle(self, ev: Evacuation, h: WorkerHandle) -> None:
+        """A resumed evacuation waits (up to RESUME_SETTLE_S) for another worker to be ready."""
+        deadline = time.monotonic() + RESUME_SETTLE_S
+        while time.monotonic() < deadline and not (ev.stop or ev.closing):
+            if any(o.state == "ready" and o.usable for o in self.m.workers.handles.values() if o is not h):
+                return
+            await asyncio.sleep(0.1)
+
+    async def _run(
+        self, ev: Evacuation, h: WorkerHandle, recs: list[dbm.SandboxRecord], resumed: bool
+    ) -> None:
         log.info("worker.evacuate.started", extra={"worker": h.name, "worker_id": h.id})
         t0 = time.perf_counter()
         limit = asyncio.Semaphore(CONCURRENCY)
 
         async def one(rec: dbm.SandboxRecord) -> None:
             async with limit:
-                if ev.stop or h.state != "draining":
-                    ev.stop = True
+                if ev.stop or ev.closing:
+                    return
+                if h.state != "draining":
+                    if h.state == "ready":
+                        ev.stop = True
+                    else:
+                        ev.halted = f"its worker is {h.state}"
                     return
                 try:
-                    why = await self._one(rec, h)
+                    why = await self._one(ev, rec, h)
                 except Exception as e:  # one sandbox's trouble must not stop the others
                     log.exception("evacuating a sandbox failed", extra={"sandbox_id": rec.id})
                     why = f"moving it failed: {e!r}"[:500]
+                if why == INTERRUPTED:
+                    return  # stays pending
+                with contextlib.suppress(ValueError):
+                    ev.pending.remove(rec.id)
                 if why is None:
                     ev.moved.append(rec.id)
                 elif why == POOL_DROPPED:
                     ev.pool_members_dropped += 1
                 else:
                     ev.left[rec.id] = why
+                self._save(ev, h)
 
         try:
-            # running ones first: their pause is what users notice; standby ones wait unnoticed
-            recs = sorted(
-                (r for r in self.m.ledger.live() if r.worker_id == h.id),
-                key=lambda r: r.state != State.RUNNING,
-            )
+            if resumed:
+                await self._settle(ev, h)
+                await self._wake(ev)
             await asyncio.gather(*(one(r) for r in recs))
         finally:
-            ev.state = "stopped" if ev.stop else "done"
-            ev.finished_at = time.time()
+            if ev.stop:
+                ev.state, ev.finished_at = "stopped", time.time()
+            elif not (ev.closing or ev.halted) or not ev.pending:
+                ev.state, ev.finished_at = "done", time.time()
+            # else: still running: this server stops, or its worker is gone; resumed when it is
+            # adopted again while draining
+            self._save(ev, h)
             log.info(
-                "worker.evacuate.%s: %d moved, %d left, %d pool member(s) dropped in %.1f s",
-                ev.state,
+                "worker.evacuate.%s: %d moved, %d left, %d pending, %d pool member(s) dropped in %.1f s%s",
+                ev.state if ev.finished_at is not None else "interrupted",
                 len(ev.moved),
                 len(ev.left),
+                len(ev.pending),
                 ev.pool_members_dropped,
                 time.perf_counter() - t0,
+                f" ({ev.halted})" if ev.halted else "",
                 extra={"worker": h.name, "worker_id": h.id},
             )
             self.m.pools.wake()  # refill on the ready workers
 
-    async def _one(self, rec: dbm.SandboxRecord, h: WorkerHandle) -> str | None:
-        """Move one sandbox off `h`: None when it moved, POOL_DROPPED, else why it stays."""
+    async def _one(self, ev: Evacuation, rec: dbm.SandboxRecord, h: WorkerHandle) -> str | None:
+        """Move one sandbox off `h`: None when it moved, POOL_DROPPED, INTERRUPTED (the server
+        stops while it waits), else why it stays."""
         m = self.m
         sid = rec.id
         if rec.pooled:
@@ -169,7 +360,9 @@ class Evacuator:
                 if rec.worker_id != h.id or rec.state == State.DELETED:
                     return None if rec.state != State.DELETED else "deleted meanwhile"
                 if not m.ledger.inflight.get(sid):
-                    return await self._move_locked(rec, h)
+                    return await self._move_locked(ev, rec, h)
+            if ev.closing:
+                return INTERRUPTED
             if time.monotonic() >= deadline:
                 n = m.ledger.inflight.get(sid, 0)
                 return (
@@ -178,7 +371,7 @@ class Evacuator:
                 )
             await asyncio.sleep(0.5)
 
-    async def _move_locked(self, rec: dbm.SandboxRecord, h: WorkerHandle) -> str | None:
+    async def _move_locked(self, ev: Evacuation, rec: dbm.SandboxRecord, h: WorkerHandle) -> str | None:
         m = self.m
         sid = rec.id
         if rec.state == State.FAILED:
@@ -198,7 +391,13 @@ class Evacuator:
             )
         except errors.AtollError as e:
             return f"no other worker can take it: {e.message}"
-        was_running = rec.state == State.RUNNING
+        was_running = rec.state == State.RUNNING or (
+            # archived by a move a server stop cut short: it runs again once moved
+            ev.resumed_at is not None
+            and sid in ev.was_running
+            and rec.state == State.STANDBY
+            and rec.standby_tier == Tier.ARCHIVE
+        )
         if rec.standby_tier != Tier.ARCHIVE:
             try:
                 rec = await m._pause_locked(rec, Tier.ARCHIVE, False)
@@ -249,7 +448,12 @@ class Evacuator:
 
 
 POOL_DROPPED = "\x00pool"
+INTERRUPTED = "\x00interrupted"
 
 
 def _iso(t: float | None) -> str | None:
     return None if t is None else dt.datetime.fromtimestamp(t, dt.UTC).isoformat()
+
+
+def _parse(text: object) -> float | None:
+    return None if text is None else dt.datetime.fromisoformat(str(text)).timestamp()

@@ -387,6 +387,12 @@ class SandboxManager:
         if self.authority is not None:
             await worker.set_authority(self.authority.for_worker(handle.name))
 
+    def worker_ready(self, handle: WorkerHandle) -> None:
+        """A worker was adopted (ready, or draining): a drain's evacuation that a server restart or
+        its loss cut short goes on (controlplane.evacuation `resume`)."""
+        if handle.state == "draining":
+            self.evacuations.resume(handle)
+
     async def configure_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None:
         """At adoption, once the records follow the worker's inventory: the secret bindings of its
         live sandboxes (a worker keeps them in memory only)."""

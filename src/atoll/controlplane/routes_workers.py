@@ -112,7 +112,8 @@ async def drain_worker(request: Request, wid: WorkerId):
     files intact); `GET /v1/workers/{id}` shows the progress (`evacuation`, and `evacuated: true`
     once it holds none). A sandbox that cannot move (the checkpoint gate keeps it in memory, the
     store fails, no other worker has room) stays, listed with the reason. Draining again moves
-    what is left. `{"draining": true, "evacuate": false}`: only the cordon. `{"draining": false}`:
+    what is left. The progress is kept in the worker's record: after a server restart the
+    evacuation goes on once the worker is taken over again (`resumed_at`). `{"draining": true, "evacuate": false}`: only the cordon. `{"draining": false}`:
     undrained (200), an evacuation stops between sandboxes."""
     req = await http.read_json(request, schemas.DrainRequest, optional=True)
     manager = ctx(request).manager

@@ -837,9 +837,15 @@ class Evacuation(BaseModel):
         description="`stopped`: the worker was undrained before every sandbox had its turn"
     )
     moved: int = Field(description="Sandboxes moved to other workers")
+    pending: int = Field(
+        description="Sandboxes whose turn has not come yet (after `stopped`: those that had none)"
+    )
     left: list[LeftSandbox] = Field(description="Sandboxes that stay, each with the reason")
     pool_members_dropped: int = Field(description="Unclaimed warm-pool members deleted (refilled elsewhere)")
     started_at: str
+    resumed_at: str | None = Field(
+        description="When a server that started (or the worker's return) last resumed it (null: never)"
+    )
     finished_at: str | None
 
 
@@ -855,7 +861,8 @@ class Worker(BaseModel):
         False, description="Draining and holding no sandbox any more (a drain's evacuation is complete)"
     )
     evacuation: Evacuation | None = Field(
-        None, description="The last drain's evacuation of this worker (null: none since the server started)"
+        None,
+        description="The last drain's evacuation of this worker, kept in its record (null: never drained)",
     )
     version: str | None
     protocol: int | None

@@ -48,6 +48,8 @@ class Listener(typing.Protocol):
 
     async def configure_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None: ...
 
+    def worker_ready(self, handle: WorkerHandle) -> None: ...
+
 
 @dataclass
 class WorkerHandle:
@@ -416,6 +418,10 @@ class WorkerRegistry:
         self._save(h)
         self.changed.set()
         log.info("worker.ready", extra={"worker": h.name, "worker_id": h.id})
+        try:  # e.g. a drain's evacuation a server restart cut short goes on
+            self.listener.worker_ready(h)
+        except Exception:
+            log.exception("worker.ready hook failed", extra={"worker": h.name})
         h.tasks.append(asyncio.ensure_future(self._consume(h, worker)))
         h.tasks.append(asyncio.ensure_future(self._reconcile_every(h, worker)))
 

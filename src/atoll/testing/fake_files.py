@@ -157,7 +157,9 @@ class FakeFileOps:
                 fileobj=io.BytesIO(blob), mode="r:*", encoding="utf-8", errors="surrogateescape"
             )
         except (tarfile.TarError, EOFError) as e:
-            raise errors.InvalidRequest(f"the body is not a tar archive: {e}") from None
+            raise errors.InvalidRequest(
+                f"the body is not a tar archive (plain, gzip, bzip2 or xz): {e}"  # as the guest agent says
+            ) from None
         with tf:
             try:
                 members = tarball.plan(tf, None)

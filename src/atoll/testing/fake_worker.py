@@ -741,16 +741,19 @@ class FakeWorker(fake_files.FakeFileOps):
         files = self._store(kind, name)["files"]
         raw = b"".join([c async for c in chunks])
         await self._step("write_store_tar", f"{kind}/{name}")
-        n = nbytes = 0
-        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-            for m in tar:
-                if m.isfile():
-                    f = tar.extractfile(m)
-                    data = f.read() if f else b""
-                    files[b"/" + m.name.encode()] = data
-                    n += 1
-                    nbytes += len(data)
-        return api.TarWritten("/", n, 0, 0, nbytes)
+        read: dict[bytes, bytes] = {}  # the whole tar first: one it cannot read changes nothing
+        try:
+            with tarfile.open(fileobj=io.BytesIO(raw), mode="r:*") as tar:
+                for m in tar:
+                    if m.isfile():
+                        f = tar.extractfile(m)
+                        read[b"/" + m.name.encode()] = f.read() if f else b""
+        except (tarfile.TarError, EOFError, OSError) as e:  # as worker.host.treetar answers
+            raise errors.InvalidRequest(
+                f"the body is not a tar archive: {e}; send a tar (optionally gzip) stream; nothing was written"
+            ) from None
+        files.update(read)
+        return api.TarWritten("/", len(read), 0, 0, sum(map(len, read.values())))
 
     async def open_pty(self, sandbox_id: str, spec: api.PtySpec) -> api.PtyStarted:
         self._running(sandbox_id)

@@ -23,11 +23,11 @@ import contextlib
 import errno
 import gzip  # noqa: F401
 import json
-import lzma  # noqa: F401
+import lzma
 import os
 import sys
 import tarfile
-import zlib  # noqa: F401
+import zlib
 
 # Numeric owners only: no getpwuid/getgrgid, so no NSS module is ever loaded (see the docstring).
 tarfile.pwd = None  # type: ignore[attr-defined]
@@ -87,8 +87,9 @@ def _import() -> int:
                 else:
                     counts["files"] += 1
                     counts["bytes"] += checked.size
-    except tarfile.TarError as e:
-        print(json.dumps({"error": "invalid_request", "message": f"the body is not a valid tar stream: {e}"}))
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
+        # (tarfile's stream mode wraps the compressors' errors in ReadError; the others: belt and braces)
+        print(json.dumps({"error": "invalid_request", "message": _not_a_tar(e, counts)}))
         return 2
     except OSError as e:
         # the tree is full, or the tar does not fit it (a file where it has a directory, ...)
@@ -97,6 +98,15 @@ def _import() -> int:
         return 3
     print(json.dumps(counts))
     return 0
+
+
+def _not_a_tar(e: BaseException, counts: dict) -> str:
+    if not (counts["files"] or counts["dirs"] or counts["links"]):
+        return f"the body is not a tar archive: {e}; send a tar (optionally gzip) stream; nothing was written"
+    return (
+        f"the tar stream is damaged after {counts['files']} file(s), {counts['dirs']} dir(s) and "
+        f"{counts['links']} link(s), which were written: {e}; send a whole tar (optionally gzip) stream"
+    )
 
 
 def main() -> int:
