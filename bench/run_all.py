@@ -13,14 +13,19 @@ document to stdout and saves it to bench/results/latest.json. Progress goes to s
 started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
 Takes about 17-20 minutes on 2 cores (bench_templates alone ~8, bench_volumes ~5 and ~13 GB
 written under /var/tmp). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
-Three sections run only when named in `--only`: `idle` (bench_idle, ~6 min), `density` (bench_density:
-200 idle sandboxes and their memory, ~20 min) and `budget` (bench_budget: 100 disk-tier sandboxes over
-a disk budget, in two atolls of its own, ~3 min).
+Five sections run only when named in `--only`: `idle` (bench_idle, ~6 min), `density` (bench_density:
+200 idle sandboxes and their memory, ~20 min), `budget` (bench_budget: 100 disk-tier sandboxes over
+a disk budget, in two atolls of its own, ~3 min), `workers` (bench_workers: control-plane CPU per
+pooled create and creates/s with 1, 2 and 3 workers, on an `atoll server` + 3 `atoll worker`s of
+its own, ~4 min; then bench_pool_claims, the same CPU in process over a FakeWorker with 2,000 and
+20,000 unrelated sandboxes, ~1 min) and `replicas` (bench_replicas: an exec through a second
+`atoll server` on the same PostgreSQL, ~30 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -37,12 +42,15 @@ import bench_density  # noqa: E402
 import bench_files  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
+import bench_pool_claims  # noqa: E402
 import bench_pty  # noqa: E402
+import bench_replicas  # noqa: E402
 import bench_shell  # noqa: E402
 import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
 import bench_templates  # noqa: E402
 import bench_volumes  # noqa: E402
+import bench_workers  # noqa: E402
 import common as c  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -81,8 +89,14 @@ TARGETS = {
     "budget_under_after_last_pause_s": 10.0,
     "budget_failed_resumes": 0,
     "budget_running_touched": 0,
+    # issue 21, workers (section `workers`, bench_workers: opt-in, --only workers; ~5 min)
+    "workers_pooled_create_cpu_ms": 5.0,
+    "workers_3_over_1_creates_per_s": 1.0,  # at least
+    # issue 21, server replicas (section `replicas`, bench_replicas: opt-in, --only replicas)
+    "replicas_exec_b_over_a": 1.1,
 }
 AT_LEAST = {
+    "workers_3_over_1_creates_per_s",
     "templates_burst_creates_per_s",
     "files_tar_1000_speedup",
     "volumes_seq_write_over_host",
@@ -307,6 +321,37 @@ def check_targets(res: dict) -> dict:
             "running sandboxes kept beside them whose state, runtime generation, sentry host pid or "
             "counting process changed (or seen not running)",
         )
+    wk = res.get("workers", {})
+    if "real" in wk:
+        cpu = wk["real"]["pooled_create_cpu"]
+        out["workers_pooled_create_cpu_ms"] = _verdict(
+            "workers_pooled_create_cpu_ms",
+            cpu["claim"]["p50"],
+            "CPU time of the `atoll server` process (all threads, /proc schedstat) around a POST "
+            "/v1/sandboxes that claims a frozen pool member, 3 workers, p50; with_refill: the "
+            "server's CPU per create including the keeper's refill (create + exec + pause)",
+            p95=cpu["claim"]["p95"],
+            with_refill_p50=cpu["with_refill"]["p50"],
+        )
+        cr = wk["real"]["creates_per_s"]
+        out["workers_3_over_1_creates_per_s"] = _verdict(
+            "workers_3_over_1_creates_per_s",
+            cr["workers_3_over_1"],
+            f"non-pooled creates/s ({cr['threads']} client threads, {cr['creates_per_round']} per round) "
+            "with 3 workers ready over the same round's 1 worker (the others cordoned), median of the "
+            "rounds; all workers share this machine's cores",
+            workers_1=cr["workers_1"]["creates_per_s"],
+            workers_3=cr["workers_3"]["creates_per_s"],
+        )
+    rp = res.get("replicas", {})
+    if rp:
+        out["replicas_exec_b_over_a"] = _verdict(
+            "replicas_exec_b_over_a",
+            rp["b_over_a"],
+            "p50 of exec ['true'] through a second `atoll server` on the same PostgreSQL / through the "
+            "server the worker registered with, interleaved; None: B did not serve it (through_b says why)",
+            through_b=rp["through_b"],
+        )
     return out
 
 
@@ -378,6 +423,17 @@ def main() -> int:
         if "budget" in only:
             c.log("== budget: 100 disk-tier sandboxes over a disk budget (two atolls of its own)")
             res["budget"] = bench_budget.run(**({"n": 12, "keepers": 2, "room": 4} if q else {}))
+        if "workers" in only:
+            c.log("== workers: control-plane CPU per pooled create, creates/s with 1-3 workers")
+            res["workers"] = {
+                "real": bench_workers.run(**({"bursts": 2, "rounds": 1, "creates": 4} if q else {})),
+                "in_process": [
+                    asyncio.run(bench_pool_claims.run(n, 20, 2 if q else 10)) for n in (2000, 20000, 0)
+                ],
+            }
+        if "replicas" in only:
+            c.log("== replicas: an exec through a second atoll server on the same PostgreSQL")
+            res["replicas"] = bench_replicas.run(20 if q else 200)
         if "files" in only:
             c.log("== files: tar upload vs single PUTs, watch latency")
             res["files"] = bench_files.run(a, n_files=1000, rounds=1 if q else 3, n_events=5 if q else 30)

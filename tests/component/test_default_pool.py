@@ -52,6 +52,10 @@ async def test_the_default_pool_fills_and_a_default_create_claims_from_it(tmp_pa
             assert r.json()["id"] not in pooled, body
         assert (await c.get("/v1/templates/base/pool")).json()["claimed"] == 1
         await _pool(c, lambda p: p["ready"] == 2)  # refilled after the claim
+        # the ledger's index of members (what a claim reads) is the same as a scan of every record
+        indexed = {r.id for r in fake.manager.ledger.cache.pooled("base") if r.pooled}
+        assert indexed == {r.id for r in fake.manager.live() if r.pooled} and sb["id"] not in indexed
+        assert len(indexed) == 2
 
         r = await c.put("/v1/templates/base/pool", json={"min": 5, "max": 5})
         assert r.status_code == 400 and "ATOLL_DEFAULT_POOL" in r.json()["error"]["message"], r.text

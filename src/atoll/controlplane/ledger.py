@@ -46,6 +46,56 @@ class Steps(typing.Protocol):
     async def resume(self, sid: str) -> dbm.SandboxRecord: ...
 
 
+class RecordCache(dict[str, dbm.SandboxRecord]):
+    """The ledger's records by sandbox id, plus an index of warm-pool members by template, kept up
+    to date by every write of the dict: a record is put back (`cache[id] = rec`) after each change
+    (`Ledger.persist`: create, claim, fail) and popped when deleted or stale, so a claim reads its
+    template's few members (`pooled`) instead of every live record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pooled: dict[str, dict[str, dbm.SandboxRecord]] = {}
+
+    def __setitem__(self, sid: str, rec: dbm.SandboxRecord) -> None:
+        self._unindex(sid)
+        super().__setitem__(sid, rec)
+        if rec.pooled:
+            self._pooled.setdefault(rec.template, {})[sid] = rec
+
+    def __delitem__(self, sid: str) -> None:
+        self._unindex(sid)
+        super().__delitem__(sid)
+
+    def pop(self, sid: str, *default: typing.Any) -> typing.Any:  # type: ignore[override]
+        self._unindex(sid)
+        return super().pop(sid, *default)
+
+    def clear(self) -> None:
+        super().clear()
+        self._pooled.clear()
+
+    def update(self, *args: typing.Any, **kwargs: typing.Any) -> None:  # type: ignore[override]
+        for sid, rec in dict(*args, **kwargs).items():
+            self[sid] = rec
+
+    def setdefault(self, sid: str, rec: dbm.SandboxRecord) -> dbm.SandboxRecord:  # type: ignore[override]
+        if sid not in self:
+            self[sid] = rec
+        return self[sid]
+
+    def _unindex(self, sid: str) -> None:
+        old = self.get(sid)
+        if old is not None and (members := self._pooled.get(old.template)) is not None:
+            members.pop(sid, None)
+            if not members:
+                del self._pooled[old.template]
+
+    def pooled(self, template: str) -> list[dbm.SandboxRecord]:
+        """The records of `template` that were pool members when last put in the cache (a caller
+        checks `pooled` again: a record changed in place and not yet put back is still listed)."""
+        return list(self._pooled.get(template, {}).values())
+
+
 class Ledger:
     def __init__(
         self,
@@ -67,7 +117,7 @@ class Ledger:
         self.inflight: dict[str, int] = {}
         self.activity: dict[str, float] = {}
         """When each sandbox last had an API call, a worker-reported activity or a step (monotonic)."""
-        self.cache: dict[str, dbm.SandboxRecord] = {}
+        self.cache = RecordCache()
         self.shared = database.dialect != "sqlite"
         """Whether other servers may write the records too (PostgreSQL): then `get` checks the
         cached copy's version against the database's (one indexed read) and reads a stale one

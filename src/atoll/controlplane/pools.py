@@ -189,10 +189,11 @@ class Pools:
 
     def _members(self, name: str, tenant: str) -> list[dbm.SandboxRecord]:
         """A pool's members: a built-in template's pool is shared (its members are the default
-        tenant's until claimed), a user template's is its tenant's."""
+        tenant's until claimed), a user template's is its tenant's. Read from the ledger's index
+        of pool members by template: a claim costs the same with 10 or 10,000 sandboxes."""
         return [
             r
-            for r in self.m.live()
+            for r in self.m.cache.pooled(name)
             if r.pooled
             and r.template == name
             and (name in BUILTIN or r.tenant_id == tenant)
@@ -368,7 +369,10 @@ class Pools:
 
     async def _pass(self) -> None:
         now = dt.datetime.now(dt.UTC)
-        self._outdated &= {r.id for r in self.m.live() if r.pooled}  # the deleted and the claimed go
+        # the deleted and the claimed go
+        self._outdated = {
+            sid for sid in self._outdated if (r := self.m.cache.get(sid)) is not None and r.pooled
+        }
         for tenant, name, cfg, current in self._pools():
             key = pool_key(tenant, name)
             if key in self._stopped:  # being deleted
