@@ -286,6 +286,46 @@ async def test_a_server_reads_again_what_another_server_wrote(tmp_path, database
 
 
 @pytest.mark.databases
+async def test_a_worker_another_server_hears_is_not_marked_lost(database_url, database_kind):
+    """A server starting on shared records (PostgreSQL) leaves a worker whose heartbeat another
+    server wrote lately as that server wrote it — lost here only (no connection), never settled
+    (no `lost_since`) — while one silent for longer, or any on SQLite (one server), is lost as
+    before. Without this a second server marked a live worker lost for everyone and, after
+    ATOLL_WORKER_GONE_S, would have failed or moved its running sandboxes."""
+    from atoll.controlplane import workers as workers_mod
+
+    d = dbm.open_database(database_url)
+    try:
+        now = dbm.utcnow()
+        for wid, name, ago in (("wk-aaaaaaaaaaaaaaaa", "alive", 2), ("wk-bbbbbbbbbbbbbbbb", "silent", 60)):
+            d.put_worker(
+                dbm.WorkerRecord(
+                    id=wid,
+                    name=name,
+                    state="ready",
+                    capacity={},
+                    registered_at=now,
+                    last_heartbeat_at=now - dt.timedelta(seconds=ago),
+                )
+            )
+        reg = workers_mod.WorkerRegistry(d, listener=None, lost_after_s=15, reconcile_s=30)  # type: ignore[arg-type]
+        reg.load()
+        try:
+            alive, silent = reg.handles["wk-aaaaaaaaaaaaaaaa"], reg.handles["wk-bbbbbbbbbbbbbbbb"]
+            assert alive.state == silent.state == "lost"  # neither has a connection to this server
+            assert silent.lost_since is not None and d.get_worker(silent.id).state == "lost"
+            if database_kind == "postgresql":
+                assert alive.lost_since is None and alive.reason == workers_mod.HELD_ELSEWHERE
+                assert d.get_worker(alive.id).state == "ready"  # the other server's row stands
+            else:
+                assert alive.lost_since is not None and d.get_worker(alive.id).state == "lost"
+        finally:
+            await reg.aclose()
+    finally:
+        d.engine.dispose()
+
+
+@pytest.mark.databases
 def test_records_round_trip_and_pool_claims_count_across_servers(database_url):
     """What the ledger writes comes back the same on both databases (JSON, booleans, floats,
     times in UTC, server defaults), a save writes only its fields, and pool claims counted by two

@@ -387,6 +387,16 @@ class Database:
         with self.session.begin() as s:
             s.merge(rec)
 
+    def get_worker(self, worker_id: str) -> WorkerRecord | None:
+        with self.session() as s:
+            return s.get(WorkerRecord, worker_id)
+
+    def worker_seen(self, worker_id: str, at: dt.datetime) -> None:
+        """Record a heartbeat's time (only that column: other servers write the rest)."""
+        t = WorkerRecord.__table__
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(t).where(t.c.id == worker_id).values(last_heartbeat_at=at))
+
     def get_secret(self, tenant_id: str, name: str) -> SecretRecord | None:
         with self.session() as s:
             return s.get(SecretRecord, (tenant_id, name))

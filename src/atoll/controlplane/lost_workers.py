@@ -34,6 +34,7 @@ import time
 import typing
 
 from atoll.controlplane import db as dbm
+from atoll.controlplane.workers import HELD_ELSEWHERE
 from atoll.core import errors
 from atoll.core.lifecycle import State, Tier, Verb
 
@@ -88,6 +89,11 @@ class GoneWorkers:
             if h.local or h.state != "lost" or h.lost_since is None:
                 continue
             if now - h.lost_since < self.gone_after_s:
+                continue
+            reg = self.m.workers
+            if reg.shared and reg.held_elsewhere(reg.db.get_worker(h.id)):
+                # alive, through another server sharing the records: nothing to settle
+                h.reason, h.lost_since = HELD_ELSEWHERE, None
                 continue
             cause = (
                 f"its worker {h.name!r} has been lost since {_iso(h.lost_since)} "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import hmac
 import logging
 import math
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 
 LOCAL = "local"
 DRAINING = "draining: no new sandboxes are placed here"
+
+
+HEARTBEAT_WRITE_S = 5.0
+"""How often a heartbeat's time is written to the shared workers table (PostgreSQL only)."""
+HELD_ELSEWHERE = "its heartbeats reach another server sharing the records (not this one)"
 
 
 class Listener(typing.Protocol):
@@ -138,11 +144,34 @@ class WorkerRegistry:
         self._loop: asyncio.Task | None = None
         self.changed = asyncio.Event()  # set whenever a worker becomes ready or its templates change
         self.worker_tls: ssl.SSLContext | None = None  # https:// workers are called with it (main)
+        self.shared = database.dialect != "sqlite"
+        """Other servers may share the records (PostgreSQL): heartbeats are written to the
+        workers table (every HEARTBEAT_WRITE_S), and a worker another server hears from is never
+        marked lost, nor its sandboxes settled, by this one (`held_elsewhere`)."""
+        self._seen_written: dict[str, float] = {}
 
     # ---- records --------------------------------------------------------------------------------
+    def held_elsewhere(self, rec: dbm.WorkerRecord | None) -> bool:
+        """Whether another server sharing the records heard this worker's heartbeat lately
+        (within ATOLL_WORKER_LOST_S): it is alive there, whatever this server knows of it."""
+        if not self.shared or rec is None or rec.last_heartbeat_at is None:
+            return False
+        at = rec.last_heartbeat_at
+        at = at if at.tzinfo else at.replace(tzinfo=dt.UTC)
+        return (dbm.utcnow() - at).total_seconds() < self.lost_after_s
+
     def load(self) -> None:
-        """The workers of earlier runs: every one is `lost` until it joins again."""
+        """The workers of earlier runs: every one is `lost` until it joins again. One that
+        another server sharing the records hears from is left as that server wrote it (lost here
+        only: this server has no connection to it, and never settles its sandboxes)."""
         for rec in self.db.workers():
+            if self.held_elsewhere(rec):
+                h = WorkerHandle(
+                    rec.id, rec.name, rec, state="lost", reason=HELD_ELSEWHERE, local=False, lost_since=None
+                )
+                self.handles[rec.id] = h
+                self._by_name[rec.name] = rec.id
+                continue
             reason = (
                 rec.state_reason
                 if rec.state == "lost"
@@ -307,6 +336,9 @@ class WorkerRegistry:
         h = self._registration(worker_id, epoch)
         h.last_seen = time.monotonic()
         h.record.last_heartbeat_at = dbm.utcnow()
+        if self.shared and h.last_seen - self._seen_written.get(h.id, 0.0) >= HEARTBEAT_WRITE_S:
+            self.db.worker_seen(h.id, h.record.last_heartbeat_at)
+            self._seen_written[h.id] = h.last_seen
         if h.state == "lost":  # came back before it noticed: take it over again
             h.state, h.reason = "joining", "heartbeats resumed"
             self._save(h)
@@ -481,6 +513,10 @@ class WorkerRegistry:
         if isinstance(h.worker, RemoteWorker):
             self._stop_tasks(h)
             h.worker.abort_calls()
+        if self.shared and self.held_elsewhere(self.db.get_worker(h.id)):
+            # it registered with another server since: alive there; its row is that server's
+            h.reason, h.lost_since = HELD_ELSEWHERE, None
+            return
         self._save(h)
 
     async def _watch(self) -> None:
