@@ -99,12 +99,13 @@ class FakeWorker(fake_files.FakeFileOps):
         cpus: float = 16,
         templates: Sequence[str] = ("base",),
         store: dict[str, FakeRuntime] | None = None,
+        slots: int = 0,
     ):
         self.name = name
         self.store: dict[str, FakeRuntime] = {} if store is None else store
         """The archive tier's object store: fakes given the same dict share it (adopt)."""
         self.installation = installation
-        self.capacity = api.Capacity(memory_mb=memory_mb, cpus=cpus, disk_mb=1 << 20)
+        self.capacity = api.Capacity(memory_mb=memory_mb, cpus=cpus, disk_mb=1 << 20, slots=slots)
         self.template_names = list(templates)
         self.runtimes: dict[str, FakeRuntime] = {}
         self.calls: list[tuple[str, str]] = []
