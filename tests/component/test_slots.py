@@ -177,3 +177,23 @@ async def test_no_limit_by_default(tmp_path):
             await create(f.http)
         (w,) = (await _workers(f.http)).values()
         assert (w["capacity"]["slots"], w["allocated"]["slots"], w["sandboxes"]) == (0, 5, 5)
+
+
+async def test_pool_members_take_slots_and_stop_at_the_limit(tmp_path):
+    """A warm pool of 3 on a worker with 2 slots: 2 members are made, the keeper's refill is
+    refused and says why; a create of the template claims a member (its slot goes with it)."""
+    w = FakeWorker("w1", slots=2)
+    async with FakeAtoll(tmp_path, [w], api_key=KEY, default_pool=3) as f:
+        c, m = f.http, f.manager
+        pool: dict = {}
+        for _ in range(500):
+            pool = (await c.get("/v1/templates/base/pool")).json()
+            if pool["last_error"]:
+                break
+            await asyncio.sleep(0.02)
+        assert "w1: slots full (2 of 2 taken)" in (pool["last_error"] or ""), pool
+        assert len([r for r in m.live() if r.pooled]) == 2
+        assert (await _slots(c))["w1"] == 2
+        sid = await create(c)  # claimed: no slot more
+        assert not m.get(sid).pooled and (await _slots(c))["w1"] == 2
+        assert len(w.runtimes) == 2
