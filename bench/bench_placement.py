@@ -1,8 +1,8 @@
 """Benchmark: a placement decision at 10 workers and 2,000 sandboxes (issue 21, item 3).
 
 Run standalone (`.venv/bin/python bench/bench_placement.py [--quick] [--no-save]`; no root, no
-runsc): the real control plane of `atoll.testing.FakeAtoll` with W fake workers (16 GiB, 8 CPUs
-each) and N sandbox records put in its ledger's cache — what `Ledger.place` reads — spread over the
+runsc): the real control plane of `atoll.testing.FakeAtoll` with W fake workers (16 GiB, 8 CPUs,
+400 slots each: the slot limit is checked, none is full) and N sandbox records put in its ledger's cache — what `Ledger.place` reads — spread over the
 workers and 20 tenants, 70% running, 20% memory tier, 10% disk tier. Prints one JSON document
 (also bench/results/placement.json unless --no-save or --quick); progress on stderr.
 
@@ -98,7 +98,8 @@ async def run(workers: int, sandboxes: int, n: int) -> dict:
     )  # the log call stays, not its output
     with tempfile.TemporaryDirectory() as tmp:
         fakes = [
-            FakeWorker(f"w{i}", installation=f"inst{i}", memory_mb=16384, cpus=8) for i in range(workers)
+            FakeWorker(f"w{i}", installation=f"inst{i}", memory_mb=16384, cpus=8, slots=400)
+            for i in range(workers)
         ]
         async with FakeAtoll(tmp, fakes, tier_policy=False) as fake:
             ledger = fake.manager.ledger
@@ -122,6 +123,8 @@ async def run(workers: int, sandboxes: int, n: int) -> dict:
                     allocated_cpus=held[h.id].cpus,
                     sandboxes=held[h.id].sandboxes,
                     tenant_sandboxes=held[h.id].by_tenant.get("t3", 0),
+                    slots=h.info.capacity.slots,
+                    allocated_slots=held[h.id].slots,
                 )
                 for h in fake.manager.workers.ready()
             ]

@@ -23,9 +23,9 @@ from atoll.worker.service import settings as worker_settings
 log = logging.getLogger("atoll.up")
 
 
-def load(port: int | None = None, home: str | None = None, host: str | None = None):
+def load(port: int | None = None, home: str | None = None, host: str | None = None, slots: int | None = None):
     s = server_settings.load(port=port, home=home, host=host)
-    w = worker_settings.load(home=s.home, name="local")
+    w = worker_settings.load(home=s.home, name="local", slots=slots)
     return s, w
 
 
@@ -54,8 +54,10 @@ async def serve(s: server_settings.ServerSettings, w: worker_settings.WorkerSett
     return 0
 
 
-def main(port: int | None = None, home: str | None = None, host: str | None = None) -> None:
-    s, w = entry.settings_or_exit("atoll", lambda: load(port=port, home=home, host=host))
+def main(
+    port: int | None = None, home: str | None = None, host: str | None = None, slots: int | None = None
+) -> None:
+    s, w = entry.settings_or_exit("atoll", lambda: load(port=port, home=home, host=host, slots=slots))
     entry.start(
         "atoll", s, log, needs_root=f"the local worker needs root ({entry.ROOT_FOR})", worker=w.redacted()
     )

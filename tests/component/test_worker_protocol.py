@@ -309,6 +309,9 @@ async def test_a_bad_registration_is_400_and_changes_nothing(cluster):
         _info(capacity={"memory_mb": 1, "cpus": float("nan"), "disk_mb": 1}),
         _info(capacity={"memory_mb": 1, "cpus": float("inf"), "disk_mb": 1}),
         _info(capacity={"memory_mb": 2**70, "cpus": 1, "disk_mb": 1}),
+        _info(capacity={"memory_mb": 1, "cpus": 1, "disk_mb": 1, "slots": -1}),
+        _info(capacity={"memory_mb": 1, "cpus": 1, "disk_mb": 1, "slots": 100_001}),
+        _info(capacity={"memory_mb": 1, "cpus": 1, "disk_mb": 1, "slots": 1.5}),
         _info(version="\x00"),
         _info(installation="NOT AN ID"),
         _info(name=real["name"], installation=real["installation"], version="\ud800"),
@@ -400,3 +403,16 @@ async def test_a_worker_that_refuses_connections_changed_nothing(cluster):
     err = r.json()["error"]
     assert r.status_code == 503 and "did not reach it" in err["message"], err
     assert "nothing about the sandbox changed" in err["message"] and err["retryable"] is True
+
+
+async def test_a_registered_workers_slots_show_in_its_capacity(cluster):
+    """capacity.slots crosses the seam at registration (0, no limit, when an older worker leaves
+    it out) and GET /v1/workers shows it with allocated.slots."""
+    cp, c, fake, reg, _ = cluster
+    ws = {w["name"]: w for w in (await c.get("/v1/workers")).json()["items"]}
+    assert (ws["w1"]["capacity"]["slots"], ws["w1"]["allocated"]["slots"]) == (0, 0)
+    cap = {"memory_mb": 1024, "cpus": 1, "disk_mb": 1024, "slots": 3}
+    r = await _register(c, _info(name="x2", installation="abc124", capacity=cap))
+    assert r.status_code == 201, r.text
+    ws = {w["name"]: w for w in (await c.get("/v1/workers")).json()["items"]}
+    assert (ws["x2"]["capacity"]["slots"], ws["x2"]["allocated"]["slots"]) == (3, 0)

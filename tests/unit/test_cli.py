@@ -326,11 +326,26 @@ def test_up_calls_the_server_module(monkeypatch, tmp_path):
     fake_up.main = lambda **kwargs: calls.append(kwargs)
     monkeypatch.setitem(sys.modules, "atoll.up", fake_up)
     monkeypatch.setattr(atoll, "up", fake_up, raising=False)
-    result = run("up", "--port", "9000", "--home", str(tmp_path), "--host", "0.0.0.0")
+    result = run("up", "--port", "9000", "--home", str(tmp_path), "--host", "0.0.0.0", "--slots", "8")
     assert result.exit_code == 0, result.output
-    assert calls == [{"port": 9000, "home": str(tmp_path), "host": "0.0.0.0"}]
+    assert calls == [{"port": 9000, "home": str(tmp_path), "host": "0.0.0.0", "slots": 8}]
     run("up")
-    assert calls[-1] == {"port": None, "home": None, "host": None}
+    assert calls[-1] == {"port": None, "home": None, "host": None, "slots": None}
+
+
+def test_worker_passes_its_slots(monkeypatch):
+    import atoll.worker.service as service
+
+    calls = []
+    fake = types.ModuleType("atoll.worker.service.main")
+    fake.main = lambda **kwargs: calls.append(kwargs)
+    monkeypatch.setitem(sys.modules, "atoll.worker.service.main", fake)
+    monkeypatch.setattr(service, "main", fake, raising=False)
+    result = run("worker", "--server", "http://127.0.0.1:7080", "--slots", "4")
+    assert result.exit_code == 0, result.output
+    assert calls[-1]["slots"] == 4 and calls[-1]["server"] == "http://127.0.0.1:7080"
+    run("worker", "--server", "http://127.0.0.1:7080")
+    assert calls[-1]["slots"] is None  # the worker's settings read ATOLL_WORKER_SLOTS then
 
 
 def test_up_without_the_server_extra(monkeypatch):

@@ -1,4 +1,4 @@
-"""core.placement: candidates filtered by template, memory and sandbox limits; affinity when it
+"""core.placement: candidates filtered by template, memory and slots; affinity when it
 has room; the least committed of K sampled by memory and CPU; ties to affinity, then tenant
 spread; commitments summed from records in one pass."""
 
@@ -14,7 +14,17 @@ from atoll.core.placement import Candidate
 
 
 def cand(
-    name, *, mem=1000, used=0, cpus=4.0, used_cpus=0.0, n=0, tenant_n=0, limit=None, templates=("base",)
+    name,
+    *,
+    mem=1000,
+    used=0,
+    cpus=4.0,
+    used_cpus=0.0,
+    n=0,
+    tenant_n=0,
+    limit=None,
+    slots_used=None,
+    templates=("base",),
 ):
     return Candidate(
         worker_id=f"id-{name}",
@@ -26,7 +36,8 @@ def cand(
         allocated_cpus=used_cpus,
         sandboxes=n,
         tenant_sandboxes=tenant_n,
-        max_sandboxes=limit,
+        slots=limit or 0,
+        allocated_slots=slots_used if slots_used is not None else n,
     )
 
 
@@ -95,9 +106,42 @@ def test_what_cannot_go_anywhere_says_why():
         decide([cand("a")], template="py")
     with pytest.raises(errors.InvalidRequest, match="memory_mb=2000 is more than any worker's memory"):
         decide([cand("a")], memory_mb=2000)
-    with pytest.raises(errors.Unavailable, match="as many sandboxes as it allows .*a: 3"):
+    with pytest.raises(errors.Unavailable, match=r"a: slots full \(3 of 3 taken\)") as e:
         decide([cand("a", n=3, limit=3)])
+    assert e.value.code == "no_worker" and e.value.retryable
     assert decide([cand("a", n=3, limit=3), cand("b", used=900, n=1, limit=3)]).worker.name == "b"
+
+
+def test_a_worker_whose_slots_are_full_is_skipped_however_empty_it_is():
+    # a has memory and CPUs to spare but its 2 slots are taken; b is busier but has a slot
+    full = cand("a", used=0, n=5, slots_used=2, limit=2)
+    assert decide([full, cand("b", used=900, used_cpus=3.9, limit=8, n=7)]).worker.name == "b"
+    # the worker with affinity is full: it goes elsewhere, and the reason says so
+    d = decide([full, cand("b", used=500)], prefer="id-a")
+    assert d.worker.name == "b" and "had no room or was not ready" in d.reason
+    # slots count what holds resources, not every record: 5 sandboxes, 1 slot taken of 2
+    assert decide([cand("a", n=5, slots_used=1, limit=2)]).worker.name == "a"
+    # 0 is no limit
+    assert decide([cand("a", n=10_000, limit=0)]).worker.name == "a"
+
+
+def test_no_room_names_the_limit_each_worker_hit_and_the_fix():
+    cands = [
+        cand("full", n=4, limit=4),
+        cand("small", mem=100, n=0, limit=4),
+        cand("other", templates=("py",), limit=4),
+    ]
+    with pytest.raises(errors.Unavailable) as e:
+        decide(cands, memory_mb=200)
+    msg = e.value.message
+    assert e.value.code == "no_worker"
+    assert "full: slots full (4 of 4 taken)" in msg
+    assert "small: memory 100 MB is less than the 200 MB asked" in msg
+    assert "other: does not have template 'base'" in msg
+    assert "--slots N" in msg and "ATOLL_WORKER_SLOTS" in msg and "pause" in msg and "add a worker" in msg
+    # a move of an archived sandbox (template None): no worker is refused for its templates
+    with pytest.raises(errors.Unavailable, match=r"other: slots full \(1 of 1 taken\)"):
+        decide([cand("other", templates=("py",), n=1, limit=1)], template=None)
 
 
 def test_best_of_k_samples_k():
@@ -161,3 +205,5 @@ def test_commitments_sum_in_one_pass():
     assert (c["w1"].memory_mb, c["w1"].cpus, c["w1"].disk_mb, c["w1"].sandboxes) == (150, 1.0, 30, 4)
     assert c["w1"].by_tenant == {"t1": 3, "t2": 1}
     assert (c["w2"].memory_mb, c["w2"].cpus) == (30, 0.5)
+    # slots: creating, running and the memory tier hold one each; disk and archive standby none
+    assert (c["w1"].slots, c["w2"].slots) == (2, 1)

@@ -66,6 +66,22 @@ def test_build_time_limits(tmp_path):
         assert needle in str(ei.value), (env, str(ei.value))
 
 
+def test_worker_slots(tmp_path):
+    """--slots over ATOLL_WORKER_SLOTS over the default 0 (no limit); whole numbers 0-100000."""
+    home = {"ATOLL_HOME": str(tmp_path)}
+    assert worker_settings.load(env=home).slots == 0
+    assert worker_settings.load(env={**home, "ATOLL_WORKER_SLOTS": "12"}).slots == 12
+    assert worker_settings.load(env={**home, "ATOLL_WORKER_SLOTS": "12"}, slots=3).slots == 3
+    for env, flag, needle in (
+        ({"ATOLL_WORKER_SLOTS": "-1"}, None, "ATOLL_WORKER_SLOTS=-1 is out of range 0-100000"),
+        ({"ATOLL_WORKER_SLOTS": "2.5"}, None, "ATOLL_WORKER_SLOTS='2.5' is not an integer"),
+        ({}, 100_001, "is out of range 0-100000 (--slots: 0 means no limit)"),
+    ):
+        with pytest.raises(config.SettingsError) as ei:
+            worker_settings.load(env={**home, **env}, slots=flag)
+        assert needle in str(ei.value), (env, str(ei.value))
+
+
 def test_network_settings(tmp_path):
     env = {"ATOLL_HOME": str(tmp_path), "ATOLL_NETWORK_ALLOW_OUT": "pypi.org, *.pythonhosted.org:443,,"}
     assert settings.load(env).default_network == {

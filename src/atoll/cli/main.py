@@ -252,13 +252,22 @@ def up(
     host: Annotated[
         str | None, typer.Option(help="Address to bind (default $ATOLL_HOST or 127.0.0.1).")
     ] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            help="The most sandboxes holding the local worker's resources (creating, running, memory "
+            "standby; disk and archive standby take none) it takes (default $ATOLL_WORKER_SLOTS, "
+            "else 0: no limit).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run atoll on this machine in the foreground: the control plane and one local worker."""
     try:
         from atoll import up as _up
     except ImportError as exc:
         _fail(f"the atoll server is not installed ({exc}); install it with: pip install 'atoll[server]'")
-    _up.main(port=port, home=str(home) if home is not None else None, host=host)
+    _up.main(port=port, home=str(home) if home is not None else None, host=host, slots=slots)
 
 
 @app.command()
@@ -339,6 +348,15 @@ def worker(
             show_default=False,
         ),
     ] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            help="The most sandboxes holding this worker's resources (creating, running, memory "
+            "standby; disk and archive standby take none) it takes (default $ATOLL_WORKER_SLOTS, "
+            "else 0: no limit).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a worker in the foreground: it registers with the server, heartbeats and runs sandboxes.
     Needs root and ATOLL_API_KEY: a `worker`-scoped key (`atoll key create --scope worker`); the
@@ -357,6 +375,7 @@ def worker(
         listen=listen,
         advertise=advertise,
         ca_file=str(ca_file) if ca_file is not None else top_ca,
+        slots=slots,
     )
 
 
@@ -373,7 +392,7 @@ def workers_(
     ca_file: Annotated[Path | None, typer.Option("--ca-file", help=_CA_FILE_HELP, show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
-    """List the server's workers: name, state, sandboxes, memory allocated of capacity."""
+    """List the server's workers: name, state, sandboxes, slots and memory allocated of capacity."""
     ca = str(ca_file) if ca_file is not None else _top(ctx).ca_file
     try:
         with make_client(url, api_key, ca) as client:
@@ -387,11 +406,15 @@ def workers_(
         typer.echo("no workers", err=True)
         return
     table = _table()
-    for col in ("NAME", "STATE", "SANDBOXES", "MEMORY (MB)", "VERSION", "ID"):
+    for col in ("NAME", "STATE", "SANDBOXES", "SLOTS", "MEMORY (MB)", "VERSION", "ID"):
         table.add_column(col, no_wrap=True)
     for w in items:
         mem = f"{int(w['allocated']['memory_mb'])}/{int(w['capacity']['memory_mb'])}"
-        table.add_row(w["name"], w["state"], str(w["sandboxes"]), mem, str(w.get("version") or "-"), w["id"])
+        limit = w["capacity"].get("slots") or 0  # 0: no limit
+        slots = f"{w['allocated'].get('slots', 0)}/{limit or '-'}"
+        table.add_row(
+            w["name"], w["state"], str(w["sandboxes"]), slots, mem, str(w.get("version") or "-"), w["id"]
+        )
     console = _console()
     console.print(table)
 

@@ -4,7 +4,8 @@ checkpoint (WorkerAPI.fork); the parent keeps running.
 The copies are recorded before the worker makes them (state creating, on the parent's worker, the
 parent's template, build, limits, env, egress policy and secret placeholders — their bindings are
 given to the worker right after), and become running when it answers. A fork the checkpoint gate
-refuses answers 409 `checkpoint_refused` with the reason, and no record remains. Called by
+refuses answers 409 `checkpoint_refused` with the reason, and no record remains; a worker without
+N free slots (`atoll worker --slots`) refuses it with 503 `no_worker`. Called by
 controlplane.routes_sandboxes.
 """
 
@@ -66,6 +67,7 @@ async def fork(m: Ledger, steps: Steps, sid: str, count: int) -> list[dbm.Sandbo
             raise errors.SandboxBusy(
                 f"sandbox {sid} has {m.inflight[sid]} exec/file call(s) in progress; fork it when they finish"
             )
+        m.slots_left(rec.worker_id, count)  # the copies start on the parent's worker, a slot each
         now = dbm.utcnow()
         copies = []
         for _ in range(count):

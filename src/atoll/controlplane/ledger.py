@@ -117,6 +117,9 @@ class Ledger:
         self.inflight: dict[str, int] = {}
         self.activity: dict[str, float] = {}
         """When each sandbox last had an API call, a worker-reported activity or a step (monotonic)."""
+        self.resuming: dict[str, str] = {}
+        """Sandboxes being resumed from the disk or archive tier -> the worker taking them: a slot
+        each there until their record says running (two resumes never share a worker's last slot)."""
         self.cache = RecordCache()
         self.shared = database.dialect != "sqlite"
         """Whether other servers may write the records too (PostgreSQL): then `get` checks the
@@ -285,9 +288,28 @@ class Ledger:
     def worker(self, rec: dbm.SandboxRecord) -> api.WorkerAPI:
         return self.workers.api_for(rec.worker_id)
 
+    def held(self) -> dict[str, placement.Commitment]:
+        """What each worker's live records hold (core.placement.commitments), with a slot for
+        each resume from the disk or archive tier in flight."""
+        held = placement.commitments(self.cache.values())
+        for wid, n in self._resuming_slots().items():
+            held.setdefault(wid, placement.Commitment()).slots += n
+        return held
+
+    def _resuming_slots(self) -> dict[str, int]:
+        """Per worker, the resumes from the disk or archive tier in flight whose record does not
+        say running yet (once it does, commitments counts it)."""
+        out: dict[str, int] = {}
+        for sid, wid in self.resuming.items():
+            rec = self.cache.get(sid)
+            if rec is not None and rec.state == State.STANDBY and rec.standby_tier != Tier.MEMORY:
+                out[wid] = out.get(wid, 0) + 1
+        return out
+
     def allocated(self, worker_id: str) -> dict[str, float]:
-        """What the live records on a worker hold: memory of those in RAM (running, memory tier,
-        being created), CPUs of those running, disk of all but the archived (core.placement)."""
+        """What the live records on a worker hold: memory and slots of those in RAM (running,
+        memory tier, being created or resumed), CPUs of those running, disk of all but the archived
+        (core.placement)."""
         c = placement.commitments(r for r in self.cache.values() if r.worker_id == worker_id).get(
             worker_id, placement.Commitment()
         )
@@ -295,8 +317,29 @@ class Ledger:
             "memory_mb": c.memory_mb,
             "cpus": round(c.cpus, 3),
             "disk_mb": c.disk_mb,
+            "slots": c.slots + self._resuming_slots().get(worker_id, 0),
             "sandboxes": c.sandboxes,
         }
+
+    def slot_shortage(self, worker_id: str, taking: int = 1) -> str | None:
+        """Why `worker_id` cannot take `taking` sandboxes more into its slots, or None when it can
+        (or has no limit)."""
+        h = self.workers.handles.get(worker_id)
+        limit = h.info.capacity.slots if h is not None and h.info is not None else 0
+        if not limit:
+            return None
+        taken = int(self.allocated(worker_id)["slots"])
+        if taken + taking <= limit:
+            return None
+        assert h is not None
+        return f"worker {h.name} has {max(limit - taken, 0)} free slot(s) of {limit} and this needs {taking}"
+
+    def slots_left(self, worker_id: str, taking: int = 1) -> None:
+        """Refuse (503 no_worker) when `worker_id` has not `taking` free slots: a resume from the
+        disk tier, which only its own worker can do, or forks, which land on their parent's."""
+        short = self.slot_shortage(worker_id, taking)
+        if short is not None:
+            raise errors.Unavailable(f"{short}; {placement.SLOTS_FIX}", code="no_worker")
 
     def place(
         self,
@@ -317,7 +360,7 @@ class Ledger:
         `tenant`: whose sandbox (spread by tenant); `avoid`: never that one (the worker a drain
         moves the sandbox off); `fetchable`: `template` is a build in the object store, which every
         worker can fetch (worker.images.buildpack), so every worker counts as holding it."""
-        held = placement.commitments(self.cache.values())
+        held = self.held()
         empty = placement.Commitment()
         candidates = []
         for h in self.workers.ready():
@@ -338,6 +381,8 @@ class Ledger:
                     allocated_cpus=c.cpus,
                     sandboxes=c.sandboxes,
                     tenant_sandboxes=c.by_tenant.get(tenant, 0) if tenant is not None else 0,
+                    slots=h.info.capacity.slots,
+                    allocated_slots=c.slots,
                 )
             )
         if worker_id is not None and not candidates:

@@ -40,7 +40,7 @@ from atoll.controlplane.secrets import SecretStore
 from atoll.controlplane.stores import StoreService
 from atoll.controlplane.templates import TemplateService
 from atoll.controlplane.workers import WorkerHandle, WorkerRegistry
-from atoll.core import errors, ids, mounts, netpolicy, preview
+from atoll.core import errors, ids, mounts, netpolicy, placement, preview
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import (
     FAILED,
@@ -516,6 +516,57 @@ class SandboxManager:
             return rec
         cur = status(rec.state, rec.standby_tier)
         check_transition(cur, Verb.RESUME)
+        assert cur.tier is not None
+        if cur.tier != Tier.MEMORY:  # a memory-tier sandbox holds its slot already
+            await self._take_slot(rec, cur.tier)
+        try:
+            return await self._resume_on_worker(rec, cur)
+        finally:
+            self.ledger.resuming.pop(sid, None)
+
+    async def _take_slot(self, rec: dbm.SandboxRecord, tier: Tier) -> None:
+        """A slot for `rec`'s resume from the disk or archive tier on its worker; when that worker's
+        slots are all taken, an archived sandbox moves to a worker with room first (through the
+        object store, as a drain moves it), a disk-tier one is refused (503 no_worker): its state
+        is on that worker's disk."""
+        short = self.ledger.slot_shortage(rec.worker_id)
+        if short is not None:
+            h = self.workers.handles.get(rec.worker_id)
+            if tier != Tier.ARCHIVE or h is None:
+                raise errors.Unavailable(
+                    f"sandbox {rec.id} is in the {tier} tier, which only its worker can resume, and "
+                    f"{short}; {placement.SLOTS_FIX}; or archive it (POST /v1/sandboxes/{rec.id}/pause "
+                    '{"tier": "archive"}): an archived sandbox resumes on any worker with a free slot',
+                    code="no_worker",
+                )
+            if any(m.get("kind") == "volume" for m in rec.mounts or ()):
+                raise errors.Unavailable(
+                    f"sandbox {rec.id} mounts a volume, which keeps it on its worker, and {short}; "
+                    f"{placement.SLOTS_FIX}",
+                    code="no_worker",
+                )
+            try:
+                await self._adopt_elsewhere(rec, h.name, avoid=h.id)
+            except errors.Unavailable as e:
+                raise errors.Unavailable(
+                    f"sandbox {rec.id} is archived on a full worker ({short}) and no other worker can "
+                    f"adopt it: {e.message}",
+                    code=e.code,
+                ) from None
+            if h.worker is not None:  # the new holder owns the archive: the full one drops its copy
+                try:
+                    await h.worker.delete(rec.id)
+                except errors.AtollError as e:
+                    log.warning(
+                        "sandbox.resume: the old copy stays on %s until its reconciliation: %s",
+                        h.name,
+                        e.message,
+                        extra={"sandbox_id": rec.id},
+                    )
+        self.ledger.resuming[rec.id] = rec.worker_id
+
+    async def _resume_on_worker(self, rec: dbm.SandboxRecord, cur: Status) -> dbm.SandboxRecord:
+        sid = rec.id
         assert cur.tier is not None
         async with self.ledger.step(RESUME_STEP[cur.tier], sid) as fields:
             # `on_worker_lost: "restore"`: its archive stays in the store to come back from

@@ -38,7 +38,8 @@ ERROR_TEXTS = {
     404: "sandbox_not_found",
     409: "invalid_state, sandbox_busy (retryable) or sandbox_failed",
     500: "runtime_error: a host step failed (the sandbox is then failed)",
-    503: "worker_unavailable: the sandbox's worker cannot be reached now (retryable)",
+    503: "worker_unavailable: the sandbox's worker cannot be reached now; no_worker: resuming it from "
+    "the disk or archive tier found no worker with a free slot (both retryable)",
 }
 ERRORS = http.error_responses(ERROR_TEXTS)
 TOO_LARGE = http.error_responses({413: "payload_too_large: the JSON body is over 1 MiB"})
@@ -120,7 +121,7 @@ async def create_sandbox(request: Request):
                 400: "invalid_request: count outside 1-50",
                 404: "sandbox_not_found",
                 409: "checkpoint_refused (its state cannot be saved now; it runs on untouched), sandbox_busy or invalid_state",
-                503: "worker_unavailable",
+                503: "worker_unavailable, or no_worker: its worker has not `count` free slots",
             }
         ),
     },

@@ -827,6 +827,22 @@ class Resources(BaseModel):
     disk_mb: float
 
 
+class WorkerCapacity(Resources):
+    slots: int = Field(
+        0,
+        description="The most sandboxes holding its resources (creating, running, memory tier, warm-pool "
+        "members) it takes: `atoll worker --slots N` / ATOLL_WORKER_SLOTS; 0: no limit",
+    )
+
+
+class WorkerAllocated(Resources):
+    slots: int = Field(
+        0,
+        description="Slots taken: its sandboxes creating, running or in the memory tier, and resumes "
+        "from the disk or archive tier in flight (disk and archive standby take none)",
+    )
+
+
 class LeftSandbox(BaseModel):
     id: str
     reason: str = Field(description="Why it stays on the draining worker")
@@ -854,8 +870,8 @@ class Worker(BaseModel):
     name: str
     state: Literal["joining", "ready", "lost", "draining"]
     state_reason: str | None
-    capacity: Resources
-    allocated: Resources
+    capacity: WorkerCapacity
+    allocated: WorkerAllocated
     sandboxes: int = Field(description="Live sandboxes on this worker")
     evacuated: bool = Field(
         False, description="Draining and holding no sandbox any more (a drain's evacuation is complete)"
@@ -913,7 +929,7 @@ class RegisterRequest(BaseModel):
     url: str = Field(max_length=512, description="Where the server can call the worker")
     info: dict = Field(
         description="The worker's core.worker_api.WorkerInfo: name, version, protocol, installation, "
-        "capacity {memory_mb, cpus, disk_mb}, templates, default_disk_mb"
+        "capacity {memory_mb, cpus, disk_mb, slots}, templates, default_disk_mb"
     )
 
     @field_validator("info")

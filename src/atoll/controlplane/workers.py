@@ -105,10 +105,10 @@ def check_info(info: api.WorkerInfo) -> None:
         raise errors.InvalidRequest(f"info.installation {info.installation[:80]!r} is not an installation id")
     text("version", info.version, 64)
     cap = info.capacity
-    if min(cap.memory_mb, cap.cpus, cap.disk_mb) < 0 or info.default_disk_mb < 0:
+    if min(cap.memory_mb, cap.cpus, cap.disk_mb, cap.slots) < 0 or info.default_disk_mb < 0:
         raise errors.InvalidRequest(f"info.capacity {cap} has a negative value")
     # NaN and infinity are not capacities (NaN would also make GET /v1/workers invalid JSON)
-    limits = {"memory_mb": 2**40, "cpus": 65536, "disk_mb": 2**50}
+    limits = {"memory_mb": 2**40, "cpus": 65536, "disk_mb": 2**50, "slots": 100_000}
     for k, hi in limits.items():
         v = getattr(cap, k)
         if not math.isfinite(v) or v > hi:

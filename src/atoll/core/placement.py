@@ -2,7 +2,9 @@
 benchmarked by bench/bench_placement.py.
 
 A candidate is a worker that is ready (not lost, not draining), has the template (or the build),
-whose memory can hold the sandbox at all, and that is under its own sandbox limit. Then:
+whose memory can hold the sandbox at all, and that has a free slot (its `--slots` limit on the
+sandboxes holding its resources: creating, running or in the memory tier, pool members included;
+those in the disk or archive tier hold only disk and take no slot). Then:
 
 1. **Affinity first when it has room.** A worker named by `prefer` (the one holding the sandbox's
    snapshot or its volumes, or the build) takes it when it is a candidate and the sandbox fits in
@@ -16,11 +18,13 @@ whose memory can hold the sandbox at all, and that is under its own sandbox limi
    tenant's fleet does not sit on one machine), then to the one with fewer sandboxes, then by name.
 
 Memory and CPU are overcommitted on purpose (most sandboxes are idle or in standby): only a sandbox
-larger than a worker's whole memory cannot go there. Each decision carries its reason, which the
-ledger logs.
+larger than a worker's whole memory cannot go there. Slots are the hard limit: a worker whose slots
+are all taken is never chosen, and when every worker is out of them the error names what each one
+hit (its slots, its memory, its templates) and how to make room. Each decision carries its reason,
+which the ledger logs.
 
-`commitments` sums what the live records hold per worker in one pass (memory of those in RAM,
-CPUs of those running, disk of those not archived), so a placement among W workers with N
+`commitments` sums what the live records hold per worker in one pass (memory and slots of those in
+RAM, CPUs of those running, disk of those not archived), so a placement among W workers with N
 sandboxes costs O(N + W), not O(N × W).
 """
 
@@ -64,13 +68,16 @@ class Commitment:
     memory_mb: int = 0
     cpus: float = 0.0
     disk_mb: int = 0
+    slots: int = 0
+    """Sandboxes holding its resources: creating, running, memory tier (pool members too)."""
     sandboxes: int = 0
     by_tenant: dict[str, int] = field(default_factory=dict)
 
 
 def commitments(records: Iterable[Held]) -> dict[str, Commitment]:
-    """Per worker id: memory of the sandboxes in RAM (creating, running, memory tier), CPUs of those
-    running or creating, disk of all but the archived (their layers are in the store), counts."""
+    """Per worker id: memory and slots of the sandboxes in RAM (creating, running, memory tier),
+    CPUs of those running or creating, disk of all but the archived (their layers are in the
+    store), counts."""
     out: dict[str, Commitment] = {}
     active_states = (State.CREATING, State.RUNNING)
     archive, memory = Tier.ARCHIVE, Tier.MEMORY
@@ -95,8 +102,10 @@ def commitments(records: Iterable[Held]) -> dict[str, Commitment]:
         if state in active_states:
             c.memory_mb += mem
             c.cpus += cpus
+            c.slots += 1
         elif tier == memory:
             c.memory_mb += mem
+            c.slots += 1
     return out
 
 
@@ -113,8 +122,14 @@ class Candidate:
     sandboxes: int = 0
     tenant_sandboxes: int = 0
     """Sandboxes it holds of the tenant being placed."""
-    max_sandboxes: int | None = None
-    """Its own limit on sandboxes held (None: none)."""
+    slots: int = 0
+    """Its limit on sandboxes holding its resources (`atoll worker --slots`; 0: none)."""
+    allocated_slots: int = 0
+    """Slots taken (Commitment.slots, plus resumes in flight)."""
+
+    @property
+    def slots_full(self) -> bool:
+        return 0 < self.slots <= self.allocated_slots
 
     @property
     def free_mb(self) -> int:
@@ -171,12 +186,10 @@ def decide(
             f"memory_mb={memory_mb} is more than any worker's memory (the largest has {most} MB); "
             f"ask for at most {most} MB (less leaves room for other sandboxes)"
         )
-    open_ = [c for c in fits if c.max_sandboxes is None or c.sandboxes < c.max_sandboxes]
+    open_ = [c for c in fits if not c.slots_full]
     if not open_:
         raise errors.Unavailable(
-            f"every worker that could take it holds as many sandboxes as it allows "
-            f"({', '.join(f'{c.name}: {c.sandboxes}' for c in fits)}); delete or archive some, or add a worker",
-            code="no_worker",
+            no_room(candidates, memory_mb=memory_mb, template=template), code="no_worker"
         )
     if prefer is not None:
         home = next((c for c in open_ if c.worker_id == prefer), None)
@@ -199,3 +212,23 @@ def decide(
     if prefer is not None and win.worker_id != prefer:
         why += "; the worker with affinity had no room or was not ready"
     return Decision(win, why)
+
+
+SLOTS_FIX = (
+    "free a slot (delete a sandbox, or pause one to the disk tier: POST /v1/sandboxes/{id}/pause "
+    '{"tier": "disk"}), start the worker with more (`atoll worker --slots N` or ATOLL_WORKER_SLOTS, '
+    "`atoll up --slots N`), or add a worker"
+)
+
+
+def no_room(candidates: Sequence[Candidate], *, memory_mb: int, template: str | None) -> str:
+    """Why none of `candidates` can take a sandbox: the limit each one hit, and how to make room."""
+    why = []
+    for c in candidates:
+        if template is not None and template not in c.templates:
+            why.append(f"{c.name}: does not have template {template!r}")
+        elif memory_mb > c.memory_mb:
+            why.append(f"{c.name}: memory {c.memory_mb} MB is less than the {memory_mb} MB asked")
+        elif c.slots_full:
+            why.append(f"{c.name}: slots full ({c.allocated_slots} of {c.slots} taken)")
+    return f"no worker can take the sandbox ({'; '.join(why)}); {SLOTS_FIX}"

@@ -161,6 +161,9 @@ class Capacity:
     memory_mb: int
     cpus: float
     disk_mb: int
+    slots: int = 0
+    """The most sandboxes holding its resources (creating, running, memory tier) it takes
+    (`atoll worker --slots`, ATOLL_WORKER_SLOTS); 0: no limit. Sent at registration."""
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,7 @@ class FakeWorker(fake_files.FakeFileOps):
         templates: Sequence[str] = ("base",),
         store: dict[str, FakeRuntime] | None = None,
         published: dict[str, api.BuildInfo] | None = None,
+        slots: int = 0,
     ):
         self.name = name
         self.store: dict[str, FakeRuntime] = {} if store is None else store
@@ -110,7 +111,7 @@ class FakeWorker(fake_files.FakeFileOps):
         fetch from it a build they lack (None: builds stay on this fake)."""
         self._fetching: dict[str, asyncio.Lock] = {}
         self.installation = installation
-        self.capacity = api.Capacity(memory_mb=memory_mb, cpus=cpus, disk_mb=1 << 20)
+        self.capacity = api.Capacity(memory_mb=memory_mb, cpus=cpus, disk_mb=1 << 20, slots=slots)
         self.template_names = list(templates)
         self.runtimes: dict[str, FakeRuntime] = {}
         self.calls: list[tuple[str, str]] = []

@@ -147,16 +147,19 @@ def main(
     listen: str | None = None,
     advertise: str | None = None,
     ca_file: str | None = None,
+    slots: int | None = None,
 ) -> None:
-    s = entry.settings_or_exit("atoll worker", lambda: _load(server, name, home, listen, advertise, ca_file))
+    s = entry.settings_or_exit(
+        "atoll worker", lambda: _load(server, name, home, listen, advertise, ca_file, slots)
+    )
     entry.start("atoll worker", s, log, needs_root=f"needs root ({entry.ROOT_FOR})")
     caught: list[int] = []
     entry.run(serve(s, caught), caught)
 
 
-def _load(server, name, home, listen, advertise, ca_file=None) -> settings_mod.WorkerSettings:
+def _load(server, name, home, listen, advertise, ca_file=None, slots=None) -> settings_mod.WorkerSettings:
     s = settings_mod.load(
-        home=home, name=name, server=server, listen=listen, advertise=advertise, ca_file=ca_file
+        home=home, name=name, server=server, listen=listen, advertise=advertise, ca_file=ca_file, slots=slots
     )
     if not s.server_url:
         raise config.SettingsError(

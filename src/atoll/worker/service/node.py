@@ -663,6 +663,7 @@ class Node(StoreVerbs):
                 memory_mb=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20,
                 cpus=float(os.cpu_count() or 1),
                 disk_mb=disk.total // 2**20,
+                slots=self.s.slots,
             ),
             templates=self.template_infos(),
             builds=self.builder.infos(),

@@ -46,6 +46,12 @@ class WorkerSettings:
     default_disk_mb: int = 4096
     """Disk quota of a sandbox's writable layer when the caller gives none."""
     default_memory_mb: int = 512
+    slots: int = 0
+    """`--slots` (ATOLL_WORKER_SLOTS): the most sandboxes holding this worker's resources —
+    creating, running or frozen in the memory tier, warm-pool members included — the server places
+    on it; disk and archive standby take none (they hold no memory or CPU). 0 (default): no limit,
+    memory and CPU are overcommitted as placement sees fit. Reported in its capacity at
+    registration: a change takes a restart."""
     """The memory size whose template image is made at start-up."""
     template_snapshots: bool = True
     """ATOLL_TEMPLATE_SNAPSHOTS: create sandboxes by restoring a checkpoint of a booted template
@@ -161,6 +167,7 @@ def load(
     listen: str | None = None,
     advertise: str | None = None,
     ca_file: str | None = None,
+    slots: int | None = None,
 ) -> WorkerSettings:
     env = os.environ if env is None else env
     home_v = config.home(home, env)
@@ -229,6 +236,9 @@ def load(
             env, "ATOLL_LAYER_CACHE_TTL_S", 7 * 86400.0, lo=0, hi=10 * 365 * 86400
         ),
         layer_cache_gb=config.number(env, "ATOLL_LAYER_CACHE_GB", 0.0, lo=0, hi=1024 * 1024) or None,
+        slots=config.integer(
+            env, "ATOLL_WORKER_SLOTS", 0, lo=0, hi=MAX_SLOTS, flag=slots, what="--slots: 0 means no limit"
+        ),
     )
 
 
@@ -282,6 +292,8 @@ def _s3(env: Mapping[str, str]) -> objectstore.S3Config | None:
 
 
 SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
+MAX_SLOTS = 100_000
+"""The largest --slots (the server refuses more at registration too: controlplane.workers)."""
 DEFAULT_BUILD_HOSTS = ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org")
 
 
