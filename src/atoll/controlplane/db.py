@@ -357,6 +357,20 @@ class Database:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(t.c.version).where(t.c.id == sid)).scalar_one_or_none()
 
+    def live_versions(self) -> dict[str, int]:
+        """id -> version of every record not deleted (ledger.refresh: what changed elsewhere)."""
+        t = SandboxRecord.__table__
+        with self.engine.connect() as conn:
+            return dict(conn.execute(sa.select(t.c.id, t.c.version).where(t.c.state != "deleted")).all())
+
+    def get_many(self, ids: builtins.list[str]) -> builtins.list[SandboxRecord]:
+        """The records of `ids` (those that exist), 500 to a query."""
+        out: builtins.list[SandboxRecord] = []
+        for i in range(0, len(ids), 500):
+            with self.session() as s:
+                out.extend(s.scalars(sa.select(SandboxRecord).where(SandboxRecord.id.in_(ids[i : i + 500]))))
+        return out
+
     def list(
         self, tenant_id: str | None = None, state: str | None = None, include_deleted: bool = False
     ) -> list[SandboxRecord]:

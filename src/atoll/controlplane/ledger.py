@@ -104,6 +104,31 @@ class Ledger:
     def live(self) -> list[dbm.SandboxRecord]:
         return list(self.cache.values())
 
+    def refresh(self) -> int:
+        """Bring the cache in line with the database: every live record, as read now. The server
+        holding the `leader` lease (controlplane.leases) calls it at each renewal, since its loops
+        act on every sandbox, also those other servers made or changed; alone on its database it
+        finds nothing to do (one indexed read of ids and versions). A sandbox under a step here is
+        left as it is (the step holds its copy). The number of records read again or dropped."""
+        live = self.db.live_versions()
+        stale = [
+            sid
+            for sid, version in live.items()
+            if ((rec := self.cache.get(sid)) is None or rec.version != version)
+            and not self.lock(sid).locked()
+        ]
+        gone = [sid for sid in self.cache if sid not in live and not self.lock(sid).locked()]
+        now = time.monotonic()
+        for rec in self.db.get_many(stale):
+            if rec.state != State.DELETED:
+                self.cache[rec.id] = rec
+                self.activity.setdefault(rec.id, now)  # its idle clock starts when seen here
+        for sid in gone:
+            self.forget(sid)
+        if stale or gone:
+            log.info("records refreshed: %d read again, %d dropped", len(stale), len(gone))
+        return len(stale) + len(gone)
+
     def persist(self, rec: dbm.SandboxRecord, verb: Verb, **changes: typing.Any) -> None:
         """Walk the core state table by `verb`, with `changes`, and write it (a delete durably)."""
         new = check_transition(status(rec.state, rec.standby_tier), verb)

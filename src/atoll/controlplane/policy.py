@@ -46,9 +46,11 @@ class TierPolicy:
         self._gate_retry: dict[str, float] = {}  # monotonic time before which a gated sandbox stays
 
     async def run(self) -> None:
+        """Passes while this server holds the `leader` lease (controlplane.leases)."""
         while True:
             try:
-                self.pass_once()
+                if self.manager.leader.held:
+                    self.pass_once()
             except Exception:
                 log.exception("tier policy pass failed")
             await asyncio.sleep(PASS_EVERY_S)
@@ -144,6 +146,10 @@ class TierPolicy:
 
     async def _slot(self, step: typing.Awaitable) -> None:
         async with self._limit:
+            if not self.manager.leader.held:  # lost the lease while it waited: another server decides
+                if asyncio.iscoroutine(step):
+                    step.close()
+                return
             try:
                 await step
             except Exception:
