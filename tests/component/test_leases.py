@@ -299,3 +299,25 @@ async def test_only_the_holder_meters_and_a_stale_holder_writes_nothing(tmp_path
         assert r.status_code == 200, r.text
         (it,) = [i for i in r.json()["items"] if i["sandbox_id"] == sid]
         assert it["memory_gb_seconds"] == pytest.approx(gb * 100, rel=0.01)
+
+
+async def test_a_sandbox_used_through_another_server_is_not_idle_for_the_holder(tmp_path, database_url):
+    """The holder's policy counts calls served by the other server (shared as the record's
+    `last_activity_at` at each renewal): a sandbox kept busy through the other server — short
+    calls, then one long call in flight — is not paused; once the calls stop, it is, once."""
+    worker = FakeWorker("shared")
+    async with _servers(tmp_path, database_url, worker) as (a, b):
+        sid = await create(b.http, idle_timeout_s=2.5, disk_after_s=0)
+        await _until("the holder sees it", lambda: sid in a.manager.ledger.cache)
+        until = time.monotonic() + 6  # > 2 idle timeouts
+        while time.monotonic() < until:
+            r = await b.http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"]})
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(0.3)
+        worker.delay["exec"] = 6.0  # one call in flight for > 2 idle timeouts
+        r = await b.http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["sleep", "6"]})
+        assert r.status_code == 200, r.text
+        worker.delay.pop("exec")
+        assert _pauses(worker, sid) == 0, worker.calls
+        await _until("paused once idle", lambda: a.manager.db.get(sid).state == "standby")
+        assert _pauses(worker, sid) == 1, worker.calls

@@ -197,6 +197,8 @@ class Leadership:
         """Called with True when this server took the lease, False when it lost or released it."""
         self.renewed: list[typing.Callable[[], None]] = []
         """Called after each renewal while this server holds it (the manager refreshes its records)."""
+        self.ticks: list[typing.Callable[[], None]] = []
+        """Called after each try, held or not (every server shares its sandboxes' activity)."""
         self._held = False
         self._until = 0.0
         self._task: asyncio.Task | None = None
@@ -225,9 +227,14 @@ class Leadership:
                 try:
                     f()
                 except Exception:
-                    log.exception("lease %r: a renewal hook failed", self.name)
+                    log.exception("lease %r: a hook failed", self.name)
         elif got is False or time.monotonic() >= self._until:
             self._set(False)
+        for f in list(self.ticks):
+            try:
+                f()
+            except Exception:
+                log.exception("lease %r: a hook failed", self.name)
         return self.held
 
     def _set(self, held: bool) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 import typing
@@ -32,6 +33,11 @@ from atoll.core.lifecycle import State, Tier, Verb, check_transition, status
 log = logging.getLogger(__name__)
 MAX_RESUME_FAILURES = 3
 """Failed resumes from the disk tier in a row after which a sandbox is failed (its files kept)."""
+
+
+def _epoch(t: typing.Any) -> float:
+    """A stored time as Unix seconds (SQLite hands datetimes back naive; they are UTC)."""
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
 
 
 class Steps(typing.Protocol):
@@ -81,6 +87,8 @@ class Ledger:
         """Tenant quotas (controlplane.quotas), for the lifecycle, pools, stores and templates."""
         self.reaps: set[asyncio.Task] = set()
         """Deletions of runtimes on their workers, in flight."""
+        self._shared: dict[str, float] = {}
+        """sid -> the activity time (monotonic) last written or read as `last_activity_at`."""
 
     # ---- records -------------------------------------------------------------------------------
     def get(self, sid: str) -> dbm.SandboxRecord:
@@ -105,29 +113,54 @@ class Ledger:
         return list(self.cache.values())
 
     def refresh(self) -> int:
-        """Bring the cache in line with the database: every live record, as read now. The server
-        holding the `leader` lease (controlplane.leases) calls it at each renewal, since its loops
-        act on every sandbox, also those other servers made or changed; alone on its database it
-        finds nothing to do (one indexed read of ids and versions). A sandbox under a step here is
-        left as it is (the step holds its copy). The number of records read again or dropped."""
-        live = self.db.live_versions()
-        stale = [
-            sid
-            for sid, version in live.items()
-            if ((rec := self.cache.get(sid)) is None or rec.version != version)
-            and not self.lock(sid).locked()
-        ]
-        gone = [sid for sid in self.cache if sid not in live and not self.lock(sid).locked()]
-        now = time.monotonic()
+        """Bring the cache in line with the database: every live record, as read now, and the
+        activity other servers saw (`share_activity`). The server holding the `leader` lease
+        (controlplane.leases) calls it at each renewal, since its loops act on every sandbox, also
+        those other servers made, changed or served calls of; alone on its database it finds
+        nothing to read again (one indexed read of ids, versions and activity times). A sandbox
+        under a step here is left as it is (the step holds its copy). The number of records read
+        again or dropped."""
+        marks = self.db.live_marks()
+        mono, wall = time.monotonic(), time.time()
+        stale = []
+        for sid, (version, at) in marks.items():
+            rec = self.cache.get(sid)
+            if (rec is None or rec.version != version) and not self.lock(sid).locked():
+                stale.append(sid)
+            if at is not None:  # used through another server: its idle clock restarts here too
+                seen = mono - max(0.0, wall - _epoch(at))
+                if seen > self.activity.get(sid, 0.0):
+                    self.activity[sid] = self._shared[sid] = seen
+        gone = [sid for sid in self.cache if sid not in marks and not self.lock(sid).locked()]
         for rec in self.db.get_many(stale):
             if rec.state != State.DELETED:
                 self.cache[rec.id] = rec
-                self.activity.setdefault(rec.id, now)  # its idle clock starts when seen here
+                self.activity.setdefault(rec.id, mono)  # its idle clock starts when seen here
         for sid in gone:
             self.forget(sid)
         if stale or gone:
             log.info("records refreshed: %d read again, %d dropped", len(stale), len(gone))
         return len(stale) + len(gone)
+
+    def share_activity(self) -> int:
+        """Write, as `last_activity_at`, when each sandbox last had a call or a worker-reported
+        activity on this server (since the last time), and "now" for those with calls in flight:
+        the clock the lease holder's tier policy reads (`refresh`), so that a sandbox used
+        through any server is not idle. Every server calls it at each lease renewal (TTL/3). How
+        many were written."""
+        mono, wall = time.monotonic(), time.time()
+        times = {}
+        for sid, at in list(self.activity.items()):
+            if self.inflight.get(sid):
+                at = mono
+            elif at <= self._shared.get(sid, 0.0):
+                continue
+            self._shared[sid] = at
+            times[sid] = dt.datetime.fromtimestamp(wall - (mono - at), dt.UTC)
+        for sid in [s for s in self._shared if s not in self.activity]:
+            del self._shared[sid]
+        self.db.note_activity(times)
+        return len(times)
 
     def persist(self, rec: dbm.SandboxRecord, verb: Verb, **changes: typing.Any) -> None:
         """Walk the core state table by `verb`, with `changes`, and write it (a delete durably)."""

@@ -104,6 +104,7 @@ class SandboxManager:
         """Drains that move every sandbox off a worker (controlplane.evacuation)."""
         self.gone = lost_workers.GoneWorkers(self, gone_after_s)
         """What becomes of the sandboxes of a worker lost for ATOLL_WORKER_GONE_S."""
+        self.leader.ticks.append(self.ledger.share_activity)  # every server: the holder reads it (refresh)
         self.leader.renewed.append(self.ledger.refresh)
         self.leader.listeners.append(self._leading)
 
