@@ -7,7 +7,9 @@ has its own for what it does on the host), the count of calls in flight, the act
 last usage a worker reported (per sandbox, and per worker for the bytes of what it retains),
 persisting a change through the core state table, the step log
 (`sandbox.<verb>.started/complete/failed`), failing a sandbox, guarding a worker step, placement,
-and the background deletions in flight. `Steps` is what those modules ask of the manager's own
+the background deletions in flight, and what several servers on one database exchange through it
+(`refresh`: the lease holder reads what others made or changed; `share_activity`: every server
+writes when its sandboxes were last used). `Steps` is what those modules ask of the manager's own
 verbs (create, delete, pause, resume), so none of them imports it.
 Made by controlplane.lifecycle (SandboxManager); handed to controlplane.pools, templates, forking
 and lifetime.

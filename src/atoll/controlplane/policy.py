@@ -13,7 +13,8 @@ sandbox whose worker or agent is slow delays no other's standby):
     disk with the reason and is retried after max(60 s, archive_after_s).
   * a lifetime's end (`expires_at`, controlplane.lifetime): to the disk tier or deleted, first.
 The policy decides *when*; the worker owns *how* (core.worker_api.WorkerAPI.pause).
-Called by atoll.up and controlplane.main (run as a task beside the API).
+Called by atoll.up and controlplane.main (run as a task beside the API); it passes only while
+this server holds the `leader` lease (controlplane.leases: one server of several runs it).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ largest of `min` and the floors of the schedule entries whose UTC window holds n
 (`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight; from = to, an
 empty window, is refused), capped at
 `max`. The keeper (`run`) refills one sandbox at a time per pool in the background, never on a
-create's path; it removes pooled sandboxes of superseded builds, those beyond `max`, and those
+create's path, on the server holding the `leader` lease only (controlplane.leases); it removes pooled sandboxes of superseded builds, those beyond `max`, and those
 their worker's inventory calls `stale_runtime` (not what a create makes now: a worker restarted
 with another guest agent or runsc keeps its frozen sandboxes, and their memory holds the old agent;
 one restarted with another ATOLL_SANDBOX_CA_FILE, or under a new installation CA, keeps sandboxes
