@@ -137,7 +137,8 @@ class Ledger:
         for rec in self.db.get_many(stale):
             if rec.state != State.DELETED:
                 self.cache[rec.id] = rec
-                self.activity.setdefault(rec.id, mono)  # its idle clock starts when seen here
+                if rec.id not in self.activity:  # its idle clock starts when seen here (not a use)
+                    self.activity[rec.id] = self._shared[rec.id] = mono
         for sid in gone:
             self.forget(sid)
         if stale or gone:
@@ -191,8 +192,14 @@ class Ledger:
             self.cache.pop(rec.id, None)
             raise
 
+    def seen(self, rec: dbm.SandboxRecord) -> None:
+        """A record loaded at start: cached, its idle clock starting now (not a use to share)."""
+        self.cache[rec.id] = rec
+        self.activity[rec.id] = self._shared[rec.id] = time.monotonic()
+
     def forget(self, sid: str) -> None:
         self.cache.pop(sid, None)
+        self._shared.pop(sid, None)
         self.activity.pop(sid, None)
         self.usage.pop(sid, None)
 

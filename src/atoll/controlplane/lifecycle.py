@@ -199,8 +199,7 @@ class SandboxManager:
     # ---- start / stop --------------------------------------------------------------------------
     async def start(self) -> None:
         for rec in self.db.list(include_deleted=False):
-            self.ledger.cache[rec.id] = rec
-            self.ledger.activity[rec.id] = time.monotonic()
+            self.ledger.seen(rec)
         self.workers.load()
         await self.leader.start()
         self.pools.start()
