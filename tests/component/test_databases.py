@@ -23,7 +23,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from atoll.controlplane import audit, auth, metering, settings  # noqa: F401  (their tables join Base.metadata)
+from atoll.controlplane import audit, auth, leases, metering, settings  # noqa: F401  (their tables join Base.metadata)
 from atoll.controlplane import db as dbm
 from atoll.core import config
 from atoll.testing import FakeAtoll, FakeWorker, free_port

@@ -84,6 +84,10 @@ def test_every_route_through_the_split(atoll_split):
         assert _ok(c.get("/healthz")).json()
         assert "atoll_sandboxes" in _ok(c.get("/metrics")).text
         assert "BEGIN CERTIFICATE" in _ok(c.get("/v1/ca.crt")).text
+        leases = _ok(c.get("/v1/leases")).json()  # the one server holds the leader lease
+        assert [(x["name"], x["holder"], x["this_server"]) for x in leases["items"]] == [
+            ("leader", leases["server_id"], True)
+        ], leases
 
         # ---- sandboxes
         sb = _ok(c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"walk": "1"}}), 201).json()

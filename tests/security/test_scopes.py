@@ -43,7 +43,7 @@ WORKER_PROTOCOL = {
     "/v1/workers/{wid}/heartbeat",
     "/v1/workers/{wid}/stopping",
 }
-SYSTEM = {"/healthz": "public", "/metrics": "admin", "/v1/ca.crt": "any key"}
+SYSTEM = {"/healthz": "public", "/metrics": "admin", "/v1/ca.crt": "any key", "/v1/leases": "admin"}
 METHODS = ("get", "post", "put", "patch", "delete")
 
 

@@ -144,7 +144,7 @@ WORKER_PATHS = re.compile(
     r"/v1/workers/(register|certificate)|/v1/workers/[^/]+/(heartbeat|stopping)|/v1/ca\.crt"
 )
 """What a `worker` key may call: the worker protocol's server side."""
-ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit)(/.*)?|/metrics")
+ADMIN_PATHS = re.compile(r"/v1/(tenants|keys|workers|audit|leases)(/.*)?|/metrics")
 """What only an admin key may call (a tenant key gets 403 forbidden)."""
 
 

@@ -366,6 +366,42 @@ class Database:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(t.c.version).where(t.c.id == sid)).scalar_one_or_none()
 
+    def live_marks(self) -> dict[str, tuple[int, dt.datetime | None]]:
+        """id -> (version, last_activity_at) of every record not deleted (ledger.refresh: what
+        changed, and which sandboxes were used, through other servers)."""
+        t = SandboxRecord.__table__
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.c.id, t.c.version, t.c.last_activity_at).where(t.c.state != "deleted")
+            ).all()
+        return {sid: (version, at) for sid, version, at in rows}
+
+    def note_activity(self, times: dict[str, dt.datetime]) -> None:
+        """Move each sandbox's `last_activity_at` forward to the given time (never back), in one
+        transaction. Not a write of the record (no version bump, no conflict with a step of another
+        server): the activity clock the servers share (ledger.share_activity)."""
+        if not times:
+            return
+        t = SandboxRecord.__table__
+        stmt = (
+            sa.update(t)
+            .where(
+                t.c.id == sa.bindparam("b_id"),
+                sa.or_(t.c.last_activity_at.is_(None), t.c.last_activity_at < sa.bindparam("b_at")),
+            )
+            .values(last_activity_at=sa.bindparam("b_at"))
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt, [{"b_id": sid, "b_at": at} for sid, at in times.items()])
+
+    def get_many(self, ids: builtins.list[str]) -> builtins.list[SandboxRecord]:
+        """The records of `ids` (those that exist), 500 to a query."""
+        out: builtins.list[SandboxRecord] = []
+        for i in range(0, len(ids), 500):
+            with self.session() as s:
+                out.extend(s.scalars(sa.select(SandboxRecord).where(SandboxRecord.id.in_(ids[i : i + 500]))))
+        return out
+
     def list(
         self, tenant_id: str | None = None, state: str | None = None, include_deleted: bool = False
     ) -> list[SandboxRecord]:

@@ -7,7 +7,9 @@ has its own for what it does on the host), the count of calls in flight, the act
 last usage a worker reported (per sandbox, and per worker for the bytes of what it retains),
 persisting a change through the core state table, the step log
 (`sandbox.<verb>.started/complete/failed`), failing a sandbox, guarding a worker step, placement,
-and the background deletions in flight. `Steps` is what those modules ask of the manager's own
+the background deletions in flight, and what several servers on one database exchange through it
+(`refresh`: the lease holder reads what others made or changed; `share_activity`: every server
+writes when its sandboxes were last used). `Steps` is what those modules ask of the manager's own
 verbs (create, delete, pause, resume), so none of them imports it.
 Made by controlplane.lifecycle (SandboxManager); handed to controlplane.pools, templates, forking
 and lifetime.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 import typing
@@ -32,6 +35,11 @@ from atoll.core.lifecycle import State, Tier, Verb, check_transition, status
 log = logging.getLogger(__name__)
 MAX_RESUME_FAILURES = 3
 """Failed resumes from the disk tier in a row after which a sandbox is failed (its files kept)."""
+
+
+def _epoch(t: typing.Any) -> float:
+    """A stored time as Unix seconds (SQLite hands datetimes back naive; they are UTC)."""
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
 
 
 class Steps(typing.Protocol):
@@ -134,6 +142,8 @@ class Ledger:
         """Tenant quotas (controlplane.quotas), for the lifecycle, pools, stores and templates."""
         self.reaps: set[asyncio.Task] = set()
         """Deletions of runtimes on their workers, in flight."""
+        self._shared: dict[str, float] = {}
+        """sid -> the activity time (monotonic) last written or read as `last_activity_at`."""
 
     # ---- records -------------------------------------------------------------------------------
     def get(self, sid: str) -> dbm.SandboxRecord:
@@ -156,6 +166,57 @@ class Ledger:
 
     def live(self) -> list[dbm.SandboxRecord]:
         return list(self.cache.values())
+
+    def refresh(self) -> int:
+        """Bring the cache in line with the database: every live record, as read now, and the
+        activity other servers saw (`share_activity`). The server holding the `leader` lease
+        (controlplane.leases) calls it at each renewal, since its loops act on every sandbox, also
+        those other servers made, changed or served calls of; alone on its database it finds
+        nothing to read again (one indexed read of ids, versions and activity times). A sandbox
+        under a step here is left as it is (the step holds its copy). The number of records read
+        again or dropped."""
+        marks = self.db.live_marks()
+        mono, wall = time.monotonic(), time.time()
+        stale = []
+        for sid, (version, at) in marks.items():
+            rec = self.cache.get(sid)
+            if (rec is None or rec.version != version) and not self.lock(sid).locked():
+                stale.append(sid)
+            if at is not None:  # used through another server: its idle clock restarts here too
+                seen = mono - max(0.0, wall - _epoch(at))
+                if seen > self.activity.get(sid, 0.0):
+                    self.activity[sid] = self._shared[sid] = seen
+        gone = [sid for sid in self.cache if sid not in marks and not self.lock(sid).locked()]
+        for rec in self.db.get_many(stale):
+            if rec.state != State.DELETED:
+                self.cache[rec.id] = rec
+                if rec.id not in self.activity:  # its idle clock starts when seen here (not a use)
+                    self.activity[rec.id] = self._shared[rec.id] = mono
+        for sid in gone:
+            self.forget(sid)
+        if stale or gone:
+            log.info("records refreshed: %d read again, %d dropped", len(stale), len(gone))
+        return len(stale) + len(gone)
+
+    def share_activity(self) -> int:
+        """Write, as `last_activity_at`, when each sandbox last had a call or a worker-reported
+        activity on this server (since the last time), and "now" for those with calls in flight:
+        the clock the lease holder's tier policy reads (`refresh`), so that a sandbox used
+        through any server is not idle. Every server calls it at each lease renewal (TTL/3). How
+        many were written."""
+        mono, wall = time.monotonic(), time.time()
+        times = {}
+        for sid, at in list(self.activity.items()):
+            if self.inflight.get(sid):
+                at = mono
+            elif at <= self._shared.get(sid, 0.0):
+                continue
+            self._shared[sid] = at
+            times[sid] = dt.datetime.fromtimestamp(wall - (mono - at), dt.UTC)
+        for sid in [s for s in self._shared if s not in self.activity]:
+            del self._shared[sid]
+        self.db.note_activity(times)
+        return len(times)
 
     def persist(self, rec: dbm.SandboxRecord, verb: Verb, **changes: typing.Any) -> None:
         """Walk the core state table by `verb`, with `changes`, and write it (a delete durably)."""
@@ -184,8 +245,14 @@ class Ledger:
             self.cache.pop(rec.id, None)
             raise
 
+    def seen(self, rec: dbm.SandboxRecord) -> None:
+        """A record loaded at start: cached, its idle clock starting now (not a use to share)."""
+        self.cache[rec.id] = rec
+        self.activity[rec.id] = self._shared[rec.id] = time.monotonic()
+
     def forget(self, sid: str) -> None:
         self.cache.pop(sid, None)
+        self._shared.pop(sid, None)
         self.activity.pop(sid, None)
         self.usage.pop(sid, None)
 

@@ -26,6 +26,7 @@ from atoll.controlplane import (
     dbretry,
     evacuation,
     idempotency,
+    leases,
     lifetime,
     lost_workers,
     metrics,
@@ -75,8 +76,13 @@ class SandboxManager:
         secrets: SecretStore | None = None,
         authority: Authority | None = None,
         default_pool: int = 0,
+        lease_ttl_s: float = leases.DEFAULT_TTL_S,
     ):
         self.db = database
+        self.leader = leases.Leadership(leases.Leases(database), lease_ttl_s)
+        """This server's hold on the `leader` lease: the background loops (tier policy and
+        lifetimes, pool keepers, lost workers, metering) run only while it is held
+        (controlplane.leases); requests are served either way."""
         self.secrets = secrets
         self.keys: auth.Keys | None = None
         """Tenants and API keys (set by controlplane.app, which checks every request's key)."""
@@ -94,7 +100,9 @@ class SandboxManager:
         self.usage = self.ledger.usage
         self.templates = TemplateService(self.ledger, self, schemas.DEFAULT_MEMORY_MB)
         """User templates and their builds."""
-        self.pools = Pools(self.ledger, self, self.templates, schemas.DEFAULT_MEMORY_MB, default_pool)
+        self.pools = Pools(
+            self.ledger, self, self.templates, schemas.DEFAULT_MEMORY_MB, default_pool, leader=self.leader
+        )
         """Warm pools a create claims from (`default_pool`: the size of the built-in `base`'s)."""
         self.templates.pool_stop, self.templates.pool_resume = self.pools.stop, self.pools.resume
         self.stores = StoreService(database, self.ledger, self.quotas)
@@ -106,6 +114,16 @@ class SandboxManager:
         """Drains that move every sandbox off a worker (controlplane.evacuation)."""
         self.gone = lost_workers.GoneWorkers(self, gone_after_s)
         """What becomes of the sandboxes of a worker lost for ATOLL_WORKER_GONE_S."""
+        self.leader.ticks.append(self.ledger.share_activity)  # every server: the holder reads it (refresh)
+        self.leader.renewed.append(self.ledger.refresh)
+        self.leader.listeners.append(self._leading)
+
+    def _leading(self, held: bool) -> None:
+        """The `leader` lease was taken (or lost): its loops act on every record, so read those
+        other servers made or changed since, and let the pools' keeper look at once."""
+        if held:
+            self.ledger.refresh()
+            self.pools.wake()
 
     def get(self, sid: str) -> dbm.SandboxRecord:
         return self.ledger.get(sid)
@@ -191,9 +209,9 @@ class SandboxManager:
     # ---- start / stop --------------------------------------------------------------------------
     async def start(self) -> None:
         for rec in self.db.list(include_deleted=False):
-            self.ledger.cache[rec.id] = rec
-            self.ledger.activity[rec.id] = time.monotonic()
+            self.ledger.seen(rec)
         self.workers.load()
+        await self.leader.start()
         self.pools.start()
         self.gone.start()
 
@@ -205,6 +223,7 @@ class SandboxManager:
         await self.pools.aclose()
         if self.ledger.reaps:
             await asyncio.wait(list(self.ledger.reaps), timeout=10)
+        await self.leader.aclose()  # released: another server takes over at its next try
         await self.workers.aclose()
 
     # ---- create / delete -----------------------------------------------------------------------

@@ -21,7 +21,8 @@ tried again on the next pass. A worker that returns (controlplane.lifecycle `wor
 deletes its copies of sandboxes that moved (their record names another worker) or that were
 failed here (`failed_as_gone`), never the archive objects their new worker adopted (the manifest
 names that worker as `holder`, and a worker only removes what names itself).
-Started and stopped by controlplane.lifecycle.SandboxManager; the pass runs in the server's loop.
+Started and stopped by controlplane.lifecycle.SandboxManager; the pass runs in the server's loop, on the
+server holding the `leader` lease only (controlplane.leases).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class GoneWorkers:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.every_s)
-            if self.gone_after_s <= 0:
+            if self.gone_after_s <= 0 or not self.m.leader.held:  # another server settles them
                 continue
             try:
                 await self.sweep()

@@ -72,6 +72,7 @@ def build(s: settings_mod.ServerSettings):
         secrets=secrets_mod.SecretStore(database, secrets_key),
         authority=authority,
         default_pool=s.default_pool,
+        lease_ttl_s=s.lease_ttl_s,
     )
     m.bind_state_counts(manager.counts)
     meter = metering.Meter(manager, m, prices=s.prices)

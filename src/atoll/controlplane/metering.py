@@ -38,8 +38,11 @@ Egress and ingress bytes are the TCP payload bytes on the sandbox's side of its 
 connections (gateway.egress reads TCP_INFO; outbound connections and previews alike), from the
 worker's reports, which count from the worker's start (a lower reading counts from 0). A price sheet (`ATOLL_PRICES`: JSON, or a path to a JSON file; a price per unit of
 each field) turns usage into `cost`. Per-tenant totals since the server started are exported to
-Prometheus (`atoll_usage_*_total{tenant}`). Called by controlplane.routes_usage (queries),
-controlplane.main and testing.control_plane (start/stop).
+Prometheus (`atoll_usage_*_total{tenant}`). With several servers only the holder of the `leader`
+lease (controlplane.leases) accrues and writes, its flush fenced by the lease; a server that
+takes the lease continues from the cursors, one that loses it drops what it had not written.
+Called by controlplane.routes_usage (queries), controlplane.main and testing.control_plane
+(start/stop).
 """
 
 from __future__ import annotations
@@ -298,6 +301,27 @@ class Meter:
         """worker id -> (its last report, images by sandbox id, stores' bytes by (kind, worker name))."""
         if m is not None:
             m.registry.register(_UsageCollector(self))
+        self.leader = getattr(manager, "leader", None)
+        """The server's hold on the `leader` lease (controlplane.leases): only its holder accrues
+        and writes; None (a bare manager in a test): always."""
+        if self.leader is not None:
+            self.leader.listeners.append(self._lease_changed)
+
+    def _leading(self) -> bool:
+        return self.leader is None or not self.leader.started or self.leader.held
+
+    def _lease_changed(self, held: bool) -> None:
+        """Taken or lost, what is in memory is not this server's to write: the cursors are read
+        again from what the last holder wrote (at the next tick), and usage accrued here but not
+        written is dropped — the holder accrues it from the cursors, nothing is counted twice."""
+        if self.pending:
+            log.info("metering: %d unwritten interval(s) left to the lease's holder", len(self.pending))
+        self.cursors.clear()
+        self.pending.clear()
+        self.pending_meta.clear()
+        self.mark = None
+        self._loaded = False
+        self._last_flush = 0.0
 
     # ---- loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -307,6 +331,8 @@ class Meter:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
+            if not self._leading():  # another server meters
+                continue
             try:
                 self.tick()
             except (sa.exc.OperationalError, sa.exc.InterfaceError) as e:
@@ -320,6 +346,8 @@ class Meter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if not self._leading():
+            return
         try:
             self.tick(flush=True)
         except Exception:  # noqa: BLE001 - the next start accrues the gap from the cursors
@@ -615,12 +643,24 @@ class Meter:
             )
         gone = [s for s, c in self.cursors.items() if c.state is None and c.report == "gone"]
         gone += [s for s, c in self.cursors.items() if c.state is None and not s.startswith("sb-")]
-        with self.db.engine.begin() as conn:
-            if rows:
-                conn.execute(self._upsert_cache["i"], rows)
-            conn.execute(self._upsert_cache["c"], cursors)
-            if gone:
-                conn.execute(sa.delete(curs).where(curs.c.subject.in_(gone)))
+        try:
+            with self.db.engine.begin() as conn:
+                lease = self.leader
+                if (
+                    lease is not None
+                    and lease.started
+                    and not lease.leases.fence(conn, lease.name, lease.server_id)
+                ):
+                    raise _NotHolder
+                if rows:
+                    conn.execute(self._upsert_cache["i"], rows)
+                conn.execute(self._upsert_cache["c"], cursors)
+                if gone:
+                    conn.execute(sa.delete(curs).where(curs.c.subject.in_(gone)))
+        except _NotHolder:  # rolled back: the holder (another server now) accrues it
+            log.warning("metering: not written, this server no longer holds the lease")
+            self._lease_changed(False)
+            return
         self.pending.clear()
         self.pending_meta.clear()
         for c in self.cursors.values():
@@ -633,8 +673,10 @@ class Meter:
     # ---- queries -----------------------------------------------------------------------------
     def usage(self, start: float, end: float, group_by: str, tenant_id: str | None) -> dict:
         """Usage in the intervals that overlap [start, end), grouped (`sandbox`, `day`, `tenant`),
-        of `tenant_id` (None: every tenant), with the pending (open) part: accrued up to now."""
-        self.tick()
+        of `tenant_id` (None: every tenant), with the pending (open) part: accrued up to now. On a
+        server that does not hold the `leader` lease: what its holder wrote (up to FLUSH_S old)."""
+        if self._leading():
+            self.tick()
         lo = int(start // INTERVAL_S) * INTERVAL_S
         t = typing.cast(sa.Table, UsageInterval.__table__)
         sums = [sa.func.sum(t.c[f]) for f in STORED]
@@ -700,6 +742,10 @@ class Meter:
         out["ingress_bytes"] = int(out["ingress_bytes"])
         out["cost"] = round(sum(out[f] * self.prices.get(f, 0.0) for f in PRICED), 6)
         return {f: out[f] for f in (*FIELDS, "cost")}
+
+
+class _NotHolder(Exception):
+    """A flush found that this server no longer holds the `leader` lease."""
 
 
 def _or(measured: float | None, bound: float) -> float:

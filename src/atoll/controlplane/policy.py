@@ -13,7 +13,8 @@ sandbox whose worker or agent is slow delays no other's standby):
     disk with the reason and is retried after max(60 s, archive_after_s).
   * a lifetime's end (`expires_at`, controlplane.lifetime): to the disk tier or deleted, first.
 The policy decides *when*; the worker owns *how* (core.worker_api.WorkerAPI.pause).
-Called by atoll.up and controlplane.main (run as a task beside the API).
+Called by atoll.up and controlplane.main (run as a task beside the API); it passes only while
+this server holds the `leader` lease (controlplane.leases: one server of several runs it).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ class TierPolicy:
         self._gate_retry: dict[str, float] = {}  # monotonic time before which a gated sandbox stays
 
     async def run(self) -> None:
+        """Passes while this server holds the `leader` lease (controlplane.leases)."""
         while True:
             try:
-                self.pass_once()
+                if self.manager.leader.held:
+                    self.pass_once()
             except Exception:
                 log.exception("tier policy pass failed")
             await asyncio.sleep(PASS_EVERY_S)
@@ -144,6 +147,10 @@ class TierPolicy:
 
     async def _slot(self, step: typing.Awaitable) -> None:
         async with self._limit:
+            if not self.manager.leader.held:  # lost the lease while it waited: another server decides
+                if asyncio.iscoroutine(step):
+                    step.close()
+                return
             try:
                 await step
             except Exception:

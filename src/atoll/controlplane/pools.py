@@ -9,7 +9,7 @@ largest of `min` and the floors of the schedule entries whose UTC window holds n
 (`{"from": "08:00", "to": "20:00", "min": 5}`; a window may wrap past midnight; from = to, an
 empty window, is refused), capped at
 `max`. The keeper (`run`) refills one sandbox at a time per pool in the background, never on a
-create's path; it removes pooled sandboxes of superseded builds, those beyond `max`, and those
+create's path, on the server holding the `leader` lease only (controlplane.leases); it removes pooled sandboxes of superseded builds, those beyond `max`, and those
 their worker's inventory calls `stale_runtime` (not what a create makes now: a worker restarted
 with another guest agent or runsc keeps its frozen sandboxes, and their memory holds the old agent;
 one restarted with another ATOLL_SANDBOX_CA_FILE, or under a new installation CA, keeps sandboxes
@@ -40,6 +40,7 @@ from atoll.core import worker_api as api
 from atoll.core.lifecycle import State, Tier, Verb
 
 if typing.TYPE_CHECKING:
+    from atoll.controlplane.leases import Leadership
     from atoll.controlplane.ledger import Ledger, Steps
     from atoll.controlplane.templates import TemplateService
 
@@ -123,8 +124,12 @@ class Pools:
         templates: TemplateService,
         default_memory_mb: int,
         default_pool: int = 0,
+        *,
+        leader: Leadership | None = None,
     ):
         self.m = ledger
+        self.leader = leader
+        """The keeper runs only while this server holds the `leader` lease (None: always)."""
         self.steps = steps
         self.templates = templates
         self.default_memory_mb = default_memory_mb
@@ -339,12 +344,17 @@ class Pools:
             if self._closing:  # (a cancel that raced a wake-up may be lost in asyncio's waits)
                 return
             await asyncio.sleep(0.01)  # a set event returns without yielding: never starve the loop
+            if not self._leading():
+                continue
             try:
                 await self._pass()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("pool pass failed")
+
+    def _leading(self) -> bool:
+        return self.leader is None or self.leader.held
 
     def _pools(self) -> list[tuple[str, str, dict | None, str | None]]:
         """(tenant, template, pool settings, current build) of every template that may have pool
@@ -377,6 +387,8 @@ class Pools:
             key = pool_key(tenant, name)
             if key in self._stopped:  # being deleted
                 continue
+            if not self._leading():  # the lease was lost: another server keeps the pools now
+                return
             members = self._members(name, tenant)
             stale = [
                 r

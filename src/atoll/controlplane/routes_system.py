@@ -1,4 +1,5 @@
-"""Public routes about the installation itself: `/healthz`, `/metrics`, `GET /v1/templates`.
+"""Routes about the installation itself: `/healthz`, `/metrics`, `/v1/ca.crt`, and (admin)
+`GET /v1/leases`: which server holds the lease of the background loops (controlplane.leases).
 
 Part of the app built by controlplane.app.
 """
@@ -83,3 +84,25 @@ async def ca_certificate(request: Request):
     if authority is None:
         raise errors.NotFound("this server has no certificate authority")
     return Response(authority.root_pem, media_type="application/x-pem-file")
+
+
+@router.get("/v1/leases", tags=["system"], response_model=schemas.LeaseList)
+async def leases(request: Request):
+    """Which server runs the installation's background loops (the tier policy and lifetimes, the
+    warm pools' keeper, lost workers, metering): the holder of the `leader` lease, until when,
+    and the id of the server that answered. Every server serves requests; with several servers on
+    one database, only the holder runs those loops, and another takes over ATOLL_LEASE_TTL_S
+    after it stops renewing (admin key)."""
+    leader = ctx(request).manager.leader
+    rows = leader.leases.all()
+    return {
+        "server_id": leader.server_id,
+        "items": [
+            {
+                **r,
+                **{k: schemas.iso(r[k]) for k in ("acquired_at", "renewed_at", "expires_at")},
+                "this_server": r["holder"] == leader.server_id and not r["expired"],
+            }
+            for r in rows
+        ],
+    }

@@ -896,6 +896,25 @@ class WorkerList(BaseModel):
     next_cursor: str | None = NEXT_CURSOR
 
 
+class Lease(BaseModel):
+    name: str = Field(
+        description='The lease: "leader" (the background loops: tier policy and lifetimes, pool keepers, lost workers, metering)'
+    )
+    holder: str = Field(description="The id of the server holding it (each server logs its own at start)")
+    acquired_at: str = Field(description="When this holder took it")
+    renewed_at: str = Field(description="Its holder's last renewal (every third of ATOLL_LEASE_TTL_S)")
+    expires_at: str = Field(description="When another server may take it unless its holder renews it")
+    expired: bool = Field(
+        description="Nobody holds it now (its holder stopped or died; another server takes it at its next try)"
+    )
+    this_server: bool = Field(description="Held by the server that answered")
+
+
+class LeaseList(BaseModel):
+    server_id: str = Field(description="The id of the server that answered")
+    items: list[Lease] = Field(description="Every lease (a handful: not paged)")
+
+
 class WorkerPass(BaseModel):
     runtimes: int = Field(description="Live runtimes on the worker")
     removed: list[str] = Field(description="Host objects no sandbox owned, removed")

@@ -82,6 +82,11 @@ class ServerSettings:
     """ATOLL_METRICS_PUBLIC: 1 serves /metrics (per-tenant usage labels) without a key; default 0,
     an admin key. Read by controlplane.app when it is imported."""
 
+    lease_ttl_s: float = 15.0
+    """ATOLL_LEASE_TTL_S: how long the `leader` lease (controlplane.leases: which of several servers
+    on one database runs the background loops) lasts unrenewed; renewed every third of it, taken
+    over this long after its holder died (default 15, 0.5-300)."""
+
     audit_retention_days: int = 90
     """ATOLL_AUDIT_RETENTION_DAYS: days the audit trail (GET /v1/audit) keeps a row (default 90,
     1-36500); older rows are deleted hourly."""
@@ -178,6 +183,7 @@ def load(
             hi=pools.MAX_POOL,
             what="the size of the `base` pool; 0 turns it off",
         ),
+        lease_ttl_s=config.number(env, "ATOLL_LEASE_TTL_S", 15.0, lo=0.5, hi=300),
         audit_retention_days=config.integer(
             env, "ATOLL_AUDIT_RETENTION_DAYS", 90, lo=1, hi=36500, what="days the audit trail keeps a row"
         ),

@@ -14,7 +14,8 @@ The records are SQLite in `directory` unless `database_url` names another databa
 `postgresql://…` one, e.g. from atoll.testing.postgres); two FakeAtolls given the same URL are two
 control planes sharing their records, as two `atoll server` processes would (give them the same
 `secrets_key`, the installation's: API keys, secrets and list cursors are keyed with it; default a
-new one each).
+new one each). Of several, the one holding the `leader` lease (controlplane.leases; `lease_ttl_s`,
+default ATOLL_LEASE_TTL_S or 15 s) runs the tier policy, the pools' keeper and the meter.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import typing
 import httpx
 
 from atoll.controlplane import app as app_mod
-from atoll.controlplane import db, lifecycle, metering, metrics, policy
+from atoll.controlplane import db, leases, lifecycle, metering, metrics, policy
 from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane.authority import Authority
 from atoll.testing.fake_worker import FakeWorker
@@ -47,6 +48,7 @@ class FakeAtoll:
         authority: Authority | None = None,
         database_url: str | None = None,
         secrets_key: bytes | None = None,
+        lease_ttl_s: float | None = None,
     ):
         self.dir = os.fspath(directory)
         os.makedirs(self.dir, exist_ok=True)
@@ -61,6 +63,7 @@ class FakeAtoll:
             reconcile_s=reconcile_s,
             default_pool=default_pool,
             authority=authority,
+            lease_ttl_s=lease_ttl_s or float(os.environ.get("ATOLL_LEASE_TTL_S") or leases.DEFAULT_TTL_S),
         )
         m.bind_state_counts(self.manager.counts)
         self.app = app_mod.create_app(
