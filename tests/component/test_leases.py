@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import datetime as dt
+import os
 import threading
 import time
 
@@ -64,6 +65,37 @@ def test_acquire_renew_expire_release(database_url):
     finally:
         db_a.engine.dispose()
         db_b.engine.dispose()
+
+
+def test_a_server_restarted_after_a_crash_takes_its_dead_predecessors_lease_at_once(database_url):
+    """The lease of a server process on this machine and boot whose PID is gone is taken at the
+    next try, without waiting out the TTL; one whose PID runs, or of another host, is not."""
+    import subprocess
+    import sys
+
+    clock = Clock()
+    db = dbm.open_database(database_url)
+    try:
+        lz = leases.Leases(db, clock)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        me = leases.server_id()
+        host, boot, _pid, _rand = me.rsplit("-", 3)
+        dead = f"{host}-{boot}-{gone.pid}-deadbeef"
+        alive = f"{host}-{boot}-{os.getppid()}-cafecafe"  # pytest's parent: runs
+        elsewhere = f"otherhost-{boot}-{gone.pid}-deadbeef"
+        assert leases.gone_here(dead) and not leases.gone_here(alive) and not leases.gone_here(elsewhere)
+        assert not leases.gone_here("not-an-id") and not leases.gone_here(me)
+        for holder, taken in ((alive, False), (elsewhere, False), (dead, True)):
+            assert lz.acquire("leader", holder, 15)
+            mine = leases.Leadership(lz, 15, server=me)
+            assert mine.step() is taken, holder
+            assert lz.holder("leader") == (me if taken else holder)
+            if not taken:
+                assert lz.release("leader", holder)
+                clock.advance(0)
+    finally:
+        db.engine.dispose()
 
 
 def test_fence_holds_only_for_the_unexpired_holder(database_url):

@@ -26,7 +26,10 @@ renewal on this server's monotonic clock (it stops before any other server can t
 when the database stops answering); a renewal refused (another holder) ends it at once. On a
 change it calls its listeners (the manager: refresh the records on gain; metering: drop or reload
 its state). A clean stop releases the lease (another server takes over at its next try); a server
-that dies stops renewing and another takes over TTL after its last renewal, plus up to TTL/3.
+that dies stops renewing and another takes over TTL after its last renewal, plus up to TTL/3 —
+except a server restarted on the same machine after a crash, which takes its dead predecessor's
+lease at once (`gone_here`: same host and boot, its PID gone), so `atoll up` restarted after a
+SIGKILL does not wait out the TTL before its policy runs.
 Metering's writes are fenced: they commit only in a transaction that finds this server still the
 holder (`Leases.fence`), so a server stalled past its lease cannot write usage twice.
 Made by controlplane.lifecycle.SandboxManager; GET /v1/leases (routes_system) shows the holders.
@@ -71,11 +74,43 @@ class LeaseRecord(dbm.Base):
     """After this, another server may take it."""
 
 
+def _host() -> str:
+    return (socket.gethostname() or "host").split(".")[0][:48]
+
+
+def _boot() -> str:
+    """This machine's boot (the kernel's random boot id, its first 8 characters)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip().replace("-", "")[:8] or "noboot"
+    except OSError:
+        return "noboot"
+
+
 def server_id() -> str:
-    """A new id for this server process: host name, process id and random bits (unique across
-    restarts and machines, and telling an operator which process it is)."""
-    host = (socket.gethostname() or "host").split(".")[0][:48]
-    return f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
+    """A new id for this server process: host name, boot id, process id and random bits (unique
+    across restarts and machines, and telling an operator which process it is)."""
+    return f"{_host()}-{_boot()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def gone_here(holder: str) -> bool:
+    """Whether `holder` was a server process on this machine, in this boot, that no longer runs
+    (its PID is gone): a server restarted after a crash takes its own old lease at once instead
+    of waiting out the TTL. Any doubt (another host or boot, a PID alive — maybe reused — or not
+    ours to signal) is False: then the TTL decides."""
+    parts = holder.rsplit("-", 3)
+    if len(parts) != 4 or parts[0] != _host() or parts[1] != _boot() or not parts[2].isdigit():
+        return False
+    pid = int(parts[2])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _aware(t: dt.datetime) -> dt.datetime:
@@ -135,6 +170,29 @@ class Leases:
                 {"name": name, "holder": holder, "now": now, "expires": now + dt.timedelta(seconds=ttl_s)},
             ).first()
         return row is not None
+
+    def holder(self, name: str) -> str | None:
+        t = self._table
+        with self.db.engine.connect() as conn:
+            return conn.execute(sa.select(t.c.holder).where(t.c.name == name)).scalar_one_or_none()
+
+    def take_over(self, name: str, old: str, holder: str, ttl_s: float) -> bool:
+        """Take `name` from `old` (a holder known to be gone), whether or not it expired: True when
+        `holder` has it now — False when someone else took or renewed it meanwhile."""
+        t = self._table
+        with self.db.engine.begin() as conn:
+            now = self.now(conn)
+            n = conn.execute(
+                sa.update(t)
+                .where(t.c.name == name, t.c.holder == old)
+                .values(
+                    holder=holder,
+                    acquired_at=now,
+                    renewed_at=now,
+                    expires_at=now + dt.timedelta(seconds=ttl_s),
+                )
+            ).rowcount
+        return n == 1
 
     def release(self, name: str, holder: str) -> bool:
         """Give the lease up (a clean stop): it expires now, so another server takes it at its
@@ -217,6 +275,15 @@ class Leadership:
             self._set(False)  # ran out unnoticed (a stalled loop): another server may have had it since
         try:
             got: bool | None = self.leases.acquire(self.name, self.server_id, self.ttl_s)
+            if not got:
+                old = self.leases.holder(self.name)
+                if (
+                    old is not None
+                    and gone_here(old)
+                    and self.leases.take_over(self.name, old, self.server_id, self.ttl_s)
+                ):
+                    log.info("lease %r taken over from %s: that server process is gone", self.name, old)
+                    got = True
         except Exception as e:  # noqa: BLE001 - the database is away: keep it until the TTL runs out
             log.warning("lease %r: renewal failed: %s", self.name, e)
             got = None

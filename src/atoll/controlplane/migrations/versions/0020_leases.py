@@ -1,7 +1,7 @@
 """leases: which server runs the installation's background loops (controlplane.leases)
 
 One row per lease: its holder (a server id) and until when; taken and renewed with one conditional
-upsert. (Revision 0020 revises 0019 once that lands; until then it follows 0018 on this branch.)
+upsert.
 
 Revision ID: 0020
 Revises: 0019
