@@ -85,6 +85,7 @@ def resolve_config(
     over the defaults (an empty variable counts as unset)."""
     url = base_url or os.environ.get(ENV_URL) or DEFAULT_BASE_URL
     key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
+    ca: str | None
     if ca_file is not None:
         ca, origin = os.fspath(ca_file), "ca_file="
     else:
