@@ -416,3 +416,64 @@ async def test_a_registered_workers_slots_show_in_its_capacity(cluster):
     assert r.status_code == 201, r.text
     ws = {w["name"]: w for w in (await c.get("/v1/workers")).json()["items"]}
     assert (ws["x2"]["capacity"]["slots"], ws["x2"]["allocated"]["slots"]) == (3, 0)
+
+
+@pytest.mark.databases
+async def test_a_worker_moves_to_the_next_server_when_its_server_dies(tmp_path, database_url):
+    """`--server A,B` (two servers on one database): the worker joins A; when A stops answering, after
+    FAILOVER_BEATS missed heartbeats it joins B, which takes it over — a sandbox made through A is
+    served through B, files and all."""
+    async with (
+        FakeAtoll(tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False) as a,
+        FakeAtoll(tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False) as b,
+    ):
+        pa, pb = free_port(), free_port()
+        ua, ub = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, server_urls=(ua, ub), api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(b.app, pb),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+            httpx.AsyncClient(base_url=ub, headers=hdr, timeout=30) as cb,
+        ):
+            task: asyncio.Future | None = None
+            try:
+                async with _serve(a.app, pa):
+                    task = asyncio.ensure_future(reg.run())  # A answers: it joins A, the first
+                    for _ in range(300):
+                        if (await ca.get("/healthz")).status_code == 200:
+                            break
+                        await asyncio.sleep(0.02)
+                    assert reg.server == ua
+                    r = await ca.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                    assert r.status_code == 201, r.text
+                    sid = r.json()["id"]
+                    assert (
+                        await ca.put(f"/v1/sandboxes/{sid}/files", params={"path": "/f"}, content=b"kept")
+                    ).status_code == 204
+                # A is gone: B takes the worker over within a few heartbeats
+                for _ in range(300):
+                    r = await cb.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
+                    if r.status_code == 200:
+                        break
+                    assert r.status_code == 503, r.text  # worker_unavailable until it joined B
+                    await asyncio.sleep(0.05)
+                assert r.status_code == 200 and r.content == b"kept", r.text
+                assert reg.server == ub
+                ws = (await cb.get("/v1/workers")).json()["items"]
+                assert [(w["name"], w["state"]) for w in ws] == [("w1", "ready")]
+                r = await cb.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"]})
+                assert r.status_code == 200, r.text
+            finally:
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                await reg.aclose()

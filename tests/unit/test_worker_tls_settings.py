@@ -32,6 +32,20 @@ def test_plain_http_to_another_address_is_refused_at_start(tmp_path, url):
     assert url in msg and "--ca-file" in msg and "https://" in msg and "ATOLL_TLS_NAMES" in msg
 
 
+def test_several_servers_are_checked_each_and_kept_in_order(tmp_path):
+    s = _load(tmp_path, ATOLL_SERVER_URL=" http://127.0.0.1:7080/, http://127.0.0.1:7090 ")
+    assert s.server_urls == ("http://127.0.0.1:7080", "http://127.0.0.1:7090")
+    assert s.server_url == "http://127.0.0.1:7080"
+    for bad, said in (
+        ("http://127.0.0.1:1,http://10.0.0.5:1", "http://10.0.0.5:1"),  # each is checked
+        ("http://127.0.0.1:1,https://10.0.0.5:1", "mixes http:// and https://"),
+        ("http://127.0.0.1:1,http://127.0.0.1:1", "names a server twice"),
+    ):
+        with pytest.raises(config.SettingsError) as e:
+            _load(tmp_path, ATOLL_SERVER_URL=bad)
+        assert said in str(e.value), (bad, str(e.value))
+
+
 def test_https_needs_no_ca_file_and_takes_a_checked_one(tmp_path):
     assert _load(tmp_path, ATOLL_SERVER_URL="https://10.0.0.5:7080").ca_file is None
     root, _ = pki.new_root_ca("test CA")

@@ -316,7 +316,12 @@ def worker(
     ctx: typer.Context,
     server_url: Annotated[
         str | None,
-        typer.Option("--server", envvar="ATOLL_SERVER_URL", help="URL of the atoll server to join."),
+        typer.Option(
+            "--server",
+            envvar="ATOLL_SERVER_URL",
+            help="URL of the atoll server to join; several servers sharing one database as "
+            "URL1,URL2 (it joins one, and moves to the next when its heartbeats stop reaching it).",
+        ),
     ] = None,
     name: Annotated[
         str | None,

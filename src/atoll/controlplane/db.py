@@ -423,6 +423,10 @@ class Database:
         with self.session.begin() as s:
             s.merge(rec)
 
+    def worker_by_name(self, name: str) -> WorkerRecord | None:
+        with self.session() as s:
+            return s.scalars(sa.select(WorkerRecord).where(WorkerRecord.name == name)).first()
+
     def get_worker(self, worker_id: str) -> WorkerRecord | None:
         with self.session() as s:
             return s.get(WorkerRecord, worker_id)

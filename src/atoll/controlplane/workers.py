@@ -385,6 +385,13 @@ class WorkerRegistry:
 
     def _handle_for(self, name: str, installation: str) -> WorkerHandle:
         wid = self._by_name.get(name)
+        if wid is None:
+            # a worker another server sharing the records made (it joined that one after this
+            # server started, and moves here now): the same record, not a second one
+            stored = self.db.worker_by_name(name)
+            if stored is not None:
+                self.handles[stored.id] = WorkerHandle(stored.id, name, stored, state="lost", local=False)
+                self._by_name[name] = wid = stored.id
         if wid is not None:
             h = self.handles[wid]
             if h.record.installation and h.record.installation != installation:

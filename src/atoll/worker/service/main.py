@@ -122,7 +122,13 @@ async def serve(s: settings_mod.WorkerSettings, caught: list[int] | None = None)
             status = 2
             server.should_exit = True
 
-    log.info("worker %s listening on %s (home %s), joining %s", s.name, url, s.home, s.server_url)
+    log.info(
+        "worker %s listening on %s (home %s), joining %s",
+        s.name,
+        url,
+        s.home,
+        ",".join(s.server_urls) or s.server_url,
+    )
     joining = asyncio.ensure_future(join())
     try:
         await server.serve(sockets=[sock])

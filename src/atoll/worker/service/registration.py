@@ -6,7 +6,10 @@ carries the worker id, a token (the only credential the worker's API accepts fro
 registration epoch. It then heartbeats every `heartbeat_s`. A heartbeat answered 409
 worker_not_registered (the server restarted and forgot its tokens) leads to a new registration; an
 unreachable server is retried (with a growing pause, at most MAX_RETRY_S) while the sandboxes run
-on. A refusal that no retry fixes — a wrong key (401), another protocol version, a name taken by
+on. With several servers (`--server A,B`: servers sharing one database) it registers with one at a
+time and moves to the next when no heartbeat has reached its server for FAILOVER_BEATS heartbeats
+(or a registration fails): the new server takes the worker over and serves its sandboxes. A
+refusal that no retry fixes — a wrong key (401), another protocol version, a name taken by
 another installation, a server certificate the CA file does not vouch for — is `Fatal`: the worker
 stops with that message.
 
@@ -25,6 +28,7 @@ import contextlib
 import logging
 import os
 import ssl
+import time
 
 import httpx
 
@@ -37,6 +41,8 @@ from atoll.worker.service.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 MAX_RETRY_S = 5.0
+FAILOVER_BEATS = 3
+"""With several servers: heartbeats in a row that failed before the worker moves to the next."""
 
 
 class Fatal(Exception):
@@ -92,6 +98,9 @@ class Registration:
     ):
         assert settings.server_url
         self.s = settings
+        self.servers = settings.server_urls or (settings.server_url,)
+        """The servers it may join (`--server A,B`), the one it uses now first in turn."""
+        self._at = 0
         self.node = node
         self.creds = creds
         self.url = url
@@ -100,15 +109,35 @@ class Registration:
         self.epoch: str | None = None
         self.heartbeat_s = settings.heartbeat_s
         self.registered = asyncio.Event()
-        self._http = httpx.AsyncClient(
-            base_url=settings.server_url,
+        self._http = self._client()
+
+    @property
+    def server(self) -> str:
+        """The server it registers with now."""
+        return self.servers[self._at]
+
+    def _client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.server,
             headers={
-                "Authorization": f"Bearer {settings.api_key or ''}",
+                "Authorization": f"Bearer {self.s.api_key or ''}",
                 wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION),
             },
             timeout=httpx.Timeout(10.0, connect=5.0),
-            verify=_server_trust(settings),
+            verify=_server_trust(self.s),
         )
+
+    async def _next_server(self, why: str) -> bool:
+        """Move to the next of several servers (False when there is only one)."""
+        if len(self.servers) < 2:
+            return False
+        old = self.server
+        self._at = (self._at + 1) % len(self.servers)
+        await self._http.aclose()
+        self._http = self._client()
+        self.worker_id = self.epoch = None
+        log.warning("leaving server %s (%s): joining %s", old, why, self.server)
+        return True
 
     def _refusal(self, r: httpx.Response) -> errors.AtollError:
         try:
@@ -129,7 +158,7 @@ class Registration:
             else "this host's trust store (no --ca-file given)"
         )
         return Fatal(
-            f"the server at {self.s.server_url} presented a certificate that {trust} does not vouch "
+            f"the server at {self.server} presented a certificate that {trust} does not vouch "
             f"for ({e}). Give --ca-file (ATOLL_CA_FILE) the server's installation CA — its GET "
             "/v1/ca.crt, or $ATOLL_HOME/ca/root.crt on the server — and check that the --server host "
             "is among the server's ATOLL_TLS_NAMES"
@@ -143,7 +172,7 @@ class Registration:
         r = await self._http.post("/v1/workers/certificate", json=body)
         if r.status_code == 401:
             raise Fatal(
-                f"the server at {self.s.server_url} refused this worker's key: set ATOLL_API_KEY to a "
+                f"the server at {self.server} refused this worker's key: set ATOLL_API_KEY to a "
                 "`worker` key (`atoll key create --scope worker`)"
             )
         if r.status_code >= 400:
@@ -173,14 +202,14 @@ class Registration:
         r = await self._http.post("/v1/workers/register", json={"url": self.url, "info": wire.dump(info)})
         if r.status_code == 401:
             raise Fatal(
-                f"the server at {self.s.server_url} refused this worker's key: set ATOLL_API_KEY to a "
+                f"the server at {self.server} refused this worker's key: set ATOLL_API_KEY to a "
                 "`worker` key (`atoll key create --scope worker` with the admin key), or to the server's admin "
                 "key (deprecated; its ATOLL_API_KEY or $ATOLL_HOME/admin.key on the server); a revoked or "
                 "expired key is refused too"
             )
         if r.status_code == 404:
             raise Fatal(
-                f"{self.s.server_url} is not an atoll server that takes workers (POST /v1/workers/register is 404)"
+                f"{self.server} is not an atoll server that takes workers (POST /v1/workers/register is 404)"
             )
         if r.status_code >= 400:
             e = self._refusal(r)
@@ -197,7 +226,7 @@ class Registration:
         self.worker_id, self.epoch = answer["worker_id"], answer["epoch"]
         self.heartbeat_s = min(self.s.heartbeat_s, float(answer.get("heartbeat_s", self.s.heartbeat_s)))
         self.registered.set()
-        log.info("registered with %s as %s (%s)", self.s.server_url, self.s.name, self.worker_id)
+        log.info("registered with %s as %s (%s)", self.server, self.s.name, self.worker_id)
 
     async def heartbeat(self) -> bool:
         """False when the server no longer knows this registration."""
@@ -212,32 +241,42 @@ class Registration:
 
     async def run(self) -> None:
         pause = 0.5
+        tried = 0
         while True:
             try:
                 await self.register()
             except Fatal:
                 raise
             except (httpx.HTTPError, errors.AtollError, ValueError, KeyError) as e:
-                log.warning("cannot register with %s (%s); retrying in %.1fs", self.s.server_url, e, pause)
+                tried += 1
+                if await self._next_server(f"cannot register: {e}") and tried % len(self.servers):
+                    continue  # the next server at once; a pause after a whole round
+                log.warning("cannot register with %s (%s); retrying in %.1fs", self.server, e, pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, MAX_RETRY_S)
                 continue
-            pause = 0.5
-            failing = False
+            pause, tried = 0.5, 0
+            failing: float | None = None
             while True:
                 await asyncio.sleep(self.heartbeat_s)
                 try:
                     if not await self.heartbeat():
                         break
-                    if failing:
-                        log.info("heartbeats reach %s again", self.s.server_url)
-                    failing = False
+                    if failing is not None:
+                        log.info("heartbeats reach %s again", self.server)
+                    failing = None
                 except Fatal:
                     raise
                 except (httpx.HTTPError, ValueError) as e:
-                    if not failing:  # the server is down or restarting: the sandboxes run on
-                        log.warning("heartbeat to %s failed (%s); still trying", self.s.server_url, e)
-                    failing = True
+                    if failing is None:  # the server is down or restarting: the sandboxes run on
+                        log.warning("heartbeat to %s failed (%s); still trying", self.server, e)
+                        failing = time.monotonic()
+                    elif time.monotonic() - failing >= FAILOVER_BEATS * self.heartbeat_s and (
+                        await self._next_server(
+                            f"no heartbeat has reached it for {time.monotonic() - failing:.0f} s"
+                        )
+                    ):
+                        break
 
     async def stopping(self) -> None:
         """Tell the server this worker stops (best effort): it is shown lost at once."""

@@ -26,7 +26,12 @@ class WorkerSettings:
     """`--name`: the worker's name at the server (a restart under the same name and home takes its
     sandboxes back)."""
     server_url: str | None = None
-    """`--server` (ATOLL_SERVER_URL): the control plane to register with (None in `atoll up`)."""
+    """`--server` (ATOLL_SERVER_URL): the control plane to register with (None in `atoll up`); the
+    first of `server_urls`."""
+    server_urls: tuple[str, ...] = ()
+    """`--server URL1,URL2,…`: several servers sharing one database; the worker registers with
+    one at a time and moves to the next when its heartbeats stop reaching it (worker.service.
+    registration)."""
     api_key: str | None = None
     """ATOLL_API_KEY: the `worker` key (or the admin key, deprecated) the worker presents when it
     registers."""
@@ -177,8 +182,18 @@ def load(
             f"worker name {name_v!r} is not valid; use 1-64 letters, digits, '-', '_' or '.', starting "
             "with a letter or digit (--name or ATOLL_WORKER_NAME)"
         )
-    server_v = server or env.get("ATOLL_SERVER_URL") or None
-    _check_server_url(server_v)
+    servers_v = tuple(
+        u.strip().rstrip("/") for u in (server or env.get("ATOLL_SERVER_URL") or "").split(",") if u.strip()
+    )
+    for u in servers_v:
+        _check_server_url(u)
+    if len({u.split("://", 1)[0] for u in servers_v}) > 1:
+        raise config.SettingsError(
+            f"--server {','.join(servers_v)} mixes http:// and https:// servers; give them all one scheme"
+        )
+    if len(set(servers_v)) != len(servers_v):
+        raise config.SettingsError(f"--server {','.join(servers_v)} names a server twice")
+    server_v = servers_v[0] if servers_v else None
     ca_v = ca_file or env.get("ATOLL_CA_FILE") or None
     if ca_v is not None and not (server_v or "").startswith("https://"):
         raise config.SettingsError(
@@ -203,7 +218,8 @@ def load(
     return WorkerSettings(
         home=home_v,
         name=name_v,
-        server_url=server_v.rstrip("/") if server_v else None,
+        server_url=server_v,
+        server_urls=servers_v,
         api_key=env.get("ATOLL_API_KEY") or None,
         ca_file=_ca_file(ca_v, "ATOLL_CA_FILE") if ca_v else None,
         listen=listen_v,

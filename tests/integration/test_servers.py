@@ -1,0 +1,96 @@
+"""Two `atoll server`s on one PostgreSQL database and a real worker started with `--server A,B`
+(issue 21: several servers, a server SIGKILLed mid-operation): the worker joins A; a sandbox is
+made through A with a file and a process in it; A is killed; the worker moves to B within a few
+heartbeats, B takes the leader lease at once (A's process is gone on this machine), and the
+sandbox — its file, its process — is served through B."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import pytest
+
+from atoll.testing import LocalCluster, LocalServer, LocalWorker, purge
+from tests.conftest import TEMPLATE_CACHE
+
+pytestmark = pytest.mark.integration
+
+
+def _ready_on(server: LocalServer, name: str) -> bool:
+    try:
+        r = httpx.get(server.url + "/v1/workers", headers=server.headers(), timeout=5)
+        return any(w["name"] == name and w["state"] == "ready" for w in r.json().get("items", []))
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False
+
+
+def test_a_killed_server_hands_its_worker_and_sandboxes_to_the_other(tmp_path, postgres):
+    if os.geteuid() != 0:
+        pytest.skip("atoll worker needs root (run `make test`)")
+    url = postgres.create_database("two_servers")
+    key_file = tmp_path / "secrets.key"
+    key_file.write_bytes(os.urandom(32))
+    key_file.chmod(0o600)
+    env = {
+        "ATOLL_DATABASE_URL": url,
+        "ATOLL_SECRETS_KEY_FILE": str(key_file),
+        "ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE,
+        "ATOLL_HEARTBEAT_S": "1",
+    }
+    a = LocalServer(tmp_path / "a", env=env)
+    b = LocalServer(tmp_path / "b", api_key=a.api_key, env=env)
+    worker = None
+    sid = None
+    try:
+        a.start()
+        b.start()
+        worker = LocalWorker(tmp_path / "w0", f"{a.url},{b.url}", a.api_key, "w0", env=env).start()
+        a.wait_healthy(900, lambda: None if worker.exited() is None else f"worker exited: {worker.tail()}")
+        deadline = time.monotonic() + 120
+        while not _ready_on(a, "w0"):
+            assert time.monotonic() < deadline, worker.tail()
+            time.sleep(0.2)
+        with httpx.Client(base_url=a.url, headers=a.headers(), timeout=300) as ca:
+            r = ca.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            sid = r.json()["id"]
+            r = ca.post(
+                f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo kept > /root/f; sleep 1000 & echo $!"}
+            )
+            assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+            pid = r.json()["stdout"].strip()
+        a.kill()  # SIGKILL: no stop, no release of its lease, no goodbye to the worker
+        t0 = time.monotonic()
+        with httpx.Client(base_url=b.url, headers=b.headers(), timeout=300) as cb:
+            while True:
+                r = cb.post(
+                    f"/v1/sandboxes/{sid}/exec", json={"cmd": f"cat /root/f; kill -0 {pid} && echo alive"}
+                )
+                if r.status_code == 200:
+                    break
+                assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
+                assert time.monotonic() - t0 < 60, f"the worker did not move to B: {worker.tail()}"
+                time.sleep(0.2)
+            assert r.json()["stdout"] == "kept\nalive\n", r.text
+            moved_s = time.monotonic() - t0
+            assert _ready_on(b, "w0")
+            while True:  # B runs the background loops now
+                leases = cb.get("/v1/leases").json()
+                holder = [x for x in leases["items"] if x["name"] == "leader"]
+                if holder and holder[0]["this_server"]:
+                    break
+                assert time.monotonic() - t0 < 30, leases
+                time.sleep(0.5)
+            print(f"moved to B and served in {moved_s:.1f} s")
+            assert cb.delete(f"/v1/sandboxes/{sid}").status_code in (200, 204)
+            sid = None
+    finally:
+        for p in (a, b):
+            p.terminate()
+        if worker is not None:
+            worker.terminate()
+            if sid is not None:
+                purge(worker.home)
+            LocalCluster.wait_no_sandboxes(worker.home)
