@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
 import pytest
 
@@ -77,6 +78,8 @@ async def test_postgresql_restarted_under_load_is_503_then_serves_again(tmp_path
             down = dict(seen)
             r = await fake.http.get(f"/v1/sandboxes/{sid}")  # needs the records: 503, not 500
             assert r.status_code == 503 and r.json()["error"]["code"] == "database_unavailable", r.text
+            # noted: missed worker heartbeats right now would not make workers lost
+            assert time.monotonic() - fake.manager.db.trouble_at < 1.0
             await asyncio.to_thread(cluster.up)
             # back: the pool's pre-ping drops the dead connections; calls succeed again
             for _ in range(100):

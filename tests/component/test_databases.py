@@ -326,6 +326,73 @@ async def test_a_worker_another_server_hears_is_not_marked_lost(database_url, da
 
 
 @pytest.mark.databases
+async def test_a_worker_taken_over_keeps_what_another_server_wrote_and_an_outage_loses_no_worker(
+    database_url, database_kind
+):
+    """A server taking a worker over (it registers here again) starts from the record as the
+    database has it — on PostgreSQL another server may have drained it meanwhile (found by a
+    review: the drain was silently undone). And missed heartbeats right after the records
+    database failed (their key is checked there) do not make a worker lost."""
+    import time as _time
+
+    from atoll.controlplane import workers as workers_mod
+
+    d = dbm.open_database(database_url)
+    other = dbm.Database(database_url)
+    try:
+        now = dbm.utcnow()
+        d.put_worker(
+            dbm.WorkerRecord(
+                id="wk-cccccccccccccccc",
+                name="w",
+                installation="i1",
+                state="ready",
+                capacity={},
+                registered_at=now,
+                last_heartbeat_at=now,
+            )
+        )
+        reg = workers_mod.WorkerRegistry(d, listener=None, lost_after_s=15, reconcile_s=30)  # type: ignore[arg-type]
+        reg.load()
+        try:
+            rec = other.get_worker("wk-cccccccccccccccc")
+            rec.draining, rec.evacuation = True, {"state": "running"}
+            other.put_worker(rec)  # another server drains it
+            h = reg._handle_for("w", "i1")
+            if database_kind == "postgresql":
+                assert h.record.draining and h.record.evacuation == {"state": "running"}
+            else:  # one server per SQLite file: its own copy stands
+                assert not h.record.draining
+            h.state, h.local, h.last_seen = "ready", False, _time.monotonic() - 60
+            assert reg.silent(_time.monotonic()) == [h]
+            d.trouble_at = _time.monotonic() - 1  # the database failed a second ago
+            assert reg.silent(_time.monotonic()) == []
+            assert reg.silent(_time.monotonic() + 15) == [h]
+            # a worker another server made after this one started is learnt (listed, not settled)
+            d.put_worker(
+                dbm.WorkerRecord(
+                    id="wk-dddddddddddddddd",
+                    name="late",
+                    installation="i2",
+                    state="ready",
+                    capacity={},
+                    registered_at=now,
+                    last_heartbeat_at=dbm.utcnow(),
+                )
+            )
+            reg.learn_others()
+            late = reg.handles["wk-dddddddddddddddd"]
+            assert late.state == "lost" and reg._by_name["late"] == late.id
+            if database_kind == "postgresql":
+                assert late.lost_since is None and late.reason == workers_mod.HELD_ELSEWHERE
+        finally:
+            await reg.aclose()
+    finally:
+        d.engine.dispose()
+        other.engine.dispose()
+
+
+@pytest.mark.databases
 def test_records_round_trip_and_pool_claims_count_across_servers(database_url):
     """What the ledger writes comes back the same on both databases (JSON, booleans, floats,
     times in UTC, server defaults), a save writes only its fields, and pool claims counted by two

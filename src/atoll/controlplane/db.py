@@ -16,6 +16,7 @@ import builtins
 import datetime as dt
 import importlib.util
 import os
+import time
 import typing
 
 import sqlalchemy as sa
@@ -285,7 +286,18 @@ class Database:
             )
         self.dialect = self.engine.dialect.name
         """"sqlite" or "postgresql"."""
+        self.trouble_at = -1e18
+        """When (monotonic) a statement last failed for want of the database (it could not be
+        reached, or the connection broke): the worker watch does not take missed heartbeats for
+        lost workers right after (controlplane.workers)."""
+        event.listen(self.engine, "handle_error", self._trouble)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _trouble(self, ctx) -> None:
+        if ctx.is_disconnect or isinstance(
+            ctx.sqlalchemy_exception, sa.exc.OperationalError | sa.exc.InterfaceError
+        ):
+            self.trouble_at = time.monotonic()
 
     def get(self, sid: str) -> SandboxRecord | None:
         with self.session() as s:

@@ -42,6 +42,8 @@ DRAINING = "draining: no new sandboxes are placed here"
 
 HEARTBEAT_WRITE_S = 5.0
 """How often a heartbeat's time is written to the shared workers table (PostgreSQL only)."""
+OTHERS_EVERY_S = 5.0
+"""How often a server sharing the records looks for workers other servers made (PostgreSQL)."""
 HELD_ELSEWHERE = "its heartbeats reach another server sharing the records (not this one)"
 
 
@@ -394,6 +396,12 @@ class WorkerRegistry:
                 self._by_name[name] = wid = stored.id
         if wid is not None:
             h = self.handles[wid]
+            if self.shared:
+                # another server may have written it since (a drain and its evacuation, a cordon):
+                # take the worker over with the record as the database has it, not this copy
+                fresh = self.db.get_worker(wid)
+                if fresh is not None:
+                    h.record = fresh
             if h.record.installation and h.record.installation != installation:
                 raise errors.Conflict(
                     f"a worker named {name!r} with another home (installation {h.record.installation}, "
@@ -528,17 +536,55 @@ class WorkerRegistry:
 
     async def _watch(self) -> None:
         """Mark remote workers whose heartbeats stopped `lost`."""
+        seen_others = 0.0
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
-            for h in list(self.handles.values()):
-                if h.local or h.state not in ("ready", "draining", "joining"):
-                    continue
-                if now - h.last_seen > self.lost_after_s:
-                    try:
-                        self._lose(h, f"no heartbeat for {now - h.last_seen:.0f}s")
-                    except Exception:  # one worker's bad record must not stop the watch of the others
-                        log.exception("marking worker %s lost failed", h.name)
+            if self.shared and now - seen_others >= OTHERS_EVERY_S:
+                seen_others = now
+                try:
+                    self.learn_others()
+                except Exception:  # noqa: BLE001 - the database may be away: next time
+                    log.debug("reading the workers other servers hold failed", exc_info=True)
+            for h in self.silent(now):
+                try:
+                    self._lose(h, f"no heartbeat for {now - h.last_seen:.0f}s")
+                except Exception:  # one worker's bad record must not stop the watch of the others
+                    log.exception("marking worker %s lost failed", h.name)
+
+    def learn_others(self) -> None:
+        """Workers that joined another server sharing the records since this one started: listed
+        here (lost here, held elsewhere; never settled by this server) so that GET /v1/workers
+        and sandbox objects name them."""
+        for rec in self.db.workers():
+            if rec.id in self.handles or rec.name in self._by_name:
+                continue
+            held = self.held_elsewhere(rec)
+            h = WorkerHandle(
+                rec.id,
+                rec.name,
+                rec,
+                state="lost",
+                reason=HELD_ELSEWHERE if held else rec.state_reason,
+                local=False,
+                lost_since=None if held else time.time(),
+            )
+            self.handles[rec.id] = h
+            self._by_name[rec.name] = rec.id
+
+    def silent(self, now: float) -> list[WorkerHandle]:
+        """The remote workers whose heartbeats stopped for ATOLL_WORKER_LOST_S — none while the
+        records database failed lately: heartbeats (their key is checked there) could not get
+        through then, which says nothing about the workers."""
+        if now - self.db.trouble_at < self.lost_after_s:
+            return []
+        return [
+            h
+            for h in self.handles.values()
+            if not h.local
+            and h.state in ("ready", "draining", "joining")
+            and now - h.last_seen > self.lost_after_s
+        ]
 
     async def aclose(self) -> None:
         if self._loop is not None:

@@ -38,9 +38,13 @@ def integer(
     lo: int | None = None,
     hi: int | None = None,
     flag: int | None = None,
+    flag_name: str | None = None,
     what: str = "",
 ) -> int:
+    """`name` from `env`, or `flag` (a command-line option, named `flag_name` in errors) when given."""
     raw = flag if flag is not None else env.get(name)
+    if flag is not None and flag_name:
+        name = flag_name
     bounds = f"{lo if lo is not None else '-inf'}-{hi if hi is not None else 'inf'}"
     fix = f"{f' ({what})' if what else ''}; set it to a whole number in {bounds}, or unset it for the default {default}"
     if raw is None or raw == "":

@@ -236,6 +236,9 @@ class Registration:
             return False
         if r.status_code == 401:
             raise Fatal("the server refused this worker's key (ATOLL_API_KEY changed on the server?)")
+        if r.status_code == 503:  # the server is there, its records database is not: no reason to move
+            log.warning("heartbeat to %s: %s", self.server, self._refusal(r).message)
+            return True
         r.raise_for_status()
         return True
 
@@ -249,7 +252,12 @@ class Registration:
                 raise
             except (httpx.HTTPError, errors.AtollError, ValueError, KeyError) as e:
                 tried += 1
-                if await self._next_server(f"cannot register: {e}") and tried % len(self.servers):
+                there = isinstance(e, errors.AtollError) and e.code == "database_unavailable"
+                if (
+                    not there
+                    and await self._next_server(f"cannot register: {e}")
+                    and tried % len(self.servers)
+                ):
                     continue  # the next server at once; a pause after a whole round
                 log.warning("cannot register with %s (%s); retrying in %.1fs", self.server, e, pause)
                 await asyncio.sleep(pause)

@@ -253,7 +253,14 @@ def load(
         ),
         layer_cache_gb=config.number(env, "ATOLL_LAYER_CACHE_GB", 0.0, lo=0, hi=1024 * 1024) or None,
         slots=config.integer(
-            env, "ATOLL_WORKER_SLOTS", 0, lo=0, hi=MAX_SLOTS, flag=slots, what="--slots: 0 means no limit"
+            env,
+            "ATOLL_WORKER_SLOTS",
+            0,
+            lo=0,
+            hi=MAX_SLOTS,
+            flag=slots,
+            flag_name="--slots",
+            what="--slots: 0 means no limit",
         ),
     )
 
