@@ -651,6 +651,8 @@ class SandboxManager:
         UTC timestamp): records changed since are left for the next pass."""
         for b in list(handle.builds.values()):  # builds that moved while nobody listened
             self.templates.on_build(handle.id, b)
+        if self.ledger.shared:  # other servers may have failed, moved or made its sandboxes since
+            self.ledger.refresh()
         held = {r.sandbox_id: r for r in inventory.runtimes}
         self.pools.outdated(r.sandbox_id for r in inventory.runtimes if r.stale_runtime)
         stale: list[api.RuntimeReport] = []
