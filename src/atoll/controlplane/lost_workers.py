@@ -86,12 +86,14 @@ class GoneWorkers:
         """Settle the sandboxes of every worker lost for ATOLL_WORKER_GONE_S; how many changed."""
         now = time.time()
         changed = 0
+        reg = self.m.workers
+        if time.monotonic() - reg.db.trouble_at < reg.lost_after_s:
+            return 0  # the records database failed lately: heartbeats could not get through
         for h in list(self.m.workers.handles.values()):
             if h.local or h.state != "lost" or h.lost_since is None:
                 continue
             if now - h.lost_since < self.gone_after_s:
                 continue
-            reg = self.m.workers
             if reg.shared and reg.held_elsewhere(reg.db.get_worker(h.id)):
                 # alive, through another server sharing the records: nothing to settle
                 h.reason, h.lost_since = HELD_ELSEWHERE, None

@@ -29,6 +29,8 @@ import time
 import typing
 from dataclasses import dataclass, field
 
+from sqlalchemy import exc as sa_exc
+
 from atoll.controlplane import db as dbm
 from atoll.controlplane.remote_worker import RemoteWorker
 from atoll.core import errors, ids, wire
@@ -528,10 +530,17 @@ class WorkerRegistry:
         if isinstance(h.worker, RemoteWorker):
             self._stop_tasks(h)
             h.worker.abort_calls()
-        if self.shared and self.held_elsewhere(self.db.get_worker(h.id)):
-            # it registered with another server since: alive there; its row is that server's
-            h.reason, h.lost_since = HELD_ELSEWHERE, None
-            return
+        if self.shared:
+            try:
+                elsewhere = self.held_elsewhere(self.db.get_worker(h.id))
+            except (sa_exc.OperationalError, sa_exc.InterfaceError):
+                # the records cannot be read (nor written): lost here; nothing is settled while
+                # the database fails or for ATOLL_WORKER_LOST_S after (lost_workers.sweep)
+                return
+            if elsewhere:
+                # it registered with another server since: alive there; its row is that server's
+                h.reason, h.lost_since = HELD_ELSEWHERE, None
+                return
         self._save(h)
 
     async def _watch(self) -> None:
