@@ -5,7 +5,8 @@ Run standalone as root (`.venv/bin/python bench/bench_replicas.py [--quick] [--n
 a private PostgreSQL cluster (atoll.testing.postgres), server A, one worker registered with A
 (`--server A`), then server B on the same database (same API key and secrets key; its own home;
 ATOLL_WORKER_GONE_S=0 on both, so that neither settles the other's workers' sandboxes as gone).
-Creates one sandbox through A, then:
+Creates one sandbox through A, waits (≤ 30 s) for B to list the worker `ready` (B calls the worker
+A holds with the token A stored sealed in the records: controlplane.workers, borrowed workers), then:
 
   through_a         POST …/exec {"cmd": ["true"]} through A (p50 after a warm-up)
   through_b         the same call for the same sandbox through B: interleaved with A's when B
@@ -26,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,6 +97,15 @@ def run(n: int) -> dict:
             raise RuntimeError(f"create through A: {r.status_code} {r.text}")
         sid = r.json()["id"]
         out: dict = {"sandbox": sid}
+        # B borrows the worker A holds (its token, sealed in the shared records) within a look at
+        # the workers other servers hold (every 5 s): wait for it to list w0 ready, at most 30 s
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            items = api_b.get("/v1/workers").json().get("items", [])
+            if any(w.get("name") == "w0" and w.get("state") == "ready" for w in items):
+                break
+            time.sleep(0.1)
+        out["b_lists_worker_ready_after_s"] = round(time.monotonic() - t0, 2)
         got = api_b.get(f"/v1/sandboxes/{sid}")
         workers_b = api_b.get("/v1/workers").json().get("items", [])
         out["b_reads"] = {

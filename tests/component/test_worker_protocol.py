@@ -477,3 +477,99 @@ async def test_a_worker_moves_to_the_next_server_when_its_server_dies(tmp_path, 
                     with contextlib.suppress(BaseException):
                         await task
                 await reg.aclose()
+
+
+async def test_every_server_calls_a_worker_another_server_holds(tmp_path, database_url, database_kind):
+    """Two servers on one PostgreSQL database, one worker registered with A only: B calls it with the
+    token A stored sealed (`borrowed`) — the sandbox made through A is served through B, a create
+    through B lands on it; a drain through B is refused with the way out; when the worker registers
+    again (a new token) B follows within a look; B with another secrets key says why it cannot."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    from atoll.controlplane import workers as workers_mod
+
+    key = b"k" * 32
+    async with (
+        FakeAtoll(
+            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as a,
+        FakeAtoll(
+            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as b,
+        FakeAtoll(
+            tmp_path / "c",
+            [],
+            api_key=KEY,
+            database_url=database_url,
+            tier_policy=False,
+            secrets_key=b"x" * 32,
+        ) as c,
+    ):
+        pa, pb = free_port(), free_port()
+        ua, ub = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(a.app, pa),
+            _serve(b.app, pb),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+            httpx.AsyncClient(base_url=ub, headers=hdr, timeout=30) as cb,
+        ):
+            task = asyncio.ensure_future(reg.run())
+            try:
+                for _ in range(300):
+                    if (await ca.get("/healthz")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.02)
+                r = await ca.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 201, r.text
+                sid = r.json()["id"]
+                assert (
+                    await ca.put(f"/v1/sandboxes/{sid}/files", params={"path": "/f"}, content=b"kept")
+                ).status_code == 204
+                hb = b.manager.workers
+                await hb.others()  # what its watch does every OTHERS_EVERY_S
+                h = hb.handles[hb._by_name["w1"]]
+                assert h.borrowed is not None and h.state == "ready" and h.reason == workers_mod.BORROWED
+                r = await cb.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
+                assert r.status_code == 200 and r.content == b"kept", r.text
+                ws = (await cb.get("/v1/workers")).json()["items"]
+                assert [(w["name"], w["state"]) for w in ws] == [("w1", "ready")]
+                r = await cb.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 201 and r.json()["worker"] == "w1", r.text
+                other = r.json()["id"]
+                r = await ca.post(f"/v1/sandboxes/{other}/exec", json={"cmd": ["true"]})
+                assert r.status_code == 200, r.text
+                r = await cb.post(f"/v1/workers/{h.id}/drain", json={})
+                assert r.status_code == 409 and "through that server" in r.json()["error"]["message"], r.text
+                # B never wrote the record A holds
+                rec = b.manager.db.get_worker(h.id)
+                assert rec is not None and rec.state == "ready" and rec.state_reason is None
+                # the worker registers again (a new token): B's old token is refused with a
+                # retryable 503, never a 401 to the client, and the next look borrows it again
+                creds.set("a-new-token")
+                r = await cb.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
+                assert "no longer accepts" in r.json()["error"]["message"]
+                assert h.borrowed is None and h.state == "lost"
+                await reg.register()  # what the worker does when its server answers it is unknown
+                await hb.others()
+                assert h.borrowed is not None
+                r = await cb.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
+                assert r.status_code == 200 and r.content == b"kept", r.text
+                # a server with another secrets key cannot unseal the token: it says why
+                await c.manager.workers.others()
+                hc = c.manager.workers.handles[h.id]
+                assert hc.worker is None and "ATOLL_SECRETS_KEY_FILE" in (hc.reason or "")
+            finally:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                await reg.aclose()

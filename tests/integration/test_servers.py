@@ -2,7 +2,9 @@
 (issue 21: several servers, a server SIGKILLed mid-operation): the worker joins A; a sandbox is
 made through A with a file and a process in it; A is killed; the worker moves to B within a few
 heartbeats, B takes the leader lease at once (A's process is gone on this machine), and the
-sandbox — its file, its process — is served through B."""
+sandbox — its file, its process — is served through B. Before A is killed, B already serves the
+sandbox A made (it calls the worker A holds, with the token A stored sealed) and its own creates
+land on that worker."""
 
 from __future__ import annotations
 
@@ -61,6 +63,26 @@ def test_a_killed_server_hands_its_worker_and_sandboxes_to_the_other(tmp_path, p
             )
             assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
             pid = r.json()["stdout"].strip()
+        with httpx.Client(base_url=b.url, headers=b.headers(), timeout=300) as cb:
+            # B calls the worker A holds with the token A stored (sealed): the same sandbox is
+            # served through either server, and a create through B lands on that worker
+            t0 = time.monotonic()
+            while True:
+                r = cb.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "cat /root/f"})
+                if r.status_code == 200:
+                    break
+                assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
+                assert time.monotonic() - t0 < 30, f"B never called the worker A holds: {r.text}"
+                time.sleep(0.2)
+            assert r.json()["stdout"] == "kept\n", r.text
+            assert _ready_on(b, "w0")
+            r = cb.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            other = r.json()["id"]
+            with httpx.Client(base_url=a.url, headers=a.headers(), timeout=300) as ca:
+                r = ca.post(f"/v1/sandboxes/{other}/exec", json={"cmd": "echo via-a"})
+                assert r.status_code == 200 and r.json()["stdout"] == "via-a\n", r.text
+            assert cb.delete(f"/v1/sandboxes/{other}").status_code in (200, 204)
         a.kill()  # SIGKILL: no stop, no release of its lease, no goodbye to the worker
         t0 = time.monotonic()
         with httpx.Client(base_url=b.url, headers=b.headers(), timeout=300) as cb:

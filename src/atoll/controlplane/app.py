@@ -363,7 +363,7 @@ def create_app(
         # PostgreSQL refuses what SQLite takes: a NUL character in text (in a name, a filter, a
         # path), text longer than its column. The caller's value, not a server fault.
         rid = getattr(request.state, "request_id", "req_unknown")
-        cause = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+        cause = dbm.cause(exc)
         log.warning(
             "request refused by the database: %s", cause, extra={"request_id": rid, "path": request.url.path}
         )

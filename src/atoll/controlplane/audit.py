@@ -284,7 +284,7 @@ class AuditLog:
                 if loop.time() >= next_prune and not self._closed:
                     next_prune = loop.time() + PRUNE_S
                     await asyncio.to_thread(self.prune)
-            except (sa.exc.OperationalError, sa.exc.InterfaceError) as e:
+            except dbm.UNAVAILABLE as e:
                 log.warning(
                     "audit: the records database is unavailable (%s); retrying in %.0f s",
                     dbm.cause(e),

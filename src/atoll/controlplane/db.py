@@ -180,8 +180,10 @@ class SecretRecord(Base):
 
 
 class WorkerRecord(Base):
-    """A worker the control plane knows: registered at least once. Its token is never stored (a
-    restarted server waits for each worker to register again)."""
+    """A worker the control plane knows: registered at least once. Its token is stored only sealed
+    with the installation's secrets key, and only where servers share the records (PostgreSQL), for
+    the servers that do not hold the worker to call it (controlplane.workers, borrowed workers); a
+    restarted server still waits for each worker to register again before it holds it."""
 
     __tablename__ = "workers"
 
@@ -201,6 +203,9 @@ class WorkerRecord(Base):
     evacuation: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
     """The last drain's evacuation (controlplane.evacuation `Evacuation.record`): what is still to
     move, what moved, what stays and why; a server that starts finds an unfinished one and resumes it."""
+    token_sealed: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    """The token of its current registration, sealed (core.secretbox; associated data
+    `worker-token/<id>`); null on SQLite, where no other server shares the records."""
 
 
 class BadDatabaseURL(ValueError):
@@ -213,6 +218,12 @@ class DatabaseUnavailable(RuntimeError):
 
 
 _FORMS = "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
+UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError)
+"""The errors that mean "the records database cannot be reached now" (or, on SQLite, stayed locked
+past the busy timeout): 503 `database_unavailable` at the API (controlplane.app), a pass skipped by
+the background loops, a write retried by controlplane.dbretry."""
 
 
 def cause(exc: sa.exc.DBAPIError) -> str:
@@ -294,9 +305,7 @@ class Database:
         self.session = sessionmaker(self.engine, expire_on_commit=False)
 
     def _trouble(self, ctx) -> None:
-        if ctx.is_disconnect or isinstance(
-            ctx.sqlalchemy_exception, sa.exc.OperationalError | sa.exc.InterfaceError
-        ):
+        if ctx.is_disconnect or isinstance(ctx.sqlalchemy_exception, UNAVAILABLE):
             self.trouble_at = time.monotonic()
 
     def get(self, sid: str) -> SandboxRecord | None:

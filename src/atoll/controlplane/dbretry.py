@@ -14,13 +14,11 @@ import logging
 import time
 import typing
 
-import sqlalchemy as sa
-
 from atoll.controlplane import db as dbm
 
 log = logging.getLogger(__name__)
 
-UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError)
+UNAVAILABLE = dbm.UNAVAILABLE
 RETRY_S = 0.5
 GIVE_UP_S = 600.0
 
@@ -38,7 +36,7 @@ def later(what: str, op: typing.Callable[[], None]) -> None:
         op()
         return
     except (*UNAVAILABLE, NotYet) as e:
-        cause = dbm.cause(e) if isinstance(e, sa.exc.DBAPIError) else str(e)
+        cause = dbm.cause(e) if not isinstance(e, NotYet) else str(e)
         log.warning("could not %s now (%s); retrying until the database takes it", what, cause)
 
     async def retry() -> None:

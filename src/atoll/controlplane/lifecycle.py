@@ -60,6 +60,9 @@ from atoll.core.lifecycle import (
 
 log = logging.getLogger(__name__)
 
+SHARED_CREATE_GRACE_S = 120.0
+"""On shared records, a `creating` record younger than this whose runtime a worker does not hold
+is left alone by reconciliation: another server may be making it there (it holds the lock)."""
 RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk", Tier.ARCHIVE: "resume_archive"}
 
 
@@ -93,6 +96,7 @@ class SandboxManager:
         self.default_network = netpolicy.parse(default_network).to_wire()
         """The installation's egress policy for a sandbox created without one."""
         self.workers = WorkerRegistry(database, self, lost_after_s=lost_after_s, reconcile_s=reconcile_s)
+        self.workers.token_key = secrets.key if secrets is not None else None
         self.ledger = Ledger(database, m, self.workers, secrets=secrets, default_network=self.default_network)
         self.quotas = self.ledger.quotas
         """Tenant quotas: admission of creates, claims, stores, pools and builds."""
@@ -698,6 +702,8 @@ class SandboxManager:
         if rec.state == State.FAILED:
             return
         if rec.state == State.CREATING:
+            if self.ledger.shared and _changed_since(rec, time.time() - SHARED_CREATE_GRACE_S):
+                return  # another server sharing the records may be making it on this worker now
             # a create whose worker never made the runtime (the server stopped before it asked):
             # it was never acknowledged, so nothing of it is kept
             log.info(

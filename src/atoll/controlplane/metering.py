@@ -335,7 +335,7 @@ class Meter:
                 continue
             try:
                 self.tick()
-            except (sa.exc.OperationalError, sa.exc.InterfaceError) as e:
+            except dbm.UNAVAILABLE as e:
                 log.warning("metering tick skipped: the records database is unavailable (%s)", dbm.cause(e))
             except Exception:  # noqa: BLE001 - a failed pass is retried at the next tick
                 log.exception("metering tick failed")

@@ -83,12 +83,15 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
         on_unreachable: typing.Callable[[str], None] | None = None,
         tunnel_port: int = 0,
         tls: ssl.SSLContext | None = None,
+        on_refused: typing.Callable[[str], None] | None = None,
     ):
         self.url = url.rstrip("/")
         self.name = name
         self.token = token
         self.tunnel_port = tunnel_port
         self._on_unreachable = on_unreachable
+        self._on_refused = on_refused
+        """Called when the worker refuses the token (401): it registered again since."""
         host, port = self.address(self.url)
         if self.url.startswith("https://"):
             if tls is None:
@@ -158,6 +161,16 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
         )
 
     def _check(self, r: http11.Response) -> None:
+        if r.status_code == 401:
+            # the worker answers a token it no longer accepts before anything else (not even its
+            # protocol): it registered again since, with this server or another sharing the records
+            why = f"worker {self.name!r} no longer accepts this server's token (it registered again since)"
+            if self._on_refused is not None:
+                self._on_refused(why)
+            raise errors.Unavailable(
+                f"{why}; the call was not carried out, so nothing about the sandbox changed — retry in "
+                "a few seconds (GET /v1/workers)"
+            )
         wire.check_protocol(r.headers.get(wire.PROTOCOL_HEADER.lower()), f"worker {self.name!r}")
 
     def _raise(self, r: http11.Response) -> typing.NoReturn:

@@ -29,11 +29,9 @@ import time
 import typing
 from dataclasses import dataclass, field
 
-from sqlalchemy import exc as sa_exc
-
 from atoll.controlplane import db as dbm
 from atoll.controlplane.remote_worker import RemoteWorker
-from atoll.core import errors, ids, wire
+from atoll.core import errors, ids, secretbox, wire
 from atoll.core import worker_api as api
 
 log = logging.getLogger(__name__)
@@ -47,6 +45,9 @@ HEARTBEAT_WRITE_S = 5.0
 OTHERS_EVERY_S = 5.0
 """How often a server sharing the records looks for workers other servers made (PostgreSQL)."""
 HELD_ELSEWHERE = "its heartbeats reach another server sharing the records (not this one)"
+BORROWED = "held by another server sharing the records; this one calls it with the token that server stored"
+BORROW_TIMEOUT_S = 10.0
+"""How long a server waits for a borrowed worker's `info` before it tries again (next pass)."""
 
 
 class Listener(typing.Protocol):
@@ -80,6 +81,10 @@ class WorkerHandle:
     lost_since: float | None = None
     """When this server last saw it become `lost` (wall clock; None while it is not): after
     ATOLL_WORKER_GONE_S, controlplane.lost_workers settles its sandboxes."""
+    borrowed: str | None = None
+    """The sealed token this server calls it with while another server sharing the records holds
+    it (None: this server holds it, or cannot call it). A borrowed worker serves every call of its
+    sandboxes here too; its record, events, heartbeats and reconciliation stay its holder's."""
 
     @property
     def usable(self) -> bool:
@@ -153,6 +158,9 @@ class WorkerRegistry:
         workers table (every HEARTBEAT_WRITE_S), and a worker another server hears from is never
         marked lost, nor its sandboxes settled, by this one (`held_elsewhere`)."""
         self._seen_written: dict[str, float] = {}
+        self.token_key: bytes | None = None
+        """The installation's secrets key (set by the manager): a worker's token is stored sealed
+        with it on shared records, and other servers' workers' tokens are unsealed with it."""
 
     # ---- records --------------------------------------------------------------------------------
     def held_elsewhere(self, rec: dbm.WorkerRecord | None) -> bool:
@@ -193,6 +201,8 @@ class WorkerRegistry:
         self._loop = asyncio.ensure_future(self._watch())
 
     def _save(self, h: WorkerHandle) -> None:
+        if h.borrowed is not None:
+            return  # its record is its holder's to write
         h.record.state, h.record.state_reason = h.state, h.reason
         if h.state in ("ready", "draining"):
             h.record.draining = h.state == "draining"
@@ -312,6 +322,7 @@ class WorkerRegistry:
         )
         self._replace(h, remote, info, local=False)
         h.record.url = url
+        h.record.token_sealed = self._seal(h.id, token)
         h.record.last_heartbeat_at = dbm.utcnow()
         h.epoch = secrets.token_hex(8)
         h.last_seen = time.monotonic()
@@ -358,6 +369,13 @@ class WorkerRegistry:
 
     def drain(self, worker_id: str, on: bool) -> WorkerHandle:
         h = self.get(worker_id)
+        if h.borrowed is not None:
+            raise errors.Conflict(
+                f"worker {h.name!r} is held by another server sharing the records (its heartbeats go "
+                "there); drain or undrain it through that server, the one whose GET /v1/workers shows it "
+                "without the reason 'held by another server'",
+                code="invalid_state",
+            )
         if on and h.state == "ready":
             h.state, h.reason = "draining", DRAINING
         elif not on and h.state == "draining":
@@ -424,7 +442,7 @@ class WorkerRegistry:
         if old is not None and old is not worker:
             t = asyncio.ensure_future(old.aclose())
             h.tasks.append(t)
-        h.worker, h.info, h.local = worker, info, local
+        h.worker, h.info, h.local, h.borrowed = worker, info, local, None
         h.state, h.reason = "joining", "reading its inventory"
         h.templates = {t.name: t for t in info.templates}
         h.builds = {b.build_id: b for b in info.builds}
@@ -525,6 +543,9 @@ class WorkerRegistry:
         is taken over again."""
         if h.state == "lost":
             return
+        if h.borrowed is not None:
+            self._unborrow(h, reason)
+            return
         log.warning("worker.lost", extra={"worker": h.name, "reason": reason})
         h.state, h.reason, h.lost_since = "lost", reason, time.time()
         if isinstance(h.worker, RemoteWorker):
@@ -533,7 +554,7 @@ class WorkerRegistry:
         if self.shared:
             try:
                 elsewhere = self.held_elsewhere(self.db.get_worker(h.id))
-            except (sa_exc.OperationalError, sa_exc.InterfaceError):
+            except dbm.UNAVAILABLE:
                 # the records cannot be read (nor written): lost here; nothing is settled while
                 # the database fails or for ATOLL_WORKER_LOST_S after (lost_workers.sweep)
                 return
@@ -544,28 +565,53 @@ class WorkerRegistry:
         self._save(h)
 
     async def _watch(self) -> None:
-        """Mark remote workers whose heartbeats stopped `lost`."""
-        seen_others = 0.0
-        while True:
-            await asyncio.sleep(1.0)
-            now = time.monotonic()
-            if self.shared and now - seen_others >= OTHERS_EVERY_S:
-                seen_others = now
-                try:
-                    self.learn_others()
-                except Exception:  # noqa: BLE001 - the database may be away: next time
-                    log.debug("reading the workers other servers hold failed", exc_info=True)
-            for h in self.silent(now):
-                try:
-                    self._lose(h, f"no heartbeat for {now - h.last_seen:.0f}s")
-                except Exception:  # one worker's bad record must not stop the watch of the others
-                    log.exception("marking worker %s lost failed", h.name)
+        """Mark remote workers whose heartbeats stopped `lost`; on shared records, every
+        OTHERS_EVERY_S, look at the workers other servers hold (`others`, in a task of its own: a
+        slow worker there never delays this watch)."""
+        seen_others = -OTHERS_EVERY_S
+        others: asyncio.Task | None = None
+        try:
+            while True:
+                await asyncio.sleep(1.0)
+                now = time.monotonic()
+                if self.shared and now - seen_others >= OTHERS_EVERY_S and (others is None or others.done()):
+                    seen_others = now
+                    others = asyncio.ensure_future(self.others())
+                for h in self.silent(now):
+                    try:
+                        self._lose(h, f"no heartbeat for {now - h.last_seen:.0f}s")
+                    except Exception:  # one worker's bad record must not stop the watch of the others
+                        log.exception("marking worker %s lost failed", h.name)
+        finally:
+            if others is not None:
+                others.cancel()
 
-    def learn_others(self) -> None:
+    async def others(self) -> None:
+        """One look at the workers other servers sharing the records hold: list those that joined
+        one since this server started (`learn_others`), and call those alive there through their
+        stored token (`_borrow`), so that any server serves any sandbox."""
+        try:
+            recs = self.db.workers()
+        except Exception:  # noqa: BLE001 - the database may be away: next time
+            log.debug("reading the workers other servers hold failed", exc_info=True)
+            return
+        self.learn_others(recs)
+        for rec in recs:
+            h = self.handles.get(rec.id)
+            if h is None:
+                continue
+            try:
+                await self._borrow(h, rec)
+            except Exception:  # noqa: BLE001 - one worker must not stop the look at the others
+                log.warning(
+                    "calling worker %s through another server's registration failed", h.name, exc_info=True
+                )
+
+    def learn_others(self, recs: list[dbm.WorkerRecord] | None = None) -> None:
         """Workers that joined another server sharing the records since this one started: listed
-        here (lost here, held elsewhere; never settled by this server) so that GET /v1/workers
-        and sandbox objects name them."""
-        for rec in self.db.workers():
+        here (lost here until `_borrow` can call them; held elsewhere, so never settled by this
+        server) so that GET /v1/workers and sandbox objects name them."""
+        for rec in self.db.workers() if recs is None else recs:
             if rec.id in self.handles or rec.name in self._by_name:
                 continue
             held = self.held_elsewhere(rec)
@@ -581,6 +627,103 @@ class WorkerRegistry:
             self.handles[rec.id] = h
             self._by_name[rec.name] = rec.id
 
+    # ---- workers other servers hold ----------------------------------------------------------------
+    def _seal(self, worker_id: str, token: str) -> str | None:
+        """A worker's token as stored for the other servers sharing the records (None on SQLite)."""
+        if not self.shared or self.token_key is None:
+            return None
+        return secretbox.seal(self.token_key, token, f"worker-token/{worker_id}")
+
+    async def _borrow(self, h: WorkerHandle, rec: dbm.WorkerRecord) -> None:
+        """Call a worker another server holds with the token that server stored, while that server
+        hears its heartbeats: its sandboxes are served here as there (no 503 on the replica a load
+        balancer picked). A borrowed worker is never marked lost, settled, reconciled or written by
+        this server; it is let go when its holder stops hearing it, its token changes, or a call
+        finds it unreachable (the next look borrows it again)."""
+        if h.local or (h.worker is not None and h.borrowed is None):
+            return  # this server holds it
+        held = self.held_elsewhere(rec)
+        if not held or not rec.url or not rec.token_sealed or self.token_key is None:
+            if h.borrowed is not None:
+                self._unborrow(h, "its heartbeats no longer reach any server sharing the records")
+            return
+        state = "draining" if rec.draining or rec.state == "draining" else "ready"
+        if h.borrowed == rec.token_sealed and h.worker is not None and h.record.url == rec.url:
+            worker = h.worker
+            try:  # what it holds now (templates, builds): its events go to its holder only
+                info = await asyncio.wait_for(worker.info(), BORROW_TIMEOUT_S)
+            except (errors.AtollError, TimeoutError) as e:
+                if h.worker is worker:
+                    self._unborrow(h, f"it did not answer `info`: {getattr(e, 'message', repr(e))}")
+                return
+            if h.worker is worker:
+                h.record, h.info, h.state = rec, info, state
+                h.templates = {t.name: t for t in info.templates}
+                h.builds = {b.build_id: b for b in info.builds}
+            return
+        try:
+            token = secretbox.unseal(self.token_key, rec.token_sealed, f"worker-token/{rec.id}")
+        except Exception as e:  # noqa: BLE001 - another key, or a damaged row: say so, leave it lost
+            h.reason = f"{HELD_ELSEWHERE}; its stored token cannot be unsealed with this server's secrets key ({type(e).__name__}): give every server the same ATOLL_SECRETS_KEY_FILE"
+            return
+        remote: RemoteWorker | None = None
+
+        def gone(why: str) -> None:
+            if remote is not None and h.worker is remote:
+                self._unborrow(h, why)
+
+        try:
+            remote = RemoteWorker(
+                rec.url, token, rec.name, on_unreachable=gone, tls=self.worker_tls, on_refused=gone
+            )
+        except errors.AtollError as e:
+            h.reason = f"{HELD_ELSEWHERE}; this server cannot call it at {rec.url}: {e.message}"
+            return
+        try:
+            info = await asyncio.wait_for(remote.info(), BORROW_TIMEOUT_S)
+        except (errors.AtollError, TimeoutError) as e:
+            h.reason = f"{HELD_ELSEWHERE}; it did not answer this server: {getattr(e, 'message', repr(e))}"[
+                :600
+            ]
+            await remote.aclose()
+            return
+        if info.name != rec.name or info.installation != rec.installation:
+            log.warning(
+                "worker.borrow.mismatch",
+                extra={"worker": rec.name, "answered": info.name, "installation": info.installation},
+            )
+            h.reason = f"{HELD_ELSEWHERE}; the worker at {rec.url} is {info.name!r}, not {rec.name!r}"
+            await remote.aclose()
+            return
+        if h.local or (h.worker is not None and h.borrowed is None):
+            await remote.aclose()  # it registered with this server meanwhile
+            return
+        old = h.worker
+        remote.tunnel_port = info.tunnel_port
+        h.worker, h.info, h.borrowed, h.record = remote, info, rec.token_sealed, rec
+        h.state, h.reason, h.lost_since = state, BORROWED, None
+        h.templates = {t.name: t for t in info.templates}
+        h.builds = {b.build_id: b for b in info.builds}
+        if isinstance(old, RemoteWorker):
+            h.tasks.append(asyncio.ensure_future(old.aclose()))
+        self.changed.set()
+        log.info("worker.borrowed", extra={"worker": h.name, "worker_id": h.id, "url": rec.url})
+
+    def _unborrow(self, h: WorkerHandle, why: str) -> None:
+        """Stop calling a borrowed worker (calls in flight end with 503): lost here, held elsewhere
+        (never settled by this server); the next look borrows it again if it can."""
+        worker = h.worker
+        h.worker, h.borrowed = None, None
+        h.state, h.reason, h.lost_since = (
+            "lost",
+            f"{HELD_ELSEWHERE}; this server cannot call it now: {why}"[:600],
+            None,
+        )
+        log.info("worker.unborrowed", extra={"worker": h.name, "reason": why})
+        if isinstance(worker, RemoteWorker):
+            worker.abort_calls()
+            h.tasks.append(asyncio.ensure_future(worker.aclose()))
+
     def silent(self, now: float) -> list[WorkerHandle]:
         """The remote workers whose heartbeats stopped for ATOLL_WORKER_LOST_S — none while the
         records database failed lately: heartbeats (their key is checked there) could not get
@@ -591,6 +734,7 @@ class WorkerRegistry:
             h
             for h in self.handles.values()
             if not h.local
+            and h.borrowed is None
             and h.state in ("ready", "draining", "joining")
             and now - h.last_seen > self.lost_after_s
         ]
