@@ -482,7 +482,7 @@ async def test_a_worker_moves_to_the_next_server_when_its_server_dies(tmp_path, 
 async def test_every_server_calls_a_worker_another_server_holds(tmp_path, database_url, database_kind):
     """Two servers on one PostgreSQL database, one worker registered with A only: B calls it with the
     token A stored sealed (`borrowed`) — the sandbox made through A is served through B, a create
-    through B lands on it; a drain through B is refused with the way out; when the worker registers
+    through B lands on it; a drain and an undrain through B are followed by A; when the worker registers
     again (a new token) B follows within a look; B with another secrets key says why it cannot."""
     if database_kind != "postgresql":
         pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
@@ -547,19 +547,33 @@ async def test_every_server_calls_a_worker_another_server_holds(tmp_path, databa
                 other = r.json()["id"]
                 r = await ca.post(f"/v1/sandboxes/{other}/exec", json={"cmd": ["true"]})
                 assert r.status_code == 200, r.text
-                r = await cb.post(f"/v1/workers/{h.id}/drain", json={})
-                assert r.status_code == 409 and "through that server" in r.json()["error"]["message"], r.text
-                # B never wrote the record A holds
+                # a drain through B is written to the row; A, which holds the worker, follows
+                # (cordon only here: one worker, nowhere to move to), and so does an undrain
+                r = await cb.post(f"/v1/workers/{h.id}/drain", json={"draining": True, "evacuate": False})
+                assert r.status_code == 202 and r.json()["state"] == "draining", r.text
+                ha = a.manager.workers.handles[h.id]
+                assert ha.state == "ready"
+                await a.manager.workers.others()
+                assert ha.state == "draining" and ha.record.draining
+                r = await ca.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker", r.text
+                r = await cb.post(f"/v1/workers/{h.id}/drain", json={"draining": False})
+                assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+                await a.manager.workers.others()
+                assert ha.state == "ready" and not ha.record.draining
+                # B wrote no more of the record A holds than the cordon
                 rec = b.manager.db.get_worker(h.id)
                 assert rec is not None and rec.state == "ready" and rec.state_reason is None
                 # the worker registers again (a new token): B's old token is refused with a
                 # retryable 503, never a 401 to the client, and the next look borrows it again
-                creds.set("a-new-token")
+                task.cancel()  # its heartbeats would race the registrations made here
+                with contextlib.suppress(BaseException):
+                    await task
+                await reg.register()  # as after a restart of A: a new token
                 r = await cb.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
                 assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
                 assert "no longer accepts" in r.json()["error"]["message"]
                 assert h.borrowed is None and h.state == "lost"
-                await reg.register()  # what the worker does when its server answers it is unknown
                 await hb.others()
                 assert h.borrowed is not None
                 r = await cb.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})

@@ -452,6 +452,13 @@ class Database:
         with self.session() as s:
             return s.get(WorkerRecord, worker_id)
 
+    def set_worker_columns(self, worker_id: str, **values: typing.Any) -> None:
+        """Write only these columns of a worker's row (a server that does not hold the worker:
+        the rest is its holder's to write)."""
+        t = WorkerRecord.__table__
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(t).where(t.c.id == worker_id).values(**values))
+
     def worker_seen(self, worker_id: str, at: dt.datetime) -> None:
         """Record a heartbeat's time (only that column: other servers write the rest)."""
         t = WorkerRecord.__table__

@@ -416,6 +416,23 @@ class SandboxManager:
         if handle.state == "draining":
             self.evacuations.resume(handle)
 
+    def worker_cordoned(self, handle: WorkerHandle, draining: bool) -> None:
+        """Another server drained or undrained a worker this server holds (through its row): the
+        evacuation it asked for runs here, or the one under way stops."""
+        if draining:
+            done = self.evacuations.runs.get(handle.id)
+            if done is not None and not done.active:  # an earlier drain's: the record's is newer
+                del self.evacuations.runs[handle.id]
+            self.evacuations.resume(handle)
+        else:
+            self.evacuations.stop(handle.id)
+
+    def refresh_records(self) -> None:
+        """On shared records, every OTHERS_EVERY_S (controlplane.workers): read what other servers
+        made or changed, so placement and the workers' views count it."""
+        if self.ledger.shared:
+            self.ledger.refresh()
+
     async def configure_worker(self, handle: WorkerHandle, worker: api.WorkerAPI) -> None:
         """At adoption, once the records follow the worker's inventory: the secret bindings of its
         live sandboxes (a worker keeps them in memory only)."""

@@ -115,10 +115,15 @@ async def drain_worker(request: Request, wid: WorkerId):
     store fails, no other worker has room) stays, listed with the reason. Draining again moves
     what is left. The progress is kept in the worker's record: after a server restart the
     evacuation goes on once the worker is taken over again (`resumed_at`). `{"draining": true, "evacuate": false}`: only the cordon. `{"draining": false}`:
-    undrained (200), an evacuation stops between sandboxes."""
+    undrained (200), an evacuation stops between sandboxes. Through a server that does not hold
+    the worker (several servers on one PostgreSQL; its `state_reason` says so) the drain is written
+    to the worker's row and the server holding it takes it over within ~5 s, running the
+    evacuation there."""
     req = await http.read_json(request, schemas.DrainRequest, optional=True)
     manager = ctx(request).manager
-    h = manager.workers.drain(wid, req.draining)
+    h = manager.workers.drain(wid, req.draining, evacuate=req.evacuate)
+    if h.borrowed is not None:  # its holder follows the row within seconds and runs the evacuation
+        return http.json_response(view(request, h), 202 if req.draining else 200)
     if not req.draining:
         manager.evacuations.stop(h.id)
         return http.json_response(view(request, h))

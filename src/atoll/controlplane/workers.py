@@ -61,6 +61,8 @@ class Listener(typing.Protocol):
 
     def worker_ready(self, handle: WorkerHandle) -> None: ...
 
+    def worker_cordoned(self, handle: WorkerHandle, draining: bool) -> None: ...
+
 
 @dataclass
 class WorkerHandle:
@@ -81,6 +83,9 @@ class WorkerHandle:
     lost_since: float | None = None
     """When this server last saw it become `lost` (wall clock; None while it is not): after
     ATOLL_WORKER_GONE_S, controlplane.lost_workers settles its sandboxes."""
+    cordoned_at: float = 0.0
+    """When (monotonic) this server last drained or undrained it: a row read before then does not
+    undo that (`follow`)."""
     borrowed: str | None = None
     """The sealed token this server calls it with while another server sharing the records holds
     it (None: this server holds it, or cannot call it). A borrowed worker serves every call of its
@@ -367,15 +372,29 @@ class WorkerRegistry:
         h.epoch = None
         self._lose(h, "the worker stopped (its sandboxes keep running; they come back when it does)")
 
-    def drain(self, worker_id: str, on: bool) -> WorkerHandle:
+    def drain(self, worker_id: str, on: bool, *, evacuate: bool = False) -> WorkerHandle:
+        """Cordon (`on`) or uncordon a ready or draining worker. One another server holds is drained
+        through its row (`draining`, and with `evacuate` an evacuation to run): its holder follows
+        within OTHERS_EVERY_S (`follow`) and runs the evacuation."""
         h = self.get(worker_id)
         if h.borrowed is not None:
-            raise errors.Conflict(
-                f"worker {h.name!r} is held by another server sharing the records (its heartbeats go "
-                "there); drain or undrain it through that server, the one whose GET /v1/workers shows it "
-                "without the reason 'held by another server'",
-                code="invalid_state",
-            )
+            if h.state not in ("ready", "draining"):
+                raise errors.Conflict(
+                    f"worker {h.name!r} is {h.state}; only a ready worker can be drained or undrained",
+                    code="invalid_state",
+                )
+            values: dict[str, typing.Any] = {"draining": on}
+            if on and evacuate:
+                ev = {"state": "running", "pending": [], "moved": [], "left": {}, "was_running": []}
+                values["evacuation"] = {**ev, "started_at": dbm.utcnow().isoformat()}
+            self.db.set_worker_columns(h.id, **values)
+            h.record.draining = on
+            if "evacuation" in values:
+                h.record.evacuation = values["evacuation"]
+            h.state, h.reason = ("draining", f"{DRAINING}; {BORROWED}") if on else ("ready", BORROWED)
+            h.cordoned_at = time.monotonic()
+            return h
+        h.cordoned_at = time.monotonic()
         if on and h.state == "ready":
             h.state, h.reason = "draining", DRAINING
         elif not on and h.state == "draining":
@@ -590,12 +609,17 @@ class WorkerRegistry:
         """One look at the workers other servers sharing the records hold: list those that joined
         one since this server started (`learn_others`), and call those alive there through their
         stored token (`_borrow`), so that any server serves any sandbox."""
+        read_at = time.monotonic()
         try:
             recs = self.db.workers()
+            refresh = getattr(self.listener, "refresh_records", None)
+            if refresh is not None:  # placement and views count what other servers placed
+                refresh()
         except Exception:  # noqa: BLE001 - the database may be away: next time
             log.debug("reading the workers other servers hold failed", exc_info=True)
             return
         self.learn_others(recs)
+        self.follow(recs, read_at)
         for rec in recs:
             h = self.handles.get(rec.id)
             if h is None:
@@ -606,6 +630,25 @@ class WorkerRegistry:
                 log.warning(
                     "calling worker %s through another server's registration failed", h.name, exc_info=True
                 )
+
+    def follow(self, recs: list[dbm.WorkerRecord], read_at: float) -> None:
+        """A worker this server holds that another server drained or undrained through its row
+        (a borrower's `drain`): take the cordon over, and run or stop the evacuation here."""
+        for rec in recs:
+            h = self.handles.get(rec.id)
+            if h is None or h.local or h.borrowed is not None or h.worker is None or h.cordoned_at > read_at:
+                continue
+            if rec.draining and h.state == "ready":
+                h.state, h.reason = "draining", DRAINING
+            elif not rec.draining and h.state == "draining":
+                h.state, h.reason = "ready", None
+            else:
+                continue
+            h.record.draining, h.record.evacuation = rec.draining, rec.evacuation
+            log.info("worker.cordon.followed", extra={"worker": h.name, "draining": rec.draining})
+            self.changed.set()
+            if self.listener is not None:
+                self.listener.worker_cordoned(h, rec.draining)
 
     def learn_others(self, recs: list[dbm.WorkerRecord] | None = None) -> None:
         """Workers that joined another server sharing the records since this one started: listed
@@ -658,6 +701,7 @@ class WorkerRegistry:
                 return
             if h.worker is worker:
                 h.record, h.info, h.state = rec, info, state
+                h.reason = BORROWED if state == "ready" else f"{DRAINING}; {BORROWED}"
                 h.templates = {t.name: t for t in info.templates}
                 h.builds = {b.build_id: b for b in info.builds}
             return
@@ -701,7 +745,8 @@ class WorkerRegistry:
         old = h.worker
         remote.tunnel_port = info.tunnel_port
         h.worker, h.info, h.borrowed, h.record = remote, info, rec.token_sealed, rec
-        h.state, h.reason, h.lost_since = state, BORROWED, None
+        h.state, h.lost_since = state, None
+        h.reason = BORROWED if state == "ready" else f"{DRAINING}; {BORROWED}"
         h.templates = {t.name: t for t in info.templates}
         h.builds = {b.build_id: b for b in info.builds}
         if isinstance(old, RemoteWorker):
