@@ -176,3 +176,32 @@ async def test_pool_members_that_trust_other_certificates_than_a_new_sandbox_are
         assert ("claim", sid) in worker.calls and sid in members
         assert worker.runtimes[sid].trust == now
         assert not [call for call in worker.calls if call[0] == "claim refused"]
+
+
+async def test_a_member_another_server_claimed_first_is_left_to_it(tmp_path, database_url, database_kind):
+    """Two servers sharing the records (PostgreSQL) may both read a pool member: the claim is taken
+    in the records before the worker is touched, so the one that comes second (its copy stale)
+    claims another member or restores — it never touches, nor deletes, the sandbox the first one
+    handed out."""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records (PostgreSQL) claim concurrently")
+    from atoll.controlplane import db as dbm
+
+    async with FakeAtoll(tmp_path, api_key=KEY, default_pool=1, database_url=database_url) as fake:
+        c = fake.http
+        await _pool(c, lambda p: p["ready"] == 1)
+        (member,) = [r for r in fake.manager.live() if r.pooled]
+        other = dbm.Database(database_url)  # another server claims it first
+        try:
+            theirs = other.get(member.id)
+            theirs.pooled, theirs.tenant_id = False, "other-tenant"
+            other.save(theirs, fields=["pooled", "tenant_id"])
+        finally:
+            other.engine.dispose()
+        r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        assert r.json()["id"] != member.id
+        assert ("claim", member.id) not in fake.worker.calls
+        assert ("delete", member.id) not in fake.worker.calls
+        rec = fake.manager.db.get(member.id)
+        assert rec is not None and rec.state != "deleted" and rec.tenant_id == "other-tenant"

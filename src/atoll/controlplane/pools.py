@@ -116,6 +116,10 @@ def desired(cfg: dict, now: dt.datetime) -> int:
     return min(want, cfg.get("max", 0))
 
 
+class _Taken(Exception):
+    """A pool member another server sharing the records claimed between our read and our claim."""
+
+
 class Pools:
     def __init__(
         self,
@@ -257,6 +261,8 @@ class Pools:
             self._claims.add(sid)
             try:
                 return await self._claim(rec, req, tenant)
+            except _Taken:
+                continue  # another server sharing the records claimed it first: the next one
             except errors.AtollError as e:
                 log.warning("pool.claim.failed: %s", e.message, extra={"sandbox_id": sid})
                 self._errors[pool_key(tenant, req.template)] = f"a claim failed: {e.message}"
@@ -295,6 +301,16 @@ class Pools:
         env = {**req.env, **{var: b["placeholder"] for var, b in bound.items()}}
         worker = m.worker(rec)
         async with m.lock(sid), m.step("claim", sid) as fields:
+            if m.shared:
+                # taken in the records before the worker is touched: another server sharing them
+                # that read this member too finds its copy stale (or, reading it again, not
+                # pooled) and claims another one instead of this, which is now the caller's
+                rec.pooled, rec.tenant_id = False, tenant
+                try:
+                    m.save(rec, ["pooled", "tenant_id"])
+                except errors.SandboxChanged:
+                    raise _Taken from None
+                m.cache[sid] = rec  # out of the pool's index here too
             if network != rec.network:
                 rec.network = await worker.set_network(sid, network)
             if bound and m.secrets is not None:
