@@ -540,6 +540,13 @@ async def test_every_server_calls_a_worker_another_server_holds(tmp_path, databa
                 assert h.borrowed is not None and h.state == "ready" and h.reason == workers_mod.BORROWED
                 r = await cb.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
                 assert r.status_code == 200 and r.content == b"kept", r.text
+                # its resource use reaches B too (B may hold the lease that meters)
+                for _ in range(200):
+                    fake.emit(api.UsageReport((api.Usage(sid, 1.5, 1 << 20, 3),)))
+                    if sid in b.manager.usage:
+                        break
+                    await asyncio.sleep(0.02)
+                assert b.manager.usage[sid].cpu_seconds == 1.5
                 ws = (await cb.get("/v1/workers")).json()["items"]
                 assert [(w["name"], w["state"]) for w in ws] == [("w1", "ready")]
                 r = await cb.post("/v1/sandboxes", json={"idle_timeout_s": 0})

@@ -39,7 +39,8 @@ connections (gateway.egress reads TCP_INFO; outbound connections and previews al
 worker's reports, which count from the worker's start (a lower reading counts from 0). A price sheet (`ATOLL_PRICES`: JSON, or a path to a JSON file; a price per unit of
 each field) turns usage into `cost`. Per-tenant totals since the server started are exported to
 Prometheus (`atoll_usage_*_total{tenant}`). With several servers only the holder of the `leader`
-lease (controlplane.leases) accrues and writes, its flush fenced by the lease; a server that
+lease (controlplane.leases) accrues and writes (every server receives every worker's usage reports:
+controlplane.workers subscribes to those of workers other servers hold), its flush fenced by the lease; a server that
 takes the lease continues from the cursors, one that loses it drops what it had not written.
 Called by controlplane.routes_usage (queries), controlplane.main and testing.control_plane
 (start/stop).

@@ -749,10 +749,38 @@ class WorkerRegistry:
         h.reason = BORROWED if state == "ready" else f"{DRAINING}; {BORROWED}"
         h.templates = {t.name: t for t in info.templates}
         h.builds = {b.build_id: b for b in info.builds}
+        self._stop_tasks(h)
         if isinstance(old, RemoteWorker):
             h.tasks.append(asyncio.ensure_future(old.aclose()))
+        h.tasks.append(asyncio.ensure_future(self._consume_borrowed(h, remote)))
         self.changed.set()
         log.info("worker.borrowed", extra={"worker": h.name, "worker_id": h.id, "url": rec.url})
+
+    async def _consume_borrowed(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
+        """The events of a borrowed worker that are not its holder's alone: resource use (metering
+        and metrics run on the lease holder, which may be this server), activity (the idle policy
+        too), templates and builds it holds (placement). Deaths and phase changes are its holder's
+        to act on (it writes the records; this server reads them)."""
+        while h.worker is worker:
+            try:
+                async for ev in worker.events():
+                    if h.worker is not worker:
+                        return
+                    if isinstance(ev, api.TemplateChanged):
+                        h.templates[ev.template.name] = ev.template
+                        self.changed.set()
+                    elif isinstance(ev, api.BuildChanged):
+                        h.builds[ev.build.build_id] = ev.build
+                    elif isinstance(ev, api.UsageReport | api.SandboxActivity):
+                        try:
+                            await self.listener.worker_event(h, ev)
+                        except Exception:
+                            log.exception("borrowed worker event failed", extra={"worker": h.name})
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a broken stream: try again shortly
+                log.debug("borrowed worker event stream broke: %r", e, extra={"worker": h.name})
+            await asyncio.sleep(1.0)
 
     def _unborrow(self, h: WorkerHandle, why: str) -> None:
         """Stop calling a borrowed worker (calls in flight end with 503): lost here, held elsewhere
@@ -765,6 +793,7 @@ class WorkerRegistry:
             None,
         )
         log.info("worker.unborrowed", extra={"worker": h.name, "reason": why})
+        self._stop_tasks(h)
         if isinstance(worker, RemoteWorker):
             worker.abort_calls()
             h.tasks.append(asyncio.ensure_future(worker.aclose()))
