@@ -324,7 +324,19 @@ def _run(root: str, rounds: int, mb: int) -> dict:
                 "server_step",
                 "worker_share",
                 "unarchive",
-                *(f"unarchive_{p}" for p in ("manifest", "fetch", "verify", "unpack", "layers", "removal")),
+                *(
+                    f"unarchive_{p}"
+                    for p in (
+                        "manifest",
+                        "fetch",
+                        "verify",
+                        "unpack",
+                        "verify_unpack",
+                        "move",
+                        "layers",
+                        "removal",
+                    )
+                ),
                 "restore",
                 "restore_prepare",
                 "restore_runsc",
