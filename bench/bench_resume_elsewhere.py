@@ -12,15 +12,18 @@ it over S3 (atoll.testing.LocalCluster). One sandbox (memory_mb 512, auto-standb
 Each round, after one untimed warm-up of each kind (both directions: the first adoption on a worker
 may fetch the template's layers from the store), interleaved:
 
-  moved   the sandbox is paused to the archive tier on its worker S (untimed), then the path a user
-          takes to move it: `POST /v1/workers/{S}/drain` (evacuation: the other worker T adopts
-          the archive from the store by reference, S drops its copy; an archived sandbox stays
-          archived) — `GET /v1/workers/{S}` polled every 20 ms until the evacuation is `done` —
-          then `POST …/exec ["true"]`, which resumes it on T (download, sha256 checks, unpack,
-          `runsc restore`, agent). S is undrained after. The next round moves it back.
-            total        drain POST → the exec's 200 (the figure the target is on)
-            move         drain POST → evacuation done (the adoption; includes the 20 ms polling)
-            resume_exec  exec POST → 200 (the resume on T + the exec)
+  moved   the sandbox is paused to the archive tier on its worker S (untimed), then what a user
+          does to move it: `POST /v1/workers/{S}/drain` (the evacuation: the other worker T adopts
+          the archive from the store by reference, under the sandbox's lock; an archived sandbox
+          stays archived) and, right after its 202, `POST …/exec ["true"]`, which waits for the
+          move (the lock) and resumes the sandbox on T (download, sha256 checks, unpack, `runsc
+          restore`, agent). `GET /v1/workers/{S}` is then polled (untimed) until the evacuation is
+          `done`, and S undrained. The next round moves it back.
+            total            drain POST → the exec's 200 (the figure the target is on)
+            exec_wait        exec POST → 200
+            evacuation_done  drain POST → `done` seen (includes S dropping its copy, and polling)
+            exec_came_first  rounds where the exec beat the evacuation to the lock (it would
+                             resume on S, and the evacuation archive it again): expected 0
   same    the peer: paused to the archive tier on its worker, `POST …/exec ["true"]` resumes it
           there (the same download + restore, no move): resume_exec
 
@@ -187,28 +190,37 @@ class Bench:
         src = self.where(sid)
         dst = "w1" if src == "w0" else "w0"
         self.archive(sid)
+        pauses = len(log_events(self.cl.server.log_path, sid, "sandbox.pause_archive.started"))
         t0 = c.now_ms()
         r = self.api.post(f"/v1/workers/{self.ids[src]}/drain", json={})
         if r.status_code != 202:
             raise RuntimeError(f"drain {src}: {r.status_code} {r.text}")
-        while True:
+        t_exec = c.now_ms()
+        self._exec(sid, ["true"])  # waits for the move (the sandbox's lock), resumes it on dst
+        t1 = c.now_ms()
+        while True:  # untimed: the evacuation's verdict (after the old copy is dropped)
             w = self.api.get(f"/v1/workers/{self.ids[src]}").json()
             if w["evacuation"]["state"] != "running":
                 break
             time.sleep(POLL_S)
-        t_moved = c.now_ms()
+        t_done = c.now_ms()
+        self.set_draining(src, False)
         ev = w["evacuation"]
         if ev["moved"] != 1 or ev["left"]:
             raise RuntimeError(f"the evacuation of {src} did not move the sandbox: {ev}")
-        self._exec(sid, ["true"])
-        t1 = c.now_ms()
-        self.set_draining(src, False)
+        if self.where(sid) != dst:
+            raise RuntimeError(f"the sandbox is on {self.where(sid)}, not {dst}")
         out = {
             "from": src,
             "to": dst,
             "total": t1 - t0,
-            "move": t_moved - t0,
-            "resume_exec": t1 - t_moved,
+            "drain_api": t_exec - t0,
+            "exec_wait": t1 - t_exec,
+            "evacuation_done": t_done - t0,
+            # the exec did not come first (else it would have resumed the sandbox on src, and the
+            # evacuation archived it again)
+            "exec_came_first": len(log_events(self.cl.server.log_path, sid, "sandbox.pause_archive.started"))
+            > pauses,
             **self.parts(sid, dst),
         }
         adopted = log_events(self.cl.server.log_path, sid, "sandbox.moved")
@@ -316,8 +328,9 @@ def _run(root: str, rounds: int, mb: int) -> dict:
                         intact["same"] += b.intact(sid, pid, digest, r["on"])
                 c.log(
                     f"round {i}: moved {moved[-1]['from']}->{moved[-1]['to']} total "
-                    f"{moved[-1]['total']:.0f} ms (move {moved[-1]['move']:.0f}, resume+exec "
-                    f"{moved[-1]['resume_exec']:.0f}); same worker {same[-1]['resume_exec']:.0f} ms"
+                    f"{moved[-1]['total']:.0f} ms (server step {moved[-1].get('server_step')}, "
+                    f"evacuation done after {moved[-1]['evacuation_done']:.0f}); same worker "
+                    f"{same[-1]['resume_exec']:.0f} ms"
                 )
             keys = (
                 "resume_exec",
@@ -346,7 +359,10 @@ def _run(root: str, rounds: int, mb: int) -> dict:
                 "held_mb": mb,
                 "rounds": rounds,
                 "uptime_before": load_before,
-                "moved": _summaries(moved, ("total", "move", "adopt_ms", *keys)),
+                "moved": _summaries(
+                    moved, ("total", "drain_api", "exec_wait", "evacuation_done", "adopt_ms", *keys)
+                ),
+                "exec_came_first": sum(bool(r["exec_came_first"]) for r in moved),
                 "same_worker": _summaries(same, keys),
                 "intact": intact,
                 "layers_fetched": [r.get("layers_fetched") for r in moved],
@@ -355,8 +371,8 @@ def _run(root: str, rounds: int, mb: int) -> dict:
             res["moved_total_over_same_worker"] = c.ratio(
                 res["moved"]["total"], res["same_worker"]["resume_exec"]
             )
-            res["moved_resume_over_same_worker"] = c.ratio(
-                res["moved"]["resume_exec"], res["same_worker"]["resume_exec"]
+            res["moved_server_step_over_same_worker"] = c.ratio(
+                res["moved"]["server_step"], res["same_worker"]["server_step"]
             )
             res["target_total_p50_ms"] = 2000.0
             res["uptime_after"] = uptime()
