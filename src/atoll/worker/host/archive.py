@@ -464,8 +464,9 @@ async def _verify_and_unpack(fetched: str, staging: str, man: ArchiveManifest) -
         await asyncio.to_thread(unpack, fetched, staging, man)
     except BaseException:
         await asyncio.wait([verify])
-        if not verify.cancelled() and isinstance(verify.exception(), ArchiveDamaged):
-            raise verify.exception() from None  # type: ignore[misc]
+        damaged = None if verify.cancelled() else verify.exception()
+        if isinstance(damaged, ArchiveDamaged):
+            raise damaged from None
         raise
     await verify
 
