@@ -18,8 +18,10 @@ Five sections run only when named in `--only`: `idle` (bench_idle, ~6 min), `den
 a disk budget, in two atolls of its own, ~3 min), `workers` (bench_workers: control-plane CPU per
 pooled create and creates/s with 1, 2 and 3 workers, on an `atoll server` + 3 `atoll worker`s of
 its own, ~4 min; then bench_pool_claims, the same CPU in process over a FakeWorker with 2,000 and
-20,000 unrelated sandboxes, ~1 min) and `replicas` (bench_replicas: an exec through a second
-`atoll server` on the same PostgreSQL, ~30 s).
+20,000 unrelated sandboxes, ~1 min), `replicas` (bench_replicas: an exec through a second
+`atoll server` on the same PostgreSQL, ~30 s) and `resume_elsewhere` (bench_resume_elsewhere: a
+50 MB sandbox archived by one `atoll worker` resumed on another through a drain, beside the
+same-worker archive resume, SeaweedFS on loopback, ~3 min).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import bench_peers  # noqa: E402
 import bench_pool_claims  # noqa: E402
 import bench_pty  # noqa: E402
 import bench_replicas  # noqa: E402
+import bench_resume_elsewhere  # noqa: E402
 import bench_shell  # noqa: E402
 import bench_split  # noqa: E402
 import bench_standby  # noqa: E402
@@ -94,6 +97,8 @@ TARGETS = {
     "workers_3_over_1_creates_per_s": 1.0,  # at least
     # issue 21, server replicas (section `replicas`, bench_replicas: opt-in, --only replicas)
     "replicas_exec_b_over_a": 1.1,
+    # issue 21, resume on another worker (section `resume_elsewhere`: opt-in, --only resume_elsewhere)
+    "resume_elsewhere_50MB_p50_ms": 2000.0,
 }
 AT_LEAST = {
     "workers_3_over_1_creates_per_s",
@@ -352,6 +357,19 @@ def check_targets(res: dict) -> dict:
             "server the worker registered with, interleaved; None: B did not serve it (through_b says why)",
             through_b=rp["through_b"],
         )
+    re_ = res.get("resume_elsewhere", {})
+    if re_:
+        out["resume_elsewhere_50MB_p50_ms"] = _verdict(
+            "resume_elsewhere_50MB_p50_ms",
+            re_["moved"]["total"]["p50"],
+            f"a sandbox holding {re_['held_mb']} MB, archived by one `atoll worker` into SeaweedFS on "
+            "loopback: POST /v1/workers/{its worker}/drain, then POST …/exec ['true'] at once (it waits "
+            "for the move and resumes it on the other worker), drain POST → exec 200, p50; the same-worker "
+            "archive resume beside it",
+            p95=re_["moved"]["total"]["p95"],
+            same_worker_p50=re_["same_worker"]["resume_exec"]["p50"],
+            intact=re_["intact"],
+        )
     return out
 
 
@@ -434,6 +452,9 @@ def main() -> int:
         if "replicas" in only:
             c.log("== replicas: an exec through a second atoll server on the same PostgreSQL")
             res["replicas"] = bench_replicas.run(20 if q else 200)
+        if "resume_elsewhere" in only:
+            c.log("== resume_elsewhere: a 50 MB archived sandbox resumed on another worker")
+            res["resume_elsewhere"] = bench_resume_elsewhere.run(*((2, 10) if q else (10, 50)))
         if "files" in only:
             c.log("== files: tar upload vs single PUTs, watch latency")
             res["files"] = bench_files.run(a, n_files=1000, rounds=1 if q else 3, n_events=5 if q else 30)

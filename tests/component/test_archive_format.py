@@ -86,7 +86,9 @@ async def test_a_later_archive_replaces_the_earlier_object(store, tmp_path):
     ]
 
 
-async def test_corrupted_object_is_refused_before_unpacking(tmp_path):
+async def test_corrupted_object_is_refused_as_such_and_nothing_moves_into_place(tmp_path):
+    # the object's sha256 is checked while it is unpacked: the flipped byte breaks the unpacking
+    # (zstd, tar or a member's sha256) too, and the object's own verdict is the one reported
     store = objectstore.LocalStore(str(tmp_path / "archive"))
     src, dst = tmp_path / "src", tmp_path / "dst"
     _sandbox(src)

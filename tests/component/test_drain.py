@@ -236,6 +236,36 @@ async def test_a_call_arriving_during_the_move_waits_and_runs_on_the_new_worker(
     assert w["evacuation"]["moved"] == 1 and w["evacuated"], w
 
 
+async def test_the_old_copy_is_dropped_after_the_sandbox_runs_on_its_new_worker(two):
+    """A running sandbox is resumed on its new worker, and a standby one's waiting call runs
+    there, before the drained worker's delete of its copy ends (it is slow here: a real `runsc
+    delete` and sweep take up to ~1 s); the verdict and `done` wait for that delete."""
+    f, w1, w2 = two
+    c = f.http
+    running, standby = await _on(c, "w1", 2)
+    assert (await c.post(f"/v1/sandboxes/{standby}/pause", json={"tier": "archive"})).status_code == 200
+    wid = (await _ids(c))["w1"]
+    w1.delay["delete"] = 2.0
+    assert (await c.post(f"/v1/workers/{wid}/drain")).status_code == 202
+    await asyncio.sleep(0.05)  # the evacuation holds its first sandbox's lock
+    r = await c.post(f"/v1/sandboxes/{standby}/exec", json={"cmd": "true"})
+    assert r.status_code == 200, r.text
+    assert ("exec", standby) in w2.calls
+    for _ in range(500):
+        sb = (await c.get(f"/v1/sandboxes/{running}")).json()
+        if (sb["state"], sb["worker"]) == ("running", "w2"):
+            break
+        await asyncio.sleep(0.01)
+    assert (sb["state"], sb["worker"]) == ("running", "w2"), sb
+    # both run on w2 while w1 still deletes its copies
+    assert running in w1.runtimes or standby in w1.runtimes
+    assert (await c.get(f"/v1/workers/{wid}")).json()["evacuation"]["state"] == "running"
+    w = await _evacuated(c, wid)
+    assert w["evacuation"]["moved"] == 2 and w["evacuated"], w
+    assert running not in w1.runtimes and standby not in w1.runtimes
+    assert w2.runtimes[running].phase == Phase.RUNNING and w2.runtimes[standby].phase == Phase.RUNNING
+
+
 @pytest.mark.parametrize("cut_in", ["adopt", "resume"])
 async def test_a_drain_survives_a_server_restart(tmp_path, monkeypatch, cut_in):
     """The control plane stops in the middle of a drain, one move cut short (while w2 adopts it,

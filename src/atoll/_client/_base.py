@@ -64,7 +64,8 @@ class Config:
     ca_file: str | None = None
     """The CA file (PEM) server certificates are checked against, in place of the system's CAs."""
     ca_origin: str = "ca_file="
-    """Where `ca_file` came from, for messages: `ca_file=` (the caller) or `$ATOLL_CA_FILE`."""
+    """Where `ca_file` came from, for messages: `ca_file=` (the caller), `$ATOLL_CA_FILE`, or what
+    a `SourcedPath` says (the CLI: `--ca-file`)."""
 
     def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
@@ -72,6 +73,18 @@ class Config:
             headers["Authorization"] = f"Bearer {self.api_key}"
         headers.update(extra or {})
         return headers
+
+
+class SourcedPath(str):
+    """A CA file path that says where it came from, for messages (e.g. the CLI's `--ca-file`):
+    `resolve_config` takes its `origin` in place of `ca_file=`."""
+
+    origin: str
+
+    def __new__(cls, path: str | os.PathLike[str], origin: str) -> SourcedPath:
+        self = super().__new__(cls, os.fspath(path))
+        self.origin = origin
+        return self
 
 
 def resolve_config(
@@ -87,7 +100,7 @@ def resolve_config(
     key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
     ca: str | None
     if ca_file is not None:
-        ca, origin = os.fspath(ca_file), "ca_file="
+        ca, origin = os.fspath(ca_file), getattr(ca_file, "origin", "ca_file=")
     else:
         ca, origin = os.environ.get(ENV_CA_FILE) or None, "$" + ENV_CA_FILE
     return Config(

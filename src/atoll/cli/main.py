@@ -80,10 +80,12 @@ app.add_typer(secret_app, name="secret")
 
 def make_client(url: str | None, api_key: str | None, ca_file: str | None = None) -> "Client":
     """The SDK client every command that talks to a server uses; None means "from the
-    environment" ($ATOLL_URL, $ATOLL_API_KEY, $ATOLL_CA_FILE)."""
-    from atoll._client import Client
+    environment" ($ATOLL_URL, $ATOLL_API_KEY, $ATOLL_CA_FILE). A `ca_file` here came from
+    `--ca-file`, and its errors say so."""
+    from atoll._client import Client, _base
 
-    return Client(base_url=url, api_key=api_key, ca_file=ca_file)
+    ca = _base.SourcedPath(ca_file, "--ca-file") if ca_file is not None else None
+    return Client(base_url=url, api_key=api_key, ca_file=ca)
 
 
 def _sandbox(client: "Client", sandbox_id: str) -> "Sandbox":

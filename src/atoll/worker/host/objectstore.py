@@ -53,8 +53,9 @@ class ObjectStore(typing.Protocol):
         """Store the file at `path` under `key` atomically; returns the stored size."""
         ...
 
-    async def get_file(self, key: str, path: str) -> int:
-        """Write the object to `path` (a regular file; written whole or not at all); its size."""
+    async def get_file(self, key: str, path: str, *, durable: bool = True) -> int:
+        """Write the object to `path` (a regular file; written whole or not at all); its size.
+        `durable=False`: not fsync'd (a file read once and deleted, e.g. an archive to unpack)."""
         ...
 
     async def size(self, key: str) -> int:
@@ -77,15 +78,17 @@ def check_key(key: str) -> str:
     return key
 
 
-def _write_atomically(src: str, dest: str) -> int:
-    """Copy `src` to `dest` through a temporary file beside it (fsync'd, then renamed)."""
+def _write_atomically(src: str, dest: str, durable: bool = True) -> int:
+    """Copy `src` to `dest` through a temporary file beside it (fsync'd unless not `durable`,
+    then renamed)."""
     os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
     tmp = f"{dest}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         with open(src, "rb") as fin, open(tmp, "wb") as fout:
             shutil.copyfileobj(fin, fout, 4 * 1024 * 1024)
             fout.flush()
-            os.fsync(fout.fileno())
+            if durable:
+                os.fsync(fout.fileno())
             size = fout.tell()
         os.replace(tmp, dest)
     except BaseException:
@@ -117,12 +120,12 @@ class LocalStore:
         self._available()
         return await asyncio.to_thread(_write_atomically, path, self._p(key))
 
-    async def get_file(self, key: str, path: str) -> int:
+    async def get_file(self, key: str, path: str, *, durable: bool = True) -> int:
         self._available()
         src = self._p(key)
         if not os.path.isfile(src):
             raise ObjectNotFound(f"no object {key!r} in {self.name}")
-        return await asyncio.to_thread(_write_atomically, src, path)
+        return await asyncio.to_thread(_write_atomically, src, path, durable)
 
     async def size(self, key: str) -> int:
         try:
@@ -265,15 +268,16 @@ class S3Store:
 
         return await asyncio.to_thread(self._call, put, key)
 
-    async def get_file(self, key: str, path: str) -> int:
+    async def get_file(self, key: str, path: str, *, durable: bool = True) -> int:
         check_key(key)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
 
         def get() -> int:
             try:
                 self._client.download_file(self.cfg.bucket, key, tmp, Config=self._transfer)
-                with open(tmp, "rb+") as f:
-                    os.fsync(f.fileno())
+                if durable:
+                    with open(tmp, "rb+") as f:
+                        os.fsync(f.fileno())
                 os.replace(tmp, path)
             finally:
                 with contextlib.suppress(FileNotFoundError):

@@ -227,8 +227,10 @@ class Archiver:
         sid = rt.sandbox_id
         d = self.runtimes.dir(sid)
         t0 = time.perf_counter()
+        parts: dict[str, float] = {}
         try:
             man = archive.local_manifest(d) or await archive.fetch_manifest(self.store, sid, d)
+            parts["manifest"] = (time.perf_counter() - t0) * 1000
             if man.sandbox_id != sid:
                 raise archive.ArchiveDamaged(f"the archive manifest of sandbox {sid} names {man.sandbox_id}")
             if man.store and man.store != self.store.name:
@@ -237,7 +239,7 @@ class Archiver:
                     f"{self.store.name}; start the worker with that store again (ATOLL_S3_* / "
                     "ATOLL_ARCHIVE_DIR) to resume it — it stays archived"
                 )
-            await archive.download(self.store, d, man)
+            parts.update(await archive.download(self.store, d, man))
         except (archive.ArchiveDamaged, archive.ArchiveMissing) as e:
             cause = f"the archived snapshot of sandbox {sid} cannot be restored: {e}"
             log.error("sandbox.unarchive.failed: %s", cause, extra={"sandbox_id": sid})
@@ -247,19 +249,23 @@ class Archiver:
             raise errors.ResumeFailed(
                 f"sandbox {sid} is archived and its object store failed: {e}; it stays archived, retry the call",
             ) from None
+        t = time.perf_counter()
         await self._mount_layers(rt)
         self.runtimes.advance(rt, Step.UNARCHIVED)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(d, archive.LOCAL_MANIFEST))
+        parts["layers"], t = (time.perf_counter() - t) * 1000, time.perf_counter()
         if keep_archive:
             rt.archive_kept = True
             self.runtimes.save(rt)
         else:
             await self._remove_stale(rt, man)
+        parts["removal"] = (time.perf_counter() - t) * 1000
         log.info(
-            "sandbox.unarchive.complete in %.0f ms (%d bytes)",
+            "sandbox.unarchive.complete in %.0f ms (%d bytes; %s)",
             (time.perf_counter() - t0) * 1000,
             man.size,
+            ", ".join(f"{k} {v:.0f}" for k, v in parts.items()),
             extra={"sandbox_id": sid},
         )
 

@@ -195,9 +195,10 @@ def load(
         raise config.SettingsError(f"--server {','.join(servers_v)} names a server twice")
     server_v = servers_v[0] if servers_v else None
     ca_v = ca_file or env.get("ATOLL_CA_FILE") or None
+    ca_source = "--ca-file" if ca_file else "$ATOLL_CA_FILE"  # where it came from, for messages
     if ca_v is not None and not (server_v or "").startswith("https://"):
         raise config.SettingsError(
-            f"--ca-file (ATOLL_CA_FILE) is given but the server URL {server_v!r} is not https://; "
+            f"a CA file is given ({ca_source}) but the server URL {server_v!r} is not https://; "
             "start the server with ATOLL_TLS_NAMES and give --server https://…"
         )
     listen_v = config.host_port(listen or env.get("ATOLL_WORKER_LISTEN") or "127.0.0.1:0", "--listen")
@@ -221,7 +222,7 @@ def load(
         server_url=server_v,
         server_urls=servers_v,
         api_key=env.get("ATOLL_API_KEY") or None,
-        ca_file=_ca_file(ca_v, "ATOLL_CA_FILE") if ca_v else None,
+        ca_file=_ca_file(ca_v, "ATOLL_CA_FILE", source=ca_source) if ca_v else None,
         listen=listen_v,
         advertise=advertise_v.rstrip("/") if advertise_v else None,
         template_dir=os.path.abspath(env["ATOLL_TEMPLATE_DIR"]) if env.get("ATOLL_TEMPLATE_DIR") else None,
@@ -386,29 +387,32 @@ _CA_USE = {
 }
 
 
-def _ca_file(path: str | None, var: str = "ATOLL_UPSTREAM_CA_FILE") -> str | None:
+def _ca_file(path: str | None, var: str = "ATOLL_UPSTREAM_CA_FILE", source: str | None = None) -> str | None:
     """An operator's PEM file of certificates: readable, and every certificate block in it one
     whole certificate (core.pki.check_certificates), or a SettingsError naming the variable, the
-    file, the bad block and how to fix it."""
+    file, the bad block and how to fix it. `source`: where a file that may come from a flag or
+    from `var` came from (`--ca-file` or `$ATOLL_CA_FILE`), named instead of the variable."""
     if path is None:
         return None
     path = os.path.abspath(path)
+    where = f"the CA file {path!r} (from {source})" if source else f"{var}={path!r}"
+    drop = "leave out --ca-file" if source == "--ca-file" else f"unset {var}"
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_CA_FILE + 1)
     except OSError as e:
-        raise config.SettingsError(f"{var}={path!r} cannot be read: {e.strerror}") from None
+        raise config.SettingsError(f"{where} cannot be read: {e.strerror}") from None
     if len(data) > MAX_CA_FILE:
         raise config.SettingsError(
-            f"{var}={path!r} is larger than {MAX_CA_FILE // 2**20} MiB; a CA file holds certificates only"
+            f"{where} is larger than {MAX_CA_FILE // 2**20} MiB; a CA file holds certificates only"
         )
     try:
         pki.check_certificates(data.decode("ascii", errors="replace"))
     except ValueError as e:
         raise config.SettingsError(
-            f"{var}={path!r}: {e}. {_CA_USE[var]}. Fix or remove that block (each block from "
+            f"{where}: {e}. {_CA_USE[var]}. Fix or remove that block (each block from "
             "-----BEGIN CERTIFICATE----- to -----END CERTIFICATE----- must be one whole certificate, "
-            f"as `openssl x509 -in CERT.pem` prints it), or unset {var}"
+            f"as `openssl x509 -in CERT.pem` prints it), or {drop}"
         ) from None
     return path
 
