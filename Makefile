@@ -13,7 +13,7 @@ SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/control
 	src/atoll/worker/service/node.py src/atoll/worker/service/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
 	src/atoll/_client src/atoll/controlplane/ledger.py
 
-.PHONY: run run-s3 test test-stress test-fast lint bench install clean
+.PHONY: run run-s3 test test-stress test-cluster test-fast lint bench install clean
 
 $(STAMP): pyproject.toml scripts/install-deps.sh
 	sh scripts/install-deps.sh
@@ -38,11 +38,17 @@ run-s3: $(STAMP)
 	. $(S3_DATA)/env && $(VENV)/bin/atoll up
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not stress" $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not stress and not cluster" $(XDIST) $(PYTEST_ARGS)
 
 # Soak and abuse tests (marker `stress`): minutes each; .ci/run runs them after `make test`.
 test-stress: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m stress $(PYTEST_ARGS)
+
+# The topology suite (marker `cluster`, tests/cluster): two servers and three workers on this machine
+# sharing PostgreSQL and a loopback SeaweedFS, workers and servers SIGKILLed; ~2 minutes. .ci/run runs
+# it after `make test-stress`.
+test-cluster: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m cluster tests/cluster $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration and not slow" $(PYTEST_ARGS)

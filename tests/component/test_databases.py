@@ -326,6 +326,57 @@ async def test_a_worker_another_server_hears_is_not_marked_lost(database_url, da
 
 
 @pytest.mark.databases
+async def test_a_worker_held_elsewhere_that_goes_silent_everywhere_is_counted_as_lost(
+    database_url, database_kind
+):
+    """A worker this server took to be alive on another server (no `lost_since`: never settled
+    here) is counted once no server has written its heartbeat for ATOLL_WORKER_LOST_S plus the
+    interval they write them at: the server it had joined lost it too and may not be the leader,
+    which alone settles (found by tests/cluster: a worker SIGKILLed on a non-leader server kept its
+    sandboxes `worker_unavailable` for ever). One heard lately stays uncounted."""
+    import types
+
+    from atoll.controlplane import lost_workers
+    from atoll.controlplane import workers as workers_mod
+
+    d = dbm.open_database(database_url)
+    try:
+        now = dbm.utcnow()
+        for wid, name, ago in (("wk-eeeeeeeeeeeeeeee", "alive", 2), ("wk-ffffffffffffffff", "dead", 10)):
+            d.put_worker(
+                dbm.WorkerRecord(
+                    id=wid,
+                    name=name,
+                    state="ready",
+                    capacity={},
+                    registered_at=now,
+                    last_heartbeat_at=now - dt.timedelta(seconds=ago),
+                )
+            )
+        reg = workers_mod.WorkerRegistry(d, listener=None, lost_after_s=4, reconcile_s=30)  # type: ignore[arg-type]
+        reg.load()
+        try:
+            gone = lost_workers.GoneWorkers(types.SimpleNamespace(workers=reg), gone_after_s=5)  # type: ignore[arg-type]
+            alive, dead = reg.handles["wk-eeeeeeeeeeeeeeee"], reg.handles["wk-ffffffffffffffff"]
+            if database_kind == "sqlite":  # one server: both lost (and counted) at load already
+                assert alive.lost_since is not None and dead.lost_since is not None
+                assert gone.notice_silent_elsewhere() == 0
+                return
+            # load() counts the one silent for 10 s itself; a server that read it while it was
+            # heard (or that lost it on a refused call, controlplane.workers `_lose`) holds it so:
+            dead.reason, dead.lost_since = workers_mod.HELD_ELSEWHERE, None
+            assert alive.reason == workers_mod.HELD_ELSEWHERE and alive.lost_since is None
+            assert gone.notice_silent_elsewhere() == 1
+            assert dead.lost_since is not None and "no server has heard from it since" in dead.reason
+            assert alive.lost_since is None and alive.reason == workers_mod.HELD_ELSEWHERE
+            assert gone.notice_silent_elsewhere() == 0  # counted once
+        finally:
+            await reg.aclose()
+    finally:
+        d.engine.dispose()
+
+
+@pytest.mark.databases
 async def test_a_worker_taken_over_keeps_what_another_server_wrote_and_an_outage_loses_no_worker(
     database_url, database_kind
 ):

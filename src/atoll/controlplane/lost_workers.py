@@ -16,6 +16,11 @@ starts the count again), `GoneWorkers` settles each sandbox it holds, under the 
 - anything else (and a creating one): failed, the reason naming the worker and since when; a warm
   pool's unclaimed member is dropped (the keepers refill elsewhere).
 
+A worker this server took to be alive on another server sharing the records (`HELD_ELSEWHERE`,
+not counted) is counted from when no server has written a heartbeat of it for ATOLL_WORKER_LOST_S
+plus the interval at which they write them (`notice_silent_elsewhere`, on every server each pass):
+the server it had joined lost it too, and the leader, which settles, may be another server.
+
 No other worker with room now, or the store unreachable (503): the sandbox stays as it is and is
 tried again on the next pass. A worker that returns (controlplane.lifecycle `worker_joined`)
 deletes its copies of sandboxes that moved (their record names another worker) or that were
@@ -35,7 +40,7 @@ import time
 import typing
 
 from atoll.controlplane import db as dbm
-from atoll.controlplane.workers import HELD_ELSEWHERE
+from atoll.controlplane.workers import HEARTBEAT_WRITE_S, HELD_ELSEWHERE
 from atoll.core import errors
 from atoll.core.lifecycle import State, Tier, Verb
 
@@ -75,12 +80,45 @@ class GoneWorkers:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.every_s)
+            try:
+                self.notice_silent_elsewhere()
+            except Exception:  # the database may be away: the next pass reads it again
+                log.debug("reading the heartbeats other servers wrote failed", exc_info=True)
             if self.gone_after_s <= 0 or not self.m.leader.held:  # another server settles them
                 continue
             try:
                 await self.sweep()
             except Exception:  # the next pass tries again
                 log.exception("settling the sandboxes of lost workers failed")
+
+    def notice_silent_elsewhere(self) -> int:
+        """Start counting ATOLL_WORKER_GONE_S for the workers this server took to be held by
+        another one (`HELD_ELSEWHERE`, no `lost_since`) whose heartbeats no server has written for
+        ATOLL_WORKER_LOST_S plus the interval at which servers write them: the server that held it
+        lost it too, and may not be the one that settles (only the leader does). How many."""
+        reg = self.m.workers
+        waiting = [
+            h
+            for h in reg.handles.values()
+            if not h.local and h.state == "lost" and h.lost_since is None and h.reason == HELD_ELSEWHERE
+        ]
+        if not reg.shared or not waiting or time.monotonic() - reg.db.trouble_at < reg.lost_after_s:
+            return 0
+        records = {rec.id: rec for rec in reg.db.workers()}
+        now, started = dbm.utcnow(), 0
+        for h in waiting:
+            rec = records.get(h.id)
+            at = rec.last_heartbeat_at if rec is not None else None
+            if at is None or h.state != "lost" or h.lost_since is not None:
+                continue
+            silent_s = (now - (at if at.tzinfo else at.replace(tzinfo=dt.UTC))).total_seconds()
+            if silent_s < reg.lost_after_s + HEARTBEAT_WRITE_S:
+                continue
+            h.reason = f"no server has heard from it since {at.isoformat(timespec='seconds')}"
+            h.lost_since = time.time()
+            log.warning("worker.lost", extra={"worker": h.name, "reason": h.reason})
+            started += 1
+        return started
 
     async def sweep(self) -> int:
         """Settle the sandboxes of every worker lost for ATOLL_WORKER_GONE_S; how many changed."""
