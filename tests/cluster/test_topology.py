@@ -69,19 +69,27 @@ class Topology:
             return {}
 
     def holder(self, worker: str) -> str | None:
-        """The server the worker is registered with now (ready or draining there)."""
+        """The server the worker is registered with now (ready or draining there, not borrowed:
+        the other servers list it ready too, "held by another server")."""
         for s in self.alive():
-            if self.workers_on(s).get(worker, {}).get("state") in ("ready", "draining"):
+            w = self.workers_on(s).get(worker, {})
+            if w.get("state") in ("ready", "draining") and "held by another server" not in (
+                w.get("state_reason") or ""
+            ):
                 return s
         return None
 
     def through(self, sid: str) -> httpx.Client:
-        """The client of the server that serves the sandbox now: the one its worker is registered
-        with (any live server when none is). When any server serves any worker's sandboxes this
-        becomes any live server."""
+        """A server that does not hold the sandbox's worker but calls it (every server serves every
+        worker's sandboxes on shared records); the holder while no other one lists it ready yet,
+        and any live server when no server holds it."""
         first = self.client(self.alive()[0])
         worker = first.get(f"/v1/sandboxes/{sid}").json().get("worker")
-        return self.client(self.holder(worker) or self.alive()[0]) if worker else first
+        holder = self.holder(worker) if worker else None
+        for s in self.alive():
+            if s != holder and self.workers_on(s).get(worker, {}).get("state") in ("ready", "draining"):
+                return self.client(s)
+        return self.client(holder or self.alive()[0])
 
     def wait(self, what: str, test: typing.Callable[[], typing.Any], timeout: float = 120) -> typing.Any:
         deadline = time.monotonic() + timeout
@@ -221,6 +229,13 @@ def _cordon(topo: Topology, names: typing.Iterable[str], on: bool) -> None:
             json={"draining": on, "evacuate": False} if on else {"draining": False},
         )
         assert r.status_code in (200, 202), r.text
+    # the other servers, which call these workers too, read the cordon from the records (≤ 5 s)
+    want = "draining" if on else "ready"
+    topo.wait(
+        f"every server lists {sorted(names)} {want}",
+        lambda: all(topo.workers_on(s).get(n, {}).get("state") == want for s in topo.alive() for n in names),
+        30,
+    )
 
 
 def _unavailable_or_ok(r: httpx.Response) -> None:

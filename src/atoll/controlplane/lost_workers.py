@@ -100,7 +100,10 @@ class GoneWorkers:
         waiting = [
             h
             for h in reg.handles.values()
-            if not h.local and h.state == "lost" and h.lost_since is None and h.reason == HELD_ELSEWHERE
+            if not h.local
+            and h.state == "lost"
+            and h.lost_since is None
+            and (h.reason or "").startswith(HELD_ELSEWHERE)
         ]
         if not reg.shared or not waiting or time.monotonic() - reg.db.trouble_at < reg.lost_after_s:
             return 0

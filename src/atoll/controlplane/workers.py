@@ -163,6 +163,9 @@ class WorkerRegistry:
         workers table (every HEARTBEAT_WRITE_S), and a worker another server hears from is never
         marked lost, nor its sandboxes settled, by this one (`held_elsewhere`)."""
         self._seen_written: dict[str, float] = {}
+        self._wrote_beat: dict[str, dt.datetime] = {}
+        """The last heartbeat time this server wrote of each worker: reading it back is not
+        another server hearing from it (`held_elsewhere`)."""
         self.token_key: bytes | None = None
         """The installation's secrets key (set by the manager): a worker's token is stored sealed
         with it on shared records, and other servers' workers' tokens are unsealed with it."""
@@ -173,9 +176,12 @@ class WorkerRegistry:
         (within ATOLL_WORKER_LOST_S): it is alive there, whatever this server knows of it."""
         if not self.shared or rec is None or rec.last_heartbeat_at is None:
             return False
-        at = rec.last_heartbeat_at
-        at = at if at.tzinfo else at.replace(tzinfo=dt.UTC)
-        return (dbm.utcnow() - at).total_seconds() < self.lost_after_s
+        at = _utc(rec.last_heartbeat_at)
+        mine = self._wrote_beat.get(rec.id)
+        if mine is not None and at <= mine:
+            return False  # this server's own write, read back
+        # heartbeats are written every HEARTBEAT_WRITE_S: the row is that much older between writes
+        return (dbm.utcnow() - at).total_seconds() < self.lost_after_s + HEARTBEAT_WRITE_S
 
     def load(self) -> None:
         """The workers of earlier runs: every one is `lost` until it joins again. One that
@@ -212,6 +218,8 @@ class WorkerRegistry:
         if h.state in ("ready", "draining"):
             h.record.draining = h.state == "draining"
         self.db.put_worker(h.record)
+        if h.record.last_heartbeat_at is not None:
+            self._wrote_beat[h.id] = _utc(h.record.last_heartbeat_at)
 
     def get(self, worker_id: str) -> WorkerHandle:
         if not ids.WORKER_ID_RE.match(worker_id):
@@ -358,6 +366,7 @@ class WorkerRegistry:
         h.record.last_heartbeat_at = dbm.utcnow()
         if self.shared and h.last_seen - self._seen_written.get(h.id, 0.0) >= HEARTBEAT_WRITE_S:
             self.db.worker_seen(h.id, h.record.last_heartbeat_at)
+            self._wrote_beat[h.id] = _utc(h.record.last_heartbeat_at)
             self._seen_written[h.id] = h.last_seen
         if h.state == "lost":  # came back before it noticed: take it over again
             h.state, h.reason = "joining", "heartbeats resumed"
@@ -821,3 +830,8 @@ class WorkerRegistry:
             if h.worker is not None and not h.local:
                 with contextlib.suppress(Exception):
                     await h.worker.aclose()
+
+
+def _utc(at: dt.datetime) -> dt.datetime:
+    """A time read from the records as UTC (SQLite hands them back naive)."""
+    return at if at.tzinfo else at.replace(tzinfo=dt.UTC)
