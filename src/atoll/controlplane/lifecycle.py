@@ -540,6 +540,20 @@ class SandboxManager:
             await self._take_slot(rec, cur.tier)
         try:
             return await self._resume_on_worker(rec, cur)
+        except errors.Unavailable as e:
+            if e.retryable:
+                raise
+            # The worker stopped answering mid-restore (it died, or its link did). A resume is
+            # safe to repeat: the record stays in standby, the worker finishes or undoes the
+            # restore when it is back (worker.runtimes.recovery) and the record follows it; the
+            # call that wanted the sandbox never reached it.
+            raise errors.Unavailable(
+                f"sandbox {sid} was being resumed from the {cur.tier} tier when its worker stopped "
+                f"answering ({e.message}); it stays in standby and nothing was run in it — retry "
+                "once the worker is back (GET /v1/workers)",
+                detail=e.detail,
+                retryable=True,
+            ) from None
         finally:
             self.ledger.resuming.pop(sid, None)
 
