@@ -3,7 +3,9 @@ checkpoint (WorkerAPI.fork); the parent keeps running.
 
 The copies are recorded before the worker makes them (state creating, on the parent's worker, the
 parent's template, build, limits, env, egress policy and secret placeholders — their bindings are
-given to the worker right after), and become running when it answers. A fork the checkpoint gate
+given to the worker right after), and become running when it answers; each copy's lock is held
+meanwhile, so a reconciliation with the worker (whose inventory does not hold them yet) leaves them
+alone. A fork the checkpoint gate
 refuses answers 409 `checkpoint_refused` with the reason, and no record remains; a worker without
 N free slots (`atoll worker --slots`) refuses it with 503 `no_worker`. Called by
 controlplane.routes_sandboxes.
