@@ -1,7 +1,8 @@
 """`Idempotency-Key` on POST /v1/sandboxes (controlplane.idempotency), on the real control plane
 and SQLite over a FakeWorker: a retry answers the first sandbox, five racing creates with one key
 make one sandbox, another body is refused, keys are per tenant, a failed create frees its key,
-an expired key names a new create, bad keys are refused."""
+an expired key names a new create, bad keys are refused; the key names its sandbox from its
+placement on, so a retry on another server waits for a create whose server died."""
 
 from __future__ import annotations
 
@@ -122,3 +123,50 @@ async def test_two_servers_on_one_database_make_one_sandbox_for_one_key(tmp_path
         assert len({r.json()["id"] for r in rs}) == 1
         made = [v for w in (wa, wb) for v, _ in w.calls if v == "create"]
         assert len(made) == 1, (wa.calls, wb.calls)
+
+
+async def test_a_retry_waits_for_a_create_its_dead_server_left(tmp_path):
+    """Server one placed the key's sandbox and died before answering (its record still says
+    `creating`, the key names it): the retry on server two neither makes a second sandbox nor
+    takes the key over; it answers that sandbox once its record settles (as the reconciliation
+    with its worker leaves it), or, when the unfinished create was dropped (its key freed), makes
+    it anew. Before, the key named nothing until the create ended: the retry waited 300 s, then
+    (after 600 s) made a second sandbox."""
+    from atoll.testing import FakeWorker
+
+    wa, wb = FakeWorker("a"), FakeWorker("b", installation="fake01")
+    async with FakeAtoll(tmp_path, [wa], api_key=KEY) as one, FakeAtoll(tmp_path, [wb], api_key=KEY) as two:
+        h = {"Idempotency-Key": "left-behind"}
+        wa.delay["create"] = 0.3
+        first = asyncio.ensure_future(one.http.post("/v1/sandboxes", json={}, headers=h))
+        while "create" not in [v for v, _ in wa.calls]:  # the worker is asked: the key names it already
+            await asyncio.sleep(0.01)
+        with one.manager.db.session() as s:
+            (named,) = s.scalars(sa.select(idempotency.IdempotencyRecord.sandbox_id)).all()
+        assert named is not None and one.manager.db.get(named).state == "creating"
+        sid = (await first).json()["id"]
+        assert sid == named
+
+        def state(value: str) -> None:
+            with one.manager.db.session.begin() as s:
+                s.execute(sa.text("UPDATE sandboxes SET state = :v WHERE id = :i"), {"v": value, "i": sid})
+
+        state("creating")  # as server one's crash left it
+        retry = asyncio.ensure_future(two.http.post("/v1/sandboxes", json={}, headers=h))
+        await asyncio.sleep(0.5)
+        assert not retry.done()  # waiting: no second sandbox, the key not taken over
+        state("running")  # the worker made it: the reconciliation says so
+        r = await asyncio.wait_for(retry, 10)
+        assert r.status_code == 201 and r.json()["id"] == sid, r.text
+        assert r.headers[idempotency.REPLAYED_HEADER] == "true"
+        assert wb.calls == [] or all(v != "create" for v, _ in wb.calls)
+
+        state("creating")
+        retry = asyncio.ensure_future(two.http.post("/v1/sandboxes", json={}, headers=h))
+        await asyncio.sleep(0.3)
+        assert not retry.done()
+        two.manager.idempotency.forget(sid)  # the worker never made it: dropped, its key freed
+        state("deleted")
+        r = await asyncio.wait_for(retry, 10)
+        assert r.status_code == 201 and r.json()["id"] != sid, r.text
+        assert idempotency.REPLAYED_HEADER not in r.headers

@@ -198,3 +198,22 @@ async def test_reconcile_now_runs_both_passes(fake):
     assert ("reconcile", "") in fake.worker.calls
     assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "failed"
     assert (await c.post("/v1/workers/wk-0000000000000000/reconcile")).status_code == 404
+
+
+async def test_a_reconciliation_during_a_fork_keeps_the_copies(fake):
+    """The copies are recorded (creating) before the worker makes them; a reconciliation in that
+    window, whose inventory does not hold them yet, once dropped them as unfinished creates: the
+    fork answered 201 with copies that were deleted (found by tests/integration/test_split.py)."""
+    c = fake.http
+    sid = await create(c)
+    fake.worker.delay["fork"] = 0.5
+    forking = asyncio.ensure_future(c.post(f"/v1/sandboxes/{sid}/fork", json={"count": 2}))
+    while not [r for r in fake.manager.live() if (r.metadata_ or {}).get("atoll.forked_from") == sid]:
+        await asyncio.sleep(0.01)
+    await _reconcile(fake)  # the worker's inventory: no copies yet
+    r = await forking
+    assert r.status_code == 201, r.text
+    for item in r.json()["items"]:
+        assert (await c.get(f"/v1/sandboxes/{item['id']}")).json()["state"] == "running"
+        ex = await c.post(f"/v1/sandboxes/{item['id']}/exec", json={"cmd": "true"})
+        assert ex.status_code == 200, ex.text

@@ -3,7 +3,9 @@ checkpoint (WorkerAPI.fork); the parent keeps running.
 
 The copies are recorded before the worker makes them (state creating, on the parent's worker, the
 parent's template, build, limits, env, egress policy and secret placeholders — their bindings are
-given to the worker right after), and become running when it answers. A fork the checkpoint gate
+given to the worker right after), and become running when it answers; each copy's lock is held
+meanwhile, so a reconciliation with the worker (whose inventory does not hold them yet) leaves them
+alone. A fork the checkpoint gate
 refuses answers 409 `checkpoint_refused` with the reason, and no record remains; a worker without
 N free slots (`atoll worker --slots`) refuses it with 503 `no_worker`. Called by
 controlplane.routes_sandboxes.
@@ -11,6 +13,7 @@ controlplane.routes_sandboxes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import typing
 
@@ -99,27 +102,41 @@ async def fork(m: Ledger, steps: Steps, sid: str, count: int) -> list[dbm.Sandbo
                 on_timeout=rec.on_timeout,
                 on_worker_lost=rec.on_worker_lost,
             )
-            m.db.add(c)
-            m.cache[c.id] = c
             copies.append(c)
-        worker = m.worker(rec)
-        try:
-            outcome = await worker.fork(sid, [c.id for c in copies])
-        except BaseException as e:
+        async with contextlib.AsyncExitStack() as held:
+            # each copy's lock until it is recorded running: a reconciliation with the worker
+            # meanwhile (its inventory does not hold the copies yet) would drop them as creates
+            # its worker never made
             for c in copies:
-                m.persist(c, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason="the fork failed")
-            if isinstance(
-                e,
-                errors.RuntimeFailure | errors.SandboxDied | errors.InsufficientStorage | errors.ResumeFailed,
-            ):
-                await _parent_after_failure(m, rec, worker, e)
-            raise
-        fields["worker_ms"] = outcome.duration_ms
-        fields["checkpoint_ms"] = outcome.checkpoint_ms
+                await held.enter_async_context(m.lock(c.id))
+                m.db.add(c)
+                m.cache[c.id] = c
+            return await _make(m, rec, copies, fields)
+
+
+async def _make(
+    m: Ledger, rec: dbm.SandboxRecord, copies: list[dbm.SandboxRecord], fields: dict
+) -> list[dbm.SandboxRecord]:
+    """Have the worker make the recorded `copies` of `rec`, and record them running."""
+    sid = rec.id
+    worker = m.worker(rec)
+    try:
+        outcome = await worker.fork(sid, [c.id for c in copies])
+    except BaseException as e:
         for c in copies:
-            if c.state == State.CREATING:  # a RuntimeChanged event of the copy's restore may have come first
-                m.persist(c, Verb.START)
-            m.activity[c.id] = m.activity[sid] = time.monotonic()
-            if c.secrets and m.secrets is not None:
-                await worker.set_secrets(c.id, m.secrets.bindings(c.tenant_id, c.secrets))
+            m.persist(c, Verb.DELETE, deleted_at=dbm.utcnow(), failure_reason="the fork failed")
+        if isinstance(
+            e,
+            errors.RuntimeFailure | errors.SandboxDied | errors.InsufficientStorage | errors.ResumeFailed,
+        ):
+            await _parent_after_failure(m, rec, worker, e)
+        raise
+    fields["worker_ms"] = outcome.duration_ms
+    fields["checkpoint_ms"] = outcome.checkpoint_ms
+    for c in copies:
+        if c.state == State.CREATING:  # a RuntimeChanged event of the copy's restore may have come first
+            m.persist(c, Verb.START)
+        m.activity[c.id] = m.activity[sid] = time.monotonic()
+        if c.secrets and m.secrets is not None:
+            await worker.set_secrets(c.id, m.secrets.bindings(c.tenant_id, c.secrets))
     return copies

@@ -9,9 +9,15 @@ answers the same sandbox (as it is now); another body: 409 `idempotency_key_reus
 fails deletes its row, so its retry creates anew (a waiter then makes it itself); a key write the
 database could not take (it was restarting) is retried in the background until it can
 (controlplane.dbretry); a create whose sandbox started but whose start the database could not
-record keeps its key pending until both are written, so a retry gets that sandbox. A row still
-pending after PENDING_STALE_S (its server died mid-create) is taken over. Expired rows are swept
-now and then. Called by controlplane.routes_sandboxes; the SandboxManager owns one `Keys`.
+record keeps its key pending until both are written, so a retry gets that sandbox. The row names
+its sandbox as soon as the sandbox's worker is chosen, just before its record (state creating) is
+written: a retry — on any server, also after the first one's server died mid-create — waits while
+that record says `creating` and answers it once it runs. A dead server's unfinished create is
+settled by whoever holds the worker then (controlplane.lifecycle `worker_joined`): the runtime was
+made, the record follows it to running (the retry gets it); it was not, the record is dropped and
+its key freed (`forget`; the retry creates anew). A row still pending without a sandbox after
+PENDING_STALE_S (its server died before placing it) is taken over. Expired rows are swept now and
+then. Called by controlplane.routes_sandboxes; the SandboxManager owns one `Keys`.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ KEEP_S = 24 * 3600.0
 """How long a key names its create."""
 PENDING_STALE_S = 600.0
 """A create pending this long is taken to have died with its server."""
+LINK_GRACE_S = 30.0
+"""A key naming a sandbox whose record is not there this long after the key was written: that
+record never came (its server died between the two writes); the key is free again."""
 WAIT_S = 300.0
 """How long a request waits for the first request with its key to finish."""
 POLL_S = 0.05
@@ -54,7 +63,8 @@ class IdempotencyRecord(dbm.Base):
     fingerprint: Mapped[str] = mapped_column(sa.String(64))
     """SHA-256 of the create's body as understood (canonical JSON of its fields)."""
     sandbox_id: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
-    """The sandbox made; None while the first request is creating it."""
+    """The sandbox of the key, set as soon as its worker is chosen (just before its record is
+    written, state creating); None until then."""
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True))
 
 
@@ -98,9 +108,10 @@ class Keys:
         tenant: str,
         key: str,
         body: dict,
-        make: typing.Callable[[], typing.Awaitable[dbm.SandboxRecord]],
+        make: typing.Callable[[typing.Callable[[str], None]], typing.Awaitable[dbm.SandboxRecord]],
     ) -> tuple[dbm.SandboxRecord, bool]:
-        """The sandbox of this key: made now by `make` (False), or the earlier one (True)."""
+        """The sandbox of this key: made now by `make` (False), or the earlier one (True). `make`
+        is handed a callback to call with the sandbox's id once its record exists (`_link`)."""
         fp = fingerprint(body)
         self._sweep()
         deadline = time.monotonic() + WAIT_S
@@ -117,27 +128,41 @@ class Keys:
                 )
             if row.sandbox_id is not None:
                 rec = self.db.get(row.sandbox_id)
-                if rec is not None:
+                if rec is None:
+                    if (dbm.utcnow() - _aware(row.created_at)).total_seconds() < LINK_GRACE_S:
+                        await asyncio.sleep(POLL_S)  # named, its record about to be written
+                        continue
+                    self._drop(tenant, key, row.sandbox_id)  # its record is gone for good
+                    continue
+                if rec.state in ("failed", "deleted") and self._row(tenant, key) is None:
+                    continue  # its create failed, or was dropped unfinished: the key is free again
+                if rec.state != "creating":
                     log.info("sandbox.create.replayed", extra={"sandbox_id": rec.id, "tenant": tenant})
                     return rec, True
-                self._drop(tenant, key, row.sandbox_id)  # its record is gone for good
-                continue
+                # still creating: its request goes on, or its server died and whoever holds the
+                # worker now settles the record (controlplane.lifecycle `worker_joined`)
             if time.monotonic() >= deadline:
                 raise KeyInUse(
                     f"a create with {HEADER} {key!r} is still in progress after {WAIT_S:.0f} s; retry later"
                 )
             await asyncio.sleep(POLL_S)
+        placed: list[str] = []
+
+        def on_placed(sandbox_id: str) -> None:
+            placed.append(sandbox_id)
+            self._link(tenant, key, sandbox_id)
+
         try:
-            rec = await make()
+            rec = await make(on_placed)
         except errors.DatabaseUnavailable as e:
             if e.made is None:
-                dbretry.later(f"free key {key!r}", lambda: self._drop(tenant, key, None))
+                dbretry.later(f"free key {key!r}", lambda: self._drop(tenant, key, None, placed))
             else:  # made, its start not recorded yet: the key names it once it is
                 made = e.made
                 dbretry.later(f"record sandbox {made} for key {key!r}", lambda: self._made(tenant, key, made))
             raise
         except BaseException:
-            dbretry.later(f"free key {key!r}", lambda: self._drop(tenant, key, None))
+            dbretry.later(f"free key {key!r}", lambda: self._drop(tenant, key, None, placed))
             raise
         dbretry.later(f"record sandbox {rec.id} for key {key!r}", lambda: self._made(tenant, key, rec.id))
         return rec, False
@@ -152,6 +177,35 @@ class Keys:
                 .where(IdempotencyRecord.tenant_id == tenant, IdempotencyRecord.key == key)
                 .values(sandbox_id=sandbox_id)
             )
+
+    def _link(self, tenant: str, key: str, sandbox_id: str) -> None:
+        """The key's sandbox has its id and worker, its record (state creating) is written next:
+        the key names it from now on, so a retry on any server — also after this one died
+        mid-create — waits for that record to settle instead of making a second sandbox. Best
+        effort: a write the database refuses now is made at the end of the create (`_made`)."""
+        try:
+            with self.db.session.begin() as s:
+                s.execute(
+                    sa.update(IdempotencyRecord)
+                    .where(
+                        IdempotencyRecord.tenant_id == tenant,
+                        IdempotencyRecord.key == key,
+                        IdempotencyRecord.sandbox_id.is_(None),
+                    )
+                    .values(sandbox_id=sandbox_id)
+                )
+        except dbretry.UNAVAILABLE as e:
+            log.warning("idempotency key %r not linked to %s yet: %s", key, sandbox_id, dbm.cause(e))
+
+    def _row(self, tenant: str, key: str) -> IdempotencyRecord | None:
+        with self.db.session() as s:
+            return s.get(IdempotencyRecord, (tenant, key))
+
+    def forget(self, sandbox_id: str) -> None:
+        """The create of `sandbox_id` was dropped unfinished (its server died before the worker
+        made it; controlplane.lifecycle `_vanished`): its key is free for the retry to create anew."""
+        with self.db.session.begin() as s:
+            s.execute(sa.delete(IdempotencyRecord).where(IdempotencyRecord.sandbox_id == sandbox_id))
 
     def _insert(self, tenant: str, key: str, fp: str) -> IdempotencyRecord | None | typing.Literal["again"]:
         """None when this request's row went in; else the row in the way, or "again" when there
@@ -187,9 +241,11 @@ class Keys:
             return "again"
         return row
 
-    def _drop(self, tenant: str, key: str, sandbox_id: str | None) -> None:
+    def _drop(self, tenant: str, key: str, sandbox_id: str | None, placed: typing.Sequence[str] = ()) -> None:
+        """Remove the key's row if it names `sandbox_id` (None: no sandbox, or one of `placed`:
+        the failed create's own, linked when it was placed)."""
         cond = (
-            IdempotencyRecord.sandbox_id.is_(None)
+            sa.or_(IdempotencyRecord.sandbox_id.is_(None), IdempotencyRecord.sandbox_id.in_(list(placed)))
             if sandbox_id is None
             else IdempotencyRecord.sandbox_id == sandbox_id
         )

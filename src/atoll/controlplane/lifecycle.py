@@ -60,7 +60,7 @@ from atoll.core.lifecycle import (
 
 log = logging.getLogger(__name__)
 
-SHARED_CREATE_GRACE_S = 120.0
+SHARED_CREATE_GRACE_S = 15.0
 """On shared records, a `creating` record younger than this whose runtime a worker does not hold
 is left alone by reconciliation: another server may be making it there (it holds the lock)."""
 RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk", Tier.ARCHIVE: "resume_archive"}
@@ -231,21 +231,34 @@ class SandboxManager:
         await self.workers.aclose()
 
     # ---- create / delete -----------------------------------------------------------------------
-    async def create(self, req: typing.Any, *, pooled: bool = False) -> dbm.SandboxRecord:
+    async def create(
+        self,
+        req: typing.Any,
+        *,
+        pooled: bool = False,
+        on_placed: typing.Callable[[str], None] | None = None,
+    ) -> dbm.SandboxRecord:
         """A new sandbox: from a warm pool when the template has one ready (claimed: the caller's
         settings applied after the restore), else restored from its template's snapshot on a
         worker placement picks. `pooled`: made for the pool (not listed until claimed). It belongs
-        to the caller's tenant (an admin's: `tenant_id` in the body or query, else default)."""
+        to the caller's tenant (an admin's: `tenant_id` in the body or query, else default).
+        `on_placed(id)`: called once its worker is chosen, just before its record is written and
+        the worker asked (the Idempotency-Key names it from then on: controlplane.idempotency)."""
         tenant = auth.acting_tenant(getattr(req, "tenant_id", None))
         if self.keys is not None and tenant != ids.DEFAULT_TENANT:
             self.keys.tenant(tenant)  # 404 tenant_not_found for an admin naming an unknown one
         if pooled:  # the pool's own: counted against a tenant when claimed
-            return await self._create(req, pooled, tenant, None)
+            return await self._create(req, pooled, tenant, None, on_placed)
         with self.quotas.admitting(tenant, req.memory_mb) as ticket:
-            return await self._create(req, pooled, tenant, ticket)
+            return await self._create(req, pooled, tenant, ticket, on_placed)
 
     async def _create(
-        self, req: typing.Any, pooled: bool, tenant: str, ticket: quotas_mod.Ticket | None
+        self,
+        req: typing.Any,
+        pooled: bool,
+        tenant: str,
+        ticket: quotas_mod.Ticket | None,
+        on_placed: typing.Callable[[str], None] | None = None,
     ) -> dbm.SandboxRecord:
         build = self.templates.serving(req.template, tenant)
         want = mounts.parse(
@@ -334,6 +347,8 @@ class SandboxManager:
             self.stores.release_all(sid, _mount_dicts(want), tenant)
             raise
         async with self.ledger.lock(sid), self.ledger.step("create", sid):
+            if on_placed is not None:
+                on_placed(sid)  # the key names it before its record exists, never after
             try:  # the record exists before the runtime does (placement is recorded)
                 self.quotas.insert(rec, ticket)
             except BaseException:
@@ -561,6 +576,20 @@ class SandboxManager:
             await self._take_slot(rec, cur.tier)
         try:
             return await self._resume_on_worker(rec, cur)
+        except errors.Unavailable as e:
+            if e.retryable:
+                raise
+            # The worker stopped answering mid-restore (it died, or its link did). A resume is
+            # safe to repeat: the record stays in standby, the worker finishes or undoes the
+            # restore when it is back (worker.runtimes.recovery) and the record follows it; the
+            # call that wanted the sandbox never reached it.
+            raise errors.Unavailable(
+                f"sandbox {sid} was being resumed from the {cur.tier} tier when its worker stopped "
+                f"answering ({e.message}); it stays in standby and nothing was run in it — retry "
+                "once the worker is back (GET /v1/workers)",
+                detail=e.detail,
+                retryable=True,
+            ) from None
         finally:
             self.ledger.resuming.pop(sid, None)
 
@@ -727,6 +756,7 @@ class SandboxManager:
                 "reconcile: dropping an unfinished create",
                 extra={"sandbox_id": rec.id, "worker": handle.name},
             )
+            self.idempotency.forget(rec.id)  # a retry of its create makes it anew
             self.ledger.persist(
                 rec,
                 Verb.DELETE,

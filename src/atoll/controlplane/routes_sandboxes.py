@@ -103,7 +103,7 @@ async def create_sandbox(request: Request):
         return answer(request, await manager.create(req), 201)
     tenant = auth.acting_tenant(req.tenant_id)
     rec, replayed = await manager.idempotency.create(
-        tenant, key, req.model_dump(mode="json"), lambda: manager.create(req)
+        tenant, key, req.model_dump(mode="json"), lambda placed: manager.create(req, on_placed=placed)
     )
     r = answer(request, rec, 201)
     if replayed:

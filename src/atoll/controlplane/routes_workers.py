@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
-from atoll.controlplane import http, paging, schemas
+from atoll.controlplane import http, impostors, paging, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.remote_worker import RemoteWorker
 from atoll.controlplane.routes_sandboxes import TOO_LARGE
@@ -201,7 +201,7 @@ def _protocol(request: Request) -> None:
         **http.error_responses(
             {
                 409: "incompatible_protocol, or worker_conflict: the name is taken by another "
-                "installation or by the server's own worker"
+                "installation, by the server's own worker, or by a worker that answers at another URL"
             }
         ),
         **TOO_LARGE,
@@ -224,7 +224,9 @@ async def register_worker(request: Request):
             '(POST /v1/keys {"scope": "worker"}) as its ATOLL_API_KEY',
             req.info.get("name") if isinstance(req.info, dict) else None,
         )
-    answer = ctx(request).manager.workers.register({"info": req.info}, req.url.rstrip("/"))
+    workers = ctx(request).manager.workers
+    await impostors.check_registration(workers, req.info, req.url.rstrip("/"))
+    answer = workers.register({"info": req.info}, req.url.rstrip("/"))
     return http.json_response(answer, 201)
 
 
@@ -238,7 +240,8 @@ async def register_worker(request: Request):
             {
                 400: "invalid_request: the body is malformed, or the CSR or the URL is not usable",
                 404: "not_found: this server has no certificate authority",
-                409: "incompatible_protocol, or worker_conflict: the name is this server's own worker",
+                409: "incompatible_protocol, or worker_conflict: the name is this server's own worker, "
+                "or a registered worker's that answers",
             }
         ),
         **TOO_LARGE,
@@ -262,6 +265,7 @@ async def worker_certificate(request: Request):
             f"worker name {req.name!r} is this server's own in-process worker; give yours another --name",
             code="worker_conflict",
         )
+    await impostors.refuse_live_twin(manager.workers, req.name, None)
     try:
         cert = authority.sign_worker(req.csr.encode(), req.name, req.url)
     except ValueError as e:

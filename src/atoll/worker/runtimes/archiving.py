@@ -7,11 +7,12 @@ failing (down, refusing) leaves everything on disk: the layers are mounted again
 and the caller is told why (the sandbox stays in the disk tier; the policy tries again later).
 unarchive (phase archived): download, verify and unpack (nothing is moved into place unless every
 checksum matches), mount the layers again, `unarchived` (durable): the sandbox is checkpointed on
-disk again; its stale archive objects are removed (under the sandbox's lock, so never racing a new
-upload; a store that fails leaves the removal in worker.runtimes.archive_gc's journal) — unless the
-resume asked to keep them (`keep_archive`: the control plane's `on_worker_lost: "restore"` comes
-back from there on another worker; `archive_kept` on the runtime, until its next archive or its
-delete) — and the normal disk restore follows. A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
+disk again, and the normal disk restore follows; only once the sandbox runs are its stale archive
+objects removed (`drop_stale`, under the sandbox's lock, so never racing a new upload; a store that
+fails leaves the removal in worker.runtimes.archive_gc's journal): a worker killed mid-restore
+leaves the archive whole in the store, for another worker to adopt — unless the resume asked to
+keep them anyway (`keep_archive`: the control plane's `on_worker_lost: "restore"` comes back from
+there on another worker; `archive_kept` on the runtime, until its next archive or its delete). A damaged or missing archive fails the runtime with the cause (never restored with bad memory); an
 unreachable store is a ResumeFailed (the sandbox stays archived, a retry may work).
 `reattach` finishes what a killed worker left: archiving -> checkpointed (the disk copy was kept),
 archived -> local leftovers dropped (the archive is whole). Called by worker.tiers and
@@ -254,13 +255,13 @@ class Archiver:
         self.runtimes.advance(rt, Step.UNARCHIVED)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(d, archive.LOCAL_MANIFEST))
-        parts["layers"], t = (time.perf_counter() - t) * 1000, time.perf_counter()
-        if keep_archive:
-            rt.archive_kept = True
-            self.runtimes.save(rt)
-        else:
-            await self._remove_stale(rt, man)
-        parts["removal"] = (time.perf_counter() - t) * 1000
+        parts["layers"] = (time.perf_counter() - t) * 1000
+        # the archive stays in the store until the sandbox runs again (`drop_stale`, after the
+        # restore): a worker killed before that leaves a whole archive, the copy the control plane's
+        # record (archive tier) names and another worker can adopt
+        rt.archive_key = man.key
+        rt.archive_kept = keep_archive
+        self.runtimes.save(rt)
         log.info(
             "sandbox.unarchive.complete in %.0f ms (%d bytes; %s)",
             (time.perf_counter() - t0) * 1000,
@@ -269,11 +270,14 @@ class Archiver:
             extra={"sandbox_id": sid},
         )
 
-    async def _remove_stale(self, rt: Runtime, man: archive.ArchiveManifest) -> None:
-        """The sandbox is on disk again: its archive is stale (a later archive writes a new one).
-        Removed now, under the sandbox's lock, so that it can never race a new archive's upload;
-        a store that fails here leaves the removal in the journal (retried by the garbage loop)."""
-        await self.remove(rt.sandbox_id, man.key)
+    async def drop_stale(self, rt: Runtime) -> None:
+        """The sandbox runs again after an unarchive: its archive is stale (a later archive writes
+        a new one) — unless the resume asked to keep it (`archive_kept`). Removed now, under the
+        sandbox's lock, so that it can never race a new archive's upload; a store that fails here
+        leaves the removal in the journal (retried by the garbage loop)."""
+        if rt.archive_kept:
+            return
+        await self.remove(rt.sandbox_id, rt.archive_key)
         rt.archive_key = ""
         with contextlib.suppress(OSError):
             self.runtimes.save(rt)

@@ -341,6 +341,7 @@ class Tiers:
                 )
             await self.archiver.unarchive(rt, keep_archive)
             await self.restore(rt)
+            await self.archiver.drop_stale(rt)  # only now: until it runs, the archive is its copy
             tier = Tier.ARCHIVE
         elif rt.phase == Phase.RUNNING:
             return ResumeOutcome(Tier.MEMORY, 0.0)  # nothing to do (e.g. a resume shared with another)
