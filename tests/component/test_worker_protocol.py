@@ -594,3 +594,72 @@ async def test_every_server_calls_a_worker_another_server_holds(tmp_path, databa
                 with contextlib.suppress(BaseException):
                     await task
                 await reg.aclose()
+
+
+async def test_a_server_whose_worker_moved_to_another_borrows_it_back(tmp_path, database_url, database_kind):
+    """A worker registered with A moves to B (`--server A,B`: A missed its heartbeats): A's token is
+    refused from then on. A takes it for lost, held elsewhere, and calls it through B's stored token
+    (borrowed) like any other server — its sandboxes are served through A again, never a 503 for good."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    key = b"k" * 32
+    async with (
+        FakeAtoll(
+            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as a,
+        FakeAtoll(
+            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as b,
+    ):
+        pa, pb = free_port(), free_port()
+        ua, ub = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, server_urls=(ua, ub), api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(a.app, pa),
+            _serve(b.app, pb),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+        ):
+            try:
+                await reg.register()
+                for _ in range(300):
+                    if (await ca.get("/healthz")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.02)
+                r = await ca.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 201, r.text
+                sid = r.json()["id"]
+                assert (
+                    await ca.put(f"/v1/sandboxes/{sid}/files", params={"path": "/f"}, content=b"kept")
+                ).status_code == 204
+                wa = a.manager.workers
+                ha = wa.handles[wa._by_name["w1"]]
+                # the worker moves to B (a new token there)
+                assert await reg._next_server("A missed heartbeats")
+                await reg.register()
+                hb = b.manager.workers.handles[ha.id]
+                for _ in range(300):
+                    if hb.state == "ready":
+                        break
+                    await asyncio.sleep(0.02)
+                assert hb.state == "ready"
+                # A's token is refused: a retryable 503, and A knows at once it is held elsewhere
+                r = await ca.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
+                assert ha.state == "lost", ha.state
+                await wa.others()  # what A's watch does every OTHERS_EVERY_S
+                assert ha.borrowed is not None and ha.state == "ready", (ha.state, ha.reason)
+                r = await ca.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
+                assert r.status_code == 200 and r.content == b"kept", r.text
+                # A wrote nothing of the row B holds
+                rec = a.manager.db.get_worker(ha.id)
+                assert rec is not None and rec.state == "ready" and rec.token_sealed == hb.record.token_sealed
+            finally:
+                await reg.aclose()

@@ -332,6 +332,9 @@ class WorkerRegistry:
             on_unreachable=lambda why: self._unreachable(h, remote, why),
             tunnel_port=info.tunnel_port,
             tls=self.worker_tls,
+            # its token refused: it registered again since, with another server sharing the
+            # records (with this one, `h.worker` is already another): lost here, held elsewhere
+            on_refused=lambda why: self._unreachable(h, remote, why),
         )
         self._replace(h, remote, info, local=False)
         h.record.url = url
@@ -686,13 +689,19 @@ class WorkerRegistry:
             return None
         return secretbox.seal(self.token_key, token, f"worker-token/{worker_id}")
 
+    @staticmethod
+    def _holds(h: WorkerHandle) -> bool:
+        """This server holds the worker: its own, or registered here and not lost (one lost here
+        that another server hears from moved there: it is borrowed like any other)."""
+        return h.local or (h.worker is not None and h.borrowed is None and h.state != "lost")
+
     async def _borrow(self, h: WorkerHandle, rec: dbm.WorkerRecord) -> None:
         """Call a worker another server holds with the token that server stored, while that server
         hears its heartbeats: its sandboxes are served here as there (no 503 on the replica a load
         balancer picked). A borrowed worker is never marked lost, settled, reconciled or written by
         this server; it is let go when its holder stops hearing it, its token changes, or a call
         finds it unreachable (the next look borrows it again)."""
-        if h.local or (h.worker is not None and h.borrowed is None):
+        if self._holds(h):
             return  # this server holds it
         held = self.held_elsewhere(rec)
         if not held or not rec.url or not rec.token_sealed or self.token_key is None:
@@ -748,10 +757,11 @@ class WorkerRegistry:
             h.reason = f"{HELD_ELSEWHERE}; the worker at {rec.url} is {info.name!r}, not {rec.name!r}"
             await remote.aclose()
             return
-        if h.local or (h.worker is not None and h.borrowed is None):
+        if self._holds(h):
             await remote.aclose()  # it registered with this server meanwhile
             return
         old = h.worker
+        h.epoch = None  # a registration with this server it left: it registers again to come back
         remote.tunnel_port = info.tunnel_port
         h.worker, h.info, h.borrowed, h.record = remote, info, rec.token_sealed, rec
         h.state, h.lost_since = state, None
