@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
+from atoll.controlplane import evacuation
 from atoll.core import worker_api as api
 from atoll.testing import FakeAtoll, FakeWorker, free_port
 from atoll.worker.service import httpapi, registration
@@ -654,6 +655,13 @@ async def test_a_server_whose_worker_moved_to_another_borrows_it_back(tmp_path, 
                 r = await ca.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
                 assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
                 assert ha.state == "lost", ha.state
+                # an evacuation A ran of it halts now and writes its progress: that is all it
+                # writes of the row B holds (not A's old token, URL or state)
+                ev = evacuation.Evacuation(ha.id, pending=[sid])
+                a.manager.evacuations.runs[ha.id] = ev
+                a.manager.evacuations._save(ev, ha)
+                rec = a.manager.db.get_worker(ha.id)
+                assert rec is not None and rec.token_sealed == hb.record.token_sealed and rec.state == "ready"
                 await wa.others()  # what A's watch does every OTHERS_EVERY_S
                 assert ha.borrowed is not None and ha.state == "ready", (ha.state, ha.reason)
                 r = await ca.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})

@@ -689,6 +689,15 @@ class WorkerRegistry:
             return None
         return secretbox.seal(self.token_key, token, f"worker-token/{worker_id}")
 
+    def owns_record(self, h: WorkerHandle) -> bool:
+        """Whether this server may write `h`'s row: it holds the worker, or the worker is lost and
+        no other server sharing the records hears from it (reads the row then)."""
+        if h.borrowed is not None:
+            return False
+        if h.local or h.state != "lost":
+            return True
+        return not self.held_elsewhere(self.db.get_worker(h.id))
+
     @staticmethod
     def _holds(h: WorkerHandle) -> bool:
         """This server holds the worker: its own, or registered here and not lost (one lost here
