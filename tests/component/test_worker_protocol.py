@@ -671,3 +671,65 @@ async def test_a_server_whose_worker_moved_to_another_borrows_it_back(tmp_path, 
                 assert rec is not None and rec.state == "ready" and rec.token_sealed == hb.record.token_sealed
             finally:
                 await reg.aclose()
+
+
+async def test_a_worker_another_server_holds_cannot_be_removed_here(tmp_path, database_url, database_kind):
+    """A server that cannot call a worker another server hears from (another secrets key) shows it
+    lost; removing it there is refused (409 invalid_state), its row and sandboxes stay intact."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records only on PostgreSQL")
+    async with (
+        FakeAtoll(
+            tmp_path / "a",
+            [],
+            api_key=KEY,
+            database_url=database_url,
+            tier_policy=False,
+            secrets_key=b"k" * 32,
+        ) as a,
+        FakeAtoll(
+            tmp_path / "c",
+            [],
+            api_key=KEY,
+            database_url=database_url,
+            tier_policy=False,
+            secrets_key=b"x" * 32,
+        ) as c,
+    ):
+        pa, pc = free_port(), free_port()
+        ua, uc = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pc}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(a.app, pa),
+            _serve(c.app, pc),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+            httpx.AsyncClient(base_url=uc, headers=hdr, timeout=30) as cc,
+        ):
+            try:
+                await reg.register()
+                for _ in range(300):
+                    if (await ca.get("/healthz")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.02)
+                r = await ca.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 201, r.text
+                sid = r.json()["id"]
+                await c.manager.workers.others()
+                hc = c.manager.workers.handles[reg.worker_id]
+                assert hc.state == "lost" and hc.worker is None
+                r = await cc.delete(f"/v1/workers/{hc.id}")
+                assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state", r.text
+                assert "another server" in r.json()["error"]["message"]
+                assert a.manager.db.get_worker(hc.id) is not None
+                r = await ca.get(f"/v1/sandboxes/{sid}")
+                assert r.status_code == 200 and r.json()["state"] == "running", r.text
+            finally:
+                await reg.aclose()

@@ -427,6 +427,13 @@ class WorkerRegistry:
                 f"worker {h.name!r} is {h.state}; only a lost remote worker can be removed",
                 code="invalid_state",
             )
+        if self.held_elsewhere(self.db.get_worker(worker_id)):
+            raise errors.Conflict(
+                f"worker {h.name!r} is lost here only: another server sharing the records hears its "
+                "heartbeats and serves its sandboxes; remove it once no server does (or through the "
+                "one that holds it, once it is lost there)",
+                code="invalid_state",
+            )
         self._stop_tasks(h)
         self.handles.pop(worker_id, None)
         self._by_name.pop(h.name, None)
