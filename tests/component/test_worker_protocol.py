@@ -733,3 +733,64 @@ async def test_a_worker_another_server_holds_cannot_be_removed_here(tmp_path, da
                 assert r.status_code == 200 and r.json()["state"] == "running", r.text
             finally:
                 await reg.aclose()
+
+
+async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacuation(
+    tmp_path, database_url, database_kind
+):
+    """A drains (and evacuates) the worker it holds; B undrains it through the row. A verdict of
+    A's evacuation saved before A reads the row writes only the evacuation's progress: A then
+    follows the undrain (ready), it is not lost under A's copy of `draining`."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    key = b"k" * 32
+    async with (
+        FakeAtoll(
+            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as a,
+        FakeAtoll(
+            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as b,
+    ):
+        pa, pb = free_port(), free_port()
+        ua, ub = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(a.app, pa),
+            _serve(b.app, pb),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+            httpx.AsyncClient(base_url=ub, headers=hdr, timeout=30) as cb,
+        ):
+            try:
+                await reg.register()
+                wa = a.manager.workers
+                ha = wa.handles[reg.worker_id]
+                for _ in range(300):
+                    if ha.state == "ready":
+                        break
+                    await asyncio.sleep(0.02)
+                r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
+                assert r.status_code == 202 and ha.state == "draining", r.text
+                await b.manager.workers.others()
+                hb = b.manager.workers.handles[ha.id]
+                assert hb.borrowed is not None and hb.state == "draining"
+                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
+                assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+                # a verdict of an evacuation A runs of it is saved before A reads the row again
+                ev = evacuation.Evacuation(ha.id)
+                a.manager.evacuations.runs[ha.id] = ev
+                a.manager.evacuations._save(ev, ha)
+                await wa.others()
+                assert ha.state == "ready", (ha.state, ha.reason)
+                rec = a.manager.db.get_worker(ha.id)
+                assert rec is not None and not rec.draining
+            finally:
+                await reg.aclose()

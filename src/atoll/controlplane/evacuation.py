@@ -264,7 +264,9 @@ class Evacuator:
             if not self.m.workers.owns_record(h):
                 return
             h.record.evacuation = ev.record()
-            self.m.db.put_worker(h.record)
+            # that column only: another server may have drained or undrained it through the row
+            # since (`draining`), which this server has not read yet (controlplane.workers `follow`)
+            self.m.db.set_worker_columns(h.id, evacuation=h.record.evacuation)
         except Exception:  # the next verdict writes it again; the moves go on
             log.exception("saving the evacuation of worker %s failed", h.name)
 
