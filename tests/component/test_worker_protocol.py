@@ -794,3 +794,33 @@ async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacua
                 assert rec is not None and not rec.draining
             finally:
                 await reg.aclose()
+
+
+async def test_reconciliation_leaves_a_runtime_another_server_is_moving_here(
+    tmp_path, database_url, database_kind
+):
+    """On shared records another server may move a sandbox onto a worker this server holds (its
+    worker `adopt`, then the record names the new worker): a reconciliation between the two finds
+    the runtime while the record still names the old worker. A record changed that lately is not
+    an orphan's: the runtime stays."""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records move sandboxes under each other")
+    w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+    async with FakeAtoll(tmp_path, [w1, w2], api_key=KEY, database_url=database_url, tier_policy=False) as f:
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(f.app), base_url="http://t", headers=hdr
+        ) as c:
+            r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            sid, held_by = r.json()["id"], r.json()["worker"]
+        src, dst = (w1, w2) if held_by == "w1" else (w2, w1)
+        # the other server's adopt made it on `dst`; its record still names `src`
+        dst.runtimes[sid] = src.runtimes[sid]
+        reg = f.manager.workers
+        h = reg.handles[reg._by_name[dst.name]]
+        await reg.reconcile(h)
+        assert sid in dst.runtimes
+        # a copy the next pass finds so again is one left behind: dropped then
+        await reg.reconcile(h)
+        assert sid not in dst.runtimes and sid in src.runtimes

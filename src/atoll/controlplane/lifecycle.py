@@ -116,6 +116,9 @@ class SandboxManager:
         """Idempotency-Key of creates (controlplane.idempotency)."""
         self.evacuations = evacuation.Evacuator(self)
         """Drains that move every sandbox off a worker (controlplane.evacuation)."""
+        self._elsewhere: dict[str, set[str]] = {}
+        """Per worker, the runtimes its last reconciliation found whose record names another
+        worker (shared records: deleted only when the next pass finds them so again, `_orphan`)."""
         self.gone = lost_workers.GoneWorkers(self, gone_after_s)
         """What becomes of the sandboxes of a worker lost for ATOLL_WORKER_GONE_S."""
         self.leader.ticks.append(self.ledger.share_activity)  # every server: the holder reads it (refresh)
@@ -689,7 +692,16 @@ class SandboxManager:
                     stale.append(report)
             elif not report.busy:
                 self._follow(rec, report, handle)
-        orphans = stale + [r for r in held.values() if not r.busy and self._orphan(r.sandbox_id, handle.id)]
+        # (not at adoption: a worker taken over again drops at once the copies that moved off it
+        # while it was gone, before it serves; nothing moves onto a worker not yet adopted)
+        periodic = self.ledger.shared and handle.state in ("ready", "draining")
+        last = self._elsewhere.get(handle.id, set()) if periodic else None
+        seen: set[str] = set()
+        orphans = stale + [
+            r for r in held.values() if not r.busy and self._orphan(r.sandbox_id, handle.id, last, seen)
+        ]
+        if periodic:
+            self._elsewhere[handle.id] = seen
         for r in orphans:
             log.info(
                 "reconcile: deleting a runtime no live record owns",
@@ -704,14 +716,25 @@ class SandboxManager:
                 if isinstance(res, BaseException):
                     log.warning("reconcile: deleting %s failed: %r", r.sandbox_id, res)
 
-    def _orphan(self, sid: str, worker_id: str) -> bool:
+    def _orphan(
+        self, sid: str, worker_id: str, last: set[str] | None = None, seen: set[str] | None = None
+    ) -> bool:
         """No live record owns this runtime on `worker_id`: none at all, or the sandbox moved to
         another worker (a drain or a removal: the copy left behind is dropped; its archive in the
-        store names the new holder, so the old worker's delete leaves it alone)."""
+        store names the new holder, so the old worker's delete leaves it alone). On shared records
+        (`last`: what the previous pass found so) another server may be moving it *here* (the
+        worker's `adopt` first, then the record): a runtime whose record names another worker is
+        an orphan only when the previous pass found it so too; `seen` collects them."""
         if self.ledger.lock(sid).locked():
             return False
         if sid in self.ledger.cache:
-            return self.ledger.cache[sid].worker_id != worker_id
+            if self.ledger.cache[sid].worker_id == worker_id:
+                return False
+            if last is None:
+                return True
+            if seen is not None:
+                seen.add(sid)
+            return sid in last
         rec = self.db.get(sid)
         return rec is None or rec.state == State.DELETED
 
