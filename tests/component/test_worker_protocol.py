@@ -740,7 +740,8 @@ async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacua
 ):
     """A drains (and evacuates) the worker it holds; B undrains it through the row. A verdict of
     A's evacuation saved before A reads the row writes only the evacuation's progress: A then
-    follows the undrain (ready), it is not lost under A's copy of `draining`."""
+    follows the undrain (ready), it is not lost under A's copy of `draining`. An evacuation asked
+    through B of a worker A already keeps cordoned runs on A."""
     if database_kind != "postgresql":
         pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
     key = b"k" * 32
@@ -792,6 +793,20 @@ async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacua
                 assert ha.state == "ready", (ha.state, ha.reason)
                 rec = a.manager.db.get_worker(ha.id)
                 assert rec is not None and not rec.draining
+                ev.state = "done"
+                # cordoned through A, then an evacuation asked through B: A runs it
+                r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
+                assert r.status_code == 202 and ha.state == "draining", r.text
+                await b.manager.workers.others()
+                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": True})
+                assert r.status_code == 202, r.text
+                await wa.others()
+                run = a.manager.evacuations.runs.get(ha.id)
+                assert run is not None and run is not ev and run.active
+                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
+                assert r.status_code == 200, r.text
+                await wa.others()
+                assert ha.state == "ready" and run.stop
             finally:
                 await reg.aclose()
 

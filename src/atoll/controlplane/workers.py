@@ -652,7 +652,8 @@ class WorkerRegistry:
 
     def follow(self, recs: list[dbm.WorkerRecord], read_at: float) -> None:
         """A worker this server holds that another server drained or undrained through its row
-        (a borrower's `drain`): take the cordon over, and run or stop the evacuation here."""
+        (a borrower's `drain`): take the cordon over, and run or stop the evacuation here (also
+        an evacuation asked for a worker already cordoned)."""
         for rec in recs:
             h = self.handles.get(rec.id)
             if h is None or h.local or h.borrowed is not None or h.worker is None or h.cordoned_at > read_at:
@@ -661,7 +662,7 @@ class WorkerRegistry:
                 h.state, h.reason = "draining", DRAINING
             elif not rec.draining and h.state == "draining":
                 h.state, h.reason = "ready", None
-            else:
+            elif not (rec.draining and _asked_evacuation(rec, h.record)):
                 continue
             h.record.draining, h.record.evacuation = rec.draining, rec.evacuation
             log.info("worker.cordon.followed", extra={"worker": h.name, "draining": rec.draining})
@@ -856,6 +857,13 @@ class WorkerRegistry:
             if h.worker is not None and not h.local:
                 with contextlib.suppress(Exception):
                     await h.worker.aclose()
+
+
+def _asked_evacuation(rec: dbm.WorkerRecord, mine: dbm.WorkerRecord) -> bool:
+    """Another server asked, through the row, for an evacuation of a worker this server already
+    keeps cordoned: the row holds a running evacuation this server did not write."""
+    ev = rec.evacuation
+    return isinstance(ev, dict) and ev.get("state") == "running" and ev != mine.evacuation
 
 
 def _utc(at: dt.datetime) -> dt.datetime:
