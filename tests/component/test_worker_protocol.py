@@ -839,3 +839,40 @@ async def test_reconciliation_leaves_a_runtime_another_server_is_moving_here(
         # a copy the next pass finds so again is one left behind: dropped then
         await reg.reconcile(h)
         assert sid not in dst.runtimes and sid in src.runtimes
+
+
+async def test_reconciliation_leaves_a_phase_another_server_is_recording(
+    tmp_path, database_url, database_kind
+):
+    """On shared records another server may have paused a sandbox on a worker this server holds
+    (its worker step done) and not yet written the record: a reconciliation between the two must
+    not write the change first (the other server's write would then be refused `sandbox_changed`,
+    a 409 for a pause or create that happened). A phase the next pass finds again is followed."""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records change sandboxes under each other")
+    from atoll.core.lifecycle import Phase, Verb
+
+    w = FakeWorker("w1")
+    async with FakeAtoll(tmp_path, [w], api_key=KEY, database_url=database_url, tier_policy=False) as f:
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(f.app), base_url="http://t", headers=hdr
+        ) as c:
+            r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            sid = r.json()["id"]
+        other = f.manager.db.get(sid)  # the other server's copy of the record
+        assert other is not None and other.state == "running"
+        w.runtimes[sid].phase = Phase.CHECKPOINTED  # its pause done on the worker
+        reg = f.manager.workers
+        h = reg.handles[reg._by_name["w1"]]
+        await reg.reconcile(h)
+        assert f.manager.db.get(sid).state == "running"
+        f.manager.ledger.persist(other, Verb.CHECKPOINT)  # the other server records its pause: no conflict
+        assert f.manager.db.get(sid).standby_tier == "disk"
+        # a phase nobody records (the worker's own doing, its event missed) is followed a pass later
+        w.runtimes[sid].phase = Phase.FAILED
+        await reg.reconcile(h)
+        assert f.manager.db.get(sid).state == "standby"
+        await reg.reconcile(h)
+        assert f.manager.db.get(sid).state == "failed"

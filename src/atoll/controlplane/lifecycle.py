@@ -119,6 +119,9 @@ class SandboxManager:
         self._elsewhere: dict[str, set[str]] = {}
         """Per worker, the runtimes its last reconciliation found whose record names another
         worker (shared records: deleted only when the next pass finds them so again, `_orphan`)."""
+        self._diverged: dict[str, dict[str, Phase]] = {}
+        """Per worker, the phases its last reconciliation found that their records do not say
+        (shared records: followed only when the next pass finds them again, `worker_joined`)."""
         self.gone = lost_workers.GoneWorkers(self, gone_after_s)
         """What becomes of the sandboxes of a worker lost for ATOLL_WORKER_GONE_S."""
         self.leader.ticks.append(self.ledger.share_activity)  # every server: the holder reads it (refresh)
@@ -680,6 +683,14 @@ class SandboxManager:
         held = {r.sandbox_id: r for r in inventory.runtimes}
         self.pools.outdated(r.sandbox_id for r in inventory.runtimes if r.stale_runtime)
         stale: list[api.RuntimeReport] = []
+        # On shared records another server may call this worker too (it borrows it): a step of
+        # its own is done on the worker before it writes the record (the move of a sandbox here
+        # too). A periodic pass acts on such a difference only when the previous pass found it
+        # too (not at adoption: a worker taken over again drops at once the copies that moved off
+        # it while it was gone, before it serves; nothing moves onto a worker not yet adopted).
+        periodic = self.ledger.shared and handle.state in ("ready", "draining")
+        last_phases = self._diverged.get(handle.id, {}) if periodic else {}
+        phases: dict[str, Phase] = {}
         for rec in [r for r in self.ledger.cache.values() if r.worker_id == handle.id]:
             report = held.pop(rec.id, None)
             if self.ledger.lock(rec.id).locked() or _changed_since(rec, started):
@@ -691,10 +702,13 @@ class SandboxManager:
                 if not report.busy and report.phase != Phase.FAILED:
                     stale.append(report)
             elif not report.busy:
+                if periodic and PUBLIC_STATUS[report.phase] != status(rec.state, rec.standby_tier):
+                    phases[rec.id] = report.phase
+                    if last_phases.get(rec.id) != report.phase:
+                        continue  # found again by the next pass if nobody records it meanwhile
                 self._follow(rec, report, handle)
-        # (not at adoption: a worker taken over again drops at once the copies that moved off it
-        # while it was gone, before it serves; nothing moves onto a worker not yet adopted)
-        periodic = self.ledger.shared and handle.state in ("ready", "draining")
+        if periodic:
+            self._diverged[handle.id] = phases
         last = self._elsewhere.get(handle.id, set()) if periodic else None
         seen: set[str] = set()
         orphans = stale + [
