@@ -876,3 +876,49 @@ async def test_reconciliation_leaves_a_phase_another_server_is_recording(
         assert f.manager.db.get(sid).state == "standby"
         await reg.reconcile(h)
         assert f.manager.db.get(sid).state == "failed"
+
+
+async def test_a_borrower_lets_go_a_worker_that_said_it_stops(tmp_path, database_url, database_kind):
+    """The worker tells its holder it stops (SIGTERM): the holder writes it lost at once; a server
+    borrowing it lets it go at its next look (no create is placed there), although the holder heard
+    its heartbeat lately."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    key = b"k" * 32
+    async with (
+        FakeAtoll(
+            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as a,
+        FakeAtoll(
+            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as b,
+    ):
+        pa = free_port()
+        ua = f"http://127.0.0.1:{pa}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        async with _serve(httpapi.create_app(fake, creds), wport), _serve(a.app, pa):
+            try:
+                await reg.register()
+                ha = a.manager.workers.handles[reg.worker_id]
+                for _ in range(300):
+                    if ha.state == "ready":
+                        break
+                    await asyncio.sleep(0.02)
+                hb = b.manager.workers
+                await hb.others()
+                h = hb.handles[ha.id]
+                assert h.borrowed is not None and h.state == "ready"
+                await reg.stopping()
+                assert ha.state == "lost"
+                await hb.others()
+                assert h.borrowed is None and h.state == "lost", (h.state, h.reason)
+                r = await b.http.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker", r.text
+            finally:
+                await reg.aclose()

@@ -721,6 +721,12 @@ class WorkerRegistry:
         if self._holds(h):
             return  # this server holds it
         held = self.held_elsewhere(rec)
+        if held and rec.state not in ("ready", "draining"):
+            # its holder is adopting it, or it said it stops (lost there at once, though its
+            # heartbeat was heard lately): not called here until its holder says it is ready
+            if h.borrowed is not None:
+                self._unborrow(h, f"it is {rec.state} on the server that holds it")
+            return
         if not held or not rec.url or not rec.token_sealed or self.token_key is None:
             if h.borrowed is not None:
                 self._unborrow(h, "its heartbeats no longer reach any server sharing the records")
