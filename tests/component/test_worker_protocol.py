@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
+from atoll.controlplane import evacuation
 from atoll.core import worker_api as api
 from atoll.testing import FakeAtoll, FakeWorker, free_port
 from atoll.worker.service import httpapi, registration
@@ -593,4 +594,331 @@ async def test_every_server_calls_a_worker_another_server_holds(tmp_path, databa
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+                await reg.aclose()
+
+
+async def test_a_server_whose_worker_moved_to_another_borrows_it_back(tmp_path, database_url, database_kind):
+    """A worker registered with A moves to B (`--server A,B`: A missed its heartbeats): A's token is
+    refused from then on. A takes it for lost, held elsewhere, and calls it through B's stored token
+    (borrowed) like any other server — its sandboxes are served through A again, never a 503 for good."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    key = b"k" * 32
+    async with (
+        FakeAtoll(
+            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as a,
+        FakeAtoll(
+            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as b,
+    ):
+        pa, pb = free_port(), free_port()
+        ua, ub = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, server_urls=(ua, ub), api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(a.app, pa),
+            _serve(b.app, pb),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+        ):
+            try:
+                await reg.register()
+                for _ in range(300):
+                    if (await ca.get("/healthz")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.02)
+                r = await ca.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 201, r.text
+                sid = r.json()["id"]
+                assert (
+                    await ca.put(f"/v1/sandboxes/{sid}/files", params={"path": "/f"}, content=b"kept")
+                ).status_code == 204
+                wa = a.manager.workers
+                ha = wa.handles[wa._by_name["w1"]]
+                # the worker moves to B (a new token there)
+                assert await reg._next_server("A missed heartbeats")
+                await reg.register()
+                hb = b.manager.workers.handles[ha.id]
+                for _ in range(300):
+                    if hb.state == "ready":
+                        break
+                    await asyncio.sleep(0.02)
+                assert hb.state == "ready"
+                # A's token is refused: a retryable 503, and A knows at once it is held elsewhere
+                r = await ca.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
+                assert ha.state == "lost", ha.state
+                # an evacuation A ran of it halts now and writes its progress: that is all it
+                # writes of the row B holds (not A's old token, URL or state)
+                ev = evacuation.Evacuation(ha.id, pending=[sid])
+                a.manager.evacuations.runs[ha.id] = ev
+                a.manager.evacuations._save(ev, ha)
+                rec = a.manager.db.get_worker(ha.id)
+                assert rec is not None and rec.token_sealed == hb.record.token_sealed and rec.state == "ready"
+                await wa.others()  # what A's watch does every OTHERS_EVERY_S
+                assert ha.borrowed is not None and ha.state == "ready", (ha.state, ha.reason)
+                r = await ca.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
+                assert r.status_code == 200 and r.content == b"kept", r.text
+                # A wrote nothing of the row B holds
+                rec = a.manager.db.get_worker(ha.id)
+                assert rec is not None and rec.state == "ready" and rec.token_sealed == hb.record.token_sealed
+            finally:
+                await reg.aclose()
+
+
+async def test_a_worker_another_server_holds_cannot_be_removed_here(tmp_path, database_url, database_kind):
+    """A server that cannot call a worker another server hears from (another secrets key) shows it
+    lost; removing it there is refused (409 invalid_state), its row and sandboxes stay intact."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records only on PostgreSQL")
+    async with (
+        FakeAtoll(
+            tmp_path / "a",
+            [],
+            api_key=KEY,
+            database_url=database_url,
+            tier_policy=False,
+            secrets_key=b"k" * 32,
+        ) as a,
+        FakeAtoll(
+            tmp_path / "c",
+            [],
+            api_key=KEY,
+            database_url=database_url,
+            tier_policy=False,
+            secrets_key=b"x" * 32,
+        ) as c,
+    ):
+        pa, pc = free_port(), free_port()
+        ua, uc = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pc}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(a.app, pa),
+            _serve(c.app, pc),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+            httpx.AsyncClient(base_url=uc, headers=hdr, timeout=30) as cc,
+        ):
+            try:
+                await reg.register()
+                for _ in range(300):
+                    if (await ca.get("/healthz")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.02)
+                r = await ca.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 201, r.text
+                sid = r.json()["id"]
+                await c.manager.workers.others()
+                hc = c.manager.workers.handles[reg.worker_id]
+                assert hc.state == "lost" and hc.worker is None
+                r = await cc.delete(f"/v1/workers/{hc.id}")
+                assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state", r.text
+                assert "another server" in r.json()["error"]["message"]
+                assert a.manager.db.get_worker(hc.id) is not None
+                r = await ca.get(f"/v1/sandboxes/{sid}")
+                assert r.status_code == 200 and r.json()["state"] == "running", r.text
+            finally:
+                await reg.aclose()
+
+
+async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacuation(
+    tmp_path, database_url, database_kind
+):
+    """A drains (and evacuates) the worker it holds; B undrains it through the row. A verdict of
+    A's evacuation saved before A reads the row writes only the evacuation's progress: A then
+    follows the undrain (ready), it is not lost under A's copy of `draining`. An evacuation asked
+    through B of a worker A already keeps cordoned runs on A."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    key = b"k" * 32
+    async with (
+        FakeAtoll(
+            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as a,
+        FakeAtoll(
+            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as b,
+    ):
+        pa, pb = free_port(), free_port()
+        ua, ub = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(a.app, pa),
+            _serve(b.app, pb),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+            httpx.AsyncClient(base_url=ub, headers=hdr, timeout=30) as cb,
+        ):
+            try:
+                await reg.register()
+                wa = a.manager.workers
+                ha = wa.handles[reg.worker_id]
+                for _ in range(300):
+                    if ha.state == "ready":
+                        break
+                    await asyncio.sleep(0.02)
+                r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
+                assert r.status_code == 202 and ha.state == "draining", r.text
+                await b.manager.workers.others()
+                hb = b.manager.workers.handles[ha.id]
+                assert hb.borrowed is not None and hb.state == "draining"
+                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
+                assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+                # a verdict of an evacuation A runs of it is saved before A reads the row again
+                ev = evacuation.Evacuation(ha.id)
+                a.manager.evacuations.runs[ha.id] = ev
+                a.manager.evacuations._save(ev, ha)
+                await wa.others()
+                assert ha.state == "ready", (ha.state, ha.reason)
+                rec = a.manager.db.get_worker(ha.id)
+                assert rec is not None and not rec.draining
+                ev.state = "done"
+                # cordoned through A, then an evacuation asked through B: A runs it
+                r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
+                assert r.status_code == 202 and ha.state == "draining", r.text
+                await b.manager.workers.others()
+                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": True})
+                assert r.status_code == 202, r.text
+                await wa.others()
+                run = a.manager.evacuations.runs.get(ha.id)
+                assert run is not None and run is not ev and run.active
+                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
+                assert r.status_code == 200, r.text
+                await wa.others()
+                assert ha.state == "ready" and run.stop
+            finally:
+                await reg.aclose()
+
+
+async def test_reconciliation_leaves_a_runtime_another_server_is_moving_here(
+    tmp_path, database_url, database_kind
+):
+    """On shared records another server may move a sandbox onto a worker this server holds (its
+    worker `adopt`, then the record names the new worker): a reconciliation between the two finds
+    the runtime while the record still names the old worker. A record changed that lately is not
+    an orphan's: the runtime stays."""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records move sandboxes under each other")
+    w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+    async with FakeAtoll(tmp_path, [w1, w2], api_key=KEY, database_url=database_url, tier_policy=False) as f:
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(f.app), base_url="http://t", headers=hdr
+        ) as c:
+            r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            sid, held_by = r.json()["id"], r.json()["worker"]
+        src, dst = (w1, w2) if held_by == "w1" else (w2, w1)
+        # the other server's adopt made it on `dst`; its record still names `src`
+        dst.runtimes[sid] = src.runtimes[sid]
+        reg = f.manager.workers
+        h = reg.handles[reg._by_name[dst.name]]
+        await reg.reconcile(h)
+        assert sid in dst.runtimes
+        # a copy the next pass finds so again is one left behind: dropped then
+        await reg.reconcile(h)
+        assert sid not in dst.runtimes and sid in src.runtimes
+
+
+async def test_reconciliation_leaves_a_phase_another_server_is_recording(
+    tmp_path, database_url, database_kind
+):
+    """On shared records another server may have paused a sandbox on a worker this server holds
+    (its worker step done) and not yet written the record: a reconciliation between the two must
+    not write the change first (the other server's write would then be refused `sandbox_changed`,
+    a 409 for a pause or create that happened). A phase the next pass finds again is followed."""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records change sandboxes under each other")
+    from atoll.core.lifecycle import Phase, Verb
+
+    w = FakeWorker("w1")
+    async with FakeAtoll(tmp_path, [w], api_key=KEY, database_url=database_url, tier_policy=False) as f:
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(f.app), base_url="http://t", headers=hdr
+        ) as c:
+            r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            sid = r.json()["id"]
+        other = f.manager.db.get(sid)  # the other server's copy of the record
+        assert other is not None and other.state == "running"
+        w.runtimes[sid].phase = Phase.CHECKPOINTED  # its pause done on the worker
+        reg = f.manager.workers
+        h = reg.handles[reg._by_name["w1"]]
+        await reg.reconcile(h)
+        assert f.manager.db.get(sid).state == "running"
+        f.manager.ledger.persist(other, Verb.CHECKPOINT)  # the other server records its pause: no conflict
+        assert f.manager.db.get(sid).standby_tier == "disk"
+        # a phase nobody records (the worker's own doing, its event missed) is followed a pass later
+        w.runtimes[sid].phase = Phase.FAILED
+        await reg.reconcile(h)
+        assert f.manager.db.get(sid).state == "standby"
+        await reg.reconcile(h)
+        assert f.manager.db.get(sid).state == "failed"
+
+
+async def test_a_borrower_lets_go_a_worker_that_said_it_stops(tmp_path, database_url, database_kind):
+    """The worker tells its holder it stops (SIGTERM): the holder writes it lost at once; a server
+    borrowing it lets it go at its next look (no create is placed there), although the holder heard
+    its heartbeat lately."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    key = b"k" * 32
+    async with (
+        FakeAtoll(
+            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as a,
+        FakeAtoll(
+            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as b,
+    ):
+        pa = free_port()
+        ua = f"http://127.0.0.1:{pa}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        async with _serve(httpapi.create_app(fake, creds), wport), _serve(a.app, pa):
+            try:
+                await reg.register()
+                ha = a.manager.workers.handles[reg.worker_id]
+                for _ in range(300):
+                    if ha.state == "ready":
+                        break
+                    await asyncio.sleep(0.02)
+                hb = b.manager.workers
+                await hb.others()
+                h = hb.handles[ha.id]
+                assert h.borrowed is not None and h.state == "ready"
+                await reg.stopping()
+                assert ha.state == "lost"
+                await hb.others()
+                assert h.borrowed is None and h.state == "lost", (h.state, h.reason)
+                r = await b.http.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker", r.text
+            finally:
                 await reg.aclose()

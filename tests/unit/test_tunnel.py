@@ -142,3 +142,28 @@ async def test_strangers_cannot_keep_the_control_plane_out():
         for s in silent + stalled:
             s.close()
         await _stop(t, srv, node)
+
+
+async def test_a_refused_tunnel_token_is_a_retryable_503_and_lets_the_worker_go():
+    """The worker registered again (a new token) since the server called it: its tunnel answers
+    `ERR unauthorized`. The server's client gets 503 worker_unavailable (never a 401: its own key is
+    fine), and the registry is told the token is refused, as for the HTTP API's 401."""
+    import pytest
+
+    from atoll.controlplane.remote_worker import RemoteWorker
+    from atoll.core import wire
+
+    t, port, srv, node = await _started()
+    t.token = lambda: wire.tunnel_token("the-new-token").encode()
+    refused: list[str] = []
+    rw = RemoteWorker(
+        "http://127.0.0.1:1", "the-old-token", "w1", tunnel_port=port, on_refused=refused.append
+    )
+    try:
+        with pytest.raises(errors.Unavailable) as e:
+            await rw.open_port(SID, 8080)
+        assert e.value.code == "worker_unavailable" and "no longer accepts" in e.value.message
+        assert len(refused) == 1
+    finally:
+        await rw.aclose()
+        await _stop(t, srv, node)

@@ -256,12 +256,17 @@ class Evacuator:
 
     def _save(self, ev: Evacuation, h: WorkerHandle) -> None:
         """The progress into the worker's record (not for a worker forgotten meanwhile, nor from
-        an evacuation a newer one of the same worker replaced)."""
+        an evacuation a newer one of the same worker replaced, nor for a worker another server
+        sharing the records holds now: the row, and the evacuation, are that server's)."""
         if self.m.workers.handles.get(h.id) is not h or self.runs.get(h.id) is not ev:
             return
-        h.record.evacuation = ev.record()
         try:
-            self.m.db.put_worker(h.record)
+            if not self.m.workers.owns_record(h):
+                return
+            h.record.evacuation = ev.record()
+            # that column only: another server may have drained or undrained it through the row
+            # since (`draining`), which this server has not read yet (controlplane.workers `follow`)
+            self.m.db.set_worker_columns(h.id, evacuation=h.record.evacuation)
         except Exception:  # the next verdict writes it again; the moves go on
             log.exception("saving the evacuation of worker %s failed", h.name)
 
@@ -294,6 +299,9 @@ class Evacuator:
         async def one(rec: dbm.SandboxRecord) -> None:
             async with limit:
                 if ev.stop or ev.closing:
+                    return
+                if h.borrowed is not None:  # it moved to another server: the evacuation is its
+                    ev.halted = "its worker is held by another server sharing the records now"
                     return
                 if h.state != "draining":
                     if h.state == "ready":

@@ -116,6 +116,12 @@ class SandboxManager:
         """Idempotency-Key of creates (controlplane.idempotency)."""
         self.evacuations = evacuation.Evacuator(self)
         """Drains that move every sandbox off a worker (controlplane.evacuation)."""
+        self._elsewhere: dict[str, set[str]] = {}
+        """Per worker, the runtimes its last reconciliation found whose record names another
+        worker (shared records: deleted only when the next pass finds them so again, `_orphan`)."""
+        self._diverged: dict[str, dict[str, Phase]] = {}
+        """Per worker, the phases its last reconciliation found that their records do not say
+        (shared records: followed only when the next pass finds them again, `worker_joined`)."""
         self.gone = lost_workers.GoneWorkers(self, gone_after_s)
         """What becomes of the sandboxes of a worker lost for ATOLL_WORKER_GONE_S."""
         self.leader.ticks.append(self.ledger.share_activity)  # every server: the holder reads it (refresh)
@@ -706,6 +712,14 @@ class SandboxManager:
         held = {r.sandbox_id: r for r in inventory.runtimes}
         self.pools.outdated(r.sandbox_id for r in inventory.runtimes if r.stale_runtime)
         stale: list[api.RuntimeReport] = []
+        # On shared records another server may call this worker too (it borrows it): a step of
+        # its own is done on the worker before it writes the record (the move of a sandbox here
+        # too). A periodic pass acts on such a difference only when the previous pass found it
+        # too (not at adoption: a worker taken over again drops at once the copies that moved off
+        # it while it was gone, before it serves; nothing moves onto a worker not yet adopted).
+        periodic = self.ledger.shared and handle.state in ("ready", "draining")
+        last_phases = self._diverged.get(handle.id, {}) if periodic else {}
+        phases: dict[str, Phase] = {}
         for rec in [r for r in self.ledger.cache.values() if r.worker_id == handle.id]:
             report = held.pop(rec.id, None)
             if self.ledger.lock(rec.id).locked() or _changed_since(rec, started):
@@ -717,8 +731,20 @@ class SandboxManager:
                 if not report.busy and report.phase != Phase.FAILED:
                     stale.append(report)
             elif not report.busy:
+                if periodic and PUBLIC_STATUS[report.phase] != status(rec.state, rec.standby_tier):
+                    phases[rec.id] = report.phase
+                    if last_phases.get(rec.id) != report.phase:
+                        continue  # found again by the next pass if nobody records it meanwhile
                 self._follow(rec, report, handle)
-        orphans = stale + [r for r in held.values() if not r.busy and self._orphan(r.sandbox_id, handle.id)]
+        if periodic:
+            self._diverged[handle.id] = phases
+        last = self._elsewhere.get(handle.id, set()) if periodic else None
+        seen: set[str] = set()
+        orphans = stale + [
+            r for r in held.values() if not r.busy and self._orphan(r.sandbox_id, handle.id, last, seen)
+        ]
+        if periodic:
+            self._elsewhere[handle.id] = seen
         for r in orphans:
             log.info(
                 "reconcile: deleting a runtime no live record owns",
@@ -733,14 +759,25 @@ class SandboxManager:
                 if isinstance(res, BaseException):
                     log.warning("reconcile: deleting %s failed: %r", r.sandbox_id, res)
 
-    def _orphan(self, sid: str, worker_id: str) -> bool:
+    def _orphan(
+        self, sid: str, worker_id: str, last: set[str] | None = None, seen: set[str] | None = None
+    ) -> bool:
         """No live record owns this runtime on `worker_id`: none at all, or the sandbox moved to
         another worker (a drain or a removal: the copy left behind is dropped; its archive in the
-        store names the new holder, so the old worker's delete leaves it alone)."""
+        store names the new holder, so the old worker's delete leaves it alone). On shared records
+        (`last`: what the previous pass found so) another server may be moving it *here* (the
+        worker's `adopt` first, then the record): a runtime whose record names another worker is
+        an orphan only when the previous pass found it so too; `seen` collects them."""
         if self.ledger.lock(sid).locked():
             return False
         if sid in self.ledger.cache:
-            return self.ledger.cache[sid].worker_id != worker_id
+            if self.ledger.cache[sid].worker_id == worker_id:
+                return False
+            if last is None:
+                return True
+            if seen is not None:
+                seen.add(sid)
+            return sid in last
         rec = self.db.get(sid)
         return rec is None or rec.state == State.DELETED
 

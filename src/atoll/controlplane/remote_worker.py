@@ -278,6 +278,11 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
         _, code, message = (line.split(" ", 2) + ["", ""])[:3]
         if code == "refused":
             raise ConnectionRefusedError(message)
+        if code == "unauthorized":  # as the API's 401: it registered again since (`_check`)
+            why = f"worker {self.name!r} no longer accepts this server's token (it registered again since)"
+            if self._on_refused is not None:
+                self._on_refused(why)
+            raise errors.Unavailable(f"{why}; nothing was opened in the sandbox — retry in a few seconds")
         raise errors.from_code(code or "runtime_error", message or f"the tunnel answered {line!r}")
 
     # ---- templates, pools, fork -------------------------------------------------------------------

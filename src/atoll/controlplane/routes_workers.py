@@ -164,7 +164,11 @@ async def reconcile_worker(request: Request, wid: WorkerId):
     responses={
         204: {"description": "forgotten; its archived sandboxes moved to other workers, the rest failed"},
         **NOT_FOUND,
-        **http.error_responses({409: "invalid_state: only a lost remote worker can be removed"}),
+        **http.error_responses(
+            {
+                409: "invalid_state: only a lost remote worker can be removed (not one another server hears from)"
+            }
+        ),
     },
 )
 async def remove_worker(request: Request, wid: WorkerId):

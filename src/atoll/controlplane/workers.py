@@ -332,6 +332,9 @@ class WorkerRegistry:
             on_unreachable=lambda why: self._unreachable(h, remote, why),
             tunnel_port=info.tunnel_port,
             tls=self.worker_tls,
+            # its token refused: it registered again since, with another server sharing the
+            # records (with this one, `h.worker` is already another): lost here, held elsewhere
+            on_refused=lambda why: self._unreachable(h, remote, why),
         )
         self._replace(h, remote, info, local=False)
         h.record.url = url
@@ -422,6 +425,13 @@ class WorkerRegistry:
         if h.state != "lost" or h.local:
             raise errors.Conflict(
                 f"worker {h.name!r} is {h.state}; only a lost remote worker can be removed",
+                code="invalid_state",
+            )
+        if self.held_elsewhere(self.db.get_worker(worker_id)):
+            raise errors.Conflict(
+                f"worker {h.name!r} is lost here only: another server sharing the records hears its "
+                "heartbeats and serves its sandboxes; remove it once no server does (or through the "
+                "one that holds it, once it is lost there)",
                 code="invalid_state",
             )
         self._stop_tasks(h)
@@ -642,7 +652,8 @@ class WorkerRegistry:
 
     def follow(self, recs: list[dbm.WorkerRecord], read_at: float) -> None:
         """A worker this server holds that another server drained or undrained through its row
-        (a borrower's `drain`): take the cordon over, and run or stop the evacuation here."""
+        (a borrower's `drain`): take the cordon over, and run or stop the evacuation here (also
+        an evacuation asked for a worker already cordoned)."""
         for rec in recs:
             h = self.handles.get(rec.id)
             if h is None or h.local or h.borrowed is not None or h.worker is None or h.cordoned_at > read_at:
@@ -651,7 +662,7 @@ class WorkerRegistry:
                 h.state, h.reason = "draining", DRAINING
             elif not rec.draining and h.state == "draining":
                 h.state, h.reason = "ready", None
-            else:
+            elif not (rec.draining and _asked_evacuation(rec, h.record)):
                 continue
             h.record.draining, h.record.evacuation = rec.draining, rec.evacuation
             log.info("worker.cordon.followed", extra={"worker": h.name, "draining": rec.draining})
@@ -686,15 +697,36 @@ class WorkerRegistry:
             return None
         return secretbox.seal(self.token_key, token, f"worker-token/{worker_id}")
 
+    def owns_record(self, h: WorkerHandle) -> bool:
+        """Whether this server may write `h`'s row: it holds the worker, or the worker is lost and
+        no other server sharing the records hears from it (reads the row then)."""
+        if h.borrowed is not None:
+            return False
+        if h.local or h.state != "lost":
+            return True
+        return not self.held_elsewhere(self.db.get_worker(h.id))
+
+    @staticmethod
+    def _holds(h: WorkerHandle) -> bool:
+        """This server holds the worker: its own, or registered here and not lost (one lost here
+        that another server hears from moved there: it is borrowed like any other)."""
+        return h.local or (h.worker is not None and h.borrowed is None and h.state != "lost")
+
     async def _borrow(self, h: WorkerHandle, rec: dbm.WorkerRecord) -> None:
         """Call a worker another server holds with the token that server stored, while that server
         hears its heartbeats: its sandboxes are served here as there (no 503 on the replica a load
         balancer picked). A borrowed worker is never marked lost, settled, reconciled or written by
         this server; it is let go when its holder stops hearing it, its token changes, or a call
         finds it unreachable (the next look borrows it again)."""
-        if h.local or (h.worker is not None and h.borrowed is None):
+        if self._holds(h):
             return  # this server holds it
         held = self.held_elsewhere(rec)
+        if held and rec.state not in ("ready", "draining"):
+            # its holder is adopting it, or it said it stops (lost there at once, though its
+            # heartbeat was heard lately): not called here until its holder says it is ready
+            if h.borrowed is not None:
+                self._unborrow(h, f"it is {rec.state} on the server that holds it")
+            return
         if not held or not rec.url or not rec.token_sealed or self.token_key is None:
             if h.borrowed is not None:
                 self._unborrow(h, "its heartbeats no longer reach any server sharing the records")
@@ -748,10 +780,11 @@ class WorkerRegistry:
             h.reason = f"{HELD_ELSEWHERE}; the worker at {rec.url} is {info.name!r}, not {rec.name!r}"
             await remote.aclose()
             return
-        if h.local or (h.worker is not None and h.borrowed is None):
+        if self._holds(h):
             await remote.aclose()  # it registered with this server meanwhile
             return
         old = h.worker
+        h.epoch = None  # a registration with this server it left: it registers again to come back
         remote.tunnel_port = info.tunnel_port
         h.worker, h.info, h.borrowed, h.record = remote, info, rec.token_sealed, rec
         h.state, h.lost_since = state, None
@@ -830,6 +863,13 @@ class WorkerRegistry:
             if h.worker is not None and not h.local:
                 with contextlib.suppress(Exception):
                     await h.worker.aclose()
+
+
+def _asked_evacuation(rec: dbm.WorkerRecord, mine: dbm.WorkerRecord) -> bool:
+    """Another server asked, through the row, for an evacuation of a worker this server already
+    keeps cordoned: the row holds a running evacuation this server did not write."""
+    ev = rec.evacuation
+    return isinstance(ev, dict) and ev.get("state") == "running" and ev != mine.evacuation
 
 
 def _utc(at: dt.datetime) -> dt.datetime:
