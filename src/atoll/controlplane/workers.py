@@ -734,7 +734,7 @@ class WorkerRegistry:
         state = "draining" if rec.draining or rec.state == "draining" else "ready"
         if h.borrowed == rec.token_sealed and h.worker is not None and h.record.url == rec.url:
             worker = h.worker
-            try:  # what it holds now (templates, builds): its events go to its holder only
+            try:  # what it holds now (templates, builds), in case an event was missed
                 info = await asyncio.wait_for(worker.info(), BORROW_TIMEOUT_S)
             except (errors.AtollError, TimeoutError) as e:
                 if h.worker is worker:
