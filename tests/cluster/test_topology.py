@@ -14,10 +14,9 @@ process up again:
    lease moves, every acknowledged create is there and usable; the server restarted;
 4. a worker drained with running and standby sandboxes: all move, their files with them.
 
-For now a server serves only the sandboxes of the workers registered with it (another answers 503
-worker_unavailable, "its heartbeats reach another server sharing the records"), so every sandbox
-call goes through `Topology.through(sid)`, which finds that server (GET /v1/workers on each: the
-worker `ready` or `draining` there)."""
+Every server serves every worker's sandboxes (controlplane.workers borrows the workers other
+servers hold), so every sandbox call goes through `Topology.through(sid)`: a server that does *not*
+hold the sandbox's worker, where there is one."""
 
 from __future__ import annotations
 

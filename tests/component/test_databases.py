@@ -526,3 +526,42 @@ async def test_a_nul_character_is_never_a_server_error(fake, method, path, body)
     assert r.status_code in (200, 400, 404), r.text
     if fake.manager.db.dialect == "postgresql":
         assert r.status_code == 400 and "NUL" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.databases
+def test_a_step_whose_outcome_another_server_recorded_first_is_written_not_refused(
+    database_url, database_kind
+):
+    """A server resumes a sandbox through a worker another server holds; that server, following
+    the worker's own report, records the resume first. On shared records (PostgreSQL) the
+    stepping server's write is tried again on the record as read again — the sandbox runs, the
+    step's own fields are written — instead of answering `409 sandbox_changed` for a resume that
+    happened. A record that moved elsewhere meanwhile (failed) still refuses the write; on SQLite
+    (one server) every stale write is refused as before."""
+    from atoll.controlplane.ledger import Ledger
+    from atoll.controlplane.metrics import Metrics
+    from atoll.core import errors
+    from atoll.core.lifecycle import Verb
+
+    d, other = dbm.open_database(database_url), dbm.Database(database_url)
+    try:
+        ledger = Ledger(d, Metrics(), workers=None)  # type: ignore[arg-type]
+        for sid, theirs in (("sb-eeeeeeeeeeeeeeee", "running"), ("sb-ffffffffffffffff", "failed")):
+            d.add(_record(sid, state="standby", standby_tier="disk", resume_failures=2))
+            mine = d.get(sid)
+            rec = other.get(sid)  # the holder follows the worker: its write comes first
+            rec.state, rec.standby_tier = theirs, None
+            other.save(rec, fields=["state", "standby_tier"])
+            if database_kind == "postgresql" and theirs == "running":
+                ledger.persist(mine, Verb.RESUME, resume_failures=0)
+                got = d.get(sid)
+                assert (got.state, got.resume_failures, got.version) == ("running", 0, 2)
+                assert mine.version == 2 and ledger.cache.get(sid) is mine
+            else:
+                with pytest.raises(errors.SandboxChanged):
+                    ledger.persist(mine, Verb.RESUME, resume_failures=0)
+                got = d.get(sid)
+                assert (got.state, got.resume_failures, got.version) == (theirs, 2, 1)
+    finally:
+        d.engine.dispose()
+        other.engine.dispose()

@@ -226,6 +226,13 @@ past the busy timeout): 503 `database_unavailable` at the API (controlplane.app)
 the background loops, a write retried by controlplane.dbretry."""
 
 
+def copy_record(src: SandboxRecord, dst: SandboxRecord) -> None:
+    """Every column of `src` (a record as read again, version included) into `dst`, the copy
+    callers hold (controlplane.ledger.persist, after another server's write)."""
+    for attr in sa.inspect(SandboxRecord).column_attrs:
+        setattr(dst, attr.key, getattr(src, attr.key))
+
+
 def cause(exc: sa.exc.DBAPIError) -> str:
     """The first line of the driver's message for a database error (for a one-line log or answer)."""
     orig = getattr(exc, "orig", None)

@@ -219,7 +219,39 @@ class Ledger:
         return len(times)
 
     def persist(self, rec: dbm.SandboxRecord, verb: Verb, **changes: typing.Any) -> None:
-        """Walk the core state table by `verb`, with `changes`, and write it (a delete durably)."""
+        """Walk the core state table by `verb`, with `changes`, and write it (a delete durably).
+
+        On shared records another server may have written the record meanwhile — most often the
+        server holding the worker, which follows the worker's own report of the step this server
+        ran through it (a resume, a pause or a create asked through a borrower). The write is then
+        tried once more on the record as read again: when that shows the state this step reached
+        (only `changes` are written) or the state it started from (the step's write is made
+        again). Anything else (deleted, failed, moved on) stays `sandbox_changed`."""
+        before = status(rec.state, rec.standby_tier)
+        try:
+            self._persist(rec, verb, changes)
+        except errors.SandboxChanged:
+            fresh = self.db.get(rec.id) if self.shared else None
+            if fresh is None or fresh.state == State.DELETED:
+                raise
+            now, reached = status(fresh.state, fresh.standby_tier), check_transition(before, verb)
+            if now not in (before, reached):
+                raise
+            dbm.copy_record(fresh, rec)
+            log.info(
+                "record written again after another server's write",
+                extra={"sandbox_id": rec.id, "verb": verb.value, "found": str(now)},
+            )
+            if now == before:
+                self._persist(rec, verb, changes)
+            else:
+                for k, v in changes.items():
+                    setattr(rec, k, v)
+                if changes:
+                    self.save(rec, list(changes), durable=verb == Verb.DELETE)
+                self.cache[rec.id] = rec
+
+    def _persist(self, rec: dbm.SandboxRecord, verb: Verb, changes: dict[str, typing.Any]) -> None:
         new = check_transition(status(rec.state, rec.standby_tier), verb)
         rec.state = new.state.value
         rec.standby_tier = new.tier.value if new.tier else None
