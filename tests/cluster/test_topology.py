@@ -124,7 +124,17 @@ class Topology:
         return None
 
     def logs(self) -> str:
-        return "\n".join(f"--- {n}:\n{p.tail(15)}" for n, p in {**self.servers, **self.workers}.items())
+        """What each live server lists (state and reason of every worker), then each process's
+        last log lines: what a failed wait shows."""
+        seen = [
+            f"--- {s} lists: "
+            + "; ".join(
+                f"{n}={w.get('state')} ({w.get('state_reason')})" for n, w in self.workers_on(s).items()
+            )
+            for s in self.alive()
+        ]
+        tails = [f"--- {n}:\n{p.tail(40)}" for n, p in {**self.servers, **self.workers}.items()]
+        return "\n".join(seen + tails)
 
     def close(self) -> None:
         for c in self._clients.values():

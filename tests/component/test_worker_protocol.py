@@ -271,6 +271,39 @@ async def test_a_worker_without_heartbeats_is_lost_then_back(cluster):
     assert (await c.get("/v1/workers")).json()["items"][0]["state"] == "ready"
 
 
+async def test_a_takeover_that_breaks_unexpectedly_is_tried_again_at_the_next_heartbeat(cluster, monkeypatch):
+    """A takeover (`_adopt`) that raised something other than an atoll error left the worker
+    `joining` for good: a heartbeat takes over only a lost worker. It is lost again now, with the
+    cause, and the next heartbeat takes it over."""
+    cp, c, fake, reg, _ = cluster
+    registry = cp.manager.workers
+    handle = registry.handles[reg.worker_id]
+    joined = registry.listener.worker_joined
+    broke = []
+
+    async def once(h, inv, started):
+        if not broke:
+            broke.append(h.name)
+            raise RuntimeError("records unreadable")
+        return await joined(h, inv, started)
+
+    monkeypatch.setattr(registry.listener, "worker_joined", once)
+    reg.heartbeat_s = 60
+    registry._lose(handle, "test: lost")
+    assert await reg.heartbeat()  # taken over: it breaks
+    for _ in range(100):
+        if handle.state == "lost" and broke:
+            break
+        await asyncio.sleep(0.02)
+    assert handle.state == "lost" and "RuntimeError: records unreadable" in handle.reason, handle.reason
+    assert await reg.heartbeat()  # the next heartbeat takes it over
+    for _ in range(100):
+        if handle.state == "ready":
+            break
+        await asyncio.sleep(0.02)
+    assert handle.state == "ready", handle.reason
+
+
 async def _register(c, info: dict, url: str = "http://127.0.0.1:9") -> httpx.Response:
     body = json.dumps({"url": url, "info": info})  # ASCII: lone surrogates travel as \ud800 escapes
     return await c.post(

@@ -507,10 +507,17 @@ class WorkerRegistry:
             inv = await worker.inventory()
             await self.listener.worker_joined(h, inv, started)
             await self.listener.configure_worker(h, worker)
-        except errors.AtollError as e:
+        except Exception as e:
+            # lost again, so that its next heartbeat tries again: a handle left `joining` would
+            # never be taken over (a heartbeat adopts only a lost one)
+            why = e.message if isinstance(e, errors.AtollError) else f"{type(e).__name__}: {e}"
             if h.worker is worker and not h.local:
-                self._lose(h, f"could not take it over: {e.message}")
-            log.warning("worker.adopt.failed", extra={"worker": h.name, "error": e.message})
+                self._lose(h, f"could not take it over: {why}")
+            log.warning(
+                "worker.adopt.failed",
+                extra={"worker": h.name, "error": why},
+                exc_info=not isinstance(e, errors.AtollError),
+            )
             if h.local:
                 raise
             return
