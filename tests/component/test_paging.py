@@ -216,3 +216,38 @@ async def test_the_sdk_tenants_and_keys_against_the_server(fake):
         assert e.value.status_code == 400
         await admin.tenants.delete(t["id"])
         assert [x["name"] for x in await admin.tenants.list()] == ["default"]
+
+
+@pytest.mark.databases
+async def test_several_states_newest_first_and_a_creation_window(fake):
+    """`state=running,standby` lists either state; `order=desc` walks newest first, a page at a
+    time, and refuses a cursor of the other order; `created_after`/`created_before` bound the
+    creation time (RFC 3339, `Z` or an offset); bad values are 400 naming the value."""
+    c = fake.http
+    t0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
+    running = _records(fake, 30, start=t0)
+    standby = _records(fake, 20, start=t0 + dt.timedelta(hours=1), state="standby", standby_tier="disk")
+    failed = _records(fake, 5, start=t0 + dt.timedelta(hours=2), state="failed")
+    assert await _walk(c, "/v1/sandboxes", {"state": "running,standby", "limit": 7}) == running + standby
+    newest = await _walk(
+        c, "/v1/sandboxes", {"state": "running, standby,failed", "order": "desc", "limit": 6}
+    )
+    assert newest == list(reversed(running + standby + failed))
+    window = {
+        "created_after": "2026-03-01T00:30:00Z",
+        "created_before": "2026-03-01T03:00:00+01:00",  # 02:00 UTC: the failed ones are at 02:00
+        "state": "running,standby,failed",
+    }
+    assert await _walk(c, "/v1/sandboxes", {**window, "limit": 4}) == standby
+    first = (await c.get("/v1/sandboxes", params={"limit": 3})).json()["next_cursor"]
+    r = await c.get("/v1/sandboxes", params={"limit": 3, "order": "desc", "cursor": first})
+    assert r.status_code == 400 and "cursor" in r.json()["error"]["message"], r.text
+    for params, says in (
+        ({"state": "running,paused"}, "'paused'"),
+        ({"order": "newest"}, "'newest'"),
+        ({"created_after": "yesterday"}, "'yesterday'"),
+        ({"created_before": "2026-13-01"}, "RFC 3339"),
+    ):
+        r = await c.get("/v1/sandboxes", params=params)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+        assert says in r.json()["error"]["message"], r.text

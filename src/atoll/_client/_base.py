@@ -360,12 +360,26 @@ def without_none(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def list_params(state: str | None, metadata: Mapping[str, str] | None) -> dict[str, str]:
+def list_params(
+    state: str | Sequence[str] | None,
+    metadata: Mapping[str, str] | None,
+    *,
+    order: str | None = None,
+    created_after: str | datetime | None = None,
+    created_before: str | datetime | None = None,
+) -> dict[str, str]:
+    """The query of GET /v1/sandboxes: `state` one state or several (any of them), times as
+    RFC 3339 strings or datetimes (a naive one is taken as UTC by the server)."""
     params: dict[str, str] = {}
     if state is not None:
-        params["state"] = state
+        params["state"] = state if isinstance(state, str) else ",".join(state)
     for key, value in (metadata or {}).items():
         params[f"metadata.{key}"] = str(value)
+    if order is not None:
+        params["order"] = order
+    for name, t in (("created_after", created_after), ("created_before", created_before)):
+        if t is not None:
+            params[name] = t.isoformat() if isinstance(t, datetime) else t
     return params
 
 

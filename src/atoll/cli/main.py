@@ -549,17 +549,27 @@ def _sandbox_table(sandboxes: "list[Sandbox]") -> "Table":
 def list_(
     ctx: typer.Context,
     state: Annotated[
-        str | None, typer.Option(help="Only sandboxes in this state (running, standby, ...).")
+        str | None,
+        typer.Option(help="Only sandboxes in this state, or any of several: running,standby."),
     ] = None,
     metadata: Annotated[
         list[str] | None, typer.Option("--metadata", help="KEY=VALUE the sandbox must carry.")
+    ] = None,
+    newest_first: Annotated[bool, typer.Option("--newest-first", help="Newest first.")] = False,
+    created_after: Annotated[
+        str | None, typer.Option(help="Only those created after this time (RFC 3339).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List sandboxes."""
     labels = _pairs(metadata, "--metadata")
     with _session(ctx) as client:
-        sandboxes = client.sandboxes.list(state=state, metadata=labels)
+        sandboxes = client.sandboxes.list(
+            state=state,
+            metadata=labels,
+            order="desc" if newest_first else None,
+            created_after=created_after,
+        )
     if as_json:
         _print_json([sb.to_dict() for sb in sandboxes])
     elif not sandboxes:

@@ -190,15 +190,16 @@ def of_list(p: Page, items: Iterable[T], key: Callable[[T], tuple]) -> tuple[lis
 # ---- in the database --------------------------------------------------------------------------------
 
 
-def _past(cols: Sequence[typing.Any], values: tuple) -> typing.Any:
-    """`(cols) > (values)` in the order of the columns, written without row values (every
-    database we support takes it, and the first column's index serves it)."""
+def _past(cols: Sequence[typing.Any], values: tuple, desc: bool = False) -> typing.Any:
+    """`(cols) > (values)` (`<` with `desc`) in the order of the columns, written without row
+    values (every database we support takes it, and the first column's index serves it)."""
     if len(values) != len(cols):
         raise errors.InvalidRequest("this cursor does not fit this list; start again without it")
     head, *rest = cols
+    beyond = head < values[0] if desc else head > values[0]
     if not rest:
-        return head > values[0]
-    return sa.or_(head > values[0], sa.and_(head == values[0], _past(rest, values[1:])))
+        return beyond
+    return sa.or_(beyond, sa.and_(head == values[0], _past(rest, values[1:], desc)))
 
 
 def of_query(
@@ -210,17 +211,18 @@ def of_query(
     keep: Callable[[typing.Any], bool] | None = None,
     *,
     rows: bool = False,
+    desc: bool = False,
 ) -> tuple[list, str | None]:
     """A page of `stmt` (of one ORM entity, or of columns with `rows=True`) in the order of `cols`
-    (unique together), read with `WHERE (cols) > cursor ... LIMIT`. `keep` re-checks a filter the
-    database could not apply exactly; then the read goes on in batches until the page is full or
-    the rows run out."""
-    stmt = stmt.order_by(*cols)
+    (unique together; newest first with `desc`), read with `WHERE (cols) > cursor ... LIMIT`.
+    `keep` re-checks a filter the database could not apply exactly; then the read goes on in
+    batches until the page is full or the rows run out."""
+    stmt = stmt.order_by(*(c.desc() for c in cols)) if desc else stmt.order_by(*cols)
     after = p.after
     out: list = []
     batch = p.limit + 1
     while True:
-        q = stmt if after is None else stmt.where(_past(cols, after))
+        q = stmt if after is None else stmt.where(_past(cols, after, desc))
         got = (
             [Row(r._asdict()) for r in session.execute(q.limit(batch))]
             if rows
@@ -267,15 +269,23 @@ def sandboxes(
     tier: str | None = None,
     template: str | None = None,
     metadata: dict[str, str] | None = None,
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+    desc: bool = False,
 ) -> tuple[list[typing.Any], str | None]:
-    """A page of the caller's sandboxes, oldest first: what `SandboxManager.list` answers (not
-    pooled, not deleted unless `state=deleted`, the caller's tenant), filtered in the database by
-    state, standby tier, template and metadata. The items are read-only rows with the record's
-    attribute names (see `_sandbox_columns`), not SandboxRecords."""
-    if state is not None and state not in {s.value for s in State}:
-        raise errors.InvalidRequest(
-            f"unknown state filter {state!r}; use one of: {', '.join(s.value for s in State)}"
-        )
+    """A page of the caller's sandboxes, oldest first (newest first with `desc`): what
+    `SandboxManager.list` answers (not pooled, not deleted unless `state` names `deleted`, the
+    caller's tenant), filtered in the database by state (one, or several separated by commas:
+    any of them), standby tier, template, metadata and creation time (`created_after` <
+    created_at < `created_before`). The items are read-only rows with the record's attribute
+    names (see `_sandbox_columns`), not SandboxRecords."""
+    states = None if state is None else [x.strip() for x in state.split(",")]
+    for one in states or ():
+        if one not in {s.value for s in State}:
+            raise errors.InvalidRequest(
+                f"unknown state filter {one!r} (in state={state!r}); use one or several, separated "
+                f"by commas, of: {', '.join(s.value for s in State)}"
+            )
     if tier is not None and tier not in {t.value for t in Tier}:
         raise errors.InvalidRequest(
             f"unknown tier filter {tier!r}; use one of: {', '.join(t.value for t in Tier)}"
@@ -285,7 +295,11 @@ def sandboxes(
     tenant = auth.list_tenant()
     if tenant is not None:
         stmt = stmt.where(R.tenant_id == tenant)
-    stmt = stmt.where(R.state == state) if state is not None else stmt.where(R.state != State.DELETED.value)
+    stmt = stmt.where(R.state.in_(states)) if states else stmt.where(R.state != State.DELETED.value)
+    if created_after is not None:
+        stmt = stmt.where(R.created_at > created_after)
+    if created_before is not None:
+        stmt = stmt.where(R.created_at < created_before)
     if tier is not None:
         stmt = stmt.where(R.standby_tier == tier)
     if template is not None:
@@ -300,7 +314,9 @@ def sandboxes(
 
     db = ctx(request).manager.db
     with db.session() as s:
-        return of_query(p, s, stmt, (R.created_at, R.id), _created_key, keep if md else None, rows=True)
+        return of_query(
+            p, s, stmt, (R.created_at, R.id), _created_key, keep if md else None, rows=True, desc=desc
+        )
 
 
 def tenants(request: Request, p: Page) -> tuple[list[auth.TenantRecord], str | None]:

@@ -6,6 +6,7 @@ Part of the app built by controlplane.app; everything goes through SandboxManage
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Annotated
 
@@ -178,8 +179,11 @@ async def list_sandboxes(
     request: Request,
     state: str | None = Query(
         None,
-        description="Only sandboxes in this state",
-        json_schema_extra={"enum": [s.value for s in State]},  # checked by paging.sandboxes
+        description=(
+            "Only sandboxes in this state, or in any of several separated by commas "
+            f"(e.g. `running,standby`); states: {', '.join(s.value for s in State)}"
+        ),
+        json_schema_extra={"pattern": "^[a-z]+(,[a-z]+)*$"},  # each checked by paging.sandboxes
     ),
     tier: str | None = Query(
         None,
@@ -187,15 +191,51 @@ async def list_sandboxes(
         json_schema_extra={"enum": [t.value for t in Tier]},
     ),
     template: str | None = Query(None, description="Only sandboxes made from this template"),
+    created_after: str | None = Query(
+        None, description="Only sandboxes created after this time (RFC 3339, e.g. 2026-12-06T18:00:00Z)"
+    ),
+    created_before: str | None = Query(
+        None, description="Only sandboxes created before this time (RFC 3339)"
+    ),
+    order: str = Query("asc", description="`asc` (oldest first, the default) or `desc` (newest first)"),
 ):
-    """Sandboxes, oldest first, a page at a time (`limit`, `cursor`: pass `next_cursor` until it
-    is null). Filter by `state`, `tier`, `template`, and by labels with any number of
+    """Sandboxes, oldest first (`order=desc`: newest first), a page at a time (`limit`,
+    `cursor`: pass `next_cursor` until it is null). Filter by `state` (one, or several separated
+    by commas: any of them, e.g. `state=running,standby`), `tier`, `template`, creation time
+    (`created_after`, `created_before`), and by labels with any number of
     `metadata.<KEY>=<VALUE>` query parameters (all must match exactly), e.g.
     `GET /v1/sandboxes?state=running&metadata.team=a`."""
+    if order not in ("asc", "desc"):
+        raise errors.InvalidRequest(f"order={order!r} is not a sort order; use asc (oldest first) or desc")
+    after, before = _instant("created_after", created_after), _instant("created_before", created_before)
     md = {k[len("metadata.") :]: v for k, v in request.query_params.items() if k.startswith("metadata.")}
-    p = paging.page(request, "/v1/sandboxes")
-    recs, nxt = paging.sandboxes(request, p, state=state, tier=tier, template=template, metadata=md)
+    # a cursor names its order: one handed out for one order is refused for the other
+    p = paging.page(request, "/v1/sandboxes" if order == "asc" else "/v1/sandboxes?order=desc")
+    recs, nxt = paging.sandboxes(
+        request,
+        p,
+        state=state,
+        tier=tier,
+        template=template,
+        metadata=md,
+        created_after=after,
+        created_before=before,
+        desc=order == "desc",
+    )
     return http.json_response(paging.answer([view(request, r) for r in recs], nxt))
+
+
+def _instant(name: str, raw: str | None) -> dt.datetime | None:
+    """An RFC 3339 time from a query parameter, in UTC (one without an offset is taken as UTC)."""
+    if raw is None or raw == "":
+        return None
+    try:
+        t = dt.datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise errors.InvalidRequest(
+            f"{name}={raw[:60]!r} is not a time; use RFC 3339, e.g. 2026-12-06T18:00:00Z"
+        ) from None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
 
 
 @router.get(

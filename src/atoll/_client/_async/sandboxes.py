@@ -5,6 +5,7 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, overload
 
@@ -123,10 +124,21 @@ class AsyncSandboxes:
         return AsyncSandbox(self._client, _base.json_body(response))
 
     async def list(
-        self, state: str | None = None, metadata: Mapping[str, str] | None = None
+        self,
+        state: str | Sequence[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        order: str | None = None,
+        created_after: str | datetime.datetime | None = None,
+        created_before: str | datetime.datetime | None = None,
     ) -> list[AsyncSandbox]:
-        """Sandboxes, optionally only those in `state` whose metadata has all the given pairs."""
-        items = await self._client._items("/v1/sandboxes", _base.list_params(state, metadata))
+        """Sandboxes, optionally only those in `state` (one, or a list: any of them) whose
+        metadata has all the given pairs, created in a window; oldest first, or newest first
+        with `order="desc"`."""
+        params = _base.list_params(
+            state, metadata, order=order, created_after=created_after, created_before=created_before
+        )
+        items = await self._client._items("/v1/sandboxes", params)
         return [AsyncSandbox(self._client, item) for item in items]
 
     async def delete(self, sandbox_id: str) -> None:

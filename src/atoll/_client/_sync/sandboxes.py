@@ -7,6 +7,7 @@ Generated from `_async/sandboxes.py` by `scripts/unasync_sdk.py` (edit that file
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, overload
 
@@ -124,9 +125,22 @@ class Sandboxes:
         response = self._client._request("GET", _base.sandbox_path(sandbox_id))
         return Sandbox(self._client, _base.json_body(response))
 
-    def list(self, state: str | None = None, metadata: Mapping[str, str] | None = None) -> list[Sandbox]:
-        """Sandboxes, optionally only those in `state` whose metadata has all the given pairs."""
-        items = self._client._items("/v1/sandboxes", _base.list_params(state, metadata))
+    def list(
+        self,
+        state: str | Sequence[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        order: str | None = None,
+        created_after: str | datetime.datetime | None = None,
+        created_before: str | datetime.datetime | None = None,
+    ) -> list[Sandbox]:
+        """Sandboxes, optionally only those in `state` (one, or a list: any of them) whose
+        metadata has all the given pairs, created in a window; oldest first, or newest first
+        with `order="desc"`."""
+        params = _base.list_params(
+            state, metadata, order=order, created_after=created_after, created_before=created_before
+        )
+        items = self._client._items("/v1/sandboxes", params)
         return [Sandbox(self._client, item) for item in items]
 
     def delete(self, sandbox_id: str) -> None:
