@@ -60,6 +60,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy $(SEAM)
 	$(PY) scripts/unasync_sdk.py --check
 	$(PY) scripts/gen_seam.py --check
+	$(PY) scripts/gen_e2b_stubs.py --check
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
