@@ -632,7 +632,35 @@ class FakeWorker(fake_files.FakeFileOps):
         self._files_changed(sandbox_id, path, "create")
 
     async def list_files(self, sandbox_id: str, path: api.FilePath) -> Sequence[api.FileEntry]:
-        return _entries(self._running(sandbox_id).files, path)
+        """Its files and, as a real listing shows them, its subdirectories (made with make_dir,
+        or holding files)."""
+        import base64
+
+        rt = self._running(sandbox_id)
+        out = _entries(rt.files, path)
+        prefix = _key(path).rstrip(b"/") + b"/"
+        subdirs = {
+            p[len(prefix) :].split(b"/", 1)[0]
+            for p in [*rt.files, *self._dirs(sandbox_id)]
+            if p.startswith(prefix)
+            and len(p) > len(prefix)
+            and (p in self._dirs(sandbox_id) or b"/" in p[len(prefix) :])
+        }
+        for name in sorted(subdirs):
+            full = prefix + name
+            out.append(
+                api.FileEntry(
+                    name.decode(errors="replace"),
+                    full.decode(errors="replace"),
+                    base64.b64encode(name).decode(),
+                    base64.b64encode(full).decode(),
+                    "dir",
+                    4096,
+                    self._modes(sandbox_id).get(full, 0o755),
+                    0.0,
+                )
+            )
+        return sorted(out, key=lambda e: e.name)
 
     async def delete_file(self, sandbox_id: str, path: api.FilePath) -> None:
         rt = self._running(sandbox_id)
