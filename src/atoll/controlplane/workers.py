@@ -180,8 +180,9 @@ class WorkerRegistry:
         mine = self._wrote_beat.get(rec.id)
         if mine is not None and at <= mine:
             return False  # this server's own write, read back
-        # heartbeats are written every HEARTBEAT_WRITE_S: the row is that much older between writes
-        return (dbm.utcnow() - at).total_seconds() < self.lost_after_s + HEARTBEAT_WRITE_S
+        # heartbeats are written every HEARTBEAT_WRITE_S: the row is that much older between writes;
+        # both times are the database's clock (`Database.now`), whatever this server's says
+        return (self.db.now() - at).total_seconds() < self.lost_after_s + HEARTBEAT_WRITE_S
 
     def load(self) -> None:
         """The workers of earlier runs: every one is `lost` until it joins again. One that
@@ -339,7 +340,7 @@ class WorkerRegistry:
         self._replace(h, remote, info, local=False)
         h.record.url = url
         h.record.token_sealed = self._seal(h.id, token)
-        h.record.last_heartbeat_at = dbm.utcnow()
+        h.record.last_heartbeat_at = self.db.now()
         h.epoch = secrets.token_hex(8)
         h.last_seen = time.monotonic()
         self._save(h)
@@ -366,7 +367,7 @@ class WorkerRegistry:
     def heartbeat(self, worker_id: str, epoch: str | None) -> dict:
         h = self._registration(worker_id, epoch)
         h.last_seen = time.monotonic()
-        h.record.last_heartbeat_at = dbm.utcnow()
+        h.record.last_heartbeat_at = self.db.now()
         if self.shared and h.last_seen - self._seen_written.get(h.id, 0.0) >= HEARTBEAT_WRITE_S:
             self.db.worker_seen(h.id, h.record.last_heartbeat_at)
             self._wrote_beat[h.id] = _utc(h.record.last_heartbeat_at)
