@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from atoll.controlplane import db as dbm
 from atoll.controlplane import lost_workers, workers
+from atoll.testing import FakeAtoll, FakeWorker
 
 LOST_S = 10.0
 
@@ -101,3 +102,38 @@ def test_a_server_whose_clock_is_off_judges_heartbeats_on_the_databases_clock(pg
     # and the server's offset is the database's clock minus its own (about -60 s off: +60)
     assert abs(behind.db.check_clock() - 60) < 5
     assert time.monotonic() - behind.db._clock_read_at < 5
+
+
+@pytest.mark.databases
+async def test_an_adoption_keeps_a_borrowers_drain_written_at_the_same_instant(
+    tmp_path, database_url, database_kind, monkeypatch
+):
+    """A borrower drains the worker (and asks for its evacuation) through the row while its holder
+    adopts it: the holder's write at the end of the adoption keeps both — it is draining there,
+    the row says so, and the evacuation asked for runs (nothing undone by the holder's copy)."""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records drain each other's workers")
+    w = FakeWorker("w1")
+    async with FakeAtoll(tmp_path, [w], database_url=database_url, tier_policy=False) as f:
+        reg, m = f.manager.workers, f.manager
+        h = reg.handles[reg._by_name["w1"]]
+        assert h.state == "ready" and not h.record.draining
+        asked = {"state": "running", "pending": [], "moved": [], "left": {}, "was_running": []}
+        configure = m.configure_worker
+
+        async def and_a_borrower_drains(handle, worker):
+            await configure(handle, worker)
+            # the borrower's drain (workers.drain of a borrowed worker), just before the holder writes
+            m.db.set_worker_columns(
+                h.id, draining=True, evacuation={**asked, "started_at": dbm.utcnow().isoformat()}
+            )
+
+        monkeypatch.setattr(m, "configure_worker", and_a_borrower_drains)
+        reg._stop_tasks(h)
+        h.state, h.reason = "joining", "heartbeats resumed"  # taken over again (workers.heartbeat)
+        await reg._adopt(h)
+        rec = m.db.get_worker(h.id)
+        assert rec is not None and rec.draining and rec.state == "draining", (rec.draining, rec.state)
+        assert h.state == "draining" and h.record.draining
+        run = m.evacuations.runs.get(h.id)
+        assert run is not None and run.state in ("running", "done")  # asked for, run here

@@ -474,8 +474,15 @@ class Database:
         with self.session() as s:
             return list(s.scalars(sa.select(WorkerRecord).order_by(WorkerRecord.name)))
 
-    def put_worker(self, rec: WorkerRecord) -> None:
+    def put_worker(
+        self, rec: WorkerRecord, *, under_lock: typing.Callable[[WorkerRecord | None], None] | None = None
+    ) -> None:
+        """Write the whole row. `under_lock` is called first with the row as the database has it
+        (None: no row yet), locked until the write commits (PostgreSQL's `FOR UPDATE`; SQLite has
+        one writer): what it copies from there onto `rec` no other server can change meanwhile."""
         with self.session.begin() as s:
+            if under_lock is not None:
+                under_lock(s.get(WorkerRecord, rec.id, with_for_update=True, populate_existing=True))
             s.merge(rec)
 
     def worker_by_name(self, name: str) -> WorkerRecord | None:

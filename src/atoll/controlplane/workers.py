@@ -212,13 +212,24 @@ class WorkerRegistry:
             self._save(h)
         self._loop = asyncio.ensure_future(self._watch())
 
-    def _save(self, h: WorkerHandle) -> None:
+    def _save(self, h: WorkerHandle, *, adopted: bool = False) -> None:
+        """Write `h`'s row (not a borrowed one's: that is its holder's). `adopted`: it is ready
+        now, drained or not as the row says under its lock — a borrower may have drained it (or
+        asked for an evacuation) through the row at this very instant, which a write from this
+        server's copy would undo."""
         if h.borrowed is not None:
             return  # its record is its holder's to write
+
+        def cordon(row: dbm.WorkerRecord | None) -> None:
+            if row is not None:
+                h.record.draining, h.record.evacuation = row.draining, row.evacuation
+            h.state, h.reason = ("draining", DRAINING) if h.record.draining else ("ready", None)
+            h.record.state, h.record.state_reason = h.state, h.reason
+
         h.record.state, h.record.state_reason = h.state, h.reason
-        if h.state in ("ready", "draining"):
+        if h.state in ("ready", "draining") and not adopted:
             h.record.draining = h.state == "draining"
-        self.db.put_worker(h.record)
+        self.db.put_worker(h.record, under_lock=cordon if adopted else None)
         if h.record.last_heartbeat_at is not None:
             self._wrote_beat[h.id] = _utc(h.record.last_heartbeat_at)
 
@@ -517,11 +528,12 @@ class WorkerRegistry:
             return
         if h.worker is not worker:
             return
-        # an operator's drain outlasts the worker's restarts (and the server's: it is in the record)
+        # an operator's drain outlasts the worker's restarts (and the server's: it is in the record);
+        # ready or draining as the row says when this write locks it (`_save`)
         h.state, h.reason = ("draining", DRAINING) if h.record.draining else ("ready", None)
         h.lost_since = None
         h.last_seen = time.monotonic()
-        self._save(h)
+        self._save(h, adopted=True)
         self.changed.set()
         log.info("worker.ready", extra={"worker": h.name, "worker_id": h.id})
         try:  # e.g. a drain's evacuation a server restart cut short goes on
