@@ -44,6 +44,7 @@ import typing
 from dataclasses import dataclass, field
 
 from atoll.controlplane import db as dbm
+from atoll.controlplane.workers import OTHERS_EVERY_S
 from atoll.core import errors
 from atoll.core.lifecycle import State, Tier
 
@@ -59,6 +60,14 @@ BUSY_WAIT_S = 30.0
 """How long a sandbox with exec/file calls in flight is waited for before it is reported."""
 CLOSE_WAIT_S = 10.0
 """How long a stopping server lets the moves under way finish (the rest stays pending)."""
+RELIST_PASSES = 5
+"""How many times an evacuation lists its worker's sandboxes again once it moved what it listed: a
+sandbox created or moved onto the worker meanwhile (through a server that had not learnt of the
+cordon yet) moves too. It ends when a list finds nothing new (or after this many)."""
+CORDON_KNOWN_S = OTHERS_EVERY_S + 2.0
+"""On shared records: how long after the cordon every other server has learnt of it (each reads
+the workers' rows every OTHERS_EVERY_S) and places nothing more there; the evacuation's last list
+is taken no earlier."""
 RESUME_SETTLE_S = 15.0
 """How long a resumed evacuation waits for another worker to be ready (after a server restart the
 workers register again one by one; the drained one may come back first)."""
@@ -331,6 +340,14 @@ class Evacuator:
                 await self._settle(ev, h)
                 await self._wake(ev)
             await asyncio.gather(*(one(r) for r in recs))
+            for _ in range(RELIST_PASSES):  # what reached the worker after the list was taken
+                recs = await self._relist(ev, h)
+                if not recs:
+                    break
+                ev.pending += [r.id for r in recs]
+                ev.was_running += [r.id for r in recs if r.state == State.RUNNING]
+                self._save(ev, h)
+                await asyncio.gather(*(one(r) for r in recs))
         finally:
             if ev.stop:
                 ev.state, ev.finished_at = "stopped", time.time()
@@ -352,6 +369,25 @@ class Evacuator:
             )
             self.m.pools.wake()  # refill on the ready workers
 
+    async def _relist(self, ev: Evacuation, h: WorkerHandle) -> list[dbm.SandboxRecord]:
+        """The sandboxes on `h` this evacuation has not moved nor left: created or moved there
+        after its list was taken. On shared records not before every server learnt of the cordon
+        (CORDON_KNOWN_S), and with the records read again (another server's creates). Empty when
+        the evacuation stops, closes or halts meanwhile."""
+        if self.m.ledger.shared:
+            until = h.cordoned_at + CORDON_KNOWN_S
+            while time.monotonic() < until and not (ev.stop or ev.closing or ev.halted):
+                await asyncio.sleep(min(0.2, max(0.0, until - time.monotonic())))
+        if ev.stop or ev.closing or ev.halted or h.state != "draining" or h.borrowed is not None:
+            return []
+        if self.m.ledger.shared:
+            try:
+                self.m.ledger.refresh()
+            except dbm.UNAVAILABLE as e:  # the records cannot be read now: what is known is listed
+                log.warning("worker.evacuate: the records could not be read again: %s", dbm.cause(e))
+        done = {*ev.moved, *ev.left}
+        return [r for r in self._on(h) if r.id not in done]
+
     async def _one(self, ev: Evacuation, rec: dbm.SandboxRecord, h: WorkerHandle) -> str | None:
         """Move one sandbox off `h`: None when it moved, POOL_DROPPED, INTERRUPTED (the server
         stops while it waits), else why it stays."""
@@ -369,12 +405,14 @@ class Evacuator:
                 rec = m.get(sid)
                 if rec.worker_id != h.id or rec.state == State.DELETED:
                     return None if rec.state != State.DELETED else "deleted meanwhile"
-                if not m.ledger.inflight.get(sid):
+                # one being created through another server holds no lock here: waited for too
+                creating = m.ledger.shared and rec.state == State.CREATING and time.monotonic() < deadline
+                if not m.ledger.inflight.get(sid) and not creating:
                     why = await self._move_locked(ev, rec, h)
                     break
             if ev.closing:
                 return INTERRUPTED
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline and m.ledger.inflight.get(sid):
                 n = m.ledger.inflight.get(sid, 0)
                 return (
                     f"busy: {n} exec/file call(s) in progress for {BUSY_WAIT_S:.0f} s; it stays "
