@@ -6,6 +6,7 @@ the records are a real PostgreSQL database (skipped on SQLite: one process, one 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 import types
@@ -14,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from atoll.controlplane import db as dbm
-from atoll.controlplane import lost_workers, workers
+from atoll.controlplane import leases, lost_workers, workers
 from atoll.testing import FakeAtoll, FakeWorker
 
 LOST_S = 10.0
@@ -137,3 +138,57 @@ async def test_an_adoption_keeps_a_borrowers_drain_written_at_the_same_instant(
         assert h.state == "draining" and h.record.draining
         run = m.evacuations.runs.get(h.id)
         assert run is not None and run.state in ("running", "done")  # asked for, run here
+
+
+@pytest.mark.databases
+async def test_a_sandbox_another_server_moves_is_not_moved_again(tmp_path, database_url, database_kind):
+    """A worker taken over mid-evacuation: the server it left still moves a sandbox (it holds the
+    sandbox's `move/…` lease) when this one resumes the evacuation. This one waits for that move
+    instead of moving the sandbox a second time, then counts it moved; its own moves leave no
+    lease behind."""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records move sandboxes under each other")
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    async with FakeAtoll(tmp_path, [w1, w2], database_url=database_url, tier_policy=False) as f:
+        m, c = f.manager, f.http
+        ids = {h.name: h.id for h in m.workers.handles.values()}
+        r = await c.post(f"/v1/workers/{ids['w2']}/drain", json={"draining": True, "evacuate": False})
+        assert r.status_code == 202, r.text
+        sids = []
+        for _ in range(2):
+            r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201 and r.json()["worker"] == "w1", r.text
+            sids.append(r.json()["id"])
+        assert (await c.post(f"/v1/workers/{ids['w2']}/drain", json={"draining": False})).status_code == 200
+        theirs, mine = sids
+        other = leases.Leases(m.db)
+        assert other.acquire(leases.move_lease(theirs), "the-other-server", 60)  # its move under way
+
+        assert (await c.post(f"/v1/workers/{ids['w1']}/drain", json={})).status_code == 202
+        for _ in range(100):
+            if mine in w2.runtimes:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.6)
+        assert mine in w2.runtimes and ("adopt", theirs) not in w2.calls and theirs in w1.runtimes
+        assert m.evacuations.runs[ids["w1"]].state == "running"
+        # the other server's move ends: the sandbox is on w2, its record says so, the lease is gone
+        w2.runtimes[theirs] = w1.runtimes.pop(theirs)
+        theirs_db = dbm.Database(database_url)
+        try:
+            rec = theirs_db.get(theirs)
+            assert rec is not None
+            rec.worker_id = ids["w2"]
+            theirs_db.save(rec, ["worker_id"])
+        finally:
+            theirs_db.engine.dispose()
+        assert other.drop(leases.move_lease(theirs), "the-other-server")
+        ev = m.evacuations.runs[ids["w1"]]
+        for _ in range(200):
+            if ev.state != "running":
+                break
+            await asyncio.sleep(0.05)
+        assert (ev.state, sorted(ev.moved), ev.left) == ("done", sorted(sids), {}), ev.record()
+        assert ("adopt", theirs) not in w2.calls and not w1.runtimes
+        assert [x["name"] for x in other.all() if x["name"].startswith("move/")] == []

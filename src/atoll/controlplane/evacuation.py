@@ -44,6 +44,7 @@ import typing
 from dataclasses import dataclass, field
 
 from atoll.controlplane import db as dbm
+from atoll.controlplane import leases
 from atoll.controlplane.workers import OTHERS_EVERY_S
 from atoll.core import errors
 from atoll.core.lifecycle import State, Tier
@@ -68,6 +69,11 @@ CORDON_KNOWN_S = OTHERS_EVERY_S + 2.0
 """On shared records: how long after the cordon every other server has learnt of it (each reads
 the workers' rows every OTHERS_EVERY_S) and places nothing more there; the evacuation's last list
 is taken no earlier."""
+MOVE_LEASE_S = 60.0
+"""On shared records, each move holds the sandbox's `move/<id>` lease (controlplane.leases), renewed
+every third of this: a server that takes the worker over mid-evacuation (and resumes it) waits for
+a move the other still runs instead of moving the sandbox a second time; one that dies mid-move
+frees it after this long."""
 RESUME_SETTLE_S = 15.0
 """How long a resumed evacuation waits for another worker to be ready (after a server restart the
 workers register again one by one; the drained one may come back first)."""
@@ -401,18 +407,22 @@ class Evacuator:
             return POOL_DROPPED
         deadline = time.monotonic() + BUSY_WAIT_S
         while True:
-            async with m.ledger.lock(sid):
-                rec = m.get(sid)
-                if rec.worker_id != h.id or rec.state == State.DELETED:
-                    return None if rec.state != State.DELETED else "deleted meanwhile"
-                # one being created through another server holds no lock here: waited for too
-                creating = m.ledger.shared and rec.state == State.CREATING and time.monotonic() < deadline
-                if not m.ledger.inflight.get(sid) and not creating:
-                    why = await self._move_locked(ev, rec, h)
-                    break
+            async with m.ledger.lock(sid), self._moving(sid) as other:
+                if other is None:
+                    rec = m.get(sid)
+                    if rec.worker_id != h.id or rec.state == State.DELETED:
+                        return None if rec.state != State.DELETED else "deleted meanwhile"
+                    # one being created through another server holds no lock here: waited for too
+                    creating = m.ledger.shared and rec.state == State.CREATING and time.monotonic() < deadline
+                    if not m.ledger.inflight.get(sid) and not creating:
+                        why = await self._move_locked(ev, rec, h)
+                        break
             if ev.closing:
                 return INTERRUPTED
-            if time.monotonic() >= deadline and m.ledger.inflight.get(sid):
+            if other is not None:  # another server moves it now (however long): waited for
+                log.info("sandbox.evacuate: %s moves it now; waiting", other, extra={"sandbox_id": sid})
+                deadline = time.monotonic() + BUSY_WAIT_S
+            elif time.monotonic() >= deadline and m.ledger.inflight.get(sid):
                 n = m.ledger.inflight.get(sid, 0)
                 return (
                     f"busy: {n} exec/file call(s) in progress for {BUSY_WAIT_S:.0f} s; it stays "
@@ -422,6 +432,20 @@ class Evacuator:
         if why is None:
             await self._drop_old_copy(h, sid)
         return why
+
+    @contextlib.asynccontextmanager
+    async def _moving(self, sid: str):
+        """On shared records, the sandbox's move lease for the block: None while this server holds
+        it, else the server that does (another evacuation of the same worker, on the server it held
+        it before or after a move between servers). On SQLite (one server) always None."""
+        if not self.m.ledger.shared:
+            yield None
+            return
+        leader = self.m.leader
+        async with leases.holding(
+            leader.leases, leases.move_lease(sid), leader.server_id, MOVE_LEASE_S
+        ) as other:
+            yield other
 
     async def _drop_old_copy(self, h: WorkerHandle, sid: str) -> None:
         """The drained worker drops its copy of a sandbox that moved (outside the sandbox's lock:
