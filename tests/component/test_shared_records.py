@@ -192,3 +192,51 @@ async def test_a_sandbox_another_server_moves_is_not_moved_again(tmp_path, datab
         assert (ev.state, sorted(ev.moved), ev.left) == ("done", sorted(sids), {}), ev.record()
         assert ("adopt", theirs) not in w2.calls and not w1.runtimes
         assert [x["name"] for x in other.all() if x["name"].startswith("move/")] == []
+
+
+@pytest.mark.databases
+async def test_an_evacuation_lists_again_once_every_server_knows_of_the_cordon(
+    tmp_path, database_url, database_kind, monkeypatch
+):
+    """Another server, which learns of a cordon only at its next read of the rows, places a
+    sandbox on the worker just after its evacuation moved what it listed: the evacuation lists
+    again (records read again) once every server knows, and moves that one too."""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records place sandboxes on each other's workers")
+    from atoll.controlplane import evacuation
+
+    monkeypatch.setattr(evacuation, "CORDON_KNOWN_S", 2.0)
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    async with FakeAtoll(tmp_path, [w1, w2], database_url=database_url, tier_policy=False) as f:
+        m, c = f.manager, f.http
+        ids = {h.name: h.id for h in m.workers.handles.values()}
+        r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        late = r.json()["id"]
+        src, dst = (w1, w2) if r.json()["worker"] == "w1" else (w2, w1)
+        drained = ids[dst.name]
+        assert (await c.post(f"/v1/workers/{drained}/drain", json={})).status_code == 202
+        ev = m.evacuations.runs[drained]
+        await asyncio.sleep(0.5)
+        assert (
+            ev.state == "running" and ev.moved == []
+        )  # nothing to move yet; the cordon not known everywhere
+        # the other server's placement lands on the drained worker (its record written there)
+        dst.runtimes[late] = src.runtimes.pop(late)
+        theirs = dbm.Database(database_url)
+        try:
+            rec = theirs.get(late)
+            assert rec is not None
+            rec.worker_id = drained
+            theirs.save(rec, ["worker_id"])
+        finally:
+            theirs.engine.dispose()
+        for _ in range(200):
+            if ev.state != "running":
+                break
+            await asyncio.sleep(0.05)
+        assert (ev.state, ev.moved, ev.left) == ("done", [late], {}), ev.record()
+        assert late in src.runtimes and not dst.runtimes
+        w = (await c.get(f"/v1/workers/{drained}")).json()
+        assert (w["sandboxes"], w["evacuated"]) == (0, True), w
