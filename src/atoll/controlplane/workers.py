@@ -46,6 +46,8 @@ OTHERS_EVERY_S = 5.0
 """How often a server sharing the records looks for workers other servers made (PostgreSQL)."""
 HELD_ELSEWHERE = "its heartbeats reach another server sharing the records (not this one)"
 BORROWED = "held by another server sharing the records; this one calls it with the token that server stored"
+BORROWED_EVENTS = (api.UsageReport, api.SandboxActivity)
+"""The events of a worker another server holds that this one acts on too (`_consume`)."""
 BORROW_TIMEOUT_S = 10.0
 """How long a server waits for a borrowed worker's `info` before it tries again (next pass)."""
 
@@ -543,26 +545,36 @@ class WorkerRegistry:
         h.tasks.append(asyncio.ensure_future(self._consume(h, worker)))
         h.tasks.append(asyncio.ensure_future(self._reconcile_every(h, worker)))
 
-    async def _consume(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
+    async def _consume(self, h: WorkerHandle, worker: api.WorkerAPI, *, borrowed: bool = False) -> None:
         """The worker's events, for as long as it is this handle's worker (reconnecting after a
-        broken stream: what was missed meanwhile, the next reconciliation finds)."""
+        broken stream: what was missed meanwhile, the next reconciliation finds). The templates
+        and builds it holds are kept on the handle (placement). A `borrowed` worker's events reach
+        the listener only when they are not its holder's alone (BORROWED_EVENTS: resource use,
+        for metering and metrics on the lease holder, which may be this server, and activity, for
+        the idle policy); deaths, phase changes and builds are its holder's to act on (it writes
+        the records; this server reads them)."""
+        what = "borrowed worker" if borrowed else "worker"
         while h.worker is worker:
             try:
                 async for ev in worker.events():
+                    if h.worker is not worker:
+                        return
                     if isinstance(ev, api.TemplateChanged):
                         h.templates[ev.template.name] = ev.template
                         self.changed.set()
                         continue
                     if isinstance(ev, api.BuildChanged):
                         h.builds[ev.build.build_id] = ev.build
+                    if borrowed and not isinstance(ev, BORROWED_EVENTS):
+                        continue
                     try:
                         await self.listener.worker_event(h, ev)
                     except Exception:
-                        log.exception("worker event failed", extra={"worker": h.name})
+                        log.exception("%s event failed", what, extra={"worker": h.name})
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a broken stream: try again shortly
-                log.debug("worker event stream broke: %r", e, extra={"worker": h.name})
+                log.debug("%s event stream broke: %r", what, e, extra={"worker": h.name})
             await asyncio.sleep(1.0)
 
     async def _reconcile_every(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
@@ -807,35 +819,9 @@ class WorkerRegistry:
         self._stop_tasks(h)
         if isinstance(old, RemoteWorker):
             h.tasks.append(asyncio.ensure_future(old.aclose()))
-        h.tasks.append(asyncio.ensure_future(self._consume_borrowed(h, remote)))
+        h.tasks.append(asyncio.ensure_future(self._consume(h, remote, borrowed=True)))
         self.changed.set()
         log.info("worker.borrowed", extra={"worker": h.name, "worker_id": h.id, "url": rec.url})
-
-    async def _consume_borrowed(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
-        """The events of a borrowed worker that are not its holder's alone: resource use (metering
-        and metrics run on the lease holder, which may be this server), activity (the idle policy
-        too), templates and builds it holds (placement). Deaths and phase changes are its holder's
-        to act on (it writes the records; this server reads them)."""
-        while h.worker is worker:
-            try:
-                async for ev in worker.events():
-                    if h.worker is not worker:
-                        return
-                    if isinstance(ev, api.TemplateChanged):
-                        h.templates[ev.template.name] = ev.template
-                        self.changed.set()
-                    elif isinstance(ev, api.BuildChanged):
-                        h.builds[ev.build.build_id] = ev.build
-                    elif isinstance(ev, api.UsageReport | api.SandboxActivity):
-                        try:
-                            await self.listener.worker_event(h, ev)
-                        except Exception:
-                            log.exception("borrowed worker event failed", extra={"worker": h.name})
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a broken stream: try again shortly
-                log.debug("borrowed worker event stream broke: %r", e, extra={"worker": h.name})
-            await asyncio.sleep(1.0)
 
     def _unborrow(self, h: WorkerHandle, why: str) -> None:
         """Stop calling a borrowed worker (calls in flight end with 503): lost here, held elsewhere
