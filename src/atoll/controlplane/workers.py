@@ -65,6 +65,8 @@ class Listener(typing.Protocol):
 
     def worker_cordoned(self, handle: WorkerHandle, draining: bool) -> None: ...
 
+    def refresh_records(self) -> None: ...
+
 
 @dataclass
 class WorkerHandle:
@@ -656,9 +658,8 @@ class WorkerRegistry:
         read_at = time.monotonic()
         try:
             recs = self.db.workers()
-            refresh = getattr(self.listener, "refresh_records", None)
-            if refresh is not None:  # placement and views count what other servers placed
-                refresh()
+            if self.listener is not None:  # placement and views count what other servers placed
+                self.listener.refresh_records()
         except Exception:  # noqa: BLE001 - the database may be away: next time
             log.debug("reading the workers other servers hold failed", exc_info=True)
             return
