@@ -194,11 +194,7 @@ class WorkerRegistry:
         only: this server has no connection to it, and never settles its sandboxes)."""
         for rec in self.db.workers():
             if self.held_elsewhere(rec):
-                h = WorkerHandle(
-                    rec.id, rec.name, rec, state="lost", reason=HELD_ELSEWHERE, local=False, lost_since=None
-                )
-                self.handles[rec.id] = h
-                self._by_name[rec.name] = rec.id
+                self._held_elsewhere_handle(rec)
                 continue
             reason = (
                 rec.state_reason
@@ -703,18 +699,25 @@ class WorkerRegistry:
         for rec in self.db.workers() if recs is None else recs:
             if rec.id in self.handles or rec.name in self._by_name:
                 continue
-            held = self.held_elsewhere(rec)
-            h = WorkerHandle(
-                rec.id,
-                rec.name,
-                rec,
-                state="lost",
-                reason=HELD_ELSEWHERE if held else rec.state_reason,
-                local=False,
-                lost_since=None if held else time.time(),
-            )
-            self.handles[rec.id] = h
-            self._by_name[rec.name] = rec.id
+            self._held_elsewhere_handle(rec, held=self.held_elsewhere(rec))
+
+    def _held_elsewhere_handle(self, rec: dbm.WorkerRecord, *, held: bool = True) -> WorkerHandle:
+        """List a worker another server sharing the records made: lost here (this server has no
+        connection to it; `_borrow` may call it later). `held` (another server hears from it):
+        never settled by this server, so not counted as lost; else lost as of now, for the reason
+        its row gives."""
+        h = WorkerHandle(
+            rec.id,
+            rec.name,
+            rec,
+            state="lost",
+            reason=HELD_ELSEWHERE if held else rec.state_reason,
+            local=False,
+            lost_since=None if held else time.time(),
+        )
+        self.handles[rec.id] = h
+        self._by_name[rec.name] = rec.id
+        return h
 
     # ---- workers other servers hold ----------------------------------------------------------------
     def _seal(self, worker_id: str, token: str) -> str | None:
