@@ -240,3 +240,47 @@ async def test_an_evacuation_lists_again_once_every_server_knows_of_the_cordon(
         assert late in src.runtimes and not dst.runtimes
         w = (await c.get(f"/v1/workers/{drained}")).json()
         assert (w["sandboxes"], w["evacuated"]) == (0, True), w
+
+
+@pytest.mark.databases
+async def test_another_servers_create_not_yet_on_the_worker_outlives_two_reconciliations(
+    tmp_path, database_url, database_kind, monkeypatch
+):
+    """A `creating` record another server wrote before its worker call (no runtime on the worker
+    yet) is left alone by the holder's reconciliation for SHARED_CREATE_GRACE_S — the rule that a
+    periodic pass acts on another server's step only when the previous pass found it too covers
+    runtimes the records disagree with, not a record without a runtime: without the grace, the
+    first pass drops the create in flight. (Why SHARED_CREATE_GRACE_S stays.)"""
+    if database_kind != "postgresql":
+        pytest.skip("only servers sharing the records create on each other's workers")
+    from atoll.controlplane import lifecycle
+
+    w = FakeWorker("w1")
+    async with FakeAtoll(tmp_path, [w], database_url=database_url, tier_policy=False) as f:
+        reg, m = f.manager.workers, f.manager
+        h = reg.handles[reg._by_name["w1"]]
+
+        async def in_flight() -> str:
+            """Another server's create: its record written `creating`, the worker not called yet."""
+            r = await f.http.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            sid = r.json()["id"]
+            del w.runtimes[sid]
+            theirs = dbm.Database(database_url)
+            try:
+                rec = theirs.get(sid)
+                assert rec is not None
+                rec.state = "creating"
+                theirs.save(rec)
+            finally:
+                theirs.engine.dispose()
+            return sid
+
+        sid = await in_flight()
+        await reg.reconcile(h)
+        await reg.reconcile(h)
+        assert m.db.get(sid).state == "creating"
+        monkeypatch.setattr(lifecycle, "SHARED_CREATE_GRACE_S", 0.0)
+        other = await in_flight()
+        await reg.reconcile(h)
+        assert m.db.get(other).state == "deleted"
