@@ -23,7 +23,11 @@ A sandbox that cannot move (gated, busy for BUSY_WAIT_S, the store failing, no o
 room, failed, a volume that stays with its worker) stays where it is, back in the state it had when
 it was running, and is listed in `left` with the reason. Unclaimed warm-pool members are deleted
 instead (the pool keepers refill on the ready workers). `{"draining": false}` stops an evacuation
-between sandboxes.
+between sandboxes. Once it has moved what it listed it lists the worker again (RELIST_PASSES), so
+a sandbox that reached it meanwhile moves too. On shared records (several servers) the last list
+waits until every server has read the cordon (CORDON_KNOWN_S), and each move holds the sandbox's
+`move/<id>` lease (controlplane.leases): the server a worker moved to mid-evacuation waits for a
+move the other still runs instead of moving that sandbox a second time.
 
 The progress is durable: `Evacuation.record()` is written to the worker's record (`workers.evacuation`)
 when the evacuation starts and after every sandbox's verdict. A server that stops lets the moves

@@ -32,6 +32,9 @@ lease at once (`gone_here`: same host and boot, its PID gone), so `atoll up` res
 SIGKILL does not wait out the TTL before its policy runs.
 Metering's writes are fenced: they commit only in a transaction that finds this server still the
 holder (`Leases.fence`), so a server stalled past its lease cannot write usage twice.
+The same table holds short leases of one step (`holding`): a drain's evacuation holds a sandbox's
+`move/<id>` while it moves it (controlplane.evacuation), renewed while the move runs and deleted
+after, so two servers never move one sandbox at once.
 Made by controlplane.lifecycle.SandboxManager; GET /v1/leases (routes_system) shows the holders.
 """
 
