@@ -347,3 +347,34 @@ async def test_a_drain_survives_a_server_restart(tmp_path, monkeypatch, cut_in):
     finally:
         database.engine.dispose()
     assert kept["state"] == "done" and kept["pending"] == [] and sorted(kept["moved"]) == sorted(sids)
+
+
+async def test_a_sandbox_that_reaches_the_worker_during_its_evacuation_moves_too(two):
+    """The evacuation lists w1's sandboxes at its start; one that reaches w1 after that (moved or
+    created there through a server that had not learnt of the cordon yet) is found by the next
+    list and moves too: once the evacuation is done, w1 holds nothing."""
+    f, w1, w2 = two
+    c = f.http
+    (first,) = await _on(c, "w1", 1)
+    (late,) = await _on(c, "w2", 1)
+    ids = await _ids(c)
+    m = f.manager
+    real_adopt = w2.adopt
+
+    async def adopt(sid, mounts):  # while `first` moves, `late` arrives on w1
+        if sid == first and late in w2.runtimes:
+            w1.runtimes[late] = w2.runtimes.pop(late)
+            rec = m.get(late)
+            rec.worker_id = ids["w1"]
+            m.ledger.save(rec, ["worker_id"])
+        return await real_adopt(sid, mounts)
+
+    w2.adopt = adopt  # type: ignore[method-assign]
+    assert (await c.post(f"/v1/workers/{ids['w1']}/drain", json={})).status_code == 202
+    w = await _evacuated(c, ids["w1"])
+    assert (w["evacuation"]["moved"], w["evacuation"]["left"]) == (2, []), w
+    assert (w["sandboxes"], w["evacuated"], w["evacuation"]["state"]) == (0, True, "done"), w
+    assert not w1.runtimes and {first, late} <= set(w2.runtimes)
+    for sid in (first, late):
+        v = (await c.get(f"/v1/sandboxes/{sid}")).json()
+        assert (v["worker"], v["state"]) == ("w2", "running"), v

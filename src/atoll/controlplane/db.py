@@ -34,6 +34,10 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+CLOCK_CHECK_S = 30.0
+"""How often a server reads the database's clock again to know how far its own is off (PostgreSQL)."""
+
+
 class SandboxRecord(Base):
     __tablename__ = "sandboxes"
     __table_args__ = (
@@ -310,6 +314,36 @@ class Database:
         lost workers right after (controlplane.workers)."""
         event.listen(self.engine, "handle_error", self._trouble)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
+        self._clock_offset = 0.0
+        self._clock_read_at = -1e18
+
+    def now(self) -> dt.datetime:
+        """The database's clock (UTC): on PostgreSQL, this machine's clock plus how far it is off
+        the database's, read again every CLOCK_CHECK_S (`check_clock`), so that times several
+        servers write and compare (worker heartbeats: controlplane.workers, lost_workers) are on
+        one clock however far theirs are apart; on SQLite (one machine) this machine's clock."""
+        if self.dialect == "sqlite":
+            return utcnow()
+        if time.monotonic() - self._clock_read_at >= CLOCK_CHECK_S:
+            self.check_clock()
+        return utcnow() + dt.timedelta(seconds=self._clock_offset)
+
+    def check_clock(self) -> float:
+        """Read the database's clock: how many seconds it is ahead of this machine's (the midpoint
+        of the round trip). A database that cannot be reached keeps the last offset (tried again
+        CLOCK_CHECK_S later)."""
+        self._clock_read_at = time.monotonic()
+        try:
+            before = utcnow()
+            with self.engine.connect() as conn:
+                theirs = conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
+            after = utcnow()
+        except sa.exc.DBAPIError:
+            return self._clock_offset
+        if theirs.tzinfo is None:
+            theirs = theirs.replace(tzinfo=dt.UTC)
+        self._clock_offset = (theirs - (before + (after - before) / 2)).total_seconds()
+        return self._clock_offset
 
     def _trouble(self, ctx) -> None:
         if ctx.is_disconnect or isinstance(ctx.sqlalchemy_exception, UNAVAILABLE):
@@ -447,8 +481,15 @@ class Database:
         with self.session() as s:
             return list(s.scalars(sa.select(WorkerRecord).order_by(WorkerRecord.name)))
 
-    def put_worker(self, rec: WorkerRecord) -> None:
+    def put_worker(
+        self, rec: WorkerRecord, *, under_lock: typing.Callable[[WorkerRecord | None], None] | None = None
+    ) -> None:
+        """Write the whole row. `under_lock` is called first with the row as the database has it
+        (None: no row yet), locked until the write commits (PostgreSQL's `FOR UPDATE`; SQLite has
+        one writer): what it copies from there onto `rec` no other server can change meanwhile."""
         with self.session.begin() as s:
+            if under_lock is not None:
+                under_lock(s.get(WorkerRecord, rec.id, with_for_update=True, populate_existing=True))
             s.merge(rec)
 
     def worker_by_name(self, name: str) -> WorkerRecord | None:

@@ -23,7 +23,11 @@ A sandbox that cannot move (gated, busy for BUSY_WAIT_S, the store failing, no o
 room, failed, a volume that stays with its worker) stays where it is, back in the state it had when
 it was running, and is listed in `left` with the reason. Unclaimed warm-pool members are deleted
 instead (the pool keepers refill on the ready workers). `{"draining": false}` stops an evacuation
-between sandboxes.
+between sandboxes. Once it has moved what it listed it lists the worker again (RELIST_PASSES), so
+a sandbox that reached it meanwhile moves too. On shared records (several servers) the last list
+waits until every server has read the cordon (CORDON_KNOWN_S), and each move holds the sandbox's
+`move/<id>` lease (controlplane.leases): the server a worker moved to mid-evacuation waits for a
+move the other still runs instead of moving that sandbox a second time.
 
 The progress is durable: `Evacuation.record()` is written to the worker's record (`workers.evacuation`)
 when the evacuation starts and after every sandbox's verdict. A server that stops lets the moves
@@ -44,6 +48,8 @@ import typing
 from dataclasses import dataclass, field
 
 from atoll.controlplane import db as dbm
+from atoll.controlplane import leases
+from atoll.controlplane.workers import OTHERS_EVERY_S
 from atoll.core import errors
 from atoll.core.lifecycle import State, Tier
 
@@ -59,6 +65,19 @@ BUSY_WAIT_S = 30.0
 """How long a sandbox with exec/file calls in flight is waited for before it is reported."""
 CLOSE_WAIT_S = 10.0
 """How long a stopping server lets the moves under way finish (the rest stays pending)."""
+RELIST_PASSES = 5
+"""How many times an evacuation lists its worker's sandboxes again once it moved what it listed: a
+sandbox created or moved onto the worker meanwhile (through a server that had not learnt of the
+cordon yet) moves too. It ends when a list finds nothing new (or after this many)."""
+CORDON_KNOWN_S = OTHERS_EVERY_S + 2.0
+"""On shared records: how long after the cordon every other server has learnt of it (each reads
+the workers' rows every OTHERS_EVERY_S) and places nothing more there; the evacuation's last list
+is taken no earlier."""
+MOVE_LEASE_S = 60.0
+"""On shared records, each move holds the sandbox's `move/<id>` lease (controlplane.leases), renewed
+every third of this: a server that takes the worker over mid-evacuation (and resumes it) waits for
+a move the other still runs instead of moving the sandbox a second time; one that dies mid-move
+frees it after this long."""
 RESUME_SETTLE_S = 15.0
 """How long a resumed evacuation waits for another worker to be ready (after a server restart the
 workers register again one by one; the drained one may come back first)."""
@@ -331,6 +350,14 @@ class Evacuator:
                 await self._settle(ev, h)
                 await self._wake(ev)
             await asyncio.gather(*(one(r) for r in recs))
+            for _ in range(RELIST_PASSES):  # what reached the worker after the list was taken
+                recs = await self._relist(ev, h)
+                if not recs:
+                    break
+                ev.pending += [r.id for r in recs]
+                ev.was_running += [r.id for r in recs if r.state == State.RUNNING]
+                self._save(ev, h)
+                await asyncio.gather(*(one(r) for r in recs))
         finally:
             if ev.stop:
                 ev.state, ev.finished_at = "stopped", time.time()
@@ -352,6 +379,25 @@ class Evacuator:
             )
             self.m.pools.wake()  # refill on the ready workers
 
+    async def _relist(self, ev: Evacuation, h: WorkerHandle) -> list[dbm.SandboxRecord]:
+        """The sandboxes on `h` this evacuation has not moved nor left: created or moved there
+        after its list was taken. On shared records not before every server learnt of the cordon
+        (CORDON_KNOWN_S), and with the records read again (another server's creates). Empty when
+        the evacuation stops, closes or halts meanwhile."""
+        if self.m.ledger.shared:
+            until = h.cordoned_at + CORDON_KNOWN_S
+            while time.monotonic() < until and not (ev.stop or ev.closing or ev.halted):
+                await asyncio.sleep(min(0.2, max(0.0, until - time.monotonic())))
+        if ev.stop or ev.closing or ev.halted or h.state != "draining" or h.borrowed is not None:
+            return []
+        if self.m.ledger.shared:
+            try:
+                self.m.ledger.refresh()
+            except dbm.UNAVAILABLE as e:  # the records cannot be read now: what is known is listed
+                log.warning("worker.evacuate: the records could not be read again: %s", dbm.cause(e))
+        done = {*ev.moved, *ev.left}
+        return [r for r in self._on(h) if r.id not in done]
+
     async def _one(self, ev: Evacuation, rec: dbm.SandboxRecord, h: WorkerHandle) -> str | None:
         """Move one sandbox off `h`: None when it moved, POOL_DROPPED, INTERRUPTED (the server
         stops while it waits), else why it stays."""
@@ -365,16 +411,22 @@ class Evacuator:
             return POOL_DROPPED
         deadline = time.monotonic() + BUSY_WAIT_S
         while True:
-            async with m.ledger.lock(sid):
-                rec = m.get(sid)
-                if rec.worker_id != h.id or rec.state == State.DELETED:
-                    return None if rec.state != State.DELETED else "deleted meanwhile"
-                if not m.ledger.inflight.get(sid):
-                    why = await self._move_locked(ev, rec, h)
-                    break
+            async with m.ledger.lock(sid), self._moving(sid) as other:
+                if other is None:
+                    rec = m.get(sid)
+                    if rec.worker_id != h.id or rec.state == State.DELETED:
+                        return None if rec.state != State.DELETED else "deleted meanwhile"
+                    # one being created through another server holds no lock here: waited for too
+                    creating = m.ledger.shared and rec.state == State.CREATING and time.monotonic() < deadline
+                    if not m.ledger.inflight.get(sid) and not creating:
+                        why = await self._move_locked(ev, rec, h)
+                        break
             if ev.closing:
                 return INTERRUPTED
-            if time.monotonic() >= deadline:
+            if other is not None:  # another server moves it now (however long): waited for
+                log.info("sandbox.evacuate: %s moves it now; waiting", other, extra={"sandbox_id": sid})
+                deadline = time.monotonic() + BUSY_WAIT_S
+            elif time.monotonic() >= deadline and m.ledger.inflight.get(sid):
                 n = m.ledger.inflight.get(sid, 0)
                 return (
                     f"busy: {n} exec/file call(s) in progress for {BUSY_WAIT_S:.0f} s; it stays "
@@ -384,6 +436,20 @@ class Evacuator:
         if why is None:
             await self._drop_old_copy(h, sid)
         return why
+
+    @contextlib.asynccontextmanager
+    async def _moving(self, sid: str):
+        """On shared records, the sandbox's move lease for the block: None while this server holds
+        it, else the server that does (another evacuation of the same worker, on the server it held
+        it before or after a move between servers). On SQLite (one server) always None."""
+        if not self.m.ledger.shared:
+            yield None
+            return
+        leader = self.m.leader
+        async with leases.holding(
+            leader.leases, leases.move_lease(sid), leader.server_id, MOVE_LEASE_S
+        ) as other:
+            yield other
 
     async def _drop_old_copy(self, h: WorkerHandle, sid: str) -> None:
         """The drained worker drops its copy of a sandbox that moved (outside the sandbox's lock:

@@ -32,6 +32,9 @@ lease at once (`gone_here`: same host and boot, its PID gone), so `atoll up` res
 SIGKILL does not wait out the TTL before its policy runs.
 Metering's writes are fenced: they commit only in a transaction that finds this server still the
 holder (`Leases.fence`), so a server stalled past its lease cannot write usage twice.
+The same table holds short leases of one step (`holding`): a drain's evacuation holds a sandbox's
+`move/<id>` while it moves it (controlplane.evacuation), renewed while the move runs and deleted
+after, so two servers never move one sandbox at once.
 Made by controlplane.lifecycle.SandboxManager; GET /v1/leases (routes_system) shows the holders.
 """
 
@@ -207,6 +210,14 @@ class Leases:
             ).rowcount
         return n == 1
 
+    def drop(self, name: str, holder: str) -> bool:
+        """Delete the lease's row if `holder` holds it (a short-lived lease, e.g. a sandbox's
+        `move/…`: no row is left behind per sandbox). False when `holder` did not hold it."""
+        t = self._table
+        with self.db.engine.begin() as conn:
+            n = conn.execute(sa.delete(t).where(t.c.name == name, t.c.holder == holder)).rowcount
+        return n == 1
+
     def fence(self, conn: sa.Connection, name: str, holder: str) -> bool:
         """Inside the caller's transaction: whether `holder` still holds `name` (unexpired). The
         row is locked until the transaction ends (an UPDATE that changes nothing), so nobody takes
@@ -241,6 +252,45 @@ class Leases:
 
 
 Listener = typing.Callable[[bool], None]
+
+
+def move_lease(sandbox_id: str) -> str:
+    """The name of the lease a server holds while its evacuation moves `sandbox_id`
+    (controlplane.evacuation): two servers never move one sandbox at once."""
+    return f"move/{sandbox_id}"
+
+
+@contextlib.asynccontextmanager
+async def holding(leases: Leases, name: str, holder: str, ttl_s: float):
+    """Hold the lease `name` for the block: yields None while `holder` holds it (renewed every
+    third of `ttl_s`, its row dropped at the end), else the holder that has it (nothing held, the
+    block should not do what the lease guards). Raises what the database raises when it cannot
+    be reached."""
+    if not leases.acquire(name, holder, ttl_s):
+        yield leases.holder(name) or "another server"
+        return
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(ttl_s / 3)
+            try:
+                if not leases.acquire(name, holder, ttl_s):
+                    log.warning("lease %r: taken by another holder while held (a stalled renewal)", name)
+                    return
+            except Exception as e:  # noqa: BLE001 - the database is away: try again
+                log.warning("lease %r: renewal failed: %s", name, e)
+
+    task = asyncio.ensure_future(renew())
+    try:
+        yield None
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        try:
+            leases.drop(name, holder)
+        except Exception as e:  # noqa: BLE001 - it runs out by itself after ttl_s
+            log.warning("lease %r: not dropped (it runs out in %g s): %s", name, ttl_s, e)
 
 
 class Leadership:

@@ -108,7 +108,7 @@ class GoneWorkers:
         if not reg.shared or not waiting or time.monotonic() - reg.db.trouble_at < reg.lost_after_s:
             return 0
         records = {rec.id: rec for rec in reg.db.workers()}
-        now, started = dbm.utcnow(), 0
+        now, started = reg.db.now(), 0  # the clock heartbeats are written on
         for h in waiting:
             rec = records.get(h.id)
             at = rec.last_heartbeat_at if rec is not None else None

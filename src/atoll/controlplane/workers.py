@@ -46,6 +46,8 @@ OTHERS_EVERY_S = 5.0
 """How often a server sharing the records looks for workers other servers made (PostgreSQL)."""
 HELD_ELSEWHERE = "its heartbeats reach another server sharing the records (not this one)"
 BORROWED = "held by another server sharing the records; this one calls it with the token that server stored"
+BORROWED_EVENTS = (api.UsageReport, api.SandboxActivity)
+"""The events of a worker another server holds that this one acts on too (`_consume`)."""
 BORROW_TIMEOUT_S = 10.0
 """How long a server waits for a borrowed worker's `info` before it tries again (next pass)."""
 
@@ -62,6 +64,8 @@ class Listener(typing.Protocol):
     def worker_ready(self, handle: WorkerHandle) -> None: ...
 
     def worker_cordoned(self, handle: WorkerHandle, draining: bool) -> None: ...
+
+    def refresh_records(self) -> None: ...
 
 
 @dataclass
@@ -180,8 +184,9 @@ class WorkerRegistry:
         mine = self._wrote_beat.get(rec.id)
         if mine is not None and at <= mine:
             return False  # this server's own write, read back
-        # heartbeats are written every HEARTBEAT_WRITE_S: the row is that much older between writes
-        return (dbm.utcnow() - at).total_seconds() < self.lost_after_s + HEARTBEAT_WRITE_S
+        # heartbeats are written every HEARTBEAT_WRITE_S: the row is that much older between writes;
+        # both times are the database's clock (`Database.now`), whatever this server's says
+        return (self.db.now() - at).total_seconds() < self.lost_after_s + HEARTBEAT_WRITE_S
 
     def load(self) -> None:
         """The workers of earlier runs: every one is `lost` until it joins again. One that
@@ -189,11 +194,7 @@ class WorkerRegistry:
         only: this server has no connection to it, and never settles its sandboxes)."""
         for rec in self.db.workers():
             if self.held_elsewhere(rec):
-                h = WorkerHandle(
-                    rec.id, rec.name, rec, state="lost", reason=HELD_ELSEWHERE, local=False, lost_since=None
-                )
-                self.handles[rec.id] = h
-                self._by_name[rec.name] = rec.id
+                self._held_elsewhere_handle(rec)
                 continue
             reason = (
                 rec.state_reason
@@ -211,13 +212,24 @@ class WorkerRegistry:
             self._save(h)
         self._loop = asyncio.ensure_future(self._watch())
 
-    def _save(self, h: WorkerHandle) -> None:
+    def _save(self, h: WorkerHandle, *, adopted: bool = False) -> None:
+        """Write `h`'s row (not a borrowed one's: that is its holder's). `adopted`: it is ready
+        now, drained or not as the row says under its lock — a borrower may have drained it (or
+        asked for an evacuation) through the row at this very instant, which a write from this
+        server's copy would undo."""
         if h.borrowed is not None:
             return  # its record is its holder's to write
+
+        def cordon(row: dbm.WorkerRecord | None) -> None:
+            if row is not None:
+                h.record.draining, h.record.evacuation = row.draining, row.evacuation
+            h.state, h.reason = ("draining", DRAINING) if h.record.draining else ("ready", None)
+            h.record.state, h.record.state_reason = h.state, h.reason
+
         h.record.state, h.record.state_reason = h.state, h.reason
-        if h.state in ("ready", "draining"):
+        if h.state in ("ready", "draining") and not adopted:
             h.record.draining = h.state == "draining"
-        self.db.put_worker(h.record)
+        self.db.put_worker(h.record, under_lock=cordon if adopted else None)
         if h.record.last_heartbeat_at is not None:
             self._wrote_beat[h.id] = _utc(h.record.last_heartbeat_at)
 
@@ -339,7 +351,7 @@ class WorkerRegistry:
         self._replace(h, remote, info, local=False)
         h.record.url = url
         h.record.token_sealed = self._seal(h.id, token)
-        h.record.last_heartbeat_at = dbm.utcnow()
+        h.record.last_heartbeat_at = self.db.now()
         h.epoch = secrets.token_hex(8)
         h.last_seen = time.monotonic()
         self._save(h)
@@ -366,7 +378,7 @@ class WorkerRegistry:
     def heartbeat(self, worker_id: str, epoch: str | None) -> dict:
         h = self._registration(worker_id, epoch)
         h.last_seen = time.monotonic()
-        h.record.last_heartbeat_at = dbm.utcnow()
+        h.record.last_heartbeat_at = self.db.now()
         if self.shared and h.last_seen - self._seen_written.get(h.id, 0.0) >= HEARTBEAT_WRITE_S:
             self.db.worker_seen(h.id, h.record.last_heartbeat_at)
             self._wrote_beat[h.id] = _utc(h.record.last_heartbeat_at)
@@ -523,11 +535,12 @@ class WorkerRegistry:
             return
         if h.worker is not worker:
             return
-        # an operator's drain outlasts the worker's restarts (and the server's: it is in the record)
+        # an operator's drain outlasts the worker's restarts (and the server's: it is in the record);
+        # ready or draining as the row says when this write locks it (`_save`)
         h.state, h.reason = ("draining", DRAINING) if h.record.draining else ("ready", None)
         h.lost_since = None
         h.last_seen = time.monotonic()
-        self._save(h)
+        self._save(h, adopted=True)
         self.changed.set()
         log.info("worker.ready", extra={"worker": h.name, "worker_id": h.id})
         try:  # e.g. a drain's evacuation a server restart cut short goes on
@@ -537,26 +550,36 @@ class WorkerRegistry:
         h.tasks.append(asyncio.ensure_future(self._consume(h, worker)))
         h.tasks.append(asyncio.ensure_future(self._reconcile_every(h, worker)))
 
-    async def _consume(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
+    async def _consume(self, h: WorkerHandle, worker: api.WorkerAPI, *, borrowed: bool = False) -> None:
         """The worker's events, for as long as it is this handle's worker (reconnecting after a
-        broken stream: what was missed meanwhile, the next reconciliation finds)."""
+        broken stream: what was missed meanwhile, the next reconciliation finds). The templates
+        and builds it holds are kept on the handle (placement). A `borrowed` worker's events reach
+        the listener only when they are not its holder's alone (BORROWED_EVENTS: resource use,
+        for metering and metrics on the lease holder, which may be this server, and activity, for
+        the idle policy); deaths, phase changes and builds are its holder's to act on (it writes
+        the records; this server reads them)."""
+        what = "borrowed worker" if borrowed else "worker"
         while h.worker is worker:
             try:
                 async for ev in worker.events():
+                    if h.worker is not worker:
+                        return
                     if isinstance(ev, api.TemplateChanged):
                         h.templates[ev.template.name] = ev.template
                         self.changed.set()
                         continue
                     if isinstance(ev, api.BuildChanged):
                         h.builds[ev.build.build_id] = ev.build
+                    if borrowed and not isinstance(ev, BORROWED_EVENTS):
+                        continue
                     try:
                         await self.listener.worker_event(h, ev)
                     except Exception:
-                        log.exception("worker event failed", extra={"worker": h.name})
+                        log.exception("%s event failed", what, extra={"worker": h.name})
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a broken stream: try again shortly
-                log.debug("worker event stream broke: %r", e, extra={"worker": h.name})
+                log.debug("%s event stream broke: %r", what, e, extra={"worker": h.name})
             await asyncio.sleep(1.0)
 
     async def _reconcile_every(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
@@ -638,9 +661,8 @@ class WorkerRegistry:
         read_at = time.monotonic()
         try:
             recs = self.db.workers()
-            refresh = getattr(self.listener, "refresh_records", None)
-            if refresh is not None:  # placement and views count what other servers placed
-                refresh()
+            if self.listener is not None:  # placement and views count what other servers placed
+                self.listener.refresh_records()
         except Exception:  # noqa: BLE001 - the database may be away: next time
             log.debug("reading the workers other servers hold failed", exc_info=True)
             return
@@ -684,18 +706,25 @@ class WorkerRegistry:
         for rec in self.db.workers() if recs is None else recs:
             if rec.id in self.handles or rec.name in self._by_name:
                 continue
-            held = self.held_elsewhere(rec)
-            h = WorkerHandle(
-                rec.id,
-                rec.name,
-                rec,
-                state="lost",
-                reason=HELD_ELSEWHERE if held else rec.state_reason,
-                local=False,
-                lost_since=None if held else time.time(),
-            )
-            self.handles[rec.id] = h
-            self._by_name[rec.name] = rec.id
+            self._held_elsewhere_handle(rec, held=self.held_elsewhere(rec))
+
+    def _held_elsewhere_handle(self, rec: dbm.WorkerRecord, *, held: bool = True) -> WorkerHandle:
+        """List a worker another server sharing the records made: lost here (this server has no
+        connection to it; `_borrow` may call it later). `held` (another server hears from it):
+        never settled by this server, so not counted as lost; else lost as of now, for the reason
+        its row gives."""
+        h = WorkerHandle(
+            rec.id,
+            rec.name,
+            rec,
+            state="lost",
+            reason=HELD_ELSEWHERE if held else rec.state_reason,
+            local=False,
+            lost_since=None if held else time.time(),
+        )
+        self.handles[rec.id] = h
+        self._by_name[rec.name] = rec.id
+        return h
 
     # ---- workers other servers hold ----------------------------------------------------------------
     def _seal(self, worker_id: str, token: str) -> str | None:
@@ -801,35 +830,9 @@ class WorkerRegistry:
         self._stop_tasks(h)
         if isinstance(old, RemoteWorker):
             h.tasks.append(asyncio.ensure_future(old.aclose()))
-        h.tasks.append(asyncio.ensure_future(self._consume_borrowed(h, remote)))
+        h.tasks.append(asyncio.ensure_future(self._consume(h, remote, borrowed=True)))
         self.changed.set()
         log.info("worker.borrowed", extra={"worker": h.name, "worker_id": h.id, "url": rec.url})
-
-    async def _consume_borrowed(self, h: WorkerHandle, worker: api.WorkerAPI) -> None:
-        """The events of a borrowed worker that are not its holder's alone: resource use (metering
-        and metrics run on the lease holder, which may be this server), activity (the idle policy
-        too), templates and builds it holds (placement). Deaths and phase changes are its holder's
-        to act on (it writes the records; this server reads them)."""
-        while h.worker is worker:
-            try:
-                async for ev in worker.events():
-                    if h.worker is not worker:
-                        return
-                    if isinstance(ev, api.TemplateChanged):
-                        h.templates[ev.template.name] = ev.template
-                        self.changed.set()
-                    elif isinstance(ev, api.BuildChanged):
-                        h.builds[ev.build.build_id] = ev.build
-                    elif isinstance(ev, api.UsageReport | api.SandboxActivity):
-                        try:
-                            await self.listener.worker_event(h, ev)
-                        except Exception:
-                            log.exception("borrowed worker event failed", extra={"worker": h.name})
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a broken stream: try again shortly
-                log.debug("borrowed worker event stream broke: %r", e, extra={"worker": h.name})
-            await asyncio.sleep(1.0)
 
     def _unborrow(self, h: WorkerHandle, why: str) -> None:
         """Stop calling a borrowed worker (calls in flight end with 503): lost here, held elsewhere
