@@ -284,3 +284,52 @@ async def test_another_servers_create_not_yet_on_the_worker_outlives_two_reconci
         other = await in_flight()
         await reg.reconcile(h)
         assert m.db.get(other).state == "deleted"
+
+
+@pytest.mark.databases
+def test_activity_a_server_with_a_clock_behind_shares_is_recent_for_the_others(
+    database_url, database_kind, monkeypatch
+):
+    """A sandbox used through a server whose clock is 60 s behind: the activity time it shares
+    (`last_activity_at`, ledger.share_activity) is read by the lease holder (ledger.refresh) as
+    just now, not a minute ago — both on the database's clock — so the idle policy does not put a
+    sandbox in use in standby early."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share activity times only on PostgreSQL")
+    from atoll.controlplane.ledger import Ledger
+    from atoll.controlplane.metrics import Metrics
+
+    sid = "sb-aaaaaaaaaaaaaaab"
+    a_db, b_db = dbm.Database(database_url), dbm.Database(database_url)
+    try:
+        now = dbm.utcnow()
+        a_db.add(
+            dbm.SandboxRecord(
+                id=sid,
+                tenant_id="default",
+                worker_id="wk-x",
+                state="running",
+                template="base",
+                metadata_={},
+                env={},
+                memory_mb=512,
+                cpus=1.0,
+                disk_mb=64,
+                idle_timeout_s=60,
+                disk_after_s=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        a, b = Ledger(a_db, Metrics(), workers=None), Ledger(b_db, Metrics(), workers=None)  # type: ignore[arg-type]
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() - 60)
+        _skew(monkeypatch, -60)
+        a.touch(sid)
+        assert a.share_activity() == 1
+        monkeypatch.undo()
+        b.refresh()
+        assert time.monotonic() - b.activity[sid] < 10, time.monotonic() - b.activity[sid]
+    finally:
+        a_db.engine.dispose()
+        b_db.engine.dispose()

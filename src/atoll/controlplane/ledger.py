@@ -176,7 +176,7 @@ class Ledger:
         under a step here is left as it is (the step holds its copy). The number of records read
         again or dropped."""
         marks = self.db.live_marks()
-        mono, wall = time.monotonic(), time.time()
+        mono, wall = time.monotonic(), self.db.now().timestamp()  # the database's clock (several servers)
         stale = []
         for sid, (version, at) in marks.items():
             rec = self.cache.get(sid)
@@ -204,7 +204,7 @@ class Ledger:
         the clock the lease holder's tier policy reads (`refresh`), so that a sandbox used
         through any server is not idle. Every server calls it at each lease renewal (TTL/3). How
         many were written."""
-        mono, wall = time.monotonic(), time.time()
+        mono, wall = time.monotonic(), self.db.now().timestamp()  # the database's clock (several servers)
         times = {}
         for sid, at in list(self.activity.items()):
             if self.inflight.get(sid):
