@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/install-deps.sh
 	sh scripts/install-deps.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[server,dev,bench]'
+	$(PY) -m pip install -q -e '.[server,dev,bench,mcp]'
 	touch $(STAMP)
 
 install: $(STAMP)
