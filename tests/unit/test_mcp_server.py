@@ -7,6 +7,9 @@ tests/integration/test_mcp.py."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -179,3 +182,12 @@ def test_error_text_says_where_the_key_and_the_url_come_from():
     assert text.startswith("connection_error: refused") and "http://atoll.example:7080" in text
     text = atoll_mcp.error_text(errors.SandboxNotFound("sandbox sb-x does not exist"), client)
     assert text == "sandbox_not_found: sandbox sb-x does not exist"
+
+
+def test_a_ca_file_that_cannot_be_used_stops_it_at_start(tmp_path):
+    env = {**os.environ, "ATOLL_URL": "https://127.0.0.1:9", "ATOLL_CA_FILE": str(tmp_path / "none.pem")}
+    p = subprocess.run(
+        [sys.executable, "-m", "atoll", "mcp"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    assert p.stderr.startswith("error: bad_ca_file: the CA file") and "none.pem" in p.stderr, p.stderr

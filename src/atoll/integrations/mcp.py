@@ -31,8 +31,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncGenerator, Awaitable
+from typing import Annotated, Any, Literal, cast
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -109,8 +109,9 @@ ExecTimeout = Annotated[
     Field(
         gt=0,
         le=MAX_EXEC_TIMEOUT_S,
-        description="Kill the command after this many seconds (default: the server's; at most a day). "
-        "A killed command answers timed_out: true.",
+        description="Kill the command after this many seconds (at most a day); it then answers "
+        "timed_out: true. Without it, a command still running after 10 minutes is killed when the "
+        "call gives up (a timeout tool error): give more for longer work.",
     ),
 ]
 Lifetime = Annotated[
@@ -320,13 +321,18 @@ def build_server(client: "atoll.AsyncClient", *, log_level: str = "INFO") -> MCP
             )
         return atoll.AsyncSandbox(client, {"id": sandbox_id})
 
-    def tool(name: str, description: str, **hints: bool) -> Any:
-        return server.tool(
-            name=name,
-            description=description,
-            annotations=ToolAnnotations(**hints) if hints else None,
-            structured_output=False,
+    def tool(
+        name: str,
+        description: str,
+        *,
+        read_only_hint: bool,
+        destructive_hint: bool | None = None,
+        idempotent_hint: bool | None = None,
+    ) -> Any:
+        hints = ToolAnnotations(
+            read_only_hint=read_only_hint, destructive_hint=destructive_hint, idempotent_hint=idempotent_hint
         )
+        return server.tool(name=name, description=description, annotations=hints, structured_output=False)
 
     @tool(
         "create_sandbox",
@@ -380,7 +386,6 @@ def build_server(client: "atoll.AsyncClient", *, log_level: str = "INFO") -> MCP
         "progress notifications while it runs.",
         read_only_hint=False,
         destructive_hint=True,
-        open_world_hint=False,
     )
     async def exec_(
         sandbox_id: SandboxId,
@@ -418,7 +423,8 @@ def build_server(client: "atoll.AsyncClient", *, log_level: str = "INFO") -> MCP
     ) -> CallToolResult:
         async def work() -> CallToolResult:
             data = bytearray()
-            async with contextlib.aclosing(handle(sandbox_id).files.stream(path)) as chunks:
+            stream = cast(AsyncGenerator[bytes, None], handle(sandbox_id).files.stream(path))
+            async with contextlib.aclosing(stream) as chunks:
                 async for chunk in chunks:
                     data += chunk
                     if len(data) > MAX_READ_BYTES:
