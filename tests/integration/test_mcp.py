@@ -217,6 +217,8 @@ async def test_bad_arguments_and_wrong_ids_are_tool_errors(atoll_server, tmp_pat
             for cmd in (5, [], "", ["ls", 3], {"argv": ["ls"]}):
                 err = await refused(s, "exec", {"sandbox_id": unknown, "cmd": cmd})
                 assert err.startswith("invalid_request: exec: cmd:") and "non-empty string" in err, (cmd, err)
+            err = await refused(s, "exec", {"sandbox_id": unknown, "cmd": "true", "timeout": 5})
+            assert err.startswith("invalid_request: exec: no argument named 'timeout'"), err
             err = await refused(s, "exec", {"sandbox_id": unknown, "cmd": "true", "timeout_s": -1})
             assert err.startswith("invalid_request: exec: timeout_s:") and "(got -1)" in err, err
             for count in (0, 11, -3):

@@ -126,6 +126,11 @@ async def test_tools_and_their_schemas():
             {"sandbox_id": "sb-0000000000000000", "port": 0},
             "invalid_request: preview_url: port:",
         ),
+        (
+            "exec",
+            {"sandbox_id": "sb-0000000000000000", "cmd": "ls", "timeout": 5},
+            "invalid_request: exec: no argument named 'timeout'; its arguments are cmd, cwd, sandbox_id, timeout_s",
+        ),
         ("exec", {"sandbox_id": "../../v1/workers", "cmd": "ls"}, "sandbox_not_found: no sandbox has the id"),
         ("delete_sandbox", {"sandbox_id": "SB-0000000000000000"}, "sandbox_not_found: no sandbox has the id"),
     ],

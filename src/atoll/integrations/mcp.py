@@ -197,9 +197,25 @@ def describe_invalid(tool: str, exc: ValidationError) -> str:
 
 class _Server(MCPServer):
     """MCPServer whose argument errors read like atoll's own (`invalid_request: ...`) rather than
-    pydantic's multi-line report."""
+    pydantic's multi-line report, and which refuses arguments a tool does not have (as the API
+    refuses unknown fields) instead of ignoring them: `timeout` for `timeout_s` must not pass
+    silently as "no timeout"."""
+
+    _arguments: dict[str, set[str]] | None = None
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        if self._arguments is None:
+            self._arguments = {
+                t.name: set(t.input_schema.get("properties", {})) for t in await self.list_tools()
+            }
+        known = self._arguments.get(name)
+        unknown = sorted(set(arguments) - known) if known is not None else []
+        if unknown:
+            return _text(
+                f"invalid_request: {name}: no argument named {', '.join(map(repr, unknown))}; its "
+                f"arguments are {', '.join(sorted(known or ()))} (see the tool's input schema)",
+                error=True,
+            )
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
