@@ -162,7 +162,11 @@ def error_text(exc: errors.AtollError, client: "atoll.AsyncClient") -> str:
             " (atoll mcp sends the API key from its environment, ATOLL_API_KEY: give a valid key in "
             "the env of this server's entry in the MCP client's configuration)"
         )
-    elif isinstance(exc, errors.APIConnectionError) and not isinstance(exc, errors.BadCAFile):
+    elif (
+        isinstance(exc, errors.APIConnectionError)
+        and not isinstance(exc, errors.BadCAFile)
+        and "ATOLL_URL" not in exc.message
+    ):
         text += f" (atoll mcp calls the atoll server at {client.base_url}: ATOLL_URL)"
     return text
 
