@@ -7,11 +7,11 @@ PYTEST_ARGS ?=
 # so module-scoped sandboxes and installations stay shared); TEST_PROCS=0 runs them in this one.
 TEST_PROCS ?= 3
 XDIST := $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist loadfile)
-# Type-checked in `make lint`: the control plane <-> worker seam, the SDK and the control plane's ledger (scripts/check_seam.py holds the
-# structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
+# Type-checked in `make lint`: the control plane <-> worker seam, the SDK, the control plane's ledger and the integrations
+# (`atoll mcp`) (scripts/check_seam.py holds the structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
 SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/controlplane/workers.py \
 	src/atoll/worker/service/node.py src/atoll/worker/service/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
-	src/atoll/_client src/atoll/controlplane/ledger.py
+	src/atoll/_client src/atoll/controlplane/ledger.py src/atoll/integrations
 
 .PHONY: run run-s3 test test-stress test-cluster test-fast lint bench install clean
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/install-deps.sh
 	sh scripts/install-deps.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[server,dev,bench]'
+	$(PY) -m pip install -q -e '.[server,dev,bench,mcp]'
 	touch $(STAMP)
 
 install: $(STAMP)

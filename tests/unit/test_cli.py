@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import atoll
+from atoll.cli import argv as cli_argv
 from atoll.cli import main as cli
 
 NDJSON = "application/x-ndjson"
@@ -354,6 +355,51 @@ def test_up_without_the_server_extra(monkeypatch):
     result = run("up")
     assert result.exit_code == 1
     assert "pip install 'atoll[server]'" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_mcp_passes_the_connection_and_its_options(monkeypatch):
+    import atoll.integrations
+
+    calls = []
+    fake = types.ModuleType("atoll.integrations.mcp")
+    fake.main = lambda **kwargs: calls.append(kwargs)
+    monkeypatch.setitem(sys.modules, "atoll.integrations.mcp", fake)
+    monkeypatch.setattr(atoll.integrations, "mcp", fake, raising=False)
+    argv = cli_argv.normalize(["mcp", "--url", "http://a:1", "--api-key", "k", "--ca-file", "/ca.pem"])
+    assert argv == ["--url", "http://a:1", "--api-key", "k", "--ca-file", "/ca.pem", "mcp"]
+    result = run(*argv)
+    assert result.exit_code == 0, result.output
+    assert calls[-1] == {
+        "url": "http://a:1",
+        "api_key": "k",
+        "ca_file": "/ca.pem",
+        "http": False,
+        "host": "127.0.0.1",
+        "port": 7090,
+    }
+    result = run("mcp", "--http", "--host", "::1", "--port", "9000")
+    assert result.exit_code == 0, result.output
+    assert calls[-1] == {
+        "url": None,
+        "api_key": None,
+        "ca_file": None,
+        "http": True,
+        "host": "::1",
+        "port": 9000,
+    }
+    assert run("mcp", "--http", "--port", "0").exit_code == 2  # a port outside 1-65535 is refused
+    assert " mcp " in run("--help").stdout
+
+
+def test_mcp_without_the_mcp_extra(monkeypatch):
+    import atoll.integrations
+
+    monkeypatch.setitem(sys.modules, "atoll.integrations.mcp", None)
+    monkeypatch.delattr(atoll.integrations, "mcp", raising=False)
+    result = run("mcp")
+    assert result.exit_code == 2
+    assert "pip install 'atoll[mcp]'" in result.stderr
     assert "Traceback" not in result.output
 
 

@@ -1,5 +1,5 @@
 """The `atoll` command line (typer + rich): `atoll up`, `atoll server`, `atoll worker`,
-`atoll workers` and `atoll sandbox ...`.
+`atoll workers`, `atoll sandbox ...` and `atoll mcp` (atoll.integrations.mcp, the `mcp` extra).
 
 Entry point of the `atoll` console script (`atoll = atoll.cli.main:app`). `atoll up`, `atoll server`
 and `atoll worker` start processes by importing their modules lazily (`atoll.up`,
@@ -288,6 +288,30 @@ def server(
     except ImportError as exc:
         _fail(f"the atoll server is not installed ({exc}); install it with: pip install 'atoll[server]'")
     _server.main(port=port, home=str(home) if home is not None else None, host=host)
+
+
+@app.command("mcp")
+def mcp_(
+    ctx: typer.Context,
+    http: Annotated[
+        bool, typer.Option("--http", help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
+    ] = False,
+    host: Annotated[str, typer.Option(help="Address to bind with --http (beyond loopback: no auth!).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Port to listen on with --http.", min=1, max=65535)] = 7090,
+) -> None:
+    """Run an MCP server whose tools create, drive and delete sandboxes (stdio by default).
+
+    It calls the atoll server at $ATOLL_URL with the key in $ATOLL_API_KEY (or --url, --api-key,
+    --ca-file) and can do what that key can. Over stdio, stdout carries only JSON-RPC; logs go to stderr.
+    """
+    try:
+        from atoll.integrations import mcp as _mcp
+    except ImportError as exc:
+        _fail(f"the MCP server is not installed ({exc}); install it with: pip install 'atoll[mcp]'", 2)
+    top = _top(ctx)
+    _mcp.main(url=top.url, api_key=top.api_key, ca_file=top.ca_file, http=http, host=host, port=port)
 
 
 worker_app = typer.Typer(
