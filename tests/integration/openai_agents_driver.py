@@ -140,12 +140,59 @@ async def snapshot(client: AtollSandboxClient, out: dict, label: str, snapshots:
         await s.delete()
 
 
+async def failures(client: AtollSandboxClient, out: dict, label: str, snapshots: Path) -> None:
+    """atoll errors as the Agents SDK's own exception types, with atoll's code in their context;
+    and an exposed port as the sandbox's preview URL."""
+    from agents.sandbox.errors import (
+        ExecTransportError,
+        ExposedPortUnavailableError,
+        WorkspaceArchiveReadError,
+        WorkspaceArchiveWriteError,
+    )
+
+    def seen(exc) -> dict:
+        return {"type": type(exc).__name__, "code": exc.context.get("code"), "retryable": exc.retryable}
+
+    try:
+        await client.create(
+            options=AtollSandboxClientOptions(template="no-such-template", metadata={"test": label})
+        )
+    except atoll.errors.AtollError as exc:
+        out["bad_template"] = type(exc).__name__
+    options = AtollSandboxClientOptions(metadata={"test": label}, exposed_ports=(8000,))
+    session = await client.create(options=options)
+    async with session:
+        await session.exec("mkdir -p adir && echo x > afile")
+        try:
+            await session.read(Path("adir"))
+        except WorkspaceArchiveReadError as exc:
+            out["read_dir"] = seen(exc)
+        import io
+
+        try:
+            await session.write(Path("afile/child.txt"), io.BytesIO(b"x"))
+        except (WorkspaceArchiveWriteError, ExecTransportError) as exc:
+            out["write_under_file"] = seen(exc)
+        endpoint = await session.resolve_exposed_port(8000)
+        out["port"] = {"host": endpoint.host, "tls": endpoint.tls, "has_query": bool(endpoint.query)}
+        try:
+            await session.resolve_exposed_port(9000)
+        except ExposedPortUnavailableError as exc:
+            out["unlisted_port"] = exc.context.get("reason")
+        await client.atoll.sandboxes.delete(session.state.sandbox_id)  # gone behind the session's back
+        try:
+            await session.exec("true")
+        except ExecTransportError as exc:
+            out["exec_gone"] = seen(exc)
+        out["running_gone"] = await session.running()
+
+
 async def main() -> None:
     scenario, snapshots, label = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     out: dict = {"agents_version": agents.__version__ if hasattr(agents, "__version__") else None}
     async with AtollSandboxClient() as client:
         try:
-            await {"basic": basic, "resume": resume, "snapshot": snapshot}[scenario](
+            await {"basic": basic, "resume": resume, "snapshot": snapshot, "failures": failures}[scenario](
                 client, out, label, snapshots
             )
         finally:

@@ -83,3 +83,26 @@ def test_workspace_snapshots_tar_and_fork_outlive_the_sandbox(agents_python, ato
     assert out["fork_snapshot_state"] == "standby"
     # the resumed session's close parked a new fork, named by the snapshot store: the only one left
     assert out["remaining"] == [[True, "standby"]]
+
+
+def test_atoll_errors_arrive_as_the_agents_sdk_exceptions_and_ports_as_previews(
+    agents_python, atoll_up, tmp_path
+):
+    out = drive(agents_python, atoll_up, "failures", tmp_path)
+    assert out["bad_template"] == "TemplateNotFound"  # create lets atoll's error through, as E2B's does
+    assert out["read_dir"] == {
+        "type": "WorkspaceArchiveReadError",
+        "code": "invalid_path",
+        "retryable": False,
+    }
+    assert out["write_under_file"] == {
+        "type": "WorkspaceArchiveWriteError",
+        "code": "invalid_path",
+        "retryable": False,
+    }
+    assert (
+        out["port"]["host"].startswith("8000-sb-") and out["port"]["tls"] is True and out["port"]["has_query"]
+    )
+    assert out["unlisted_port"] == "not_configured"
+    assert out["exec_gone"] == {"type": "ExecTransportError", "code": "sandbox_not_found", "retryable": False}
+    assert out["running_gone"] is False
