@@ -67,6 +67,13 @@ def test_split_user(argv, expected):
     assert _mapping.split_user(argv) == expected
 
 
+@pytest.mark.parametrize(
+    ("timeout", "expected"), [(None, None), (2.5, 2.5), (0, 0.001), (-1, 0.001), (1e9, 86400.0)]
+)
+def test_exec_timeout_fits_the_servers_bounds(timeout, expected):
+    assert _mapping.exec_timeout_s(timeout) == expected
+
+
 def test_snapshot_reference_round_trip_and_a_tar_is_not_one():
     raw = _mapping.encode_snapshot_ref("sb_abc123")
     assert raw.startswith(_mapping.SNAPSHOT_MAGIC)

@@ -56,6 +56,17 @@ def create_kwargs(options: Mapping[str, Any], manifest_env: Mapping[str, str]) -
     return kwargs
 
 
+EXEC_TIMEOUT_MAX_S = 86400.0  # the server's bound of an exec's timeout_s
+
+
+def exec_timeout_s(timeout: float | None) -> float | None:
+    """An Agents SDK exec timeout as atoll's `timeout_s` (0 < timeout_s <= 86400; None: no limit).
+    The SDK allows 0 or less (fail at once) and more than a day, which the server would refuse."""
+    if timeout is None:
+        return None
+    return min(max(float(timeout), 0.001), EXEC_TIMEOUT_MAX_S)
+
+
 def split_user(argv: Sequence[str]) -> tuple[list[str], str | None]:
     """The Agents SDK runs a command as another user by prefixing `sudo -u NAME --`; atoll's exec
     takes the user as a field (no sudo needed in the template). Returns (argv, user)."""

@@ -125,7 +125,7 @@ class AtollSandboxSession(BaseSandboxSession):
     # ---- exec ------------------------------------------------------------------------------------
     async def _exec_internal(self, *command: str | Path, timeout: float | None = None) -> ExecResult:
         argv, user = _mapping.split_user([str(c) for c in command])
-        timeout_s = None if timeout is None else max(float(timeout), 0.001)
+        timeout_s = _mapping.exec_timeout_s(timeout)
         try:
             result = await self._sandbox.exec(
                 argv, timeout_s=timeout_s, cwd=self._cwd(), env=await self._env(), user=user
@@ -170,7 +170,7 @@ class AtollSandboxSession(BaseSandboxSession):
                     )
                 entry.terminal = await self._sandbox.pty(cmd=argv, cwd=self._cwd(), env=env)
             else:
-                timeout_s = None if timeout is None else max(float(timeout), 0.001)
+                timeout_s = _mapping.exec_timeout_s(timeout)
                 entry.process = await self._sandbox.exec(
                     argv, background=True, timeout_s=timeout_s, cwd=self._cwd(), env=env, user=run_as
                 )
