@@ -179,6 +179,10 @@ async def failures(client: AtollSandboxClient, out: dict, label: str, snapshots:
             await session.resolve_exposed_port(9000)
         except ExposedPortUnavailableError as exc:
             out["unlisted_port"] = exc.context.get("reason")
+        try:
+            await session.pty_write_stdin(session_id=424242, chars="x")
+        except Exception as exc:  # the SDK's PtySessionNotFoundError
+            out["unknown_pty"] = type(exc).__name__
         await client.atoll.sandboxes.delete(session.state.sandbox_id)  # gone behind the session's back
         try:
             await session.exec("true")

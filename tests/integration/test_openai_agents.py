@@ -104,5 +104,6 @@ def test_atoll_errors_arrive_as_the_agents_sdk_exceptions_and_ports_as_previews(
         out["port"]["host"].startswith("8000-sb-") and out["port"]["tls"] is True and out["port"]["has_query"]
     )
     assert out["unlisted_port"] == "not_configured"
+    assert out["unknown_pty"] == "PtySessionNotFoundError"
     assert out["exec_gone"] == {"type": "ExecTransportError", "code": "sandbox_not_found", "retryable": False}
     assert out["running_gone"] is False

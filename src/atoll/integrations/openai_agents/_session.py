@@ -24,6 +24,7 @@ from agents.sandbox.errors import (
     ExecTimeoutError,
     ExecTransportError,
     ExposedPortUnavailableError,
+    PtySessionNotFoundError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
@@ -192,7 +193,7 @@ class AtollSandboxSession(BaseSandboxSession):
     ) -> PtyExecUpdate:
         entry = await self._pty.get(session_id)
         if entry is None:
-            entry = self._resolve_pty_session_entry(pty_processes={}, session_id=session_id)
+            raise PtySessionNotFoundError(session_id=session_id)
         if chars:
             if not entry.tty:
                 raise RuntimeError("stdin is not available for this process (start it with tty=True)")
