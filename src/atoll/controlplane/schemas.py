@@ -504,6 +504,28 @@ class Preview(BaseModel):
     headers: dict[str, str] = Field(description="Headers that route to this port on any host name")
 
 
+class GrantWorker(BaseModel):
+    id: str
+    url: str = Field(description="The worker protocol's base URL (https:// across machines)")
+
+
+class ExecDefaults(BaseModel):
+    user: str | None = Field(description="The sandbox's default user (an exec without `user` runs as it)")
+    shell: str | None = Field(description="The sandbox's shell for string commands (null: bash if present)")
+    max_output_bytes: int = Field(description="This server's cap per stream of a non-streamed exec")
+
+
+class Grant(BaseModel):
+    sandbox_id: str
+    worker: GrantWorker
+    grant: str = Field(
+        description="`<sandbox_id>.<expires>.<scope>.<mac>`: send it to the worker as "
+        "`Authorization: Grant <grant>`; it opens this sandbox's data verbs only"
+    )
+    expires_at: int = Field(description="Unix seconds after which the worker refuses the grant")
+    exec: ExecDefaults
+
+
 def iso(t):
     """A stored time as ISO 8601 (SQLite hands datetimes back naive; they are UTC)."""
     if t is None:
