@@ -1,4 +1,4 @@
-"""The `atoll` command line (typer + rich): `atoll up`, `atoll server`, `atoll worker`,
+"""The `atoll` command line (typer + rich): `atoll up`, `atoll server`, `atoll worker`, `atoll edge`,
 `atoll workers` and `atoll sandbox ...`.
 
 Entry point of the `atoll` console script (`atoll = atoll.cli.main:app`). `atoll up`, `atoll server`
@@ -288,6 +288,34 @@ def server(
     except ImportError as exc:
         _fail(f"the atoll server is not installed ({exc}); install it with: pip install 'atoll[server]'")
     _server.main(port=port, home=str(home) if home is not None else None, host=host)
+
+
+@app.command()
+def edge(
+    server: Annotated[
+        str,
+        typer.Option(help="The API server's URL, which grants each call (e.g. https://atoll.example:7080)."),
+    ],
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="The installation CA (the server's GET /v1/ca.crt): checks the server and https workers."
+        ),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (default $ATOLL_EDGE_HOST or 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to listen on (default $ATOLL_EDGE_PORT or 7082).")
+    ] = None,
+) -> None:
+    """Run the edge in the foreground: sandboxes' exec and process calls, relayed straight to their
+    workers with grants from the server, so a server restart does not cut a stream."""
+    try:
+        from atoll.edge import service as _edge
+    except ImportError as exc:
+        _fail(f"the atoll edge is not installed ({exc}); install it with: pip install 'atoll[server]'")
+    _edge.main(server, ca_file=str(ca_file) if ca_file is not None else None, host=host, port=port)
 
 
 worker_app = typer.Typer(

@@ -41,10 +41,11 @@ async def grant_data_path(request: Request, sid: SandboxId):
     return http.json_response(
         {
             "sandbox_id": sid,
-            "worker": {"id": rec.worker_id, "url": url},
+            "worker": {"id": rec.worker_id, "name": getattr(worker, "name", ""), "url": url},
             "grant": grant,
             "expires_at": expires,
             "exec": {
+                "workdir": rec.workdir,
                 "user": rec.user,
                 "shell": rec.shell,
                 "max_output_bytes": c.max_exec_output_bytes,

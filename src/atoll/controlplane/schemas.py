@@ -506,10 +506,12 @@ class Preview(BaseModel):
 
 class GrantWorker(BaseModel):
     id: str
+    name: str = Field(description="The name its TLS certificate carries")
     url: str = Field(description="The worker protocol's base URL (https:// across machines)")
 
 
 class ExecDefaults(BaseModel):
+    workdir: str | None = Field(description="Where relative file paths start")
     user: str | None = Field(description="The sandbox's default user (an exec without `user` runs as it)")
     shell: str | None = Field(description="The sandbox's shell for string commands (null: bash if present)")
     max_output_bytes: int = Field(description="This server's cap per stream of a non-streamed exec")

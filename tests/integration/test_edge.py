@@ -1,0 +1,240 @@
+"""`atoll edge` over `atoll server` + `atoll worker` with real gVisor sandboxes: exec, streamed exec
+and background processes through the edge answer as through the API; a stream through the edge
+keeps flowing while the server is SIGKILLed, and new calls work once it is back (the worker
+registered again: old grants are refused and the edge asks anew); grants open one sandbox's data
+verbs only; a wrong key is the server's 401; a sandbox in standby is resumed by the grant."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from atoll.testing import LocalCluster, LocalEdge
+from tests.conftest import TEMPLATE_CACHE
+
+pytestmark = pytest.mark.integration
+
+ENV = {"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE, "ATOLL_WORKER_LOST_S": "6", "ATOLL_HEARTBEAT_S": "1"}
+COUNT = "for i in $(seq 1 30); do echo $i; sleep 0.1; done"
+
+
+def _start(root) -> tuple[LocalCluster, LocalEdge]:
+    cl = LocalCluster(root / "cluster", workers=1, env=ENV)
+    cl.start(timeout=600)
+    try:
+        edge = LocalEdge(root / "edge", cl.url).start()
+    except BaseException:
+        cl.stop(reap=True)
+        raise
+    return cl, edge
+
+
+def _stop(cl: LocalCluster, edge: LocalEdge) -> None:
+    edge.terminate()
+    if cl.server.proc is None:
+        cl.server.start()
+    try:
+        cl.wait_healthy(120, lambda: None)
+    except RuntimeError:
+        pass
+    cl.stop(reap=True)
+
+
+@pytest.fixture(scope="module")
+def _shared(tmp_path_factory):
+    cl, edge = _start(tmp_path_factory.mktemp("edge-shared"))
+    yield cl, edge
+    _stop(cl, edge)
+
+
+@pytest.fixture
+def shared(_shared):
+    cl, edge = _shared
+    yield cl, edge
+    cl.delete_all()
+
+
+@pytest.fixture
+def own(tmp_path):
+    cl, edge = _start(tmp_path)
+    yield cl, edge
+    _stop(cl, edge)
+
+
+def _api(cl) -> httpx.Client:
+    return httpx.Client(base_url=cl.url, headers=cl.headers(), timeout=300)
+
+
+def _edge(cl, edge, key: str | None = None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {key or cl.api_key}"}
+    return httpx.Client(base_url=edge.url, headers=headers, timeout=300)
+
+
+def _sandbox(c) -> str:
+    r = c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _lines(r: httpx.Response) -> list[dict]:
+    return [json.loads(line) for line in r.text.splitlines() if line]
+
+
+def test_exec_and_processes_through_the_edge_answer_as_through_the_api(shared):
+    cl, edge = shared
+    with _api(cl) as a, _edge(cl, edge) as e:
+        sid = _sandbox(a)
+        body = {"cmd": "echo out; echo err >&2; exit 3"}
+        via_api = a.post(f"/v1/sandboxes/{sid}/exec", json=body).json()
+        via_edge = e.post(f"/v1/sandboxes/{sid}/exec", json=body)
+        assert via_edge.status_code == 200, via_edge.text
+        got = via_edge.json()
+        assert {k: v for k, v in got.items() if k != "duration_ms"} == {
+            k: v for k, v in via_api.items() if k != "duration_ms"
+        }
+        assert got["stdout"] == "out\n" and got["stderr"] == "err\n" and got["exit_code"] == 3
+        nd = {"Accept": "application/x-ndjson"}
+        streamed_api = _lines(a.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "seq 1 3"}, headers=nd))
+        streamed_edge = _lines(e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "seq 1 3"}, headers=nd))
+        strip = lambda ls: [{k: v for k, v in x.items() if k != "duration_ms"} for x in ls]  # noqa: E731
+        assert strip(streamed_edge) == strip(streamed_api)
+        assert "".join(x.get("stdout", "") for x in streamed_edge) == "1\n2\n3\n"
+        assert streamed_edge[-1]["exit_code"] == 0
+        # a background process: started, followed and waited for through the edge
+        started = e.post(
+            f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo a; sleep 0.3; echo b", "background": True}
+        )
+        assert started.status_code == 200, started.text
+        pid = started.json()["pid"]
+        out = _lines(e.get(f"/v1/sandboxes/{sid}/processes/{pid}/output", params={"follow": "1"}))
+        assert "".join(x.get("stdout", "") for x in out) == "a\nb\n" and out[-1]["exit_code"] == 0
+        again = {"follow": "1"}
+        assert _lines(e.get(f"/v1/sandboxes/{sid}/processes/{pid}/output", params=again)) == _lines(
+            a.get(f"/v1/sandboxes/{sid}/processes/{pid}/output", params=again)
+        )
+        assert e.post(f"/v1/sandboxes/{sid}/processes/{pid}/wait", json={}).json()["exit_code"] == 0
+        assert (
+            e.get(f"/v1/sandboxes/{sid}/processes/{pid}").json()
+            == a.get(f"/v1/sandboxes/{sid}/processes/{pid}").json()
+        )
+        # stdin and a signal to a process that reads
+        cat = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "cat", "background": True}).json()["pid"]
+        w = e.post(f"/v1/sandboxes/{sid}/processes/{cat}/stdin", params={"eof": "1"}, content=b"hello\n")
+        assert w.json() == {"written": 6, "eof": True}, w.text
+        assert (
+            e.post(f"/v1/sandboxes/{sid}/processes/{cat}/wait", json={"timeout_s": 30}).json()["exit_code"]
+            == 0
+        )
+        sl = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 600", "background": True}).json()["pid"]
+        killed = e.post(f"/v1/sandboxes/{sid}/processes/{sl}/signal", json={"signal": "TERM"})
+        assert killed.status_code == 200, killed.text
+        # control calls are not the edge's
+        r = e.post(f"/v1/sandboxes/{sid}/pause")
+        assert r.status_code == 404 and cl.url in r.json()["error"]["message"], r.text
+
+
+def test_a_wrong_key_or_another_tenants_sandbox_is_refused_at_the_edge(shared):
+    cl, edge = shared
+    with _api(cl) as a:
+        sid = _sandbox(a)
+    with _edge(cl, edge, key="wrong-key") as e:
+        r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
+    r = httpx.post(f"{edge.url}/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 401 and "Authorization: Bearer" in r.json()["error"]["message"], r.text
+    with _edge(cl, edge) as e:
+        r = e.post("/v1/sandboxes/sb-0000000000000000/exec", json={"cmd": "true"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "sandbox_not_found", r.text
+
+
+def test_a_grant_opens_one_sandboxs_data_verbs_and_nothing_else(shared):
+    cl, _ = shared
+    with _api(cl) as a:
+        sa, sb = _sandbox(a), _sandbox(a)
+        g = a.post(f"/v1/sandboxes/{sa}/grant")
+        assert g.status_code == 200, g.text
+        grant = g.json()
+        assert grant["sandbox_id"] == sa and grant["grant"].startswith(f"{sa}.")
+        assert 50 <= grant["expires_at"] - time.time() <= 61
+        url = grant["worker"]["url"]
+        hdr = {"Authorization": f"Grant {grant['grant']}", "Atoll-Protocol": "9"}
+        spec = {"cmd": ["echo", "hi"], "max_output_bytes": 1000}
+        ok = httpx.post(f"{url}/worker/v1/sandboxes/{sa}/exec", json=spec, headers=hdr)
+        assert ok.status_code == 200 and ok.json()["stdout"] == "hi\n", ok.text
+
+        def refused(method, path, headers=hdr, **kw) -> str:
+            r = httpx.request(method, f"{url}/worker/v1{path}", headers=headers, **kw)
+            assert r.status_code == 401, (path, r.status_code, r.text)
+            return r.json()["error"]["message"]
+
+        assert f"for sandbox {sa}" in refused("POST", f"/sandboxes/{sb}/exec", json=spec)
+        assert "data verbs" in refused("POST", f"/sandboxes/{sa}/pause", json={"tier": "memory"})
+        assert "data verbs" in refused("DELETE", f"/sandboxes/{sa}")
+        assert "data verbs" in refused("GET", "/info")
+        sid, exp, scope, mac = grant["grant"].split(".")
+        later = {**hdr, "Authorization": f"Grant {sid}.{int(exp) + 3600}.{scope}.{mac}"}
+        assert "current token" in refused("POST", f"/sandboxes/{sa}/exec", headers=later, json=spec)
+        assert "malformed" in refused(
+            "POST", f"/sandboxes/{sa}/exec", headers={**hdr, "Authorization": "Grant x"}
+        )
+        assert a.get(f"/v1/sandboxes/{sa}").json()["state"] == "running"
+        trail = a.get("/v1/audit", params={"action": "sandbox.grant"}).json()["items"]
+        assert any(sa in (t["target"] or "") and t["status"] == 200 for t in trail), trail
+
+
+def test_a_sandbox_in_standby_is_resumed_by_the_grant(shared):
+    cl, edge = shared
+    with _api(cl) as a, _edge(cl, edge) as e:
+        sid = _sandbox(a)
+        assert e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo 1 > /tmp/x"}).status_code == 200
+        r = a.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+        assert r.status_code == 200 and r.json()["state"] == "standby", r.text
+        r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "cat /tmp/x"})
+        assert r.status_code == 200 and r.json()["stdout"] == "1\n", r.text
+        assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+
+
+def test_a_stream_through_the_edge_outlives_a_server_sigkill(own):
+    cl, edge = own
+    with _api(cl) as a, _edge(cl, edge) as e:
+        sid = _sandbox(a)
+        got: list[dict] = []
+        with e.stream(
+            "POST",
+            f"/v1/sandboxes/{sid}/exec",
+            json={"cmd": COUNT},
+            headers={"Accept": "application/x-ndjson"},
+        ) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            for line in lines:
+                got.append(json.loads(line))
+                if got[-1].get("stdout") == "3\n":
+                    break
+            cl.server.kill()  # mid-stream: the bytes do not pass through it
+            for line in lines:
+                if line:
+                    got.append(json.loads(line))
+        out = "".join(x.get("stdout", "") for x in got)
+        assert out == "".join(f"{i}\n" for i in range(1, 31)), got
+        assert got[-1]["exit_code"] == 0 and "error" not in json.dumps(got)
+        r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+        assert r.status_code == 503 or r.status_code == 200, (
+            r.text
+        )  # cached grant: the worker may still serve
+        cl.server.start()
+        deadline = time.monotonic() + 60
+        while a.get("/v1/workers").json()["items"][0]["state"] != "ready":
+            assert time.monotonic() < deadline, cl.tail()
+            time.sleep(0.2)
+        # the worker registered again (new token): the edge's cached grant is refused, it asks anew
+        deadline = time.monotonic() + 30
+        while True:
+            r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo back"})
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert r.status_code == 200 and r.json()["stdout"] == "back\n", r.text
