@@ -182,7 +182,7 @@ def test_a_grant_opens_one_sandboxs_data_verbs_and_nothing_else(shared):
         )
         assert a.get(f"/v1/sandboxes/{sa}").json()["state"] == "running"
         trail = a.get("/v1/audit", params={"action": "sandbox.grant"}).json()["items"]
-        assert any(sa in (t["target"] or "") and t["status"] == 200 for t in trail), trail
+        assert any(sa in (t["target"] or "") and t["result"]["status"] == 200 for t in trail), trail
 
 
 def test_a_sandbox_in_standby_is_resumed_by_the_grant(shared):
