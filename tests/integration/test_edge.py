@@ -238,3 +238,23 @@ def test_a_stream_through_the_edge_outlives_a_server_sigkill(own):
                 break
             time.sleep(0.5)
         assert r.status_code == 200 and r.json()["stdout"] == "back\n", r.text
+
+
+def test_calls_through_the_edge_count_as_activity_for_the_idle_policy(shared):
+    """The server sees none of the edge's calls: the worker keeps a sandbox with a call in flight
+    from being paused, and tells the server (SandboxActivity events) while and just after it serves
+    one, so the idle timer restarts from the call's end; once calls stop, idle standby follows."""
+    cl, edge = shared
+    with _api(cl) as a, _edge(cl, edge) as e:
+        r = a.post("/v1/sandboxes", json={"idle_timeout_s": 3})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 6; echo done"})
+        assert r.status_code == 200 and r.json()["stdout"] == "done\n", r.text
+        for _ in range(4):  # 2 s after a 6 s call: an idle timer not told of it would have fired
+            time.sleep(0.5)
+            assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        deadline = time.monotonic() + 30
+        while a.get(f"/v1/sandboxes/{sid}").json()["state"] != "standby":
+            assert time.monotonic() < deadline, "idle standby must still happen once the calls stop"
+            time.sleep(0.5)
