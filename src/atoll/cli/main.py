@@ -308,6 +308,13 @@ def edge(
     port: Annotated[
         int | None, typer.Option(help="Port to listen on (default $ATOLL_EDGE_PORT or 7082).")
     ] = None,
+    tls_cert_file: Annotated[
+        Path | None,
+        typer.Option(help="Serve https with this certificate (PEM; default $ATOLL_EDGE_TLS_CERT_FILE)."),
+    ] = None,
+    tls_key_file: Annotated[
+        Path | None, typer.Option(help="Its private key (PEM; default $ATOLL_EDGE_TLS_KEY_FILE).")
+    ] = None,
 ) -> None:
     """Run the edge in the foreground: sandboxes' exec and process calls, relayed straight to their
     workers with grants from the server, so a server restart does not cut a stream."""
@@ -315,7 +322,14 @@ def edge(
         from atoll.edge import service as _edge
     except ImportError as exc:
         _fail(f"the atoll edge is not installed ({exc}); install it with: pip install 'atoll[server]'")
-    _edge.main(server, ca_file=str(ca_file) if ca_file is not None else None, host=host, port=port)
+    _edge.main(
+        server,
+        ca_file=str(ca_file) if ca_file is not None else None,
+        host=host,
+        port=port,
+        tls_cert_file=str(tls_cert_file) if tls_cert_file is not None else None,
+        tls_key_file=str(tls_key_file) if tls_key_file is not None else None,
+    )
 
 
 worker_app = typer.Typer(

@@ -573,9 +573,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(edge: Edge, sock: socket.socket) -> None:
+async def serve(edge: Edge, sock: socket.socket, tls: tuple[str, str] | None = None) -> None:
     config = uvicorn.Config(
-        edge.app(), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
+        edge.app(),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     try:
         await uvicorn.Server(config).serve(sockets=[sock])
@@ -583,8 +589,30 @@ async def serve(edge: Edge, sock: socket.socket) -> None:
         await edge.aclose()
 
 
-def main(server: str, ca_file: str | None = None, host: str | None = None, port: int | None = None) -> None:
-    """Run the edge in the foreground until SIGINT/SIGTERM."""
+def main(
+    server: str,
+    ca_file: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+) -> None:
+    """Run the edge in the foreground until SIGINT/SIGTERM. With a certificate and key
+    (`--tls-cert-file`/`--tls-key-file`, ATOLL_EDGE_TLS_CERT_FILE/ATOLL_EDGE_TLS_KEY_FILE) it
+    serves https; otherwise plain http (keep it on loopback or behind TLS: keys pass through it)."""
+    cert = tls_cert_file or os.environ.get("ATOLL_EDGE_TLS_CERT_FILE") or None
+    key = tls_key_file or os.environ.get("ATOLL_EDGE_TLS_KEY_FILE") or None
+    if bool(cert) != bool(key):
+        print(
+            "atoll edge: invalid setting: give both --tls-cert-file and --tls-key-file "
+            "(ATOLL_EDGE_TLS_CERT_FILE, ATOLL_EDGE_TLS_KEY_FILE), or neither",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    for what, path in (("--tls-cert-file", cert), ("--tls-key-file", key)):
+        if path and not os.path.isfile(path):
+            print(f"atoll edge: invalid setting: {what} {path!r} is not a file", file=sys.stderr)
+            raise SystemExit(2)
     host = host or os.environ.get("ATOLL_EDGE_HOST") or "127.0.0.1"
     raw_port = port if port is not None else os.environ.get("ATOLL_EDGE_PORT") or DEFAULT_PORT
     try:
@@ -614,4 +642,4 @@ def main(server: str, ca_file: str | None = None, host: str | None = None, port:
         raise SystemExit(2) from None
     log.info("starting atoll edge", extra={"server": server, "listen": f"{host}:{sock.getsockname()[1]}"})
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(Edge(server, ca_file), sock))
+        asyncio.run(serve(Edge(server, ca_file), sock, (cert, key) if cert and key else None))
