@@ -1,8 +1,9 @@
 """`atoll edge` over `atoll server` + `atoll worker` with real gVisor sandboxes: exec, streamed exec
-and background processes through the edge answer as through the API; a stream through the edge
-keeps flowing while the server is SIGKILLed, and new calls work once it is back (the worker
-registered again: old grants are refused and the edge asks anew); grants open one sandbox's data
-verbs only; a wrong key is the server's 401; a sandbox in standby is resumed by the grant."""
+and background processes through the edge answer as through the API; an exec stream and a followed
+process output through the edge keep flowing while the server is SIGKILLed, and new calls work
+once it is back (the worker registered again: old grants are refused and the edge asks anew);
+grants open one sandbox's data verbs only; a wrong key is the server's 401; a sandbox in standby
+is resumed by the grant; the edge's calls keep the idle timer from firing."""
 
 from __future__ import annotations
 
@@ -201,30 +202,32 @@ def test_a_stream_through_the_edge_outlives_a_server_sigkill(own):
     cl, edge = own
     with _api(cl) as a, _edge(cl, edge) as e:
         sid = _sandbox(a)
+        pid = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": COUNT, "background": True}).json()["pid"]
         got: list[dict] = []
-        with e.stream(
-            "POST",
-            f"/v1/sandboxes/{sid}/exec",
-            json={"cmd": COUNT},
-            headers={"Accept": "application/x-ndjson"},
-        ) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
+        followed: list[dict] = []
+        nd = {"Accept": "application/x-ndjson"}
+        with (
+            e.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"cmd": COUNT}, headers=nd) as r,
+            e.stream("GET", f"/v1/sandboxes/{sid}/processes/{pid}/output", params={"follow": "1"}) as o,
+        ):
+            assert r.status_code == 200 and o.status_code == 200
+            lines, out_lines = r.iter_lines(), o.iter_lines()
             for line in lines:
                 got.append(json.loads(line))
                 if got[-1].get("stdout") == "3\n":
                     break
+            followed.append(json.loads(next(out_lines)))
             cl.server.kill()  # mid-stream: the bytes do not pass through it
-            for line in lines:
-                if line:
-                    got.append(json.loads(line))
-        out = "".join(x.get("stdout", "") for x in got)
-        assert out == "".join(f"{i}\n" for i in range(1, 31)), got
+            got += [json.loads(line) for line in lines if line]
+            followed += [json.loads(line) for line in out_lines if line]
+        want = "".join(f"{i}\n" for i in range(1, 31))
+        assert "".join(x.get("stdout", "") for x in got) == want, got
         assert got[-1]["exit_code"] == 0 and "error" not in json.dumps(got)
+        assert "".join(x.get("stdout", "") for x in followed) == want, followed
+        assert followed[-1]["exit_code"] == 0 and followed[-1]["offset"] == len(want)
+        # with the server down, a call with a cached grant may still be served; a new grant cannot be had
         r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
-        assert r.status_code == 503 or r.status_code == 200, (
-            r.text
-        )  # cached grant: the worker may still serve
+        assert r.status_code in (200, 503), r.text
         cl.server.start()
         deadline = time.monotonic() + 60
         while a.get("/v1/workers").json()["items"][0]["state"] != "ready":
