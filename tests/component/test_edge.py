@@ -5,6 +5,7 @@ refusals passed through, and the errors of an edge with nothing behind it."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 
@@ -66,6 +67,30 @@ async def test_exec_through_the_edge_answers_as_the_api_with_one_grant(via):
     assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found", r.text
 
 
+async def test_files_through_the_edge_answer_as_through_the_api(via):
+    c, e, edge, fake, sid = via
+    f = f"/v1/sandboxes/{sid}/files"
+    assert (await e.put(f, params={"path": "/d/f"}, content=b"\x00data")).status_code == 204
+    assert (await c.get(f, params={"path": "/d/f"})).content == b"\x00data"
+    r = await e.get(f, params={"path": "/d/f"})
+    assert (r.status_code, r.content, r.headers.get("content-length")) == (200, b"\x00data", "5")
+    raw = base64.b64encode(b"/d/\xff").decode()
+    assert (await e.put(f, params={"path_b64": raw}, content=b"z")).status_code == 204
+    assert fake.runtimes[sid].files[b"/d/\xff"] == b"z"
+    for sub in ("/list", "/stat"):
+        params = {"path": "/d" if sub == "/list" else "/d/f"}
+        a, b = await c.get(f + sub, params=params), await e.get(f + sub, params=params)
+        assert (b.status_code, b.json()) == (200, a.json()), b.text
+    r = await e.get(f, params={"path": "/nope"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "file_not_found", r.text
+    r = await e.get(f, params={"path": "/d/../etc"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", r.text
+    r = await e.put(f, params={"path": "/big"}, content=b"x" * ((1 << 20) + 1))
+    assert r.status_code == 413 and "ATOLL_MAX_FILE_MB" in r.json()["error"]["message"], r.text
+    assert (await e.delete(f, params={"path": "/d/f"})).status_code == 204
+    assert (await c.get(f, params={"path": "/d/f"})).status_code == 404
+
+
 async def test_a_refused_grant_is_asked_for_again_once(via):
     c, e, edge, fake, sid = via
     assert (await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
@@ -96,7 +121,12 @@ async def test_the_servers_refusals_and_the_edges_own_errors(via):
     assert r.status_code == 400 and "above this server's limit" in r.json()["error"]["message"], r.text
     r = await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": {"no": 1}})
     assert r.status_code == 400 and "malformed exec request" in r.json()["error"]["message"], r.text
-    for method, path in (("POST", f"/v1/sandboxes/{sid}/pause"), ("GET", "/v1/sandboxes"), ("PUT", "/v1/x")):
+    for method, path in (
+        ("POST", f"/v1/sandboxes/{sid}/pause"),
+        ("GET", "/v1/sandboxes"),
+        ("PUT", "/v1/x"),
+        ("POST", f"/v1/sandboxes/{sid}/files/mkdir"),
+    ):
         r = await e.request(method, path)
         assert r.status_code == 404 and str(c.base_url).rstrip("/") in r.json()["error"]["message"], r.text
     assert (await e.get("/healthz")).json()["status"] == "ok"

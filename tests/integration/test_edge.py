@@ -1,5 +1,5 @@
-"""`atoll edge` over `atoll server` + `atoll worker` with real gVisor sandboxes: exec, streamed exec
-and background processes through the edge answer as through the API; an exec stream and a followed
+"""`atoll edge` over `atoll server` + `atoll worker` with real gVisor sandboxes: exec, streamed exec,
+background processes and files through the edge answer as through the API; an exec stream and a followed
 process output through the edge keep flowing while the server is SIGKILLed, and new calls work
 once it is back (the worker registered again: old grants are refused and the edge asks anew);
 grants open one sandbox's data verbs only; a wrong key is the server's 401; a sandbox in standby
@@ -132,6 +132,19 @@ def test_exec_and_processes_through_the_edge_answer_as_through_the_api(shared):
         sl = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 600", "background": True}).json()["pid"]
         killed = e.post(f"/v1/sandboxes/{sid}/processes/{sl}/signal", json={"signal": "TERM"})
         assert killed.status_code == 200, killed.text
+        # files: written through the edge, read through both, listed, stat'ed, deleted
+        f = f"/v1/sandboxes/{sid}/files"
+        blob = bytes(range(256)) * 4096  # 1 MiB
+        assert e.put(f, params={"path": "/tmp/blob"}, content=blob).status_code == 204
+        assert a.get(f, params={"path": "/tmp/blob"}).content == blob
+        assert e.get(f, params={"path": "/tmp/blob"}).content == blob
+        assert (
+            e.get(f + "/stat", params={"path": "/tmp/blob"}).json()
+            == a.get(f + "/stat", params={"path": "/tmp/blob"}).json()
+        )
+        assert "blob" in [x["name"] for x in e.get(f + "/list", params={"path": "/tmp"}).json()["items"]]
+        assert e.delete(f, params={"path": "/tmp/blob"}).status_code == 204
+        assert a.get(f, params={"path": "/tmp/blob"}).status_code == 404
         # control calls are not the edge's
         r = e.post(f"/v1/sandboxes/{sid}/pause")
         assert r.status_code == 404 and cl.url in r.json()["error"]["message"], r.text

@@ -44,9 +44,11 @@ NDJSON = "application/x-ndjson"
 OCTET_STREAM = "application/octet-stream"
 ENV_URL = "ATOLL_URL"
 ENV_EDGE_URL = "ATOLL_EDGE_URL"
-_EDGE_ROUTE = re.compile(r"^/v1/sandboxes/[^/]+/(?:exec|processes/[^/]+(?:/(?:output|stdin|signal|wait))?)$")
-"""The data routes `atoll edge` serves (a sandbox's exec and process calls): with an edge URL the
-client sends these there, and everything else to the API."""
+_EDGE_ROUTE = re.compile(
+    r"^/v1/sandboxes/[^/]+/(?:exec|processes/[^/]+(?:/(?:output|stdin|signal|wait))?|files(?P<sub>/stat|/list)?)$"
+)
+"""The data routes `atoll edge` serves (a sandbox's exec, process and file calls): with an edge URL
+the client sends these there, and everything else to the API."""
 ENV_API_KEY = "ATOLL_API_KEY"
 ENV_CA_FILE = "ATOLL_CA_FILE"
 
@@ -126,7 +128,12 @@ def resolve_edge_url(edge_url: str | None) -> str | None:
 
 def edge_route(method: str, path: str) -> bool:
     """Whether `method path` is a data call the edge serves (`atoll edge`)."""
-    return method in ("GET", "POST", "DELETE") and bool(_EDGE_ROUTE.match(path))
+    m = _EDGE_ROUTE.match(path)
+    if m is None:
+        return False
+    if "/files" in path:
+        return method == "GET" if m.group("sub") else method in ("GET", "PUT", "DELETE")
+    return method in ("GET", "POST", "DELETE")
 
 
 def tls_verify(

@@ -44,11 +44,12 @@ async def grant_data_path(request: Request, sid: SandboxId):
             "worker": {"id": rec.worker_id, "name": getattr(worker, "name", ""), "url": url},
             "grant": grant,
             "expires_at": expires,
-            "exec": {
+            "defaults": {
                 "workdir": rec.workdir,
                 "user": rec.user,
                 "shell": rec.shell,
                 "max_output_bytes": c.max_exec_output_bytes,
+                "max_file_bytes": c.max_file_bytes,
             },
         }
     )

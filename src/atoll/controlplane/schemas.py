@@ -510,11 +510,14 @@ class GrantWorker(BaseModel):
     url: str = Field(description="The worker protocol's base URL (https:// across machines)")
 
 
-class ExecDefaults(BaseModel):
+class GrantDefaults(BaseModel):
+    """What the API fills into a data call itself, for the edge to do the same."""
+
     workdir: str | None = Field(description="Where relative file paths start")
     user: str | None = Field(description="The sandbox's default user (an exec without `user` runs as it)")
     shell: str | None = Field(description="The sandbox's shell for string commands (null: bash if present)")
     max_output_bytes: int = Field(description="This server's cap per stream of a non-streamed exec")
+    max_file_bytes: int = Field(description="This server's cap on a file upload (ATOLL_MAX_FILE_MB)")
 
 
 class Grant(BaseModel):
@@ -525,7 +528,7 @@ class Grant(BaseModel):
         "`Authorization: Grant <grant>`; it opens this sandbox's data verbs only"
     )
     expires_at: int = Field(description="Unix seconds after which the worker refuses the grant")
-    exec: ExecDefaults
+    defaults: GrantDefaults
 
 
 def iso(t):

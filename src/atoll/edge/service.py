@@ -11,8 +11,9 @@ wrong key, 404 for another tenant's sandbox, …) reach the client as the server
 
 Served here, in the API's request and answer shapes: POST …/exec (plain, `Accept:
 application/x-ndjson` streamed, `background`), GET …/processes/{pid} and …/output (NDJSON),
-POST …/stdin, …/signal, …/wait and DELETE …/processes/{pid}. Anything else answers 404 with an
-error naming the API server's URL (the edge is not a proxy for control calls). Over an https://
+POST …/stdin, …/signal, …/wait and DELETE …/processes/{pid}; GET/PUT/DELETE …/files, GET
+…/files/stat and …/files/list (paths checked as the API does: core.filepaths). Anything else
+answers 404 with an error naming the API server's URL (the edge is not a proxy for control calls). Over an https://
 worker URL the worker's certificate is checked against `--ca-file` and must name that worker.
 Uses shared.http11 (worker calls), shared.ndjson, shared.relay; httpx for the server's grant route.
 Called by cli.main (`atoll edge`).
@@ -21,6 +22,7 @@ Called by cli.main (`atoll edge`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import errno
@@ -43,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from atoll.core import errors, grants, ids, pki, signals, wire
+from atoll.core import errors, filepaths, grants, ids, pki, signals, wire
 from atoll.core import worker_api as api
 from atoll.shared import http11, logconfig, ndjson, relay
 
@@ -119,7 +121,9 @@ class Grants:
         try:
             d = r.json()
             w = d["worker"]
-            g = Grant(sid, w["id"], w.get("name", ""), w["url"], d["grant"], int(d["expires_at"]), d["exec"])
+            g = Grant(
+                sid, w["id"], w.get("name", ""), w["url"], d["grant"], int(d["expires_at"]), d["defaults"]
+            )
         except (ValueError, KeyError, TypeError):
             raise errors.RuntimeFailure(
                 f"the API server at {self.server_url} answered the grant route with something unexpected; "
@@ -262,6 +266,7 @@ class Edge:
         *,
         timeout: float | None = 30.0,
         headers: dict[str, str] | None = None,
+        replayable: bool = True,
         **kw: typing.Any,
     ) -> typing.AsyncIterator[http11.Response]:
         """The worker's answer (status < 400, body unread) to `method` /sandboxes/{sid}/{sub}, with
@@ -288,12 +293,14 @@ class Edge:
                         except ValueError:
                             obj = None
                         code = (obj or {}).get("error", {}).get("code") if isinstance(obj, dict) else None
-                        if (
-                            attempt == 0
-                            and r.status_code in NOT_HERE
-                            and NOT_HERE[r.status_code] in (None, code)
-                        ):
+                        if r.status_code in NOT_HERE and NOT_HERE[r.status_code] in (None, code):
                             self.grants.drop(auth, sid)
+                            if attempt == 1 or not replayable:  # a streamed upload cannot be sent again
+                                raise errors.Unavailable(
+                                    f"sandbox {sid}'s worker refused the edge's grant (it registered again, "
+                                    "or the sandbox moved or sleeps); the call was not carried out — retry",
+                                    retryable=True,
+                                )
                             retry = True
                         else:
                             raise wire.error_from_body(
@@ -314,7 +321,9 @@ class Edge:
                 ) from None
             if retry:
                 continue
-        raise errors.Unavailable(f"sandbox {sid}'s worker refused the edge twice; retry in a few seconds")
+        raise errors.Unavailable(
+            f"sandbox {sid}'s worker could not be reached by the edge; retry in a few seconds"
+        )
 
     async def call_json(self, auth: str, sid: str, method: str, sub: str, **kw: typing.Any) -> typing.Any:
         async with self.call(auth, sid, method, sub, **kw) as r:
@@ -468,6 +477,85 @@ class Edge:
         )
         return JSONResponse(result)
 
+    # ---- files ------------------------------------------------------------------------------------
+    async def _file(self, request: Request) -> tuple[str, str, Grant, dict[str, str]]:
+        """(auth, sid, grant, the worker's path parameters) of a files call: `path` or `path_b64`
+        checked and resolved from the sandbox's workdir exactly as the API does (core.filepaths)."""
+        auth, sid = _auth(request), _sid(request)
+        q = request.query_params
+        g = await self.grants.get(auth, sid)
+        target = filepaths.check_path(q.get("path"), q.get("path_b64"), g.defaults.get("workdir"))
+        if isinstance(target, bytes):
+            return auth, sid, g, {"path_b64": base64.b64encode(target).decode("ascii")}
+        return auth, sid, g, {"path": target}
+
+    async def read_file(self, request: Request) -> Response:
+        auth, sid, _, params = await self._file(request)
+        opening = self.call(auth, sid, "GET", "files", params=params)
+        r = await opening.__aenter__()
+        length = r.headers.get("content-length")
+
+        async def body() -> typing.AsyncIterator[bytes]:
+            try:
+                async for chunk in r.aiter_raw():
+                    yield chunk
+            except Exception as e:  # noqa: BLE001 - the headers are sent: the download is cut short
+                log.warning(
+                    "edge file download broke: %s", getattr(e, "message", e), extra={"sandbox_id": sid}
+                )
+            finally:
+                await opening.__aexit__(None, None, None)
+
+        headers = {"Content-Length": length} if length and length.isdigit() else {}
+        return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
+
+    async def write_file(self, request: Request) -> Response:
+        auth, sid, g, params = await self._file(request)
+        limit = int(g.defaults.get("max_file_bytes") or 0) or None
+        declared = request.headers.get("content-length")
+        if limit and declared and declared.isdigit() and int(declared) > limit:
+            raise errors.PayloadTooLarge(
+                f"file body is {declared} bytes; the limit is {limit} (ATOLL_MAX_FILE_MB)"
+            )
+
+        async def chunks() -> typing.AsyncIterator[bytes]:
+            n = 0
+            async for chunk in request.stream():
+                n += len(chunk)
+                if limit and n > limit:
+                    raise errors.PayloadTooLarge(f"file body exceeds {limit} bytes (ATOLL_MAX_FILE_MB)")
+                if chunk:
+                    yield chunk
+
+        headers = {"Content-Type": "application/octet-stream"}
+        if declared and declared.isdigit():
+            headers["Content-Length"] = declared
+        await self.call_json(
+            auth,
+            sid,
+            "PUT",
+            "files",
+            params=params,
+            content=chunks(),
+            headers=headers,
+            timeout=None,
+            replayable=False,
+        )
+        return Response(status_code=204)
+
+    async def delete_file(self, request: Request) -> Response:
+        auth, sid, _, params = await self._file(request)
+        await self.call_json(auth, sid, "DELETE", "files", params=params)
+        return Response(status_code=204)
+
+    async def stat_file(self, request: Request) -> Response:
+        auth, sid, _, params = await self._file(request)
+        return JSONResponse(await self.call_json(auth, sid, "GET", "files/stat", params=params))
+
+    async def list_files(self, request: Request) -> Response:
+        auth, sid, _, params = await self._file(request)
+        return JSONResponse({"items": await self.call_json(auth, sid, "GET", "files/list", params=params)})
+
     # ---- the rest ---------------------------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "server": self.server_url})
@@ -483,11 +571,16 @@ class Edge:
             Route(sb + "/processes/{pid}/stdin", self.send_stdin, methods=["POST"]),
             Route(sb + "/processes/{pid}/signal", self.signal_process, methods=["POST"]),
             Route(sb + "/processes/{pid}/wait", self.wait_process, methods=["POST"]),
+            Route(sb + "/files", self.read_file, methods=["GET"]),
+            Route(sb + "/files", self.write_file, methods=["PUT"]),
+            Route(sb + "/files", self.delete_file, methods=["DELETE"]),
+            Route(sb + "/files/stat", self.stat_file, methods=["GET"]),
+            Route(sb + "/files/list", self.list_files, methods=["GET"]),
         ]
 
         async def not_here(request: Request, exc: Exception) -> Response:
             e = errors.NotFound(
-                f"the edge serves a sandbox's exec and process calls only; send {request.method} "
+                f"the edge serves a sandbox's exec, process and file calls only; send {request.method} "
                 f"{request.url.path} to the API server at {self.server_url}",
                 code="not_found",
             )

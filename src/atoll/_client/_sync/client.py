@@ -44,9 +44,9 @@ class Client:
     server's `GET /v1/ca.crt` answers. It serves every connection of the client (calls, streams,
     terminals); a file that cannot be used raises `BadCAFile` here, and a certificate that does not
     verify raises `CertificateError` (never retried).
-    `edge_url` (default `$ATOLL_EDGE_URL`) is the URL of an `atoll edge`: a sandbox's exec and
-    process calls (exec, streamed exec, background processes, their output, stdin, signals,
-    waits) then go there, straight to the sandbox's worker, with the same key, and every other call
+    `edge_url` (default `$ATOLL_EDGE_URL`) is the URL of an `atoll edge`: a sandbox's exec,
+    process and file calls (exec, streamed exec, background processes, their output, stdin,
+    signals, waits; file read, write, delete, stat, list) then go there, straight to the sandbox's worker, with the same key, and every other call
     to `base_url`; an open stream through the edge is not cut when a server restarts.
     `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`; it serves the
     edge's calls too).
