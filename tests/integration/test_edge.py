@@ -1,9 +1,10 @@
 """`atoll edge` over `atoll server` + `atoll worker` with real gVisor sandboxes: exec, streamed exec,
-background processes and files through the edge answer as through the API; an exec stream and a followed
-process output through the edge keep flowing while the server is SIGKILLed, and new calls work
-once it is back (the worker registered again: old grants are refused and the edge asks anew);
-grants open one sandbox's data verbs only; a wrong key is the server's 401; a sandbox in standby
-is resumed by the grant; the edge's calls keep the idle timer from firing."""
+background processes and files through the edge answer as through the API; an exec stream, a
+followed process output and a terminal (the SDK with edge_url) through the edge keep flowing while
+the server is SIGKILLed, and new calls work once it is back (the worker registered again: old
+grants are refused and the edge asks anew); grants open one sandbox's data verbs only; a wrong key
+is the server's 401; a sandbox in standby is resumed by the grant; the edge's calls keep the idle
+timer from firing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 import httpx
 import pytest
 
+import atoll
 from atoll.testing import LocalCluster, LocalEdge
 from tests.conftest import TEMPLATE_CACHE
 
@@ -211,10 +213,27 @@ def test_a_sandbox_in_standby_is_resumed_by_the_grant(shared):
         assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
 
 
+def _until(term, needle: bytes, timeout: float = 30) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        assert time.monotonic() < deadline, seen
+        seen += term.read(timeout=deadline - time.monotonic())
+    return seen
+
+
 def test_a_stream_through_the_edge_outlives_a_server_sigkill(own):
     cl, edge = own
-    with _api(cl) as a, _edge(cl, edge) as e:
+    with (
+        _api(cl) as a,
+        _edge(cl, edge) as e,
+        atoll.Client(cl.url, cl.api_key, edge_url=edge.url) as sdk,
+    ):
         sid = _sandbox(a)
+        # a terminal opened and attached through the edge (the SDK with edge_url)
+        term = sdk.sandboxes.get(sid).pty(cmd=["/bin/sh"])
+        term.send(b"echo one-$((1+1))\n")
+        _until(term, b"one-2")
         pid = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": COUNT, "background": True}).json()["pid"]
         got: list[dict] = []
         followed: list[dict] = []
@@ -231,6 +250,8 @@ def test_a_stream_through_the_edge_outlives_a_server_sigkill(own):
                     break
             followed.append(json.loads(next(out_lines)))
             cl.server.kill()  # mid-stream: the bytes do not pass through it
+            term.send(b"echo two-$((2+2))\n")  # the terminal goes on too
+            _until(term, b"two-4")
             got += [json.loads(line) for line in lines if line]
             followed += [json.loads(line) for line in out_lines if line]
         want = "".join(f"{i}\n" for i in range(1, 31))
@@ -238,6 +259,8 @@ def test_a_stream_through_the_edge_outlives_a_server_sigkill(own):
         assert got[-1]["exit_code"] == 0 and "error" not in json.dumps(got)
         assert "".join(x.get("stdout", "") for x in followed) == want, followed
         assert followed[-1]["exit_code"] == 0 and followed[-1]["offset"] == len(want)
+        term.send(b"exit 3\n")
+        assert term.wait(timeout=30) == 3
         # with the server down, a call with a cached grant may still be served; a new grant cannot be had
         r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
         assert r.status_code in (200, 503), r.text

@@ -82,6 +82,12 @@ def test_the_edge_comes_from_the_environment_and_is_optional(monkeypatch):
         ("PUT", f"/v1/sandboxes/{SID}/files/tar", False),
         ("POST", f"/v1/sandboxes/{SID}/files/stat", False),
         ("POST", "/v1/sandboxes", False),
+        ("POST", f"/v1/sandboxes/{SID}/pty", True),
+        ("DELETE", f"/v1/sandboxes/{SID}/pty/pty_0123456789ab", True),
+        ("GET", f"/v1/sandboxes/{SID}/pty/pty_0123456789ab/ws", True),
+        ("GET", f"/v1/sandboxes/{SID}/pty", False),
+        ("DELETE", f"/v1/sandboxes/{SID}/pty", False),
+        ("POST", f"/v1/sandboxes/{SID}/pty/pty_0123456789ab", False),
     ],
 )
 def test_which_routes_the_edge_serves(method, path, edge):

@@ -45,7 +45,8 @@ OCTET_STREAM = "application/octet-stream"
 ENV_URL = "ATOLL_URL"
 ENV_EDGE_URL = "ATOLL_EDGE_URL"
 _EDGE_ROUTE = re.compile(
-    r"^/v1/sandboxes/[^/]+/(?:exec|processes/[^/]+(?:/(?:output|stdin|signal|wait))?|files(?P<sub>/stat|/list)?)$"
+    r"^/v1/sandboxes/[^/]+/(?:exec|processes/[^/]+(?:/(?:output|stdin|signal|wait))?"
+    r"|files(?P<sub>/stat|/list)?|(?P<pty>pty(?:/[^/]+(?P<ws>/ws)?)?))$"
 )
 """The data routes `atoll edge` serves (a sandbox's exec, process and file calls): with an edge URL
 the client sends these there, and everything else to the API."""
@@ -133,6 +134,10 @@ def edge_route(method: str, path: str) -> bool:
         return False
     if "/files" in path:
         return method == "GET" if m.group("sub") else method in ("GET", "PUT", "DELETE")
+    if m.group("pty"):  # open (POST …/pty), kill (DELETE …/pty/{id}), attach (GET …/pty/{id}/ws)
+        if m.group("ws"):
+            return method == "GET"
+        return method == ("POST" if m.group("pty") == "pty" else "DELETE")
     return method in ("GET", "POST", "DELETE")
 
 

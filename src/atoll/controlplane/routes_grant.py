@@ -41,7 +41,12 @@ async def grant_data_path(request: Request, sid: SandboxId):
     return http.json_response(
         {
             "sandbox_id": sid,
-            "worker": {"id": rec.worker_id, "name": getattr(worker, "name", ""), "url": url},
+            "worker": {
+                "id": rec.worker_id,
+                "name": getattr(worker, "name", ""),
+                "url": url,
+                "tunnel_port": getattr(worker, "tunnel_port", 0),
+            },
             "grant": grant,
             "expires_at": expires,
             "defaults": {

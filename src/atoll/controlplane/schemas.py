@@ -507,6 +507,9 @@ class Preview(BaseModel):
 class GrantWorker(BaseModel):
     id: str
     name: str = Field(description="The name its TLS certificate carries")
+    tunnel_port: int = Field(
+        description="Its port tunnel (terminals: an `ATOLL-PTY` hello with `grant:<grant>`)"
+    )
     url: str = Field(description="The worker protocol's base URL (https:// across machines)")
 
 

@@ -12,7 +12,9 @@ wrong key, 404 for another tenant's sandbox, …) reach the client as the server
 Served here, in the API's request and answer shapes: POST …/exec (plain, `Accept:
 application/x-ndjson` streamed, `background`), GET …/processes/{pid} and …/output (NDJSON),
 POST …/stdin, …/signal, …/wait and DELETE …/processes/{pid}; GET/PUT/DELETE …/files, GET
-…/files/stat and …/files/list (paths checked as the API does: core.filepaths). Anything else
+…/files/stat and …/files/list (paths checked as the API does: core.filepaths); POST …/pty,
+DELETE …/pty/{id} and the terminal WebSocket …/pty/{id}/ws (through the worker's port tunnel, its
+`ATOLL-PTY` hello carrying the grant; shared.ptyrelay relays it as the API does). Anything else
 answers 404 with an error naming the API server's URL (the edge is not a proxy for control calls). Over an https://
 worker URL the worker's certificate is checked against `--ca-file` and must name that worker.
 Uses shared.http11 (worker calls), shared.ndjson, shared.relay; httpx for the server's grant route.
@@ -43,11 +45,13 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from atoll.core import errors, filepaths, grants, ids, pki, signals, wire
 from atoll.core import worker_api as api
-from atoll.shared import http11, logconfig, ndjson, relay
+from atoll.guest.agent import ptyframes
+from atoll.shared import http11, logconfig, ndjson, portstream, ptyrelay, relay
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,7 @@ PREFIX = "/worker/v1"
 EXEC_FIELDS = frozenset(
     {"cmd", "cwd", "env", "timeout_s", "background", "user", "max_output_bytes", "stdin", "shell"}
 )
+PTY_FIELDS = frozenset({"cols", "rows", "term", "cmd", "cwd", "env", "user"})
 NOT_HERE = {401: None, 404: "sandbox_not_found", 409: "invalid_state"}
 """Worker answers that mean "ask the server again": a stale grant; a sandbox that moved or sleeps."""
 
@@ -78,6 +83,7 @@ class Grant:
     worker_id: str
     worker_name: str
     url: str
+    tunnel_port: int
     grant: str
     expires_at: int
     defaults: dict
@@ -122,7 +128,14 @@ class Grants:
             d = r.json()
             w = d["worker"]
             g = Grant(
-                sid, w["id"], w.get("name", ""), w["url"], d["grant"], int(d["expires_at"]), d["defaults"]
+                sid,
+                w["id"],
+                w.get("name", ""),
+                w["url"],
+                int(w.get("tunnel_port") or 0),
+                d["grant"],
+                int(d["expires_at"]),
+                d["defaults"],
             )
         except (ValueError, KeyError, TypeError):
             raise errors.RuntimeFailure(
@@ -556,6 +569,113 @@ class Edge:
         auth, sid, _, params = await self._file(request)
         return JSONResponse({"items": await self.call_json(auth, sid, "GET", "files/list", params=params)})
 
+    # ---- terminals --------------------------------------------------------------------------------
+    async def open_pty(self, request: Request) -> Response:
+        auth, sid = _auth(request), _sid(request)
+        req = await _json_body(request, optional=True)
+        unknown = sorted(set(req) - PTY_FIELDS)
+        if unknown:
+            raise errors.InvalidRequest(f"unknown field(s) in the terminal request: {', '.join(unknown)}")
+        g = await self.grants.get(auth, sid)
+        spec = {"cols": 80, "rows": 24, **{k: v for k, v in req.items() if v is not None}}
+        spec.setdefault("user", g.defaults.get("user"))
+        for name, limit in (("cols", ptyframes.MAX_COLS), ("rows", ptyframes.MAX_ROWS)):
+            v = spec[name]
+            if not isinstance(v, int) or isinstance(v, bool) or not ptyframes.MIN_SIZE <= v <= limit:
+                raise errors.InvalidRequest(
+                    f"{name} must be an integer {ptyframes.MIN_SIZE}..{limit}, got {v!r}"
+                )
+        try:
+            body = wire.dump(
+                wire.load(api.PtySpec, {k: v for k, v in spec.items() if v is not None}, "pty request")
+            )
+        except errors.RuntimeFailure as e:
+            raise errors.InvalidRequest(
+                f"malformed terminal request: {e.detail or e.message}"[:1000]
+            ) from None
+        return JSONResponse(await self.call_json(auth, sid, "POST", "pty", json=body), status_code=201)
+
+    async def kill_pty(self, request: Request) -> Response:
+        auth, sid = _auth(request), _sid(request)
+        pty_id = request.path_params["pty_id"]
+        if not ptyframes.is_pty_id(pty_id):
+            raise errors.PtyNotFound(
+                f"no terminal {pty_id[:40]!r} in sandbox {sid} (ids look like pty_0123456789ab)"
+            )
+        await self.call_json(auth, sid, "DELETE", f"pty/{pty_id}")
+        return Response(status_code=204)
+
+    async def _tunnel(self, g: Grant, pty_id: str) -> portstream.SocketPort:
+        """A terminal's frame stream through the worker's port tunnel, with the grant."""
+        if not g.tunnel_port:
+            raise errors.Unavailable(f"worker {g.worker_name!r} has no port tunnel (it runs an older atoll)")
+        host = urllib.parse.urlsplit(g.url).hostname or ""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, (host, g.tunnel_port)), 5)
+            hello = f"ATOLL-PTY {api.PROTOCOL_VERSION} grant:{g.grant} {g.sandbox_id} {pty_id}\n".encode()
+            await asyncio.wait_for(loop.sock_sendall(sock, hello), 5)
+            raw = await asyncio.wait_for(portstream.read_line(sock), 5)
+        except (OSError, TimeoutError, ValueError) as e:
+            sock.close()
+            raise errors.Unavailable(
+                f"worker {g.worker_name!r}'s port tunnel did not answer the edge: {e!r}"
+            ) from None
+        line = (raw or b"").decode("utf-8", "replace").strip()
+        if line == "OK":
+            return portstream.SocketPort(sock)
+        sock.close()
+        _, code, message = (line.split(" ", 2) + ["", ""])[:3]
+        raise errors.from_code(code or "runtime_error", message or f"the tunnel answered {line!r}")
+
+    async def attach_pty(self, websocket: WebSocket) -> None:
+        sid, pty_id = websocket.path_params["sid"], websocket.path_params["pty_id"]
+        stream: portstream.SocketPort | None = None
+        try:
+            auth = websocket.headers.get("authorization", "")
+            if not auth.lower().startswith("bearer "):
+                raise errors.Unauthorized(
+                    "missing API key: send Authorization: Bearer <key>, the same key the API takes"
+                )
+            if not ids.SANDBOX_ID_RE.match(sid):
+                raise errors.InvalidRequest(f"{sid[:60]!r} is not a sandbox id")
+            if not ptyframes.is_pty_id(pty_id):
+                raise errors.PtyNotFound(
+                    f"no terminal {pty_id[:40]!r} in sandbox {sid} (ids look like pty_0123456789ab)"
+                )
+            for attempt in (0, 1):
+                g = await self.grants.get(auth, sid)
+                try:
+                    stream = await self._tunnel(g, pty_id)
+                    break
+                except errors.AtollError as e:
+                    self.grants.drop(auth, sid)
+                    if attempt == 1 or e.code not in ("unauthorized", "sandbox_not_found", "invalid_state"):
+                        raise
+        except Passed as p:
+            await websocket.accept()
+            await websocket.send_text(p.body.decode("utf-8", "replace"))
+            await websocket.close(code=4000 + p.status)
+            return
+        except errors.AtollError as e:
+            await websocket.accept()
+            await websocket.send_text(ptyrelay.error_text(e.code, e.message))
+            await websocket.close(code=4000 + e.status)
+            return
+        assert stream is not None
+        try:
+            await websocket.accept()
+            await ptyrelay.relay(websocket, stream, sid, pty_id)
+        except errors.AtollError as e:
+            with contextlib.suppress(Exception):
+                await websocket.send_text(ptyrelay.error_text(e.code, e.message))
+                await websocket.close(code=4000 + e.status)
+        finally:
+            stream.close()
+
     # ---- the rest ---------------------------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "server": self.server_url})
@@ -576,11 +696,14 @@ class Edge:
             Route(sb + "/files", self.delete_file, methods=["DELETE"]),
             Route(sb + "/files/stat", self.stat_file, methods=["GET"]),
             Route(sb + "/files/list", self.list_files, methods=["GET"]),
+            Route(sb + "/pty", self.open_pty, methods=["POST"]),
+            Route(sb + "/pty/{pty_id}", self.kill_pty, methods=["DELETE"]),
+            WebSocketRoute(sb + "/pty/{pty_id}/ws", self.attach_pty),
         ]
 
         async def not_here(request: Request, exc: Exception) -> Response:
             e = errors.NotFound(
-                f"the edge serves a sandbox's exec, process and file calls only; send {request.method} "
+                f"the edge serves a sandbox's exec, process, file and terminal calls only; send {request.method} "
                 f"{request.url.path} to the API server at {self.server_url}",
                 code="not_found",
             )

@@ -6,6 +6,7 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -43,8 +44,9 @@ class AsyncClient:
     terminals); a file that cannot be used raises `BadCAFile` here, and a certificate that does not
     verify raises `CertificateError` (never retried).
     `edge_url` (default `$ATOLL_EDGE_URL`) is the URL of an `atoll edge`: a sandbox's exec,
-    process and file calls (exec, streamed exec, background processes, their output, stdin,
-    signals, waits; file read, write, delete, stat, list) then go there, straight to the sandbox's worker, with the same key, and every other call
+    process, file and terminal calls (exec, streamed exec, background processes, their output,
+    stdin, signals, waits; file read, write, delete, stat, list; terminals opened, attached,
+    killed) then go there, straight to the sandbox's worker, with the same key, and every other call
     to `base_url`; an open stream through the edge is not cut when a server restarts.
     `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`; it serves the
     edge's calls too).
@@ -78,13 +80,15 @@ class AsyncClient:
         )
         self._edge_url = _base.resolve_edge_url(edge_url)
         self._edge: httpx.AsyncClient | None = None
+        self._edge_verify: bool | ssl.SSLContext = self._verify
         if self._edge_url is not None:
+            self._edge_verify = _base.tls_verify(self._edge_url, self._config.ca_file, self._config.ca_origin)
             self._edge = httpx.AsyncClient(
                 base_url=self._edge_url,
                 headers=self._config.headers(headers),
                 timeout=request_timeout,
                 transport=transport,
-                verify=_base.tls_verify(self._edge_url, self._config.ca_file, self._config.ca_origin),
+                verify=self._edge_verify,
             )
         self.sandboxes = AsyncSandboxes(self)
         self.templates = AsyncTemplates(self)
@@ -213,6 +217,12 @@ class AsyncClient:
         self, exc: httpx.TransportError, url: str | None = None
     ) -> errors.APIConnectionError:
         return _base.connection_error(exc, url or self.base_url, self._config.ca_file, self._config.ca_origin)
+
+    def _ws_base(self, path: str) -> tuple[str, bool | ssl.SSLContext]:
+        """(base URL, TLS verification) of a terminal WebSocket at `path`: the edge's, or the API's."""
+        if self._edge_url is not None and _base.edge_route("GET", path):
+            return self._edge_url, self._edge_verify
+        return self.base_url, self._verify
 
     def _via(self, method: str, path: str) -> httpx.AsyncClient:
         """The HTTP client for `method path`: the edge's for the data calls it serves, else the API's."""
