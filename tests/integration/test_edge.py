@@ -297,3 +297,29 @@ def test_calls_through_the_edge_count_as_activity_for_the_idle_policy(shared):
         while a.get(f"/v1/sandboxes/{sid}").json()["state"] != "standby":
             assert time.monotonic() < deadline, "idle standby must still happen once the calls stop"
             time.sleep(0.5)
+
+
+def test_the_edge_over_tls_checks_the_server_and_the_workers(tmp_path):
+    """With the API and the workers on https (the installation CA), the edge checks both against
+    --ca-file and the worker's certificate name, and serves as before; without the CA it refuses."""
+    cl = LocalCluster(tmp_path / "cluster", workers=1, env=ENV, tls=True)
+    cl.start(timeout=600)
+    edge = bare = None
+    try:
+        edge = LocalEdge(tmp_path / "edge", cl.url, ca_file=cl.server.ca_file).start()
+        with httpx.Client(base_url=cl.url, headers=cl.headers(), timeout=300, verify=cl.verify) as a:
+            url = a.get("/v1/workers").json()["items"][0]["url"]
+            assert url.startswith("https://"), url
+            sid = _sandbox(a)
+            with _edge(cl, edge) as e:
+                r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo over-tls"})
+                assert r.status_code == 200 and r.json()["stdout"] == "over-tls\n", r.text
+        bare = LocalEdge(tmp_path / "bare", cl.url).start()  # the system's CAs: the server is not trusted
+        with _edge(cl, bare) as e:
+            r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+            assert r.status_code == 503 and cl.url in r.json()["error"]["message"], r.text
+    finally:
+        for p in (edge, bare):
+            if p is not None:
+                p.terminate()
+        cl.stop(reap=True)

@@ -292,6 +292,7 @@ def server(
 
 @app.command()
 def edge(
+    ctx: typer.Context,
     server: Annotated[
         str,
         typer.Option(help="The API server's URL, which grants each call (e.g. https://atoll.example:7080)."),
@@ -324,7 +325,8 @@ def edge(
         _fail(f"the atoll edge is not installed ({exc}); install it with: pip install 'atoll[server]'")
     _edge.main(
         server,
-        ca_file=str(ca_file) if ca_file is not None else None,
+        # `atoll edge --ca-file F` reaches atoll's own option (cli.argv moves it there)
+        ca_file=str(ca_file) if ca_file is not None else _top(ctx).ca_file,
         host=host,
         port=port,
         tls_cert_file=str(tls_cert_file) if tls_cert_file is not None else None,

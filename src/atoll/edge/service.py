@@ -120,7 +120,8 @@ class Grants:
         except httpx.HTTPError as e:
             raise errors.Unavailable(
                 f"the edge cannot reach the API server at {self.server_url} to authorize this call "
-                f"({type(e).__name__}); nothing was sent to the sandbox — retry once the server is back"
+                f"({type(e).__name__}: {str(e)[:200]}); nothing was sent to the sandbox — retry once the "
+                "server is back (or, for a certificate that does not verify, give --ca-file the installation CA)"
             ) from None
         if r.status_code != 200:
             raise Passed(r.status_code, r.content, r.headers.get("content-type", "application/json"))
