@@ -284,9 +284,10 @@ class Edge:
         **kw: typing.Any,
     ) -> typing.AsyncIterator[http11.Response]:
         """The worker's answer (status < 400, body unread) to `method` /sandboxes/{sid}/{sub}, with
-        a grant; a stale grant or a sandbox not there is asked for again once (the request body
-        is always replayable here: JSON or bytes held). `timeout` bounds the wait for the answer's
-        head (None: a command's, as long as it runs)."""
+        a grant. A stale grant or a sandbox not there (refused before the worker did anything) is
+        asked for again once when the request can be sent again (`replayable`: JSON or bytes held;
+        a streamed upload is not, and is then a retryable 503). `timeout` bounds the wait for the
+        answer's head (None: a command's, as long as it runs)."""
         served = False
         for attempt in (0, 1):
             g = await self.grants.get(auth, sid)
@@ -466,6 +467,7 @@ class Edge:
             f"processes/{pid}/stdin",
             params={"eof": "1" if eof else "0"},
             content=bytes(data),
+            timeout=None,  # a process that does not read for 30 s is the worker's to report
             headers={"Content-Type": "application/octet-stream"},
         )
         return JSONResponse({"written": answer["written"], "eof": eof})
