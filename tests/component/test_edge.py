@@ -120,6 +120,8 @@ async def test_the_servers_refusals_and_the_edges_own_errors(via):
     assert r.status_code == 400 and "bogus" in r.json()["error"]["message"], r.text
     r = await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "max_output_bytes": 1 << 40})
     assert r.status_code == 400 and "above this server's limit" in r.json()["error"]["message"], r.text
+    r = await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "max_output_bytes": 0})
+    assert r.status_code == 400 and "max_output_bytes" in r.json()["error"]["message"], r.text
     r = await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": {"no": 1}})
     assert r.status_code == 400 and "malformed exec request" in r.json()["error"]["message"], r.text
     for method, path in (

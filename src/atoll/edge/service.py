@@ -357,6 +357,8 @@ class Edge:
         g = await self.grants.get(auth, sid)
         cap = int(g.defaults.get("max_output_bytes") or 0)
         asked = req.get("max_output_bytes")
+        if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
+            raise errors.InvalidRequest(f"max_output_bytes must be an integer >= 1, got {asked!r}")
         if isinstance(asked, int) and cap and asked > cap:
             raise errors.InvalidRequest(
                 f"max_output_bytes={asked} is above this server's limit of {cap} bytes per stream "
