@@ -8,10 +8,10 @@ PYTEST_ARGS ?=
 TEST_PROCS ?= 3
 XDIST := $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist loadfile)
 # Type-checked in `make lint`: the control plane <-> worker seam, the SDK, the control plane's ledger and the integrations
-# (`atoll mcp`) (scripts/check_seam.py holds the structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
+# (`atoll mcp`) and the edge (scripts/check_seam.py holds the structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
 SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/controlplane/workers.py \
 	src/atoll/worker/service/node.py src/atoll/worker/service/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
-	src/atoll/_client src/atoll/controlplane/ledger.py src/atoll/integrations
+	src/atoll/_client src/atoll/controlplane/ledger.py src/atoll/integrations src/atoll/edge
 
 .PHONY: run run-s3 test test-stress test-cluster test-fast lint bench install clean
 

@@ -13,15 +13,16 @@ document to stdout and saves it to bench/results/latest.json. Progress goes to s
 started is reaped: sandboxes by the API and LocalAtoll's exit, peer containers by their modules.
 Takes about 17-20 minutes on 2 cores (bench_templates alone ~8, bench_volumes ~5 and ~13 GB
 written under /var/tmp). `--quick` runs tiny sample counts (a smoke test, ~1.5 min).
-Five sections run only when named in `--only`: `idle` (bench_idle, ~6 min), `density` (bench_density:
+Seven sections run only when named in `--only`: `idle` (bench_idle, ~6 min), `density` (bench_density:
 200 idle sandboxes and their memory, ~20 min), `budget` (bench_budget: 100 disk-tier sandboxes over
 a disk budget, in two atolls of its own, ~3 min), `workers` (bench_workers: control-plane CPU per
 pooled create and creates/s with 1, 2 and 3 workers, on an `atoll server` + 3 `atoll worker`s of
 its own, ~4 min; then bench_pool_claims, the same CPU in process over a FakeWorker with 2,000 and
 20,000 unrelated sandboxes, ~1 min), `replicas` (bench_replicas: an exec through a second
-`atoll server` on the same PostgreSQL, ~30 s) and `resume_elsewhere` (bench_resume_elsewhere: a
+`atoll server` on the same PostgreSQL, ~30 s), `resume_elsewhere` (bench_resume_elsewhere: a
 50 MB sandbox archived by one `atoll worker` resumed on another through a drain, beside the
-same-worker archive resume, SeaweedFS on loopback, ~3 min).
+same-worker archive resume, SeaweedFS on loopback, ~3 min) and `edge` (bench_edge: an exec through
+`atoll edge` against one through the API, interleaved, ~1 min).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import bench_budget  # noqa: E402
 import bench_cli  # noqa: E402
 import bench_default_pool  # noqa: E402
 import bench_density  # noqa: E402
+import bench_edge  # noqa: E402
 import bench_files  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_peers  # noqa: E402
@@ -99,6 +101,8 @@ TARGETS = {
     "replicas_exec_b_over_a": 1.1,
     # issue 21, resume on another worker (section `resume_elsewhere`: opt-in, --only resume_elsewhere)
     "resume_elsewhere_50MB_p50_ms": 2000.0,
+    # issue 21 item 5, the data path off the control plane (section `edge`: opt-in, --only edge)
+    "edge_exec_over_api": 1.1,
 }
 AT_LEAST = {
     "workers_3_over_1_creates_per_s",
@@ -357,6 +361,16 @@ def check_targets(res: dict) -> dict:
             "server the worker registered with, interleaved; None: B did not serve it (through_b says why)",
             through_b=rp["through_b"],
         )
+    ed = res.get("edge", {})
+    if ed:
+        out["edge_exec_over_api"] = _verdict(
+            "edge_exec_over_api",
+            ed["edge_over_api"],
+            "p50 of exec ['true'] through `atoll edge` (straight to the worker, a cached grant) / through "
+            "the API server (which relays it), interleaved",
+            via_edge_p50=ed["via_edge"]["p50"],
+            via_api_p50=ed["via_api"]["p50"],
+        )
     re_ = res.get("resume_elsewhere", {})
     if re_:
         out["resume_elsewhere_50MB_p50_ms"] = _verdict(
@@ -452,6 +466,9 @@ def main() -> int:
         if "replicas" in only:
             c.log("== replicas: an exec through a second atoll server on the same PostgreSQL")
             res["replicas"] = bench_replicas.run(20 if q else 200)
+        if "edge" in only:
+            c.log("== edge: an exec through atoll edge against one through the API")
+            res["edge"] = bench_edge.run(20 if q else 300)
         if "resume_elsewhere" in only:
             c.log("== resume_elsewhere: a 50 MB archived sandbox resumed on another worker")
             res["resume_elsewhere"] = bench_resume_elsewhere.run(*((2, 10) if q else (10, 50)))

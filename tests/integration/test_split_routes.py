@@ -108,6 +108,10 @@ def test_every_route_through_the_split(atoll_split):
         assert pv["sandbox_id"] == sid and pv["port"] == 8080 and pv["token"], pv
         assert _ok(c.put(f"/v1/sandboxes/{sid}/preview/8080", json={"public": True})).json()["public"] is True
 
+        # ---- the data path apart (atoll edge): a grant for this sandbox's worker
+        g = _ok(c.post(f"/v1/sandboxes/{sid}/grant")).json()
+        assert g["sandbox_id"] == sid and g["grant"].startswith(sid + ".") and g["worker"]["url"], g
+
         # ---- exec and process handles
         assert _exec(c, sid, "echo walk")["stdout"] == "walk\n"
         pid = _exec(

@@ -61,7 +61,7 @@ def test_every_base_resource_is_valid(version):
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         ["Namespace", "ConfigMap", "Deployment", "PersistentVolumeClaim", "Service", "Service"]
-        + ["DaemonSet", "NetworkPolicy"]
+        + ["DaemonSet", "NetworkPolicy", "Deployment", "Service"]
     )
     for doc in docs:
         _validate(doc, version)
@@ -153,6 +153,16 @@ def test_named_ports_exist_and_secret_keys_are_documented():
             if ref:
                 assert ref["name"] == "atoll-secrets"
                 assert f"`{ref['key']}`" in doc_text, ref["key"]
-    server_ports = {p["name"] for c in _containers() if c["name"] == "server" for p in c["ports"]}
     for svc in (d for d in docs if d["kind"] == "Service"):
-        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= server_ports
+        picked = [
+            d
+            for d in docs
+            if d["kind"] in ("Deployment", "DaemonSet")
+            and svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        pod_ports = {
+            p["name"] for d in picked for c in d["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+        }
+        assert picked and {p["targetPort"] for p in svc["spec"]["ports"]} <= pod_ports, svc["metadata"][
+            "name"
+        ]

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
-from atoll.core import errors
+from atoll.core import errors, grants
 from atoll.core import worker_api as api
 from atoll.testing import FakeWorker
 from atoll.worker.service import tunnel as tunnel_mod
@@ -167,3 +168,32 @@ async def test_a_refused_tunnel_token_is_a_retryable_503_and_lets_the_worker_go(
     finally:
         await rw.aclose()
         await _stop(t, srv, node)
+
+
+async def test_a_grant_opens_a_terminal_of_its_sandbox_and_nothing_else():
+    """The edge's hello: `grant:<grant>` in the token's place opens that sandbox's terminals only."""
+    fake = FakeWorker()
+    await fake.create(api.SandboxSpec(sandbox_id=SID, template="base", memory_mb=512, cpus=1, disk_mb=0))
+    pty = await fake.open_pty(SID, api.PtySpec(cols=80, rows=24, cmd=["/bin/cat"]))
+    node = Node(fake)
+    t = tunnel_mod.Tunnel(node, lambda: b"tok", grant_key=lambda: b"registration-token")
+    port = await t.start("127.0.0.1")
+    v = api.PROTOCOL_VERSION
+    good, _ = grants.mint("registration-token", SID, time.time())
+    other, _ = grants.mint("registration-token", "sb-bbbbbbbbbbbbbbbb", time.time())
+    stale, _ = grants.mint("an-earlier-token", SID, time.time())
+    try:
+        _, w, line = await _hello(port, f"ATOLL-PTY {v} grant:{good} {SID} {pty.pty_id}\n")
+        assert line == b"OK\n", line
+        w.close()
+        for grant, why in ((other, b"for sandbox sb-bbbb"), (stale, b"current token")):
+            _, w, line = await _hello(port, f"ATOLL-PTY {v} grant:{grant} {SID} {pty.pty_id}\n")
+            assert line.startswith(b"ERR unauthorized") and why in line, line
+            w.close()
+        # a grant never opens a port, and a tunnel without grant_key takes none
+        _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} grant:{good} {SID} 8080\n")
+        assert line.startswith(b"ERR unauthorized"), line
+        w.close()
+    finally:
+        await t.aclose()
+        fake.ptys.kill(SID, pty.pty_id)

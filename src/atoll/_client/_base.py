@@ -15,6 +15,7 @@ import inspect
 import io
 import json
 import os
+import re
 import ssl
 import urllib.request
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -42,6 +43,13 @@ CHUNK_SIZE = 1024 * 1024
 NDJSON = "application/x-ndjson"
 OCTET_STREAM = "application/octet-stream"
 ENV_URL = "ATOLL_URL"
+ENV_EDGE_URL = "ATOLL_EDGE_URL"
+_EDGE_ROUTE = re.compile(
+    r"^/v1/sandboxes/[^/]+/(?:exec|processes/[^/]+(?:/(?:output|stdin|signal|wait))?"
+    r"|files(?P<sub>/stat|/list)?|(?P<pty>pty(?:/[^/]+(?P<ws>/ws)?)?))$"
+)
+"""The data routes `atoll edge` serves (a sandbox's exec, process and file calls): with an edge URL
+the client sends these there, and everything else to the API."""
 ENV_API_KEY = "ATOLL_API_KEY"
 ENV_CA_FILE = "ATOLL_CA_FILE"
 
@@ -111,6 +119,26 @@ def resolve_config(
         ca_file=ca,
         ca_origin=origin,
     )
+
+
+def resolve_edge_url(edge_url: str | None) -> str | None:
+    """The edge's URL: the argument, else `$ATOLL_EDGE_URL`, else None (every call to the API)."""
+    url = edge_url or os.environ.get(ENV_EDGE_URL) or None
+    return url.rstrip("/") if url else None
+
+
+def edge_route(method: str, path: str) -> bool:
+    """Whether `method path` is a data call the edge serves (`atoll edge`)."""
+    m = _EDGE_ROUTE.match(path)
+    if m is None:
+        return False
+    if "/files" in path:
+        return method == "GET" if m.group("sub") else method in ("GET", "PUT", "DELETE")
+    if m.group("pty"):  # open (POST …/pty), kill (DELETE …/pty/{id}), attach (GET …/pty/{id}/ws)
+        if m.group("ws"):
+            return method == "GET"
+        return method == ("POST" if m.group("pty") == "pty" else "DELETE")
+    return method in ("GET", "POST", "DELETE")
 
 
 def tls_verify(

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 VALUED = ("--url", "--api-key", "--ca-file")
 FLAGS = ("--json",)
 # Top-level commands that declare --url/--api-key/--ca-file themselves (the others read atoll's own;
-# `atoll worker` falls back on atoll's --ca-file).
+# `atoll worker` and `atoll edge` fall back on atoll's --ca-file).
 OWN_CONNECTION = ("sandbox", "workers")
 
 

@@ -1,4 +1,4 @@
-"""The `atoll` command line (typer + rich): `atoll up`, `atoll server`, `atoll worker`,
+"""The `atoll` command line (typer + rich): `atoll up`, `atoll server`, `atoll worker`, `atoll edge`,
 `atoll workers`, `atoll sandbox ...` and `atoll mcp` (atoll.integrations.mcp, the `mcp` extra).
 
 Entry point of the `atoll` console script (`atoll = atoll.cli.main:app`). `atoll up`, `atoll server`
@@ -312,6 +312,50 @@ def mcp_(
         _fail(f"the MCP server is not installed ({exc}); install it with: pip install 'atoll[mcp]'", 2)
     top = _top(ctx)
     _mcp.main(url=top.url, api_key=top.api_key, ca_file=top.ca_file, http=http, host=host, port=port)
+
+
+@app.command()
+def edge(
+    ctx: typer.Context,
+    server: Annotated[
+        str,
+        typer.Option(help="The API server's URL, which grants each call (e.g. https://atoll.example:7080)."),
+    ],
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="The installation CA (the server's GET /v1/ca.crt): checks the server and https workers."
+        ),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (default $ATOLL_EDGE_HOST or 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to listen on (default $ATOLL_EDGE_PORT or 7082).")
+    ] = None,
+    tls_cert_file: Annotated[
+        Path | None,
+        typer.Option(help="Serve https with this certificate (PEM; default $ATOLL_EDGE_TLS_CERT_FILE)."),
+    ] = None,
+    tls_key_file: Annotated[
+        Path | None, typer.Option(help="Its private key (PEM; default $ATOLL_EDGE_TLS_KEY_FILE).")
+    ] = None,
+) -> None:
+    """Run the edge in the foreground: sandboxes' exec and process calls, relayed straight to their
+    workers with grants from the server, so a server restart does not cut a stream."""
+    try:
+        from atoll.edge import service as _edge
+    except ImportError as exc:
+        _fail(f"the atoll edge is not installed ({exc}); install it with: pip install 'atoll[server]'")
+    _edge.main(
+        server,
+        # `atoll edge --ca-file F` reaches atoll's own option (cli.argv moves it there)
+        ca_file=str(ca_file) if ca_file is not None else _top(ctx).ca_file,
+        host=host,
+        port=port,
+        tls_cert_file=str(tls_cert_file) if tls_cert_file is not None else None,
+        tls_key_file=str(tls_key_file) if tls_key_file is not None else None,
+    )
 
 
 worker_app = typer.Typer(

@@ -76,6 +76,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("PUT", "/v1/sandboxes/{sid}/network"): "sandbox.network.set",
     ("PUT", "/v1/sandboxes/{sid}/preview/{port}"): "sandbox.preview.set",
     ("POST", "/v1/sandboxes/{sid}/exec"): "sandbox.exec",
+    ("POST", "/v1/sandboxes/{sid}/grant"): "sandbox.grant",
     ("DELETE", "/v1/sandboxes/{sid}/processes/{pid}"): "process.kill",
     ("POST", "/v1/sandboxes/{sid}/processes/{pid}/stdin"): "process.stdin",
     ("POST", "/v1/sandboxes/{sid}/processes/{pid}/signal"): "process.signal",

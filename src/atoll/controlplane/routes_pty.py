@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, WebSocket
 from fastapi.responses import Response
-from starlette.websockets import WebSocketDisconnect
 
 from atoll.controlplane import http, paging, schemas
 from atoll.controlplane.context import ctx
@@ -31,23 +29,14 @@ from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, ERRORS, SandboxId
 from atoll.core import errors
 from atoll.core import worker_api as api
 from atoll.guest.agent import ptyframes
-from atoll.shared import relay
+from atoll.shared import ptyrelay
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["terminals"])
 PtyId = Annotated[
     str, Path(description="A terminal's id (POST …/pty)", json_schema_extra={"pattern": "^pty_[0-9a-f]{12}$"})
 ]
-_READ = 64 * 1024
-MAX_MESSAGE_BYTES = 1 << 20
-"""The largest client message a terminal takes. Past it the socket closes with 1009 and the session
-lives on (attach again): terminal input is keystrokes and pastes, and one huge message would sit
-in the session's input queue, behind which the terminal stops answering. uvicorn's `ws_max_size`
-(controlplane.main) refuses such a frame before it is buffered; this check holds under any server."""
-TOO_BIG_CLOSE = 1009
-DETACHED_CLOSE = 1012
-"""Close code when the worker ended the attach without an exit (a disk checkpoint resets it):
-the session lives on; attach again."""
+MAX_MESSAGE_BYTES = ptyrelay.MAX_MESSAGE_BYTES  # controlplane.main gives it to uvicorn (ws_max_size)
 
 
 def _check_pty_id(sid: str, pty_id: str) -> None:
@@ -115,10 +104,6 @@ async def kill_pty(request: Request, sid: SandboxId, pty_id: PtyId):
     return Response(status_code=204)
 
 
-def _error_text(code: str, message: str) -> str:
-    return json.dumps({"error": {"code": code, "message": message}})
-
-
 @router.websocket("/v1/sandboxes/{sid}/pty/{pty_id}/ws")
 async def attach_pty(websocket: WebSocket, sid: str, pty_id: str):
     manager = ctx(websocket).manager  # type: ignore[arg-type]
@@ -133,91 +118,18 @@ async def attach_pty(websocket: WebSocket, sid: str, pty_id: str):
         if activity is not None:
             await activity.__aexit__(type(e), e, None)
         await websocket.accept()
-        await websocket.send_text(_error_text(e.code, e.message))
+        await websocket.send_text(ptyrelay.error_text(e.code, e.message))
         await websocket.close(code=4000 + e.status)
         return
     failure: BaseException | None = None
     try:
         await websocket.accept()
-        await _relay(websocket, stream, sid, pty_id)
+        await ptyrelay.relay(websocket, stream, sid, pty_id)
     except errors.AtollError as e:  # raised under the relay (the sandbox died, say)
         failure = e
         with contextlib.suppress(Exception):
-            await websocket.send_text(_error_text(e.code, e.message))
+            await websocket.send_text(ptyrelay.error_text(e.code, e.message))
             await websocket.close(code=4000 + e.status)
     finally:
         stream.close()
         await activity.__aexit__(type(failure) if failure else None, failure, None)
-
-
-async def _relay(ws: WebSocket, stream: api.PortStream, sid: str, pty_id: str) -> None:
-    async def outward() -> None:
-        decoder = ptyframes.Decoder()
-        while True:
-            data = await stream.read(_READ)
-            if not data:
-                await ws.close(
-                    code=DETACHED_CLOSE,
-                    reason="the terminal was detached by its worker (standby?); the session lives on: attach again",
-                )
-                return
-            for kind, payload in decoder.feed(data):
-                if kind == ptyframes.DATA:
-                    await ws.send_bytes(payload)
-                elif kind == ptyframes.EXIT:
-                    await ws.send_text(json.dumps({"exit_code": ptyframes.parse_exit(payload)}))
-                    await ws.close(code=1000)
-                    return
-                elif kind == ptyframes.ERROR:
-                    await ws.send_text(json.dumps({"error": ptyframes.parse_error(payload)}))
-
-    async def inward() -> None:
-        while True:
-            msg = await ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                return
-            size = (
-                len(msg["bytes"]) if msg.get("bytes") is not None else len((msg.get("text") or "").encode())
-            )
-            if size > MAX_MESSAGE_BYTES:
-                log.info(
-                    "terminal message refused: too big",
-                    extra={"sandbox_id": sid, "pty_id": pty_id, "bytes": size, "limit": MAX_MESSAGE_BYTES},
-                )
-                await ws.close(
-                    code=TOO_BIG_CLOSE,
-                    reason=f"message over {MAX_MESSAGE_BYTES} bytes; send less at once; the session lives on",
-                )
-                return
-            if msg.get("bytes") is not None:
-                await stream.write(ptyframes.data(msg["bytes"]))
-                continue
-            problem, frame = _text_message(msg.get("text") or "")
-            if frame is not None:
-                await stream.write(frame)
-            else:
-                await ws.send_text(_error_text("invalid_request", problem))
-
-    for t in await relay.first_ends(outward(), inward()):
-        exc = t.exception()
-        if exc is not None and not isinstance(exc, (WebSocketDisconnect, OSError, RuntimeError)):
-            raise exc
-
-
-def _text_message(text: str) -> tuple[str, bytes | None]:
-    """A client text message as a frame for the worker, or why it is refused."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = None
-    size = obj.get("resize") if isinstance(obj, dict) else None
-    if not isinstance(size, list) or len(size) != 2:
-        return (
-            'text messages are {"resize": [cols, rows]}; send terminal input as binary messages, '
-            f"got {text[:100]!r}",
-            None,
-        )
-    problem = ptyframes.size_problem(size[0], size[1])
-    if problem:
-        return f"resize refused: {problem}; the terminal keeps its size", None
-    return "", ptyframes.resize(size[0], size[1])

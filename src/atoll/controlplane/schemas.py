@@ -504,6 +504,36 @@ class Preview(BaseModel):
     headers: dict[str, str] = Field(description="Headers that route to this port on any host name")
 
 
+class GrantWorker(BaseModel):
+    id: str
+    name: str = Field(description="The name its TLS certificate carries")
+    tunnel_port: int = Field(
+        description="Its port tunnel (terminals: an `ATOLL-PTY` hello with `grant:<grant>`)"
+    )
+    url: str = Field(description="The worker protocol's base URL (https:// across machines)")
+
+
+class GrantDefaults(BaseModel):
+    """What the API fills into a data call itself, for the edge to do the same."""
+
+    workdir: str | None = Field(description="Where relative file paths start")
+    user: str | None = Field(description="The sandbox's default user (an exec without `user` runs as it)")
+    shell: str | None = Field(description="The sandbox's shell for string commands (null: bash if present)")
+    max_output_bytes: int = Field(description="This server's cap per stream of a non-streamed exec")
+    max_file_bytes: int = Field(description="This server's cap on a file upload (ATOLL_MAX_FILE_MB)")
+
+
+class Grant(BaseModel):
+    sandbox_id: str
+    worker: GrantWorker
+    grant: str = Field(
+        description="`<sandbox_id>.<expires>.<scope>.<mac>`: send it to the worker as "
+        "`Authorization: Grant <grant>`; it opens this sandbox's data verbs only"
+    )
+    expires_at: int = Field(description="Unix seconds after which the worker refuses the grant")
+    defaults: GrantDefaults
+
+
 def iso(t):
     """A stored time as ISO 8601 (SQLite hands datetimes back naive; they are UTC)."""
     if t is None:

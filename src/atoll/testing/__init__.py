@@ -2,6 +2,7 @@
 
     LocalAtoll      `atoll up` in a subprocess (control plane + local worker)
     LocalCluster    `atoll server` + N `atoll worker` processes (LocalServer, LocalWorker)
+    LocalEdge       `atoll edge --server URL` (the data path straight to the workers)
     purge(home)     remove an installation's sandboxes from the host without a server
     FakeWorker      the control plane ↔ worker seam in memory (no runsc), for control-plane tests
     FakeAtoll       the real control plane in process over FakeWorkers (no root, no runsc)
@@ -15,7 +16,15 @@ root, its `postgres` user.
 
 from atoll.testing.control_plane import FakeAtoll
 from atoll.testing.fake_worker import FakeRuntime, FakeWorker
-from atoll.testing.local import LocalAtoll, LocalCluster, LocalServer, LocalWorker, free_port, purge
+from atoll.testing.local import (
+    LocalAtoll,
+    LocalCluster,
+    LocalEdge,
+    LocalServer,
+    LocalWorker,
+    free_port,
+    purge,
+)
 
 __all__ = [
     "FakeAtoll",
@@ -23,6 +32,7 @@ __all__ = [
     "FakeWorker",
     "LocalAtoll",
     "LocalCluster",
+    "LocalEdge",
     "LocalServer",
     "LocalWorker",
     "free_port",

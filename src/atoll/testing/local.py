@@ -364,6 +364,40 @@ class LocalWorker(_Process):
         )
 
 
+class LocalEdge(_Process):
+    """`atoll edge --server URL` in a subprocess: the data path straight to the workers."""
+
+    def __init__(
+        self,
+        home: str | os.PathLike,
+        server_url: str,
+        port: int | None = None,
+        ca_file: str | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        _Process.__init__(self, home, env, None, "atoll-edge.log")
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = ["edge", "--server", server_url, "--port", str(self.port)]
+        if ca_file:
+            self.argv += ["--ca-file", ca_file]
+
+    def start(self, timeout: float = 60) -> LocalEdge:
+        """Start and wait until it answers /healthz."""
+        self.spawn()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rc = self.exited()
+            if rc is not None:
+                raise RuntimeError(f"atoll edge exited with {rc}; see {self.log_path}:\n{self.tail()}")
+            try:
+                httpx.get(self.url + "/healthz", timeout=1)
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError(f"atoll edge did not answer within {timeout}s; see {self.log_path}")
+
+
 class LocalCluster(_Api):
     """`atoll server` plus `workers` separate `atoll worker` processes, each with its own home
     under `root` (`root/server`, `root/worker-<i>`).

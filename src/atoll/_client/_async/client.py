@@ -6,6 +6,7 @@ Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync 
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -42,7 +43,13 @@ class AsyncClient:
     server's `GET /v1/ca.crt` answers. It serves every connection of the client (calls, streams,
     terminals); a file that cannot be used raises `BadCAFile` here, and a certificate that does not
     verify raises `CertificateError` (never retried).
-    `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
+    `edge_url` (default `$ATOLL_EDGE_URL`) is the URL of an `atoll edge`: a sandbox's exec,
+    process, file and terminal calls (exec, streamed exec, background processes, their output,
+    stdin, signals, waits; file read, write, delete, stat, list; terminals opened, attached,
+    killed) then go there, straight to the sandbox's worker, with the same key, and every other call
+    to `base_url`; an open stream through the edge is not cut when a server restarts.
+    `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`; it serves the
+    edge's calls too).
     Use it as a context manager, or close it when done.
     """
 
@@ -58,6 +65,7 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
         ca_file: str | os.PathLike[str] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the deprecated name of request_timeout
+        edge_url: str | None = None,
     ) -> None:
         request_timeout = _base.deprecated_timeout(type(self).__name__ + "()", timeout, request_timeout)
         self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout, ca_file)
@@ -70,6 +78,18 @@ class AsyncClient:
             transport=transport,
             verify=self._verify,
         )
+        self._edge_url = _base.resolve_edge_url(edge_url)
+        self._edge: httpx.AsyncClient | None = None
+        self._edge_verify: bool | ssl.SSLContext = self._verify
+        if self._edge_url is not None:
+            self._edge_verify = _base.tls_verify(self._edge_url, self._config.ca_file, self._config.ca_origin)
+            self._edge = httpx.AsyncClient(
+                base_url=self._edge_url,
+                headers=self._config.headers(headers),
+                timeout=request_timeout,
+                transport=transport,
+                verify=self._edge_verify,
+            )
         self.sandboxes = AsyncSandboxes(self)
         self.templates = AsyncTemplates(self)
         self.workers = AsyncWorkers(self)
@@ -82,6 +102,11 @@ class AsyncClient:
     @property
     def base_url(self) -> str:
         return self._config.base_url
+
+    @property
+    def edge_url(self) -> str | None:
+        """The edge that serves sandboxes' exec and process calls (None: the API serves them)."""
+        return self._edge_url
 
     @property
     def request_timeout(self) -> float:
@@ -176,6 +201,8 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        if self._edge is not None:
+            await self._edge.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -186,8 +213,22 @@ class AsyncClient:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
 
-    def _connection_error(self, exc: httpx.TransportError) -> errors.APIConnectionError:
-        return _base.connection_error(exc, self.base_url, self._config.ca_file, self._config.ca_origin)
+    def _connection_error(
+        self, exc: httpx.TransportError, url: str | None = None
+    ) -> errors.APIConnectionError:
+        return _base.connection_error(exc, url or self.base_url, self._config.ca_file, self._config.ca_origin)
+
+    def _ws_base(self, path: str) -> tuple[str, bool | ssl.SSLContext]:
+        """(base URL, TLS verification) of a terminal WebSocket at `path`: the edge's, or the API's."""
+        if self._edge_url is not None and _base.edge_route("GET", path):
+            return self._edge_url, self._edge_verify
+        return self.base_url, self._verify
+
+    def _via(self, method: str, path: str) -> httpx.AsyncClient:
+        """The HTTP client for `method path`: the edge's for the data calls it serves, else the API's."""
+        if self._edge is not None and _base.edge_route(method, path):
+            return self._edge
+        return self._http
 
     async def _request(
         self,
@@ -203,11 +244,12 @@ class AsyncClient:
         """Send one request; raise the mapped `AtollError` for any non-2xx answer. Idempotent
         methods, and requests with an Idempotency-Key, are retried (see the class docstring;
         tenacity does the waiting)."""
+        http = self._via(method, path)
         try:
             keyed = headers is not None and "Idempotency-Key" in headers
             async for attempt in _base.aretrying(self._retries, method, content, keyed):
                 with attempt:
-                    response = await self._http.request(
+                    response = await http.request(
                         method,
                         path,
                         json=json,
@@ -221,7 +263,7 @@ class AsyncClient:
         except _base.RetryableStatus as exc:
             response = exc.response
         except httpx.TransportError as exc:
-            raise self._connection_error(exc) from exc
+            raise self._connection_error(exc, str(http.base_url).rstrip("/")) from exc
         _base.raise_for_status(response)
         return response
 
@@ -238,7 +280,8 @@ class AsyncClient:
     ) -> AsyncIterator[httpx.Response]:
         """Send one request and yield the response unread, after checking its status. Opening an
         idempotent one is retried like `_request`; a stream that breaks later is not."""
-        request = self._http.build_request(
+        http = self._via(method, path)
+        request = http.build_request(
             method,
             path,
             json=json,
@@ -249,7 +292,7 @@ class AsyncClient:
         try:
             async for attempt in _base.aretrying(self._retries, method):
                 with attempt:
-                    response = await self._http.send(request, stream=True)
+                    response = await http.send(request, stream=True)
                     if response.status_code in _base.RETRY_STATUSES:
                         await response.aread()
                         await response.aclose()
@@ -257,13 +300,13 @@ class AsyncClient:
         except _base.RetryableStatus as exc:
             raise _base.error_from_response(exc.response) from None
         except httpx.TransportError as exc:
-            raise self._connection_error(exc) from exc
+            raise self._connection_error(exc, str(http.base_url).rstrip("/")) from exc
         try:
             if not response.is_success:
                 await response.aread()
                 raise _base.error_from_response(response)
             yield response
         except httpx.TransportError as exc:
-            raise self._connection_error(exc) from exc
+            raise self._connection_error(exc, str(http.base_url).rstrip("/")) from exc
         finally:
             await response.aclose()

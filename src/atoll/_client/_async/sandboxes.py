@@ -428,7 +428,8 @@ class AsyncSandbox(SandboxFields):
         from websockets import exceptions as ws_errors
         from websockets.asyncio.client import connect as ws_connect
 
-        url = _base.ws_url(self._client.base_url, self._path("pty", pty_id, "ws"))
+        base_url, verify = self._client._ws_base(self._path("pty", pty_id, "ws"))
+        url = _base.ws_url(base_url, self._path("pty", pty_id, "ws"))
         config = self._client._config
         try:
             ws = await ws_connect(
@@ -437,7 +438,7 @@ class AsyncSandbox(SandboxFields):
                 open_timeout=self._client.create_timeout,
                 compression=None,
                 max_size=None,
-                ssl=_base.ws_ssl(url, self._client._verify),
+                ssl=_base.ws_ssl(url, verify),
             )
         except ws_errors.InvalidStatus as exc:
             raise _base.ws_refused(exc.response.status_code, exc.response.body, url) from exc

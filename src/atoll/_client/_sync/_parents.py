@@ -30,6 +30,8 @@ class ClientLike(Protocol):
     @property
     def create_timeout(self) -> float: ...
 
+    def _ws_base(self, path: str) -> tuple[str, bool | ssl.SSLContext]: ...
+
     def _request(
         self,
         method: str,

@@ -8,6 +8,7 @@ Generated from `_async/client.py` by `scripts/unasync_sdk.py` (edit that file an
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -44,7 +45,13 @@ class Client:
     server's `GET /v1/ca.crt` answers. It serves every connection of the client (calls, streams,
     terminals); a file that cannot be used raises `BadCAFile` here, and a certificate that does not
     verify raises `CertificateError` (never retried).
-    `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`).
+    `edge_url` (default `$ATOLL_EDGE_URL`) is the URL of an `atoll edge`: a sandbox's exec,
+    process, file and terminal calls (exec, streamed exec, background processes, their output,
+    stdin, signals, waits; file read, write, delete, stat, list; terminals opened, attached,
+    killed) then go there, straight to the sandbox's worker, with the same key, and every other call
+    to `base_url`; an open stream through the edge is not cut when a server restarts.
+    `transport` replaces the HTTP transport (tests pass an `httpx.MockTransport`; it serves the
+    edge's calls too).
     Use it as a context manager, or close it when done.
     """
 
@@ -60,6 +67,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         ca_file: str | os.PathLike[str] | None = None,
         timeout: float | None = None,
+        edge_url: str | None = None,
     ) -> None:
         request_timeout = _base.deprecated_timeout(type(self).__name__ + "()", timeout, request_timeout)
         self._config = _base.resolve_config(base_url, api_key, request_timeout, create_timeout, ca_file)
@@ -72,6 +80,18 @@ class Client:
             transport=transport,
             verify=self._verify,
         )
+        self._edge_url = _base.resolve_edge_url(edge_url)
+        self._edge: httpx.Client | None = None
+        self._edge_verify: bool | ssl.SSLContext = self._verify
+        if self._edge_url is not None:
+            self._edge_verify = _base.tls_verify(self._edge_url, self._config.ca_file, self._config.ca_origin)
+            self._edge = httpx.Client(
+                base_url=self._edge_url,
+                headers=self._config.headers(headers),
+                timeout=request_timeout,
+                transport=transport,
+                verify=self._edge_verify,
+            )
         self.sandboxes = Sandboxes(self)
         self.templates = Templates(self)
         self.workers = Workers(self)
@@ -84,6 +104,11 @@ class Client:
     @property
     def base_url(self) -> str:
         return self._config.base_url
+
+    @property
+    def edge_url(self) -> str | None:
+        """The edge that serves sandboxes' exec and process calls (None: the API serves them)."""
+        return self._edge_url
 
     @property
     def request_timeout(self) -> float:
@@ -178,6 +203,8 @@ class Client:
 
     def close(self) -> None:
         self._http.close()
+        if self._edge is not None:
+            self._edge.close()
 
     def __enter__(self) -> Client:
         return self
@@ -188,8 +215,22 @@ class Client:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
 
-    def _connection_error(self, exc: httpx.TransportError) -> errors.APIConnectionError:
-        return _base.connection_error(exc, self.base_url, self._config.ca_file, self._config.ca_origin)
+    def _connection_error(
+        self, exc: httpx.TransportError, url: str | None = None
+    ) -> errors.APIConnectionError:
+        return _base.connection_error(exc, url or self.base_url, self._config.ca_file, self._config.ca_origin)
+
+    def _ws_base(self, path: str) -> tuple[str, bool | ssl.SSLContext]:
+        """(base URL, TLS verification) of a terminal WebSocket at `path`: the edge's, or the API's."""
+        if self._edge_url is not None and _base.edge_route("GET", path):
+            return self._edge_url, self._edge_verify
+        return self.base_url, self._verify
+
+    def _via(self, method: str, path: str) -> httpx.Client:
+        """The HTTP client for `method path`: the edge's for the data calls it serves, else the API's."""
+        if self._edge is not None and _base.edge_route(method, path):
+            return self._edge
+        return self._http
 
     def _request(
         self,
@@ -205,11 +246,12 @@ class Client:
         """Send one request; raise the mapped `AtollError` for any non-2xx answer. Idempotent
         methods, and requests with an Idempotency-Key, are retried (see the class docstring;
         tenacity does the waiting)."""
+        http = self._via(method, path)
         try:
             keyed = headers is not None and "Idempotency-Key" in headers
             for attempt in _base.retrying(self._retries, method, content, keyed):
                 with attempt:
-                    response = self._http.request(
+                    response = http.request(
                         method,
                         path,
                         json=json,
@@ -223,7 +265,7 @@ class Client:
         except _base.RetryableStatus as exc:
             response = exc.response
         except httpx.TransportError as exc:
-            raise self._connection_error(exc) from exc
+            raise self._connection_error(exc, str(http.base_url).rstrip("/")) from exc
         _base.raise_for_status(response)
         return response
 
@@ -240,7 +282,8 @@ class Client:
     ) -> Iterator[httpx.Response]:
         """Send one request and yield the response unread, after checking its status. Opening an
         idempotent one is retried like `_request`; a stream that breaks later is not."""
-        request = self._http.build_request(
+        http = self._via(method, path)
+        request = http.build_request(
             method,
             path,
             json=json,
@@ -251,7 +294,7 @@ class Client:
         try:
             for attempt in _base.retrying(self._retries, method):
                 with attempt:
-                    response = self._http.send(request, stream=True)
+                    response = http.send(request, stream=True)
                     if response.status_code in _base.RETRY_STATUSES:
                         response.read()
                         response.close()
@@ -259,13 +302,13 @@ class Client:
         except _base.RetryableStatus as exc:
             raise _base.error_from_response(exc.response) from None
         except httpx.TransportError as exc:
-            raise self._connection_error(exc) from exc
+            raise self._connection_error(exc, str(http.base_url).rstrip("/")) from exc
         try:
             if not response.is_success:
                 response.read()
                 raise _base.error_from_response(response)
             yield response
         except httpx.TransportError as exc:
-            raise self._connection_error(exc) from exc
+            raise self._connection_error(exc, str(http.base_url).rstrip("/")) from exc
         finally:
             response.close()

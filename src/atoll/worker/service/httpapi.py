@@ -4,7 +4,10 @@
 Only the server that registered this worker may call it: every request must carry
 `Authorization: Bearer <token>` with the token that server issued at the latest registration (401
 otherwise; none is accepted before the first registration) and `Atoll-Protocol` of this version
-(409 incompatible_protocol otherwise). Errors are the public envelope, so the server rebuilds the
+(409 incompatible_protocol otherwise). The one exception is the edge (`atoll edge`): a sandbox's
+data verbs (exec, processes, files, terminals) also open with `Authorization: Grant <grant>`, a
+short-lived grant for that sandbox the server minted with this worker's current token
+(core.grants); any other verb, another sandbox, an expired or stale grant is 401. Errors are the public envelope, so the server rebuilds the
 same domain error. Lifecycle steps are not cancelled when the server hangs up (a half-made
 sandbox helps nobody; the server reconciles later); an exec is (the command is killed).
 Plain Starlette routes (no OpenAPI, no dependency injection: ~0.1 ms less per call than FastAPI).
@@ -20,6 +23,7 @@ import contextlib
 import hmac
 import json
 import logging
+import time
 import typing
 
 from starlette.applications import Starlette
@@ -27,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from atoll.core import errors, seam, wire
+from atoll.core import errors, grants, seam, wire
 from atoll.core import worker_api as api
 from atoll.shared import relay
 
@@ -451,7 +455,13 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         try:
             # the token first: a caller without it learns nothing, not even the protocol version
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-            if (
+            path = scope.get("path", "")
+            if scheme.lower() == grants.SCHEME.lower().encode():
+                # the edge: one sandbox's data verbs, with a grant the server minted (core.grants)
+                grants.verify(
+                    creds.token, token.decode("ascii", "replace"), path.removeprefix(PREFIX), time.time()
+                )
+            elif (
                 creds.token is None
                 or scheme.lower() != b"bearer"
                 or not hmac.compare_digest(token.strip(), creds.token)

@@ -90,7 +90,7 @@ async def serve(s: settings_mod.WorkerSettings, caught: list[int] | None = None)
     creds = httpapi.Credentials()
     app = httpapi.create_app(worker, creds)
     host, port = sock.getsockname()[:2]
-    tunnel = Tunnel(worker, lambda: creds.tunnel)
+    tunnel = Tunnel(worker, lambda: creds.tunnel, grant_key=lambda: creds.token)
     worker.tunnel_port = await tunnel.start(host)
     identity = registration.Identity(s) if s.server_url and s.server_url.startswith("https://") else None
     scheme = "https" if identity is not None else "http"

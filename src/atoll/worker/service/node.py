@@ -313,6 +313,9 @@ class Node(StoreVerbs):
         self._home_lock: int | None = None
         self._cpu: dict[str, collections.deque] = {}  # "<sandbox>-<generation>" -> (time, CPU s)
         self._activity_told: dict[str, float] = {}
+        self._served_at: dict[str, float] = {}
+        """When (monotonic) the last call into each sandbox ended: a call that did not come
+        through the control plane (the edge's, with a grant) is activity only this worker sees."""
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _lock(self, sid: str) -> asyncio.Lock:
@@ -580,6 +583,15 @@ class Node(StoreVerbs):
             elif now - self.edge.last_io(rt.sandbox_id) < ACTIVITY_WINDOW_S:
                 self._activity_told[rt.sandbox_id] = now
                 self.hub.emit(api.SandboxActivity(rt.sandbox_id, "its network connections carry traffic"))
+            elif (
+                self._inflight.get(rt.sandbox_id)
+                or now - self._served_at.get(rt.sandbox_id, -1e9) < ACTIVITY_WINDOW_S
+            ):
+                # calls through the edge (a grant) never pass the control plane's own accounting
+                self._activity_told[rt.sandbox_id] = now
+                self.hub.emit(
+                    api.SandboxActivity(rt.sandbox_id, "a call into it is in progress or just ended")
+                )
             elif self.edge.busy(rt.sandbox_id):
                 self._activity_told[rt.sandbox_id] = now
                 self.hub.emit(api.SandboxActivity(rt.sandbox_id, "a request of its is waiting for an answer"))
@@ -947,6 +959,7 @@ class Node(StoreVerbs):
             self.pressure.forget(sid)
             self.tiers.forget(sid)
             self._inflight.pop(sid, None)
+            self._served_at.pop(sid, None)
         if not self._lock(sid).locked():
             self._locks.pop(sid, None)
 
@@ -1017,6 +1030,7 @@ class Node(StoreVerbs):
             yield
         finally:
             self._inflight[sid] = self._inflight.get(sid, 1) - 1
+            self._served_at[sid] = time.monotonic()
 
     async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:
         async with self._serving(sandbox_id):

@@ -8,6 +8,9 @@ relay the connection itself (Node.relay_port: the gateway answers `OK\\n` and mo
 the kernel; the worker's event loop never sees them), or (hello `ATOLL-PTY <protocol> <token>
 <sandbox_id> <pty_id>`) answers `OK\\n` and relays a terminal's frame stream (Node.attach_pty,
 guest.agent.ptyframes); anything wrong gets `ERR <code> <message>\\n` and the connection closes.
+The edge (`atoll edge`) holds no token: its `ATOLL-PTY` hello carries `grant:<grant>` in the token's
+place, a grant for that sandbox the server minted with this worker's current token (core.grants);
+a grant opens terminals only, never a port.
 
 Strangers cost nothing until they speak: the listener uses TCP_DEFER_ACCEPT (a connection that
 sends no byte is never accepted, the kernel drops it), the hello must be whole within
@@ -31,13 +34,15 @@ import socket
 import time
 import typing
 
-from atoll.core import errors
+from atoll.core import errors, grants
 from atoll.core import worker_api as api
 from atoll.shared import portstream, relay
 
 log = logging.getLogger(__name__)
 HELLO = "ATOLL-TUNNEL"
 HELLO_PTY = "ATOLL-PTY"
+GRANT_PREFIX = "grant:"
+"""An `ATOLL-PTY` hello's token field that is a grant (the edge's) rather than the tunnel token."""
 _READ = 256 * 1024
 MAX_HELLO = 2048
 HELLO_TIMEOUT_S = 3.0
@@ -59,9 +64,16 @@ class _Waiting:
 
 
 class Tunnel:
-    def __init__(self, node: typing.Any, token: typing.Callable[[], bytes | None]):
+    def __init__(
+        self,
+        node: typing.Any,
+        token: typing.Callable[[], bytes | None],
+        grant_key: typing.Callable[[], bytes | None] | None = None,
+    ):
         self.node = node
         self.token = token
+        self.grant_key = grant_key
+        """The registration's token itself, which grants are checked with (None: no grants)."""
         self.sock: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -158,7 +170,18 @@ class Tunnel:
                     sock, "incompatible_protocol", f"this worker speaks protocol {api.PROTOCOL_VERSION}"
                 )
                 return
-            if token is None or not hmac.compare_digest(parts[2].encode(), token):
+            if parts[2].startswith(GRANT_PREFIX) and parts[0] == HELLO_PTY and self.grant_key is not None:
+                try:  # the edge's: one sandbox's terminals
+                    grants.verify(
+                        self.grant_key(),
+                        parts[2][len(GRANT_PREFIX) :],
+                        f"/sandboxes/{parts[3]}/pty/{parts[4]}",
+                        time.time(),
+                    )
+                except errors.AtollError as e:
+                    await _refuse(sock, "unauthorized", e.message)
+                    return
+            elif token is None or not hmac.compare_digest(parts[2].encode(), token):
                 await _refuse(sock, "unauthorized", "wrong or missing worker token")
                 return
             self._unwait(id(w))  # authenticated: no longer a stranger that floods could push out

@@ -1,0 +1,60 @@
+"""Public route that hands the data path of a sandbox to the edge: `POST /v1/sandboxes/{id}/grant`.
+
+It resumes a sandbox in standby (the same path an exec takes) and answers its worker's URL and a
+short-lived grant (core.grants) minted with that worker's token, which this server knows for every
+worker it calls (held or borrowed). The edge (`atoll edge`) then sends the sandbox's exec, file
+and process calls to the worker itself, so their bytes never pass through a server and a server
+restart does not cut a stream. The edge never learns a worker token. `atoll up`'s worker lives in
+the server's process and has no URL: there it is 409 invalid_state.
+Part of the app built by controlplane.app.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+
+from atoll.controlplane import http, schemas
+from atoll.controlplane.context import ctx
+from atoll.controlplane.routes_sandboxes import ERRORS, SandboxId
+from atoll.core import errors, grants
+
+router = APIRouter(tags=["exec"])
+
+
+@router.post("/v1/sandboxes/{sid}/grant", responses={200: {"model": schemas.Grant}, **ERRORS})
+async def grant_data_path(request: Request, sid: SandboxId):
+    """A grant for the sandbox's data verbs on its worker, good for 60 s (resumes it if in standby).
+    Meant for the edge; what it allows is what the key that asked may do to this sandbox."""
+    c = ctx(request)
+    async with c.manager.activity(sid) as worker:
+        rec = c.manager.get(sid)
+        token, url = getattr(worker, "token", None), getattr(worker, "url", None)
+        if not token or not url:
+            raise errors.Conflict(
+                f"sandbox {sid}'s worker runs inside this server's process (`atoll up`) and has no URL "
+                "of its own, so there is no data path apart from this server: call the API",
+                code="invalid_state",
+            )
+        grant, expires = grants.mint(token, sid, time.time())
+    return http.json_response(
+        {
+            "sandbox_id": sid,
+            "worker": {
+                "id": rec.worker_id,
+                "name": getattr(worker, "name", ""),
+                "url": url,
+                "tunnel_port": getattr(worker, "tunnel_port", 0),
+            },
+            "grant": grant,
+            "expires_at": expires,
+            "defaults": {
+                "workdir": rec.workdir,
+                "user": rec.user,
+                "shell": rec.shell,
+                "max_output_bytes": c.max_exec_output_bytes,
+                "max_file_bytes": c.max_file_bytes,
+            },
+        }
+    )

@@ -1,0 +1,79 @@
+"""Short-lived data grants: what lets a process that holds no worker token (the edge, `atoll edge`)
+call one sandbox's data verbs on its worker directly, so that exec, file and process-output bytes
+do not pass through the server that answered the control call.
+
+A grant is `<sandbox_id>.<expires unix s>.<scope>.<mac>`, mac = base64url(HMAC-SHA256(worker
+token, "atoll-grant-v1\\n<sandbox_id>\\n<expires>\\n<scope>")) without padding. The server mints
+it (it knows the token of every worker it calls, held or borrowed); the worker checks it with its
+own current token, so a grant minted before the worker registered again (a new token) is refused,
+and nothing but the one sandbox's data verbs opens with it (`DATA_PATH`). It is a bearer
+credential for `TTL_S` seconds: whoever holds it may run commands in that sandbox until then.
+Pure; used by controlplane.routes_grant (minting) and worker.service.httpapi (checking).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+
+from atoll.core import errors, ids
+
+TTL_S = 60
+"""How long a grant is good for."""
+SCOPE = "data"
+"""The one scope there is: the sandbox's data verbs (exec, processes, files, terminals)."""
+SCHEME = "Grant"
+"""The Authorization scheme a grant travels in: `Authorization: Grant <grant>`."""
+MAX_LEN = 200
+
+DATA_PATH = re.compile(r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?)$")
+"""The worker-protocol paths (after its prefix) a grant opens: one sandbox's exec, processes,
+files and terminals — not its lifecycle, network, secrets, metrics, nor anything of the worker."""
+
+
+def _mac(token: str | bytes, sandbox_id: str, expires: int, scope: str) -> str:
+    key = token if isinstance(token, bytes) else token.encode()
+    msg = f"atoll-grant-v1\n{sandbox_id}\n{expires}\n{scope}".encode()
+    return base64.urlsafe_b64encode(hmac.new(key, msg, hashlib.sha256).digest()).rstrip(b"=").decode()
+
+
+def mint(
+    token: str | bytes, sandbox_id: str, now: float, ttl_s: int = TTL_S, scope: str = SCOPE
+) -> tuple[str, int]:
+    """A grant for `sandbox_id`'s data verbs, good until now + ttl_s: (grant, expires unix s)."""
+    expires = int(now) + int(ttl_s)
+    return f"{sandbox_id}.{expires}.{scope}.{_mac(token, sandbox_id, expires, scope)}", expires
+
+
+def verify(token: str | bytes | None, grant: str, path: str, now: float) -> str:
+    """The sandbox id of a valid `grant` presented for worker-protocol `path` (after the prefix);
+    Unauthorized, saying why, if it is malformed, forged or minted with another token, expired,
+    for another sandbox, or `path` is not a data verb."""
+    m = DATA_PATH.match(path)
+    if m is None:
+        raise errors.Unauthorized(
+            f"a grant opens only a sandbox's data verbs (exec, processes, files, terminals), not {path[:100]!r}"
+        )
+    parts = grant.strip().split(".")
+    if len(grant) > MAX_LEN or len(parts) != 4 or not parts[1].isdigit():
+        raise errors.Unauthorized("malformed grant: expected <sandbox_id>.<expires>.<scope>.<mac>")
+    sid, expires_s, scope, mac = parts
+    if token is None:
+        raise errors.Unauthorized("this worker has not registered yet; it accepts no grant")
+    if scope != SCOPE or not ids.SANDBOX_ID_RE.match(sid):
+        raise errors.Unauthorized(f"malformed grant: unknown scope {scope[:20]!r} or sandbox id {sid[:40]!r}")
+    if not hmac.compare_digest(mac.encode(), _mac(token, sid, int(expires_s), scope).encode()):
+        raise errors.Unauthorized(
+            "the grant was not minted with this worker's current token (forged, or minted before the "
+            "worker registered again); ask the server for a new one (POST /v1/sandboxes/{id}/grant)"
+        )
+    if int(expires_s) <= now:
+        raise errors.Unauthorized(
+            f"the grant expired {int(now) - int(expires_s)} s ago; ask the server for a new one "
+            "(POST /v1/sandboxes/{id}/grant)"
+        )
+    if sid != m.group("sid"):
+        raise errors.Unauthorized(f"the grant is for sandbox {sid}, not for {m.group('sid')[:40]!r}")
+    return sid

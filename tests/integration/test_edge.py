@@ -1,0 +1,325 @@
+"""`atoll edge` over `atoll server` + `atoll worker` with real gVisor sandboxes: exec, streamed exec,
+background processes and files through the edge answer as through the API; an exec stream, a
+followed process output and a terminal (the SDK with edge_url) through the edge keep flowing while
+the server is SIGKILLed, and new calls work once it is back (the worker registered again: old
+grants are refused and the edge asks anew); grants open one sandbox's data verbs only; a wrong key
+is the server's 401; a sandbox in standby is resumed by the grant; the edge's calls keep the idle
+timer from firing."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+import atoll
+from atoll.testing import LocalCluster, LocalEdge
+from tests.conftest import TEMPLATE_CACHE
+
+pytestmark = pytest.mark.integration
+
+ENV = {"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE, "ATOLL_WORKER_LOST_S": "6", "ATOLL_HEARTBEAT_S": "1"}
+COUNT = "for i in $(seq 1 30); do echo $i; sleep 0.1; done"
+
+
+def _start(root) -> tuple[LocalCluster, LocalEdge]:
+    cl = LocalCluster(root / "cluster", workers=1, env=ENV)
+    cl.start(timeout=600)
+    try:
+        edge = LocalEdge(root / "edge", cl.url).start()
+    except BaseException:
+        cl.stop(reap=True)
+        raise
+    return cl, edge
+
+
+def _stop(cl: LocalCluster, edge: LocalEdge) -> None:
+    edge.terminate()
+    if cl.server.proc is None:
+        cl.server.start()
+    try:
+        cl.wait_healthy(120, lambda: None)
+    except RuntimeError:
+        pass
+    cl.stop(reap=True)
+
+
+@pytest.fixture(scope="module")
+def _shared(tmp_path_factory):
+    cl, edge = _start(tmp_path_factory.mktemp("edge-shared"))
+    yield cl, edge
+    _stop(cl, edge)
+
+
+@pytest.fixture
+def shared(_shared):
+    cl, edge = _shared
+    yield cl, edge
+    cl.delete_all()
+
+
+@pytest.fixture
+def own(tmp_path):
+    cl, edge = _start(tmp_path)
+    yield cl, edge
+    _stop(cl, edge)
+
+
+def _api(cl) -> httpx.Client:
+    return httpx.Client(base_url=cl.url, headers=cl.headers(), timeout=300)
+
+
+def _edge(cl, edge, key: str | None = None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {key or cl.api_key}"}
+    return httpx.Client(base_url=edge.url, headers=headers, timeout=300)
+
+
+def _sandbox(c) -> str:
+    r = c.post("/v1/sandboxes", json={"idle_timeout_s": 0})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _lines(r: httpx.Response) -> list[dict]:
+    return [json.loads(line) for line in r.text.splitlines() if line]
+
+
+def test_exec_and_processes_through_the_edge_answer_as_through_the_api(shared):
+    cl, edge = shared
+    with _api(cl) as a, _edge(cl, edge) as e:
+        sid = _sandbox(a)
+        body = {"cmd": "echo out; echo err >&2; exit 3"}
+        via_api = a.post(f"/v1/sandboxes/{sid}/exec", json=body).json()
+        via_edge = e.post(f"/v1/sandboxes/{sid}/exec", json=body)
+        assert via_edge.status_code == 200, via_edge.text
+        got = via_edge.json()
+        assert {k: v for k, v in got.items() if k != "duration_ms"} == {
+            k: v for k, v in via_api.items() if k != "duration_ms"
+        }
+        assert got["stdout"] == "out\n" and got["stderr"] == "err\n" and got["exit_code"] == 3
+        nd = {"Accept": "application/x-ndjson"}
+        streamed_api = _lines(a.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "seq 1 3"}, headers=nd))
+        streamed_edge = _lines(e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "seq 1 3"}, headers=nd))
+        strip = lambda ls: [{k: v for k, v in x.items() if k != "duration_ms"} for x in ls]  # noqa: E731
+        assert strip(streamed_edge) == strip(streamed_api)
+        assert "".join(x.get("stdout", "") for x in streamed_edge) == "1\n2\n3\n"
+        assert streamed_edge[-1]["exit_code"] == 0
+        # a background process: started, followed and waited for through the edge
+        started = e.post(
+            f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo a; sleep 0.3; echo b", "background": True}
+        )
+        assert started.status_code == 200, started.text
+        pid = started.json()["pid"]
+        out = _lines(e.get(f"/v1/sandboxes/{sid}/processes/{pid}/output", params={"follow": "1"}))
+        assert "".join(x.get("stdout", "") for x in out) == "a\nb\n" and out[-1]["exit_code"] == 0
+        again = {"follow": "1"}
+        assert _lines(e.get(f"/v1/sandboxes/{sid}/processes/{pid}/output", params=again)) == _lines(
+            a.get(f"/v1/sandboxes/{sid}/processes/{pid}/output", params=again)
+        )
+        assert e.post(f"/v1/sandboxes/{sid}/processes/{pid}/wait", json={}).json()["exit_code"] == 0
+        assert (
+            e.get(f"/v1/sandboxes/{sid}/processes/{pid}").json()
+            == a.get(f"/v1/sandboxes/{sid}/processes/{pid}").json()
+        )
+        # stdin and a signal to a process that reads
+        cat = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "cat", "background": True}).json()["pid"]
+        w = e.post(f"/v1/sandboxes/{sid}/processes/{cat}/stdin", params={"eof": "1"}, content=b"hello\n")
+        assert w.json() == {"written": 6, "eof": True}, w.text
+        assert (
+            e.post(f"/v1/sandboxes/{sid}/processes/{cat}/wait", json={"timeout_s": 30}).json()["exit_code"]
+            == 0
+        )
+        sl = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 600", "background": True}).json()["pid"]
+        killed = e.post(f"/v1/sandboxes/{sid}/processes/{sl}/signal", json={"signal": "TERM"})
+        assert killed.status_code == 200, killed.text
+        # files: written through the edge, read through both, listed, stat'ed, deleted
+        f = f"/v1/sandboxes/{sid}/files"
+        blob = bytes(range(256)) * 4096  # 1 MiB
+        assert e.put(f, params={"path": "/tmp/blob"}, content=blob).status_code == 204
+        assert a.get(f, params={"path": "/tmp/blob"}).content == blob
+        assert e.get(f, params={"path": "/tmp/blob"}).content == blob
+        assert (
+            e.get(f + "/stat", params={"path": "/tmp/blob"}).json()
+            == a.get(f + "/stat", params={"path": "/tmp/blob"}).json()
+        )
+        assert "blob" in [x["name"] for x in e.get(f + "/list", params={"path": "/tmp"}).json()["items"]]
+        assert e.delete(f, params={"path": "/tmp/blob"}).status_code == 204
+        assert a.get(f, params={"path": "/tmp/blob"}).status_code == 404
+        # control calls are not the edge's
+        r = e.post(f"/v1/sandboxes/{sid}/pause")
+        assert r.status_code == 404 and cl.url in r.json()["error"]["message"], r.text
+
+
+def test_a_wrong_key_or_another_tenants_sandbox_is_refused_at_the_edge(shared):
+    cl, edge = shared
+    with _api(cl) as a:
+        sid = _sandbox(a)
+    with _edge(cl, edge, key="wrong-key") as e:
+        r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
+    r = httpx.post(f"{edge.url}/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 401 and "Authorization: Bearer" in r.json()["error"]["message"], r.text
+    with _edge(cl, edge) as e:
+        r = e.post("/v1/sandboxes/sb-0000000000000000/exec", json={"cmd": "true"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "sandbox_not_found", r.text
+
+
+def test_a_grant_opens_one_sandboxs_data_verbs_and_nothing_else(shared):
+    cl, _ = shared
+    with _api(cl) as a:
+        sa, sb = _sandbox(a), _sandbox(a)
+        g = a.post(f"/v1/sandboxes/{sa}/grant")
+        assert g.status_code == 200, g.text
+        grant = g.json()
+        assert grant["sandbox_id"] == sa and grant["grant"].startswith(f"{sa}.")
+        assert 50 <= grant["expires_at"] - time.time() <= 61
+        url = grant["worker"]["url"]
+        hdr = {"Authorization": f"Grant {grant['grant']}", "Atoll-Protocol": "9"}
+        spec = {"cmd": ["echo", "hi"], "max_output_bytes": 1000}
+        ok = httpx.post(f"{url}/worker/v1/sandboxes/{sa}/exec", json=spec, headers=hdr)
+        assert ok.status_code == 200 and ok.json()["stdout"] == "hi\n", ok.text
+
+        def refused(method, path, headers=hdr, **kw) -> str:
+            r = httpx.request(method, f"{url}/worker/v1{path}", headers=headers, **kw)
+            assert r.status_code == 401, (path, r.status_code, r.text)
+            return r.json()["error"]["message"]
+
+        assert f"for sandbox {sa}" in refused("POST", f"/sandboxes/{sb}/exec", json=spec)
+        assert "data verbs" in refused("POST", f"/sandboxes/{sa}/pause", json={"tier": "memory"})
+        assert "data verbs" in refused("DELETE", f"/sandboxes/{sa}")
+        assert "data verbs" in refused("GET", "/info")
+        sid, exp, scope, mac = grant["grant"].split(".")
+        later = {**hdr, "Authorization": f"Grant {sid}.{int(exp) + 3600}.{scope}.{mac}"}
+        assert "current token" in refused("POST", f"/sandboxes/{sa}/exec", headers=later, json=spec)
+        assert "malformed" in refused(
+            "POST", f"/sandboxes/{sa}/exec", headers={**hdr, "Authorization": "Grant x"}
+        )
+        assert a.get(f"/v1/sandboxes/{sa}").json()["state"] == "running"
+        trail = a.get("/v1/audit", params={"action": "sandbox.grant"}).json()["items"]
+        assert any(sa in (t["target"] or "") and t["result"]["status"] == 200 for t in trail), trail
+
+
+def test_a_sandbox_in_standby_is_resumed_by_the_grant(shared):
+    cl, edge = shared
+    with _api(cl) as a, _edge(cl, edge) as e:
+        sid = _sandbox(a)
+        assert e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo 1 > /tmp/x"}).status_code == 200
+        r = a.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
+        assert r.status_code == 200 and r.json()["state"] == "standby", r.text
+        r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "cat /tmp/x"})
+        assert r.status_code == 200 and r.json()["stdout"] == "1\n", r.text
+        assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+
+
+def _until(term, needle: bytes, timeout: float = 30) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        assert time.monotonic() < deadline, seen
+        seen += term.read(timeout=deadline - time.monotonic())
+    return seen
+
+
+def test_a_stream_through_the_edge_outlives_a_server_sigkill(own):
+    cl, edge = own
+    with (
+        _api(cl) as a,
+        _edge(cl, edge) as e,
+        atoll.Client(cl.url, cl.api_key, edge_url=edge.url) as sdk,
+    ):
+        sid = _sandbox(a)
+        # a terminal opened and attached through the edge (the SDK with edge_url)
+        term = sdk.sandboxes.get(sid).pty(cmd=["/bin/sh"])
+        term.send(b"echo one-$((1+1))\n")
+        _until(term, b"one-2")
+        pid = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": COUNT, "background": True}).json()["pid"]
+        got: list[dict] = []
+        followed: list[dict] = []
+        nd = {"Accept": "application/x-ndjson"}
+        with (
+            e.stream("POST", f"/v1/sandboxes/{sid}/exec", json={"cmd": COUNT}, headers=nd) as r,
+            e.stream("GET", f"/v1/sandboxes/{sid}/processes/{pid}/output", params={"follow": "1"}) as o,
+        ):
+            assert r.status_code == 200 and o.status_code == 200
+            lines, out_lines = r.iter_lines(), o.iter_lines()
+            for line in lines:
+                got.append(json.loads(line))
+                if got[-1].get("stdout") == "3\n":
+                    break
+            followed.append(json.loads(next(out_lines)))
+            cl.server.kill()  # mid-stream: the bytes do not pass through it
+            term.send(b"echo two-$((2+2))\n")  # the terminal goes on too
+            _until(term, b"two-4")
+            got += [json.loads(line) for line in lines if line]
+            followed += [json.loads(line) for line in out_lines if line]
+        want = "".join(f"{i}\n" for i in range(1, 31))
+        assert "".join(x.get("stdout", "") for x in got) == want, got
+        assert got[-1]["exit_code"] == 0 and "error" not in json.dumps(got)
+        assert "".join(x.get("stdout", "") for x in followed) == want, followed
+        assert followed[-1]["exit_code"] == 0 and followed[-1]["offset"] == len(want)
+        term.send(b"exit 3\n")
+        assert term.wait(timeout=30) == 3
+        # with the server down, a call with a cached grant may still be served; a new grant cannot be had
+        r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+        assert r.status_code in (200, 503), r.text
+        cl.server.start()
+        deadline = time.monotonic() + 60
+        while a.get("/v1/workers").json()["items"][0]["state"] != "ready":
+            assert time.monotonic() < deadline, cl.tail()
+            time.sleep(0.2)
+        # the worker registered again (new token): the edge's cached grant is refused, it asks anew
+        deadline = time.monotonic() + 30
+        while True:
+            r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo back"})
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert r.status_code == 200 and r.json()["stdout"] == "back\n", r.text
+
+
+def test_calls_through_the_edge_count_as_activity_for_the_idle_policy(shared):
+    """The server sees none of the edge's calls: the worker keeps a sandbox with a call in flight
+    from being paused, and tells the server (SandboxActivity events) while and just after it serves
+    one, so the idle timer restarts from the call's end; once calls stop, idle standby follows."""
+    cl, edge = shared
+    with _api(cl) as a, _edge(cl, edge) as e:
+        r = a.post("/v1/sandboxes", json={"idle_timeout_s": 3})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 6; echo done"})
+        assert r.status_code == 200 and r.json()["stdout"] == "done\n", r.text
+        for _ in range(4):  # 2 s after a 6 s call: an idle timer not told of it would have fired
+            time.sleep(0.5)
+            assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        deadline = time.monotonic() + 30
+        while a.get(f"/v1/sandboxes/{sid}").json()["state"] != "standby":
+            assert time.monotonic() < deadline, "idle standby must still happen once the calls stop"
+            time.sleep(0.5)
+
+
+def test_the_edge_over_tls_checks_the_server_and_the_workers(tmp_path):
+    """With the API and the workers on https (the installation CA), the edge checks both against
+    --ca-file and the worker's certificate name, and serves as before; without the CA it refuses."""
+    cl = LocalCluster(tmp_path / "cluster", workers=1, env=ENV, tls=True)
+    cl.start(timeout=600)
+    edge = bare = None
+    try:
+        edge = LocalEdge(tmp_path / "edge", cl.url, ca_file=cl.server.ca_file).start()
+        with httpx.Client(base_url=cl.url, headers=cl.headers(), timeout=300, verify=cl.verify) as a:
+            url = a.get("/v1/workers").json()["items"][0]["url"]
+            assert url.startswith("https://"), url
+            sid = _sandbox(a)
+            with _edge(cl, edge) as e:
+                r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo over-tls"})
+                assert r.status_code == 200 and r.json()["stdout"] == "over-tls\n", r.text
+        bare = LocalEdge(tmp_path / "bare", cl.url).start()  # the system's CAs: the server is not trusted
+        with _edge(cl, bare) as e:
+            r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+            assert r.status_code == 503 and cl.url in r.json()["error"]["message"], r.text
+    finally:
+        for p in (edge, bare):
+            if p is not None:
+                p.terminate()
+        cl.stop(reap=True)
