@@ -72,6 +72,13 @@ async def cluster(tmp_path):
                     if (await http.get("/healthz")).status_code == 200:
                         break
                     await asyncio.sleep(0.02)
+                # registered and taken over (ready): a loaded machine takes a while, and a create
+                # before that is a 503 no_worker that no test here is about
+                for _ in range(400):
+                    items = (await http.get("/v1/workers")).json()["items"]
+                    if [w["state"] for w in items] == ["ready"]:
+                        break
+                    await asyncio.sleep(0.05)
                 yield cp, http, fake, reg, wport
                 await http.aclose()
 
