@@ -147,3 +147,33 @@ async def test_a_streamed_watch_and_a_polled_watcher(envd):
     r = await call("CreateWatcher", {"path": "/nowhere"})
     assert r.status_code == 404, r.text
     assert not service._watchers
+
+
+async def test_a_watch_keeps_its_events_across_keepalives(envd):
+    """Silence longer than `Keepalive-Ping-Interval` sends a keepalive and the watch goes on: an
+    event after it still arrives (waiting for it with a timeout must not close the stream)."""
+    worker, _, _, c = envd
+    await worker.make_dir(SID, "/k")
+    req = json.dumps({"path": "/k"}).encode()
+
+    async def later():
+        await asyncio.sleep(1.6)
+        await _files(worker, "/k/late", b"1")
+
+    async def watch():
+        async with c.stream(
+            "POST",
+            "/filesystem.Filesystem/WatchDir",
+            content=struct.pack(">BI", 0, len(req)) + req,
+            headers={
+                "Content-Type": "application/connect+json",
+                "Connect-Timeout-Ms": "3000",
+                "Keepalive-Ping-Interval": "1",
+            },
+        ) as r:
+            return await r.aread()
+
+    body = (await asyncio.gather(watch(), later()))[0]
+    kinds = [next(iter(f[1])) for f in _frames(body) if f[0] == 0]
+    assert kinds[0] == "start" and "keepalive" in kinds, kinds
+    assert kinds.index("keepalive") < kinds.index("filesystem"), kinds

@@ -205,13 +205,20 @@ class FilesystemService(filesystem_connect.Filesystem):
             async with self.worker.watch_files(self.sid, root, request.recursive) as events:
                 it = aiter(events)
                 while True:
+                    # the next event, waited for across keepalives: cancelling a pending read on
+                    # timeout would close the stream's generator (and end the watch)
+                    nxt = asyncio.ensure_future(anext(it))
                     try:
-                        ev = await asyncio.wait_for(anext(it), keepalive)
-                    except TimeoutError:
-                        yield fs.WatchDirResponse(event=Oneof("keepalive", fs.WatchDirResponse.KeepAlive()))
-                        continue
+                        while not (await asyncio.wait({nxt}, timeout=keepalive))[0]:
+                            yield fs.WatchDirResponse(
+                                event=Oneof("keepalive", fs.WatchDirResponse.KeepAlive())
+                            )
+                        ev = nxt.result()
                     except StopAsyncIteration:
                         return
+                    finally:
+                        if not nxt.done():
+                            nxt.cancel()
                     if ev.type == "ready":
                         yield fs.WatchDirResponse(event=Oneof("start", fs.WatchDirResponse.StartEvent()))
                     elif ev.type == "overflow":
@@ -299,7 +306,7 @@ class FilesystemService(filesystem_connect.Filesystem):
 def _keepalive_s(ctx: typing.Any) -> float:
     raw = None
     with contextlib.suppress(Exception):
-        raw = ctx.request_headers().get("keepalive-ping-interval")
+        raw = ctx.request_headers.get("keepalive-ping-interval")  # a property of connectrpc's context
     try:
         v = float(raw) if raw else DEFAULT_KEEPALIVE_S
     except ValueError:
