@@ -265,6 +265,7 @@ async def test_filters_cursors_and_order(fake):
     [
         ({"from": "yesterday"}, "ISO 8601"),
         ({"to": "2026-13-01T00:00:00Z"}, "ISO 8601"),
+        ({"to": "9999-12-31T23:59:59-12:00"}, "ISO 8601"),  # out of range in UTC: was a 500
         ({"from": "2026-12-02T00:00:00Z", "to": "2026-12-01T00:00:00Z"}, "after"),
         ({"limit": "0"}, "1 to 1000"),
         ({"limit": "1001"}, "1 to 1000"),

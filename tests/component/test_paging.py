@@ -239,6 +239,9 @@ async def test_several_states_newest_first_and_a_creation_window(fake):
         "state": "running,standby,failed",
     }
     assert await _walk(c, "/v1/sandboxes", {**window, "limit": 4}) == standby
+    # an offset's `+` sent unencoded arrives as a space: read as the offset (as GET /v1/audit does)
+    r = await c.get("/v1/sandboxes?state=standby&created_after=2026-03-01T01:30:00 01:00")
+    assert [i["id"] for i in r.json()["items"]] == standby, r.text
     first = (await c.get("/v1/sandboxes", params={"limit": 3})).json()["next_cursor"]
     r = await c.get("/v1/sandboxes", params={"limit": 3, "order": "desc", "cursor": first})
     assert r.status_code == 400 and "cursor" in r.json()["error"]["message"], r.text
@@ -247,6 +250,8 @@ async def test_several_states_newest_first_and_a_creation_window(fake):
         ({"order": "newest"}, "'newest'"),
         ({"created_after": "yesterday"}, "'yesterday'"),
         ({"created_before": "2026-13-01"}, "RFC 3339"),
+        ({"created_before": "9999-12-31T23:59:59-12:00"}, "'9999-12-31T23:59:59-12:00'"),  # past year 9999 in UTC
+        ({"created_after": "0001-01-01T00:00:00+14:00"}, "RFC 3339"),
     ):
         r = await c.get("/v1/sandboxes", params=params)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text

@@ -12,8 +12,10 @@ Called by the routers (controlplane.routes_*) and app.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
+import re
 import typing
 
 import pydantic
@@ -244,3 +246,19 @@ async def relayed(
     finally:
         if not released:
             await close(failure)
+
+
+def query_time(name: str, value: str | None) -> dt.datetime | None:
+    """A time given in a query parameter (`name`), in UTC: ISO 8601 / RFC 3339, `Z` or an offset
+    (a `+` sent unencoded arrives as a space and is read as one), none meaning UTC; None when the
+    parameter is absent or empty. `400 invalid_request` naming the value otherwise, also for a
+    time that is out of range once moved to UTC (year 1 with +14:00, year 9999 with -12:00).
+    Used by GET /v1/sandboxes (created_after/before) and GET /v1/audit (from/to)."""
+    if value is None or value == "":
+        return None
+    bad = f"{name}={value[:60]!r} is not a time; use ISO 8601 / RFC 3339, e.g. 2026-12-06T18:00:00Z"
+    try:
+        t = dt.datetime.fromisoformat(re.sub(r" (\d\d:?\d\d)$", r"+\1", value.replace("Z", "+00:00")))
+        return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+    except (ValueError, OverflowError):
+        raise errors.InvalidRequest(bad) from None

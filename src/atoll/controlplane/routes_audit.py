@@ -8,7 +8,6 @@ Part of the app built by controlplane.app.
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -42,16 +41,7 @@ class AuditList(BaseModel):
 
 
 def _time(value: str | None, name: str) -> dt.datetime | None:
-    if value is None or value == "":
-        return None
-    try:
-        # a '+' offset sent unencoded in a query string arrives as a space
-        t = dt.datetime.fromisoformat(re.sub(r" (\d\d:?\d\d)$", r"+\1", value.replace("Z", "+00:00")))
-    except ValueError:
-        raise errors.InvalidRequest(
-            f"{name}={value[:60]!r} is not an ISO 8601 time; give e.g. 2026-12-01T00:00:00Z"
-        ) from None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+    return http.query_time(name, value)
 
 
 def _log(request: Request) -> audit.AuditLog:

@@ -226,16 +226,7 @@ async def list_sandboxes(
 
 
 def _instant(name: str, raw: str | None) -> dt.datetime | None:
-    """An RFC 3339 time from a query parameter, in UTC (one without an offset is taken as UTC)."""
-    if raw is None or raw == "":
-        return None
-    try:
-        t = dt.datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise errors.InvalidRequest(
-            f"{name}={raw[:60]!r} is not a time; use RFC 3339, e.g. 2026-12-06T18:00:00Z"
-        ) from None
-    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+    return http.query_time(name, raw)
 
 
 @router.get(
