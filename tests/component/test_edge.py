@@ -112,6 +112,13 @@ async def test_the_servers_refusals_and_the_edges_own_errors(via):
     async with _edge_client(edge, key=None) as none:
         r = await none.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
         assert r.status_code == 401 and "Authorization: Bearer" in r.json()["error"]["message"], r.text
+    # a key that is not ASCII (latin-1 bytes on the wire): 401, not a 500 from the grant request
+    r = await e.post(
+        f"/v1/sandboxes/{sid}/exec",
+        json={"cmd": "true"},
+        headers={"Authorization": "Bearer \u00e9".encode("latin-1")},
+    )
+    assert r.status_code == 401 and "printable ASCII" in r.json()["error"]["message"], r.text
     r = await e.post("/v1/sandboxes/sb-0000000000000000/exec", json={"cmd": "true"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "sandbox_not_found", r.text
     r = await e.post("/v1/sandboxes/nope/exec", json={"cmd": "true"})

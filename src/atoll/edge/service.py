@@ -204,12 +204,19 @@ def _dumps(obj: typing.Any) -> bytes:
 
 
 def _auth(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
+    return _checked_auth(request.headers.get("authorization", ""))
+
+
+def _checked_auth(auth: str) -> str:
+    """The caller's Authorization header, to pass on to the server: `Bearer <key>`, the key in
+    printable ASCII (as every atoll key is); else 401 saying so, before anything is sent."""
     if not auth.lower().startswith("bearer ") or not auth[7:].strip():
         raise errors.Unauthorized(
             "missing API key: send Authorization: Bearer <key>, the same key the API takes "
             "(the edge asks the API server whether it may reach this sandbox)"
         )
+    if not (auth.isascii() and auth.isprintable()):
+        raise errors.Unauthorized("invalid API key: an atoll key is printable ASCII (check what was pasted)")
     return auth
 
 
@@ -640,11 +647,7 @@ class Edge:
         sid, pty_id = websocket.path_params["sid"], websocket.path_params["pty_id"]
         stream: portstream.SocketPort | None = None
         try:
-            auth = websocket.headers.get("authorization", "")
-            if not auth.lower().startswith("bearer "):
-                raise errors.Unauthorized(
-                    "missing API key: send Authorization: Bearer <key>, the same key the API takes"
-                )
+            auth = _checked_auth(websocket.headers.get("authorization", ""))
             if not ids.SANDBOX_ID_RE.match(sid):
                 raise errors.InvalidRequest(f"{sid[:60]!r} is not a sandbox id")
             if not ptyframes.is_pty_id(pty_id):
