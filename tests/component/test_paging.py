@@ -250,7 +250,10 @@ async def test_several_states_newest_first_and_a_creation_window(fake):
         ({"order": "newest"}, "'newest'"),
         ({"created_after": "yesterday"}, "'yesterday'"),
         ({"created_before": "2026-13-01"}, "RFC 3339"),
-        ({"created_before": "9999-12-31T23:59:59-12:00"}, "'9999-12-31T23:59:59-12:00'"),  # past year 9999 in UTC
+        (
+            {"created_before": "9999-12-31T23:59:59-12:00"},
+            "'9999-12-31T23:59:59-12:00'",
+        ),  # past year 9999 in UTC
         ({"created_after": "0001-01-01T00:00:00+14:00"}, "RFC 3339"),
     ):
         r = await c.get("/v1/sandboxes", params=params)
