@@ -242,6 +242,12 @@ async def test_several_states_newest_first_and_a_creation_window(fake):
     # an offset's `+` sent unencoded arrives as a space: read as the offset (as GET /v1/audit does)
     r = await c.get("/v1/sandboxes?state=standby&created_after=2026-03-01T01:30:00 01:00")
     assert [i["id"] for i in r.json()["items"]] == standby, r.text
+    # `state` given twice means either, as the comma does; another filter given twice is refused
+    r = await c.get("/v1/sandboxes?state=running&state=standby&limit=500")
+    assert [i["id"] for i in r.json()["items"]] == running + standby, r.text
+    for twice in ("tier=disk&tier=memory", "limit=2&limit=3", "order=asc&order=desc"):
+        r = await c.get(f"/v1/sandboxes?{twice}")
+        assert r.status_code == 400 and "given 2 times" in r.json()["error"]["message"], r.text
     first = (await c.get("/v1/sandboxes", params={"limit": 3})).json()["next_cursor"]
     r = await c.get("/v1/sandboxes", params={"limit": 3, "order": "desc", "cursor": first})
     assert r.status_code == 400 and "cursor" in r.json()["error"]["message"], r.text

@@ -120,6 +120,7 @@ def page(request: Request, kind: str) -> Page:
     """The page `request` asks for, of the list `kind`; `400 invalid_request` for a bad limit or
     cursor."""
     q = request.query_params
+    once(request, "limit", "cursor")
     raw_limit = q.get("limit")
     if raw_limit is None or raw_limit == "":
         limit = DEFAULT_LIMIT
@@ -133,6 +134,18 @@ def page(request: Request, kind: str) -> Page:
     raw = q.get("cursor")
     after = None if raw in (None, "") else _check(raw, kind, key)
     return Page(limit, after, kind, key)
+
+
+def once(request: Request, *names: str) -> None:
+    """`400 invalid_request` when one of these query parameters is given more than once (the web
+    framework would silently keep only the last)."""
+    for name in names:
+        given = request.query_params.getlist(name)
+        if len(given) > 1:
+            raise errors.InvalidRequest(
+                f"query parameter {name!r} is given {len(given)} times ({', '.join(map(repr, given[:5]))}); "
+                "give it once"
+            )
 
 
 def _check(raw: str, kind: str, key: bytes) -> tuple:

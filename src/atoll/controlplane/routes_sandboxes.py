@@ -205,6 +205,10 @@ async def list_sandboxes(
     (`created_after`, `created_before`), and by labels with any number of
     `metadata.<KEY>=<VALUE>` query parameters (all must match exactly), e.g.
     `GET /v1/sandboxes?state=running&metadata.team=a`."""
+    # `state=running&state=standby` means any of them, as `state=running,standby` does
+    states = request.query_params.getlist("state")
+    state = ",".join(states) if states else None
+    paging.once(request, "tier", "template", "created_after", "created_before", "order")
     if order not in ("asc", "desc"):
         raise errors.InvalidRequest(f"order={order!r} is not a sort order; use asc (oldest first) or desc")
     after, before = _instant("created_after", created_after), _instant("created_before", created_before)
