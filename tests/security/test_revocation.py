@@ -39,7 +39,7 @@ async def test_revoking_a_key_cuts_its_running_requests(tmp_path):
                 t0 = time.monotonic()
                 assert (await admin.delete(f"/v1/keys/{k1['id']}")).status_code == 204
                 r1 = await asyncio.wait_for(long1, 5)
-                assert time.monotonic() - t0 < 1.0
+                assert time.monotonic() - t0 < 3.0  # cut, not run out: the exec would take 30 s
                 assert r1.status_code == 401 and "revoked or expired" in r1.json()["error"]["message"]
                 r2 = await asyncio.wait_for(long2, 3 + 2 * 2.0 + 2)  # expiry + two watch periods
                 assert r2.status_code == 401
