@@ -296,14 +296,14 @@ def create_app(
             principal = _access_principal(*access) if access is not None else keys.check(_bearer(scope))
             scope["state"]["principal"] = principal  # also for a refusal: the audit names the key
             if principal is None:
-                why = (
+                unknown = (
                     f"wrong or missing envd access token for sandbox {access[0]} (Authorization: "
                     f"{grants.E2B_ACCESS_SCHEME} <token>, the envdAccessToken of that sandbox)"
                     if access is not None
                     else "missing, wrong, revoked or expired API key; send 'Authorization: Bearer <key>' "
                     "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)"
                 )
-                resp = http.error_response(401, "unauthorized", why, rid)
+                resp = http.error_response(401, "unauthorized", unknown, rid)
                 return await resp(scope, receive, send)
             why = _scope_refusal(principal, path)
             if why is not None:
