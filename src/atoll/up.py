@@ -73,15 +73,17 @@ class SeamListener:
     """The in-process worker's seam on loopback (worker.service.httpapi and its port tunnel), with
     a token of this run; sets the worker's `url`, `token` and `tunnel_port`."""
 
-    def __init__(self, worker: node_mod.Node, port: int = 0, host: str = LISTEN_HOST):
+    def __init__(self, worker: typing.Any, port: int = 0, host: str = LISTEN_HOST):
+        """`worker`: the Node (a FakeWorker in tests)."""
         self.worker, self.port, self.host = worker, port, host
         self.creds = httpapi.Credentials()
         self.tunnel: Tunnel | None = None
         self.server: _QuietServer | None = None
         self._serving: asyncio.Task | None = None
+        self.sock: socket.socket | None = None
 
-    async def start(self) -> str:
-        """Listen, serve, and give the worker its URL and token; the URL."""
+    def bind(self) -> None:
+        """Take the port (before anything starts: a port in use is a start-up error naming it)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -94,6 +96,14 @@ class SeamListener:
             ) from None
         sock.listen(1024)
         sock.setblocking(False)
+        self.sock = sock
+
+    async def start(self) -> str:
+        """Serve on the bound port and give the worker its URL and token; the URL."""
+        if self.sock is None:
+            self.bind()
+        sock = self.sock
+        assert sock is not None
         token = secrets.token_urlsafe(32)
         self.creds.set(token)
         self.tunnel = Tunnel(self.worker, lambda: self.creds.tunnel, grant_key=lambda: self.creds.token)
@@ -116,12 +126,16 @@ class SeamListener:
 
     async def aclose(self) -> None:
         if self.server is not None and self._serving is not None:
-            self.worker.hub.close()  # end its event streams: uvicorn would wait for them
+            hub = getattr(self.worker, "hub", None)
+            if hub is not None:
+                hub.close()  # end its event streams: uvicorn would wait for them
             self.server.should_exit = True
             with contextlib.suppress(BaseException):
                 await self._serving
         if self.tunnel is not None:
             await self.tunnel.aclose()
+        if self.sock is not None:
+            self.sock.close()
 
 
 async def serve(s: server_settings.ServerSettings, w: worker_settings.WorkerSettings, port: int = 0) -> int:
@@ -131,8 +145,13 @@ async def serve(s: server_settings.ServerSettings, w: worker_settings.WorkerSett
     except node_mod.HomeInUse as e:
         print(f"atoll: {e.message}", file=sys.stderr)
         return 2
-    manager, tiers, app = server_main.build(s)
     listener = SeamListener(worker, port)
+    try:
+        listener.bind()
+    except config.SettingsError as e:
+        print(f"atoll: invalid setting: {e}", file=sys.stderr)
+        return 2
+    manager, tiers, app = server_main.build(s)
 
     async def attach() -> None:
         await worker.start()
