@@ -151,3 +151,25 @@ async def test_the_servers_refusals_arrive_as_domain_errors(two):
     asked = edge.grants.asked
     await asyncio.wait_for(w.stat_file(a, "/"), 30)
     assert edge.grants.asked == asked + 1
+
+
+async def test_request_seams_pick_the_credential_a_request_carries(two):
+    cp, c, fake, edge, (a, b) = two
+    seam_for = seam.request_seams(edge)
+
+    class Req:
+        def __init__(self, **headers: str):
+            self.headers = {k.lower().replace("_", "-"): v for k, v in headers.items()}
+
+    tok = _token(cp, a)
+    for req in (
+        Req(x_access_token=tok, authorization="Basic dXNlcjo="),
+        Req(x_api_key=KEY),
+        Req(authorization=f"Bearer {KEY}"),
+    ):
+        assert (await seam_for(req, a).stat_file(a, "/")).type == "dir"
+    assert seam_for(Req(x_access_token=tok), a).auth == f"E2B-Access {tok}"
+    with pytest.raises(errors.Unauthorized):
+        await seam_for(Req(x_access_token=tok), b).stat_file(b, "/")
+    with pytest.raises(errors.Unauthorized, match="X-Access-Token"):
+        seam_for(Req(authorization="Basic dXNlcjo="), a)

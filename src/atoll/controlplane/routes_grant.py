@@ -42,8 +42,9 @@ async def grant_data_path(request: Request, sid: SandboxId):
         token, url = getattr(worker, "token", None), getattr(worker, "url", None)
         if not token or not url:
             raise errors.Conflict(
-                f"sandbox {sid}'s worker runs inside this server's process (`atoll up`) and has no URL "
-                "of its own, so there is no data path apart from this server: call the API",
+                f"sandbox {sid}'s worker runs inside this server's process and serves no URL of its own "
+                "(`atoll up` gives it one on loopback once it has started; a test's in-process worker has "
+                "none), so there is no data path apart from this server: call the API",
                 code="invalid_state",
             )
         grant, expires = grants.mint(token, sid, time.time())

@@ -15,7 +15,8 @@ files, terminals of this one sandbox); any other verb, or another sandbox's id, 
 anything is sent. The server's refusals (401 wrong key or token, 404 another tenant's sandbox,
 409 `atoll up` without a worker listener) arrive as the same domain errors (core.errors).
 
-Made by `seam_for` / `seam_for_access_token` (the E2B app's `seam_for(request, sid)` callable).
+Made by `seam_for` / `seam_for_access_token`, or per request by `request_seams(edge)` (the E2B app's
+`seam_for(request, sid)` callable).
 """
 
 from __future__ import annotations
@@ -321,3 +322,32 @@ def seam_for_access_token(edge: service.Edge, token: str, sandbox_id: str) -> Gr
     server checks it (core.grants.check_e2b_access_token) and it opens this one sandbox only."""
     token = _header(token or "", "access token (X-Access-Token)")
     return GrantedWorker(edge, f"{grants.E2B_ACCESS_SCHEME} {token}", sandbox_id)
+
+
+class _HasHeaders(typing.Protocol):
+    @property
+    def headers(self) -> typing.Mapping[str, str]: ...
+
+
+def request_seams(edge: service.Edge) -> typing.Callable[[_HasHeaders, str], GrantedWorker]:
+    """The E2B app's `seam_for(request, sid)`: a GrantedWorker with what the request carries —
+    E2B's `X-Access-Token` (envd calls), else `X-API-Key` (control calls), else an
+    `Authorization: Bearer <key>` (atoll's own). envd's `Authorization: Basic` (the user name) is
+    not a credential and is never sent on. Nothing at all is 401 before anything is sent."""
+
+    def seam_for_request(request: _HasHeaders, sandbox_id: str) -> GrantedWorker:
+        h = request.headers
+        token = h.get("x-access-token")
+        if token:
+            return seam_for_access_token(edge, token, sandbox_id)
+        key = h.get("x-api-key")
+        if key:
+            return seam_for(edge, f"Bearer {key.strip()}", sandbox_id)
+        auth = h.get("authorization") or ""
+        if auth[:7].lower() == "bearer ":
+            return seam_for(edge, auth, sandbox_id)
+        raise errors.Unauthorized(
+            f"sandbox {sandbox_id}: send its envd access token (X-Access-Token) or an API key (X-API-Key)"
+        )
+
+    return seam_for_request
