@@ -10,12 +10,15 @@ import typing
 
 from atoll.controlplane.remote_worker import RemoteWorker
 from atoll.core.worker_api import WorkerAPI
+from atoll.edge.seam import GrantedWorker
 from atoll.testing.fake_worker import FakeWorker
 from atoll.worker.service.node import Node
 
 
-def _implementations(node: Node, remote: RemoteWorker, fake: FakeWorker) -> list[WorkerAPI]:
-    checked: list[WorkerAPI] = [node, remote, fake]
+def _implementations(
+    node: Node, remote: RemoteWorker, fake: FakeWorker, granted: GrantedWorker
+) -> list[WorkerAPI]:
+    checked: list[WorkerAPI] = [node, remote, fake, granted]
     return checked
 
 

@@ -1,6 +1,7 @@
-"""Generate the control plane's client methods of the worker protocol from the table in
-`atoll.core.seam`: `src/atoll/controlplane/remote_verbs.py` (the `RemoteVerbs` mixin of
-controlplane.remote_worker.RemoteWorker).
+"""Generate the client methods of the worker protocol's plain verbs from the table in
+`atoll.core.seam`: `src/atoll/shared/seam_verbs.py` (the `RemoteVerbs` mixin of the control plane's
+controlplane.remote_worker.RemoteWorker and of the edge's edge.seam.GrantedWorker; in `shared` so
+that both processes may import it).
 
 Each plain verb of the table becomes one method with the exact signature of
 `core.worker_api.WorkerAPI` (read from the Protocol), which builds the path, the query, the body,
@@ -9,7 +10,7 @@ generated methods satisfy the Protocol. Run after editing the table; `--check` (
 while the checked-in file is stale.
 
     .venv/bin/python scripts/gen_seam.py           # regenerate
-    .venv/bin/python scripts/gen_seam.py --check   # exit 1 if remote_verbs.py is out of date
+    .venv/bin/python scripts/gen_seam.py --check   # exit 1 if seam_verbs.py is out of date
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ sys.path.insert(0, str(ROOT / "src"))
 from atoll.core import seam  # noqa: E402
 from atoll.core import worker_api as api  # noqa: E402
 
-OUT = ROOT / "src" / "atoll" / "controlplane" / "remote_verbs.py"
+OUT = ROOT / "src" / "atoll" / "shared" / "seam_verbs.py"
 WAIT = {"call": "CALL_TIMEOUT_S", "step": "STEP_TIMEOUT_S", "none": "None"}
-HEADER = '''"""GENERATED FILE - do not edit. The worker protocol's plain verbs as the control plane calls them.
+HEADER = '''"""GENERATED FILE - do not edit. The worker protocol's plain verbs as a client calls them.
 
 Written by `scripts/gen_seam.py` from the table in `atoll.core.seam` (edit the table and rerun the
-script; `make lint` fails while this file is stale). `RemoteVerbs` is a mixin of
-controlplane.remote_worker.RemoteWorker, which provides `_call` and `name`; streams and tunnels
-are written by hand there.
+script; `make lint` fails while this file is stale). `RemoteVerbs` is a mixin of the control
+plane's controlplane.remote_worker.RemoteWorker (worker token: every verb) and of the edge's
+edge.seam.GrantedWorker (a grant: one sandbox's data verbs), which provide `_call` and `name`;
+streams and tunnels are written by hand there.
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ def generate() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if remote_verbs.py is out of date")
+    parser.add_argument("--check", action="store_true", help="exit 1 if seam_verbs.py is out of date")
     args = parser.parse_args(argv)
     expected = generate()
     current = OUT.read_text(encoding="utf-8") if OUT.exists() else ""

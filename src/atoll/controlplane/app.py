@@ -57,7 +57,7 @@ from atoll.controlplane.context import Context
 from atoll.controlplane.lifecycle import SandboxManager
 from atoll.controlplane.previews import Previews
 from atoll.controlplane.secrets import SecretStore
-from atoll.core import errors, secretbox
+from atoll.core import errors, grants, secretbox
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,24 @@ def _bearer(scope) -> bytes:
             scheme, _, token = v.partition(b" ")
             return token.strip() if scheme.lower() == b"bearer" else b""
     return b""
+
+
+GRANT_PATH = re.compile(r"/v1/sandboxes/(sb-[0-9a-z]{16})/grant")
+
+
+def _e2b_access(scope) -> tuple[str, str] | None:
+    """(sandbox id, token) of a `POST /v1/sandboxes/{id}/grant` that carries `Authorization:
+    E2B-Access <token>` (the E2B edge with only an envd access token); else None."""
+    m = GRANT_PATH.fullmatch(scope["path"])
+    if m is None or scope.get("method") != "POST":
+        return None
+    for k, v in scope["headers"]:
+        if k == b"authorization":
+            scheme, _, token = v.partition(b" ")
+            if scheme.lower() != grants.E2B_ACCESS_SCHEME.lower().encode():
+                return None
+            return m.group(1), token.strip().decode("latin-1")
+    return None
 
 
 WORKER_PATHS = re.compile(
@@ -228,6 +246,20 @@ def create_app(
     manager.keys = keys
     app.state.audit = audit.AuditLog(manager.db, manager.secrets.key, audit_retention_days)
 
+    e2b_key = grants.e2b_access_key(manager.secrets.key)  # k_e2b: derived here, never stored
+    app.state.e2b_key = e2b_key
+
+    def _access_principal(sid: str, token: str) -> auth.Principal | None:
+        """The principal of an envd access token presented for sandbox `sid`'s grant: that
+        sandbox's tenant, for that one route (None: not its token)."""
+        if not grants.check_e2b_access_token(e2b_key, sid, token):
+            return None
+        try:
+            tenant = manager.get(sid).tenant_id
+        except errors.NotFound:
+            tenant = None  # the route answers 404 as for any caller
+        return auth.e2b_access(tenant)
+
     async def request_context(scope, receive, send, inner):
         """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
         duration metric, and a JSON 500 if anything escapes."""
@@ -260,16 +292,18 @@ def create_app(
         path = scope["path"]
         principal = None
         if not _public(path):
-            principal = keys.check(_bearer(scope))
+            access = _e2b_access(scope)
+            principal = _access_principal(*access) if access is not None else keys.check(_bearer(scope))
             scope["state"]["principal"] = principal  # also for a refusal: the audit names the key
             if principal is None:
-                resp = http.error_response(
-                    401,
-                    "unauthorized",
-                    "missing, wrong, revoked or expired API key; send 'Authorization: Bearer <key>' "
-                    "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)",
-                    rid,
+                unknown = (
+                    f"wrong or missing envd access token for sandbox {access[0]} (Authorization: "
+                    f"{grants.E2B_ACCESS_SCHEME} <token>, the envdAccessToken of that sandbox)"
+                    if access is not None
+                    else "missing, wrong, revoked or expired API key; send 'Authorization: Bearer <key>' "
+                    "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)"
                 )
+                resp = http.error_response(401, "unauthorized", unknown, rid)
                 return await resp(scope, receive, send)
             why = _scope_refusal(principal, path)
             if why is not None:

@@ -87,6 +87,20 @@ class Principal:
 
 
 ADMIN = Principal("admin", "admin", None)
+E2B_ACCESS = "e2b-access"
+"""The key id of a caller that showed a sandbox's envd access token (core.grants) instead of a key."""
+
+
+def e2b_access(tenant_id: str | None) -> Principal:
+    """The principal of an envd access token: the sandbox's tenant, for its grant route only
+    (controlplane.app makes it on that one path; the token names the sandbox)."""
+    return Principal(E2B_ACCESS, "tenant", tenant_id)
+
+
+def is_e2b_access(p: Principal | None) -> bool:
+    return p is not None and p.key_id == E2B_ACCESS
+
+
 _current: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("atoll_principal", default=None)
 
 
@@ -295,7 +309,7 @@ class Keys:
 
     @contextlib.contextmanager
     def tracking(self, p: Principal) -> typing.Iterator[None]:
-        if p.key_id == ADMIN.key_id:  # ATOLL_API_KEY: not revocable
+        if p.key_id in (ADMIN.key_id, E2B_ACCESS):  # ATOLL_API_KEY, an access token: not revocable
             yield
             return
         task = asyncio.current_task()

@@ -29,10 +29,10 @@ import typing
 import urllib.parse
 from collections.abc import AsyncIterator
 
-from atoll.controlplane import remote_verbs
 from atoll.core import config, errors, pki, seam, wire
 from atoll.core import worker_api as api
 from atoll.shared import http11, ndjson, portstream
+from atoll.shared import seam_verbs as remote_verbs
 
 NDJSON = "application/x-ndjson"
 CONNECT_TIMEOUT_S = 5.0  # (http11 connects within 5 s)

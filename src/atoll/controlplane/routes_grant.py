@@ -5,7 +5,15 @@ short-lived grant (core.grants) minted with that worker's token, which this serv
 worker it calls (held or borrowed). The edge (`atoll edge`) then sends the sandbox's exec, file
 and process calls to the worker itself, so their bytes never pass through a server and a server
 restart does not cut a stream. The edge never learns a worker token. `atoll up`'s worker lives in
-the server's process and has no URL: there it is 409 invalid_state.
+the server's process; `atoll up` serves its seam on a loopback listener of its own (atoll.up) so
+that it has a URL and a token too, and only this route uses them (a worker without them is 409
+invalid_state).
+
+Besides an API key, the route takes `Authorization: E2B-Access <token>`, the sandbox's envd access
+token (core.grants; controlplane.app checks it and makes the sandbox's tenant the caller, for this
+route and this sandbox only): the E2B edge's envd calls carry nothing else. A caller with a key
+gets that token in the answer (`e2b_access_token`), for the E2B edge to hand out as
+`envdAccessToken`.
 Part of the app built by controlplane.app.
 """
 
@@ -15,7 +23,7 @@ import time
 
 from fastapi import APIRouter, Request
 
-from atoll.controlplane import http, schemas
+from atoll.controlplane import auth, http, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import ERRORS, SandboxId
 from atoll.core import errors, grants
@@ -26,15 +34,17 @@ router = APIRouter(tags=["exec"])
 @router.post("/v1/sandboxes/{sid}/grant", responses={200: {"model": schemas.Grant}, **ERRORS})
 async def grant_data_path(request: Request, sid: SandboxId):
     """A grant for the sandbox's data verbs on its worker, good for 60 s (resumes it if in standby).
-    Meant for the edge; what it allows is what the key that asked may do to this sandbox."""
+    Meant for the edge; what it allows is what the key that asked may do to this sandbox. Also
+    takes `Authorization: E2B-Access <envd access token>` of this sandbox instead of a key."""
     c = ctx(request)
     async with c.manager.activity(sid) as worker:
         rec = c.manager.get(sid)
         token, url = getattr(worker, "token", None), getattr(worker, "url", None)
         if not token or not url:
             raise errors.Conflict(
-                f"sandbox {sid}'s worker runs inside this server's process (`atoll up`) and has no URL "
-                "of its own, so there is no data path apart from this server: call the API",
+                f"sandbox {sid}'s worker runs inside this server's process and serves no URL of its own "
+                "(`atoll up` gives it one on loopback once it has started; a test's in-process worker has "
+                "none), so there is no data path apart from this server: call the API",
                 code="invalid_state",
             )
         grant, expires = grants.mint(token, sid, time.time())
@@ -49,6 +59,9 @@ async def grant_data_path(request: Request, sid: SandboxId):
             },
             "grant": grant,
             "expires_at": expires,
+            "e2b_access_token": None
+            if auth.is_e2b_access(auth.current())
+            else grants.e2b_access_token(request.app.state.e2b_key, sid),
             "defaults": {
                 "workdir": rec.workdir,
                 "user": rec.user,

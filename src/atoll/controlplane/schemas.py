@@ -532,6 +532,11 @@ class Grant(BaseModel):
     )
     expires_at: int = Field(description="Unix seconds after which the worker refuses the grant")
     defaults: GrantDefaults
+    e2b_access_token: str | None = Field(
+        None,
+        description="The sandbox's envd access token (E2B's `envdAccessToken`), when asked with an API "
+        "key; null when asked with that token (`Authorization: E2B-Access <token>`)",
+    )
 
 
 def iso(t):

@@ -8,7 +8,14 @@ it (it knows the token of every worker it calls, held or borrowed); the worker c
 own current token, so a grant minted before the worker registered again (a new token) is refused,
 and nothing but the one sandbox's data verbs opens with it (`DATA_PATH`). It is a bearer
 credential for `TTL_S` seconds: whoever holds it may run commands in that sandbox until then.
-Pure; used by controlplane.routes_grant (minting) and worker.service.httpapi (checking).
+
+E2B's envd access token (`X-Access-Token`, `envdAccessToken`) is a longer-lived credential of the
+same reach: base64url(HMAC-SHA256(k_e2b, "e2b-envd/<sandbox_id>")), where k_e2b is derived from the
+installation's secrets key (`e2b_access_key`) in memory and never stored. The grant route takes it
+as `Authorization: E2B-Access <token>` in place of an API key (it opens that one sandbox only) and
+answers it to a caller with a key, so the E2B edge can hand it to the SDK.
+Pure; used by controlplane.routes_grant and controlplane.app (minting, the access token),
+worker.service.httpapi (checking) and e2b.control.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ SCOPE = "data"
 SCHEME = "Grant"
 """The Authorization scheme a grant travels in: `Authorization: Grant <grant>`."""
 MAX_LEN = 200
+E2B_ACCESS_SCHEME = "E2B-Access"
+"""The Authorization scheme of the grant route that carries an envd access token instead of a key."""
 
 DATA_PATH = re.compile(r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?)$")
 """The worker-protocol paths (after its prefix) a grant opens: one sandbox's exec, processes,
@@ -77,3 +86,22 @@ def verify(token: str | bytes | None, grant: str, path: str, now: float) -> str:
     if sid != m.group("sid"):
         raise errors.Unauthorized(f"the grant is for sandbox {sid}, not for {m.group('sid')[:40]!r}")
     return sid
+
+
+def e2b_access_key(secrets_key: bytes) -> bytes:
+    """k_e2b: the key envd access tokens are made with, derived from the installation's secrets key
+    (every server of the installation derives the same; nothing stores it)."""
+    return hmac.new(secrets_key, b"atoll e2b envd access key v1", hashlib.sha256).digest()
+
+
+def e2b_access_token(key: bytes, sandbox_id: str) -> str:
+    """The sandbox's envd access token (`X-Access-Token`): base64url HMAC-SHA256 of its id."""
+    mac = hmac.new(key, b"e2b-envd/" + sandbox_id.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def check_e2b_access_token(key: bytes, sandbox_id: str, given: str | None) -> bool:
+    """Whether `given` is `sandbox_id`'s envd access token (a constant-time compare)."""
+    return given is not None and hmac.compare_digest(
+        e2b_access_token(key, sandbox_id).encode(), given.strip().encode("utf-8", "replace")
+    )

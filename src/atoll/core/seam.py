@@ -3,8 +3,8 @@ HTTP method and path, where each argument travels, what it answers, how long the
 what a call lost on the way may have done.
 
 Both sides are derived from it: the worker's routes (worker.service.httpapi reads the table when it
-builds its app) and the control plane's client methods (`scripts/gen_seam.py` writes
-controlplane/remote_verbs.py from it; `make lint` checks that the written file is current). Adding
+builds its app) and the clients' methods (`scripts/gen_seam.py` writes shared/seam_verbs.py from it, the
+mixin of the control plane's RemoteWorker and the edge's GrantedWorker; `make lint` checks that the written file is current). Adding
 a plain verb touches the Protocol, this table, worker.service.node.Node and testing.FakeWorker
 — then the generator is run. Streams and tunnels (exec, file bodies, watches, process output, build
 logs, events, terminals, ports) are written by hand on both sides: their shape is not a call and

@@ -12,7 +12,8 @@ to atoll's REST API for each call of the `e2b` SDKs (2.31 and 2.63) and what it 
 - `error` — an atoll error (status, code, message, retryable) → E2B's error body and headers
   (2.63 retries a POST on 5xx unless told `Should-Retry: false`).
 - `access_token` — the per-sandbox `envdAccessToken`: HMAC of the sandbox id under a key the
-  installation derives, so every edge checks it and none stores it.
+  installation derives (core.grants, where the server's grant route makes and checks it), so no
+  edge needs the key and none stores it.
 
 The field names, defaults and required keys are those the SDKs' generated models read
 (docs/e2b-compat.md §2, from the SDK wheels). Anything E2B offers that atoll cannot honour and
@@ -22,14 +23,13 @@ that changes what leaves the sandbox (`rules`, `egressProxy`, `maskRequestHost`)
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import hashlib
-import hmac
 import ipaddress
 import math
 import typing
 import urllib.parse
+
+from atoll.core import grants
 
 ENVD_VERSION = "0.5.6"
 """The envd version atoll's E2B edge advertises: it gates SDK features (docs/e2b-compat.md §3);
@@ -231,14 +231,9 @@ def _iso(t: dt.datetime) -> str:
     return t.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-def access_token(key: bytes, sandbox_id: str) -> str:
-    """The sandbox's envd access token (`X-Access-Token`): base64url HMAC-SHA256 of its id."""
-    mac = hmac.new(key, b"e2b-envd/" + sandbox_id.encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
-
-
-def check_access_token(key: bytes, sandbox_id: str, given: str | None) -> bool:
-    return given is not None and hmac.compare_digest(access_token(key, sandbox_id), given)
+access_token = grants.e2b_access_token
+"""The sandbox's envd access token (`X-Access-Token`): core.grants, where the server makes it too."""
+check_access_token = grants.check_e2b_access_token
 
 
 def sandbox(sb: dict, *, token: str, domain: str | None = None) -> dict:

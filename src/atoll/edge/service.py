@@ -87,6 +87,9 @@ class Grant:
     grant: str
     expires_at: int
     defaults: dict
+    e2b_access_token: str = ""
+    """The sandbox's envd access token (core.grants.e2b_access_token), when the grant was asked
+    for with an API key (the E2B edge answers it as `envdAccessToken`); else ""."""
 
 
 class Grants:
@@ -137,6 +140,7 @@ class Grants:
                 d["grant"],
                 int(d["expires_at"]),
                 d["defaults"],
+                str(d.get("e2b_access_token") or ""),
             )
         except (ValueError, KeyError, TypeError):
             raise errors.RuntimeFailure(
@@ -643,6 +647,19 @@ class Edge:
         _, code, message = (line.split(" ", 2) + ["", ""])[:3]
         raise errors.from_code(code or "runtime_error", message or f"the tunnel answered {line!r}")
 
+    async def pty_stream(self, auth: str, sid: str, pty_id: str) -> portstream.SocketPort:
+        """A terminal's frame stream through the worker's port tunnel, with a grant; a stale grant
+        (or a sandbox that moved) is asked for again once, as `call` does."""
+        for attempt in (0, 1):
+            g = await self.grants.get(auth, sid)
+            try:
+                return await self._tunnel(g, pty_id)
+            except errors.AtollError as e:
+                self.grants.drop(auth, sid)
+                if attempt == 1 or e.code not in ("unauthorized", "sandbox_not_found", "invalid_state"):
+                    raise
+        raise AssertionError("unreachable")
+
     async def attach_pty(self, websocket: WebSocket) -> None:
         sid, pty_id = websocket.path_params["sid"], websocket.path_params["pty_id"]
         stream: portstream.SocketPort | None = None
@@ -654,15 +671,7 @@ class Edge:
                 raise errors.PtyNotFound(
                     f"no terminal {pty_id[:40]!r} in sandbox {sid} (ids look like pty_0123456789ab)"
                 )
-            for attempt in (0, 1):
-                g = await self.grants.get(auth, sid)
-                try:
-                    stream = await self._tunnel(g, pty_id)
-                    break
-                except errors.AtollError as e:
-                    self.grants.drop(auth, sid)
-                    if attempt == 1 or e.code not in ("unauthorized", "sandbox_not_found", "invalid_state"):
-                        raise
+            stream = await self.pty_stream(auth, sid, pty_id)
         except Passed as p:
             await websocket.accept()
             await websocket.send_text(p.body.decode("utf-8", "replace"))

@@ -218,6 +218,10 @@ class Node(StoreVerbs):
         self.snapshots = LocalSnapshotStore(self.runtimes.root)
         self.tunnel_port = 0
         """Set by worker.main once its tunnel listens (worker.tunnel)."""
+        self.url: str | None = None
+        self.token: str | None = None
+        """In `atoll up` (atoll.up.SeamListener): the URL and token of its loopback seam listener,
+        which only the server's grant route uses; the server's own calls stay in-process."""
         self.edge = Edge(
             settings.hosts_files,
             settings.egress_source,

@@ -1,9 +1,10 @@
-"""GENERATED FILE - do not edit. The worker protocol's plain verbs as the control plane calls them.
+"""GENERATED FILE - do not edit. The worker protocol's plain verbs as a client calls them.
 
 Written by `scripts/gen_seam.py` from the table in `atoll.core.seam` (edit the table and rerun the
-script; `make lint` fails while this file is stale). `RemoteVerbs` is a mixin of
-controlplane.remote_worker.RemoteWorker, which provides `_call` and `name`; streams and tunnels
-are written by hand there.
+script; `make lint` fails while this file is stale). `RemoteVerbs` is a mixin of the control
+plane's controlplane.remote_worker.RemoteWorker (worker token: every verb) and of the edge's
+edge.seam.GrantedWorker (a grant: one sandbox's data verbs), which provide `_call` and `name`;
+streams and tunnels are written by hand there.
 """
 
 from __future__ import annotations

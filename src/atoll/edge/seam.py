@@ -1,0 +1,353 @@
+"""`GrantedWorker`: one sandbox's data verbs of the seam (core.worker_api.WorkerAPI) over the grant
+path, inside an edge process.
+
+The E2B edge (atoll.e2b: envd's Filesystem and Process services) is written against WorkerAPI;
+this object lets it run in an edge that holds no worker token and no records. Each call gets a
+grant from the server through the edge's `Grants` cache (`POST /v1/sandboxes/{id}/grant` with the
+caller's Authorization: `Bearer <key>`, or `E2B-Access <envd access token>`) and is sent to the
+worker's seam route with `Authorization: Grant <grant>` by `Edge.call`, which asks for a new grant
+once when the worker refuses a stale one (or the sandbox moved). The plain verbs are the generated
+ones (shared.seam_verbs, from core.seam's table: the control plane's RemoteWorker has the same);
+the streams (exec, process output, file bodies, watches, tars) are written here over shared.http11
+as edge.service does, and a terminal's frame stream comes through the worker's port tunnel
+(`Edge.pty_stream`). Only what a grant opens is served (core.grants.DATA_PATH: exec, processes,
+files, terminals of this one sandbox); any other verb, or another sandbox's id, is refused before
+anything is sent. The server's refusals (401 wrong key or token, 404 another tenant's sandbox,
+409 `atoll up` without a worker listener) arrive as the same domain errors (core.errors).
+
+Made by `seam_for` / `seam_for_access_token`, or per request by `request_seams(edge)` (the E2B app's
+`seam_for(request, sid)` callable).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import typing
+from collections.abc import AsyncIterator
+
+from atoll.core import errors, grants, wire
+from atoll.core import worker_api as api
+from atoll.edge import service
+from atoll.shared import http11, ndjson, seam_verbs
+
+_NDJSON = {"Accept": "application/x-ndjson"}
+
+
+def _path_params(path: api.FilePath) -> dict[str, str]:
+    if isinstance(path, bytes):
+        return {"path_b64": base64.b64encode(path).decode("ascii")}
+    return {"path": path}
+
+
+def _json_line(line: bytes, what: str) -> dict:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise errors.RuntimeFailure(f"a malformed line arrived in the {what}", detail=repr(line[:200]))
+    if "error" in obj:
+        raise wire.error_from_body(500, obj, f"the {what} broke")
+    return obj
+
+
+def _refused(p: service.Passed) -> errors.AtollError:
+    """The server's refusal of a grant (its status and error body) as the domain error."""
+    try:
+        body = json.loads(p.body)
+    except ValueError:
+        body = None
+    return wire.error_from_body(p.status, body, f"the API server refused the grant ({p.status})")
+
+
+class GrantedWorker(seam_verbs.RemoteVerbs):
+    """WorkerAPI's data verbs for sandbox `sandbox_id`, called with `auth` (the Authorization
+    header the grant is asked for with) through `edge`. Shares the edge's grant cache and worker
+    channels: making one costs nothing; `aclose` closes nothing (the edge owns them)."""
+
+    def __init__(self, edge: service.Edge, auth: str, sandbox_id: str):
+        self.edge = edge
+        self.auth = auth
+        self.sandbox_id = sandbox_id
+        self.name = f"the worker of sandbox {sandbox_id} (through the edge)"
+        self._sub = f"/sandboxes/{sandbox_id}/"
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def _where(self, path: str) -> str:
+        """The part of seam path `path` after /sandboxes/{id}/, or an error for a path a grant
+        does not open (another sandbox, a lifecycle or worker verb)."""
+        m = grants.DATA_PATH.match(path)
+        if m is None:
+            raise self._not_granted(repr(path[:100]))
+        if m.group("sid") != self.sandbox_id:
+            raise errors.InvalidRequest(
+                f"this seam is for sandbox {self.sandbox_id}, not {m.group('sid')[:40]!r}; "
+                "get one for that sandbox (seam_for)"
+            )
+        return path[len(self._sub) :]
+
+    @contextlib.asynccontextmanager
+    async def _open(
+        self, method: str, path: str, *, timeout: float | None, **kw: typing.Any
+    ) -> AsyncIterator[http11.Response]:
+        sub = self._where(path)
+        try:
+            async with self.edge.call(self.auth, self.sandbox_id, method, sub, timeout=timeout, **kw) as r:
+                yield r
+        except service.Passed as p:
+            raise _refused(p) from None
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: float | None,
+        effect: str | None = None,
+        **kw: typing.Any,
+    ) -> typing.Any:
+        async with self._open(method, path, timeout=timeout, **kw) as r:
+            try:
+                body = await r.aread()
+            except http11.ChannelError as e:
+                raise self._broke(e, effect) from None
+        if not body:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise errors.RuntimeFailure(
+                f"{self.name} answered {path} with something that is not JSON"
+            ) from None
+
+    def _broke(self, e: Exception, effect: str | None) -> errors.Unavailable:
+        what = "it only read, so nothing changed" if effect is None else f"its outcome is unknown: {effect}"
+        return errors.Unavailable(
+            f"{self.name} stopped answering during the call ({type(e).__name__}); {what}", detail=repr(e)
+        )
+
+    async def _lines(self, r: http11.Response, what: str) -> AsyncIterator[dict]:
+        try:
+            async for line in ndjson.alines(r.aiter_raw()):
+                yield _json_line(line, what)
+        except http11.ChannelError as e:
+            raise self._broke(e, None) from None
+
+    def _sb(self, sandbox_id: str, *rest: str) -> str:
+        return "/".join([f"/sandboxes/{sandbox_id}", *rest])
+
+    async def e2b_access_token(self) -> str:
+        """The sandbox's envd access token from the grant answer (core.grants.e2b_access_token):
+        what the E2B edge answers as `envdAccessToken`; "" when asked with an access token."""
+        try:
+            g = await self.edge.grants.get(self.auth, self.sandbox_id)
+        except service.Passed as p:
+            raise _refused(p) from None
+        return g.e2b_access_token
+
+    # ---- exec -----------------------------------------------------------------------------------
+    async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:
+        data = await self._call(
+            "POST",
+            self._sb(sandbox_id, "exec"),
+            json=wire.dump(spec),
+            timeout=None,
+            effect="the command may have run, in whole or in part",
+        )
+        return wire.load(api.ExecResult, data, "exec result")
+
+    @contextlib.asynccontextmanager
+    async def exec_stream(
+        self, sandbox_id: str, spec: api.ExecSpec
+    ) -> AsyncIterator[AsyncIterator[api.ExecEvent]]:
+        path = self._sb(sandbox_id, "exec")
+        async with self._open("POST", path, json=wire.dump(spec), headers=_NDJSON, timeout=None) as r:
+
+            async def events() -> AsyncIterator[api.ExecEvent]:
+                async for obj in self._lines(r, "exec stream"):
+                    yield wire.load_exec_event(obj)
+
+            yield events()
+
+    # ---- processes ------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def process_output(
+        self, sandbox_id: str, pid: int, offset: int, follow: bool
+    ) -> AsyncIterator[AsyncIterator[api.ProcessEvent]]:
+        params = {"offset": str(int(offset)), "follow": "1" if follow else "0"}
+        path = self._sb(sandbox_id, "processes", str(int(pid)), "output")
+        async with self._open("GET", path, params=params, timeout=None) as r:
+
+            async def events() -> AsyncIterator[api.ProcessEvent]:
+                async for obj in self._lines(r, "process output stream"):
+                    yield wire.load_process_event(obj)
+
+            yield events()
+
+    # ---- files ----------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _download(
+        self, where: str, params: dict, sized: bool = True
+    ) -> AsyncIterator[api.FileDownload]:
+        async with self._open("GET", where, params=params, timeout=seam_verbs.CALL_TIMEOUT_S) as r:
+            length = r.headers.get("content-length") if sized else None
+
+            async def chunks() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in r.aiter_raw():
+                        yield chunk
+                except http11.ChannelError as e:
+                    raise self._broke(e, None) from None
+
+            yield api.FileDownload(int(length) if length and length.isdigit() else None, chunks())
+
+    async def _upload(
+        self,
+        where: str,
+        params: dict,
+        chunks: AsyncIterator[bytes],
+        size: int | None,
+        content_type: str = "application/octet-stream",
+    ) -> typing.Any:
+        """A PUT of a streamed body: sent once (a refused grant is then a retryable 503)."""
+        headers = {"Content-Type": content_type}
+        if size is not None:
+            headers["Content-Length"] = str(size)
+        return await self._call(
+            "PUT",
+            where,
+            params=params,
+            content=chunks,
+            headers=headers,
+            timeout=None,
+            replayable=False,
+            effect="the file change may have been made, in whole or in part",
+        )
+
+    def read_file(self, sandbox_id: str, path: api.FilePath) -> typing.AsyncContextManager[api.FileDownload]:
+        return self._download(self._sb(sandbox_id, "files"), _path_params(path))
+
+    async def write_file(
+        self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> None:
+        await self._upload(self._sb(sandbox_id, "files"), _path_params(path), chunks, size)
+
+    @contextlib.asynccontextmanager
+    async def watch_files(
+        self, sandbox_id: str, path: api.FilePath, recursive: bool
+    ) -> AsyncIterator[AsyncIterator[api.FileEvent]]:
+        params = {**_path_params(path), "recursive": "1" if recursive else "0"}
+        async with self._open(
+            "GET", self._sb(sandbox_id, "files", "watch"), params=params, timeout=None
+        ) as r:
+
+            async def events() -> AsyncIterator[api.FileEvent]:
+                async for obj in self._lines(r, "watch stream"):
+                    yield wire.load(api.FileEvent, obj, "file event")
+
+            yield events()
+
+    async def write_tar(
+        self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.TarWritten:
+        where = self._sb(sandbox_id, "files", "tar")
+        data = await self._upload(where, _path_params(path), chunks, size, "application/x-tar")
+        return wire.load(api.TarWritten, data, "tar answer")
+
+    def read_tar(self, sandbox_id: str, path: api.FilePath) -> typing.AsyncContextManager[api.FileDownload]:
+        return self._download(self._sb(sandbox_id, "files", "tar"), _path_params(path), sized=False)
+
+    # ---- terminals ------------------------------------------------------------------------------
+    async def attach_pty(self, sandbox_id: str, pty_id: str) -> api.PortStream:
+        self._where(self._sb(sandbox_id, "pty", pty_id))
+        try:
+            return await self.edge.pty_stream(self.auth, self.sandbox_id, pty_id)
+        except service.Passed as p:
+            raise _refused(p) from None
+
+    # ---- what a grant does not open (the server's: call the API) --------------------------------
+    def _not_granted(self, verb: str) -> errors.InvalidRequest:
+        return errors.InvalidRequest(
+            f"the edge reaches a sandbox only through a grant, which opens its exec, processes, files "
+            f"and terminals, not {verb}; make that call through the API server"
+        )
+
+    async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
+        raise self._not_granted("its ports (previews go through the ingress router)")
+
+    def build_log(self, build_id: str) -> typing.AsyncContextManager[AsyncIterator[bytes]]:
+        raise self._not_granted("template builds")
+
+    def read_store_file(
+        self, kind: str, name: str, path: api.FilePath
+    ) -> typing.AsyncContextManager[api.FileDownload]:
+        raise self._not_granted("volumes and drives")
+
+    async def write_store_file(
+        self, kind: str, name: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.FileStat:
+        raise self._not_granted("volumes and drives")
+
+    def read_store_tar(self, kind: str, name: str) -> typing.AsyncContextManager[api.FileDownload]:
+        raise self._not_granted("volumes and drives")
+
+    async def write_store_tar(
+        self, kind: str, name: str, chunks: AsyncIterator[bytes], size: int | None
+    ) -> api.TarWritten:
+        raise self._not_granted("volumes and drives")
+
+    def events(self) -> AsyncIterator[api.WorkerEvent]:
+        raise self._not_granted("the worker's events")
+
+    async def aclose(self) -> None:
+        """Nothing of its own to close: the grant cache and the channels are the edge's."""
+
+
+def _header(value: str, what: str) -> str:
+    if not value.strip() or not (value.isascii() and value.isprintable()):
+        raise errors.Unauthorized(f"missing or invalid {what}: it must be non-empty printable ASCII")
+    return value
+
+
+def seam_for(edge: service.Edge, auth_header: str, sandbox_id: str) -> GrantedWorker:
+    """Sandbox `sandbox_id`'s data verbs through `edge`, with the caller's Authorization header
+    (`Bearer <API key>`, or `E2B-Access <token>`) as the grant route checks it."""
+    return GrantedWorker(edge, _header(auth_header, "Authorization header"), sandbox_id)
+
+
+def seam_for_access_token(edge: service.Edge, token: str, sandbox_id: str) -> GrantedWorker:
+    """The same with the sandbox's envd access token (E2B's `X-Access-Token`) instead of a key: the
+    server checks it (core.grants.check_e2b_access_token) and it opens this one sandbox only."""
+    token = _header(token or "", "access token (X-Access-Token)")
+    return GrantedWorker(edge, f"{grants.E2B_ACCESS_SCHEME} {token}", sandbox_id)
+
+
+class _HasHeaders(typing.Protocol):
+    @property
+    def headers(self) -> typing.Mapping[str, str]: ...
+
+
+def request_seams(edge: service.Edge) -> typing.Callable[[_HasHeaders, str], GrantedWorker]:
+    """The E2B app's `seam_for(request, sid)`: a GrantedWorker with what the request carries —
+    E2B's `X-Access-Token` (envd calls), else `X-API-Key` (control calls), else an
+    `Authorization: Bearer <key>` (atoll's own). envd's `Authorization: Basic` (the user name) is
+    not a credential and is never sent on. Nothing at all is 401 before anything is sent."""
+
+    def seam_for_request(request: _HasHeaders, sandbox_id: str) -> GrantedWorker:
+        h = request.headers
+        token = h.get("x-access-token")
+        if token:
+            return seam_for_access_token(edge, token, sandbox_id)
+        key = h.get("x-api-key")
+        if key:
+            return seam_for(edge, f"Bearer {key.strip()}", sandbox_id)
+        auth = h.get("authorization") or ""
+        if auth[:7].lower() == "bearer ":
+            return seam_for(edge, auth, sandbox_id)
+        raise errors.Unauthorized(
+            f"sandbox {sandbox_id}: send its envd access token (X-Access-Token) or an API key (X-API-Key)"
+        )
+
+    return seam_for_request
