@@ -13,7 +13,7 @@ SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/control
 	src/atoll/worker/service/node.py src/atoll/worker/service/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
 	src/atoll/_client src/atoll/controlplane/ledger.py src/atoll/integrations src/atoll/edge
 
-.PHONY: run run-s3 test test-stress test-cluster test-fast lint bench install clean
+.PHONY: run run-s3 test test-stress test-cluster test-ecosystem test-fast lint bench install clean
 
 $(STAMP): pyproject.toml scripts/install-deps.sh
 	sh scripts/install-deps.sh
@@ -38,7 +38,7 @@ run-s3: $(STAMP)
 	. $(S3_DATA)/env && $(VENV)/bin/atoll up
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not stress and not cluster" $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not stress and not cluster and not ecosystem" $(XDIST) $(PYTEST_ARGS)
 
 # Soak and abuse tests (marker `stress`): minutes each; .ci/run runs them after `make test`.
 test-stress: $(STAMP)
@@ -49,6 +49,11 @@ test-stress: $(STAMP)
 # it after `make test-stress`.
 test-cluster: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m cluster tests/cluster $(PYTEST_ARGS)
+
+# Other clients' SDKs in venvs of their own (marker `ecosystem`: the OpenAI Agents SDK, the `e2b` SDKs),
+# each venv built once from the package index and cached under /var/tmp. .ci/run runs it after `make test`.
+test-ecosystem: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m ecosystem $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration and not slow" $(PYTEST_ARGS)

@@ -14,6 +14,8 @@ import pytest
 
 from tests import agents_venv
 
+pytestmark = [pytest.mark.integration, pytest.mark.ecosystem]
+
 DRIVER = Path(__file__).with_name("openai_agents_driver.py")
 
 
