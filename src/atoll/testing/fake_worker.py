@@ -43,9 +43,11 @@ from atoll.testing import fake_files
 from atoll.testing.fake_pty import FakePtys
 
 
-def _pieces(start: int, end: int, stderr: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
+def _pieces(
+    start: int, end: int, stderr: list[tuple[int, int]]
+) -> list[tuple[typing.Literal["stdout", "stderr"], int, int]]:
     """[start, end) cut into (stream, start, end) runs: the `stderr` ranges, stdout around them."""
-    out: list[tuple[str, int, int]] = []
+    out: list[tuple[typing.Literal["stdout", "stderr"], int, int]] = []
     at = start
     for a, b in sorted(stderr):
         if b <= at or a >= end:
@@ -563,9 +565,10 @@ class FakeWorker(fake_files.FakeFileOps):
         else:
             rt.processes[pid] = dataclasses.replace(rt.processes[pid], stdin_open=True)
         if spec.timeout_s is not None:  # killed at its timeout, as a real worker does
+            timeout_s = spec.timeout_s
 
             async def expire() -> None:
-                await asyncio.sleep(spec.timeout_s)
+                await asyncio.sleep(timeout_s)
                 with contextlib.suppress(KeyError):
                     self.end_process(sandbox_id, pid, 137, timed_out=True)
 
