@@ -61,7 +61,7 @@ Event = pr.ProcessEvent
 
 
 def _event(kind: str, value: typing.Any) -> Event:
-    return Event(event=Oneof(kind, value))
+    return Event(event=Oneof(kind, value))  # type: ignore[arg-type]  # kind is one of the oneof's names
 
 
 def _start(pid: int) -> Event:
@@ -69,7 +69,7 @@ def _start(pid: int) -> Event:
 
 
 def _data(stream: str, data: bytes) -> Event:
-    return _event("data", Event.DataEvent(output=Oneof(stream, data)))
+    return _event("data", Event.DataEvent(output=Oneof(stream, data)))  # type: ignore[arg-type]
 
 
 def _keepalive() -> Event:
@@ -85,8 +85,8 @@ def _end(code: int, *, exited: bool, status: str, error: str | None = None) -> E
 
 def _config(cmd: str | list[str] | None) -> pr.ProcessConfig:
     """envd's config for an atoll command: a shell string is what `bash -l -c` ran."""
-    if isinstance(cmd, list) and cmd:
-        return pr.ProcessConfig(cmd=cmd[0], args=list(cmd[1:]))
+    if isinstance(cmd, list):
+        return pr.ProcessConfig(cmd=cmd[0] if cmd else "", args=list(cmd[1:]))
     return pr.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", cmd or ""])
 
 
@@ -215,7 +215,7 @@ class ProcessService(process_connect.Process):
             return
         args = list(proc.args)
         cmd: str | list[str]
-        shell = None
+        shell: typing.Literal["bash"] | None = None
         if proc.cmd in ("/bin/bash", "bash") and len(args) == 3 and args[:2] == ["-l", "-c"]:
             cmd, shell = args[2], "bash"
         else:
@@ -371,7 +371,9 @@ class ProcessService(process_connect.Process):
 
     # ---- terminals -----------------------------------------------------------------------------
     async def _start_pty(self, request: pr.StartRequest, ctx) -> typing.AsyncIterator[Event]:
-        proc, size = request.process, request.pty.size
+        proc, pty = request.process, request.pty
+        assert proc is not None and pty is not None  # start() checked both
+        size = pty.size
         cols, rows = (size.cols, size.rows) if size is not None else (80, 24)
         problem = ptyframes.size_problem(cols, rows)
         if problem:
