@@ -134,6 +134,24 @@ async def test_a_command_streams_start_output_and_its_exit_code(envd):
     assert worker.runtimes[SID].processes[pid].background
 
 
+async def test_binary_output_is_byte_exact(envd):
+    worker, _, _, stream, _ = envd
+    blob = bytes(range(256)) * 2
+
+    async def the_process():
+        pid = await _when_started(worker)
+        worker.write_process(SID, pid, blob)
+        worker.write_process(SID, pid, "é\n".encode(), "stderr")
+        worker.end_process(SID, pid, 0)
+
+    task = asyncio.ensure_future(the_process())
+    status, frames = await stream("Start", {"process": {"cmd": "x"}, "stdin": False})
+    await task
+    data = [e["data"] for e in _events(frames) if "data" in e]
+    assert b"".join(base64.b64decode(d["stdout"]) for d in data if "stdout" in d) == blob
+    assert [base64.b64decode(d["stderr"]) for d in data if "stderr" in d] == ["é\n".encode()]
+
+
 async def test_another_argv_runs_as_a_list_and_exit_0_has_no_code(envd):
     worker, _, _, stream, _ = envd
     seen: list[api.ExecSpec] = []

@@ -19,8 +19,8 @@ atoll's seam for one sandbox, answered as envd answers (docs/e2b-compat.md §4.2
   data; `SendInput{pty}` and `Update` (resize) go through that attach when this service holds it,
   else through a short attach of their own.
 
-Known gaps (seam): output arrives as UTF-8 text with U+FFFD for invalid bytes (binary output is
-not byte-exact); `List` knows `envs`/`cwd` only for processes started through this service.
+Output is byte-exact: the seam's `ProcessOutput.b64` carries the bytes of a piece that is not
+UTF-8. Known gap: `List` knows `envs`/`cwd` only for processes started through this service.
 
 Built by the E2B edge with the worker and sandbox a call was routed to, like
 `envd_files.FilesystemService`; the edge mounts it through the generated `ProcessASGIApplication`.
@@ -185,8 +185,9 @@ class ProcessService(process_connect.Process):
                         if not nxt.done():
                             nxt.cancel()
                     if isinstance(ev, api.ProcessOutput):
-                        if ev.text:
-                            yield _data(ev.stream, ev.text.encode())
+                        raw = base64.b64decode(ev.b64) if ev.b64 is not None else ev.text.encode()
+                        if raw:
+                            yield _data(ev.stream, raw)
                     elif isinstance(ev, api.ProcessExit):
                         if ev.timed_out:
                             raise ConnectError(

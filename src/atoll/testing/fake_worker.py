@@ -26,6 +26,7 @@ are real host ptys running a line-echo program (`testing.fake_pty`), killed by `
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import itertools
@@ -607,7 +608,10 @@ class FakeWorker(fake_files.FakeFileOps):
                 info = rt.processes.get(pid)
                 data = rt.output.get(pid, b"")
                 for stream, start, end in _pieces(at, len(data), rt.stderr.get(pid, [])):
-                    yield api.ProcessOutput(stream, data[start:end].decode(errors="replace"), end)
+                    raw = data[start:end]
+                    text = raw.decode(errors="replace")
+                    exact = None if text.encode() == raw else base64.b64encode(raw).decode()
+                    yield api.ProcessOutput(stream, text, end, b64=exact)
                 at = len(data)
                 if info is None:
                     return  # killed and forgotten (kill_process)
