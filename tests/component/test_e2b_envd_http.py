@@ -143,6 +143,10 @@ async def test_errors_are_envds(envd):
         ),
         ({"files": [("other", ("/a", b"x"))]}, 'no part named "file"'),
         (
+            {"params": {"path": "a", "username": "../etc"}, "files": [("file", ("a", b"x"))]},
+            "not a user name",
+        ),
+        (
             {
                 "content": b'--x\r\nContent-Disposition: form-data; name="file"; filename="/a"\r\n\r\nhalf',
                 "headers": {"Content-Type": "multipart/form-data; boundary=x"},

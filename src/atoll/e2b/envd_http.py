@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import posixpath
+import re
 import typing
 import zlib
 
@@ -41,6 +42,7 @@ from atoll.core import worker_api as api
 PIPE_CHUNKS = 8
 """Chunks of one upload buffered between the request body and the sandbox's write."""
 MAX_PART_HEADER_BYTES = 16 * 1024
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$")
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -107,6 +109,8 @@ class FilesHTTP:
             raise _BadUpload("path is empty; give the file's path (absolute, or relative to the home)")
         if "\x00" in raw:
             raise _BadUpload(f"path {raw!r} contains a NUL byte")
+        if username and not _USER.match(username):
+            raise _BadUpload(f"username {username!r} is not a user name (letters, digits, ._-)")
         home = self.home if not username else ("/root" if username == "root" else f"/home/{username}")
         return posixpath.normpath(raw if raw.startswith("/") else posixpath.join(home, raw))
 
