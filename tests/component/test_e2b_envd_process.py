@@ -390,3 +390,20 @@ async def test_bad_input_and_unknown_processes(envd):
     # an unknown RPC: a plain 404, which the SDKs read as not_found
     r = await call("Nope", {})
     assert r.status_code == 404
+
+
+async def test_a_deadline_past_atolls_cap_is_kept_by_the_service(envd, monkeypatch):
+    worker, _, _, stream, _ = envd
+    monkeypatch.setattr(envd_process, "MAX_TIMEOUT_S", 0.1)  # 300 ms is "past the cap" here
+    seen: list[api.ExecSpec] = []
+    worker.exec_handler = lambda spec: seen.append(spec) or api.ExecResult(0, "", "", 1, False)
+    status, frames = await stream("Start", {"process": {"cmd": "sleep"}}, **{"Connect-Timeout-Ms": "300"})
+    assert seen[0].timeout_s is None  # atoll does not time it: the service does
+    assert frames[-1][1]["error"]["code"] == "deadline_exceeded", frames
+    pid = _pid(worker)
+    for _ in range(100):
+        if not worker.runtimes[SID].processes[pid].running:
+            break
+        await asyncio.sleep(0.01)
+    info = worker.runtimes[SID].processes[pid]
+    assert (info.running, info.exit_code, info.timed_out) == (False, 128 + 9, False)  # KILLed by the service
