@@ -4,6 +4,7 @@ the pure parts (the bounded output log, the shell's argv)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -12,7 +13,9 @@ import time
 import httpx
 import pytest
 
+from atoll.core import errors
 from atoll.guest.agent import procio, shells
+from atoll.worker.runtimes import guest
 from tests.unit.test_guest_agent import _start_agent
 
 
@@ -273,3 +276,21 @@ def test_stdin_pipe_write_times_out_when_nobody_reads():
     with pytest.raises(procio.StdinClosed):
         pipe.write(b"x")
     os.close(r)
+
+
+def test_output_that_is_not_utf8_also_travels_exactly(client):
+    blob = bytes(range(256))  # every byte value: not UTF-8
+    code = f"import sys; sys.stdout.buffer.write({blob!r}); sys.stdout.flush(); sys.stderr.write('é ok')"
+    pid = _bg(client, cmd=["python3", "-c", code])
+    assert client.post(f"/processes/{pid}/wait", json={"timeout_s": 10}).json()["exit_code"] == 0
+    lines = _lines(client.get(f"/processes/{pid}/output", params={"follow": "1"}))
+    out = [line for line in lines if "stdout" in line]
+    assert b"".join(base64.b64decode(line["b64"]) for line in out) == blob
+    assert "\ufffd" in "".join(line["stdout"] for line in out)  # the text form, as before
+    (err,) = [line for line in lines if "stderr" in line]
+    assert err["stderr"] == "é ok" and "b64" not in err  # UTF-8 text: exact already, no copy
+    # the worker's reading of those lines: the exact bytes kept, a bad b64 refused
+    ev = guest._process_event(json.dumps(out[0]).encode())
+    assert ev.b64 == out[0]["b64"]
+    with pytest.raises(errors.RuntimeFailure, match="not base64"):
+        guest._process_event(json.dumps({"stdout": "x", "offset": 1, "b64": "%%%"}).encode())

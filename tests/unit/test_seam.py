@@ -62,6 +62,16 @@ def test_exec_events_by_their_kind():
         assert wire.load_exec_event(wire.dump_exec_event(ev)) == ev
 
 
+def test_process_events_by_their_kind_with_exact_bytes():
+    for ev in (
+        api.ProcessOutput("stdout", "\ufffdok", 3, b64="/29r"),  # b"\xffok": not UTF-8
+        api.ProcessOutput("stderr", "é", 5),
+        api.ProcessDropped(10, 20),
+        api.ProcessExit(137, True, 5, 30),
+    ):
+        assert wire.load_process_event(json.loads(json.dumps(wire.dump_process_event(ev)))) == ev
+
+
 def test_a_malformed_message_is_a_runtime_failure_not_a_crash():
     with pytest.raises(errors.RuntimeFailure, match="malformed pause outcome"):
         wire.load(api.PauseOutcome, {"tier": "tape"}, "pause outcome")

@@ -348,6 +348,9 @@ class ProcessOutput:
     text: str
     offset: int
     kind: Literal["output"] = "output"
+    b64: str | None = None
+    """The piece's exact bytes, base64, when `text` does not carry them (output that is not UTF-8:
+    `text` has U+FFFD there); None when `text` is exact."""
 
 
 @dataclass(frozen=True)

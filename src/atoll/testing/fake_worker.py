@@ -8,7 +8,8 @@ emits the same events. Knobs provoke what a real host does: `delay[verb]`, `fail
 raise a RuntimeFailure; a failed "restore" leaves the sandbox checkpointed and raises
 ResumeFailed, as a real worker does), `gate_blockers`, `open_connections[sid]`, `freeze_stuck`,
 `gate_stalled` (a pause that never answers), `kill(sid)` (the runtime dies), `vanish(sid)` (it is
-gone without a word), `exec_handler` (what a command "prints"), `runtime_key` (change it to play a
+gone without a word), `exec_handler` (what a command "prints"; a background process starts with it as its stdout), `write_process`
+/ `end_process` (a background process prints, exits), `runtime_key` (change it to play a
 worker restarted with another guest agent or runsc: the sandboxes made before are `stale_runtime`
 in the inventory, and `claim` refuses them), `sandbox_ca` (the certificates a real worker's
 ATOLL_SANDBOX_CA_FILE adds; a sandbox made trusting other ones than a new sandbox would — this and
@@ -25,6 +26,7 @@ are real host ptys running a line-echo program (`testing.fake_pty`), killed by `
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import itertools
@@ -42,6 +44,24 @@ from atoll.testing import fake_files
 from atoll.testing.fake_pty import FakePtys
 
 
+def _pieces(
+    start: int, end: int, stderr: list[tuple[int, int]]
+) -> list[tuple[typing.Literal["stdout", "stderr"], int, int]]:
+    """[start, end) cut into (stream, start, end) runs: the `stderr` ranges, stdout around them."""
+    out: list[tuple[typing.Literal["stdout", "stderr"], int, int]] = []
+    at = start
+    for a, b in sorted(stderr):
+        if b <= at or a >= end:
+            continue
+        if a > at:
+            out.append(("stdout", at, a))
+        out.append(("stderr", max(a, at), min(b, end)))
+        at = min(b, end)
+    if at < end:
+        out.append(("stdout", at, end))
+    return out
+
+
 @dataclass
 class FakeRuntime:
     spec: api.SandboxSpec
@@ -54,6 +74,8 @@ class FakeRuntime:
     """A background process's stdout: what exec_handler answered for it, then what its stdin got
     (a fake process echoes its input), until it is signalled (then it exits 128+N)."""
     stdin: dict[int, bytearray] = field(default_factory=dict)
+    stderr: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Byte ranges [start, end) of `output` a process wrote to stderr (`write_process`)."""
     runtime_key: str = ""
     """The worker's `runtime_key` when it was made (a fork's: its parent's)."""
     trust: tuple[str, str] = ("", "")
@@ -129,6 +151,7 @@ class FakeWorker(fake_files.FakeFileOps):
             exit_code=0, stdout="", stderr="", duration_ms=1, timed_out=False
         )
         self._pids = itertools.count(100)
+        self._timers: set[asyncio.Future] = set()
         self._queues: set[asyncio.Queue] = set()
         self.ptys = FakePtys()
         """Terminals: real host ptys running a line-echo program (see testing.fake_pty)."""
@@ -488,6 +511,23 @@ class FakeWorker(fake_files.FakeFileOps):
         self.calls.append(("reconcile", ""))
         return api.ReconcileReport(len(self.runtimes), (), (), 0.0, 0.0)
 
+    def write_process(self, sid: str, pid: int, data: bytes, stream: str = "stdout") -> None:
+        """Make a running background process print `data` (on stdout or stderr)."""
+        rt = self._get(sid)
+        start = len(rt.output.get(pid, b""))
+        rt.output[pid] = rt.output.get(pid, b"") + data
+        if stream == "stderr":
+            rt.stderr.setdefault(pid, []).append((start, start + len(data)))
+
+    def end_process(self, sid: str, pid: int, exit_code: int | None, *, timed_out: bool = False) -> None:
+        """Make a running background process exit with `exit_code`."""
+        rt = self._get(sid)
+        info = rt.processes[pid]
+        if info.running:
+            rt.processes[pid] = dataclasses.replace(
+                info, running=False, exit_code=exit_code, stdin_open=False, timed_out=timed_out
+            )
+
     # ---- the seam: calls --------------------------------------------------------------------------
     async def exec(self, sandbox_id: str, spec: api.ExecSpec) -> api.ExecResult:
         self._running(sandbox_id)
@@ -525,6 +565,17 @@ class FakeWorker(fake_files.FakeFileOps):
             rt.processes[pid] = dataclasses.replace(rt.processes[pid], stdin_open=False)
         else:
             rt.processes[pid] = dataclasses.replace(rt.processes[pid], stdin_open=True)
+        if spec.timeout_s is not None:  # killed at its timeout, as a real worker does
+            timeout_s = spec.timeout_s
+
+            async def expire() -> None:
+                await asyncio.sleep(timeout_s)
+                with contextlib.suppress(KeyError):
+                    self.end_process(sandbox_id, pid, 137, timed_out=True)
+
+            timer = asyncio.ensure_future(expire())
+            self._timers.add(timer)
+            timer.add_done_callback(self._timers.discard)
         return api.ProcessStarted(pid, f"/tmp/.atoll/proc-{pid}.log")
 
     # process handles: fake processes run until signalled; they echo their stdin to stdout
@@ -543,16 +594,33 @@ class FakeWorker(fake_files.FakeFileOps):
     async def process_output(
         self, sandbox_id: str, pid: int, offset: int, follow: bool
     ) -> AsyncIterator[AsyncIterator[api.ProcessEvent]]:
+        """Its output from `offset` (stderr pieces apart, as `write_process` wrote them), then its
+        exit; `follow` polls for more until it exits."""
         rt, info = self._process(sandbox_id, pid)
-        data = rt.output.get(pid, b"")
-        if offset > len(data):
-            raise errors.InvalidRequest(f"offset {offset} is past the end of the output ({len(data)} bytes)")
+        if offset > len(rt.output.get(pid, b"")):
+            raise errors.InvalidRequest(
+                f"offset {offset} is past the end of the output ({len(rt.output.get(pid, b''))} bytes)"
+            )
 
         async def events() -> AsyncIterator[api.ProcessEvent]:
-            if offset < len(data):
-                yield api.ProcessOutput("stdout", data[offset:].decode(errors="replace"), len(data))
-            if not info.running:
-                yield api.ProcessExit(info.exit_code, False, 0, len(data))
+            at = offset
+            while True:
+                info = rt.processes.get(pid)
+                data = rt.output.get(pid, b"")
+                for stream, start, end in _pieces(at, len(data), rt.stderr.get(pid, [])):
+                    raw = data[start:end]
+                    text = raw.decode(errors="replace")
+                    exact = None if text.encode() == raw else base64.b64encode(raw).decode()
+                    yield api.ProcessOutput(stream, text, end, b64=exact)
+                at = len(data)
+                if info is None:
+                    return  # killed and forgotten (kill_process)
+                if not info.running:
+                    yield api.ProcessExit(info.exit_code, info.timed_out, 0, at)
+                    return
+                if not follow:
+                    return
+                await asyncio.sleep(0.01)
 
         yield events()
 
@@ -814,3 +882,5 @@ class FakeWorker(fake_files.FakeFileOps):
     async def aclose(self) -> None:
         self.closed = True
         self.ptys.close_all()
+        for timer in self._timers:
+            timer.cancel()

@@ -8,6 +8,7 @@ POST /processes/<pid>/wait here. The buffers and pipes themselves are in `procio
 
 from __future__ import annotations
 
+import base64
 import select
 import signal
 import socket
@@ -110,7 +111,7 @@ class ProcHandlers:
                 conn.write_chunk(dumps({"dropped": dropped, "offset": offset}) + b"\n")
             for kind, data, end in pieces:
                 offset = end
-                conn.write_chunk(dumps({kind: data.decode("utf-8", "replace"), "offset": end}) + b"\n")
+                conn.write_chunk(dumps(_output_line(kind, data, end)) + b"\n")
             if dropped or pieces:
                 continue
             with log.cond:
@@ -238,3 +239,13 @@ class ProcHandlers:
         info = proc.info()
         info["timed_out"] = proc.timed_out
         conn.send_json(200, info)
+
+
+def _output_line(kind: str, data: bytes, end: int) -> dict:
+    """One piece of output as text; bytes that are not UTF-8 (text has U+FFFD for them) also
+    travel exactly, as base64 in `b64`, for callers that need them (the E2B edge)."""
+    text = data.decode("utf-8", "replace")
+    line: dict = {kind: text, "offset": end}
+    if "\ufffd" in text and text.encode() != data:
+        line["b64"] = base64.b64encode(data).decode("ascii")
+    return line

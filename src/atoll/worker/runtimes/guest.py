@@ -14,6 +14,8 @@ worker.pressure (relief).
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import logging
@@ -611,11 +613,19 @@ def _process_event(line: bytes) -> api.ProcessEvent:
         raise errors.RuntimeFailure("the guest agent sent a malformed output line", detail=repr(line[:200]))
     if "error" in obj:
         raise wire.error_from_body(500, obj, "the guest agent's output stream broke")
+    exact = obj.get("b64")
+    if exact is not None:
+        try:  # the agent is on the sandbox's side: check what it claims before passing it on
+            base64.b64decode(exact, validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise errors.RuntimeFailure(
+                "the guest agent sent output whose b64 is not base64", detail=repr(line[:200])
+            ) from None
     for name in ("stdout", "stderr"):
         if isinstance(obj.get(name), str):
             return wire.load(
                 api.ProcessOutput,
-                {"stream": name, "text": obj[name], "offset": obj.get("offset")},
+                {"stream": name, "text": obj[name], "offset": obj.get("offset"), "b64": obj.get("b64")},
                 "output line",
             )
     if "dropped" in obj:
