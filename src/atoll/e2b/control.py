@@ -100,6 +100,11 @@ def _seconds(v: object, what: str) -> int:
     return int(v)
 
 
+def timeout_seconds(v: object, what: str = "timeout") -> int:
+    """A lifetime in whole seconds (1 to 30 days) from an E2B body; E2BError(400) naming `what`."""
+    return _seconds(v, what)
+
+
 def template_name(raw: object) -> str:
     """The atoll template an E2B `templateID` names (`base` when none)."""
     if raw is None or raw == "":

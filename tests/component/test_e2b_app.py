@@ -1,0 +1,202 @@
+"""E2B's control API (atoll.e2b.app) in front of the real control plane over a FakeWorker: each
+SDK call's answer shape and status, and every error as `{"code": int, "message": str}` (what the
+`e2b` SDKs parse) with `Should-Retry` where a retry is or is not safe. The real SDK against a
+real `atoll up` is tests/integration/test_e2b_sdk.py."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+
+import httpx
+import pytest
+
+from atoll.e2b import app as e2b_app
+from atoll.e2b import control
+from atoll.testing import FakeAtoll
+
+TOKEN_KEY = b"test-token-key"
+
+
+@pytest.fixture
+async def e2b(tmp_path):
+    async with FakeAtoll(tmp_path) as fake:
+        states: dict[str, str | None] = {}
+
+        async def state_of(sid: str) -> str | None:
+            try:
+                return str(fake.manager.get(sid).state)
+            except Exception:  # noqa: BLE001 - unknown: None
+                return None
+
+        app = e2b_app.create_app(
+            e2b_app.Settings(api_url="http://atoll", transport=fake.transport, token_key=TOKEN_KEY),
+            state_of=state_of,
+        )
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://e2b",
+            headers={"X-API-KEY": fake.api_key},
+        ) as c:
+            c.fake = fake  # type: ignore[attr-defined]
+            c.states = states  # type: ignore[attr-defined]
+            yield c
+        await app.control.aclose()
+
+
+def _error(r: httpx.Response, status: int) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"code", "message"} and body["code"] == status and isinstance(body["message"], str)
+    return body["message"]
+
+
+async def test_create_get_list_timeout_pause_connect_kill(e2b):
+    r = await e2b.post(
+        "/v2/sandboxes",
+        json={
+            "templateID": "base",
+            "metadata": {"who": "me", "odd": "a&b=c%"},
+            "envVars": {"X": "1"},
+            "timeout": 120,
+        },
+    )
+    assert r.status_code == 201, r.text
+    sb = r.json()
+    sid = sb["sandboxID"]
+    assert (
+        sb["templateID"] == "base" and sb["clientID"] == "atoll" and sb["envdVersion"] == control.ENVD_VERSION
+    )
+    assert sb["envdAccessToken"] == control.access_token(TOKEN_KEY, sid)
+    rec = (await e2b.fake.http.get(f"/v1/sandboxes/{sid}")).json()
+    assert rec["env"] == {"X": "1"} and rec["on_timeout"] == "delete" and rec["network"]["allow_out"] == ["*"]
+
+    # 2.31's create (POST /sandboxes) with its always-sent fields
+    old = await e2b.post(
+        "/sandboxes",
+        json={
+            "templateID": "base",
+            "allow_internet_access": False,
+            "autoPause": True,
+            "autoResume": {"enabled": False},
+            "envVars": {},
+            "metadata": {},
+            "secure": True,
+            "timeout": 300,
+        },
+    )
+    assert old.status_code == 201, old.text
+    other = old.json()["sandboxID"]
+    rec2 = (await e2b.fake.http.get(f"/v1/sandboxes/{other}")).json()
+    assert rec2["on_timeout"] == "pause" and rec2["network"]["allow_out"] == []
+
+    d = (await e2b.get(f"/sandboxes/{sid}")).json()
+    assert d["state"] == "running" and d["metadata"] == {"who": "me", "odd": "a&b=c%"}
+    assert d["lifecycle"] == {"autoResume": False, "onTimeout": "kill"} and d["allowInternetAccess"] is True
+
+    # the SDK's metadata encoding: urlencode({quote(k): quote(v)})
+    q = urllib.parse.urlencode({urllib.parse.quote("odd"): urllib.parse.quote("a&b=c%")})
+    listed = (await e2b.get("/v2/sandboxes", params={"metadata": q})).json()
+    assert [s["sandboxID"] for s in listed] == [sid]
+    page1 = await e2b.get("/v2/sandboxes", params={"limit": "1"})
+    assert len(page1.json()) == 1 and page1.headers.get("x-next-token")
+    page2 = await e2b.get("/v2/sandboxes", params={"limit": "1", "nextToken": page1.headers["x-next-token"]})
+    assert len(page2.json()) == 1 and page2.json()[0]["sandboxID"] != page1.json()[0]["sandboxID"]
+    assert "x-next-token" not in page2.headers
+
+    assert (await e2b.post(f"/sandboxes/{sid}/timeout", json={"timeout": 600})).status_code == 204
+    assert (await e2b.get(f"/sandboxes/{sid}/health")).status_code == 404  # not a route
+    health = await e2b.get(
+        "/health", headers={"E2b-Sandbox-Id": sid, "X-Access-Token": sb["envdAccessToken"]}
+    )
+    assert health.status_code == 204
+
+    assert (await e2b.post(f"/sandboxes/{sid}/pause", json={})).status_code == 204
+    assert "already paused" in _error(await e2b.post(f"/sandboxes/{sid}/pause"), 409)
+    assert (await e2b.get("/v2/sandboxes", params={"state": "paused"})).json()[0]["sandboxID"] == sid
+    paused = await e2b.get(
+        "/health", headers={"E2b-Sandbox-Id": sid, "X-Access-Token": sb["envdAccessToken"]}
+    )
+    assert "was not found" in _error(paused, 502) and "paused" in paused.json()["message"]
+    assert (await e2b.fake.http.get(f"/v1/sandboxes/{sid}")).json()["state"] == "standby"  # never resumed
+
+    r = await e2b.post(f"/v2/sandboxes/{sid}/connect", json={"timeout": 60})
+    assert r.status_code == 201 and r.json()["sandboxID"] == sid, r.text
+    again = await e2b.post(f"/sandboxes/{sid}/connect", json={"timeout": 30})  # 2.31, running: 200
+    assert again.status_code == 200
+    assert (await e2b.post(f"/sandboxes/{sid}/resume", json={"timeout": 30})).status_code == 200
+
+    m = (await e2b.get(f"/sandboxes/{sid}/metrics")).json()
+    assert len(m) == 1 and {"cpuUsedPct", "memUsed", "diskTotal", "timestampUnix"} <= set(m[0])
+
+    assert (await e2b.delete(f"/sandboxes/{sid}")).status_code == 204
+    _error(await e2b.delete(f"/sandboxes/{sid}"), 404)
+    _error(await e2b.get(f"/sandboxes/{sid}"), 404)
+    gone = await e2b.get("/health", headers={"E2b-Sandbox-Id": sid, "X-Access-Token": sb["envdAccessToken"]})
+    _error(gone, 502)
+    await e2b.delete(f"/sandboxes/{other}")
+
+
+async def test_errors_are_e2b_shaped(e2b):
+    _error(await e2b.get("/sandboxes/sb-0000000000000000", headers={"X-API-KEY": "wrong"}), 401)
+    no_key = await e2b.get("/v2/sandboxes", headers={"X-API-KEY": ""})
+    assert "E2B_API_KEY" in _error(no_key, 401)
+    assert "hex" in _error(await e2b.get("/v2/sandboxes", headers={"X-API-KEY": "e2b_zz"}), 401)
+    _error(await e2b.get("/sandboxes/sb-0000000000000000"), 404)
+    _error(await e2b.get("/sandboxes/not-an-id"), 404)
+    _error(await e2b.post("/v2/sandboxes", content=b"{nope"), 400)
+    assert "timeout" in _error(await e2b.post("/v2/sandboxes", json={"timeout": -1}), 400)
+    assert "rules" in _error(await e2b.post("/v2/sandboxes", json={"network": {"rules": {"x": 1}}}), 400)
+    _error(await e2b.post("/v2/sandboxes", json={"templateID": "no-such-template"}), 404)
+    assert "state" in _error(await e2b.get("/v2/sandboxes", params={"state": "sleepy"}), 400)
+    _error(await e2b.get("/sandboxes/sb-0000000000000000/logs"), 404)
+    _error(await e2b.patch("/sandboxes/sb-0000000000000000"), 404)
+    _error(await e2b.post("/sandboxes/sb-0000000000000000/timeout", json={}), 400)
+    assert (await e2b.get("/snapshots")).json() == []
+    # envd paths: header required, the token checked
+    assert "E2b-Sandbox-Id" in _error(await e2b.get("/health"), 404)
+    _error(
+        await e2b.get("/health", headers={"E2b-Sandbox-Id": "sb-0000000000000000", "X-Access-Token": "x"}),
+        401,
+    )
+    rpc = await e2b.post(
+        "/filesystem.Filesystem/Stat",
+        json={"path": "/"},
+        headers={
+            "E2b-Sandbox-Id": "sb-0000000000000000",
+            "X-Access-Token": control.access_token(TOKEN_KEY, "sb-0000000000000000"),
+        },
+    )
+    _error(rpc, 502)  # no seam wired in this app
+
+
+async def test_the_e2b_hex_key_spelling_is_accepted(e2b):
+    key = "e2b_" + e2b.fake.api_key.encode().hex()
+    assert (await e2b.get("/v2/sandboxes", headers={"X-API-KEY": key})).status_code == 200
+
+
+async def test_an_unreachable_api_is_503_and_a_post_is_not_retried(tmp_path):
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadError("cut", request=request)
+
+    app = e2b_app.create_app(e2b_app.Settings(api_url="http://atoll", transport=httpx.MockTransport(refuse)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://e2b") as c:
+        r = await c.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "k"})
+        assert "may have taken effect" in _error(r, 503) and r.headers["Should-Retry"] == "false"
+        g = await c.get("/v2/sandboxes", headers={"X-API-KEY": "k"})
+        _error(g, 503)
+        assert g.headers["Should-Retry"] == "true"
+    await app.control.aclose()
+
+
+async def test_pause_waits_for_a_call_in_flight_then_answers_503(e2b, monkeypatch):
+    monkeypatch.setattr(e2b_app, "PAUSE_BUSY_RETRY_S", 0.3)
+    sid = (await e2b.post("/v2/sandboxes", json={})).json()["sandboxID"]
+    e2b.fake.manager.ledger.inflight[sid] = 1
+    try:
+        r = await e2b.post(f"/sandboxes/{sid}/pause")
+        assert "in progress" in _error(r, 503) and r.headers["Should-Retry"] == "true"
+    finally:
+        e2b.fake.manager.ledger.inflight.pop(sid, None)
+    assert (await e2b.post(f"/sandboxes/{sid}/pause")).status_code == 204
+    await asyncio.sleep(0)
