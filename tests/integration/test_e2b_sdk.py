@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from atoll.testing import LocalAtoll, free_port
 from tests import e2b_venv
 
 DRIVER = Path(__file__).with_name("e2b_sdk_driver.py")
-pytestmark = pytest.mark.parametrize("release", ["2.63", "2.31"])
+RELEASES = pytest.mark.parametrize("release", ["2.63", "2.31"])
 
 
 def drive(release: str, atoll_up, scenario: str) -> dict:
@@ -39,6 +44,7 @@ def drive(release: str, atoll_up, scenario: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@RELEASES
 def test_control_api_lifecycle(release, atoll_up):
     out = drive(release, atoll_up, "lifecycle")
     sid = out["id"]
@@ -62,10 +68,117 @@ def test_control_api_lifecycle(release, atoll_up):
     assert r.status_code == 404 or r.json()["state"] == "deleted"
 
 
+@RELEASES
 def test_errors_arrive_as_the_sdk_exceptions(release, atoll_up):
     out = drive(release, atoll_up, "errors")
     assert out["wrong_key"] == "AuthenticationException"
     assert out["unknown_connect"] in ("NotFoundException", "SandboxNotFoundException")
     assert out["unknown_info"] in ("NotFoundException", "SandboxNotFoundException")
     assert out["unknown_kill"] is False
-    assert out["unknown_template"].startswith("SandboxException") and "no-such-template" in out["unknown_template"]
+    assert (
+        out["unknown_template"].startswith("SandboxException")
+        and "no-such-template" in out["unknown_template"]
+    )
+
+
+def _edge_children(pid: int) -> list[int]:
+    """PIDs of `python -m atoll.edge` processes whose parent is `pid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"atoll.edge" in argv:
+            out.append(int(entry))
+    return out
+
+
+def _wait_listed(url: str, key: str, timeout: float = 30) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = httpx.get(f"{url}/v2/sandboxes", headers={"X-API-KEY": key}, timeout=5)
+            if r.status_code == 200:
+                return r
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "E2B's API did not answer again"
+        time.sleep(0.2)
+
+
+def test_the_edge_child_is_started_again_when_it_dies(atoll_up):
+    assert atoll_up.proc is not None
+    [pid] = _edge_children(atoll_up.proc.pid)
+    os.kill(pid, signal.SIGKILL)  # our own installation's child, by PID
+    assert _wait_listed(atoll_up.e2b_url, atoll_up.api_key).json() is not None
+    [again] = _edge_children(atoll_up.proc.pid)
+    assert again != pid
+
+
+def test_an_e2b_port_in_use_stops_the_start_naming_the_variable(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    la = LocalAtoll(home=tmp_path / "home", env={"ATOLL_E2B_PORT": str(port)})
+    try:
+        la.spawn()
+        assert la.proc is not None
+        rc = la.proc.wait(120)
+        assert rc == 2, la.tail()
+        log = la.tail()
+        assert "ATOLL_E2B_PORT" in log and str(port) in log and "Traceback" not in log, log
+    finally:
+        la.stop(reap=False)
+        taken.close()
+
+
+def test_atoll_edge_serves_e2b_beside_its_native_routes(atoll_up, tmp_path):
+    native, e2b = free_port(), free_port()
+    log = open(tmp_path / "edge.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "atoll",
+            "edge",
+            "--server",
+            atoll_up.url,
+            "--port",
+            str(native),
+            "--e2b-port",
+            str(e2b),
+        ],
+        env={**os.environ, "ATOLL_E2B_TOKEN_KEY": "k"},
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{e2b}"
+        assert isinstance(_wait_listed(url, atoll_up.api_key).json(), list)
+        wrong = httpx.get(f"{url}/v2/sandboxes", headers={"X-API-KEY": "wrong"})
+        assert wrong.status_code == 401 and wrong.json()["code"] == 401
+        # the native routes answer on both ports, in the API's own shape
+        for port in (native, e2b):
+            r = httpx.get(
+                f"http://127.0.0.1:{port}/v1/sandboxes/sb-0000000000000000/files/stat",
+                params={"path": "/"},
+                headers=atoll_up.headers(),
+            )
+            assert r.status_code == 404 and r.json()["error"]["code"] == "sandbox_not_found", r.text
+        # E2B's routes only on the E2B port
+        assert (
+            httpx.get(f"http://127.0.0.1:{native}/v2/sandboxes", headers={"X-API-KEY": "k"}).status_code
+            == 404
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
