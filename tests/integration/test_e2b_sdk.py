@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atoll.testing import LocalAtoll, free_port
+from atoll.testing import LocalAtoll, LocalServer, free_port
 from tests import e2b_venv
 
 DRIVER = Path(__file__).with_name("e2b_sdk_driver.py")
@@ -182,3 +182,27 @@ def test_atoll_edge_serves_e2b_beside_its_native_routes(atoll_up, tmp_path):
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+def test_atoll_server_serves_e2b_over_https_when_the_api_does(tmp_path):
+    server = LocalServer(tmp_path / "server", env={"ATOLL_TLS_NAMES": "127.0.0.1"})
+    try:
+        server.start()
+        url = f"https://127.0.0.1:{server.e2b_port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.get(
+                    f"{url}/v2/sandboxes", headers={"X-API-KEY": server.api_key}, verify=server.verify
+                )
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, server.tail()
+                time.sleep(0.2)
+        assert r.status_code == 200 and r.json() == [], r.text  # forwarded to the API over https
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(
+                f"http://127.0.0.1:{server.e2b_port}/v2/sandboxes", headers={"X-API-KEY": server.api_key}
+            )
+    finally:
+        server.terminate()

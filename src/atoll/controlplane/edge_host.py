@@ -8,7 +8,8 @@ runs on the child's event loop, not the API's; over the channel it asks only a s
 (op `state`, for envd's `/health`, which never resumes). It gets ATOLL_E2B_TOKEN_KEY, the key of
 the sandboxes' envd access tokens, derived here from the installation's secrets key (stable
 across restarts) — a stopgap until the grant route answers the token itself. If the child dies it
-is started again with the same socket; stopping the server stops it (by PID). ATOLL_E2B_PORT=0 or
+is started again with the same socket. When the API serves https, E2B's port does too, with
+the API's certificate (plain http otherwise: keep it on loopback). Stopping the server stops it (by PID). ATOLL_E2B_PORT=0 or
 `off`: none. Called by controlplane.main (build, serve_api) and so by atoll.up.
 """
 
@@ -58,11 +59,13 @@ class EdgeHost:
         token_key_hex: str,
         internet: bool,
         pause_tier: str,
+        tls: tuple[str, str] | None = None,
         log_format: str = "text",
         log_level: str = "INFO",
     ):
         self.manager = manager
         self.host, self.port = host, port
+        self.scheme = "https" if tls else "http"
         self.sock: socket.socket | None = None
         env = {k: v for k, v in os.environ.items() if k != "ATOLL_API_KEY"}  # the edge needs no key
         env.update(
@@ -85,6 +88,7 @@ class EdgeHost:
                 "--server",
                 api_url,
                 *(["--ca-file", ca_file] if ca_file else []),
+                *(["--tls-cert-file", tls[0], "--tls-key-file", tls[1]] if tls else []),
             ],
             env=env,
             extra_fds=lambda: [self.sock.fileno()] if self.sock is not None else [],

@@ -119,6 +119,7 @@ def build(s: settings_mod.ServerSettings):
             token_key_hex=edge_host.token_key(secrets_key),
             internet=s.e2b_internet,
             pause_tier=s.e2b_pause_tier,
+            tls=app.state.api_tls,
             log_format=s.log_format,
             log_level=s.log_level,
         )
@@ -170,7 +171,7 @@ async def start_edge(app, s: settings_mod.ServerSettings) -> None:
     if edge is None:
         return
     await edge.start()
-    log.info("E2B API on http://%s:%d (E2B_API_URL and E2B_SANDBOX_URL)", s.e2b_host, s.e2b_port)
+    log.info("E2B API on %s://%s:%d (E2B_API_URL and E2B_SANDBOX_URL)", edge.scheme, s.e2b_host, s.e2b_port)
 
 
 async def start_ingress(app, s: settings_mod.ServerSettings) -> None:

@@ -7,7 +7,8 @@ native edge routes behind `/v1/…`), forwarding control calls to the parent's A
 and asking it over the channel only what has no route: a sandbox's state for envd's `/health`
 (op `state`, which never resumes). Configuration comes from the environment (ATOLL_E2B_TOKEN_KEY,
 ATOLL_E2B_INTERNET, ATOLL_E2B_PAUSE_TIER, ATOLL_LOG_FORMAT, ATOLL_LOG_LEVEL). It stops when the
-parent's end of the channel closes or on SIGTERM; SIGINT is the parent's.
+parent's end of the channel closes or on SIGTERM; SIGINT is the parent's. When the API serves
+https, so does this port, with the API's certificate (`--tls-cert-file`, `--tls-key-file`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ from atoll.shared import ipc, logconfig
 
 
 async def run(
-    channel_sock: socket.socket, listen_sock: socket.socket, server: str, ca_file: str | None
+    channel_sock: socket.socket,
+    listen_sock: socket.socket,
+    server: str,
+    ca_file: str | None,
+    tls: tuple[str, str] | None = None,
 ) -> None:
     async def handle(msg: dict, fds: list[socket.socket]):
         for s in fds:
@@ -49,7 +54,13 @@ async def run(
     edge = service.Edge(server, ca_file)
     app = service.e2b_asgi(edge, service.e2b_settings(server, ca_file), state_of=state_of)
     config = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     srv = uvicorn.Server(config)
     srv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # SIGTERM: below; SIGINT: the parent's
@@ -78,7 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--e2b-listen", type=int, required=True, help="the E2B port's socket (inherited)")
     parser.add_argument("--server", required=True, help="the API's URL (loopback)")
     parser.add_argument("--ca-file", default=None, help="the installation CA, when the API serves https")
+    parser.add_argument("--tls-cert-file", default=None, help="serve https with this certificate (the API's)")
+    parser.add_argument("--tls-key-file", default=None, help="and its key")
     args = parser.parse_args(argv)
+    tls = (args.tls_cert_file, args.tls_key_file) if args.tls_cert_file and args.tls_key_file else None
     logconfig.configure(os.environ.get("ATOLL_LOG_FORMAT", "text"), os.environ.get("ATOLL_LOG_LEVEL", "INFO"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
     try:
@@ -88,4 +102,4 @@ def main(argv: list[str] | None = None) -> None:
         print(f"atoll edge: an inherited descriptor is not a socket: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     listen_sock.setblocking(False)
-    asyncio.run(run(channel_sock, listen_sock, args.server, args.ca_file))
+    asyncio.run(run(channel_sock, listen_sock, args.server, args.ca_file, tls))
