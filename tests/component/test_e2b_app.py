@@ -5,7 +5,6 @@ real `atoll up` is tests/integration/test_e2b_sdk.py."""
 
 from __future__ import annotations
 
-import asyncio
 import urllib.parse
 
 import httpx
@@ -21,7 +20,11 @@ TOKEN_KEY = b"test-token-key"
 @pytest.fixture
 async def e2b(tmp_path):
     async with FakeAtoll(tmp_path) as fake:
-        states: dict[str, str | None] = {}
+        seams: list[str] = []
+
+        def seam_for(request, sid: str):
+            seams.append(sid)
+            return fake.worker
 
         async def state_of(sid: str) -> str | None:
             try:
@@ -32,6 +35,7 @@ async def e2b(tmp_path):
         app = e2b_app.create_app(
             e2b_app.Settings(api_url="http://atoll", transport=fake.transport, token_key=TOKEN_KEY),
             state_of=state_of,
+            seam_for=seam_for,
         )
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app),
@@ -39,7 +43,7 @@ async def e2b(tmp_path):
             headers={"X-API-KEY": fake.api_key},
         ) as c:
             c.fake = fake  # type: ignore[attr-defined]
-            c.states = states  # type: ignore[attr-defined]
+            c.seams = seams  # type: ignore[attr-defined]
             yield c
         await app.control.aclose()
 
@@ -159,15 +163,64 @@ async def test_errors_are_e2b_shaped(e2b):
         await e2b.get("/health", headers={"E2b-Sandbox-Id": "sb-0000000000000000", "X-Access-Token": "x"}),
         401,
     )
-    rpc = await e2b.post(
+    wrong = await e2b.post(
         "/filesystem.Filesystem/Stat",
         json={"path": "/"},
-        headers={
-            "E2b-Sandbox-Id": "sb-0000000000000000",
-            "X-Access-Token": control.access_token(TOKEN_KEY, "sb-0000000000000000"),
-        },
+        headers={"E2b-Sandbox-Id": "sb-0000000000000000", "X-Access-Token": "nope"},
     )
-    _error(rpc, 502)  # no seam wired in this app
+    _error(wrong, 401)
+    assert e2b.seams == []  # refused before any data path was asked for
+
+
+async def test_envd_services_run_over_the_seam_the_edge_gives(e2b):
+    sb = (await e2b.post("/v2/sandboxes", json={})).json()
+    headers = {"E2b-Sandbox-Id": sb["sandboxID"], "X-Access-Token": sb["envdAccessToken"]}
+    for _ in range(2):
+        r = await e2b.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+    assert e2b.seams == [sb["sandboxID"]]  # one service per (sandbox, token), kept for the next call
+    missing = await e2b.post("/filesystem.Filesystem/Stat", json={"path": "/nope"}, headers=headers)
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"  # a Connect error
+
+
+async def test_without_a_data_path_envd_calls_are_502(tmp_path):
+    app = e2b_app.create_app(e2b_app.Settings(api_url="http://atoll", token_key=TOKEN_KEY))
+    sid = "sb-0000000000000000"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://e2b") as c:
+        r = await c.post(
+            "/filesystem.Filesystem/Stat",
+            json={"path": "/"},
+            headers={"E2b-Sandbox-Id": sid, "X-Access-Token": control.access_token(TOKEN_KEY, sid)},
+        )
+        assert "no data path" in _error(r, 502)
+        h = await c.get(
+            "/health", headers={"E2b-Sandbox-Id": sid, "X-Access-Token": control.access_token(TOKEN_KEY, sid)}
+        )
+        assert "was not found" in _error(h, 502)
+    await app.control.aclose()
+
+
+async def test_fork_network_and_idempotent_create(e2b):
+    key = {"Idempotency-Key": "e2b-create-1"}
+    a = (await e2b.post("/v2/sandboxes", json={"metadata": {"k": "v"}}, headers=key)).json()
+    b = (await e2b.post("/v2/sandboxes", json={"metadata": {"k": "v"}}, headers=key)).json()
+    assert a["sandboxID"] == b["sandboxID"]
+    sid = a["sandboxID"]
+    r = await e2b.put(
+        f"/sandboxes/{sid}/network", json={"allow_internet_access": False, "allowOut": ["1.2.3.4"]}
+    )
+    assert r.status_code == 204, r.text
+    net = (await e2b.fake.http.get(f"/v1/sandboxes/{sid}")).json()["network"]
+    assert net == {"allow_out": ["1.2.3.4"], "deny_out": []}
+    assert "egressProxy" in _error(await e2b.put(f"/sandboxes/{sid}/network", json={"egressProxy": "x"}), 400)
+    forked = await e2b.post(f"/sandboxes/{sid}/fork", json={"count": 2, "timeout": 90})
+    assert forked.status_code == 201, forked.text
+    copies = [c["sandbox"] for c in forked.json()]
+    assert len(copies) == 2 and all(c["sandboxID"] != sid for c in copies)
+    assert all(c["envdAccessToken"] == control.access_token(TOKEN_KEY, c["sandboxID"]) for c in copies)
+    _error(await e2b.post(f"/sandboxes/{sid}/fork", json={"count": 0}), 400)
+    assert "not served" in _error(await e2b.post(f"/sandboxes/{sid}/snapshots", json={}), 501)
 
 
 async def test_the_e2b_hex_key_spelling_is_accepted(e2b):
@@ -199,4 +252,3 @@ async def test_pause_waits_for_a_call_in_flight_then_answers_503(e2b, monkeypatc
     finally:
         e2b.fake.manager.ledger.inflight.pop(sid, None)
     assert (await e2b.post(f"/sandboxes/{sid}/pause")).status_code == 204
-    await asyncio.sleep(0)

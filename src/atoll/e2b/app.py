@@ -51,6 +51,8 @@ long before answering 503 (E2B reads a 409 on pause as "already paused", §6.4).
 MAX_ENVD_APPS = 1024
 E2B_KEY_PREFIX = "e2b_"
 ENVD_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
+ENVD_FILES = "/files"
+"""envd's plain-HTTP file route (`GET`/`POST /files?path=`), served by e2b.envd_http when present."""
 
 SeamFor = typing.Callable[[Request, str], typing.Any]
 """`seam_for(request, sandbox_id)` → a WorkerAPI-like object for that one sandbox (or an awaitable
@@ -413,6 +415,7 @@ class Envd:
         self.seam_for = seam_for
         self.state_of = state_of
         self._apps: collections.OrderedDict[tuple[str, str, str], typing.Any] = collections.OrderedDict()
+        self._factories: dict[str, typing.Any] | None = None
 
     @staticmethod
     def sandbox_id(request: Request) -> str:
@@ -452,7 +455,10 @@ class Envd:
         raise Failed(502, f"The sandbox {sid} was not found")
 
     def _services(self) -> dict[str, typing.Any]:
-        """The Connect services atoll has: prefix → factory(seam, sid) of an ASGI app."""
+        """The envd services atoll has: path prefix → factory(seam, sid) of an ASGI app, made
+        once. Modules written beside this one (issue 22) are mounted when present: absent, 501."""
+        if self._factories is not None:
+            return self._factories
         out: dict[str, typing.Any] = {}
         from atoll.e2b import envd_files
         from atoll.e2b.proto.filesystem import filesystem_connect
@@ -460,7 +466,7 @@ class Envd:
         out["/filesystem.Filesystem/"] = lambda seam, sid: filesystem_connect.FilesystemASGIApplication(
             envd_files.FilesystemService(seam, sid)
         )
-        try:  # written beside this module (issue 22, envd process service); absent: 501
+        try:
             from atoll.e2b import envd_process  # type: ignore[attr-defined,unused-ignore]
             from atoll.e2b.proto.process import process_connect
         except ImportError:
@@ -469,6 +475,14 @@ class Envd:
             out["/process.Process/"] = lambda seam, sid: process_connect.ProcessASGIApplication(
                 envd_process.ProcessService(seam, sid)
             )
+        try:  # expected: envd_http.create_app(seam, sandbox_id) -> ASGI app serving GET/POST /files
+            from atoll.e2b import envd_http  # type: ignore[attr-defined,unused-ignore]
+        except ImportError:
+            pass
+        else:
+            if hasattr(envd_http, "create_app"):
+                out[ENVD_FILES] = envd_http.create_app
+        self._factories = out
         return out
 
     async def rpc(self, scope, receive, send) -> None:
@@ -476,10 +490,10 @@ class Envd:
         sid = self.sandbox_id(request)
         self.check_token(request, sid)
         path = scope["path"]
-        prefix = next(p for p in ENVD_PREFIXES if path.startswith(p))
+        prefix = ENVD_FILES if path == ENVD_FILES else next(p for p in ENVD_PREFIXES if path.startswith(p))
         factory = self._services().get(prefix)
         if factory is None:
-            raise Failed(501, f"{prefix.strip('/')} is not served by this atoll yet")
+            raise Failed(501, f"envd's {prefix.strip('/')} is not served by this atoll yet")
         if self.seam_for is None:
             raise Failed(
                 502, f"The sandbox {sid} cannot be reached: this edge has no data path to workers yet"
@@ -569,7 +583,7 @@ def create_app(
             await send(msg)
 
         try:
-            if path.startswith(ENVD_PREFIXES):
+            if path.startswith(ENVD_PREFIXES) or path == ENVD_FILES:
                 await envd.rpc(scope, receive, tracked)
             elif path.startswith("/v1/") and fallback is not None:
                 await fallback(scope, receive, tracked)
