@@ -5,10 +5,14 @@ real `atoll up` is tests/integration/test_e2b_sdk.py."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 import urllib.parse
 
 import httpx
 import pytest
+import uvicorn
 
 from atoll.e2b import app as e2b_app
 from atoll.e2b import control
@@ -17,9 +21,24 @@ from atoll.testing import FakeAtoll
 TOKEN_KEY = b"test-token-key"
 
 
+@contextlib.asynccontextmanager
+async def on_loopback(app):
+    """`app` served by uvicorn on a free loopback port: its URL (the E2B app reaches the API over
+    TCP, as in the edge)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="off"))
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+
+
 @pytest.fixture
 async def e2b(tmp_path):
-    async with FakeAtoll(tmp_path) as fake:
+    async with FakeAtoll(tmp_path) as fake, on_loopback(fake.app) as api_url:
         seams: list[str] = []
 
         def seam_for(request, sid: str):
@@ -33,9 +52,7 @@ async def e2b(tmp_path):
                 return None
 
         app = e2b_app.create_app(
-            e2b_app.Settings(api_url="http://atoll", transport=fake.transport, token_key=TOKEN_KEY),
-            state_of=state_of,
-            seam_for=seam_for,
+            e2b_app.Settings(api_url=api_url, token_key=TOKEN_KEY), state_of=state_of, seam_for=seam_for
         )
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app),
@@ -185,7 +202,7 @@ async def test_envd_services_run_over_the_seam_the_edge_gives(e2b):
 
 
 async def test_without_a_data_path_envd_calls_are_502(tmp_path):
-    app = e2b_app.create_app(e2b_app.Settings(api_url="http://atoll", token_key=TOKEN_KEY))
+    app = e2b_app.create_app(e2b_app.Settings(api_url="http://127.0.0.1:9", token_key=TOKEN_KEY))
     sid = "sb-0000000000000000"
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://e2b") as c:
         r = await c.post(
@@ -228,18 +245,43 @@ async def test_the_e2b_hex_key_spelling_is_accepted(e2b):
     assert (await e2b.get("/v2/sandboxes", headers={"X-API-KEY": key})).status_code == 200
 
 
-async def test_an_unreachable_api_is_503_and_a_post_is_not_retried(tmp_path):
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadError("cut", request=request)
+async def test_an_unreachable_api_is_503_and_a_post_is_not_retried():
+    # a peer that takes the connection and closes it without an answer: the call was sent
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)
+    mute.setblocking(False)
 
-    app = e2b_app.create_app(e2b_app.Settings(api_url="http://atoll", transport=httpx.MockTransport(refuse)))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://e2b") as c:
-        r = await c.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "k"})
-        assert "may have taken effect" in _error(r, 503) and r.headers["Should-Retry"] == "false"
-        g = await c.get("/v2/sandboxes", headers={"X-API-KEY": "k"})
-        _error(g, 503)
-        assert g.headers["Should-Retry"] == "true"
-    await app.control.aclose()
+    async def hang_up():
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(mute)
+            await loop.sock_recv(conn, 65536)
+            conn.close()
+
+    closer = asyncio.ensure_future(hang_up())
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    try:
+        for port, post_status, get_retry in (
+            (mute.getsockname()[1], "false", "true"),
+            (refused.getsockname()[1], "true", "true"),
+        ):
+            app = e2b_app.create_app(e2b_app.Settings(api_url=f"http://127.0.0.1:{port}"))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://e2b") as c:
+                r = await c.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "k"})
+                _error(r, 503)
+                assert r.headers["Should-Retry"] == post_status, (port, r.text)
+                if post_status == "false":
+                    assert "may have taken effect" in r.json()["message"]
+                g = await c.get("/v2/sandboxes", headers={"X-API-KEY": "k"})
+                _error(g, 503)
+                assert g.headers["Should-Retry"] == get_retry
+            await app.control.aclose()
+    finally:
+        closer.cancel()
+        mute.close()
+        refused.close()
 
 
 async def test_pause_waits_for_a_call_in_flight_then_answers_503(e2b, monkeypatch):
