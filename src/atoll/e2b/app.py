@@ -8,7 +8,7 @@
   with e2b.control and forwarded to atoll's REST API over loopback with `Authorization: Bearer
   <the X-API-KEY value>` (also in its `e2b_<hex>` spelling, §1 finding 11), so the API keeps every
   rule (keys, tenants, quotas, audit, idempotency); its answer is translated back.
-- **envd** (chosen by the `E2b-Sandbox-Id` header): `GET /health` (204 running, 502 paused or
+- **envd** (e2b.envd_routes, chosen by the `E2b-Sandbox-Id` header): `GET /health` (204 running, 502 paused or
   unknown — never resumes), and the Connect RPC services `filesystem.Filesystem`
   (e2b.envd_files) and `process.Process` (e2b.envd_process, when present) over the seam object
   `seam_for(request, sandbox_id)` returns (a grant-authenticated client of the worker's seam
@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import collections
 import contextlib
 import dataclasses
 import datetime as dt
-import hashlib
 import json
 import logging
 import secrets
@@ -41,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atoll.core import ids
-from atoll.e2b import control
+from atoll.e2b import control, envd_routes
 from atoll.shared import http11
 
 log = logging.getLogger(__name__)
@@ -50,26 +48,7 @@ MAX_BODY_BYTES = 1024 * 1024
 PAUSE_BUSY_RETRY_S = 5.0
 """A pause refused because a call is in flight (atoll's 409 sandbox_busy) is tried again for this
 long before answering 503 (E2B reads a 409 on pause as "already paused", §6.4)."""
-MAX_ENVD_APPS = 1024
 E2B_KEY_PREFIX = "e2b_"
-ENVD_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
-ENVD_FILES = "/files"
-"""envd's plain-HTTP file route (`GET`/`POST /files?path=`), served by e2b.envd_http when present."""
-
-SeamFor = typing.Callable[[Request, str], typing.Any]
-"""`seam_for(request, sandbox_id)` → a WorkerAPI-like object for that one sandbox (or an awaitable
-of one), authorized by the request's `X-Access-Token`; raising `E2BError` refuses the call."""
-StateOf = typing.Callable[[str], typing.Awaitable[str | None]]
-"""`state_of(sandbox_id)` → atoll's state of the sandbox (`running`, `standby`, …) or None when
-there is none, without resuming it (the /health probe)."""
-
-
-class Failed(Exception):
-    """An answer to give as E2B's error body: status, message, extra headers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -80,25 +59,29 @@ def api_key(request: Request) -> str:
     """The atoll key the caller sent as `X-API-KEY` (an `e2b_<hex>` spelling decoded); 401 else."""
     raw = request.headers.get("x-api-key", "").strip()
     if not raw:
-        raise Failed(401, "missing API key: set E2B_API_KEY to an atoll API key (sent as X-API-KEY)")
+        raise control.E2BError(
+            401, "missing API key: set E2B_API_KEY to an atoll API key (sent as X-API-KEY)"
+        )
     if raw.startswith(E2B_KEY_PREFIX):
         try:
             raw = bytes.fromhex(raw[len(E2B_KEY_PREFIX) :]).decode("ascii")
         except (ValueError, UnicodeDecodeError, binascii.Error):
-            raise Failed(
+            raise control.E2BError(
                 401,
                 "invalid API key: an e2b_… key must be e2b_ followed by the hex of an atoll key's "
                 "characters (python -c \"print('e2b_' + KEY.encode().hex())\")",
             ) from None
     if not (raw.isascii() and raw.isprintable()):
-        raise Failed(401, "invalid API key: an atoll key is printable ASCII (check what was pasted)")
+        raise control.E2BError(
+            401, "invalid API key: an atoll key is printable ASCII (check what was pasted)"
+        )
     return raw
 
 
 def _sid(request: Request) -> str:
     sid = request.path_params["sid"]
     if not ids.SANDBOX_ID_RE.match(sid):
-        raise Failed(
+        raise control.E2BError(
             404, f"sandbox {sid[:80]!r} was not found (atoll sandbox ids are sb- and 16 letters/digits)"
         )
     return sid
@@ -109,17 +92,17 @@ async def _body(request: Request, optional: bool = True) -> dict:
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
-            raise Failed(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+            raise control.E2BError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
     if not raw.strip():
         if optional:
             return {}
-        raise Failed(400, "the request body is empty; send a JSON object")
+        raise control.E2BError(400, "the request body is empty; send a JSON object")
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
-        raise Failed(400, "the request body is not JSON") from None
+        raise control.E2BError(400, "the request body is not JSON") from None
     if not isinstance(data, dict):
-        raise Failed(400, f"the request body must be a JSON object, not {type(data).__name__}")
+        raise control.E2BError(400, f"the request body must be a JSON object, not {type(data).__name__}")
     return data
 
 
@@ -127,12 +110,9 @@ def _timeout(body: dict, *, required: bool) -> int | None:
     v = body.get("timeout")
     if v is None:
         if required:
-            raise Failed(400, "timeout is required: seconds from now (1 to 2592000)")
+            raise control.E2BError(400, "timeout is required: seconds from now (1 to 2592000)")
         return None
-    try:
-        return control.timeout_seconds(v, "timeout")
-    except control.E2BError as e:
-        raise Failed(e.status, e.message) from None
+    return control.timeout_seconds(v, "timeout")
 
 
 @dataclasses.dataclass
@@ -202,7 +182,7 @@ class ControlAPI:
         passthrough: tuple[int, ...] = (),
     ) -> Answer:
         """atoll's answer to one call with the caller's key; an error status (other than
-        `passthrough`) raises Failed with E2B's body."""
+        `passthrough`) raises control.E2BError with E2B's body."""
         h = {"Authorization": f"Bearer {key}", **(headers or {})}
         try:
             r = await self.api.request(
@@ -220,14 +200,14 @@ class ControlAPI:
                 retryable=True,
                 outcome_unknown=unknown,
             )
-            raise Failed(status, body["message"], hdrs) from None
+            raise control.E2BError(status, body["message"], hdrs) from None
         answer = Answer(r.status_code, r.headers, r.content)
         if r.status_code in ok or r.status_code in passthrough:
             return answer
         raise self._failed(answer, method)
 
     @staticmethod
-    def _failed(r: Answer, method: str) -> Failed:
+    def _failed(r: Answer, method: str) -> control.E2BError:
         code, message, retryable = (
             "error",
             r.content.decode(errors="replace")[:500] or f"HTTP {r.status_code}",
@@ -243,14 +223,14 @@ class ControlAPI:
         )
         if "retry-after" in r.headers and headers.get("Should-Retry") == "true":
             headers["Retry-After"] = r.headers["retry-after"]
-        return Failed(status, body["message"], headers)
+        return control.E2BError(status, body["message"], headers)
 
     async def sandbox(self, key: str, sid: str) -> dict:
         r = await self.call(key, "GET", f"/v1/sandboxes/{sid}")
         sb = r.json()
         if sb.get("state") in ("failed", "deleted"):
             why = sb.get("failure_reason") or "it was deleted"
-            raise Failed(404, f"sandbox {sid} was not found: it failed ({why}); create another")
+            raise control.E2BError(404, f"sandbox {sid} was not found: it failed ({why}); create another")
         return sb
 
     async def access_token(self, key: str, sid: str) -> str | None:
@@ -282,10 +262,7 @@ class ControlAPI:
     async def create(self, request: Request) -> Response:
         key = api_key(request)
         body = await _body(request)
-        try:
-            plan = control.create_request(body, internet=self.s.internet)
-        except control.E2BError as e:
-            raise Failed(e.status, e.message) from None
+        plan = control.create_request(body, internet=self.s.internet)
         headers = {}
         if request.headers.get("idempotency-key"):
             headers["Idempotency-Key"] = request.headers["idempotency-key"]
@@ -326,10 +303,7 @@ class ControlAPI:
 
     async def list(self, request: Request) -> Response:
         key = api_key(request)
-        try:
-            query = control.list_query(request.query_params)
-        except control.E2BError as e:
-            raise Failed(e.status, e.message) from None
+        query = control.list_query(request.query_params)
         r = await self.call(key, "GET", "/v1/sandboxes", params=dict(query))
         page = r.json()
         items = [control.listed_sandbox(sb) for sb in page.get("items") or []]
@@ -355,7 +329,7 @@ class ControlAPI:
         await _body(request)  # memory / requireHealthyGuest: atoll always keeps memory (§6.2)
         sb = await self.sandbox(key, sid)
         if sb.get("state") == "standby":
-            raise Failed(409, f"sandbox {sid} is already paused; Sandbox.connect() resumes it")
+            raise control.E2BError(409, f"sandbox {sid} is already paused; Sandbox.connect() resumes it")
         deadline = asyncio.get_running_loop().time() + PAUSE_BUSY_RETRY_S
         while True:
             r = await self.call(
@@ -372,7 +346,7 @@ class ControlAPI:
             if not busy:
                 raise failed
             if asyncio.get_running_loop().time() > deadline:
-                raise Failed(
+                raise control.E2BError(
                     503,
                     f"sandbox {sid} could not be paused: a call into it (a file transfer or command) "
                     f"was still in progress after {PAUSE_BUSY_RETRY_S:.0f} s; retry",
@@ -393,7 +367,7 @@ class ControlAPI:
         timeout = _timeout(body, required=False)
         count = body.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 20:
-            raise Failed(400, f"count must be a whole number from 1 to 20, not {count!r}")
+            raise control.E2BError(400, f"count must be a whole number from 1 to 20, not {count!r}")
         r = await self.call(key, "POST", f"/v1/sandboxes/{sid}/fork", json_body={"count": count})
         out = []
         for copy in r.json().get("items") or []:
@@ -411,19 +385,16 @@ class ControlAPI:
         sid = _sid(request)
         body = await _body(request, optional=False)
         internet = body.pop("allow_internet_access", None)
-        try:
-            if internet is not None and not isinstance(internet, bool):
-                raise control.E2BError(400, f"allow_internet_access must be true or false, not {internet!r}")
-            policy = control.network_policy(body, self.s.internet if internet is None else internet)
-        except control.E2BError as e:
-            raise Failed(e.status, e.message) from None
+        if internet is not None and not isinstance(internet, bool):
+            raise control.E2BError(400, f"allow_internet_access must be true or false, not {internet!r}")
+        policy = control.network_policy(body, self.s.internet if internet is None else internet)
         await self.call(key, "PUT", f"/v1/sandboxes/{sid}/network", json_body=policy)
         return Response(status_code=204)
 
     async def create_snapshot(self, request: Request) -> Response:
         api_key(request)
         _sid(request)
-        raise Failed(
+        raise control.E2BError(
             501,
             "named snapshots are not served by atoll yet (docs/e2b-compat.md §7.2); "
             "pause() keeps a sandbox and fork() copies one",
@@ -435,127 +406,20 @@ class ControlAPI:
 
     async def delete_snapshot(self, request: Request) -> Response:
         api_key(request)
-        raise Failed(404, f"snapshot {request.path_params['snapshot_id'][:80]!r} was not found")
-
-
-class Envd:
-    """envd's routes for the sandbox named by `E2b-Sandbox-Id`."""
-
-    def __init__(self, control_api: ControlAPI, seam_for: SeamFor | None, state_of: StateOf | None):
-        self.control = control_api
-        self.seam_for = seam_for
-        self.state_of = state_of
-        self._apps: collections.OrderedDict[tuple[str, str, str], typing.Any] = collections.OrderedDict()
-        self._factories: dict[str, typing.Any] | None = None
-
-    @staticmethod
-    def sandbox_id(request: Request) -> str:
-        sid = request.headers.get("e2b-sandbox-id", "")
-        if not sid:
-            raise Failed(
-                404,
-                f"{request.url.path} is an envd route: send the E2b-Sandbox-Id header "
-                "(the SDK does when E2B_SANDBOX_URL points here)",
-            )
-        if not ids.SANDBOX_ID_RE.match(sid):
-            raise Failed(502, f"The sandbox {sid[:80]!r} was not found")
-        return sid
-
-    def check_token(self, request: Request, sid: str) -> None:
-        """The stopgap check of `X-Access-Token` (when this process holds the token key); with
-        the grant route's token the seam object checks it instead."""
-        key = self.control.s.token_key
-        if key is None:
-            return
-        if not control.check_access_token(key, sid, request.headers.get("x-access-token")):
-            raise Failed(
-                401,
-                f"wrong or missing X-Access-Token for sandbox {sid} (envdAccessToken of its create or connect answer)",
-            )
-
-    async def health(self, request: Request) -> Response:
-        sid = self.sandbox_id(request)
-        self.check_token(request, sid)
-        if self.state_of is None:
-            raise Failed(502, f"The sandbox {sid} was not found: this edge cannot see sandbox states")
-        state = await self.state_of(sid)
-        if state in ("running", "creating"):
-            return Response(status_code=204)
-        if state == "standby":
-            raise Failed(502, f"The sandbox {sid} was not found: it is paused; Sandbox.connect() resumes it")
-        raise Failed(502, f"The sandbox {sid} was not found")
-
-    def _services(self) -> dict[str, typing.Any]:
-        """The envd services atoll has: path prefix → factory(seam, sid) of an ASGI app, made
-        once. Modules written beside this one (issue 22) are mounted when present: absent, 501."""
-        if self._factories is not None:
-            return self._factories
-        out: dict[str, typing.Any] = {}
-        from atoll.e2b import envd_files
-        from atoll.e2b.proto.filesystem import filesystem_connect
-
-        out["/filesystem.Filesystem/"] = lambda seam, sid: filesystem_connect.FilesystemASGIApplication(
-            envd_files.FilesystemService(seam, sid)
-        )
-        try:
-            from atoll.e2b import envd_process  # type: ignore[attr-defined,unused-ignore]
-            from atoll.e2b.proto.process import process_connect
-        except ImportError:
-            pass
-        else:
-            out["/process.Process/"] = lambda seam, sid: process_connect.ProcessASGIApplication(
-                envd_process.ProcessService(seam, sid)
-            )
-        try:  # expected: envd_http.create_app(seam, sandbox_id) -> ASGI app serving GET/POST /files
-            from atoll.e2b import envd_http  # type: ignore[attr-defined,unused-ignore]
-        except ImportError:
-            pass
-        else:
-            if hasattr(envd_http, "create_app"):
-                out[ENVD_FILES] = envd_http.create_app
-        self._factories = out
-        return out
-
-    async def rpc(self, scope, receive, send) -> None:
-        request = Request(scope, receive)
-        sid = self.sandbox_id(request)
-        self.check_token(request, sid)
-        path = scope["path"]
-        prefix = ENVD_FILES if path == ENVD_FILES else next(p for p in ENVD_PREFIXES if path.startswith(p))
-        factory = self._services().get(prefix)
-        if factory is None:
-            raise Failed(501, f"envd's {prefix.strip('/')} is not served by this atoll yet")
-        if self.seam_for is None:
-            raise Failed(
-                502, f"The sandbox {sid} cannot be reached: this edge has no data path to workers yet"
-            )
-        token = hashlib.sha256(request.headers.get("x-access-token", "").encode()).hexdigest()
-        k = (prefix, sid, token)
-        app = self._apps.get(k)
-        if app is None:
-            seam = self.seam_for(request, sid)
-            if asyncio.iscoroutine(seam):
-                seam = await seam
-            app = factory(seam, sid)
-            self._apps[k] = app
-            while len(self._apps) > MAX_ENVD_APPS:
-                self._apps.popitem(last=False)
-        else:
-            self._apps.move_to_end(k)
-        await app(scope, receive, send)
+        raise control.E2BError(404, f"snapshot {request.path_params['snapshot_id'][:80]!r} was not found")
 
 
 def create_app(
     settings: Settings,
     *,
-    seam_for: SeamFor | None = None,
-    state_of: StateOf | None = None,
+    seam_for: envd_routes.SeamFor | None = None,
+    state_of: envd_routes.StateOf | None = None,
     fallback: typing.Any = None,
 ) -> typing.Any:
     """The E2B port's ASGI app. `fallback` (an ASGI app) serves `/v1/…` paths (the native edge
     routes, when the process has them); other unknown paths answer 404 in E2B's shape."""
     c = ControlAPI(settings)
-    envd = Envd(c, seam_for, state_of)
+    envd = envd_routes.Envd(settings.token_key, seam_for, state_of)
     sb = "/sandboxes/{sid}"
     routes = [
         Route("/v2/sandboxes", c.create, methods=["POST"]),
@@ -582,7 +446,7 @@ def create_app(
         return error_response(404, f"{request.method} {request.url.path} is not served by atoll's E2B API")
 
     async def failed(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, Failed)
+        assert isinstance(exc, control.E2BError)
         return error_response(exc.status, exc.message, exc.headers)
 
     async def crashed(request: Request, exc: Exception) -> Response:
@@ -594,7 +458,7 @@ def create_app(
 
     inner = Starlette(
         routes=routes,
-        exception_handlers={Failed: failed, 404: not_served, 405: not_served, Exception: crashed},
+        exception_handlers={control.E2BError: failed, 404: not_served, 405: not_served, Exception: crashed},
     )
 
     async def app(scope, receive, send) -> None:
@@ -614,13 +478,13 @@ def create_app(
             await send(msg)
 
         try:
-            if path.startswith(ENVD_PREFIXES) or path == ENVD_FILES:
+            if path.startswith(envd_routes.ENVD_PREFIXES) or path == envd_routes.ENVD_FILES:
                 await envd.rpc(scope, receive, tracked)
             elif path.startswith("/v1/") and fallback is not None:
                 await fallback(scope, receive, tracked)
             else:
                 await inner(scope, receive, tracked)
-        except Failed as e:
+        except control.E2BError as e:
             if not started:
                 await error_response(e.status, e.message, e.headers)(scope, receive, send)
         except Exception:  # noqa: BLE001 - never a traceback to the client

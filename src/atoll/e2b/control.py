@@ -53,12 +53,14 @@ _REFUSED_CREATE = {"mcp": "the MCP gateway", "iam": "cloud IAM credentials"}
 
 
 class E2BError(Exception):
-    """A call E2B's API would refuse: `status` and a message naming the field, the value and the fix."""
+    """A call E2B's API would refuse: `status` and a message naming the field, the value and the fix
+    (answered as `{"code": status, "message": message}` with `headers`, e.g. Should-Retry)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
 
 
 class CreatePlan(typing.NamedTuple):
