@@ -294,3 +294,20 @@ async def test_pause_waits_for_a_call_in_flight_then_answers_503(e2b, monkeypatc
     finally:
         e2b.fake.manager.ledger.inflight.pop(sid, None)
     assert (await e2b.post(f"/sandboxes/{sid}/pause")).status_code == 204
+
+
+async def test_files_and_processes_are_mounted_when_their_modules_are_there(e2b):
+    """e2b.envd_http (`/files`) and e2b.envd_process (`process.Process`) are mounted by import;
+    skipped on a branch without them."""
+    pytest.importorskip("atoll.e2b.envd_http")
+    pytest.importorskip("atoll.e2b.envd_process")
+    sb = (await e2b.post("/v2/sandboxes", json={})).json()
+    h = {"E2b-Sandbox-Id": sb["sandboxID"], "X-Access-Token": sb["envdAccessToken"]}
+    w = await e2b.post(
+        "/files", params={"path": "/tmp/x.txt"}, files={"file": ("x.txt", b"hello")}, headers=h
+    )
+    assert w.status_code == 200 and w.json()[0]["path"] == "/tmp/x.txt", w.text
+    r = await e2b.get("/files", params={"path": "/tmp/x.txt"}, headers=h)
+    assert r.status_code == 200 and r.content == b"hello"
+    p = await e2b.post("/process.Process/List", json={}, headers=h)
+    assert p.status_code == 200, p.text

@@ -106,13 +106,13 @@ class Envd:
             out["/process.Process/"] = lambda seam, sid: process_connect.ProcessASGIApplication(
                 envd_process.ProcessService(seam, sid)
             )
-        try:  # expected: envd_http.create_app(seam, sandbox_id) -> ASGI app serving GET/POST /files
+        try:  # envd_http.FilesHTTP(seam, sandbox_id).handle(request): GET/POST /files
             from atoll.e2b import envd_http  # type: ignore[attr-defined,unused-ignore]
         except ImportError:
             pass
         else:
-            if hasattr(envd_http, "create_app"):
-                out[ENVD_FILES] = envd_http.create_app
+            if hasattr(envd_http, "FilesHTTP"):
+                out[ENVD_FILES] = lambda seam, sid: _asgi(envd_http.FilesHTTP(seam, sid).handle)
         self._factories = out
         return out
 
@@ -143,3 +143,13 @@ class Envd:
         else:
             self._apps.move_to_end(k)
         await app(scope, receive, send)
+
+
+def _asgi(handle: typing.Callable[[Request], typing.Awaitable[Response]]) -> typing.Any:
+    """An ASGI app of one request handler."""
+
+    async def app(scope, receive, send) -> None:
+        response = await handle(Request(scope, receive))
+        await response(scope, receive, send)
+
+    return app
