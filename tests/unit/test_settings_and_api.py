@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -243,3 +244,23 @@ async def test_a_download_releases_its_sandbox_before_its_last_chunk(chunks):
         seen.append(chunk)
     want = [*chunks[:-1], ("released", None), *chunks[-1:]]
     assert seen == want
+
+
+def test_e2b_port_default_off_and_clashes(tmp_path):
+    base = {"ATOLL_HOME": str(tmp_path), "ATOLL_PORT": "7100"}
+    assert settings.load(env=base).e2b_port == 7102
+    assert settings.load(env={**base, "ATOLL_E2B_PORT": "off"}).e2b_port == 0
+    assert settings.load(env={**base, "ATOLL_E2B_PORT": "0"}).e2b_port == 0
+    s = settings.load(env={**base, "ATOLL_E2B_PORT": "7300", "ATOLL_E2B_INTERNET": "deny"})
+    assert (s.e2b_port, s.e2b_internet, s.e2b_pause_tier) == (7300, False, "memory")
+    for bad, words in (
+        ({"ATOLL_E2B_PORT": "7100"}, "the API's port"),
+        ({"ATOLL_E2B_PORT": "7101"}, "ATOLL_INGRESS_PORT"),
+        ({"ATOLL_INGRESS_PORT": "7102"}, "the API port + 2"),
+        ({"ATOLL_E2B_PORT": "x"}, "0 / off"),
+        ({"ATOLL_E2B_PORT": "70000"}, "ATOLL_E2B_PORT"),
+        ({"ATOLL_E2B_INTERNET": "maybe"}, "ATOLL_E2B_INTERNET"),
+        ({"ATOLL_E2B_PAUSE_TIER": "cold"}, "ATOLL_E2B_PAUSE_TIER"),
+    ):
+        with pytest.raises(config.SettingsError, match=re.escape(words)):
+            settings.load(env={**base, **bad})

@@ -340,9 +340,19 @@ def edge(
     tls_key_file: Annotated[
         Path | None, typer.Option(help="Its private key (PEM; default $ATOLL_EDGE_TLS_KEY_FILE).")
     ] = None,
+    e2b_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Also serve E2B's API (the e2b SDKs' E2B_API_URL / E2B_SANDBOX_URL) on this port "
+            "(default $ATOLL_E2B_PORT; 0: none).",
+            min=0,
+            max=65535,
+        ),
+    ] = None,
 ) -> None:
     """Run the edge in the foreground: sandboxes' exec and process calls, relayed straight to their
-    workers with grants from the server, so a server restart does not cut a stream."""
+    workers with grants from the server, so a server restart does not cut a stream; with
+    --e2b-port, E2B's API too (docs/e2b-compat.md)."""
     try:
         from atoll.edge import service as _edge
     except ImportError as exc:
@@ -355,6 +365,7 @@ def edge(
         port=port,
         tls_cert_file=str(tls_cert_file) if tls_cert_file is not None else None,
         tls_key_file=str(tls_key_file) if tls_key_file is not None else None,
+        e2b_port=e2b_port,
     )
 
 

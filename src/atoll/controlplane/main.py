@@ -2,7 +2,8 @@
 
 Loads the server's settings, opens the records, the secret store and the installation's CA, and
 serves the public API (controlplane.app; over HTTPS with ATOLL_TLS_NAMES or ATOLL_TLS_CERT_FILE) with the tier policy, and starts the ingress router (preview
-URLs, ATOLL_INGRESS_PORT) in a process beside it (controlplane.ingress_host). Workers known from earlier runs are shown `lost` until they register
+URLs, ATOLL_INGRESS_PORT) in a process beside it (controlplane.ingress_host), and the edge serving
+E2B's API (ATOLL_E2B_PORT) in another (controlplane.edge_host). Workers known from earlier runs are shown `lost` until they register
 again. SIGINT/SIGTERM stop the server, never a sandbox. Called by the CLI; `atoll up` shares
 `admin_key` and `build`.
 """
@@ -21,7 +22,17 @@ import typing
 import uvicorn
 
 from atoll.controlplane import app as app_mod
-from atoll.controlplane import db, ingress_host, lifecycle, metering, metrics, policy, previews, routes_pty
+from atoll.controlplane import (
+    db,
+    edge_host,
+    ingress_host,
+    lifecycle,
+    metering,
+    metrics,
+    policy,
+    previews,
+    routes_pty,
+)
 from atoll.controlplane import secrets as secrets_mod
 from atoll.controlplane import settings as settings_mod
 from atoll.controlplane.authority import Authority
@@ -97,6 +108,21 @@ def build(s: settings_mod.ServerSettings):
     )
     app.state.meter = meter
     app.state.api_tls = api_tls(s, authority)
+    app.state.edge = None
+    if s.e2b_port:
+        app.state.edge = edge_host.EdgeHost(
+            manager,
+            host=s.e2b_host,
+            port=s.e2b_port,
+            api_url=edge_host.loopback_url(s.host, s.port, app.state.api_tls is not None),
+            ca_file=os.path.join(s.home, "ca", "root.crt") if app.state.api_tls is not None else None,
+            token_key_hex=edge_host.token_key(secrets_key),
+            internet=s.e2b_internet,
+            pause_tier=s.e2b_pause_tier,
+            tls=app.state.api_tls,
+            log_format=s.log_format,
+            log_level=s.log_level,
+        )
     manager.workers.worker_tls = authority.worker_client_context()
     return manager, policy.TierPolicy(manager), app
 
@@ -136,6 +162,16 @@ def ingress_tls(s: settings_mod.ServerSettings, authority: Authority) -> dict:
         [f"*.{s.preview_domain}", s.preview_domain, "localhost"], ["127.0.0.1", "::1"]
     )
     return {"pem": (cert + authority.root_pem + key).decode()}
+
+
+async def start_edge(app, s: settings_mod.ServerSettings) -> None:
+    """Bind E2B's port (a port in use stops the start with SettingsError naming ATOLL_E2B_PORT)
+    and start the edge process serving it (controlplane.edge_host); nothing when it is off."""
+    edge = getattr(app.state, "edge", None)
+    if edge is None:
+        return
+    await edge.start()
+    log.info("E2B API on %s://%s:%d (E2B_API_URL and E2B_SANDBOX_URL)", edge.scheme, s.e2b_host, s.e2b_port)
 
 
 async def start_ingress(app, s: settings_mod.ServerSettings) -> None:
@@ -188,6 +224,7 @@ async def serve_api(
     async def lifespan(_app):
         await manager.start()
         await start_ingress(app, s)
+        await start_edge(app, s)
         if local is not None:
             await local[0]()
         running = asyncio.ensure_future(tiers.run())
@@ -204,6 +241,8 @@ async def serve_api(
             if meter is not None:
                 await meter.aclose()
             await app.state.ingress.aclose()
+            if getattr(app.state, "edge", None) is not None:
+                await app.state.edge.aclose()
             await tiers.aclose()
             await app.state.audit.aclose()
             await manager.stop()
@@ -212,6 +251,13 @@ async def serve_api(
             log.info(down)
 
     app.router.lifespan_context = lifespan
+    edge = getattr(app.state, "edge", None)
+    if edge is not None:  # bound before serving: a port in use is a clear start-up error
+        try:
+            edge.bind()
+        except config.SettingsError as e:
+            print(f"{up}: invalid setting: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
     await uvicorn.Server(uvicorn_config(app, s)).serve()
 
 

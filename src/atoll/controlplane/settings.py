@@ -91,6 +91,19 @@ class ServerSettings:
     """ATOLL_AUDIT_RETENTION_DAYS: days the audit trail (GET /v1/audit) keeps a row (default 90,
     1-36500); older rows are deleted hourly."""
 
+    e2b_port: int = 0
+    """ATOLL_E2B_PORT: port of E2B's API (the `e2b` SDKs' E2B_API_URL and E2B_SANDBOX_URL), served
+    by the edge, a child process (controlplane.edge_host); default the API port + 2; 0 or `off`:
+    not served."""
+    e2b_host: str = "127.0.0.1"
+    """ATOLL_E2B_HOST: address E2B's API listens on (default: ATOLL_HOST)."""
+    e2b_internet: bool = True
+    """ATOLL_E2B_INTERNET: `allow` (default, E2B's own default) or `deny`: the egress policy of a
+    sandbox created through E2B's API without `allow_internet_access` (allow: `*`)."""
+    e2b_pause_tier: str = "memory"
+    """ATOLL_E2B_PAUSE_TIER: standby tier of E2B's `pause()` (memory, disk or archive; default
+    memory, which the tier policy moves on to disk as usual)."""
+
     tls_cert_file: str | None = None
     """ATOLL_TLS_CERT_FILE / ATOLL_TLS_KEY_FILE: serve the API over HTTPS with this certificate
     chain and key (PEM). Workers on other machines verify it with --ca-file (the CA that issued
@@ -130,6 +143,7 @@ def load(
     )
     if ingress_v == port_v:
         raise config.SettingsError(f"ATOLL_INGRESS_PORT={ingress_v} is the API's port too; give it another")
+    e2b_v = _e2b_port(env, port_v, ingress_v)
     cert, key = env.get("ATOLL_INGRESS_CERT_FILE") or None, env.get("ATOLL_INGRESS_KEY_FILE") or None
     if (cert is None) != (key is None):
         raise config.SettingsError("give both ATOLL_INGRESS_CERT_FILE and ATOLL_INGRESS_KEY_FILE, or neither")
@@ -192,6 +206,10 @@ def load(
         else None,
         prices=_prices(env.get("ATOLL_PRICES", "")),
         metrics_public=config.boolean(env, "ATOLL_METRICS_PUBLIC", False),
+        e2b_port=e2b_v,
+        e2b_host=env.get("ATOLL_E2B_HOST") or host_v,
+        e2b_internet=config.choice(env, "ATOLL_E2B_INTERNET", "allow", ("allow", "deny")) == "allow",
+        e2b_pause_tier=config.choice(env, "ATOLL_E2B_PAUSE_TIER", "memory", ("memory", "disk", "archive")),
         tls_cert_file=os.path.abspath(tls_cert) if tls_cert else None,
         tls_key_file=os.path.abspath(tls_key) if tls_key else None,
         tls_names=_tls_names(env.get("ATOLL_TLS_NAMES", "")),
@@ -266,3 +284,29 @@ def _default_network(env: Mapping[str, str]) -> dict:
         return netpolicy.parse(body, "ATOLL_NETWORK_ALLOW_OUT/ATOLL_NETWORK_DENY_OUT").to_wire()
     except errors.InvalidRequest as e:
         raise config.SettingsError(e.message) from None
+
+
+def _e2b_port(env: Mapping[str, str], api: int, ingress: int) -> int:
+    """ATOLL_E2B_PORT: default the API port + 2 (- 2 at the top of the range); 0 or `off`: none."""
+    raw = (env.get("ATOLL_E2B_PORT") or "").strip()
+    if raw.lower() in ("off", "0"):
+        return 0
+    if raw:
+        try:
+            v = int(raw)
+        except ValueError:
+            raise config.SettingsError(
+                f"ATOLL_E2B_PORT={raw!r} is not a port; give 1-65535, or 0 / off to serve no E2B API"
+            ) from None
+        v = config.port(v, "ATOLL_E2B_PORT; 0 or off: no E2B API")
+    else:
+        v = api + 2 if api <= 65533 else api - 2
+    for other, name in (
+        (api, "the API's port (ATOLL_PORT)"),
+        (ingress, "the ingress router's (ATOLL_INGRESS_PORT)"),
+    ):
+        if v == other:
+            raise config.SettingsError(
+                f"ATOLL_E2B_PORT={v}{'' if raw else ' (the API port + 2)'} is {name} too; give it another, or off"
+            )
+    return v

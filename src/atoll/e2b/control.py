@@ -53,12 +53,14 @@ _REFUSED_CREATE = {"mcp": "the MCP gateway", "iam": "cloud IAM credentials"}
 
 
 class E2BError(Exception):
-    """A call E2B's API would refuse: `status` and a message naming the field, the value and the fix."""
+    """A call E2B's API would refuse: `status` and a message naming the field, the value and the fix
+    (answered as `{"code": status, "message": message}` with `headers`, e.g. Should-Retry)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
 
 
 class CreatePlan(typing.NamedTuple):
@@ -98,6 +100,11 @@ def _seconds(v: object, what: str) -> int:
     if v <= 0 or v > MAX_TIMEOUT_S:
         raise E2BError(400, f"{what} {v!r} is out of range: 1 to {MAX_TIMEOUT_S} seconds (30 days)")
     return int(v)
+
+
+def timeout_seconds(v: object, what: str = "timeout") -> int:
+    """A lifetime in whole seconds (1 to 30 days) from an E2B body; E2BError(400) naming `what`."""
+    return _seconds(v, what)
 
 
 def template_name(raw: object) -> str:

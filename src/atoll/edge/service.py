@@ -787,7 +787,7 @@ def _process_line(obj: dict) -> dict:
     return {**line, "duration_ms": ev.duration_ms, "offset": ev.offset}
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, what: str = "--port or ATOLL_EDGE_PORT") -> socket.socket:
     """The edge's listening socket; a port in use is a start-up error naming the setting."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without
@@ -800,7 +800,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         why = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
         raise SystemExit(
-            f"atoll edge: port {port} on {host} {why}; pick another with --port or ATOLL_EDGE_PORT "
+            f"atoll edge: port {port} on {host} {why}; pick another with {what} "
             "(and the address with --host or ATOLL_EDGE_HOST)"
         ) from None
     sock.listen(1024)
@@ -808,9 +808,74 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(edge: Edge, sock: socket.socket, tls: tuple[str, str] | None = None) -> None:
+def e2b_settings(server: str, ca_file: str | None, env: typing.Mapping[str, str] | None = None):
+    """The E2B app's settings (e2b.app.Settings) for an edge whose API is `server`: the stopgap
+    token key ATOLL_E2B_TOKEN_KEY, ATOLL_E2B_INTERNET (allow|deny) and ATOLL_E2B_PAUSE_TIER."""
+    from atoll.e2b import app as e2b_app
+
+    env = os.environ if env is None else env
+    verify: ssl.SSLContext | bool = True
+    if ca_file:
+        verify = ssl.create_default_context(cafile=ca_file)
+        if urllib.parse.urlsplit(server).hostname in ("127.0.0.1", "::1", "localhost"):
+            # the API's own certificate names the installation's names, not always loopback
+            verify.check_hostname = False
+    key = env.get("ATOLL_E2B_TOKEN_KEY") or None
+    return e2b_app.Settings(
+        api_url=server,
+        verify=verify,
+        token_key=key.encode() if key else None,
+        internet=(env.get("ATOLL_E2B_INTERNET") or "allow").lower() != "deny",
+        pause_tier=env.get("ATOLL_E2B_PAUSE_TIER") or "memory",
+    )
+
+
+def seam_for(edge: Edge) -> typing.Any:
+    """The envd services' seam: `seam_for(request, sandbox_id)` → a WorkerAPI-like client of the
+    sandbox's worker, authorized by the request's X-Access-Token. None until the grant-based seam
+    client is plugged in here (the envd RPCs then answer 502)."""
+    return None
+
+
+def e2b_asgi(edge: Edge, settings: typing.Any, state_of: typing.Any = None) -> typing.Any:
+    """The E2B port's app (e2b.app) with this edge's native routes behind `/v1/…`."""
+    from atoll.e2b import app as e2b_app
+
+    return e2b_app.create_app(settings, seam_for=seam_for(edge), state_of=state_of, fallback=edge.app())
+
+
+def by_port(apps: dict[int, typing.Any], default: typing.Any) -> typing.Any:
+    """One ASGI app serving several listening sockets: each request goes to the app of the port
+    it arrived on (the native routes on --port, E2B's on --e2b-port)."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await default(scope, receive, send)
+            return
+        server = scope.get("server") or ("", 0)
+        target: typing.Any = apps.get(server[1], default)
+        await target(scope, receive, send)
+
+    return app
+
+
+async def serve(
+    edge: Edge,
+    sock: socket.socket,
+    tls: tuple[str, str] | None = None,
+    e2b: tuple[socket.socket, typing.Any] | None = None,
+) -> None:
+    """Serve the native routes on `sock` and, with `e2b` = (socket, e2b.app.Settings), E2B's on
+    that socket too, in one uvicorn server until SIGINT/SIGTERM."""
+    app = edge.app()
+    sockets = [sock]
+    e2b_app = None
+    if e2b is not None:
+        e2b_app = e2b_asgi(edge, e2b[1])
+        app = by_port({e2b[0].getsockname()[1]: e2b_app}, app)
+        sockets.append(e2b[0])
     config = uvicorn.Config(
-        edge.app(),
+        app,
         log_config=None,
         access_log=False,
         lifespan="off",
@@ -819,8 +884,10 @@ async def serve(edge: Edge, sock: socket.socket, tls: tuple[str, str] | None = N
         ssl_keyfile=tls[1] if tls else None,
     )
     try:
-        await uvicorn.Server(config).serve(sockets=[sock])
+        await uvicorn.Server(config).serve(sockets=sockets)
     finally:
+        if e2b_app is not None:
+            await e2b_app.control.aclose()
         await edge.aclose()
 
 
@@ -831,8 +898,10 @@ def main(
     port: int | None = None,
     tls_cert_file: str | None = None,
     tls_key_file: str | None = None,
+    e2b_port: int | None = None,
 ) -> None:
-    """Run the edge in the foreground until SIGINT/SIGTERM. With a certificate and key
+    """Run the edge in the foreground until SIGINT/SIGTERM. With `--e2b-port` (ATOLL_E2B_PORT;
+    0/off: none) it also serves E2B's API there (e2b.app, docs/e2b-compat.md), same address. With a certificate and key
     (`--tls-cert-file`/`--tls-key-file`, ATOLL_EDGE_TLS_CERT_FILE/ATOLL_EDGE_TLS_KEY_FILE) it
     serves https; otherwise plain http (keep it on loopback or behind TLS: keys pass through it)."""
     cert = tls_cert_file or os.environ.get("ATOLL_EDGE_TLS_CERT_FILE") or None
@@ -860,6 +929,18 @@ def main(
             file=sys.stderr,
         )
         raise SystemExit(2) from None
+    raw_e2b = e2b_port if e2b_port is not None else os.environ.get("ATOLL_E2B_PORT") or "off"
+    try:
+        e2b_n = 0 if str(raw_e2b).lower() == "off" else int(raw_e2b)
+        if not 0 <= e2b_n <= 65535:
+            raise ValueError
+    except ValueError:
+        print(
+            f"atoll edge: invalid setting: ATOLL_E2B_PORT / --e2b-port {raw_e2b!r} is not a port "
+            "(1-65535; 0 or off: no E2B API)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
     if not server.startswith(("http://", "https://")):
         print(
             f"atoll edge: invalid setting: --server {server!r} must be the API's http(s):// URL",
@@ -872,9 +953,14 @@ def main(
     logconfig.configure(os.environ.get("ATOLL_LOG_FORMAT", "text"), os.environ.get("ATOLL_LOG_LEVEL", "INFO"))
     try:
         sock = listen(host, port_n)
+        e2b_sock = listen(host, e2b_n, "--e2b-port or ATOLL_E2B_PORT") if e2b_n else None
     except SystemExit as e:
         print(e.code, file=sys.stderr)
         raise SystemExit(2) from None
     log.info("starting atoll edge", extra={"server": server, "listen": f"{host}:{sock.getsockname()[1]}"})
+    e2b = None
+    if e2b_sock is not None:
+        e2b = (e2b_sock, e2b_settings(server, ca_file))
+        log.info("E2B API on %s:%d", host, e2b_sock.getsockname()[1])
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(Edge(server, ca_file), sock, (cert, key) if cert and key else None))
+        asyncio.run(serve(Edge(server, ca_file), sock, (cert, key) if cert and key else None, e2b))

@@ -39,6 +39,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _e2b_port(env: dict[str, str] | None) -> int:
+    raw = (env or {}).get("ATOLL_E2B_PORT")
+    if raw is None:
+        return free_port()
+    return 0 if raw.lower() == "off" else int(raw)
+
+
 def purge(home: str | os.PathLike) -> list[str]:
     """Remove every sandbox of the installation at `home` from this host (no server needed)."""
     import asyncio
@@ -191,6 +198,10 @@ class LocalAtoll(_Process, _Api):
         self.url = f"http://127.0.0.1:{self.port}"
         self.ingress_port = int((env or {}).get("ATOLL_INGRESS_PORT") or free_port())
         """The ingress router's port (preview URLs): a free one, not the API's + 1, which may be taken."""
+        self.e2b_port = _e2b_port(env)
+        """E2B's API port (0: off): a free one, not the API's + 2, which may be taken."""
+        self.e2b_url = f"http://127.0.0.1:{self.e2b_port}"
+        """E2B_API_URL and E2B_SANDBOX_URL of the `e2b` SDKs."""
         self.reap = reap
         self.argv = ["up"]
 
@@ -200,6 +211,7 @@ class LocalAtoll(_Process, _Api):
             "ATOLL_PORT": str(self.port),
             "ATOLL_API_KEY": self.api_key,
             "ATOLL_INGRESS_PORT": str(self.ingress_port),
+            "ATOLL_E2B_PORT": str(self.e2b_port),
         }
 
     def start(self, timeout: float = 600) -> LocalAtoll:
@@ -256,6 +268,7 @@ class LocalServer(_Process, _Api):
         if tls:  # (ATOLL_TLS_NAMES must then name 127.0.0.1)
             self.tls_ca = self.ca_file
         self.ingress_port = int((env or {}).get("ATOLL_INGRESS_PORT") or free_port())
+        self.e2b_port = _e2b_port(env)
         self.argv = ["server"]
 
     @property
@@ -269,6 +282,7 @@ class LocalServer(_Process, _Api):
             "ATOLL_PORT": str(self.port),
             "ATOLL_API_KEY": self.api_key,
             "ATOLL_INGRESS_PORT": str(self.ingress_port),
+            "ATOLL_E2B_PORT": str(self.e2b_port),
         }
 
     def start(self, timeout: float = 60) -> LocalServer:

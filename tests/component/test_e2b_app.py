@@ -1,0 +1,313 @@
+"""E2B's control API (atoll.e2b.app) in front of the real control plane over a FakeWorker: each
+SDK call's answer shape and status, and every error as `{"code": int, "message": str}` (what the
+`e2b` SDKs parse) with `Should-Retry` where a retry is or is not safe. The real SDK against a
+real `atoll up` is tests/integration/test_e2b_sdk.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import urllib.parse
+
+import httpx
+import pytest
+import uvicorn
+
+from atoll.e2b import app as e2b_app
+from atoll.e2b import control
+from atoll.testing import FakeAtoll
+
+TOKEN_KEY = b"test-token-key"
+
+
+@contextlib.asynccontextmanager
+async def on_loopback(app):
+    """`app` served by uvicorn on a free loopback port: its URL (the E2B app reaches the API over
+    TCP, as in the edge)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="off"))
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def e2b(tmp_path):
+    async with FakeAtoll(tmp_path) as fake, on_loopback(fake.app) as api_url:
+        seams: list[str] = []
+
+        def seam_for(request, sid: str):
+            seams.append(sid)
+            return fake.worker
+
+        async def state_of(sid: str) -> str | None:
+            try:
+                return str(fake.manager.get(sid).state)
+            except Exception:  # noqa: BLE001 - unknown: None
+                return None
+
+        app = e2b_app.create_app(
+            e2b_app.Settings(api_url=api_url, token_key=TOKEN_KEY), state_of=state_of, seam_for=seam_for
+        )
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://e2b",
+            headers={"X-API-KEY": fake.api_key},
+        ) as c:
+            c.fake = fake  # type: ignore[attr-defined]
+            c.seams = seams  # type: ignore[attr-defined]
+            yield c
+        await app.control.aclose()
+
+
+def _error(r: httpx.Response, status: int) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"code", "message"} and body["code"] == status and isinstance(body["message"], str)
+    return body["message"]
+
+
+async def test_create_get_list_timeout_pause_connect_kill(e2b):
+    r = await e2b.post(
+        "/v2/sandboxes",
+        json={
+            "templateID": "base",
+            "metadata": {"who": "me", "odd": "a&b=c%"},
+            "envVars": {"X": "1"},
+            "timeout": 120,
+        },
+    )
+    assert r.status_code == 201, r.text
+    sb = r.json()
+    sid = sb["sandboxID"]
+    assert (
+        sb["templateID"] == "base" and sb["clientID"] == "atoll" and sb["envdVersion"] == control.ENVD_VERSION
+    )
+    assert sb["envdAccessToken"] == control.access_token(TOKEN_KEY, sid)
+    rec = (await e2b.fake.http.get(f"/v1/sandboxes/{sid}")).json()
+    assert rec["env"] == {"X": "1"} and rec["on_timeout"] == "delete" and rec["network"]["allow_out"] == ["*"]
+
+    # 2.31's create (POST /sandboxes) with its always-sent fields
+    old = await e2b.post(
+        "/sandboxes",
+        json={
+            "templateID": "base",
+            "allow_internet_access": False,
+            "autoPause": True,
+            "autoResume": {"enabled": False},
+            "envVars": {},
+            "metadata": {},
+            "secure": True,
+            "timeout": 300,
+        },
+    )
+    assert old.status_code == 201, old.text
+    other = old.json()["sandboxID"]
+    rec2 = (await e2b.fake.http.get(f"/v1/sandboxes/{other}")).json()
+    assert rec2["on_timeout"] == "pause" and rec2["network"]["allow_out"] == []
+
+    d = (await e2b.get(f"/sandboxes/{sid}")).json()
+    assert d["state"] == "running" and d["metadata"] == {"who": "me", "odd": "a&b=c%"}
+    assert d["lifecycle"] == {"autoResume": False, "onTimeout": "kill"} and d["allowInternetAccess"] is True
+
+    # the SDK's metadata encoding: urlencode({quote(k): quote(v)})
+    q = urllib.parse.urlencode({urllib.parse.quote("odd"): urllib.parse.quote("a&b=c%")})
+    listed = (await e2b.get("/v2/sandboxes", params={"metadata": q})).json()
+    assert [s["sandboxID"] for s in listed] == [sid]
+    page1 = await e2b.get("/v2/sandboxes", params={"limit": "1"})
+    assert len(page1.json()) == 1 and page1.headers.get("x-next-token")
+    page2 = await e2b.get("/v2/sandboxes", params={"limit": "1", "nextToken": page1.headers["x-next-token"]})
+    assert len(page2.json()) == 1 and page2.json()[0]["sandboxID"] != page1.json()[0]["sandboxID"]
+    assert "x-next-token" not in page2.headers
+
+    assert (await e2b.post(f"/sandboxes/{sid}/timeout", json={"timeout": 600})).status_code == 204
+    assert (await e2b.get(f"/sandboxes/{sid}/health")).status_code == 404  # not a route
+    health = await e2b.get(
+        "/health", headers={"E2b-Sandbox-Id": sid, "X-Access-Token": sb["envdAccessToken"]}
+    )
+    assert health.status_code == 204
+
+    assert (await e2b.post(f"/sandboxes/{sid}/pause", json={})).status_code == 204
+    assert "already paused" in _error(await e2b.post(f"/sandboxes/{sid}/pause"), 409)
+    assert (await e2b.get("/v2/sandboxes", params={"state": "paused"})).json()[0]["sandboxID"] == sid
+    paused = await e2b.get(
+        "/health", headers={"E2b-Sandbox-Id": sid, "X-Access-Token": sb["envdAccessToken"]}
+    )
+    assert "was not found" in _error(paused, 502) and "paused" in paused.json()["message"]
+    assert (await e2b.fake.http.get(f"/v1/sandboxes/{sid}")).json()["state"] == "standby"  # never resumed
+
+    r = await e2b.post(f"/v2/sandboxes/{sid}/connect", json={"timeout": 60})
+    assert r.status_code == 201 and r.json()["sandboxID"] == sid, r.text
+    again = await e2b.post(f"/sandboxes/{sid}/connect", json={"timeout": 30})  # 2.31, running: 200
+    assert again.status_code == 200
+    assert (await e2b.post(f"/sandboxes/{sid}/resume", json={"timeout": 30})).status_code == 200
+
+    m = (await e2b.get(f"/sandboxes/{sid}/metrics")).json()
+    assert len(m) == 1 and {"cpuUsedPct", "memUsed", "diskTotal", "timestampUnix"} <= set(m[0])
+
+    assert (await e2b.delete(f"/sandboxes/{sid}")).status_code == 204
+    _error(await e2b.delete(f"/sandboxes/{sid}"), 404)
+    _error(await e2b.get(f"/sandboxes/{sid}"), 404)
+    gone = await e2b.get("/health", headers={"E2b-Sandbox-Id": sid, "X-Access-Token": sb["envdAccessToken"]})
+    _error(gone, 502)
+    await e2b.delete(f"/sandboxes/{other}")
+
+
+async def test_errors_are_e2b_shaped(e2b):
+    _error(await e2b.get("/sandboxes/sb-0000000000000000", headers={"X-API-KEY": "wrong"}), 401)
+    no_key = await e2b.get("/v2/sandboxes", headers={"X-API-KEY": ""})
+    assert "E2B_API_KEY" in _error(no_key, 401)
+    assert "hex" in _error(await e2b.get("/v2/sandboxes", headers={"X-API-KEY": "e2b_zz"}), 401)
+    _error(await e2b.get("/sandboxes/sb-0000000000000000"), 404)
+    _error(await e2b.get("/sandboxes/not-an-id"), 404)
+    _error(await e2b.post("/v2/sandboxes", content=b"{nope"), 400)
+    assert "timeout" in _error(await e2b.post("/v2/sandboxes", json={"timeout": -1}), 400)
+    assert "rules" in _error(await e2b.post("/v2/sandboxes", json={"network": {"rules": {"x": 1}}}), 400)
+    _error(await e2b.post("/v2/sandboxes", json={"templateID": "no-such-template"}), 404)
+    assert "state" in _error(await e2b.get("/v2/sandboxes", params={"state": "sleepy"}), 400)
+    _error(await e2b.get("/sandboxes/sb-0000000000000000/logs"), 404)
+    _error(await e2b.patch("/sandboxes/sb-0000000000000000"), 404)
+    _error(await e2b.post("/sandboxes/sb-0000000000000000/timeout", json={}), 400)
+    assert (await e2b.get("/snapshots")).json() == []
+    # envd paths: header required, the token checked
+    assert "E2b-Sandbox-Id" in _error(await e2b.get("/health"), 404)
+    _error(
+        await e2b.get("/health", headers={"E2b-Sandbox-Id": "sb-0000000000000000", "X-Access-Token": "x"}),
+        401,
+    )
+    wrong = await e2b.post(
+        "/filesystem.Filesystem/Stat",
+        json={"path": "/"},
+        headers={"E2b-Sandbox-Id": "sb-0000000000000000", "X-Access-Token": "nope"},
+    )
+    _error(wrong, 401)
+    assert e2b.seams == []  # refused before any data path was asked for
+
+
+async def test_envd_services_run_over_the_seam_the_edge_gives(e2b):
+    sb = (await e2b.post("/v2/sandboxes", json={})).json()
+    headers = {"E2b-Sandbox-Id": sb["sandboxID"], "X-Access-Token": sb["envdAccessToken"]}
+    for _ in range(2):
+        r = await e2b.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+    assert e2b.seams == [sb["sandboxID"]]  # one service per (sandbox, token), kept for the next call
+    missing = await e2b.post("/filesystem.Filesystem/Stat", json={"path": "/nope"}, headers=headers)
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"  # a Connect error
+
+
+async def test_without_a_data_path_envd_calls_are_502(tmp_path):
+    app = e2b_app.create_app(e2b_app.Settings(api_url="http://127.0.0.1:9", token_key=TOKEN_KEY))
+    sid = "sb-0000000000000000"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://e2b") as c:
+        r = await c.post(
+            "/filesystem.Filesystem/Stat",
+            json={"path": "/"},
+            headers={"E2b-Sandbox-Id": sid, "X-Access-Token": control.access_token(TOKEN_KEY, sid)},
+        )
+        assert "no data path" in _error(r, 502)
+        h = await c.get(
+            "/health", headers={"E2b-Sandbox-Id": sid, "X-Access-Token": control.access_token(TOKEN_KEY, sid)}
+        )
+        assert "was not found" in _error(h, 502)
+    await app.control.aclose()
+
+
+async def test_fork_network_and_idempotent_create(e2b):
+    key = {"Idempotency-Key": "e2b-create-1"}
+    a = (await e2b.post("/v2/sandboxes", json={"metadata": {"k": "v"}}, headers=key)).json()
+    b = (await e2b.post("/v2/sandboxes", json={"metadata": {"k": "v"}}, headers=key)).json()
+    assert a["sandboxID"] == b["sandboxID"]
+    sid = a["sandboxID"]
+    r = await e2b.put(
+        f"/sandboxes/{sid}/network", json={"allow_internet_access": False, "allowOut": ["1.2.3.4"]}
+    )
+    assert r.status_code == 204, r.text
+    net = (await e2b.fake.http.get(f"/v1/sandboxes/{sid}")).json()["network"]
+    assert net == {"allow_out": ["1.2.3.4"], "deny_out": []}
+    assert "egressProxy" in _error(await e2b.put(f"/sandboxes/{sid}/network", json={"egressProxy": "x"}), 400)
+    forked = await e2b.post(f"/sandboxes/{sid}/fork", json={"count": 2, "timeout": 90})
+    assert forked.status_code == 201, forked.text
+    copies = [c["sandbox"] for c in forked.json()]
+    assert len(copies) == 2 and all(c["sandboxID"] != sid for c in copies)
+    assert all(c["envdAccessToken"] == control.access_token(TOKEN_KEY, c["sandboxID"]) for c in copies)
+    _error(await e2b.post(f"/sandboxes/{sid}/fork", json={"count": 0}), 400)
+    assert "not served" in _error(await e2b.post(f"/sandboxes/{sid}/snapshots", json={}), 501)
+
+
+async def test_the_e2b_hex_key_spelling_is_accepted(e2b):
+    key = "e2b_" + e2b.fake.api_key.encode().hex()
+    assert (await e2b.get("/v2/sandboxes", headers={"X-API-KEY": key})).status_code == 200
+
+
+async def test_an_unreachable_api_is_503_and_a_post_is_not_retried():
+    # a peer that takes the connection and closes it without an answer: the call was sent
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)
+    mute.setblocking(False)
+
+    async def hang_up():
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(mute)
+            await loop.sock_recv(conn, 65536)
+            conn.close()
+
+    closer = asyncio.ensure_future(hang_up())
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    try:
+        for port, post_status, get_retry in (
+            (mute.getsockname()[1], "false", "true"),
+            (refused.getsockname()[1], "true", "true"),
+        ):
+            app = e2b_app.create_app(e2b_app.Settings(api_url=f"http://127.0.0.1:{port}"))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://e2b") as c:
+                r = await c.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "k"})
+                _error(r, 503)
+                assert r.headers["Should-Retry"] == post_status, (port, r.text)
+                if post_status == "false":
+                    assert "may have taken effect" in r.json()["message"]
+                g = await c.get("/v2/sandboxes", headers={"X-API-KEY": "k"})
+                _error(g, 503)
+                assert g.headers["Should-Retry"] == get_retry
+            await app.control.aclose()
+    finally:
+        closer.cancel()
+        mute.close()
+        refused.close()
+
+
+async def test_pause_waits_for_a_call_in_flight_then_answers_503(e2b, monkeypatch):
+    monkeypatch.setattr(e2b_app, "PAUSE_BUSY_RETRY_S", 0.3)
+    sid = (await e2b.post("/v2/sandboxes", json={})).json()["sandboxID"]
+    e2b.fake.manager.ledger.inflight[sid] = 1
+    try:
+        r = await e2b.post(f"/sandboxes/{sid}/pause")
+        assert "in progress" in _error(r, 503) and r.headers["Should-Retry"] == "true"
+    finally:
+        e2b.fake.manager.ledger.inflight.pop(sid, None)
+    assert (await e2b.post(f"/sandboxes/{sid}/pause")).status_code == 204
+
+
+async def test_files_and_processes_are_mounted_when_their_modules_are_there(e2b):
+    """e2b.envd_http (`/files`) and e2b.envd_process (`process.Process`) are mounted by import;
+    skipped on a branch without them."""
+    pytest.importorskip("atoll.e2b.envd_http")
+    pytest.importorskip("atoll.e2b.envd_process")
+    sb = (await e2b.post("/v2/sandboxes", json={})).json()
+    h = {"E2b-Sandbox-Id": sb["sandboxID"], "X-Access-Token": sb["envdAccessToken"]}
+    w = await e2b.post(
+        "/files", params={"path": "/tmp/x.txt"}, files={"file": ("x.txt", b"hello")}, headers=h
+    )
+    assert w.status_code == 200 and w.json()[0]["path"] == "/tmp/x.txt", w.text
+    r = await e2b.get("/files", params={"path": "/tmp/x.txt"}, headers=h)
+    assert r.status_code == 200 and r.content == b"hello"
+    p = await e2b.post("/process.Process/List", json={}, headers=h)
+    assert p.status_code == 200, p.text

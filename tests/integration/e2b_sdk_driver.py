@@ -1,0 +1,106 @@
+"""Run inside a venv holding the unmodified `e2b` SDK (tests/e2b_venv.py) by
+tests/integration/test_e2b_sdk.py: drives atoll's E2B API (E2B_API_URL / E2B_SANDBOX_URL /
+E2B_API_KEY from the environment) through the SDK's control calls and prints one JSON object of
+what it saw. argv[1] is the scenario; every sandbox it creates it kills.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+import time
+
+import e2b
+from e2b import Sandbox
+
+RELEASE = tuple(int(x) for x in importlib.metadata.version("e2b").split(".")[:2])
+
+
+def lifecycle() -> dict:
+    out: dict = {}
+    tag = f"t{os.getpid()}{int(time.time())}"
+    sbx = Sandbox.create(metadata={"suite": tag, "odd": "a&b=c%"}, envs={"X": "1"}, timeout=120)
+    other = Sandbox.create(metadata={"suite": tag, "odd": "other"}, timeout=120)
+    try:
+        out["id"] = sbx.sandbox_id
+        out["envd_version"] = str(sbx._envd_version)
+        info = sbx.get_info()
+        out["info"] = {
+            "sandbox_id": info.sandbox_id,
+            "template_id": info.template_id,
+            "metadata": info.metadata,
+            "state": str(info.state.value if hasattr(info.state, "value") else info.state),
+            "end_minus_start_s": (info.end_at - info.started_at).total_seconds(),
+            "cpu_count": info.cpu_count,
+            "memory_mb": info.memory_mb,
+        }
+        found = Sandbox.list(query=e2b.SandboxQuery(metadata={"suite": tag, "odd": "a&b=c%"})).next_items()
+        out["listed"] = sorted(s.sandbox_id for s in found)
+        pages = Sandbox.list(query=e2b.SandboxQuery(metadata={"suite": tag}), limit=1)
+        seen = []
+        first_has_next = None
+        while pages.has_next:
+            items = pages.next_items()
+            seen.append([s.sandbox_id for s in items])
+            if first_has_next is None:
+                first_has_next = pages.has_next
+        out["pages"] = seen
+        out["first_page_has_next"] = first_has_next
+        sbx.set_timeout(600)
+        out["end_after_set_timeout_s"] = (sbx.get_info().end_at - sbx.get_info().started_at).total_seconds()
+        out["pause"] = sbx.pause()
+        out["state_after_pause"] = str(sbx.get_info().state.value)
+        out["paused_listed"] = [
+            s.sandbox_id
+            for s in Sandbox.list(
+                query=e2b.SandboxQuery(metadata={"suite": tag}, state=[e2b.SandboxState.PAUSED])
+            ).next_items()
+        ]
+        out["pause_again"] = sbx.pause()
+        out["is_running_paused"] = sbx.is_running()
+        back = Sandbox.connect(sbx.sandbox_id, timeout=300)
+        out["connected"] = back.sandbox_id
+        out["state_after_connect"] = str(back.get_info().state.value)
+        out["is_running_resumed"] = back.is_running()
+        metrics = back.get_metrics()
+        out["metrics"] = [
+            {"cpu_count": m.cpu_count, "mem_total": m.mem_total, "disk_total": m.disk_total} for m in metrics
+        ]
+        out["kill"] = back.kill()
+        out["kill_again"] = Sandbox.kill(sbx.sandbox_id)
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+        Sandbox.kill(other.sandbox_id)
+    return out
+
+
+def errors() -> dict:
+    out: dict = {}
+    try:
+        Sandbox.create(api_key="e2b_" + "00" * 8 if RELEASE and RELEASE < (2, 40) else "wrong-key")
+        out["wrong_key"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["wrong_key"] = type(e).__name__
+    try:
+        Sandbox.connect("sb-0000000000000000")
+        out["unknown_connect"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["unknown_connect"] = type(e).__name__
+    try:
+        Sandbox.get_info("sb-0000000000000000")
+        out["unknown_info"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["unknown_info"] = type(e).__name__
+    out["unknown_kill"] = Sandbox.kill("sb-0000000000000000")
+    try:
+        Sandbox.create(template="no-such-template")
+        out["unknown_template"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["unknown_template"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps({"lifecycle": lifecycle, "errors": errors}[sys.argv[1]]()))

@@ -1,0 +1,208 @@
+"""The unmodified `e2b` SDK (2.63.0 and 2.31.0, each in its own venv: tests/e2b_venv.py) against
+a real `atoll up` (gVisor sandboxes) through atoll's E2B API, served by the edge child process on
+ATOLL_E2B_PORT (controlplane.edge_host, e2b.app): create with metadata/envs/timeout, get_info,
+list by metadata and paged, set_timeout, pause twice, is_running, connect (resume), metrics, kill
+twice; and the SDK's exceptions for a wrong key and unknown ids. The driver runs in the venv
+(tests/integration/e2b_sdk_driver.py) and prints what it saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atoll.testing import LocalAtoll, LocalServer, free_port
+from tests import e2b_venv
+
+DRIVER = Path(__file__).with_name("e2b_sdk_driver.py")
+RELEASES = pytest.mark.parametrize("release", ["2.63", "2.31"])
+
+
+def drive(release: str, atoll_up, scenario: str) -> dict:
+    python = e2b_venv.python(release)
+    key = atoll_up.api_key
+    if release == "2.31":  # it refuses any key but e2b_<hex> client-side (docs/e2b-compat.md §1.11)
+        key = "e2b_" + key.encode().hex()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
+        "E2B_API_URL": atoll_up.e2b_url,
+        "E2B_SANDBOX_URL": atoll_up.e2b_url,
+        "E2B_API_KEY": key,
+    }
+    proc = subprocess.run(
+        [str(python), str(DRIVER), scenario], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, f"driver {scenario} failed:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@RELEASES
+def test_control_api_lifecycle(release, atoll_up):
+    out = drive(release, atoll_up, "lifecycle")
+    sid = out["id"]
+    assert out["envd_version"] == "0.5.6"
+    assert out["info"]["sandbox_id"] == sid and out["info"]["template_id"] == "base"
+    assert out["info"]["metadata"]["odd"] == "a&b=c%" and out["info"]["state"] == "running"
+    assert 100 <= out["info"]["end_minus_start_s"] <= 140  # timeout=120 from creation
+    assert out["info"]["cpu_count"] >= 1 and out["info"]["memory_mb"] > 0
+    assert out["listed"] == [sid]
+    assert [len(p) for p in out["pages"]] == [1, 1] and out["first_page_has_next"] is True
+    assert 590 <= out["end_after_set_timeout_s"] <= 700
+    assert out["pause"] is True and out["state_after_pause"] == "paused"
+    assert out["paused_listed"] == [sid]
+    assert out["pause_again"] is False  # 409: already paused
+    assert out["is_running_paused"] is False  # envd /health 502 while paused
+    assert out["connected"] == sid and out["state_after_connect"] == "running"
+    assert out["is_running_resumed"] is True
+    assert len(out["metrics"]) == 1 and out["metrics"][0]["mem_total"] > 0
+    assert out["kill"] is True and out["kill_again"] is False
+    r = httpx.get(f"{atoll_up.url}/v1/sandboxes/{sid}", headers=atoll_up.headers())
+    assert r.status_code == 404 or r.json()["state"] == "deleted"
+
+
+@RELEASES
+def test_errors_arrive_as_the_sdk_exceptions(release, atoll_up):
+    out = drive(release, atoll_up, "errors")
+    assert out["wrong_key"] == "AuthenticationException"
+    assert out["unknown_connect"] in ("NotFoundException", "SandboxNotFoundException")
+    assert out["unknown_info"] in ("NotFoundException", "SandboxNotFoundException")
+    assert out["unknown_kill"] is False
+    assert (
+        out["unknown_template"].startswith("SandboxException")
+        and "no-such-template" in out["unknown_template"]
+    )
+
+
+def _edge_children(pid: int) -> list[int]:
+    """PIDs of `python -m atoll.edge` processes whose parent is `pid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"atoll.edge" in argv:
+            out.append(int(entry))
+    return out
+
+
+def _wait_listed(url: str, key: str, timeout: float = 30) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = httpx.get(f"{url}/v2/sandboxes", headers={"X-API-KEY": key}, timeout=5)
+            if r.status_code == 200:
+                return r
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "E2B's API did not answer again"
+        time.sleep(0.2)
+
+
+def test_the_edge_child_is_started_again_when_it_dies(atoll_up):
+    assert atoll_up.proc is not None
+    [pid] = _edge_children(atoll_up.proc.pid)
+    os.kill(pid, signal.SIGKILL)  # our own installation's child, by PID
+    assert _wait_listed(atoll_up.e2b_url, atoll_up.api_key).json() is not None
+    [again] = _edge_children(atoll_up.proc.pid)
+    assert again != pid
+
+
+def test_an_e2b_port_in_use_stops_the_start_naming_the_variable(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    la = LocalAtoll(home=tmp_path / "home", env={"ATOLL_E2B_PORT": str(port)})
+    try:
+        la.spawn()
+        assert la.proc is not None
+        rc = la.proc.wait(120)
+        assert rc == 2, la.tail()
+        log = la.tail()
+        assert "ATOLL_E2B_PORT" in log and str(port) in log and "Traceback" not in log, log
+    finally:
+        la.stop(reap=False)
+        taken.close()
+
+
+def test_atoll_edge_serves_e2b_beside_its_native_routes(atoll_up, tmp_path):
+    native, e2b = free_port(), free_port()
+    log = open(tmp_path / "edge.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "atoll",
+            "edge",
+            "--server",
+            atoll_up.url,
+            "--port",
+            str(native),
+            "--e2b-port",
+            str(e2b),
+        ],
+        env={**os.environ, "ATOLL_E2B_TOKEN_KEY": "k"},
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{e2b}"
+        assert isinstance(_wait_listed(url, atoll_up.api_key).json(), list)
+        wrong = httpx.get(f"{url}/v2/sandboxes", headers={"X-API-KEY": "wrong"})
+        assert wrong.status_code == 401 and wrong.json()["code"] == 401
+        # the native routes answer on both ports, in the API's own shape
+        for port in (native, e2b):
+            r = httpx.get(
+                f"http://127.0.0.1:{port}/v1/sandboxes/sb-0000000000000000/files/stat",
+                params={"path": "/"},
+                headers=atoll_up.headers(),
+            )
+            assert r.status_code == 404 and r.json()["error"]["code"] == "sandbox_not_found", r.text
+        # E2B's routes only on the E2B port
+        assert (
+            httpx.get(f"http://127.0.0.1:{native}/v2/sandboxes", headers={"X-API-KEY": "k"}).status_code
+            == 404
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def test_atoll_server_serves_e2b_over_https_when_the_api_does(tmp_path):
+    server = LocalServer(tmp_path / "server", env={"ATOLL_TLS_NAMES": "127.0.0.1"})
+    try:
+        server.start()
+        url = f"https://127.0.0.1:{server.e2b_port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.get(
+                    f"{url}/v2/sandboxes", headers={"X-API-KEY": server.api_key}, verify=server.verify
+                )
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, server.tail()
+                time.sleep(0.2)
+        assert r.status_code == 200 and r.json() == [], r.text  # forwarded to the API over https
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(
+                f"http://127.0.0.1:{server.e2b_port}/v2/sandboxes", headers={"X-API-KEY": server.api_key}
+            )
+    finally:
+        server.terminate()
