@@ -102,5 +102,73 @@ def errors() -> dict:
     return out
 
 
+def _name(e: BaseException) -> str:
+    return type(e).__name__
+
+
+def envd() -> dict:
+    """Commands and files through envd's Connect services and /files."""
+    out: dict = {}
+    sbx = Sandbox.create(envs={"X": "from-create"}, timeout=120)
+    try:
+        r = sbx.commands.run("echo $X; echo e >&2")
+        out["run"] = {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code}
+        try:
+            sbx.commands.run("echo partial; exit 3")
+            out["exit3"] = "no error"
+        except Exception as e:  # noqa: BLE001  (CommandExitException)
+            out["exit3"] = {
+                "type": _name(e),
+                "exit_code": getattr(e, "exit_code", None),
+                "stdout": getattr(e, "stdout", None),
+            }
+        r = sbx.commands.run("pwd; echo $Y", cwd="/tmp", envs={"Y": "why"})
+        out["cwd_env"] = r.stdout
+        seen: list[str] = []
+        sbx.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=lambda line: seen.append(line))
+        out["on_stdout"] = "".join(seen)
+        h = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(h.pid, "to cat\n")
+        time.sleep(1)  # cat echoes it before the kill
+        out["listed_pid"] = h.pid in [p.pid for p in sbx.commands.list()]
+        out["kill"] = sbx.commands.kill(h.pid)
+        try:
+            h.wait()
+            out["killed_wait"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out["killed_wait"] = {
+                "type": _name(e),
+                "exit_code": getattr(e, "exit_code", None),
+                "stdout": getattr(e, "stdout", None),
+            }
+        try:
+            sbx.commands.run("sleep 5", timeout=1)
+            out["timeout"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out["timeout"] = _name(e)
+            out["timeout_message"] = str(e)[:300]
+        sbx.files.write("/tmp/a.txt", "hello")
+        out["read"] = sbx.files.read("/tmp/a.txt")
+        blob = bytes(range(256))
+        sbx.files.write("/tmp/b.bin", blob)
+        out["bytes_exact"] = bytes(sbx.files.read("/tmp/b.bin", format="bytes")) == blob
+        out["exists"] = [sbx.files.exists("/tmp/a.txt"), sbx.files.exists("/tmp/none")]
+        out["make_dir"] = [sbx.files.make_dir("/tmp/d"), sbx.files.make_dir("/tmp/d")]
+        sbx.files.rename("/tmp/a.txt", "/tmp/d/a.txt")
+        out["listed"] = sorted(e.name for e in sbx.files.list("/tmp/d"))
+        out["info_size"] = sbx.files.get_info("/tmp/b.bin").size
+        sbx.files.remove("/tmp/d/a.txt")
+        out["after_remove"] = sorted(e.name for e in sbx.files.list("/tmp/d"))
+        try:
+            sbx.files.read("/tmp/missing")
+            out["missing"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out["missing"] = _name(e)
+        out["seen_by_exec"] = sbx.commands.run("cat /tmp/b.bin | wc -c").stdout.strip()
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps({"lifecycle": lifecycle, "errors": errors}[sys.argv[1]]()))
+    print(json.dumps({"lifecycle": lifecycle, "errors": errors, "envd": envd}[sys.argv[1]]()))

@@ -44,6 +44,7 @@ def drive(release: str, atoll_up, scenario: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.ecosystem
 @RELEASES
 def test_control_api_lifecycle(release, atoll_up):
     out = drive(release, atoll_up, "lifecycle")
@@ -68,6 +69,7 @@ def test_control_api_lifecycle(release, atoll_up):
     assert r.status_code == 404 or r.json()["state"] == "deleted"
 
 
+@pytest.mark.ecosystem
 @RELEASES
 def test_errors_arrive_as_the_sdk_exceptions(release, atoll_up):
     out = drive(release, atoll_up, "errors")
@@ -79,6 +81,24 @@ def test_errors_arrive_as_the_sdk_exceptions(release, atoll_up):
         out["unknown_template"].startswith("SandboxException")
         and "no-such-template" in out["unknown_template"]
     )
+
+
+@pytest.mark.ecosystem
+@RELEASES
+def test_commands_and_files_through_envd(release, atoll_up):
+    out = drive(release, atoll_up, "envd")
+    assert out["run"] == {"stdout": "from-create\n", "stderr": "e\n", "exit_code": 0}, out
+    assert out["exit3"] == {"type": "CommandExitException", "exit_code": 3, "stdout": "partial\n"}, out
+    assert out["cwd_env"] == "/tmp\nwhy\n", out
+    assert out["on_stdout"].split() == ["1", "2", "3"], out
+    assert out["listed_pid"] is True and out["kill"] is True, out
+    assert out["killed_wait"]["exit_code"] == -1 and out["killed_wait"]["stdout"] == "to cat\n", out
+    assert out["timeout"] == "TimeoutException", out.get("timeout_message")
+    assert out["read"] == "hello" and out["bytes_exact"] is True, out
+    assert out["exists"] == [True, False] and out["make_dir"] == [True, False], out
+    assert out["listed"] == ["a.txt"] and out["after_remove"] == [], out
+    assert out["info_size"] == 256 and out["seen_by_exec"] == "256", out
+    assert out["missing"] in ("NotFoundException", "FileNotFoundException"), out
 
 
 def _edge_children(pid: int) -> list[int]:
@@ -155,7 +175,7 @@ def test_atoll_edge_serves_e2b_beside_its_native_routes(atoll_up, tmp_path):
             "--e2b-port",
             str(e2b),
         ],
-        env={**os.environ, "ATOLL_E2B_TOKEN_KEY": "k"},
+        env={k: v for k, v in os.environ.items() if k != "ATOLL_E2B_TOKEN_KEY"},
         stdout=log,
         stderr=log,
         stdin=subprocess.DEVNULL,

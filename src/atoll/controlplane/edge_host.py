@@ -6,8 +6,9 @@ that socket and a channel (atoll.shared.ipc). The child serves E2B's control API
 each call to this server's own API over loopback with the caller's key, so the E2B protocol work
 runs on the child's event loop, not the API's; over the channel it asks only a sandbox's state
 (op `state`, for envd's `/health`, which never resumes). It gets ATOLL_E2B_TOKEN_KEY, the key of
-the sandboxes' envd access tokens, derived here from the installation's secrets key (stable
-across restarts) — a stopgap until the grant route answers the token itself. If the child dies it
+the sandboxes' envd access tokens, derived from the installation's secrets key as the grant route
+derives it (core.grants.e2b_access_key), so the child makes and checks tokens without a call and
+the tokens open `E2B-Access` grants for envd's data calls. If the child dies it
 is started again with the same socket. When the API serves https, E2B's port does too, with
 the API's certificate (plain http otherwise: keep it on loopback). Stopping the server stops it (by PID). ATOLL_E2B_PORT=0 or
 `off`: none. Called by controlplane.main (build, serve_api) and so by atoll.up.
@@ -15,25 +16,23 @@ the API's certificate (plain http otherwise: keep it on loopback). Stopping the 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import os
 import socket
 import sys
 
 from atoll.controlplane import lifecycle
-from atoll.core import config, errors
+from atoll.core import config, errors, grants
 from atoll.shared import ipc
 
 log = logging.getLogger(__name__)
 
-TOKEN_KEY_LABEL = b"atoll e2b envd access token"
-
 
 def token_key(secrets_key: bytes) -> str:
-    """The envd access tokens' key (hex), derived from the installation's secrets key."""
-    return hmac.new(secrets_key, TOKEN_KEY_LABEL, hashlib.sha256).hexdigest()
+    """The envd access tokens' key k_e2b (hex), derived from the installation's secrets key exactly
+    as the grant route derives it (core.grants.e2b_access_key), so a token the edge makes opens
+    `Authorization: E2B-Access` grants and one the server makes passes the edge's own check."""
+    return grants.e2b_access_key(secrets_key).hex()
 
 
 def loopback_url(host: str, port: int, tls: bool) -> str:

@@ -123,8 +123,9 @@ class Settings:
     """TLS check of an https api_url: an ssl.SSLContext (the installation CA), or True (the
     system's roots)."""
     token_key: bytes | None = None
-    """Stopgap key of the envd access token (ATOLL_E2B_TOKEN_KEY) when the API's grant route does
-    not answer `e2b_access_token`; None: no local token."""
+    """k_e2b, the key of the envd access tokens (ATOLL_E2B_TOKEN_KEY, hex, given by the server to
+    its edge child; core.grants.e2b_access_key): tokens are made and checked here. None (a
+    standalone `atoll edge`): the grant route makes and checks them."""
     internet: bool = True
     """E2B's `allow_internet_access` default (ATOLL_E2B_INTERNET=deny makes it False)."""
     pause_tier: str = "memory"
@@ -162,8 +163,6 @@ class ControlAPI:
     def __init__(self, settings: Settings):
         self.s = settings
         self.api = _channel(settings.api_url, settings.verify)
-        self.grant_has_token: bool | None = None
-        """Whether the API's grant route answers `e2b_access_token` (None: not asked yet)."""
 
     async def aclose(self) -> None:
         await self.api.aclose()
@@ -234,20 +233,15 @@ class ControlAPI:
         return sb
 
     async def access_token(self, key: str, sid: str) -> str | None:
-        """The sandbox's envd access token: the grant route's `e2b_access_token` when the API
-        answers one, else the stopgap (control.access_token under ATOLL_E2B_TOKEN_KEY)."""
-        if self.grant_has_token is not False:
-            r = await self.call(key, "POST", f"/v1/sandboxes/{sid}/grant", passthrough=(409,))
-            if r.status_code == 200:
-                token = r.json().get("e2b_access_token")
-                self.grant_has_token = bool(token)
-                if token:
-                    return str(token)
-            elif self._failed(r, "POST").message.startswith("invalid_state:"):
-                # the server has no data path apart from itself (`atoll up` before seamgrant):
-                # it will not have one while this process lives, so stop asking
-                self.grant_has_token = False
-        return self.local_token(sid)
+        """The sandbox's envd access token: made here when this process holds k_e2b (the edge
+        child of `atoll server` / `atoll up`: ATOLL_E2B_TOKEN_KEY), else the grant route's
+        `e2b_access_token` (a standalone `atoll edge`)."""
+        if self.s.token_key:
+            return self.local_token(sid)
+        r = await self.call(key, "POST", f"/v1/sandboxes/{sid}/grant", passthrough=(409,))
+        if r.status_code == 200:
+            return r.json().get("e2b_access_token") or None
+        return None
 
     def local_token(self, sid: str) -> str | None:
         return control.access_token(self.s.token_key, sid) if self.s.token_key else None

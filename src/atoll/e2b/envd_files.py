@@ -219,6 +219,9 @@ class FilesystemService(filesystem_connect.Filesystem):
                     finally:
                         if not nxt.done():
                             nxt.cancel()
+                            # let the read end before the stream's generator is closed (closing it while
+                            # the read runs is `aclose(): asynchronous generator is already running`)
+                            await asyncio.wait({nxt})
                     if ev.type == "ready":
                         yield fs.WatchDirResponse(event=Oneof("start", fs.WatchDirResponse.StartEvent()))
                     elif ev.type == "overflow":

@@ -184,6 +184,9 @@ class ProcessService(process_connect.Process):
                     finally:
                         if not nxt.done():
                             nxt.cancel()
+                            # let the read end before the stream's generator is closed (closing it while
+                            # the read runs is `aclose(): asynchronous generator is already running`)
+                            await asyncio.wait({nxt})
                     if isinstance(ev, api.ProcessOutput):
                         raw = base64.b64decode(ev.b64) if ev.b64 is not None else ev.text.encode()
                         if raw:
@@ -415,6 +418,9 @@ class ProcessService(process_connect.Process):
                 finally:
                     if not nxt.done():
                         nxt.cancel()
+                        # let the read end before the stream's generator is closed (closing it while
+                        # the read runs is `aclose(): asynchronous generator is already running`)
+                        await asyncio.wait({nxt})
                 if not chunk:
                     if pid in self._signalled:
                         text = _SIGNAL_TEXT[self._signalled[pid]]

@@ -58,8 +58,8 @@ class Envd:
         return sid
 
     def check_token(self, request: Request, sid: str) -> None:
-        """The stopgap check of `X-Access-Token` (when this process holds the token key); with
-        the grant route's token the seam object checks it instead."""
+        """`X-Access-Token` checked here when this process holds k_e2b (the server's edge child);
+        else the grant route checks it when the seam object asks for a grant."""
         key = self.token_key
         if key is None:
             return

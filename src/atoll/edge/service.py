@@ -809,8 +809,8 @@ def listen(host: str, port: int, what: str = "--port or ATOLL_EDGE_PORT") -> soc
 
 
 def e2b_settings(server: str, ca_file: str | None, env: typing.Mapping[str, str] | None = None):
-    """The E2B app's settings (e2b.app.Settings) for an edge whose API is `server`: the stopgap
-    token key ATOLL_E2B_TOKEN_KEY, ATOLL_E2B_INTERNET (allow|deny) and ATOLL_E2B_PAUSE_TIER."""
+    """The E2B app's settings (e2b.app.Settings) for an edge whose API is `server`: k_e2b
+    ATOLL_E2B_TOKEN_KEY (hex, from the server that started this edge), ATOLL_E2B_INTERNET (allow|deny) and ATOLL_E2B_PAUSE_TIER."""
     from atoll.e2b import app as e2b_app
 
     env = os.environ if env is None else env
@@ -821,20 +821,28 @@ def e2b_settings(server: str, ca_file: str | None, env: typing.Mapping[str, str]
             # the API's own certificate names the installation's names, not always loopback
             verify.check_hostname = False
     key = env.get("ATOLL_E2B_TOKEN_KEY") or None
+    try:
+        token_key = bytes.fromhex(key) if key else None
+    except ValueError:
+        raise SystemExit(
+            "atoll edge: ATOLL_E2B_TOKEN_KEY is not hex (it is set by atoll server / atoll up)"
+        ) from None
     return e2b_app.Settings(
         api_url=server,
         verify=verify,
-        token_key=key.encode() if key else None,
+        token_key=token_key,
         internet=(env.get("ATOLL_E2B_INTERNET") or "allow").lower() != "deny",
         pause_tier=env.get("ATOLL_E2B_PAUSE_TIER") or "memory",
     )
 
 
 def seam_for(edge: Edge) -> typing.Any:
-    """The envd services' seam: `seam_for(request, sandbox_id)` → a WorkerAPI-like client of the
-    sandbox's worker, authorized by the request's X-Access-Token. None until the grant-based seam
-    client is plugged in here (the envd RPCs then answer 502)."""
-    return None
+    """The envd services' seam: `seam_for(request, sandbox_id)` → an edge.seam.GrantedWorker, the
+    sandbox's data verbs on its worker under a grant asked with the request's X-Access-Token
+    (`Authorization: E2B-Access`) or API key."""
+    from atoll.edge import seam  # it imports this module
+
+    return seam.request_seams(edge)
 
 
 def e2b_asgi(edge: Edge, settings: typing.Any, state_of: typing.Any = None) -> typing.Any:
