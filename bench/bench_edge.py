@@ -11,6 +11,8 @@ sandbox, then after a warm-up of 20 each:
   edge_over_api     p50 edge / p50 API
   grant             POST /v1/sandboxes/{id}/grant on the API: what the edge pays once a minute
                     per (key, sandbox) (its cache keeps a grant until 10 s before it expires)
+  recheck           GET /v1/sandboxes/{id} on the API: what the edge pays at most every 5 s per
+                    (key, sandbox) to re-check a kept grant (edge.upstream.REVALIDATE_S)
 
 Prints one JSON document (also bench/results/edge.json unless --no-save or --quick); progress on
 stderr. Traffic only on loopback and the sandbox's own veth pair.
@@ -65,7 +67,7 @@ def run(n: int) -> dict:
         if r.status_code != 201:
             raise RuntimeError(f"create: {r.status_code} {r.text}")
         sid = r.json()["id"]
-        xs: dict[str, list[float]] = {"api": [], "edge": [], "grant": []}
+        xs: dict[str, list[float]] = {"api": [], "edge": [], "grant": [], "recheck": []}
         for i in range(n + 20):
             a, e = _exec(api, sid), _exec(via_edge, sid)
             if i >= 20:
@@ -77,16 +79,23 @@ def run(n: int) -> dict:
             if g.status_code != 200:
                 raise RuntimeError(f"grant: {g.status_code} {g.text}")
             xs["grant"].append(t.ms)
+            with c.Timer() as t:
+                g = api.get(f"/v1/sandboxes/{sid}")
+            if g.status_code != 200:
+                raise RuntimeError(f"recheck: {g.status_code} {g.text}")
+            xs["recheck"].append(t.ms)
         out = {
             "via_api": _p95(c.summarize(xs["api"])),
             "via_edge": _p95(c.summarize(xs["edge"])),
             "grant": _p95(c.summarize(xs["grant"])),
+            "recheck": _p95(c.summarize(xs["recheck"])),
         }
         out["edge_over_api"] = c.ratio(out["via_edge"], out["via_api"])
         api.delete(f"/v1/sandboxes/{sid}")
         c.log(
             f"exec true p50: via API {out['via_api']['p50']:.2f} ms, via edge {out['via_edge']['p50']:.2f} ms "
-            f"({out['edge_over_api']:.2f}x); grant p50 {out['grant']['p50']:.2f} ms"
+            f"({out['edge_over_api']:.2f}x); grant p50 {out['grant']['p50']:.2f} ms, "
+            f"recheck p50 {out['recheck']['p50']:.2f} ms"
         )
         return out
     finally:

@@ -135,7 +135,7 @@ async def test_the_servers_refusals_and_the_edges_own_errors(via):
         ("POST", f"/v1/sandboxes/{sid}/pause"),
         ("GET", "/v1/sandboxes"),
         ("PUT", "/v1/x"),
-        ("POST", f"/v1/sandboxes/{sid}/files/mkdir"),
+        ("GET", f"/v1/sandboxes/{sid}/metrics"),
     ):
         r = await e.request(method, path)
         assert r.status_code == 404 and str(c.base_url).rstrip("/") in r.json()["error"]["message"], r.text
@@ -162,3 +162,20 @@ def test_a_port_in_use_names_the_setting():
         assert "is in use" in str(e.value.code) and "ATOLL_EDGE_PORT" in str(e.value.code)
     finally:
         held.close()
+
+
+def test_a_server_url_ending_in_v1_is_refused_and_an_unreachable_one_warned_of():
+    assert service.server_url_problem("http://127.0.0.1:7080") is None
+    assert service.server_url_problem("https://atoll.example/api/") is None
+    problem = service.server_url_problem("http://127.0.0.1:7080/v1/")
+    assert problem and "without /v1" in problem and "--server http://127.0.0.1:7080)" in problem
+    url = f"http://127.0.0.1:{free_port()}"
+    warning = service.server_warning(url, None, timeout=2)
+    assert warning and url in warning and "cannot be reached" in warning
+
+
+async def test_a_server_that_answers_healthz_is_not_warned_of(cluster):  # noqa: F811
+    _, c, _, _, _ = cluster
+    import asyncio
+
+    assert await asyncio.to_thread(service.server_warning, str(c.base_url), None) is None

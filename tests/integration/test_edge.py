@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import typing
 
 import httpx
 import pytest
@@ -187,6 +188,10 @@ def test_a_grant_opens_one_sandboxs_data_verbs_and_nothing_else(shared):
             return r.json()["error"]["message"]
 
         assert f"for sandbox {sa}" in refused("POST", f"/sandboxes/{sb}/exec", json=spec)
+        # the edge's liveness probe opens with the grant too, for its sandbox only
+        alive = httpx.get(f"{url}/worker/v1/sandboxes/{sa}/alive", headers=hdr)
+        assert alive.status_code == 204, alive.text
+        assert f"for sandbox {sa}" in refused("GET", f"/sandboxes/{sb}/alive")
         assert "data verbs" in refused("POST", f"/sandboxes/{sa}/pause", json={"tier": "memory"})
         assert "data verbs" in refused("DELETE", f"/sandboxes/{sa}")
         assert "data verbs" in refused("GET", "/info")
@@ -323,3 +328,202 @@ def test_the_edge_over_tls_checks_the_server_and_the_workers(tmp_path):
             if p is not None:
                 p.terminate()
         cl.stop(reap=True)
+
+
+def test_a_revoked_key_is_refused_by_the_edge_within_seconds(shared):
+    """The edge re-checks a kept grant with the server every REVALIDATE_S (5 s): a key revoked
+    while the edge holds a grant for it is refused there within seconds (it used to work until
+    the grant expired, ~50 s), and a stream and a terminal open with it are ended too."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    cl, edge = shared
+    with _api(cl) as a:
+        sid = _sandbox(a)
+        made = a.post("/v1/keys", json={"scope": "admin"})
+        assert made.status_code == 201, made.text
+        kid, key = made.json()["id"], made.json()["key"]
+        with _edge(cl, edge, key=key) as e:
+            assert e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"}).status_code == 200
+            pid = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 600", "background": True}).json()[
+                "pid"
+            ]
+            pty_id = e.post(f"/v1/sandboxes/{sid}/pty", json={"cmd": ["/bin/sh"]}).json()["pty_id"]
+            ws_url = edge.url.replace("http://", "ws://") + f"/v1/sandboxes/{sid}/pty/{pty_id}/ws"
+            term = connect(ws_url, additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=30)
+            with e.stream("GET", f"/v1/sandboxes/{sid}/processes/{pid}/output", params={"follow": "1"}) as o:
+                assert o.status_code == 200
+                assert a.delete(f"/v1/keys/{kid}").status_code == 204
+                t0 = time.monotonic()
+                while True:
+                    r = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+                    if r.status_code != 200:
+                        break
+                    assert time.monotonic() - t0 < 20, "a revoked key still works through the edge"
+                    time.sleep(0.5)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
+                lines = [json.loads(x) for x in o.iter_lines() if x.strip()]  # ended by the watchdog
+                assert time.monotonic() - t0 < 30
+            assert lines and lines[-1]["error"]["code"] == "unauthorized", lines
+            # the terminal open with the key is ended too (an error frame, close code 4401)
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    term.recv(timeout=30)
+            assert term.close_code == 4401, term.close_code
+
+
+def _worker_ready(a, deadline_s: float = 120) -> None:
+    deadline = time.monotonic() + deadline_s
+    while a.get("/v1/workers").json()["items"][0]["state"] != "ready":
+        assert time.monotonic() < deadline, "the worker did not come back"
+        time.sleep(0.5)
+
+
+def test_a_frozen_worker_ends_calls_through_the_edge_but_a_quiet_stream_lives(shared):
+    """A follow of a process that prints nothing for longer than the watchdog's period is not cut
+    while the worker answers its probe; once the worker is frozen (SIGSTOP), a plain exec and a
+    follow through the edge end with a retryable 503 worker_unavailable instead of waiting."""
+    import os
+    import signal
+    import threading
+
+    cl, edge = shared
+    with _api(cl) as a, _edge(cl, edge) as e:
+        sid = _sandbox(a)
+        pid = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 12; echo late", "background": True})
+        pid = pid.json()["pid"]
+        out = _lines(e.get(f"/v1/sandboxes/{sid}/processes/{pid}/output", params={"follow": "1"}))
+        assert "".join(x.get("stdout", "") for x in out) == "late\n" and out[-1]["exit_code"] == 0, out
+        quiet = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 600", "background": True})
+        quiet_pid = quiet.json()["pid"]
+        got: dict[str, typing.Any] = {}
+
+        def plain() -> None:
+            got["exec"] = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 60; echo no"})
+
+        def follow() -> None:
+            got["follow"] = e.get(f"/v1/sandboxes/{sid}/processes/{quiet_pid}/output", params={"follow": "1"})
+
+        threads = [threading.Thread(target=plain), threading.Thread(target=follow)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        worker = cl.workers[0].proc
+        assert worker is not None
+        os.kill(worker.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            for t in threads:
+                t.join(45)
+            assert not any(t.is_alive() for t in threads), "a call through the edge waits on a frozen worker"
+            took = time.monotonic() - t0
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        r = got["exec"]
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["code"] == "worker_unavailable" and err["retryable"] and "liveness" in err["message"], err
+        last = _lines(got["follow"])[-1]
+        assert last["error"]["code"] == "worker_unavailable" and "liveness" in last["error"]["message"], last
+        assert took < 40
+        _worker_ready(a)
+
+
+def test_the_terminal_websocket_of_the_edge_refuses_a_bad_key_before_the_handshake(shared):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    cl, edge = shared
+    with _api(cl) as a:
+        sid = _sandbox(a)
+        pty_id = a.post(f"/v1/sandboxes/{sid}/pty", json={"cmd": ["/bin/sh"]}).json()["pty_id"]
+    url = edge.url.replace("http://", "ws://") + f"/v1/sandboxes/{sid}/pty/{pty_id}/ws"
+    for headers in ({}, {"Authorization": "Bearer wrong-key"}):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, additional_headers=headers, open_timeout=30).close()
+        assert refused.value.response.status_code == 401, headers
+        assert b"unauthorized" in refused.value.response.body
+    with connect(url, additional_headers=cl.headers(), open_timeout=30) as ws:  # the right key opens it
+        ws.send(b"echo ok-$((3+4))\n")
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"ok-7" not in seen:
+            assert time.monotonic() < deadline, seen
+            msg = ws.recv(timeout=30)
+            seen += msg if isinstance(msg, bytes) else msg.encode()
+
+
+def test_file_operations_watches_tars_and_lists_through_the_edge_answer_as_through_the_api(shared):
+    import io
+    import tarfile
+    import threading
+
+    cl, edge = shared
+    with _api(cl) as a, _edge(cl, edge) as e:
+        sid = _sandbox(a)
+        f = f"/v1/sandboxes/{sid}/files"
+        r = e.post(f + "/mkdir", params={"path": "/tmp/d/e"})
+        assert r.status_code == 200 and r.json() == {"path": "/tmp/d/e", "created": True}, r.text
+        assert e.post(f + "/mkdir", params={"path": "/tmp/d/e"}).json()["created"] is False
+        assert e.put(f, params={"path": "/tmp/d/e/a.txt"}, content=b"abc").status_code == 204
+        moved = e.post(f + "/move", json={"from": "/tmp/d/e/a.txt", "to": "/tmp/d/b.txt"})
+        assert moved.status_code == 200, moved.text
+        assert moved.json() == a.get(f + "/stat", params={"path": "/tmp/d/b.txt"}).json()
+        ch = e.post(f + "/chmod", json={"path": "/tmp/d/b.txt", "mode": "600"})
+        assert ch.status_code == 200 and ch.json()["mode"] & 0o777 == 0o600, ch.text
+        bad = e.post(f + "/chmod", json={"path": "/tmp/d/b.txt", "mode": "9"})
+        assert bad.status_code == 400 and "octal" in bad.json()["error"]["message"], bad.text
+        bad = e.post(f + "/move", json={"from": "/tmp/../etc/x", "to": "/tmp/y"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_path", bad.text
+        # a tar up and down
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            info = tarfile.TarInfo("x/y.txt")
+            info.size = 5
+            tf.addfile(info, io.BytesIO(b"hello"))
+        up = e.put(f + "/tar", params={"path": "/tmp/t"}, content=buf.getvalue())
+        assert up.status_code == 200 and up.json()["files"] == 1, up.text
+        assert a.get(f, params={"path": "/tmp/t/x/y.txt"}).content == b"hello"
+        down = e.get(f + "/tar", params={"path": "/tmp/t"})
+        assert down.status_code == 200 and down.headers["content-type"] == "application/x-tar"
+        with tarfile.open(fileobj=io.BytesIO(down.content)) as tf:
+            assert tf.extractfile("x/y.txt").read() == b"hello"  # type: ignore[union-attr]
+        # a watch: ready, then the change made through the API
+        events: list[dict] = []
+
+        def watch() -> None:
+            with e.stream("GET", f + "/watch", params={"path": "/tmp/d"}) as w:
+                assert w.status_code == 200
+                for line in w.iter_lines():
+                    if line.strip():
+                        events.append(json.loads(line))
+                    if any(ev.get("path") == "/tmp/d/sub" for ev in events):
+                        return
+
+        t = threading.Thread(target=watch)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not events:
+            assert time.monotonic() < deadline and t.is_alive(), events
+            time.sleep(0.1)
+        assert events[0]["type"] == "ready"
+        assert a.post(f + "/mkdir", params={"path": "/tmp/d/sub"}).status_code == 200
+        t.join(30)
+        assert not t.is_alive()
+        assert {"type": "create", "path": "/tmp/d/sub", "is_dir": True} in events, events
+        # the lists of processes and terminals
+        e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 600", "background": True})
+        e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "background": True})
+        assert e.post(f"/v1/sandboxes/{sid}/pty", json={"cmd": ["/bin/sh"]}).status_code == 201
+        for sub in ("processes", "pty"):
+            via_edge = e.get(f"/v1/sandboxes/{sid}/{sub}")
+            assert via_edge.status_code == 200, via_edge.text
+            assert via_edge.json() == a.get(f"/v1/sandboxes/{sid}/{sub}").json()
+        first = e.get(f"/v1/sandboxes/{sid}/processes", params={"limit": 1}).json()
+        assert len(first["items"]) == 1 and first["next_cursor"]
+        rest = e.get(f"/v1/sandboxes/{sid}/processes", params={"cursor": first["next_cursor"]}).json()
+        assert [p["pid"] for p in first["items"] + rest["items"]] == [
+            p["pid"] for p in a.get(f"/v1/sandboxes/{sid}/processes").json()["items"]
+        ]
+        r = e.get(f"/v1/sandboxes/{sid}/processes", params={"cursor": "made.up"})
+        assert r.status_code == 400 and "cursor" in r.json()["error"]["message"], r.text

@@ -32,6 +32,7 @@ def test_a_grant_opens_every_data_verb_of_its_sandbox_until_it_expires():
         "files/list",
         "pty",
         "pty/p1",
+        "alive",
     ):
         assert grants.verify(TOKEN, grant, f"/sandboxes/{SID}/{path}", NOW + 59) == SID
     assert "expired 1 s ago" in _refused(TOKEN, grant, f"/sandboxes/{SID}/exec", expires + 1)

@@ -69,7 +69,8 @@ def test_the_edge_comes_from_the_environment_and_is_optional(monkeypatch):
         ("POST", f"/v1/sandboxes/{SID}/processes/7/stdin", True),
         ("POST", f"/v1/sandboxes/{SID}/processes/7/signal", True),
         ("POST", f"/v1/sandboxes/{SID}/processes/7/wait", True),
-        ("GET", f"/v1/sandboxes/{SID}/processes", False),
+        ("GET", f"/v1/sandboxes/{SID}/processes", True),
+        ("POST", f"/v1/sandboxes/{SID}/processes", False),
         ("POST", f"/v1/sandboxes/{SID}/pause", False),
         ("GET", f"/v1/sandboxes/{SID}", False),
         ("PUT", f"/v1/sandboxes/{SID}/files", True),
@@ -77,15 +78,21 @@ def test_the_edge_comes_from_the_environment_and_is_optional(monkeypatch):
         ("DELETE", f"/v1/sandboxes/{SID}/files", True),
         ("GET", f"/v1/sandboxes/{SID}/files/stat", True),
         ("GET", f"/v1/sandboxes/{SID}/files/list", True),
-        ("POST", f"/v1/sandboxes/{SID}/files/mkdir", False),
-        ("GET", f"/v1/sandboxes/{SID}/files/watch", False),
-        ("PUT", f"/v1/sandboxes/{SID}/files/tar", False),
+        ("POST", f"/v1/sandboxes/{SID}/files/mkdir", True),
+        ("POST", f"/v1/sandboxes/{SID}/files/move", True),
+        ("POST", f"/v1/sandboxes/{SID}/files/chmod", True),
+        ("GET", f"/v1/sandboxes/{SID}/files/watch", True),
+        ("PUT", f"/v1/sandboxes/{SID}/files/tar", True),
+        ("GET", f"/v1/sandboxes/{SID}/files/tar", True),
+        ("GET", f"/v1/sandboxes/{SID}/files/mkdir", False),
+        ("DELETE", f"/v1/sandboxes/{SID}/files/tar", False),
         ("POST", f"/v1/sandboxes/{SID}/files/stat", False),
+        ("GET", f"/v1/sandboxes/{SID}/files/other", False),
         ("POST", "/v1/sandboxes", False),
         ("POST", f"/v1/sandboxes/{SID}/pty", True),
         ("DELETE", f"/v1/sandboxes/{SID}/pty/pty_0123456789ab", True),
         ("GET", f"/v1/sandboxes/{SID}/pty/pty_0123456789ab/ws", True),
-        ("GET", f"/v1/sandboxes/{SID}/pty", False),
+        ("GET", f"/v1/sandboxes/{SID}/pty", True),
         ("DELETE", f"/v1/sandboxes/{SID}/pty", False),
         ("POST", f"/v1/sandboxes/{SID}/pty/pty_0123456789ab", False),
     ],
@@ -101,3 +108,24 @@ async def test_the_async_client_routes_the_same_way(monkeypatch):
         sb = await c.sandboxes.get(SID)
         assert (await sb.exec("echo hi")).stdout == "hi\n"
     assert [h for h, _, _ in seen] == ["api.test", "edge.test"]
+
+
+def test_an_edge_that_cannot_be_reached_is_named_as_the_edge(monkeypatch):
+    """A connection failure to the edge names the edge and ATOLL_EDGE_URL (not ATOLL_URL, which
+    names the API and is not the one to fix)."""
+    monkeypatch.delenv(_base.ENV_EDGE_URL, raising=False)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "edge.test":
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json=SANDBOX)
+
+    with atoll.Client(API, "key", edge_url=EDGE, transport=httpx.MockTransport(refuse)) as c:
+        sb = c.sandboxes.get(SID)
+        with pytest.raises(atoll.errors.APIConnectionError) as e:
+            sb.exec("true")
+    assert EDGE in str(e.value) and "ATOLL_EDGE_URL" in str(e.value) and "ATOLL_URL " not in str(e.value)
+    with pytest.raises(atoll.errors.APIConnectionError) as e:
+        with atoll.Client(API, "key", transport=httpx.MockTransport(refuse)) as c:
+            raise _base.connection_error(httpx.ConnectError("refused"), API)
+    assert "ATOLL_URL" in str(e.value) and "ATOLL_EDGE_URL" not in str(e.value)

@@ -45,11 +45,21 @@ OCTET_STREAM = "application/octet-stream"
 ENV_URL = "ATOLL_URL"
 ENV_EDGE_URL = "ATOLL_EDGE_URL"
 _EDGE_ROUTE = re.compile(
-    r"^/v1/sandboxes/[^/]+/(?:exec|processes/[^/]+(?:/(?:output|stdin|signal|wait))?"
-    r"|files(?P<sub>/stat|/list)?|(?P<pty>pty(?:/[^/]+(?P<ws>/ws)?)?))$"
+    r"^/v1/sandboxes/[^/]+/(?:exec|processes(?:/[^/]+(?:/(?:output|stdin|signal|wait))?)?"
+    r"|files(?:/(?P<sub>stat|list|watch|tar|mkdir|move|chmod))?|(?P<pty>pty(?:/[^/]+(?P<ws>/ws)?)?))$"
 )
-"""The data routes `atoll edge` serves (a sandbox's exec, process and file calls): with an edge URL
-the client sends these there, and everything else to the API."""
+"""The data routes `atoll edge` serves (a sandbox's exec, process, file and terminal calls): with
+an edge URL the client sends these there, and everything else to the API."""
+_EDGE_FILE_METHODS = {
+    None: ("GET", "PUT", "DELETE"),
+    "stat": ("GET",),
+    "list": ("GET",),
+    "watch": ("GET",),
+    "tar": ("GET", "PUT"),
+    "mkdir": ("POST",),
+    "move": ("POST",),
+    "chmod": ("POST",),
+}
 ENV_API_KEY = "ATOLL_API_KEY"
 ENV_CA_FILE = "ATOLL_CA_FILE"
 
@@ -133,11 +143,13 @@ def edge_route(method: str, path: str) -> bool:
     if m is None:
         return False
     if "/files" in path:
-        return method == "GET" if m.group("sub") else method in ("GET", "PUT", "DELETE")
-    if m.group("pty"):  # open (POST …/pty), kill (DELETE …/pty/{id}), attach (GET …/pty/{id}/ws)
+        return method in _EDGE_FILE_METHODS[m.group("sub")]
+    if m.group("pty"):  # open and list (…/pty), kill (DELETE …/pty/{id}), attach (GET …/pty/{id}/ws)
         if m.group("ws"):
             return method == "GET"
-        return method == ("POST" if m.group("pty") == "pty" else "DELETE")
+        return method in (("POST", "GET") if m.group("pty") == "pty" else ("DELETE",))
+    if path.endswith("/processes"):
+        return method == "GET"
     return method in ("GET", "POST", "DELETE")
 
 
@@ -632,13 +644,31 @@ def certificate_error(
 
 
 def connection_error(
-    exc: httpx.TransportError, base_url: str, ca_file: str | None = None, ca_origin: str = "ca_file="
+    exc: httpx.TransportError,
+    base_url: str,
+    ca_file: str | None = None,
+    ca_origin: str = "ca_file=",
+    edge: bool = False,
 ) -> errors.APIConnectionError:
     """Map an httpx transport failure to the SDK's error, naming the URL and how to start a server
-    (or, for a certificate that did not verify, how to trust the installation CA)."""
+    (or, for a certificate that did not verify, how to trust the installation CA). `edge`: the
+    URL is the edge's (`edge_url=` / ATOLL_EDGE_URL), and the message says so."""
     failure = certificate_failure(exc)
     if failure is not None:
         return certificate_error(failure, base_url, ca_file, ca_origin)
+    if edge:
+        what = f"the atoll edge at {base_url} (edge_url= or ${ENV_EDGE_URL})"
+        if isinstance(exc, httpx.TimeoutException):
+            return errors.APITimeoutError(
+                f"{what} did not answer in time ({type(exc).__name__}: {exc}); pass a larger timeout= "
+                "if the operation is expected to be slow"
+            )
+        if isinstance(exc, httpx.ConnectError):
+            return errors.APIConnectionError(
+                f"cannot connect to {what} ({exc}). Is `atoll edge --server URL` running there? Point "
+                f"{ENV_EDGE_URL} (or edge_url=) at a running edge, or unset it to send every call to the API."
+            )
+        return errors.APIConnectionError(f"connection to {what} failed: {type(exc).__name__}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return errors.APITimeoutError(
             f"the atoll server at {base_url} did not answer in time ({type(exc).__name__}: {exc}); "

@@ -319,7 +319,9 @@ def edge(
     ctx: typer.Context,
     server: Annotated[
         str,
-        typer.Option(help="The API server's URL, which grants each call (e.g. https://atoll.example:7080)."),
+        typer.Option(
+            help="The API server's base URL, without /v1, which grants each call (e.g. https://atoll.example:7080)."
+        ),
     ],
     ca_file: Annotated[
         Path | None,
@@ -350,9 +352,9 @@ def edge(
         ),
     ] = None,
 ) -> None:
-    """Run the edge in the foreground: sandboxes' exec and process calls, relayed straight to their
-    workers with grants from the server, so a server restart does not cut a stream; with
-    --e2b-port, E2B's API too (docs/e2b-compat.md)."""
+    """Run the edge in the foreground: sandboxes' exec, process, file and terminal calls, relayed
+    straight to their workers with grants from the server, so a server restart does not cut a
+    stream; with --e2b-port, E2B's API too (docs/e2b-compat.md)."""
     try:
         from atoll.edge import service as _edge
     except ImportError as exc:

@@ -24,12 +24,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from atoll.controlplane import schemas
-from atoll.core import errors, filepaths
+from atoll.core import errors, filepaths, inputs
 from atoll.shared import relay
 
 _log = logging.getLogger(__name__)
 
-MAX_JSON_BYTES = 1024 * 1024
+MAX_JSON_BYTES = inputs.MAX_JSON_BYTES
 NDJSON = "application/x-ndjson"
 
 
@@ -94,32 +94,17 @@ M = typing.TypeVar("M", bound=pydantic.BaseModel)
 
 async def read_json(request: Request, model: type[M], *, optional: bool = False) -> M:
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > MAX_JSON_BYTES:
-        raise errors.PayloadTooLarge(
-            f"request body is {declared} bytes; JSON bodies are limited to {MAX_JSON_BYTES} bytes"
-        )
+    if declared and declared.isdigit():
+        inputs.check_json_size(int(declared), declared=True)
     buf = bytearray()
     async for chunk in request.stream():
         buf += chunk
-        if len(buf) > MAX_JSON_BYTES:
-            raise errors.PayloadTooLarge(
-                f"request body exceeds {MAX_JSON_BYTES} bytes, the limit for JSON bodies"
-            )
-    if not buf.strip():
+        inputs.check_json_size(len(buf))
+    data = inputs.json_object(buf, f"a JSON object ({model.__name__})")
+    if data is None:
         if optional:
             return model()
         raise errors.InvalidRequest(f"request body is empty; send a JSON object ({model.__name__})")
-    try:
-        data = json.loads(buf)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise errors.InvalidRequest(f"request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise errors.InvalidRequest(
-            f"request body is nested too deeply to parse; send a JSON object ({model.__name__}) "
-            "without deeply nested arrays or objects"
-        ) from None
-    if not isinstance(data, dict):
-        raise errors.InvalidRequest(f"request body must be a JSON object, got {type(data).__name__}")
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as e:

@@ -18,7 +18,7 @@ from atoll.controlplane import http, schemas
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_exec import Pid
 from atoll.controlplane.routes_sandboxes import ERROR_TEXTS, SandboxId
-from atoll.core import errors, signals
+from atoll.core import errors, inputs, signals
 from atoll.core import worker_api as api
 
 router = APIRouter(tags=["exec"])
@@ -34,22 +34,6 @@ STDIN_ERRORS = http.error_responses(
 )
 
 
-def _pid(pid: str) -> int:
-    if not (pid.isascii() and pid.isdigit()) or int(pid) <= 0 or int(pid) > 1 << 31:
-        raise errors.InvalidRequest(
-            f"pid {pid!r} is not a positive integer; list processes with GET …/processes"
-        )
-    return int(pid)
-
-
-def _flag(value: str | None, name: str) -> bool:
-    if value is None or value.lower() in ("0", "false", "no", ""):
-        return False
-    if value.lower() in ("1", "true", "yes"):
-        return True
-    raise errors.InvalidRequest(f"{name} must be 1 or 0 (true or false), got {value!r}")
-
-
 @router.get(
     "/v1/sandboxes/{sid}/processes/{pid}",
     responses={200: {"model": schemas.ProcessInfo}, **PROC_ERRORS},
@@ -58,7 +42,7 @@ async def get_process(request: Request, sid: SandboxId, pid: Pid):
     """One process's record: `{pid, cmd, running, exit_code, stdin_open, output_bytes, …}`."""
     manager = ctx(request).manager
     manager.get(sid)
-    n = _pid(pid)
+    n = inputs.pid(pid)
     async with manager.activity(sid) as worker:
         info = await worker.get_process(sid, n)
     return http.json_response(dataclasses.asdict(info))
@@ -92,12 +76,12 @@ async def process_output(
 ):
     manager = ctx(request).manager
     manager.get(sid)
-    n = _pid(pid)
+    n = inputs.pid(pid)
     if not (offset.isascii() and offset.isdigit()):
         raise errors.InvalidRequest(
             f"offset {offset!r} is not a byte offset (an integer >= 0); use 0 or an offset from an earlier line"
         )
-    start, following = int(offset), _flag(follow, "follow")
+    start, following = int(offset), inputs.flag(follow, "follow")
     events, close = await http.open_held(manager, sid, lambda w: w.process_output(sid, n, start, following))
 
     async def body() -> typing.AsyncIterator[bytes]:
@@ -139,7 +123,7 @@ async def send_stdin(
 ):
     manager = ctx(request).manager
     manager.get(sid)
-    n, closing = _pid(pid), _flag(eof, "eof")
+    n, closing = inputs.pid(pid), inputs.flag(eof, "eof")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > api.MAX_STDIN_BYTES:
         raise errors.PayloadTooLarge(
@@ -167,7 +151,7 @@ async def signal_process(request: Request, sid: SandboxId, pid: Pid):
     Ctrl-C for INT); answers its record as of just after."""
     manager = ctx(request).manager
     manager.get(sid)
-    n = _pid(pid)
+    n = inputs.pid(pid)
     req = await http.read_json(request, schemas.SignalRequest)
     name = signals.normalize(req.signal)
     async with manager.activity(sid) as worker:
@@ -193,7 +177,7 @@ async def signal_process(request: Request, sid: SandboxId, pid: Pid):
 async def wait_process(request: Request, sid: SandboxId, pid: Pid):
     manager = ctx(request).manager
     manager.get(sid)
-    n = _pid(pid)
+    n = inputs.pid(pid)
     req = await http.read_json(request, schemas.WaitRequest, optional=True)
     async with manager.activity(sid) as worker:
         info = await http.unless_disconnected(request, worker.wait_process(sid, n, req.timeout_s))

@@ -37,9 +37,12 @@ MAX_LEN = 200
 E2B_ACCESS_SCHEME = "E2B-Access"
 """The Authorization scheme of the grant route that carries an envd access token instead of a key."""
 
-DATA_PATH = re.compile(r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?)$")
+DATA_PATH = re.compile(
+    r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?|alive)$"
+)
 """The worker-protocol paths (after its prefix) a grant opens: one sandbox's exec, processes,
-files and terminals — not its lifecycle, network, secrets, metrics, nor anything of the worker."""
+files and terminals, and `alive` (the edge's liveness probe of the worker, which touches nothing)
+— not its lifecycle, network, secrets, metrics, nor anything of the worker."""
 
 
 def _mac(token: str | bytes, sandbox_id: str, expires: int, scope: str) -> str:

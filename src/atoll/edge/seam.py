@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 
 from atoll.core import errors, grants, wire
 from atoll.core import worker_api as api
-from atoll.edge import service
+from atoll.edge import service, upstream
 from atoll.shared import http11, ndjson, seam_verbs
 
 _NDJSON = {"Accept": "application/x-ndjson"}
@@ -53,7 +53,7 @@ def _json_line(line: bytes, what: str) -> dict:
     return obj
 
 
-def _refused(p: service.Passed) -> errors.AtollError:
+def _refused(p: upstream.Passed) -> errors.AtollError:
     """The server's refusal of a grant (its status and error body) as the domain error."""
     try:
         body = json.loads(p.body)
@@ -96,7 +96,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         try:
             async with self.edge.call(self.auth, self.sandbox_id, method, sub, timeout=timeout, **kw) as r:
                 yield r
-        except service.Passed as p:
+        except upstream.Passed as p:
             raise _refused(p) from None
 
     async def _call(
@@ -143,7 +143,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         what the E2B edge answers as `envdAccessToken`; "" when asked with an access token."""
         try:
             g = await self.edge.grants.get(self.auth, self.sandbox_id)
-        except service.Passed as p:
+        except upstream.Passed as p:
             raise _refused(p) from None
         return g.e2b_access_token
 
@@ -264,7 +264,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         self._where(self._sb(sandbox_id, "pty", pty_id))
         try:
             return await self.edge.pty_stream(self.auth, self.sandbox_id, pty_id)
-        except service.Passed as p:
+        except upstream.Passed as p:
             raise _refused(p) from None
 
     # ---- what a grant does not open (the server's: call the API) --------------------------------

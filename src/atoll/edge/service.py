@@ -1,42 +1,42 @@
 """`atoll edge`: the API's sandbox data routes, relayed straight to the worker holding the sandbox.
 
-For each call it needs a grant (core.grants): it asks the server `POST /v1/sandboxes/{id}/grant`
-with the caller's own `Authorization` header (so the server checks the key, its tenant and the
-sandbox exactly as for any call, and resumes a sandbox in standby), keeps the answer per (hash of
-the header, sandbox) until GRANT_MARGIN_S before it expires, and sends the call to the worker's URL
-with `Authorization: Grant <grant>`. A worker that answers 401 (the grant is stale: it registered
+For each call it needs a grant (core.grants) from edge.upstream.Grants: asked of the server
+(`POST /v1/sandboxes/{id}/grant`, with the caller's own `Authorization` header, so the server
+checks the key, its tenant and the sandbox exactly as for any call, and resumes a sandbox in
+standby), kept per (hash of the header, sandbox) and re-checked with the server at most every
+REVALIDATE_S (a revoked key is refused within that). The call goes to the worker's URL with
+`Authorization: Grant <grant>`. A worker that answers 401 (the grant is stale: it registered
 again), 404 sandbox_not_found or 409 invalid_state (the sandbox moved or sleeps) before anything
 was relayed has the grant dropped and a new one asked for, once. The server's refusals (401 for a
-wrong key, 404 for another tenant's sandbox, …) reach the client as the server gave them.
+wrong key, 404 for another tenant's sandbox, …) reach the client as the server gave them. While a
+call is open, edge.watchdog ends it when the key is revoked, the sandbox moved, or the worker
+stops answering its liveness probe (frozen): 503, retryable, instead of waiting for ever.
 
 Served here, in the API's request and answer shapes: POST …/exec (plain, `Accept:
-application/x-ndjson` streamed, `background`), GET …/processes/{pid} and …/output (NDJSON),
-POST …/stdin, …/signal, …/wait and DELETE …/processes/{pid}; GET/PUT/DELETE …/files, GET
-…/files/stat and …/files/list (paths checked as the API does: core.filepaths); POST …/pty,
-DELETE …/pty/{id} and the terminal WebSocket …/pty/{id}/ws (through the worker's port tunnel, its
-`ATOLL-PTY` hello carrying the grant; shared.ptyrelay relays it as the API does). Anything else
-answers 404 with an error naming the API server's URL (the edge is not a proxy for control calls). Over an https://
-worker URL the worker's certificate is checked against `--ca-file` and must name that worker.
-Uses shared.http11 (worker calls), shared.ndjson, shared.relay; httpx for the server's grant route.
-Called by cli.main (`atoll edge`).
+application/x-ndjson` streamed, `background`), GET …/processes (the list), GET …/processes/{pid}
+and …/output (NDJSON), POST …/stdin, …/signal, …/wait and DELETE …/processes/{pid}; GET/PUT/DELETE
+…/files, GET …/files/stat, …/files/list, …/files/watch (NDJSON), GET/PUT …/files/tar, POST
+…/files/mkdir, …/files/move, …/files/chmod (paths checked as the API does: core.filepaths); POST
+and GET …/pty, DELETE …/pty/{id} and the terminal WebSocket …/pty/{id}/ws (the key checked before
+the handshake is accepted; then through the worker's port tunnel, its `ATOLL-PTY` hello carrying
+the grant; shared.ptyrelay relays it as the API does). Lists are paged by edge.pages. Anything
+else answers 404 with an error naming the API server's URL (the edge is not a proxy for control
+calls). Over an https:// worker URL the worker's certificate is checked against `--ca-file` and
+must name that worker. Uses shared.http11 (worker calls), shared.ndjson, shared.relay; httpx for
+the server. Called by cli.main (`atoll edge`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import dataclasses
 import errno
-import hashlib
-import json
 import logging
 import os
 import secrets
 import socket
 import ssl
 import sys
-import time
 import typing
 import urllib.parse
 
@@ -44,158 +44,20 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket
 
-from atoll.core import errors, filepaths, grants, ids, pki, signals, wire
+from atoll.core import errors, inputs, signals, wire
 from atoll.core import worker_api as api
-from atoll.guest.agent import ptyframes
-from atoll.shared import http11, logconfig, ndjson, portstream, ptyrelay, relay
+from atoll.edge import calls, files, pages, terminals, upstream
+from atoll.shared import logconfig, relay
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 7082
-GRANT_MARGIN_S = 10.0
-"""A cached grant is used until this long before it expires (a call may take a while to arrive)."""
-MAX_CACHED = 10_000
-MAX_JSON_BYTES = 1024 * 1024
-NDJSON = "application/x-ndjson"
-PREFIX = "/worker/v1"
 EXEC_FIELDS = frozenset(
     {"cmd", "cwd", "env", "timeout_s", "background", "user", "max_output_bytes", "stdin", "shell"}
 )
-PTY_FIELDS = frozenset({"cols", "rows", "term", "cmd", "cwd", "env", "user"})
-NOT_HERE = {401: None, 404: "sandbox_not_found", 409: "invalid_state"}
-"""Worker answers that mean "ask the server again": a stale grant; a sandbox that moved or sleeps."""
-
-
-class Passed(Exception):
-    """The server's own refusal of a grant, answered to the client as it came."""
-
-    def __init__(self, status: int, body: bytes, content_type: str):
-        self.status, self.body, self.content_type = status, body, content_type
-
-
-@dataclasses.dataclass(frozen=True)
-class Grant:
-    sandbox_id: str
-    worker_id: str
-    worker_name: str
-    url: str
-    tunnel_port: int
-    grant: str
-    expires_at: int
-    defaults: dict
-    e2b_access_token: str = ""
-    """The sandbox's envd access token (core.grants.e2b_access_token), when the grant was asked
-    for with an API key (the E2B edge answers it as `envdAccessToken`); else ""."""
-
-
-class Grants:
-    """Grants from the server, cached per (sha256 of the caller's Authorization, sandbox)."""
-
-    def __init__(self, server_url: str, verify: ssl.SSLContext | bool, transport: typing.Any = None):
-        self.server_url = server_url.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.server_url, verify=verify, timeout=60, transport=transport
-        )
-        self._cache: dict[tuple[str, str], Grant] = {}
-        self.asked = 0
-        """Grants asked of the server (a test and the bench read it)."""
-
-    @staticmethod
-    def _key(auth: str, sid: str) -> tuple[str, str]:
-        return hashlib.sha256(auth.encode()).hexdigest(), sid
-
-    def drop(self, auth: str, sid: str) -> None:
-        self._cache.pop(self._key(auth, sid), None)
-
-    async def get(self, auth: str, sid: str) -> Grant:
-        key = self._key(auth, sid)
-        now = time.time()
-        g = self._cache.get(key)
-        if g is not None and g.expires_at - GRANT_MARGIN_S > now:
-            return g
-        self.asked += 1
-        try:
-            r = await self._http.post(f"/v1/sandboxes/{sid}/grant", headers={"Authorization": auth})
-        except httpx.HTTPError as e:
-            raise errors.Unavailable(
-                f"the edge cannot reach the API server at {self.server_url} to authorize this call "
-                f"({type(e).__name__}: {str(e)[:200]}); nothing was sent to the sandbox — retry once the "
-                "server is back (or, for a certificate that does not verify, give --ca-file the installation CA)"
-            ) from None
-        if r.status_code != 200:
-            raise Passed(r.status_code, r.content, r.headers.get("content-type", "application/json"))
-        try:
-            d = r.json()
-            w = d["worker"]
-            g = Grant(
-                sid,
-                w["id"],
-                w.get("name", ""),
-                w["url"],
-                int(w.get("tunnel_port") or 0),
-                d["grant"],
-                int(d["expires_at"]),
-                d["defaults"],
-                str(d.get("e2b_access_token") or ""),
-            )
-        except (ValueError, KeyError, TypeError):
-            raise errors.RuntimeFailure(
-                f"the API server at {self.server_url} answered the grant route with something unexpected; "
-                "is it an atoll server of the same version?"
-            ) from None
-        if len(self._cache) >= MAX_CACHED:
-            for k, v in list(self._cache.items()):
-                if v.expires_at - GRANT_MARGIN_S <= now:
-                    del self._cache[k]
-            if len(self._cache) >= MAX_CACHED:
-                self._cache.clear()
-        self._cache[key] = g
-        return g
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-
-class Workers:
-    """One kept-alive channel per worker URL (TLS checked against the CA file, certificate naming
-    the worker, when it is https://)."""
-
-    def __init__(self, ca_file: str | None):
-        self._tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
-        self._channels: dict[str, http11.Channel] = {}
-
-    def channel(self, g: Grant) -> http11.Channel:
-        ch = self._channels.get(g.url)
-        if ch is not None:
-            return ch
-        parsed = urllib.parse.urlsplit(g.url)
-        if not parsed.hostname or not parsed.port or parsed.scheme not in ("http", "https"):
-            raise errors.RuntimeFailure(f"the server named a worker URL the edge cannot use: {g.url!r}")
-        if parsed.scheme == "https":
-            if self._tls is None:
-                raise errors.Unavailable(
-                    f"worker {g.worker_name!r} serves https ({g.url}) but this edge has no CA to check it: "
-                    "start it with --ca-file (the server's GET /v1/ca.crt)"
-                )
-            name = g.worker_name
-            ch = http11.Channel(
-                parsed.hostname,
-                parsed.port,
-                tls=self._tls,
-                check_peer=lambda der: pki.check_worker_certificate(der, name),
-            )
-        else:
-            ch = http11.Channel(parsed.hostname, parsed.port)
-        self._channels[g.url] = ch
-        return ch
-
-    async def aclose(self) -> None:
-        for ch in self._channels.values():
-            await ch.aclose()
 
 
 def _error_answer(e: errors.AtollError, rid: str) -> JSONResponse:
@@ -203,163 +65,15 @@ def _error_answer(e: errors.AtollError, rid: str) -> JSONResponse:
     return JSONResponse(body, status_code=e.status, headers={"X-Request-Id": rid})
 
 
-def _dumps(obj: typing.Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
-
-
-def _auth(request: Request) -> str:
-    return _checked_auth(request.headers.get("authorization", ""))
-
-
-def _checked_auth(auth: str) -> str:
-    """The caller's Authorization header, to pass on to the server: `Bearer <key>`, the key in
-    printable ASCII (as every atoll key is); else 401 saying so, before anything is sent."""
-    if not auth.lower().startswith("bearer ") or not auth[7:].strip():
-        raise errors.Unauthorized(
-            "missing API key: send Authorization: Bearer <key>, the same key the API takes "
-            "(the edge asks the API server whether it may reach this sandbox)"
-        )
-    if not (auth.isascii() and auth.isprintable()):
-        raise errors.Unauthorized("invalid API key: an atoll key is printable ASCII (check what was pasted)")
-    return auth
-
-
-def _sid(request: Request) -> str:
-    sid = request.path_params["sid"]
-    if not ids.SANDBOX_ID_RE.match(sid):
-        raise errors.InvalidRequest(
-            f"{sid[:60]!r} is not a sandbox id (sb- and 16 lower-case letters/digits)"
-        )
-    return sid
-
-
-def _pid(request: Request) -> int:
-    pid = request.path_params["pid"]
-    if not (pid.isascii() and pid.isdigit()) or not 0 < int(pid) <= 1 << 31:
-        raise errors.InvalidRequest(
-            f"pid {pid!r} is not a positive integer; list processes with GET …/processes"
-        )
-    return int(pid)
-
-
-def _flag(value: str | None, name: str) -> bool:
-    if value is None or value.lower() in ("0", "false", "no", ""):
-        return False
-    if value.lower() in ("1", "true", "yes"):
-        return True
-    raise errors.InvalidRequest(f"{name} must be 1 or 0 (true or false), got {value!r}")
-
-
-async def _json_body(request: Request, optional: bool = False) -> dict:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_JSON_BYTES:
-            raise errors.PayloadTooLarge(
-                f"request body is over {MAX_JSON_BYTES} bytes, the limit of JSON bodies"
-            )
-    if not raw.strip():
-        if optional:
-            return {}
-        raise errors.InvalidRequest("the request body is empty; send a JSON object")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise errors.InvalidRequest("the request body is not JSON") from None
-    if not isinstance(data, dict):
-        raise errors.InvalidRequest("the request body must be a JSON object")
-    return data
-
-
-class Edge:
-    """The edge's routes over its grant cache and worker channels."""
-
-    def __init__(self, server_url: str, ca_file: str | None = None, transport: typing.Any = None):
-        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
-        self.server_url = server_url.rstrip("/")
-        self.grants = Grants(server_url, verify, transport)
-        self.workers = Workers(ca_file)
+class Edge(files.FileRoutes, terminals.TerminalRoutes):
+    """The edge's routes over its grant cache and worker channels (calls.Base)."""
 
     # ---- the one way to a worker ------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def call(
-        self,
-        auth: str,
-        sid: str,
-        method: str,
-        sub: str,
-        *,
-        timeout: float | None = 30.0,
-        headers: dict[str, str] | None = None,
-        replayable: bool = True,
-        **kw: typing.Any,
-    ) -> typing.AsyncIterator[http11.Response]:
-        """The worker's answer (status < 400, body unread) to `method` /sandboxes/{sid}/{sub}, with
-        a grant. A stale grant or a sandbox not there (refused before the worker did anything) is
-        asked for again once when the request can be sent again (`replayable`: JSON or bytes held;
-        a streamed upload is not, and is then a retryable 503). `timeout` bounds the wait for the
-        answer's head (None: a command's, as long as it runs)."""
-        served = False
-        for attempt in (0, 1):
-            g = await self.grants.get(auth, sid)
-            sent = {
-                "Authorization": f"{grants.SCHEME} {g.grant}",
-                wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION),
-                **(headers or {}),
-            }
-            retry = False
-            try:
-                async with self.workers.channel(g).stream(
-                    method, f"{PREFIX}/sandboxes/{sid}/{sub}", headers=sent, timeout=timeout, **kw
-                ) as r:
-                    if r.status_code >= 400:
-                        body = await r.aread()
-                        try:
-                            obj = json.loads(body)
-                        except ValueError:
-                            obj = None
-                        code = (obj or {}).get("error", {}).get("code") if isinstance(obj, dict) else None
-                        if r.status_code in NOT_HERE and NOT_HERE[r.status_code] in (None, code):
-                            self.grants.drop(auth, sid)
-                            if attempt == 1 or not replayable:  # a streamed upload cannot be sent again
-                                raise errors.Unavailable(
-                                    f"sandbox {sid}'s worker refused the edge's grant (it registered again, "
-                                    "or the sandbox moved or sleeps); the call was not carried out — retry",
-                                    retryable=True,
-                                )
-                            retry = True
-                        else:
-                            raise wire.error_from_body(
-                                r.status_code, obj, f"worker {g.worker_name!r} answered {r.status_code}"
-                            )
-                    else:
-                        served = True
-                        yield r
-                        return
-            except http11.ChannelError as e:
-                self.grants.drop(auth, sid)
-                if attempt == 0 and not served and isinstance(e, http11.ConnectFailed):
-                    continue
-                raise errors.Unavailable(
-                    f"worker {g.worker_name!r} cannot be reached at {g.url} from the edge ({type(e).__name__}); "
-                    "retry in a few seconds",
-                    detail=repr(e),
-                ) from None
-            if retry:
-                continue
-        raise errors.Unavailable(
-            f"sandbox {sid}'s worker could not be reached by the edge; retry in a few seconds"
-        )
-
-    async def call_json(self, auth: str, sid: str, method: str, sub: str, **kw: typing.Any) -> typing.Any:
-        async with self.call(auth, sid, method, sub, **kw) as r:
-            body = await r.aread()
-        return json.loads(body) if body else None
 
     # ---- exec -------------------------------------------------------------------------------------
     async def exec_(self, request: Request) -> Response:
-        auth, sid = _auth(request), _sid(request)
-        req = await _json_body(request)
+        auth, sid = calls.auth(request), calls.sid(request)
+        req = await calls.json_body(request)
         unknown = sorted(set(req) - EXEC_FIELDS)
         if unknown:
             raise errors.InvalidRequest(f"unknown field(s) in the exec request: {', '.join(unknown)}")
@@ -393,9 +107,9 @@ class Edge:
             raise errors.InvalidRequest(f"malformed exec request: {e.detail or e.message}"[:1000]) from None
         if req.get("background"):
             return JSONResponse(await self.call_json(auth, sid, "POST", "processes", json=spec))
-        if NDJSON in request.headers.get("accept", ""):
-            return await self._lines(
-                auth, sid, "POST", "exec", _exec_line, json=spec, headers={"Accept": NDJSON}
+        if calls.NDJSON in request.headers.get("accept", ""):
+            return await self.lines(
+                auth, sid, "POST", "exec", _exec_line, json=spec, headers={"Accept": calls.NDJSON}
             )
         result = await relay.unless_disconnected(
             request.receive,
@@ -404,68 +118,39 @@ class Edge:
         )
         return JSONResponse(result)
 
-    async def _lines(
-        self,
-        auth: str,
-        sid: str,
-        method: str,
-        sub: str,
-        render: typing.Callable[[dict], dict],
-        **kw: typing.Any,
-    ) -> Response:
-        """An NDJSON answer relayed line by line from the worker, each line rendered in the API's
-        shape; opened before the headers go (a refusal is an ordinary error answer), a break after
-        that is an in-band `{"error"}` line."""
-        opening = self.call(auth, sid, method, sub, timeout=None, **kw)
-        r = await opening.__aenter__()
-
-        async def body() -> typing.AsyncIterator[bytes]:
-            try:
-                async for line in ndjson.alines(r.aiter_raw()):
-                    try:
-                        obj = json.loads(line)
-                    except ValueError:
-                        obj = None
-                    if not isinstance(obj, dict):
-                        raise errors.RuntimeFailure("a malformed line arrived from the worker")
-                    yield _dumps(obj if "error" in obj else render(obj)) + b"\n"
-            except Exception as e:  # noqa: BLE001 - the headers are sent: report it in-band
-                code, message = (
-                    (e.code, e.message)
-                    if isinstance(e, errors.AtollError)
-                    else ("worker_unavailable", "the stream from the sandbox's worker broke")
-                )
-                log.warning("edge stream broke: %s", message, extra={"sandbox_id": sid, "detail": repr(e)})
-                yield _dumps({"error": {"code": code, "message": message}}) + b"\n"
-            finally:
-                await opening.__aexit__(None, None, None)
-
-        return StreamingResponse(body(), media_type=NDJSON)
-
     # ---- processes --------------------------------------------------------------------------------
     async def process_output(self, request: Request) -> Response:
-        auth, sid, pid = _auth(request), _sid(request), _pid(request)
+        auth, sid, pid = calls.auth(request), calls.sid(request), calls.pid(request)
         offset = request.query_params.get("offset", "0")
         if not (offset.isascii() and offset.isdigit()):
             raise errors.InvalidRequest(
                 f"offset {offset!r} is not a byte offset (an integer >= 0); use 0 or an offset from an earlier line"
             )
-        follow = _flag(request.query_params.get("follow"), "follow")
+        follow = inputs.flag(request.query_params.get("follow"), "follow")
         params = {"offset": str(int(offset)), "follow": "1" if follow else "0"}
-        return await self._lines(auth, sid, "GET", f"processes/{pid}/output", _process_line, params=params)
+        return await self.lines(auth, sid, "GET", f"processes/{pid}/output", _process_line, params=params)
+
+    async def list_processes(self, request: Request) -> Response:
+        auth, sid = calls.auth(request), calls.sid(request)
+        page = pages.Page.of(request.query_params, "/v1/sandboxes/{id}/processes")
+        items = [
+            wire.load(api.ProcessInfo, i, "process")
+            for i in await self.call_json(auth, sid, "GET", "processes")
+        ]
+        return JSONResponse(page.answer(items, lambda i: (i.started_at, i.pid)))
 
     async def get_process(self, request: Request) -> Response:
-        auth, sid, pid = _auth(request), _sid(request), _pid(request)
+        auth, sid, pid = calls.auth(request), calls.sid(request), calls.pid(request)
         return JSONResponse(await self.call_json(auth, sid, "GET", f"processes/{pid}"))
 
     async def kill_process(self, request: Request) -> Response:
-        auth, sid, pid = _auth(request), _sid(request), _pid(request)
+        auth, sid, pid = calls.auth(request), calls.sid(request), calls.pid(request)
         await self.call_json(auth, sid, "DELETE", f"processes/{pid}")
         return Response(status_code=204)
 
     async def send_stdin(self, request: Request) -> Response:
-        auth, sid, pid = _auth(request), _sid(request), _pid(request)
-        eof = _flag(request.query_params.get("eof"), "eof")
+        auth, sid, pid = calls.auth(request), calls.sid(request), calls.pid(request)
+        eof = inputs.flag(request.query_params.get("eof"), "eof")
         data = bytearray()
         async for chunk in request.stream():
             data += chunk
@@ -486,8 +171,8 @@ class Edge:
         return JSONResponse({"written": answer["written"], "eof": eof})
 
     async def signal_process(self, request: Request) -> Response:
-        auth, sid, pid = _auth(request), _sid(request), _pid(request)
-        req = await _json_body(request)
+        auth, sid, pid = calls.auth(request), calls.sid(request), calls.pid(request)
+        req = await calls.json_body(request)
         if set(req) != {"signal"} or not isinstance(req["signal"], str | int):
             raise errors.InvalidRequest('the signal request is {"signal": NAME}, e.g. {"signal": "INT"}')
         name = signals.normalize(req["signal"])
@@ -495,8 +180,8 @@ class Edge:
         return JSONResponse(await self.call_json(auth, sid, "GET", f"processes/{pid}"))
 
     async def wait_process(self, request: Request) -> Response:
-        auth, sid, pid = _auth(request), _sid(request), _pid(request)
-        req = await _json_body(request, optional=True)
+        auth, sid, pid = calls.auth(request), calls.sid(request), calls.pid(request)
+        req = await calls.json_body(request, optional=True)
         if set(req) - {"timeout_s"}:
             raise errors.InvalidRequest('the wait request is {"timeout_s": SECONDS} (or empty)')
         result = await relay.unless_disconnected(
@@ -507,191 +192,8 @@ class Edge:
         return JSONResponse(result)
 
     # ---- files ------------------------------------------------------------------------------------
-    async def _file(self, request: Request) -> tuple[str, str, Grant, dict[str, str]]:
-        """(auth, sid, grant, the worker's path parameters) of a files call: `path` or `path_b64`
-        checked and resolved from the sandbox's workdir exactly as the API does (core.filepaths)."""
-        auth, sid = _auth(request), _sid(request)
-        q = request.query_params
-        g = await self.grants.get(auth, sid)
-        target = filepaths.check_path(q.get("path"), q.get("path_b64"), g.defaults.get("workdir"))
-        if isinstance(target, bytes):
-            return auth, sid, g, {"path_b64": base64.b64encode(target).decode("ascii")}
-        return auth, sid, g, {"path": target}
-
-    async def read_file(self, request: Request) -> Response:
-        auth, sid, _, params = await self._file(request)
-        opening = self.call(auth, sid, "GET", "files", params=params)
-        r = await opening.__aenter__()
-        length = r.headers.get("content-length")
-
-        async def body() -> typing.AsyncIterator[bytes]:
-            try:
-                async for chunk in r.aiter_raw():
-                    yield chunk
-            except Exception as e:  # noqa: BLE001 - the headers are sent: the download is cut short
-                log.warning(
-                    "edge file download broke: %s", getattr(e, "message", e), extra={"sandbox_id": sid}
-                )
-            finally:
-                await opening.__aexit__(None, None, None)
-
-        headers = {"Content-Length": length} if length and length.isdigit() else {}
-        return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
-
-    async def write_file(self, request: Request) -> Response:
-        auth, sid, g, params = await self._file(request)
-        limit = int(g.defaults.get("max_file_bytes") or 0) or None
-        declared = request.headers.get("content-length")
-        if limit and declared and declared.isdigit() and int(declared) > limit:
-            raise errors.PayloadTooLarge(
-                f"file body is {declared} bytes; the limit is {limit} (ATOLL_MAX_FILE_MB)"
-            )
-
-        async def chunks() -> typing.AsyncIterator[bytes]:
-            n = 0
-            async for chunk in request.stream():
-                n += len(chunk)
-                if limit and n > limit:
-                    raise errors.PayloadTooLarge(f"file body exceeds {limit} bytes (ATOLL_MAX_FILE_MB)")
-                if chunk:
-                    yield chunk
-
-        headers = {"Content-Type": "application/octet-stream"}
-        if declared and declared.isdigit():
-            headers["Content-Length"] = declared
-        await self.call_json(
-            auth,
-            sid,
-            "PUT",
-            "files",
-            params=params,
-            content=chunks(),
-            headers=headers,
-            timeout=None,
-            replayable=False,
-        )
-        return Response(status_code=204)
-
-    async def delete_file(self, request: Request) -> Response:
-        auth, sid, _, params = await self._file(request)
-        await self.call_json(auth, sid, "DELETE", "files", params=params)
-        return Response(status_code=204)
-
-    async def stat_file(self, request: Request) -> Response:
-        auth, sid, _, params = await self._file(request)
-        return JSONResponse(await self.call_json(auth, sid, "GET", "files/stat", params=params))
-
-    async def list_files(self, request: Request) -> Response:
-        auth, sid, _, params = await self._file(request)
-        return JSONResponse({"items": await self.call_json(auth, sid, "GET", "files/list", params=params)})
 
     # ---- terminals --------------------------------------------------------------------------------
-    async def open_pty(self, request: Request) -> Response:
-        auth, sid = _auth(request), _sid(request)
-        req = await _json_body(request, optional=True)
-        unknown = sorted(set(req) - PTY_FIELDS)
-        if unknown:
-            raise errors.InvalidRequest(f"unknown field(s) in the terminal request: {', '.join(unknown)}")
-        g = await self.grants.get(auth, sid)
-        spec = {"cols": 80, "rows": 24, **{k: v for k, v in req.items() if v is not None}}
-        spec.setdefault("user", g.defaults.get("user"))
-        for name, limit in (("cols", ptyframes.MAX_COLS), ("rows", ptyframes.MAX_ROWS)):
-            v = spec[name]
-            if not isinstance(v, int) or isinstance(v, bool) or not ptyframes.MIN_SIZE <= v <= limit:
-                raise errors.InvalidRequest(
-                    f"{name} must be an integer {ptyframes.MIN_SIZE}..{limit}, got {v!r}"
-                )
-        try:
-            body = wire.dump(
-                wire.load(api.PtySpec, {k: v for k, v in spec.items() if v is not None}, "pty request")
-            )
-        except errors.RuntimeFailure as e:
-            raise errors.InvalidRequest(
-                f"malformed terminal request: {e.detail or e.message}"[:1000]
-            ) from None
-        return JSONResponse(await self.call_json(auth, sid, "POST", "pty", json=body), status_code=201)
-
-    async def kill_pty(self, request: Request) -> Response:
-        auth, sid = _auth(request), _sid(request)
-        pty_id = request.path_params["pty_id"]
-        if not ptyframes.is_pty_id(pty_id):
-            raise errors.PtyNotFound(
-                f"no terminal {pty_id[:40]!r} in sandbox {sid} (ids look like pty_0123456789ab)"
-            )
-        await self.call_json(auth, sid, "DELETE", f"pty/{pty_id}")
-        return Response(status_code=204)
-
-    async def _tunnel(self, g: Grant, pty_id: str) -> portstream.SocketPort:
-        """A terminal's frame stream through the worker's port tunnel, with the grant."""
-        if not g.tunnel_port:
-            raise errors.Unavailable(f"worker {g.worker_name!r} has no port tunnel (it runs an older atoll)")
-        host = urllib.parse.urlsplit(g.url).hostname or ""
-        loop = asyncio.get_running_loop()
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            await asyncio.wait_for(loop.sock_connect(sock, (host, g.tunnel_port)), 5)
-            hello = f"ATOLL-PTY {api.PROTOCOL_VERSION} grant:{g.grant} {g.sandbox_id} {pty_id}\n".encode()
-            await asyncio.wait_for(loop.sock_sendall(sock, hello), 5)
-            raw = await asyncio.wait_for(portstream.read_line(sock), 5)
-        except (OSError, TimeoutError, ValueError) as e:
-            sock.close()
-            raise errors.Unavailable(
-                f"worker {g.worker_name!r}'s port tunnel did not answer the edge: {e!r}"
-            ) from None
-        line = (raw or b"").decode("utf-8", "replace").strip()
-        if line == "OK":
-            return portstream.SocketPort(sock)
-        sock.close()
-        _, code, message = (line.split(" ", 2) + ["", ""])[:3]
-        raise errors.from_code(code or "runtime_error", message or f"the tunnel answered {line!r}")
-
-    async def pty_stream(self, auth: str, sid: str, pty_id: str) -> portstream.SocketPort:
-        """A terminal's frame stream through the worker's port tunnel, with a grant; a stale grant
-        (or a sandbox that moved) is asked for again once, as `call` does."""
-        for attempt in (0, 1):
-            g = await self.grants.get(auth, sid)
-            try:
-                return await self._tunnel(g, pty_id)
-            except errors.AtollError as e:
-                self.grants.drop(auth, sid)
-                if attempt == 1 or e.code not in ("unauthorized", "sandbox_not_found", "invalid_state"):
-                    raise
-        raise AssertionError("unreachable")
-
-    async def attach_pty(self, websocket: WebSocket) -> None:
-        sid, pty_id = websocket.path_params["sid"], websocket.path_params["pty_id"]
-        stream: portstream.SocketPort | None = None
-        try:
-            auth = _checked_auth(websocket.headers.get("authorization", ""))
-            if not ids.SANDBOX_ID_RE.match(sid):
-                raise errors.InvalidRequest(f"{sid[:60]!r} is not a sandbox id")
-            if not ptyframes.is_pty_id(pty_id):
-                raise errors.PtyNotFound(
-                    f"no terminal {pty_id[:40]!r} in sandbox {sid} (ids look like pty_0123456789ab)"
-                )
-            stream = await self.pty_stream(auth, sid, pty_id)
-        except Passed as p:
-            await websocket.accept()
-            await websocket.send_text(p.body.decode("utf-8", "replace"))
-            await websocket.close(code=4000 + p.status)
-            return
-        except errors.AtollError as e:
-            await websocket.accept()
-            await websocket.send_text(ptyrelay.error_text(e.code, e.message))
-            await websocket.close(code=4000 + e.status)
-            return
-        assert stream is not None
-        try:
-            await websocket.accept()
-            await ptyrelay.relay(websocket, stream, sid, pty_id)
-        except errors.AtollError as e:
-            with contextlib.suppress(Exception):
-                await websocket.send_text(ptyrelay.error_text(e.code, e.message))
-                await websocket.close(code=4000 + e.status)
-        finally:
-            stream.close()
 
     # ---- the rest ---------------------------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
@@ -702,6 +204,7 @@ class Edge:
         routes = [
             Route("/healthz", self.healthz, methods=["GET"]),
             Route(sb + "/exec", self.exec_, methods=["POST"]),
+            Route(sb + "/processes", self.list_processes, methods=["GET"]),
             Route(sb + "/processes/{pid}", self.get_process, methods=["GET"]),
             Route(sb + "/processes/{pid}", self.kill_process, methods=["DELETE"]),
             Route(sb + "/processes/{pid}/output", self.process_output, methods=["GET"]),
@@ -713,7 +216,14 @@ class Edge:
             Route(sb + "/files", self.delete_file, methods=["DELETE"]),
             Route(sb + "/files/stat", self.stat_file, methods=["GET"]),
             Route(sb + "/files/list", self.list_files, methods=["GET"]),
+            Route(sb + "/files/watch", self.watch_files, methods=["GET"]),
+            Route(sb + "/files/tar", self.read_tar, methods=["GET"]),
+            Route(sb + "/files/tar", self.write_tar, methods=["PUT"]),
+            Route(sb + "/files/mkdir", self.make_dir, methods=["POST"]),
+            Route(sb + "/files/move", self.move_file, methods=["POST"]),
+            Route(sb + "/files/chmod", self.chmod_file, methods=["POST"]),
             Route(sb + "/pty", self.open_pty, methods=["POST"]),
+            Route(sb + "/pty", self.list_ptys, methods=["GET"]),
             Route(sb + "/pty/{pty_id}", self.kill_pty, methods=["DELETE"]),
             WebSocketRoute(sb + "/pty/{pty_id}/ws", self.attach_pty),
         ]
@@ -737,12 +247,17 @@ class Edge:
             return _error_answer(exc, request.state.rid)
 
         async def passed(request: Request, exc: Exception) -> Response:
-            assert isinstance(exc, Passed)
+            assert isinstance(exc, upstream.Passed)
             return Response(exc.body, status_code=exc.status, media_type=exc.content_type)
 
         app = Starlette(
             routes=routes,
-            exception_handlers={errors.AtollError: atoll_error, Passed: passed, 404: not_here, 405: not_here},
+            exception_handlers={
+                errors.AtollError: atoll_error,
+                upstream.Passed: passed,
+                404: not_here,
+                405: not_here,
+            },
         )
 
         class Rid:
@@ -867,6 +382,44 @@ def by_port(apps: dict[int, typing.Any], default: typing.Any) -> typing.Any:
     return app
 
 
+def server_url_problem(server: str) -> str | None:
+    """What is wrong with `--server` as written (None: nothing): it is the API's base URL, which
+    the edge puts /v1/… after, so a URL ending in /v1 would make every grant a 404."""
+    path = urllib.parse.urlsplit(server).path.rstrip("/")
+    if path.endswith("/v1"):
+        base = server.rstrip("/")[: -len("/v1")]
+        return (
+            f"--server {server!r} ends in /v1: give the API server's base URL, without /v1 "
+            f"(e.g. --server {base}); the edge adds /v1/… itself"
+        )
+    return None
+
+
+def server_warning(server: str, ca_file: str | None, timeout: float = 3.0) -> str | None:
+    """A warning when the API server cannot be reached at start, or does not answer as an atoll
+    server (its GET /healthz): the edge starts anyway (the server may come up later), and its
+    calls answer 503 naming the server until it can be reached."""
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
+    try:
+        r = httpx.get(server.rstrip("/") + "/healthz", timeout=timeout, verify=verify)
+    except httpx.HTTPError as e:
+        return (
+            f"the API server at {server} cannot be reached now ({type(e).__name__}: {str(e)[:200]}); "
+            "the edge starts, and its calls answer 503 until the server answers — check --server "
+            "(and --ca-file for https)"
+        )
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if not (isinstance(body, dict) and "status" in body and "workers" in body):
+        return (
+            f"{server} answered GET /healthz with {r.status_code} but not as an atoll API server: "
+            "is --server the API's URL (not a worker's, an edge's or a proxy's)?"
+        )
+    return None
+
+
 async def serve(
     edge: Edge,
     sock: socket.socket,
@@ -958,6 +511,13 @@ def main(
     if ca_file and not os.path.isfile(ca_file):
         print(f"atoll edge: invalid setting: --ca-file {ca_file!r} is not a file", file=sys.stderr)
         raise SystemExit(2)
+    problem = server_url_problem(server)
+    if problem:
+        print(f"atoll edge: invalid setting: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    warning = server_warning(server, ca_file)
+    if warning:
+        print(f"atoll edge: warning: {warning}", file=sys.stderr)
     logconfig.configure(os.environ.get("ATOLL_LOG_FORMAT", "text"), os.environ.get("ATOLL_LOG_LEVEL", "INFO"))
     try:
         sock = listen(host, port_n)

@@ -46,12 +46,23 @@ class Response:
     """What the peer answered: status, headers, and the body (read whole or streamed)."""
 
     def __init__(
-        self, status_code: int, headers: dict[str, str], body: typing.AsyncIterator[bytes] | None = None
+        self,
+        status_code: int,
+        headers: dict[str, str],
+        body: typing.AsyncIterator[bytes] | None = None,
+        abort: typing.Callable[[], None] | None = None,
     ):
         self.status_code = status_code
         self.headers = headers
         self._body_iter = body
+        self._abort = abort
         self.content = b""
+
+    def abort(self) -> None:
+        """Close the connection the body comes on: a read waiting on it ends with ChannelError
+        (the edge's watchdog ends a call to a frozen worker so)."""
+        if self._abort is not None:
+            self._abort()
 
     async def aread(self, limit: int = MAX_ANSWER_BYTES) -> bytes:
         """Read the whole body, bounded (a guest agent, for one, is untrusted)."""
@@ -329,7 +340,7 @@ class Channel:
             raise ChannelError(f"the peer did not answer {method} {url} within {timeout}s") from None
         body = self._body(conn)
         try:
-            yield Response(head.status_code, _headers(head), body)
+            yield Response(head.status_code, _headers(head), body, abort=lambda: self._discard(conn))
         finally:
             await body.aclose()
             if conn in self._open and conn not in self._idle:

@@ -32,6 +32,9 @@ class ClientLike(Protocol):
     @property
     def create_timeout(self) -> float: ...
 
+    @property
+    def edge_url(self) -> str | None: ...
+
     def _ws_base(self, path: str) -> tuple[str, bool | ssl.SSLContext]: ...
 
     async def _request(

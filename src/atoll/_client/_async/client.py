@@ -216,7 +216,10 @@ class AsyncClient:
     def _connection_error(
         self, exc: httpx.TransportError, url: str | None = None
     ) -> errors.APIConnectionError:
-        return _base.connection_error(exc, url or self.base_url, self._config.ca_file, self._config.ca_origin)
+        edge = url is not None and url == self._edge_url
+        return _base.connection_error(
+            exc, url or self.base_url, self._config.ca_file, self._config.ca_origin, edge=edge
+        )
 
     def _ws_base(self, path: str) -> tuple[str, bool | ssl.SSLContext]:
         """(base URL, TLS verification) of a terminal WebSocket at `path`: the edge's, or the API's."""

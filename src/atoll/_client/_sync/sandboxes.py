@@ -444,8 +444,13 @@ class Sandbox(SandboxFields):
             failure = _base.certificate_failure(exc)
             if failure is not None:
                 raise _base.certificate_error(failure, url, config.ca_file, config.ca_origin) from exc
+            via = (
+                f" (the atoll edge named by edge_url= or ${_base.ENV_EDGE_URL}: is it running?)"
+                if base_url == self._client.edge_url
+                else ""
+            )
             raise errors.APIConnectionError(
-                f"cannot open the terminal WebSocket {url}: {type(exc).__name__}: {exc}"
+                f"cannot open the terminal WebSocket {url}{via}: {type(exc).__name__}: {exc}"
             ) from exc
         ws.__enter__()  # the connection is ours to close (AsyncTerminal.close)
         terminal = Terminal(self, pty_id, ws)

@@ -381,6 +381,11 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         chunks, size = await _upload(request)
         return _answer(wire.dump(await node.write_store_tar(*_store(request), chunks, size)))
 
+    async def alive(request: Request) -> Response:
+        """The edge's liveness probe (`atoll edge`'s watchdog, with a grant): answered by this
+        process's event loop without touching the sandbox, so a frozen worker shows up."""
+        return no_content()
+
     # ---- events -----------------------------------------------------------------------------------
     async def events(request: Request) -> Response:
         async def lines() -> typing.AsyncIterator[bytes]:
@@ -413,6 +418,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(PREFIX + "/events", events, methods=["GET"]),
         Route(PREFIX + "/builds/{bid}/log", build_log, methods=["GET"]),
         Route(sb + "/exec", exec_, methods=["POST"]),
+        Route(sb + "/alive", alive, methods=["GET"]),
         Route(sb + "/processes/{pid:int}/output", process_output, methods=["GET"]),
         Route(sb + "/files", read_file, methods=["GET"]),
         Route(sb + "/files", write_file, methods=["PUT"]),
