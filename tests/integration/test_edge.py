@@ -513,7 +513,9 @@ def test_file_operations_watches_tars_and_lists_through_the_edge_answer_as_throu
         assert {"type": "create", "path": "/tmp/d/sub", "is_dir": True} in events, events
         # the lists of processes and terminals
         e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 600", "background": True})
-        e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "background": True})
+        done = e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "background": True}).json()["pid"]
+        # ended before the two lists are taken, so both show the same record
+        assert a.post(f"/v1/sandboxes/{sid}/processes/{done}/wait", json={}).status_code == 200
         assert e.post(f"/v1/sandboxes/{sid}/pty", json={"cmd": ["/bin/sh"]}).status_code == 201
         for sub in ("processes", "pty"):
             via_edge = e.get(f"/v1/sandboxes/{sid}/{sub}")
