@@ -93,6 +93,10 @@ async def test_every_tool_through_the_control_plane(fake):
             "bytes": 6,
         }
         assert await ok(c, "read_file", {"sandbox_id": sid, "path": "/w/t.txt"}) == "héllo"
+        # a relative path lands under the working directory, and the answer says where
+        rel = await ok(c, "write_file", {"sandbox_id": sid, "path": "rel.txt", "content": "r"})
+        assert rel["path"].startswith("/") and rel["path"].endswith("/rel.txt"), rel
+        assert await ok(c, "read_file", {"sandbox_id": sid, "path": rel["path"]}) == "r"
         raw = bytes([0xFF, 0xFE, 0x00])
         b64 = base64.b64encode(raw).decode()
         await ok(c, "write_file", {"sandbox_id": sid, "path": "/w/b", "content": b64, "encoding": "base64"})

@@ -94,7 +94,11 @@ SandboxId = Annotated[
 ]
 FilePath = Annotated[
     str,
-    Field(min_length=1, description="Absolute path of the file inside the sandbox, e.g. /tmp/notes.txt."),
+    Field(
+        min_length=1,
+        description="Path of the file inside the sandbox, e.g. /tmp/notes.txt (a relative one is under "
+        "the sandbox's working directory).",
+    ),
 ]
 Command = Annotated[
     str | list[str],
@@ -489,8 +493,12 @@ def build_server(client: "atoll.AsyncClient", *, log_level: str = "INFO") -> MCP
                     ) from None
             else:
                 data = content.encode("utf-8")
-            await handle(sandbox_id).files.write(path, data)
-            return _json({"path": path, "bytes": len(data)})
+            sandbox = handle(sandbox_id)
+            await sandbox.files.write(path, data)
+            where = path
+            if not path.startswith("/"):  # the API put it under the sandbox's working directory
+                where = (await sandbox.files.stat(path)).path
+            return _json({"path": where, "bytes": len(data)})
 
         return await _answer("write_file", client, work())
 
