@@ -131,6 +131,11 @@ async def test_the_servers_refusals_and_the_edges_own_errors(via):
     assert r.status_code == 400 and "max_output_bytes" in r.json()["error"]["message"], r.text
     r = await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": {"no": 1}})
     assert r.status_code == 400 and "malformed exec request" in r.json()["error"]["message"], r.text
+    # `background` is true or false, through the edge as through the API (not "yes", not 1)
+    for odd in ("yes", 1, "false"):
+        for client in (c, e):
+            r = await client.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "background": odd})
+            assert r.status_code == 400 and "background" in r.json()["error"]["message"], (odd, r.text)
     for method, path in (
         ("POST", f"/v1/sandboxes/{sid}/pause"),
         ("GET", "/v1/sandboxes"),

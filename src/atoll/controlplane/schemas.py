@@ -116,7 +116,7 @@ class MountRequest(BaseModel):
     path: str = Field(
         description="Absolute directory inside the sandbox (not /, /proc, /dev, /sys, /tmp, /etc, /opt/atoll)"
     )
-    read_only: bool = Field(False, description="Mount it read-only")
+    read_only: pydantic.StrictBool = Field(False, description="Mount it read-only")
 
 
 class CreateStore(BaseModel):
@@ -312,7 +312,7 @@ class ExecRequest(BaseModel):
     )
     env: dict[str, str] | None = Field(None, json_schema_extra=_ENV_SCHEMA)
     timeout_s: float | None = Field(None, gt=0, le=86400)
-    background: bool = False
+    background: pydantic.StrictBool = False
     user: str | None = Field(None, json_schema_extra=_USER_SCHEMA)
     max_output_bytes: int | None = Field(
         None,
@@ -965,8 +965,10 @@ class ReconcileAnswer(BaseModel):
 class DrainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    draining: bool = Field(True, description="false: undrain (and stop an evacuation between sandboxes)")
-    evacuate: bool = Field(
+    draining: pydantic.StrictBool = Field(
+        True, description="false: undrain (and stop an evacuation between sandboxes)"
+    )
+    evacuate: pydantic.StrictBool = Field(
         True,
         description="Move every sandbox to other workers (false: only cordon: no new sandboxes go there)",
     )

@@ -105,7 +105,10 @@ class Edge(files.FileRoutes, terminals.TerminalRoutes):
             )
         except errors.RuntimeFailure as e:
             raise errors.InvalidRequest(f"malformed exec request: {e.detail or e.message}"[:1000]) from None
-        if req.get("background"):
+        background = req.get("background", False)
+        if not isinstance(background, bool):  # as the API's model: true or false, nothing else
+            raise errors.InvalidRequest(f"background must be true or false, not {background!r:.40}")
+        if background:
             return JSONResponse(await self.call_json(auth, sid, "POST", "processes", json=spec))
         if calls.NDJSON in request.headers.get("accept", ""):
             return await self.lines(
