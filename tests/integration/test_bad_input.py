@@ -118,6 +118,29 @@ def test_full_disk_is_507(api):
         api.delete(f"/v1/sandboxes/{sid}")
 
 
+def test_filling_tmp_is_507_and_the_sandbox_lives(api):
+    """/tmp is a tmpfs in the sandbox's memory: bounded at half its memory_mb, a write past that is
+    ENOSPC (507 naming /tmp), never the host's OOM killer stopping the sandbox (it did, at 1 GiB)."""
+    r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0, "memory_mb": 128})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    try:
+        files = f"/v1/sandboxes/{sid}/files"
+        assert run(api, sid, "df -m --output=size /tmp | tail -1")["stdout"].strip() == "64"
+        msg = _err(
+            api.put(files, params={"path": "/tmp/big.bin"}, content=b"z" * (96 << 20)), 507, "disk_full"
+        )
+        assert "/tmp is kept in the sandbox's memory" in msg and "memory_mb" in msg, msg
+        # a program filling it gets ENOSPC too, and the sandbox goes on
+        out = run(api, sid, "dd if=/dev/zero of=/tmp/fill bs=1M count=100; echo rc=$?")
+        assert "No space left on device" in out["stderr"] and "rc=1" in out["stdout"], out
+        run(api, sid, "rm -f /tmp/fill")
+        assert api.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        assert api.put(files, params={"path": "/tmp/small"}, content=b"ok").status_code == 204
+    finally:
+        api.delete(f"/v1/sandboxes/{sid}")
+
+
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 

@@ -39,10 +39,27 @@ _NOT_A_GOOD_PATH = {
 }
 
 
+def _in_memory(path: str) -> bool:
+    """Whether `path` is on the sandbox's memory-backed /tmp (a tmpfs bounded by its memory)."""
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        return False
+    return real == "/tmp" or real.startswith("/tmp/")
+
+
 def _os_error(e: OSError, doing: str, path: str) -> ApiError:
     """A failed system call on `path` as the answer that tells the caller what to do instead."""
     n = e.errno
     what = f"{doing} {path!r} failed: {e.strerror}"
+    if n in (errno.ENOSPC, errno.EDQUOT) and _in_memory(path):
+        return ApiError(
+            507,
+            "disk_full",
+            f"{what}; /tmp is kept in the sandbox's memory and holds at most half its memory_mb: "
+            "write large files elsewhere (on its disk, e.g. under /root), delete files in /tmp, or "
+            "create the sandbox with a larger memory_mb",
+        )
     if n in (errno.ENOSPC, errno.EDQUOT):
         return ApiError(
             507,

@@ -80,6 +80,11 @@ def cgroup_limit_bytes(memory_mb: int) -> int:
     return (memory_mb + RUNTIME_OVERHEAD_MB + RESTORE_GROWTH_MB) * 1024 * 1024
 
 
+def tmp_size_mb(memory_mb: int) -> int:
+    """The size of the sandbox's /tmp (a tmpfs in its memory): half its memory_mb, at least 16 MB."""
+    return max(memory_mb // 2, 16)
+
+
 def render(spec: BundleSpec) -> dict:
     env = {"PATH": PATH, "LANG": "C.UTF-8", "HOME": "/root", **spec.env}
     env["ATOLL_SANDBOX_ID"] = spec.sandbox_id
@@ -123,7 +128,10 @@ def render(spec: BundleSpec) -> dict:
                 "destination": "/tmp",
                 "type": "tmpfs",
                 "source": "tmpfs",
-                "options": ["nosuid", "nodev", "mode=1777"],
+                # memory-backed: bounded at half the sandbox's memory (as Linux bounds a tmpfs at
+                # half the RAM), so filling /tmp is ENOSPC for the writer, not the host's OOM
+                # killer stopping the whole sandbox
+                "options": ["nosuid", "nodev", "mode=1777", f"size={tmp_size_mb(spec.memory_mb)}m"],
             },
             {
                 "destination": AGENT_DIR_IN_SANDBOX,
