@@ -16,6 +16,7 @@ delete of sandboxes that mount stores).
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import time
 import typing
@@ -48,6 +49,12 @@ def _not_found(kind: str, name: str) -> errors.AtollError:
         f"no {kind} named {name!r} (GET /v1/{kind}s lists them; POST /v1/{kind}s makes one)",
         code=f"{kind}_not_found",
     )
+
+
+def created_unix(rec: dbm.StoreRecord) -> int:
+    """When the store was made, unix seconds (UTC; a naive time from SQLite is UTC too): what makes
+    a drive token one drive's (core.grants.drive_token)."""
+    return calendar.timegm(rec.created_at.utctimetuple())
 
 
 class StoreService:

@@ -407,6 +407,32 @@ class FileStat:
 
 
 @dataclass(frozen=True)
+class StoreEntry:
+    """One path of a drive's or volume's tree with its owner and times (lstat; a symlink is
+    reported as itself, with its `target`). What the store file verbs answer; times are unix s."""
+
+    name: str
+    path: str
+    name_b64: str
+    path_b64: str
+    type: str  # file | dir | symlink | other
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    atime: float
+    mtime: float
+    ctime: float
+    target: str | None = None
+
+
+MAX_LIST_DEPTH = 16
+"""The deepest a store listing goes (`depth`)."""
+MAX_LIST_ENTRIES = 100_000
+"""The most entries one store listing answers (a bigger tree: list its parts)."""
+
+
+@dataclass(frozen=True)
 class FileEvent:
     """A change seen by a watch: `type` is ready (the watch is in place; first) | create | modify |
     delete | rename (`from_path` is the old path) | chmod | overflow (events were lost; last)."""
@@ -803,7 +829,34 @@ class WorkerAPI(Protocol):
         """A point-in-time copy (the filesystem frozen while the image is copied)."""
         ...
 
-    async def list_store_files(self, kind: str, name: str, path: FilePath) -> Sequence[FileEntry]: ...
+    async def list_store_files(
+        self, kind: str, name: str, path: FilePath, depth: int
+    ) -> Sequence[StoreEntry]:
+        """The entries under directory `path`, `depth` levels down (1: its own entries), parents
+        before what is in them; links are listed, never followed."""
+        ...
+
+    async def stat_store_file(self, kind: str, name: str, path: FilePath) -> StoreEntry: ...
+
+    async def make_store_dir(
+        self,
+        kind: str,
+        name: str,
+        path: FilePath,
+        parents: bool,
+        mode: int | None,
+        uid: int | None,
+        gid: int | None,
+    ) -> StoreEntry:
+        """Make directory `path` (its parents too when `parents`; an existing directory is kept),
+        then set the given mode and owner on it."""
+        ...
+
+    async def set_store_file_attrs(
+        self, kind: str, name: str, path: FilePath, mode: int | None, uid: int | None, gid: int | None
+    ) -> StoreEntry:
+        """Set the mode (permission bits) and owner of `path` (a link itself, never its target)."""
+        ...
 
     async def delete_store_file(self, kind: str, name: str, path: FilePath) -> None: ...
 
