@@ -239,13 +239,30 @@ class StoreService:
                 + " first (its data stays until this delete)",
                 code=f"{kind}_in_use",
             )
-        await self.worker(rec).delete_store(kind, wname(rec))
+        await self._delete_on_worker(rec, tenant)
         if rec.backend == "filer":  # other workers may have mounted it for their sandboxes
             for h in self.ledger.workers.ready():
                 if h.id != rec.worker_id and h.worker is not None:
                     with contextlib.suppress(errors.NotFound, errors.Unavailable):
                         await h.worker.delete_store(kind, name)
         self._drop(rec)
+
+    async def _delete_on_worker(self, rec: dbm.StoreRecord, tenant: str) -> None:
+        """Delete the store on its worker. The worker refuses while a runtime there mounts it; a
+        sandbox whose DELETE has answered may still be being taken down, so while no live sandbox
+        names the store here such a refusal is waited out (up to DETACH_WAIT_S), as a volume's
+        detach is (E2B's kill-then-`Volume.destroy`)."""
+        deadline = time.monotonic() + DETACH_WAIT_S
+        while True:
+            try:
+                await self.worker(rec).delete_store(rec.kind, wname(rec))
+                return
+            except errors.Conflict as e:
+                if e.code != f"{rec.kind}_in_use" or time.monotonic() > deadline:
+                    raise
+                if rec.kind == "drive" and self.users(rec.kind, rec.name, tenant):
+                    raise
+                await asyncio.sleep(0.1)
 
     # ---- a volume's holder ----------------------------------------------------------------------
     def sizes(self, want: typing.Sequence[mounts.Mount], tenant: str | None = None) -> dict[str, int]:
