@@ -30,8 +30,9 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 9
-"""9: builds in the object store (BuildInfo.in_store; a create or a build may name a build the
+PROTOCOL_VERSION = 10
+"""10: store entries with owner and times (StoreEntry: list_store_files with `depth`,
+stat_store_file, make_store_dir, set_store_file_attrs); 9: builds in the object store (BuildInfo.in_store; a create or a build may name a build the
 worker lacks, which it fetches by id); 8: adopt (an archived sandbox moves to another worker through the store); 7: volumes and drives (issue 19: SandboxSpec.mounts, the store verbs); 6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
 tunnel's connections into a sandbox's port relayed by the worker's gateway process; 5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
 pools (claim) and fork; 3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
