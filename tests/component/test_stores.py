@@ -10,6 +10,7 @@ import gzip
 import io
 import tarfile
 
+from atoll.core import errors
 from tests.component.conftest import create
 
 
@@ -184,3 +185,26 @@ async def test_a_body_that_is_not_a_tar_is_a_400_and_changes_nothing(fake):
     r = await c.put("/v1/drives/shared/tar", content=good.getvalue())
     assert r.status_code == 200 and r.json()["files"] == 1, r.text
     assert (await c.get("/v1/drives/shared/files", params={"path": "/new.txt"})).content == b"new"
+
+
+async def test_a_drive_delete_waits_out_a_worker_still_taking_a_deleted_sandbox_down(fake, monkeypatch):
+    c, worker = fake.http, fake.worker
+    assert (await c.post("/v1/drives", json={"name": "shared", "size_mb": 16})).status_code == 201
+    real = worker.delete_store
+    refusals = []
+
+    async def still_mounted(kind, name):
+        if len(refusals) < 3:  # the worker has not removed the deleted sandbox's runtime yet
+            refusals.append(name)
+            raise errors.Conflict(f"{kind} {name!r} is mounted by sandbox(es) sb-x", code=f"{kind}_in_use")
+        await real(kind, name)
+
+    monkeypatch.setattr(worker, "delete_store", still_mounted)
+    r = await c.delete("/v1/drives/shared")
+    assert r.status_code == 204, r.text
+    assert len(refusals) == 3 and ("drive", "shared") not in worker.stores
+    # a sandbox that mounts it (as the records say) is a 409 at once, the worker not asked
+    assert (await c.post("/v1/drives", json={"name": "shared", "size_mb": 16})).status_code == 201
+    sid = await create(c, drives=[{"name": "shared", "path": "/s"}])
+    r = await c.delete("/v1/drives/shared")
+    assert r.status_code == 409 and sid in r.text and len(refusals) == 3

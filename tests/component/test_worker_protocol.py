@@ -962,3 +962,21 @@ async def test_a_borrower_lets_go_a_worker_that_said_it_stops(tmp_path, database
                 assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker", r.text
             finally:
                 await reg.aclose()
+
+
+async def test_the_drive_file_verbs_cross_the_seam(cluster):
+    """stat, mkdir (optional fields left out and given), attrs and deep listings as JSON both ways."""
+    _, c, fake, _, _ = cluster
+    assert (await c.post("/v1/drives", json={"name": "d", "size_mb": 16})).status_code == 201
+    assert (await c.put("/v1/drives/d/files", params={"path": "/a/f"}, content=b"123")).status_code == 200
+    r = await c.post("/v1/drives/d/files/mkdir", params={"path": "/a/m"})
+    assert r.status_code == 201 and (r.json()["mode"], r.json()["uid"]) == (0o755, 0)
+    r = await c.post("/v1/drives/d/files/mkdir", params={"path": "/p/q"}, json={"parents": True, "gid": 9})
+    assert r.status_code == 201 and r.json()["gid"] == 9, r.text
+    r = await c.patch("/v1/drives/d/files", params={"path": "/a/f"}, json={"mode": 0o600})
+    assert (r.json()["mode"], r.json()["size"], r.json()["target"]) == (0o600, 3, None)
+    assert (await c.get("/v1/drives/d/files/stat", params={"path": "/a/f"})).json()["mode"] == 0o600
+    r = await c.get("/v1/drives/d/files/list", params={"depth": 2})
+    assert [e["path"] for e in r.json()["items"]] == ["/a", "/a/f", "/a/m", "/p", "/p/q"]
+    r = await c.get("/v1/drives/d/files/stat", params={"path": "/none"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "file_not_found"

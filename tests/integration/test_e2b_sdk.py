@@ -26,7 +26,7 @@ DRIVER = Path(__file__).with_name("e2b_sdk_driver.py")
 RELEASES = pytest.mark.parametrize("release", ["2.63", "2.31"])
 
 
-def drive(release: str, atoll_up, scenario: str) -> dict:
+def drive(release: str, atoll_up, scenario: str, **extra_env: str) -> dict:
     python = e2b_venv.python(release)
     key = atoll_up.api_key
     if release == "2.31":  # it refuses any key but e2b_<hex> client-side (docs/e2b-compat.md §1.11)
@@ -36,6 +36,7 @@ def drive(release: str, atoll_up, scenario: str) -> dict:
         "E2B_API_URL": atoll_up.e2b_url,
         "E2B_SANDBOX_URL": atoll_up.e2b_url,
         "E2B_API_KEY": key,
+        **extra_env,
     }
     proc = subprocess.run(
         [str(python), str(DRIVER), scenario], env=env, capture_output=True, text=True, timeout=600
@@ -99,6 +100,22 @@ def test_commands_and_files_through_envd(release, atoll_up):
     assert out["listed"] == ["a.txt"] and out["after_remove"] == [], out
     assert out["info_size"] == 256 and out["seen_by_exec"] == "256", out
     assert out["missing"] in ("NotFoundException", "FileNotFoundException"), out
+
+
+@pytest.mark.ecosystem
+def test_volumes_are_drives_with_their_content_api(atoll_up):
+    """2.63's Volume API (2.31 has none of the content calls) over drives and drive tokens."""
+    out = drive("2.63", atoll_up, "volumes", E2B_VOLUME_API_URL=atoll_up.e2b_url)
+    assert out["created"] == ["sdkvol", "sdkvol", True], out
+    assert out["read"] == "from the sdk" and out["bytes_exact"] and out["streamed"], out
+    assert out["made"] == ["directory", "/x/y"] and out["exists"] == [True, False], out
+    assert out["info"] == {"size": 256 * 64, "mode": 0o600, "type": "file", "utc": True}, out
+    assert out["owner"] == [1000, 1000], out
+    assert out["listed"] == ["/b.bin", "/docs", "/docs/a.txt", "/x", "/x/y"], out
+    assert out["connect_token_same"] and out["get_info"] == "sdkvol" and out["in_list"], out
+    assert out["after_remove"] is False and out["missing"] == "VolumePathNotFoundException", out
+    assert out["seen_in_sandbox"] == "from the sdk" and out["written_back"] == "from-sandbox\n", out
+    assert out["destroy"] is True and out["destroy_again"] is False, out
 
 
 def _edge_children(pid: int) -> list[int]:

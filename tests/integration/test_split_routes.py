@@ -232,6 +232,21 @@ def test_every_route_through_the_split(atoll_split):
         _ok(c.post("/v1/volumes/walkv/clone", json={"name": "walkv2"}), 201)
         _err(c.post("/v1/drives/walkd/clone", json={"name": "walkd"}), 409, "drive_exists")
         _ok(c.put("/v1/drives/walkd/tar", content=tar))
+        made = _ok(
+            c.post("/v1/drives/walkd/files/mkdir", params={"path": "/in/d/e"}, json={"parents": True}), 201
+        )
+        assert made.json()["type"] == "dir"
+        got = _ok(
+            c.patch("/v1/drives/walkd/files", params={"path": "/in/d"}, json={"mode": 0o700, "uid": 1000})
+        )
+        assert (got.json()["mode"], got.json()["uid"]) == (0o700, 1000)
+        st = _ok(c.get("/v1/drives/walkd/files/stat", params=f)).json()
+        assert (st["type"], st["size"]) == ("file", 5) and st["ctime"] > 0
+        deep = _ok(c.get("/v1/drives/walkd/files/list", params={"path": "/in", "depth": 3})).json()["items"]
+        assert [e["path"] for e in deep] == ["/in/a.txt", "/in/d", "/in/d/e"]
+        tok = _ok(c.post("/v1/drives/walkd/token")).json()["token"]
+        r = c.get("/v1/drives/walkd/files", params=f, headers={"Authorization": f"E2B-Volume {tok}"})
+        assert (r.status_code, r.content) == (200, b"drive")
         _ok(c.delete("/v1/drives/walkd/files", params=f), 204)
         for kind, name in (("volumes", "walkv"), ("volumes", "walkv2"), ("drives", "walkd")):
             _ok(c.delete(f"/v1/{kind}/{name}"), 204)

@@ -87,6 +87,11 @@ def test_file_calls_stay_inside_the_tree_whatever_links_it_holds(tmp_path):
         lambda: treeio.Writer(str(root), "/link/new"),
         lambda: treeio.list_dir(str(root), "/link"),
         lambda: treeio.remove(str(root), "/link/secret"),
+        lambda: treeio.list_tree(str(root), "/link", 2),
+        lambda: treeio.stat_entry(str(root), "/link/secret"),
+        lambda: treeio.make_dir(str(root), "/link/d", True, None, None, None),
+        lambda: treeio.set_attrs(str(root), "/link/secret", 0o777, None, None),
+        lambda: treeio.set_attrs(str(root), "/file-link", 0o777, None, None),
     ):
         with pytest.raises(errors.InvalidPath, match="symbolic link"):
             call()
@@ -94,6 +99,13 @@ def test_file_calls_stay_inside_the_tree_whatever_links_it_holds(tmp_path):
         treeio.open_read(str(root), "/../outside/secret")
     with pytest.raises(errors.InvalidPath, match="absolute"):
         treeio.open_read(str(root), "relative")
+    assert oct((outside / "secret").stat().st_mode & 0o777) != "0o777"  # no chmod went through a link
+    # a deep listing shows links as themselves and never walks into them
+    entries = treeio.list_tree(str(root), "/", 16)
+    assert [(e.path, e.type, e.target) for e in entries] == [
+        ("/file-link", "symlink", str(outside / "secret")),
+        ("/link", "symlink", str(outside)),
+    ]
     treeio.remove(str(root), "/link")  # the link itself goes; its target stays
     assert (outside / "secret").read_text() == "host"
     assert not (root / "link").exists() and (root / "file-link").is_symlink()
@@ -113,6 +125,33 @@ def test_a_write_is_atomic_and_makes_parents(tmp_path):
     assert os.listdir(tmp_path / "a" / "b") == ["c.txt"]  # no temporary file left
     [entry] = treeio.list_dir(str(tmp_path), "/a/b")
     assert (entry.name, entry.path, entry.type, entry.size) == ("c.txt", "/a/b/c.txt", "file", 8)
+
+
+def test_mkdir_attrs_and_deep_listings_answer_owner_mode_and_times(tmp_path):
+    root = str(tmp_path)
+    with pytest.raises(errors.FileNotFound):
+        treeio.make_dir(root, "/a/b", False, None, None, None)  # no parents without `parents`
+    made = treeio.make_dir(root, "/a/b", True, 0o750, 1234, 5678)
+    assert (made.path, made.type, made.mode, made.uid, made.gid) == ("/a/b", "dir", 0o750, 1234, 5678)
+    assert treeio.make_dir(root, "/a/b", False, None, None, None).mode == 0o750  # kept as it was
+    w = treeio.Writer(root, "/a/b/f.txt")
+    w.write(b"12345")
+    w.commit()
+    with pytest.raises(errors.Conflict):
+        treeio.make_dir(root, "/a/b/f.txt", False, None, None, None)
+    st = treeio.set_attrs(root, "/a/b/f.txt", 0o600, None, 42)
+    assert (st.mode, st.uid, st.gid, st.size) == (0o600, os.getuid(), 42, 5)
+    assert os.stat(tmp_path / "a/b/f.txt").st_gid == 42 and st.ctime >= st.mtime > 0 and st.atime > 0
+    assert [e.path for e in treeio.list_tree(root, "/", 1)] == ["/a"]
+    assert [e.path for e in treeio.list_tree(root, "/", 3)] == ["/a", "/a/b", "/a/b/f.txt"]
+    assert [e.path for e in treeio.list_tree(root, "/a", 16)] == ["/a/b", "/a/b/f.txt"]
+    assert treeio.stat_entry(root, "/").type == "dir"
+    for bad in (dict(mode=0o10000), dict(uid=-1), dict(gid=2**32)):
+        args = {"mode": None, "uid": None, "gid": None, **bad}
+        with pytest.raises(errors.InvalidRequest, match=next(iter(bad))):
+            treeio.set_attrs(root, "/a", **args)
+    with pytest.raises(errors.InvalidRequest, match="depth"):
+        treeio.list_tree(root, "/", 17)
 
 
 # ---- worker.host.stores (ext4 images, loop mounts: root) ----------------------------------------

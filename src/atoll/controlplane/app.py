@@ -53,6 +53,7 @@ from atoll.controlplane import (
     schemas,
 )
 from atoll.controlplane import db as dbm
+from atoll.controlplane import stores as stores_mod
 from atoll.controlplane.context import Context
 from atoll.controlplane.lifecycle import SandboxManager
 from atoll.controlplane.previews import Previews
@@ -159,6 +160,21 @@ def _e2b_access(scope) -> tuple[str, str] | None:
     return None
 
 
+def _drive_token(scope) -> tuple[str, str] | None:
+    """(drive name, token) of a request to a drive's file routes that carries `Authorization:
+    E2B-Volume <token>` (a drive token, E2B's volume token); else None."""
+    m = grants.DRIVE_FILES_PATH.fullmatch(scope["path"])
+    if m is None:
+        return None
+    for k, v in scope["headers"]:
+        if k == b"authorization":
+            scheme, _, token = v.partition(b" ")
+            if scheme.lower() != grants.E2B_VOLUME_SCHEME.lower().encode():
+                return None
+            return m.group("name"), token.strip().decode("latin-1")
+    return None
+
+
 WORKER_PATHS = re.compile(
     r"/v1/workers/(register|certificate)|/v1/workers/[^/]+/(heartbeat|stopping)|/v1/ca\.crt"
 )
@@ -260,6 +276,20 @@ def create_app(
             tenant = None  # the route answers 404 as for any caller
         return auth.e2b_access(tenant)
 
+    def _drive_principal(name: str, token: str) -> auth.Principal | None:
+        """The principal of a drive token presented on drive `name`'s file routes: the drive's
+        tenant (None: not that drive's token)."""
+        tenant = grants.drive_token_tenant(token)
+        if tenant is None or not auth.TENANT_ID_RE.fullmatch(tenant):
+            return None
+        try:
+            rec = manager.stores.record("drive", name, tenant)
+        except errors.AtollError:
+            return None
+        if not grants.check_drive_token(e2b_key, tenant, name, stores_mod.created_unix(rec), token):
+            return None
+        return auth.drive_token(tenant)
+
     async def request_context(scope, receive, send, inner):
         """Pure ASGI middleware (BaseHTTPMiddleware costs ~1 ms a request): request id, auth,
         duration metric, and a JSON 500 if anything escapes."""
@@ -293,16 +323,31 @@ def create_app(
         principal = None
         if not _public(path):
             access = _e2b_access(scope)
-            principal = _access_principal(*access) if access is not None else keys.check(_bearer(scope))
+            drive = _drive_token(scope) if access is None else None
+            if access is not None:
+                principal = _access_principal(*access)
+            elif drive is not None:
+                principal = _drive_principal(*drive)
+            else:
+                principal = keys.check(_bearer(scope))
             scope["state"]["principal"] = principal  # also for a refusal: the audit names the key
             if principal is None:
-                unknown = (
-                    f"wrong or missing envd access token for sandbox {access[0]} (Authorization: "
-                    f"{grants.E2B_ACCESS_SCHEME} <token>, the envdAccessToken of that sandbox)"
-                    if access is not None
-                    else "missing, wrong, revoked or expired API key; send 'Authorization: Bearer <key>' "
-                    "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)"
-                )
+                if access is not None:
+                    unknown = (
+                        f"wrong or missing envd access token for sandbox {access[0]} (Authorization: "
+                        f"{grants.E2B_ACCESS_SCHEME} <token>, the envdAccessToken of that sandbox)"
+                    )
+                elif drive is not None:
+                    unknown = (
+                        f"wrong drive token for drive {drive[0][:64]!r} (Authorization: "
+                        f"{grants.E2B_VOLUME_SCHEME} <token>, from POST /v1/drives/{{name}}/token; a "
+                        "drive made again under the same name has a new token)"
+                    )
+                else:
+                    unknown = (
+                        "missing, wrong, revoked or expired API key; send 'Authorization: Bearer <key>' "
+                        "(the admin key is ATOLL_API_KEY or $ATOLL_HOME/admin.key)"
+                    )
                 resp = http.error_response(401, "unauthorized", unknown, rid)
                 return await resp(scope, receive, send)
             why = _scope_refusal(principal, path)

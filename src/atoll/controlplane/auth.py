@@ -97,6 +97,16 @@ def e2b_access(tenant_id: str | None) -> Principal:
     return Principal(E2B_ACCESS, "tenant", tenant_id)
 
 
+DRIVE_TOKEN = "drive-token"
+"""The key id of a caller that showed a drive token (core.grants) instead of a key."""
+
+
+def drive_token(tenant_id: str) -> Principal:
+    """The principal of a drive token: the drive's tenant, for that drive's file routes only
+    (controlplane.app makes it only there, after checking the token against the drive)."""
+    return Principal(DRIVE_TOKEN, "tenant", tenant_id)
+
+
 def is_e2b_access(p: Principal | None) -> bool:
     return p is not None and p.key_id == E2B_ACCESS
 
@@ -309,7 +319,7 @@ class Keys:
 
     @contextlib.contextmanager
     def tracking(self, p: Principal) -> typing.Iterator[None]:
-        if p.key_id in (ADMIN.key_id, E2B_ACCESS):  # ATOLL_API_KEY, an access token: not revocable
+        if p.key_id in (ADMIN.key_id, E2B_ACCESS, DRIVE_TOKEN):  # ATOLL_API_KEY, tokens: not revocable
             yield
             return
         task = asyncio.current_task()

@@ -17,12 +17,27 @@ from fastapi.responses import Response, StreamingResponse
 from atoll.controlplane import http, paging, schemas
 from atoll.controlplane import stores as stores_mod
 from atoll.controlplane.context import ctx
-from atoll.core import errors
+from atoll.core import errors, grants, worker_api
 
 router = APIRouter()
 
 PATH = Query(None, description="Absolute path from the store's root, e.g. /build/out.tar (no '..')")
 PATH_B64 = Query(None, description="The path's exact bytes in base64 (for names that are not UTF-8)")
+
+
+DEPTH = Query(
+    None, description="How many levels down to list: 1 (the default, the directory's own entries) to 16"
+)
+
+
+def _depth(depth: str | None) -> int:
+    if depth is None or depth == "":
+        return 1
+    if not depth.isdigit() or not 1 <= int(depth) <= worker_api.MAX_LIST_DEPTH:
+        raise errors.InvalidRequest(
+            f"depth must be a whole number from 1 to {worker_api.MAX_LIST_DEPTH}, not {depth[:20]!r}"
+        )
+    return int(depth)
 
 
 def _path(path: str | None, path_b64: str | None, *, root_ok: bool = False) -> str | bytes:
@@ -217,18 +232,92 @@ def _routes(kind: str) -> None:
     @router.get(
         plural + "/{name}/files/list",
         tags=tags,
-        responses={200: {"model": schemas.FileList}, **errs},
+        responses={200: {"model": schemas.StoreEntryList}, **errs},
         name=f"list_{kind}_files",
     )
     async def list_files(
-        request: Request, name: str, path: str | None = PATH, path_b64: str | None = PATH_B64
+        request: Request,
+        name: str,
+        path: str | None = PATH,
+        path_b64: str | None = PATH_B64,
+        depth: str | None = DEPTH,
     ):
         svc = ctx(request).manager.stores
+        target = _path(path, path_b64, root_ok=True)
+        levels = _depth(depth)
         rec = svc.record(kind, name)
-        entries = await svc.worker(rec).list_store_files(
-            kind, stores_mod.wname(rec), _path(path, path_b64, root_ok=True)
-        )
+        entries = await svc.worker(rec).list_store_files(kind, stores_mod.wname(rec), target, levels)
         return http.json_response({"items": [dataclasses.asdict(e) for e in entries]})
+
+    @router.post(
+        plural + "/{name}/token",
+        tags=tags,
+        responses={200: {"model": schemas.DriveToken}, **errs},
+        name=f"{kind}_token",
+    )
+    async def token(request: Request, name: str):
+        """A token that opens this drive's file routes only (E2B's volume token), sent as
+        `Authorization: E2B-Volume <token>`: good while the drive exists, not revoked with a key."""
+        rec = ctx(request).manager.stores.record(kind, name)
+        tok = grants.drive_token(
+            request.app.state.e2b_key, rec.tenant_id, rec.name, stores_mod.created_unix(rec)
+        )
+        return http.json_response({"name": rec.name, "token": tok, "scheme": grants.E2B_VOLUME_SCHEME})
+
+    @router.get(
+        plural + "/{name}/files/stat",
+        tags=tags,
+        responses={200: {"model": schemas.StoreEntry}, **errs},
+        name=f"stat_{kind}_file",
+    )
+    async def stat_file(
+        request: Request, name: str, path: str | None = PATH, path_b64: str | None = PATH_B64
+    ):
+        """One path's type, size, mode, owner and times (a symlink as itself, with its target)."""
+        svc = ctx(request).manager.stores
+        target = _path(path, path_b64, root_ok=True)
+        rec = svc.record(kind, name)
+        st = await svc.worker(rec).stat_store_file(kind, stores_mod.wname(rec), target)
+        return http.json_response(dataclasses.asdict(st))
+
+    @router.post(
+        plural + "/{name}/files/mkdir",
+        status_code=201,
+        tags=tags,
+        openapi_extra=http.body_schema(schemas.StoreMakeDir, required=False),
+        responses={201: {"model": schemas.StoreEntry}, **errs},
+        name=f"make_{kind}_dir",
+    )
+    async def make_dir(request: Request, name: str, path: str | None = PATH, path_b64: str | None = PATH_B64):
+        """Make a directory (an existing one is kept), with the given mode and owner."""
+        target = _path(path, path_b64)
+        body = await http.read_json(request, schemas.StoreMakeDir, optional=True)
+        svc = ctx(request).manager.stores
+        rec = svc.record(kind, name)
+        st = await svc.worker(rec).make_store_dir(
+            kind, stores_mod.wname(rec), target, body.parents, body.mode, body.uid, body.gid
+        )
+        return http.json_response(dataclasses.asdict(st), 201)
+
+    @router.patch(
+        plural + "/{name}/files",
+        tags=tags,
+        openapi_extra=http.body_schema(schemas.StoreFileAttrs),
+        responses={200: {"model": schemas.StoreEntry}, **errs},
+        name=f"set_{kind}_file_attrs",
+    )
+    async def set_attrs(
+        request: Request, name: str, path: str | None = PATH, path_b64: str | None = PATH_B64
+    ):
+        """Set a path's mode and owner (chmod/chown of the entry itself, never a link's target)."""
+        target = _path(path, path_b64)
+        body = await http.read_json(request, schemas.StoreFileAttrs)
+        svc = ctx(request).manager.stores
+        rec = svc.record(kind, name)
+        st = await svc.worker(rec).set_store_file_attrs(
+            kind, stores_mod.wname(rec), target, body.mode, body.uid, body.gid
+        )
+        return http.json_response(dataclasses.asdict(st))
 
     @router.delete(
         plural + "/{name}/files",

@@ -765,6 +765,53 @@ class FileList(BaseModel):
     items: list[FileEntry]
 
 
+class StoreEntry(BaseModel):
+    """One path of a volume's or drive's tree (lstat: a symlink as itself, with its `target`)."""
+
+    name: str
+    path: str
+    name_b64: str
+    path_b64: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int = Field(description="permission bits (0o7777 at most)")
+    uid: int
+    gid: int
+    atime: float = Field(description="last access, unix seconds")
+    mtime: float = Field(description="last change of the content, unix seconds")
+    ctime: float = Field(description="last change of the entry (content, mode, owner), unix seconds")
+    target: str | None = Field(None, description="a symlink's target (as stored), else null")
+
+
+class DriveToken(BaseModel):
+    name: str
+    token: str = Field(description="opens this drive's file routes only; keep it secret")
+    scheme: Literal["E2B-Volume"] = Field(description="send it as `Authorization: E2B-Volume <token>`")
+
+
+class StoreEntryList(BaseModel):
+    items: list[StoreEntry] = Field(
+        description="a directory's entries sorted by name, each directory's own right after it (depth > 1)"
+    )
+
+
+class StoreFileAttrs(BaseModel):
+    """What `PATCH …/files` sets; a field left out is left as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: int | None = Field(None, ge=0, le=0o7777, description="permission bits, e.g. 493 (0o755)")
+    uid: int | None = Field(None, ge=0, le=0xFFFFFFFE, description="owner's user id")
+    gid: int | None = Field(None, ge=0, le=0xFFFFFFFE, description="owner's group id")
+
+
+class StoreMakeDir(StoreFileAttrs):
+    """`POST …/files/mkdir`: the new directory's mode and owner, and whether parents are made."""
+
+    parents: bool = Field(
+        False, description="make missing parent directories too (else 404 when one is missing)"
+    )
+
+
 # ---- files, issue 9 (routes_fileops) ------------------------------------------------------------
 class FileStat(BaseModel):
     """One path's lstat: a symlink is reported as itself, with its `target`."""

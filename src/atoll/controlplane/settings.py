@@ -103,6 +103,9 @@ class ServerSettings:
     e2b_pause_tier: str = "memory"
     """ATOLL_E2B_PAUSE_TIER: standby tier of E2B's `pause()` (memory, disk or archive; default
     memory, which the tier policy moves on to disk as usual)."""
+    e2b_volume_mb: int = 1024
+    """ATOLL_E2B_VOLUME_MB: size of the drive E2B's `Volume.create` makes (checked here at start-up;
+    the E2B edge child reads it from the environment it inherits)."""
 
     tls_cert_file: str | None = None
     """ATOLL_TLS_CERT_FILE / ATOLL_TLS_KEY_FILE: serve the API over HTTPS with this certificate
@@ -210,6 +213,7 @@ def load(
         e2b_host=env.get("ATOLL_E2B_HOST") or host_v,
         e2b_internet=config.choice(env, "ATOLL_E2B_INTERNET", "allow", ("allow", "deny")) == "allow",
         e2b_pause_tier=config.choice(env, "ATOLL_E2B_PAUSE_TIER", "memory", ("memory", "disk", "archive")),
+        e2b_volume_mb=config.integer(env, "ATOLL_E2B_VOLUME_MB", 1024, lo=1, hi=16 * 1024 * 1024, what="MiB"),
         tls_cert_file=os.path.abspath(tls_cert) if tls_cert else None,
         tls_key_file=os.path.abspath(tls_key) if tls_key else None,
         tls_names=_tls_names(env.get("ATOLL_TLS_NAMES", "")),

@@ -16,6 +16,7 @@ delete of sandboxes that mount stores).
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import time
 import typing
@@ -48,6 +49,12 @@ def _not_found(kind: str, name: str) -> errors.AtollError:
         f"no {kind} named {name!r} (GET /v1/{kind}s lists them; POST /v1/{kind}s makes one)",
         code=f"{kind}_not_found",
     )
+
+
+def created_unix(rec: dbm.StoreRecord) -> int:
+    """When the store was made, unix seconds (UTC; a naive time from SQLite is UTC too): what makes
+    a drive token one drive's (core.grants.drive_token)."""
+    return calendar.timegm(rec.created_at.utctimetuple())
 
 
 class StoreService:
@@ -232,13 +239,30 @@ class StoreService:
                 + " first (its data stays until this delete)",
                 code=f"{kind}_in_use",
             )
-        await self.worker(rec).delete_store(kind, wname(rec))
+        await self._delete_on_worker(rec, tenant)
         if rec.backend == "filer":  # other workers may have mounted it for their sandboxes
             for h in self.ledger.workers.ready():
                 if h.id != rec.worker_id and h.worker is not None:
                     with contextlib.suppress(errors.NotFound, errors.Unavailable):
                         await h.worker.delete_store(kind, name)
         self._drop(rec)
+
+    async def _delete_on_worker(self, rec: dbm.StoreRecord, tenant: str) -> None:
+        """Delete the store on its worker. The worker refuses while a runtime there mounts it; a
+        sandbox whose DELETE has answered may still be being taken down, so while no live sandbox
+        names the store here such a refusal is waited out (up to DETACH_WAIT_S), as a volume's
+        detach is (E2B's kill-then-`Volume.destroy`)."""
+        deadline = time.monotonic() + DETACH_WAIT_S
+        while True:
+            try:
+                await self.worker(rec).delete_store(rec.kind, wname(rec))
+                return
+            except errors.Conflict as e:
+                if e.code != f"{rec.kind}_in_use" or time.monotonic() > deadline:
+                    raise
+                if rec.kind == "drive" and self.users(rec.kind, rec.name, tenant):
+                    raise
+                await asyncio.sleep(0.1)
 
     # ---- a volume's holder ----------------------------------------------------------------------
     def sizes(self, want: typing.Sequence[mounts.Mount], tenant: str | None = None) -> dict[str, int]:

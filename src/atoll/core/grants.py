@@ -14,6 +14,11 @@ same reach: base64url(HMAC-SHA256(k_e2b, "e2b-envd/<sandbox_id>")), where k_e2b 
 installation's secrets key (`e2b_access_key`) in memory and never stored. The grant route takes it
 as `Authorization: E2B-Access <token>` in place of an API key (it opens that one sandbox only) and
 answers it to a caller with a key, so the E2B edge can hand it to the SDK.
+
+A drive token (E2B's volume token, `Authorization: E2B-Volume <token>`) opens one drive's file
+routes (`/v1/drives/{name}/files…`, `DRIVE_FILES_PATH`) and nothing else: `<tenant_id>.<mac>`,
+mac = base64url(HMAC-SHA256(k_e2b, "e2b-volume/<tenant>/<name>/<created unix s>")). The drive's
+creation time makes it one drive's: a drive deleted and made again under the same name has another.
 Pure; used by controlplane.routes_grant and controlplane.app (minting, the access token),
 worker.service.httpapi (checking) and e2b.control.
 """
@@ -36,6 +41,11 @@ SCHEME = "Grant"
 MAX_LEN = 200
 E2B_ACCESS_SCHEME = "E2B-Access"
 """The Authorization scheme of the grant route that carries an envd access token instead of a key."""
+
+E2B_VOLUME_SCHEME = "E2B-Volume"
+"""The Authorization scheme of a drive token (the drive's file routes only)."""
+DRIVE_FILES_PATH = re.compile(r"/v1/drives/(?P<name>[^/]+)/files(?:/list|/stat|/mkdir)?")
+"""The public paths a drive token opens: its drive's file routes."""
 
 DATA_PATH = re.compile(
     r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?|alive)$"
@@ -108,3 +118,22 @@ def check_e2b_access_token(key: bytes, sandbox_id: str, given: str | None) -> bo
     return given is not None and hmac.compare_digest(
         e2b_access_token(key, sandbox_id).encode(), given.strip().encode("utf-8", "replace")
     )
+
+
+def drive_token(key: bytes, tenant_id: str, name: str, created_unix: int) -> str:
+    """The token of drive `name` of `tenant_id` made at `created_unix` (see the module's text)."""
+    msg = f"e2b-volume/{tenant_id}/{name}/{int(created_unix)}".encode()
+    mac = base64.urlsafe_b64encode(hmac.new(key, msg, hashlib.sha256).digest()).rstrip(b"=").decode()
+    return f"{tenant_id}.{mac}"
+
+
+def drive_token_tenant(token: str) -> str | None:
+    """The tenant a drive token names (None: not a token's shape); check it with check_drive_token."""
+    tenant, dot, mac = token.strip().partition(".")
+    return tenant if dot and mac and len(token) <= MAX_LEN else None
+
+
+def check_drive_token(key: bytes, tenant_id: str, name: str, created_unix: int, given: str) -> bool:
+    """Whether `given` is the token of that drive (a constant-time compare)."""
+    want = drive_token(key, tenant_id, name, created_unix)
+    return hmac.compare_digest(want.encode(), given.strip().encode("utf-8", "replace"))

@@ -30,8 +30,9 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 9
-"""9: builds in the object store (BuildInfo.in_store; a create or a build may name a build the
+PROTOCOL_VERSION = 10
+"""10: store entries with owner and times (StoreEntry: list_store_files with `depth`,
+stat_store_file, make_store_dir, set_store_file_attrs); 9: builds in the object store (BuildInfo.in_store; a create or a build may name a build the
 worker lacks, which it fetches by id); 8: adopt (an archived sandbox moves to another worker through the store); 7: volumes and drives (issue 19: SandboxSpec.mounts, the store verbs); 6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
 tunnel's connections into a sandbox's port relayed by the worker's gateway process; 5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
 pools (claim) and fork; 3: secrets (SandboxSpec.secrets, set_secrets), the installation CA (SandboxSpec.trust_pem,
@@ -404,6 +405,32 @@ class FileStat:
     mode: int
     mtime: float
     target: str | None = None
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """One path of a drive's or volume's tree with its owner and times (lstat; a symlink is
+    reported as itself, with its `target`). What the store file verbs answer; times are unix s."""
+
+    name: str
+    path: str
+    name_b64: str
+    path_b64: str
+    type: str  # file | dir | symlink | other
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    atime: float
+    mtime: float
+    ctime: float
+    target: str | None = None
+
+
+MAX_LIST_DEPTH = 16
+"""The deepest a store listing goes (`depth`)."""
+MAX_LIST_ENTRIES = 100_000
+"""The most entries one store listing answers (a bigger tree: list its parts)."""
 
 
 @dataclass(frozen=True)
@@ -803,7 +830,34 @@ class WorkerAPI(Protocol):
         """A point-in-time copy (the filesystem frozen while the image is copied)."""
         ...
 
-    async def list_store_files(self, kind: str, name: str, path: FilePath) -> Sequence[FileEntry]: ...
+    async def list_store_files(
+        self, kind: str, name: str, path: FilePath, depth: int
+    ) -> Sequence[StoreEntry]:
+        """The entries under directory `path`, `depth` levels down (1: its own entries), parents
+        before what is in them; links are listed, never followed."""
+        ...
+
+    async def stat_store_file(self, kind: str, name: str, path: FilePath) -> StoreEntry: ...
+
+    async def make_store_dir(
+        self,
+        kind: str,
+        name: str,
+        path: FilePath,
+        parents: bool,
+        mode: int | None,
+        uid: int | None,
+        gid: int | None,
+    ) -> StoreEntry:
+        """Make directory `path` (its parents too when `parents`; an existing directory is kept),
+        then set the given mode and owner on it."""
+        ...
+
+    async def set_store_file_attrs(
+        self, kind: str, name: str, path: FilePath, mode: int | None, uid: int | None, gid: int | None
+    ) -> StoreEntry:
+        """Set the mode (permission bits) and owner of `path` (a link itself, never its target)."""
+        ...
 
     async def delete_store_file(self, kind: str, name: str, path: FilePath) -> None: ...
 

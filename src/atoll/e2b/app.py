@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atoll.core import ids
-from atoll.e2b import control, envd_routes
+from atoll.e2b import control, envd_routes, volumes
 from atoll.shared import http11
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,8 @@ class Settings:
     """E2B's `allow_internet_access` default (ATOLL_E2B_INTERNET=deny makes it False)."""
     pause_tier: str = "memory"
     """The standby tier of an E2B pause (ATOLL_E2B_PAUSE_TIER)."""
+    volume_mb: int = 1024
+    """The size of a volume `Volume.create` makes (ATOLL_E2B_VOLUME_MB; e2b.volumes)."""
 
 
 def _channel(api_url: str, verify: ssl.SSLContext | bool) -> http11.Channel:
@@ -434,6 +436,7 @@ def create_app(
         Route("/snapshots", c.list_snapshots, methods=["GET"]),
         Route("/templates/{snapshot_id:path}", c.delete_snapshot, methods=["DELETE"]),
         Route("/health", envd.health, methods=["GET"]),
+        *volumes.Volumes(c, settings.volume_mb).routes(),
     ]
 
     async def not_served(request: Request, exc: Exception) -> Response:

@@ -328,7 +328,8 @@ def listen(host: str, port: int, what: str = "--port or ATOLL_EDGE_PORT") -> soc
 
 def e2b_settings(server: str, ca_file: str | None, env: typing.Mapping[str, str] | None = None):
     """The E2B app's settings (e2b.app.Settings) for an edge whose API is `server`: k_e2b
-    ATOLL_E2B_TOKEN_KEY (hex, from the server that started this edge), ATOLL_E2B_INTERNET (allow|deny) and ATOLL_E2B_PAUSE_TIER."""
+    ATOLL_E2B_TOKEN_KEY (hex, from the server that started this edge), ATOLL_E2B_INTERNET (allow|deny), ATOLL_E2B_PAUSE_TIER and ATOLL_E2B_VOLUME_MB (the size of a
+    volume Volume.create makes, 1024)."""
     from atoll.e2b import app as e2b_app
 
     env = os.environ if env is None else env
@@ -351,7 +352,16 @@ def e2b_settings(server: str, ca_file: str | None, env: typing.Mapping[str, str]
         token_key=token_key,
         internet=(env.get("ATOLL_E2B_INTERNET") or "allow").lower() != "deny",
         pause_tier=env.get("ATOLL_E2B_PAUSE_TIER") or "memory",
+        volume_mb=_volume_mb(env.get("ATOLL_E2B_VOLUME_MB") or "1024"),
     )
+
+
+def _volume_mb(raw: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= 16 * 1024 * 1024:
+        raise SystemExit(
+            f"atoll edge: ATOLL_E2B_VOLUME_MB must be a whole number of MiB from 1 to 16777216, not {raw[:40]!r}"
+        )
+    return int(raw)
 
 
 def seam_for(edge: Edge) -> typing.Any:

@@ -365,12 +365,70 @@ class RemoteVerbs:
         )
         return wire.load(api.StoreInfo, data, "clone store answer")
 
-    async def list_store_files(self, kind: str, name: str, path: api.FilePath) -> Sequence[api.FileEntry]:
+    async def list_store_files(
+        self, kind: str, name: str, path: api.FilePath, depth: int
+    ) -> Sequence[api.StoreEntry]:
         url = f"/stores/{kind}/{name}/files/list"
         params: dict[str, str] = {}
         params.update(_file("path", path))
+        params["depth"] = str(int(depth))
         data = await self._call("GET", url, params=params, timeout=CALL_TIMEOUT_S, effect=None)
-        return wire.load(list[api.FileEntry], data, "list store files answer")
+        return wire.load(list[api.StoreEntry], data, "list store files answer")
+
+    async def stat_store_file(self, kind: str, name: str, path: api.FilePath) -> api.StoreEntry:
+        url = f"/stores/{kind}/{name}/files/stat"
+        params: dict[str, str] = {}
+        params.update(_file("path", path))
+        data = await self._call("GET", url, params=params, timeout=CALL_TIMEOUT_S, effect=None)
+        return wire.load(api.StoreEntry, data, "stat store file answer")
+
+    async def make_store_dir(
+        self,
+        kind: str,
+        name: str,
+        path: api.FilePath,
+        parents: bool,
+        mode: int | None,
+        uid: int | None,
+        gid: int | None,
+    ) -> api.StoreEntry:
+        url = f"/stores/{kind}/{name}/files/mkdir"
+        params: dict[str, str] = {}
+        params.update(_file("path", path))
+        data = await self._call(
+            "POST",
+            url,
+            params=params,
+            json={
+                "parents": wire.dump(parents, bool),
+                "mode": wire.dump(mode, int | None),
+                "uid": wire.dump(uid, int | None),
+                "gid": wire.dump(gid, int | None),
+            },
+            timeout=CALL_TIMEOUT_S,
+            effect="the volume or drive may have changed",
+        )
+        return wire.load(api.StoreEntry, data, "make store dir answer")
+
+    async def set_store_file_attrs(
+        self, kind: str, name: str, path: api.FilePath, mode: int | None, uid: int | None, gid: int | None
+    ) -> api.StoreEntry:
+        url = f"/stores/{kind}/{name}/files/attrs"
+        params: dict[str, str] = {}
+        params.update(_file("path", path))
+        data = await self._call(
+            "POST",
+            url,
+            params=params,
+            json={
+                "mode": wire.dump(mode, int | None),
+                "uid": wire.dump(uid, int | None),
+                "gid": wire.dump(gid, int | None),
+            },
+            timeout=CALL_TIMEOUT_S,
+            effect="the volume or drive may have changed",
+        )
+        return wire.load(api.StoreEntry, data, "set store file attrs answer")
 
     async def delete_store_file(self, kind: str, name: str, path: api.FilePath) -> None:
         url = f"/stores/{kind}/{name}/files"

@@ -769,12 +769,113 @@ class FakeWorker(fake_files.FakeFileOps):
         self.stores[(kind, new_name)] = {"size_mb": st["size_mb"], "files": dict(st["files"])}
         return self._store_info(kind, new_name)
 
-    async def list_store_files(self, kind: str, name: str, path: api.FilePath) -> Sequence[api.FileEntry]:
-        return _entries(self._store(kind, name)["files"], path)
+    # a fake store: "files" path -> bytes, "dirs" the directories made by mkdir (parents of files
+    # are directories too), "attrs" path -> (mode, uid, gid) set by mkdir / attrs
+    def _store_dirs(self, st: dict) -> set[bytes]:
+        made = st.setdefault("dirs", set())
+        dirs = {b"/"} | made
+        for p in list(st["files"]) + list(made):
+            while p := p.rsplit(b"/", 1)[0]:
+                dirs.add(p)
+        return dirs
+
+    def _store_entry(self, st: dict, k: bytes) -> api.StoreEntry:
+        import base64
+
+        files = st["files"]
+        if k not in files and k not in self._store_dirs(st):
+            raise errors.FileNotFound(f"fake: {k.decode(errors='replace')!r} does not exist")
+        is_dir = k not in files
+        mode, uid, gid = st.setdefault("attrs", {}).get(k, (0o755 if is_dir else 0o644, 0, 0))
+        n = k.rsplit(b"/", 1)[-1]
+        return api.StoreEntry(
+            n.decode(errors="replace"),
+            k.decode(errors="replace"),
+            base64.b64encode(n).decode(),
+            base64.b64encode(k).decode(),
+            "dir" if is_dir else "file",
+            0 if is_dir else len(files[k]),
+            mode,
+            uid,
+            gid,
+            0.0,
+            0.0,
+            0.0,
+        )
+
+    async def list_store_files(
+        self, kind: str, name: str, path: api.FilePath, depth: int
+    ) -> Sequence[api.StoreEntry]:
+        st = self._store(kind, name)
+        base = _key(path).rstrip(b"/") or b"/"
+        if base not in self._store_dirs(st):
+            raise errors.FileNotFound(f"fake: directory {path!r} does not exist")
+        prefix = b"" if base == b"/" else base
+        out = []
+
+        def walk(d: bytes, left: int) -> None:
+            kids = sorted(
+                {
+                    p[len(d) + 1 :].split(b"/", 1)[0]
+                    for p in list(st["files"]) + list(self._store_dirs(st))
+                    if p.startswith(d + b"/") and len(p) > len(d) + 1
+                }
+            )
+            for kid in kids:
+                e = self._store_entry(st, d + b"/" + kid)
+                out.append(e)
+                if left > 1 and e.type == "dir":
+                    walk(d + b"/" + kid, left - 1)
+
+        walk(prefix, depth)
+        return out
+
+    async def stat_store_file(self, kind: str, name: str, path: api.FilePath) -> api.StoreEntry:
+        return self._store_entry(self._store(kind, name), _key(path).rstrip(b"/") or b"/")
+
+    async def make_store_dir(
+        self,
+        kind: str,
+        name: str,
+        path: api.FilePath,
+        parents: bool,
+        mode: int | None,
+        uid: int | None,
+        gid: int | None,
+    ) -> api.StoreEntry:
+        st = self._store(kind, name)
+        k = _key(path).rstrip(b"/")
+        if k in st["files"]:
+            raise errors.Conflict(f"fake: {path!r} exists and is not a directory", code="invalid_state")
+        parent = k.rsplit(b"/", 1)[0] or b"/"
+        if not parents and parent not in self._store_dirs(st):
+            raise errors.FileNotFound(f"fake: making directory: {parent!r} does not exist")
+        st.setdefault("dirs", set()).add(k)
+        return await self.set_store_file_attrs(kind, name, path, mode, uid, gid)
+
+    async def set_store_file_attrs(
+        self, kind: str, name: str, path: api.FilePath, mode: int | None, uid: int | None, gid: int | None
+    ) -> api.StoreEntry:
+        st = self._store(kind, name)
+        k = _key(path).rstrip(b"/")
+        e = self._store_entry(st, k)
+        st.setdefault("attrs", {})[k] = (
+            e.mode if mode is None else mode,
+            e.uid if uid is None else uid,
+            e.gid if gid is None else gid,
+        )
+        return self._store_entry(st, k)
 
     async def delete_store_file(self, kind: str, name: str, path: api.FilePath) -> None:
-        if self._store(kind, name)["files"].pop(_key(path), None) is None:
+        st = self._store(kind, name)
+        k = _key(path).rstrip(b"/")
+        if st["files"].pop(k, None) is not None:
+            return
+        if k not in self._store_dirs(st):
             raise errors.FileNotFound(f"file {path!r} does not exist")
+        for p in [p for p in st["files"] if p.startswith(k + b"/")]:
+            del st["files"][p]
+        st["dirs"] = {d for d in st.get("dirs", set()) if d != k and not d.startswith(k + b"/")}
 
     @contextlib.asynccontextmanager
     async def read_store_file(

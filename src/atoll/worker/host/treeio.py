@@ -21,7 +21,7 @@ import stat
 import typing
 
 from atoll.core import errors
-from atoll.core.worker_api import FileEntry, FileStat
+from atoll.core.worker_api import MAX_LIST_DEPTH, MAX_LIST_ENTRIES, FileEntry, FileStat, StoreEntry
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _tmp_counter = itertools.count()
@@ -161,6 +161,149 @@ def stat_path(root: str, path: str | bytes) -> FileStat:
         st.st_mtime,
         target,
     )
+
+
+def _entry(raw_name: bytes, full: bytes, st: os.stat_result, target: str | None) -> StoreEntry:
+    return StoreEntry(
+        name=_show(raw_name),
+        path=_show(full),
+        name_b64=_b64(raw_name),
+        path_b64=_b64(full),
+        type=_kind(st.st_mode),
+        size=st.st_size,
+        mode=stat.S_IMODE(st.st_mode),
+        uid=st.st_uid,
+        gid=st.st_gid,
+        atime=st.st_atime,
+        mtime=st.st_mtime,
+        ctime=st.st_ctime,
+        target=target,
+    )
+
+
+def _lstat_entry(dfd: int, comps: list[bytes]) -> StoreEntry:
+    st = os.stat(comps[-1], dir_fd=dfd, follow_symlinks=False)
+    target = (
+        os.readlink(comps[-1], dir_fd=dfd).decode("utf-8", "replace") if stat.S_ISLNK(st.st_mode) else None
+    )
+    return _entry(comps[-1], b"/" + b"/".join(comps), st, target)
+
+
+def stat_entry(root: str, path: str | bytes) -> StoreEntry:
+    """`path`'s lstat with owner and times (the root itself for `/`)."""
+    comps = parts(path)
+    try:
+        if not comps:
+            return _entry(b"", b"/", os.stat(root), None)
+        with _walk(root, comps[:-1]) as fd:
+            return _lstat_entry(fd, comps)
+    except OSError as e:
+        raise _os_error(e, "stat", path) from None
+
+
+def list_tree(root: str, path: str | bytes, depth: int) -> list[StoreEntry]:
+    """The entries under directory `path`, `depth` levels down (1: its own entries), each
+    directory's entries sorted by name and listed right after it; never following a link."""
+    if not 1 <= depth <= MAX_LIST_DEPTH:
+        raise errors.InvalidRequest(f"depth must be from 1 to {MAX_LIST_DEPTH}, not {depth}")
+    comps = parts(path)
+    out: list[StoreEntry] = []
+
+    def walk(fd: int, prefix: bytes, left: int) -> None:
+        for name in sorted(os.fsencode(n) for n in os.listdir(fd)):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                target = (
+                    os.readlink(name, dir_fd=fd).decode("utf-8", "replace")
+                    if stat.S_ISLNK(st.st_mode)
+                    else None
+                )
+            except OSError:
+                continue  # gone meanwhile
+            if len(out) >= MAX_LIST_ENTRIES:
+                raise errors.InvalidRequest(
+                    f"listing {_show(prefix) or '/'!r}: over {MAX_LIST_ENTRIES} entries; list a smaller "
+                    "directory or a lower depth"
+                )
+            out.append(_entry(name, prefix + b"/" + name, st, target))
+            if left > 1 and stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(name, _O_DIR, dir_fd=fd)
+                except OSError:
+                    continue  # replaced by a link or gone meanwhile: not followed
+                try:
+                    walk(sub, prefix + b"/" + name, left - 1)
+                finally:
+                    os.close(sub)
+
+    try:
+        with _walk(root, comps) as fd:
+            walk(fd, b"/" + b"/".join(comps) if comps else b"", depth)
+    except OSError as e:
+        raise _os_error(e, "listing", path) from None
+    return out
+
+
+def _set_attrs(dfd: int, name: bytes, mode: int | None, uid: int | None, gid: int | None) -> None:
+    if uid is not None or gid is not None:
+        os.chown(
+            name, -1 if uid is None else uid, -1 if gid is None else gid, dir_fd=dfd, follow_symlinks=False
+        )
+    if mode is not None:
+        # chmod through an O_PATH descriptor of the entry itself: a link swapped in after a check
+        # would otherwise be followed (Linux has no lchmod)
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise errors.InvalidPath(f"{_show(name)!r} is a symbolic link: a link has no mode of its own")
+            os.chmod(f"/proc/self/fd/{fd}", mode)
+        finally:
+            os.close(fd)
+
+
+def _check_attrs(mode: int | None, uid: int | None, gid: int | None) -> None:
+    if mode is not None and not 0 <= mode <= 0o7777:
+        raise errors.InvalidRequest(f"mode must be permission bits from 0 to 0o7777 (4095), not {mode}")
+    for what, v in (("uid", uid), ("gid", gid)):
+        if v is not None and not 0 <= v <= 0xFFFFFFFE:
+            raise errors.InvalidRequest(f"{what} must be from 0 to 4294967294, not {v}")
+
+
+def set_attrs(root: str, path: str | bytes, mode: int | None, uid: int | None, gid: int | None) -> StoreEntry:
+    """Set the mode and owner of `path` (the entry itself; a link's owner, never its target's)."""
+    _check_attrs(mode, uid, gid)
+    comps = parts(path)
+    if not comps:
+        raise errors.InvalidPath("'/' is the tree's root; its mode and owner are the store's own")
+    try:
+        with _walk(root, comps[:-1]) as dfd:
+            _set_attrs(dfd, comps[-1], mode, uid, gid)
+            return _lstat_entry(dfd, comps)
+    except OSError as e:
+        raise _os_error(e, "setting mode/owner of", path) from None
+
+
+def make_dir(
+    root: str, path: str | bytes, parents: bool, mode: int | None, uid: int | None, gid: int | None
+) -> StoreEntry:
+    """Make directory `path` (with its parents when `parents`; an existing directory is kept, a
+    file in its place is a conflict), then set `mode` and the owner on it."""
+    _check_attrs(mode, uid, gid)
+    comps = parts(path)
+    if not comps:
+        raise errors.InvalidPath("'/' is the tree's root and exists; give a directory path such as /data")
+    try:
+        with _walk(root, comps[:-1], create=parents) as dfd:
+            try:
+                os.mkdir(comps[-1], 0o755 if mode is None else mode, dir_fd=dfd)
+            except FileExistsError:
+                st = os.stat(comps[-1], dir_fd=dfd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise
+            _set_attrs(dfd, comps[-1], mode, uid, gid)  # mkdir's mode passes through the umask
+            return _lstat_entry(dfd, comps)
+    except OSError as e:
+        raise _os_error(e, "making directory", path) from None
 
 
 def open_read(root: str, path: str | bytes) -> tuple[int, int]:

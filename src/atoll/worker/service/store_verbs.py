@@ -55,8 +55,31 @@ class StoreVerbs:
     async def clone_store(self, kind: str, name: str, new_name: str) -> api.StoreInfo:
         return await self.stores.clone(kind, name, new_name)
 
-    async def list_store_files(self, kind: str, name: str, path: api.FilePath) -> Sequence[api.FileEntry]:
-        return await asyncio.to_thread(treeio.list_dir, self.stores.fs(kind, name), path)
+    async def list_store_files(
+        self, kind: str, name: str, path: api.FilePath, depth: int
+    ) -> Sequence[api.StoreEntry]:
+        return await asyncio.to_thread(treeio.list_tree, self.stores.fs(kind, name), path, depth)
+
+    async def stat_store_file(self, kind: str, name: str, path: api.FilePath) -> api.StoreEntry:
+        return await asyncio.to_thread(treeio.stat_entry, self.stores.fs(kind, name), path)
+
+    async def make_store_dir(
+        self,
+        kind: str,
+        name: str,
+        path: api.FilePath,
+        parents: bool,
+        mode: int | None,
+        uid: int | None,
+        gid: int | None,
+    ) -> api.StoreEntry:
+        root = self.stores.fs(kind, name)
+        return await asyncio.to_thread(treeio.make_dir, root, path, parents, mode, uid, gid)
+
+    async def set_store_file_attrs(
+        self, kind: str, name: str, path: api.FilePath, mode: int | None, uid: int | None, gid: int | None
+    ) -> api.StoreEntry:
+        return await asyncio.to_thread(treeio.set_attrs, self.stores.fs(kind, name), path, mode, uid, gid)
 
     async def delete_store_file(self, kind: str, name: str, path: api.FilePath) -> None:
         await asyncio.to_thread(treeio.remove, self.stores.fs(kind, name), path)
