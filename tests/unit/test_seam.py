@@ -11,7 +11,7 @@ import pathlib
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atoll import errors as sdk_errors
@@ -40,7 +40,10 @@ st.register_type_strategy(str, _text)
 st.register_type_strategy(float, st.floats(allow_nan=False, allow_infinity=False))
 
 
+# no time limits: on a loaded machine (the suite runs three processes on two cores) a big drawn
+# SandboxSpec took past hypothesis' 200 ms deadline and failed a run that was right
 @pytest.mark.parametrize("tp", TYPES, ids=lambda t: t.__name__)
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_seam_type_survives_the_wire(tp, data):
     obj = data.draw(st.builds(tp))
@@ -48,6 +51,7 @@ def test_every_seam_type_survives_the_wire(tp, data):
     assert wire.load(tp, json.loads(blob)) == obj
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ev=st.one_of(
         *(st.builds(t) for t in (api.SandboxDied, api.RuntimeChanged, api.TemplateChanged, api.UsageReport))
