@@ -378,3 +378,74 @@ async def test_a_sandbox_that_reaches_the_worker_during_its_evacuation_moves_too
     for sid in (first, late):
         v = (await c.get(f"/v1/sandboxes/{sid}")).json()
         assert (v["worker"], v["state"]) == ("w2", "running"), v
+
+
+async def test_an_evacuation_resumed_when_its_worker_registers_again_with_a_worker_key_moves_on(
+    tmp_path, monkeypatch
+):
+    """Workers that register over HTTP with a `worker` key (as `atoll worker` does): the draining
+    worker is lost mid-drain and registers again, and its evacuation goes on. It ran in the
+    registration's context, as the worker key, which sees no tenant's sandbox: every pending one
+    was `left` with "moving it failed: SandboxNotFound(…)" and stayed archived on the drained
+    worker (the same after a server restart mid-drain: its workers register again)."""
+    import httpx
+
+    from atoll.testing import free_port
+    from tests.component.test_worker_protocol import _serve, _worker
+
+    monkeypatch.setattr(evacuation, "CONCURRENCY", 1)
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    async with FakeAtoll(tmp_path, [], api_key=KEY, tier_policy=False) as f:
+        f.manager.workers.lost_after_s = 1.0
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        async with _serve(f.app, port):
+            c = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+            wkey = (await c.post("/v1/keys", json={"scope": "worker"})).json()["key"]
+
+            async def states() -> dict[str, str]:
+                return {w["name"]: w["state"] for w in (await c.get("/v1/workers")).json()["items"]}
+
+            async def until(want: dict[str, str]) -> None:
+                for _ in range(400):
+                    if await states() == want:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"workers {await states()}, not {want}")
+
+            real, release, seen = w2.adopt, asyncio.Event(), []
+
+            async def held(*args, **kw):  # the moves wait until w1 is lost
+                seen.append(args or kw)
+                await release.wait()
+                return await real(*args, **kw)
+
+            async with _worker(url, w2, key=wkey):
+                async with _worker(url, w1, key=wkey):
+                    await until({"w1": "ready", "w2": "ready"})
+                    sids = await _on(c, "w1", 3)
+                    wid = (await _ids(c))["w1"]
+                    w2.adopt = held
+                    assert (await c.post(f"/v1/workers/{wid}/drain", json={})).status_code == 202
+                    for _ in range(500):
+                        if seen:
+                            break
+                        await asyncio.sleep(0.02)
+                    assert seen, "no move started"
+                await until({"w1": "lost", "w2": "ready"})
+                release.set()
+                for _ in range(200):  # the move under way ends; the others wait for w1
+                    w = (await c.get(f"/v1/workers/{wid}")).json()
+                    if f.manager.evacuations.runs[wid].task.done():
+                        break
+                    await asyncio.sleep(0.05)
+                assert w["evacuation"]["state"] == "running" and w["evacuation"]["pending"] == 2, w
+                w2.adopt = real
+                async with _worker(url, w1, key=wkey):  # back, with its worker key
+                    w = await _evacuated(c, wid)
+                    ev = w["evacuation"]
+                    assert (ev["state"], ev["moved"], ev["left"]) == ("done", 3, []), w
+                    for sid in sids:
+                        assert (await c.get(f"/v1/sandboxes/{sid}")).json()["worker"] == "w2"
+            await c.aclose()

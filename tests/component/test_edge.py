@@ -15,6 +15,7 @@ import pytest
 
 from atoll.core import worker_api as api
 from atoll.edge import service
+from atoll.shared import http11
 from atoll.testing import free_port
 from tests.component.test_worker_protocol import KEY, cluster  # noqa: F401 - the fixture
 
@@ -145,6 +146,35 @@ async def test_the_servers_refusals_and_the_edges_own_errors(via):
         r = await e.request(method, path)
         assert r.status_code == 404 and str(c.base_url).rstrip("/") in r.json()["error"]["message"], r.text
     assert (await e.get("/healthz")).json()["status"] == "ok"
+
+
+async def test_a_worker_that_breaks_after_the_call_was_sent_is_no_invitation_to_run_it_again(
+    via, monkeypatch
+):
+    """A worker lost once an exec was sent (its outcome unknown) must not be answered as retryable, as
+    the server's seam does not: the SDK or a client retrying on `retryable` would run it twice.
+    A read that broke, or a connection that never opened, is retryable."""
+    c, e, edge, fake, sid = via
+    assert (await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
+    channel = edge.workers.channel(next(iter(edge.grants._cache.values())))
+    broke: list[Exception] = []
+
+    def stream(*a, **kw):
+        raise broke[0]
+
+    monkeypatch.setattr(channel, "stream", stream)
+    broke.append(http11.ChannelError("connection reset while waiting for the answer"))
+    r = await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "rm -rf /data"})
+    err = r.json()["error"]
+    assert (r.status_code, err["code"], err["retryable"]) == (503, "worker_unavailable", False), r.text
+    assert "outcome is unknown" in err["message"], r.text
+    r = await e.get(f"/v1/sandboxes/{sid}/files", params={"path": "/d/f"})
+    err = r.json()["error"]
+    assert (r.status_code, err["retryable"]) == (503, True) and "only reads" in err["message"], r.text
+    broke[0] = http11.ConnectFailed("connection refused")
+    r = await e.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    err = r.json()["error"]
+    assert (r.status_code, err["retryable"]) == (503, True) and "did not reach it" in err["message"], r.text
 
 
 async def test_an_edge_whose_server_is_down_says_so():

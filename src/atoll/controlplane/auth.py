@@ -126,6 +126,17 @@ def reset_current(token: contextvars.Token) -> None:
     _current.reset(token)
 
 
+def detached() -> contextvars.Context:
+    """A copy of the current context without the caller: for work a request starts in the
+    background that acts for the installation, not as the request's key (a worker's adoption,
+    started by its registration or heartbeat under a `worker` key, which sees no tenant's
+    sandbox). Run it with `loop.create_task(coro, context=auth.detached())`."""
+    ctx = contextvars.copy_context()
+    ctx.run(_current.set, None)
+    ctx.run(_target.set, None)
+    return ctx
+
+
 _target: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
     "atoll_target_tenant", default=None
 )

@@ -29,6 +29,7 @@ import time
 import typing
 from dataclasses import dataclass, field
 
+from atoll.controlplane import auth
 from atoll.controlplane import db as dbm
 from atoll.controlplane.remote_worker import RemoteWorker
 from atoll.core import errors, ids, secretbox, wire
@@ -355,7 +356,7 @@ class WorkerRegistry:
         h.epoch = secrets.token_hex(8)
         h.last_seen = time.monotonic()
         self._save(h)
-        h.tasks.append(asyncio.ensure_future(self._adopt(h)))
+        self._adopt_later(h)
         log.info("worker.registered", extra={"worker": h.name, "worker_id": h.id, "url": url})
         return {
             "worker_id": h.id,
@@ -386,7 +387,7 @@ class WorkerRegistry:
         if h.state == "lost":  # came back before it noticed: take it over again
             h.state, h.reason = "joining", "heartbeats resumed"
             self._save(h)
-            h.tasks.append(asyncio.ensure_future(self._adopt(h)))
+            self._adopt_later(h)
         return {"state": h.state}
 
     def stopping(self, worker_id: str, epoch: str | None) -> None:
@@ -508,6 +509,14 @@ class WorkerRegistry:
             if t is not current:
                 t.cancel()
         h.tasks = [t for t in h.tasks if t is current]
+
+    def _adopt_later(self, h: WorkerHandle) -> None:
+        """`_adopt` in the background, detached from the request that asked for it (a registration
+        or a heartbeat, under the worker's key): the adoption and what it starts — the
+        reconciliation, a drain's evacuation resumed — act for the installation and must see every
+        tenant's sandboxes (under the worker key each was "not found")."""
+        loop = asyncio.get_running_loop()
+        h.tasks.append(loop.create_task(self._adopt(h), context=auth.detached()))
 
     async def _adopt(self, h: WorkerHandle) -> None:
         """Give the worker its CA, read its inventory, reconcile the records with it, then serve it."""

@@ -93,6 +93,34 @@ def line(raw: bytes, render: typing.Callable[[dict], dict]) -> bytes:
     return dumps(obj if "error" in obj else render(obj)) + b"\n"
 
 
+def _broke(e: http11.ChannelError, g: upstream.Grant, method: str, sub: str) -> errors.Unavailable:
+    """503 for a call to `g`'s worker that broke, saying what is known of its outcome (as the
+    server's seam does, controlplane.remote_worker): not connected, or a read (a GET, a wait), changed
+    nothing and may be retried; a PUT or DELETE cut off once sent may be repeated (same end state);
+    a POST cut off once sent (an exec, a signal, stdin) may have been carried out, so it is not
+    retryable — repeating it may do it twice."""
+    where = f"worker {g.worker_name!r} at {g.url}"
+    if isinstance(e, http11.ConnectFailed):
+        return errors.Unavailable(
+            f"{where} cannot be reached from the edge ({type(e).__name__}); the call did not reach it, "
+            "so nothing about the sandbox changed — retry in a few seconds",
+            detail=repr(e),
+        )
+    if method in ("GET", "HEAD") or sub.endswith("/wait"):
+        return errors.Unavailable(
+            f"{where} stopped answering the edge ({type(e).__name__}) during a call that only reads; "
+            "nothing about the sandbox changed — retry in a few seconds",
+            detail=repr(e),
+        )
+    return errors.Unavailable(
+        f"{where} stopped answering the edge ({type(e).__name__}) after the call was sent: its outcome "
+        "is unknown — it may have been carried out, in whole or in part. Check the sandbox before "
+        "repeating the call",
+        detail=repr(e),
+        retryable=method in ("PUT", "DELETE"),
+    )
+
+
 class Base:
     """The grant cache, the worker channels and the one way to a worker, under the edge's routes."""
 
@@ -169,11 +197,7 @@ class Base:
                 self.grants.drop(auth, sid)
                 if attempt == 0 and not served and isinstance(e, http11.ConnectFailed):
                     continue
-                raise errors.Unavailable(
-                    f"worker {g.worker_name!r} cannot be reached at {g.url} from the edge ({type(e).__name__}); "
-                    "retry in a few seconds",
-                    detail=repr(e),
-                ) from None
+                raise _broke(e, g, method, sub) from None
             finally:
                 watch.close()
             if retry:
