@@ -37,12 +37,20 @@ MAX_LEN = 200
 E2B_ACCESS_SCHEME = "E2B-Access"
 """The Authorization scheme of the grant route that carries an envd access token instead of a key."""
 
+GRANT_PORTS = (49990,)
+"""The sandbox ports a grant opens through the worker's port tunnel: the code interpreter service
+(atoll.guest.interpreter.PORT) that the E2B edge relays `/execute` and `/contexts` to. Any other
+port is reached through the ingress router with its own preview rules."""
+
 DATA_PATH = re.compile(
-    r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?|alive)$"
+    r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?|alive"
+    + "".join(f"|ports/{p}" for p in GRANT_PORTS)
+    + ")$"
 )
 """The worker-protocol paths (after its prefix) a grant opens: one sandbox's exec, processes,
-files and terminals, and `alive` (the edge's liveness probe of the worker, which touches nothing)
-— not its lifecycle, network, secrets, metrics, nor anything of the worker."""
+files and terminals, `ports/<p>` for the ports of GRANT_PORTS (the worker's port tunnel), and
+`alive` (the edge's liveness probe of the worker, which touches nothing) — not its lifecycle,
+network, secrets, metrics, other ports, nor anything of the worker."""
 
 
 def _mac(token: str | bytes, sandbox_id: str, expires: int, scope: str) -> str:
