@@ -216,6 +216,27 @@ def interpreter() -> dict:
         out["pause"] = sbx.pause()
         CodeSandbox.connect(sbx.sandbox_id)
         out["x_after_resume"] = sbx.run_code("x + 1").text
+        native = os.environ.get("ATOLL_NATIVE_URL")
+        if native:  # atoll's own disk tier (a checkpoint), through its REST API
+            import urllib.request
+
+            req = urllib.request.Request(
+                f"{native}/v1/sandboxes/{sbx.sandbox_id}/pause",
+                data=json.dumps({"tier": "disk"}).encode(),
+                headers={
+                    "Authorization": f"Bearer {os.environ['ATOLL_NATIVE_KEY']}",
+                    "Content-Type": "application/json",
+                },
+                method="POST",
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=300) as r:
+                    got = json.loads(r.read())
+                    out["disk_pause"] = [got.get("standby_tier"), got.get("standby_reason")]
+            except urllib.error.HTTPError as e:
+                out["disk_pause"] = f"{e.code} {e.read()[:500]!r}"
+            CodeSandbox.connect(sbx.sandbox_id)
+            out["x_after_disk"] = sbx.run_code("x + 1").text
     finally:
         CodeSandbox.kill(sbx.sandbox_id)
     return out

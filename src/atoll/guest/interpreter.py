@@ -8,10 +8,15 @@ it through the worker's port tunnel. Standard library plus jupyter_client, impor
 lazily, so the host can import this module for its pure parts (`result_of`, `lines_of`, tested in
 tests/unit/test_interpreter.py).
 
-Why this shape: a checkpoint of this runsc fails on a TCP endpoint registered with epoll, so the
-HTTP server is `http.server.ThreadingHTTPServer` (a poll() loop and one thread per request, no
-asyncio) and the kernels speak to it over ZeroMQ's `ipc` transport (Unix sockets under /tmp), never
-TCP: a sandbox with a kernel then keeps its interpreter state in every standby tier.
+Why this shape: a checkpoint of this runsc fails on a TCP endpoint registered with epoll, and the
+worker's checkpoint gate (guest.agent.gate) keeps any process holding both an epoll and a TCP socket
+in the memory tier. So the service is two processes: the HTTP front (`main`: a stdlib
+`ThreadingHTTPServer`, a poll() loop and a thread per connection, no ZeroMQ, so TCP and no epoll)
+relays each call as JSON lines over a Unix socket to the broker (`broker`, started by the front,
+ending with it: the kernels, jupyter_client and ZeroMQ, epoll over Unix sockets and no TCP). The
+kernels speak ZeroMQ's `ipc` transport (Unix sockets under /tmp), never TCP, and run without
+ipykernel's debugger and fork pipe (both TCP sockets: KERNEL_MAIN). A sandbox with kernels then keeps its interpreter
+state in every standby tier.
 
 Routes (JSON in; HTTP/1.1 answers with a length, `/execute`'s chunked):
 - `POST /execute` `{code, context_id?, language?, env_vars?}` → 200 NDJSON, one object per line:
@@ -25,11 +30,15 @@ Errors are `{"error": message}` with 400 (bad input) or 404 (no such context).
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
 import re
 import secrets
+import socket
+import socketserver
+import subprocess
 import sys
 import threading
 import time
@@ -45,6 +54,20 @@ DEFAULT_CWD = "/home/user"
 MAX_BODY = 16 * 1024 * 1024
 KERNEL_START_TIMEOUT_S = 120.0
 LANGUAGES = ("python", "python3")
+KERNEL_MAIN = """
+import sys
+sys.modules["debugpy"] = None  # ipykernel's debugger opens a TCP socket: off
+from ipykernel import iostream
+_init = iostream.IOPubThread.__init__
+def _no_pipe(self, socket, pipe=False, **kw):
+    _init(self, socket, pipe=False, **kw)  # the fork pipe is a TCP listener on loopback: off
+iostream.IOPubThread.__init__ = _no_pipe
+from ipykernel import kernelapp
+kernelapp.launch_new_instance()
+"""
+"""The kernel's program: ipykernel without its debugger and without the pipe that carries the
+output of forked child processes (both are TCP sockets in epoll; output printed by a child made with
+os.fork/multiprocessing is therefore not captured)."""
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 MIME_FIELDS = {
@@ -135,12 +158,20 @@ class NotFound(Exception):
     status = 404
 
 
+def _kernel_manager_class() -> type:
+    from jupyter_client.manager import KernelManager
+
+    class NoDebuggerKernelManager(KernelManager):
+        def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+            return [sys.executable, "-c", KERNEL_MAIN, "-f", self.connection_file]
+
+    return NoDebuggerKernelManager
+
+
 class Context:
     """One Jupyter kernel (a context) and its client; one execution at a time."""
 
     def __init__(self, language: str, cwd: str):
-        from jupyter_client.manager import KernelManager
-
         self.id = secrets.token_hex(8)
         self.language = "python"
         self.cwd = cwd
@@ -148,8 +179,10 @@ class Context:
         run = os.path.join("/tmp", f"atoll-kernel-{self.id}")
         os.makedirs(run, mode=0o700, exist_ok=True)
         # ipc, never tcp: a TCP endpoint in epoll stops this runsc's checkpoint (module docstring)
-        self.km = KernelManager(
-            transport="ipc", ip=os.path.join(run, "k"), connection_file=os.path.join(run, "kernel.json")
+        self.km = _kernel_manager_class()(
+            transport="ipc",
+            ip=os.path.join(run, "k"),
+            connection_file=os.path.join(run, "kernel.json"),
         )
         self.km.start_kernel(cwd=_existing_dir(cwd))
         self.client = self.km.blocking_client()
@@ -267,9 +300,108 @@ def _str_dict(v: object, what: str) -> dict[str, str]:
     return v
 
 
-# ---- HTTP -----------------------------------------------------------------------------------------
+# ---- the broker: kernels behind a Unix socket ---------------------------------------------------
+def route(
+    kernels: Kernels, method: str, path: str, body: dict, emit: typing.Callable[[dict], None]
+) -> tuple[int, typing.Any] | None:
+    """One call: (status, JSON answer), or None after `/execute` streamed its lines through `emit`
+    (the first being `{"status": 200, "stream": true}`). Raises BadRequest / NotFound."""
+    path = path.split("?", 1)[0].rstrip("/")
+    if method == "GET" and path == "/health":
+        return 200, {"ok": True}
+    if method == "POST" and path == "/execute":
+        code = body.get("code")
+        if not isinstance(code, str):
+            raise BadRequest("code must be a string")
+        cid, language = body.get("context_id"), body.get("language")
+        if cid is not None and not isinstance(cid, str):
+            raise BadRequest("context_id must be a string")
+        _language(language)
+        env_vars = _str_dict(body.get("env_vars"), "env_vars")
+        ctx = kernels.get(cid) if cid else kernels.get_default()
+        emit({"status": 200, "stream": True})
+        ctx.execute(code, env_vars, emit)
+        emit({"type": "end_of_execution"})
+        return None
+    if path == "/contexts" and method == "GET":
+        return 200, [c.view() for c in list(kernels.contexts.values())]
+    if path == "/contexts" and method == "POST":
+        cwd = body.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise BadRequest("cwd must be a string")
+        return 200, kernels.create(body.get("language"), cwd).view()
+    if (m := re.fullmatch(r"/contexts/([^/]+)/restart", path)) and method == "POST":
+        kernels.get(m.group(1)).restart()
+        return 200, {}
+    if (m := re.fullmatch(r"/contexts/([^/]+)", path)) and method == "DELETE":
+        kernels.remove(m.group(1))
+        return 200, {}
+    return 404, {"error": f"{method} {path} is not a route of the code interpreter"}
+
+
+class BrokerHandler(socketserver.StreamRequestHandler):
+    """One call from the HTTP front: a JSON line in; JSON lines out, then the connection ends."""
+
+    def handle(self) -> None:
+        started = False
+
+        def emit(line: dict) -> None:
+            nonlocal started
+            started = True
+            self.wfile.write(json.dumps(line).encode() + b"\n")
+            self.wfile.flush()
+
+        try:
+            req = json.loads(self.rfile.readline())
+            out = route(self.server.kernels, req["method"], req["path"], req.get("body") or {}, emit)  # type: ignore[attr-defined]
+            if out is not None:
+                emit({"status": out[0], "json": out[1]})
+        except (BadRequest, NotFound) as e:
+            emit({"status": e.status, "json": {"error": str(e)}})
+        except (BrokenPipeError, ConnectionError):
+            pass
+        except Exception as e:  # noqa: BLE001 - the caller gets the reason, never a traceback
+            if not started:
+                with contextlib.suppress(OSError):
+                    emit(
+                        {
+                            "status": 500,
+                            "json": {"error": f"the code interpreter failed: {type(e).__name__}: {e}"[:2000]},
+                        }
+                    )
+
+
+def broker(sock_path: str) -> None:
+    """The process holding the kernels: ZeroMQ (epoll inside) and Unix sockets only, no TCP."""
+    kernels = Kernels()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(sock_path)
+    server = socketserver.ThreadingUnixStreamServer(sock_path, BrokerHandler)
+    server.daemon_threads = True
+    server.kernels = kernels  # type: ignore[attr-defined]
+    threading.Thread(target=kernels.start_default, daemon=True).start()
+    threading.Thread(target=_exit_with_parent, args=(kernels,), daemon=True).start()
+    server.serve_forever()
+
+
+def _exit_with_parent(kernels: Kernels) -> None:
+    """The front ended (killed): end the kernels and this process too."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(1)
+    for ctx in list(kernels.contexts.values()):
+        with contextlib.suppress(Exception):
+            ctx.km.shutdown_kernel(now=True)
+    os._exit(0)
+
+
+# ---- the HTTP front: TCP, a poll() loop, no epoll ------------------------------------------------
 class Handler(http.server.BaseHTTPRequestHandler):
-    kernels: Kernels
+    """Parses HTTP and relays each call to the broker; holds no kernel and imports no ZeroMQ, so this
+    process has TCP sockets and no epoll (the checkpoint gate's rule), the broker the reverse."""
+
+    broker_path: str
+    disable_nagle_algorithm = True  # small NDJSON chunks go out at once
     server_version = "atoll-interpreter/1"
     protocol_version = "HTTP/1.1"
     """Keep-alive answers (a length, or chunks): the caller closes first, so no TCP TIME_WAIT is
@@ -301,83 +433,67 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _route(self, method: str) -> None:
+    def _call(self, method: str) -> None:
         try:
-            path = self.path.split("?", 1)[0].rstrip("/")
-            if method == "GET" and path == "/health":
-                self._json(200, {"ok": True})
-            elif method == "POST" and path == "/execute":
-                self._execute(self._body())
-            elif path == "/contexts" and method == "GET":
-                self._json(200, [c.view() for c in list(self.kernels.contexts.values())])
-            elif path == "/contexts" and method == "POST":
-                body = self._body()
-                cwd = body.get("cwd")
-                if cwd is not None and not isinstance(cwd, str):
-                    raise BadRequest("cwd must be a string")
-                self._json(200, self.kernels.create(body.get("language"), cwd).view())
-            elif (m := re.fullmatch(r"/contexts/([^/]+)/restart", path)) and method == "POST":
-                self.kernels.get(m.group(1)).restart()
-                self._json(200, {})
-            elif (m := re.fullmatch(r"/contexts/([^/]+)", path)) and method == "DELETE":
-                self.kernels.remove(m.group(1))
-                self._json(200, {})
+            body = self._body() if method == "POST" else {}
+        except BadRequest as e:
+            self._json(400, {"error": str(e)})
+            return
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.broker_path)
+            req = {"method": method, "path": self.path, "body": body}
+            conn.sendall(json.dumps(req).encode() + b"\n")
+            lines = conn.makefile("rb")
+            first = json.loads(lines.readline() or b"null")
+            if not isinstance(first, dict):
+                self._json(502, {"error": "the code interpreter's kernels ended the call without an answer"})
+            elif not first.get("stream"):
+                self._json(int(first.get("status", 500)), first.get("json"))
             else:
-                self._json(404, {"error": f"{method} {path} is not a route of the code interpreter"})
-        except (BadRequest, NotFound) as e:
-            self._json(e.status, {"error": str(e)})
-        except (BrokenPipeError, ConnectionError):
-            pass
-        except Exception as e:  # noqa: BLE001 - the caller gets the reason, never a traceback
-            try:
-                self._json(500, {"error": f"the code interpreter failed: {type(e).__name__}: {e}"[:2000]})
-            except OSError:
-                pass
-
-    def _execute(self, body: dict) -> None:
-        code = body.get("code")
-        if not isinstance(code, str):
-            raise BadRequest("code must be a string")
-        cid, language = body.get("context_id"), body.get("language")
-        if cid is not None and not isinstance(cid, str):
-            raise BadRequest("context_id must be a string")
-        _language(language)
-        env_vars = _str_dict(body.get("env_vars"), "env_vars")
-        ctx = self.kernels.get(cid) if cid else self.kernels.get_default()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-ndjson")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.wfile.flush()
-
-        def emit(line: dict) -> None:
-            data = json.dumps(line).encode() + b"\n"
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
-
-        ctx.execute(code, env_vars, emit)
-        emit({"type": "end_of_execution"})
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-ndjson")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for line in lines:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except OSError as e:
+            self._json(502, {"error": f"the code interpreter's kernels cannot be reached: {e}"})
+        finally:
+            conn.close()
 
     def do_GET(self) -> None:
-        self._route("GET")
+        self._call("GET")
 
     def do_POST(self) -> None:
-        self._route("POST")
+        self._call("POST")
 
     def do_DELETE(self) -> None:
-        self._route("DELETE")
+        self._call("DELETE")
 
 
 def main(argv: list[str]) -> None:
+    if len(argv) > 2 and argv[1] == "--broker":
+        broker(argv[2])
+        return
     port = int(argv[1]) if len(argv) > 1 else PORT
-    kernels = Kernels()
-    Handler.kernels = kernels
+    sock_path = f"/tmp/atoll-interpreter-{port}.sock"
     # ThreadingHTTPServer: a poll() loop (selectors.PollSelector), no epoll on its TCP socket
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)  # a second start fails here
     server.daemon_threads = True
-    threading.Thread(target=kernels.start_default, daemon=True).start()
+    child = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--broker", sock_path], close_fds=True
+    )
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock_path) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    Handler.broker_path = sock_path
+    threading.Thread(target=lambda: (child.wait(), os._exit(1)), daemon=True).start()  # no broker, no service
     server.serve_forever()
 
 
