@@ -124,7 +124,10 @@ def test_run_code_through_the_code_interpreter(atoll_up):
     out = drive(
         "2.63", atoll_up, "interpreter", ATOLL_NATIVE_URL=atoll_up.url, ATOLL_NATIVE_KEY=atoll_up.api_key
     )
-    print("interpreter:", json.dumps({k: out[k] for k in ("first_run_s", "p50_1plus1_ms", "disk_pause", "x_after_disk")}))
+    print(
+        "interpreter:",
+        json.dumps({k: out[k] for k in ("first_run_s", "p50_1plus1_ms", "disk_pause", "x_after_disk")}),
+    )
     assert out["template"] == "code-interpreter-v1"
     assert out["assign"] == {"text": None, "error": False, "results": 0}, out
     assert out["x_plus_1"] == "2", out
