@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 CACHE = Path(os.environ.get("ATOLL_TEST_E2B_VENV_DIR", "/var/tmp/atoll-test-e2b"))
-RELEASES = {"2.63": ["e2b==2.63.0"], "2.31": ["e2b==2.31.0"]}
+RELEASES = {"2.63": ["e2b==2.63.0", "e2b-code-interpreter==2.11.5"], "2.31": ["e2b==2.31.0"]}
 
 
 def python(release: str) -> Path:

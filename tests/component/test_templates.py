@@ -367,6 +367,16 @@ async def test_what_base_has_and_has_not_is_said_truly(fake, tmp_path):
         assert "no usable worker reports it" in r.json()["error"]["message"], r.text
 
 
+async def test_a_builtin_template_no_worker_offers_is_404_naming_the_setting(fake):
+    """Workers that run with ATOLL_E2B_CODE_INTERPRETER=0 report `base` only: the code interpreter's
+    template is then not found (not 503 no_worker, which says to wait)."""
+    r = await fake.http.get("/v1/templates/code-interpreter-v1")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "template_not_found", r.text
+    assert "ATOLL_E2B_CODE_INTERPRETER=0" in r.json()["error"]["message"], r.text
+    listed = (await fake.http.get("/v1/templates")).json()["items"]
+    assert "code-interpreter-v1" not in [t["name"] for t in listed]
+
+
 async def test_the_builtin_templates_pool_is_the_servers_setting(fake):
     c = fake.http
     r = await c.put("/v1/templates/base/pool", json={"min": 1, "max": 1})

@@ -221,7 +221,85 @@ def volumes() -> dict:
     return out
 
 
-SCENARIOS = {"lifecycle": lifecycle, "errors": errors, "envd": envd, "volumes": volumes}
+def interpreter() -> dict:
+    """e2b_code_interpreter's run_code and contexts against a code-interpreter-v1 sandbox."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    out: dict = {}
+    t0 = time.monotonic()
+    sbx = CodeSandbox.create(timeout=300)
+    try:
+        out["template"] = sbx.get_info().template_id
+        ex = sbx.run_code("x = 1")
+        out["first_run_s"] = time.monotonic() - t0
+        out["assign"] = {"text": ex.text, "error": ex.error is not None, "results": len(ex.results)}
+        ex = sbx.run_code("x + 1")
+        out["x_plus_1"] = ex.text
+        ex = sbx.run_code("print('hello'); import sys; print('oops', file=sys.stderr)")
+        out["stdout"], out["stderr"] = ex.logs.stdout, ex.logs.stderr
+        ex = sbx.run_code("1/0")
+        out["error"] = {
+            "name": ex.error.name if ex.error else None,
+            "value": ex.error.value if ex.error else None,
+            "traceback_has_line": bool(ex.error and "1/0" in ex.error.traceback),
+        }
+        ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()")
+        pngs = [r.png for r in ex.results if r.png]
+        out["png_prefix"] = pngs[0][:12] if pngs else None
+        ex = sbx.run_code("import os; os.environ.get('ATOLL_T')", envs={"ATOLL_T": "set"})
+        out["env_during"] = ex.text
+        out["env_after"] = sbx.run_code("import os; repr(os.environ.get('ATOLL_T'))").text
+        ctx = sbx.create_code_context()
+        out["ctx"] = {"language": ctx.language, "cwd": ctx.cwd}
+        out["ctx_isolated"] = sbx.run_code("'x' in globals()", context=ctx).text
+        out["ctx_listed"] = ctx.id in [c.id for c in sbx.list_code_contexts()]
+        sbx.run_code("y = 5", context=ctx)
+        sbx.restart_code_context(ctx)
+        out["ctx_after_restart"] = sbx.run_code("'y' in globals()", context=ctx).text
+        sbx.remove_code_context(ctx)
+        out["ctx_removed"] = ctx.id not in [c.id for c in sbx.list_code_contexts()]
+        times = []
+        for _ in range(20):
+            t = time.monotonic()
+            sbx.run_code("1+1")
+            times.append(time.monotonic() - t)
+        out["p50_1plus1_ms"] = sorted(times)[len(times) // 2] * 1000
+        out["pause"] = sbx.pause()
+        CodeSandbox.connect(sbx.sandbox_id)
+        out["x_after_resume"] = sbx.run_code("x + 1").text
+        native = os.environ.get("ATOLL_NATIVE_URL")
+        if native:  # atoll's own disk tier (a checkpoint), through its REST API
+            import urllib.request
+
+            req = urllib.request.Request(
+                f"{native}/v1/sandboxes/{sbx.sandbox_id}/pause",
+                data=json.dumps({"tier": "disk"}).encode(),
+                headers={
+                    "Authorization": f"Bearer {os.environ['ATOLL_NATIVE_KEY']}",
+                    "Content-Type": "application/json",
+                },
+                method="POST",
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=300) as r:
+                    got = json.loads(r.read())
+                    out["disk_pause"] = [got.get("standby_tier"), got.get("standby_reason")]
+            except urllib.error.HTTPError as e:
+                out["disk_pause"] = f"{e.code} {e.read()[:500]!r}"
+            CodeSandbox.connect(sbx.sandbox_id)
+            out["x_after_disk"] = sbx.run_code("x + 1").text
+    finally:
+        CodeSandbox.kill(sbx.sandbox_id)
+    return out
+
+
+SCENARIOS = {
+    "lifecycle": lifecycle,
+    "errors": errors,
+    "envd": envd,
+    "volumes": volumes,
+    "interpreter": interpreter,
+}
 
 if __name__ == "__main__":
     print(json.dumps(SCENARIOS[sys.argv[1]]()))

@@ -116,6 +116,49 @@ def test_volumes_are_drives_with_their_content_api(atoll_up):
     assert out["after_remove"] is False and out["missing"] == "VolumePathNotFoundException", out
     assert out["seen_in_sandbox"] == "from the sdk" and out["written_back"] == "from-sandbox\n", out
     assert out["destroy"] is True and out["destroy_again"] is False, out
+def _template_ready(atoll_up, name: str, timeout: float) -> dict:
+    """Wait for a built-in template the worker builds in the background after `base`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        t = httpx.get(f"{atoll_up.url}/v1/templates/{name}", headers=atoll_up.headers(), timeout=30).json()
+        if t.get("status") == "ready" or time.monotonic() > deadline:
+            return t
+        time.sleep(2)
+
+
+@pytest.mark.ecosystem
+def test_run_code_through_the_code_interpreter(atoll_up):
+    """e2b_code_interpreter 2.11.5 (in the 2.63 venv) against a `code-interpreter-v1` sandbox: state
+    between calls, stdout/stderr, an error with its traceback, a matplotlib figure as PNG, env vars
+    for one call, contexts (create, isolated, list, restart, remove), and state across a pause."""
+    listed = httpx.get(f"{atoll_up.url}/v1/templates", headers=atoll_up.headers()).json()["items"]
+    assert "code-interpreter-v1" in [t["name"] for t in listed]
+    t = _template_ready(atoll_up, "code-interpreter-v1", 1200)
+    assert t["status"] == "ready", t
+    out = drive(
+        "2.63", atoll_up, "interpreter", ATOLL_NATIVE_URL=atoll_up.url, ATOLL_NATIVE_KEY=atoll_up.api_key
+    )
+    print(
+        "interpreter:",
+        json.dumps({k: out[k] for k in ("first_run_s", "p50_1plus1_ms", "disk_pause", "x_after_disk")}),
+    )
+    assert out["template"] == "code-interpreter-v1"
+    assert out["assign"] == {"text": None, "error": False, "results": 0}, out
+    assert out["x_plus_1"] == "2", out
+    assert out["stdout"] == ["hello\n"] and out["stderr"] == ["oops\n"], out
+    assert out["error"] == {
+        "name": "ZeroDivisionError",
+        "value": "division by zero",
+        "traceback_has_line": True,
+    }, out
+    assert out["png_prefix"] == "iVBORw0KGgoA", out  # base64 of the PNG signature
+    assert out["env_during"] == "'set'" and out["env_after"] == "'None'", out
+    assert out["ctx"] == {"language": "python", "cwd": "/home/user"}, out
+    assert out["ctx_isolated"] == "False" and out["ctx_listed"] is True, out
+    assert out["ctx_after_restart"] == "False" and out["ctx_removed"] is True, out
+    assert out["pause"] is True and out["x_after_resume"] == "2", out
+    # the disk tier (a checkpoint) keeps the kernel: ipc sockets, no TCP endpoint in epoll
+    assert out["disk_pause"][0] == "disk" and out["x_after_disk"] == "2", out
 
 
 def _edge_children(pid: int) -> list[int]:

@@ -30,7 +30,13 @@ def test_archives_hold_the_whole_package(tmp_path):
     assert "from agent.__main__ import main" in main
     # atoll-init, compiled statically, and the key it was compiled under; no .tmp left
     assert sorted(os.listdir(tmp_path)) == sorted(
-        [agent_pack.SOURCE, agent_pack.COMPILED, agent_pack.INIT, agent_pack.INIT + ".key"]
+        [
+            agent_pack.SOURCE,
+            agent_pack.COMPILED,
+            agent_pack.INIT,
+            agent_pack.INIT + ".key",
+            agent_pack.INTERPRETER,  # the code interpreter service, copied as is
+        ]
     )
 
 

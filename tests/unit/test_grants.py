@@ -33,6 +33,7 @@ def test_a_grant_opens_every_data_verb_of_its_sandbox_until_it_expires():
         "pty",
         "pty/p1",
         "alive",
+        "ports/49990",  # the code interpreter's (GRANT_PORTS), through the worker's port tunnel
     ):
         assert grants.verify(TOKEN, grant, f"/sandboxes/{SID}/{path}", NOW + 59) == SID
     assert "expired 1 s ago" in _refused(TOKEN, grant, f"/sandboxes/{SID}/exec", expires + 1)
@@ -54,6 +55,10 @@ def test_a_grant_opens_nothing_else():
         "/inventory",
         "/stores/volume/v/files",
         f"/sandboxes/{SID}/execs",
+        f"/sandboxes/{SID}/ports/8080",
+        f"/sandboxes/{SID}/ports/49999",
+        f"/sandboxes/{SID}/ports/49990/x",
+        f"/sandboxes/{SID}/ports/499900",
     ):
         assert "only a sandbox's data verbs" in _refused(TOKEN, grant, path)
     assert f"for sandbox {SID}, not for '{OTHER}'" in _refused(TOKEN, grant, f"/sandboxes/{OTHER}/exec")

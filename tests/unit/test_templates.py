@@ -272,3 +272,23 @@ def test_the_base_layer_lives_in_the_one_layer_cache_and_an_older_layout_is_adop
     # another installation sharing the directory finds it made
     other = templates.TemplateStore(str(tdir), "http://127.0.0.1:9/debian", layers.LayerStore(str(tdir)))
     assert other.status()[0]["status"] == "ready" and asyncio.run(other.ensure("base")) == rootfs
+
+
+def test_the_code_interpreter_template_is_offered_unless_turned_off(tmp_path):
+    """ATOLL_E2B_CODE_INTERPRETER (worker settings): on, `code-interpreter-v1` is a built-in template
+    beside `base` (its own layer: base's packages plus the kernel's, base's hash unchanged); off, it
+    is not listed and a create names the setting."""
+    from atoll.worker.images import layers
+
+    tm = templates
+    ci = tm.RECIPES["code-interpreter-v1"]
+    assert set(tm.BASE.packages) < set(ci.packages) and "python3-ipykernel" in ci.packages
+    assert ci.content_hash() != tm.BASE.content_hash()
+    store = layers.LayerStore(str(tmp_path))
+    on = tm.TemplateStore(str(tmp_path), "http://mirror.invalid/debian", store)
+    assert [t["name"] for t in on.status()] == ["base", "code-interpreter-v1"]
+    off = tm.TemplateStore(str(tmp_path), "http://mirror.invalid/debian", store, code_interpreter=False)
+    assert [t["name"] for t in off.status()] == ["base"]
+    with pytest.raises(errors.TemplateNotFound) as e:
+        off.recipe("code-interpreter-v1")
+    assert "ATOLL_E2B_CODE_INTERPRETER=0" in e.value.message

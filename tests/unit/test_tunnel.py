@@ -190,9 +190,15 @@ async def test_a_grant_opens_a_terminal_of_its_sandbox_and_nothing_else():
             _, w, line = await _hello(port, f"ATOLL-PTY {v} grant:{grant} {SID} {pty.pty_id}\n")
             assert line.startswith(b"ERR unauthorized") and why in line, line
             w.close()
-        # a grant never opens a port, and a tunnel without grant_key takes none
+        # a grant opens no port but the code interpreter's (GRANT_PORTS; nothing listens there)
         _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} grant:{good} {SID} 8080\n")
         assert line.startswith(b"ERR unauthorized"), line
+        w.close()
+        _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} grant:{other} {SID} {grants.GRANT_PORTS[0]}\n")
+        assert line.startswith(b"ERR unauthorized") and b"for sandbox sb-bbbb" in line, line
+        w.close()
+        _, w, line = await _hello(port, f"ATOLL-TUNNEL {v} grant:{good} {SID} {grants.GRANT_PORTS[0]}\n")
+        assert not line.startswith(b"ERR unauthorized"), line
         w.close()
     finally:
         await t.aclose()

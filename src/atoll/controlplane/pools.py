@@ -34,7 +34,7 @@ import typing
 
 from atoll.controlplane import auth, lifetime, schemas
 from atoll.controlplane import db as dbm
-from atoll.controlplane.templates import BUILTIN, pool_key
+from atoll.controlplane.templates import BUILTIN, POOLED_BUILTIN, pool_key
 from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import State, Tier, Verb
@@ -148,7 +148,12 @@ class Pools:
         self._outdated: set[str] = set()
         """Pool members whose worker says they are not what a create makes now (`outdated`)."""
         self.builtin: dict[str, dict] = {
-            name: {"min": default_pool, "max": default_pool, "schedule": [], "memory_mb": default_memory_mb}
+            name: {
+                "min": default_pool if name in POOLED_BUILTIN else 0,
+                "max": default_pool if name in POOLED_BUILTIN else 0,
+                "schedule": [],
+                "memory_mb": default_memory_mb,
+            }
             for name in BUILTIN
         }
         """The built-in templates' pools (ATOLL_DEFAULT_POOL; min 0 keeps none)."""

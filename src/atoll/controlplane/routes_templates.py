@@ -188,9 +188,15 @@ async def list_templates(request: Request):
 async def get_template(request: Request, name: str):
     """A template: `status` (building | ready | failed) and `build_id` of its latest build, `error`,
     the build that serves creates (`current_build_id`), its settings and `start_mode`."""
-    for t in _builtin(request):
+    builtin = _builtin(request)
+    for t in builtin:
         if t["name"] == name:
             return {**t, "build_id": None, "current_build_id": None}
+    if name in templates.BUILTIN and builtin:  # workers answer, none offers it
+        raise errors.TemplateNotFound(
+            f"template {name!r} is not offered by this installation's workers (they run with "
+            "ATOLL_E2B_CODE_INTERPRETER=0); templates: " + ", ".join(sorted({t["name"] for t in builtin}))
+        )
     if name in templates.BUILTIN:
         raise errors.Unavailable(
             f"template {name!r} is built in, and no usable worker reports it now (each worker "

@@ -33,7 +33,11 @@ if typing.TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BUILTIN = ("base",)
+BUILTIN = ("base", "code-interpreter-v1")
+"""Templates each worker builds for itself (worker.images.templates); `code-interpreter-v1` only
+when the worker runs with ATOLL_E2B_CODE_INTERPRETER on (its default)."""
+POOLED_BUILTIN = ("base",)
+"""The built-in templates ATOLL_DEFAULT_POOL keeps a warm pool of."""
 
 
 async def _no_pool_stop(name: str) -> None:

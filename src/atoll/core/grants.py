@@ -46,13 +46,20 @@ E2B_VOLUME_SCHEME = "E2B-Volume"
 """The Authorization scheme of a drive token (the drive's file routes only)."""
 DRIVE_FILES_PATH = re.compile(r"/v1/drives/(?P<name>[^/]+)/files(?:/list|/stat|/mkdir)?")
 """The public paths a drive token opens: its drive's file routes."""
+GRANT_PORTS = (49990,)
+"""The sandbox ports a grant opens through the worker's port tunnel: the code interpreter service
+(atoll.guest.interpreter.PORT) that the E2B edge relays `/execute` and `/contexts` to. Any other
+port is reached through the ingress router with its own preview rules."""
 
 DATA_PATH = re.compile(
-    r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?|alive)$"
+    r"^/sandboxes/(?P<sid>[^/]+)/(?:exec|processes(?:/.*)?|files(?:/.*)?|pty(?:/.*)?|alive"
+    + "".join(f"|ports/{p}" for p in GRANT_PORTS)
+    + ")$"
 )
 """The worker-protocol paths (after its prefix) a grant opens: one sandbox's exec, processes,
-files and terminals, and `alive` (the edge's liveness probe of the worker, which touches nothing)
-— not its lifecycle, network, secrets, metrics, nor anything of the worker."""
+files and terminals, `ports/<p>` for the ports of GRANT_PORTS (the worker's port tunnel), and
+`alive` (the edge's liveness probe of the worker, which touches nothing) — not its lifecycle,
+network, secrets, metrics, other ports, nor anything of the worker."""
 
 
 def _mac(token: str | bytes, sandbox_id: str, expires: int, scope: str) -> str:

@@ -13,6 +13,8 @@
   (e2b.envd_files) and `process.Process` (e2b.envd_process, when present) over the seam object
   `seam_for(request, sandbox_id)` returns (a grant-authenticated client of the worker's seam
   routes, given by the process that serves this app). Without `seam_for` they answer 502.
+- **The code interpreter** (e2b.interpreter, `E2b-Sandbox-Port: 49999`): `POST /execute` and
+  `/contexts…`, relayed to the service inside a `code-interpreter-v1` sandbox.
 
 Every error is `{"code": <status>, "message": str}` (what both SDKs parse), with `Should-Retry`
 on 5xx/429 (`false` whenever a POST may have taken effect). Served by edge.service (the edge
@@ -39,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atoll.core import ids
-from atoll.e2b import control, envd_routes, volumes
+from atoll.e2b import control, envd_routes, interpreter, volumes
 from atoll.shared import http11
 
 log = logging.getLogger(__name__)
@@ -416,6 +418,7 @@ def create_app(
     routes, when the process has them); other unknown paths answer 404 in E2B's shape."""
     c = ControlAPI(settings)
     envd = envd_routes.Envd(settings.token_key, seam_for, state_of)
+    code = interpreter.Interpreter(envd)
     sb = "/sandboxes/{sid}"
     routes = [
         Route("/v2/sandboxes", c.create, methods=["POST"]),
@@ -477,6 +480,8 @@ def create_app(
         try:
             if path.startswith(envd_routes.ENVD_PREFIXES) or path == envd_routes.ENVD_FILES:
                 await envd.rpc(scope, receive, tracked)
+            elif interpreter.wants(scope):
+                await code.handle(scope, receive, tracked)
             elif path.startswith("/v1/") and fallback is not None:
                 await fallback(scope, receive, tracked)
             else:

@@ -10,8 +10,9 @@ once when the worker refuses a stale one (or the sandbox moved). The plain verbs
 ones (shared.seam_verbs, from core.seam's table: the control plane's RemoteWorker has the same);
 the streams (exec, process output, file bodies, watches, tars) are written here over shared.http11
 as edge.service does, and a terminal's frame stream comes through the worker's port tunnel
-(`Edge.pty_stream`). Only what a grant opens is served (core.grants.DATA_PATH: exec, processes,
-files, terminals of this one sandbox); any other verb, or another sandbox's id, is refused before
+(`Edge.pty_stream`), as does a connection into the code interpreter's port (`Edge.port_stream`).
+Only what a grant opens is served (core.grants.DATA_PATH: exec, processes, files, terminals and
+the GRANT_PORTS of this one sandbox); any other verb, or another sandbox's id, is refused before
 anything is sent. The server's refusals (401 wrong key or token, 404 another tenant's sandbox,
 409 `atoll up` without a worker listener) arrive as the same domain errors (core.errors).
 
@@ -275,7 +276,19 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         )
 
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
-        raise self._not_granted("its ports (previews go through the ingress router)")
+        """A connection into one of the ports a grant opens (core.grants.GRANT_PORTS: the code
+        interpreter service's) through the worker's port tunnel; ConnectionRefusedError when
+        nothing listens there."""
+        if port not in grants.GRANT_PORTS:
+            raise self._not_granted(
+                f"its port {port} (a grant opens only port(s) {', '.join(map(str, grants.GRANT_PORTS))}, "
+                "the code interpreter's; previews go through the ingress router)"
+            )
+        self._where(self._sb(sandbox_id, "ports", str(port)))
+        try:
+            return await self.edge.port_stream(self.auth, self.sandbox_id, port)
+        except upstream.Passed as p:
+            raise _refused(p) from None
 
     def build_log(self, build_id: str) -> typing.AsyncContextManager[AsyncIterator[bytes]]:
         raise self._not_granted("template builds")

@@ -78,8 +78,10 @@ class TerminalRoutes(calls.Base):
         await self.call_json(auth, sid, "DELETE", f"pty/{pty_id}")
         return Response(status_code=204)
 
-    async def _tunnel(self, g: upstream.Grant, pty_id: str) -> portstream.SocketPort:
-        """A terminal's frame stream through the worker's port tunnel, with the grant."""
+    async def _tunnel(self, g: upstream.Grant, pty_id: str, port: int | None = None) -> portstream.SocketPort:
+        """A terminal's frame stream (or, with `port`, a connection into one of the ports a grant
+        opens, core.grants.GRANT_PORTS) through the worker's port tunnel, with the grant. A port
+        nothing listens on is ConnectionRefusedError."""
         if not g.tunnel_port:
             raise errors.Unavailable(f"worker {g.worker_name!r} has no port tunnel (it runs an older atoll)")
         host = urllib.parse.urlsplit(g.url).hostname or ""
@@ -89,8 +91,11 @@ class TerminalRoutes(calls.Base):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await asyncio.wait_for(loop.sock_connect(sock, (host, g.tunnel_port)), 5)
-            hello = f"ATOLL-PTY {api.PROTOCOL_VERSION} grant:{g.grant} {g.sandbox_id} {pty_id}\n".encode()
-            await asyncio.wait_for(loop.sock_sendall(sock, hello), 5)
+            if port is None:
+                hello = f"ATOLL-PTY {api.PROTOCOL_VERSION} grant:{g.grant} {g.sandbox_id} {pty_id}\n"
+            else:
+                hello = f"ATOLL-TUNNEL {api.PROTOCOL_VERSION} grant:{g.grant} {g.sandbox_id} {port}\n"
+            await asyncio.wait_for(loop.sock_sendall(sock, hello.encode()), 5)
             raw = await asyncio.wait_for(portstream.read_line(sock), 5)
         except (OSError, TimeoutError, ValueError) as e:
             sock.close()
@@ -102,6 +107,8 @@ class TerminalRoutes(calls.Base):
             return portstream.SocketPort(sock)
         sock.close()
         _, code, message = (line.split(" ", 2) + ["", ""])[:3]
+        if code == "refused":
+            raise ConnectionRefusedError(message)
         raise errors.from_code(code or "runtime_error", message or f"the tunnel answered {line!r}")
 
     async def pty_stream(self, auth: str, sid: str, pty_id: str) -> portstream.SocketPort:
@@ -111,6 +118,19 @@ class TerminalRoutes(calls.Base):
             g = await self.grants.get(auth, sid)
             try:
                 return await self._tunnel(g, pty_id)
+            except errors.AtollError as e:
+                self.grants.drop(auth, sid)
+                if attempt == 1 or e.code not in ("unauthorized", "sandbox_not_found", "invalid_state"):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def port_stream(self, auth: str, sid: str, port: int) -> portstream.SocketPort:
+        """A connection into the sandbox's `port` (one of core.grants.GRANT_PORTS: the code
+        interpreter's) through the worker's port tunnel, as `pty_stream`."""
+        for attempt in (0, 1):
+            g = await self.grants.get(auth, sid)
+            try:
+                return await self._tunnel(g, "", port)
             except errors.AtollError as e:
                 self.grants.drop(auth, sid)
                 if attempt == 1 or e.code not in ("unauthorized", "sandbox_not_found", "invalid_state"):

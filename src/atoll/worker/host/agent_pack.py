@@ -10,6 +10,7 @@
   more per cold boot inside gVisor: runpy's extra imports and one archive read per module.)
 * `agent-source.pyz` (SOURCE): a zipapp of the .py files, for a template whose python3 is another
   version; its top-level `__main__` calls the package's `main()`.
+* `interpreter.py` (INTERPRETER): the code interpreter service of `code-interpreter-v1` sandboxes.
 * `atoll-init` (INIT): the PID 1 of the sandbox's user processes (`atoll/guest/init/atoll-init.c`),
   compiled with the host's gcc, linked statically so that it runs on any template's C library
   (or none). Compiled again only when its source or the compiler changed (`atoll-init.key`).
@@ -43,6 +44,11 @@ SOURCE_DIR = os.path.join(
 COMPILED = "agent.pyc"
 SOURCE = "agent-source.pyz"
 INIT = "atoll-init"
+INTERPRETER = "interpreter.py"
+"""The code interpreter service (atoll.guest.interpreter), copied as is: a `code-interpreter-v1`
+sandbox runs it with its own python3 (`/opt/atoll/interpreter.py`); nothing else reads it, so it
+is not part of `digest`."""
+INTERPRETER_SOURCE = os.path.join(os.path.dirname(SOURCE_DIR), "interpreter.py")
 INIT_SOURCE = os.path.join(os.path.dirname(SOURCE_DIR), "init", "atoll-init.c")
 INIT_CFLAGS = ("-O2", "-static", "-s", "-Wall", "-Wextra", "-Werror")
 PACKAGE = "agent"  # the package's name inside the archives
@@ -123,6 +129,8 @@ def build(dest_dir: str, *, dir_in_sandbox: str = "/opt/atoll") -> None:
             f.write(len(blob).to_bytes(8, "little"))
         os.replace(tmp_pyc, os.path.join(dest_dir, COMPILED))
     _write_zip(os.path.join(dest_dir, SOURCE), source_entries)
+    shutil.copyfile(INTERPRETER_SOURCE, os.path.join(dest_dir, INTERPRETER + ".tmp"))
+    os.replace(os.path.join(dest_dir, INTERPRETER + ".tmp"), os.path.join(dest_dir, INTERPRETER))
 
 
 def build_init(dest_dir: str) -> str:

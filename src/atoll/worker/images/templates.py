@@ -76,7 +76,22 @@ BASE = Recipe(
     ),
     description="Debian 12 (bookworm) with python3 (pip, venv), bash, coreutils, procps, curl, git, CA certificates",
 )
-RECIPES = {BASE.name: BASE}
+CODE_INTERPRETER_NAME = "code-interpreter-v1"
+"""The template e2b_code_interpreter asks for (its DEFAULT_TEMPLATE; E2B's alias
+`code-interpreter` is mapped onto it by e2b.control)."""
+CODE_INTERPRETER = Recipe(
+    name=CODE_INTERPRETER_NAME,
+    packages=(
+        *BASE.packages,
+        "python3-ipykernel",
+        "python3-jupyter-client",
+        "python3-matplotlib",
+        "python3-numpy",
+    ),
+    description="base with a Jupyter kernel (ipykernel, jupyter_client), matplotlib and numpy, for "
+    "E2B's run_code (the service itself, atoll.guest.interpreter, comes with the guest agent's files)",
+)
+RECIPES = {BASE.name: BASE, CODE_INTERPRETER.name: CODE_INTERPRETER}
 
 
 @dataclass
@@ -93,14 +108,16 @@ class BuildStatus:
 
 
 class TemplateStore:
-    def __init__(self, directory: str, mirror: str, layer_store: LayerStore):
+    def __init__(self, directory: str, mirror: str, layer_store: LayerStore, code_interpreter: bool = True):
+        self.recipes = {n: r for n, r in RECIPES.items() if code_interpreter or n != CODE_INTERPRETER_NAME}
+        """The built-in templates this worker has (ATOLL_E2B_CODE_INTERPRETER=0: base only)."""
         self.dir = directory
         self.mirror = mirror
         self.layers = layer_store
         os.makedirs(self.dir, mode=0o700, exist_ok=True)  # layers hold setuid programs: owner only
         self._locks: dict[str, asyncio.Lock] = {}
         self._status: dict[str, BuildStatus] = {}
-        for r in RECIPES.values():
+        for r in self.recipes.values():
             st = BuildStatus(name=r.name, hash=r.content_hash())
             self._status[r.name] = st
             self._read_layer(r, st)
@@ -126,15 +143,17 @@ class TemplateStore:
 
     def recipe(self, name: str) -> Recipe:
         try:
-            return RECIPES[name]
+            return self.recipes[name]
         except KeyError:
+            off = " (the server runs with ATOLL_E2B_CODE_INTERPRETER=0)" if name in RECIPES else ""
             raise errors.TemplateNotFound(
-                f"template {name!r} does not exist; available templates: {', '.join(sorted(RECIPES))}"
+                f"template {name!r} does not exist{off}; available templates: "
+                f"{', '.join(sorted(self.recipes))}"
             ) from None
 
     def status(self) -> list[dict]:
         out = []
-        for r in RECIPES.values():
+        for r in self.recipes.values():
             st = self._status[r.name]
             if st.status != "ready":
                 self._read_layer(r, st)  # built by another installation sharing the dir

@@ -205,7 +205,9 @@ class Node(StoreVerbs):
         anything else was made before one of them changed, and is not handed out."""
         self.layers = layers.LayerStore(settings.templates)
         """The one layer cache: built-in templates' root file systems and user templates' steps."""
-        self.templates = templates.TemplateStore(settings.templates, settings.debian_mirror, self.layers)
+        self.templates = templates.TemplateStore(
+            settings.templates, settings.debian_mirror, self.layers, settings.code_interpreter
+        )
         self.runtimes = RuntimeStore(settings.home, self.install_id)
         self.hub = EventHub(
             lambda: [
@@ -446,7 +448,22 @@ class Node(StoreVerbs):
                     os.unlink(os.path.join(self.agent_root, name))
 
     async def _prepare_templates(self) -> None:
-        name = "base"
+        await self._prepare_template("base")
+        if templates.CODE_INTERPRETER_NAME in self.templates.recipes:
+            # its layer only, after base's (a create boots it cold; a snapshot of a booted kernel
+            # would be taken by the E2B edge's first call, not here)
+            name = templates.CODE_INTERPRETER_NAME
+            self._preparing[name] = "building the template layer"
+            self._emit_templates()
+            try:
+                await self.templates.ensure(name)
+            except errors.AtollError as e:
+                log.warning("template %s could not be prepared: %s", name, e.message)
+            finally:
+                self._preparing.pop(name, None)
+                self._emit_templates()
+
+    async def _prepare_template(self, name: str) -> None:
         self._preparing[name] = "building the template layer"
         try:
             await self.templates.ensure(name)

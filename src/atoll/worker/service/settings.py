@@ -61,6 +61,10 @@ class WorkerSettings:
     template_snapshots: bool = True
     """ATOLL_TEMPLATE_SNAPSHOTS: create sandboxes by restoring a checkpoint of a booted template
     sandbox ('1', default) or boot each cold ('0')."""
+    code_interpreter: bool = True
+    """ATOLL_E2B_CODE_INTERPRETER: the built-in template `code-interpreter-v1` (a Jupyter kernel for
+    E2B's run_code) is offered and built in the background after `base` ('1', default); '0' offers
+    `base` only."""
     heartbeat_s: float = 3.0
     """ATOLL_HEARTBEAT_S: seconds between heartbeats to the server."""
     reconcile_s: float = 30.0
@@ -228,6 +232,7 @@ def load(
         template_dir=os.path.abspath(env["ATOLL_TEMPLATE_DIR"]) if env.get("ATOLL_TEMPLATE_DIR") else None,
         debian_mirror=env.get("ATOLL_DEBIAN_MIRROR", "http://deb.debian.org/debian"),
         template_snapshots=config.boolean(env, "ATOLL_TEMPLATE_SNAPSHOTS", True),
+        code_interpreter=config.boolean(env, "ATOLL_E2B_CODE_INTERPRETER", True),
         heartbeat_s=config.number(env, "ATOLL_HEARTBEAT_S", 3.0, lo=0.2, hi=60),
         reconcile_s=config.number(env, "ATOLL_RECONCILE_S", 30.0, lo=1, hi=3600),
         log_format=config.choice(env, "ATOLL_LOG_FORMAT", "text", ("text", "json")),

@@ -10,7 +10,8 @@ the kernel; the worker's event loop never sees them), or (hello `ATOLL-PTY <prot
 guest.agent.ptyframes); anything wrong gets `ERR <code> <message>\\n` and the connection closes.
 The edge (`atoll edge`) holds no token: its `ATOLL-PTY` hello carries `grant:<grant>` in the token's
 place, a grant for that sandbox the server minted with this worker's current token (core.grants);
-a grant opens terminals only, never a port.
+a grant opens terminals, and of the ports only those of core.grants.GRANT_PORTS (the code
+interpreter service's, for the E2B edge) with an `ATOLL-TUNNEL` hello.
 
 Strangers cost nothing until they speak: the listener uses TCP_DEFER_ACCEPT (a connection that
 sends no byte is never accepted, the kernel drops it), the hello must be whole within
@@ -170,12 +171,13 @@ class Tunnel:
                     sock, "incompatible_protocol", f"this worker speaks protocol {api.PROTOCOL_VERSION}"
                 )
                 return
-            if parts[2].startswith(GRANT_PREFIX) and parts[0] == HELLO_PTY and self.grant_key is not None:
-                try:  # the edge's: one sandbox's terminals
+            if parts[2].startswith(GRANT_PREFIX) and self.grant_key is not None:
+                what = "pty" if parts[0] == HELLO_PTY else "ports"
+                try:  # the edge's: one sandbox's terminals, or a port of GRANT_PORTS
                     grants.verify(
                         self.grant_key(),
                         parts[2][len(GRANT_PREFIX) :],
-                        f"/sandboxes/{parts[3]}/pty/{parts[4]}",
+                        f"/sandboxes/{parts[3]}/{what}/{parts[4]}",
                         time.time(),
                     )
                 except errors.AtollError as e:
