@@ -51,9 +51,10 @@ test-cluster: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m cluster tests/cluster $(PYTEST_ARGS)
 
 # Other clients' SDKs in venvs of their own (marker `ecosystem`: the OpenAI Agents SDK, the `e2b` SDKs),
-# each venv built once from the package index and cached under /var/tmp. .ci/run runs it after `make test`.
+# each venv built once from the package index and cached under /var/tmp; its installations build the
+# code interpreter template (cached with the other test templates). .ci/run runs it after `make test`.
 test-ecosystem: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m ecosystem $(PYTEST_ARGS)
+	ATOLL_E2B_CODE_INTERPRETER=1 $(PY) -m pytest -q -p no:cacheprovider -m ecosystem $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration and not slow" $(PYTEST_ARGS)

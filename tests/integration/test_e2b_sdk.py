@@ -132,7 +132,10 @@ def test_run_code_through_the_code_interpreter(atoll_up):
     between calls, stdout/stderr, an error with its traceback, a matplotlib figure as PNG, env vars
     for one call, contexts (create, isolated, list, restart, remove), and state across a pause."""
     listed = httpx.get(f"{atoll_up.url}/v1/templates", headers=atoll_up.headers()).json()["items"]
-    assert "code-interpreter-v1" in [t["name"] for t in listed]
+    assert "code-interpreter-v1" in [t["name"] for t in listed], (
+        "the installation runs without the code interpreter template: run this with "
+        "ATOLL_E2B_CODE_INTERPRETER=1 in the environment (make test-ecosystem does)"
+    )
     t = _template_ready(atoll_up, "code-interpreter-v1", 1200)
     assert t["status"] == "ready", t
     out = drive(

@@ -10,7 +10,9 @@
 
 Installations started here keep no warm pool of `base` (ATOLL_DEFAULT_POOL=0, so that tests
 that count sandboxes or memory see only their own); pass `env={"ATOLL_DEFAULT_POOL": "2"}` (or
-set it in the environment) to keep one as `atoll up` does by default.
+set it in the environment) to keep one as `atoll up` does by default. Nor do they build the
+built-in `code-interpreter-v1` template (ATOLL_E2B_CODE_INTERPRETER=0: its Debian layer is a
+~9-minute, 1.4 GB first build); set it to 1 in `env` or the environment for tests that use it.
 
 Each process runs in its own process group; `stop()` sends SIGTERM to that group only and waits.
 With `reap=True` (default) every sandbox still alive is deleted first, and whatever the API could
@@ -73,7 +75,13 @@ class _Process:
         self.proc: subprocess.Popen | None = None
 
     def _environment(self) -> dict[str, str]:
-        return {"ATOLL_DEFAULT_POOL": "0", **os.environ, "ATOLL_HOME": self.home, **self.env}
+        return {
+            "ATOLL_DEFAULT_POOL": "0",
+            "ATOLL_E2B_CODE_INTERPRETER": "0",
+            **os.environ,
+            "ATOLL_HOME": self.home,
+            **self.env,
+        }
 
     def spawn(self) -> None:
         os.makedirs(self.home, exist_ok=True)
