@@ -116,6 +116,8 @@ def test_volumes_are_drives_with_their_content_api(atoll_up):
     assert out["after_remove"] is False and out["missing"] == "VolumePathNotFoundException", out
     assert out["seen_in_sandbox"] == "from the sdk" and out["written_back"] == "from-sandbox\n", out
     assert out["destroy"] is True and out["destroy_again"] is False, out
+
+
 def _template_ready(atoll_up, name: str, timeout: float) -> dict:
     """Wait for a built-in template the worker builds in the background after `base`."""
     deadline = time.monotonic() + timeout
