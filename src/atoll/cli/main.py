@@ -333,7 +333,7 @@ def edge(
         str | None, typer.Option(help="Address to bind (default $ATOLL_EDGE_HOST or 127.0.0.1).")
     ] = None,
     port: Annotated[
-        int | None, typer.Option(help="Port to listen on (default $ATOLL_EDGE_PORT or 7082).")
+        int | None, typer.Option(help="Port to listen on (default $ATOLL_EDGE_PORT or 7083).")
     ] = None,
     tls_cert_file: Annotated[
         Path | None,

@@ -54,7 +54,8 @@ from atoll.shared import logconfig, relay
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 7082
+DEFAULT_PORT = 7083
+"""Not 7082: that is `atoll up`'s E2B port (the API port + 2), which may run on the same machine."""
 EXEC_FIELDS = frozenset(
     {"cmd", "cwd", "env", "timeout_s", "background", "user", "max_output_bytes", "stdin", "shell"}
 )
