@@ -125,7 +125,9 @@ def test_answers_carry_every_field_the_sdks_require():
         c.listed_sandbox({**SB, "state": "creating", "expires_at": "2026-12-06T19:00:00Z"})["state"]
         == "running"
     )
-    detail = c.sandbox_detail({**SB, "compat": {"created_via": "e2b", "auto_resume": True, "on_timeout": "kill"}}, token="tok")
+    detail = c.sandbox_detail(
+        {**SB, "compat": {"created_via": "e2b", "auto_resume": True, "on_timeout": "kill"}}, token="tok"
+    )
     assert detail["lifecycle"] == {"autoResume": True, "onTimeout": "pause"} and detail["allowInternetAccess"]
     for key in (
         "templateID",

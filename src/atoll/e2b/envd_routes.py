@@ -42,7 +42,9 @@ class Envd:
         self.token_key = token_key
         self.seam_for = seam_for
         self.state_of = state_of
-        self._apps: collections.OrderedDict[tuple[str, str, str, bool], typing.Any] = collections.OrderedDict()
+        self._apps: collections.OrderedDict[tuple[str, str, str, bool], typing.Any] = (
+            collections.OrderedDict()
+        )
         self._factories: dict[str, typing.Any] | None = None
 
     @staticmethod
