@@ -211,11 +211,8 @@ async def test_envd_calls_to_a_paused_sandbox_resume_it_only_with_auto_resume(e2
     sb = (await e2b.post("/sandboxes", json=body)).json()
     sid = sb["sandboxID"]
     rec = e2b.fake.manager.get(sid)
-    assert rec.compat == {
-        "created_via": "e2b",
-        "auto_resume": auto_resume,
-        "on_timeout": "pause",
-    } and rec.on_timeout == "pause"
+    assert rec.compat == {"created_via": "e2b", "auto_resume": auto_resume, "on_timeout": "pause"}
+    assert rec.on_timeout == "pause"
     assert rec.idle_timeout_s == 0  # E2B has no idle standby
     info = (await e2b.get(f"/sandboxes/{sid}")).json()
     assert info["lifecycle"] == {"autoResume": auto_resume, "onTimeout": "pause"}

@@ -217,7 +217,9 @@ def paused() -> dict:
             if out["ends_kill"] != "running" and out["ends_pause"] != "running":
                 break
             time.sleep(1)
-        out["ends_pause_resumed"] = Sandbox.connect(ends_pause.sandbox_id, timeout=60).commands.run("echo up").stdout
+        out["ends_pause_resumed"] = (
+            Sandbox.connect(ends_pause.sandbox_id, timeout=60).commands.run("echo up").stdout
+        )
     finally:
         for s in (plain, auto, ends_kill, ends_pause):
             Sandbox.kill(s.sandbox_id)

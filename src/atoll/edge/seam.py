@@ -79,7 +79,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         self.edge = edge
         self.auth = auth
         self.sandbox_id = sandbox_id
-        self.resume = resume
+        self.resumes = resume
         """Whether a call resumes the sandbox from standby (False: E2B's sandboxes without
         auto-resume, whose calls are then refused 409 invalid_state; docs/e2b-compat.md §6.4)."""
         self.name = f"the worker of sandbox {sandbox_id} (through the edge)"
@@ -88,7 +88,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
     # ---- plumbing -------------------------------------------------------------------------------
     def _refused(self, p: upstream.Passed) -> errors.AtollError:
         e = _refused(p)
-        if not self.resume and e.status == 409 and e.code == "invalid_state":
+        if not self.resumes and e.status == 409 and e.code == "invalid_state":
             return SandboxPaused(
                 f"The sandbox {self.sandbox_id} was not found: it is paused; Sandbox.connect() resumes it",
                 detail=e.message,
@@ -115,7 +115,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         sub = self._where(path)
         try:
             async with self.edge.call(
-                self.auth, self.sandbox_id, method, sub, timeout=timeout, resume=self.resume, **kw
+                self.auth, self.sandbox_id, method, sub, timeout=timeout, resume=self.resumes, **kw
             ) as r:
                 yield r
         except upstream.Passed as p:
@@ -164,7 +164,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         """The sandbox's envd access token from the grant answer (core.grants.e2b_access_token):
         what the E2B edge answers as `envdAccessToken`; "" when asked with an access token."""
         try:
-            g = await self.edge.grants.get(self.auth, self.sandbox_id, self.resume)
+            g = await self.edge.grants.get(self.auth, self.sandbox_id, self.resumes)
         except upstream.Passed as p:
             raise self._refused(p) from None
         return g.e2b_access_token
@@ -285,7 +285,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
     async def attach_pty(self, sandbox_id: str, pty_id: str) -> api.PortStream:
         self._where(self._sb(sandbox_id, "pty", pty_id))
         try:
-            return await self.edge.pty_stream(self.auth, self.sandbox_id, pty_id, self.resume)
+            return await self.edge.pty_stream(self.auth, self.sandbox_id, pty_id, self.resumes)
         except upstream.Passed as p:
             raise self._refused(p) from None
 
