@@ -195,7 +195,9 @@ async def test_an_e2b_create_keeps_its_lifecycle_as_compat_and_a_no_resume_grant
     assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})).status_code == 200
     r = await c.post(f"/v1/sandboxes/{sid}/grant", json={"resume": False})
     assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state", r.text
-    assert "resume: false" in r.json()["error"]["message"]
+    assert (
+        "in standby and this call was asked not to resume it (resume: false)" in r.json()["error"]["message"]
+    )
     assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "standby"
     # the edge's seam asked not to resume: E2B's "paused" error, and the sandbox stays paused
     w = seam.seam_for_access_token(edge, _token(cp, sid), sid, resume=False)

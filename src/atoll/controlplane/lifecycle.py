@@ -691,9 +691,9 @@ class SandboxManager:
                 if not resume:
                     async with self.ledger.lock(sid):  # the step in progress ends first
                         rec = self.get(sid)
-                    if rec.state != State.RUNNING:
+                    if rec.state == State.STANDBY:
                         raise errors.Conflict(
-                            f"sandbox {sid} is {rec.state} and this call was asked not to resume it "
+                            f"sandbox {sid} is in standby and this call was asked not to resume it "
                             "(resume: false); resume it first (POST /v1/sandboxes/{id}/resume)",
                             code="invalid_state",
                         )
