@@ -40,16 +40,19 @@ async def on_loopback(app):
 async def e2b(tmp_path):
     async with FakeAtoll(tmp_path) as fake, on_loopback(fake.app) as api_url:
         seams: list[str] = []
+        resumes: list[bool] = []
 
-        def seam_for(request, sid: str):
+        def seam_for(request, sid: str, resume: bool = True):
             seams.append(sid)
+            resumes.append(resume)
             return fake.worker
 
-        async def state_of(sid: str) -> str | None:
+        async def state_of(sid: str) -> dict | None:  # as the edge child's `state` op answers
             try:
-                return str(fake.manager.get(sid).state)
+                rec = fake.manager.get(sid)
             except Exception:  # noqa: BLE001 - unknown: None
                 return None
+            return {"state": str(rec.state), "compat": rec.compat}
 
         app = e2b_app.create_app(
             e2b_app.Settings(api_url=api_url, token_key=TOKEN_KEY), state_of=state_of, seam_for=seam_for
@@ -61,6 +64,7 @@ async def e2b(tmp_path):
         ) as c:
             c.fake = fake  # type: ignore[attr-defined]
             c.seams = seams  # type: ignore[attr-defined]
+            c.resumes = resumes  # type: ignore[attr-defined]
             yield c
         await app.control.aclose()
 
@@ -199,6 +203,32 @@ async def test_envd_services_run_over_the_seam_the_edge_gives(e2b):
     assert e2b.seams == [sb["sandboxID"]]  # one service per (sandbox, token), kept for the next call
     missing = await e2b.post("/filesystem.Filesystem/Stat", json={"path": "/nope"}, headers=headers)
     assert missing.status_code == 404 and missing.json()["code"] == "not_found"  # a Connect error
+
+
+@pytest.mark.parametrize("auto_resume", [False, True])
+async def test_envd_calls_to_a_paused_sandbox_resume_it_only_with_auto_resume(e2b, auto_resume):
+    body = {"autoPause": True, "autoResume": {"enabled": auto_resume}}
+    sb = (await e2b.post("/sandboxes", json=body)).json()
+    sid = sb["sandboxID"]
+    rec = e2b.fake.manager.get(sid)
+    assert rec.compat == {"created_via": "e2b", "auto_resume": auto_resume, "on_timeout": "pause"}
+    assert rec.on_timeout == "pause"
+    assert rec.idle_timeout_s == 0  # E2B has no idle standby
+    info = (await e2b.get(f"/sandboxes/{sid}")).json()
+    assert info["lifecycle"] == {"autoResume": auto_resume, "onTimeout": "pause"}
+    assert (await e2b.post(f"/sandboxes/{sid}/pause")).status_code == 204
+    headers = {"E2b-Sandbox-Id": sid, "X-Access-Token": sb["envdAccessToken"]}
+    health = await e2b.get("/health", headers=headers)
+    assert "it is paused" in _error(health, 502)  # /health never resumes
+    stat = await e2b.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=headers)
+    files = await e2b.get("/files", params={"path": "/etc/hostname"}, headers=headers)
+    if auto_resume:  # handed to a seam that resumes it (its grant does: test_edge_seam.py)
+        assert e2b.seams == [sid, sid] and e2b.resumes == [True, True]
+    else:  # envd's answer for a paused sandbox: the SDKs read "was not found" as not running
+        assert "was not found: it is paused" in _error(stat, 502)
+        assert "was not found: it is paused" in _error(files, 502)
+        assert e2b.seams == []  # refused before any data path was asked for
+        assert e2b.fake.manager.get(sid).state == "standby"
 
 
 async def test_without_a_data_path_envd_calls_are_502(tmp_path):

@@ -173,3 +173,60 @@ async def test_request_seams_pick_the_credential_a_request_carries(two):
         await seam_for(Req(x_access_token=tok), b).stat_file(b, "/")
     with pytest.raises(errors.Unauthorized, match="X-Access-Token"):
         seam_for(Req(authorization="Basic dXNlcjo="), a)
+
+
+async def test_an_e2b_create_keeps_its_lifecycle_as_compat_and_a_no_resume_grant_leaves_standby_alone(two):
+    cp, c, fake, edge, _ = two
+    r = await c.post(
+        "/v1/sandboxes", json={"idle_timeout_s": 0, "e2b": {"auto_resume": False, "on_timeout": "pause"}}
+    )
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    want = {"created_via": "e2b", "auto_resume": False, "on_timeout": "pause"}
+    assert r.json()["compat"] == want and r.json()["on_timeout"] == "pause"
+    assert r.json()["metadata"] == {}  # not the user's labels
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["compat"] == want
+    # E2B's on_timeout follows a PATCH of atoll's
+    r = await c.patch(f"/v1/sandboxes/{sid}", json={"on_timeout": "delete"})
+    assert r.json()["compat"]["on_timeout"] == "kill", r.text
+    # the grant answer carries it; `{"resume": false}` on a running sandbox is an ordinary grant
+    r = await c.post(f"/v1/sandboxes/{sid}/grant", json={"resume": False})
+    assert r.status_code == 200 and r.json()["compat"]["created_via"] == "e2b", r.text
+    assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "memory"})).status_code == 200
+    r = await c.post(f"/v1/sandboxes/{sid}/grant", json={"resume": False})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state", r.text
+    assert (
+        "in standby and this call was asked not to resume it (resume: false)" in r.json()["error"]["message"]
+    )
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "standby"
+    # the edge's seam asked not to resume: E2B's "paused" error, and the sandbox stays paused
+    w = seam.seam_for_access_token(edge, _token(cp, sid), sid, resume=False)
+    with pytest.raises(seam.SandboxPaused) as e:
+        await w.exec(sid, api.ExecSpec(cmd="true", max_output_bytes=1 << 20))
+    assert "was not found: it is paused" in e.value.message and e.value.status == 409
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "standby"
+    # without the body (or resume: true) the grant resumes it, as before
+    r = await c.post(f"/v1/sandboxes/{sid}/grant")
+    assert r.status_code == 200, r.text
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"resume": "no"}, "resume must be true or false"),
+        ({"resume": False, "x": 1}, "unknown fields ['x']"),
+    ],
+)
+async def test_a_bad_grant_body_is_400_naming_the_field(two, body, says):
+    cp, c, fake, edge, (a, _) = two
+    r = await c.post(f"/v1/sandboxes/{a}/grant", json=body)
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+async def test_e2b_options_that_disagree_with_on_timeout_are_400(two):
+    cp, c, fake, edge, _ = two
+    r = await c.post("/v1/sandboxes", json={"on_timeout": "delete", "e2b": {"on_timeout": "pause"}})
+    assert r.status_code == 400 and "disagree" in r.text, r.text
+    r = await c.post("/v1/sandboxes", json={"e2b": {"auto_resume": "yes"}})
+    assert r.status_code == 400, r.text

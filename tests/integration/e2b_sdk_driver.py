@@ -293,12 +293,69 @@ def interpreter() -> dict:
     return out
 
 
+def _try(f) -> str:
+    try:
+        f()
+    except Exception as e:  # noqa: BLE001
+        return _name(e)
+    return "no error"
+
+
+def _state(sid: str) -> str:
+    try:
+        return str(Sandbox.get_info(sid).state.value)
+    except Exception as e:  # noqa: BLE001 - a killed sandbox
+        return _name(e)
+
+
+def paused() -> dict:
+    """E2B's lifecycle kept per sandbox: envd calls to a paused sandbox fail as "not running"
+    unless it was created with auto-resume (then they resume it); the lifetime's end kills or
+    pauses as `on_timeout` says."""
+    out: dict = {}
+    plain = Sandbox.create(timeout=120)
+    auto = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    ends_kill = Sandbox.create(timeout=120)
+    ends_pause = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause"})
+    try:
+        plain.files.write("/tmp/x", "plain")
+        auto.files.write("/tmp/x", "auto")
+        plain.pause()
+        auto.pause()
+        out["plain_is_running"] = plain.is_running()
+        out["plain_read"] = _try(lambda: plain.files.read("/tmp/x"))
+        out["plain_run"] = _try(lambda: plain.commands.run("true"))
+        out["plain_state"] = _state(plain.sandbox_id)
+        back = Sandbox.connect(plain.sandbox_id, timeout=120)
+        out["plain_read_after_connect"] = back.files.read("/tmp/x")
+        out["auto_is_running"] = auto.is_running()
+        out["auto_read"] = auto.files.read("/tmp/x")  # resumes it
+        out["auto_run"] = auto.commands.run("echo ran").stdout
+        out["auto_state"] = _state(auto.sandbox_id)
+        ends_kill.set_timeout(2)
+        ends_pause.set_timeout(2)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            out["ends_kill"], out["ends_pause"] = _state(ends_kill.sandbox_id), _state(ends_pause.sandbox_id)
+            if out["ends_kill"] != "running" and out["ends_pause"] != "running":
+                break
+            time.sleep(1)
+        out["ends_pause_resumed"] = (
+            Sandbox.connect(ends_pause.sandbox_id, timeout=60).commands.run("echo up").stdout
+        )
+    finally:
+        for s in (plain, auto, ends_kill, ends_pause):
+            Sandbox.kill(s.sandbox_id)
+    return out
+
+
 SCENARIOS = {
     "lifecycle": lifecycle,
     "errors": errors,
     "envd": envd,
     "volumes": volumes,
     "interpreter": interpreter,
+    "paused": paused,
 }
 
 if __name__ == "__main__":

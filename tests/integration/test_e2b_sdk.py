@@ -166,6 +166,21 @@ def test_run_code_through_the_code_interpreter(atoll_up):
     assert out["disk_pause"][0] == "disk" and out["x_after_disk"] == "2", out
 
 
+@RELEASES
+def test_e2b_lifecycle_is_kept_per_sandbox(release, atoll_up):
+    """Without auto-resume a paused sandbox's envd calls fail as "not running" and leave it
+    paused; with it they resume it; the lifetime's end kills or pauses as on_timeout says."""
+    out = drive(release, atoll_up, "paused")
+    assert out["plain_is_running"] is False and out["plain_state"] == "paused", out
+    not_running = {"2.63": "SandboxNotRunningException", "2.31": "TimeoutException"}[release]
+    assert out["plain_read"] == not_running and out["plain_run"] == not_running, out
+    assert out["plain_read_after_connect"] == "plain", out
+    assert out["auto_is_running"] is False, out  # /health never resumes
+    assert out["auto_read"] == "auto" and out["auto_run"] == "ran\n" and out["auto_state"] == "running", out
+    assert out["ends_kill"] in ("NotFoundException", "SandboxNotFoundException"), out
+    assert out["ends_pause"] == "paused" and out["ends_pause_resumed"] == "up\n", out
+
+
 def _edge_children(pid: int) -> list[int]:
     """PIDs of `python -m atoll.edge` processes whose parent is `pid`."""
     out = []

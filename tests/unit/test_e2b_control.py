@@ -20,7 +20,9 @@ def test_a_2_63_create_with_nothing_given_lives_300_s_is_killed_at_its_end_and_r
             "metadata": {},
             "env": {},
             "timeout_s": 300,
+            "idle_timeout_s": 0,  # E2B has no idle standby: standby is "paused" to the SDK
             "on_timeout": "delete",
+            "e2b": {"auto_resume": False, "on_timeout": "kill"},  # kept as the sandbox's compat
             "network": {"allow_out": ["*"], "deny_out": []},
         },
         False,
@@ -48,7 +50,9 @@ def test_a_2_31_create_with_everything():
         "metadata": {"team": "a"},
         "env": {"A": "1"},
         "timeout_s": 60,
+        "idle_timeout_s": 0,
         "on_timeout": "pause",
+        "e2b": {"auto_resume": True, "on_timeout": "pause"},
         "network": {"allow_out": [], "deny_out": []},
         "drives": [{"name": "data", "path": "/data"}],
     }
@@ -121,7 +125,9 @@ def test_answers_carry_every_field_the_sdks_require():
         c.listed_sandbox({**SB, "state": "creating", "expires_at": "2026-12-06T19:00:00Z"})["state"]
         == "running"
     )
-    detail = c.sandbox_detail(SB, token="tok", auto_resume=True)
+    detail = c.sandbox_detail(
+        {**SB, "compat": {"created_via": "e2b", "auto_resume": True, "on_timeout": "kill"}}, token="tok"
+    )
     assert detail["lifecycle"] == {"autoResume": True, "onTimeout": "pause"} and detail["allowInternetAccess"]
     for key in (
         "templateID",

@@ -101,6 +101,10 @@ class SandboxRecord(Base):
     """Failed resumes in a row; the sandbox is failed at ledger.MAX_RESUME_FAILURES."""
     mounts: Mapped[list | None] = mapped_column(sa.JSON, nullable=True)
     """Volumes and drives it mounts: [{kind, name, path, read_only}] (None: none)."""
+    compat: Mapped[dict | None] = mapped_column(sa.JSON, nullable=True)
+    """The options of the compatibility API it was created through (migration 0022): for the E2B
+    port `{"created_via": "e2b", "auto_resume": bool, "on_timeout": "kill"|"pause"}`; None when
+    made through atoll's own API. Not metadata (that is the user's)."""
 
 
 class StoreRecord(Base):

@@ -125,11 +125,12 @@ class EdgeHost:
         if msg.get("op") == "state":
             sid = str(msg.get("sandbox_id", ""))
             try:
-                return {"state": str(self.manager.get(sid).state)}
+                rec = self.manager.get(sid)
             except errors.NotFound:
-                return {"state": None}
+                return {"state": None, "compat": None}
             except errors.AtollError as e:
                 raise ipc.CallError(e.code, e.message) from None
+            return {"state": str(rec.state), "compat": rec.compat}
         raise ipc.CallError("invalid_request", f"unknown operation {msg.get('op')!r}")
 
     async def aclose(self) -> None:

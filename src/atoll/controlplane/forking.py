@@ -101,6 +101,7 @@ async def fork(m: Ledger, steps: Steps, sid: str, count: int) -> list[dbm.Sandbo
                 expires_at=rec.expires_at,  # a copy never outlives its parent's bound (lifetime)
                 on_timeout=rec.on_timeout,
                 on_worker_lost=rec.on_worker_lost,
+                compat=dict(rec.compat) if rec.compat else None,
             )
             copies.append(c)
         async with contextlib.AsyncExitStack() as held:

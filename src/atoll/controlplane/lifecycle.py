@@ -325,6 +325,7 @@ class SandboxManager:
                 on_timeout=getattr(req, "on_timeout", "pause"),
                 on_worker_lost=getattr(req, "on_worker_lost", "fail"),
                 mounts=_mount_dicts(want) or None,
+                compat=req.compat() if hasattr(req, "compat") else None,
             )
             spec = api.SandboxSpec(
                 sandbox_id=sid,
@@ -676,8 +677,10 @@ class SandboxManager:
         return rec
 
     @contextlib.asynccontextmanager
-    async def activity(self, sid: str):
-        """Wrap an exec/file call: resume if in standby, count it as activity while it runs."""
+    async def activity(self, sid: str, resume: bool = True):
+        """Wrap an exec/file call: resume if in standby, count it as activity while it runs.
+        `resume=False` (the E2B port's grants for sandboxes without auto-resume): a sandbox in
+        standby, or paused by a step in progress, is 409 invalid_state instead."""
         rec = self.get(sid)
         self.ledger.refuse_if_failed(rec)
         self.ledger.inflight[sid] = self.ledger.inflight.get(sid, 0) + 1
@@ -685,6 +688,15 @@ class SandboxManager:
             # A pause (or another step) in flight holds the lock: wait for it, then resume if needed,
             # so a call never reaches a sandbox that is being checkpointed under it.
             if rec.state != State.RUNNING or self.ledger.lock(sid).locked():
+                if not resume:
+                    async with self.ledger.lock(sid):  # the step in progress ends first
+                        rec = self.get(sid)
+                    if rec.state == State.STANDBY:
+                        raise errors.Conflict(
+                            f"sandbox {sid} is in standby and this call was asked not to resume it "
+                            "(resume: false); resume it first (POST /v1/sandboxes/{id}/resume)",
+                            code="invalid_state",
+                        )
                 rec = await self.resume(sid)
             self.ledger.activity[sid] = time.monotonic()
             yield self.worker(rec)

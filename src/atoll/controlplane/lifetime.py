@@ -72,6 +72,8 @@ def update(manager: Ledger, sid: str, req: UpdateSandbox) -> dbm.SandboxRecord:
         changes["metadata_"] = dict(req.metadata or {})
     if "timeout_s" in sent:
         changes["expires_at"] = deadline(req.timeout_s)
+    if "on_timeout" in changes and rec.compat:  # E2B's name for it follows (docs/e2b-compat.md)
+        changes["compat"] = {**rec.compat, "on_timeout": "kill" if req.on_timeout == "delete" else "pause"}
     for k, v in changes.items():
         setattr(rec, k, v)
     if changes:

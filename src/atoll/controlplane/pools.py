@@ -343,6 +343,7 @@ class Pools:
                 expires_at=lifetime.deadline(req.timeout_s, now),
                 on_timeout=req.on_timeout,
                 on_worker_lost=getattr(req, "on_worker_lost", "fail"),
+                compat=req.compat() if hasattr(req, "compat") else None,
             )
             m.touch(sid)
         m.db.count_pool_claim(pool_tenant, rec.template)

@@ -198,6 +198,33 @@ class StandbySettings(BaseModel):
 _STANDBY_ALIASES = (("memory_s", "idle_timeout_s"), ("disk_s", "disk_after_s"))
 
 
+class E2BOptions(BaseModel):
+    """E2B's per-sandbox lifecycle, sent by atoll's E2B port (atoll.e2b) on create and kept in
+    the sandbox's `compat` (docs/e2b-compat.md §6.4). Internal but documented: any caller may
+    send it, and it changes only how the E2B port treats the sandbox."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    auto_resume: pydantic.StrictBool = Field(
+        False,
+        description="E2B's `autoResume.enabled`: envd calls to the sandbox in standby resume it; "
+        "without it they answer 502 (paused) until `Sandbox.connect`",
+    )
+    on_timeout: Literal["kill", "pause"] = Field(
+        "kill",
+        description='E2B\'s end of the lifetime: "kill" (atoll\'s on_timeout "delete") or "pause"; '
+        "sets on_timeout when that is not given, and must agree with it when it is",
+    )
+
+
+class Compat(BaseModel):
+    """A sandbox's `compat`: E2B's lifecycle when it was created through the E2B port."""
+
+    created_via: Literal["e2b"]
+    auto_resume: bool = Field(description="envd calls resume it from standby (else 502 until connect)")
+    on_timeout: Literal["kill", "pause"] = Field(description="E2B's name for its on_timeout")
+
+
 class CreateSandbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -265,8 +292,34 @@ class CreateSandbox(BaseModel):
         "idle_timeout_s and disk_after_s by other names (give either form, or both with equal values)",
     )
 
+    e2b: E2BOptions | None = Field(
+        None,
+        description="Sent by atoll's E2B port (docs/e2b-compat.md): E2B's lifecycle options, kept as "
+        'the sandbox\'s `compat` {"created_via": "e2b", "auto_resume", "on_timeout"}',
+    )
+
     _v_timeout = field_validator("timeout_s", mode="before")(classmethod(lambda cls, v: _check_lifetime(v)))
     _v_env = field_validator("env")(classmethod(lambda cls, v: _check_sandbox_env(v)))
+
+    @pydantic.model_validator(mode="after")
+    def _v_e2b(self) -> CreateSandbox:
+        """E2B's on_timeout sets atoll's when that is not given; given, the two must agree."""
+        if self.e2b is None:
+            return self
+        want = "delete" if self.e2b.on_timeout == "kill" else "pause"
+        if "on_timeout" in self.model_fields_set and self.on_timeout != want:
+            raise ValueError(
+                f"e2b.on_timeout={self.e2b.on_timeout!r} and on_timeout={self.on_timeout!r} disagree "
+                f'(E2B\'s "kill" is atoll\'s "delete"); give one of them'
+            )
+        self.on_timeout = want  # type: ignore[assignment]
+        return self
+
+    def compat(self) -> dict | None:
+        """The sandbox's `compat` record (db.SandboxRecord.compat) for this create."""
+        if self.e2b is None:
+            return None
+        return {"created_via": "e2b", "auto_resume": self.e2b.auto_resume, "on_timeout": self.e2b.on_timeout}
 
     @pydantic.model_validator(mode="after")
     def _v_standby(self) -> CreateSandbox:
@@ -523,6 +576,14 @@ class GrantDefaults(BaseModel):
     max_file_bytes: int = Field(description="This server's cap on a file upload (ATOLL_MAX_FILE_MB)")
 
 
+class GrantRequest(BaseModel):
+    """The optional body of `POST /v1/sandboxes/{id}/grant`."""
+
+    resume: bool = Field(
+        True, description="Resume the sandbox when it is in standby (false: answer 409 invalid_state)"
+    )
+
+
 class Grant(BaseModel):
     sandbox_id: str
     worker: GrantWorker
@@ -537,6 +598,7 @@ class Grant(BaseModel):
         description="The sandbox's envd access token (E2B's `envdAccessToken`), when asked with an API "
         "key; null when asked with that token (`Authorization: E2B-Access <token>`)",
     )
+    compat: Compat | None = Field(None, description="The sandbox's `compat` (E2B's auto-resume)")
 
 
 def iso(t):
@@ -600,6 +662,7 @@ def sandbox_view(
         "expires_at": iso(rec.expires_at),
         "on_timeout": rec.on_timeout or "pause",
         "on_worker_lost": rec.on_worker_lost or "fail",
+        "compat": rec.compat,
     }
 
 
@@ -674,6 +737,9 @@ class Sandbox(BaseModel):
     expires_at: str | None = Field(None, description="End of its lifetime (ISO 8601, UTC); null: none")
     on_timeout: Literal["pause", "delete"] = Field("pause", description=_ON_TIMEOUT_DOC)
     on_worker_lost: Literal["fail", "restore"] = Field("fail", description=_ON_WORKER_LOST_DOC)
+    compat: Compat | None = Field(
+        None, description="What a compatibility API it was created through keeps (null: atoll's own API)"
+    )
 
 
 class SandboxMetrics(BaseModel):

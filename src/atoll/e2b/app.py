@@ -294,7 +294,7 @@ class ControlAPI:
         sid = _sid(request)
         sb = await self.sandbox(key, sid)
         token = self.local_token(sid)
-        out = control.sandbox_detail(sb, token=token or "", auto_resume=False)
+        out = control.sandbox_detail(sb, token=token or "")
         if token is None:
             out.pop("envdAccessToken")
         return JSONResponse(out)

@@ -136,7 +136,12 @@ def create_request(body: object, *, internet: bool = True) -> CreatePlan:
         "metadata": _str_map(b.get("metadata"), "metadata"),
         "env": _str_map(b.get("envVars"), "envVars"),
         "timeout_s": timeout,
+        # E2B has no idle standby: to its SDKs a sandbox in standby is a paused one (is_running()
+        # False, envd 502 without auto-resume), so atoll's idle policy is off for these sandboxes
+        "idle_timeout_s": 0,
         "on_timeout": "pause" if auto_pause else "delete",
+        # kept as the sandbox's `compat` (atoll's create field `e2b`, docs/e2b-compat.md §6.4)
+        "e2b": {"auto_resume": auto_resume, "on_timeout": "pause" if auto_pause else "kill"},
         "network": network_policy(
             b.get("network"), _bool(b.get("allow_internet_access"), "allow_internet_access", internet)
         ),
@@ -272,7 +277,19 @@ def listed_sandbox(sb: dict) -> dict:
     }
 
 
-def sandbox_detail(sb: dict, *, token: str, auto_resume: bool, domain: str | None = None) -> dict:
+def paused_message(sid: str) -> str:
+    """What envd answers (502) for a call to a paused sandbox it does not resume: the SDKs map a
+    502 whose message says `was not found` to "not running" (docs/e2b-compat.md §1 finding 9)."""
+    return f"The sandbox {sid} was not found: it is paused; Sandbox.connect() resumes it"
+
+
+def auto_resume(sb: dict) -> bool:
+    """Whether atoll's sandbox object (or a grant answer) says E2B's auto-resume is on: its
+    `compat` (kept from the E2B create), off for sandboxes made otherwise."""
+    return bool((sb.get("compat") or {}).get("auto_resume"))
+
+
+def sandbox_detail(sb: dict, *, token: str, domain: str | None = None) -> dict:
     """E2B's `SandboxDetail` (`GET /sandboxes/{id}`)."""
     net = sb.get("network") or {}
     return {
@@ -282,7 +299,7 @@ def sandbox_detail(sb: dict, *, token: str, auto_resume: bool, domain: str | Non
         "domain": domain,
         "network": {"allowOut": list(net.get("allow_out") or []), "denyOut": list(net.get("deny_out") or [])},
         "lifecycle": {
-            "autoResume": auto_resume,
+            "autoResume": auto_resume(sb),
             "onTimeout": "pause" if sb.get("on_timeout") == "pause" else "kill",
         },
     }

@@ -59,7 +59,11 @@ _STATUS_CODES = {
 
 
 def connect_error(e: errors.AtollError) -> ConnectError:
-    """The Connect error an SDK reads for an atoll error (its code and message kept)."""
+    """The Connect error an SDK reads for an atoll error (its code and message kept). A sandbox
+    paused and not resumed (edge.seam.SandboxPaused, marked `paused`) is `unavailable` with
+    envd's "was not found" text, which both SDKs read as "not running"."""
+    if getattr(e, "paused", False):
+        return ConnectError(Code.UNAVAILABLE, e.message)
     return ConnectError(_STATUS_CODES.get(e.status, Code.INTERNAL), f"{e.code}: {e.message}")
 
 

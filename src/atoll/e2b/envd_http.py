@@ -51,6 +51,8 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def _atoll_error(e: errors.AtollError) -> JSONResponse:
+    if getattr(e, "paused", False):  # edge.seam.SandboxPaused: envd's answer for a paused sandbox
+        return _error(502, e.message)
     return _error(e.status if 400 <= e.status < 600 else 500, f"{e.code}: {e.message}")
 
 

@@ -29,9 +29,10 @@ ENVD_FILES = "/files"
 SeamFor = typing.Callable[[Request, str], typing.Any]
 """`seam_for(request, sandbox_id)` → a WorkerAPI-like object for that one sandbox (or an awaitable
 of one), authorized by the request's `X-Access-Token`; raising `E2BError` refuses the call."""
-StateOf = typing.Callable[[str], typing.Awaitable[str | None]]
+StateOf = typing.Callable[[str], typing.Awaitable[str | dict | None]]
 """`state_of(sandbox_id)` → atoll's state of the sandbox (`running`, `standby`, …) or None when
-there is none, without resuming it (the /health probe)."""
+there is none, without resuming it (the /health probe); or `{"state": …, "compat": {…}|None}`
+with its `compat` too (E2B's auto-resume: without it envd calls to a paused sandbox answer 502)."""
 
 
 class Envd:
@@ -41,7 +42,9 @@ class Envd:
         self.token_key = token_key
         self.seam_for = seam_for
         self.state_of = state_of
-        self._apps: collections.OrderedDict[tuple[str, str, str], typing.Any] = collections.OrderedDict()
+        self._apps: collections.OrderedDict[tuple[str, str, str, bool], typing.Any] = (
+            collections.OrderedDict()
+        )
         self._factories: dict[str, typing.Any] | None = None
 
     @staticmethod
@@ -69,6 +72,15 @@ class Envd:
                 f"wrong or missing X-Access-Token for sandbox {sid} (envdAccessToken of its create or connect answer)",
             )
 
+    async def look(self, sid: str) -> tuple[str | None, dict | None]:
+        """(atoll state, compat) of sandbox `sid` from `state_of`, never resuming it."""
+        assert self.state_of is not None
+        got = await self.state_of(sid)
+        if isinstance(got, dict):
+            compat = got.get("compat")
+            return got.get("state"), compat if isinstance(compat, dict) else None
+        return got, None
+
     async def health(self, request: Request) -> Response:
         sid = self.sandbox_id(request)
         self.check_token(request, sid)
@@ -76,14 +88,27 @@ class Envd:
             raise control.E2BError(
                 502, f"The sandbox {sid} was not found: this edge cannot see sandbox states"
             )
-        state = await self.state_of(sid)
+        state, _ = await self.look(sid)
         if state in ("running", "creating"):
             return Response(status_code=204)
         if state == "standby":
-            raise control.E2BError(
-                502, f"The sandbox {sid} was not found: it is paused; Sandbox.connect() resumes it"
-            )
+            raise control.E2BError(502, control.paused_message(sid))
         raise control.E2BError(502, f"The sandbox {sid} was not found")
+
+    async def resumes(self, sid: str) -> bool:
+        """Whether this envd call may resume sandbox `sid` from standby: E2B's auto-resume when it
+        was created through E2B (its `compat`), atoll's own rule (always) otherwise, or when this
+        edge cannot see states. A paused sandbox that does not resume is 502 here, before any
+        grant is asked (a pause between this look and the grant: the grant, asked with
+        `resume: false`, is refused and the call answers `unavailable` with the same text)."""
+        if self.state_of is None:
+            return True
+        state, compat = await self.look(sid)
+        if compat is None:
+            return True
+        if state == "standby" and not compat.get("auto_resume"):
+            raise control.E2BError(502, control.paused_message(sid))
+        return bool(compat.get("auto_resume"))
 
     def _services(self) -> dict[str, typing.Any]:
         """The envd services atoll has: path prefix → factory(seam, sid) of an ASGI app, made
@@ -129,11 +154,12 @@ class Envd:
             raise control.E2BError(
                 502, f"The sandbox {sid} cannot be reached: this edge has no data path to workers yet"
             )
+        resume = await self.resumes(sid)
         token = hashlib.sha256(request.headers.get("x-access-token", "").encode()).hexdigest()
-        k = (prefix, sid, token)
+        k = (prefix, sid, token, resume)
         app = self._apps.get(k)
         if app is None:
-            seam = self.seam_for(request, sid)
+            seam = self.seam_for(request, sid) if resume else self.seam_for(request, sid, resume=False)
             if asyncio.iscoroutine(seam):
                 seam = await seam
             app = factory(seam, sid)

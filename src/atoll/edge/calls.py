@@ -141,16 +141,18 @@ class Base:
         timeout: float | None = 30.0,
         headers: dict[str, str] | None = None,
         replayable: bool = True,
+        resume: bool = True,
         **kw: typing.Any,
     ) -> typing.AsyncIterator[http11.Response]:
         """The worker's answer (status < 400, body unread) to `method` /sandboxes/{sid}/{sub}, with
         a grant. A stale grant or a sandbox not there (refused before the worker did anything) is
         asked for again once when the request can be sent again (`replayable`: JSON or bytes held;
         a streamed upload is not, and is then a retryable 503). `timeout` bounds the wait for the
-        answer's head (None: a command's, as long as it runs)."""
+        answer's head (None: a command's, as long as it runs). `resume=False`: a sandbox in
+        standby is not resumed for the call (409 invalid_state, edge.upstream.Grants.get)."""
         served = False
         for attempt in (0, 1):
-            g = await self.grants.get(auth, sid)
+            g = await self.grants.get(auth, sid, resume)
             sent = {
                 "Authorization": f"{grants.SCHEME} {g.grant}",
                 wire.PROTOCOL_HEADER: str(api.PROTOCOL_VERSION),

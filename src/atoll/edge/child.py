@@ -4,8 +4,8 @@
 The parent (controlplane.edge_host) bound ATOLL_E2B_HOST:ATOLL_E2B_PORT and hands the listening
 socket down with a channel (shared.ipc). This process serves E2B's API there (e2b.app, with the
 native edge routes behind `/v1/…`), forwarding control calls to the parent's API over loopback
-and asking it over the channel only what has no route: a sandbox's state for envd's `/health`
-(op `state`, which never resumes). Configuration comes from the environment (ATOLL_E2B_TOKEN_KEY,
+and asking it over the channel only what has no route: a sandbox's state and `compat` (E2B's
+auto-resume) for envd's `/health` and calls to a paused sandbox (op `state`, which never resumes). Configuration comes from the environment (ATOLL_E2B_TOKEN_KEY,
 ATOLL_E2B_INTERNET, ATOLL_E2B_PAUSE_TIER, ATOLL_LOG_FORMAT, ATOLL_LOG_LEVEL). It stops when the
 parent's end of the channel closes or on SIGTERM; SIGINT is the parent's. When the API serves
 https, so does this port, with the API's certificate (`--tls-cert-file`, `--tls-key-file`).
@@ -44,12 +44,12 @@ async def run(
     channel = ipc.Channel(channel_sock, handler=handle, name="edge channel")
     channel.start()
 
-    async def state_of(sid: str) -> str | None:
+    async def state_of(sid: str) -> dict | None:
         try:
             reply, _ = await channel.call("state", timeout=10, sandbox_id=sid)
         except (ipc.CallError, ipc.ChannelClosed, TimeoutError):
             return None
-        return reply.get("state")
+        return {"state": reply.get("state"), "compat": reply.get("compat")}
 
     edge = service.Edge(server, ca_file)
     app = service.e2b_asgi(edge, service.e2b_settings(server, ca_file), state_of=state_of)

@@ -63,19 +63,39 @@ def _refused(p: upstream.Passed) -> errors.AtollError:
     return wire.error_from_body(p.status, body, f"the API server refused the grant ({p.status})")
 
 
+class SandboxPaused(errors.Conflict):
+    """A call to a sandbox in standby that was asked not to resume it (the grant route's 409
+    invalid_state to `{"resume": false}`). `paused` tells the E2B services to answer it as envd
+    answers a paused sandbox (502 / Connect `unavailable`, "was not found: it is paused")."""
+
+    paused = True
+
+
 class GrantedWorker(seam_verbs.RemoteVerbs):
     """WorkerAPI's data verbs for sandbox `sandbox_id`, called with `auth` (the Authorization
     header the grant is asked for with) through `edge`. Shares the edge's grant cache and worker
     channels: making one costs nothing; `aclose` closes nothing (the edge owns them)."""
 
-    def __init__(self, edge: service.Edge, auth: str, sandbox_id: str):
+    def __init__(self, edge: service.Edge, auth: str, sandbox_id: str, resume: bool = True):
         self.edge = edge
         self.auth = auth
         self.sandbox_id = sandbox_id
+        self.resumes = resume
+        """Whether a call resumes the sandbox from standby (False: E2B's sandboxes without
+        auto-resume, whose calls are then refused 409 invalid_state; docs/e2b-compat.md §6.4)."""
         self.name = f"the worker of sandbox {sandbox_id} (through the edge)"
         self._sub = f"/sandboxes/{sandbox_id}/"
 
     # ---- plumbing -------------------------------------------------------------------------------
+    def _refused(self, p: upstream.Passed) -> errors.AtollError:
+        e = _refused(p)
+        if not self.resumes and e.status == 409 and e.code == "invalid_state":
+            return SandboxPaused(
+                f"The sandbox {self.sandbox_id} was not found: it is paused; Sandbox.connect() resumes it",
+                detail=e.message,
+            )
+        return e
+
     def _where(self, path: str) -> str:
         """The part of seam path `path` after /sandboxes/{id}/, or an error for a path a grant
         does not open (another sandbox, a lifecycle or worker verb)."""
@@ -95,10 +115,12 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
     ) -> AsyncIterator[http11.Response]:
         sub = self._where(path)
         try:
-            async with self.edge.call(self.auth, self.sandbox_id, method, sub, timeout=timeout, **kw) as r:
+            async with self.edge.call(
+                self.auth, self.sandbox_id, method, sub, timeout=timeout, resume=self.resumes, **kw
+            ) as r:
                 yield r
         except upstream.Passed as p:
-            raise _refused(p) from None
+            raise self._refused(p) from None
 
     async def _call(
         self,
@@ -143,9 +165,9 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         """The sandbox's envd access token from the grant answer (core.grants.e2b_access_token):
         what the E2B edge answers as `envdAccessToken`; "" when asked with an access token."""
         try:
-            g = await self.edge.grants.get(self.auth, self.sandbox_id)
+            g = await self.edge.grants.get(self.auth, self.sandbox_id, self.resumes)
         except upstream.Passed as p:
-            raise _refused(p) from None
+            raise self._refused(p) from None
         return g.e2b_access_token
 
     # ---- exec -----------------------------------------------------------------------------------
@@ -264,9 +286,9 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
     async def attach_pty(self, sandbox_id: str, pty_id: str) -> api.PortStream:
         self._where(self._sb(sandbox_id, "pty", pty_id))
         try:
-            return await self.edge.pty_stream(self.auth, self.sandbox_id, pty_id)
+            return await self.edge.pty_stream(self.auth, self.sandbox_id, pty_id, self.resumes)
         except upstream.Passed as p:
-            raise _refused(p) from None
+            raise self._refused(p) from None
 
     # ---- what a grant does not open (the server's: call the API) --------------------------------
     def _not_granted(self, verb: str) -> errors.InvalidRequest:
@@ -330,11 +352,14 @@ def seam_for(edge: service.Edge, auth_header: str, sandbox_id: str) -> GrantedWo
     return GrantedWorker(edge, _header(auth_header, "Authorization header"), sandbox_id)
 
 
-def seam_for_access_token(edge: service.Edge, token: str, sandbox_id: str) -> GrantedWorker:
+def seam_for_access_token(
+    edge: service.Edge, token: str, sandbox_id: str, resume: bool = True
+) -> GrantedWorker:
     """The same with the sandbox's envd access token (E2B's `X-Access-Token`) instead of a key: the
-    server checks it (core.grants.check_e2b_access_token) and it opens this one sandbox only."""
+    server checks it (core.grants.check_e2b_access_token) and it opens this one sandbox only.
+    `resume=False`: its calls do not resume the sandbox from standby (409 invalid_state)."""
     token = _header(token or "", "access token (X-Access-Token)")
-    return GrantedWorker(edge, f"{grants.E2B_ACCESS_SCHEME} {token}", sandbox_id)
+    return GrantedWorker(edge, f"{grants.E2B_ACCESS_SCHEME} {token}", sandbox_id, resume)
 
 
 class _HasHeaders(typing.Protocol):
@@ -342,23 +367,24 @@ class _HasHeaders(typing.Protocol):
     def headers(self) -> typing.Mapping[str, str]: ...
 
 
-def request_seams(edge: service.Edge) -> typing.Callable[[_HasHeaders, str], GrantedWorker]:
+def request_seams(edge: service.Edge) -> typing.Callable[..., GrantedWorker]:
     """The E2B app's `seam_for(request, sid)`: a GrantedWorker with what the request carries —
     E2B's `X-Access-Token` (envd calls), else `X-API-Key` (control calls), else an
     `Authorization: Bearer <key>` (atoll's own). envd's `Authorization: Basic` (the user name) is
-    not a credential and is never sent on. Nothing at all is 401 before anything is sent."""
+    not a credential and is never sent on. Nothing at all is 401 before anything is sent.
+    `resume=False` (a sandbox without E2B's auto-resume): its calls never resume it."""
 
-    def seam_for_request(request: _HasHeaders, sandbox_id: str) -> GrantedWorker:
+    def seam_for_request(request: _HasHeaders, sandbox_id: str, resume: bool = True) -> GrantedWorker:
         h = request.headers
         token = h.get("x-access-token")
         if token:
-            return seam_for_access_token(edge, token, sandbox_id)
+            return seam_for_access_token(edge, token, sandbox_id, resume)
         key = h.get("x-api-key")
         if key:
-            return seam_for(edge, f"Bearer {key.strip()}", sandbox_id)
+            return GrantedWorker(edge, _header(f"Bearer {key.strip()}", "API key"), sandbox_id, resume)
         auth = h.get("authorization") or ""
         if auth[:7].lower() == "bearer ":
-            return seam_for(edge, auth, sandbox_id)
+            return GrantedWorker(edge, _header(auth, "Authorization header"), sandbox_id, resume)
         raise errors.Unauthorized(
             f"sandbox {sandbox_id}: send its envd access token (X-Access-Token) or an API key (X-API-Key)"
         )

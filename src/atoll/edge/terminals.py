@@ -111,11 +111,13 @@ class TerminalRoutes(calls.Base):
             raise ConnectionRefusedError(message)
         raise errors.from_code(code or "runtime_error", message or f"the tunnel answered {line!r}")
 
-    async def pty_stream(self, auth: str, sid: str, pty_id: str) -> portstream.SocketPort:
+    async def pty_stream(
+        self, auth: str, sid: str, pty_id: str, resume: bool = True
+    ) -> portstream.SocketPort:
         """A terminal's frame stream through the worker's port tunnel, with a grant; a stale grant
         (or a sandbox that moved) is asked for again once, as `call` does."""
         for attempt in (0, 1):
-            g = await self.grants.get(auth, sid)
+            g = await self.grants.get(auth, sid, resume)
             try:
                 return await self._tunnel(g, pty_id)
             except errors.AtollError as e:

@@ -97,6 +97,8 @@ class Grant:
     e2b_access_token: str = ""
     """The sandbox's envd access token (core.grants.e2b_access_token), when the grant was asked
     for with an API key (the E2B edge answers it as `envdAccessToken`); else ""."""
+    compat: dict | None = None
+    """The sandbox's `compat` (E2B's auto-resume, kept from an E2B create); None: none."""
 
 
 def _verdict(g: Grant, d: typing.Any) -> Verdict:
@@ -137,15 +139,17 @@ class Grants:
         self._cache.pop(key, None)
         self._checked.pop(key, None)
 
-    async def get(self, auth: str, sid: str) -> Grant:
+    async def get(self, auth: str, sid: str, resume: bool = True) -> Grant:
         """A grant for a new call: the kept one while it is good and the server still says so
-        (asked every REVALIDATE_S), else a new one; Passed for the server's refusal."""
+        (asked every REVALIDATE_S), else a new one; Passed for the server's refusal. `resume=False`
+        asks the server not to resume a sandbox in standby (it answers 409 invalid_state: the
+        E2B port's envd calls to a paused sandbox without auto-resume)."""
         key = self._key(auth, sid)
         g = self._cache.get(key)
         if g is not None and g.expires_at - GRANT_MARGIN_S > time.time():
             if await self.check(auth, sid, g) in (Verdict.OK, Verdict.UNKNOWN):
                 return g
-        return await self._ask(auth, sid, key)
+        return await self._ask(auth, sid, key, resume)
 
     async def check(self, auth: str, sid: str, g: Grant) -> Verdict:
         """What the server says of `g`'s sandbox for this caller, asked at most every
@@ -193,11 +197,15 @@ class Grants:
             self._checked[key] = (time.monotonic(), verdict)
         return verdict
 
-    async def _ask(self, auth: str, sid: str, key: tuple[str, str]) -> Grant:
+    async def _ask(self, auth: str, sid: str, key: tuple[str, str], resume: bool = True) -> Grant:
         self.asked += 1
         now = time.time()
         try:
-            r = await self._http.post(f"/v1/sandboxes/{sid}/grant", headers={"Authorization": auth})
+            r = await self._http.post(
+                f"/v1/sandboxes/{sid}/grant",
+                headers={"Authorization": auth},
+                json=None if resume else {"resume": False},
+            )
         except httpx.HTTPError as e:
             raise errors.Unavailable(
                 f"the edge cannot reach the API server at {self.server_url} to authorize this call "
@@ -220,6 +228,7 @@ class Grants:
                 int(d["expires_at"]),
                 d["defaults"],
                 str(d.get("e2b_access_token") or ""),
+                d.get("compat") if isinstance(d.get("compat"), dict) else None,
             )
         except (ValueError, KeyError, TypeError):
             raise errors.RuntimeFailure(
