@@ -17,7 +17,12 @@ import sys
 from pathlib import Path
 
 CACHE = Path(os.environ.get("ATOLL_TEST_E2B_VENV_DIR", "/var/tmp/atoll-test-e2b"))
-RELEASES = {"2.63": ["e2b==2.63.0", "e2b-code-interpreter==2.11.5"], "2.31": ["e2b==2.31.0"]}
+RELEASES = {
+    "2.63": ["e2b==2.63.0", "e2b-code-interpreter==2.11.5"],
+    "2.31": ["e2b==2.31.0"],
+    # the OpenAI Agents SDK's own E2B extension (its `e2b` extra pins e2b 2.31.0), unchanged
+    "agents": ["openai-agents[e2b]==0.24.0"],
+}
 
 
 def python(release: str) -> Path:

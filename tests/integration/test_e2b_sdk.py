@@ -181,6 +181,37 @@ def test_e2b_lifecycle_is_kept_per_sandbox(release, atoll_up):
     assert out["ends_pause"] == "paused" and out["ends_pause_resumed"] == "up\n", out
 
 
+@pytest.mark.ecosystem
+def test_the_openai_agents_sdks_own_e2b_extension(atoll_up):
+    """The OpenAI Agents SDK 0.24's E2B extension, unchanged (on e2b 2.31.0), against the E2B port:
+    a session from a manifest (its defaults: pause on timeout with auto-resume), exec with the
+    session's env, files, a missing file, a terminal, pause on exit and resume from its state."""
+    python = e2b_venv.python("agents")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
+        "E2B_API_URL": atoll_up.e2b_url,
+        "E2B_SANDBOX_URL": atoll_up.e2b_url,
+        "E2B_API_KEY": "e2b_" + atoll_up.api_key.encode().hex(),  # 2.31 checks the key's spelling
+    }
+    proc = subprocess.run(
+        [str(python), str(DRIVER.with_name("agents_e2b_driver.py"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["echo"] == {"stdout": "hi 1\n", "stderr": "", "exit_code": 0}, out
+    assert out["fail"] == {"stdout": "", "stderr": "oops\n", "exit_code": 3}, out
+    assert out["manifest_file"] == "from the manifest\n", out
+    assert out["cat"]["stdout"] == "written by the agent\n" and out["missing"] == "WorkspaceReadNotFoundError"
+    assert out["supports_pty"] is True and "got:abc" in out["pty"]["output"], out
+    assert out["running"] is True and out["state_after_exit"] == "paused", out
+    assert out["after_resume"] == {"stdout": "written by the agent\n1\n", "stderr": "", "exit_code": 0}, out
+    assert out["killed"] is True, out
+
+
 def _edge_children(pid: int) -> list[int]:
     """PIDs of `python -m atoll.edge` processes whose parent is `pid`."""
     out = []
