@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 import atoll
+from atoll.core import worker_api as api
 from atoll.testing import LocalCluster, LocalEdge
 from tests.conftest import TEMPLATE_CACHE
 
@@ -177,7 +178,7 @@ def test_a_grant_opens_one_sandboxs_data_verbs_and_nothing_else(shared):
         assert grant["sandbox_id"] == sa and grant["grant"].startswith(f"{sa}.")
         assert 50 <= grant["expires_at"] - time.time() <= 61
         url = grant["worker"]["url"]
-        hdr = {"Authorization": f"Grant {grant['grant']}", "Atoll-Protocol": "9"}
+        hdr = {"Authorization": f"Grant {grant['grant']}", "Atoll-Protocol": str(api.PROTOCOL_VERSION)}
         spec = {"cmd": ["echo", "hi"], "max_output_bytes": 1000}
         ok = httpx.post(f"{url}/worker/v1/sandboxes/{sa}/exec", json=spec, headers=hdr)
         assert ok.status_code == 200 and ok.json()["stdout"] == "hi\n", ok.text
