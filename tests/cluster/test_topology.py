@@ -172,7 +172,9 @@ def topology(tmp_path_factory, postgres):
         servers["B"].start()
         for name, order in WORKERS.items():
             urls = ",".join(servers[s].url for s in order)
-            workers[name] = LocalWorker(root / name, urls, servers["A"].api_key, name, env=env).start()
+            workers[name] = LocalWorker(
+                root / name, urls, servers["A"].api_key, name, env=env, worker_key=True
+            ).start()
         topo.wait_placed(900)
         yield topo
     finally:

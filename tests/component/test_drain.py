@@ -266,12 +266,16 @@ async def test_the_old_copy_is_dropped_after_the_sandbox_runs_on_its_new_worker(
     assert w2.runtimes[running].phase == Phase.RUNNING and w2.runtimes[standby].phase == Phase.RUNNING
 
 
-@pytest.mark.parametrize("cut_in", ["adopt", "resume"])
+@pytest.mark.parametrize("cut_in", ["adopt", "adopted", "adopted-w2-first", "resume"])
 async def test_a_drain_survives_a_server_restart(tmp_path, monkeypatch, cut_in):
-    """The control plane stops in the middle of a drain, one move cut short (while w2 adopts it,
-    or once adopted, while w2 resumes it); a new one on the same database resumes the evacuation
-    when the drained worker is adopted again, and it finishes: every sandbox on w2, the running
-    ones running (also the one whose move was cut short), their files intact."""
+    """The control plane stops in the middle of a drain, one move cut short (while w2 adopts it;
+    once w2 adopted it — the archive w2's now — but before the record names w2; or once recorded,
+    while w2 resumes it); a new one on the same database resumes the evacuation when the drained
+    worker is adopted again, and it finishes: every sandbox on w2, the running ones running (also
+    the one whose move was cut short), their files intact, whichever worker registers first.
+    (`adopted` was a bug: w2's reconciliation deleted its copy as unowned, and with it the archive
+    in the store; the resumed evacuation then found no archive and the sandbox failed.)"""
+    adopted = cut_in.startswith("adopted")
     monkeypatch.setattr(evacuation, "CONCURRENCY", 1)
     monkeypatch.setattr(evacuation, "CLOSE_WAIT_S", 0.05)
     store: dict = {}
@@ -287,15 +291,19 @@ async def test_a_drain_survives_a_server_restart(tmp_path, monkeypatch, cut_in):
             assert r.status_code in (200, 201, 204), r.text
         for sid in standby:
             assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})).status_code == 200
-        real, seen = getattr(w2, cut_in), []
+        verb = "adopt" if adopted else cut_in
+        real, seen = getattr(w2, verb), []
 
         async def hang(sid, *args, **kw):  # the first call goes through, the second hangs
             seen.append(sid)
-            if len(seen) > 1:
+            if len(seen) > 1 and not adopted:
                 await asyncio.Event().wait()
-            return await real(sid, *args, **kw)
+            out = await real(sid, *args, **kw)
+            if len(seen) > 1:  # adopted by w2 (its archive now), never recorded
+                await asyncio.Event().wait()
+            return out
 
-        setattr(w2, cut_in, hang)
+        setattr(w2, verb, hang)
         wid = (await _ids(c))["w1"]
         assert (await c.post(f"/v1/workers/{wid}/drain", json={})).status_code == 202
         for _ in range(500):
@@ -320,10 +328,14 @@ async def test_a_drain_survives_a_server_restart(tmp_path, monkeypatch, cut_in):
     assert set(kept["pending"]) | set(kept["moved"]) == set(sids), kept
     # archived on w1 (cut in the adoption), or already w2's (cut in the resume there)
     assert (cut_rec.state, cut_rec.standby_tier) == ("standby", "archive"), cut_rec
-    assert (cut_rec.worker_id == wid) == (cut_in == "adopt"), cut_rec.worker_id
+    assert (cut_rec.worker_id == wid) == (cut_in != "resume"), cut_rec.worker_id
+    assert (cut in w2.runtimes) == (cut_in != "adopt") and store[cut].holder == (
+        "w1" if cut_in == "adopt" else "w2"
+    )
 
-    setattr(w2, cut_in, real)
-    async with FakeAtoll(tmp_path, [w1, w2], api_key=KEY, tier_policy=False) as second:
+    setattr(w2, verb, real)
+    order = [w2, w1] if cut_in == "adopted-w2-first" else [w1, w2]
+    async with FakeAtoll(tmp_path, order, api_key=KEY, tier_policy=False) as second:
         c = second.http
         w = await _evacuated(c, wid)
         ev = w["evacuation"]

@@ -414,8 +414,13 @@ class Evacuator:
             async with m.ledger.lock(sid), self._moving(sid) as other:
                 if other is None:
                     rec = m.get(sid)
-                    if rec.worker_id != h.id or rec.state == State.DELETED:
-                        return None if rec.state != State.DELETED else "deleted meanwhile"
+                    if rec.state == State.DELETED:
+                        return "deleted meanwhile"
+                    if rec.worker_id != h.id:  # it moved meanwhile (a move cut short by a server
+                        # stop, finished by its new worker's reconciliation): running again if it was
+                        if self._cut_short(ev, rec):
+                            await self._resume_here(rec)
+                        return None
                     # one being created through another server holds no lock here: waited for too
                     creating = m.ledger.shared and rec.state == State.CREATING and time.monotonic() < deadline
                     if not m.ledger.inflight.get(sid) and not creating:
@@ -486,13 +491,8 @@ class Evacuator:
             )
         except errors.AtollError as e:
             return f"no other worker can take it: {e.message}"
-        was_running = rec.state == State.RUNNING or (
-            # archived by a move a server stop cut short: it runs again once moved
-            ev.resumed_at is not None
-            and sid in ev.was_running
-            and rec.state == State.STANDBY
-            and rec.standby_tier == Tier.ARCHIVE
-        )
+        # archived by a move a server stop cut short: it runs again once moved
+        was_running = rec.state == State.RUNNING or self._cut_short(ev, rec)
         if rec.standby_tier != Tier.ARCHIVE:
             try:
                 rec = await m._pause_locked(rec, Tier.ARCHIVE, False)
@@ -521,6 +521,16 @@ class Evacuator:
                     "sandbox.evacuate: moved, not resumed yet: %s", e.message, extra={"sandbox_id": sid}
                 )
         return None
+
+    @staticmethod
+    def _cut_short(ev: Evacuation, rec: dbm.SandboxRecord) -> bool:
+        """A running sandbox this resumed evacuation archived before a server stop cut its move short."""
+        return (
+            ev.resumed_at is not None
+            and rec.id in ev.was_running
+            and rec.state == State.STANDBY
+            and rec.standby_tier == Tier.ARCHIVE
+        )
 
     async def _resume_here(self, rec: dbm.SandboxRecord) -> None:
         """A running sandbox that could not move runs again where it is."""

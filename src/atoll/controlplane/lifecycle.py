@@ -752,11 +752,15 @@ class SandboxManager:
             self._diverged[handle.id] = phases
         last = self._elsewhere.get(handle.id, set()) if periodic else None
         seen: set[str] = set()
-        orphans = stale + [
+        unowned = [
             r for r in held.values() if not r.busy and self._orphan(r.sandbox_id, handle.id, last, seen)
         ]
         if periodic:
             self._elsewhere[handle.id] = seen
+        arrived = [r for r in unowned if self._adopted_here(r, handle)]
+        orphans = stale + [r for r in unowned if r not in arrived]
+        for r in arrived:
+            await self._finish_move(self.ledger.cache[r.sandbox_id], handle)
         for r in orphans:
             log.info(
                 "reconcile: deleting a runtime no live record owns",
@@ -792,6 +796,60 @@ class SandboxManager:
             return sid in last
         rec = self.db.get(sid)
         return rec is None or rec.state == State.DELETED
+
+    def _adopted_here(self, report: api.RuntimeReport, handle: WorkerHandle) -> bool:
+        """An unowned copy on `handle` that is a drain's move cut short between the adoption and
+        the record (controlplane.evacuation: the worker's `adopt`, then the record names it; a
+        server stopped in between): archived here, its live record in the archive tier on a
+        draining worker. This worker holds the archive now (adoption.claim): deleting the copy
+        would remove the objects the record still points at, so the move is finished instead."""
+        rec = self.ledger.cache.get(report.sandbox_id)
+        if rec is None or rec.worker_id == handle.id or report.phase != Phase.ARCHIVED:
+            return False
+        if (rec.state, rec.standby_tier) != (State.STANDBY, Tier.ARCHIVE):
+            return False
+        old = self.workers.handles.get(rec.worker_id)
+        return old is not None and (old.record.draining or old.state == "draining")
+
+    async def _finish_move(self, rec: dbm.SandboxRecord, handle: WorkerHandle) -> None:
+        """Record `rec` on `handle`, which adopted it (`_adopted_here`); the evacuation resumed on
+        its old worker then counts it moved (and wakes it if it was running), and the old
+        worker's copy is dropped by its reconciliation (its archive removal leaves the objects:
+        their manifest names this worker; it is asked at once when this server holds it). A record
+        another server wrote meanwhile is left as is (and the copy too): the next pass looks again."""
+        gone = rec.worker_id
+        rec.worker_id = handle.id
+        try:
+            self.ledger.save(rec, ["worker_id"], durable=True)
+        except errors.AtollError as e:
+            rec.worker_id = gone
+            log.warning(
+                "reconcile: finishing a cut-short move failed: %s", e.message, extra={"sandbox_id": rec.id}
+            )
+            return
+        log.info(
+            "sandbox.moved: adopted by %s before the server recorded it; its record names it now",
+            handle.name,
+            extra={"sandbox_id": rec.id, "from": gone, "worker": handle.name},
+        )
+        if rec.network and handle.worker is not None:
+            try:
+                await handle.worker.set_network(rec.id, rec.network)
+            except errors.AtollError as e:  # delivered again when the worker is adopted next
+                log.warning(
+                    "sandbox.moved: policy not delivered: %s", e.message, extra={"sandbox_id": rec.id}
+                )
+        old = self.workers.handles.get(gone)
+        if old is not None and old.worker is not None:  # else its reconciliation drops it
+            try:
+                await old.worker.delete(rec.id)
+            except errors.AtollError as e:
+                log.warning(
+                    "sandbox.moved: the old copy stays on %s until its reconciliation: %s",
+                    old.name,
+                    e.message,
+                    extra={"sandbox_id": rec.id},
+                )
 
     def _vanished(self, rec: dbm.SandboxRecord, handle: WorkerHandle) -> None:
         if rec.state == State.FAILED:

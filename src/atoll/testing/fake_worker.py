@@ -13,7 +13,9 @@ gone without a word), `exec_handler` (what a command "prints"; a background proc
 worker restarted with another guest agent or runsc: the sandboxes made before are `stale_runtime`
 in the inventory, and `claim` refuses them), `sandbox_ca` (the certificates a real worker's
 ATOLL_SANDBOX_CA_FILE adds; a sandbox made trusting other ones than a new sandbox would — this and
-the root `set_authority` gave — is `stale_runtime` too). Every call is recorded in `calls`.
+the root `set_authority` gave — is `stale_runtime` too). The archive store (`store`, shared by the fakes
+given the same dict) names each archive's holder as a real one does: `delete` by its holder
+removes it. Every call is recorded in `calls`.
 
     manager = SandboxManager(db, metrics)           # controlplane.lifecycle
     await manager.start()
@@ -81,6 +83,10 @@ class FakeRuntime:
     trust: tuple[str, str] = ("", "")
     """The certificates it was made trusting: its spec's `trust_pem` and the worker's
     `sandbox_ca` then (a fork's: its parent's)."""
+    holder: str = ""
+    """Of an archive in the store: the worker that holds it (the one that archived it, then the
+    last one that adopted it, as a real archive's manifest names its holder); only the holder's
+    `delete` removes it."""
 
 
 def _entries(files: dict[bytes, bytes], path: api.FilePath) -> list[api.FileEntry]:
@@ -313,6 +319,7 @@ class FakeWorker(fake_files.FakeFileOps):
             self._advance(rt, Step.ABORT_ARCHIVE)
             return api.PauseOutcome(Tier.DISK, f"kept in the disk tier: {e.message}")
         self._advance(rt, Step.COMMIT_ARCHIVE)
+        rt.holder = self.name
         self.store[rt.spec.sandbox_id] = rt
         return api.PauseOutcome(Tier.ARCHIVE)
 
@@ -335,6 +342,7 @@ class FakeWorker(fake_files.FakeFileOps):
             runtime_key=held.runtime_key,
             trust=held.trust,
         )
+        held.holder = self.name  # as the real worker's archive.claim: this worker's from now on
         self.runtimes[sandbox_id] = rt
         return api.AdoptOutcome(layers_fetched=0, duration_ms=0.0)
 
@@ -358,7 +366,7 @@ class FakeWorker(fake_files.FakeFileOps):
             if rt.phase == Phase.ARCHIVED:
                 await self._step("unarchive", sandbox_id)
                 if keep_archive:  # as the real worker: the archive stays in the store as it was
-                    self.store[sandbox_id] = dataclasses.replace(rt, files=dict(rt.files))
+                    self.store[sandbox_id] = dataclasses.replace(rt, files=dict(rt.files), holder=self.name)
                     self.calls.append(("keep_archive", sandbox_id))
                 self._advance(rt, Step.UNARCHIVED)
             self._advance(rt, Step.BEGIN_RESTORE)
@@ -381,7 +389,9 @@ class FakeWorker(fake_files.FakeFileOps):
 
     async def delete(self, sandbox_id: str) -> None:
         await self._step("delete", sandbox_id)
-        self.runtimes.pop(sandbox_id, None)
+        held = self.store.get(sandbox_id)
+        if self.runtimes.pop(sandbox_id, None) is not None and held is not None and held.holder == self.name:
+            del self.store[sandbox_id]  # as the real worker: the holder's delete removes its archive
         self.ptys.close_all(sandbox_id)
 
     async def set_network(self, sandbox_id: str, network: dict[str, list[str]]) -> dict[str, list[str]]:

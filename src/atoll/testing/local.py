@@ -312,7 +312,12 @@ class LocalServer(_Process, _Api):
 
 
 class LocalWorker(_Process):
-    """`atoll worker --server URL --name NAME` in a subprocess, with a home of its own."""
+    """`atoll worker --server URL --name NAME` in a subprocess, with a home of its own.
+
+    It registers with `api_key`, or, with `worker_key=True` (LocalCluster's workers), with a
+    `worker`-scope key it makes through the API at its first start (`POST /v1/keys`, under the
+    admin `api_key`, at the first of its servers): as a real deployment does. `api_key` stays what
+    it reads the server's worker list with."""
 
     def __init__(
         self,
@@ -324,12 +329,16 @@ class LocalWorker(_Process):
         log_path: str | os.PathLike | None = None,
         listen: str | None = None,
         ca_file: str | None = None,
+        worker_key: bool = False,
     ):
         _Process.__init__(self, home, env, log_path, "atoll-worker.log")
         self.server_url = server_url
         self.api_key = api_key
         self.name = name
         self.ca_file = ca_file
+        self.mint_key = worker_key
+        self.worker_key: str | None = None
+        """The worker-scope key it registers with (`worker_key=True`), made at its first start."""
         self.argv = [
             "worker",
             "--server",
@@ -341,13 +350,30 @@ class LocalWorker(_Process):
         ]
 
     def _environment(self) -> dict[str, str]:
-        env = {**super()._environment(), "ATOLL_API_KEY": self.api_key}
+        env = {**super()._environment(), "ATOLL_API_KEY": self.worker_key or self.api_key}
         env.pop("ATOLL_PORT", None)
         return env
 
     def start(self) -> LocalWorker:
+        if self.mint_key and self.worker_key is None:
+            self.worker_key = self._make_worker_key()
         self.spawn()
         return self
+
+    def _make_worker_key(self) -> str:
+        url = self.server_url.split(",")[0].strip()
+        r = httpx.post(
+            url + "/v1/keys",
+            json={"scope": "worker"},
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            timeout=30,
+            verify=self.verify,
+        )
+        if r.status_code != 201:
+            raise RuntimeError(
+                f"making a worker key for {self.name} at {url} failed: {r.status_code} {r.text}"
+            )
+        return r.json()["key"]
 
     @property
     def verify(self) -> ssl.SSLContext | bool:
@@ -454,6 +480,7 @@ class LocalCluster(_Api):
                 f"w{i}",
                 env=self.env,
                 ca_file=ca,
+                worker_key=True,
             )
             for i in range(workers)
         ]

@@ -245,7 +245,8 @@ class Archiver:
             cause = f"the archived snapshot of sandbox {sid} cannot be restored: {e}"
             log.error("sandbox.unarchive.failed: %s", cause, extra={"sandbox_id": sid})
             self.runtimes.fail(rt, cause)
-            raise errors.RuntimeFailure(cause + "; delete the sandbox (its memory is not restored)") from None
+            # the sandbox is failed (its memory is gone): 409 sandbox_failed, not a 5xx
+            raise errors.SandboxDied(cause + "; delete the sandbox (its memory is not restored)") from None
         except objectstore.StoreError as e:
             raise errors.ResumeFailed(
                 f"sandbox {sid} is archived and its object store failed: {e}; it stays archived, retry the call",
