@@ -206,7 +206,9 @@ def test_archive_resume_restart_corruption_and_delete_on_the_local_store(atoll_l
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([byte[0] ^ 0xFF]))
         r = c.post(f"/v1/sandboxes/{sid2}/exec", json={"cmd": "true"})
-        assert r.status_code >= 500 and "damaged" in r.json()["error"]["message"], r.text
+        # the sandbox cannot come back (not a server fault: 409 sandbox_failed, as a dead one)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_failed", r.text
+        assert "damaged" in r.json()["error"]["message"], r.text
         assert "Traceback" not in r.text
         sb = c.get(f"/v1/sandboxes/{sid2}").json()
         assert sb["state"] == "failed" and "damaged" in sb["failure_reason"], sb
