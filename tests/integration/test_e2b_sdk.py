@@ -252,6 +252,23 @@ def test_the_edge_child_is_started_again_when_it_dies(atoll_up):
     assert again != pid
 
 
+def test_the_harness_picks_its_ports_again_when_one_was_taken(tmp_path):
+    """LocalAtoll chooses free ports apart from their use; one taken in between (by any process on
+    the machine) made a whole module's installation fail to start. It now picks again."""
+    la = LocalAtoll(home=tmp_path / "home")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", la.e2b_port))
+    taken.listen(1)
+    first = la.e2b_port
+    try:
+        la.start(timeout=300)
+        assert la.e2b_port != first
+        assert httpx.get(f"{la.e2b_url}/v2/sandboxes", headers={"X-API-KEY": la.api_key}).status_code == 200
+    finally:
+        la.stop(reap=False)
+        taken.close()
+
+
 def test_an_e2b_port_in_use_stops_the_start_naming_the_variable(tmp_path):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -41,6 +41,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+PORT_ATTEMPTS = 3
+"""How often LocalAtoll.start picks its own ports again when one was taken before atoll bound it."""
+
+
 def _e2b_port(env: dict[str, str] | None) -> int:
     raw = (env or {}).get("ATOLL_E2B_PORT")
     if raw is None:
@@ -201,6 +205,13 @@ class LocalAtoll(_Process, _Api):
         log_path: str | os.PathLike | None = None,
     ):
         _Process.__init__(self, home, env, log_path, "atoll-server.log")
+        self._chosen = {
+            "port": port is None,
+            "ingress": not (env or {}).get("ATOLL_INGRESS_PORT"),
+            "e2b": (env or {}).get("ATOLL_E2B_PORT") is None,
+        }
+        """Which ports this object picked itself (free_port): those it may pick again."""
+        self._started = False
         self.port = port or free_port()
         self.api_key = api_key or "test_" + secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -223,18 +234,38 @@ class LocalAtoll(_Process, _Api):
         }
 
     def start(self, timeout: float = 600) -> LocalAtoll:
-        self.spawn()
+        for attempt in range(PORT_ATTEMPTS):
+            self.spawn()
 
-        def alive() -> str | None:
-            rc = self.exited()
-            return None if rc is None else f"atoll up exited with {rc}; see {self.log_path}:\n{self.tail()}"
+            def alive() -> str | None:
+                rc = self.exited()
+                return (
+                    None if rc is None else f"atoll up exited with {rc}; see {self.log_path}:\n{self.tail()}"
+                )
 
-        try:
-            self.wait_healthy(timeout, alive)
-        except RuntimeError:
-            self.stop(reap=False)
-            raise
-        return self
+            try:
+                self.wait_healthy(timeout, alive)
+            except RuntimeError as e:
+                self.stop(reap=False)
+                # a port free_port picked was taken by another process before atoll bound it (the
+                # ports are chosen apart from their use): at the first start, pick those again
+                if self._started or "already in use" not in str(e).lower() or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self._pick_ports_again()
+                continue
+            self._started = True
+            return self
+        raise AssertionError("unreachable")
+
+    def _pick_ports_again(self) -> None:
+        if self._chosen["port"]:
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+        if self._chosen["ingress"]:
+            self.ingress_port = free_port()
+        if self._chosen["e2b"]:
+            self.e2b_port = free_port()
+            self.e2b_url = f"http://127.0.0.1:{self.e2b_port}"
 
     def reap_sandboxes(self) -> None:
         self.wait_no_sandboxes(self.home, ids=self.delete_all())
