@@ -16,13 +16,10 @@ Called by the list routes (controlplane.routes_*).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import datetime as dt
 import hashlib
 import hmac
-import json
 import re
 import typing
 from collections.abc import Callable, Iterable, Sequence
@@ -33,13 +30,11 @@ from fastapi import Request
 from atoll.controlplane import auth
 from atoll.controlplane import db as dbm
 from atoll.controlplane.context import ctx
-from atoll.core import errors
+from atoll.core import cursors, errors
 from atoll.core.lifecycle import State, Tier
 
-MAX_LIMIT = 1000
-DEFAULT_LIMIT = 1000
-_SIG_BYTES = 16
-_MAX_CURSOR = 2048
+MAX_LIMIT = cursors.MAX_LIMIT
+DEFAULT_LIMIT = cursors.DEFAULT_LIMIT
 _SAFE_JSON_KEY = re.compile(r"[A-Za-z0-9_.:/@+-]{1,128}")
 """Metadata keys the database filters by (the SQLite JSON path of others needs quoting we don't
 trust); every key is checked again in Python, so an odd key only costs a larger read."""
@@ -78,17 +73,7 @@ class Page:
 
     def cursor(self, key: Sequence[typing.Any]) -> str:
         """The cursor of the page that ends at `key`."""
-        payload = json.dumps([self.kind, [_enc(v) for v in key]], separators=(",", ":")).encode()
-        sig = hmac.new(self._key, payload, hashlib.sha256).digest()[:_SIG_BYTES]
-        return _b64(payload) + "." + _b64(sig)
-
-
-def _b64(b: bytes) -> str:
-    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
-
-
-def _unb64(s: str) -> bytes:
-    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+        return cursors.sign(self.kind, [_enc(v) for v in key], self._key)
 
 
 def _enc(v: typing.Any) -> typing.Any:
@@ -121,15 +106,7 @@ def page(request: Request, kind: str) -> Page:
     cursor."""
     q = request.query_params
     once(request, "limit", "cursor")
-    raw_limit = q.get("limit")
-    if raw_limit is None or raw_limit == "":
-        limit = DEFAULT_LIMIT
-    else:
-        limit = int(raw_limit) if re.fullmatch(r"[0-9]{1,4}", raw_limit) else 0
-        if not 1 <= limit <= MAX_LIMIT:
-            raise errors.InvalidRequest(
-                f"limit {raw_limit!r} is not a whole number from 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})"
-            )
+    limit = cursors.limit(q.get("limit"))
     key = cursor_key(request)
     raw = q.get("cursor")
     after = None if raw in (None, "") else _check(raw, kind, key)
@@ -154,26 +131,11 @@ def _check(raw: str, kind: str, key: bytes) -> tuple:
         f"GET {kind} (it is changed, cut short or made up); pass next_cursor from the previous page "
         "exactly, or leave cursor out to start from the first page"
     )
-    if len(raw) > _MAX_CURSOR or raw.count(".") != 1:
-        raise errors.InvalidRequest(bad)
-    body, sig = raw.split(".")
+    values = cursors.open_(raw, kind, key, bad)
     try:
-        payload, got = _unb64(body), _unb64(sig)
-    except (binascii.Error, ValueError):
-        raise errors.InvalidRequest(bad) from None
-    want = hmac.new(key, payload, hashlib.sha256).digest()[:_SIG_BYTES]
-    if not hmac.compare_digest(want, got):
-        raise errors.InvalidRequest(bad)
-    try:
-        name, values = json.loads(payload)
-        after = tuple(_dec(v) for v in values)
+        return tuple(_dec(v) for v in values)
     except (ValueError, TypeError):
         raise errors.InvalidRequest(bad) from None
-    if name != kind:
-        raise errors.InvalidRequest(
-            f"this cursor belongs to GET {name}, not GET {kind}; pass each list its own next_cursor"
-        )
-    return after
 
 
 def answer(items: list, next_cursor: str | None) -> dict:
