@@ -10,15 +10,11 @@ worktree's. Used by tests/integration/test_openai_agents.py and tests/unit/test_
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import os
-import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
+
+from tests import venvs
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("ATOLL_TEST_AGENTS_VENV_DIR", "/var/tmp/atoll-test-openai-agents"))
@@ -32,27 +28,7 @@ def requirements() -> list[str]:
 
 def python() -> Path:
     """The venv's python, built first if this set of requirements has none yet."""
-    reqs = requirements()
-    key = hashlib.sha256(json.dumps([list(sys.version_info[:2]), reqs]).encode()).hexdigest()[:16]
-    venv = CACHE / key
-    done = venv / ".complete"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two test processes build it once
-        if not done.exists():
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            proc = subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *reqs],
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            if proc.returncode != 0:
-                shutil.rmtree(venv, ignore_errors=True)
-                raise RuntimeError(f"pip install {' '.join(reqs)} failed:\n{proc.stdout}\n{proc.stderr}")
-            done.write_text(json.dumps(reqs))
-    return venv / "bin" / "python"
+    return venvs.built(CACHE, requirements())
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -7,14 +7,10 @@ installed there: the SDK talks to atoll over HTTP only.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
+
+from tests import venvs
 
 CACHE = Path(os.environ.get("ATOLL_TEST_E2B_VENV_DIR", "/var/tmp/atoll-test-e2b"))
 RELEASES = {
@@ -27,24 +23,4 @@ RELEASES = {
 
 def python(release: str) -> Path:
     """The venv's python for `release` (a key of RELEASES), built first when missing."""
-    reqs = RELEASES[release]
-    key = hashlib.sha256(json.dumps([list(sys.version_info[:2]), reqs]).encode()).hexdigest()[:16]
-    venv = CACHE / key
-    done = venv / ".complete"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two test processes build it once
-        if not done.exists():
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            proc = subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *reqs],
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            if proc.returncode != 0:
-                shutil.rmtree(venv, ignore_errors=True)
-                raise RuntimeError(f"pip install {' '.join(reqs)} failed:\n{proc.stdout}\n{proc.stderr}")
-            done.write_text(json.dumps(reqs))
-    return venv / "bin" / "python"
+    return venvs.built(CACHE, RELEASES[release])
