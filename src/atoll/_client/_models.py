@@ -245,6 +245,12 @@ class ProcessInfo(Record):
         return self.data.get("exit_code")
 
     @property
+    def signal(self) -> int | None:
+        """The signal that ended it, whoever sent it (`exit_code` is then 128 + it); None when it
+        exited by itself or still runs."""
+        return self.data.get("signal")
+
+    @property
     def stdin_open(self) -> bool:
         """Its stdin pipe takes input (`process.send_stdin`)."""
         return bool(self.data.get("stdin_open", False))

@@ -795,6 +795,11 @@ class ProcessInfo(BaseModel):
     stdin_open: bool = Field(False, description="Its stdin pipe takes input (POST …/processes/{pid}/stdin)")
     timed_out: bool = False
     output_bytes: int = Field(0, description="Offset after the newest byte of its output")
+    signal: int | None = Field(
+        None,
+        description="The signal that ended it, whoever sent it (its exit_code is then 128 + signal); "
+        "null when it exited by itself or runs",
+    )
 
 
 class ProcessList(BaseModel):
