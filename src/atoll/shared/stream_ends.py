@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import typing
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from atoll.core import worker_api as api
 
@@ -46,7 +46,7 @@ class StreamEnds:
 
     async def _until_ended(
         self, sandbox_id: str, events: AsyncIterator[T], marker: Callable[[], T]
-    ) -> AsyncIterator[T]:
+    ) -> AsyncGenerator[T, None]:
         ended = asyncio.Event()
         self._open.setdefault(sandbox_id, set()).add(ended)
         it = aiter(events)
@@ -77,9 +77,9 @@ class StreamEnds:
 
     def process_output(
         self, sandbox_id: str, offset: int, events: AsyncIterator[api.ProcessEvent]
-    ) -> AsyncIterator[api.ProcessEvent]:
+    ) -> AsyncGenerator[api.ProcessEvent, None]:
         """A follow of a process's output that a pause may end with ProcessEnded at the offset
-        reached."""
+        reached. The caller closes it (`aclose`) when it is done with it."""
         at = offset
 
         async def seen() -> AsyncIterator[api.ProcessEvent]:
@@ -93,7 +93,7 @@ class StreamEnds:
 
     def watch(
         self, sandbox_id: str, path: api.FilePath, events: AsyncIterator[api.FileEvent]
-    ) -> AsyncIterator[api.FileEvent]:
+    ) -> AsyncGenerator[api.FileEvent, None]:
         """A watch that a pause may end with an `ended` event."""
         shown = path.decode("utf-8", "replace") if isinstance(path, bytes) else path
         return self._until_ended(sandbox_id, events, lambda: api.FileEvent("ended", shown, True))

@@ -1130,7 +1130,15 @@ class Node(StoreVerbs):
             self._serving(sandbox_id),
             self.guest.process_output(sandbox_id, pid, offset, follow) as events,
         ):
-            yield self._stream_ends.process_output(sandbox_id, offset, events) if follow else events
+            if not follow:
+                yield events
+                return
+            endable = self._stream_ends.process_output(sandbox_id, offset, events)
+            try:
+                yield endable
+            finally:
+                with contextlib.suppress(RuntimeError):  # still being read elsewhere: it ends with it
+                    await endable.aclose()  # a follower that left mid-way: unregistered at once
 
     async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool) -> int:
         async with self._serving(sandbox_id):
@@ -1185,7 +1193,12 @@ class Node(StoreVerbs):
         self, sandbox_id: str, path: api.FilePath, recursive: bool
     ) -> AsyncIterator[AsyncIterator[api.FileEvent]]:
         async with self._serving(sandbox_id), self.guest.watch_files(sandbox_id, path, recursive) as events:
-            yield self._stream_ends.watch(sandbox_id, path, events)
+            endable = self._stream_ends.watch(sandbox_id, path, events)
+            try:
+                yield endable
+            finally:
+                with contextlib.suppress(RuntimeError):
+                    await endable.aclose()
 
     async def write_tar(
         self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
