@@ -101,12 +101,13 @@ async def test_what_cannot_move_stays_and_is_reported(two, monkeypatch):
     await asyncio.sleep(0.05)
     real_pause = w1.pause
 
-    async def pause(sid, tier, *, only_if_idle=False):  # the gate of one, the store of another
+    # the gate of one, the store of another
+    async def pause(sid, tier, *, only_if_idle=False, end_streams=False):
         w1.gate_blockers = ["1 TCP connection(s) open (ESTABLISHED)"] if sid == gated else []
         if sid == unstored:
             w1.fail.add("archive")
         try:
-            return await real_pause(sid, tier, only_if_idle=only_if_idle)
+            return await real_pause(sid, tier, only_if_idle=only_if_idle, end_streams=end_streams)
         finally:
             w1.fail.discard("archive")
 

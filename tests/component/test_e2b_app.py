@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
+import struct
 import urllib.parse
 
 import httpx
@@ -341,3 +343,53 @@ async def test_files_and_processes_are_mounted_when_their_modules_are_there(e2b)
     assert r.status_code == 200 and r.content == b"hello"
     p = await e2b.post("/process.Process/List", json={}, headers=h)
     assert p.status_code == 200, p.text
+
+
+async def test_pause_ends_open_process_streams_and_watches(e2b):
+    """E2B's pause with a process stream and a watch open: the API is asked with end_streams, the
+    worker ends both (Connect `canceled`), the pause is a 204 and the process runs on. atoll's own
+    pause, without end_streams, is not changed (its 409 sandbox_busy needs a real worker)."""
+    sb = (await e2b.post("/v2/sandboxes", json={})).json()
+    sid = sb["sandboxID"]
+    worker = e2b.fake.worker
+    headers = {
+        "E2b-Sandbox-Id": sid,
+        "X-Access-Token": sb["envdAccessToken"],
+        "Content-Type": "application/connect+json",
+        "Connect-Protocol-Version": "1",
+    }
+
+    def envelope(msg: dict) -> bytes:
+        raw = json.dumps(msg).encode()
+        return struct.pack(">BI", 0, len(raw)) + raw
+
+    def last_frame(body: bytes) -> dict:
+        out = {}
+        while body:
+            _, n = struct.unpack(">BI", body[:5])
+            out, body = json.loads(body[5 : 5 + n]), body[5 + n :]
+        return out
+
+    start = asyncio.ensure_future(
+        e2b.post(
+            "/process.Process/Start",
+            content=envelope({"process": {"cmd": "sleep", "args": ["100"]}}),
+            headers=headers,
+        )
+    )
+    watch = asyncio.ensure_future(
+        e2b.post("/filesystem.Filesystem/WatchDir", content=envelope({"path": "/"}), headers=headers)
+    )
+    for _ in range(500):
+        if worker.runtimes[sid].processes and worker.stream_ends.count(sid) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.stream_ends.count(sid) == 2
+    assert (await e2b.post(f"/sandboxes/{sid}/pause")).status_code == 204
+    for r in (await asyncio.wait_for(start, 10), await asyncio.wait_for(watch, 10)):
+        assert r.status_code == 200, r.text
+        err = last_frame(r.content)["error"]
+        assert err["code"] == "canceled" and "paused" in err["message"], err
+    assert ("pause", sid) in worker.calls
+    assert all(p.running for p in worker.runtimes[sid].processes.values())
+    assert e2b.fake.manager.get(sid).state == "standby"

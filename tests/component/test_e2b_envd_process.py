@@ -249,6 +249,63 @@ async def test_a_signalled_process_ends_as_envds_killed_one(envd):
     assert _events(frames)[-1] == {"end": {"exitCode": 137, "exited": True, "status": "exit status 137"}}
 
 
+async def test_a_process_killed_by_someone_else_reads_as_a_signal_too(envd):
+    """`kill -9 <pid>` from another command: the seam says which signal ended it (not only its
+    128+N), and envd's `-1 signal: killed` follows; an `exit 137` stays an exit."""
+    worker, _, _, stream, _ = envd
+    task = asyncio.ensure_future(stream("Start", {"process": {"cmd": "sleep", "args": ["100"]}}))
+    pid = await _when_started(worker)
+    await worker.signal_process(SID, pid, "KILL")  # not through this service
+    status, frames = await task
+    assert status == 200, frames
+    assert _events(frames)[-1] == {
+        "end": {"exitCode": -1, "status": "signal: killed", "error": "signal: killed"}
+    }
+    task = asyncio.ensure_future(stream("Start", {"process": {"cmd": "sleep", "args": ["100"]}}))
+    pid = await _when_started(worker, 2)
+    await worker.signal_process(SID, pid, "TERM")
+    status, frames = await task
+    assert _events(frames)[-1] == {
+        "end": {"exitCode": -1, "status": "signal: terminated", "error": "signal: terminated"}
+    }
+
+
+async def test_a_pause_ends_open_streams_with_canceled_and_the_process_runs_on(envd):
+    """E2B's pause with process streams open: the worker ends the follow (end_streams), the
+    stream ends with Connect `canceled` (the SDKs: TimeoutException), the process is left
+    running, and a Connect after the resume reattaches."""
+    worker, _, _, stream, _ = envd
+    worker.exec_handler = lambda spec: api.ExecResult(0, "before\n", "", 1, False)
+    task = asyncio.ensure_future(
+        stream("Start", {"process": {"cmd": "x"}}, **{"Connect-Timeout-Ms": "60000"})
+    )
+    pid = await _when_started(worker)
+    await asyncio.sleep(0.1)
+    outcome = await worker.pause(SID, api.Tier.MEMORY, end_streams=True)
+    assert outcome.tier == api.Tier.MEMORY
+    status, frames = await asyncio.wait_for(task, 10)
+    assert status == 200, frames
+    assert _events(frames) == [{"start": {"pid": pid}}, {"data": {"stdout": _b64(b"before\n")}}]
+    assert frames[-1][0] == 2 and frames[-1][1]["error"]["code"] == "canceled", frames
+    assert "paused" in frames[-1][1]["error"]["message"]
+    assert worker.runtimes[SID].processes[pid].running
+    await worker.resume(SID)
+
+    async def later():
+        await asyncio.sleep(0.1)
+        worker.write_process(SID, pid, b"after\n")
+        worker.end_process(SID, pid, 0)
+
+    task = asyncio.ensure_future(later())
+    status, frames = await stream("Connect", {"process": {"pid": pid}})
+    await task
+    assert _events(frames) == [
+        {"start": {"pid": pid}},
+        {"data": {"stdout": _b64(b"after\n")}},
+        {"end": {"exited": True, "status": "exit status 0"}},
+    ]
+
+
 async def test_connect_reattaches_at_the_current_end(envd):
     worker, _, _, stream, c = envd
     worker.exec_handler = lambda spec: api.ExecResult(0, "before\n", "", 1, False)

@@ -349,7 +349,59 @@ def paused() -> dict:
     return out
 
 
+def _exit(e: BaseException) -> object:
+    if hasattr(e, "exit_code"):  # CommandExitException
+        return [e.exit_code, getattr(e, "error", None)]
+    return _name(e)
+
+
+def pause_streams() -> dict:
+    """Pause with a process stream open: the stream ends (TimeoutException), the sandbox is not
+    running, and after Sandbox.connect the process runs on (in commands.list, new output through
+    commands.connect) and the files are intact. And a process `kill -9`ed by another command ends
+    as envd's signal-killed one."""
+    out: dict = {}
+    sbx = Sandbox.create(timeout=300)
+    try:
+        sbx.files.write("/tmp/kept", "kept")
+        victim = sbx.commands.run("sleep 600", background=True)
+        sbx.commands.run(f"kill -9 {victim.pid}")
+        try:
+            victim.wait()
+            out["victim"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out["victim"] = _exit(e)
+        h = sbx.commands.run("i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.3; done", background=True)
+        out["pid"] = h.pid
+        time.sleep(1)
+        out["pause"] = sbx.pause()
+        try:
+            h.wait()
+            out["open_stream"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out["open_stream"] = _name(e)
+        out["is_running"] = sbx.is_running()
+        out["state"] = _state(sbx.sandbox_id)
+        back = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        out["is_running_after"] = back.is_running()
+        out["listed"] = [p.pid for p in back.commands.list()]
+        out["kept"] = back.files.read("/tmp/kept")
+        again = back.commands.connect(h.pid)
+        time.sleep(1.5)
+        back.commands.kill(h.pid)
+        try:
+            again.wait()
+            out["after_connect"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out["after_connect"] = _exit(e)
+            out["after_connect_stdout"] = getattr(e, "stdout", "")
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+    return out
+
+
 SCENARIOS = {
+    "pause_streams": pause_streams,
     "lifecycle": lifecycle,
     "errors": errors,
     "envd": envd,

@@ -182,6 +182,22 @@ def test_e2b_lifecycle_is_kept_per_sandbox(release, atoll_up):
 
 
 @pytest.mark.ecosystem
+@RELEASES
+def test_pause_with_a_process_stream_open(release, atoll_up):
+    """Issue 22's acceptance: pause → is_running() false → Sandbox.connect → a running process and
+    files intact. The open stream ends (Connect canceled: TimeoutException) rather than refusing
+    the pause; and a process another command `kill -9`s ends as envd's `-1 signal: killed`."""
+    out = drive(release, atoll_up, "pause_streams")
+    assert out["victim"] == [-1, "signal: killed"], out
+    assert out["pause"] is True and out["open_stream"] == "TimeoutException", out
+    assert out["is_running"] is False and out["state"] == "paused", out
+    assert out["is_running_after"] is True and out["pid"] in out["listed"], out
+    assert out["kept"] == "kept", out
+    assert out["after_connect"] == [-1, "signal: killed"], out
+    assert "tick" in out["after_connect_stdout"], out  # it ran on: new output after the connect
+
+
+@pytest.mark.ecosystem
 def test_the_openai_agents_sdks_own_e2b_extension(atoll_up):
     """The OpenAI Agents SDK 0.24's E2B extension, unchanged (on e2b 2.31.0), against the E2B port:
     a session from a manifest (its defaults: pause on timeout with auto-resume), exec with the

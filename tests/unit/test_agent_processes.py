@@ -171,6 +171,22 @@ def test_signal_term_to_a_trapping_script_and_wait(client):
     assert out == "ready\ngot TERM\n"
 
 
+def test_a_signal_sent_by_someone_else_is_reported_beside_its_code(client):
+    """`kill -9 <pid>` from another command: the record and the output's exit line say which
+    signal ended it (E2B's `-1 signal: killed`); an `exit 137` by itself says none."""
+    pid = _bg(client, cmd=["sleep", "30"])
+    r = client.post("/exec", json={"cmd": ["kill", "-9", str(pid)]}).json()
+    assert r["exit_code"] == 0, r
+    info = client.post(f"/processes/{pid}/wait", json={"timeout_s": 10}).json()
+    assert (info["exit_code"], info["signal"]) == (137, 9), info
+    end = _lines(client.get(f"/processes/{pid}/output"))[-1]
+    assert (end["exit_code"], end["signal"]) == (137, 9), end
+    pid = _bg(client, cmd=["sh", "-c", "exit 137"])
+    info = client.post(f"/processes/{pid}/wait", json={"timeout_s": 10}).json()
+    assert info["exit_code"] == 137 and "signal" not in info, info
+    assert "signal" not in _lines(client.get(f"/processes/{pid}/output"))[-1]
+
+
 @pytest.mark.parametrize("value", ["TERM", "sigterm", "15", 15])
 def test_signal_forms(client, value):
     pid = _bg(client, cmd=["sleep", "30"])

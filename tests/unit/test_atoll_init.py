@@ -33,7 +33,8 @@ from atoll.guest.agent import initclient
 FDS = "cd /proc/self/fd && echo *"
 
 exits = queue.SimpleQueue()
-client = initclient.InitClient(lambda pid, code: exits.put((pid, code)), lambda: None)
+client = initclient.InitClient(lambda pid, code, sig: exits.put((pid, code, sig)), lambda: None)
+signals = {}
 client._env = lambda: {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "ATOLL_INIT_CGROUP": os.environ["CG"]}
 client.sandbox_id = "sb-aaaaaaaaaaaaaaaa"
 client.start_first()
@@ -41,8 +42,9 @@ out = {"init_pid": client.pid}
 
 def exit_of(pid):
     while True:
-        p, code = exits.get(timeout=10)
+        p, code, sig = exits.get(timeout=10)
         if p == pid:
+            signals[pid] = sig
             return code
 
 def spawn(argv, **kw):
@@ -76,12 +78,14 @@ except OSError as e:
     out["path_noexec"] = [e.errno, e.filename]
 s = spawn(["sleep", "60"])
 client.signal(s.pid, signal.SIGTERM)
-out["signal"] = exit_of(s.pid)
+out["signal"] = [exit_of(s.pid), signals[s.pid]]
 s = spawn(["sh", "-c", "sleep 61 & setsid sleep 62 & echo $!; wait"])
 leftover = int(s.stdout.readline())
 time.sleep(0.2)
 client.kill_tree(s.pid)
-out["kill"] = exit_of(s.pid)
+out["kill"] = [exit_of(s.pid), signals[s.pid]]
+s = spawn(["sh", "-c", "exit 137"])  # the same code as a KILL, by itself: no signal
+out["exit137"] = [exit_of(s.pid), signals[s.pid]]
 time.sleep(0.5)
 out["leftover_alive"] = os.path.exists(f"/proc/{leftover}") and open(f"/proc/{leftover}/stat").read().split(")")[1].split()[0] not in "ZX"
 client.set_identity("sb-bbbbbbbbbbbbbbbb", cpus=1)
@@ -170,8 +174,9 @@ def test_the_inits_own_stdio_is_dev_null(result):
 
 def test_signal_and_kill_reach_the_command_and_its_session(result):
     out, *_ = result
-    assert out["signal"] == 128 + 15
-    assert out["kill"] == 128 + 9
+    assert out["signal"] == [128 + 15, 15]  # the signal is reported beside its 128+N
+    assert out["kill"] == [128 + 9, 9]
+    assert out["exit137"] == [137, None]
     assert out["leftover_alive"] is False  # setsid'd away from the group, found by its parent
 
 

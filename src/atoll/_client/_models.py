@@ -245,6 +245,12 @@ class ProcessInfo(Record):
         return self.data.get("exit_code")
 
     @property
+    def signal(self) -> int | None:
+        """The signal that ended it, whoever sent it (`exit_code` is then 128 + it); None when it
+        exited by itself or still runs."""
+        return self.data.get("signal")
+
+    @property
     def stdin_open(self) -> bool:
         """Its stdin pipe takes input (`process.send_stdin`)."""
         return bool(self.data.get("stdin_open", False))
@@ -259,7 +265,9 @@ class ProcessInfo(Record):
 class OutputEvent:
     """One line of a background process's output (`process.output()`): a piece of `stdout` or
     `stderr` (`text`), `dropped` (output before `offset` is no longer kept: `dropped` bytes were
-    skipped) or `exit` (the last one: `exit_code`, `timed_out`, `duration_ms`). `offset` is the
+    skipped), `exit` (the last one: `exit_code`, `timed_out`, `duration_ms`, and `signal` when a
+    signal ended it, whoever sent it) or `ended` (the last one when the sandbox was paused by a
+    pause that ends streams, `text` "paused": the process runs on after a resume). `offset` is the
     byte offset after the event: pass it to `output(offset=...)` to resume there."""
 
     kind: str
@@ -269,6 +277,7 @@ class OutputEvent:
     exit_code: int | None = None
     timed_out: bool = False
     duration_ms: int | None = None
+    signal: int | None = None
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> OutputEvent:
@@ -278,12 +287,15 @@ class OutputEvent:
                 return cls(kind, offset, text=obj[kind])
         if "dropped" in obj:
             return cls("dropped", offset, dropped=int(obj["dropped"]))
+        if isinstance(obj.get("ended"), str):
+            return cls("ended", offset, text=obj["ended"])
         return cls(
             "exit",
             offset,
             exit_code=obj.get("exit_code"),
             timed_out=bool(obj.get("timed_out", False)),
             duration_ms=obj.get("duration_ms"),
+            signal=obj.get("signal"),
         )
 
 

@@ -507,13 +507,17 @@ class SandboxManager:
         self.ledger.inflight.pop(sid, None)
 
     # ---- standby -------------------------------------------------------------------------------
-    async def pause(self, sid: str, tier: Tier, *, only_if_idle: bool = False) -> dbm.SandboxRecord:
+    async def pause(
+        self, sid: str, tier: Tier, *, only_if_idle: bool = False, end_streams: bool = False
+    ) -> dbm.SandboxRecord:
+        """`end_streams`: the worker ends the sandbox's output follows and watches rather than
+        being busy with them (E2B's pause); the calls this server holds still make it busy."""
         self.get(sid)
         async with self.ledger.lock(sid):
-            return await self._pause_locked(self.get(sid), tier, only_if_idle)
+            return await self._pause_locked(self.get(sid), tier, only_if_idle, end_streams)
 
     async def _pause_locked(
-        self, rec: dbm.SandboxRecord, tier: Tier, only_if_idle: bool
+        self, rec: dbm.SandboxRecord, tier: Tier, only_if_idle: bool, end_streams: bool = False
     ) -> dbm.SandboxRecord:
         sid = rec.id
         cur = status(rec.state, rec.standby_tier)
@@ -536,7 +540,7 @@ class SandboxManager:
                 )
         async with self.ledger.step(f"pause_{tier.value}", sid):
             outcome = await self.ledger.guard(
-                rec, self.worker(rec).pause(sid, tier, only_if_idle=only_if_idle)
+                rec, self.worker(rec).pause(sid, tier, only_if_idle=only_if_idle, end_streams=end_streams)
             )
             self._apply_pause(rec, cur, outcome)
         if outcome.busy:

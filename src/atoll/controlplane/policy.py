@@ -128,7 +128,8 @@ class TierPolicy:
             and not self.manager.busy(rec.id)
             and now >= self._gate_retry.get(rec.id, 0.0)
         ):
-            return self._expire_pause(rec.id)
+            # E2B's timeout pauses with process streams open (they end): its sandboxes ask so
+            return self._expire_pause(rec.id, end_streams=bool(rec.compat))
         return None
 
     async def _expire_delete(self, sid: str) -> None:
@@ -136,10 +137,10 @@ class TierPolicy:
         with contextlib.suppress(errors.NotFound):
             await self.manager.delete(sid)
 
-    async def _expire_pause(self, sid: str) -> None:
+    async def _expire_pause(self, sid: str, *, end_streams: bool = False) -> None:
         log.info("sandbox.lifetime.expired: to the disk tier", extra={"sandbox_id": sid})
         with contextlib.suppress(errors.AtollError):
-            rec = await self.manager.pause(sid, Tier.DISK)
+            rec = await self.manager.pause(sid, Tier.DISK, end_streams=end_streams)
             if rec.standby_tier == Tier.DISK:
                 lifetime.clear(self.manager.ledger, rec)
             else:  # gated: it stays in memory with its lifetime, retried later

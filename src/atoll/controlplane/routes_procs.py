@@ -88,13 +88,7 @@ async def process_output(
         failure: BaseException | None = None
         try:
             async for ev in events:
-                if isinstance(ev, api.ProcessOutput):
-                    yield http.dumps({ev.stream: ev.text, "offset": ev.offset}) + b"\n"
-                elif isinstance(ev, api.ProcessDropped):
-                    yield http.dumps({"dropped": ev.dropped, "offset": ev.offset}) + b"\n"
-                else:
-                    line = {"exit_code": ev.exit_code, "timed_out": ev.timed_out}
-                    yield http.dumps({**line, "duration_ms": ev.duration_ms, "offset": ev.offset}) + b"\n"
+                yield http.dumps(api.process_line(ev)) + b"\n"
         except Exception as e:  # noqa: BLE001 - the headers are sent: report it in-band
             failure = e
             yield http.broken_line(e, sid, "output")

@@ -268,7 +268,7 @@ async def pause_sandbox(request: Request, sid: SandboxId):
     manager = ctx(request).manager
     manager.get(sid)
     req = await http.read_json(request, schemas.PauseRequest, optional=True)
-    return answer(request, await manager.pause(sid, Tier(req.tier)))
+    return answer(request, await manager.pause(sid, Tier(req.tier), end_streams=req.end_streams))
 
 
 @router.post("/v1/sandboxes/{sid}/resume", responses={200: {"model": schemas.Sandbox}, **ERRORS})

@@ -423,6 +423,13 @@ class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tier: Literal["memory", "disk", "archive"] = "memory"
+    end_streams: bool = Field(
+        False,
+        description="End the sandbox's open process output follows and file watches (each with a last "
+        '`{"ended": "paused", …}` line, a watch with an `ended` event) instead of refusing the pause '
+        "with 409 sandbox_busy; the processes run on after a resume. Calls that are not such streams "
+        "(a command, a file transfer) still make the pause 409 sandbox_busy. What E2B's pause does.",
+    )
 
 
 def _no_default(schema: JsonDict) -> None:
@@ -788,6 +795,11 @@ class ProcessInfo(BaseModel):
     stdin_open: bool = Field(False, description="Its stdin pipe takes input (POST …/processes/{pid}/stdin)")
     timed_out: bool = False
     output_bytes: int = Field(0, description="Offset after the newest byte of its output")
+    signal: int | None = Field(
+        None,
+        description="The signal that ended it, whoever sent it (its exit_code is then 128 + signal); "
+        "null when it exited by itself or runs",
+    )
 
 
 class ProcessList(BaseModel):

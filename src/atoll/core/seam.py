@@ -112,7 +112,12 @@ VERBS: tuple[Verb, ...] = (
         "pause",
         "POST",
         "/sandboxes/{sandbox_id}/pause",
-        (SID, Arg("tier", "field", Tier), Arg("only_if_idle", "field", bool, default=False, required=False)),
+        (
+            SID,
+            Arg("tier", "field", Tier),
+            Arg("only_if_idle", "field", bool, default=False, required=False),
+            Arg("end_streams", "field", bool, default=False, required=False),
+        ),
         api.PauseOutcome,
         wait="step",
         step=True,

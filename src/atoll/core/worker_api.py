@@ -30,8 +30,10 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 10
-"""10: store entries with owner and times (StoreEntry: list_store_files with `depth`,
+PROTOCOL_VERSION = 11
+"""11: pause(end_streams) ends the sandbox's output follows and watches first (ProcessEnded, a
+watch's `ended` event) and a process killed by a signal says which (ProcessInfo.signal,
+ProcessExit.signal); 10: store entries with owner and times (StoreEntry: list_store_files with `depth`,
 stat_store_file, make_store_dir, set_store_file_attrs); 9: builds in the object store (BuildInfo.in_store; a create or a build may name a build the
 worker lacks, which it fetches by id); 8: adopt (an archived sandbox moves to another worker through the store); 7: volumes and drives (issue 19: SandboxSpec.mounts, the store verbs); 6: SecretBinding.allow_http (a secret goes over plain HTTP only when it says so), and the
 tunnel's connections into a sandbox's port relayed by the worker's gateway process; 5: interactive work (issue 9: terminals, process handles, stdin, files stat/watch/tar, metrics); 4: user templates (build_template, build_log, delete_build, BuildInfo, SandboxSpec.build_id),
@@ -338,6 +340,9 @@ class ProcessInfo:
     timed_out: bool = False
     output_bytes: int = 0
     """Offset after the newest byte of its output (stdout and stderr counted together)."""
+    signal: int | None = None
+    """The signal that ended it (its exit_code is then 128 + signal), whoever sent it; None when
+    it exited by itself (or is running). An `exit 137` is exit_code 137 and signal None."""
 
 
 @dataclass(frozen=True)
@@ -373,9 +378,39 @@ class ProcessExit:
     duration_ms: int
     offset: int
     kind: Literal["exit"] = "exit"
+    signal: int | None = None
+    """As ProcessInfo.signal: the signal that ended it, None when it exited by itself."""
 
 
-ProcessEvent = ProcessOutput | ProcessDropped | ProcessExit
+@dataclass(frozen=True)
+class ProcessEnded:
+    """The end of a follow that is not the process's end: the sandbox was paused with
+    `end_streams` (`reason` "paused"). The process runs on after a resume; read again from
+    `offset` (where this follow stopped)."""
+
+    reason: str
+    offset: int
+    kind: Literal["ended"] = "ended"
+
+
+ProcessEvent = ProcessOutput | ProcessDropped | ProcessExit | ProcessEnded
+
+
+def process_line(ev: ProcessEvent) -> dict[str, typing.Any]:
+    """One event as a line of the public output stream (`GET …/processes/{pid}/output`, served by
+    the API and by the edge alike)."""
+    if isinstance(ev, ProcessOutput):
+        return {ev.stream: ev.text, "offset": ev.offset}
+    if isinstance(ev, ProcessDropped):
+        return {"dropped": ev.dropped, "offset": ev.offset}
+    if isinstance(ev, ProcessEnded):
+        return {"ended": ev.reason, "offset": ev.offset}
+    line: dict[str, typing.Any] = {"exit_code": ev.exit_code, "timed_out": ev.timed_out}
+    if ev.signal is not None:
+        line["signal"] = ev.signal
+    return {**line, "duration_ms": ev.duration_ms, "offset": ev.offset}
+
+
 MAX_STDIN_BYTES = 16 << 20
 """The most one send_stdin call carries (the public stdin route's body limit)."""
 
@@ -436,7 +471,8 @@ MAX_LIST_ENTRIES = 100_000
 @dataclass(frozen=True)
 class FileEvent:
     """A change seen by a watch: `type` is ready (the watch is in place; first) | create | modify |
-    delete | rename (`from_path` is the old path) | chmod | overflow (events were lost; last)."""
+    delete | rename (`from_path` is the old path) | chmod | overflow (events were lost; last) |
+    ended (the sandbox was paused with `end_streams`; last, `path` is the watched directory)."""
 
     type: str
     path: str
@@ -660,9 +696,14 @@ class WorkerAPI(Protocol):
 
     async def create(self, spec: SandboxSpec) -> CreateOutcome: ...
 
-    async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> PauseOutcome:
+    async def pause(
+        self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False, end_streams: bool = False
+    ) -> PauseOutcome:
         """Freeze (memory) or checkpoint (disk). `only_if_idle`: the idle policy asks; a sandbox
-        with open connections on its external interface stays running (outcome tier None)."""
+        with open connections on its external interface stays running (outcome tier None).
+        Calls in flight make it `busy`, unless `end_streams`: then the sandbox's process output
+        follows end with ProcessEnded and its watches with an `ended` event first (E2B's pause
+        ends them and the processes run on after a resume); other calls still make it busy."""
         ...
 
     async def resume(self, sandbox_id: str, keep_archive: bool = False) -> ResumeOutcome:

@@ -48,8 +48,10 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
 PAUSE_BUSY_RETRY_S = 5.0
-"""A pause refused because a call is in flight (atoll's 409 sandbox_busy) is tried again for this
-long before answering 503 (E2B reads a 409 on pause as "already paused", §6.4)."""
+"""A pause refused because a call that is not a stream is in flight (atoll's 409 sandbox_busy: a file
+transfer, a foreground command) is tried again for this long before answering 503 (E2B reads a 409
+on pause as "already paused", §6.4). Open process streams and watches do not refuse it: the pause
+ends them (`end_streams`)."""
 E2B_KEY_PREFIX = "e2b_"
 
 
@@ -334,7 +336,9 @@ class ControlAPI:
                 key,
                 "POST",
                 f"/v1/sandboxes/{sid}/pause",
-                json_body={"tier": self.s.pause_tier},
+                # E2B's pause ends process streams and watches (Connect `canceled`) rather than
+                # waiting for them; other calls in flight (a file transfer) are waited for below
+                json_body={"tier": self.s.pause_tier, "end_streams": True},
                 passthrough=(409,),
             )
             if r.status_code != 409:

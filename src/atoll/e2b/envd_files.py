@@ -43,6 +43,10 @@ WATCHER_BUFFER = 10_000
 MAX_WATCHERS = 64
 """Polled watchers one service (one sandbox) may hold at once."""
 DEFAULT_KEEPALIVE_S = 50.0
+PAUSED_STREAM = (
+    "the sandbox was paused; Sandbox.connect() resumes it, and commands.connect(pid) reattaches to a process"
+)
+"""Why a stream ended with Connect `canceled` at a pause (the SDKs raise TimeoutException)."""
 
 _STATUS_CODES = {
     400: Code.INVALID_ARGUMENT,
@@ -118,6 +122,8 @@ class _Watcher:
         self.task: asyncio.Future | None = None
         self.events: list[fs.FilesystemEvent] = []
         self.failed: str | None = None
+        self.code = Code.RESOURCE_EXHAUSTED
+        """What GetWatcherEvents answers once it `failed`."""
 
 
 class FilesystemService(filesystem_connect.Filesystem):
@@ -228,6 +234,8 @@ class FilesystemService(filesystem_connect.Filesystem):
                             await asyncio.wait({nxt})
                     if ev.type == "ready":
                         yield fs.WatchDirResponse(event=Oneof("start", fs.WatchDirResponse.StartEvent()))
+                    elif ev.type == "ended":
+                        raise ConnectError(Code.CANCELED, PAUSED_STREAM)
                     elif ev.type == "overflow":
                         raise ConnectError(
                             Code.RESOURCE_EXHAUSTED, f"too many changes under {root!r}: events were lost"
@@ -259,6 +267,12 @@ class FilesystemService(filesystem_connect.Filesystem):
         async def pump(w: _Watcher) -> None:
             try:
                 async for ev in it:
+                    if ev.type == "ended":
+                        w.failed = (
+                            f"the sandbox was paused, which ended watcher on {root!r}; create a new one"
+                        )
+                        w.code = Code.NOT_FOUND
+                        return
                     if ev.type == "overflow" or len(w.events) >= WATCHER_BUFFER:
                         w.failed = f"more than {WATCHER_BUFFER} events under {root!r} waited to be read: events were lost"
                         return
@@ -285,7 +299,7 @@ class FilesystemService(filesystem_connect.Filesystem):
         w = self._watcher(request.watcher_id)
         if w.failed:
             await self._drop(request.watcher_id)
-            raise ConnectError(Code.RESOURCE_EXHAUSTED, w.failed)
+            raise ConnectError(w.code, w.failed)
         got, w.events = w.events, []
         return fs.GetWatcherEventsResponse(events=got)
 

@@ -13,8 +13,10 @@ atoll's seam for one sandbox, answered as envd answers (docs/e2b-compat.md §4.2
   86 400 s; past that the service sends KILL itself when connectrpc cancels the stream at the
   deadline) and the stream ends `deadline_exceeded`, as envd's;
 - `SendSignal` is atoll's `signal_process` (never `kill_process`, which forgets the record and
-  with it the `end` a stream waits for); a process this service signalled ends with envd's
-  `exitCode -1` and `signal: killed`; killed by someone else it reads 128+N (a seam gap);
+  with it the `end` a stream waits for); a process a signal ended, whoever sent it (the seam's
+  `ProcessExit.signal`), ends with envd's `exitCode -1` and `signal: killed` (Go's text);
+- a pause with the stream open ends it with Connect `canceled` (the worker ends the follow:
+  `ProcessEnded`); the process runs on, and `Connect(pid)` after `Sandbox.connect` reattaches;
 - a PTY `Start` opens an atoll terminal (`open_pty`) and relays its attach (`attach_pty`) as `pty`
   data; `SendInput{pty}` and `Update` (resize) go through that attach when this service holds it,
   else through a short attach of their own.
@@ -157,7 +159,11 @@ class ProcessService(process_connect.Process):
         sent = self._signalled.get(pid)
         if exit.exit_code is None:
             return _end(-1, exited=False, status="unknown", error="the process ended without an exit status")
+        if exit.signal is not None:  # whoever sent it (`kill -9 <pid>` from another command too)
+            text = signal_status(exit.signal)
+            return _end(-1, exited=False, status=text, error=text)
         if sent is not None and exit.exit_code == 128 + _NUMBERS[sent]:
+            # a worker that does not say which signal ended it: the one this service sent
             text = _SIGNAL_TEXT[sent]
             return _end(-1, exited=False, status=text, error=text)
         return _end(exit.exit_code, exited=True, status=f"exit status {exit.exit_code}")
@@ -191,6 +197,9 @@ class ProcessService(process_connect.Process):
                         raw = base64.b64decode(ev.b64) if ev.b64 is not None else ev.text.encode()
                         if raw:
                             yield _data(ev.stream, raw)
+                    elif isinstance(ev, api.ProcessEnded):
+                        # the sandbox is being paused: the process runs on after Sandbox.connect
+                        raise ConnectError(Code.CANCELED, envd_files.PAUSED_STREAM)
                     elif isinstance(ev, api.ProcessExit):
                         if ev.timed_out:
                             raise ConnectError(
@@ -481,6 +490,30 @@ class ProcessService(process_connect.Process):
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+_GO_SIGNALS = {
+    1: "hangup",
+    2: "interrupt",
+    3: "quit",
+    4: "illegal instruction",
+    5: "trace/breakpoint trap",
+    6: "aborted",
+    7: "bus error",
+    8: "floating point exception",
+    9: "killed",
+    10: "user defined signal 1",
+    11: "segmentation fault",
+    12: "user defined signal 2",
+    13: "broken pipe",
+    14: "alarm clock",
+    15: "terminated",
+}
+
+
+def signal_status(signal: int) -> str:
+    """envd's status for a process a signal ended: Go's `ProcessState.String()`."""
+    return "signal: " + _GO_SIGNALS.get(signal, f"signal {signal}")
 
 
 def _basic_user(ctx: typing.Any) -> str | None:

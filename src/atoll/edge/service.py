@@ -297,13 +297,7 @@ def _exec_line(obj: dict) -> dict:
 
 
 def _process_line(obj: dict) -> dict:
-    ev = wire.load_process_event(obj)
-    if isinstance(ev, api.ProcessOutput):
-        return {ev.stream: ev.text, "offset": ev.offset}
-    if isinstance(ev, api.ProcessDropped):
-        return {"dropped": ev.dropped, "offset": ev.offset}
-    line = {"exit_code": ev.exit_code, "timed_out": ev.timed_out}
-    return {**line, "duration_ms": ev.duration_ms, "offset": ev.offset}
+    return api.process_line(wire.load_process_event(obj))
 
 
 def listen(host: str, port: int, what: str = "--port or ATOLL_EDGE_PORT") -> socket.socket:

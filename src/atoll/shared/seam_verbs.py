@@ -81,12 +81,18 @@ class RemoteVerbs:
         )
         return wire.load(api.CreateOutcome, data, "create answer")
 
-    async def pause(self, sandbox_id: str, tier: api.Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
+    async def pause(
+        self, sandbox_id: str, tier: api.Tier, *, only_if_idle: bool = False, end_streams: bool = False
+    ) -> api.PauseOutcome:
         url = f"/sandboxes/{sandbox_id}/pause"
         data = await self._call(
             "POST",
             url,
-            json={"tier": wire.dump(tier, api.Tier), "only_if_idle": wire.dump(only_if_idle, bool)},
+            json={
+                "tier": wire.dump(tier, api.Tier),
+                "only_if_idle": wire.dump(only_if_idle, bool),
+                "end_streams": wire.dump(end_streams, bool),
+            },
             timeout=STEP_TIMEOUT_S,
             effect="the sandbox's state may have changed (the next reconciliation with the worker brings its record in line)",
         )

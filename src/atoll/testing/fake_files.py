@@ -139,7 +139,8 @@ class FakeFileOps:
                 yield await q.get()
 
         try:
-            yield events()
+            ends = getattr(self, "stream_ends", None)
+            yield events() if ends is None else ends.watch(sandbox_id, path, events())
         finally:
             watches.remove(entry)
 

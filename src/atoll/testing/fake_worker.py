@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from atoll.core import errors, netpolicy, signals
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Step, Tier, advance
+from atoll.shared import stream_ends
 from atoll.shared.portstream import SocketPort
 from atoll.testing import fake_files
 from atoll.testing.fake_pty import FakePtys
@@ -160,6 +161,8 @@ class FakeWorker(fake_files.FakeFileOps):
         self._timers: set[asyncio.Future] = set()
         self._queues: set[asyncio.Queue] = set()
         self.ptys = FakePtys()
+        self.stream_ends = stream_ends.StreamEnds()
+        """Output follows and watches open, which a pause with end_streams ends (as a worker's)."""
         """Terminals: real host ptys running a line-echo program (see testing.fake_pty)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self.closed = False
@@ -272,8 +275,15 @@ class FakeWorker(fake_files.FakeFileOps):
         self._advance(rt, Step.BOOTED)
         return api.CreateOutcome("fake", 0.0)
 
-    async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
+    async def pause(
+        self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False, end_streams: bool = False
+    ) -> api.PauseOutcome:
         self.calls.append(("pause", sandbox_id))
+        if end_streams and self.stream_ends.end(sandbox_id):
+            for _ in range(100):  # let them deliver their last event and close
+                await asyncio.sleep(0.01)
+                if not self.stream_ends.count(sandbox_id):
+                    break
         if sandbox_id in self.gate_stalled:
             await asyncio.sleep(3600)
         rt = self._get(sandbox_id)
@@ -626,13 +636,13 @@ class FakeWorker(fake_files.FakeFileOps):
                 if info is None:
                     return  # killed and forgotten (kill_process)
                 if not info.running:
-                    yield api.ProcessExit(info.exit_code, info.timed_out, 0, at)
+                    yield api.ProcessExit(info.exit_code, info.timed_out, 0, at, signal=info.signal)
                     return
                 if not follow:
                     return
                 await asyncio.sleep(0.01)
 
-        yield events()
+        yield self.stream_ends.process_output(sandbox_id, offset, events()) if follow else events()
 
     async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool) -> int:
         rt, info = self._process(sandbox_id, pid)
@@ -652,7 +662,11 @@ class FakeWorker(fake_files.FakeFileOps):
         rt, info = self._process(sandbox_id, pid)
         if info.running and signal not in ("CONT", "CHLD", "WINCH", "URG"):
             rt.processes[pid] = dataclasses.replace(
-                info, running=False, exit_code=128 + signals.LINUX_SIGNALS[signal], stdin_open=False
+                info,
+                running=False,
+                exit_code=128 + signals.LINUX_SIGNALS[signal],
+                stdin_open=False,
+                signal=signals.LINUX_SIGNALS[signal],
             )
 
     async def wait_process(self, sandbox_id: str, pid: int, timeout_s: float | None) -> api.ProcessInfo:

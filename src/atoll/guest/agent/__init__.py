@@ -114,10 +114,11 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
                                foreground ones.
   DELETE /processes/<pid>      SIGKILL its session, group, descendants and cgroup; forget a background
                                record and its log -> 204; unknown pid -> 404 process_not_found
-  GET    /processes/<pid>      its record (+ stdin_open, timed_out, output_bytes); 404 process_not_found
+  GET    /processes/<pid>      its record (+ stdin_open, timed_out, output_bytes, and "signal": N when
+                               a signal ended it, whoever sent it); 404 process_not_found
   GET    /processes/<pid>/output?offset=N&follow=1   chunked ndjson {"stdout"|"stderr": text, "offset"}
                                ({"dropped", "offset"} first when N is older than the log), then
-                               {"exit_code", "timed_out", "duration_ms", "offset"} once it exited;
+                               {"exit_code", "timed_out", "duration_ms", "offset"[, "signal"]} once it exited;
                                a follower that hangs up leaves the process running
   POST   /processes/<pid>/stdin[?eof=1]   raw body written to its stdin -> {"written", "eof"};
                                409 stdin_closed / process_exited / invalid_state (not read for 30 s)

@@ -129,12 +129,15 @@ class ProcHandlers:
     @staticmethod
     def _exit_line(proc, offset: int) -> dict:
         ended = proc.ended_at or proc.started_at
-        return {
+        line = {
             "exit_code": proc.exit_code,
             "timed_out": proc.timed_out,
             "duration_ms": max(0, round((ended - proc.started_at) * 1000)),
             "offset": offset,
         }
+        if proc.signal is not None:
+            line["signal"] = proc.signal
+        return line
 
     def process_stdin(self, conn: Conn, req: Request, pid_text: str) -> None:
         try:

@@ -58,7 +58,7 @@ class Spawned:
 
 class InitClient:
     def __init__(self, on_exit, on_restart):
-        self._on_exit = on_exit  # (pid, code) for every exit message
+        self._on_exit = on_exit  # (pid, code, signal or None) for every exit message
         self._on_restart = on_restart  # () after a dead init was replaced: running commands died
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -107,7 +107,8 @@ class InitClient:
             if "log" in msg:  # a line of the init's (its stdout and stderr are /dev/null)
                 log(str(msg["log"]))
             elif "exit" in msg:
-                self._on_exit(int(msg["exit"]), int(msg["code"]))
+                sig = msg.get("signal")  # absent from an init of an older agent
+                self._on_exit(int(msg["exit"]), int(msg["code"]), int(sig) if sig is not None else None)
             else:
                 replies.put(msg)
 

@@ -26,7 +26,8 @@ MAX_PROCESS_RECORDS = 1000
 
 class Proc:
     __slots__ = ("pid", "cmd", "background", "started_at", "exit_code", "notify", "log_path", "timer")
-    __slots__ += ("output", "stdin", "timed_out", "ended", "ended_at")  # background handles (procio)
+    # background handles (procio), and how it ended
+    __slots__ += ("output", "stdin", "timed_out", "ended", "ended_at", "signal")
 
     def __init__(self, pid: int, cmd, background: bool, notify, log_path):
         self.pid = pid
@@ -42,6 +43,7 @@ class Proc:
         self.timed_out = False
         self.ended = threading.Event()  # set once the exit status is in
         self.ended_at: float | None = None
+        self.signal: int | None = None  # the signal that ended it (exit_code is then 128 + it)
 
     def info(self) -> dict:
         item = {
@@ -52,6 +54,8 @@ class Proc:
             "background": self.background,
             "started_at": self.started_at,
         }
+        if self.signal is not None:
+            item["signal"] = self.signal
         if self.background:
             item["log_path"] = self.log_path
             item["stdin_open"] = self.stdin is not None and not self.stdin.closed
@@ -116,16 +120,16 @@ class ProcessTable:
 
     def _deliver_init_exits(self) -> None:
         while True:
-            pid, code = self._init_exits.get()
+            pid, code, sig = self._init_exits.get()
             try:
-                self._deliver_code(pid, code)
+                self._deliver_code(pid, code, signal=sig)
             except Exception:
                 log("delivering an exit status from atoll-init failed:\n" + format_exc())
 
     def start_reaper(self) -> None:
         threading.Thread(target=self._reap_forever, name="reaper", daemon=True).start()
 
-    def _exit_reported(self, pid: int, code: int) -> None:
+    def _exit_reported(self, pid: int, code: int, sig: int | None = None) -> None:
         """Called by the init client's reader thread: queue the exit and return at once. Delivering
         may wait for the spawns in flight to register their pids (an exit can arrive right after
         its spawn's answer, before the spawner registered it), and those spawns wait for answers
@@ -133,19 +137,19 @@ class ProcessTable:
         `_deliver_code`'s 60 s (it did, whenever a command was killed just before the next exec).
         The usual case, a registered command that is still running, is delivered here at once."""
         try:
-            if self._deliver_code(pid, code, wait=False):
+            if self._deliver_code(pid, code, signal=sig, wait=False):
                 return
         except Exception:
             log("delivering an exit status from atoll-init failed:\n" + format_exc())
             return
-        self._init_exits.put((pid, code))
+        self._init_exits.put((pid, code, sig))
 
     def _init_restarting(self) -> None:
         """The init died with its namespace: every command still running was killed with it."""
         with self._cond:
             running = [p for p in self._procs.values() if p.exit_code is None]
         for p in running:  # (never waits: one that got its code meanwhile is left as it is)
-            self._deliver_code(p.pid, 128 + 9, wait=False)
+            self._deliver_code(p.pid, 128 + 9, signal=9, wait=False)
 
     def spawn(
         self,
@@ -253,7 +257,7 @@ class ProcessTable:
             current = getattr(self.init, "epoch", None)
             lost = current is not None and getattr(popen, "epoch", current) != current
         if lost:
-            self._deliver_code(popen.pid, 128 + 9, wait=False)
+            self._deliver_code(popen.pid, 128 + 9, signal=9, wait=False)
         for old in ([stale] if stale else []) + evicted:
             remove_log(old)
         return proc, popen
@@ -306,11 +310,12 @@ class ProcessTable:
 
     def _deliver(self, pid: int, status: int) -> None:
         code = os.waitstatus_to_exitcode(status)
+        sig = None
         if code < 0:
-            code = 128 - code  # killed by signal N -> 128+N, like a shell
-        self._deliver_code(pid, code)
+            sig, code = -code, 128 - code  # killed by signal N -> 128+N, like a shell
+        self._deliver_code(pid, code, signal=sig)
 
-    def _deliver_code(self, pid: int, code: int, *, wait: bool = True) -> bool:
+    def _deliver_code(self, pid: int, code: int, *, signal: int | None = None, wait: bool = True) -> bool:
         """Record `pid`'s exit and tell whoever waits for it. A pid not (yet) in the table waits for
         the spawns in flight to register theirs — unless `wait` is False: then False is returned
         and nothing is done, for the caller to hand the exit to a thread that may wait."""
@@ -331,6 +336,7 @@ class ProcessTable:
             if proc is None or proc.exit_code is not None:
                 return True  # an orphan (PID 1 inherits them) or a forgotten record
             proc.exit_code = code
+            proc.signal = signal
             proc.ended_at = time.time()
             notify, timer = proc.notify, proc.timer
         proc.ended.set()

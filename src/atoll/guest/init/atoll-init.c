@@ -40,7 +40,8 @@
  *     {"id": ID, "pid": PID}                    a spawn started (before any exit message of PID)
  *     {"id": ID, "error": {"kind": "os", "errno": E, "step": "exec"|"chdir"|"setup"}}
  *     {"id": ID, "error": {"kind": "value"|"other", "message": "..."}}
- *     {"exit": PID, "code": CODE}               a spawned command ended (128+N: killed by signal N)
+ *     {"exit": PID, "code": CODE[, "signal": N]} a spawned command ended (killed by signal N: CODE
+ *                                               128+N and "signal": N, so that an `exit 137` differs)
  * Pids are the child namespace's: what `ps` shows and what the API reports.
  */
 #define _GNU_SOURCE
@@ -846,7 +847,10 @@ static void reap(void) {
         }
         if (!pids_remove(&spawned, pid)) continue; /* an orphan of the namespace */
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 255;
-        send_msg("{\"exit\": %d, \"code\": %d}", pid, code);
+        if (WIFSIGNALED(status))
+            send_msg("{\"exit\": %d, \"code\": %d, \"signal\": %d}", pid, code, WTERMSIG(status));
+        else
+            send_msg("{\"exit\": %d, \"code\": %d}", pid, code);
         limits_release(pid);
     }
 }

@@ -36,6 +36,7 @@ from atoll.core import errors, ids, netpolicy
 from atoll.core import worker_api as api
 from atoll.core.lifecycle import Phase, Tier
 from atoll.guest.agent import ptyframes
+from atoll.shared import stream_ends
 from atoll.worker.host import agent_pack, bundle, cgroups, objectstore, storage, stores, sweep, trust
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layer_gc, layers, templates
@@ -70,6 +71,9 @@ ACTIVITY_EVENT_EVERY_S = 2.0
 AGENT_VERSION_PREFIX = "v-"  # <agent_root>/v-<digest>: one version's agent files
 REATTACH_TIMEOUT_S = 180.0
 EVENT_QUEUE = 1000
+END_STREAMS_WAIT_S = 3.0
+"""How long `pause(end_streams=True)` waits for the calls in flight to finish once it ended the
+sandbox's output follows and watches (a file transfer, say); after that the pause is busy."""
 GC_EVERY_S = 60.0
 """Pending archive removals are retried this often; the full garbage pass runs hourly
 (worker.images.layer_gc.LAYER_GC_EVERY_S) and at start."""
@@ -311,6 +315,8 @@ class Node(StoreVerbs):
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._inflight: dict[str, int] = {}
+        self._stream_ends = stream_ends.StreamEnds()
+        """The output follows and watches open per sandbox, which `pause(end_streams=True)` ends."""
         self._bg: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._preparing: dict[str, str] = {}  # template -> what is being prepared
@@ -855,11 +861,16 @@ class Node(StoreVerbs):
                         self._spawn(self._delete_runtime(nid))
                 raise
 
-    async def pause(self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False) -> api.PauseOutcome:
+    async def pause(
+        self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False, end_streams: bool = False
+    ) -> api.PauseOutcome:
         async with self._lock(sandbox_id):
             rt = self.runtimes.get(sandbox_id)
             if rt.phase == Phase.FAILED:
                 raise errors.SandboxDied(rt.failure or f"sandbox {sandbox_id} has failed")
+            if end_streams and self._inflight.get(sandbox_id):
+                # no new call starts meanwhile: _serving waits for this lock
+                await self._end_streams(sandbox_id)
             if self._inflight.get(sandbox_id):
                 return api.PauseOutcome(
                     None,
@@ -871,6 +882,15 @@ class Node(StoreVerbs):
                 if share is not None and share > ACTIVITY_CPU_SHARE:
                     return api.PauseOutcome(None, f"its processes use {share:.0%} of a CPU (activity)")
             return await self.tiers.pause(rt, tier, only_if_idle=only_if_idle)
+
+    async def _end_streams(self, sandbox_id: str) -> None:
+        """End the sandbox's output follows and watches and wait (up to END_STREAMS_WAIT_S) for
+        the calls in flight to finish; what is still in flight then makes the pause busy."""
+        self._stream_ends.end(sandbox_id)
+        deadline = time.monotonic() + END_STREAMS_WAIT_S
+        while self._inflight.get(sandbox_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            self._stream_ends.end(sandbox_id)  # one that opened while we waited (it was queued)
 
     async def resume(self, sandbox_id: str, keep_archive: bool = False) -> api.ResumeOutcome:
         async with self._lock(sandbox_id):
@@ -1110,7 +1130,15 @@ class Node(StoreVerbs):
             self._serving(sandbox_id),
             self.guest.process_output(sandbox_id, pid, offset, follow) as events,
         ):
-            yield events
+            if not follow:
+                yield events
+                return
+            endable = self._stream_ends.process_output(sandbox_id, offset, events)
+            try:
+                yield endable
+            finally:
+                with contextlib.suppress(RuntimeError):  # still being read elsewhere: it ends with it
+                    await endable.aclose()  # a follower that left mid-way: unregistered at once
 
     async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool) -> int:
         async with self._serving(sandbox_id):
@@ -1165,7 +1193,12 @@ class Node(StoreVerbs):
         self, sandbox_id: str, path: api.FilePath, recursive: bool
     ) -> AsyncIterator[AsyncIterator[api.FileEvent]]:
         async with self._serving(sandbox_id), self.guest.watch_files(sandbox_id, path, recursive) as events:
-            yield events
+            endable = self._stream_ends.watch(sandbox_id, path, events)
+            try:
+                yield endable
+            finally:
+                with contextlib.suppress(RuntimeError):
+                    await endable.aclose()
 
     async def write_tar(
         self, sandbox_id: str, path: api.FilePath, chunks: AsyncIterator[bytes], size: int | None
