@@ -166,6 +166,7 @@ def test_run_code_through_the_code_interpreter(atoll_up):
     assert out["disk_pause"][0] == "disk" and out["x_after_disk"] == "2", out
 
 
+@pytest.mark.ecosystem
 @RELEASES
 def test_e2b_lifecycle_is_kept_per_sandbox(release, atoll_up):
     """Without auto-resume a paused sandbox's envd calls fail as "not running" and leave it
