@@ -53,6 +53,7 @@ from atoll.controlplane import (
     routes_watch,
     routes_workers,
     schemas,
+    ui_pages,
 )
 from atoll.controlplane import db as dbm
 from atoll.controlplane import stores as stores_mod
@@ -73,11 +74,11 @@ PUBLIC_PATHS = {"/healthz", "/openapi.json"} | (
     if os.environ.get("ATOLL_METRICS_PUBLIC", "").lower() in ("1", "true", "yes", "on")
     else set()
 )
-# and docs_pages.is_public: /docs, /redoc
+# and docs_pages.is_public: /docs, /redoc; ui_pages.is_public: /ui, its assets, /favicon.ico
 
 
 def _public(path: str) -> bool:
-    return path in PUBLIC_PATHS or docs_pages.is_public(path)
+    return path in PUBLIC_PATHS or docs_pages.is_public(path) or ui_pages.is_public(path)
 
 
 BEARER = "bearerAuth"  # the security scheme's name in /openapi.json
@@ -313,6 +314,7 @@ def create_app(
         redoc_url=None,
     )
     docs_pages.install(app)
+    ui_pages.install(app)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
