@@ -16,6 +16,7 @@ export function sandboxPage(main, sid) {
   const badge = h("span", { class: "badge" });
   const banner = h("div", { role: "alert", class: "banner", hidden: true });
   const result = resultLine();
+  const termStatus = resultLine();
   const info = h("dl", { class: "info" });
   const timeline = h("ol", { class: "timeline", "aria-label": "Timeline" });
   const charts = h("div", { class: "charts" });
@@ -24,6 +25,7 @@ export function sandboxPage(main, sid) {
   const procsBox = h("div", {});
   const filesBox = h("div", {});
   let sb = store.sandboxes.get(sid) || null;
+  let term = null;
   let gone = false;
 
   const tierSel = h("select", { id: "pause-tier", "aria-label": "Standby tier" },
@@ -45,7 +47,23 @@ export function sandboxPage(main, sid) {
     },
   }, label);
   const pauseBtn = act("Pause", async () => {
-    const r = await send("POST", `/v1/sandboxes/${sid}/pause`, { tier: tierSel.value });
+    let closedTerminal = false;
+    if (term) { // an attached terminal is activity: the pause would be refused as busy
+      await term.close();
+      term = null;
+      closedTerminal = true;
+      termBtn.textContent = "Open terminal";
+    }
+    let r;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        r = await send("POST", `/v1/sandboxes/${sid}/pause`, { tier: tierSel.value });
+        break;
+      } catch (e) { // the server may still be letting go of the terminal just closed
+        if (!(closedTerminal && e.code === "sandbox_busy" && attempt < 5)) throw e;
+        await new Promise((ok) => setTimeout(ok, 300));
+      }
+    }
     put(r);
     return `Paused: ${r.state}, ${r.standby_tier} tier` + (r.standby_reason ? ` — ${r.standby_reason}` : "");
   });
@@ -70,16 +88,19 @@ export function sandboxPage(main, sid) {
   const termBtn = h("button", {
     onclick: async () => {
       termBtn.disabled = true;
+      if (term) term.close();
+      term = null;
       try {
         const { openTerminal } = await import("./terminal.js");
-        const t = await openTerminal(termBox, sid, (msg, ok) => result.show(msg, ok));
-        stops.push(t.close);
+        term = await openTerminal(termBox, sid, (msg, ok) => termStatus.show(msg, ok));
+        termBtn.textContent = "Open a new terminal";
       } catch (e) {
-        result.show(`Terminal failed: ${e.code || "error"}: ${e.message}`, false);
-        termBtn.disabled = false;
+        termStatus.show(`Terminal failed: ${e.code || "error"}: ${e.message}`, false);
       }
+      termBtn.disabled = gone;
     },
   }, "Open terminal");
+  stops.push(() => term && term.close());
   const procsBtn = h("button", { onclick: () => loadProcs() }, "Load processes");
 
   clear(main,
@@ -94,7 +115,7 @@ export function sandboxPage(main, sid) {
     ),
     h("section", { "aria-labelledby": "h-metrics" }, h("h2", { id: "h-metrics" }, "Metrics"), charts),
     h("section", { "aria-labelledby": "h-term" }, h("h2", { id: "h-term" }, "Terminal"),
-      h("p", { class: "help" }, "Opening a terminal resumes a sandbox in standby."), termBtn, termBox),
+      h("p", { class: "help" }, "Opening a terminal resumes a sandbox in standby; pausing closes it."), termBtn, termStatus, termBox),
     h("section", { "aria-labelledby": "h-files" }, h("h2", { id: "h-files" }, "Files"), filesBox),
     h("section", { "aria-labelledby": "h-procs" }, h("h2", { id: "h-procs" }, "Background processes"), procsBtn, procsBox),
   );

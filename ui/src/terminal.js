@@ -33,8 +33,10 @@ export async function openTerminal(box, sid, report) {
     if (msg.exit_code !== undefined) term.write(`\r\n[exited with ${msg.exit_code}]\r\n`);
     else if (msg.error) report(`Terminal: ${msg.error.code}: ${msg.error.message}`, false);
   };
+  let closing = false;
+  const closed = new Promise((ok) => ws.addEventListener("close", ok));
   ws.onclose = (ev) => {
-    if (ev.code !== 1000 && ev.code !== 1005) report(`Terminal closed (${ev.code}${ev.reason ? ": " + ev.reason : ""})`, false);
+    if (!closing && ev.code !== 1000 && ev.code !== 1005) report(`Terminal closed (${ev.code}${ev.reason ? ": " + ev.reason : ""})`, false);
   };
   const data = term.onData((d) => ws.readyState === WebSocket.OPEN && ws.send(enc.encode(d)));
   const onResize = () => {
@@ -43,11 +45,16 @@ export async function openTerminal(box, sid, report) {
   };
   window.addEventListener("resize", onResize);
   return {
-    close() {
+    // resolves once the server has the close (or after 2 s): an attached terminal keeps the
+    // sandbox busy, and a pause right after would be refused
+    async close() {
+      closing = true;
       window.removeEventListener("resize", onResize);
       data.dispose();
       ws.close();
+      await Promise.race([closed, new Promise((ok) => setTimeout(ok, 2000))]);
       term.dispose();
+      box.replaceChildren();
     },
   };
 }

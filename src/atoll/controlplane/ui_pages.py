@@ -40,10 +40,14 @@ def install(app: FastAPI) -> None:
         index = STATIC_DIR / "index.html"
         if not index.is_file():
             return Response(
-                "the dashboard's assets are not built: run `make ui`", status_code=404, media_type="text/plain"
+                "the dashboard's assets are not built: run `make ui`",
+                status_code=404,
+                media_type="text/plain",
             )
         return FileResponse(
-            index, media_type="text/html", headers={"Cache-Control": "no-cache", "Content-Security-Policy": CSP}
+            index,
+            media_type="text/html",
+            headers={"Cache-Control": "no-cache", "Content-Security-Policy": CSP},
         )
 
     @app.get(UI + "/", include_in_schema=False)
