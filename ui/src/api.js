@@ -84,12 +84,9 @@ export async function ndjson(path, onLine, signal) {
     const { value, done } = await reader.read();
     if (done) break;
     buf += dec.decode(value, { stream: true });
-    let nl;
-    while ((nl = buf.indexOf("\n")) >= 0) {
-      const line = buf.slice(0, nl);
-      buf = buf.slice(nl + 1);
-      if (line.trim()) onLine(JSON.parse(line));
-    }
+    const lines = buf.split("\n");
+    buf = lines.pop(); // the unfinished line, if any
+    for (const line of lines) if (line.trim()) onLine(JSON.parse(line));
   }
 }
 

@@ -85,15 +85,17 @@ export function start() {
             else fresh.set(line.sandbox.id, line.sandbox);
           } else if (line.type === "synced") {
             syncedOnce = true;
-            // a reconnect's snapshot replaces what was known; what vanished meanwhile was deleted
-            for (const id of store.sandboxes.keys()) if (!fresh.has(id)) apply({ ...store.sandboxes.get(id), state: "deleted" });
-            for (const sb of fresh.values()) apply(sb);
+            if (!store.synced) store.sandboxes = fresh; // the first snapshot: nothing to compare
+            else { // a reconnect's snapshot replaces what was known; what vanished meanwhile was deleted
+              for (const id of [...store.sandboxes.keys()]) if (!fresh.has(id)) apply({ ...store.sandboxes.get(id), state: "deleted" });
+              for (const sb of fresh.values()) apply(sb);
+            }
             store.synced = true;
             store.status = "live";
             store.error = null;
             retry = 1000;
           }
-          notify();
+          if (syncedOnce) notify();
         }, mine.signal);
       } catch (e) {
         if (mine.signal.aborted) return;

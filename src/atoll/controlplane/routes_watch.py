@@ -43,6 +43,8 @@ POLL_S = 0.5
 """Seconds between two reads of the records for changes."""
 HEARTBEAT_S = 15.0
 """Seconds without a change after which a heartbeat line is sent (keeps proxies from timing out)."""
+SNAPSHOT_BATCH = 500
+"""Lines of the snapshot written at a time."""
 SKEW_S = 5.0
 """How far back each read looks past the newest change seen: writes of servers whose clock lags."""
 
@@ -89,11 +91,16 @@ async def watch_sandboxes(request: Request):
     async def body() -> typing.AsyncIterator[bytes]:
         sent: dict[str, int] = {}
         mark: dt.datetime | None = None
-        for r in first:
+        lines: list[bytes] = []
+        for r in first:  # sent SNAPSHOT_BATCH lines at a time: one write per line costs more than the line
             sent[r.id] = r.version
             mark = max(mark, _aware(r.updated_at)) if mark else _aware(r.updated_at)
-            yield http.dumps({"type": "sandbox", "sandbox": view(request, r)}) + b"\n"
-        yield http.dumps({"type": "synced", "count": len(first)}) + b"\n"
+            lines.append(http.dumps({"type": "sandbox", "sandbox": view(request, r)}) + b"\n")
+            if len(lines) >= SNAPSHOT_BATCH:
+                yield b"".join(lines)
+                lines.clear()
+        lines.append(http.dumps({"type": "synced", "count": len(first)}) + b"\n")
+        yield b"".join(lines)
         mark = mark or dt.datetime.now(dt.UTC)
         quiet = 0.0
         while True:
