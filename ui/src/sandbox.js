@@ -187,7 +187,7 @@ export function sandboxPage(main, sid) {
   // metrics: every 5 s while the page is open; asking does not resume a sandbox in standby
   const series = { cpu: [], mem: [], disk: [] };
   async function sample() {
-    if (gone || !sb || (sb.state !== "running" && sb.state !== "standby")) return;
+    if (gone || store.deleted.has(sid) || !sb || (sb.state !== "running" && sb.state !== "standby")) return;
     try {
       const m = await get(`/v1/sandboxes/${sid}/metrics`);
       const t = Date.now() / 1000;
