@@ -10,9 +10,10 @@ Lines, one JSON object each:
     {"type": "heartbeat"}                   nothing changed for HEARTBEAT_S seconds
 
 Changes are found in the records, not in this process's memory, so a stream sees the changes made
-through every server sharing the database: every POLL_S seconds one indexed-free read of the rows
-whose `updated_at` (set by every write, Database.save) is past the newest one seen minus SKEW_S
-(another server's clock may lag), sent only when their `version` differs from the one sent.
+through every server sharing the database: every POLL_S seconds a read of the marks (id, version,
+write time) of the rows whose `updated_at` (set by every write, Database.save) is past the newest
+one seen minus SKEW_S (another server's clock may lag), then of the whole rows of those whose
+`version` differs from the one sent.
 Tenant-scoped like the list: a tenant key sees its tenant, an admin key every tenant (or one, with
 `?tenant_id=`). The stream ends when the client goes away or its key is revoked (auth.Keys cuts it).
 
@@ -49,19 +50,40 @@ SKEW_S = 5.0
 """How far back each read looks past the newest change seen: writes of servers whose clock lags."""
 
 
-def _rows(request: Request, tenant: str | None, since: dt.datetime | None) -> list[typing.Any]:
-    """Non-pooled records of `tenant` (None: all): the live ones (since=None), or those written
-    after `since`, deleted ones included."""
+def _snapshot(request: Request, tenant: str | None) -> list[typing.Any]:
+    """The live, non-pooled records of `tenant` (None: all), oldest first."""
     R = dbm.SandboxRecord
-    stmt = sa.select(*paging._sandbox_columns()).where(R.pooled.is_(False))
+    stmt = sa.select(*paging._sandbox_columns()).where(R.pooled.is_(False), R.state != State.DELETED.value)
     if tenant is not None:
         stmt = stmt.where(R.tenant_id == tenant)
-    if since is None:
-        stmt = stmt.where(R.state != State.DELETED.value).order_by(R.created_at, R.id)
-    else:
-        stmt = stmt.where(R.updated_at > since)
     with ctx(request).manager.db.session() as s:
-        return list(s.execute(stmt).all())
+        return list(s.execute(stmt.order_by(R.created_at, R.id)).all())
+
+
+def _changes(
+    request: Request, tenant: str | None, since: dt.datetime, sent: dict[str, int]
+) -> tuple[list[typing.Any], dt.datetime | None]:
+    """The non-pooled records of `tenant` written after `since` (deleted ones included) whose
+    version is not the one in `sent`, oldest write first, and the newest write time seen. Two
+    reads: the marks of what was written (the skew window holds many rows after a burst of
+    writes), then the whole rows of those that changed only."""
+    R = dbm.SandboxRecord
+    marks = sa.select(R.id, R.version, R.updated_at, R.state).where(R.pooled.is_(False), R.updated_at > since)
+    if tenant is not None:
+        marks = marks.where(R.tenant_id == tenant)
+    with ctx(request).manager.db.session() as s:
+        seen = s.execute(marks).all()
+        newest = max((_aware(m.updated_at) for m in seen), default=None)
+        changed = [
+            m.id
+            for m in seen
+            if (m.id in sent if m.state == State.DELETED.value else sent.get(m.id) != m.version)
+        ]
+        rows: list[typing.Any] = []
+        for i in range(0, len(changed), 500):
+            stmt = sa.select(*paging._sandbox_columns()).where(R.id.in_(changed[i : i + 500]))
+            rows.extend(s.execute(stmt).all())
+    return sorted(rows, key=lambda r: (_aware(r.updated_at), r.id)), newest
 
 
 def _aware(t: dt.datetime) -> dt.datetime:
@@ -86,7 +108,7 @@ async def watch_sandboxes(request: Request):
     tenant, or one with `?tenant_id=`. Changes made through any server are seen within about a
     second."""
     tenant = auth.list_tenant()
-    first = await asyncio.to_thread(_rows, request, tenant, None)
+    first = await asyncio.to_thread(_snapshot, request, tenant)
 
     async def body() -> typing.AsyncIterator[bytes]:
         sent: dict[str, int] = {}
@@ -105,10 +127,11 @@ async def watch_sandboxes(request: Request):
         quiet = 0.0
         while True:
             await asyncio.sleep(POLL_S)
-            rows = await asyncio.to_thread(_rows, request, tenant, mark - dt.timedelta(seconds=SKEW_S))
+            since = mark - dt.timedelta(seconds=SKEW_S)
+            rows, newest = await asyncio.to_thread(_changes, request, tenant, since, sent)
+            mark = max(mark, newest) if newest else mark
             lines = []
-            for r in sorted(rows, key=lambda r: (r.updated_at, r.id)):
-                mark = max(mark, _aware(r.updated_at))
+            for r in rows:
                 if r.state == State.DELETED.value:
                     if sent.pop(r.id, None) is None:
                         continue  # deleted before this stream saw it, or already told
