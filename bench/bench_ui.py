@@ -9,8 +9,10 @@ unless --no-save or --quick); progress on stderr.
 
 Measured, per N (n rounds each, a fresh page per round; the key already in the tab's
 sessionStorage, as after a sign-in):
-  first_row_ms      navigation start → the first sandbox id visible in the table (the page, its
-                    script, /v1/whoami, the watch stream's snapshot of all N, the table's first paint)
+  first_row_ms      navigation start → the first frame with a sandbox id in the table, noted by the
+                    page (the page, its script, /v1/whoami, the watch stream's snapshot of all N,
+                    the table's first paint); `first_row_parts`: when the page's DOM was ready and
+                    when /v1/whoami was asked and answered, per round
   live_update_ms    a create through the API answered → its id visible in the table (the watch
                     stream's 0.5 s read of the records, then a frame); the table open throughout
   scroll            the table scrolled top to bottom in 100 steps, one frame each: the longest frame
@@ -76,6 +78,19 @@ SCROLL = """async () => {
 }"""
 
 
+FIRST_ROW = """(() => {  // the first frame with a row in the table, noted by the page itself
+  const look = () => document.querySelector('.vbody .vrow a')
+    ? (window.__firstRow = performance.now()) : requestAnimationFrame(look);
+  requestAnimationFrame(look);
+})();"""
+PARTS = """() => {
+  const out = {dom_content_loaded: performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd};
+  for (const e of performance.getEntriesByType('resource')) {
+    const name = new URL(e.name).pathname.split('/').pop();
+    if (name === 'whoami' || name === 'watch') out[name] = {start: e.startTime, first_byte: e.responseStart};
+  }
+  return out;
+}"""
 APPEARS = """async (sid) => {
   const sel = `.vbody a[href="#/sandboxes/${sid}"]`;
   while (!document.querySelector(sel)) await new Promise((ok) => requestAnimationFrame(ok));
@@ -86,16 +101,18 @@ APPEARS = """async (sid) => {
 def browse(url: str, rounds: int, create) -> dict:
     from playwright.sync_api import sync_playwright
 
-    first, live, scroll = [], [], []
+    first, live, scroll, parts = [], [], [], []
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for _ in range(rounds):
             ctx = b.new_context(viewport={"width": 1280, "height": 800})
             ctx.add_init_script(f"sessionStorage.setItem('atoll.key', {json.dumps(KEY)})")
+            ctx.add_init_script(FIRST_ROW)
             page = ctx.new_page()
             page.goto(url + "/ui#/sandboxes")
             page.locator(".vbody .vrow a").first.wait_for()
-            first.append(page.evaluate("performance.now()"))
+            first.append(page.evaluate("window.__firstRow"))
+            parts.append(page.evaluate(PARTS))
             sid, answered = create()
             # the page notes the frame its row appears in (a Playwright wait polls: coarser)
             shown = page.evaluate(APPEARS, sid)
@@ -108,6 +125,7 @@ def browse(url: str, rounds: int, create) -> dict:
     idle = [f for s in scroll for f in s["idle"]]
     return {
         "first_row_ms": c.summarize(sorted(first)),
+        "first_row_parts": parts,
         "live_update_ms": c.summarize(sorted(live)),
         "scroll": {
             "max_frame_ms": round(max(frames), 1),

@@ -154,7 +154,9 @@ def test_a_sandbox_deleted_elsewhere_while_its_page_is_open(atoll_up, watched, a
     page.get_by_role("alert").get_by_text(f"{sid} was deleted").wait_for()
     assert page.get_by_role("button", name="Delete").is_disabled()
     # a call of the page in flight as it went (its metrics, every 5 s) may answer 404: nothing else
-    assert all(f.startswith("404 GET ") and f"/v1/sandboxes/{sid}/" in f for f in watched.failed), watched.failed
+    assert all(f.startswith("404 GET ") and f"/v1/sandboxes/{sid}/" in f for f in watched.failed), (
+        watched.failed
+    )
     assert all("404" in e for e in watched.errors), watched.errors
 
 
@@ -177,6 +179,14 @@ def test_a_tenant_key_sees_only_its_tenant(atoll_up, watched, api, made):
         # the one failure: that 404 (the browser logs it as a console error too)
         assert watched.failed == [f"404 GET {atoll_up.url}/v1/sandboxes/{others}"]
         assert all("404" in e for e in watched.errors), watched.errors
+        # its key revoked while signed in: back to the sign-in, saying why, the key forgotten
+        page.goto(f"{atoll_up.url}/ui#/sandboxes")
+        page.get_by_role("link", name=theirs, exact=True).wait_for()
+        assert api.delete(f"/v1/keys/{key['id']}").status_code == 204
+        page.get_by_role("alert").get_by_text("Your key was refused").wait_for()
+        assert page.get_by_label("API key").count() == 1
+        assert page.evaluate("sessionStorage.getItem('atoll.key')") is None
+        watched.shot("revoked-key")
     finally:
         api.delete(f"/v1/keys/{key['id']}")
 
