@@ -13,8 +13,9 @@ sessionStorage, as after a sign-in):
                     page (the page, its script, /v1/whoami, the watch stream's snapshot of all N,
                     the table's first paint); `first_row_parts`: when the page's DOM was ready and
                     when /v1/whoami was asked and answered, per round
-  live_update_ms    a create through the API answered → its id visible in the table (the watch
-                    stream's 0.5 s read of the records, then a frame); the table open throughout
+  live_update_ms    once the snapshot is complete ("● live"), a create through the API answered → the
+                    frame its id appears in the table (the watch stream's 0.5 s read of the
+                    records, then a frame)
   scroll            the table scrolled top to bottom in 100 steps, one frame each: the longest frame
                     (`max_frame_ms`), the frames over 50 ms, and the rows in the DOM at the end;
                     beside them the same figures for 30 frames without scrolling just before
@@ -113,6 +114,7 @@ def browse(url: str, rounds: int, create) -> dict:
             page.locator(".vbody .vrow a").first.wait_for()
             first.append(page.evaluate("window.__firstRow"))
             parts.append(page.evaluate(PARTS))
+            page.locator("header .live.live").wait_for()  # the whole snapshot is in: changes follow
             sid, answered = create()
             # the page notes the frame its row appears in (a Playwright wait polls: coarser)
             shown = page.evaluate(APPEARS, sid)

@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 from websockets.asyncio.client import connect
 
+from atoll.controlplane import routes_watch
 from atoll.core import secretbox
 from atoll.testing import FakeAtoll
 from tests.component.conftest import KEY, create
@@ -160,3 +161,14 @@ async def test_a_terminal_authenticated_in_its_first_message(served):
     async with connect(url) as ws:  # not JSON at all
         await ws.send("Bearer " + KEY)
         assert json.loads(await asyncio.wait_for(ws.recv(), 10))["error"]["code"] == "unauthorized"
+
+
+async def test_the_snapshot_comes_a_page_at_a_time_newest_first(served, monkeypatch):
+    monkeypatch.setattr(routes_watch, "SNAPSHOT_BATCH", 2)
+    made = [await create(served.http) for _ in range(5)]
+    async with _watch(served.url, KEY) as w:
+        got = [(await w.next())["sandbox"]["id"] for _ in range(5)]
+        assert got == made[::-1]
+        assert await w.next() == {"type": "synced", "count": 5}
+        await served.http.delete(f"/v1/sandboxes/{made[0]}")
+        await w.until(_is(made[0], "deleted"))

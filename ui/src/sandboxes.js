@@ -114,7 +114,7 @@ export function sandboxesPage(main) {
     shown.textContent = rows.length === all.length ? `${all.length} sandboxes` : `${rows.length} of ${all.length} shown`;
     table.setAttribute("aria-rowcount", String(rows.length + 1));
     spacer.style.height = rows.length * ROW_H + "px";
-    empty.textContent = !store.synced ? "Loading…" : rows.length ? "" : all.length ? "No sandbox matches these filters." : "No sandboxes yet.";
+    empty.textContent = !store.synced ? (all.length ? `Loading… (${all.length} so far)` : "Loading…") : rows.length ? "" : all.length ? "No sandbox matches these filters." : "No sandboxes yet.";
     if (filtersChanged) scroller.scrollTop = 0;
     paint();
   }

@@ -78,15 +78,16 @@ export function start() {
       notify();
       const fresh = new Map();
       let syncedOnce = false;
+      if (!store.synced) store.sandboxes = new Map(); // a first snapshot cut short: start it again
       try {
         await ndjson("/v1/sandboxes/watch", (line) => {
           if (line.type === "sandbox") {
             if (syncedOnce) apply(line.sandbox);
+            else if (!store.synced) store.sandboxes.set(line.sandbox.id, line.sandbox); // shown as it comes
             else fresh.set(line.sandbox.id, line.sandbox);
           } else if (line.type === "synced") {
             syncedOnce = true;
-            if (!store.synced) store.sandboxes = fresh; // the first snapshot: nothing to compare
-            else { // a reconnect's snapshot replaces what was known; what vanished meanwhile was deleted
+            if (store.synced) { // a reconnect's snapshot replaces what was known; what vanished meanwhile was deleted
               for (const id of [...store.sandboxes.keys()]) if (!fresh.has(id)) apply({ ...store.sandboxes.get(id), state: "deleted" });
               for (const sb of fresh.values()) apply(sb);
             }
@@ -95,7 +96,7 @@ export function start() {
             store.error = null;
             retry = 1000;
           }
-          if (syncedOnce) notify();
+          if (syncedOnce || !store.synced) notify();
         }, mine.signal);
       } catch (e) {
         if (mine.signal.aborted) return;

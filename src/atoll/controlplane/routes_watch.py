@@ -3,7 +3,8 @@
 Lines, one JSON object each:
 
     {"type": "sandbox", "sandbox": {...}}   a sandbox as GET /v1/sandboxes/{id} answers it: first
-                                            every live one (the snapshot), then each one that
+                                            every live one, newest first (the snapshot, read and
+                                            sent SNAPSHOT_BATCH at a time), then each one that
                                             changed (created, paused, resumed, failed, claimed from
                                             a pool...); a deleted one comes once with state "deleted"
     {"type": "synced", "count": N}          the snapshot is complete (N sandboxes); changes follow
@@ -45,19 +46,23 @@ POLL_S = 0.5
 HEARTBEAT_S = 15.0
 """Seconds without a change after which a heartbeat line is sent (keeps proxies from timing out)."""
 SNAPSHOT_BATCH = 500
-"""Lines of the snapshot written at a time."""
+"""Records of the snapshot read and written at a time."""
 SKEW_S = 5.0
 """How far back each read looks past the newest change seen: writes of servers whose clock lags."""
 
 
-def _snapshot(request: Request, tenant: str | None) -> list[typing.Any]:
-    """The live, non-pooled records of `tenant` (None: all), oldest first."""
+def _snapshot_page(request: Request, tenant: str | None, after: tuple | None) -> list[typing.Any]:
+    """SNAPSHOT_BATCH live, non-pooled records of `tenant` (None: all), newest first, after the
+    (created_at, id) key `after` (None: from the newest)."""
     R = dbm.SandboxRecord
     stmt = sa.select(*paging._sandbox_columns()).where(R.pooled.is_(False), R.state != State.DELETED.value)
     if tenant is not None:
         stmt = stmt.where(R.tenant_id == tenant)
+    if after is not None:
+        stmt = stmt.where(paging._past((R.created_at, R.id), after, True))
+    stmt = stmt.order_by(R.created_at.desc(), R.id.desc()).limit(SNAPSHOT_BATCH)
     with ctx(request).manager.db.session() as s:
-        return list(s.execute(stmt.order_by(R.created_at, R.id)).all())
+        return [paging.Row(r._asdict()) for r in s.execute(stmt)]
 
 
 def _changes(
@@ -82,7 +87,7 @@ def _changes(
         rows: list[typing.Any] = []
         for i in range(0, len(changed), 500):
             stmt = sa.select(*paging._sandbox_columns()).where(R.id.in_(changed[i : i + 500]))
-            rows.extend(s.execute(stmt).all())
+            rows.extend(paging.Row(r._asdict()) for r in s.execute(stmt))
     return sorted(rows, key=lambda r: (_aware(r.updated_at), r.id)), newest
 
 
@@ -108,22 +113,24 @@ async def watch_sandboxes(request: Request):
     tenant, or one with `?tenant_id=`. Changes made through any server are seen within about a
     second."""
     tenant = auth.list_tenant()
-    first = await asyncio.to_thread(_snapshot, request, tenant)
+    start = dt.datetime.now(dt.UTC)  # changes from here on are the polls' (SKEW_S covers other clocks)
+    first = await asyncio.to_thread(_snapshot_page, request, tenant, None)
 
     async def body() -> typing.AsyncIterator[bytes]:
         sent: dict[str, int] = {}
-        mark: dt.datetime | None = None
-        lines: list[bytes] = []
-        for r in first:  # sent SNAPSHOT_BATCH lines at a time: one write per line costs more than the line
-            sent[r.id] = r.version
-            mark = max(mark, _aware(r.updated_at)) if mark else _aware(r.updated_at)
-            lines.append(http.dumps({"type": "sandbox", "sandbox": view(request, r)}) + b"\n")
-            if len(lines) >= SNAPSHOT_BATCH:
-                yield b"".join(lines)
-                lines.clear()
-        lines.append(http.dumps({"type": "synced", "count": len(first)}) + b"\n")
-        yield b"".join(lines)
-        mark = mark or dt.datetime.now(dt.UTC)
+        page = first
+        # the snapshot a page at a time, newest first: the first lines go out before the rest is read
+        while page:
+            for r in page:
+                sent[r.id] = r.version
+            yield b"".join(http.dumps({"type": "sandbox", "sandbox": view(request, r)}) + b"\n" for r in page)
+            if len(page) < SNAPSHOT_BATCH:
+                break
+            page = await asyncio.to_thread(
+                _snapshot_page, request, tenant, (page[-1].created_at, page[-1].id)
+            )
+        yield http.dumps({"type": "synced", "count": len(sent)}) + b"\n"
+        mark = start
         quiet = 0.0
         while True:
             await asyncio.sleep(POLL_S)
