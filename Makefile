@@ -13,7 +13,7 @@ SEAM := src/atoll/core src/atoll/controlplane/remote_worker.py src/atoll/control
 	src/atoll/worker/service/node.py src/atoll/worker/service/httpapi.py src/atoll/testing/fake_worker.py scripts/check_seam.py \
 	src/atoll/_client src/atoll/controlplane/ledger.py src/atoll/integrations src/atoll/edge
 
-.PHONY: run run-s3 test test-stress test-cluster test-ecosystem test-fast lint bench install clean
+.PHONY: run run-s3 test test-stress test-cluster test-ecosystem test-ui ui test-fast lint bench install clean
 
 $(STAMP): pyproject.toml scripts/install-deps.sh
 	sh scripts/install-deps.sh
@@ -38,7 +38,7 @@ run-s3: $(STAMP)
 	. $(S3_DATA)/env && $(VENV)/bin/atoll up
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not stress and not cluster and not ecosystem" $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not stress and not cluster and not ecosystem and not ui" $(XDIST) $(PYTEST_ARGS)
 
 # Soak and abuse tests (marker `stress`): minutes each; .ci/run runs them after `make test`.
 test-stress: $(STAMP)
@@ -55,6 +55,19 @@ test-cluster: $(STAMP)
 # code interpreter template (cached with the other test templates). .ci/run runs it after `make test`.
 test-ecosystem: $(STAMP)
 	ATOLL_E2B_CODE_INTERPRETER=1 $(PY) -m pytest -q -p no:cacheprovider -m ecosystem $(PYTEST_ARGS)
+
+# The dashboard (/ui) in a real browser (marker `ui`, tests/ui): Debian's chromium driven by Playwright
+# (the `ui` extra), both installed here and only here (never `playwright install`: no browser is
+# downloaded), against a real `atoll up`; screenshots land in docs/ui/. .ci/run runs it after `make test`.
+test-ui: $(STAMP)
+	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
+	$(PY) -c 'import playwright' 2>/dev/null || $(PY) -m pip install -q -e '.[ui]'
+	$(PY) -m pytest -q -p no:cacheprovider -m ui tests/ui $(PYTEST_ARGS)
+
+# Rebuilds the dashboard's assets (src/atoll/ui/static, committed) from ui/ with npm's pinned
+# tools (ui/package-lock.json); `make run` serves the committed ones and needs no npm.
+ui:
+	cd ui && npm ci --no-audit --no-fund && npm run build
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration and not slow" $(PYTEST_ARGS)

@@ -238,8 +238,14 @@ def api_schema(live_atoll):
 
 
 # POST /v1/workers/register is left out: a registration that passes makes the control plane adopt
-# a remote worker at the URL it names and call it — schemathesis would pick the address.
-schema = schemathesis.pytest.from_fixture("api_schema").exclude(method="POST", path="/v1/workers/register")
+# a remote worker at the URL it names and call it — schemathesis would pick the address. GET
+# /v1/sandboxes/watch too: it streams until its client leaves, and the fuzzer waits for an end
+# (tests/component/test_watch.py covers it).
+schema = (
+    schemathesis.pytest.from_fixture("api_schema")
+    .exclude(method="POST", path="/v1/workers/register")
+    .exclude(method="GET", path="/v1/sandboxes/watch")
+)
 
 
 @schema.parametrize()

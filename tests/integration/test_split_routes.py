@@ -88,6 +88,7 @@ def test_every_route_through_the_split(atoll_split):
         assert [(x["name"], x["holder"], x["this_server"]) for x in leases["items"]] == [
             ("leader", leases["server_id"], True)
         ], leases
+        assert _ok(c.get("/v1/whoami")).json() == {"key_id": "admin", "scope": "admin", "tenant_id": None}
 
         # ---- sandboxes
         sb = _ok(c.post("/v1/sandboxes", json={"idle_timeout_s": 0, "metadata": {"walk": "1"}}), 201).json()
@@ -98,6 +99,14 @@ def test_every_route_through_the_split(atoll_split):
             s["id"] for s in _ok(c.get("/v1/sandboxes", params={"metadata.walk": "1"})).json()["items"]
         ]
         assert _ok(c.get(f"/v1/sandboxes/{sid}")).json()["id"] == sid
+        with c.stream("GET", "/v1/sandboxes/watch") as watch:  # the snapshot, up to its `synced` line
+            _ok(watch)
+            lines = []
+            for line in watch.iter_lines():
+                lines.append(json.loads(line))
+                if lines[-1]["type"] == "synced":
+                    break
+        assert sid in [x["sandbox"]["id"] for x in lines[:-1]], lines
         patched = _ok(c.patch(f"/v1/sandboxes/{sid}", json={"metadata": {"walk": "2"}})).json()
         assert patched["metadata"] == {"walk": "2"}
         m = _ok(c.get(f"/v1/sandboxes/{sid}/metrics")).json()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
@@ -49,8 +50,10 @@ from atoll.controlplane import (
     routes_templates,
     routes_tenants,
     routes_usage,
+    routes_watch,
     routes_workers,
     schemas,
+    ui_pages,
 )
 from atoll.controlplane import db as dbm
 from atoll.controlplane import stores as stores_mod
@@ -59,6 +62,7 @@ from atoll.controlplane.lifecycle import SandboxManager
 from atoll.controlplane.previews import Previews
 from atoll.controlplane.secrets import SecretStore
 from atoll.core import errors, grants, secretbox
+from atoll.shared import ptyrelay
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +74,11 @@ PUBLIC_PATHS = {"/healthz", "/openapi.json"} | (
     if os.environ.get("ATOLL_METRICS_PUBLIC", "").lower() in ("1", "true", "yes", "on")
     else set()
 )
-# and docs_pages.is_public: /docs, /redoc
+# and docs_pages.is_public: /docs, /redoc; ui_pages.is_public: /ui, its assets, /favicon.ico
 
 
 def _public(path: str) -> bool:
-    return path in PUBLIC_PATHS or docs_pages.is_public(path)
+    return path in PUBLIC_PATHS or docs_pages.is_public(path) or ui_pages.is_public(path)
 
 
 BEARER = "bearerAuth"  # the security scheme's name in /openapi.json
@@ -223,6 +227,72 @@ async def _refuse_websocket(scope, send) -> None:
     await send({"type": "websocket.close", "code": 1008})
 
 
+WS_AUTH_MESSAGE_S = 10.0
+"""Seconds a WebSocket opened with `?auth=message` has to send its key."""
+
+
+def _message_auth(scope) -> bool:
+    """A WebSocket handshake with `?auth=message` and no Authorization header: its key comes in the
+    first message (a browser's WebSocket cannot send headers; the dashboard, atoll.ui, opens its
+    terminals so)."""
+    if not any(k == b"authorization" for k, _ in scope["headers"]):
+        query = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+        return ("auth", "message") in query
+    return False
+
+
+async def _key_from_first_message(scope, receive, send, keys: auth.Keys):
+    """Accept the handshake, read the first message, `{"authorization": "Bearer <key>"}`, and check
+    the key. A good key: (principal, receive, send) for the route, which sees a fresh handshake
+    (its accept is swallowed: this one is already sent). A wrong one, or none within
+    WS_AUTH_MESSAGE_S: an `{"error"}` text message, a close with 4401, and None."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return None
+    await send({"type": "websocket.accept"})
+    principal = None
+    try:
+        first = await asyncio.wait_for(receive(), WS_AUTH_MESSAGE_S)
+    except TimeoutError:
+        first = {}
+    if first.get("type") == "websocket.disconnect":
+        return None
+    try:
+        body = json.loads(first.get("text") or first.get("bytes") or b"")
+        scheme, _, token = str(body.get("authorization", "")).partition(" ")
+        if scheme.lower() == "bearer":
+            principal = keys.check(token.strip().encode("latin-1", "replace"))
+    except (ValueError, AttributeError):
+        principal = None
+    why = "missing, wrong, revoked or expired API key" if principal is None else None
+    if principal is not None:
+        why = _scope_refusal(principal, scope["path"])
+    if why is not None:
+        hint = 'the first message must be {"authorization": "Bearer <key>"}'
+        await send({"type": "websocket.send", "text": ptyrelay.error_text("unauthorized", f"{why}; {hint}")})
+        await send({"type": "websocket.close", "code": 4401})
+        return None
+    replayed = False
+
+    async def receive_after():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "websocket.connect"}
+        return await receive()
+
+    async def send_after(msg):
+        if msg["type"] == "websocket.accept":
+            return None
+        if msg["type"] == "websocket.http.response.start":  # refused after the accept: close instead
+            return await send({"type": "websocket.close", "code": 4000 + msg.get("status", 500)})
+        if msg["type"] == "websocket.http.response.body":
+            return None
+        return await send(msg)
+
+    return principal, receive_after, send_after
+
+
 def create_app(
     manager: SandboxManager,
     *,
@@ -244,6 +314,7 @@ def create_app(
         redoc_url=None,
     )
     docs_pages.install(app)
+    ui_pages.install(app)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -296,7 +367,13 @@ def create_app(
         if scope["type"] == "websocket":  # terminals (routes_pty): the handshake needs the key too
             if _public(scope["path"]):
                 return await inner(scope, receive, send)
-            p = keys.check(_bearer(scope))
+            if _message_auth(scope):  # a browser: the key comes in the first message
+                got = await _key_from_first_message(scope, receive, send, keys)
+                if got is None:
+                    return None
+                p, receive, send = got
+            else:
+                p = keys.check(_bearer(scope))
             if p is None or _scope_refusal(p, scope["path"]):
                 return await _refuse_websocket(scope, send)
             token = auth.set_current(p)
@@ -489,6 +566,7 @@ def create_app(
 
     for module in (
         routes_system,
+        routes_watch,  # before routes_sandboxes: /v1/sandboxes/watch is not a sandbox id
         routes_sandboxes,
         routes_exec,
         routes_grant,

@@ -106,3 +106,21 @@ async def leases(request: Request):
             for r in rows
         ],
     }
+
+
+@router.get(
+    "/v1/whoami",
+    tags=["system"],
+    responses={
+        200: {
+            "description": '`{"key_id", "scope", "tenant_id"}`: the key this request was made with '
+            '(scope "admin", "tenant" or "worker"; an admin key\'s tenant_id is null unless '
+            "`?tenant_id=` names one)",
+        }
+    },
+)
+async def whoami(request: Request):
+    """The key this request was made with: its id, its scope and its tenant. Any key may ask (the
+    dashboard, atoll.ui, asks at sign-in, to show an admin the admin pages only)."""
+    p = request.scope["state"]["principal"]
+    return {"key_id": p.key_id, "scope": p.scope, "tenant_id": p.tenant_id}
