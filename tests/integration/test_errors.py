@@ -96,3 +96,32 @@ def test_delete_during_pause_waits_and_loses_nothing(api):
     assert r.status_code == 204
     assert res["pause"].status_code in (200, 404, 409), res["pause"].text
     _err(api.get(f"/v1/sandboxes/{sid}"), 404, "sandbox_not_found")
+
+
+def test_calls_in_flight_when_the_sandbox_is_deleted_answer_404(api):
+    """An exec still running when its sandbox is deleted (and a listing the dashboard had in flight)
+    answer 404 sandbox_not_found: the worker closed the agent's connection on purpose, which is not
+    the agent failing to answer (that was a 500 runtime_error)."""
+    import threading
+    import time
+
+    sid = api.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+    assert api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"}).status_code == 200
+    res: dict = {}
+    t = threading.Thread(
+        target=lambda: res.setdefault(
+            "exec", api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "touch /tmp/started; sleep 60"}, timeout=90)
+        )
+    )
+    t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the exec is running once its file is there
+        if api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/started"}).status_code == 200:
+            break
+        time.sleep(0.1)
+    assert api.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    t.join(90)
+    r = res["exec"]
+    assert r.status_code == 404, r.text
+    _err(r, 404, "sandbox_not_found")
+    assert "deleted" in r.json()["error"]["message"]

@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 
+from atoll.core import errors
 from atoll.shared import http11
 from atoll.worker.host import netns
 
@@ -46,6 +47,9 @@ class AgentChannel(http11.Channel):
         self._ns_name = ns_name
         self._ns_path = netns.path(netns.host_side(ns_name))
         self._refused_since: float | None = None
+        self.ended: errors.AtollError | None = None
+        """Why the worker closed this channel on purpose (the sandbox deleted or checkpointed), for
+        the calls it cut: set by guest.GuestAgents.close."""
 
     async def make_socket(self) -> socket.socket:
         return await asyncio.get_running_loop().run_in_executor(

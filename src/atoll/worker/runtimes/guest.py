@@ -84,10 +84,13 @@ class Guest:
             self._channels[sid] = ch
         return ch
 
-    async def close(self, sid: str) -> None:
-        """Reset every connection to the sandbox's agent (RSTs, no TIME_WAIT inside it)."""
+    async def close(self, sid: str, ended: errors.AtollError | None = None) -> None:
+        """Reset every connection to the sandbox's agent (RSTs, no TIME_WAIT inside it). `ended`:
+        what the calls this cuts answer (the sandbox is being deleted or checkpointed), rather
+        than "the agent did not answer"."""
         ch = self._channels.pop(sid, None)
         if ch is not None:
+            ch.ended = ended
             await ch.aclose()
         for stream in list(self._attached.pop(sid, ())):
             stream.close()
@@ -159,9 +162,14 @@ class Guest:
         self.liveness.failed(sid, cause)
         return errors.SandboxDied(cause)
 
-    def _unreachable(self, sid: str, e: agent_channel.ChannelError) -> errors.AtollError:
-        """What a failed agent call means: the sandbox died, its answer was too large to hold, or
-        the agent did not answer."""
+    def _unreachable(
+        self, sid: str, e: agent_channel.ChannelError, ch: agent_channel.AgentChannel
+    ) -> errors.AtollError:
+        """What a failed agent call means: the worker closed the channel on purpose (deleted,
+        checkpointed), the sandbox died, its answer was too large to hold, or the agent did not
+        answer."""
+        if ch.ended is not None:
+            return ch.ended
         if not self.liveness.alive(sid):
             return self.liveness.died(sid)
         if isinstance(e, agent_channel.AnswerTooLarge):
@@ -173,10 +181,11 @@ class Guest:
         return errors.RuntimeFailure(f"the guest agent of sandbox {sid} did not answer", detail=repr(e))
 
     async def request(self, sid: str, method: str, url: str, **kw: typing.Any) -> agent_channel.Response:
+        ch = self.channel(sid)
         try:
-            r = await self._watch(sid, self.channel(sid).request(method, url, **kw))
+            r = await self._watch(sid, ch.request(method, url, **kw))
         except agent_channel.ChannelError as e:
-            raise self._unreachable(sid, e) from None
+            raise self._unreachable(sid, e, ch) from None
         if r.status_code >= 400:
             raise _agent_error(r)
         return r
@@ -185,8 +194,9 @@ class Guest:
     async def stream(self, sid: str, method: str, url: str, **kw: typing.Any):
         """An agent answer whose body is read chunk by chunk, each wait watched: a sentry that dies
         mid-stream ends it with SandboxDied at once instead of leaving it open."""
+        ch = self.channel(sid)
         try:
-            cm = self.channel(sid).stream(method, url, **kw)
+            cm = ch.stream(method, url, **kw)
             r = await self._watch(sid, cm.__aenter__())
             try:
                 if r.status_code >= 400:
@@ -197,7 +207,7 @@ class Guest:
             finally:
                 await cm.__aexit__(None, None, None)
         except agent_channel.ChannelError as e:
-            raise self._unreachable(sid, e) from None
+            raise self._unreachable(sid, e, ch) from None
 
     async def _watched_body(self, sid: str, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         end = object()

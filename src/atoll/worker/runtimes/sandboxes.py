@@ -378,7 +378,9 @@ class Sandboxes:
         Returns what the sweep had to remove."""
         rt = self.runtimes.find(sid)
         self.liveness.unwatch(sid)
-        await self.guest.close(sid)
+        await self.guest.close(
+            sid, errors.SandboxNotFound(f"sandbox {sid} was deleted while this call was in flight")
+        )
         await self.edge.detach(sid)  # its sockets would keep the namespaces alive
         if rt is not None:
             if rt.phase != Phase.DELETING:

@@ -167,7 +167,13 @@ class Tiers:
         # the RSTs unprocessed by its network stack until the next period (an endpoint still
         # connected when the sentry saves fails the checkpoint, and that kills the sandbox).
         cgroups.set_cpu_limit(self._cg(rt), None)
-        await self.guest.close(sid)
+        await self.guest.close(
+            sid,
+            errors.Conflict(
+                f"sandbox {sid} was put in standby while this call was in flight: its answer is lost "
+                "(what it did in the sandbox is kept); call again, which resumes the sandbox"
+            ),
+        )
         # Let the agent's threads see the RSTs and close their sockets before the sentry saves.
         await asyncio.sleep(0.02)
         tmp = self.snapshots.staging(sid, rt.generation)
