@@ -15,8 +15,10 @@ import httpx
 import pytest
 
 from atoll.controlplane import db
+from atoll.core import errors
 from atoll.core.lifecycle import Phase
 from atoll.testing import FakeAtoll, FakeWorker, free_port
+from tests.component.test_drain import _ids, _on
 from tests.component.test_move_archived import _wait
 from tests.component.test_worker_protocol import KEY, _serve, _worker
 
@@ -290,3 +292,32 @@ async def _id_of(tmp_path, name: str) -> str:
         return next(w.id for w in database.workers() if w.name == name)
     finally:
         database.engine.dispose()
+
+
+@pytest.mark.parametrize("cut_short", [True, False])
+async def test_settling_onto_the_worker_that_adopted_it_before_takes_that_copy(tmp_path, cut_short):
+    """A move cut short after w2's adopt (the record `moving_to` w2) and settled again before w2's
+    reconciliation ran: placement picks w2 again, whose adopt answers "already exists" — that copy
+    is the earlier adoption's (it holds the archive), so the move is recorded. A copy w2 holds for
+    another reason (no `moving_to` it: stale) is refused as before."""
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    async with FakeAtoll(tmp_path, [w1, w2], api_key=KEY, tier_policy=False) as f:
+        c, m = f.http, f.manager
+        (sid,) = await _on(c, "w1", 1)
+        assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "archive"})).status_code == 200
+        ids = await _ids(c)
+        await w2.adopt(sid, ())  # the adoption whose record never came
+        rec = m.get(sid)
+        if cut_short:
+            rec.moving_to = ids["w2"]
+            m.ledger.save(rec, ["moving_to"], durable=True)
+        async with m.ledger.lock(sid):
+            if cut_short:
+                await m._adopt_elsewhere(rec, "w1", avoid=ids["w1"])
+            else:
+                with pytest.raises(errors.Conflict, match="already exists"):
+                    await m._adopt_elsewhere(rec, "w1", avoid=ids["w1"])
+        rec = m.get(sid)
+        assert rec.moving_to is None
+        assert rec.worker_id == (ids["w2"] if cut_short else ids["w1"]), rec.worker_id
