@@ -21,7 +21,8 @@ def _find(client: typing.Any, name: str) -> dict:
         if name in (w["name"], w["id"]):
             return w
     known = ", ".join(sorted(w["name"] for w in items)) or "none"
-    typer.echo(f"error: worker_not_found: no worker named {name!r} (known: {known})", err=True)
+    shown = repr(name) if len(name) <= 80 else f"{name[:80]!r}… ({len(name)} characters)"
+    typer.echo(f"error: worker_not_found: no worker named {shown} (known: {known})", err=True)
     raise typer.Exit(1)
 
 
