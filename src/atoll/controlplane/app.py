@@ -321,7 +321,8 @@ def create_app(
         t0 = time.perf_counter()
         path = scope["path"]
         principal = None
-        if b"%2f" in scope.get("raw_path", b"").lower():
+        raw_path = scope.get("raw_path") or b""
+        if b"%2f" in raw_path or b"%2F" in raw_path:
             # An id ending in an encoded '/' (`…/pty/..%2f`) decodes to a path with a trailing
             # slash, which the router would answer with a 307 to the path without it (`…/pty/..`),
             # and a client that follows it removes the dot segment: a DELETE of the sandbox.
