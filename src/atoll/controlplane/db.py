@@ -44,6 +44,9 @@ class SandboxRecord(Base):
         # the order lists page in (controlplane.paging; migration 0015)
         sa.Index("ix_sandboxes_list", "created_at", "id"),
         sa.Index("ix_sandboxes_tenant_list", "tenant_id", "created_at", "id"),
+        # the changes the watch stream polls for (controlplane.routes_watch; migration 0024)
+        sa.Index("ix_sandboxes_updated", "updated_at"),
+        sa.Index("ix_sandboxes_tenant_updated", "tenant_id", "updated_at"),
     )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
