@@ -93,3 +93,33 @@ def test_exec_output_setting(monkeypatch):
         monkeypatch.setenv("ATOLL_MAX_EXEC_OUTPUT_KB", bad)
         with pytest.raises(config.SettingsError, match="ATOLL_MAX_EXEC_OUTPUT_KB"):
             settings.load()
+
+
+async def test_an_encoded_slash_in_an_id_is_a_400_never_a_redirect(env):
+    """`…/pty/..%2f` decodes to `…/pty/../`; the router answered it with a 307 to `…/pty/..`, which
+    a client that follows redirects resolves to `/v1/sandboxes/{id}`: the sandbox's delete."""
+    c, worker, sid = env
+    for path in (f"/v1/sandboxes/{sid}/pty/..%2f", f"/v1/sandboxes/{sid}/pty/x%2F", "/v1/workers/..%2f"):
+        for method in ("DELETE", "GET"):
+            r = await c.request(method, path)
+            assert "encoded '/'" in _msg(r), r.text
+            assert "location" not in r.headers
+    assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+    assert ("delete", sid) not in worker.calls
+
+
+async def test_a_long_id_is_not_echoed_whole(env):
+    c, _, sid = env
+    long = "x" * 5000
+    for r, status, code in (
+        (await c.get(f"/v1/workers/{long}"), 400, "invalid_request"),
+        (await c.post(f"/v1/workers/{long}/drain", json={}), 400, "invalid_request"),
+        (await c.get(f"/v1/sandboxes/{long}"), 400, "invalid_request"),
+        (await c.delete(f"/v1/sandboxes/{sid}/pty/{long}"), 404, "pty_not_found"),
+        (await c.get(f"/v1/templates/{long}"), 404, "template_not_found"),
+        (await c.get(f"/v1/secrets/{long}"), 400, "invalid_request"),
+    ):
+        message = _msg(r, status, code)
+        assert len(message) < 2100 and long not in message, (r.request.url.path[:40], len(message))
+    message = _msg(await c.get(f"/v1/workers/{long}"))
+    assert "(5000 characters)" in message and "ids look like 'wk-'" in message, message

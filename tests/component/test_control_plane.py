@@ -99,7 +99,7 @@ async def test_runtime_failure_marks_failed_with_cause(fake, caplog):
     sid = await create(c)
     worker.fail.add("checkpoint")
     r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
-    assert r.status_code == 500 and r.json()["error"]["code"] == "runtime_error"
+    assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_failed"
     sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
     assert sb["state"] == "failed" and "fake checkpoint failure" in sb["failure_reason"]
     # the internal cause (host paths, runsc's log) is logged, never sent to the caller

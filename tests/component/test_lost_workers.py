@@ -14,8 +14,11 @@ import time
 import httpx
 import pytest
 
+from atoll.controlplane import db
+from atoll.core import errors
 from atoll.core.lifecycle import Phase
 from atoll.testing import FakeAtoll, FakeWorker, free_port
+from tests.component.test_drain import _ids, _on
 from tests.component.test_move_archived import _wait
 from tests.component.test_worker_protocol import KEY, _serve, _worker
 
@@ -206,3 +209,115 @@ async def test_a_worker_killed_during_a_restore_hands_it_on_to_the_next(two):
     assert r.status_code == 200 and r.text == "archived", r.text
     sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
     assert (sb["state"], sb["worker"], sb["worker_state"]) == ("running", "w3", "ready"), sb
+
+
+@pytest.mark.parametrize("kind", ["restore", "archived"])
+async def test_a_server_stopped_between_the_adoption_and_the_record_loses_nothing(tmp_path, kind):
+    """w1 is gone; the server settling its sandbox (`on_worker_lost: "restore"`, running; or in the
+    archive tier) stops once w2 adopted it — the archive is w2's now — but before the record names
+    w2. A new server on the same database: w2's reconciliation finishes the move (the record names
+    w2; the restored one runs again there, as of its archive), never deletes w2's copy with the
+    archive. (It did: the copy looked unowned, and w2's delete removed the objects in the store.)"""
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    real_adopt, adopted = w2.adopt, asyncio.Event()
+
+    async def adopt_then_hang(sandbox_id, mounts):  # adopted on w2, the server never hears back
+        out = await real_adopt(sandbox_id, mounts)
+        adopted.set()
+        await asyncio.Event().wait()
+        return out
+
+    async with contextlib.AsyncExitStack() as workers:
+        first = FakeAtoll(tmp_path, [], api_key=KEY)
+        await first.start()
+        first.manager.workers.lost_after_s = 1.0
+        first.manager.gone.every_s = 0.1
+        serving = _serve(first.app, port)
+        await serving.__aenter__()
+        c = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+        try:
+            one = _worker(url, w1)
+            reg1, _, _ = await one.__aenter__()
+            try:
+                await _wait(c, "w1", "ready")
+                if kind == "restore":
+                    sid = await _new(c, on_worker_lost="restore")
+                    await _archived_then_resumed(c, sid)  # running, its last archive in the store
+                else:
+                    sid = await _new(c)
+                    await _put(c, sid, "archived")
+                    r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "archive"})
+                    assert r.status_code == 200, r.text
+                await workers.enter_async_context(_worker(url, w2))
+                await _wait(c, "w2", "ready")
+                w2.adopt = adopt_then_hang  # type: ignore[method-assign]
+                first.manager.gone.gone_after_s = 0.5
+                reg1.heartbeat_s = 60  # w1 falls silent, and is gone soon
+                await asyncio.wait_for(adopted.wait(), 30)
+            finally:
+                await one.__aexit__(None, None, None)  # w1 stays away
+        finally:
+            await c.aclose()
+            await serving.__aexit__(None, None, None)
+            await first.stop()  # the server stops between w2's adoption and the record
+        assert store[sid].holder == "w2" and w2.phase(sid) == Phase.ARCHIVED
+        database = db.open_database(f"sqlite:///{tmp_path / 'atoll.db'}")
+        try:
+            rec = database.get(sid)
+        finally:
+            database.engine.dispose()
+        assert rec.worker_id != await _id_of(tmp_path, "w2"), "the record named w2 already"
+        w2.adopt = real_adopt  # type: ignore[method-assign]
+
+        async with FakeAtoll(tmp_path, [], api_key=KEY) as second, _serve(second.app, port):
+            c = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+            try:
+                want = "running" if kind == "restore" else "standby"
+                sb = await _until(c, sid, lambda s: s["worker"] == "w2" and s["state"] == want)
+                assert sid in store and sid in w2.runtimes, "w2's copy or the archive was deleted"
+                r = await c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/notes"})
+                assert r.status_code == 200 and r.text == "archived", r.text
+                sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+                assert (sb["state"], sb["worker"]) == ("running", "w2"), sb
+            finally:
+                await c.aclose()
+
+
+async def _id_of(tmp_path, name: str) -> str:
+    database = db.open_database(f"sqlite:///{tmp_path / 'atoll.db'}")
+    try:
+        return next(w.id for w in database.workers() if w.name == name)
+    finally:
+        database.engine.dispose()
+
+
+@pytest.mark.parametrize("cut_short", [True, False])
+async def test_settling_onto_the_worker_that_adopted_it_before_takes_that_copy(tmp_path, cut_short):
+    """A move cut short after w2's adopt (the record `moving_to` w2) and settled again before w2's
+    reconciliation ran: placement picks w2 again, whose adopt answers "already exists" — that copy
+    is the earlier adoption's (it holds the archive), so the move is recorded. A copy w2 holds for
+    another reason (no `moving_to` it: stale) is refused as before."""
+    store: dict = {}
+    w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
+    async with FakeAtoll(tmp_path, [w1, w2], api_key=KEY, tier_policy=False) as f:
+        c, m = f.http, f.manager
+        (sid,) = await _on(c, "w1", 1)
+        assert (await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "archive"})).status_code == 200
+        ids = await _ids(c)
+        await w2.adopt(sid, ())  # the adoption whose record never came
+        rec = m.get(sid)
+        if cut_short:
+            rec.moving_to = ids["w2"]
+            m.ledger.save(rec, ["moving_to"], durable=True)
+        async with m.ledger.lock(sid):
+            if cut_short:
+                await m._adopt_elsewhere(rec, "w1", avoid=ids["w1"])
+            else:
+                with pytest.raises(errors.Conflict, match="already exists"):
+                    await m._adopt_elsewhere(rec, "w1", avoid=ids["w1"])
+        rec = m.get(sid)
+        assert rec.moving_to is None
+        assert rec.worker_id == (ids["w2"] if cut_short else ids["w1"]), rec.worker_id

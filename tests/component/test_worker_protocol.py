@@ -149,7 +149,7 @@ async def test_every_call_crosses_the_seam(cluster):
     assert (await c.post(f"/v1/sandboxes/{sid}/resume")).json()["state"] == "running"
     fake.fail.add("checkpoint")
     r = await c.post(f"/v1/sandboxes/{sid}/pause", json={"tier": "disk"})
-    assert r.status_code == 500 and r.json()["error"]["code"] == "runtime_error"
+    assert r.status_code == 409 and r.json()["error"]["code"] == "sandbox_failed"
     assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "failed"
     assert (await c.delete(f"/v1/sandboxes/{sid}")).status_code == 204
     for _ in range(100):

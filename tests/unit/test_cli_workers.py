@@ -77,6 +77,14 @@ def test_no_evacuate_and_undo(routes):
     assert json.loads(routes.last.content) == {"draining": False}
 
 
+@pytest.mark.parametrize("flag", ["--no-evacuate", "--wait"])
+def test_undo_with_a_drain_flag_is_a_usage_error(routes, flag):
+    result = run("worker", "drain", "w1", "--undo", flag)
+    assert result.exit_code == 2, result.output
+    assert "--undo" in result.output and flag in result.output and "drain only" in result.output
+    assert routes.requests == []  # nothing was sent
+
+
 def test_an_unknown_worker_is_a_clear_error(routes):
     result = run("worker", "drain", "nope")
     assert result.exit_code == 1 and "no worker named 'nope' (known: w1)" in result.output

@@ -819,3 +819,27 @@ def test_plain_http_clients_load_no_ca_bundle(monkeypatch):
     assert _base.tls_verify("https://atoll.example") is True
     monkeypatch.setenv("HTTP_PROXY", "https://proxy.test:3128")
     assert _base.tls_verify("http://127.0.0.1:7080") is True
+
+
+@pytest.mark.parametrize("bad", [".", ".."])
+def test_a_dot_segment_is_refused_before_any_request(bad):
+    """An HTTP client resolves `.`/`..` away: `sb.kill_pty("..")` was `DELETE /v1/sandboxes/{id}`."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(204)
+
+    client = atoll.Client("http://atoll.test", "k", transport=httpx.MockTransport(handler))
+    sb = atoll.Sandbox(client, {"id": "sb-aaaaaaaaaaaaaaaa", "state": "running"})
+    for call in (
+        lambda: sb.kill_pty(bad),
+        lambda: client.workers.get(bad),
+        lambda: client.workers.drain(bad),
+        lambda: client.sandboxes.delete(bad),
+        lambda: client.secrets.delete(bad),
+    ):
+        with pytest.raises(ValueError, match="'.' and '..' name no atoll object"):
+            call()
+    assert seen == []
+    assert _base.sandbox_path("sb-aaaaaaaaaaaaaaaa", "pty", "a/b") == "/v1/sandboxes/sb-aaaaaaaaaaaaaaaa/pty/a%2Fb"

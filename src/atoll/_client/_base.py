@@ -330,23 +330,28 @@ UNSET: Any = _Unset()
 # ---------------------------------------------------------------- URLs and bodies
 
 
+def segment(value: str, what: str) -> str:
+    """One URL path segment made of a caller's value: percent-quoted (a '/' in it makes no path),
+    and never '.' or '..', which an HTTP client resolves away (`sb.kill_pty("..")` would have
+    been `DELETE /v1/sandboxes/{id}`, the sandbox's delete)."""
+    if not value:
+        raise ValueError(f"{what} must be a non-empty string")
+    if value in (".", ".."):
+        raise ValueError(f"{what} {value!r} is not valid: '.' and '..' name no atoll object")
+    return quote(value, safe="")
+
+
 def sandbox_path(sandbox_id: str, *rest: str) -> str:
-    if not sandbox_id:
-        raise ValueError("sandbox id must be a non-empty string")
-    return "/".join([f"/v1/sandboxes/{quote(sandbox_id, safe='')}", *rest])
+    return "/".join([f"/v1/sandboxes/{segment(sandbox_id, 'sandbox id')}", *(segment(r, "id") for r in rest)])
 
 
 def store_path(kind: str, name: str, *rest: str) -> str:
     """`/v1/volumes/{name}/...` or `/v1/drives/{name}/...`."""
-    if not name:
-        raise ValueError(f"{kind} name must be a non-empty string")
-    return "/".join([f"/v1/{kind}s/{quote(name, safe='')}", *rest])
+    return "/".join([f"/v1/{kind}s/{segment(name, f'{kind} name')}", *(segment(r, "name") for r in rest)])
 
 
 def template_path(name: str, *rest: str) -> str:
-    if not name:
-        raise ValueError("template name must be a non-empty string")
-    return "/".join([f"/v1/templates/{quote(name, safe='')}", *(quote(r, safe="") for r in rest)])
+    return "/".join([f"/v1/templates/{segment(name, 'template name')}", *(segment(r, "id") for r in rest)])
 
 
 def dockerfile_body(path_or_text: str) -> tuple[bytes, str]:
@@ -390,9 +395,7 @@ def sleep(seconds: float) -> None:
 
 
 def secret_path(name: str) -> str:
-    if not name:
-        raise ValueError("secret name must be a non-empty string")
-    return f"/v1/secrets/{quote(name, safe='')}"
+    return f"/v1/secrets/{segment(name, 'secret name')}"
 
 
 def without_none(**fields: Any) -> dict[str, Any]:

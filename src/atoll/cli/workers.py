@@ -21,7 +21,8 @@ def _find(client: typing.Any, name: str) -> dict:
         if name in (w["name"], w["id"]):
             return w
     known = ", ".join(sorted(w["name"] for w in items)) or "none"
-    typer.echo(f"error: worker_not_found: no worker named {name!r} (known: {known})", err=True)
+    shown = repr(name) if len(name) <= 80 else f"{name[:80]!r}… ({len(name)} characters)"
+    typer.echo(f"error: worker_not_found: no worker named {shown} (known: {known})", err=True)
     raise typer.Exit(1)
 
 
@@ -66,6 +67,14 @@ def register(worker_app: typer.Typer, connect: Connect) -> None:
     ) -> None:
         """Drain worker NAME: every sandbox on it moves to another worker (running ones pause for
         seconds, state intact); those that cannot move stay and are listed with the reason."""
+        if undo and (no_evacuate or wait):
+            # --undo makes the worker ready again: a cordon or an evacuation to wait for is not
+            # what it does, and silently ignoring the flag would hide that (exit 2, usage error)
+            raise typer.BadParameter(
+                f"--undo makes worker {name!r} ready again; {'--no-evacuate' if no_evacuate else '--wait'} "
+                "applies to a drain only — give --undo alone, or drop --undo to drain",
+                param_hint="--undo",
+            )
         with connect(ctx, url, api_key) as client:
             wid = _find(client, name)["id"]
             if undo:

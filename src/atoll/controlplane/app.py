@@ -398,6 +398,19 @@ def create_app(
         t0 = time.perf_counter()
         path = scope["path"]
         principal = None
+        raw_path = scope.get("raw_path") or b""
+        if b"%2f" in raw_path or b"%2F" in raw_path:
+            # An id ending in an encoded '/' (`…/pty/..%2f`) decodes to a path with a trailing
+            # slash, which the router would answer with a 307 to the path without it (`…/pty/..`),
+            # and a client that follows it removes the dot segment: a DELETE of the sandbox.
+            resp = http.error_response(
+                400,
+                "invalid_request",
+                f"the URL path {errors.shown(path)} has an encoded '/' (%2F) in a segment; no atoll id "
+                "or name contains '/' — send the id as GET /v1/sandboxes (or the list it came from) shows it",
+                rid,
+            )
+            return await resp(scope, receive, send)
         if not _public(path):
             access = _e2b_access(scope)
             drive = _drive_token(scope) if access is None else None

@@ -105,6 +105,10 @@ class SandboxRecord(Base):
     """The options of the compatibility API it was created through (migration 0022): for the E2B
     port `{"created_via": "e2b", "auto_resume": bool, "on_timeout": "kill"|"pause"}`; None when
     made through atoll's own API. Not metadata (that is the user's)."""
+    moving_to: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    """The worker asked to adopt it from the object store, written before the ask and cleared when
+    `worker_id` names that worker (migration 0023): a server stopped in between leaves it set, and
+    that worker's reconciliation finishes the move (controlplane.lifecycle `_adopted_here`)."""
 
 
 class StoreRecord(Base):

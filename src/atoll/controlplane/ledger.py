@@ -149,7 +149,7 @@ class Ledger:
     def get(self, sid: str) -> dbm.SandboxRecord:
         if not ids.is_sandbox_id(sid):
             raise errors.InvalidRequest(
-                f"malformed sandbox id {sid!r}: ids look like 'sb-' followed by 16 lower-case letters/digits"
+                f"malformed sandbox id {errors.shown(sid)}: ids look like 'sb-' followed by 16 lower-case letters/digits"
             )
         rec = self.cache.get(sid)
         if rec is not None and self.shared and self.db.version(sid) != rec.version:

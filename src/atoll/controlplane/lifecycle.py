@@ -66,6 +66,11 @@ is left alone by reconciliation: another server may be making it there (it holds
 RESUME_STEP = {Tier.MEMORY: "resume_memory", Tier.DISK: "resume_disk", Tier.ARCHIVE: "resume_archive"}
 
 
+WAKE_WAIT_S = 60.0
+"""How long a sandbox found running when its move was cut short waits for its new worker to be
+ready before it is resumed there (`_wake_moved`; after that its next call resumes it)."""
+
+
 class SandboxManager:
     def __init__(
         self,
@@ -182,21 +187,41 @@ class SandboxManager:
             [mounts.Mount(**m) for m in rec.mounts or () if m.get("kind") == "drive"], rec.tenant_id
         )
         worker = self.workers.api_for_worker(handle)
-        outcome = await worker.adopt(
-            rec.id,
-            tuple(
-                api.MountSpec(
-                    m["kind"],
-                    mounts.worker_name(rec.tenant_id, m["name"]),
-                    m["path"],
-                    bool(m.get("read_only")),
-                    size_mb=filer_sizes.get(m["name"], 0),
-                )
-                for m in rec.mounts or ()
-            ),
-        )
-        rec.worker_id = handle.id
-        self.ledger.save(rec, ["worker_id"], durable=True)
+        # Once adopted, the archive is the new worker's (adoption.claim): a server stopped before
+        # the record names it must not leave that copy to be deleted as unowned, with the archive.
+        # The record says where it is going first; that worker's reconciliation finishes the move.
+        adopted_before = rec.moving_to == handle.id  # by a move cut short before its record
+        rec.moving_to = handle.id
+        self.ledger.save(rec, ["moving_to"], durable=True)
+        try:
+            outcome = await worker.adopt(
+                rec.id,
+                tuple(
+                    api.MountSpec(
+                        m["kind"],
+                        mounts.worker_name(rec.tenant_id, m["name"]),
+                        m["path"],
+                        bool(m.get("read_only")),
+                        size_mb=filer_sizes.get(m["name"], 0),
+                    )
+                    for m in rec.mounts or ()
+                ),
+            )
+        except errors.Unavailable as e:
+            if e.retryable:  # not sent; else its outcome is unknown: a copy the worker made after
+                self._moving_nowhere(rec)  # all is its reconciliation's to finish
+            raise
+        except errors.Conflict as e:
+            if not (adopted_before and e.code == "invalid_state"):
+                self._moving_nowhere(rec)
+                raise
+            # "already exists on this worker": its copy is that adoption's (which holds the archive)
+            outcome = api.AdoptOutcome(layers_fetched=0, duration_ms=0.0)
+        except errors.AtollError:
+            self._moving_nowhere(rec)
+            raise
+        rec.worker_id, rec.moving_to = handle.id, None
+        self.ledger.save(rec, ["worker_id", "moving_to"], durable=True)
         log.info(
             "sandbox.moved: archived on %s, adopted by %s (%d layer(s) fetched, %.0f ms)",
             gone,
@@ -212,6 +237,15 @@ class SandboxManager:
                 await worker.set_secrets(rec.id, self.secrets.bindings(rec.tenant_id, rec.secrets))
         except errors.AtollError as e:  # delivered again when the worker is adopted next
             log.warning("sandbox.moved: policy not delivered: %s", e.message, extra={"sandbox_id": rec.id})
+
+    def _moving_nowhere(self, rec: dbm.SandboxRecord) -> None:
+        """An adoption refused: the record goes nowhere after all (best effort: a `moving_to` left
+        behind only names a worker that holds no copy)."""
+        rec.moving_to = None
+        try:
+            self.ledger.save(rec, ["moving_to"])
+        except errors.AtollError as e:
+            log.warning("sandbox.move: moving_to stays: %s", e.message, extra={"sandbox_id": rec.id})
 
     def allocated(self, worker_id: str) -> dict[str, float]:
         return self.ledger.allocated(worker_id)
@@ -802,31 +836,37 @@ class SandboxManager:
         return rec is None or rec.state == State.DELETED
 
     def _adopted_here(self, report: api.RuntimeReport, handle: WorkerHandle) -> bool:
-        """An unowned copy on `handle` that is a drain's move cut short between the adoption and
-        the record (controlplane.evacuation: the worker's `adopt`, then the record names it; a
-        server stopped in between): archived here, its live record in the archive tier on a
-        draining worker. This worker holds the archive now (adoption.claim): deleting the copy
-        would remove the objects the record still points at, so the move is finished instead."""
+        """An unowned copy on `handle` that is a move through the object store cut short between
+        the adoption and the record (`_adopt_elsewhere`: `moving_to` names the worker before its
+        `adopt`, `worker_id` once adopted; a server stopped in between) — a drain's, a lost worker's
+        sandbox settled elsewhere (archive tier, or `on_worker_lost: "restore"`), a resume off a
+        full worker: archived here, its live record moving here. This worker holds the archive now
+        (adoption.claim): deleting the copy would remove the objects the record still points at,
+        so the move is finished instead. A stale copy (the sandbox moved off this worker earlier)
+        is not: its record is moving nowhere, or elsewhere."""
         rec = self.ledger.cache.get(report.sandbox_id)
         if rec is None or rec.worker_id == handle.id or report.phase != Phase.ARCHIVED:
             return False
-        if (rec.state, rec.standby_tier) != (State.STANDBY, Tier.ARCHIVE):
-            return False
-        old = self.workers.handles.get(rec.worker_id)
-        return old is not None and (old.record.draining or old.state == "draining")
+        return rec.moving_to == handle.id and rec.state in (State.RUNNING, State.STANDBY)
 
     async def _finish_move(self, rec: dbm.SandboxRecord, handle: WorkerHandle) -> None:
         """Record `rec` on `handle`, which adopted it (`_adopted_here`); the evacuation resumed on
         its old worker then counts it moved (and wakes it if it was running), and the old
         worker's copy is dropped by its reconciliation (its archive removal leaves the objects:
-        their manifest names this worker; it is asked at once when this server holds it). A record
-        another server wrote meanwhile is left as is (and the copy too): the next pass looks again."""
+        their manifest names this worker; it is asked at once when this server holds it). A
+        sandbox restored from its last archive (a lost worker's `on_worker_lost: "restore"`) is
+        recorded in the archive tier, as controlplane.lost_workers does, and one that was running
+        is resumed here. A record another server wrote meanwhile is left as is (and the copy too):
+        the next pass looks again."""
         gone = rec.worker_id
-        rec.worker_id = handle.id
+        old = self.workers.handles.get(gone)
+        restored = (rec.state, rec.standby_tier) != (State.STANDBY, Tier.ARCHIVE)
+        was_running = rec.state == State.RUNNING
+        rec.worker_id, rec.moving_to = handle.id, None
         try:
-            self.ledger.save(rec, ["worker_id"], durable=True)
+            self.ledger.save(rec, ["worker_id", "moving_to"], durable=True)
         except errors.AtollError as e:
-            rec.worker_id = gone
+            rec.worker_id, rec.moving_to = gone, handle.id
             log.warning(
                 "reconcile: finishing a cut-short move failed: %s", e.message, extra={"sandbox_id": rec.id}
             )
@@ -836,6 +876,17 @@ class SandboxManager:
             handle.name,
             extra={"sandbox_id": rec.id, "from": gone, "worker": handle.name},
         )
+        if restored:
+            self.ledger.persist(
+                rec,
+                Verb.ARCHIVE,
+                standby_since=dbm.utcnow(),
+                standby_reason=lost_workers.restored_reason(
+                    f"its worker {old.name if old else gone!r} was lost"
+                ),
+            )
+            if was_running:
+                self.ledger.track(asyncio.ensure_future(self._wake_moved(rec.id, handle)))
         if rec.network and handle.worker is not None:
             try:
                 await handle.worker.set_network(rec.id, rec.network)
@@ -843,7 +894,6 @@ class SandboxManager:
                 log.warning(
                     "sandbox.moved: policy not delivered: %s", e.message, extra={"sandbox_id": rec.id}
                 )
-        old = self.workers.handles.get(gone)
         if old is not None and old.worker is not None:  # else its reconciliation drops it
             try:
                 await old.worker.delete(rec.id)
@@ -854,6 +904,21 @@ class SandboxManager:
                     e.message,
                     extra={"sandbox_id": rec.id},
                 )
+
+    async def _wake_moved(self, sid: str, handle: WorkerHandle) -> None:
+        """Resume a sandbox that was running when its move was cut short (as the move would have),
+        once `handle` (whose reconciliation found it) is ready: up to WAKE_WAIT_S, else it resumes
+        on its next call."""
+        deadline = time.monotonic() + WAKE_WAIT_S
+        while handle.state == "joining" and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        try:
+            async with self.ledger.lock(sid):
+                rec = self.get(sid)
+                if rec.state == State.STANDBY:
+                    await self._resume_locked(rec)
+        except errors.AtollError as e:  # it resumes on its next call, or says why not
+            log.warning("sandbox.moved: not resumed yet: %s", e.message, extra={"sandbox_id": sid})
 
     def _vanished(self, rec: dbm.SandboxRecord, handle: WorkerHandle) -> None:
         if rec.state == State.FAILED:

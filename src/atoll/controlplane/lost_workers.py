@@ -22,7 +22,10 @@ plus the interval at which they write them (`notice_silent_elsewhere`, on every 
 the server it had joined lost it too, and the leader, which settles, may be another server.
 
 No other worker with room now, or the store unreachable (503): the sandbox stays as it is and is
-tried again on the next pass. A worker that returns (controlplane.lifecycle `worker_joined`)
+tried again on the next pass. A server stopped after another worker adopted a sandbox and before
+the record names it leaves the record's `moving_to` naming that worker: its reconciliation
+finishes the move (controlplane.lifecycle `_finish_move`: recorded there in the archive tier, a
+running one resumed), never deletes the copy that holds the archive now. A worker that returns (controlplane.lifecycle `worker_joined`)
 deletes its copies of sandboxes that moved (their record names another worker) or that were
 failed here (`failed_as_gone`), never the archive objects their new worker adopted (the manifest
 names that worker as `holder`, and a worker only removes what names itself).
@@ -54,6 +57,14 @@ CONCURRENCY = 4
 """Sandboxes settled at once (a restore is an adoption and a resume on another worker)."""
 GONE = "worker gone: "
 """How the failure reason of a sandbox failed here begins (its returning worker drops its copy)."""
+
+
+def restored_reason(cause: str) -> str:
+    """The standby reason of an `on_worker_lost: "restore"` sandbox adopted by another worker."""
+    return (
+        f"restored from its last archive on another worker ({cause}); what changed after that "
+        "archive was made is lost"
+    )
 
 
 def failed_as_gone(rec: dbm.SandboxRecord) -> bool:
@@ -207,8 +218,7 @@ class GoneWorkers:
                 rec,
                 Verb.ARCHIVE,
                 standby_since=dbm.utcnow(),
-                standby_reason=f"restored from its last archive on another worker ({cause}); what changed "
-                "after that archive was made is lost",
+                standby_reason=restored_reason(cause),
             )
             log.warning(
                 "sandbox.gone: restored from its last archive on another worker (was %s)",

@@ -42,7 +42,7 @@ MAX_MESSAGE_BYTES = ptyrelay.MAX_MESSAGE_BYTES  # controlplane.main gives it to 
 def _check_pty_id(sid: str, pty_id: str) -> None:
     if not ptyframes.is_pty_id(pty_id):
         raise errors.PtyNotFound(
-            f"no terminal {pty_id!r} in sandbox {sid} (ids look like pty_0123456789ab); "
+            f"no terminal {errors.shown(pty_id)} in sandbox {sid} (ids look like pty_0123456789ab); "
             f"list them with GET /v1/sandboxes/{sid}/pty"
         )
 

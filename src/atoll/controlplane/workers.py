@@ -237,7 +237,7 @@ class WorkerRegistry:
     def get(self, worker_id: str) -> WorkerHandle:
         if not ids.WORKER_ID_RE.match(worker_id):
             raise errors.InvalidRequest(
-                f"malformed worker id {worker_id[:80]!r}: ids look like 'wk-' followed by 16 lower-case "
+                f"malformed worker id {errors.shown(worker_id)}: ids look like 'wk-' followed by 16 lower-case "
                 "letters/digits (GET /v1/workers lists them)"
             )
         h = self.handles.get(worker_id)

@@ -139,6 +139,28 @@ CODES: dict[str, Code] = {
 }
 
 
+MAX_MESSAGE_CHARS = 2000
+"""The longest `message` an error carries: a longer one (a caller's 5,000-character id echoed in
+it) keeps its start and its end (where the fix is said), the middle cut (`clip`)."""
+SHOWN_CHARS = 80
+"""How much of a caller's value a message quotes (`shown`)."""
+
+
+def shown(value: str, limit: int = SHOWN_CHARS) -> str:
+    """A caller's value quoted for a message (its repr), cut to `limit` characters."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
+
+
+def clip(message: str) -> str:
+    """`message` within MAX_MESSAGE_CHARS: its start and end kept, the middle cut and counted."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    head, tail = MAX_MESSAGE_CHARS * 2 // 3, MAX_MESSAGE_CHARS // 4
+    return f"{message[:head]} …({len(message) - head - tail} characters cut)… {message[-tail:]}"
+
+
 class AtollError(Exception):
     status = 500
     code = "internal_error"
@@ -152,6 +174,7 @@ class AtollError(Exception):
         retryable: bool | None = None,
         detail: str | None = None,
     ):
+        message = clip(message)
         super().__init__(message)
         self.message = message
         # The internal cause (runsc log lines, host paths, command lines): logged by the server,

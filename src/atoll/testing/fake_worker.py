@@ -5,7 +5,7 @@ It keeps each sandbox as Python state (a phase, files, processes), follows the s
 as a real worker (core.lifecycle.PHASE_TRANSITIONS), answers pauses with the same outcomes (gate
 blockers keep a sandbox in memory, a freeze that cannot finish leaves it running and busy), and
 emits the same events. Knobs provoke what a real host does: `delay[verb]`, `fail` (verbs that
-raise a RuntimeFailure; a failed "restore" leaves the sandbox checkpointed and raises
+raise a RuntimeFailure; a failed "checkpoint" kills the sandbox and raises SandboxDied, a failed "restore" leaves the sandbox checkpointed and raises
 ResumeFailed, as a real worker does), `gate_blockers`, `open_connections[sid]`, `freeze_stuck`,
 `gate_stalled` (a pause that never answers), `kill(sid)` (the runtime dies), `vanish(sid)` (it is
 gone without a word), `exec_handler` (what a command "prints"; a background process starts with it as its stdout), `write_process`
@@ -314,7 +314,7 @@ class FakeWorker(fake_files.FakeFileOps):
         except errors.AtollError as e:  # as this runsc: a failed checkpoint kills the sandbox
             rt.failure = e.message
             self._advance(rt, Step.FAIL)
-            raise
+            raise errors.SandboxDied(e.message, detail=e.detail) from None  # 409, as the real worker
         self._advance(rt, Step.COMMIT_CHECKPOINT)
         if tier == Tier.ARCHIVE:
             return await self._archive(rt)

@@ -9,16 +9,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Literal
-from urllib.parse import quote
 
 from .. import _base
 from ._parents import ClientLike
 
 
 def _id_path(kind: str, value: str, *rest: str) -> str:
-    if not value:
-        raise ValueError(f"{kind} id must be a non-empty string")
-    return "/".join([f"/v1/{kind}s/{quote(value, safe='')}", *rest])
+    return "/".join([f"/v1/{kind}s/{_base.segment(value, f'{kind} id')}", *rest])
 
 
 def _expiry(expires_at: dt.datetime | str | None) -> dict[str, Any]:

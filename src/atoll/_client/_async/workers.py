@@ -21,7 +21,7 @@ class AsyncWorkers:
         return await self._client._items("/v1/workers")
 
     async def get(self, worker_id: str) -> dict[str, Any]:
-        response = await self._client._request("GET", f"/v1/workers/{worker_id}")
+        response = await self._client._request("GET", f"/v1/workers/{_base.segment(worker_id, 'worker id')}")
         return _base.json_body(response)
 
     async def drain(self, worker_id: str, *, evacuate: bool = True) -> dict[str, Any]:
@@ -29,13 +29,15 @@ class AsyncWorkers:
         sandbox on it moves to another worker in the background. Returns the worker; `get` shows
         the progress (`evacuation`, and `evacuated: True` once it holds none)."""
         response = await self._client._request(
-            "POST", f"/v1/workers/{worker_id}/drain", json={"draining": True, "evacuate": evacuate}
+            "POST",
+            f"/v1/workers/{_base.segment(worker_id, 'worker id')}/drain",
+            json={"draining": True, "evacuate": evacuate},
         )
         return _base.json_body(response)
 
     async def undrain(self, worker_id: str) -> dict[str, Any]:
         """Ready again (an evacuation in progress stops between sandboxes)."""
         response = await self._client._request(
-            "POST", f"/v1/workers/{worker_id}/drain", json={"draining": False}
+            "POST", f"/v1/workers/{_base.segment(worker_id, 'worker id')}/drain", json={"draining": False}
         )
         return _base.json_body(response)

@@ -23,7 +23,7 @@ class Workers:
         return self._client._items("/v1/workers")
 
     def get(self, worker_id: str) -> dict[str, Any]:
-        response = self._client._request("GET", f"/v1/workers/{worker_id}")
+        response = self._client._request("GET", f"/v1/workers/{_base.segment(worker_id, 'worker id')}")
         return _base.json_body(response)
 
     def drain(self, worker_id: str, *, evacuate: bool = True) -> dict[str, Any]:
@@ -31,11 +31,15 @@ class Workers:
         sandbox on it moves to another worker in the background. Returns the worker; `get` shows
         the progress (`evacuation`, and `evacuated: True` once it holds none)."""
         response = self._client._request(
-            "POST", f"/v1/workers/{worker_id}/drain", json={"draining": True, "evacuate": evacuate}
+            "POST",
+            f"/v1/workers/{_base.segment(worker_id, 'worker id')}/drain",
+            json={"draining": True, "evacuate": evacuate},
         )
         return _base.json_body(response)
 
     def undrain(self, worker_id: str) -> dict[str, Any]:
         """Ready again (an evacuation in progress stops between sandboxes)."""
-        response = self._client._request("POST", f"/v1/workers/{worker_id}/drain", json={"draining": False})
+        response = self._client._request(
+            "POST", f"/v1/workers/{_base.segment(worker_id, 'worker id')}/drain", json={"draining": False}
+        )
         return _base.json_body(response)

@@ -10,6 +10,9 @@ Checkpoints run through a small shell wrapper that writes a `done` marker only o
 worker killed mid-checkpoint can tell on restart whether the image is complete.
 The log file (`runsc.log` of a sandbox) is the worker's: made 0600, and given back to the worker's
 user after each start or restore (runsc hands its stdio files to the sandbox's user, `nobody`).
+It goes with the sandbox's directory at its delete; `keep_log` copies the log of a failure that
+killed a sandbox (a checkpoint) to `$ATOLL_HOME/logs/` first, and `cause` gives runsc's own words
+about it, short enough for the record's `failure_reason`.
 Called by worker.service.
 """
 
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 
@@ -111,6 +115,69 @@ def tail(path: str, n: int = 600) -> str:
     text = " | ".join(keep[-4:])
     # gVisor prints whole Go structs in errors; the cause is at the end.
     return text[-n:]
+
+
+# A Go stack frame (`pkg.(*T).method(0xc000…, …)`): no blank before its first parenthesis.
+_FRAME = re.compile(r"^\S+\(.*\)$")
+_PANIC = ("panic:", "fatal error:")
+KEPT_LOG_BYTES = 1 << 20
+"""The end of runsc's log that `keep_log` copies (a sandbox's log also holds its whole history)."""
+KEPT_LOGS = 100
+"""Copies `keep_log` leaves in a logs directory: the newest (a flood of failures cannot fill the
+disk with them)."""
+
+
+def cause(path: str, home: str | None = None, n: int = 400) -> str:
+    """runsc's own words about its last failure, for a record's `failure_reason`: the last Go panic
+    or fatal error in the log, if any, and its last line that is not part of a stack trace; the
+    worker's `home` written as `$ATOLL_HOME` (no host paths for the caller); at most `n` chars."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no runsc log)"
+    # not indented (a stack trace's file lines are; so is a re-raised panic under the first)
+    words = [
+        ln.strip()
+        for ln in lines
+        if ln.strip()
+        and not ln.startswith(("\t", " ", "goroutine ", "created by ", "["))
+        and not _FRAME.match(ln)
+    ]
+    if not words:
+        return "(runsc wrote nothing)"
+    said = [ln for ln in words if ln.startswith(_PANIC)][-1:]
+    if words[-1] not in said:
+        said.append(words[-1])
+    text = " | ".join(said)
+    if home:
+        text = text.replace(os.path.realpath(home), "$ATOLL_HOME").replace(home, "$ATOLL_HOME")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def keep_log(log_path: str, logs_dir: str, name: str) -> str | None:
+    """Copy the end of a sandbox's runsc log (KEPT_LOG_BYTES) to `logs_dir/name` (0600; the
+    directory 0700), where it outlives the sandbox; the oldest copies beyond KEPT_LOGS go. Returns
+    the copy's path (None: there was no log, or it could not be written — said in the caller's log)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - KEPT_LOG_BYTES))
+            data = f.read()
+        os.makedirs(logs_dir, mode=0o700, exist_ok=True)
+        dest = os.path.join(logs_dir, name)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        kept = sorted(os.scandir(logs_dir), key=lambda e: e.stat().st_mtime_ns, reverse=True)
+        for old in kept[KEPT_LOGS:]:
+            with contextlib.suppress(OSError):
+                os.unlink(old.path)
+        return dest
+    except OSError:
+        return None
 
 
 async def run(root: str, bundle: str, cid: str, log_path: str) -> None:

@@ -141,7 +141,10 @@ class Recovery:
                     self.sandboxes.limit_cpu(rt)  # lifted for the checkpoint
                 return "an interrupted checkpoint left the sandbox running"
             self.runtimes.fail(
-                rt, f"the worker stopped during a checkpoint of sandbox {sid} and runsc did not finish it"
+                rt,
+                self.tiers.checkpoint_failure(
+                    rt, "was cut short by a worker stop and runsc did not finish it"
+                ),
             )
             return "runsc log: " + runsc.tail(self.runtimes.path(sid, "runsc.log"))
         if rt.phase == Phase.CHECKPOINTED:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import typing
 
@@ -51,7 +52,11 @@ class Tiers:
         snapshots: SnapshotStore,
         spawn: typing.Callable[[typing.Awaitable], None],
         archiver: Archiver | None = None,
+        home: str | None = None,
     ):
+        self.home = home
+        """The worker's ATOLL_HOME: runsc's log of a failed checkpoint is kept in its `logs/`
+        (None: not kept, as in unit tests)."""
         self.archiver = archiver
         """The archive tier (None: pausing to it is refused)."""
         self.runtimes = runtimes
@@ -192,17 +197,38 @@ class Tiers:
         sid = rt.sandbox_id
         old_cid, old_cg = rt.cid, self._cg(rt)
         if not self.snapshots.staged_complete(tmp):
-            cause = runsc.tail(self.runtimes.path(sid, "runsc.log"))
             self.snapshots.drop_staging(tmp)
-            message = f"checkpoint of sandbox {sid} failed and runsc stopped it (runsc's error is in the worker log)"
-            log.error("sandbox.checkpoint.failed: runsc log: %s", cause, extra={"sandbox_id": sid})
+            message = self.checkpoint_failure(rt, "failed and runsc stopped it")
             self.liveness.failed(sid, message)
             self._spawn(self.sandboxes.discard_container(old_cid, old_cg))
-            raise errors.RuntimeFailure(message, detail=f"runsc log: {cause}")
+            # The sandbox is gone, not the host: 409 sandbox_failed (as any sandbox that dies
+            # under a call), not a 5xx; a retry cannot help, a new sandbox can.
+            raise errors.SandboxDied(message)
         await self.snapshots.commit(sid, rt.generation, tmp)
         self.liveness.unwatch(sid)
         self.runtimes.advance(rt, Step.COMMIT_CHECKPOINT)
         self._spawn(self._discard_after_checkpoint(rt, old_cid, old_cg))
+
+    def checkpoint_failure(self, rt: Runtime, what: str) -> str:
+        """A checkpoint of `rt` that did not complete (this runsc stops the sandbox then): keep
+        runsc's log under `$ATOLL_HOME/logs/` (the sandbox's own goes with its delete) and log its
+        end. Returns what the runtime fails with: the failure in runsc's own words."""
+        sid = rt.sandbox_id
+        log_path = self.runtimes.path(sid, "runsc.log")
+        kept = None
+        if self.home is not None:
+            name = f"{sid}-checkpoint-{rt.generation}.log"
+            kept = runsc.keep_log(log_path, os.path.join(self.home, "logs"), name)
+        message = (
+            f"checkpoint of sandbox {sid} {what} (runsc: {runsc.cause(log_path, self.home)}); "
+            "its memory is lost and its files are kept until you delete it — create a new sandbox"
+        )
+        log.error(
+            "sandbox.checkpoint.failed: runsc log: %s",
+            runsc.tail(log_path),
+            extra={"sandbox_id": sid, "generation": rt.generation, "kept_log": kept or "(not kept)"},
+        )
+        return message
 
     def _net_lock(self, sid: str) -> asyncio.Lock:
         return self._net_locks.setdefault(sid, asyncio.Lock())

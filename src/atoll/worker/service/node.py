@@ -273,6 +273,7 @@ class Node(StoreVerbs):
             self.snapshots,
             self._spawn,
             archiver=self.archiver,
+            home=settings.home,
         )
         self.builder = Builder(
             settings.home,
