@@ -462,3 +462,49 @@ async def test_an_evacuation_resumed_when_its_worker_registers_again_with_a_work
                     for sid in sids:
                         assert (await c.get(f"/v1/sandboxes/{sid}")).json()["worker"] == "w2"
             await c.aclose()
+
+
+async def test_a_worker_that_stops_answering_mid_drain_halts_the_evacuation_which_goes_on_when_it_is_back(
+    two,
+):
+    """The drained worker is SIGKILLed mid-drain: its pauses fail with 503 worker_unavailable
+    ("cannot be reached") before the server has marked it lost. That is no verdict on the sandboxes:
+    they stay `pending` (not `left` with "it could not be archived", the evacuation `done`), and the
+    evacuation goes on once the worker is adopted again (found by the issue 21 review on a real
+    topology: a drain whose worker was killed ended `done` with every sandbox left)."""
+    from atoll.core import errors
+
+    f, w1, w2 = two
+    c = f.http
+    sids = await _on(c, "w1", 3)
+    wid = (await _ids(c))["w1"]
+    real_pause = w1.pause
+
+    async def unreachable(*a, **kw):
+        raise errors.Unavailable(
+            "worker 'w1' cannot be reached at http://127.0.0.1:1 (ConnectFailed); the call did not "
+            "reach it, so nothing about the sandbox changed — retry once it is back (GET /v1/workers)"
+        )
+
+    w1.pause = unreachable  # type: ignore[method-assign]
+    assert (await c.post(f"/v1/workers/{wid}/drain", json={})).status_code == 202
+    run = f.manager.evacuations.runs[wid]
+    for _ in range(500):
+        if run.task is not None and run.task.done():
+            break
+        await asyncio.sleep(0.02)
+    w = (await c.get(f"/v1/workers/{wid}")).json()
+    ev = w["evacuation"]
+    assert (ev["state"], ev["moved"], ev["left"], ev["pending"]) == ("running", 0, [], 3), w
+    for sid in sids:  # nothing changed for them
+        sb = (await c.get(f"/v1/sandboxes/{sid}")).json()
+        assert (sb["state"], sb["worker"]) == ("running", "w1"), sb
+
+    w1.pause = real_pause  # type: ignore[method-assign]
+    f.manager.worker_ready(f.manager.workers.handles[wid])  # adopted again, still draining
+    w = await _evacuated(c, wid)
+    ev = w["evacuation"]
+    assert (ev["state"], ev["moved"], ev["left"]) == ("done", 3, []), w
+    assert ev["resumed_at"] is not None
+    for sid in sids:
+        assert (await c.get(f"/v1/sandboxes/{sid}")).json()["worker"] == "w2"

@@ -851,6 +851,67 @@ async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacua
                 await reg.aclose()
 
 
+async def test_an_undrain_through_a_borrower_is_shown_ready_by_every_server_afterwards(
+    tmp_path, database_url, database_kind
+):
+    """A drains the worker it holds (its row: `state` draining); B undrains it through the row
+    and A follows (ready). B's next look at the row, and a server started afterwards, show it
+    ready too — not `draining` from the row's `state`, which the holder's follow does not rewrite
+    (found by the issue 21 review: after an undrain through a borrower, every other server kept
+    listing the worker draining and placed nothing on it)."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    key = b"k" * 32
+    async with (
+        FakeAtoll(
+            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as a,
+        FakeAtoll(
+            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
+        ) as b,
+    ):
+        pa, pb = free_port(), free_port()
+        ua, ub = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
+        fake = FakeWorker("w1")
+        creds = httpapi.Credentials()
+        wport = free_port()
+        s = worker_settings.WorkerSettings(
+            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
+        )
+        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            _serve(httpapi.create_app(fake, creds), wport),
+            _serve(a.app, pa),
+            _serve(b.app, pb),
+            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
+            httpx.AsyncClient(base_url=ub, headers=hdr, timeout=30) as cb,
+        ):
+            try:
+                await reg.register()
+                wa = a.manager.workers
+                ha = wa.handles[reg.worker_id]
+                for _ in range(300):
+                    if ha.state == "ready":
+                        break
+                    await asyncio.sleep(0.02)
+                r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
+                assert r.status_code == 202 and ha.state == "draining", r.text
+                await b.manager.workers.others()
+                hb = b.manager.workers.handles[ha.id]
+                assert hb.borrowed is not None and hb.state == "draining"
+                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
+                assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+                await wa.others()  # A follows the undrain
+                assert ha.state == "ready", (ha.state, ha.reason)
+                await b.manager.workers.others()  # B's next look at the row
+                assert hb.state == "ready", (hb.state, hb.reason)
+                r = await cb.get(f"/v1/workers/{ha.id}")
+                assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+            finally:
+                await reg.aclose()
+
+
 async def test_reconciliation_leaves_a_runtime_another_server_is_moving_here(
     tmp_path, database_url, database_kind
 ):

@@ -317,8 +317,8 @@ class Evacuator:
 
         async def one(rec: dbm.SandboxRecord) -> None:
             async with limit:
-                if ev.stop or ev.closing:
-                    return
+                if ev.stop or ev.closing or ev.halted:
+                    return  # stays pending
                 if h.borrowed is not None:  # it moved to another server: the evacuation is its
                     ev.halted = "its worker is held by another server sharing the records now"
                     return
@@ -498,6 +498,14 @@ class Evacuator:
                 rec = await m._pause_locked(rec, Tier.ARCHIVE, False)
             except errors.SandboxBusy as e:
                 return f"busy: {e.message}"
+            except errors.Unavailable as e:
+                if isinstance(e, errors.DatabaseUnavailable) or rec.state == State.FAILED:
+                    return f"it could not be archived: {e.message}"
+                # its own worker stopped answering (killed mid-drain, before the server marked it
+                # lost): no verdict on the sandbox; it stays pending and the evacuation goes on
+                # when the worker is adopted again (`resume`)
+                ev.halted = f"its worker stopped answering: {e.message}"[:500]
+                return INTERRUPTED
             except errors.AtollError as e:
                 if rec.state == State.FAILED:
                     return f"it failed while being archived: {e.message}"

@@ -703,6 +703,11 @@ class WorkerRegistry:
             elif not (rec.draining and _asked_evacuation(rec, h.record)):
                 continue
             h.record.draining, h.record.evacuation = rec.draining, rec.evacuation
+            if rec.state != h.state and h.state in ("ready", "draining"):
+                # the row's `state` too (this server holds the worker): other servers read it, and
+                # an undrain followed here must not leave the row `draining` for them
+                h.record.state = h.state
+                self.db.set_worker_columns(h.id, state=h.state)
             log.info("worker.cordon.followed", extra={"worker": h.name, "draining": rec.draining})
             self.changed.set()
             if self.listener is not None:
