@@ -287,6 +287,7 @@ class Node(StoreVerbs):
             step_timeout_s=settings.build_step_timeout_s,
             build_timeout_s=settings.build_timeout_s,
         )
+        self.builder.image_cache = settings.test_image_cache
         if settings.s3 or settings.archive_dir:  # a store other workers read: builds travel through it
             self.builder.store, self.builder.holder = self.store, self.install_id
         self.pressure = Pressure(
