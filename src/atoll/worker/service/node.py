@@ -652,7 +652,7 @@ class Node(StoreVerbs):
                             ingress_bytes=n.bytes_in,
                         )
                     )
-        snapshots = self.retained.snapshots(self.runtimes.cached())
+        snapshots = await self.retained.snapshots(self.runtimes.cached())
         used = await self.retained.stores_now()
         if items or snapshots or used or self._usage_told:  # an emptied report is told once
             self.hub.emit(api.UsageReport(tuple(items), snapshots, used))
