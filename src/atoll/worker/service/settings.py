@@ -73,6 +73,9 @@ class WorkerSettings:
     """ATOLL_HEARTBEAT_S: seconds between heartbeats to the server."""
     reconcile_s: float = 30.0
     """ATOLL_RECONCILE_S: seconds between reconciliation passes over the host."""
+    usage_every_s: float = 5.0
+    """ATOLL_USAGE_EVERY_S: seconds between usage reports (CPU, standby image and store bytes) to
+    the control plane's meter; tests shorten it."""
     log_format: str = "text"
     """ATOLL_LOG_FORMAT: 'text' or 'json'."""
     log_level: str = "INFO"
@@ -242,6 +245,7 @@ def load(
         code_interpreter=config.boolean(env, "ATOLL_E2B_CODE_INTERPRETER", True),
         heartbeat_s=config.number(env, "ATOLL_HEARTBEAT_S", 3.0, lo=0.2, hi=60),
         reconcile_s=config.number(env, "ATOLL_RECONCILE_S", 30.0, lo=1, hi=3600),
+        usage_every_s=config.number(env, "ATOLL_USAGE_EVERY_S", 5.0, lo=0.5, hi=60),
         log_format=config.choice(env, "ATOLL_LOG_FORMAT", "text", ("text", "json")),
         log_level=config.choice(
             env, "ATOLL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
