@@ -193,3 +193,6 @@ class Retained:
         if self._probe is not None:
             self._probe.cancel()
             self._probe = None
+        for _, flush in self._flushes.values():
+            flush.cancel()
+        self._flushes.clear()
