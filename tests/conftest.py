@@ -25,6 +25,11 @@ from atoll.testing import postgres as pgtesting
 # One template layer cache for all test installations, so the Debian base layer is built once per
 # machine (~30-60 s) rather than once per test home.
 TEMPLATE_CACHE = os.environ.get("ATOLL_TEST_TEMPLATE_DIR", "/var/tmp/atoll-test-templates")
+# And one cache of built-in templates' start-up snapshots (the `base` image every installation
+# would otherwise boot and checkpoint again, ~4-10 s of each start): every installation a test starts
+# (they inherit this environment) copies it in, or makes it and publishes a copy
+# (worker.images.image_cache). ATOLL_TEST_IMAGE_CACHE= (empty) turns it off.
+IMAGE_CACHE = os.environ.setdefault("ATOLL_TEST_IMAGE_CACHE", "/var/tmp/atoll-test-images")
 PG_TEMPLATE = "atoll_template"
 
 

@@ -44,7 +44,7 @@ def _checkpoint(root, sid: str) -> int:
     return sum(os.stat(p).st_blocks * 512 for p in (d / "checkpoint.img", root / sid / "upper.img"))
 
 
-def test_images_are_their_allocated_bytes_measured_while_they_settle_then_seldom(tmp_path, monkeypatch):
+async def test_images_are_their_allocated_bytes_measured_while_they_settle_then_seldom(tmp_path, monkeypatch):
     """Measured at every report for SETTLE_S (the page cache still writes the upper image back
     after the pause), then only every REFRESH_S; a new standby (generation) starts over."""
     clock = [1000.0]
@@ -52,24 +52,24 @@ def test_images_are_their_allocated_bytes_measured_while_they_settle_then_seldom
     r = Retained(Runtimes(str(tmp_path)), stores=None)  # type: ignore[arg-type]
     allocated = _checkpoint(tmp_path, "sb-a")
     assert MIB <= allocated < 3 * MIB  # not the upper image's 100 MiB
-    got = r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)])
+    got = await r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)])
     assert got == (api.SnapshotUsage("sb-a", Tier.DISK, allocated),)
     (tmp_path / "sb-a" / "snapshot" / "more").write_bytes(os.urandom(MIB))
     clock[0] += 5  # still settling: measured again, and the written-back bytes count
-    grown = r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)])
+    grown = await r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)])
     assert grown[0].bytes >= allocated + MIB
     clock[0] += retained.SETTLE_S
-    assert r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)]) == grown  # measured once more at settling
+    assert await r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)]) == grown  # measured once more at settling
     (tmp_path / "sb-a" / "snapshot" / "late").write_bytes(os.urandom(MIB))
     clock[0] += 5
-    assert r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)]) == grown  # settled: not walked again
+    assert await r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)]) == grown  # settled: not walked again
     clock[0] += retained.REFRESH_S
-    assert r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)])[0].bytes >= grown[0].bytes + MIB
-    again = r.snapshots([_rt("sb-a", Phase.CHECKPOINTED, generation=2)])  # a new standby is
+    assert (await r.snapshots([_rt("sb-a", Phase.CHECKPOINTED)]))[0].bytes >= grown[0].bytes + MIB
+    again = await r.snapshots([_rt("sb-a", Phase.CHECKPOINTED, generation=2)])  # a new standby is
     assert again[0].bytes >= allocated + 2 * MIB
 
 
-def test_archived_images_are_their_objects_size_and_other_phases_are_not_reported(tmp_path):
+async def test_archived_images_are_their_objects_size_and_other_phases_are_not_reported(tmp_path):
     r = Retained(Runtimes(str(tmp_path)), stores=None)  # type: ignore[arg-type]
     (tmp_path / "sb-b").mkdir()
     man = archive.ArchiveManifest(sandbox_id="sb-b", generation=1, key="k", size=123_456, sha256="")
@@ -83,7 +83,38 @@ def test_archived_images_are_their_objects_size_and_other_phases_are_not_reporte
         _rt("sb-f", Phase.FROZEN),
         _rt("sb-t", Phase.CHECKPOINTED, temporary=True),
     ]
-    assert r.snapshots(runtimes) == (api.SnapshotUsage("sb-b", Tier.ARCHIVE, 123_456),)
+    assert await r.snapshots(runtimes) == (api.SnapshotUsage("sb-b", Tier.ARCHIVE, 123_456),)
+
+
+async def test_a_new_disk_tier_image_is_measured_once_its_files_are_flushed(tmp_path):
+    """The page cache writes a fresh standby image back for ~35 s after the pause, and its blocks
+    are allocated only then: a new image is flushed first (on a thread) and measured after that,
+    at a later report if the flush takes longer than FLUSH_WAIT_S."""
+    r = Retained(Runtimes(str(tmp_path)), stores=None)  # type: ignore[arg-type]
+    allocated = _checkpoint(tmp_path, "sb-f")
+    release, flushed = threading.Event(), []
+    real_flush = r._flush
+
+    def slow_flush(sid):
+        release.wait(10)
+        real_flush(sid)
+        flushed.append(sid)
+
+    r._flush = slow_flush  # type: ignore[method-assign]
+    assert await r.snapshots([_rt("sb-f", Phase.CHECKPOINTED)]) == ()  # not yet flushed: not reported
+    assert await r.snapshots([_rt("sb-f", Phase.CHECKPOINTED)]) == ()  # the same flush, not another
+    release.set()
+    got = ()
+    for _ in range(50):
+        got = await r.snapshots([_rt("sb-f", Phase.CHECKPOINTED)])
+        if got:
+            break
+    assert flushed == ["sb-f"]
+    assert got == (api.SnapshotUsage("sb-f", Tier.DISK, allocated),)
+    # measured, it is not flushed again; a new standby (generation) is
+    assert await r.snapshots([_rt("sb-f", Phase.CHECKPOINTED)]) == got
+    assert (await r.snapshots([_rt("sb-f", Phase.CHECKPOINTED, generation=2)]))[0].bytes == allocated
+    assert flushed == ["sb-f", "sb-f"]
 
 
 async def test_a_store_pass_that_hangs_gives_the_last_figures_and_is_never_doubled(tmp_path):

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from atoll.core import errors, ids, templatespec
 from atoll.core import worker_api as api
 from atoll.worker.host import bundle, objectstore, storage
-from atoll.worker.images import buildpack, layers
+from atoll.worker.images import buildpack, image_cache, layers
 from atoll.worker.runtimes.guest import Guest
 from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 from atoll.worker.runtimes.sandboxes import Sandboxes
@@ -242,6 +242,9 @@ class Builder:
         self._publishing: set[asyncio.Task] = set()
         self.temporary: set[str] = set()
         """Ids of the build's and the snapshots' temporary sandboxes (busy: never paused or reported)."""
+        self.image_cache: str | None = None
+        """ATOLL_TEST_IMAGE_CACHE (set by worker.node): built-in templates' start-up images shared
+        by this host's installations (worker.images.image_cache; test suites only)."""
         self._load()
 
     # ---- records --------------------------------------------------------------------------------
@@ -785,7 +788,30 @@ class Builder:
             await asyncio.to_thread(shutil.rmtree, legacy, True)
         await self.sweep_images()
         if snapshot:
+            if self.image_cache and await self._adopt_shared(b, memory_mb):
+                return
             await self._snapshot_later(b, memory_mb)
+            if self.image_cache:
+                await self._publish_shared(b, memory_mb)
+
+    async def _adopt_shared(self, b: Build, memory_mb: int) -> bool:
+        """The start-up image from the test image cache (worker.images.image_cache), if it has one."""
+        assert self.image_cache is not None
+        key = self.sandboxes.runtime_key()
+        dest = self._image_dir(b, memory_mb, key)
+        async with self._image_locks.setdefault(dest, asyncio.Lock()):
+            if os.path.exists(os.path.join(dest, "manifest.json")):
+                return True
+            return await asyncio.to_thread(
+                image_cache.adopt, self.image_cache, b.build_id, key, memory_mb, dest
+            )
+
+    async def _publish_shared(self, b: Build, memory_mb: int) -> None:
+        assert self.image_cache is not None
+        key = self.sandboxes.runtime_key()
+        dest = self._image_dir(b, memory_mb, key)
+        if os.path.exists(os.path.join(dest, "manifest.json")):
+            await asyncio.to_thread(image_cache.publish, self.image_cache, b.build_id, key, memory_mb, dest)
 
     # ---- the snapshot ---------------------------------------------------------------------------
     def _image_dir(self, b: Build, memory_mb: int, runtime_key: str) -> str:

@@ -49,7 +49,8 @@ CALL_TIMEOUT_S = 10.0
 QUIESCE_TIMEOUT_S = 3.0
 SETTLED_S = 2.0
 """A gateway started this recently may still be accepting what waited in the listeners' backlogs:
-no checkpoint until then."""
+no checkpoint until then of a sandbox it got with the others at its start (not of one attached to
+it since: a sandbox created right after the worker started is not kept in the memory tier)."""
 
 
 def _sockets(ns_path: str) -> tuple[socket.socket, socket.socket]:
@@ -94,6 +95,10 @@ class _Held:
     tcp: socket.socket
     udp: socket.socket
     policy: dict
+    handed_at: float | None = None
+    """When the running gateway took its sockets straight from `attach` (monotonic): its listeners
+    never had a backlog that process did not accept, so a checkpoint need not wait SETTLED_S. None
+    when they came with a restart's replay."""
 
 
 class Edge:
@@ -217,6 +222,7 @@ class Edge:
                 policy=rt.network,
                 bindings=_bindings(self._secrets.get(sid, ())),
             )
+            held.handed_at = time.monotonic()
         except (ipc.ChannelClosed, TimeoutError) as e:
             # the gateway is being started again: it gets this sandbox with the others
             log.warning(
@@ -355,7 +361,9 @@ class Edge:
         (DESIGN, measured), and saving it before then kills the sandbox (seen: 20 ms was too
         short, and the guest's gate already passed it)."""
         chan = self.child.running()
-        if chan is None or time.monotonic() - self.child.started_at < SETTLED_S:
+        held = self._held.get(sid)
+        handed = held is not None and held.handed_at is not None and held.handed_at >= self.child.started_at
+        if chan is None or (time.monotonic() - self.child.started_at < SETTLED_S and not handed):
             log.info("quiesce: the egress gateway is (re)starting", extra={"sandbox_id": sid})
             return None
         try:

@@ -2,11 +2,13 @@
 meters standby images and stores by these bytes, not by their size limits).
 
 - a sandbox in the disk tier: the allocated blocks (`st_blocks × 512`; holes do not count) of its
-  checkpoint directory and its upper (writable) layer image — measured at every report for
-  SETTLE_S after it went to standby (the host's page cache writes the upper image back for up to
-  ~30 s after the pause, so its allocated blocks still grow: a measurement taken at once was ~10%
-  low), then every REFRESH_S (the files do not change while it is checkpointed; a restore starts
-  a new runtime generation);
+  checkpoint directory and its upper (writable) layer image. The host's page cache writes them back
+  for up to ~35 s after the pause (the upper filesystem, still mounted, into its loop image, then
+  the image and the checkpoint to disk: blocks are allocated then, +25% for a fresh sandbox), so a
+  new standby image is flushed first (`syncfs` of the upper filesystem, `fsync` of every file, on a
+  thread: `snapshots` waits FLUSH_WAIT_S for it, else it is reported at the next report) and only
+  then measured; measured again at every report for SETTLE_S, then every REFRESH_S (the files do
+  not change while it is checkpointed; a restore starts a new runtime generation);
 - a sandbox in the archive tier: its object's size in the store, from the manifest the worker
   wrote when it archived it (a sandbox adopted archived, whose manifest is only in the store, is
   not reported: the meter keeps its bound);
@@ -17,12 +19,14 @@ meters standby images and stores by these bytes, not by their size limits).
   filer drive it is what its FUSE mount reports. Measured on a thread, at most one pass at a time,
   so a FUSE mount that hangs never stalls the worker's monitor (its last figures are reported).
 
-Called by worker.service.node (its monitor, every USAGE_EVERY_S).
+Called by worker.service.node (its monitor, every `usage_every_s`: ATOLL_USAGE_EVERY_S).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import logging
 import os
 import time
@@ -37,10 +41,17 @@ from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 
 log = logging.getLogger(__name__)
 
+FLUSH_WAIT_S = 0.5
+"""How long a report waits for a new standby image's flush (it is reported at the next otherwise)."""
 SETTLE_S = 60.0
 """How long after a standby began its image is measured at every report."""
 REFRESH_S = 600.0
 """How often a settled image is measured again."""
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 class Retained:
@@ -52,19 +63,46 @@ class Retained:
         measurement)."""
         self._store_bytes: tuple[api.StoreUsage, ...] = ()
         self._probe: asyncio.Future | None = None
+        self._flushes: dict[str, tuple[tuple, asyncio.Future]] = {}
+        """sandbox id -> ((generation, phase), the flush of its new standby image)."""
 
     # ---- standby images ----------------------------------------------------------------------
-    def snapshots(self, runtimes: list[Runtime]) -> tuple[api.SnapshotUsage, ...]:
+    async def snapshots(self, runtimes: list[Runtime]) -> tuple[api.SnapshotUsage, ...]:
+        listed = [
+            rt for rt in runtimes if not rt.temporary and rt.phase in (Phase.CHECKPOINTED, Phase.ARCHIVED)
+        ]
+        # new disk-tier images: flushed first (all at once, on threads), measured once flushed
+        flushes: dict[str, tuple[tuple, asyncio.Future]] = {}
+        for rt in listed:
+            key = (rt.generation, rt.phase)
+            seen = self._images.get(rt.sandbox_id)
+            if rt.phase == Phase.CHECKPOINTED and (seen is None or seen[0] != key):
+                flush = self._flushes.get(rt.sandbox_id)
+                if flush is None or flush[0] != key:
+                    flush = (key, asyncio.ensure_future(asyncio.to_thread(self._flush, rt.sandbox_id)))
+                flushes[rt.sandbox_id] = flush
+        pending = {f for _, f in flushes.values() if not f.done()}
+        if pending:
+            await asyncio.wait(pending, timeout=FLUSH_WAIT_S)
         out = []
         kept: dict[str, tuple[tuple, float, float, api.SnapshotUsage]] = {}
         now = time.monotonic()
-        for rt in runtimes:
-            if rt.temporary or rt.phase not in (Phase.CHECKPOINTED, Phase.ARCHIVED):
-                continue
+        for rt in listed:
             key = (rt.generation, rt.phase)
             seen = self._images.get(rt.sandbox_id)
             if seen is not None and seen[0] != key:
                 seen = None
+            flush = flushes.get(rt.sandbox_id)
+            if flush is not None:
+                if not flush[1].done():
+                    continue  # measured at a later report, once flushed
+                del flushes[rt.sandbox_id]
+                if not flush[1].cancelled() and flush[1].exception() is not None:
+                    log.warning(
+                        "usage: the standby image of %s could not be flushed (measured as it is): %s",
+                        rt.sandbox_id,
+                        flush[1].exception(),
+                    )
             first = seen[1] if seen is not None else now
             if seen is not None and now - first >= SETTLE_S and now - seen[2] < REFRESH_S:
                 kept[rt.sandbox_id] = seen
@@ -79,7 +117,32 @@ class Retained:
                 kept[rt.sandbox_id] = (key, first, now, u)
                 out.append(u)
         self._images = kept
+        self._flushes = flushes  # those still running
         return tuple(out)
+
+    def _flush(self, sid: str) -> None:
+        """Write a new standby image's files back to disk, so their blocks are allocated: the upper
+        filesystem (still mounted) into its loop image, then every file of the image."""
+        mounted = self.runtimes.path(sid, "upper")
+        if os.path.ismount(mounted):
+            fd = os.open(mounted, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if _libc().syncfs(fd) != 0:
+                    raise OSError(ctypes.get_errno(), f"syncfs {mounted}")
+            finally:
+                os.close(fd)
+        files = [self.runtimes.path(sid, "upper.img")]
+        for dirpath, _dirs, names in os.walk(self.runtimes.path(sid, "snapshot")):
+            files += [os.path.join(dirpath, n) for n in names]
+        for path in files:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def _measure(self, rt: Runtime) -> api.SnapshotUsage | None:
         sid = rt.sandbox_id
@@ -130,3 +193,6 @@ class Retained:
         if self._probe is not None:
             self._probe.cancel()
             self._probe = None
+        for _, flush in self._flushes.values():
+            flush.cancel()
+        self._flushes.clear()

@@ -4,7 +4,7 @@ It wires the worker's parts and owns what spans them: one lock per sandbox (its 
 pause, resume, delete, a compaction — run one at a time, and a call waits for a step in progress),
 the count of calls in flight (a sandbox with calls is not paused or compacted), the events to the
 control plane, the monitor loop (host task pressure every MONITOR_EVERY_S, usage every
-USAGE_EVERY_S — cgroup counters, and the bytes of standby images and stores from
+`usage_every_s` (ATOLL_USAGE_EVERY_S, default USAGE_EVERY_S) — cgroup counters, and the bytes of standby images and stores from
 worker.runtimes.retained —, reconciliation every `reconcile_s`, template status changes) and the garbage loop
 (archive removals the store owes every GC_EVERY_S; orphaned archive objects and unused template
 layers at start and hourly).
@@ -292,6 +292,7 @@ class Node(StoreVerbs):
             step_timeout_s=settings.build_step_timeout_s,
             build_timeout_s=settings.build_timeout_s,
         )
+        self.builder.image_cache = settings.test_image_cache
         if settings.s3 or settings.archive_dir:  # a store other workers read: builds travel through it
             self.builder.store, self.builder.holder = self.store, self.install_id
         self.pressure = Pressure(
@@ -579,7 +580,7 @@ class Node(StoreVerbs):
                 self._emit_templates()
                 now = time.monotonic()
                 self._sample_cpu(now)
-                if now - last_usage >= USAGE_EVERY_S:
+                if now - last_usage >= self.s.usage_every_s:
                     last_usage = now
                     await self._emit_usage()
                 if now - last_reconcile >= self.s.reconcile_s:
@@ -658,7 +659,7 @@ class Node(StoreVerbs):
                             ingress_bytes=n.bytes_in,
                         )
                     )
-        snapshots = self.retained.snapshots(self.runtimes.cached())
+        snapshots = await self.retained.snapshots(self.runtimes.cached())
         used = await self.retained.stores_now()
         if items or snapshots or used or self._usage_told:  # an emptied report is told once
             self.hub.emit(api.UsageReport(tuple(items), snapshots, used))

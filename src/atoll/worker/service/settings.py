@@ -61,6 +61,10 @@ class WorkerSettings:
     template_snapshots: bool = True
     """ATOLL_TEMPLATE_SNAPSHOTS: create sandboxes by restoring a checkpoint of a booted template
     sandbox ('1', default) or boot each cold ('0')."""
+    test_image_cache: str | None = None
+    """ATOLL_TEST_IMAGE_CACHE (test suites only): a directory where the installations of this host
+    share built-in templates' start-up snapshots, copied in and out, never shared in place
+    (worker.images.image_cache); unset (default): each home makes its own."""
     code_interpreter: bool = True
     """ATOLL_E2B_CODE_INTERPRETER: the built-in template `code-interpreter-v1` (a Jupyter kernel for
     E2B's run_code) is offered and built in the background after `base` ('1', default); '0' offers
@@ -69,6 +73,9 @@ class WorkerSettings:
     """ATOLL_HEARTBEAT_S: seconds between heartbeats to the server."""
     reconcile_s: float = 30.0
     """ATOLL_RECONCILE_S: seconds between reconciliation passes over the host."""
+    usage_every_s: float = 5.0
+    """ATOLL_USAGE_EVERY_S: seconds between usage reports (CPU, standby image and store bytes) to
+    the control plane's meter; tests shorten it."""
     log_format: str = "text"
     """ATOLL_LOG_FORMAT: 'text' or 'json'."""
     log_level: str = "INFO"
@@ -232,9 +239,13 @@ def load(
         template_dir=os.path.abspath(env["ATOLL_TEMPLATE_DIR"]) if env.get("ATOLL_TEMPLATE_DIR") else None,
         debian_mirror=env.get("ATOLL_DEBIAN_MIRROR", "http://deb.debian.org/debian"),
         template_snapshots=config.boolean(env, "ATOLL_TEMPLATE_SNAPSHOTS", True),
+        test_image_cache=os.path.abspath(env["ATOLL_TEST_IMAGE_CACHE"])
+        if env.get("ATOLL_TEST_IMAGE_CACHE")
+        else None,
         code_interpreter=config.boolean(env, "ATOLL_E2B_CODE_INTERPRETER", True),
         heartbeat_s=config.number(env, "ATOLL_HEARTBEAT_S", 3.0, lo=0.2, hi=60),
         reconcile_s=config.number(env, "ATOLL_RECONCILE_S", 30.0, lo=1, hi=3600),
+        usage_every_s=config.number(env, "ATOLL_USAGE_EVERY_S", 5.0, lo=0.5, hi=60),
         log_format=config.choice(env, "ATOLL_LOG_FORMAT", "text", ("text", "json")),
         log_level=config.choice(
             env, "ATOLL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
