@@ -110,7 +110,8 @@ def test_calls_in_flight_when_the_sandbox_is_deleted_answer_404(api):
     res: dict = {}
     t = threading.Thread(
         target=lambda: res.setdefault(
-            "exec", api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "touch /tmp/started; sleep 60"}, timeout=90)
+            "exec",
+            api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "touch /tmp/started; sleep 60"}, timeout=90),
         )
     )
     t.start()

@@ -842,4 +842,7 @@ def test_a_dot_segment_is_refused_before_any_request(bad):
         with pytest.raises(ValueError, match="'.' and '..' name no atoll object"):
             call()
     assert seen == []
-    assert _base.sandbox_path("sb-aaaaaaaaaaaaaaaa", "pty", "a/b") == "/v1/sandboxes/sb-aaaaaaaaaaaaaaaa/pty/a%2Fb"
+    assert (
+        _base.sandbox_path("sb-aaaaaaaaaaaaaaaa", "pty", "a/b")
+        == "/v1/sandboxes/sb-aaaaaaaaaaaaaaaa/pty/a%2Fb"
+    )
