@@ -1,8 +1,8 @@
 """A worker asking for a live worker's name (issue 21, faults), over real HTTP: the control plane's
 app and a worker's API (FakeWorker behind worker.httpapi, its real registration loop) on loopback.
-A registration under a live worker's name — with a `worker` key, from another URL — is refused
-(409 worker_conflict) whether it claims the worker's installation or another, and changes
-nothing: the worker keeps its registration and its sandboxes are served as before. The
+A registration under a live worker's name — with a `worker` key, from another URL, or from the
+worker's own URL without the proof that it holds the worker's token — is refused (409
+worker_conflict) whether it claims the worker's installation or another, and changes nothing: the worker keeps its registration and its sandboxes are served as before. The
 installation CA does not sign a certificate naming a live worker either. A worker that restarted
 (its old registration does not answer) takes its name back at once. (A worker serving another
 worker's certificate is refused in the TLS handshake: tests/component/test_worker_tls.py.)"""
@@ -13,7 +13,7 @@ import asyncio
 import ssl
 
 from atoll.controlplane.authority import Authority
-from atoll.core import pki
+from atoll.core import pki, wire
 from atoll.core import worker_api as api
 from atoll.testing import FakeWorker, free_port
 from tests.component import test_worker_protocol as protocol
@@ -79,3 +79,39 @@ async def test_a_restarted_worker_takes_its_name_back_at_once(cluster):
     # its process is gone (API closed): the same worker, restarted on another port
     r = await _register(c, _info(name="w9", installation="i9"), url=f"http://127.0.0.1:{free_port()}")
     assert r.status_code == 201 and r.json()["worker_id"] == h.id, r.text
+
+
+async def test_a_live_workers_own_url_is_not_enough(cluster):
+    """Found by review (issue 21): a registration claiming w1's name and installation from w1's
+    own URL was taken for w1 registering again — 201, w1 marked lost (it refused the token it was
+    never given) and its sandboxes 503. Naming the URL proves nothing: the registrant must show it
+    holds w1's token (`proof`), which the real w1 does when it registers again."""
+    cp, c, fake, reg, wport = cluster
+    sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+    h = cp.manager.workers.handles[reg.worker_id]
+    url = f"http://127.0.0.1:{wport}"
+    assert h.record.url == url
+    before = (h.epoch, h.worker)
+    c.headers.update(await _worker_key(c))
+    spoof = _info(name="w1", installation=fake.installation)
+    forged = wire.registration_proof("not-its-token", url)
+    for body in ({"url": url, "info": spoof}, {"url": url + "/", "info": spoof, "proof": forged}):
+        r = await c.post(
+            "/v1/workers/register", json=body, headers={"Atoll-Protocol": str(api.PROTOCOL_VERSION)}
+        )
+        assert r.status_code == 409 and r.json()["error"]["code"] == "worker_conflict", r.text
+    assert (h.epoch, h.worker) == before and h.state == "ready"
+    assert await reg.heartbeat()
+    c.headers["Authorization"] = f"Bearer {cp.api_key}"
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 200, r.text
+    # the real w1, still answering its registration, registers again: it proves it holds its token
+    await reg.register()
+    assert h.epoch == reg.epoch and h.epoch != before[0]
+    for _ in range(200):
+        if h.state == "ready":
+            break
+        await asyncio.sleep(0.02)
+    assert h.state == "ready"
+    r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+    assert r.status_code == 200, r.text

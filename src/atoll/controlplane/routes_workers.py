@@ -205,7 +205,8 @@ def _protocol(request: Request) -> None:
         **http.error_responses(
             {
                 409: "incompatible_protocol, or worker_conflict: the name is taken by another "
-                "installation, by the server's own worker, or by a worker that answers at another URL"
+                "installation, by the server's own worker, or by a worker that answers (at another URL, or "
+                "at this one without the proof that the registrant holds its token)"
             }
         ),
         **TOO_LARGE,
@@ -229,7 +230,7 @@ async def register_worker(request: Request):
             req.info.get("name") if isinstance(req.info, dict) else None,
         )
     workers = ctx(request).manager.workers
-    await impostors.check_registration(workers, req.info, req.url.rstrip("/"))
+    await impostors.check_registration(workers, req.info, req.url.rstrip("/"), req.proof)
     answer = workers.register({"info": req.info}, req.url.rstrip("/"))
     return http.json_response(answer, 201)
 

@@ -1112,6 +1112,13 @@ class RegisterRequest(BaseModel):
         description="The worker's core.worker_api.WorkerInfo: name, version, protocol, installation, "
         "capacity {memory_mb, cpus, disk_mb, slots}, templates, default_disk_mb"
     )
+    proof: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Sent by a worker registering again while it holds a token: HMAC-SHA256 of that "
+        "token over 'atoll-register <url>' (hex). A registration from a live worker's URL without "
+        "it, or with a wrong one, is 409 worker_conflict",
+    )
 
     @field_validator("info")
     @classmethod

@@ -5,7 +5,8 @@ sends another version is refused (`check_protocol`), naming both versions. Value
 they are decoded (pydantic TypeAdapters over the dataclasses): a malformed message from a peer is a
 `RuntimeFailure`, never an unchecked dict. Errors travel as the public envelope
 `{"error": {"code", "message", "retryable"}}` and are rebuilt with `errors.from_code`. The port
-tunnel's token is derived here too (`tunnel_token`).
+tunnel's token is derived here too (`tunnel_token`), and a registering worker's proof that it
+holds its current token (`registration_proof`).
 Pure; called by worker.httpapi, worker.registration, controlplane.remote_worker and
 controlplane.routes_workers.
 """
@@ -29,6 +30,13 @@ def tunnel_token(token: str) -> str:
     (HMAC-SHA256), so that the tunnel — plain TCP even when the API link is TLS — never shows the
     token that opens the worker's API."""
     return hmac.new(token.encode(), b"atoll-tunnel", hashlib.sha256).hexdigest()
+
+
+def registration_proof(token: str, url: str) -> str:
+    """What a worker that registers again sends to show it holds the token of its current
+    registration (HMAC-SHA256 of the token over its URL, without a trailing /), without sending the token: the server
+    checks it against the token it calls that worker with (controlplane.impostors)."""
+    return hmac.new(token.encode(), f"atoll-register {url.rstrip('/')}".encode(), hashlib.sha256).hexdigest()
 
 
 _Event = Annotated[worker_api.WorkerEvent, pydantic.Field(discriminator="kind")]

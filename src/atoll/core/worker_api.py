@@ -30,8 +30,9 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 11
-"""11: pause(end_streams) ends the sandbox's output follows and watches first (ProcessEnded, a
+PROTOCOL_VERSION = 12
+"""12: a worker registering again sends `proof` (core.wire.registration_proof) that it holds the
+token of the registration it replaces; 11: pause(end_streams) ends the sandbox's output follows and watches first (ProcessEnded, a
 watch's `ended` event) and a process killed by a signal says which (ProcessInfo.signal,
 ProcessExit.signal); 10: store entries with owner and times (StoreEntry: list_store_files with `depth`,
 stat_store_file, make_store_dir, set_store_file_attrs); 9: builds in the object store (BuildInfo.in_store; a create or a build may name a build the

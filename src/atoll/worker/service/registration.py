@@ -4,7 +4,9 @@
 (name, installation, protocol, capacity, templates) and the URL the server should call; the answer
 carries the worker id, a token (the only credential the worker's API accepts from then on) and a
 registration epoch. It then heartbeats every `heartbeat_s`. A heartbeat answered 409
-worker_not_registered (the server restarted and forgot its tokens) leads to a new registration; an
+worker_not_registered (the server restarted and forgot its tokens) leads to a new registration,
+which carries `proof` that this process holds the token it had (core.wire.registration_proof:
+a live worker's name is given only to it, controlplane.impostors); an
 unreachable server is retried (with a growing pause, at most MAX_RETRY_S) while the sandboxes run
 on. With several servers (`--server A,B`: servers sharing one database) it registers with one at a
 time and moves to the next when no heartbeat has reached its server for FAILOVER_BEATS heartbeats
@@ -199,7 +201,10 @@ class Registration:
         if self.identity is not None and not self.identity.ready:
             await self.certify()
         info = await self.node.info()
-        r = await self._http.post("/v1/workers/register", json={"url": self.url, "info": wire.dump(info)})
+        body = {"url": self.url, "info": wire.dump(info)}
+        if self.creds.token is not None:  # registering again: show the server it is this process
+            body["proof"] = wire.registration_proof(self.creds.token.decode(), self.url)
+        r = await self._http.post("/v1/workers/register", json=body)
         if r.status_code == 401:
             raise Fatal(
                 f"the server at {self.server} refused this worker's key: set ATOLL_API_KEY to a "
