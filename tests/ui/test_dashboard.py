@@ -180,6 +180,21 @@ def test_the_keyboard_can_leave_the_terminal(atoll_up, watched, api, made):
     assert watched.problems() == []
 
 
+def test_a_pause_that_closes_the_terminal_says_so(atoll_up, watched, api, made):
+    page = watched.page
+    sid = made(api)
+    sign_in(watched, atoll_up.url, atoll_up.api_key)
+    page.get_by_role("link", name=sid, exact=True).click()
+    page.get_by_role("button", name="Open terminal").click()
+    attached = page.get_by_text(re.compile(r"Terminal pty_[0-9a-f]+ attached"))
+    attached.wait_for()
+    page.get_by_role("button", name="Pause").click()
+    page.get_by_text(re.compile(r"^Paused: standby")).wait_for()
+    assert attached.count() == 0  # the terminal is gone: its status line must not say attached
+    page.get_by_text("Terminal closed by the pause").wait_for()
+    assert watched.problems() == []
+
+
 def test_a_link_to_what_is_not_a_sandbox_id_calls_no_other_route(atoll_up, watched):
     # the page puts the id from its address into API paths: "..%2Fkeys%3F" would make it GET
     # /v1/keys (and its Delete button DELETE whatever such a link names) with the signed-in key

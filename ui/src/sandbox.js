@@ -53,6 +53,7 @@ export function sandboxPage(main, sid) {
       term = null;
       closedTerminal = true;
       termBtn.textContent = "Open terminal";
+      termStatus.show("Terminal closed by the pause (opening one resumes the sandbox).");
     }
     let r;
     for (let attempt = 0; ; attempt++) {
