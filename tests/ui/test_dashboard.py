@@ -160,6 +160,56 @@ def test_a_sandbox_deleted_elsewhere_while_its_page_is_open(atoll_up, watched, a
     assert all("404" in e for e in watched.errors), watched.errors
 
 
+def test_the_keyboard_can_leave_the_terminal(atoll_up, watched, api, made):
+    # Tab goes to the shell (completion); Shift+Tab must move the focus out, else a keyboard-only
+    # user is trapped in the terminal (WCAG 2.1.2)
+    page = watched.page
+    sid = made(api)
+    sign_in(watched, atoll_up.url, atoll_up.api_key)
+    page.get_by_role("link", name=sid, exact=True).click()
+    page.get_by_role("button", name="Open terminal").click()
+    page.get_by_text(re.compile(r"Terminal pty_[0-9a-f]+ attached")).wait_for()
+    page.locator(".term-box").click()
+    in_terminal = "() => !!document.activeElement.closest('.term-box')"
+    assert page.evaluate(in_terminal)
+    page.keyboard.press("Tab")
+    assert page.evaluate(in_terminal)  # completion, not a focus move
+    page.keyboard.press("Shift+Tab")
+    assert not page.evaluate(in_terminal)
+    assert page.evaluate("document.activeElement.textContent") == "Open a new terminal"
+    assert watched.problems() == []
+
+
+def test_a_pause_that_closes_the_terminal_says_so(atoll_up, watched, api, made):
+    page = watched.page
+    sid = made(api)
+    sign_in(watched, atoll_up.url, atoll_up.api_key)
+    page.get_by_role("link", name=sid, exact=True).click()
+    page.get_by_role("button", name="Open terminal").click()
+    attached = page.get_by_text(re.compile(r"Terminal pty_[0-9a-f]+ attached"))
+    attached.wait_for()
+    page.get_by_role("button", name="Pause").click()
+    page.get_by_text(re.compile(r"^Paused: standby")).wait_for()
+    assert attached.count() == 0  # the terminal is gone: its status line must not say attached
+    page.get_by_text("Terminal closed by the pause").wait_for()
+    assert watched.problems() == []
+
+
+def test_a_link_to_what_is_not_a_sandbox_id_calls_no_other_route(atoll_up, watched):
+    # the page puts the id from its address into API paths: "..%2Fkeys%3F" would make it GET
+    # /v1/keys (and its Delete button DELETE whatever such a link names) with the signed-in key
+    page = watched.page
+    asked: list[str] = []
+    page.on("request", lambda r: "/v1/" in r.url and asked.append(f"{r.method} {r.url}"))
+    sign_in(watched, atoll_up.url, atoll_up.api_key)
+    page.get_by_role("link", name="Sandboxes", exact=True).wait_for()
+    page.goto(atoll_up.url + "/ui#/sandboxes/..%2Fkeys%3F")
+    page.get_by_role("alert").get_by_text("is not a sandbox id").wait_for()
+    assert not [a for a in asked if "/v1/keys" in a], asked
+    assert page.get_by_role("button", name="Delete").count() == 0
+    assert watched.problems() == []
+
+
 def test_a_tenant_key_sees_only_its_tenant(atoll_up, watched, api, made):
     tid = api.post("/v1/tenants", json={"name": "ui-tenant"}).json()["id"]
     key = api.post(f"/v1/tenants/{tid}/keys", json={}).json()

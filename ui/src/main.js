@@ -81,6 +81,7 @@ session.onUnauthorized = () => {
 };
 
 let main, nav, liveDot;
+const SANDBOX_ID = /^sb-[0-9a-hjkmnp-tv-z]{16}$/; // core/ids.py SANDBOX_ID_RE
 
 async function tenantSwitch() {
   if (session.whoami.scope !== "admin") return h("span", { class: "who" }, "tenant " + session.whoami.tenant_id);
@@ -135,8 +136,20 @@ function route() {
     else a.removeAttribute("aria-current");
   }
   clear(main);
-  if (parts[0] === "sandboxes" && parts[1]) cleanup = sandboxPage(main, decodeURIComponent(parts[1]));
-  else {
+  if (parts[0] === "sandboxes" && parts[1]) {
+    // The id goes into API paths as it is: anything but a sandbox id (`..%2Ftenants%2Ftn-…`, `?`)
+    // would point the page's calls, and its Delete button, at another route.
+    let sid = "";
+    try { sid = decodeURIComponent(parts[1]); } catch { /* malformed escape: not an id */ }
+    if (SANDBOX_ID.test(sid)) cleanup = sandboxPage(main, sid);
+    else {
+      document.title = "Not a sandbox · atoll";
+      clear(main,
+        h("p", {}, h("a", { href: "#/sandboxes" }, "← Sandboxes")),
+        h("div", { role: "alert", class: "banner" },
+          `“${sid || parts[1]}” is not a sandbox id: ids look like sb- followed by 16 lower-case letters and digits.`));
+    }
+  } else {
     const page = PAGES.find((p) => p[0] === parts[0]) || PAGES[0];
     document.title = page[1] + " · atoll";
     cleanup = page[2](main);

@@ -53,6 +53,7 @@ export function sandboxPage(main, sid) {
       term = null;
       closedTerminal = true;
       termBtn.textContent = "Open terminal";
+      termStatus.show("Terminal closed by the pause (opening one resumes the sandbox).");
     }
     let r;
     for (let attempt = 0; ; attempt++) {
@@ -115,7 +116,7 @@ export function sandboxPage(main, sid) {
     ),
     h("section", { "aria-labelledby": "h-metrics" }, h("h2", { id: "h-metrics" }, "Metrics"), charts),
     h("section", { "aria-labelledby": "h-term" }, h("h2", { id: "h-term" }, "Terminal"),
-      h("p", { class: "help" }, "Opening a terminal resumes a sandbox in standby; pausing closes it."), termBtn, termStatus, termBox),
+      h("p", { class: "help" }, "Opening a terminal resumes a sandbox in standby; pausing closes it. Tab completes in the shell; Shift+Tab leaves the terminal."), termBtn, termStatus, termBox),
     h("section", { "aria-labelledby": "h-files" }, h("h2", { id: "h-files" }, "Files"), filesBox),
     h("section", { "aria-labelledby": "h-procs" }, h("h2", { id: "h-procs" }, "Background processes"), procsBtn, procsBox),
   );

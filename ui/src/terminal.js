@@ -14,6 +14,9 @@ export async function openTerminal(box, sid, report) {
   term.loadAddon(fit);
   box.replaceChildren();
   term.open(box);
+  // Tab belongs to the shell (completion); Shift+Tab leaves the terminal, so a keyboard is never
+  // trapped in it (WCAG 2.1.2): xterm passes it on and the browser moves the focus back.
+  term.attachCustomKeyEventHandler((ev) => !(ev.key === "Tab" && ev.shiftKey));
   fit.fit();
   report("Opening a terminal…");
   const started = await send("POST", `/v1/sandboxes/${sid}/pty`, { cols: term.cols, rows: term.rows });
