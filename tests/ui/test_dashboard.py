@@ -147,8 +147,8 @@ def test_a_sandbox_deleted_elsewhere_while_its_page_is_open(atoll_up, watched, a
     sign_in(watched, atoll_up.url, atoll_up.api_key)
     page.get_by_role("link", name=sid, exact=True).click()
     page.locator(".toolbar .badge", has_text="running").wait_for()
-    # its files listed first: a listing in flight when the sandbox goes answers 500 (runtime_error,
-    # "the guest agent did not answer") rather than 404 — a server race this test does not hide
+    # its files listed first (a listing in flight when the sandbox goes answers 404 since the fix
+    # tested by test_errors.py::test_calls_in_flight_when_the_sandbox_is_deleted_answer_404)
     page.locator(".files table").wait_for()
     assert api.delete(f"/v1/sandboxes/{sid}").status_code == 204
     page.get_by_role("alert").get_by_text(f"{sid} was deleted").wait_for()
