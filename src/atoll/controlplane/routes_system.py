@@ -120,7 +120,7 @@ async def leases(request: Request):
     },
 )
 async def whoami(request: Request):
-    """The key this request was made with: its id, its scope and its tenant. Any key may ask (the
+    """The key this request was made with: its id, its scope and its tenant. A tenant or admin key may ask (the
     dashboard, atoll.ui, asks at sign-in, to show an admin the admin pages only)."""
     p = request.scope["state"]["principal"]
     return {"key_id": p.key_id, "scope": p.scope, "tenant_id": p.tenant_id}
