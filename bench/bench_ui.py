@@ -45,19 +45,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_lists  # noqa: E402
 import common as c  # noqa: E402
 
-from atoll.testing import FakeAtoll  # noqa: E402
+from atoll.testing import FakeAtoll, chromium  # noqa: E402
 
 KEY = "bench-ui-key"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SCROLL = """async () => {
   const box = document.querySelector('.vscroll');
   const idle = [];
@@ -108,7 +98,7 @@ def browse(url: str, rounds: int, create) -> dict:
 
     first, live, scroll, parts = [], [], [], []
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = p.chromium.launch(executable_path=chromium.PATH, args=chromium.ARGS)
         for _ in range(rounds):
             ctx = b.new_context(viewport={"width": 1280, "height": 800})
             ctx.add_init_script(f"sessionStorage.setItem('atoll.key', {json.dumps(KEY)})")

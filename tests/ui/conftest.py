@@ -15,16 +15,8 @@ import pathlib
 import httpx
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from atoll.testing import chromium
+
 SHOTS = pathlib.Path(
     os.environ.get("ATOLL_UI_SCREENSHOTS") or pathlib.Path(__file__).resolve().parents[2] / "docs" / "ui"
 )
@@ -39,11 +31,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def browser():
-    if not os.access(CHROMIUM, os.X_OK):
+    if not os.access(chromium.PATH, os.X_OK):
         pytest.skip("the dashboard's tests need Debian's chromium (make test-ui installs it)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="make test-ui installs playwright")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = p.chromium.launch(executable_path=chromium.PATH, args=chromium.ARGS)
         yield b
         b.close()
 
