@@ -775,15 +775,12 @@ async def test_a_worker_another_server_holds_cannot_be_removed_here(tmp_path, da
                 await reg.aclose()
 
 
-async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacuation(
-    tmp_path, database_url, database_kind
-):
-    """A drains (and evacuates) the worker it holds; B undrains it through the row. A verdict of
-    A's evacuation saved before A reads the row writes only the evacuation's progress: A then
-    follows the undrain (ready), it is not lost under A's copy of `draining`. An evacuation asked
-    through B of a worker A already keeps cordoned runs on A."""
-    if database_kind != "postgresql":
-        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+@contextlib.asynccontextmanager
+async def _drained_through_a_undrained_through_b(tmp_path, database_url):
+    """Servers A and B on one database (one secrets key) and a worker registered with A only: A
+    drains it (cordon), B borrows it (sees it draining) and undrains it through the row; A has not
+    looked at the row since. Yields (a, b, ca, cb, ha, hb): the servers, a client of each, and A's
+    and B's handles of the worker."""
     key = b"k" * 32
     async with (
         FakeAtoll(
@@ -825,30 +822,44 @@ async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacua
                 assert hb.borrowed is not None and hb.state == "draining"
                 r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
                 assert r.status_code == 200 and r.json()["state"] == "ready", r.text
-                # a verdict of an evacuation A runs of it is saved before A reads the row again
-                ev = evacuation.Evacuation(ha.id)
-                a.manager.evacuations.runs[ha.id] = ev
-                a.manager.evacuations._save(ev, ha)
-                await wa.others()
-                assert ha.state == "ready", (ha.state, ha.reason)
-                rec = a.manager.db.get_worker(ha.id)
-                assert rec is not None and not rec.draining
-                ev.state = "done"
-                # cordoned through A, then an evacuation asked through B: A runs it
-                r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
-                assert r.status_code == 202 and ha.state == "draining", r.text
-                await b.manager.workers.others()
-                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": True})
-                assert r.status_code == 202, r.text
-                await wa.others()
-                run = a.manager.evacuations.runs.get(ha.id)
-                assert run is not None and run is not ev and run.active
-                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
-                assert r.status_code == 200, r.text
-                await wa.others()
-                assert ha.state == "ready" and run.stop
+                yield a, b, ca, cb, ha, hb
             finally:
                 await reg.aclose()
+
+
+async def test_an_undrain_through_a_borrower_is_not_undone_by_the_holders_evacuation(
+    tmp_path, database_url, database_kind
+):
+    """A drains (and evacuates) the worker it holds; B undrains it through the row. A verdict of
+    A's evacuation saved before A reads the row writes only the evacuation's progress: A then
+    follows the undrain (ready), it is not lost under A's copy of `draining`. An evacuation asked
+    through B of a worker A already keeps cordoned runs on A."""
+    if database_kind != "postgresql":
+        pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
+    async with _drained_through_a_undrained_through_b(tmp_path, database_url) as (a, b, ca, cb, ha, hb):
+        wa = a.manager.workers
+        # a verdict of an evacuation A runs of it is saved before A reads the row again
+        ev = evacuation.Evacuation(ha.id)
+        a.manager.evacuations.runs[ha.id] = ev
+        a.manager.evacuations._save(ev, ha)
+        await wa.others()
+        assert ha.state == "ready", (ha.state, ha.reason)
+        rec = a.manager.db.get_worker(ha.id)
+        assert rec is not None and not rec.draining
+        ev.state = "done"
+        # cordoned through A, then an evacuation asked through B: A runs it
+        r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
+        assert r.status_code == 202 and ha.state == "draining", r.text
+        await b.manager.workers.others()
+        r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": True})
+        assert r.status_code == 202, r.text
+        await wa.others()
+        run = a.manager.evacuations.runs.get(ha.id)
+        assert run is not None and run is not ev and run.active
+        r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
+        assert r.status_code == 200, r.text
+        await wa.others()
+        assert ha.state == "ready" and run.stop
 
 
 async def test_an_undrain_through_a_borrower_is_shown_ready_by_every_server_afterwards(
@@ -861,55 +872,14 @@ async def test_an_undrain_through_a_borrower_is_shown_ready_by_every_server_afte
     listing the worker draining and placed nothing on it)."""
     if database_kind != "postgresql":
         pytest.skip("servers share the records (and borrow workers) only on PostgreSQL")
-    key = b"k" * 32
-    async with (
-        FakeAtoll(
-            tmp_path / "a", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
-        ) as a,
-        FakeAtoll(
-            tmp_path / "b", [], api_key=KEY, database_url=database_url, tier_policy=False, secrets_key=key
-        ) as b,
-    ):
-        pa, pb = free_port(), free_port()
-        ua, ub = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
-        fake = FakeWorker("w1")
-        creds = httpapi.Credentials()
-        wport = free_port()
-        s = worker_settings.WorkerSettings(
-            home="/nonexistent", name="w1", server_url=ua, api_key=KEY, heartbeat_s=0.2
-        )
-        reg = registration.Registration(s, fake, creds, f"http://127.0.0.1:{wport}")  # type: ignore[arg-type]
-        hdr = {"Authorization": f"Bearer {KEY}"}
-        async with (
-            _serve(httpapi.create_app(fake, creds), wport),
-            _serve(a.app, pa),
-            _serve(b.app, pb),
-            httpx.AsyncClient(base_url=ua, headers=hdr, timeout=30) as ca,
-            httpx.AsyncClient(base_url=ub, headers=hdr, timeout=30) as cb,
-        ):
-            try:
-                await reg.register()
-                wa = a.manager.workers
-                ha = wa.handles[reg.worker_id]
-                for _ in range(300):
-                    if ha.state == "ready":
-                        break
-                    await asyncio.sleep(0.02)
-                r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
-                assert r.status_code == 202 and ha.state == "draining", r.text
-                await b.manager.workers.others()
-                hb = b.manager.workers.handles[ha.id]
-                assert hb.borrowed is not None and hb.state == "draining"
-                r = await cb.post(f"/v1/workers/{ha.id}/drain", json={"draining": False})
-                assert r.status_code == 200 and r.json()["state"] == "ready", r.text
-                await wa.others()  # A follows the undrain
-                assert ha.state == "ready", (ha.state, ha.reason)
-                await b.manager.workers.others()  # B's next look at the row
-                assert hb.state == "ready", (hb.state, hb.reason)
-                r = await cb.get(f"/v1/workers/{ha.id}")
-                assert r.status_code == 200 and r.json()["state"] == "ready", r.text
-            finally:
-                await reg.aclose()
+    async with _drained_through_a_undrained_through_b(tmp_path, database_url) as (a, b, ca, cb, ha, hb):
+        wa = a.manager.workers
+        await wa.others()  # A follows the undrain
+        assert ha.state == "ready", (ha.state, ha.reason)
+        await b.manager.workers.others()  # B's next look at the row
+        assert hb.state == "ready", (hb.state, hb.reason)
+        r = await cb.get(f"/v1/workers/{ha.id}")
+        assert r.status_code == 200 and r.json()["state"] == "ready", r.text
 
 
 async def test_reconciliation_leaves_a_runtime_another_server_is_moving_here(
