@@ -17,7 +17,7 @@ from atoll.core import pki, wire
 from atoll.core import worker_api as api
 from atoll.testing import FakeWorker, free_port
 from tests.component import test_worker_protocol as protocol
-from tests.component.test_worker_protocol import _info, _register, _worker
+from tests.component.test_worker_protocol import _info, _register, _until_ready, _worker
 
 cluster = protocol.cluster  # the control plane and worker w1, on loopback
 
@@ -108,10 +108,6 @@ async def test_a_live_workers_own_url_is_not_enough(cluster):
     # the real w1, still answering its registration, registers again: it proves it holds its token
     await reg.register()
     assert h.epoch == reg.epoch and h.epoch != before[0]
-    for _ in range(200):
-        if h.state == "ready":
-            break
-        await asyncio.sleep(0.02)
-    assert h.state == "ready"
+    assert await _until_ready(h, tries=200)
     r = await c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
     assert r.status_code == 200, r.text

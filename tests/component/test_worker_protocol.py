@@ -58,6 +58,16 @@ async def _worker(server_url: str, fake: FakeWorker, *, key: str = KEY, home: st
             await reg.aclose()
 
 
+async def _until_ready(handle, tries: int = 300) -> bool:
+    """Whether a server's handle of a worker is `ready` within `tries` looks 20 ms apart (taking a
+    worker over takes a while on a loaded machine)."""
+    for _ in range(tries):
+        if handle.state == "ready":
+            return True
+        await asyncio.sleep(0.02)
+    return handle.state == "ready"
+
+
 @pytest.fixture
 async def cluster(tmp_path):
     async with FakeAtoll(tmp_path, [], api_key=KEY, max_file_bytes=1 << 20) as cp:
@@ -304,11 +314,7 @@ async def test_a_takeover_that_breaks_unexpectedly_is_tried_again_at_the_next_he
         await asyncio.sleep(0.02)
     assert handle.state == "lost" and "RuntimeError: records unreadable" in handle.reason, handle.reason
     assert await reg.heartbeat()  # the next heartbeat takes it over
-    for _ in range(100):
-        if handle.state == "ready":
-            break
-        await asyncio.sleep(0.02)
-    assert handle.state == "ready", handle.reason
+    assert await _until_ready(handle, tries=100), handle.reason
 
 
 async def _register(c, info: dict, url: str = "http://127.0.0.1:9") -> httpx.Response:
@@ -686,11 +692,7 @@ async def test_a_server_whose_worker_moved_to_another_borrows_it_back(tmp_path, 
                 assert await reg._next_server("A missed heartbeats")
                 await reg.register()
                 hb = b.manager.workers.handles[ha.id]
-                for _ in range(300):
-                    if hb.state == "ready":
-                        break
-                    await asyncio.sleep(0.02)
-                assert hb.state == "ready"
+                assert await _until_ready(hb)
                 # A's token is refused: a retryable 503, and A knows at once it is held elsewhere
                 r = await ca.get(f"/v1/sandboxes/{sid}/files", params={"path": "/f"})
                 assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable", r.text
@@ -811,10 +813,7 @@ async def _drained_through_a_undrained_through_b(tmp_path, database_url):
                 await reg.register()
                 wa = a.manager.workers
                 ha = wa.handles[reg.worker_id]
-                for _ in range(300):
-                    if ha.state == "ready":
-                        break
-                    await asyncio.sleep(0.02)
+                await _until_ready(ha)
                 r = await ca.post(f"/v1/workers/{ha.id}/drain", json={"draining": True, "evacuate": False})
                 assert r.status_code == 202 and ha.state == "draining", r.text
                 await b.manager.workers.others()
@@ -977,10 +976,7 @@ async def test_a_borrower_lets_go_a_worker_that_said_it_stops(tmp_path, database
             try:
                 await reg.register()
                 ha = a.manager.workers.handles[reg.worker_id]
-                for _ in range(300):
-                    if ha.state == "ready":
-                        break
-                    await asyncio.sleep(0.02)
+                await _until_ready(ha)
                 hb = b.manager.workers
                 await hb.others()
                 h = hb.handles[ha.id]
