@@ -88,6 +88,20 @@ async def _when_started(worker: FakeWorker, n: int = 1) -> int:
     raise AssertionError("no process was started")
 
 
+async def _connect_as_it_writes_after_and_exits(worker: FakeWorker, stream, pid: int):
+    """Connect to process `pid`; 0.1 s later it writes "after\n" and exits 0. The stream's answer."""
+
+    async def later():
+        await asyncio.sleep(0.1)
+        worker.write_process(SID, pid, b"after\n")
+        worker.end_process(SID, pid, 0)
+
+    task = asyncio.ensure_future(later())
+    answer = await stream("Connect", {"process": {"pid": pid}})
+    await task
+    return answer
+
+
 async def test_a_command_streams_start_output_and_its_exit_code(envd):
     worker, _, _, stream, _ = envd
     seen: list[api.ExecSpec] = []
@@ -290,15 +304,7 @@ async def test_a_pause_ends_open_streams_with_canceled_and_the_process_runs_on(e
     assert "paused" in frames[-1][1]["error"]["message"]
     assert worker.runtimes[SID].processes[pid].running
     await worker.resume(SID)
-
-    async def later():
-        await asyncio.sleep(0.1)
-        worker.write_process(SID, pid, b"after\n")
-        worker.end_process(SID, pid, 0)
-
-    task = asyncio.ensure_future(later())
-    status, frames = await stream("Connect", {"process": {"pid": pid}})
-    await task
+    status, frames = await _connect_as_it_writes_after_and_exits(worker, stream, pid)
     assert _events(frames) == [
         {"start": {"pid": pid}},
         {"data": {"stdout": _b64(b"after\n")}},
@@ -320,15 +326,7 @@ async def test_connect_reattaches_at_the_current_end(envd):
         await gone
     await asyncio.sleep(0.05)
     assert worker.runtimes[SID].processes[pid].running
-
-    async def later():
-        await asyncio.sleep(0.1)
-        worker.write_process(SID, pid, b"after\n")
-        worker.end_process(SID, pid, 0)
-
-    task = asyncio.ensure_future(later())
-    status, frames = await stream("Connect", {"process": {"pid": pid}})
-    await task
+    status, frames = await _connect_as_it_writes_after_and_exits(worker, stream, pid)
     assert status == 200, frames
     assert _events(frames) == [
         {"start": {"pid": pid}},
