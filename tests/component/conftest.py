@@ -4,7 +4,11 @@ module or test marked `databases` runs on SQLite and on PostgreSQL (tests/confte
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
+import uvicorn
 
 from atoll.testing import FakeAtoll
 
@@ -26,3 +30,21 @@ async def create(c, **kw) -> str:
     r = await c.post("/v1/sandboxes", json={"idle_timeout_s": 0, **kw})
     assert r.status_code == 201, r.text
     return r.json()["id"]
+
+
+@contextlib.asynccontextmanager
+async def serve_on_loopback(app):
+    """`app` served by uvicorn (WebSockets too) on a free loopback port: its "127.0.0.1:port"."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_config=None, lifespan="off", ws="websockets-sansio"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task

@@ -12,33 +12,23 @@ import logging
 
 import httpx
 import pytest
-import uvicorn
 import websockets
 from websockets.asyncio.client import connect
 
 from atoll.shared import logconfig
 from atoll.testing import FakeAtoll
-from tests.component.conftest import KEY, create
+from tests.component.conftest import KEY, create, serve_on_loopback
 
 
 @pytest.fixture
 async def served(tmp_path):
     async with FakeAtoll(tmp_path, api_key=KEY) as f:
-        config = uvicorn.Config(
-            f.app, host="127.0.0.1", port=0, log_config=None, lifespan="off", ws="websockets-sansio"
-        )
-        server = uvicorn.Server(config)
-        task = asyncio.ensure_future(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        f.ws_url = f"ws://127.0.0.1:{port}"
-        f.url = f"http://127.0.0.1:{port}"
         try:
-            yield f
+            async with serve_on_loopback(f.app) as addr:
+                f.ws_url = f"ws://{addr}"
+                f.url = f"http://{addr}"
+                yield f
         finally:
-            server.should_exit = True
-            await task
             f.worker.ptys.close_all()
 
 

@@ -12,35 +12,17 @@ import json
 
 import httpx
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 
 from atoll.controlplane import routes_watch
 from atoll.core import secretbox
 from atoll.testing import FakeAtoll
-from tests.component.conftest import KEY, create
-
-
-@contextlib.asynccontextmanager
-async def _serve(f: FakeAtoll):
-    config = uvicorn.Config(
-        f.app, host="127.0.0.1", port=0, log_config=None, lifespan="off", ws="websockets-sansio"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+from tests.component.conftest import KEY, create, serve_on_loopback
 
 
 @pytest.fixture
 async def served(tmp_path):
-    async with FakeAtoll(tmp_path, api_key=KEY) as f, _serve(f) as addr:
+    async with FakeAtoll(tmp_path, api_key=KEY) as f, serve_on_loopback(f.app) as addr:
         f.url = f"http://{addr}"
         f.ws_url = f"ws://{addr}"
         yield f
@@ -130,7 +112,7 @@ async def test_two_servers_sharing_records_see_each_others_changes(tmp_path):
     async with (
         FakeAtoll(tmp_path / "a", api_key=KEY, database_url=url, secrets_key=key) as a,
         FakeAtoll(tmp_path / "b", api_key=KEY, database_url=url, secrets_key=key) as b,
-        _serve(a) as addr,
+        serve_on_loopback(a.app) as addr,
     ):
         async with _watch(f"http://{addr}", KEY) as w:
             assert await w.next() == {"type": "synced", "count": 0}
