@@ -116,6 +116,18 @@ def _ok(r: httpx.Response) -> httpx.Response:
     return r
 
 
+def _side_by_side(samples: dict[str, list[float]], native: str, e2b: str, digits: int) -> dict:
+    """A summary of each list of samples (ms) and `e2b_over_native`, the ratio of the p50s of the
+    lists named `e2b` and `native`; the two p50s and the ratio are logged (`digits` decimals)."""
+    out = {k: c.summarize(v, keep_samples=False) for k, v in samples.items()}
+    out["e2b_over_native"] = c.ratio(out[e2b], out[native])
+    c.log(
+        f"  p50 native {out[native]['p50']:.{digits}f} ms / e2b {out[e2b]['p50']:.{digits}f} ms "
+        f"= {out['e2b_over_native']}"
+    )
+    return out
+
+
 def run(pairs: int, execs: int, run_codes: int) -> dict:
     root = tempfile.mkdtemp(prefix="atoll-bench-e2b-", dir=c.BENCH_TMP)
     env = {
@@ -165,13 +177,7 @@ def run(pairs: int, execs: int, run_codes: int) -> dict:
                 xs["e2b_total"].append(e["total_ms"])
                 xs["e2b_create"].append(e["create_ms"])
                 xs["e2b_run"].append(e["run_ms"])
-        sdk = {k: c.summarize(v, keep_samples=False) for k, v in xs.items()}
-        sdk["e2b_over_native"] = c.ratio(sdk["e2b_total"], sdk["native_total"])
-        out["sdk_first_command"] = sdk
-        c.log(
-            f"  p50 native {sdk['native_total']['p50']:.0f} ms / e2b {sdk['e2b_total']['p50']:.0f} ms "
-            f"= {sdk['e2b_over_native']}"
-        )
+        out["sdk_first_command"] = _side_by_side(xs, "native_total", "e2b_total", digits=0)
 
         # 2. server-side: the same command on a running sandbox each, no SDK
         c.log(f"server exec: {execs} pairs after 20 untimed")
@@ -189,13 +195,7 @@ def run(pairs: int, execs: int, run_codes: int) -> dict:
         finally:
             api.delete(f"/v1/sandboxes/{native_sid}")
             e2b.delete(f"/sandboxes/{e2b_sid}")
-        server = {k: c.summarize(v, keep_samples=False) for k, v in ex.items()}
-        server["e2b_over_native"] = c.ratio(server["e2b"], server["native"])
-        out["server_exec"] = server
-        c.log(
-            f"  p50 native {server['native']['p50']:.1f} ms / e2b {server['e2b']['p50']:.1f} ms "
-            f"= {server['e2b_over_native']}"
-        )
+        out["server_exec"] = _side_by_side(ex, "native", "e2b", digits=1)
 
         # 3. server-side creates, no SDK
         c.log(f"server create: {pairs} pairs after 2 untimed")
@@ -212,13 +212,7 @@ def run(pairs: int, execs: int, run_codes: int) -> dict:
             if i >= 2:
                 cr["native"].append(t.ms)
                 cr["e2b"].append(t2.ms)
-        creates = {k: c.summarize(v, keep_samples=False) for k, v in cr.items()}
-        creates["e2b_over_native"] = c.ratio(creates["e2b"], creates["native"])
-        out["server_create"] = creates
-        c.log(
-            f"  p50 native {creates['native']['p50']:.0f} ms / e2b {creates['e2b']['p50']:.0f} ms "
-            f"= {creates['e2b_over_native']}"
-        )
+        out["server_create"] = _side_by_side(cr, "native", "e2b", digits=0)
 
         # 4. run_code on a warm interpreter
         c.log("waiting for the code-interpreter-v1 template")
