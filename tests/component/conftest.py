@@ -13,6 +13,12 @@ import uvicorn
 from atoll.testing import FakeAtoll
 
 KEY = "component-key"
+ENDLESS_ROUTES = [("GET", "/v1/sandboxes/watch")]
+"""(method, path) of the routes that, let through, stream until their client leaves (keep-alive
+lines, no end, so no request timeout ends them either): the walks over every route
+(tests/component/test_openapi.py, tests/integration/test_openapi_live.py,
+tests/security/test_scopes.py) wait for an answer's end, and leave them out;
+tests/component/test_watch.py covers them."""
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance, statu
 from atoll.controlplane import app as app_mod
 from atoll.controlplane import http as http_mod
 from atoll.testing import FakeAtoll, FakeWorker
-from tests.component.conftest import KEY
+from tests.component.conftest import ENDLESS_ROUTES, KEY
 
 # the operations of app.PUBLIC_PATHS (the others are not in the document); /metrics only with
 # ATOLL_METRICS_PUBLIC=1
@@ -237,14 +237,18 @@ def api_schema(live_atoll):
     return loaded
 
 
+def without_endless(schema):
+    """`schema` without the ENDLESS_ROUTES: each streams until its client leaves, and the fuzzer
+    waits for an answer's end (tests/component/test_watch.py covers them)."""
+    for method, path in ENDLESS_ROUTES:
+        schema = schema.exclude(method=method, path=path)
+    return schema
+
+
 # POST /v1/workers/register is left out: a registration that passes makes the control plane adopt
-# a remote worker at the URL it names and call it — schemathesis would pick the address. GET
-# /v1/sandboxes/watch too: it streams until its client leaves, and the fuzzer waits for an end
-# (tests/component/test_watch.py covers it).
-schema = (
-    schemathesis.pytest.from_fixture("api_schema")
-    .exclude(method="POST", path="/v1/workers/register")
-    .exclude(method="GET", path="/v1/sandboxes/watch")
+# a remote worker at the URL it names and call it — schemathesis would pick the address.
+schema = without_endless(
+    schemathesis.pytest.from_fixture("api_schema").exclude(method="POST", path="/v1/workers/register")
 )
 
 

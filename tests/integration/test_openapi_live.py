@@ -3,11 +3,13 @@ tests/component/test_openapi.py — no 5xx, every answer's status, content type 
 in /openapi.json — over HTTP, with ids pointing at real sandboxes, processes and files half the time.
 
 More tightly bounded than the component run: 5 examples per operation, no coverage phase (each of
-its cases is a real call; POST /v1/sandboxes alone would boot dozens of sandboxes), no stateful phase,
-and commands bounded to 10 s. Left out: DELETE /v1/workers/{wid} (it forgets a lost worker for good), GET /v1/sandboxes/watch (endless)
-and the worker protocol (register, certificate, heartbeat, stopping: the workers' own calls; a registration that
-passes makes the server call the URL it names). Every sandbox the run made is deleted afterwards
-and a drained worker undrained, since the server is the session's (tests/conftest.py).
+its cases is a real call; POST /v1/sandboxes alone would boot dozens of sandboxes), no stateful
+phase, and commands bounded to 10 s. Left out: DELETE /v1/workers/{wid} (it forgets a lost worker
+for good), the endless streams (tests/component/conftest.py ENDLESS_ROUTES: GET
+/v1/sandboxes/watch) and the worker protocol (register, certificate, heartbeat, stopping: the
+workers' own calls; a registration that passes makes the server call the URL it names). Every
+sandbox the run made is deleted afterwards and a drained worker undrained, since the server is the
+session's (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from atoll.controlplane import app as app_mod
-from tests.component.test_openapi import CHECKS, add_live_choice, aim
+from tests.component.test_openapi import CHECKS, add_live_choice, aim, without_endless
 
 pytestmark = pytest.mark.integration
 
@@ -56,12 +58,9 @@ def live_schema(atoll_server, api, request):
             api.delete(f"/v1/sandboxes/{sb['id']}")
 
 
-schema = (
+schema = without_endless(
     schemathesis.pytest.from_fixture("live_schema")
     .exclude(method="DELETE", path="/v1/workers/{wid}")
-    # it streams until its client leaves, with keep-alive lines, so no request timeout ends it
-    # (tests/component/test_watch.py covers it; the component run leaves it out too)
-    .exclude(method="GET", path="/v1/sandboxes/watch")
     .exclude(
         path=[
             "/v1/workers/register",
