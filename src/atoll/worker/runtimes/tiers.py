@@ -172,11 +172,15 @@ class Tiers:
         # the RSTs unprocessed by its network stack until the next period (an endpoint still
         # connected when the sentry saves fails the checkpoint, and that kills the sandbox).
         cgroups.set_cpu_limit(self._cg(rt), None)
+        # The calls cut here answer before the checkpoint's outcome is known: say both outcomes.
         await self.guest.close(
             sid,
             errors.Conflict(
-                f"sandbox {sid} was put in standby while this call was in flight: its answer is lost "
-                "(what it did in the sandbox is kept); call again, which resumes the sandbox"
+                f"sandbox {sid} was being checkpointed (saved for a standby, a fork or a compaction) "
+                "while this call was in flight: its answer is lost. Call again: if the checkpoint "
+                "completed, what this call did in the sandbox is kept (and a sandbox in standby is "
+                "resumed); if it failed, runsc stopped the sandbox and it is now failed (the answer "
+                "says why)"
             ),
         )
         # Let the agent's threads see the RSTs and close their sockets before the sentry saves.
