@@ -65,6 +65,7 @@ def _template_ready(atoll_up, name: str, timeout: float) -> dict:
 
 
 @pytest.mark.ecosystem
+@pytest.mark.timeout(1800)  # the code interpreter's template is built at first start (~10 min)
 def test_run_code_of_code_interpreter_2_8_1_through_the_ingress(atoll_up):
     listed = httpx.get(f"{atoll_up.url}/v1/templates", headers=atoll_up.headers()).json()["items"]
     assert "code-interpreter-v1" in [t["name"] for t in listed], (
