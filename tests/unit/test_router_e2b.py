@@ -193,3 +193,17 @@ def test_e2b_target_parses_only_e2bs_hosts():
         assert preview.e2b_target(host, DOMAIN) is None, host
     with pytest.raises(preview.BadTarget):
         preview.e2b_target(f"49983-sb-x.y.{DOMAIN}", DOMAIN)
+
+
+def test_the_edges_domain_setting():
+    """ATOLL_E2B_DOMAIN as the E2B edge reads it (the server hands it the settled value, or `off`)."""
+    from atoll.edge import service
+
+    def domain(raw: str | None):
+        env = {} if raw is None else {"ATOLL_E2B_DOMAIN": raw}
+        return service.e2b_settings("http://127.0.0.1:9", None, env).domain
+
+    assert domain(None) is None and domain("off") is None and domain("") is None
+    assert domain("atoll.localhost:7081") == "atoll.localhost:7081"
+    with pytest.raises(SystemExit, match="ATOLL_E2B_DOMAIN"):
+        domain("https://atoll.localhost")
