@@ -393,3 +393,24 @@ async def test_pause_ends_open_process_streams_and_watches(e2b):
     assert ("pause", sid) in worker.calls
     assert all(p.running for p in worker.runtimes[sid].processes.values())
     assert e2b.fake.manager.get(sid).state == "standby"
+
+
+async def test_the_answers_domain_names_the_ingress_router_when_set(tmp_path):
+    """ATOLL_E2B_DOMAIN (Settings.domain): create, connect and detail answer it as `domain`, from
+    which the SDKs build `{port}-{id}.{domain}`; unset, `domain` is null (the SDKs' E2B_DOMAIN)."""
+    async with FakeAtoll(tmp_path) as fake, on_loopback(fake.app) as api_url:
+        for domain in ("atoll.localhost:7101", None):
+            app = e2b_app.create_app(e2b_app.Settings(api_url=api_url, token_key=TOKEN_KEY, domain=domain))
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://e2b",
+                headers={"X-API-KEY": fake.api_key},
+            ) as c:
+                created = await c.post("/v2/sandboxes", json={"templateID": "base"})
+                assert created.status_code == 201 and created.json()["domain"] == domain, created.text
+                sid = created.json()["sandboxID"]
+                connected = await c.post(f"/v2/sandboxes/{sid}/connect", json={"timeout": 60})
+                assert connected.status_code == 200 and connected.json()["domain"] == domain
+                assert (await c.get(f"/sandboxes/{sid}")).json()["domain"] == domain
+                assert (await c.delete(f"/sandboxes/{sid}")).status_code == 204
+            await app.control.aclose()

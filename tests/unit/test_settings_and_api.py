@@ -264,3 +264,18 @@ def test_e2b_port_default_off_and_clashes(tmp_path):
     ):
         with pytest.raises(config.SettingsError, match=re.escape(words)):
             settings.load(env={**base, **bad})
+
+
+def test_e2b_domain_defaults_to_the_preview_domain_and_the_routers_port(tmp_path):
+    base = {"ATOLL_HOME": str(tmp_path), "ATOLL_PORT": "7100"}
+    assert settings.load(env=base).e2b_domain == "atoll.localhost:7101"
+    s = settings.load(env={**base, "ATOLL_INGRESS_PORT": "443", "ATOLL_PREVIEW_DOMAIN": "Sb.Example.com"})
+    assert s.e2b_domain == "sb.example.com"  # no port for 443: the SDKs' https default
+    assert settings.load(env={**base, "ATOLL_E2B_DOMAIN": "off"}).e2b_domain is None
+    assert (
+        settings.load(env={**base, "ATOLL_E2B_DOMAIN": "sb.example.com:443"}).e2b_domain
+        == "sb.example.com:443"
+    )
+    for bad in ("https://sb.example.com", "sb.example.com:x", "sb.example.com:0", "nodots"):
+        with pytest.raises(config.SettingsError, match="ATOLL_E2B_DOMAIN"):
+            settings.load(env={**base, "ATOLL_E2B_DOMAIN": bad})

@@ -10,7 +10,9 @@ the sandboxes' envd access tokens, derived from the installation's secrets key a
 derives it (core.grants.e2b_access_key), so the child makes and checks tokens without a call and
 the tokens open `E2B-Access` grants for envd's data calls. If the child dies it
 is started again with the same socket. When the API serves https, E2B's port does too, with
-the API's certificate (plain http otherwise: keep it on loopback). Stopping the server stops it (by PID). ATOLL_E2B_PORT=0 or
+the API's certificate (plain http otherwise: keep it on loopback). The child's answers carry
+`domain` = ATOLL_E2B_DOMAIN as settled here (default the preview domain and the ingress router's
+port), so the SDKs' sandbox hosts reach the ingress router, which relays them back to this port. Stopping the server stops it (by PID). ATOLL_E2B_PORT=0 or
 `off`: none. Called by controlplane.main (build, serve_api) and so by atoll.up.
 """
 
@@ -35,15 +37,26 @@ def token_key(secrets_key: bytes) -> str:
     return grants.e2b_access_key(secrets_key).hex()
 
 
+def _local(host: str) -> str:
+    """The bound address, or loopback for a wildcard."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
 def loopback_url(host: str, port: int, tls: bool) -> str:
     """The API's URL as the child reaches it: the bound address, or loopback for a wildcard."""
-    if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
+    host = _local(host)
     if ":" in host:
         host = f"[{host}]"
     return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+def reach(host: str, port: int, tls: bool) -> dict:
+    """Where the ingress router reaches E2B's port (ingress.router.E2BEdge, as its config)."""
+    return {"host": _local(host), "port": port, "tls": tls}
 
 
 class EdgeHost:
@@ -58,6 +71,7 @@ class EdgeHost:
         token_key_hex: str,
         internet: bool,
         pause_tier: str,
+        sandbox_domain: str | None = None,
         tls: tuple[str, str] | None = None,
         log_format: str = "text",
         log_level: str = "INFO",
@@ -71,6 +85,7 @@ class EdgeHost:
             ATOLL_E2B_TOKEN_KEY=token_key_hex,
             ATOLL_E2B_INTERNET="allow" if internet else "deny",
             ATOLL_E2B_PAUSE_TIER=pause_tier,
+            ATOLL_E2B_DOMAIN=sandbox_domain or "off",
             ATOLL_LOG_FORMAT=log_format,
             ATOLL_LOG_LEVEL=log_level,
         )

@@ -7,7 +7,9 @@ controlplane.previews: `admit` (token, signed URL, cookie, public port; then res
 standby — concurrent requests share one resume — all in one round trip per request), `ready` (the
 same resume, for a WebSocket's messages) and `connect` — the connection into the
 sandbox's port the worker opens (WorkerAPI.open_port), whose socket is handed to the router
-(PortStream.detach), so preview bytes never cross the API's event loop. If the router process dies
+(PortStream.detach), so preview bytes never cross the API's event loop. With E2B's API served, `e2b`
+({host, port, tls}: where the edge child listens) lets the router relay E2B_DOMAIN mode's hosts
+there (`api.{domain}`, `49983-{sid}.{domain}`, `49999-{sid}.{domain}`). If the router process dies
 it is started again with the same socket. Stopping the server stops it; sandboxes keep running.
 Called by controlplane.main (build, start) and atoll.up.
 """
@@ -43,6 +45,7 @@ class IngressHost:
         domain: str,
         tls: dict,
         trusted_proxies: tuple[str, ...] = (),
+        e2b: dict | None = None,
         log_format: str = "text",
         log_level: str = "INFO",
     ):
@@ -52,6 +55,7 @@ class IngressHost:
         cfg = {
             "domain": domain,
             "trusted_proxies": list(trusted_proxies),
+            "e2b": e2b,
             "log_format": log_format,
             "log_level": log_level,
         }

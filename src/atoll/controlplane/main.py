@@ -96,6 +96,7 @@ def build(s: settings_mod.ServerSettings):
         previews=backend,
         audit_retention_days=s.audit_retention_days,
     )
+    app.state.api_tls = api_tls(s, authority)
     app.state.ingress = ingress_host.IngressHost(
         backend,
         host=s.ingress_host,
@@ -103,11 +104,12 @@ def build(s: settings_mod.ServerSettings):
         domain=s.preview_domain,
         tls=ingress_tls(s, authority),
         trusted_proxies=s.trusted_proxies,
+        # E2B_DOMAIN mode's hosts go to E2B's port (the edge child below), over loopback
+        e2b=edge_host.reach(s.e2b_host, s.e2b_port, app.state.api_tls is not None) if s.e2b_port else None,
         log_format=s.log_format,
         log_level=s.log_level,
     )
     app.state.meter = meter
-    app.state.api_tls = api_tls(s, authority)
     app.state.edge = None
     if s.e2b_port:
         app.state.edge = edge_host.EdgeHost(
@@ -119,6 +121,7 @@ def build(s: settings_mod.ServerSettings):
             token_key_hex=edge_host.token_key(secrets_key),
             internet=s.e2b_internet,
             pause_tier=s.e2b_pause_tier,
+            sandbox_domain=s.e2b_domain,
             tls=app.state.api_tls,
             log_format=s.log_format,
             log_level=s.log_level,

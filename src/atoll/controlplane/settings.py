@@ -103,6 +103,13 @@ class ServerSettings:
     e2b_pause_tier: str = "memory"
     """ATOLL_E2B_PAUSE_TIER: standby tier of E2B's `pause()` (memory, disk or archive; default
     memory, which the tier policy moves on to disk as usual)."""
+    e2b_domain: str | None = None
+    """ATOLL_E2B_DOMAIN: the `domain` of E2B's create/connect/detail answers, from which the SDKs
+    build their sandbox hosts `https://{port}-{id}.{domain}` (get_host, 2.8.1's run_code, envd
+    when E2B_SANDBOX_URL is unset), served by the ingress router. Default
+    `{ATOLL_PREVIEW_DOMAIN}:{ATOLL_INGRESS_PORT}` (no port when it is 443); a DOMAIN[:PORT] when a
+    forward in front of the router changes them (e.g. 443 → the router); `off`: null (the SDKs
+    fall back to their E2B_DOMAIN)."""
     e2b_volume_mb: int = 1024
     """ATOLL_E2B_VOLUME_MB: size of the drive E2B's `Volume.create` makes (checked here at start-up;
     the E2B edge child reads it from the environment it inherits)."""
@@ -213,6 +220,7 @@ def load(
         e2b_host=env.get("ATOLL_E2B_HOST") or host_v,
         e2b_internet=config.choice(env, "ATOLL_E2B_INTERNET", "allow", ("allow", "deny")) == "allow",
         e2b_pause_tier=config.choice(env, "ATOLL_E2B_PAUSE_TIER", "memory", ("memory", "disk", "archive")),
+        e2b_domain=_e2b_domain(env.get("ATOLL_E2B_DOMAIN", ""), env, ingress_v),
         e2b_volume_mb=config.integer(env, "ATOLL_E2B_VOLUME_MB", 1024, lo=1, hi=16 * 1024 * 1024, what="MiB"),
         tls_cert_file=os.path.abspath(tls_cert) if tls_cert else None,
         tls_key_file=os.path.abspath(tls_key) if tls_key else None,
@@ -277,6 +285,24 @@ def _domain(raw: str) -> str:
             f"ATOLL_PREVIEW_DOMAIN={raw!r} is not a DNS domain; preview URLs are {{port}}-{{sandbox_id}}.DOMAIN"
         )
     return name
+
+
+def _e2b_domain(raw: str, env: Mapping[str, str], ingress: int) -> str | None:
+    raw = raw.strip()
+    if raw.lower() == "off":
+        return None
+    if not raw:
+        name = _domain(env.get("ATOLL_PREVIEW_DOMAIN") or "atoll.localhost")
+        return name if ingress == 443 else f"{name}:{ingress}"
+    host, sep, port = raw.rpartition(":") if ":" in raw else (raw, "", "")
+    name = netpolicy.normalize_name(host)
+    bad_port = sep and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)
+    if name is None or ("." not in name and name != "localhost") or bad_port:
+        raise config.SettingsError(
+            f"ATOLL_E2B_DOMAIN={raw!r} is not DOMAIN or DOMAIN:PORT (the SDKs' sandbox hosts are "
+            "https://{port}-{sandbox_id}.DOMAIN[:PORT]); `off` answers no domain"
+        )
+    return f"{name}:{int(port)}" if sep else name
 
 
 def _default_network(env: Mapping[str, str]) -> dict:

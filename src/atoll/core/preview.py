@@ -8,6 +8,9 @@ A private port (the default) needs proof, one of:
   - a signed URL, `?atoll_expires=<unix time>&atoll_signature=<sig>` for one port until then;
   - the cookie the router sets after a signed URL was used (so a browser's further requests to the
     same host carry it), which holds the same signature and expiry.
+When E2B's API is served, the hosts of E2B_DOMAIN mode are not previews (`e2b_target`):
+`api.{domain}` and `{49983|49999}-{sandbox_id}.{domain}` go to the E2B edge, which checks E2B's
+own proofs (X-API-KEY, X-Access-Token).
 Keys and signatures are HMAC-SHA256 over the installation's preview key. Pure (no I/O): called by
 the ingress router and by controlplane.previews (which hands out URLs and tokens).
 """
@@ -74,6 +77,46 @@ def host_target(host: str, domain: str) -> Target | None:
     if not _SID.fullmatch(sid):
         raise BadTarget(f"{sid!r} in host {host!r} is not a sandbox id")
     return Target(sid, _port(port, "the port in host " + repr(host)))
+
+
+E2B_API_LABEL = "api"
+E2B_ENVD_PORT = 49983
+E2B_INTERPRETER_PORT = 49999
+E2B_PORTS = frozenset({E2B_ENVD_PORT, E2B_INTERPRETER_PORT})
+"""The ports of E2B's sandbox hosts (`{port}-{sid}.{domain}`, the SDKs' E2B_DOMAIN mode): envd and
+the code interpreter. With E2B's API served, the router sends them to the E2B edge, not to the
+sandbox (49999 is also the guest agent's port inside every sandbox: no preview reaches it)."""
+
+
+@dataclass(frozen=True)
+class E2BTarget:
+    """A request for the E2B edge: its control API (`sandbox_id` None) or envd / the code
+    interpreter of one sandbox."""
+
+    sandbox_id: str | None = None
+    port: int | None = None
+
+
+def e2b_target(host: str, domain: str) -> E2BTarget | None:
+    """`api.{domain}[:N]` → the control API; `{49983|49999}-{sid}.{domain}[:N]` → that sandbox's
+    envd or code interpreter; None for any other host (a preview, or not ours)."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        return None
+    name = name.rsplit(":", 1)[0] if ":" in name else name
+    name = name.rstrip(".")
+    suffix = "." + domain.lower().rstrip(".")
+    if not name.endswith(suffix):
+        return None
+    label = name[: -len(suffix)]
+    if label == E2B_API_LABEL:
+        return E2BTarget()
+    port, _, sid = label.partition("-")
+    if not port.isascii() or not port.isdigit() or len(port) > 5 or int(port) not in E2B_PORTS:
+        return None
+    if not _SID.fullmatch(sid):
+        raise BadTarget(f"{sid!r} in host {host!r} is not a sandbox id")
+    return E2BTarget(sid, int(port))
 
 
 def header_target(sid: str | None, port: str | None) -> Target | None:

@@ -15,6 +15,9 @@
   routes, given by the process that serves this app). Without `seam_for` they answer 502.
 - **The code interpreter** (e2b.interpreter, `E2b-Sandbox-Port: 49999`): `POST /execute` and
   `/contexts…`, relayed to the service inside a `code-interpreter-v1` sandbox.
+- **E2B_DOMAIN mode**: the answers' `domain` (Settings.domain) names the ingress router, which
+  relays `api.{domain}` and `{49983|49999}-{id}.{domain}` here with the headers above set from
+  the host (ingress.router), so the same routes serve both modes.
 
 Every error is `{"code": <status>, "message": str}` (what both SDKs parse), with `Should-Retry`
 on 5xx/429 (`false` whenever a POST may have taken effect). Served by edge.service (the edge
@@ -136,6 +139,11 @@ class Settings:
     """The standby tier of an E2B pause (ATOLL_E2B_PAUSE_TIER)."""
     volume_mb: int = 1024
     """The size of a volume `Volume.create` makes (ATOLL_E2B_VOLUME_MB; e2b.volumes)."""
+    domain: str | None = None
+    """The `domain` of the create/connect/detail answers (ATOLL_E2B_DOMAIN, `{preview domain}:{ingress
+    port}` by default): the SDKs build their sandbox hosts `{port}-{id}.{domain}` from it — get_host,
+    the code interpreter 2.8.1's URL, and envd when E2B_SANDBOX_URL is unset — which the ingress
+    router relays back here. None: null (the SDKs use their E2B_DOMAIN)."""
 
 
 def _channel(api_url: str, verify: ssl.SSLContext | bool) -> http11.Channel:
@@ -253,7 +261,7 @@ class ControlAPI:
         return control.access_token(self.s.token_key, sid) if self.s.token_key else None
 
     def _answer(self, sb: dict, token: str | None) -> dict:
-        out = control.sandbox(sb, token=token or "")
+        out = control.sandbox(sb, token=token or "", domain=self.s.domain)
         if token is None:
             out.pop("envdAccessToken")
         return out
@@ -296,7 +304,7 @@ class ControlAPI:
         sid = _sid(request)
         sb = await self.sandbox(key, sid)
         token = self.local_token(sid)
-        out = control.sandbox_detail(sb, token=token or "")
+        out = control.sandbox_detail(sb, token=token or "", domain=self.s.domain)
         if token is None:
             out.pop("envdAccessToken")
         return JSONResponse(out)

@@ -324,7 +324,8 @@ def listen(host: str, port: int, what: str = "--port or ATOLL_EDGE_PORT") -> soc
 def e2b_settings(server: str, ca_file: str | None, env: typing.Mapping[str, str] | None = None):
     """The E2B app's settings (e2b.app.Settings) for an edge whose API is `server`: k_e2b
     ATOLL_E2B_TOKEN_KEY (hex, from the server that started this edge), ATOLL_E2B_INTERNET (allow|deny), ATOLL_E2B_PAUSE_TIER and ATOLL_E2B_VOLUME_MB (the size of a
-    volume Volume.create makes, 1024)."""
+    volume Volume.create makes, 1024), ATOLL_E2B_DOMAIN (the answers' `domain`: DOMAIN[:PORT] of
+    the ingress router serving E2B's sandbox hosts; unset or `off`: none)."""
     from atoll.e2b import app as e2b_app
 
     env = os.environ if env is None else env
@@ -348,7 +349,17 @@ def e2b_settings(server: str, ca_file: str | None, env: typing.Mapping[str, str]
         internet=(env.get("ATOLL_E2B_INTERNET") or "allow").lower() != "deny",
         pause_tier=env.get("ATOLL_E2B_PAUSE_TIER") or "memory",
         volume_mb=_volume_mb(env.get("ATOLL_E2B_VOLUME_MB") or "1024"),
+        domain=_domain(env.get("ATOLL_E2B_DOMAIN") or ""),
     )
+
+
+def _domain(raw: str) -> str | None:
+    raw = raw.strip()
+    if not raw or raw.lower() == "off":
+        return None
+    if any(c in raw for c in "/ ?#@") or not raw.isascii():
+        raise SystemExit(f"atoll edge: ATOLL_E2B_DOMAIN={raw!r} is not DOMAIN or DOMAIN:PORT (or off)")
+    return raw
 
 
 def _volume_mb(raw: str) -> int:

@@ -11,6 +11,12 @@ between requests of the same client connection and reopened when the sandbox's s
 (a disk checkpoint resets idle ones). Bodies stream both ways; a `101 Switching Protocols`
 (WebSocket) turns the connection into a byte relay. Errors are plain-text answers that say what
 failed, never a traceback.
+With E2B's API served (`E2BEdge`), the hosts of the `e2b` SDKs' E2B_DOMAIN mode are no previews
+(core.preview.e2b_target): `api.{domain}` is relayed to the E2B edge as a control call, and
+`49983-{sid}.{domain}` / `49999-{sid}.{domain}` as envd / code-interpreter calls with the
+`E2b-Sandbox-Id` / `E2b-Sandbox-Port` headers taken from the host (any the client sent are
+replaced). The edge checks E2B's proofs (X-API-KEY, X-Access-Token) itself; refusals on these hosts
+are E2B's JSON error bodies (`{"code", "message"}`), which the SDKs parse.
 Called by controlplane.main (start-up) with a controlplane.previews.Backend; uses h11 and
 shared.tlsstream.
 """
@@ -22,6 +28,7 @@ import contextlib
 import dataclasses
 import errno
 import ipaddress
+import json
 import logging
 import socket
 import ssl
@@ -32,7 +39,7 @@ import h11
 
 from atoll.core import errors, preview
 from atoll.core import worker_api as api
-from atoll.shared import relay, tlsstream
+from atoll.shared import portstream, relay, tlsstream
 
 log = logging.getLogger(__name__)
 MAX_HEAD = 64 * 1024
@@ -56,6 +63,13 @@ when a kept one turns out to be gone (a disk checkpoint reset it) before any ans
 _DROP = {preview.TOKEN_HEADER.encode(), preview.ID_HEADER.encode(), preview.PORT_HEADER.encode()}
 _FORWARDED = {b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"forwarded"}
 """A client's own forwarding headers are dropped: the sandbox gets the router's, and only them."""
+_E2B_DROP = {b"e2b-sandbox-id", b"e2b-sandbox-port"} | _DROP
+"""On E2B's hosts the sandbox and port come from the host name: a client's own headers for them
+(the SDKs always send them) are replaced, and atoll's preview headers mean nothing there."""
+EDGE_CONNECT_TIMEOUT_S = 10.0
+EDGE_KEEP_S = 2.0
+"""A connection to the E2B edge idle this long is not used again (uvicorn there ends idle ones
+after 5 s; a POST sent just as it does could not be sent again)."""
 
 
 Upstream = api.PortStream
@@ -69,6 +83,33 @@ class Grant:
     via: str  # public | token | signed | cookie
     cookie: str | None = None
     max_age: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class E2BEdge:
+    """Where E2B's API (the edge child, ATOLL_E2B_PORT) listens, as the router reaches it."""
+
+    host: str
+    port: int
+    tls: bool = False
+    """The edge serves https (it does when the API does, with the API's certificate)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Route:
+    """Where one request goes: a sandbox's port (a preview) or the E2B edge."""
+
+    key: typing.Hashable
+    """Requests with the same key may share a kept connection."""
+    what: str
+    """What answers, for error pages: "port 8080 in sandbox sb-…", "atoll's E2B API"."""
+    connect: typing.Callable[[], typing.Awaitable[Upstream]]
+    ready: typing.Callable[[], typing.Awaitable[None]] | None = None
+    """Asked before bytes of a switched connection go in (a preview's sandbox may have slept)."""
+    json_errors: bool = False
+    """Refusals in E2B's shape, `{"code": status, "message": ...}`."""
+    keep_s: float | None = None
+    """A kept connection idle longer than this is replaced by a new one (None: kept for ever)."""
 
 
 class Backend(typing.Protocol):
@@ -145,11 +186,21 @@ class Router:
         ctx: ssl.SSLContext,
         domain: str,
         trusted_proxies: typing.Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+        e2b: E2BEdge | None = None,
     ):
         self.backend = backend
         self.ctx = ctx
         self.domain = domain
         self.trusted = tuple(trusted_proxies)
+        self.e2b = e2b
+        self._e2b_tls: ssl.SSLContext | None = None
+        if e2b is not None and e2b.tls:
+            # the edge's socket is bound by this installation's server for its whole life, on
+            # its own address: nothing else can answer there, and the API's certificate may be an
+            # operator's that names no loopback address
+            ctx_e = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx_e.check_hostname, ctx_e.verify_mode = False, ssl.CERT_NONE
+            self._e2b_tls = ctx_e
         self.server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task] = set()
         self._held: dict[int, _Held] = {}
@@ -179,6 +230,18 @@ class Router:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.server.wait_closed(), 2)
+
+    async def connect_e2b(self) -> Upstream:
+        """A connection to the E2B edge (plain, or TLS when it serves https)."""
+        assert self.e2b is not None
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.e2b.host, self.e2b.port, ssl=self._e2b_tls, limit=READ),
+            EDGE_CONNECT_TIMEOUT_S,
+        )
+        sock = writer.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return portstream.StreamPort(reader, writer)
 
     def is_trusted(self, ip: str) -> bool:
         if not self.trusted or not ip:
@@ -297,10 +360,13 @@ _REASONS = {
 }
 
 
-def _page(status: int, text: str, close: bool = False) -> bytes:
+def _page(status: int, text: str, close: bool = False, json_errors: bool = False) -> bytes:
     body = (text.rstrip("\n") + "\n").encode()
+    ctype = "text/plain; charset=utf-8"
+    if json_errors:
+        body, ctype = json.dumps({"code": status, "message": text}).encode(), "application/json"
     reason = _REASONS.get(status, "Error")
-    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {len(body)}\r\n"
+    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
     head += "x-atoll-ingress: refused\r\n"
     if close:
         head += "connection: close\r\n"
@@ -321,7 +387,8 @@ class _Session:
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.up: Upstream | None = None
         self.up_conn: h11.Connection | None = None
-        self.up_target: preview.Target | None = None
+        self.up_route: _Route | None = None
+        self.up_idle_since = 0.0
 
     async def run(self) -> None:
         try:
@@ -379,9 +446,10 @@ class _Session:
                 return None
             return ev
 
-    async def _refuse(self, status: int, text: str) -> bool:
+    async def _refuse(self, status: int, text: str, json_errors: bool = False) -> bool:
         """Answer with an error page (through h11, so the connection can go on); the request's
-        body is read and dropped, up to 1 MiB (past that the connection is closed)."""
+        body is read and dropped, up to 1 MiB (past that the connection is closed). On E2B's
+        hosts (`json_errors`) the body is E2B's `{"code", "message"}`."""
         self.r.stats.refused += 1
         close = False
         n = 0
@@ -396,15 +464,18 @@ class _Session:
                 close = True
                 break
         body = (text.rstrip("\n") + "\n").encode()
+        ctype = b"text/plain; charset=utf-8"
+        if json_errors:
+            body, ctype = json.dumps({"code": status, "message": text}).encode(), b"application/json"
         headers = [
-            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-type", ctype),
             (b"content-length", str(len(body)).encode()),
             (b"x-atoll-ingress", b"refused"),
         ]
         if close:
             headers.append((b"connection", b"close"))
         if self.conn.our_state is not h11.SEND_RESPONSE:
-            await self.client.write(_page(status, text, True))
+            await self.client.write(_page(status, text, True, json_errors))
             return False
         data = self.conn.send(
             h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, "Error"))
@@ -439,6 +510,13 @@ class _Session:
                 400, "atoll ingress: the request has both Content-Length and Transfer-Encoding"
             )
             return False
+        if self.r.e2b is not None:
+            try:
+                e2b = preview.e2b_target(get("host") or "", self.r.domain)
+            except preview.BadTarget as e:
+                return await self._refuse(400, f"atoll ingress: {e}", json_errors=True)
+            if e2b is not None:
+                return await self._to_e2b(req, headers, e2b)
         try:
             target = preview.header_target(
                 get(preview.ID_HEADER), get(preview.PORT_HEADER)
@@ -484,22 +562,57 @@ class _Session:
                     "HttpOnly; SameSite=Lax".encode(),
                 )
             )
-        return await self._forward(target, fwd, extra)
+        backend = self.r.backend
+        route = _Route(
+            key=target,
+            what=f"port {target.port} in sandbox {target.sandbox_id}",
+            connect=lambda: backend.connect(target),
+            ready=lambda: backend.ready(target),
+        )
+        return await self._forward(route, fwd, extra)
 
-    async def _upstream(self, target: preview.Target, fresh: bool) -> tuple[Upstream, h11.Connection]:
-        if not fresh and self.up is not None and self.up_target == target and not self.up.closed:
+    async def _to_e2b(self, req: h11.Request, headers: list, e2b: preview.E2BTarget) -> bool:
+        """A request on one of E2B's hosts, relayed to the E2B edge: the sandbox and port named by
+        the host, as the headers the edge reads (E2B_SANDBOX_URL mode's), whatever the client sent."""
+        out = [(k, v) for k, v in headers if k.lower() not in _E2B_DROP and k.lower() not in _FORWARDED]
+        if not any(k.lower() == b"host" for k, _ in out):
+            name = "api" if e2b.sandbox_id is None else f"{e2b.port}-{e2b.sandbox_id}"
+            out.append((b"host", f"{name}.{self.r.domain}".encode()))
+        if e2b.sandbox_id is not None:
+            out += [
+                (b"e2b-sandbox-id", e2b.sandbox_id.encode()),
+                (b"e2b-sandbox-port", str(e2b.port).encode()),
+            ]
+        out += [(b"x-forwarded-proto", b"https")]
+        if self.client_ip:
+            out += [(b"x-forwarded-for", self.client_ip.encode())]
+        fwd = h11.Request(method=req.method, target=req.target, headers=out, http_version="1.1")
+        route = _Route(
+            key="e2b",
+            what="atoll's E2B API",
+            connect=self.r.connect_e2b,
+            json_errors=True,
+            keep_s=EDGE_KEEP_S,
+        )
+        return await self._forward(route, fwd, [])
+
+    async def _upstream(self, route: _Route, fresh: bool) -> tuple[Upstream, h11.Connection]:
+        kept = self.up_route is not None and self.up_route.key == route.key
+        if route.keep_s is not None and time.monotonic() - self.up_idle_since > route.keep_s:
+            kept = False
+        if not fresh and self.up is not None and kept and not self.up.closed:
             assert self.up_conn is not None
             if self.up_conn.our_state is h11.IDLE and self.up_conn.their_state is h11.IDLE:
                 return self.up, self.up_conn
         if self.up is not None:
             self.up.close()
             self.up = None
-        self.up = await self.r.backend.connect(target)
+        self.up = await route.connect()
         self.up_conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
-        self.up_target = target
+        self.up_route = route
         return self.up, self.up_conn
 
-    async def _forward(self, target: preview.Target, fwd: h11.Request, extra: list) -> bool:
+    async def _forward(self, route: _Route, fwd: h11.Request, extra: list) -> bool:
         # A request without a body is sent again once on a fresh connection when the kept one
         # into the sandbox turns out to be gone before any answer (a disk checkpoint reset it).
         ended = False
@@ -509,17 +622,16 @@ class _Session:
         for attempt in (0, 1):
             retryable = attempt == 0 and ended
             try:
-                up, up_conn = await self._upstream(target, fresh=attempt == 1)
+                up, up_conn = await self._upstream(route, fresh=attempt == 1)
             except errors.AtollError as e:
-                return await self._refuse(_status_of(e), f"atoll ingress: {e.message}")
+                return await self._refuse(_status_of(e), f"atoll ingress: {e.message}", route.json_errors)
             except (OSError, ConnectionError, TimeoutError) as e:
                 if isinstance(e, OSError) and e.errno in _EXHAUSTED:
                     return await self._refuse(
-                        503, f"atoll ingress: the worker is out of resources ({e.strerror}); retry"
+                        503, f"atoll ingress: out of resources ({e.strerror}); retry", route.json_errors
                     )
                 return await self._refuse(
-                    502,
-                    f"atoll ingress: nothing answers on port {target.port} in sandbox {target.sandbox_id} ({e})",
+                    502, f"atoll ingress: nothing answers on {route.what} ({e!r})", route.json_errors
                 )
             pump: asyncio.Future | None = None
             try:
@@ -544,7 +656,7 @@ class _Session:
             except _Retry:
                 continue
             except (OSError, ConnectionError, h11.ProtocolError) as e:
-                log.info("ingress: port %d of %s broke an answer: %r", target.port, target.sandbox_id, e)
+                log.info("ingress: %s broke an answer: %r", route.what, e)
                 if self.up is not None:
                     self.up.close()
                     self.up = None
@@ -553,8 +665,9 @@ class _Session:
                         await self.client.write(
                             _page(
                                 502,
-                                f"atoll ingress: the sandbox's port {target.port} broke the answer ({e})",
+                                f"atoll ingress: {route.what} broke the answer ({e})",
                                 True,
+                                route.json_errors,
                             )
                         )
                 return False
@@ -609,6 +722,7 @@ class _Session:
                     await pump
                 if up_conn.our_state is h11.DONE and up_conn.their_state is h11.DONE:
                     up_conn.start_next_cycle()
+                    self.up_idle_since = time.monotonic()
                 else:
                     up.close()
                     self.up = None
@@ -618,8 +732,8 @@ class _Session:
         """After a 101: bytes both ways until either side ends. What the client sends wakes the
         sandbox first if it went to standby meanwhile (a quiet WebSocket lets the idle policy
         freeze it)."""
-        target = self.up_target
-        assert target is not None
+        route = self.up_route
+        assert route is not None
 
         asked = 0.0
 
@@ -627,8 +741,8 @@ class _Session:
             nonlocal asked
             # a sandbox ready this recently is not asked about again (one question per message
             # would cost a round trip to the control plane each)
-            if time.monotonic() - asked > READY_FRESH_S:
-                await self.r.backend.ready(target)
+            if route.ready is not None and time.monotonic() - asked > READY_FRESH_S:
+                await route.ready()
                 asked = time.monotonic()
             await up.write(data)
 

@@ -11,7 +11,9 @@ the worker's tunnel connection or the worker's socketpair end — so the bytes t
 process and the worker's gateway only).
 The server sends `tls {pem}` or `tls {cert_file, key_file}` before it counts the router ready.
 It stops when the server's end of the channel closes or on SIGTERM; SIGINT is the server's.
-Settings come in ATOLL_INGRESS_CONFIG (JSON: domain, trusted_proxies, log_format, log_level).
+Settings come in ATOLL_INGRESS_CONFIG (JSON: domain, trusted_proxies, log_format, log_level, and
+e2b — {host, port, tls}, where E2B's API listens when it is served: the router relays the hosts of
+E2B_DOMAIN mode there, ingress.router.E2BEdge).
 Called by controlplane.ingress_host (spawn); uses ingress.router.
 """
 
@@ -94,6 +96,10 @@ def tls_context(msg: dict) -> ssl.SSLContext:
 
 async def run(channel_sock: socket.socket, listen_sock: socket.socket, config: dict) -> None:
     trusted = tuple(ipaddress.ip_network(n, strict=False) for n in config.get("trusted_proxies") or ())
+    e2b = None
+    if config.get("e2b"):
+        e = config["e2b"]
+        e2b = router_mod.E2BEdge(str(e["host"]), int(e["port"]), bool(e.get("tls")))
     router: router_mod.Router | None = None
     started = asyncio.Event()
 
@@ -109,7 +115,7 @@ async def run(channel_sock: socket.socket, listen_sock: socket.socket, config: d
                     "invalid_request", f"the router's certificate cannot be used: {e}"
                 ) from None
             if router is None:
-                router = router_mod.Router(backend, ctx, config["domain"], trusted)
+                router = router_mod.Router(backend, ctx, config["domain"], trusted, e2b=e2b)
                 await router.start(sock=listen_sock)
                 started.set()
             else:
