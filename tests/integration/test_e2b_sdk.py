@@ -129,6 +129,7 @@ def _template_ready(atoll_up, name: str, timeout: float) -> dict:
 
 
 @pytest.mark.ecosystem
+@pytest.mark.timeout(1800)  # the code interpreter's template is built at first start (~10 min cold)
 def test_run_code_through_the_code_interpreter(atoll_up):
     """e2b_code_interpreter 2.11.5 (in the 2.63 venv) against a `code-interpreter-v1` sandbox: state
     between calls, stdout/stderr, an error with its traceback, a matplotlib figure as PNG, env vars
