@@ -548,7 +548,7 @@ class Node(StoreVerbs):
         its stack so far is in no record yet)."""
         if self.builder.building():
             return []
-        referenced = self.builder.layer_paths()
+        referenced = self.builder.layer_paths() | self.snapshot_lowers()
         for rt in self.runtimes.all():
             referenced.update(p for p in rt.lower.split(":") if p)
         removed = await layer_gc.collect(
@@ -720,6 +720,8 @@ class Node(StoreVerbs):
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         sid = spec.sandbox_id
         _check_spec(spec)
+        if spec.snapshot_id:
+            return await self._create_from_snapshot(spec)
         if spec.build_id:
             build = await self.builder.ensure(spec.build_id)  # fetched from the store if not here
         else:
@@ -862,6 +864,133 @@ class Node(StoreVerbs):
                     if self.runtimes.find(nid) is not None and ids.is_sandbox_id(nid):
                         self._spawn(self._delete_runtime(nid))
                 raise
+
+    # ---- the seam: named snapshots (worker.runtimes.forks) -------------------------------------
+    def _snapshot_dir(self, snapshot_id: str) -> str:
+        if not ids.is_snapshot_id(snapshot_id):
+            raise errors.InvalidRequest(f"malformed snapshot id {snapshot_id!r} (snp- and 16 hex digits)")
+        return os.path.join(self.s.home, "snapshots", snapshot_id)
+
+    def _kept(self, snapshot_id: str) -> forks.Kept:
+        kept = forks.Kept.load(self._snapshot_dir(snapshot_id))
+        if kept is None:
+            raise errors.NotFound(
+                f"snapshot {snapshot_id} is not on worker {self.s.name}", code="snapshot_not_found"
+            )
+        return kept
+
+    def snapshot_lowers(self) -> set[str]:
+        """The layers the kept snapshots stack (the layer cache's garbage collection keeps them)."""
+        root = os.path.join(self.s.home, "snapshots")
+        out: set[str] = set()
+        for name in os.listdir(root) if os.path.isdir(root) else ():
+            kept = forks.Kept.load(os.path.join(root, name))
+            if kept is not None:
+                out.update(p for p in kept.settings.get("lower", "").split(":") if p)
+        return out
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str, memory: bool = True) -> api.SnapshotOutcome:
+        dest = self._snapshot_dir(snapshot_id)
+        async with self._lock(sandbox_id):
+            parent = self.runtimes.get(sandbox_id)
+            if parent.phase == Phase.FAILED:
+                raise errors.SandboxDied(parent.failure or f"sandbox {sandbox_id} has failed")
+            if parent.mounts:
+                raise errors.Conflict(
+                    f"sandbox {sandbox_id} mounts volumes or drives ("
+                    + ", ".join(f"{m['kind']} {m['name']}" for m in parent.mounts)
+                    + "): it cannot be snapshotted (their contents are not part of the sandbox); "
+                    "snapshot a sandbox without them",
+                    code="invalid_state",
+                )
+            if self._inflight.get(sandbox_id):
+                raise errors.SandboxBusy(
+                    f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress; snapshot "
+                    "it when they have finished"
+                )
+            if os.path.exists(dest):
+                raise errors.Conflict(f"snapshot {snapshot_id} exists on this worker", code="snapshot_exists")
+            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+            lower = parent.lower or await self.templates.ensure(parent.template)
+            return await forks.snapshot(
+                parent,
+                snapshot_id,
+                dest,
+                memory=memory,
+                runtimes=self.runtimes,
+                sandboxes=self.sandboxes,
+                tiers=self.tiers,
+                guest=self.guest,
+                lower=lower,
+            )
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        dest = self._snapshot_dir(snapshot_id)
+        async with self._lock(snapshot_id):  # a create copying from it holds this lock while it starts
+            if os.path.isdir(dest):
+                # made unreadable first, so that a half-removed snapshot is never taken for one
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(dest, forks.KEPT_META))
+                await asyncio.to_thread(shutil.rmtree, dest, True)
+
+    async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
+        """A create from a named snapshot: a copy of it, as a fork's (worker.runtimes.forks)."""
+        sid = spec.sandbox_id
+        if spec.mounts:
+            raise errors.InvalidRequest(
+                "a sandbox made from a snapshot mounts no volumes or drives (the snapshot was saved without them)"
+            )
+        t0 = time.perf_counter()
+        async with self._lock(spec.snapshot_id):
+            kept = self._kept(spec.snapshot_id)
+            st = kept.settings
+            if kept.memory and spec.memory_mb != st["memory_mb"]:
+                raise errors.InvalidRequest(
+                    f"snapshot {spec.snapshot_id} holds the memory of a {st['memory_mb']} MB sandbox: a "
+                    f"sandbox made from it has memory_mb={st['memory_mb']} (asked {spec.memory_mb}); a "
+                    "files-only snapshot (memory: false) takes any size"
+                )
+            build = None
+            if kept.memory:
+                missing = [p for p in st["lower"].split(":") if p and not os.path.isdir(p)]
+                if missing or (st["agent_dir"] and not os.path.isdir(st["agent_dir"])):
+                    raise errors.Conflict(
+                        f"snapshot {spec.snapshot_id} cannot be restored on this worker any more: the "
+                        "template layers or guest agent it was made with are gone",
+                        code="snapshot_unavailable",
+                    )
+            else:
+                if st["build_id"]:
+                    build = await self.builder.ensure(st["build_id"])
+                else:
+                    build = await self.builder.builtin(st["template"], self.s.default_memory_mb)
+            async with self._lock(sid):
+                if self.runtimes.find(sid) is not None:
+                    raise errors.Conflict(
+                        f"sandbox {sid} already exists on this worker", code="invalid_state"
+                    )
+                overrides: dict[str, typing.Any] = {
+                    "memory_mb": spec.memory_mb,
+                    "cpus": spec.cpus,
+                    "env": {**st["env"], **spec.env},
+                    "disk_mb": max(spec.disk_mb, st["disk_mb"]),
+                    "network": netpolicy.from_wire(spec.network).to_wire(),
+                }
+                if build is not None and not all(os.path.isdir(p) for p in st["lower"].split(":") if p):
+                    overrides["lower"] = build.lower  # its template's layer was rebuilt since
+                rt = forks.new_copy(self.runtimes, sid, kept, **overrides)
+                self.edge.set_secrets(sid, spec.secrets)
+                try:
+                    how = await forks.boot_copy(rt, kept, sandboxes=self.sandboxes)
+                    if how == "cold boot" and build is not None:
+                        await self.builder.prepare_boot(sid, build)
+                        if build.start:
+                            await self.builder.start_command(sid, build)
+                except BaseException:
+                    self.edge.set_secrets(sid, ())
+                    raise
+        how = "snapshot" if how == "template image" else "snapshot files, cold boot"
+        return api.CreateOutcome(how, round((time.perf_counter() - t0) * 1000, 1))
 
     async def pause(
         self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False, end_streams: bool = False
