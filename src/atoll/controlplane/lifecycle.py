@@ -33,8 +33,8 @@ from atoll.controlplane import (
     schemas,
 )
 from atoll.controlplane import db as dbm
-from atoll.controlplane import snapshots as snapshots_mod
 from atoll.controlplane import quotas as quotas_mod
+from atoll.controlplane import snapshots as snapshots_mod
 from atoll.controlplane.authority import Authority
 from atoll.controlplane.ledger import Ledger
 from atoll.controlplane.pools import Pools
