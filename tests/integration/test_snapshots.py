@@ -1,0 +1,97 @@
+"""Named snapshots with real gVisor sandboxes (`atoll up`): a snapshot keeps a sandbox's disk files,
+its /tmp (tmpfs: in the memory image) and its running processes; two sandboxes made from it both
+have them, with identities of their own; a files-only snapshot (memory: false) gives the disk
+files only; deleting it removes it from the worker. Records and bad input: tests/component."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from tests.conftest import run
+
+pytestmark = pytest.mark.integration
+
+NONCE = uuid.uuid4().hex[:8]
+
+
+def out(api, sid: str, cmd: str) -> str:
+    r = run(api, sid, cmd)
+    assert r["exit_code"] == 0, r
+    return r["stdout"].strip()
+
+
+def test_snapshot_restores_files_tmp_and_processes_into_distinct_sandboxes(api, atoll_up):
+    made: list[str] = []
+    snaps: list[str] = []
+    try:
+        r = api.post("/v1/sandboxes", json={"idle_timeout_s": 0, "memory_mb": 256})
+        assert r.status_code == 201, r.text
+        src = r.json()["id"]
+        made.append(src)
+        out(api, src, f"echo disk-{NONCE} > /root/disk.txt && echo tmp-{NONCE} > /tmp/mem.txt")
+        r = api.post(f"/v1/sandboxes/{src}/exec", json={"cmd": "sleep 4321", "background": True})
+        assert r.status_code == 200, r.text
+
+        r = api.post(f"/v1/sandboxes/{src}/snapshots", json={"name": f"full-{NONCE}"})
+        assert r.status_code == 201, r.text
+        full = r.json()
+        snaps.append(full["id"])
+        assert full["memory"] is True and full["memory_mb"] == 256 and full["bytes"] > 1_000_000, full
+        r = api.post(f"/v1/sandboxes/{src}/snapshots", json={"memory": False})
+        assert r.status_code == 201, r.text
+        files_only = r.json()
+        snaps.append(files_only["id"])
+        assert 0 < files_only["bytes"] < full["bytes"], (files_only, full)
+        snap_dirs = [os.path.join(atoll_up.home, "snapshots", s) for s in snaps]
+        assert all(os.path.isdir(d) for d in snap_dirs)
+
+        # the source runs on, untouched
+        assert out(api, src, "cat /tmp/mem.txt") == f"tmp-{NONCE}"
+        assert "sleep 4321" in out(api, src, "ps -eo args")
+
+        copies = []
+        for ref in (f"full-{NONCE}", full["id"]):
+            r = api.post("/v1/sandboxes", json={"snapshot": ref, "idle_timeout_s": 0})
+            assert r.status_code == 201, r.text
+            copies.append(r.json()["id"])
+            made.append(copies[-1])
+        assert len({src, *copies}) == 3
+        for sid in copies:
+            assert out(api, sid, "cat /root/disk.txt") == f"disk-{NONCE}"
+            assert out(api, sid, "cat /tmp/mem.txt") == f"tmp-{NONCE}"
+            assert "sleep 4321" in out(api, sid, "ps -eo args")
+            assert out(api, sid, "hostname") == sid
+        out(api, copies[0], "echo changed > /root/disk.txt")
+        assert out(api, copies[1], "cat /root/disk.txt") == f"disk-{NONCE}"
+        assert out(api, src, "cat /root/disk.txt") == f"disk-{NONCE}"
+
+        # files only: the disk file, not /tmp (memory) nor the process; any memory size
+        r = api.post(
+            "/v1/sandboxes", json={"snapshot": files_only["id"], "idle_timeout_s": 0, "memory_mb": 512}
+        )
+        assert r.status_code == 201, r.text
+        cold = r.json()["id"]
+        made.append(cold)
+        assert r.json()["memory_mb"] == 512
+        assert out(api, cold, "cat /root/disk.txt") == f"disk-{NONCE}"
+        assert run(api, cold, "cat /tmp/mem.txt")["exit_code"] != 0
+        assert "sleep 4321" not in out(api, cold, "ps -eo args")
+
+        # a memory snapshot refuses another memory size
+        r = api.post("/v1/sandboxes", json={"snapshot": full["id"], "memory_mb": 512})
+        assert r.status_code == 400 and "256" in r.json()["error"]["message"], r.text
+
+        for s, d in zip(snaps, snap_dirs, strict=True):
+            assert api.delete(f"/v1/snapshots/{s}").status_code == 204
+            assert not os.path.exists(d)
+        snaps.clear()
+        assert api.delete(f"/v1/snapshots/{full['id']}").status_code == 404
+        assert out(api, copies[0], "echo alive") == "alive"  # made from it, it lives on
+    finally:
+        for s in snaps:
+            api.delete(f"/v1/snapshots/{s}")
+        for sid in made:
+            api.delete(f"/v1/sandboxes/{sid}")
