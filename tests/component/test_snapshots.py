@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from atoll.core import ids
-from tests.component.conftest import create
+from tests.component.conftest import KEY, create
 
 
 def _as(fake, key: str) -> httpx.AsyncClient:
@@ -168,3 +168,24 @@ async def test_another_tenants_snapshot_is_absent(fake):
     tid = next(t["id"] for t in (await c.get("/v1/tenants")).json()["items"] if t["name"] == "acme")
     r = await c.delete(f"/v1/tenants/{tid}")
     assert _code(r, 409) == "tenant_in_use" and snap in r.json()["error"]["message"]
+
+
+async def test_the_sdk_takes_lists_creates_from_and_deletes_snapshots(fake):
+    import atoll
+
+    async with atoll.AsyncClient("http://atoll", KEY, transport=fake.transport) as client:
+        sb = await client.sandboxes.create(idle_timeout_s=0, memory_mb=256)
+        snap = await sb.snapshot("sdk-one")
+        assert snap.name == "sdk-one" and snap.sandbox_id == sb.id and snap.memory and snap.bytes > 0
+        files_only = await sb.snapshot(memory=False)
+        assert files_only.name is None and not files_only.memory
+        assert [s.id for s in await client.snapshots.list(sandbox_id=sb.id)] == [snap.id, files_only.id]
+        assert [s.id for s in await client.snapshots.list(name="sdk-one")] == [snap.id]
+        assert (await client.snapshots.get(snap.id)).id == snap.id
+        copy = await client.sandboxes.create(snapshot="sdk-one")
+        assert copy.id != sb.id and copy["memory_mb"] == 256 and copy.metadata["atoll.snapshot"] == snap.id
+        await client.snapshots.delete(snap.id)
+        with pytest.raises(atoll.NotFound):
+            await client.snapshots.delete(snap.id)
+        with pytest.raises(atoll.InvalidRequest):
+            await sb.snapshot("x" * 200)
