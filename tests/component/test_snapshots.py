@@ -189,3 +189,17 @@ async def test_the_sdk_takes_lists_creates_from_and_deletes_snapshots(fake):
             await client.snapshots.delete(snap.id)
         with pytest.raises(atoll.InvalidRequest):
             await sb.snapshot("x" * 200)
+
+
+async def test_replace_gives_the_name_to_the_new_snapshot(fake):
+    c = fake.http
+    sid = await create(c)
+    first = (await c.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "latest"})).json()["id"]
+    r = await c.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "latest", "replace": True})
+    assert r.status_code == 201, r.text
+    second = r.json()["id"]
+    assert second != first and first not in fake.worker.snapshots and second in fake.worker.snapshots
+    assert [i["id"] for i in (await c.get("/v1/snapshots")).json()["items"]] == [second]
+    assert _code(await c.get(f"/v1/snapshots/{first}"), 404) == "snapshot_not_found"
+    r = await c.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "fresh", "replace": True})
+    assert r.status_code == 201, r.text  # nothing to replace: just kept

@@ -630,6 +630,11 @@ class CreateSnapshot(BaseModel):
         description="Keep the sandbox's memory and running processes (true, the default: sandboxes made "
         "from it restore them, at its memory_mb) or its files only (false: they boot cold, at any memory_mb)",
     )
+    replace: pydantic.StrictBool = Field(
+        False,
+        description="When your tenant has a snapshot of this `name` already: delete it once this one is "
+        "kept, and give the name to this one (else 409 snapshot_exists)",
+    )
 
 
 class Snapshot(BaseModel):

@@ -17,6 +17,7 @@ Called by controlplane.routes_snapshots, controlplane.lifecycle and the E2B edge
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import typing
 
@@ -30,6 +31,8 @@ from atoll.core.lifecycle import State
 if typing.TYPE_CHECKING:
     from atoll.controlplane.lifecycle import SandboxManager
     from atoll.controlplane.paging import Page
+
+log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 """A snapshot's name: 1-128 letters, digits and `._:/-`, not starting with punctuation."""
@@ -131,11 +134,16 @@ class Snapshots:
         return h.name if h else None
 
     # ---- taking and removing ----------------------------------------------------------------------
-    async def take(self, sid: str, name: str | None, memory: bool) -> dbm.SnapshotRecord:
+    async def take(
+        self, sid: str, name: str | None, memory: bool, replace: bool = False
+    ) -> dbm.SnapshotRecord:
+        """Snapshot sandbox `sid`. A `name` the tenant used already is 409 snapshot_exists, unless
+        `replace`: then that snapshot is deleted once the new one is kept (E2B's create_snapshot
+        with a used name points the name at the new state)."""
         m = self.m.ledger
         rec = m.get(sid)
         name = check_name(name)
-        if name is not None and self.find(name, rec.tenant_id) is not None:
+        if name is not None and not replace and self.find(name, rec.tenant_id) is not None:
             raise errors.Conflict(
                 f"the tenant has a snapshot named {name!r} already; delete it or choose another name",
                 code="snapshot_exists",
@@ -194,8 +202,18 @@ class Snapshots:
                 },
                 created_at=dbm.utcnow(),
             )
+            old = None
             try:
                 with self.db.session.begin() as s:
+                    if replace and name is not None:
+                        old = s.scalars(
+                            sa.select(dbm.SnapshotRecord).where(
+                                dbm.SnapshotRecord.tenant_id == rec.tenant_id, dbm.SnapshotRecord.name == name
+                            )
+                        ).first()
+                        if old is not None:
+                            s.delete(old)
+                            s.flush()
                     s.add(snap)
             except sa.exc.IntegrityError:
                 with contextlib.suppress(errors.AtollError):  # a name taken meanwhile: nothing is kept
@@ -208,7 +226,19 @@ class Snapshots:
                 with contextlib.suppress(errors.AtollError):
                     await worker.delete_snapshot(snapshot_id)
                 raise
+        if old is not None:
+            await self._remove_files(old)
         return snap
+
+    async def _remove_files(self, rec: dbm.SnapshotRecord) -> None:
+        """Remove a replaced snapshot's files from its worker (best effort: one that cannot be
+        reached now keeps them; its record is gone)."""
+        h = self.m.workers.handles.get(rec.worker_id)
+        if h is not None and h.worker is not None:
+            try:
+                await self.m.workers.api_for(rec.worker_id).delete_snapshot(rec.id)
+            except errors.AtollError as e:
+                log.warning("replaced snapshot %s stays on worker %s: %s", rec.id, h.name, e.message)
 
     async def delete(self, snapshot_id: str) -> None:
         """Remove it from its worker, then its record. A worker that is gone (no longer known) keeps
