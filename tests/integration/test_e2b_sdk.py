@@ -371,3 +371,20 @@ def test_atoll_server_serves_e2b_over_https_when_the_api_does(tmp_path):
             )
     finally:
         server.terminate()
+
+
+@pytest.mark.ecosystem
+def test_named_snapshots_with_the_263_sdk(atoll_up):
+    out = drive("2.63", atoll_up, "snapshots")
+    snap, tag = out["snapshot"], out["tag"]
+    assert snap["id"].startswith("snp-") and snap["names"] == [tag]
+    assert out["by_sandbox"] == sorted([snap["id"], out["files_only_id"]]) == out["own_list"]
+    assert out["by_name"] == [snap["id"]]
+    ids_ = {c["id"] for c in out["copies"]}
+    assert len(ids_) == 2 and out["source"] not in ids_
+    for c in out["copies"]:
+        assert c["disk"] == f"disk-{tag}" and c["tmp"] == f"tmp-{tag}" and c["sleep"] is True, c
+        assert c["hostname"] == c["id"]
+    assert out["cold"] == {"disk": f"disk-{tag}", "tmp_exit": "missing", "sleep": False}
+    assert out["delete"] is True and out["delete_again"] is False and out["delete_files_only"] is True
+    assert out["after"] == []
