@@ -223,14 +223,18 @@ class AsyncSandbox(SandboxFields):
         )
         return [AsyncSandbox(self._client, item) for item in _base.items(response)]
 
-    async def snapshot(self, name: str | None = None, *, memory: bool = True) -> Snapshot:
+    async def snapshot(
+        self, name: str | None = None, *, memory: bool = True, replace: bool = False
+    ) -> Snapshot:
         """Keep this sandbox's state as a named snapshot on its worker (it is checkpointed once and
         runs on, as for a fork): its files, and unless `memory` is False its memory and running
-        processes. `client.sandboxes.create(snapshot=...)` makes sandboxes from it (by id or name)."""
+        processes. `client.sandboxes.create(snapshot=...)` makes sandboxes from it (by id or name).
+        A `name` in use is `Conflict`, unless `replace`: then the name moves to this snapshot and
+        the one that had it is deleted."""
         response = await self._client._request(
             "POST",
             self._path("snapshots"),
-            json=_base.without_none(name=name, memory=memory),
+            json=_base.without_none(name=name, memory=memory, replace=replace or None),
             timeout=self._client.create_timeout,
         )
         return Snapshot(_base.json_body(response))
