@@ -43,7 +43,7 @@ def check_name(name: object) -> str | None:
         return None
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ids.is_snapshot_id(name):
         raise errors.InvalidRequest(
-            f"snapshot name {errors.shown(name)} is not 1-128 letters, digits and '._:/-' starting "
+            f"snapshot name {errors.shown(str(name))} is not 1-128 letters, digits and '._:/-' starting "
             "with a letter or digit (and not shaped like a snapshot id)"
         )
     return name

@@ -46,8 +46,11 @@ log = logging.getLogger(__name__)
 MAX_COPIES = 50
 KEPT_META = "kept.json"
 
-_SETTINGS = ("template", "memory_mb", "cpus", "env", "disk_mb", "user", "network", "trust_pem")
-_SETTINGS += ("build_id", "lower", "workdir", "runtime_key", "agent_dir")
+_SETTINGS: tuple[str, ...] = (
+    *("template", "memory_mb", "cpus", "env", "disk_mb", "user", "network", "trust_pem"),
+    *("build_id", "lower", "workdir", "runtime_key", "agent_dir"),
+)
+"""The parent's runtime settings a copy takes (worker.runtimes.runtime.Runtime fields)."""
 
 
 @dataclasses.dataclass(frozen=True)
