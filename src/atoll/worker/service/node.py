@@ -432,6 +432,7 @@ class Node(StoreVerbs):
                         extra={"sandbox_id": rt.sandbox_id},
                     )
         self._sweep_agent_dirs()
+        self._sweep_snapshot_debris()
         self.last_reconcile = await self.recovery.reconcile(parents=True)
         self._loops.append(asyncio.ensure_future(self._monitor()))
         self._loops.append(asyncio.ensure_future(self._prepare_templates()))
@@ -442,8 +443,14 @@ class Node(StoreVerbs):
 
     def _sweep_agent_dirs(self) -> None:
         """Remove the agent files of versions no recorded runtime runs any more (after the
-        reattach: the records left are the sandboxes this worker keeps)."""
+        reattach: the records left are the sandboxes this worker keeps) and no kept memory
+        snapshot names (a sandbox made from it runs its parent's agent)."""
         used = {self.sandboxes.agent_dir_of(rt) for rt in self.runtimes.all()}
+        used |= {
+            k.settings["agent_dir"]
+            for k in self._kept_snapshots()
+            if k.memory and k.settings.get("agent_dir")
+        }
         for name in os.listdir(self.agent_root):
             path = os.path.join(self.agent_root, name)
             if name.startswith(AGENT_VERSION_PREFIX) and path != self.agent_dir and path not in used:
@@ -879,15 +886,31 @@ class Node(StoreVerbs):
             )
         return kept
 
+    def _kept_snapshots(self) -> list[forks.Kept]:
+        root = os.path.join(self.s.home, "snapshots")
+        kept = (
+            forks.Kept.load(os.path.join(root, n)) for n in (os.listdir(root) if os.path.isdir(root) else ())
+        )
+        return [k for k in kept if k is not None]
+
     def snapshot_lowers(self) -> set[str]:
         """The layers the kept snapshots stack (the layer cache's garbage collection keeps them)."""
+        return {p for k in self._kept_snapshots() for p in k.settings.get("lower", "").split(":") if p}
+
+    def _sweep_snapshot_debris(self) -> None:
+        """At start: what a worker stopped mid-way left under `snapshots/` — a snapshot whose
+        `kept.json` was never written (its `snapshot` call did not answer) and a create's image
+        links (`copy-<id>`)."""
         root = os.path.join(self.s.home, "snapshots")
-        out: set[str] = set()
         for name in os.listdir(root) if os.path.isdir(root) else ():
-            kept = forks.Kept.load(os.path.join(root, name))
-            if kept is not None:
-                out.update(p for p in kept.settings.get("lower", "").split(":") if p)
-        return out
+            path = os.path.join(root, name)
+            if forks.Kept.load(path) is None:
+                shutil.rmtree(path, ignore_errors=True)
+                log.info("removed an unfinished snapshot: %s", path)
+                continue
+            for sub in os.listdir(path):
+                if sub.startswith("copy-"):
+                    shutil.rmtree(os.path.join(path, sub), ignore_errors=True)
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str, memory: bool = True) -> api.SnapshotOutcome:
         dest = self._snapshot_dir(snapshot_id)
