@@ -98,3 +98,29 @@ def test_snapshot_restores_files_tmp_and_processes_into_distinct_sandboxes(api, 
             api.delete(f"/v1/snapshots/{s}")
         for sid in made:
             api.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_snapshot_survives_a_restart_and_unfinished_ones_are_swept(local):
+    from tests.integration.conftest import client as _client
+
+    local.start(timeout=600)
+    with _client(local) as c:
+        sid = c.post("/v1/sandboxes", json={"idle_timeout_s": 0}).json()["id"]
+        out(c, sid, f"echo kept-{NONCE} > /root/k.txt")
+        c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 9876", "background": True})
+        r = c.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "restart"})
+        assert r.status_code == 201, r.text
+        snap = r.json()["id"]
+    # what a worker killed mid-snapshot leaves: a directory without kept.json
+    debris = os.path.join(local.home, "snapshots", "snp-00000000000000ff")
+    os.makedirs(os.path.join(debris, "upper"))
+    local.stop(reap=False)
+    local.start(timeout=600)
+    assert not os.path.exists(debris)
+    with _client(local) as c:
+        r = c.post("/v1/sandboxes", json={"snapshot": "restart", "idle_timeout_s": 0})
+        assert r.status_code == 201, r.text
+        copy = r.json()["id"]
+        assert out(c, copy, "cat /root/k.txt") == f"kept-{NONCE}"
+        assert "sleep 9876" in out(c, copy, "ps -eo args")
+        assert c.delete(f"/v1/snapshots/{snap}").status_code == 204
