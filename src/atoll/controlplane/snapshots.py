@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 import typing
 
 import sqlalchemy as sa
@@ -181,6 +182,7 @@ class Snapshots:
                 raise
             fields["worker_ms"] = outcome.duration_ms
             fields["checkpoint_ms"] = outcome.checkpoint_ms
+            m.activity[sid] = time.monotonic()  # as a fork: the idle clock starts again
             snap = dbm.SnapshotRecord(
                 id=snapshot_id,
                 tenant_id=rec.tenant_id,
