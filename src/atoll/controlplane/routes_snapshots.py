@@ -57,7 +57,9 @@ async def create_snapshot(request: Request, sid: SandboxId):
     unless `memory` is false. Sandboxes created from it (`POST /v1/sandboxes {"snapshot": …}`) start
     from that state, each with its own identity."""
     body = await http.read_json(request, schemas.CreateSnapshot, optional=True)
-    rec = await ctx(request).manager.snapshots.take(sid, body.name, body.memory, body.replace)
+    rec = await ctx(request).manager.snapshots.take(
+        sid, body.name, body.memory, body.replace, body.end_streams
+    )
     return answer(request, rec, 201)
 
 

@@ -630,6 +630,11 @@ class CreateSnapshot(BaseModel):
         description="Keep the sandbox's memory and running processes (true, the default: sandboxes made "
         "from it restore them, at its memory_mb) or its files only (false: they boot cold, at any memory_mb)",
     )
+    end_streams: pydantic.StrictBool = Field(
+        False,
+        description="As pause's: end the sandbox's process-output follows and watches first (they "
+        'end with `ended: "paused"`; the processes run on) instead of answering 409 sandbox_busy',
+    )
     replace: pydantic.StrictBool = Field(
         False,
         description="When your tenant has a snapshot of this `name` already: delete it once this one is "

@@ -136,7 +136,7 @@ class Snapshots:
 
     # ---- taking and removing ----------------------------------------------------------------------
     async def take(
-        self, sid: str, name: str | None, memory: bool, replace: bool = False
+        self, sid: str, name: str | None, memory: bool, replace: bool = False, end_streams: bool = False
     ) -> dbm.SnapshotRecord:
         """Snapshot sandbox `sid`. A `name` the tenant used already is 409 snapshot_exists, unless
         `replace`: then that snapshot is deleted once the new one is kept (E2B's create_snapshot
@@ -169,7 +169,7 @@ class Snapshots:
                 )
             worker = m.worker(rec)
             try:
-                outcome = await worker.snapshot(sid, snapshot_id, memory)
+                outcome = await worker.snapshot(sid, snapshot_id, memory, end_streams)
             except errors.AtollError as e:
                 if isinstance(
                     e,

@@ -202,7 +202,12 @@ VERBS: tuple[Verb, ...] = (
         "snapshot",
         "POST",
         "/sandboxes/{sandbox_id}/snapshots",
-        (SID, Arg("snapshot_id", "field"), Arg("memory", "field", bool, default=True, required=False)),
+        (
+            SID,
+            Arg("snapshot_id", "field"),
+            Arg("memory", "field", bool, default=True, required=False),
+            Arg("end_streams", "field", bool, default=False, required=False),
+        ),
         api.SnapshotOutcome,
         wait="step",
         step=True,

@@ -785,11 +785,15 @@ class WorkerAPI(Protocol):
         gate refuses raises SandboxBusy/Conflict with the reason and is left untouched."""
         ...
 
-    async def snapshot(self, sandbox_id: str, snapshot_id: str, memory: bool = True) -> SnapshotOutcome:
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
+    ) -> SnapshotOutcome:
         """Keep the running sandbox's state as snapshot `snapshot_id` on this worker: checkpointed
         and restored as a fork's parent is; its image (with `memory`) and a copy of its writable
         layer are kept under the worker's `snapshots/<id>/`. Refused as fork is: volumes or drives
-        mounted or the checkpoint gate's blockers (Conflict), calls in flight (SandboxBusy)."""
+        mounted or the checkpoint gate's blockers (Conflict), calls in flight (SandboxBusy) —
+        unless `end_streams`, which ends output follows and watches first, as pause's does (E2B's
+        create_snapshot pauses the sandbox; its processes run on)."""
         ...
 
     async def delete_snapshot(self, snapshot_id: str) -> None:

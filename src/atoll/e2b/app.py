@@ -415,7 +415,8 @@ class ControlAPI:
             key,
             "POST",
             f"/v1/sandboxes/{sid}/snapshots",
-            json_body={"name": name or None, "memory": memory, "replace": bool(name)},
+            # E2B pauses the sandbox for the snapshot: its process streams end (as for pause)
+            json_body={"name": name or None, "memory": memory, "replace": bool(name), "end_streams": True},
         )
         return JSONResponse(control.snapshot_info(r.json()), status_code=201)
 

@@ -187,12 +187,18 @@ class RemoteVerbs:
         )
         return wire.load(api.ForkOutcome, data, "fork answer")
 
-    async def snapshot(self, sandbox_id: str, snapshot_id: str, memory: bool = True) -> api.SnapshotOutcome:
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
+    ) -> api.SnapshotOutcome:
         url = f"/sandboxes/{sandbox_id}/snapshots"
         data = await self._call(
             "POST",
             url,
-            json={"snapshot_id": wire.dump(snapshot_id, str), "memory": wire.dump(memory, bool)},
+            json={
+                "snapshot_id": wire.dump(snapshot_id, str),
+                "memory": wire.dump(memory, bool),
+                "end_streams": wire.dump(end_streams, bool),
+            },
             timeout=STEP_TIMEOUT_S,
             effect="the snapshot may have been kept on the worker (the sandbox was checkpointed and restored)",
         )

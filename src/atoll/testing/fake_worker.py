@@ -501,7 +501,15 @@ class FakeWorker(fake_files.FakeFileOps):
             self.runtimes[nid] = child
         return api.ForkOutcome(tuple(new_ids), 0.0, 0.0)
 
-    async def snapshot(self, sandbox_id: str, snapshot_id: str, memory: bool = True) -> api.SnapshotOutcome:
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
+    ) -> api.SnapshotOutcome:
+        self.calls.append(("snapshot", sandbox_id))
+        if end_streams and self.stream_ends.end(sandbox_id):
+            for _ in range(100):  # let them deliver their last event and close
+                await asyncio.sleep(0.01)
+                if not self.stream_ends.count(sandbox_id):
+                    break
         parent = self._running(sandbox_id)
         await self._step("snapshot", sandbox_id)
         if parent.spec.mounts:

@@ -912,12 +912,16 @@ class Node(StoreVerbs):
                 if sub.startswith("copy-"):
                     shutil.rmtree(os.path.join(path, sub), ignore_errors=True)
 
-    async def snapshot(self, sandbox_id: str, snapshot_id: str, memory: bool = True) -> api.SnapshotOutcome:
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
+    ) -> api.SnapshotOutcome:
         dest = self._snapshot_dir(snapshot_id)
         async with self._lock(sandbox_id):
             parent = self.runtimes.get(sandbox_id)
             if parent.phase == Phase.FAILED:
                 raise errors.SandboxDied(parent.failure or f"sandbox {sandbox_id} has failed")
+            if end_streams and self._inflight.get(sandbox_id):
+                await self._end_streams(sandbox_id)  # no new call starts meanwhile: it waits for this lock
             if parent.mounts:
                 raise errors.Conflict(
                     f"sandbox {sandbox_id} mounts volumes or drives ("
