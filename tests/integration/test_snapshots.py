@@ -5,6 +5,7 @@ files only; deleting it removes it from the worker. Records and bad input: tests
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import uuid
 
@@ -51,17 +52,23 @@ def test_snapshot_restores_files_tmp_and_processes_into_distinct_sandboxes(api, 
         # the source runs on, untouched
         assert out(api, src, "cat /tmp/mem.txt") == f"tmp-{NONCE}"
         assert "sleep 4321" in out(api, src, "ps -eo args")
+        assert out(api, src, "cat /root/disk.txt") == f"disk-{NONCE}"
 
-        copies = []
-        for ref in (f"full-{NONCE}", full["id"]):
-            r = api.post("/v1/sandboxes", json={"snapshot": ref, "idle_timeout_s": 0})
+        # the snapshot outlives the sandbox it was taken of
+        assert api.delete(f"/v1/sandboxes/{src}").status_code == 204
+        made.remove(src)
+        # two creates at once, by name and by id
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(
+                pool.map(
+                    lambda ref: api.post("/v1/sandboxes", json={"snapshot": ref, "idle_timeout_s": 0}),
+                    (f"full-{NONCE}", full["id"]),
+                )
+            )
+        for r in answers:
             assert r.status_code == 201, r.text
-            copies.append(r.json()["id"])
-            made.append(copies[-1])
-            if len(copies) == 1:  # the snapshot outlives the sandbox it was taken of
-                assert out(api, src, "cat /root/disk.txt") == f"disk-{NONCE}"
-                assert api.delete(f"/v1/sandboxes/{src}").status_code == 204
-                made.remove(src)
+            made.append(r.json()["id"])
+        copies = [r.json()["id"] for r in answers]
         assert len({src, *copies}) == 3
         for sid in copies:
             assert out(api, sid, "cat /root/disk.txt") == f"disk-{NONCE}"

@@ -317,6 +317,8 @@ class Node(StoreVerbs):
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._inflight: dict[str, int] = {}
+        self._snapshot_users: dict[str, int] = {}
+        """Creates copying from each kept snapshot right now (several at once; a delete refuses)."""
         self._stream_ends = stream_ends.StreamEnds()
         """The output follows and watches open per sandbox, which `pause(end_streams=True)` ends."""
         self._bg: set[asyncio.Task] = set()
@@ -953,7 +955,13 @@ class Node(StoreVerbs):
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         dest = self._snapshot_dir(snapshot_id)
-        async with self._lock(snapshot_id):  # a create copying from it holds this lock while it starts
+        async with self._lock(snapshot_id):  # no create starts copying from it meanwhile
+            if self._snapshot_users.get(snapshot_id):
+                raise errors.Conflict(
+                    f"snapshot {snapshot_id} is being copied into {self._snapshot_users[snapshot_id]} new "
+                    "sandbox(es) right now; delete it when they have started",
+                    code="invalid_state",
+                )
             if os.path.isdir(dest):
                 # made unreadable first, so that a half-removed snapshot is never taken for one
                 with contextlib.suppress(FileNotFoundError):
@@ -961,61 +969,70 @@ class Node(StoreVerbs):
                 await asyncio.to_thread(shutil.rmtree, dest, True)
 
     async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
-        """A create from a named snapshot: a copy of it, as a fork's (worker.runtimes.forks)."""
-        sid = spec.sandbox_id
+        """A create from a named snapshot: a copy of it, as a fork's (worker.runtimes.forks).
+        Several creates copy from one snapshot at once."""
         if spec.mounts:
             raise errors.InvalidRequest(
                 "a sandbox made from a snapshot mounts no volumes or drives (the snapshot was saved without them)"
             )
         t0 = time.perf_counter()
-        async with self._lock(spec.snapshot_id):
+        async with self._lock(spec.snapshot_id):  # a delete waits for this, and refuses while it is used
             kept = self._kept(spec.snapshot_id)
-            st = kept.settings
-            if kept.memory and spec.memory_mb != st["memory_mb"]:
-                raise errors.InvalidRequest(
-                    f"snapshot {spec.snapshot_id} holds the memory of a {st['memory_mb']} MB sandbox: a "
-                    f"sandbox made from it has memory_mb={st['memory_mb']} (asked {spec.memory_mb}); a "
-                    "files-only snapshot (memory: false) takes any size"
+            self._snapshot_users[spec.snapshot_id] = self._snapshot_users.get(spec.snapshot_id, 0) + 1
+        try:
+            return await self._copy_snapshot(spec, kept, t0)
+        finally:
+            left = self._snapshot_users.pop(spec.snapshot_id, 1) - 1
+            if left:
+                self._snapshot_users[spec.snapshot_id] = left
+
+    async def _copy_snapshot(self, spec: api.SandboxSpec, kept: forks.Kept, t0: float) -> api.CreateOutcome:
+        """A create from the kept snapshot `kept` (its users counted: `_create_from_snapshot`)."""
+        sid = spec.sandbox_id
+        st = kept.settings
+        if kept.memory and spec.memory_mb != st["memory_mb"]:
+            raise errors.InvalidRequest(
+                f"snapshot {spec.snapshot_id} holds the memory of a {st['memory_mb']} MB sandbox: a "
+                f"sandbox made from it has memory_mb={st['memory_mb']} (asked {spec.memory_mb}); a "
+                "files-only snapshot (memory: false) takes any size"
+            )
+        build = None
+        if kept.memory:
+            missing = [p for p in st["lower"].split(":") if p and not os.path.isdir(p)]
+            if missing or (st["agent_dir"] and not os.path.isdir(st["agent_dir"])):
+                raise errors.Conflict(
+                    f"snapshot {spec.snapshot_id} cannot be restored on this worker any more: the "
+                    "template layers or guest agent it was made with are gone",
+                    code="snapshot_unavailable",
                 )
-            build = None
-            if kept.memory:
-                missing = [p for p in st["lower"].split(":") if p and not os.path.isdir(p)]
-                if missing or (st["agent_dir"] and not os.path.isdir(st["agent_dir"])):
-                    raise errors.Conflict(
-                        f"snapshot {spec.snapshot_id} cannot be restored on this worker any more: the "
-                        "template layers or guest agent it was made with are gone",
-                        code="snapshot_unavailable",
-                    )
+        else:
+            if st["build_id"]:
+                build = await self.builder.ensure(st["build_id"])
             else:
-                if st["build_id"]:
-                    build = await self.builder.ensure(st["build_id"])
-                else:
-                    build = await self.builder.builtin(st["template"], self.s.default_memory_mb)
-            async with self._lock(sid):
-                if self.runtimes.find(sid) is not None:
-                    raise errors.Conflict(
-                        f"sandbox {sid} already exists on this worker", code="invalid_state"
-                    )
-                overrides: dict[str, typing.Any] = {
-                    "memory_mb": spec.memory_mb,
-                    "cpus": spec.cpus,
-                    "env": {**st["env"], **spec.env},
-                    "disk_mb": max(spec.disk_mb, st["disk_mb"]),
-                    "network": netpolicy.from_wire(spec.network).to_wire(),
-                }
-                if build is not None and not all(os.path.isdir(p) for p in st["lower"].split(":") if p):
-                    overrides["lower"] = build.lower  # its template's layer was rebuilt since
-                rt = forks.new_copy(self.runtimes, sid, kept, **overrides)
-                self.edge.set_secrets(sid, spec.secrets)
-                try:
-                    how = await forks.boot_copy(rt, kept, sandboxes=self.sandboxes)
-                    if how == "cold boot" and build is not None:
-                        await self.builder.prepare_boot(sid, build)
-                        if build.start:
-                            await self.builder.start_command(sid, build)
-                except BaseException:
-                    self.edge.set_secrets(sid, ())
-                    raise
+                build = await self.builder.builtin(st["template"], self.s.default_memory_mb)
+        async with self._lock(sid):
+            if self.runtimes.find(sid) is not None:
+                raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
+            overrides: dict[str, typing.Any] = {
+                "memory_mb": spec.memory_mb,
+                "cpus": spec.cpus,
+                "env": {**st["env"], **spec.env},
+                "disk_mb": max(spec.disk_mb, st["disk_mb"]),
+                "network": netpolicy.from_wire(spec.network).to_wire(),
+            }
+            if build is not None and not all(os.path.isdir(p) for p in st["lower"].split(":") if p):
+                overrides["lower"] = build.lower  # its template's layer was rebuilt since
+            rt = forks.new_copy(self.runtimes, sid, kept, **overrides)
+            self.edge.set_secrets(sid, spec.secrets)
+            try:
+                how = await forks.boot_copy(rt, kept, sandboxes=self.sandboxes)
+                if how == "cold boot" and build is not None:
+                    await self.builder.prepare_boot(sid, build)
+                    if build.start:
+                        await self.builder.start_command(sid, build)
+            except BaseException:
+                self.edge.set_secrets(sid, ())
+                raise
         how = "snapshot" if how == "template image" else "snapshot files, cold boot"
         return api.CreateOutcome(how, round((time.perf_counter() - t0) * 1000, 1))
 
