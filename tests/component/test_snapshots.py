@@ -203,3 +203,23 @@ async def test_replace_gives_the_name_to_the_new_snapshot(fake):
     assert _code(await c.get(f"/v1/snapshots/{first}"), 404) == "snapshot_not_found"
     r = await c.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "fresh", "replace": True})
     assert r.status_code == 201, r.text  # nothing to replace: just kept
+
+
+async def test_reconciliation_deletes_snapshots_no_record_names_once_old(fake):
+    import time
+
+    c = fake.http
+    sid = await create(c)
+    kept = (await c.post(f"/v1/sandboxes/{sid}/snapshots", json={})).json()["id"]
+    w = fake.worker
+    # kept on the worker without a record: a snapshot call whose answer was lost
+    await w.snapshot(sid, "snp-00000000000000aa")
+    await w.snapshot(sid, "snp-00000000000000bb")
+    w.snapshot_times["snp-00000000000000aa"] = time.time() - 3600  # old: an orphan
+    handle = next(iter(fake.manager.workers.handles.values()))
+    await fake.manager.workers.reconcile(handle)
+    assert "snp-00000000000000aa" not in w.snapshots
+    assert "snp-00000000000000bb" in w.snapshots  # young: maybe a take about to be recorded
+    w.snapshot_times[kept] = time.time() - 3600
+    await fake.manager.workers.reconcile(handle)
+    assert kept in w.snapshots  # it has a record

@@ -822,6 +822,7 @@ class SandboxManager:
                 "reconcile: deleting a runtime no live record owns",
                 extra={"sandbox_id": r.sandbox_id, "worker": handle.name, "phase": r.phase.value},
             )
+        await self.snapshots.reconcile(handle, inventory)
         if orphans and handle.worker is not None:
             worker = handle.worker
             results = await asyncio.gather(

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from atoll.controlplane import auth, forking, schemas
 from atoll.controlplane import db as dbm
 from atoll.core import errors, ids
+from atoll.core import worker_api as api
 from atoll.core.lifecycle import State
 
 if typing.TYPE_CHECKING:
@@ -34,6 +35,9 @@ if typing.TYPE_CHECKING:
     from atoll.controlplane.paging import Page
 
 log = logging.getLogger(__name__)
+
+ORPHAN_GRACE_S = 600.0
+"""A snapshot a worker keeps without a record is deleted by reconciliation once this old."""
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 """A snapshot's name: 1-128 letters, digits and `._:/-`, not starting with punctuation."""
@@ -255,6 +259,34 @@ class Snapshots:
             )
         with self.db.session.begin() as s:
             s.execute(sa.delete(dbm.SnapshotRecord).where(dbm.SnapshotRecord.id == snapshot_id))
+
+    async def reconcile(self, handle: typing.Any, inventory: api.Inventory) -> None:
+        """Delete the snapshots `handle`'s worker keeps that no record names and that are older than
+        ORPHAN_GRACE_S (younger ones may be a `take` whose record is about to be written, here or
+        on another server): a snapshot call whose answer was lost, or a delete while the worker was
+        unreachable."""
+        if not inventory.snapshots or handle.worker is None:
+            return
+        with self.db.session() as s:
+            known = set(
+                s.scalars(
+                    sa.select(dbm.SnapshotRecord.id).where(
+                        dbm.SnapshotRecord.id.in_([k.snapshot_id for k in inventory.snapshots])
+                    )
+                )
+            )
+        now = time.time()
+        for k in inventory.snapshots:
+            if k.snapshot_id in known or now - k.kept_at < ORPHAN_GRACE_S:
+                continue
+            log.info(
+                "reconcile: deleting a snapshot no record names",
+                extra={"snapshot_id": k.snapshot_id, "worker": handle.name},
+            )
+            try:
+                await handle.worker.delete_snapshot(k.snapshot_id)
+            except errors.AtollError as e:
+                log.warning("reconcile: deleting snapshot %s failed: %s", k.snapshot_id, e.message)
 
     def worker_for_create(self, snap: dbm.SnapshotRecord) -> None:
         """Refuse a create from `snap` early when its worker is gone or lost: 409

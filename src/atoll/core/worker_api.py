@@ -286,9 +286,20 @@ class RuntimeReport:
 
 
 @dataclass(frozen=True)
+class KeptSnapshot:
+    """A named snapshot a worker keeps (`snapshot`), with when it was kept (Unix seconds)."""
+
+    snapshot_id: str
+    kept_at: float
+
+
+@dataclass(frozen=True)
 class Inventory:
     worker: str
     runtimes: tuple[RuntimeReport, ...]
+    snapshots: tuple[KeptSnapshot, ...] = ()
+    """The named snapshots it keeps: the control plane deletes those no record names (a snapshot
+    call whose answer was lost, a delete while the worker was away)."""
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,8 @@ class FakeWorker(fake_files.FakeFileOps):
         self.fail: set[str] = set()
         self.gate_blockers: list[str] = []
         self.snapshots: dict[str, FakeRuntime] = {}
+        self.snapshot_times: dict[str, float] = {}
+        """When each was kept (Unix seconds): the inventory reports it."""
         """Named snapshots kept here (`snapshot`): a copy of the sandbox as it was, `spec.memory_mb`
         0 for a files-only one."""
         self.open_connections: dict[str, int] = {}
@@ -531,6 +533,7 @@ class FakeWorker(fake_files.FakeFileOps):
             trust=parent.trust,
         )
         self.snapshots[snapshot_id] = kept
+        self.snapshot_times[snapshot_id] = time.time()
         size = sum(len(v) for v in kept.files.values()) + (parent.spec.memory_mb << 20 if memory else 0)
         return api.SnapshotOutcome(snapshot_id, size, kept.spec.memory_mb, 0.0, 0.0)
 
@@ -605,6 +608,7 @@ class FakeWorker(fake_files.FakeFileOps):
                 api.RuntimeReport(sid, rt.phase, rt.generation, rt.failure, stale_runtime=self._stale(rt))
                 for sid, rt in self.runtimes.items()
             ),
+            tuple(api.KeptSnapshot(i, self.snapshot_times.get(i, 0.0)) for i in self.snapshots),
         )
 
     async def reconcile(self) -> api.ReconcileReport:

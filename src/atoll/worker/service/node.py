@@ -1220,7 +1220,15 @@ class Node(StoreVerbs):
                     stale_runtime=self._outdated(rt, made_now) is not None,
                 )
             )
-        return api.Inventory(self.s.name, tuple(reports))
+        kept = []
+        for k in self._kept_snapshots():
+            with contextlib.suppress(OSError):  # deleted meanwhile
+                kept.append(
+                    api.KeptSnapshot(
+                        os.path.basename(k.dir), os.stat(os.path.join(k.dir, forks.KEPT_META)).st_mtime
+                    )
+                )
+        return api.Inventory(self.s.name, tuple(reports), tuple(kept))
 
     async def reconcile(self) -> api.ReconcileReport:
         """One reconciliation pass now (the monitor loop runs one every `reconcile_s`)."""
