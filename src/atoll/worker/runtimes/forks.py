@@ -229,8 +229,8 @@ async def fork(
             tiers.restore(parent), *(child(rt) for rt in children), return_exceptions=True
         )
     except BaseException:
-        if kept is not None and not restoring and parent.phase == Phase.CHECKPOINTED:
-            with contextlib.suppress(errors.AtollError):  # kept but never copied: the parent runs on
+        if not restoring and parent.phase == Phase.CHECKPOINTED:
+            with contextlib.suppress(errors.AtollError):  # checkpointed, never copied: it runs on
                 await tiers.restore(parent)
         raise
     finally:
@@ -273,7 +273,7 @@ async def snapshot(
     parent does not come back, nothing is kept (the error is the parent's, as a fork's)."""
     sid = parent.sandbox_id
     t0 = time.perf_counter()
-    kept: Kept | None = None
+    restoring = False
     try:
         kept = await keep(
             parent,
@@ -288,9 +288,13 @@ async def snapshot(
         )
         t_ckpt = time.perf_counter()
         kept.save()
+        restoring = True
         await tiers.restore(parent)
     except BaseException:
-        if kept is not None and parent.phase == Phase.CHECKPOINTED:
+        if not restoring and parent.phase == Phase.CHECKPOINTED:  # its state could not be kept
+            with contextlib.suppress(errors.AtollError):
+                await tiers.restore(parent)
+        if parent.phase == Phase.CHECKPOINTED:
             log.warning("snapshot: the parent did not restore", extra={"sandbox_id": sid})
         if os.path.isdir(dest):
             with contextlib.suppress(OSError):
