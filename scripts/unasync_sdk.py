@@ -39,6 +39,7 @@ REPLACEMENTS = {
     "AsyncTemplates": "Templates",
     "AsyncWorkers": "Workers",
     "AsyncSecrets": "Secrets",
+    "AsyncSnapshots": "Snapshots",
     "AsyncTenants": "Tenants",
     "AsyncKeys": "Keys",
     "AsyncStore": "Store",

@@ -22,7 +22,8 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │   ├── ProcessNotFound         process_not_found
     │   ├── PtyNotFound             pty_not_found
     │   ├── SecretNotFound          secret_not_found
-    │   └── (NotFound)              volume_not_found, drive_not_found, tenant_not_found, key_not_found
+    │   └── (NotFound)              volume_not_found, drive_not_found, tenant_not_found, key_not_found,
+    │                               snapshot_not_found
     ├── Conflict                409
     │   ├── SandboxBusy             sandbox_busy (retryable)
     │   ├── InvalidState            invalid_state
@@ -35,7 +36,8 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │                               (no worker holds the template's build, nor the store: build it again),
     │                               tenant_exists, tenant_in_use,
     │                               volume_exists, drive_exists, volume_in_use, drive_in_use,
-    │                               checkpoint_refused (fork: the sandbox's state cannot be saved now),
+    │                               checkpoint_refused (fork, snapshot: the sandbox's state cannot be saved now),
+    │                               snapshot_exists, snapshot_unavailable (the snapshot's worker is gone),
     │                               not_adoptable (worker protocol only),
     │                               idempotency_key_reused, idempotency_key_in_use (retryable),
     │                               sandbox_changed (retryable: another server wrote it at once)
@@ -325,6 +327,7 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "secret_not_found": SecretNotFound,
     "volume_not_found": NotFound,
     "drive_not_found": NotFound,
+    "snapshot_not_found": NotFound,
     "conflict": Conflict,
     "sandbox_busy": SandboxBusy,
     "invalid_state": InvalidState,
@@ -343,6 +346,8 @@ _BY_CODE: dict[str, type[AtollError]] = {
     "tenant_in_use": Conflict,
     "volume_exists": Conflict,
     "drive_exists": Conflict,
+    "snapshot_exists": Conflict,
+    "snapshot_unavailable": Conflict,
     "volume_in_use": Conflict,
     "drive_in_use": Conflict,
     "checkpoint_refused": Conflict,

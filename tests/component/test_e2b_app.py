@@ -269,7 +269,50 @@ async def test_fork_network_and_idempotent_create(e2b):
     assert len(copies) == 2 and all(c["sandboxID"] != sid for c in copies)
     assert all(c["envdAccessToken"] == control.access_token(TOKEN_KEY, c["sandboxID"]) for c in copies)
     _error(await e2b.post(f"/sandboxes/{sid}/fork", json={"count": 0}), 400)
-    assert "not served" in _error(await e2b.post(f"/sandboxes/{sid}/snapshots", json={}), 501)
+    _error(await e2b.post(f"/sandboxes/{sid}/snapshots", json={"name": 3}), 400)
+    _error(await e2b.post(f"/sandboxes/{sid}/snapshots", json={"memory": "no"}), 400)
+    _error(await e2b.post("/sandboxes/sb-0000000000000000/snapshots", json={}), 404)
+
+
+async def test_named_snapshots_map_onto_atolls(e2b):
+    r = await e2b.post("/v2/sandboxes", json={"templateID": "base", "timeout": 60})
+    assert r.status_code == 201, r.text
+    sid = r.json()["sandboxID"]
+    r = await e2b.post(f"/sandboxes/{sid}/snapshots", json={"name": "e2b-snap"})
+    assert r.status_code == 201, r.text
+    info = r.json()
+    assert set(info) == {"snapshotID", "names"} and info["names"] == ["e2b-snap"]
+    r = await e2b.post(f"/sandboxes/{sid}/snapshots", json={})  # unnamed, memory by default
+    assert r.status_code == 201 and r.json()["names"] == [], r.text
+    unnamed = r.json()["snapshotID"]
+    # a used name goes to the new snapshot (E2B's semantics), the old one is gone
+    r = await e2b.post(f"/sandboxes/{sid}/snapshots", json={"name": "e2b-snap", "memory": False})
+    assert r.status_code == 201, r.text
+    latest = r.json()["snapshotID"]
+    assert latest != info["snapshotID"] and info["snapshotID"] not in e2b.fake.worker.snapshots
+    # list: all, by sandbox, by name, paged with x-next-token
+    r = await e2b.get("/snapshots")
+    assert [s["snapshotID"] for s in r.json()] == [unnamed, latest] and "x-next-token" not in r.headers
+    assert [s["snapshotID"] for s in (await e2b.get("/snapshots", params={"name": "e2b-snap"})).json()] == [
+        latest
+    ]
+    assert len((await e2b.get("/snapshots", params={"sandboxID": sid})).json()) == 2
+    r = await e2b.get("/snapshots", params={"limit": 1})
+    assert len(r.json()) == 1 and r.headers["x-next-token"]
+    r = await e2b.get("/snapshots", params={"limit": 1, "nextToken": r.headers["x-next-token"]})
+    assert [s["snapshotID"] for s in r.json()] == [latest]
+    # a create's templateID names a snapshot by id or by name
+    for ref in (unnamed, "e2b-snap"):
+        r = await e2b.post("/v2/sandboxes", json={"templateID": ref, "timeout": 60})
+        assert r.status_code == 201, r.text
+        made = r.json()["sandboxID"]
+        assert e2b.fake.worker.runtimes[made].spec.snapshot_id in (unnamed, latest)
+    _error(await e2b.post("/v2/sandboxes", json={"templateID": "snp-0000000000000000"}), 404)
+    # DELETE /templates/{id}: a snapshot's id deletes it (204, then 404); other ids are 404
+    assert (await e2b.delete(f"/templates/{latest}")).status_code == 204
+    _error(await e2b.delete(f"/templates/{latest}"), 404)
+    _error(await e2b.delete("/templates/base"), 404)
+    assert latest not in e2b.fake.worker.snapshots
 
 
 async def test_the_e2b_hex_key_spelling_is_accepted(e2b):

@@ -361,3 +361,24 @@ async def test_days_split_at_utc_midnight(tmp_path, database_url):
         # a range of the second day only
         body = await usage(fake, group_by="sandbox", **{"from": "2026-12-04", "to": "2026-12-05"})
         assert item(body, sid)["memory_gb_seconds"] == pytest.approx(gb * 120)
+
+
+async def test_a_named_snapshot_accrues_its_bytes_until_deleted(metered):
+    fake, clock = metered
+    sid = await create(fake.http)
+    r = await fake.http.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "kept"})
+    assert r.status_code == 201, r.text
+    snap = r.json()
+    gib = snap["bytes"] / 2**30
+    fake.meter.tick(clock.t)
+    clock.t += 60
+    body = await usage(fake, group_by="sandbox")
+    got = {i["subject"]: i for i in body["items"]}[f"snapshot:{snap['id']}"]
+    assert got["snapshot_disk_gb_seconds"] == pytest.approx(gib * 60, rel=0.05)
+    assert got["tenant_id"] == "default" and got["sandbox_id"] is None
+    assert (await fake.http.delete(f"/v1/snapshots/{snap['id']}")).status_code == 204
+    fake.meter.tick(clock.t)
+    clock.t += 600
+    body = await usage(fake, group_by="sandbox")
+    after = {i["subject"]: i for i in body["items"]}[f"snapshot:{snap['id']}"]
+    assert after["snapshot_disk_gb_seconds"] == pytest.approx(got["snapshot_disk_gb_seconds"], rel=0.01)

@@ -4,7 +4,11 @@ E2B_API_KEY from the environment), the way the SDK's runtime does — never thro
 (no model is reachable here) — and prints what it saw as one JSON object; run by
 tests/integration/test_e2b_sdk.py inside the venv tests/e2b_venv.py makes for "agents".
 
-    python agents_e2b_driver.py
+    python agents_e2b_driver.py [snapshot]
+
+`snapshot`: the extension's `workspace_persistence="snapshot"` round trip instead — a workspace
+persisted with E2B's native create_snapshot (atoll's named snapshot) and hydrated into a new
+sandbox made from it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sys
 from pathlib import Path
 
 from agents.extensions.sandbox.e2b import E2BSandboxClient, E2BSandboxClientOptions
@@ -66,5 +71,27 @@ async def main() -> dict:
     return out
 
 
+async def snapshot() -> dict:
+    from agents.extensions.sandbox.e2b.sandbox import _decode_e2b_snapshot_ref
+
+    out: dict = {}
+    client = E2BSandboxClient()
+    options = E2BSandboxClientOptions(sandbox_type="e2b", timeout=600, workspace_persistence="snapshot")
+    session = await client.create(manifest=Manifest(), options=options)
+    async with session:
+        await session.write(Path("kept.txt"), io.BytesIO(b"in the snapshot\n"))
+        out["first"] = session._inner.state.sandbox_id
+        data = await session.persist_workspace()
+        raw = data.read()
+        out["snapshot_id"] = _decode_e2b_snapshot_ref(raw)
+        await session.write(Path("kept.txt"), io.BytesIO(b"changed after\n"))
+        await session.hydrate_workspace(io.BytesIO(raw))  # kills this sandbox, creates one from it
+        out["second"] = session._inner.state.sandbox_id
+        out["cat"] = text(await session.exec("cat kept.txt"))
+    await client.delete(session)
+    out["first_state"] = await AsyncSandbox.kill(out["first"])  # already killed by the hydrate: False
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main())))
+    print(json.dumps(asyncio.run(snapshot() if sys.argv[1:] == ["snapshot"] else main())))

@@ -400,7 +400,61 @@ def pause_streams() -> dict:
     return out
 
 
+def snapshots() -> dict:
+    """2.63's named snapshots: create_snapshot of a sandbox with a file on disk, one in /tmp and a
+    running sleep; list by sandbox and by name; two sandboxes from it by id and name; a
+    files-only one (mode="filesystem"); delete_snapshot True then False."""
+    out: dict = {}
+    tag = f"s{os.getpid()}{int(time.time())}"
+    sbx = Sandbox.create(timeout=300)
+    made = [sbx]
+    try:
+        sbx.commands.run(f"echo disk-{tag} > /root/disk.txt; echo tmp-{tag} > /tmp/mem.txt")
+        sbx.commands.run("sleep 4321", background=True)
+        snap = sbx.create_snapshot(name=tag)
+        out["snapshot"] = {"id": snap.snapshot_id, "names": snap.names}
+        files_only = sbx.create_snapshot(mode="filesystem")
+        out["files_only_id"] = files_only.snapshot_id
+        out["by_sandbox"] = sorted(
+            s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()
+        )
+        out["by_name"] = [s.snapshot_id for s in Sandbox.list_snapshots(name=tag).next_items()]
+        out["own_list"] = sorted(s.snapshot_id for s in sbx.list_snapshots().next_items())
+        copies = []
+        for ref in (snap.snapshot_id, tag):
+            c = Sandbox.create(ref, timeout=300)
+            made.append(c)
+            copies.append(
+                {
+                    "id": c.sandbox_id,
+                    "disk": c.commands.run("cat /root/disk.txt").stdout.strip(),
+                    "tmp": c.commands.run("cat /tmp/mem.txt").stdout.strip(),
+                    "sleep": "sleep 4321" in c.commands.run("ps -eo args").stdout,
+                    "hostname": c.commands.run("hostname").stdout.strip(),
+                }
+            )
+        out["copies"] = copies
+        cold = Sandbox.create(files_only.snapshot_id, timeout=300)
+        made.append(cold)
+        out["cold"] = {
+            "disk": cold.commands.run("cat /root/disk.txt").stdout.strip(),
+            "tmp_exit": cold.commands.run("cat /tmp/mem.txt || echo missing").stdout.strip(),
+            "sleep": "sleep 4321" in cold.commands.run("ps -eo args").stdout,
+        }
+        out["source"] = sbx.sandbox_id
+        out["delete"] = Sandbox.delete_snapshot(snap.snapshot_id)
+        out["delete_again"] = Sandbox.delete_snapshot(snap.snapshot_id)
+        out["delete_files_only"] = Sandbox.delete_snapshot(files_only.snapshot_id)
+        out["after"] = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()]
+    finally:
+        for m in made:
+            Sandbox.kill(m.sandbox_id)
+    out["tag"] = tag
+    return out
+
+
 SCENARIOS = {
+    "snapshots": snapshots,
     "pause_streams": pause_streams,
     "lifecycle": lifecycle,
     "errors": errors,

@@ -372,3 +372,48 @@ def test_atoll_server_serves_e2b_over_https_when_the_api_does(tmp_path):
             )
     finally:
         server.terminate()
+
+
+@pytest.mark.ecosystem
+def test_named_snapshots_with_the_263_sdk(atoll_up):
+    out = drive("2.63", atoll_up, "snapshots")
+    snap, tag = out["snapshot"], out["tag"]
+    assert snap["id"].startswith("snp-") and snap["names"] == [tag]
+    assert out["by_sandbox"] == sorted([snap["id"], out["files_only_id"]]) == out["own_list"]
+    assert out["by_name"] == [snap["id"]]
+    ids_ = {c["id"] for c in out["copies"]}
+    assert len(ids_) == 2 and out["source"] not in ids_
+    for c in out["copies"]:
+        assert c["disk"] == f"disk-{tag}" and c["tmp"] == f"tmp-{tag}" and c["sleep"] is True, c
+        assert c["hostname"] == c["id"]
+    assert out["cold"] == {"disk": f"disk-{tag}", "tmp_exit": "missing", "sleep": False}
+    assert out["delete"] is True and out["delete_again"] is False and out["delete_files_only"] is True
+    assert out["after"] == []
+
+
+@pytest.mark.ecosystem
+def test_the_agents_sdk_e2b_extension_persists_a_workspace_as_a_snapshot(atoll_up):
+    """The Agents SDK's own E2B extension (e2b 2.31) with `workspace_persistence="snapshot"`:
+    persist_workspace is E2B's native create_snapshot, hydrate_workspace a create from it."""
+    python = e2b_venv.python("agents")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
+        "E2B_API_URL": atoll_up.e2b_url,
+        "E2B_SANDBOX_URL": atoll_up.e2b_url,
+        "E2B_API_KEY": "e2b_" + atoll_up.api_key.encode().hex(),
+    }
+    proc = subprocess.run(
+        [str(python), str(DRIVER.with_name("agents_e2b_driver.py")), "snapshot"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["snapshot_id"] and out["snapshot_id"].startswith("snp-"), out
+    assert out["second"] != out["first"], out
+    assert out["cat"] == {"stdout": "in the snapshot\n", "stderr": "", "exit_code": 0}, out
+    assert out["first_state"] is False, out
+    r = httpx.delete(f"{atoll_up.url}/v1/snapshots/{out['snapshot_id']}", headers=atoll_up.headers())
+    assert r.status_code == 204, r.text

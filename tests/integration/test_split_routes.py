@@ -211,6 +211,18 @@ def test_every_route_through_the_split(atoll_split):
         created += copies
         assert _exec(c, copies[0], "cat /walk2/d/b.txt")["stdout"] == "abc"
 
+        # ---- named snapshots: kept on the worker, a create from one placed there
+        snap = _ok(c.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "walk"}), 201).json()
+        assert [x["id"] for x in _ok(c.get("/v1/snapshots", params={"name": "walk"})).json()["items"]] == [
+            snap["id"]
+        ]
+        assert _ok(c.get(f"/v1/snapshots/{snap['id']}")).json()["sandbox_id"] == sid
+        from_snap = _ok(c.post("/v1/sandboxes", json={"snapshot": "walk", "idle_timeout_s": 0}), 201).json()
+        created.append(from_snap["id"])
+        assert _exec(c, from_snap["id"], "cat /walk2/d/b.txt")["stdout"] == "abc"
+        _ok(c.delete(f"/v1/snapshots/{snap['id']}"), 204)
+        _err(c.get(f"/v1/snapshots/{snap['id']}"), 404, "snapshot_not_found")
+
         # ---- secrets
         _ok(c.post("/v1/secrets", json={"name": "walk", "value": "v1", "hosts": ["x.test"]}), 201)
         assert "walk" in [s["name"] for s in _ok(c.get("/v1/secrets")).json()["items"]]

@@ -35,6 +35,7 @@ TENANT_TAGS = {
     "templates",
     "volumes",
     "drives",
+    "snapshots",
     "usage",
 }
 WORKER_PROTOCOL = {

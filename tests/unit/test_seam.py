@@ -29,6 +29,7 @@ TYPES = [
     api.PauseOutcome,
     api.ResumeOutcome,
     api.Inventory,
+    api.SnapshotOutcome,
     api.ExecSpec,
     api.ExecResult,
     api.ProcessStarted,

@@ -394,6 +394,10 @@ def sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def snapshot_path(snapshot_id: str) -> str:
+    return f"/v1/snapshots/{segment(snapshot_id, 'snapshot id')}"
+
+
 def secret_path(name: str) -> str:
     return f"/v1/secrets/{segment(name, 'secret name')}"
 

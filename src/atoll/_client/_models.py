@@ -102,6 +102,34 @@ class Secret(Record):
         return bool(self.data.get("allow_http", False))
 
 
+class Snapshot(Record):
+    """A named snapshot (`sandbox.snapshot()`, `client.snapshots`): a sandbox's state kept on its
+    worker, from which `client.sandboxes.create(snapshot=...)` makes sandboxes."""
+
+    __slots__ = ()
+
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    @property
+    def name(self) -> str | None:
+        return self.data.get("name")
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.data["sandbox_id"]
+
+    @property
+    def memory(self) -> bool:
+        """Whether it holds memory and processes (else files only: sandboxes made from it boot cold)."""
+        return bool(self.data.get("memory"))
+
+    @property
+    def bytes(self) -> int:
+        return int(self.data.get("bytes", 0))
+
+
 class AuditEntry(Record):
     """One row of `client.audit()`: a mutation, who made it and what came of it."""
 

@@ -32,6 +32,7 @@ from atoll.cli import audit as cli_audit
 from atoll.cli import coercion as cli_coercion
 from atoll.cli import files as cli_files
 from atoll.cli import shell as cli_shell
+from atoll.cli import snapshots as cli_snapshots
 from atoll.cli import stores as cli_stores
 from atoll.cli import templates as cli_templates
 from atoll.cli import tenants as cli_tenants
@@ -171,6 +172,7 @@ def _session(ctx: typer.Context) -> "Iterator[Client]":
 cli_templates.register(app, _session)
 cli_stores.register(app, _session)
 cli_tenants.register(app, _session)
+cli_snapshots.register(app, _session)
 cli_audit.register(app, _session)
 cli_usage.register(app, _session, _table, _console)
 cli_files.register(sandbox_app, _session)
@@ -578,6 +580,10 @@ def create(
     drive: Annotated[
         list[str] | None, typer.Option("--drive", help="NAME:PATH[:ro]: mount a drive (repeat).")
     ] = None,
+    snapshot: Annotated[
+        str | None,
+        typer.Option("--snapshot", help="Start from this snapshot (id or name) instead of a template."),
+    ] = None,
 ) -> None:
     """Create a sandbox and print its id once it is running (no network way out unless --allow-out).
     While its template is still being built, shows the build's progress and waits."""
@@ -588,8 +594,10 @@ def create(
     labels = _pairs(metadata, "--metadata")
     network = {"allow_out": allow_out or [], "deny_out": deny_out or []} if allow_out or deny_out else None
     with _session(ctx) as client:
-        cli_progress.wait_for_template(client, template)
+        if snapshot is None:
+            cli_progress.wait_for_template(client, template)
         sandbox = client.sandboxes.create(
+            snapshot=snapshot,
             timeout_s=lifetime,
             on_timeout=on_timeout.value if on_timeout is not None else None,
             on_worker_lost=on_worker_lost.value if on_worker_lost is not None else None,

@@ -1,5 +1,5 @@
-"""Records of the control plane (SQLAlchemy 2): sandboxes, workers, secrets, templates, their builds
-and their pools' claim counts.
+"""Records of the control plane (SQLAlchemy 2): sandboxes, workers, secrets, templates, their builds,
+their pools' claim counts and named snapshots.
 
 The records live in SQLite (embedded, the default: `$ATOLL_HOME/atoll.db`) or PostgreSQL
 (`ATOLL_DATABASE_URL=postgresql://…`, through psycopg 3: `engine_url`); the same models, queries
@@ -192,6 +192,29 @@ class SecretRecord(Base):
     allow_http: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class SnapshotRecord(Base):
+    """A named snapshot (controlplane.snapshots): a sandbox's state kept on the worker that made it,
+    from which sandboxes are created. `name` is unique per tenant (several unnamed ones may exist);
+    `memory_mb` is the memory size a create from it must use (0: files only, any size); `source`
+    holds what a create from it takes of its sandbox (template settings, user, shell, workdir, disk)."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (sa.UniqueConstraint("tenant_id", "name", name="uq_snapshots_tenant_name"),)
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(64), index=True)
+    name: Mapped[str | None] = mapped_column(sa.String(128), nullable=True)
+    sandbox_id: Mapped[str] = mapped_column(sa.String(32), index=True)
+    template: Mapped[str] = mapped_column(sa.String(64))
+    build_id: Mapped[str | None] = mapped_column(sa.String(32), nullable=True)
+    worker_id: Mapped[str] = mapped_column(sa.String(64))
+    bytes: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    memory: Mapped[bool] = mapped_column(sa.Boolean)
+    memory_mb: Mapped[int] = mapped_column(sa.Integer)
+    source: Mapped[dict] = mapped_column(sa.JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 
 class WorkerRecord(Base):

@@ -34,6 +34,7 @@ from atoll.controlplane import (
 )
 from atoll.controlplane import db as dbm
 from atoll.controlplane import quotas as quotas_mod
+from atoll.controlplane import snapshots as snapshots_mod
 from atoll.controlplane.authority import Authority
 from atoll.controlplane.ledger import Ledger
 from atoll.controlplane.pools import Pools
@@ -115,6 +116,7 @@ class SandboxManager:
         """Warm pools a create claims from (`default_pool`: the size of the built-in `base`'s)."""
         self.templates.pool_stop, self.templates.pool_resume = self.pools.stop, self.pools.resume
         self.stores = StoreService(database, self.ledger, self.quotas)
+        self.snapshots = snapshots_mod.Snapshots(self)
         """Volumes and drives (controlplane.stores)."""
         self.templates.on_ready = self.pools.wake
         self.idempotency = idempotency.Keys(database)
@@ -289,8 +291,12 @@ class SandboxManager:
             self.keys.tenant(tenant)  # 404 tenant_not_found for an admin naming an unknown one
         if pooled:  # the pool's own: counted against a tenant when claimed
             return await self._create(req, pooled, tenant, None, on_placed)
+        snap = None
+        if getattr(req, "snapshot", None):
+            snap = self.snapshots.resolve(req.snapshot, tenant)
+            req = _from_snapshot(req, snap)
         with self.quotas.admitting(tenant, req.memory_mb) as ticket:
-            return await self._create(req, pooled, tenant, ticket, on_placed)
+            return await self._create(req, pooled, tenant, ticket, on_placed, snap)
 
     async def _create(
         self,
@@ -299,13 +305,20 @@ class SandboxManager:
         tenant: str,
         ticket: quotas_mod.Ticket | None,
         on_placed: typing.Callable[[str], None] | None = None,
+        snap: dbm.SnapshotRecord | None = None,
     ) -> dbm.SandboxRecord:
-        build = self.templates.serving(req.template, tenant)
+        if snap is not None:  # its template's build is the snapshot's, whatever the template serves now
+            self.snapshots.worker_for_create(snap)
+            build = None
+        else:
+            build = self.templates.serving(req.template, tenant)
         want = mounts.parse(
             [m.model_dump() for m in req.volumes] if getattr(req, "volumes", None) else None,
             [m.model_dump() for m in req.drives] if getattr(req, "drives", None) else None,
         )
-        if not pooled and not want:  # a pool member cannot take a mount (runsc restores its layout)
+        if (
+            not pooled and not want and snap is None
+        ):  # a pool member cannot take a mount (runsc restores its layout)
             claimed = await self.pools.claim(req, build, tenant)
             if claimed is not None:
                 return claimed
@@ -321,9 +334,9 @@ class SandboxManager:
         try:  # until the record exists, a failure must not leave its volumes taken
             filer_sizes = self.stores.sizes([m for m in want if m.kind == "drive"], tenant) if want else {}
             handle = self.ledger.place(
-                build.id if build is not None else req.template,
+                None if snap is not None else build.id if build is not None else req.template,
                 req.memory_mb,
-                pin,
+                snap.worker_id if snap is not None else pin,
                 fetchable=self.templates.placeable(build) if build is not None else False,
                 cpus=req.cpus,
                 tenant=tenant,
@@ -337,7 +350,7 @@ class SandboxManager:
                 worker_id=handle.id,
                 state=State.CREATING.value,
                 template=req.template,
-                metadata_=dict(req.metadata),
+                metadata_={**req.metadata, "atoll.snapshot": snap.id} if snap else dict(req.metadata),
                 env=dict(req.env),
                 user=req.user or ((build.info or {}).get("user") if build is not None else None),
                 shell=getattr(req, "shell", None),
@@ -352,8 +365,12 @@ class SandboxManager:
                 created_at=now,
                 updated_at=now,
                 last_activity_at=now,
-                build_id=build.id if build is not None else None,
-                workdir=(build.info or {}).get("workdir") if build is not None else None,
+                build_id=snap.build_id if snap else build.id if build is not None else None,
+                workdir=snap.source.get("workdir")
+                if snap
+                else (build.info or {}).get("workdir")
+                if build is not None
+                else None,
                 pooled=pooled,
                 expires_at=None if pooled else lifetime.deadline(getattr(req, "timeout_s", None), now),
                 on_timeout=getattr(req, "on_timeout", "pause"),
@@ -372,7 +389,8 @@ class SandboxManager:
                 network=network,
                 secrets=self.secrets.bindings(tenant, bound) if self.secrets and bound else (),
                 trust_pem=self.authority.root_pem.decode() if self.authority else "",
-                build_id=build.id if build is not None else "",
+                build_id=(snap.build_id or "") if snap else build.id if build is not None else "",
+                snapshot_id=snap.id if snap else "",
                 mounts=tuple(
                     api.MountSpec(
                         m.kind,
@@ -804,6 +822,7 @@ class SandboxManager:
                 "reconcile: deleting a runtime no live record owns",
                 extra={"sandbox_id": r.sandbox_id, "worker": handle.name, "phase": r.phase.value},
             )
+        await self.snapshots.reconcile(handle, inventory)
         if orphans and handle.worker is not None:
             worker = handle.worker
             results = await asyncio.gather(
@@ -1007,3 +1026,36 @@ def _changed_since(rec: dbm.SandboxRecord, started: float) -> bool:
     if t.tzinfo is None:  # SQLite hands datetimes back naive; they are UTC
         t = t.replace(tzinfo=dt.UTC)
     return t.timestamp() > started
+
+
+def _from_snapshot(req: typing.Any, snap: dbm.SnapshotRecord) -> typing.Any:
+    """A create `req` naming snapshot `snap`, with what it takes from the snapshot: the template,
+    and unless given the user, shell, disk size, CPUs — and the memory size, which a memory snapshot
+    fixes (another one asked is 400)."""
+    given = req.model_fields_set
+    if req.volumes or req.drives:
+        raise errors.InvalidRequest(
+            "a sandbox made from a snapshot mounts no volumes or drives (the snapshot holds its files "
+            "without them); create it without `volumes`/`drives`"
+        )
+    if "template" in given and req.template != snap.template:
+        raise errors.InvalidRequest(
+            f"snapshot {snap.id} is of template {snap.template!r}: a sandbox made from it has that "
+            f"template (asked {req.template!r}); leave `template` out"
+        )
+    src = snap.source or {}
+    update: dict[str, typing.Any] = {"template": snap.template}
+    if snap.memory:
+        if "memory_mb" in given and req.memory_mb != snap.memory_mb:
+            raise errors.InvalidRequest(
+                f"snapshot {snap.id} holds the memory of a {snap.memory_mb} MB sandbox: a sandbox made "
+                f"from it has memory_mb={snap.memory_mb} (asked {req.memory_mb}); leave memory_mb out, or "
+                "take a files-only snapshot (memory: false), which takes any size"
+            )
+        update["memory_mb"] = snap.memory_mb
+    elif "memory_mb" not in given and src.get("memory_mb"):
+        update["memory_mb"] = src["memory_mb"]
+    for field, key in (("cpus", "cpus"), ("disk_mb", "disk_mb"), ("user", "user"), ("shell", "shell")):
+        if field not in given and src.get(key) is not None:
+            update[field] = src[key]
+    return req.model_copy(update=update)

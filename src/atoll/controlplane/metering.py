@@ -15,7 +15,9 @@ its last accrued point:
 - a volume or drive (the stores table): `volume_gb_seconds` / `drive_gb_seconds` of the bytes used
   in it (the report's `stores`: statvfs of the mounted filesystem, from the worker that keeps it;
   for a filer drive from any worker that mounts it);
-- a template build while it builds: `build_seconds`.
+- a template build while it builds: `build_seconds`;
+- a named snapshot (controlplane.snapshots): `snapshot_disk_gb_seconds` of its bytes on its
+  worker's disk (measured once, when it is taken), from its creation until its record is deleted.
 
 Measured bytes: an image is measured once per standby (a report from before the standby began is
 not used); accrual of a standby image or a store waits for the first measurement up to
@@ -136,7 +138,7 @@ class UsageInterval(dbm.Base):
     __tablename__ = "usage_intervals"
 
     subject: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
-    """A sandbox id, `volume:<name>`, `drive:<name>` or `build:<id>`."""
+    """A sandbox id, `volume:<name>`, `drive:<name>`, `build:<id>` or `snapshot:<snapshot id>`."""
     start: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, index=True)
     """The interval's start (Unix seconds, a multiple of INTERVAL_S)."""
     tenant_id: Mapped[str] = mapped_column(sa.String(64), index=True)
@@ -265,6 +267,7 @@ STATE_FIELD = {
     "volume": "volume_gb_seconds",
     "drive": "drive_gb_seconds",
     "build": "build_seconds",
+    "named_snapshot": "snapshot_disk_gb_seconds",
 }
 
 
@@ -555,7 +558,25 @@ class Meter:
                     dbm.BuildRecord.finished_at,
                 ).where(sa.or_(dbm.BuildRecord.finished_at.is_(None), dbm.BuildRecord.finished_at >= horizon))
             ).all()
+            snapshots = conn.execute(
+                sa.select(
+                    dbm.SnapshotRecord.id,
+                    dbm.SnapshotRecord.tenant_id,
+                    dbm.SnapshotRecord.bytes,
+                    dbm.SnapshotRecord.created_at,
+                )
+            ).all()
         live: set[str] = set()
+        for (
+            sid,
+            tenant_id,
+            size,
+            created_at,
+        ) in snapshots:  # named snapshots: kept bytes, as a disk-tier image
+            subject = f"snapshot:{sid}"
+            live.add(subject)
+            c = self._cursor(subject, tenant_id, "named_snapshot", _epoch(created_at), now)
+            self._time(subject, c, "named_snapshot", 0.0, (size or 0) * GIB_PER_BYTE, now)
         for tenant_id, kind, name, size_mb, created_at, worker_id, backend in stores:
             subject = f"{kind}:{tenant_id}/{name}"
             live.add(subject)

@@ -147,6 +147,7 @@ def _owned(request: Request, tid: str) -> list[str]:
             (dbm.TemplateRecord, "template", dbm.TemplateRecord.name),
             (dbm.SecretRecord, "secret", dbm.SecretRecord.name),
             (dbm.StoreRecord, "volume/drive", dbm.StoreRecord.name),
+            (dbm.SnapshotRecord, "snapshot", dbm.SnapshotRecord.id),
         ):
             q = sa.select(col).where(model.tenant_id == tid)
             if model is dbm.SandboxRecord:
@@ -173,7 +174,7 @@ def _owned(request: Request, tid: str) -> list[str]:
 )
 async def delete_tenant(request: Request, tid: TenantId):
     """Delete an empty tenant: one that owns anything (sandboxes, templates, secrets, volumes,
-    drives, unrevoked keys) is refused with the list; `default` cannot be deleted."""
+    drives, snapshots, unrevoked keys) is refused with the list; `default` cannot be deleted."""
     keys = _keys(request)
     rec = keys.tenant(tid)
     if rec.id == "default":

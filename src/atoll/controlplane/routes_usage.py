@@ -42,7 +42,8 @@ class UsageAmounts(BaseModel):
 
 class UsageItem(UsageAmounts):
     subject: str | None = Field(
-        None, description="group_by=sandbox: a sandbox id, volume:<tenant>/<name>, drive:… or build:<id>"
+        None,
+        description="group_by=sandbox: a sandbox id, volume:<tenant>/<name>, drive:…, build:<id> or snapshot:<id>",
     )
     sandbox_id: str | None = Field(
         None, description="group_by=sandbox: the sandbox (null for other subjects)"

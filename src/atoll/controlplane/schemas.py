@@ -237,6 +237,14 @@ class CreateSandbox(BaseModel):
     )
 
     template: str = Field("base", max_length=64, description="Template name (GET /v1/templates)")
+    snapshot: str | None = Field(
+        None,
+        max_length=128,
+        description="A snapshot of yours (its id or name, GET /v1/snapshots) to start from instead of a "
+        "template: its files, and with a memory snapshot its memory and running processes. The sandbox "
+        "takes the snapshot's template, user, workdir, disk size and (for a memory snapshot) memory_mb; "
+        "it is made on the worker that keeps the snapshot; no volumes or drives",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment of every process in the sandbox",
@@ -606,6 +614,51 @@ class Grant(BaseModel):
         "key; null when asked with that token (`Authorization: E2B-Access <token>`)",
     )
     compat: Compat | None = Field(None, description="The sandbox's `compat` (E2B's auto-resume)")
+
+
+class CreateSnapshot(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(
+        None,
+        max_length=128,
+        description="A name unique in your tenant (1-128 letters, digits and `._:/-`); creates may name "
+        "the snapshot by it",
+    )
+    memory: pydantic.StrictBool = Field(
+        True,
+        description="Keep the sandbox's memory and running processes (true, the default: sandboxes made "
+        "from it restore them, at its memory_mb) or its files only (false: they boot cold, at any memory_mb)",
+    )
+    end_streams: pydantic.StrictBool = Field(
+        False,
+        description="As pause's: end the sandbox's process-output follows and watches first (they "
+        'end with `ended: "paused"`; the processes run on) instead of answering 409 sandbox_busy',
+    )
+    replace: pydantic.StrictBool = Field(
+        False,
+        description="When your tenant has a snapshot of this `name` already: delete it once this one is "
+        "kept, and give the name to this one (else 409 snapshot_exists)",
+    )
+
+
+class Snapshot(BaseModel):
+    id: str = Field(description="`snp-` and 16 hex digits")
+    name: str | None
+    names: list[str] = Field(description="[name] when it has one (E2B's shape)")
+    tenant_id: str
+    sandbox_id: str = Field(description="The sandbox it was taken of")
+    template: str
+    memory: bool = Field(description="Whether it holds memory and processes (else files only)")
+    memory_mb: int = Field(description="The memory_mb a sandbox made from it has (0: files only, any)")
+    bytes: int = Field(description="Its size on its worker's disk (memory image + files)")
+    worker: str | None = Field(description="The worker that keeps it (creates from it are placed there)")
+    created_at: str | None
+
+
+class SnapshotList(BaseModel):
+    items: list[Snapshot]
+    next_cursor: str | None
 
 
 def iso(t):

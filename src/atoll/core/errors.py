@@ -71,6 +71,9 @@ CODES: dict[str, Code] = {
     "secret_not_found": Code(404, False, "no secret of that name"),
     "volume_not_found": Code(404, False, "no volume of that name"),
     "drive_not_found": Code(404, False, "no drive of that name"),
+    "snapshot_not_found": Code(
+        404, False, "no snapshot of that id or name (or it belongs to another tenant)"
+    ),
     "method_not_allowed": Code(405, False, "known route, wrong method"),
     "invalid_state": Code(409, False, "the sandbox's state does not allow the call"),
     "sandbox_busy": Code(409, True, "the sandbox is busy (calls in flight, or it could not be frozen)"),
@@ -88,6 +91,10 @@ CODES: dict[str, Code] = {
     "tenant_in_use": Code(409, False, "the tenant still owns resources (the message lists them)"),
     "volume_exists": Code(409, False, "a volume of that name exists"),
     "drive_exists": Code(409, False, "a drive of that name exists"),
+    "snapshot_exists": Code(409, False, "the tenant has a snapshot of that name already"),
+    "snapshot_unavailable": Code(
+        409, False, "the snapshot's worker is gone (snapshots stay on the worker that made them)"
+    ),
     "volume_in_use": Code(
         409, False, "the volume is attached to a sandbox (the error names it); delete that first"
     ),

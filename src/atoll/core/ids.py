@@ -36,6 +36,18 @@ def is_build_id(value: str) -> bool:
     return bool(BUILD_ID_RE.match(value))
 
 
+SNAPSHOT_ID_RE = re.compile(r"^snp-[0-9a-f]{16}$")
+
+
+def new_snapshot_id() -> str:
+    """A fresh named snapshot id: `snp-` + 16 hex digits (64 random bits)."""
+    return "snp-" + secrets.token_hex(8)
+
+
+def is_snapshot_id(value: str) -> bool:
+    return bool(SNAPSHOT_ID_RE.match(value))
+
+
 WORKER_ID_RE = re.compile(r"^wk-[0-9a-hjkmnp-tv-z]{16}$")
 WORKER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 INSTALLATION_RE = re.compile(r"[0-9a-z]{1,64}")

@@ -198,6 +198,30 @@ VERBS: tuple[Verb, ...] = (
         step=True,
         effect=_STATE,
     ),
+    Verb(
+        "snapshot",
+        "POST",
+        "/sandboxes/{sandbox_id}/snapshots",
+        (
+            SID,
+            Arg("snapshot_id", "field"),
+            Arg("memory", "field", bool, default=True, required=False),
+            Arg("end_streams", "field", bool, default=False, required=False),
+        ),
+        api.SnapshotOutcome,
+        wait="step",
+        step=True,
+        effect="the snapshot may have been kept on the worker (the sandbox was checkpointed and restored)",
+    ),
+    Verb(
+        "delete_snapshot",
+        "DELETE",
+        "/snapshots/{snapshot_id}",
+        (Arg("snapshot_id", "path"),),
+        wait="step",
+        step=True,
+        effect="the snapshot may have been removed",
+    ),
     # ---- processes ------------------------------------------------------------------------------
     Verb(
         "start_process",

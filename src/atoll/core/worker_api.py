@@ -30,8 +30,8 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 12
-"""12: a worker registering again sends `proof` (core.wire.registration_proof) that it holds the
+PROTOCOL_VERSION = 13
+"""13: named snapshots (snapshot, delete_snapshot, SandboxSpec.snapshot_id); 12: a worker registering again sends `proof` (core.wire.registration_proof) that it holds the
 token of the registration it replaces; 11: pause(end_streams) ends the sandbox's output follows and watches first (ProcessEnded, a
 watch's `ended` event) and a process killed by a signal says which (ProcessInfo.signal,
 ProcessExit.signal); 10: store entries with owner and times (StoreEntry: list_store_files with `depth`,
@@ -94,6 +94,10 @@ class SandboxSpec:
     """The user template's build it starts from (its snapshot); "" for a built-in template."""
     mounts: tuple[MountSpec, ...] = ()
     """Volumes and drives (on this worker) bind-mounted into it; a sandbox with any boots cold."""
+    snapshot_id: str = ""
+    """A snapshot on this worker (`snapshot`) it starts from, as a fork's copy does: its files,
+    and with a memory snapshot its memory and processes (then `memory_mb` must be the snapshot's).
+    Its template, build, user and workdir are the snapshot's; `env` is added to the snapshot's."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,18 @@ class ForkOutcome:
 
 
 @dataclass(frozen=True)
+class SnapshotOutcome:
+    """A snapshot kept on the worker: its size on disk (memory image + writable layer copy), the
+    memory size a create from it must use (0: files only, any size), what it cost."""
+
+    snapshot_id: str
+    bytes: int
+    memory_mb: int
+    checkpoint_ms: float
+    duration_ms: float
+
+
+@dataclass(frozen=True)
 class RuntimeReport:
     """One runtime a worker holds, as its inventory reports it."""
 
@@ -270,9 +286,20 @@ class RuntimeReport:
 
 
 @dataclass(frozen=True)
+class KeptSnapshot:
+    """A named snapshot a worker keeps (`snapshot`), with when it was kept (Unix seconds)."""
+
+    snapshot_id: str
+    kept_at: float
+
+
+@dataclass(frozen=True)
 class Inventory:
     worker: str
     runtimes: tuple[RuntimeReport, ...]
+    snapshots: tuple[KeptSnapshot, ...] = ()
+    """The named snapshots it keeps: the control plane deletes those no record names (a snapshot
+    call whose answer was lost, a delete while the worker was away)."""
 
 
 @dataclass(frozen=True)
@@ -767,6 +794,21 @@ class WorkerAPI(Protocol):
         """Checkpoint the running sandbox once and restore it as itself and as each of `new_ids`
         (their runtimes take the parent's spec, with their own identity). A sandbox the checkpoint
         gate refuses raises SandboxBusy/Conflict with the reason and is left untouched."""
+        ...
+
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
+    ) -> SnapshotOutcome:
+        """Keep the running sandbox's state as snapshot `snapshot_id` on this worker: checkpointed
+        and restored as a fork's parent is; its image (with `memory`) and a copy of its writable
+        layer are kept under the worker's `snapshots/<id>/`. Refused as fork is: volumes or drives
+        mounted or the checkpoint gate's blockers (Conflict), calls in flight (SandboxBusy) —
+        unless `end_streams`, which ends output follows and watches first, as pause's does (E2B's
+        create_snapshot pauses the sandbox; its processes run on)."""
+        ...
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a kept snapshot (nothing if it is not here)."""
         ...
 
     async def inventory(self) -> Inventory: ...

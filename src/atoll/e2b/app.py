@@ -4,7 +4,8 @@
 - **Control routes** (`X-API-KEY`): `POST /v2/sandboxes` and `/sandboxes`, `…/{id}/connect` (and
   2.31's `/sandboxes/{id}/resume`), `GET /sandboxes/{id}`, `GET /v2/sandboxes` and `/sandboxes`
   (paged, `x-next-token`), `DELETE /sandboxes/{id}`, `POST …/timeout`, `…/pause`, `…/fork`,
-  `PUT …/network`, `GET …/metrics`; snapshots answer 501 / `[]` / 404 (§7.2). Each is translated
+  `PUT …/network`, `GET …/metrics`, named snapshots (`POST …/snapshots`, `GET /snapshots`,
+  `DELETE /templates/{snapshot id}`; a create's `templateID` may name one, §6.5). Each is translated
   with e2b.control and forwarded to atoll's REST API over loopback with `Authorization: Bearer
   <the X-API-KEY value>` (also in its `e2b_<hex>` spelling, §1 finding 11), so the API keeps every
   rule (keys, tenants, quotas, audit, idempotency); its answer is translated back.
@@ -271,6 +272,10 @@ class ControlAPI:
         key = api_key(request)
         body = await _body(request)
         plan = control.create_request(body, internet=self.s.internet)
+        snapshot = await self.snapshot_for(key, body.get("templateID"))
+        if snapshot is not None:  # a create from a named snapshot: its template is the snapshot's
+            del plan.body["template"]
+            plan.body["snapshot"] = snapshot
         headers = {}
         if request.headers.get("idempotency-key"):
             headers["Idempotency-Key"] = request.headers["idempotency-key"]
@@ -402,21 +407,71 @@ class ControlAPI:
         return Response(status_code=204)
 
     async def create_snapshot(self, request: Request) -> Response:
-        api_key(request)
-        _sid(request)
-        raise control.E2BError(
-            501,
-            "named snapshots are not served by atoll yet (docs/e2b-compat.md §7.2); "
-            "pause() keeps a sandbox and fork() copies one",
+        """E2B's create_snapshot: atoll's named snapshot; a name used already is given to the new
+        snapshot (E2B points the name at the new state; atoll's `replace`)."""
+        key = api_key(request)
+        sid = _sid(request)
+        body = await _body(request)
+        name, memory = body.get("name"), body.get("memory", True)
+        if name is not None and not isinstance(name, str):
+            raise control.E2BError(400, f"name must be a string, not {type(name).__name__}")
+        if memory is None:
+            memory = True
+        if not isinstance(memory, bool):
+            raise control.E2BError(400, f"memory must be true or false, not {memory!r}")
+        r = await self.call(
+            key,
+            "POST",
+            f"/v1/sandboxes/{sid}/snapshots",
+            # E2B pauses the sandbox for the snapshot: its process streams end (as for pause)
+            json_body={"name": name or None, "memory": memory, "replace": bool(name), "end_streams": True},
         )
+        return JSONResponse(control.snapshot_info(r.json()), status_code=201)
 
     async def list_snapshots(self, request: Request) -> Response:
-        api_key(request)
-        return JSONResponse([])
+        key = api_key(request)
+        q = request.query_params
+        params = {
+            atoll: q[e2b]
+            for e2b, atoll in (
+                ("sandboxID", "sandbox_id"),
+                ("name", "name"),
+                ("limit", "limit"),
+                ("nextToken", "cursor"),
+            )
+            if q.get(e2b)
+        }
+        r = await self.call(key, "GET", "/v1/snapshots", params=params)
+        page = r.json()
+        headers = {"x-next-token": page["next_cursor"]} if page.get("next_cursor") else None
+        return JSONResponse([control.snapshot_info(s) for s in page.get("items") or []], headers=headers)
 
     async def delete_snapshot(self, request: Request) -> Response:
-        api_key(request)
-        raise control.E2BError(404, f"snapshot {request.path_params['snapshot_id'][:80]!r} was not found")
+        """`DELETE /templates/{id}` deletes a snapshot when the id is one; templates are not
+        deleted through E2B (404)."""
+        key = api_key(request)
+        ref = request.path_params["snapshot_id"]
+        if not ids.is_snapshot_id(ref):
+            raise control.E2BError(
+                404, f"snapshot {ref[:80]!r} was not found (templates are not deleted through E2B)"
+            )
+        r = await self.call(key, "DELETE", f"/v1/snapshots/{ref}", passthrough=(404,))
+        if r.status_code == 404:
+            raise control.E2BError(404, f"snapshot {ref} was not found")
+        return Response(status_code=204)
+
+    async def snapshot_for(self, key: str, ref: object) -> str | None:
+        """The id of the caller's snapshot a create's `templateID` names (by id or name), or None
+        when it names none (then it is a template name). `base`, the default template, and the
+        template aliases are never looked up."""
+        if not isinstance(ref, str) or not ref or ref == "base" or ref in control.TEMPLATE_ALIASES:
+            return None
+        if ids.is_snapshot_id(ref):
+            r = await self.call(key, "GET", f"/v1/snapshots/{ref}", passthrough=(404,))
+            return ref if r.status_code == 200 else None
+        r = await self.call(key, "GET", "/v1/snapshots", params={"name": ref}, passthrough=(400,))
+        items = r.json().get("items") if r.status_code == 200 else None
+        return items[0]["id"] if items else None
 
 
 def create_app(

@@ -308,6 +308,11 @@ def sandbox_detail(sb: dict, *, token: str, domain: str | None = None) -> dict:
 _E2B_STATES = {"running": "running,creating", "paused": "standby"}
 
 
+def snapshot_info(snap: dict) -> dict:
+    """E2B's `SnapshotInfo` of an atoll snapshot."""
+    return {"snapshotID": snap["id"], "names": list(snap.get("names") or [])}
+
+
 def list_query(query: typing.Mapping[str, str]) -> dict[str, str]:
     """atoll's `GET /v1/sandboxes` query for E2B's `GET /v2/sandboxes` (and 2.31's `GET
     /sandboxes`): `metadata` is one parameter holding form-encoded, percent-quoted pairs;

@@ -187,6 +187,27 @@ class RemoteVerbs:
         )
         return wire.load(api.ForkOutcome, data, "fork answer")
 
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
+    ) -> api.SnapshotOutcome:
+        url = f"/sandboxes/{sandbox_id}/snapshots"
+        data = await self._call(
+            "POST",
+            url,
+            json={
+                "snapshot_id": wire.dump(snapshot_id, str),
+                "memory": wire.dump(memory, bool),
+                "end_streams": wire.dump(end_streams, bool),
+            },
+            timeout=STEP_TIMEOUT_S,
+            effect="the snapshot may have been kept on the worker (the sandbox was checkpointed and restored)",
+        )
+        return wire.load(api.SnapshotOutcome, data, "snapshot answer")
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        url = f"/snapshots/{snapshot_id}"
+        await self._call("DELETE", url, timeout=STEP_TIMEOUT_S, effect="the snapshot may have been removed")
+
     async def start_process(self, sandbox_id: str, spec: api.ExecSpec) -> api.ProcessStarted:
         url = f"/sandboxes/{sandbox_id}/processes"
         data = await self._call(

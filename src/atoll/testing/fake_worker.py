@@ -147,6 +147,11 @@ class FakeWorker(fake_files.FakeFileOps):
         self.delay: dict[str, float] = {}
         self.fail: set[str] = set()
         self.gate_blockers: list[str] = []
+        self.snapshots: dict[str, FakeRuntime] = {}
+        self.snapshot_times: dict[str, float] = {}
+        """When each was kept (Unix seconds): the inventory reports it."""
+        """Named snapshots kept here (`snapshot`): a copy of the sandbox as it was, `spec.memory_mb`
+        0 for a files-only one."""
         self.open_connections: dict[str, int] = {}
         self.ports: dict[tuple[str, int], tuple[str, int]] = {}
         """(sandbox, port) -> a loopback address open_port connects to (a test's server)."""
@@ -256,6 +261,8 @@ class FakeWorker(fake_files.FakeFileOps):
             self.emit(api.BuildChanged(held))
 
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
+        if spec.snapshot_id:
+            return await self._create_from_snapshot(spec)
         if spec.build_id:
             await self._ensure_build(spec.build_id)
             b = self.builds.get(spec.build_id)
@@ -496,6 +503,82 @@ class FakeWorker(fake_files.FakeFileOps):
             self.runtimes[nid] = child
         return api.ForkOutcome(tuple(new_ids), 0.0, 0.0)
 
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
+    ) -> api.SnapshotOutcome:
+        self.calls.append(("snapshot", sandbox_id))
+        if end_streams and self.stream_ends.end(sandbox_id):
+            for _ in range(100):  # let them deliver their last event and close
+                await asyncio.sleep(0.01)
+                if not self.stream_ends.count(sandbox_id):
+                    break
+        parent = self._running(sandbox_id)
+        await self._step("snapshot", sandbox_id)
+        if parent.spec.mounts:
+            raise errors.Conflict(
+                f"fake: sandbox {sandbox_id} mounts volumes or drives: it cannot be snapshotted",
+                code="invalid_state",
+            )
+        if self.gate_blockers:
+            raise errors.Conflict(
+                f"sandbox {sandbox_id} cannot be snapshotted now: " + "; ".join(self.gate_blockers),
+                code="checkpoint_refused",
+            )
+        if snapshot_id in self.snapshots:
+            raise errors.Conflict(f"fake: snapshot {snapshot_id} exists", code="snapshot_exists")
+        kept = FakeRuntime(
+            dataclasses.replace(parent.spec, memory_mb=parent.spec.memory_mb if memory else 0),
+            files=dict(parent.files),
+            runtime_key=parent.runtime_key,
+            trust=parent.trust,
+        )
+        self.snapshots[snapshot_id] = kept
+        self.snapshot_times[snapshot_id] = time.time()
+        size = sum(len(v) for v in kept.files.values()) + (parent.spec.memory_mb << 20 if memory else 0)
+        return api.SnapshotOutcome(snapshot_id, size, kept.spec.memory_mb, 0.0, 0.0)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        self.calls.append(("delete_snapshot", snapshot_id))
+        self.snapshots.pop(snapshot_id, None)
+
+    async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
+        kept = self.snapshots.get(spec.snapshot_id)
+        if kept is None:
+            raise errors.NotFound(
+                f"fake: snapshot {spec.snapshot_id} is not on worker {self.name}", code="snapshot_not_found"
+            )
+        if kept.spec.memory_mb and spec.memory_mb != kept.spec.memory_mb:
+            raise errors.InvalidRequest(
+                f"snapshot {spec.snapshot_id} holds the memory of a {kept.spec.memory_mb} MB sandbox "
+                f"(asked {spec.memory_mb})"
+            )
+        if spec.sandbox_id in self.runtimes:
+            raise errors.Conflict(f"sandbox {spec.sandbox_id} already exists", code="invalid_state")
+        own = dataclasses.replace(
+            kept.spec,
+            sandbox_id=spec.sandbox_id,
+            memory_mb=spec.memory_mb,
+            cpus=spec.cpus,
+            env={**kept.spec.env, **spec.env},
+            network=spec.network,
+            secrets=spec.secrets,
+            snapshot_id=spec.snapshot_id,
+        )
+        rt = FakeRuntime(
+            own,
+            files=dict(kept.files),
+            runtime_key=kept.runtime_key if kept.spec.memory_mb else self.runtime_key,
+            trust=kept.trust,
+        )
+        self.runtimes[spec.sandbox_id] = rt
+        try:
+            await self._step("create", spec.sandbox_id)
+        except errors.AtollError as e:
+            rt.phase, rt.failure = Phase.FAILED, e.message
+            raise
+        self._advance(rt, Step.BOOTED)
+        return api.CreateOutcome("snapshot" if kept.spec.memory_mb else "snapshot files, cold boot", 0.0)
+
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
         self.calls.append(("open_port", sandbox_id))
         rt = self._get(sandbox_id)
@@ -525,6 +608,7 @@ class FakeWorker(fake_files.FakeFileOps):
                 api.RuntimeReport(sid, rt.phase, rt.generation, rt.failure, stale_runtime=self._stale(rt))
                 for sid, rt in self.runtimes.items()
             ),
+            tuple(api.KeptSnapshot(i, self.snapshot_times.get(i, 0.0)) for i in self.snapshots),
         )
 
     async def reconcile(self) -> api.ReconcileReport:

@@ -20,6 +20,7 @@ from .. import _base
 from .._models import AuditEntry
 from .sandboxes import AsyncSandboxes
 from .secrets import AsyncSecrets
+from .snapshots import AsyncSnapshots
 from .stores import AsyncDrives, AsyncVolumes
 from .templates import AsyncTemplates
 from .tenants import AsyncKeys, AsyncTenants
@@ -94,6 +95,7 @@ class AsyncClient:
         self.templates = AsyncTemplates(self)
         self.workers = AsyncWorkers(self)
         self.secrets = AsyncSecrets(self)
+        self.snapshots = AsyncSnapshots(self)
         self.volumes = AsyncVolumes(self)
         self.drives = AsyncDrives(self)
         self.tenants = AsyncTenants(self)

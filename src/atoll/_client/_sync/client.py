@@ -22,6 +22,7 @@ from .. import _base
 from .._models import AuditEntry
 from .sandboxes import Sandboxes
 from .secrets import Secrets
+from .snapshots import Snapshots
 from .stores import Drives, Volumes
 from .templates import Templates
 from .tenants import Keys, Tenants
@@ -96,6 +97,7 @@ class Client:
         self.templates = Templates(self)
         self.workers = Workers(self)
         self.secrets = Secrets(self)
+        self.snapshots = Snapshots(self)
         self.volumes = Volumes(self)
         self.drives = Drives(self)
         self.tenants = Tenants(self)

@@ -20,6 +20,7 @@ from .._models import (
     Preview,
     SandboxFields,
     SandboxMetrics,
+    Snapshot,
 )
 from ._parents import ClientLike
 from .files import Files
@@ -57,6 +58,7 @@ class Sandboxes:
         standby: Mapping[str, float] | None = None,
         idempotency_key: str | None = None,
         on_worker_lost: Literal["fail", "restore"] | None = None,
+        snapshot: str | None = None,
     ) -> Sandbox:
         """Create a sandbox and return it once running.
 
@@ -83,10 +85,15 @@ class Sandboxes:
         `on_worker_lost` is what happens to it, running or in the memory/disk tier, once its
         worker has been lost for the server's ATOLL_WORKER_GONE_S: "fail" (the default) or
         "restore" (back on another worker from its last archive; what changed since is lost).
+        `snapshot` (an id or name, `sandbox.snapshot()`) starts it from that snapshot instead of a
+        template: its files, and for a memory snapshot its memory and processes; it takes the
+        snapshot's template (`template` is not sent unless changed from "base"), and a memory
+        snapshot's memory_mb.
         """
         _base.refuse_timeout("sandboxes.create()", timeout)
         body = _base.without_none(
-            template=template,
+            template=None if snapshot is not None and template == "base" else template,
+            snapshot=snapshot,
             env=dict(env) if env is not None else None,
             metadata=dict(metadata) if metadata is not None else None,
             idle_timeout_s=idle_timeout_s,
@@ -217,6 +224,20 @@ class Sandbox(SandboxFields):
             timeout=self._client.create_timeout,
         )
         return [Sandbox(self._client, item) for item in _base.items(response)]
+
+    def snapshot(self, name: str | None = None, *, memory: bool = True, replace: bool = False) -> Snapshot:
+        """Keep this sandbox's state as a named snapshot on its worker (it is checkpointed once and
+        runs on, as for a fork): its files, and unless `memory` is False its memory and running
+        processes. `client.sandboxes.create(snapshot=...)` makes sandboxes from it (by id or name).
+        A `name` in use is `Conflict`, unless `replace`: then the name moves to this snapshot and
+        the one that had it is deleted."""
+        response = self._client._request(
+            "POST",
+            self._path("snapshots"),
+            json=_base.without_none(name=name, memory=memory, replace=replace or None),
+            timeout=self._client.create_timeout,
+        )
+        return Snapshot(_base.json_body(response))
 
     def resume(self) -> Sandbox:
         """Bring the sandbox back from standby with its memory and processes intact."""

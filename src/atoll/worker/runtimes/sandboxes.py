@@ -167,8 +167,8 @@ class Sandboxes:
     async def start(self, rt: Runtime, lower: str, image: str | None, seed_upper: str | None = None) -> str:
         """Boot `rt` (phase creating) from the template layer(s) `lower` (an overlay lowerdir
         stack): restore `image` if given, else boot cold. `seed_upper` is the writable layer the
-        image was saved with (a user template's boot wrote files its processes hold open): the
-        sandbox's own starts as a copy of it; `rt.runtime_key` says what the image was made under
+        image was saved with (a user template's boot wrote files its processes hold open), or the
+        files a cold boot starts with (a files-only snapshot): the sandbox's own starts as a copy of it; `rt.runtime_key` says what the image was made under
         (a cold boot sets it to this worker's). Returns how ("template image" or "cold boot"); on
         failure the runtime is failed and the error raised."""
         if not rt.agent_dir:  # a new sandbox runs this worker's agent (a fork's names its parent's)
@@ -180,7 +180,7 @@ class Sandboxes:
         how = "cold boot"
         try:
             await asyncio.gather(
-                self._prepare_rootfs(rt, lower, seed_upper if image is not None else None),
+                self._prepare_rootfs(rt, lower, seed_upper),
                 netns.create(rt.name),
             )
             await self.edge.attach(rt)

@@ -317,6 +317,8 @@ class Node(StoreVerbs):
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._inflight: dict[str, int] = {}
+        self._snapshot_users: dict[str, int] = {}
+        """Creates copying from each kept snapshot right now (several at once; a delete refuses)."""
         self._stream_ends = stream_ends.StreamEnds()
         """The output follows and watches open per sandbox, which `pause(end_streams=True)` ends."""
         self._bg: set[asyncio.Task] = set()
@@ -432,6 +434,7 @@ class Node(StoreVerbs):
                         extra={"sandbox_id": rt.sandbox_id},
                     )
         self._sweep_agent_dirs()
+        self._sweep_snapshot_debris()
         self.last_reconcile = await self.recovery.reconcile(parents=True)
         self._loops.append(asyncio.ensure_future(self._monitor()))
         self._loops.append(asyncio.ensure_future(self._prepare_templates()))
@@ -442,8 +445,14 @@ class Node(StoreVerbs):
 
     def _sweep_agent_dirs(self) -> None:
         """Remove the agent files of versions no recorded runtime runs any more (after the
-        reattach: the records left are the sandboxes this worker keeps)."""
+        reattach: the records left are the sandboxes this worker keeps) and no kept memory
+        snapshot names (a sandbox made from it runs its parent's agent)."""
         used = {self.sandboxes.agent_dir_of(rt) for rt in self.runtimes.all()}
+        used |= {
+            k.settings["agent_dir"]
+            for k in self._kept_snapshots()
+            if k.memory and k.settings.get("agent_dir")
+        }
         for name in os.listdir(self.agent_root):
             path = os.path.join(self.agent_root, name)
             if name.startswith(AGENT_VERSION_PREFIX) and path != self.agent_dir and path not in used:
@@ -548,7 +557,7 @@ class Node(StoreVerbs):
         its stack so far is in no record yet)."""
         if self.builder.building():
             return []
-        referenced = self.builder.layer_paths()
+        referenced = self.builder.layer_paths() | self.snapshot_lowers()
         for rt in self.runtimes.all():
             referenced.update(p for p in rt.lower.split(":") if p)
         removed = await layer_gc.collect(
@@ -720,6 +729,8 @@ class Node(StoreVerbs):
     async def create(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         sid = spec.sandbox_id
         _check_spec(spec)
+        if spec.snapshot_id:
+            return await self._create_from_snapshot(spec)
         if spec.build_id:
             build = await self.builder.ensure(spec.build_id)  # fetched from the store if not here
         else:
@@ -862,6 +873,168 @@ class Node(StoreVerbs):
                     if self.runtimes.find(nid) is not None and ids.is_sandbox_id(nid):
                         self._spawn(self._delete_runtime(nid))
                 raise
+
+    # ---- the seam: named snapshots (worker.runtimes.forks) -------------------------------------
+    def _snapshot_dir(self, snapshot_id: str) -> str:
+        if not ids.is_snapshot_id(snapshot_id):
+            raise errors.InvalidRequest(f"malformed snapshot id {snapshot_id!r} (snp- and 16 hex digits)")
+        return os.path.join(self.s.home, "snapshots", snapshot_id)
+
+    def _kept(self, snapshot_id: str) -> forks.Kept:
+        kept = forks.Kept.load(self._snapshot_dir(snapshot_id))
+        if kept is None:
+            raise errors.NotFound(
+                f"snapshot {snapshot_id} is not on worker {self.s.name}", code="snapshot_not_found"
+            )
+        return kept
+
+    def _kept_snapshots(self) -> list[forks.Kept]:
+        root = os.path.join(self.s.home, "snapshots")
+        kept = (
+            forks.Kept.load(os.path.join(root, n)) for n in (os.listdir(root) if os.path.isdir(root) else ())
+        )
+        return [k for k in kept if k is not None]
+
+    def snapshot_lowers(self) -> set[str]:
+        """The layers the kept snapshots stack (the layer cache's garbage collection keeps them)."""
+        return {p for k in self._kept_snapshots() for p in k.settings.get("lower", "").split(":") if p}
+
+    def _sweep_snapshot_debris(self) -> None:
+        """At start: what a worker stopped mid-way left under `snapshots/` — a snapshot whose
+        `kept.json` was never written (its `snapshot` call did not answer) and a create's image
+        links (`copy-<id>`)."""
+        root = os.path.join(self.s.home, "snapshots")
+        for name in os.listdir(root) if os.path.isdir(root) else ():
+            path = os.path.join(root, name)
+            if forks.Kept.load(path) is None:
+                shutil.rmtree(path, ignore_errors=True)
+                log.info("removed an unfinished snapshot: %s", path)
+                continue
+            for sub in os.listdir(path):
+                if sub.startswith("copy-"):
+                    shutil.rmtree(os.path.join(path, sub), ignore_errors=True)
+
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
+    ) -> api.SnapshotOutcome:
+        dest = self._snapshot_dir(snapshot_id)
+        async with self._lock(sandbox_id):
+            parent = self.runtimes.get(sandbox_id)
+            if parent.phase == Phase.FAILED:
+                raise errors.SandboxDied(parent.failure or f"sandbox {sandbox_id} has failed")
+            if end_streams and self._inflight.get(sandbox_id):
+                await self._end_streams(sandbox_id)  # no new call starts meanwhile: it waits for this lock
+            if parent.mounts:
+                raise errors.Conflict(
+                    f"sandbox {sandbox_id} mounts volumes or drives ("
+                    + ", ".join(f"{m['kind']} {m['name']}" for m in parent.mounts)
+                    + "): it cannot be snapshotted (their contents are not part of the sandbox); "
+                    "snapshot a sandbox without them",
+                    code="invalid_state",
+                )
+            if self._inflight.get(sandbox_id):
+                raise errors.SandboxBusy(
+                    f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress; snapshot "
+                    "it when they have finished"
+                )
+            if os.path.exists(dest):
+                raise errors.Conflict(f"snapshot {snapshot_id} exists on this worker", code="snapshot_exists")
+            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+            lower = parent.lower or await self.templates.ensure(parent.template)
+            return await forks.snapshot(
+                parent,
+                snapshot_id,
+                dest,
+                memory=memory,
+                runtimes=self.runtimes,
+                sandboxes=self.sandboxes,
+                tiers=self.tiers,
+                guest=self.guest,
+                lower=lower,
+            )
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        dest = self._snapshot_dir(snapshot_id)
+        async with self._lock(snapshot_id):  # no create starts copying from it meanwhile
+            if self._snapshot_users.get(snapshot_id):
+                raise errors.Conflict(
+                    f"snapshot {snapshot_id} is being copied into {self._snapshot_users[snapshot_id]} new "
+                    "sandbox(es) right now; delete it when they have started",
+                    code="invalid_state",
+                )
+            if os.path.isdir(dest):
+                # made unreadable first, so that a half-removed snapshot is never taken for one
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(dest, forks.KEPT_META))
+                await asyncio.to_thread(shutil.rmtree, dest, True)
+
+    async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
+        """A create from a named snapshot: a copy of it, as a fork's (worker.runtimes.forks).
+        Several creates copy from one snapshot at once."""
+        if spec.mounts:
+            raise errors.InvalidRequest(
+                "a sandbox made from a snapshot mounts no volumes or drives (the snapshot was saved without them)"
+            )
+        t0 = time.perf_counter()
+        async with self._lock(spec.snapshot_id):  # a delete waits for this, and refuses while it is used
+            kept = self._kept(spec.snapshot_id)
+            self._snapshot_users[spec.snapshot_id] = self._snapshot_users.get(spec.snapshot_id, 0) + 1
+        try:
+            return await self._copy_snapshot(spec, kept, t0)
+        finally:
+            left = self._snapshot_users.pop(spec.snapshot_id, 1) - 1
+            if left:
+                self._snapshot_users[spec.snapshot_id] = left
+
+    async def _copy_snapshot(self, spec: api.SandboxSpec, kept: forks.Kept, t0: float) -> api.CreateOutcome:
+        """A create from the kept snapshot `kept` (its users counted: `_create_from_snapshot`)."""
+        sid = spec.sandbox_id
+        st = kept.settings
+        if kept.memory and spec.memory_mb != st["memory_mb"]:
+            raise errors.InvalidRequest(
+                f"snapshot {spec.snapshot_id} holds the memory of a {st['memory_mb']} MB sandbox: a "
+                f"sandbox made from it has memory_mb={st['memory_mb']} (asked {spec.memory_mb}); a "
+                "files-only snapshot (memory: false) takes any size"
+            )
+        build = None
+        if kept.memory:
+            missing = [p for p in st["lower"].split(":") if p and not os.path.isdir(p)]
+            if missing or (st["agent_dir"] and not os.path.isdir(st["agent_dir"])):
+                raise errors.Conflict(
+                    f"snapshot {spec.snapshot_id} cannot be restored on this worker any more: the "
+                    "template layers or guest agent it was made with are gone",
+                    code="snapshot_unavailable",
+                )
+        else:
+            if st["build_id"]:
+                build = await self.builder.ensure(st["build_id"])
+            else:
+                build = await self.builder.builtin(st["template"], self.s.default_memory_mb)
+        async with self._lock(sid):
+            if self.runtimes.find(sid) is not None:
+                raise errors.Conflict(f"sandbox {sid} already exists on this worker", code="invalid_state")
+            overrides: dict[str, typing.Any] = {
+                "memory_mb": spec.memory_mb,
+                "cpus": spec.cpus,
+                "env": {**st["env"], **spec.env},
+                "disk_mb": max(spec.disk_mb, st["disk_mb"]),
+                "network": netpolicy.from_wire(spec.network).to_wire(),
+            }
+            if build is not None and not all(os.path.isdir(p) for p in st["lower"].split(":") if p):
+                overrides["lower"] = build.lower  # its template's layer was rebuilt since
+            rt = forks.new_copy(self.runtimes, sid, kept, **overrides)
+            self.edge.set_secrets(sid, spec.secrets)
+            try:
+                how = await forks.boot_copy(rt, kept, sandboxes=self.sandboxes)
+                if how == "cold boot" and build is not None:
+                    await self.builder.prepare_boot(sid, build)
+                    if build.start:
+                        await self.builder.start_command(sid, build)
+            except BaseException:
+                self.edge.set_secrets(sid, ())
+                raise
+        how = "snapshot" if how == "template image" else "snapshot files, cold boot"
+        return api.CreateOutcome(how, round((time.perf_counter() - t0) * 1000, 1))
 
     async def pause(
         self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False, end_streams: bool = False
@@ -1047,7 +1220,15 @@ class Node(StoreVerbs):
                     stale_runtime=self._outdated(rt, made_now) is not None,
                 )
             )
-        return api.Inventory(self.s.name, tuple(reports))
+        kept = []
+        for k in self._kept_snapshots():
+            with contextlib.suppress(OSError):  # deleted meanwhile
+                kept.append(
+                    api.KeptSnapshot(
+                        os.path.basename(k.dir), os.stat(os.path.join(k.dir, forks.KEPT_META)).st_mtime
+                    )
+                )
+        return api.Inventory(self.s.name, tuple(reports), tuple(kept))
 
     async def reconcile(self) -> api.ReconcileReport:
         """One reconciliation pass now (the monitor loop runs one every `reconcile_s`)."""

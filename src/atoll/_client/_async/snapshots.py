@@ -1,0 +1,33 @@
+"""`client.snapshots`: named snapshots of sandboxes (`sandbox.snapshot()` takes one), listed,
+read and deleted; `client.sandboxes.create(snapshot=...)` makes sandboxes from one.
+
+Part of the hand-written async SDK; `scripts/unasync_sdk.py` generates its sync twin in `_sync/`.
+"""
+
+from __future__ import annotations
+
+from .. import _base
+from .._models import (
+    Snapshot,
+)
+from ._parents import ClientLike
+
+
+class AsyncSnapshots:
+    """`client.snapshots`: named snapshots of sandboxes, kept on the worker that made them."""
+
+    def __init__(self, client: ClientLike) -> None:
+        self._client = client
+
+    async def list(self, sandbox_id: str | None = None, name: str | None = None) -> list[Snapshot]:
+        """Your snapshots, oldest first; only those of `sandbox_id`, or the one named `name`."""
+        params = _base.without_none(sandbox_id=sandbox_id, name=name)
+        return [Snapshot(item) for item in await self._client._items("/v1/snapshots", params)]
+
+    async def get(self, snapshot_id: str) -> Snapshot:
+        response = await self._client._request("GET", _base.snapshot_path(snapshot_id))
+        return Snapshot(_base.json_body(response))
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Remove it (sandboxes made from it live on); NotFound if there is none of that id."""
+        await self._client._request("DELETE", _base.snapshot_path(snapshot_id))

@@ -1,0 +1,306 @@
+"""Named snapshots (issue 22): a running sandbox's state kept on its worker, from which sandboxes
+are created any number of times — the half of a fork that is kept instead of run
+(worker.runtimes.forks).
+
+`take` snapshots a sandbox (resumed first if it is in standby): its worker checkpoints and
+restores it as a fork does (refused the same way: volumes or drives mounted, the checkpoint gate's
+blockers → 409 checkpoint_refused, calls in flight → 409 sandbox_busy) and keeps the image (with
+`memory`) and a copy of its writable layer; the record is written once the worker answers. Names
+are unique per tenant (the database's unique index); several unnamed snapshots may exist.
+`resolve` finds a tenant's snapshot by id or name for a create (controlplane.lifecycle), which is
+placed on the worker that keeps it: there is no upload to the object store yet, so a snapshot
+whose worker is gone answers 409 snapshot_unavailable (its record can still be deleted).
+Another tenant's snapshot is as absent as one that never was (404 snapshot_not_found).
+Called by controlplane.routes_snapshots, controlplane.lifecycle and the E2B edge's routes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+import typing
+
+import sqlalchemy as sa
+
+from atoll.controlplane import auth, forking, schemas
+from atoll.controlplane import db as dbm
+from atoll.core import errors, ids
+from atoll.core import worker_api as api
+from atoll.core.lifecycle import State
+
+if typing.TYPE_CHECKING:
+    from atoll.controlplane.lifecycle import SandboxManager
+    from atoll.controlplane.paging import Page
+
+log = logging.getLogger(__name__)
+
+ORPHAN_GRACE_S = 600.0
+"""A snapshot a worker keeps without a record is deleted by reconciliation once this old."""
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+"""A snapshot's name: 1-128 letters, digits and `._:/-`, not starting with punctuation."""
+
+
+def check_name(name: object) -> str | None:
+    if name is None:
+        return None
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ids.is_snapshot_id(name):
+        raise errors.InvalidRequest(
+            f"snapshot name {errors.shown(str(name))} is not 1-128 letters, digits and '._:/-' starting "
+            "with a letter or digit (and not shaped like a snapshot id)"
+        )
+    return name
+
+
+def view(rec: dbm.SnapshotRecord, worker_name: str | None = None) -> dict:
+    return {
+        "id": rec.id,
+        "name": rec.name,
+        "names": [rec.name] if rec.name else [],
+        "tenant_id": rec.tenant_id,
+        "sandbox_id": rec.sandbox_id,
+        "template": rec.template,
+        "memory": rec.memory,
+        "memory_mb": rec.memory_mb,
+        "bytes": rec.bytes,
+        "worker": worker_name,
+        "created_at": schemas.iso(rec.created_at),
+    }
+
+
+class Snapshots:
+    """The snapshot records of every tenant, and the steps that make and remove them."""
+
+    def __init__(self, manager: SandboxManager):
+        self.m = manager
+        self.db = manager.db
+
+    # ---- reading --------------------------------------------------------------------------------
+    def _not_found(self, ref: str) -> errors.AtollError:
+        return errors.NotFound(
+            f"snapshot {errors.shown(ref)} does not exist (or was deleted); list yours with GET /v1/snapshots",
+            code="snapshot_not_found",
+        )
+
+    def get(self, snapshot_id: str) -> dbm.SnapshotRecord:
+        """A snapshot the caller may see, by id (another tenant's: 404)."""
+        if not ids.is_snapshot_id(snapshot_id):
+            raise errors.InvalidRequest(
+                f"malformed snapshot id {errors.shown(snapshot_id)}: ids look like 'snp-' followed by 16 hex digits"
+            )
+        with self.db.session() as s:
+            rec = s.get(dbm.SnapshotRecord, snapshot_id)
+        if rec is None or not auth.visible(rec.tenant_id):
+            raise self._not_found(snapshot_id)
+        return rec
+
+    def resolve(self, ref: str, tenant: str) -> dbm.SnapshotRecord:
+        """The tenant's snapshot named `ref` by id or by name (a create's `snapshot`)."""
+        with self.db.session() as s:
+            if ids.is_snapshot_id(ref):
+                rec = s.get(dbm.SnapshotRecord, ref)
+            else:
+                rec = s.scalars(
+                    sa.select(dbm.SnapshotRecord).where(
+                        dbm.SnapshotRecord.tenant_id == tenant, dbm.SnapshotRecord.name == ref
+                    )
+                ).first()
+        if rec is None or rec.tenant_id != tenant:
+            raise self._not_found(ref)
+        return rec
+
+    def find(self, ref: str, tenant: str) -> dbm.SnapshotRecord | None:
+        """`resolve`, or None (the E2B edge looks a create's templateID up as a snapshot first)."""
+        try:
+            return self.resolve(ref, tenant)
+        except errors.NotFound:
+            return None
+
+    def page(
+        self, p: Page, tenant: str | None, sandbox_id: str | None, name: str | None
+    ) -> tuple[list[dbm.SnapshotRecord], str | None]:
+        from atoll.controlplane import paging  # it reads the app's context, which imports the manager
+
+        R = dbm.SnapshotRecord
+        stmt = sa.select(R)
+        if tenant is not None:
+            stmt = stmt.where(R.tenant_id == tenant)
+        if sandbox_id:
+            stmt = stmt.where(R.sandbox_id == sandbox_id)
+        if name:
+            stmt = stmt.where(R.name == name)
+        with self.db.session() as s:
+            return paging.of_query(p, s, stmt, (R.created_at, R.id), lambda r: (r.created_at, r.id))
+
+    def worker_name(self, rec: dbm.SnapshotRecord) -> str | None:
+        h = self.m.workers.handles.get(rec.worker_id)
+        return h.name if h else None
+
+    # ---- taking and removing ----------------------------------------------------------------------
+    async def take(
+        self, sid: str, name: str | None, memory: bool, replace: bool = False, end_streams: bool = False
+    ) -> dbm.SnapshotRecord:
+        """Snapshot sandbox `sid`. A `name` the tenant used already is 409 snapshot_exists, unless
+        `replace`: then that snapshot is deleted once the new one is kept (E2B's create_snapshot
+        with a used name points the name at the new state)."""
+        m = self.m.ledger
+        rec = m.get(sid)
+        name = check_name(name)
+        if name is not None and not replace and self.find(name, rec.tenant_id) is not None:
+            raise errors.Conflict(
+                f"the tenant has a snapshot named {name!r} already; delete it or choose another name",
+                code="snapshot_exists",
+            )
+        if rec.state == State.FAILED:
+            raise errors.Conflict(
+                f"sandbox {sid} has failed ({rec.failure_reason}); it cannot be snapshotted",
+                code="invalid_state",
+            )
+        if rec.state != State.RUNNING:
+            rec = await self.m.resume(sid)
+        snapshot_id = ids.new_snapshot_id()
+        async with m.lock(sid), m.step("snapshot", sid) as fields:
+            rec = m.get(sid)
+            if rec.state != State.RUNNING:
+                raise errors.Conflict(
+                    f"sandbox {sid} is {rec.state}; snapshot it while it runs", code="invalid_state"
+                )
+            if m.inflight.get(sid):
+                raise errors.SandboxBusy(
+                    f"sandbox {sid} has {m.inflight[sid]} exec/file call(s) in progress; snapshot it when they finish"
+                )
+            worker = m.worker(rec)
+            try:
+                outcome = await worker.snapshot(sid, snapshot_id, memory, end_streams)
+            except errors.AtollError as e:
+                if isinstance(
+                    e,
+                    errors.RuntimeFailure
+                    | errors.SandboxDied
+                    | errors.InsufficientStorage
+                    | errors.ResumeFailed,
+                ):
+                    await forking._parent_after_failure(m, rec, worker, e)
+                raise
+            fields["worker_ms"] = outcome.duration_ms
+            fields["checkpoint_ms"] = outcome.checkpoint_ms
+            m.activity[sid] = time.monotonic()  # as a fork: the idle clock starts again
+            snap = dbm.SnapshotRecord(
+                id=snapshot_id,
+                tenant_id=rec.tenant_id,
+                name=name,
+                sandbox_id=sid,
+                template=rec.template,
+                build_id=rec.build_id,
+                worker_id=rec.worker_id,
+                bytes=outcome.bytes,
+                memory=memory,
+                memory_mb=outcome.memory_mb,
+                source={
+                    "user": rec.user,
+                    "shell": rec.shell,
+                    "workdir": rec.workdir,
+                    "disk_mb": rec.disk_mb,
+                    "memory_mb": rec.memory_mb,
+                    "cpus": rec.cpus,
+                },
+                created_at=dbm.utcnow(),
+            )
+            old = None
+            try:
+                with self.db.session.begin() as s:
+                    if replace and name is not None:
+                        old = s.scalars(
+                            sa.select(dbm.SnapshotRecord).where(
+                                dbm.SnapshotRecord.tenant_id == rec.tenant_id, dbm.SnapshotRecord.name == name
+                            )
+                        ).first()
+                        if old is not None:
+                            s.delete(old)
+                            s.flush()
+                    s.add(snap)
+            except sa.exc.IntegrityError:
+                with contextlib.suppress(errors.AtollError):  # a name taken meanwhile: nothing is kept
+                    await worker.delete_snapshot(snapshot_id)
+                raise errors.Conflict(
+                    f"the tenant has a snapshot named {name!r} already; delete it or choose another name",
+                    code="snapshot_exists",
+                ) from None
+            except BaseException:
+                with contextlib.suppress(errors.AtollError):
+                    await worker.delete_snapshot(snapshot_id)
+                raise
+        if old is not None:
+            await self._remove_files(old)
+        return snap
+
+    async def _remove_files(self, rec: dbm.SnapshotRecord) -> None:
+        """Remove a replaced snapshot's files from its worker (best effort: one that cannot be
+        reached now keeps them; its record is gone)."""
+        h = self.m.workers.handles.get(rec.worker_id)
+        if h is not None and h.worker is not None:
+            try:
+                await self.m.workers.api_for(rec.worker_id).delete_snapshot(rec.id)
+            except errors.AtollError as e:
+                log.warning("replaced snapshot %s stays on worker %s: %s", rec.id, h.name, e.message)
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Remove it from its worker, then its record. A worker that is gone (no longer known) keeps
+        nothing to remove; one that is known but unreachable now refuses the delete (503)."""
+        rec = self.get(snapshot_id)
+        h = self.m.workers.handles.get(rec.worker_id)
+        if h is not None and h.worker is not None:
+            await self.m.workers.api_for(rec.worker_id).delete_snapshot(snapshot_id)
+        elif h is not None and h.state != "lost":
+            raise errors.Unavailable(
+                f"the worker {h.name!r} that keeps snapshot {snapshot_id} cannot be reached now; try again"
+            )
+        with self.db.session.begin() as s:
+            s.execute(sa.delete(dbm.SnapshotRecord).where(dbm.SnapshotRecord.id == snapshot_id))
+
+    async def reconcile(self, handle: typing.Any, inventory: api.Inventory) -> None:
+        """Delete the snapshots `handle`'s worker keeps that no record names and that are older than
+        ORPHAN_GRACE_S (younger ones may be a `take` whose record is about to be written, here or
+        on another server): a snapshot call whose answer was lost, or a delete while the worker was
+        unreachable."""
+        if not inventory.snapshots or handle.worker is None:
+            return
+        with self.db.session() as s:
+            known = set(
+                s.scalars(
+                    sa.select(dbm.SnapshotRecord.id).where(
+                        dbm.SnapshotRecord.id.in_([k.snapshot_id for k in inventory.snapshots])
+                    )
+                )
+            )
+        now = time.time()
+        for k in inventory.snapshots:
+            if k.snapshot_id in known or now - k.kept_at < ORPHAN_GRACE_S:
+                continue
+            log.info(
+                "reconcile: deleting a snapshot no record names",
+                extra={"snapshot_id": k.snapshot_id, "worker": handle.name},
+            )
+            try:
+                await handle.worker.delete_snapshot(k.snapshot_id)
+            except errors.AtollError as e:
+                log.warning("reconcile: deleting snapshot %s failed: %s", k.snapshot_id, e.message)
+
+    def worker_for_create(self, snap: dbm.SnapshotRecord) -> None:
+        """Refuse a create from `snap` early when its worker is gone or lost: 409
+        snapshot_unavailable (one joining is left to placement's retryable 503)."""
+        h = self.m.workers.handles.get(snap.worker_id)
+        if h is None or h.state in ("lost", "draining"):
+            why = "is gone" if h is None else f"{h.name!r} is {h.state}"
+            raise errors.Conflict(
+                f"snapshot {snap.id} is kept on a worker that {why}: snapshots stay on the worker that "
+                "made them (no object-store copy yet), so sandboxes are created from it only there"
+                + (
+                    "; a lost worker that comes back serves it again"
+                    if h is not None and h.state == "lost"
+                    else ""
+                ),
+                code="snapshot_unavailable",
+            )

@@ -1,0 +1,81 @@
+"""Unit tests of `atoll snapshot ...` and `atoll sandbox create --snapshot` (atoll.cli.snapshots)
+with typer's CliRunner over an `httpx.MockTransport`: what each command sends and prints."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import atoll
+from atoll.cli import main as cli
+
+from .test_cli import Routes, run
+
+SID = "sb-aaaaaaaaaaaaaaaa"
+SNAP = {
+    "id": "snp-0123456789abcdef",
+    "name": "base-1",
+    "names": ["base-1"],
+    "tenant_id": "default",
+    "sandbox_id": SID,
+    "template": "base",
+    "memory": True,
+    "memory_mb": 512,
+    "bytes": 3 * 2**20,
+    "worker": "local",
+    "created_at": "2026-12-07T03:00:00+00:00",
+}
+
+
+@pytest.fixture
+def routes(monkeypatch) -> Routes:
+    monkeypatch.delenv("ATOLL_URL", raising=False)
+    monkeypatch.delenv("ATOLL_API_KEY", raising=False)
+    r = Routes()
+    monkeypatch.setattr(
+        cli,
+        "make_client",
+        lambda url, key, ca_file=None: atoll.Client(
+            "http://atoll.test", key, transport=httpx.MockTransport(r)
+        ),
+    )
+    return r
+
+
+def test_snapshot_create_sends_name_kind_and_replace_and_prints_the_id(routes):
+    routes.on("POST", f"/v1/sandboxes/{SID}/snapshots", httpx.Response(201, json=SNAP))
+    result = run("snapshot", "create", SID, "--name", "base-1")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == SNAP["id"]
+    assert json.loads(routes.last.content) == {"name": "base-1", "memory": True}
+    assert run("snapshot", "create", SID, "--files-only", "--replace", "--name", "x").exit_code == 0
+    assert json.loads(routes.last.content) == {"name": "x", "memory": False, "replace": True}
+
+
+def test_snapshot_list_get_rm_and_a_create_from_one(routes):
+    routes.on("GET", "/v1/snapshots", httpx.Response(200, json={"items": [SNAP], "next_cursor": None}))
+    result = run("snapshot", "list", "--sandbox", SID)
+    assert result.exit_code == 0, result.output
+    assert SNAP["id"] in result.stdout and "base-1" in result.stdout and "memory" in result.stdout
+    assert routes.last.url.params["sandbox_id"] == SID
+    routes.on("GET", f"/v1/snapshots/{SNAP['id']}", httpx.Response(200, json=SNAP))
+    assert json.loads(run("snapshot", "get", SNAP["id"]).stdout)["id"] == SNAP["id"]
+    routes.on("DELETE", f"/v1/snapshots/{SNAP['id']}", httpx.Response(204))
+    assert run("snapshot", "rm", SNAP["id"]).exit_code == 0
+    routes.on(
+        "POST", "/v1/sandboxes", httpx.Response(201, json={"id": "sb-bbbbbbbbbbbbbbbb", "state": "running"})
+    )
+    result = run("sandbox", "create", "--snapshot", "base-1")
+    assert result.exit_code == 0, result.output
+    assert json.loads(routes.last.content) == {"snapshot": "base-1"}
+    routes.on(
+        "DELETE",
+        f"/v1/snapshots/{SNAP['id']}",
+        httpx.Response(
+            404, json={"error": {"code": "snapshot_not_found", "message": "gone", "request_id": "r"}}
+        ),
+    )
+    result = run("snapshot", "rm", SNAP["id"])
+    assert result.exit_code == 1 and "snapshot_not_found" in result.output
