@@ -21,6 +21,7 @@ import pytest
 
 from atoll.testing import LocalAtoll, LocalServer, free_port
 from tests import e2b_venv
+from tests.conftest import TEMPLATE_CACHE
 
 DRIVER = Path(__file__).with_name("e2b_sdk_driver.py")
 RELEASES = pytest.mark.parametrize("release", ["2.63", "2.31"])
@@ -273,7 +274,8 @@ def test_the_edge_child_is_started_again_when_it_dies(atoll_up):
 def test_the_harness_picks_its_ports_again_when_one_was_taken(tmp_path):
     """LocalAtoll chooses free ports apart from their use; one taken in between (by any process on
     the machine) made a whole module's installation fail to start. It now picks again."""
-    la = LocalAtoll(home=tmp_path / "home")
+    # the shared layer cache: without it this installation built `base` with mmdebstrap (~35-55 s)
+    la = LocalAtoll(home=tmp_path / "home", env={"ATOLL_TEMPLATE_DIR": TEMPLATE_CACHE})
     taken = socket.socket()
     taken.bind(("127.0.0.1", la.e2b_port))
     taken.listen(1)
