@@ -86,7 +86,7 @@ async def test_snapshot_records_list_get_create_from_and_delete(fake):
 
 async def test_bad_input_duplicates_unknowns_and_memory_sizes(fake):
     c = fake.http
-    sid = await create(c, memory_mb=256)
+    sid = await create(c, memory_mb=256, disk_mb=2048)
     r = await c.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "one"})
     assert r.status_code == 201, r.text
     snap = r.json()["id"]
@@ -117,6 +117,11 @@ async def test_bad_input_duplicates_unknowns_and_memory_sizes(fake):
         assert _code(await c.post("/v1/sandboxes", json={"snapshot": ref}), 404) == "snapshot_not_found"
     r = await c.post("/v1/sandboxes", json={"snapshot": snap, "memory_mb": 512})
     assert _code(r, 400) == "invalid_request" and "256" in r.json()["error"]["message"]
+    # its files are on a 2048 MB disk: a smaller one is refused (the worker would give 2048 anyway)
+    r = await c.post("/v1/sandboxes", json={"snapshot": snap, "disk_mb": 1024})
+    assert _code(r, 400) == "invalid_request" and "2048" in r.json()["error"]["message"]
+    r = await c.post("/v1/sandboxes", json={"snapshot": ""})
+    assert _code(r, 400) == "invalid_request" and "snapshot" in r.json()["error"]["message"]
     r = await c.post("/v1/sandboxes", json={"snapshot": snap, "template": "python"})
     assert _code(r, 400) == "invalid_request"
     r = await c.post("/v1/sandboxes", json={"snapshot": snap, "volumes": [{"name": "v", "path": "/data"}]})

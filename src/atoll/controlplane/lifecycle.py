@@ -1031,7 +1031,8 @@ def _changed_since(rec: dbm.SandboxRecord, started: float) -> bool:
 def _from_snapshot(req: typing.Any, snap: dbm.SnapshotRecord) -> typing.Any:
     """A create `req` naming snapshot `snap`, with what it takes from the snapshot: the template,
     and unless given the user, shell, disk size, CPUs — and the memory size, which a memory snapshot
-    fixes (another one asked is 400)."""
+    fixes (another one asked is 400); a smaller disk than the snapshot's is 400 too (its files are
+    on it)."""
     given = req.model_fields_set
     if req.volumes or req.drives:
         raise errors.InvalidRequest(
@@ -1055,6 +1056,11 @@ def _from_snapshot(req: typing.Any, snap: dbm.SnapshotRecord) -> typing.Any:
         update["memory_mb"] = snap.memory_mb
     elif "memory_mb" not in given and src.get("memory_mb"):
         update["memory_mb"] = src["memory_mb"]
+    if "disk_mb" in given and req.disk_mb is not None and req.disk_mb < (src.get("disk_mb") or 0):
+        raise errors.InvalidRequest(
+            f"snapshot {snap.id} holds a {src['disk_mb']} MB disk: a sandbox made from it has at least "
+            f"that (asked disk_mb={req.disk_mb}); leave disk_mb out, or ask {src['disk_mb']} or more"
+        )
     for field, key in (("cpus", "cpus"), ("disk_mb", "disk_mb"), ("user", "user"), ("shell", "shell")):
         if field not in given and src.get(key) is not None:
             update[field] = src[key]

@@ -239,6 +239,7 @@ class CreateSandbox(BaseModel):
     template: str = Field("base", max_length=64, description="Template name (GET /v1/templates)")
     snapshot: str | None = Field(
         None,
+        min_length=1,
         max_length=128,
         description="A snapshot of yours (its id or name, GET /v1/snapshots) to start from instead of a "
         "template: its files, and with a memory snapshot its memory and running processes. The sandbox "
