@@ -229,6 +229,10 @@ async def test_envd_calls_to_a_paused_sandbox_resume_it_only_with_auto_resume(e2
     else:  # envd's answer for a paused sandbox: the SDKs read "was not found" as not running
         assert "was not found: it is paused" in _error(stat, 502)
         assert "was not found: it is paused" in _error(files, 502)
+        # the code interpreter's routes too, with the token and without (2.11.5's /contexts)
+        port = {"E2b-Sandbox-Port": "49999"}
+        for h in ({**headers, **port}, {"E2b-Sandbox-Id": sid, **port}):
+            assert "was not found: it is paused" in _error(await e2b.get("/contexts", headers=h), 502)
         assert e2b.seams == []  # refused before any data path was asked for
         assert e2b.fake.manager.get(sid).state == "standby"
 

@@ -461,7 +461,7 @@ class ControlAPI:
         return Response(status_code=204)
 
     async def snapshot_for(self, key: str, ref: object) -> str | None:
-        """The id of the caller's snapshot a create's `templateID` names (by id or name), or None
+        """The caller's snapshot a create's `templateID` names (its id, or its name), or None
         when it names none (then it is a template name). `base`, the default template, and the
         template aliases are never looked up."""
         if not isinstance(ref, str) or not ref or ref == "base" or ref in control.TEMPLATE_ALIASES:
@@ -471,7 +471,9 @@ class ControlAPI:
             return ref if r.status_code == 200 else None
         r = await self.call(key, "GET", "/v1/snapshots", params={"name": ref}, passthrough=(400,))
         items = r.json().get("items") if r.status_code == 200 else None
-        return items[0]["id"] if items else None
+        # the name, not a listed id: an admin key's list spans every tenant, and the create resolves
+        # the name in the tenant it acts in (`default` for an admin key)
+        return ref if items else None
 
 
 def create_app(

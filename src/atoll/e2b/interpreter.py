@@ -13,7 +13,9 @@ answer streamed back: `/execute`'s NDJSON as it comes, the service's `{"error"}`
 Auth: `/execute` needs the sandbox's `X-Access-Token` (checked here when this process holds
 k_e2b, else by the grant route). `/contexts` calls carry none from 2.11.5 (§1 finding 7): they are
 accepted by sandbox id when this process holds k_e2b (it makes the token itself), as E2B's own
-server does; docs/security-model.md says what that opens. Mounted by e2b.app.
+server does; docs/security-model.md says what that opens. The ingress router's `49999-{id}` hosts
+(E2B_DOMAIN mode, reachable from outside) refuse token-less calls before they get here. A paused
+sandbox is resumed only with E2B's auto-resume (envd_routes.Envd.resumes). Mounted by e2b.app.
 """
 
 from __future__ import annotations
@@ -93,7 +95,10 @@ class Interpreter:
             source = _Headers({"x-access-token": token})
         else:
             source = request  # a standalone edge: an API key or the token must come with it
-        seam = self.envd.seam_for(source, sid)
+        # E2B's pause rule, as for envd's calls: a paused sandbox created without auto-resume is
+        # 502 "was not found: it is paused", and stays paused
+        resume = await self.envd.resumes(sid)
+        seam = self.envd.seam_for(source, sid) if resume else self.envd.seam_for(source, sid, resume=False)
         if asyncio.iscoroutine(seam):
             seam = await seam
         return seam
@@ -213,4 +218,5 @@ class Interpreter:
         message = error_body.decode("utf-8", "replace")
         with contextlib.suppress(ValueError, AttributeError):
             message = str(json.loads(error_body).get("error") or message)
-        raise control.E2BError(status if status >= 400 else 502, message[:2000])
+        # the service's own failure (a 5xx: e.g. a template without a kernel) is a bad gateway here
+        raise control.E2BError(status if 400 <= status < 500 else 502, message[:2000])
