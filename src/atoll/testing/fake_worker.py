@@ -209,6 +209,14 @@ class FakeWorker(fake_files.FakeFileOps):
                 f"fake {verb} failure", detail=f"runsc log: /var/lib/atoll/sandboxes/{sid}/runsc.log said no"
             )
 
+    async def _end_streams(self, sid: str) -> None:
+        """End the sandbox's open streams, if any, and wait (up to a second) for them to close."""
+        if self.stream_ends.end(sid):
+            for _ in range(100):  # let them deliver their last event and close
+                await asyncio.sleep(0.01)
+                if not self.stream_ends.count(sid):
+                    break
+
     def _get(self, sid: str) -> FakeRuntime:
         rt = self.runtimes.get(sid)
         if rt is None:
@@ -286,11 +294,8 @@ class FakeWorker(fake_files.FakeFileOps):
         self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False, end_streams: bool = False
     ) -> api.PauseOutcome:
         self.calls.append(("pause", sandbox_id))
-        if end_streams and self.stream_ends.end(sandbox_id):
-            for _ in range(100):  # let them deliver their last event and close
-                await asyncio.sleep(0.01)
-                if not self.stream_ends.count(sandbox_id):
-                    break
+        if end_streams:
+            await self._end_streams(sandbox_id)
         if sandbox_id in self.gate_stalled:
             await asyncio.sleep(3600)
         rt = self._get(sandbox_id)
@@ -507,11 +512,8 @@ class FakeWorker(fake_files.FakeFileOps):
         self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
     ) -> api.SnapshotOutcome:
         self.calls.append(("snapshot", sandbox_id))
-        if end_streams and self.stream_ends.end(sandbox_id):
-            for _ in range(100):  # let them deliver their last event and close
-                await asyncio.sleep(0.01)
-                if not self.stream_ends.count(sandbox_id):
-                    break
+        if end_streams:
+            await self._end_streams(sandbox_id)
         parent = self._running(sandbox_id)
         await self._step("snapshot", sandbox_id)
         if parent.spec.mounts:
