@@ -56,8 +56,10 @@ class Routes:
         return self.requests[-1]
 
 
-@pytest.fixture
-def routes(monkeypatch) -> Routes:
+def mock_routes(monkeypatch) -> Routes:
+    """ATOLL_URL and ATOLL_API_KEY unset, and `make_client` patched to build an SDK client over a
+    MockTransport answering the returned Routes (its url and key recorded in `factory_args`). For
+    the `routes` fixtures of the CLI's unit tests."""
     monkeypatch.delenv("ATOLL_URL", raising=False)
     monkeypatch.delenv("ATOLL_API_KEY", raising=False)
     r = Routes()
@@ -68,6 +70,11 @@ def routes(monkeypatch) -> Routes:
 
     monkeypatch.setattr(cli, "make_client", make_client)
     return r
+
+
+@pytest.fixture
+def routes(monkeypatch) -> Routes:
+    return mock_routes(monkeypatch)
 
 
 def run(*args: str, env: dict[str, str] | None = None):

@@ -12,22 +12,12 @@ import pytest
 import atoll
 from atoll.cli import main as cli
 
-from .test_cli import Routes, run
+from .test_cli import Routes, mock_routes, run
 
 
 @pytest.fixture
 def routes(monkeypatch) -> Routes:
-    monkeypatch.delenv("ATOLL_URL", raising=False)
-    monkeypatch.delenv("ATOLL_API_KEY", raising=False)
-    r = Routes()
-    monkeypatch.setattr(
-        cli,
-        "make_client",
-        lambda url, key, ca_file=None: atoll.Client(
-            "http://atoll.test", key, transport=httpx.MockTransport(r)
-        ),
-    )
-    return r
+    return mock_routes(monkeypatch)
 
 
 TENANT = {"id": "tn-aaaaaaaaaaaaaaaa", "name": "acme", "quotas": {"max_running": 2}}
