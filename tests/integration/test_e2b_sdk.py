@@ -22,6 +22,7 @@ import pytest
 from atoll.testing import LocalAtoll, LocalServer, free_port
 from tests import e2b_venv
 from tests.conftest import TEMPLATE_CACHE
+from tests.integration.e2b_support import template_ready
 
 DRIVER = Path(__file__).with_name("e2b_sdk_driver.py")
 RELEASES = pytest.mark.parametrize("release", ["2.63", "2.31"])
@@ -119,16 +120,6 @@ def test_volumes_are_drives_with_their_content_api(atoll_up):
     assert out["destroy"] is True and out["destroy_again"] is False, out
 
 
-def _template_ready(atoll_up, name: str, timeout: float) -> dict:
-    """Wait for a built-in template the worker builds in the background after `base`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        t = httpx.get(f"{atoll_up.url}/v1/templates/{name}", headers=atoll_up.headers(), timeout=30).json()
-        if t.get("status") == "ready" or time.monotonic() > deadline:
-            return t
-        time.sleep(2)
-
-
 @pytest.mark.ecosystem
 @pytest.mark.timeout(1800)  # the code interpreter's template is built at first start (~10 min cold)
 def test_run_code_through_the_code_interpreter(atoll_up):
@@ -140,7 +131,7 @@ def test_run_code_through_the_code_interpreter(atoll_up):
         "the installation runs without the code interpreter template: run this with "
         "ATOLL_E2B_CODE_INTERPRETER=1 in the environment (make test-ecosystem does)"
     )
-    t = _template_ready(atoll_up, "code-interpreter-v1", 1200)
+    t = template_ready(atoll_up, "code-interpreter-v1", 1200)
     assert t["status"] == "ready", t
     out = drive(
         "2.63", atoll_up, "interpreter", ATOLL_NATIVE_URL=atoll_up.url, ATOLL_NATIVE_KEY=atoll_up.api_key
