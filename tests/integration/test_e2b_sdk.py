@@ -47,6 +47,27 @@ def drive(release: str, atoll_up, scenario: str, **extra_env: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def drive_agents(atoll_up, *args: str) -> dict:
+    """Run tests/integration/agents_e2b_driver.py (with `args`) in the Agents SDK's venv (e2b 2.31)
+    against the E2B port; its last line of output, as JSON."""
+    python = e2b_venv.python("agents")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
+        "E2B_API_URL": atoll_up.e2b_url,
+        "E2B_SANDBOX_URL": atoll_up.e2b_url,
+        "E2B_API_KEY": "e2b_" + atoll_up.api_key.encode().hex(),  # 2.31 checks the key's spelling
+    }
+    proc = subprocess.run(
+        [str(python), str(DRIVER.with_name("agents_e2b_driver.py")), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.ecosystem
 @RELEASES
 def test_control_api_lifecycle(release, atoll_up):
@@ -196,22 +217,7 @@ def test_the_openai_agents_sdks_own_e2b_extension(atoll_up):
     """The OpenAI Agents SDK 0.24's E2B extension, unchanged (on e2b 2.31.0), against the E2B port:
     a session from a manifest (its defaults: pause on timeout with auto-resume), exec with the
     session's env, files, a missing file, a terminal, pause on exit and resume from its state."""
-    python = e2b_venv.python("agents")
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
-        "E2B_API_URL": atoll_up.e2b_url,
-        "E2B_SANDBOX_URL": atoll_up.e2b_url,
-        "E2B_API_KEY": "e2b_" + atoll_up.api_key.encode().hex(),  # 2.31 checks the key's spelling
-    }
-    proc = subprocess.run(
-        [str(python), str(DRIVER.with_name("agents_e2b_driver.py"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = drive_agents(atoll_up)
     assert out["echo"] == {"stdout": "hi 1\n", "stderr": "", "exit_code": 0}, out
     assert out["fail"] == {"stdout": "", "stderr": "oops\n", "exit_code": 3}, out
     assert out["manifest_file"] == "from the manifest\n", out
@@ -388,22 +394,7 @@ def test_named_snapshots_with_the_263_sdk(atoll_up):
 def test_the_agents_sdk_e2b_extension_persists_a_workspace_as_a_snapshot(atoll_up):
     """The Agents SDK's own E2B extension (e2b 2.31) with `workspace_persistence="snapshot"`:
     persist_workspace is E2B's native create_snapshot, hydrate_workspace a create from it."""
-    python = e2b_venv.python("agents")
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
-        "E2B_API_URL": atoll_up.e2b_url,
-        "E2B_SANDBOX_URL": atoll_up.e2b_url,
-        "E2B_API_KEY": "e2b_" + atoll_up.api_key.encode().hex(),
-    }
-    proc = subprocess.run(
-        [str(python), str(DRIVER.with_name("agents_e2b_driver.py")), "snapshot"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = drive_agents(atoll_up, "snapshot")
     assert out["snapshot_id"] and out["snapshot_id"].startswith("snp-"), out
     assert out["second"] != out["first"], out
     assert out["cat"] == {"stdout": "in the snapshot\n", "stderr": "", "exit_code": 0}, out
