@@ -209,6 +209,17 @@ class FakeWorker(fake_files.FakeFileOps):
                 f"fake {verb} failure", detail=f"runsc log: /var/lib/atoll/sandboxes/{sid}/runsc.log said no"
             )
 
+    async def _boot(self, rt: FakeRuntime) -> None:
+        """A create's boot: the runtime registered, then booted, or FAILED with the `create` step's
+        error."""
+        self.runtimes[rt.spec.sandbox_id] = rt
+        try:
+            await self._step("create", rt.spec.sandbox_id)
+        except errors.AtollError as e:
+            rt.phase, rt.failure = Phase.FAILED, e.message
+            raise
+        self._advance(rt, Step.BOOTED)
+
     async def _end_streams(self, sid: str) -> None:
         """End the sandbox's open streams, if any, and wait (up to a second) for them to close."""
         if self.stream_ends.end(sid):
@@ -281,13 +292,7 @@ class FakeWorker(fake_files.FakeFileOps):
         if spec.sandbox_id in self.runtimes:
             raise errors.Conflict(f"sandbox {spec.sandbox_id} already exists", code="invalid_state")
         rt = FakeRuntime(spec, runtime_key=self.runtime_key, trust=(spec.trust_pem, self.sandbox_ca))
-        self.runtimes[spec.sandbox_id] = rt
-        try:
-            await self._step("create", spec.sandbox_id)
-        except errors.AtollError as e:
-            rt.phase, rt.failure = Phase.FAILED, e.message
-            raise
-        self._advance(rt, Step.BOOTED)
+        await self._boot(rt)
         return api.CreateOutcome("fake", 0.0)
 
     async def pause(
@@ -572,13 +577,7 @@ class FakeWorker(fake_files.FakeFileOps):
             runtime_key=kept.runtime_key if kept.spec.memory_mb else self.runtime_key,
             trust=kept.trust,
         )
-        self.runtimes[spec.sandbox_id] = rt
-        try:
-            await self._step("create", spec.sandbox_id)
-        except errors.AtollError as e:
-            rt.phase, rt.failure = Phase.FAILED, e.message
-            raise
-        self._advance(rt, Step.BOOTED)
+        await self._boot(rt)
         return api.CreateOutcome("snapshot" if kept.spec.memory_mb else "snapshot files, cold boot", 0.0)
 
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:
