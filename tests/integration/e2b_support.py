@@ -16,3 +16,15 @@ def template_ready(atoll_up, name: str, timeout: float) -> dict:
         if t.get("status") == "ready" or time.monotonic() > deadline:
             return t
         time.sleep(2)
+
+
+def code_interpreter_ready(atoll_up) -> None:
+    """Wait (up to 20 minutes) for the `code-interpreter-v1` template the worker builds at first
+    start; fail at once when the installation runs without it."""
+    listed = httpx.get(f"{atoll_up.url}/v1/templates", headers=atoll_up.headers()).json()["items"]
+    assert "code-interpreter-v1" in [t["name"] for t in listed], (
+        "the installation runs without the code interpreter template: run this with "
+        "ATOLL_E2B_CODE_INTERPRETER=1 in the environment (make test-ecosystem does)"
+    )
+    t = template_ready(atoll_up, "code-interpreter-v1", 1200)
+    assert t["status"] == "ready", t

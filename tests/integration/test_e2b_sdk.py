@@ -22,7 +22,7 @@ import pytest
 from atoll.testing import LocalAtoll, LocalServer, free_port
 from tests import e2b_venv
 from tests.conftest import TEMPLATE_CACHE
-from tests.integration.e2b_support import template_ready
+from tests.integration.e2b_support import code_interpreter_ready
 
 DRIVER = Path(__file__).with_name("e2b_sdk_driver.py")
 RELEASES = pytest.mark.parametrize("release", ["2.63", "2.31"])
@@ -147,13 +147,7 @@ def test_run_code_through_the_code_interpreter(atoll_up):
     """e2b_code_interpreter 2.11.5 (in the 2.63 venv) against a `code-interpreter-v1` sandbox: state
     between calls, stdout/stderr, an error with its traceback, a matplotlib figure as PNG, env vars
     for one call, contexts (create, isolated, list, restart, remove), and state across a pause."""
-    listed = httpx.get(f"{atoll_up.url}/v1/templates", headers=atoll_up.headers()).json()["items"]
-    assert "code-interpreter-v1" in [t["name"] for t in listed], (
-        "the installation runs without the code interpreter template: run this with "
-        "ATOLL_E2B_CODE_INTERPRETER=1 in the environment (make test-ecosystem does)"
-    )
-    t = template_ready(atoll_up, "code-interpreter-v1", 1200)
-    assert t["status"] == "ready", t
+    code_interpreter_ready(atoll_up)
     out = drive(
         "2.63", atoll_up, "interpreter", ATOLL_NATIVE_URL=atoll_up.url, ATOLL_NATIVE_KEY=atoll_up.api_key
     )
