@@ -31,6 +31,11 @@ SANDBOX = {
 }
 
 
+def api_error(status: int, code: str, message: str) -> httpx.Response:
+    """An API error response as the server writes one (request id `r`)."""
+    return httpx.Response(status, json={"error": {"code": code, "message": message, "request_id": "r"}})
+
+
 class Routes:
     """A MockTransport handler: `(METHOD, path) -> Response` routes, every request recorded."""
 
@@ -46,9 +51,7 @@ class Routes:
         self.requests.append(request)
         route = self.routes.get((request.method, request.url.path))
         if route is None:
-            return httpx.Response(
-                404, json={"error": {"code": "not_found", "message": "no route", "request_id": "r"}}
-            )
+            return api_error(404, "not_found", "no route")
         return route
 
     @property

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from .test_cli import Routes, mock_routes, run
+from .test_cli import Routes, api_error, mock_routes, run
 
 SID = "sb-aaaaaaaaaaaaaaaa"
 SNAP = {
@@ -60,9 +60,7 @@ def test_snapshot_list_get_rm_and_a_create_from_one(routes):
     routes.on(
         "DELETE",
         f"/v1/snapshots/{SNAP['id']}",
-        httpx.Response(
-            404, json={"error": {"code": "snapshot_not_found", "message": "gone", "request_id": "r"}}
-        ),
+        api_error(404, "snapshot_not_found", "gone"),
     )
     result = run("snapshot", "rm", SNAP["id"])
     assert result.exit_code == 1 and "snapshot_not_found" in result.output

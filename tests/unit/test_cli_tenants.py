@@ -12,7 +12,7 @@ import pytest
 import atoll
 from atoll.cli import main as cli
 
-from .test_cli import Routes, mock_routes, run
+from .test_cli import Routes, api_error, mock_routes, run
 
 
 @pytest.fixture
@@ -129,9 +129,7 @@ def test_api_errors_are_one_line(routes):
     routes.on(
         "DELETE",
         f"/v1/tenants/{TENANT['id']}",
-        httpx.Response(
-            409, json={"error": {"code": "tenant_in_use", "message": "owns: sandbox sb-1", "request_id": "r"}}
-        ),
+        api_error(409, "tenant_in_use", "owns: sandbox sb-1"),
     )
     result = run("tenant", "rm", TENANT["id"])
     assert result.exit_code == 1 and "tenant_in_use: owns: sandbox sb-1" in result.stderr
