@@ -20,13 +20,13 @@ import json
 import os
 import ssl
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests import e2b_venv
+from tests.integration.e2b_support import code_interpreter_ready
 
 DRIVER = Path(__file__).with_name("e2b_domain_driver.py")
 LOOPBACK_NAMES = Path(__file__).with_name("loopback_names")
@@ -55,25 +55,10 @@ def drive(release: str, atoll_up, scenario: str, **extra_env: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _template_ready(atoll_up, name: str, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        t = httpx.get(f"{atoll_up.url}/v1/templates/{name}", headers=atoll_up.headers(), timeout=30).json()
-        if t.get("status") == "ready" or time.monotonic() > deadline:
-            return t
-        time.sleep(2)
-
-
 @pytest.mark.ecosystem
 @pytest.mark.timeout(1800)  # the code interpreter's template is built at first start (~10 min)
 def test_run_code_of_code_interpreter_2_8_1_through_the_ingress(atoll_up):
-    listed = httpx.get(f"{atoll_up.url}/v1/templates", headers=atoll_up.headers()).json()["items"]
-    assert "code-interpreter-v1" in [t["name"] for t in listed], (
-        "the installation runs without the code interpreter template: run this with "
-        "ATOLL_E2B_CODE_INTERPRETER=1 in the environment (make test-ecosystem does)"
-    )
-    t = _template_ready(atoll_up, "code-interpreter-v1", 1200)
-    assert t["status"] == "ready", t
+    code_interpreter_ready(atoll_up)
     out = drive(
         "agents", atoll_up, "run_code", E2B_API_URL=atoll_up.e2b_url, E2B_SANDBOX_URL=atoll_up.e2b_url
     )

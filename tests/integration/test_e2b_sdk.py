@@ -22,6 +22,7 @@ import pytest
 from atoll.testing import LocalAtoll, LocalServer, free_port
 from tests import e2b_venv
 from tests.conftest import TEMPLATE_CACHE
+from tests.integration.e2b_support import code_interpreter_ready
 
 DRIVER = Path(__file__).with_name("e2b_sdk_driver.py")
 RELEASES = pytest.mark.parametrize("release", ["2.63", "2.31"])
@@ -43,6 +44,27 @@ def drive(release: str, atoll_up, scenario: str, **extra_env: str) -> dict:
         [str(python), str(DRIVER), scenario], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, f"driver {scenario} failed:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def drive_agents(atoll_up, *args: str) -> dict:
+    """Run tests/integration/agents_e2b_driver.py (with `args`) in the Agents SDK's venv (e2b 2.31)
+    against the E2B port; its last line of output, as JSON."""
+    python = e2b_venv.python("agents")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
+        "E2B_API_URL": atoll_up.e2b_url,
+        "E2B_SANDBOX_URL": atoll_up.e2b_url,
+        "E2B_API_KEY": "e2b_" + atoll_up.api_key.encode().hex(),  # 2.31 checks the key's spelling
+    }
+    proc = subprocess.run(
+        [str(python), str(DRIVER.with_name("agents_e2b_driver.py")), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -119,29 +141,13 @@ def test_volumes_are_drives_with_their_content_api(atoll_up):
     assert out["destroy"] is True and out["destroy_again"] is False, out
 
 
-def _template_ready(atoll_up, name: str, timeout: float) -> dict:
-    """Wait for a built-in template the worker builds in the background after `base`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        t = httpx.get(f"{atoll_up.url}/v1/templates/{name}", headers=atoll_up.headers(), timeout=30).json()
-        if t.get("status") == "ready" or time.monotonic() > deadline:
-            return t
-        time.sleep(2)
-
-
 @pytest.mark.ecosystem
 @pytest.mark.timeout(1800)  # the code interpreter's template is built at first start (~10 min cold)
 def test_run_code_through_the_code_interpreter(atoll_up):
     """e2b_code_interpreter 2.11.5 (in the 2.63 venv) against a `code-interpreter-v1` sandbox: state
     between calls, stdout/stderr, an error with its traceback, a matplotlib figure as PNG, env vars
     for one call, contexts (create, isolated, list, restart, remove), and state across a pause."""
-    listed = httpx.get(f"{atoll_up.url}/v1/templates", headers=atoll_up.headers()).json()["items"]
-    assert "code-interpreter-v1" in [t["name"] for t in listed], (
-        "the installation runs without the code interpreter template: run this with "
-        "ATOLL_E2B_CODE_INTERPRETER=1 in the environment (make test-ecosystem does)"
-    )
-    t = _template_ready(atoll_up, "code-interpreter-v1", 1200)
-    assert t["status"] == "ready", t
+    code_interpreter_ready(atoll_up)
     out = drive(
         "2.63", atoll_up, "interpreter", ATOLL_NATIVE_URL=atoll_up.url, ATOLL_NATIVE_KEY=atoll_up.api_key
     )
@@ -205,22 +211,7 @@ def test_the_openai_agents_sdks_own_e2b_extension(atoll_up):
     """The OpenAI Agents SDK 0.24's E2B extension, unchanged (on e2b 2.31.0), against the E2B port:
     a session from a manifest (its defaults: pause on timeout with auto-resume), exec with the
     session's env, files, a missing file, a terminal, pause on exit and resume from its state."""
-    python = e2b_venv.python("agents")
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
-        "E2B_API_URL": atoll_up.e2b_url,
-        "E2B_SANDBOX_URL": atoll_up.e2b_url,
-        "E2B_API_KEY": "e2b_" + atoll_up.api_key.encode().hex(),  # 2.31 checks the key's spelling
-    }
-    proc = subprocess.run(
-        [str(python), str(DRIVER.with_name("agents_e2b_driver.py"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = drive_agents(atoll_up)
     assert out["echo"] == {"stdout": "hi 1\n", "stderr": "", "exit_code": 0}, out
     assert out["fail"] == {"stdout": "", "stderr": "oops\n", "exit_code": 3}, out
     assert out["manifest_file"] == "from the manifest\n", out
@@ -397,22 +388,7 @@ def test_named_snapshots_with_the_263_sdk(atoll_up):
 def test_the_agents_sdk_e2b_extension_persists_a_workspace_as_a_snapshot(atoll_up):
     """The Agents SDK's own E2B extension (e2b 2.31) with `workspace_persistence="snapshot"`:
     persist_workspace is E2B's native create_snapshot, hydrate_workspace a create from it."""
-    python = e2b_venv.python("agents")
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
-        "E2B_API_URL": atoll_up.e2b_url,
-        "E2B_SANDBOX_URL": atoll_up.e2b_url,
-        "E2B_API_KEY": "e2b_" + atoll_up.api_key.encode().hex(),
-    }
-    proc = subprocess.run(
-        [str(python), str(DRIVER.with_name("agents_e2b_driver.py")), "snapshot"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = drive_agents(atoll_up, "snapshot")
     assert out["snapshot_id"] and out["snapshot_id"].startswith("snp-"), out
     assert out["second"] != out["first"], out
     assert out["cat"] == {"stdout": "in the snapshot\n", "stderr": "", "exit_code": 0}, out

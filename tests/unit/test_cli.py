@@ -31,6 +31,11 @@ SANDBOX = {
 }
 
 
+def api_error(status: int, code: str, message: str) -> httpx.Response:
+    """An API error response as the server writes one (request id `r`)."""
+    return httpx.Response(status, json={"error": {"code": code, "message": message, "request_id": "r"}})
+
+
 class Routes:
     """A MockTransport handler: `(METHOD, path) -> Response` routes, every request recorded."""
 
@@ -46,9 +51,7 @@ class Routes:
         self.requests.append(request)
         route = self.routes.get((request.method, request.url.path))
         if route is None:
-            return httpx.Response(
-                404, json={"error": {"code": "not_found", "message": "no route", "request_id": "r"}}
-            )
+            return api_error(404, "not_found", "no route")
         return route
 
     @property
@@ -56,8 +59,10 @@ class Routes:
         return self.requests[-1]
 
 
-@pytest.fixture
-def routes(monkeypatch) -> Routes:
+def mock_routes(monkeypatch) -> Routes:
+    """ATOLL_URL and ATOLL_API_KEY unset, and `make_client` patched to build an SDK client over a
+    MockTransport answering the returned Routes (its url and key recorded in `factory_args`). For
+    the `routes` fixtures of the CLI's unit tests."""
     monkeypatch.delenv("ATOLL_URL", raising=False)
     monkeypatch.delenv("ATOLL_API_KEY", raising=False)
     r = Routes()
@@ -68,6 +73,11 @@ def routes(monkeypatch) -> Routes:
 
     monkeypatch.setattr(cli, "make_client", make_client)
     return r
+
+
+@pytest.fixture
+def routes(monkeypatch) -> Routes:
+    return mock_routes(monkeypatch)
 
 
 def run(*args: str, env: dict[str, str] | None = None):

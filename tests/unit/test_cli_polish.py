@@ -16,23 +16,13 @@ import pytest
 
 import atoll
 from atoll.cli import argv, progress
-from atoll.cli import main as cli
-from tests.unit.test_cli import SANDBOX, Routes, run
+from tests.unit.test_cli import SANDBOX, Routes, mock_routes, run
 
 
 @pytest.fixture
 def routes(monkeypatch) -> Routes:
     """As tests/unit/test_cli.py's: make_client over a MockTransport answering canned routes."""
-    monkeypatch.delenv("ATOLL_URL", raising=False)
-    monkeypatch.delenv("ATOLL_API_KEY", raising=False)
-    r = Routes()
-
-    def make_client(url, api_key, ca_file=None):
-        r.factory_args.append((url, api_key))
-        return atoll.Client(url or "http://atoll.test", api_key, transport=httpx.MockTransport(r))
-
-    monkeypatch.setattr(cli, "make_client", make_client)
-    return r
+    return mock_routes(monkeypatch)
 
 
 FIGURES = {

@@ -8,10 +8,7 @@ import json
 import httpx
 import pytest
 
-import atoll
-from atoll.cli import main as cli
-
-from .test_cli import Routes, run
+from .test_cli import Routes, api_error, mock_routes, run
 
 SID = "sb-aaaaaaaaaaaaaaaa"
 SNAP = {
@@ -31,17 +28,7 @@ SNAP = {
 
 @pytest.fixture
 def routes(monkeypatch) -> Routes:
-    monkeypatch.delenv("ATOLL_URL", raising=False)
-    monkeypatch.delenv("ATOLL_API_KEY", raising=False)
-    r = Routes()
-    monkeypatch.setattr(
-        cli,
-        "make_client",
-        lambda url, key, ca_file=None: atoll.Client(
-            "http://atoll.test", key, transport=httpx.MockTransport(r)
-        ),
-    )
-    return r
+    return mock_routes(monkeypatch)
 
 
 def test_snapshot_create_sends_name_kind_and_replace_and_prints_the_id(routes):
@@ -73,9 +60,7 @@ def test_snapshot_list_get_rm_and_a_create_from_one(routes):
     routes.on(
         "DELETE",
         f"/v1/snapshots/{SNAP['id']}",
-        httpx.Response(
-            404, json={"error": {"code": "snapshot_not_found", "message": "gone", "request_id": "r"}}
-        ),
+        api_error(404, "snapshot_not_found", "gone"),
     )
     result = run("snapshot", "rm", SNAP["id"])
     assert result.exit_code == 1 and "snapshot_not_found" in result.output

@@ -12,22 +12,12 @@ import pytest
 import atoll
 from atoll.cli import main as cli
 
-from .test_cli import Routes, run
+from .test_cli import Routes, api_error, mock_routes, run
 
 
 @pytest.fixture
 def routes(monkeypatch) -> Routes:
-    monkeypatch.delenv("ATOLL_URL", raising=False)
-    monkeypatch.delenv("ATOLL_API_KEY", raising=False)
-    r = Routes()
-    monkeypatch.setattr(
-        cli,
-        "make_client",
-        lambda url, key, ca_file=None: atoll.Client(
-            "http://atoll.test", key, transport=httpx.MockTransport(r)
-        ),
-    )
-    return r
+    return mock_routes(monkeypatch)
 
 
 TENANT = {"id": "tn-aaaaaaaaaaaaaaaa", "name": "acme", "quotas": {"max_running": 2}}
@@ -139,9 +129,7 @@ def test_api_errors_are_one_line(routes):
     routes.on(
         "DELETE",
         f"/v1/tenants/{TENANT['id']}",
-        httpx.Response(
-            409, json={"error": {"code": "tenant_in_use", "message": "owns: sandbox sb-1", "request_id": "r"}}
-        ),
+        api_error(409, "tenant_in_use", "owns: sandbox sb-1"),
     )
     result = run("tenant", "rm", TENANT["id"])
     assert result.exit_code == 1 and "tenant_in_use: owns: sandbox sb-1" in result.stderr

@@ -15,7 +15,7 @@ import atoll
 from atoll.cli import main as cli
 from atoll.cli import workers as workers_cli
 
-from .test_cli import Routes, run
+from .test_cli import Routes, mock_routes, run
 
 WID = "wk-aaaaaaaaaaaaaaaa"
 W = {"id": WID, "name": "w1", "state": "ready", "sandboxes": 2, "evacuated": False, "evacuation": None}
@@ -23,16 +23,7 @@ W = {"id": WID, "name": "w1", "state": "ready", "sandboxes": 2, "evacuated": Fal
 
 @pytest.fixture
 def routes(monkeypatch) -> Routes:
-    monkeypatch.delenv("ATOLL_URL", raising=False)
-    monkeypatch.delenv("ATOLL_API_KEY", raising=False)
-    r = Routes()
-    monkeypatch.setattr(
-        cli,
-        "make_client",
-        lambda url, key, ca_file=None: atoll.Client(
-            "http://atoll.test", key, transport=httpx.MockTransport(r)
-        ),
-    )
+    r = mock_routes(monkeypatch)
     r.on("GET", "/v1/workers", httpx.Response(200, json={"items": [W], "next_cursor": None}))
     return r
 

@@ -15,32 +15,12 @@ import pytest
 
 from atoll.core import pki, preview
 from atoll.ingress import router as router_mod
-from atoll.shared import portstream, tlsstream
+from atoll.shared import tlsstream
+from tests.unit.router_fakes import Backend
 
 SID = "sb-" + "a" * 16
 OTHER = "sb-" + "b" * 16
 DOMAIN = "atoll.localhost"
-
-
-class Backend:
-    """Previews: every request granted, connected to the stand-in for the sandbox's port."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.targets: list[preview.Target] = []
-
-    async def admit(self, target, token, expires, sig, cookie):
-        self.targets.append(target)
-        return router_mod.Grant("public")
-
-    async def ready(self, target):
-        return None
-
-    async def connect(self, target):
-        sock = socket.socket()
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", self.port))
-        return portstream.SocketPort(sock)
 
 
 def _server(name: str, seen: list):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import socket
 import ssl
 
 import pytest
@@ -14,26 +13,10 @@ import pytest
 from atoll.core import pki
 from atoll.ingress import router as router_mod
 from atoll.ingress.router import _forwarded_client
-from atoll.shared import portstream, tlsstream
+from atoll.shared import tlsstream
+from tests.unit.router_fakes import Backend
 
 SID = "sb-" + "a" * 16
-
-
-class Backend:
-    def __init__(self, port: int):
-        self.port = port
-
-    async def admit(self, target, token, expires, sig, cookie):
-        return router_mod.Grant("public")
-
-    async def ready(self, target):
-        return None
-
-    async def connect(self, target):
-        sock = socket.socket()
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", self.port))
-        return portstream.SocketPort(sock)
 
 
 @pytest.fixture

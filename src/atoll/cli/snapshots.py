@@ -10,23 +10,27 @@ from typing import Annotated
 
 import typer
 
+from atoll.cli.listing import show_list
+
 Session = typing.Callable[[typer.Context], typing.ContextManager[typing.Any]]
 _session: Session
 
 
+def _row(s: dict) -> str:
+    kind = "memory" if s.get("memory") else "files"
+    mb = f"{s.get('bytes', 0) / 2**20:.1f}"
+    created = (s.get("created_at") or "-").replace("T", " ")[:19]
+    return f"{s['id']:21} {s.get('name') or '-':24} {s['sandbox_id']:20} {kind:7} {mb:>8} {created}"
+
+
 def _show(items: list[dict], as_json: bool) -> None:
-    if as_json:
-        typer.echo(json.dumps(items, indent=2))
-        return
-    if not items:
-        typer.echo("no snapshots", err=True)
-        return
-    typer.echo(f"{'ID':21} {'NAME':24} {'SANDBOX':20} {'KIND':7} {'MB':>8} CREATED")
-    for s in items:
-        kind = "memory" if s.get("memory") else "files"
-        mb = f"{s.get('bytes', 0) / 2**20:.1f}"
-        created = (s.get("created_at") or "-").replace("T", " ")[:19]
-        typer.echo(f"{s['id']:21} {s.get('name') or '-':24} {s['sandbox_id']:20} {kind:7} {mb:>8} {created}")
+    show_list(
+        items,
+        as_json,
+        empty="no snapshots",
+        header=f"{'ID':21} {'NAME':24} {'SANDBOX':20} {'KIND':7} {'MB':>8} CREATED",
+        row=_row,
+    )
 
 
 def _commands() -> typer.Typer:

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from atoll.cli.listing import show_list
+
 Session = typing.Callable[[typer.Context], typing.ContextManager[typing.Any]]
 _session: Session
 
@@ -47,17 +49,13 @@ def _number(v: float | None) -> float | int | None:
     return int(v) if v is not None and float(v).is_integer() else v
 
 
+def _tenant_row(t: dict) -> str:
+    quotas = " ".join(f"{k}={v}" for k, v in sorted((t.get("quotas") or {}).items())) or "-"
+    return f"{t['id']:20} {t['name']:24} {quotas}"
+
+
 def _show_tenants(items: list[dict], as_json: bool) -> None:
-    if as_json:
-        typer.echo(json.dumps(items, indent=2))
-        return
-    if not items:
-        typer.echo("no tenants", err=True)
-        return
-    typer.echo(f"{'ID':20} {'NAME':24} QUOTAS")
-    for t in items:
-        quotas = " ".join(f"{k}={v}" for k, v in sorted((t.get("quotas") or {}).items())) or "-"
-        typer.echo(f"{t['id']:20} {t['name']:24} {quotas}")
+    show_list(items, as_json, empty="no tenants", header=f"{'ID':20} {'NAME':24} QUOTAS", row=_tenant_row)
 
 
 def _show_key(k: dict, as_json: bool) -> None:
@@ -236,18 +234,16 @@ def _key_commands() -> typer.Typer:
         """List keys by id (never the keys themselves)."""
         with _session(ctx) as client:
             items = client.keys.list(tenant_id=tenant)
-        if as_json:
-            typer.echo(json.dumps(items, indent=2))
-            return
-        if not items:
-            typer.echo("no keys", err=True)
-            return
-        typer.echo(f"{'ID':20} {'SCOPE':7} {'TENANT':20} {'EXPIRES':26} REVOKED")
-        for k in items:
-            typer.echo(
+        show_list(
+            items,
+            as_json,
+            empty="no keys",
+            header=f"{'ID':20} {'SCOPE':7} {'TENANT':20} {'EXPIRES':26} REVOKED",
+            row=lambda k: (
                 f"{k['id']:20} {k['scope']:7} {k.get('tenant_id') or '-':20} "
                 f"{k.get('expires_at') or '-':26} {k.get('revoked_at') or '-'}"
-            )
+            ),
+        )
 
     @sub.command("rm")
     def rm(ctx: typer.Context, key_id: Annotated[str, typer.Argument(metavar="KEY_ID")]) -> None:

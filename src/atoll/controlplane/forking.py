@@ -52,6 +52,19 @@ def check_count(body: object) -> int:
     return count
 
 
+def running_idle(m: Ledger, sid: str, verb: str) -> dbm.SandboxRecord:
+    """Under the sandbox's lock, before a fork or a snapshot (`verb`): its record, refused (409)
+    unless it runs with no exec/file call in progress."""
+    rec = m.get(sid)
+    if rec.state != State.RUNNING:
+        raise errors.Conflict(f"sandbox {sid} is {rec.state}; {verb} it while it runs", code="invalid_state")
+    if m.inflight.get(sid):
+        raise errors.SandboxBusy(
+            f"sandbox {sid} has {m.inflight[sid]} exec/file call(s) in progress; {verb} it when they finish"
+        )
+    return rec
+
+
 async def fork(m: Ledger, steps: Steps, sid: str, count: int) -> list[dbm.SandboxRecord]:
     rec = m.get(sid)
     if rec.state == State.FAILED:
@@ -61,15 +74,7 @@ async def fork(m: Ledger, steps: Steps, sid: str, count: int) -> list[dbm.Sandbo
     if rec.state != State.RUNNING:
         rec = await steps.resume(sid)
     async with m.lock(sid), m.step("fork", sid) as fields:
-        rec = m.get(sid)
-        if rec.state != State.RUNNING:
-            raise errors.Conflict(
-                f"sandbox {sid} is {rec.state}; fork it while it runs", code="invalid_state"
-            )
-        if m.inflight.get(sid):
-            raise errors.SandboxBusy(
-                f"sandbox {sid} has {m.inflight[sid]} exec/file call(s) in progress; fork it when they finish"
-            )
+        rec = running_idle(m, sid, "fork")
         m.slots_left(rec.worker_id, count)  # the copies start on the parent's worker, a slot each
         now = dbm.utcnow()
         copies = []

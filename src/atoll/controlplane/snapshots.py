@@ -162,15 +162,7 @@ class Snapshots:
             rec = await self.m.resume(sid)
         snapshot_id = ids.new_snapshot_id()
         async with m.lock(sid), m.step("snapshot", sid) as fields:
-            rec = m.get(sid)
-            if rec.state != State.RUNNING:
-                raise errors.Conflict(
-                    f"sandbox {sid} is {rec.state}; snapshot it while it runs", code="invalid_state"
-                )
-            if m.inflight.get(sid):
-                raise errors.SandboxBusy(
-                    f"sandbox {sid} has {m.inflight[sid]} exec/file call(s) in progress; snapshot it when they finish"
-                )
+            rec = forking.running_idle(m, sid, "snapshot")
             worker = m.worker(rec)
             try:
                 outcome = await worker.snapshot(sid, snapshot_id, memory, end_streams)

@@ -60,8 +60,9 @@ def _port(text: str, where: str) -> int:
     return check_port(int(text))
 
 
-def host_target(host: str, domain: str) -> Target | None:
-    """`{port}-{sid}.{domain}[:N]` → Target; None when the host is not under the domain."""
+def _label_under(host: str, domain: str) -> str | None:
+    """The part of `host` (port and trailing dot left off) before `.{domain}`; None when the host
+    is an IPv6 literal or not under the domain."""
     name = host.strip().lower()
     if name.startswith("["):
         return None
@@ -70,8 +71,16 @@ def host_target(host: str, domain: str) -> Target | None:
     suffix = "." + domain.lower().rstrip(".")
     if not name.endswith(suffix):
         return None
-    label = name[: -len(suffix)]
+    return name[: -len(suffix)]
+
+
+def host_target(host: str, domain: str) -> Target | None:
+    """`{port}-{sid}.{domain}[:N]` → Target; None when the host is not under the domain."""
+    label = _label_under(host, domain)
+    if label is None:
+        return None
     if "." in label or "-" not in label:
+        suffix = "." + domain.lower().rstrip(".")
         raise BadTarget(f"host {host!r} is not {{port}}-{{sandbox_id}}{suffix}")
     port, sid = label.split("-", 1)
     if not _SID.fullmatch(sid):
@@ -100,15 +109,9 @@ class E2BTarget:
 def e2b_target(host: str, domain: str) -> E2BTarget | None:
     """`api.{domain}[:N]` → the control API; `{49983|49999}-{sid}.{domain}[:N]` → that sandbox's
     envd or code interpreter; None for any other host (a preview, or not ours)."""
-    name = host.strip().lower()
-    if name.startswith("["):
+    label = _label_under(host, domain)
+    if label is None:
         return None
-    name = name.rsplit(":", 1)[0] if ":" in name else name
-    name = name.rstrip(".")
-    suffix = "." + domain.lower().rstrip(".")
-    if not name.endswith(suffix):
-        return None
-    label = name[: -len(suffix)]
     if label == E2B_API_LABEL:
         return E2BTarget()
     port, _, sid = label.partition("-")

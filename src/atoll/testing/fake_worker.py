@@ -209,6 +209,25 @@ class FakeWorker(fake_files.FakeFileOps):
                 f"fake {verb} failure", detail=f"runsc log: /var/lib/atoll/sandboxes/{sid}/runsc.log said no"
             )
 
+    async def _boot(self, rt: FakeRuntime) -> None:
+        """A create's boot: the runtime registered, then booted, or FAILED with the `create` step's
+        error."""
+        self.runtimes[rt.spec.sandbox_id] = rt
+        try:
+            await self._step("create", rt.spec.sandbox_id)
+        except errors.AtollError as e:
+            rt.phase, rt.failure = Phase.FAILED, e.message
+            raise
+        self._advance(rt, Step.BOOTED)
+
+    async def _end_streams(self, sid: str) -> None:
+        """End the sandbox's open streams, if any, and wait (up to a second) for them to close."""
+        if self.stream_ends.end(sid):
+            for _ in range(100):  # let them deliver their last event and close
+                await asyncio.sleep(0.01)
+                if not self.stream_ends.count(sid):
+                    break
+
     def _get(self, sid: str) -> FakeRuntime:
         rt = self.runtimes.get(sid)
         if rt is None:
@@ -273,24 +292,15 @@ class FakeWorker(fake_files.FakeFileOps):
         if spec.sandbox_id in self.runtimes:
             raise errors.Conflict(f"sandbox {spec.sandbox_id} already exists", code="invalid_state")
         rt = FakeRuntime(spec, runtime_key=self.runtime_key, trust=(spec.trust_pem, self.sandbox_ca))
-        self.runtimes[spec.sandbox_id] = rt
-        try:
-            await self._step("create", spec.sandbox_id)
-        except errors.AtollError as e:
-            rt.phase, rt.failure = Phase.FAILED, e.message
-            raise
-        self._advance(rt, Step.BOOTED)
+        await self._boot(rt)
         return api.CreateOutcome("fake", 0.0)
 
     async def pause(
         self, sandbox_id: str, tier: Tier, *, only_if_idle: bool = False, end_streams: bool = False
     ) -> api.PauseOutcome:
         self.calls.append(("pause", sandbox_id))
-        if end_streams and self.stream_ends.end(sandbox_id):
-            for _ in range(100):  # let them deliver their last event and close
-                await asyncio.sleep(0.01)
-                if not self.stream_ends.count(sandbox_id):
-                    break
+        if end_streams:
+            await self._end_streams(sandbox_id)
         if sandbox_id in self.gate_stalled:
             await asyncio.sleep(3600)
         rt = self._get(sandbox_id)
@@ -507,11 +517,8 @@ class FakeWorker(fake_files.FakeFileOps):
         self, sandbox_id: str, snapshot_id: str, memory: bool = True, end_streams: bool = False
     ) -> api.SnapshotOutcome:
         self.calls.append(("snapshot", sandbox_id))
-        if end_streams and self.stream_ends.end(sandbox_id):
-            for _ in range(100):  # let them deliver their last event and close
-                await asyncio.sleep(0.01)
-                if not self.stream_ends.count(sandbox_id):
-                    break
+        if end_streams:
+            await self._end_streams(sandbox_id)
         parent = self._running(sandbox_id)
         await self._step("snapshot", sandbox_id)
         if parent.spec.mounts:
@@ -570,13 +577,7 @@ class FakeWorker(fake_files.FakeFileOps):
             runtime_key=kept.runtime_key if kept.spec.memory_mb else self.runtime_key,
             trust=kept.trust,
         )
-        self.runtimes[spec.sandbox_id] = rt
-        try:
-            await self._step("create", spec.sandbox_id)
-        except errors.AtollError as e:
-            rt.phase, rt.failure = Phase.FAILED, e.message
-            raise
-        self._advance(rt, Step.BOOTED)
+        await self._boot(rt)
         return api.CreateOutcome("snapshot" if kept.spec.memory_mb else "snapshot files, cold boot", 0.0)
 
     async def open_port(self, sandbox_id: str, port: int) -> api.PortStream:

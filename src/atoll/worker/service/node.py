@@ -838,24 +838,35 @@ class Node(StoreVerbs):
             self.sandboxes.limit_cpu(rt)
             return outcome
 
+    def _copyable(self, sandbox_id: str, parent: Runtime, verb: str, why_not_mounts: str) -> None:
+        """Before a fork or a snapshot (`verb`), under the sandbox's lock: refused while it mounts
+        volumes or drives (`why_not_mounts` says why) or has calls in progress."""
+        if parent.mounts:
+            raise errors.Conflict(
+                f"sandbox {sandbox_id} mounts volumes or drives ("
+                + ", ".join(f"{m['kind']} {m['name']}" for m in parent.mounts)
+                + "): "
+                + why_not_mounts,
+                code="invalid_state",
+            )
+        if self._inflight.get(sandbox_id):
+            raise errors.SandboxBusy(
+                f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress; {verb} it "
+                "when they have finished"
+            )
+
     async def fork(self, sandbox_id: str, new_ids: Sequence[str]) -> api.ForkOutcome:
         async with self._lock(sandbox_id):
             parent = self.runtimes.get(sandbox_id)
             if parent.phase == Phase.FAILED:
                 raise errors.SandboxDied(parent.failure or f"sandbox {sandbox_id} has failed")
-            if parent.mounts:
-                raise errors.Conflict(
-                    f"sandbox {sandbox_id} mounts volumes or drives ("
-                    + ", ".join(f"{m['kind']} {m['name']}" for m in parent.mounts)
-                    + "): it cannot be forked (a volume has one holder); clone the volume and create a sandbox "
-                    "with the copy instead",
-                    code="invalid_state",
-                )
-            if self._inflight.get(sandbox_id):
-                raise errors.SandboxBusy(
-                    f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress; fork it "
-                    "when they have finished"
-                )
+            self._copyable(
+                sandbox_id,
+                parent,
+                "fork",
+                "it cannot be forked (a volume has one holder); clone the volume and create a sandbox "
+                "with the copy instead",
+            )
             lower = parent.lower or await self.templates.ensure(parent.template)
             try:
                 return await forks.fork(
@@ -924,19 +935,13 @@ class Node(StoreVerbs):
                 raise errors.SandboxDied(parent.failure or f"sandbox {sandbox_id} has failed")
             if end_streams and self._inflight.get(sandbox_id):
                 await self._end_streams(sandbox_id)  # no new call starts meanwhile: it waits for this lock
-            if parent.mounts:
-                raise errors.Conflict(
-                    f"sandbox {sandbox_id} mounts volumes or drives ("
-                    + ", ".join(f"{m['kind']} {m['name']}" for m in parent.mounts)
-                    + "): it cannot be snapshotted (their contents are not part of the sandbox); "
-                    "snapshot a sandbox without them",
-                    code="invalid_state",
-                )
-            if self._inflight.get(sandbox_id):
-                raise errors.SandboxBusy(
-                    f"sandbox {sandbox_id} has {self._inflight[sandbox_id]} call(s) in progress; snapshot "
-                    "it when they have finished"
-                )
+            self._copyable(
+                sandbox_id,
+                parent,
+                "snapshot",
+                "it cannot be snapshotted (their contents are not part of the sandbox); "
+                "snapshot a sandbox without them",
+            )
             if os.path.exists(dest):
                 raise errors.Conflict(f"snapshot {snapshot_id} exists on this worker", code="snapshot_exists")
             os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
