@@ -107,7 +107,14 @@ async def test_envd_hosts_reach_the_edge_with_the_hosts_sandbox_and_port_never_t
     assert _values(got, "atoll-sandbox-id") == [] and _values(got, "x-access-token") == ["tok"], got
     assert _values(got, "x-forwarded-proto") == ["https"]
     # the same kept client connection: the interpreter's port, a POST with a body
-    status, _, body = await ask(reader, writer, f"49999-{SID}.{DOMAIN}", method="POST", body=b'{"code":"1"}')
+    status, _, body = await ask(
+        reader,
+        writer,
+        f"49999-{SID}.{DOMAIN}",
+        "X-Access-Token: tok\r\n",
+        method="POST",
+        body=b'{"code":"1"}',
+    )
     got = json.loads(body)
     assert status == 200 and got["who"] == "edge" and got["body"] == '{"code":"1"}', got
     assert _values(got, "e2b-sandbox-id") == [SID] and _values(got, "e2b-sandbox-port") == ["49999"], got
@@ -152,6 +159,21 @@ async def test_refusals_on_e2b_hosts_are_e2b_json(setup):
     status, hdrs, body = await ask(reader2, writer2, f"api.{DOMAIN}")
     assert status == 502 and json.loads(body)["code"] == 502 and "E2B API" in json.loads(body)["message"]
     assert seen == []
+
+
+async def test_the_interpreters_host_needs_the_access_token(setup):
+    """The edge takes 2.11.5's token-less `/contexts` by sandbox id on its loopback port; from the
+    router, which anyone who has seen a sandbox id can reach, the token is required: refused here,
+    in E2B's shape, and the edge never asked (it would wake a paused sandbox and start a process)."""
+    start, seen, _ = setup
+    _, reader, writer = await start()
+    for headers in ("", "X-Access-Token: \r\n"):
+        status, hdrs, body = await ask(reader, writer, f"49999-{SID}.{DOMAIN}", headers)
+        assert status == 401 and hdrs["content-type"] == "application/json", body
+        assert "X-Access-Token" in json.loads(body)["message"]
+    assert seen == []
+    status, _, body = await ask(reader, writer, f"49999-{SID}.{DOMAIN}", "X-Access-Token: tok\r\n")
+    assert status == 200 and json.loads(body)["who"] == "edge"
 
 
 async def test_without_e2bs_api_the_hosts_are_what_they_were(setup):

@@ -578,6 +578,18 @@ class _Session:
         if not any(k.lower() == b"host" for k, _ in out):
             name = "api" if e2b.sandbox_id is None else f"{e2b.port}-{e2b.sandbox_id}"
             out.append((b"host", f"{name}.{self.r.domain}".encode()))
+        if e2b.port == preview.E2B_INTERPRETER_PORT and not any(
+            k.lower() == b"x-access-token" and v for k, v in headers
+        ):
+            # the edge takes a token-less `/contexts` call (2.11.5 sends none) by sandbox id, which
+            # is fit for its loopback port only: from this outward-facing router, which anyone who
+            # has seen a sandbox id (a preview URL names it) can reach, the token is required
+            return await self._refuse(
+                401,
+                f"atoll ingress: the code interpreter of sandbox {e2b.sandbox_id} needs the sandbox's "
+                "X-Access-Token (envdAccessToken of its create or connect answer) on this host",
+                json_errors=True,
+            )
         if e2b.sandbox_id is not None:
             out += [
                 (b"e2b-sandbox-id", e2b.sandbox_id.encode()),
