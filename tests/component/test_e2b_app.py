@@ -311,7 +311,8 @@ async def test_named_snapshots_map_onto_atolls(e2b):
         assert r.status_code == 201, r.text
         made = r.json()["sandboxID"]
         assert e2b.fake.worker.runtimes[made].spec.snapshot_id in (unnamed, latest)
-    _error(await e2b.post("/v2/sandboxes", json={"templateID": "snp-0000000000000000"}), 404)
+    gone = await e2b.post("/v2/sandboxes", json={"templateID": "snp-0000000000000000"})
+    assert "snapshot snp-0000000000000000 was not found" in _error(gone, 404)  # not "template"
     # DELETE /templates/{id}: a snapshot's id deletes it (204, then 404); other ids are 404
     assert (await e2b.delete(f"/templates/{latest}")).status_code == 204
     _error(await e2b.delete(f"/templates/{latest}"), 404)

@@ -468,7 +468,9 @@ class ControlAPI:
             return None
         if ids.is_snapshot_id(ref):
             r = await self.call(key, "GET", f"/v1/snapshots/{ref}", passthrough=(404,))
-            return ref if r.status_code == 200 else None
+            if r.status_code == 404:  # shaped like a snapshot id: no template is named so
+                raise control.E2BError(404, f"snapshot {ref} was not found (deleted, or not yours)")
+            return ref
         r = await self.call(key, "GET", "/v1/snapshots", params={"name": ref}, passthrough=(400,))
         items = r.json().get("items") if r.status_code == 200 else None
         # the name, not a listed id: an admin key's list spans every tenant, and the create resolves
