@@ -4,6 +4,7 @@ fake worker of atoll.testing: locks, shared resumes, pause outcomes, failures, e
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tests.component.conftest import create
 
@@ -220,8 +221,12 @@ async def test_a_busy_sandbox_the_worker_reports_is_not_frozen_for_idleness(fake
     from atoll.core import worker_api as api
 
     c, worker = fake.http, fake.worker
-    sid = await create(c, idle_timeout_s=0.3)
-    for _ in range(12):
+    # twice the idle timeout of activity every 0.1 s: without the events it would be in standby
+    # after 1.5 s; the margin is for a loaded machine, whose loop can lag a few hundred ms (a 0.3 s
+    # timeout failed a CI run with five test processes)
+    sid = await create(c, idle_timeout_s=1.5)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3.0:
         worker.emit(api.SandboxActivity(sid, "80% of a CPU"))
         await asyncio.sleep(0.1)
     assert (await c.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
