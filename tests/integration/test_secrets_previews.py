@@ -686,8 +686,12 @@ def test_the_guest_agents_port_is_never_a_preview(api, la, make):
     )
     assert r.status_code == 400 and "guest agent" in r.text
     # with E2B's API served (LocalAtoll's default) the host 49999-{id}.{domain} is E2B's code
-    # interpreter (E2B_DOMAIN mode), relayed to the E2B edge: the guest agent's routes are not there
-    r = get(la, {"Atoll-Access-Token": token}, "/exec", host=f"49999-{a['id']}.atoll.localhost")
+    # interpreter (E2B_DOMAIN mode), relayed to the E2B edge only with an X-Access-Token (the router
+    # refuses it without one); the guest agent's routes are not there either way
+    host = f"49999-{a['id']}.atoll.localhost"
+    r = get(la, {"Atoll-Access-Token": token}, "/exec", host=host)
+    assert r.status_code == 401 and "X-Access-Token" in r.json()["message"], r.text
+    r = get(la, {"Atoll-Access-Token": token, "X-Access-Token": "x"}, "/exec", host=host)
     assert r.status_code == 404 and r.json()["code"] == 404 and "E2B" in r.json()["message"], r.text
     assert api.put(f"/v1/sandboxes/{a['id']}/preview/8080", json={"public": "yes"}).status_code == 400
 
