@@ -820,6 +820,54 @@ def test_gate_refuses_a_checkpoint_of_many_processes(tmp_path, monkeypatch):
     assert blocker.startswith("4 processes are running")
 
 
+def test_final_gate_counts_the_workers_other_connections_still_open(tmp_path):
+    """POST /gate/final (the worker's last call before runsc saves): the worker's connections to the
+    agent port other than the asking one count while gVisor would refuse to save them, so the agent
+    waits for the resets the worker sent to be processed; closed or errored ones do not count."""
+    own = _hex_v4("10.99.0.2", 49999)
+    tcp = [
+        _tcp_line(0, own, _hex_v4("10.99.0.1", 5555), 0x01, 103),  # reset sent, not yet processed
+        _tcp_line(1, own, _hex_v4("10.99.0.1", 5556), 0x08, 104),  # CLOSE_WAIT
+        _tcp_line(2, own, _hex_v4("10.99.0.1", 5557), 0x0F, 105),  # gVisor's error state: reset
+        _tcp_line(3, own, _hex_v4("10.99.0.1", 5558), 0x07, 106),  # closed
+        _tcp_line(4, own, _hex_v4("10.99.0.1", 6000), 0x01, 107),  # the asking connection
+    ]
+    _fake_proc(tmp_path, tcp, [], {})
+    report = gate.gate_report(str(tmp_path), own_pid=1, own_port=49999, final_peer=6000)
+    assert report["own_connections_open"] == 2
+    assert report["blockers"] == []  # the plain gate's view of the worker's channel is unchanged
+    assert "own_connections_open" not in gate.gate_report(str(tmp_path), own_pid=1, own_port=49999)
+
+
+def test_final_gate_answers_then_resets_once_the_worker_shut_down(agent):
+    """The answer arrives whole, and the agent resets the connection (an RST, closed within its
+    close call) only after the worker shut its side down; without that it resets after its wait."""
+    host, port = agent.url.removeprefix("http://").split(":")
+    for shut_down in (True, False):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /gate/final HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\n\r\n")
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += s.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head, head
+            length = int(
+                next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
+            )
+            while len(body) < length:
+                body += s.recv(65536)
+            report = json.loads(body)
+            assert report["own_connections_open"] == 0 and isinstance(report["blockers"], list), report
+            t0 = time.monotonic()
+            if shut_down:
+                s.shutdown(socket.SHUT_WR)
+            with pytest.raises(ConnectionResetError):
+                while s.recv(4096):  # an orderly close (b"") would end the loop and fail the test
+                    pass
+            waited = time.monotonic() - t0
+            assert waited < 1.0 if shut_down else waited > 1.5, (shut_down, waited)
+
+
 # ---- lifecycle
 
 

@@ -2,7 +2,9 @@
 runtime records: the re-address after a checkpoint never lands once a restore has begun (the cause
 of issue 17's lost sandbox: an address on eth0 after runsc took it over makes the host refuse the
 agent's port), and a restore that fails at any step is undone — the sandbox checkpointed again, its
-image kept — and raises ResumeFailed."""
+image kept — and raises ResumeFailed. And a disk pause whose last gate, asked right before runsc
+would save, finds a blocker that came up after the first gate stays in the memory tier, nothing
+checkpointed (a failed checkpoint kills the sandbox)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import asyncio
 import pytest
 
 from atoll.core import errors
-from atoll.core.lifecycle import Phase, Step
-from atoll.worker.host import netns, runsc
+from atoll.core.lifecycle import Phase, Step, Tier
+from atoll.worker.host import cgroups, netns, runsc
+from atoll.worker.runtimes.guest import Gate
 from atoll.worker.runtimes.runtime import RuntimeStore
 from atoll.worker.runtimes.tiers import Tiers
 
@@ -199,3 +202,62 @@ async def test_a_cancelled_restore_is_undone_too(tiers):
     with pytest.raises(asyncio.CancelledError):
         await restoring
     assert rt.phase == Phase.CHECKPOINTED and host.discarded == [rt.cid]
+
+
+class GatedGuest(StubGuest):
+    """The first gate finds nothing; the last one (after the channel's reset) finds `final`."""
+
+    def __init__(self, host, final: Gate):
+        super().__init__(host)
+        self.final = final
+        self.calls: list[str] = []
+
+    async def close(self, sid, ended=None):
+        self.calls.append("close")
+
+    async def gate(self, sid):
+        self.calls.append("gate")
+        return Gate(True, [])
+
+    async def final_gate(self, sid, ended):
+        self.calls.append("final_gate")
+        return self.final
+
+    def unseal(self, sid):
+        self.calls.append("unseal")
+
+
+class QuietEdge:
+    async def quiesce(self, sid):
+        return 0
+
+
+async def test_a_blocker_found_by_the_last_gate_keeps_the_sandbox_in_memory(tmp_path, monkeypatch):
+    host = Host()
+    store = RuntimeStore(str(tmp_path), "abc123")
+    rt = store.new(SID, template="base", memory_mb=512, cpus=1, env={}, disk_mb=64)
+    store.advance(rt, Step.BOOTED)
+    frozen: list[str] = []
+    monkeypatch.setattr(cgroups, "set_cpu_limit", lambda cg, cpus: None)
+    monkeypatch.setattr(cgroups, "freeze", lambda cg: frozen.append(cg))
+
+    async def no_checkpoint(*args, **kwargs):
+        raise AssertionError("runsc checkpoint must not run after the last gate refused")
+
+    monkeypatch.setattr(runsc, "start_checkpoint", no_checkpoint)
+    blocker = "TCP connection 10.99.0.2:5000 -> 10.99.0.1:41234 (ESTABLISHED) ... cannot be checkpointed"
+    guest = GatedGuest(host, Gate(False, [blocker]))
+    sandboxes = StubSandboxes(host)
+    sandboxes.edge = QuietEdge()  # type: ignore[attr-defined]
+    t = Tiers(
+        store,
+        guest,  # type: ignore[arg-type]
+        StubLiveness(),  # type: ignore[arg-type]
+        sandboxes,  # type: ignore[arg-type]
+        StubSnapshots(),  # type: ignore[arg-type]
+        lambda aw: None,
+    )
+    outcome = await t.pause(rt, Tier.DISK)
+    assert outcome.tier == Tier.MEMORY and blocker in (outcome.reason or ""), outcome
+    assert guest.calls == ["gate", "close", "final_gate", "unseal"]
+    assert frozen and rt.phase == Phase.FROZEN

@@ -27,12 +27,12 @@ Modules, bottom up:
                    cgroup inside the sandbox (1,024 user tasks, 512 per command)
   initclient       the agent's side of atoll-init (start, requests, restart after a kill)
   processes        process records, spawning (through atoll-init), the agent's reaper
-  gate             what would make a checkpoint fail now (GET /gate)
+  gate             what would make a checkpoint fail now (GET /gate, POST /gate/final)
   connection       HTTP/1.1 parsing and responses on one keep-alive connection
   capture          a command's output: captured head, ndjson stream, leftover drain
   procio           a background process's pipes: bounded output log by offset, pump, stdin pipe
   shells           bash -l -c (env re-exported after the profile) or sh -c for string commands
-  handlers_status  GET /health, POST /identity, GET /gate
+  handlers_status  GET /health, POST /identity, GET /gate, POST /gate/final
   handlers_exec    POST /exec, GET /processes, DELETE /processes/<pid>, POST /processes/kill-all
   handlers_procs   GET /processes/<pid>[/output], POST /processes/<pid>/stdin|signal|wait
   handlers_files   GET|PUT|DELETE /files, GET /files/list
@@ -134,6 +134,9 @@ HTTP API. JSON unless stated; errors are {"error": {"code": str, "message": str}
                                "mode": permission bits as int, "mtime": unix float}]} sorted by name
   DELETE /files?path=/abs      unlink a file/symlink or remove a directory tree -> 204
   GET    /gate                 {"blockers": [str], "external_connections": int, "epoll_tcp_pids": [int]}
+  POST   /gate/final           the gate, + "own_connections_open": int; the worker's last call before
+                               a checkpoint: waits for its other connections' resets, answers with
+                               Connection: close, and resets the connection once the worker shut down
       Blockers: non-loopback TCP connections in /proc/net/tcp{,6} that are not LISTEN and not the
       worker's own connections to the agent port (a TIME_WAIT on the agent port still counts: the
       worker cannot abort it); processes holding an epoll fd and a TCP socket (a socket whose inode

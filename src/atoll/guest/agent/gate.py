@@ -2,7 +2,9 @@
 
 Blockers: non-loopback TCP connections in /proc/net/tcp{,6} that are not LISTEN and not the worker's
 own connections to the agent port (a TIME_WAIT on the agent port still counts: the worker cannot abort
-it); processes holding an epoll fd and a TCP socket (a socket whose inode is in no /proc/net table
+it); with `final_peer` (POST /gate/final, the worker's last call before a checkpoint, on its only
+remaining connection), also any other connection to the agent port in a state this runsc cannot
+save (the worker reset them just before: the gVisor stack has not processed those RSTs yet); processes holding an epoll fd and a TCP socket (a socket whose inode is in no /proc/net table
 counts as TCP: conservative); more than MAX_PROCESSES processes; or why /proc could not be read. Pure apart from reading `proc_root`, so
 tests run `gate_report` against a fake /proc tree. Called by `handlers_status`.
 """
@@ -30,6 +32,9 @@ _TCP_STATES = {
 }
 _TCP_LISTEN = 0x0A
 _TCP_TIME_WAIT = 0x06
+# What gVisor's netstack refuses to save (tcp endpoint beforeSave: connected() or handshake()); its
+# /proc/net/tcp prints its own states past 0x0B (12 initial, 13 bound, 14 connecting, 15 error).
+_UNSAVABLE = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x08, 0x09, 0x0B, 0x0E}
 
 
 # Measured: a checkpoint of a sandbox with ~512 processes (default memory) was killed by the host's
@@ -106,10 +111,19 @@ def _other_socket_inodes(proc_root: str) -> set[int]:
     return inodes
 
 
-def gate_report(proc_root: str = "/proc", *, own_pid: int | None = None, own_port: int | None = None) -> dict:
-    """What would make a gVisor checkpoint of this sandbox fail right now (see this module's docstring)."""
+def gate_report(
+    proc_root: str = "/proc",
+    *,
+    own_pid: int | None = None,
+    own_port: int | None = None,
+    final_peer: int | None = None,
+) -> dict:
+    """What would make a gVisor checkpoint of this sandbox fail right now (see this module's docstring).
+    `final_peer`: the worker's port of the connection asking, the only one of its own that may be
+    open (see `still_open`)."""
     blockers: list[str] = []
     external = 0
+    own_open = 0
     epoll_pids: list[int] = []
     tcp_inodes: set[int] = set()
     for name in ("tcp", "tcp6"):
@@ -132,6 +146,8 @@ def gate_report(proc_root: str = "/proc", *, own_pid: int | None = None, own_por
             if _is_loopback(local) and _is_loopback(remote):
                 continue
             if own_port is not None and lport == own_port and state != _TCP_TIME_WAIT:
+                if final_peer is not None and rport != final_peer and state in _UNSAVABLE:
+                    own_open += 1
                 continue  # the worker's own channel; it aborts these before checkpointing
             external += 1
             blockers.append(
@@ -189,4 +205,7 @@ def gate_report(proc_root: str = "/proc", *, own_pid: int | None = None, own_por
             f"process {pid} ({comm}) watches TCP sockets with epoll (e.g. asyncio/uvicorn/node); "
             "gVisor cannot checkpoint it — the sandbox stays in the memory tier"
         )
-    return {"blockers": blockers, "external_connections": external, "epoll_tcp_pids": epoll_pids}
+    report = {"blockers": blockers, "external_connections": external, "epoll_tcp_pids": epoll_pids}
+    if final_peer is not None:
+        report["own_connections_open"] = own_open
+    return report

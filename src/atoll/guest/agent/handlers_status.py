@@ -1,7 +1,7 @@
 """The health, identity and checkpoint-gate handlers: who this sandbox is (sandbox id, generation,
 hostname; set again by the worker after a restore or fork) and whether it can be checkpointed now.
 
-`StatusHandlers` is mixed into `routing.Agent`, which routes /health, /identity and /gate here.
+`StatusHandlers` is mixed into `routing.Agent`, which routes /health, /identity, /gate and /gate/final here.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from .connection import Conn, Request, json_body
 from .errors import invalid
 from .gate import gate_report
 
+FINAL_GATE_WAIT_S = 2.0
+
 
 class StatusHandlers:
-    """GET /health, GET /stats, POST /identity and GET /gate.
+    """GET /health, GET /stats, POST /identity, GET /gate and POST /gate/final.
 
     A mixin of `routing.Agent`, whose __init__ sets what these methods use and `identity` changes:
     `pid`, `port`, `started`, `sandbox_id`, `generation` and `base_env`.
@@ -127,3 +129,37 @@ class StatusHandlers:
     def gate(self, conn: Conn) -> None:
         report = gate_report(self.procs.proc_root, own_pid=self.pid, own_port=self.port)
         conn.send_json(200, report)
+
+    def final_gate(self, conn: Conn) -> None:
+        """POST /gate/final: the worker's last call before a checkpoint, on the one connection it
+        has left (it reset the others). Waits up to FINAL_GATE_WAIT_S for the RSTs of those to be
+        processed (an endpoint still connected when runsc saves kills the sandbox), answers the
+        gate, waits for the worker to shut its side down, then resets this connection itself:
+        closing with SO_LINGER 0 moves the endpoint out of the connected state within the close
+        call, so once the worker sees the reset nothing of its own is left open in here (a reset
+        sent by the worker lands asynchronously)."""
+        try:
+            peer = int(conn.sock.getpeername()[1])
+        except (OSError, IndexError, TypeError, ValueError) as e:
+            raise invalid(f"cannot tell this connection's peer: {e}") from None
+        deadline = time.monotonic() + FINAL_GATE_WAIT_S
+        while True:
+            report = gate_report(self.procs.proc_root, own_pid=self.pid, own_port=self.port, final_peer=peer)
+            if not report["own_connections_open"] or time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        if report["own_connections_open"]:
+            report["blockers"].append(
+                f"{report['own_connections_open']} connection(s) of the worker to the guest agent "
+                f"were still open {FINAL_GATE_WAIT_S:g} s after it reset them"
+            )
+        conn.keep_alive = False
+        conn.send_json(200, report)
+        # Reset only once the worker has read the answer (a reset drops unsent bytes): it says so
+        # by shutting its side down. Conn._finish then closes with SO_LINGER 0, an RST.
+        try:
+            conn.sock.settimeout(FINAL_GATE_WAIT_S)
+            conn.sock.recv(1)
+        except OSError:
+            pass
+        conn.abort = True

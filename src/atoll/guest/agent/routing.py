@@ -30,7 +30,7 @@ _ROUTES_HELP = (
     "the agent serves GET /health, GET /stats, POST /identity, POST /exec, GET /processes, DELETE /processes/<pid>, "
     "GET /processes/<pid>[/output], POST /processes/<pid>/stdin|signal|wait, "
     "GET|PUT|DELETE /files?path=, GET /files/list?path=, GET /files/stat|watch?path=, POST /files/mkdir|chmod?path=, "
-    "POST /files/move?from=&to=, GET|PUT /files/tar?path=, GET /gate, POST|GET /pty, GET|DELETE /pty/<id>, "
+    "POST /files/move?from=&to=, GET|PUT /files/tar?path=, GET /gate, POST /gate/final, POST|GET /pty, GET|DELETE /pty/<id>, "
     "GET /pty/<id>/attach"
 )
 
@@ -128,6 +128,8 @@ class Agent(StatusHandlers, ExecHandlers, FileHandlers, FileOpsHandlers, PtyHand
             return self.identity(conn, req)
         if path == "/gate" and method == "GET":
             return self.gate(conn)
+        if path == "/gate/final" and method == "POST":
+            return self.final_gate(conn)
         raise ApiError(404, "not_found", f"no route for {method} {req.path}; {_ROUTES_HELP}")
 
     def _route_pty(self, conn: Conn, req: Request, method: str, path: str) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import secrets
+import socket
 import time
 import typing
 from collections.abc import AsyncIterator
@@ -41,6 +42,7 @@ PROBE_TIMEOUT_S = 4.0
 PROBE_FAILURES = 3
 SPAWN_TIMEOUT_S = 30.0  # a background exec answers once its process is spawned
 EXEC_MARGIN_S = 30.0  # an exec with timeout_s gets this long beyond it for its answer
+FINAL_GATE_TIMEOUT_S = 5.0  # POST /gate/final waits up to 2 s in the agent, then for our shutdown
 NDJSON = "application/x-ndjson"
 
 
@@ -74,9 +76,13 @@ class Guest:
         self._channels: dict[str, agent_channel.AgentChannel] = {}
         self._bg: set[asyncio.Task] = set()
         self._attached: dict[str, set[_AttachedPty]] = {}  # terminal attach sockets, reset with the rest
+        self._sealed: dict[str, errors.AtollError] = {}  # final_gate .. unseal: no new connection
 
     # ---- channels -------------------------------------------------------------------------------
     def channel(self, sid: str) -> agent_channel.AgentChannel:
+        sealed = self._sealed.get(sid)
+        if sealed is not None:  # a checkpoint is being taken: a connection now would fail it
+            raise sealed
         ch = self._channels.get(sid)
         if ch is None:
             rt = self.runtimes.get(sid)
@@ -94,6 +100,84 @@ class Guest:
             await ch.aclose()
         for stream in list(self._attached.pop(sid, ())):
             stream.close()
+
+    async def final_gate(self, sid: str, ended: errors.AtollError) -> Gate:
+        """The last call before a checkpoint, after `close(sid)`: POST /gate/final on a connection of
+        its own. The agent waits until the endpoints of the connections just reset have left the
+        connected state, answers the gate (a TCP connection or epoll server that came up since the
+        first gate refuses it now), and once we shut our side down resets this connection itself,
+        so when we see that reset nothing of ours is open inside (DESIGN.md: an endpoint still
+        connected when runsc saves kills the sandbox). From here until `unseal(sid)` no connection
+        to the agent is opened: a call meanwhile gets `ended`."""
+        rt = self.runtimes.get(sid)
+        sock = await agent_channel.AgentChannel(rt.name, netns.SANDBOX_IP, bundle.AGENT_PORT).make_socket()
+        self._sealed[sid] = ended
+        try:
+            return await asyncio.wait_for(self._ask_final_gate(sock), FINAL_GATE_TIMEOUT_S)
+        except (
+            OSError,
+            TimeoutError,
+            asyncio.IncompleteReadError,
+            ValueError,
+            IndexError,
+            TypeError,
+            AttributeError,
+        ) as e:
+            return Gate(False, [f"the checkpoint gate could not be evaluated: {e!r}"])
+        finally:
+            sock.close()  # after the agent's reset: nothing is sent; else an RST, and no checkpoint
+
+    @staticmethod
+    async def _ask_final_gate(sock: typing.Any) -> Gate:
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, (netns.SANDBOX_IP, bundle.AGENT_PORT))
+        await loop.sock_sendall(
+            sock, b"POST /gate/final HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\n\r\n"
+        )
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = await loop.sock_recv(sock, 65536)
+            if not chunk or len(buf) > 65536:
+                raise ValueError(f"no complete answer head from the agent: {buf[:200]!r}")
+            buf += chunk
+        head, _, body = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value.strip())
+        if length > 1 << 20:
+            raise ValueError(f"gate answer of {length} bytes")
+        while len(body) < length:
+            chunk = await loop.sock_recv(sock, 65536)
+            if not chunk:
+                raise ValueError("the agent closed the connection mid-answer")
+            body += chunk
+        if status == 404:
+            # An agent from before /gate/final (a sandbox restored from an older image): reset
+            # this connection and give the stack a moment, as before.
+            sock.close()
+            await asyncio.sleep(0.05)
+            return Gate(True, [])
+        data = json.loads(body[:length])
+        if status != 200:
+            raise ValueError(f"the agent answered {status}: {data!r}")
+        sock.shutdown(socket.SHUT_WR)  # we have read the answer: the agent may reset now
+        while True:
+            try:
+                chunk = await loop.sock_recv(sock, 4096)
+            except ConnectionResetError:
+                break  # the agent's reset: its endpoint was closed within its close call
+            if not chunk:  # an orderly close (not this agent's way): let its last ACK land
+                await asyncio.sleep(0.05)
+                break
+        blockers = [str(b) for b in data.get("blockers", [])]
+        return Gate(not blockers, blockers, int(data.get("external_connections", 0)))
+
+    def unseal(self, sid: str) -> None:
+        self._sealed.pop(sid, None)
 
     async def aclose(self) -> None:
         for sid in list(self._channels):

@@ -4,7 +4,9 @@ and resume.
 memory: freeze the sandbox's freezer cgroup directly (0.3–3 ms; `runsc pause` costs ~30 ms of CLI),
         thaw to resume (the agent's health request is written on a kept-alive connection first).
 disk:   thaw if frozen, ask the checkpoint gate (a failed checkpoint kills the sandbox, so what this
-        runsc cannot save is refused first), `runsc checkpoint` into the snapshot store's staging
+        runsc cannot save is refused first), reset the agent's connections and ask the gate once
+        more on the last one (POST /gate/final: the resets processed, nothing new since; no other
+        connection is opened until runsc is done), `runsc checkpoint` into the snapshot store's staging
         directory, commit; a gated sandbox is frozen again and stays in the memory tier with the
         reason. Resume = readdress eth0, next generation, `runsc restore` (checksum verified
         meanwhile), agent health, CPU quota, identity. A resume that fails at any step throws the
@@ -40,6 +42,21 @@ log = logging.getLogger(__name__)
 
 THAW_READY_TIMEOUT_S = 10.0
 RESTORE_READY_TIMEOUT_S = 30.0
+
+
+class CheckpointRefused(errors.Conflict):
+    """The gate asked right before runsc would save (Tiers.checkpoint) found what this runsc cannot
+    save: nothing was checkpointed and the sandbox runs on, thawed."""
+
+    code = "checkpoint_refused"
+
+    def __init__(self, sid: str, blockers: list[str]):
+        self.blockers = blockers
+        super().__init__(
+            f"sandbox {sid} cannot be checkpointed now: its state cannot be saved "
+            f"({'; '.join(blockers)}); it keeps running untouched — close those connections or stop "
+            "that server, then try again"
+        )
 
 
 class Tiers:
@@ -145,7 +162,12 @@ class Tiers:
                 why += f" ({busy} egress connection(s) in use)"
             log.info("sandbox.pause_disk.gated", extra={"sandbox_id": rt.sandbox_id, "reason": why})
             return self._freeze_outcome(rt, Tier.MEMORY, why)
-        await self.checkpoint(rt)
+        try:
+            await self.checkpoint(rt)
+        except CheckpointRefused as e:
+            why = "kept in the memory tier: " + "; ".join(e.blockers)
+            log.info("sandbox.pause_disk.gated", extra={"sandbox_id": rt.sandbox_id, "reason": why})
+            return self._freeze_outcome(rt, Tier.MEMORY, why)
         if tier == Tier.ARCHIVE:
             return await self._archive(rt)
         return PauseOutcome(Tier.DISK)
@@ -173,26 +195,32 @@ class Tiers:
         # connected when the sentry saves fails the checkpoint, and that kills the sandbox).
         cgroups.set_cpu_limit(self._cg(rt), None)
         # The calls cut here answer before the checkpoint's outcome is known: say both outcomes.
-        await self.guest.close(
-            sid,
-            errors.Conflict(
-                f"sandbox {sid} was being checkpointed (saved for a standby, a fork or a compaction) "
-                "while this call was in flight: its answer is lost. Call again: if the checkpoint "
-                "completed, what this call did in the sandbox is kept (and a sandbox in standby is "
-                "resumed); if it failed, runsc stopped the sandbox and it is now failed (the answer "
-                "says why)"
-            ),
+        ended = errors.Conflict(
+            f"sandbox {sid} was being checkpointed (saved for a standby, a fork or a compaction) "
+            "while this call was in flight: its answer is lost. Call again: if the checkpoint "
+            "completed, what this call did in the sandbox is kept (and a sandbox in standby is "
+            "resumed); if it failed, runsc stopped the sandbox and it is now failed (the answer "
+            "says why)"
         )
-        # Let the agent's threads see the RSTs and close their sockets before the sentry saves.
-        await asyncio.sleep(0.02)
-        tmp = self.snapshots.staging(sid, rt.generation)
-        self.runtimes.advance(rt, Step.BEGIN_CHECKPOINT)
-        t0 = time.perf_counter()
-        proc = await runsc.start_checkpoint(
-            self.runsc_root, rt.cid, tmp, self.runtimes.path(sid, "runsc.log")
-        )
-        await proc.wait()
-        await self.finish_checkpoint(rt, tmp)
+        await self.guest.close(sid, ended)
+        try:
+            # Asked again right before runsc saves, with none of our connections left open: what
+            # came up since the caller's gate (a user's connection, our reset not yet processed)
+            # refuses the checkpoint here instead of killing the sandbox.
+            gate = await self.guest.final_gate(sid, ended)
+            if not gate.ok:
+                self.sandboxes.limit_cpu(rt)
+                raise CheckpointRefused(sid, gate.blockers)
+            tmp = self.snapshots.staging(sid, rt.generation)
+            self.runtimes.advance(rt, Step.BEGIN_CHECKPOINT)
+            t0 = time.perf_counter()
+            proc = await runsc.start_checkpoint(
+                self.runsc_root, rt.cid, tmp, self.runtimes.path(sid, "runsc.log")
+            )
+            await proc.wait()
+            await self.finish_checkpoint(rt, tmp)
+        finally:
+            self.guest.unseal(sid)
         log.info("checkpoint took %.0f ms", (time.perf_counter() - t0) * 1000, extra={"sandbox_id": sid})
 
     async def finish_checkpoint(self, rt: Runtime, tmp: str) -> None:
