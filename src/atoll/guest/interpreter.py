@@ -314,6 +314,8 @@ class Context:
         self.proc: subprocess.Popen | None = None
         self.chan: socket.socket | None = None
         self.buf = b""
+        self.ending: str | None = None
+        """Why the kernel is being ended under a running execution ("restarted", "removed")."""
         self._start()
 
     def view(self) -> dict:
@@ -375,26 +377,28 @@ class Context:
 
     def restart(self) -> None:
         """A new kernel process (an execution running now ends with an error line)."""
-        with self._taken():
+        with self._taken("restarted"):
             self._stop()
             self._start()
 
     @contextlib.contextmanager
-    def _taken(self) -> typing.Iterator[None]:
+    def _taken(self, why: str) -> typing.Iterator[None]:
         # a restart or a delete does not wait for the running execution: it ends the kernel
         proc = self.proc
         if not self.lock.acquire(blocking=False):
+            self.ending = why
             if proc is not None:
                 with contextlib.suppress(OSError):
                     proc.kill()
             self.lock.acquire()
         try:
+            self.ending = None
             yield
         finally:
             self.lock.release()
 
     def shutdown(self) -> None:
-        with self._taken():
+        with self._taken("removed"):
             self._stop()
 
     def execute(
@@ -444,13 +448,14 @@ class Context:
         self._stop()
         if left:
             raise CallerLeft()
-        error = {
-            "type": "error",
-            "name": "KernelDied",
-            "value": f"the kernel of context {self.id} ended during the execution (exit code {code}); "
-            "its state is lost, the next execution starts a new kernel",
-            "traceback": "",
-        }
+        if self.ending is not None:
+            why = f"the context {self.id} was {self.ending} during the execution"
+        else:
+            why = (
+                f"the kernel of context {self.id} ended during the execution (exit code {code}); "
+                "its state is lost, the next execution starts a new kernel"
+            )
+        error = {"type": "error", "name": "KernelDied", "value": why, "traceback": ""}
         emit(json.dumps(error).encode() + b"\n")
         emit(END_LINE)
 
@@ -576,9 +581,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
 
+        ended = False
+
         def emit(line: bytes) -> None:
+            nonlocal ended
             self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
             if line == END_LINE:
+                ended = True
                 self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
@@ -586,6 +595,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ctx.execute(code, env_vars, emit, self.connection)
         except CallerLeft:
             self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the answer has begun: the reason as its last lines
+            if not ended:
+                failed = {"type": "error", "name": type(e).__name__, "value": str(e)[:2000], "traceback": ""}
+                emit(json.dumps(failed).encode() + b"\n")
+                emit(END_LINE)
 
     def _call(self, method: str) -> None:
         try:
@@ -642,7 +658,7 @@ def main(argv: list[str]) -> None:
     server.daemon_threads = True
     Handler.contexts = Contexts()
     threading.Thread(target=Handler.contexts.start_default, daemon=True).start()
-    server.serve_forever()
+    server.serve_forever(poll_interval=None)  # no wake-up twice a second: nothing calls shutdown()
 
 
 if __name__ == "__main__":
