@@ -19,8 +19,9 @@ that the two sides interleave (native, E2B, native, …) after two untimed pairs
   run_code            a warm code-interpreter-v1 sandbox: `run_code("1+1")` p50 through the SDK
                       (target ≤ 50 ms), the same `POST /execute` with a kept-alive httpx client,
                       from inside the sandbox straight to the interpreter service (no edge, no
-                      tunnel), and a bare jupyter_client on a kernel of its own inside the sandbox
-                      (the kernel alone): where the time goes
+                      tunnel), the service's kernel process without HTTP, and for reference a
+                      bare jupyter_client on a ZeroMQ kernel of its own process inside the
+                      sandbox (the design the service used before): where the time goes
 
 Prints one JSON document (also bench/results/e2b.json unless --no-save or --quick); progress on
 stderr. Traffic only on loopback and the sandboxes' own veth pairs.
@@ -231,13 +232,16 @@ def run(pairs: int, execs: int, run_codes: int) -> dict:
             "sdk": c.summarize(rc["sdk_ms"], keep_samples=False),
             "raw_http": c.summarize(rc["raw_ms"], keep_samples=False),
             "inside_sandbox": c.summarize(rc["inside_ms"], keep_samples=False),
+            "service_kernel": c.summarize(rc["service_kernel_ms"], keep_samples=False),
             "kernel_only": c.summarize(rc["kernel_only_ms"], keep_samples=False),
         }
         c.log(
-            "  p50 sdk {:.1f} ms, raw http {:.1f} ms, inside the sandbox {:.1f} ms, the kernel alone {:.1f} ms".format(
+            "  p50 sdk {:.1f} ms, raw http {:.1f} ms, inside the sandbox {:.1f} ms, the service's kernel "
+            "process {:.1f} ms, a ZeroMQ kernel of its own {:.1f} ms".format(
                 out["run_code"]["sdk"]["p50"],
                 out["run_code"]["raw_http"]["p50"],
                 out["run_code"]["inside_sandbox"]["p50"],
+                out["run_code"]["service_kernel"]["p50"],
                 out["run_code"]["kernel_only"]["p50"],
             )
         )

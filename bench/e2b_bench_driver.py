@@ -9,9 +9,12 @@ E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY come from the environment. Commands:
                    run_code("1+1") through the SDK; the same POST /execute with a kept-alive
                    httpx client (no SDK); from inside the sandbox, a python3 client on the
                    service's own loopback port (no edge, no tunnel: the service and the kernel
-                   alone); and a bare jupyter_client on a kernel of its own inside the sandbox
-                   (execute "1+1", read IOPub until idle: the kernel alone) — {"sdk_ms",
-                   "raw_ms", "inside_ms", "kernel_only_ms": [...], "first_run_ms"}
+                   alone); the service's kernel process driven by its own code inside the
+                   sandbox (atoll.guest.interpreter.Context.execute: no HTTP); and, for
+                   reference, a bare jupyter_client on a ZeroMQ kernel of its own process
+                   inside the sandbox (execute "1+1", read IOPub until idle: what the service
+                   used before) — {"sdk_ms", "raw_ms", "inside_ms", "service_kernel_ms",
+                   "kernel_only_ms": [...], "first_run_ms"}
   quit
 """
 
@@ -34,6 +37,20 @@ for _ in range(int(sys.argv[1])):
     r.read()
     out.append((time.perf_counter() - t) * 1000)
     c.close()
+print(json.dumps(out))
+"""
+SERVICE_KERNEL = r"""
+import json, sys, time
+sys.path.insert(0, "/opt/atoll")
+import interpreter
+ctx = interpreter.Context("/tmp")
+out = []
+for i in range(int(sys.argv[1]) + 5):
+    t = time.perf_counter()
+    ctx.execute("1+1", {}, lambda line: None)
+    if i >= 5:
+        out.append((time.perf_counter() - t) * 1000)
+ctx.shutdown()
 print(json.dumps(out))
 """
 KERNEL_ONLY = r"""
@@ -108,6 +125,9 @@ def interp(n: int) -> dict:
         sbx.files.write("/tmp/inside.py", INSIDE)
         res = sbx.commands.run(f"python3 /tmp/inside.py {n} 49990", timeout=300)
         out["inside_ms"] = json.loads(res.stdout.strip().splitlines()[-1])
+        sbx.files.write("/tmp/service_kernel.py", SERVICE_KERNEL)
+        res = sbx.commands.run(f"python3 /tmp/service_kernel.py {n}", timeout=300)
+        out["service_kernel_ms"] = json.loads(res.stdout.strip().splitlines()[-1])
         sbx.files.write("/tmp/kernel_only.py", KERNEL_ONLY)
         res = sbx.commands.run(f"python3 /tmp/kernel_only.py {n}", timeout=300)
         out["kernel_only_ms"] = json.loads(res.stdout.strip().splitlines()[-1])

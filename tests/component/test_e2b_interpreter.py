@@ -9,6 +9,7 @@ sandbox is tests/integration/test_e2b_sdk.py's interpreter test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -172,3 +173,61 @@ async def test_a_service_that_never_listens_is_a_502_naming_the_template(e2b, mo
     r = await c.post("/execute", json={"code": "1"}, headers={"X-Access-Token": TOKEN})
     assert r.status_code == 502, r.text
     assert "code-interpreter-v1" in r.json()["message"] and "exit code 1" in r.json()["message"]
+
+
+async def test_a_caller_that_disconnects_closes_the_connection_into_the_sandbox():
+    """run_code's `timeout` ends the SDK's request mid-execution: the edge closes its connection
+    into the sandbox at once (the service then interrupts the kernel), not after the execution."""
+    got_request = asyncio.Event()
+    closed = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        got_request.set()
+        with contextlib.suppress(ConnectionError):  # a long cell: no answer, until the edge closes
+            while await reader.read(1 << 16):
+                pass
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    seam = Seam(server.sockets[0].getsockname()[1])
+    seam.listening = True
+    app = e2b_app.create_app(
+        e2b_app.Settings(api_url="http://127.0.0.1:9", token_key=TOKEN_KEY),
+        seam_for=lambda request, sid: seam,
+    )
+    body = json.dumps({"code": "import time; time.sleep(600)"}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await got_request.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list = []
+
+    async def send(msg: dict) -> None:
+        sent.append(msg)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/execute",
+        "raw_path": b"/execute",
+        "query_string": b"",
+        "headers": [
+            (b"e2b-sandbox-id", SID.encode()),
+            (b"e2b-sandbox-port", b"49999"),
+            (b"x-access-token", TOKEN.encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
+    try:
+        await asyncio.wait_for(app(scope, receive, send), 10)
+        await asyncio.wait_for(closed.wait(), 5)
+    finally:
+        server.close()
+    assert got_request.is_set() and closed.is_set()

@@ -249,6 +249,14 @@ def interpreter() -> dict:
         ex = sbx.run_code("import os; os.environ.get('ATOLL_T')", envs={"ATOLL_T": "set"})
         out["env_during"] = ex.text
         out["env_after"] = sbx.run_code("import os; repr(os.environ.get('ATOLL_T'))").text
+        t = time.monotonic()
+        try:  # run_code's timeout ends the request: the cell is interrupted, the state kept
+            sbx.run_code("import time\ntime.sleep(60)\nx = 'slept'", timeout=2)
+            out["timeout"] = "no exception"
+        except Exception as e:  # noqa: BLE001
+            out["timeout"] = _name(e)
+        out["x_after_timeout"] = sbx.run_code("x").text
+        out["after_timeout_s"] = time.monotonic() - t
         ctx = sbx.create_code_context()
         out["ctx"] = {"language": ctx.language, "cwd": ctx.cwd}
         out["ctx_isolated"] = sbx.run_code("'x' in globals()", context=ctx).text

@@ -146,7 +146,8 @@ def test_volumes_are_drives_with_their_content_api(atoll_up):
 def test_run_code_through_the_code_interpreter(atoll_up):
     """e2b_code_interpreter 2.11.5 (in the 2.63 venv) against a `code-interpreter-v1` sandbox: state
     between calls, stdout/stderr, an error with its traceback, a matplotlib figure as PNG, env vars
-    for one call, contexts (create, isolated, list, restart, remove), and state across a pause."""
+    for one call, run_code's timeout interrupting the cell, contexts (create, isolated, list,
+    restart, remove), and state across a pause."""
     code_interpreter_ready(atoll_up)
     out = drive(
         "2.63", atoll_up, "interpreter", ATOLL_NATIVE_URL=atoll_up.url, ATOLL_NATIVE_KEY=atoll_up.api_key
@@ -166,6 +167,9 @@ def test_run_code_through_the_code_interpreter(atoll_up):
     }, out
     assert out["png_prefix"] == "iVBORw0KGgoA", out  # base64 of the PNG signature
     assert out["env_during"] == "'set'" and out["env_after"] == "'None'", out
+    # interrupted, not waited for: the 60 s cell never assigned x
+    assert out["timeout"] == "TimeoutException" and out["x_after_timeout"] == "1", out
+    assert out["after_timeout_s"] < 40, out
     assert out["ctx"] == {"language": "python", "cwd": "/home/user"}, out
     assert out["ctx_isolated"] == "False" and out["ctx_listed"] is True, out
     assert out["ctx_after_restart"] == "False" and out["ctx_removed"] is True, out

@@ -1,9 +1,7 @@
 """The code interpreter service's pure parts (atoll.guest.interpreter): Jupyter IOPub messages to
-the NDJSON lines e2b_code_interpreter parses (docs/e2b-compat.md §5), and the env-var prelude."""
+the NDJSON lines e2b_code_interpreter parses (docs/e2b-compat.md §5), and env vars set for one execution."""
 
 from __future__ import annotations
-
-import os
 
 from atoll.guest import interpreter as it
 
@@ -65,14 +63,10 @@ def test_execute_input_counts_executions_and_status_says_nothing():
 
 
 def test_env_vars_are_set_for_one_execution_and_the_old_values_come_back():
-    ns: dict = {}
-    os.environ["ATOLL_IT_OLD"] = "before"
-    os.environ.pop("ATOLL_IT_NEW", None)
-    try:
-        exec(it.env_code({"ATOLL_IT_OLD": "during", "ATOLL_IT_NEW": "x'\"\\"}), ns)
-        assert os.environ["ATOLL_IT_OLD"] == "during" and os.environ["ATOLL_IT_NEW"] == "x'\"\\"
-        exec(it.env_code(None), ns)
-        assert os.environ["ATOLL_IT_OLD"] == "before" and "ATOLL_IT_NEW" not in os.environ
-        assert "_atoll_env" not in ns
-    finally:
-        os.environ.pop("ATOLL_IT_OLD", None)
+    environ = {"ATOLL_IT_OLD": "before", "OTHER": "kept"}
+    saved = it.set_env(environ, {"ATOLL_IT_OLD": "during", "ATOLL_IT_NEW": "x'\"\\"})
+    assert environ == {"ATOLL_IT_OLD": "during", "ATOLL_IT_NEW": "x'\"\\", "OTHER": "kept"}
+    it.restore_env(environ, saved)
+    assert environ == {"ATOLL_IT_OLD": "before", "OTHER": "kept"}
+    it.restore_env(environ, it.set_env(environ, {}))
+    assert environ == {"ATOLL_IT_OLD": "before", "OTHER": "kept"}

@@ -8,7 +8,8 @@ edge.seam.GrantedWorker); when nothing listens there yet, the service is started
 process (`python3 /opt/atoll/interpreter.py`, the template `code-interpreter-v1` has the kernel)
 and the connection tried again until it answers. The request is sent as HTTP/1.1 (h11) and the
 answer streamed back: `/execute`'s NDJSON as it comes, the service's `{"error"}` answers as E2B's
-`{"code", "message"}`. The edge closes each connection first (no TIME_WAIT inside the sandbox).
+`{"code", "message"}`. The edge closes each connection first (no TIME_WAIT inside the sandbox),
+and at once when the caller disconnects (the service then interrupts the execution).
 
 Auth: `/execute` needs the sandbox's `X-Access-Token` (checked here when this process holds
 k_e2b, else by the grant route). `/contexts` calls carry none from 2.11.5 (§1 finding 7): they are
@@ -165,9 +166,13 @@ class Interpreter:
             stream = await self._open(seam, sid)
         except errors.AtollError as e:
             raise _atoll_error(e, sid) from None
+        # the caller leaving (its read deadline: run_code's `timeout`) closes the connection into
+        # the sandbox, and the service interrupts the kernel (atoll.guest.interpreter)
+        watch = asyncio.ensure_future(_until_disconnect(receive, stream))
         try:
             await self._relay(stream, request.method, path, bytes(body), send)
         finally:
+            watch.cancel()
             stream.close()
 
     async def _relay(self, stream: api.PortStream, method: str, path: str, body: bytes, send) -> None:
@@ -220,3 +225,12 @@ class Interpreter:
             message = str(json.loads(error_body).get("error") or message)
         # the service's own failure (a 5xx: e.g. a template without a kernel) is a bad gateway here
         raise control.E2BError(status if 400 <= status < 500 else 502, message[:2000])
+
+
+async def _until_disconnect(receive: typing.Any, stream: api.PortStream) -> None:
+    """Closes `stream` when the HTTP caller disconnects (its body was read before)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            stream.close()
+            return

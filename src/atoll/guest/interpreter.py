@@ -4,19 +4,32 @@
 Runs as `python3 /opt/atoll/interpreter.py [PORT]` with the template's Debian python (ipykernel,
 jupyter_client, matplotlib: worker.images.templates' recipe); worker.host.agent_pack copies this
 file beside the guest agent, and the E2B edge starts it on first use (e2b.interpreter) and reaches
-it through the worker's port tunnel. Standard library plus jupyter_client, imported
-lazily, so the host can import this module for its pure parts (`result_of`, `lines_of`, tested in
-tests/unit/test_interpreter.py).
+it through the worker's port tunnel. Standard library plus ipykernel, imported lazily and only by
+the kernel processes, so the host can import this module for its pure parts (`result_of`,
+`lines_of`, `set_env`, tested in tests/unit/test_interpreter.py).
 
 Why this shape: a checkpoint of this runsc fails on a TCP endpoint registered with epoll, and the
 worker's checkpoint gate (guest.agent.gate) keeps any process holding both an epoll and a TCP socket
-in the memory tier. So the service is two processes: the HTTP front (`main`: a stdlib
+in the memory tier. So the service is two kinds of process. The HTTP front (`main`: a stdlib
 `ThreadingHTTPServer`, a poll() loop and a thread per connection, no ZeroMQ, so TCP and no epoll)
-relays each call as JSON lines over a Unix socket to the broker (`broker`, started by the front,
-ending with it: the kernels, jupyter_client and ZeroMQ, epoll over Unix sockets and no TCP). The
-kernels speak ZeroMQ's `ipc` transport (Unix sockets under /tmp), never TCP, and run without
-ipykernel's debugger and fork pipe (both TCP sockets: KERNEL_MAIN). A sandbox with kernels then keeps its interpreter
-state in every standby tier.
+owns the contexts, and relays each call as JSON lines over a Unix socket pair to the context's
+kernel process (`kernel_main`: one per context, no TCP). A sandbox with kernels then keeps its
+interpreter state in every standby tier.
+
+The kernel process runs ipykernel's own in-process kernel (`ipykernel.inprocess`: the
+`IPythonKernel` of every Jupyter notebook, its shell, display hooks, inline matplotlib and
+tracebacks, driven by jupyter_client's `KernelClient` interface) on its main thread, with its
+IOPub thread left unstarted so that each message is published in the thread that makes it (what
+ipykernel does in a forked child). A Jupyter kernel of its own process would instead pass every
+`execute_request` through a chain of ZeroMQ messages between the client's and the kernel's
+threads (shell, IOPub, busy/idle), each a few syscalls and thread wake-ups, which cost ~50 µs a
+syscall on this runsc's ptrace platform (docs/benchmarks.md: 20–90 ms for `1+1`, against ~5 ms
+here). Output written to the standard streams goes out every `FLUSH_INTERVAL_S` (one flusher
+thread, as ipykernel's IOPub thread does), output written to file descriptors 1 and 2 (child
+processes, C code) is captured as ipykernel does it (a pipe and a watcher thread). An interrupt is
+a SIGINT to the kernel process (what jupyter_client's `interrupt_kernel` sends); a restart ends the
+process and starts another. The kernel runs without ipykernel's debugger (debugpy opens a TCP
+socket); output printed by a child made with `os.fork`/`multiprocessing` in a cell is not captured.
 
 Routes (JSON in; HTTP/1.1 answers with a length, `/execute`'s chunked):
 - `POST /execute` `{code, context_id?, language?, env_vars?}` → 200 NDJSON, one object per line:
@@ -36,8 +49,9 @@ import json
 import os
 import re
 import secrets
+import select
+import signal
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -54,20 +68,11 @@ DEFAULT_CWD = "/home/user"
 MAX_BODY = 16 * 1024 * 1024
 KERNEL_START_TIMEOUT_S = 120.0
 LANGUAGES = ("python", "python3")
-KERNEL_MAIN = """
-import sys
-sys.modules["debugpy"] = None  # ipykernel's debugger opens a TCP socket: off
-from ipykernel import iostream
-_init = iostream.IOPubThread.__init__
-def _no_pipe(self, socket, pipe=False, **kw):
-    _init(self, socket, pipe=False, **kw)  # the fork pipe is a TCP listener on loopback: off
-iostream.IOPubThread.__init__ = _no_pipe
-from ipykernel import kernelapp
-kernelapp.launch_new_instance()
-"""
-"""The kernel's program: ipykernel without its debugger and without the pipe that carries the
-output of forked child processes (both are TCP sockets in epoll; output printed by a child made with
-os.fork/multiprocessing is therefore not captured)."""
+FLUSH_INTERVAL_S = 0.2
+"""How long text written to sys.stdout/sys.stderr may wait before it is sent (ipykernel's
+`OutStream.flush_interval`)."""
+END_LINE = b'{"type": "end_of_execution"}\n'
+"""The last line of an execution, from the kernel process to the front (and on to the caller)."""
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 MIME_FIELDS = {
@@ -130,26 +135,162 @@ def lines_of(msg_type: str, content: dict, now_ns: int) -> list[dict]:
     return []
 
 
-def env_code(env_vars: dict[str, str] | None) -> str:
-    """Python that sets `env_vars` in the kernel for one execution, keeping the old values, or
-    (None) puts the kept values back."""
-    if env_vars is not None:
-        keys = json.dumps(sorted(env_vars))
-        return (
-            "import os as _o\n"
-            f"_atoll_env = {{_k: _o.environ.get(_k) for _k in {keys}}}\n"
-            f"_o.environ.update({json.dumps(env_vars)})\n"
-            "del _o"
-        )
-    return (
-        "import os as _o\n"
-        "for _k, _v in _atoll_env.items():\n"
-        "    _o.environ.pop(_k, None) if _v is None else _o.environ.__setitem__(_k, _v)\n"
-        "del _o, _atoll_env"
-    )
+def set_env(environ: typing.MutableMapping[str, str], env_vars: dict[str, str]) -> dict[str, str | None]:
+    """Set `env_vars` in `environ` (the kernel's os.environ) for one execution; the old values,
+    for `restore_env`."""
+    saved = {k: environ.get(k) for k in env_vars}
+    environ.update(env_vars)
+    return saved
 
 
-# ---- kernels --------------------------------------------------------------------------------------
+def restore_env(environ: typing.MutableMapping[str, str], saved: dict[str, str | None]) -> None:
+    for k, v in saved.items():
+        if v is None:
+            environ.pop(k, None)
+        else:
+            environ[k] = v
+
+
+# ---- the kernel process: one per context, ipykernel in process, no TCP --------------------------
+class KernelHost:
+    """ipykernel's in-process kernel on this process's main thread, serving the front's requests
+    (one JSON line each) on `chan` and answering with NDJSON lines, the last one END_LINE."""
+
+    def __init__(self, chan: socket.socket):
+        self.chan = chan
+        self.send_lock = threading.Lock()
+        self.lock = threading.RLock()
+        """Serializes publishing: each message is put on the kernel's in-process IOPub socket and
+        taken off it again by the same call (ipykernel's `_io_dispatch`), from the main thread, the
+        flusher or the descriptor watchers."""
+        self.current: str | None = None
+        """The msg_id of the execute_request running now, whose IOPub messages go to the front."""
+        self.pid = os.getpid()
+        self.pending: list[typing.Any] = []
+        self.wake = threading.Condition()
+        sys.modules["debugpy"] = None  # type: ignore[assignment]  # its debugger opens a TCP socket
+        # ipykernel's kernel application sets this default (kernelapp.init_gui_pylab): plt.show()
+        # and figures left at the end of a cell become image/png display_data
+        os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # kernelapp.init_signal: the kernel's
+        # pre_handler_hook turns SIGINT into KeyboardInterrupt while a request is handled
+        self.kernel, self.client = self._make_kernel()
+        threading.Thread(target=self._flusher, name="flusher", daemon=True).start()
+
+    def _make_kernel(self) -> tuple[typing.Any, typing.Any]:
+        from ipykernel import iostream
+        from ipykernel.inprocess.blocking import BlockingInProcessKernelClient
+        from ipykernel.inprocess.channels import InProcessChannel
+        from ipykernel.inprocess.ipkernel import InProcessKernel
+        from ipykernel.inprocess.socket import DummySocket
+
+        host = self
+
+        class Stream(iostream.OutStream):
+            """ipykernel's stream, flushed by the flusher thread instead of the IOPub thread's loop."""
+
+            def _schedule_flush(self) -> None:
+                if self._flush_pending:
+                    return
+                self._flush_pending = True
+                with host.wake:
+                    host.pending.append(self)
+                    host.wake.notify()
+
+            def _flush(self) -> None:
+                with host.lock:
+                    super()._flush()
+
+        class Channel(InProcessChannel):
+            """A channel whose messages are handled at once: IOPub → the front, the rest dropped
+            (the shell replies: an execution's end is its IOPub `idle`)."""
+
+            def call_handlers(self, msg: dict) -> None:
+                if self is self.client._iopub_channel:
+                    host.publish(msg)
+
+        class Client(BlockingInProcessKernelClient):
+            shell_channel_class = Channel
+            iopub_channel_class = Channel
+
+            def _dispatch_to_kernel(self, msg: dict) -> None:
+                if msg["header"]["msg_type"] == "execute_request":
+                    host.current = msg["header"]["msg_id"]
+                super()._dispatch_to_kernel(msg)
+
+        socket_ = DummySocket()
+        # not started: IOPubThread.schedule() then runs each send in the caller's thread
+        pub = iostream.IOPubThread(socket_)
+        schedule = pub.schedule
+
+        def locked_schedule(f: typing.Callable[[], None]) -> None:
+            with self.lock:
+                schedule(f)
+
+        pub.schedule = locked_schedule  # type: ignore[method-assign]
+        kernel = InProcessKernel(_underlying_iopub_socket=socket_, iopub_thread=pub)
+        kernel.stdout = Stream(kernel.session, pub, "stdout")  # watchfd: fd 1 too
+        kernel.stderr = Stream(kernel.session, pub, "stderr")
+        sys.stdout, sys.stderr = kernel.stdout, kernel.stderr  # threads of a cell print there too
+        client = Client(kernel=kernel, session=kernel.session)
+        client.start_channels()
+        return kernel, client
+
+    def _flusher(self) -> None:
+        while True:
+            with self.wake:
+                while not self.pending:
+                    self.wake.wait()
+            time.sleep(FLUSH_INTERVAL_S)
+            with self.wake:
+                streams, self.pending = self.pending, []
+            for stream in streams:
+                with contextlib.suppress(Exception):
+                    stream.flush()
+
+    def publish(self, msg: dict) -> None:
+        """One IOPub message: the current execution's lines to the front."""
+        if os.getpid() != self.pid or self.current is None:
+            return  # a forked child's copy, or output after its execution ended
+        if msg.get("parent_header", {}).get("msg_id") != self.current:
+            return
+        for line in lines_of(msg["msg_type"], msg.get("content") or {}, time.time_ns()):
+            self.send(json.dumps(line).encode() + b"\n")
+
+    def send(self, data: bytes) -> None:
+        with self.send_lock:
+            self.chan.sendall(data)
+
+    def execute(self, code: str, env_vars: dict[str, str]) -> None:
+        saved = set_env(os.environ, env_vars)
+        try:
+            self.client.execute(code, store_history=True, allow_stdin=False)
+        except KeyboardInterrupt:  # an interrupt outside the cell's code: the kernel goes on
+            self.send(
+                json.dumps(lines_of("error", {"ename": "KeyboardInterrupt", "evalue": ""}, 0)[0]).encode()
+                + b"\n"
+            )
+        finally:
+            self.current = None
+            restore_env(os.environ, saved)
+        self.send(END_LINE)
+
+    def serve(self) -> None:
+        self.send(b'{"ready": true}\n')
+        for raw in self.chan.makefile("rb"):
+            req = json.loads(raw)
+            self.execute(req["code"], req.get("env_vars") or {})
+        os._exit(0)  # the front ended: so does this kernel
+
+
+def kernel_main(fd: int) -> None:
+    """`interpreter.py --kernel FD`: the kernel of one context, on the socket `fd` to the front."""
+    chan = socket.socket(fileno=fd)
+    sys.argv = [sys.argv[0]]
+    KernelHost(chan).serve()
+
+
+# ---- the front's contexts ------------------------------------------------------------------------
 class BadRequest(Exception):
     status = 400
 
@@ -158,82 +299,168 @@ class NotFound(Exception):
     status = 404
 
 
-def _kernel_manager_class() -> type:
-    from jupyter_client.manager import KernelManager
-
-    class NoDebuggerKernelManager(KernelManager):
-        def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-            return [sys.executable, "-c", KERNEL_MAIN, "-f", self.connection_file]
-
-    return NoDebuggerKernelManager
+class CallerLeft(Exception):
+    """The HTTP caller went away during an execution (its read deadline, a cancel)."""
 
 
 class Context:
-    """One Jupyter kernel (a context) and its client; one execution at a time."""
+    """One context: a kernel process and the socket pair to it; one execution at a time."""
 
-    def __init__(self, language: str, cwd: str):
+    def __init__(self, cwd: str):
         self.id = secrets.token_hex(8)
         self.language = "python"
         self.cwd = cwd
         self.lock = threading.Lock()
-        run = os.path.join("/tmp", f"atoll-kernel-{self.id}")
-        os.makedirs(run, mode=0o700, exist_ok=True)
-        # ipc, never tcp: a TCP endpoint in epoll stops this runsc's checkpoint (module docstring)
-        self.km = _kernel_manager_class()(
-            transport="ipc",
-            ip=os.path.join(run, "k"),
-            connection_file=os.path.join(run, "kernel.json"),
-        )
-        self.km.start_kernel(cwd=_existing_dir(cwd))
-        self.client = self.km.blocking_client()
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=KERNEL_START_TIMEOUT_S)
+        self.proc: subprocess.Popen | None = None
+        self.chan: socket.socket | None = None
+        self.buf = b""
+        self.ending: str | None = None
+        """Why the kernel is being ended under a running execution ("restarted", "removed")."""
+        self._start()
 
     def view(self) -> dict:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
+    def _start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--kernel", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                cwd=_existing_dir(self.cwd),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        self.chan, self.buf = mine, b""
+        mine.settimeout(KERNEL_START_TIMEOUT_S)
+        try:
+            ready = self._line()
+        except (OSError, TimeoutError):
+            ready = None
+        mine.settimeout(None)
+        if ready != b'{"ready": true}\n':
+            self._stop()
+            raise RuntimeError(
+                f"the kernel did not start within {KERNEL_START_TIMEOUT_S:.0f} s "
+                "(python3 with ipykernel, jupyter_client and matplotlib is needed)"
+            )
+
+    def _stop(self) -> None:
+        if self.chan is not None:
+            self.chan.close()
+            self.chan = None
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def _line(self, watch: socket.socket | None = None) -> bytes | None:
+        """The kernel's next line (b"" when it ended), or None when `watch` (the caller's socket,
+        silent during an execution) becomes readable first: the caller left."""
+        assert self.chan is not None
+        while b"\n" not in self.buf:
+            if watch is not None:
+                poller = select.poll()
+                poller.register(self.chan, select.POLLIN)
+                poller.register(watch, select.POLLIN)
+                if not any(fd == self.chan.fileno() for fd, _ in poller.poll()):
+                    return None
+            data = self.chan.recv(1 << 16)
+            if not data:
+                return b""
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line + b"\n"
+
     def restart(self) -> None:
-        with self.lock:
-            self.km.restart_kernel(now=True)
-            self.client.wait_for_ready(timeout=KERNEL_START_TIMEOUT_S)
+        """A new kernel process (an execution running now ends with an error line)."""
+        with self._taken("restarted"):
+            self._stop()
+            self._start()
+
+    @contextlib.contextmanager
+    def _taken(self, why: str) -> typing.Iterator[None]:
+        # a restart or a delete does not wait for the running execution: it ends the kernel
+        proc = self.proc
+        if not self.lock.acquire(blocking=False):
+            self.ending = why
+            if proc is not None:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+            self.lock.acquire()
+        try:
+            self.ending = None
+            yield
+        finally:
+            self.lock.release()
 
     def shutdown(self) -> None:
-        self.client.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        with self._taken("removed"):
+            self._stop()
 
-    def _silent(self, code: str) -> None:
-        msg_id = self.client.execute(code, silent=True, store_history=False)
-        self._drain(msg_id, lambda line: None)
-
-    def _drain(self, msg_id: str, emit: typing.Callable[[dict], None]) -> None:
-        while True:
-            msg = self.client.get_iopub_msg()
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg.get("content") or {}
-            if kind == "status" and content.get("execution_state") == "idle":
-                return
-            for line in lines_of(kind, content, time.time_ns()):
-                emit(line)
-
-    def execute(self, code: str, env_vars: dict[str, str], emit: typing.Callable[[dict], None]) -> None:
+    def execute(
+        self,
+        code: str,
+        env_vars: dict[str, str],
+        emit: typing.Callable[[bytes], None],
+        caller: socket.socket | None = None,
+    ) -> None:
+        """Runs `code`, passing each NDJSON line (END_LINE last) to `emit`. When the caller leaves
+        (`caller` readable, or `emit` fails), the kernel is interrupted and CallerLeft raised once
+        it is idle again."""
         with self.lock:
-            if env_vars:
-                self._silent(env_code(env_vars))
-            try:
-                msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
-                try:
-                    self._drain(msg_id, emit)
-                except (BrokenPipeError, ConnectionError):
-                    self.km.interrupt_kernel()  # the caller left: stop its code, keep the state
-                    self._drain(msg_id, lambda line: None)
-                    raise
-            finally:
-                if env_vars:
-                    self._silent(env_code(None))
+            if self.proc is None or self.proc.poll() is not None:
+                self._stop()
+                self._start()
+            assert self.chan is not None
+            self.chan.sendall(json.dumps({"code": code, "env_vars": env_vars}).encode() + b"\n")
+            left = False
+            while True:
+                line = self._line(None if left else caller)
+                if line is None or line == b"":
+                    if line == b"":  # the kernel process ended during the execution
+                        self._died(emit, left)
+                        return
+                    left = True
+                    self._interrupt()
+                    continue
+                if not left:
+                    try:
+                        emit(line)
+                    except OSError:
+                        left = True
+                        self._interrupt()
+                if line == END_LINE:
+                    break
+            if left:
+                raise CallerLeft()
+
+    def _interrupt(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(signal.SIGINT)
+
+    def _died(self, emit: typing.Callable[[bytes], None], left: bool) -> None:
+        code = self.proc.wait() if self.proc is not None else None
+        self._stop()
+        if left:
+            raise CallerLeft()
+        if self.ending is not None:
+            why = f"the context {self.id} was {self.ending} during the execution"
+        else:
+            why = (
+                f"the kernel of context {self.id} ended during the execution (exit code {code}); "
+                "its state is lost, the next execution starts a new kernel"
+            )
+        error = {"type": "error", "name": "KernelDied", "value": why, "traceback": ""}
+        emit(json.dumps(error).encode() + b"\n")
+        emit(END_LINE)
 
 
-class Kernels:
+class Contexts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.contexts: dict[str, Context] = {}
@@ -242,7 +469,7 @@ class Kernels:
 
     def start_default(self) -> None:
         try:
-            ctx = Context("python", DEFAULT_CWD)
+            ctx = Context(DEFAULT_CWD)
             with self.lock:
                 self.contexts[ctx.id] = ctx
                 self.default = ctx
@@ -253,7 +480,7 @@ class Kernels:
         self.default_ready.wait(KERNEL_START_TIMEOUT_S)
         with self.lock:
             if self.default is None:
-                self.default = Context("python", DEFAULT_CWD)
+                self.default = Context(DEFAULT_CWD)
                 self.contexts[self.default.id] = self.default
             return self.default
 
@@ -266,7 +493,7 @@ class Kernels:
 
     def create(self, language: str | None, cwd: str | None) -> Context:
         _language(language)
-        ctx = Context("python", cwd or DEFAULT_CWD)
+        ctx = Context(cwd or DEFAULT_CWD)
         with self.lock:
             self.contexts[ctx.id] = ctx
         return ctx
@@ -300,107 +527,12 @@ def _str_dict(v: object, what: str) -> dict[str, str]:
     return v
 
 
-# ---- the broker: kernels behind a Unix socket ---------------------------------------------------
-def route(
-    kernels: Kernels, method: str, path: str, body: dict, emit: typing.Callable[[dict], None]
-) -> tuple[int, typing.Any] | None:
-    """One call: (status, JSON answer), or None after `/execute` streamed its lines through `emit`
-    (the first being `{"status": 200, "stream": true}`). Raises BadRequest / NotFound."""
-    path = path.split("?", 1)[0].rstrip("/")
-    if method == "GET" and path == "/health":
-        return 200, {"ok": True}
-    if method == "POST" and path == "/execute":
-        code = body.get("code")
-        if not isinstance(code, str):
-            raise BadRequest("code must be a string")
-        cid, language = body.get("context_id"), body.get("language")
-        if cid is not None and not isinstance(cid, str):
-            raise BadRequest("context_id must be a string")
-        _language(language)
-        env_vars = _str_dict(body.get("env_vars"), "env_vars")
-        ctx = kernels.get(cid) if cid else kernels.get_default()
-        emit({"status": 200, "stream": True})
-        ctx.execute(code, env_vars, emit)
-        emit({"type": "end_of_execution"})
-        return None
-    if path == "/contexts" and method == "GET":
-        return 200, [c.view() for c in list(kernels.contexts.values())]
-    if path == "/contexts" and method == "POST":
-        cwd = body.get("cwd")
-        if cwd is not None and not isinstance(cwd, str):
-            raise BadRequest("cwd must be a string")
-        return 200, kernels.create(body.get("language"), cwd).view()
-    if (m := re.fullmatch(r"/contexts/([^/]+)/restart", path)) and method == "POST":
-        kernels.get(m.group(1)).restart()
-        return 200, {}
-    if (m := re.fullmatch(r"/contexts/([^/]+)", path)) and method == "DELETE":
-        kernels.remove(m.group(1))
-        return 200, {}
-    return 404, {"error": f"{method} {path} is not a route of the code interpreter"}
-
-
-class BrokerHandler(socketserver.StreamRequestHandler):
-    """One call from the HTTP front: a JSON line in; JSON lines out, then the connection ends."""
-
-    def handle(self) -> None:
-        started = False
-
-        def emit(line: dict) -> None:
-            nonlocal started
-            started = True
-            self.wfile.write(json.dumps(line).encode() + b"\n")
-            self.wfile.flush()
-
-        try:
-            req = json.loads(self.rfile.readline())
-            out = route(self.server.kernels, req["method"], req["path"], req.get("body") or {}, emit)  # type: ignore[attr-defined]
-            if out is not None:
-                emit({"status": out[0], "json": out[1]})
-        except (BadRequest, NotFound) as e:
-            emit({"status": e.status, "json": {"error": str(e)}})
-        except (BrokenPipeError, ConnectionError):
-            pass
-        except Exception as e:  # noqa: BLE001 - the caller gets the reason, never a traceback
-            if not started:
-                with contextlib.suppress(OSError):
-                    emit(
-                        {
-                            "status": 500,
-                            "json": {"error": f"the code interpreter failed: {type(e).__name__}: {e}"[:2000]},
-                        }
-                    )
-
-
-def broker(sock_path: str) -> None:
-    """The process holding the kernels: ZeroMQ (epoll inside) and Unix sockets only, no TCP."""
-    kernels = Kernels()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(sock_path)
-    server = socketserver.ThreadingUnixStreamServer(sock_path, BrokerHandler)
-    server.daemon_threads = True
-    server.kernels = kernels  # type: ignore[attr-defined]
-    threading.Thread(target=kernels.start_default, daemon=True).start()
-    threading.Thread(target=_exit_with_parent, args=(kernels,), daemon=True).start()
-    server.serve_forever()
-
-
-def _exit_with_parent(kernels: Kernels) -> None:
-    """The front ended (killed): end the kernels and this process too."""
-    parent = os.getppid()
-    while os.getppid() == parent:
-        time.sleep(1)
-    for ctx in list(kernels.contexts.values()):
-        with contextlib.suppress(Exception):
-            ctx.km.shutdown_kernel(now=True)
-    os._exit(0)
-
-
 # ---- the HTTP front: TCP, a poll() loop, no epoll ------------------------------------------------
 class Handler(http.server.BaseHTTPRequestHandler):
-    """Parses HTTP and relays each call to the broker; holds no kernel and imports no ZeroMQ, so this
-    process has TCP sockets and no epoll (the checkpoint gate's rule), the broker the reverse."""
+    """The routes over the contexts; imports no ZeroMQ, so this process has TCP sockets and no
+    epoll (the checkpoint gate's rule), the kernel processes the reverse."""
 
-    broker_path: str
+    contexts: Contexts
     disable_nagle_algorithm = True  # small NDJSON chunks go out at once
     server_version = "atoll-interpreter/1"
     protocol_version = "HTTP/1.1"
@@ -433,39 +565,58 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _execute(self, body: dict) -> None:
+        code = body.get("code")
+        if not isinstance(code, str):
+            raise BadRequest("code must be a string")
+        cid, language = body.get("context_id"), body.get("language")
+        if cid is not None and not isinstance(cid, str):
+            raise BadRequest("context_id must be a string")
+        _language(language)
+        env_vars = _str_dict(body.get("env_vars"), "env_vars")
+        ctx = self.contexts.get(cid) if cid else self.contexts.get_default()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+        ended = False
+
+        def emit(line: bytes) -> None:
+            nonlocal ended
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            if line == END_LINE:
+                ended = True
+                self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+        try:
+            ctx.execute(code, env_vars, emit, self.connection)
+        except CallerLeft:
+            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the answer has begun: the reason as its last lines
+            if not ended:
+                failed = {"type": "error", "name": type(e).__name__, "value": str(e)[:2000], "traceback": ""}
+                emit(json.dumps(failed).encode() + b"\n")
+                emit(END_LINE)
+
     def _call(self, method: str) -> None:
         try:
             body = self._body() if method == "POST" else {}
-        except BadRequest as e:
-            self._json(400, {"error": str(e)})
-            return
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(self.broker_path)
-            req = {"method": method, "path": self.path, "body": body}
-            conn.sendall(json.dumps(req).encode() + b"\n")
-            lines = conn.makefile("rb")
-            first = json.loads(lines.readline() or b"null")
-            if not isinstance(first, dict):
-                self._json(502, {"error": "the code interpreter's kernels ended the call without an answer"})
-            elif not first.get("stream"):
-                self._json(int(first.get("status", 500)), first.get("json"))
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if method == "POST" and path == "/execute":
+                self._execute(body)
             else:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-ndjson")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                for line in lines:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
+                self._json(*route(self.contexts, method, path, body))
+        except (BadRequest, NotFound) as e:
+            self._json(e.status, {"error": str(e)})
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
-        except OSError as e:
-            self._json(502, {"error": f"the code interpreter's kernels cannot be reached: {e}"})
-        finally:
-            conn.close()
+        except Exception as e:  # noqa: BLE001 - the caller gets the reason, never a traceback
+            self._json(500, {"error": f"the code interpreter failed: {type(e).__name__}: {e}"[:2000]})
 
     def do_GET(self) -> None:
         self._call("GET")
@@ -477,24 +628,37 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._call("DELETE")
 
 
+def route(contexts: Contexts, method: str, path: str, body: dict) -> tuple[int, typing.Any]:
+    """Every call but `/execute`: (status, JSON answer). Raises BadRequest / NotFound."""
+    if method == "GET" and path == "/health":
+        return 200, {"ok": True}
+    if path == "/contexts" and method == "GET":
+        return 200, [c.view() for c in list(contexts.contexts.values())]
+    if path == "/contexts" and method == "POST":
+        cwd = body.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise BadRequest("cwd must be a string")
+        return 200, contexts.create(body.get("language"), cwd).view()
+    if (m := re.fullmatch(r"/contexts/([^/]+)/restart", path)) and method == "POST":
+        contexts.get(m.group(1)).restart()
+        return 200, {}
+    if (m := re.fullmatch(r"/contexts/([^/]+)", path)) and method == "DELETE":
+        contexts.remove(m.group(1))
+        return 200, {}
+    return 404, {"error": f"{method} {path} is not a route of the code interpreter"}
+
+
 def main(argv: list[str]) -> None:
-    if len(argv) > 2 and argv[1] == "--broker":
-        broker(argv[2])
+    if len(argv) > 2 and argv[1] == "--kernel":
+        kernel_main(int(argv[2]))
         return
     port = int(argv[1]) if len(argv) > 1 else PORT
-    sock_path = f"/tmp/atoll-interpreter-{port}.sock"
     # ThreadingHTTPServer: a poll() loop (selectors.PollSelector), no epoll on its TCP socket
     server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)  # a second start fails here
     server.daemon_threads = True
-    child = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--broker", sock_path], close_fds=True
-    )
-    deadline = time.monotonic() + 30
-    while not os.path.exists(sock_path) and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    Handler.broker_path = sock_path
-    threading.Thread(target=lambda: (child.wait(), os._exit(1)), daemon=True).start()  # no broker, no service
-    server.serve_forever()
+    Handler.contexts = Contexts()
+    threading.Thread(target=Handler.contexts.start_default, daemon=True).start()
+    server.serve_forever(poll_interval=None)  # no wake-up twice a second: nothing calls shutdown()
 
 
 if __name__ == "__main__":
