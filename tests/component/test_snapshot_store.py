@@ -9,6 +9,7 @@ tests/integration/test_snapshot_store.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import httpx
 import pytest
@@ -148,11 +149,14 @@ async def test_reconciliation_collects_stored_snapshots_no_record_names_and_uplo
     await w.snapshot(sid, "snp-00000000000000cc")
     await w.store_snapshot("snp-00000000000000cc")
     w.snapshots.pop("snp-00000000000000cc")
+    # and one another installation uploaded to the same store: never this one's to remove
+    store["snp-00000000000000dd"] = dataclasses.replace(store["snp-00000000000000cc"], holder="elsewhere")
     await fake.manager.workers.reconcile(handle)
     assert "snp-00000000000000cc" in store  # seen once: maybe an upload racing its delete
     await _stored(c, snap)  # the pass uploaded the one its worker keeps unstored
     await fake.manager.workers.reconcile(handle)
     assert "snp-00000000000000cc" not in store and snap in store
+    assert "snp-00000000000000dd" in store
     # a record whose copy is whole in the store is marked stored (a server restarted mid-upload)
     snap2 = (await c.post(f"/v1/sandboxes/{sid}/snapshots", json={})).json()["id"]
     await _stored(c, snap2)

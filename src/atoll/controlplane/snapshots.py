@@ -297,24 +297,33 @@ class Snapshots:
         )
 
     async def _reconcile_store(self, handle: typing.Any, inventory: api.Inventory) -> None:
-        """The shared store as `handle`'s worker sees it: stored snapshots no record names are
-        removed once two passes found them so (a delete while the store failed, an upload that
-        ended after its snapshot's delete: the upload starts only once the record is written),
-        records whose copy is whole there are marked stored, and a snapshot this worker keeps
-        that is not stored is uploaded (a server restarted during its upload)."""
+        """The shared store as `handle`'s worker sees it: stored snapshots that a worker of this
+        control plane uploaded (the store may be shared beyond it) and no record names are removed
+        once two passes found them so (a delete while the store failed, an upload that ended after
+        its snapshot's delete: the upload starts only once the record is written), records whose
+        copy is whole there are marked stored, and a snapshot this worker keeps that is not stored
+        is uploaded (a server restarted during its upload)."""
         if handle.worker is None or handle.info is None or not handle.info.shared_store:
             return
         try:
-            stored = set(await handle.worker.stored_snapshots())
+            listed = await handle.worker.stored_snapshots()
         except errors.AtollError as e:
             log.info("reconcile: the stored snapshots could not be listed: %s", e.message)
             return
+        stored = {k.snapshot_id for k in listed}
         R = dbm.SnapshotRecord
         kept = {k.snapshot_id for k in inventory.snapshots}
         with self.db.session() as s:
+            # the installation ids of every worker registered here (also those away or held by
+            # another server): only their uploads are this control plane's to remove
+            ours = set(
+                s.scalars(
+                    sa.select(dbm.WorkerRecord.installation).where(dbm.WorkerRecord.installation.is_not(None))
+                )
+            )
             known = {i: bool(was) for i, was in s.execute(sa.select(R.id, R.stored).where(R.id.in_(stored)))}
             unstored = set(s.scalars(sa.select(R.id).where(R.worker_id == handle.id, R.stored == sa.false())))
-        missing = stored - set(known)
+        missing = {k.snapshot_id for k in listed if k.holder in ours} - set(known)
         doomed, self._unrecorded = missing & self._unrecorded, missing
         for snapshot_id in sorted(doomed):
             log.info(

@@ -232,7 +232,7 @@ VERBS: tuple[Verb, ...] = (
         step=True,
         effect="the snapshot may have been uploaded to the object store",
     ),
-    Verb("stored_snapshots", "GET", "/stored-snapshots", answer=list[str]),
+    Verb("stored_snapshots", "GET", "/stored-snapshots", answer=list[api.KeptSnapshot]),
     # ---- processes ------------------------------------------------------------------------------
     Verb(
         "start_process",

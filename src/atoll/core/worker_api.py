@@ -303,10 +303,14 @@ class RuntimeReport:
 
 @dataclass(frozen=True)
 class KeptSnapshot:
-    """A named snapshot a worker keeps (`snapshot`), with when it was kept (Unix seconds)."""
+    """A named snapshot a worker keeps (`snapshot`), with when it was kept (Unix seconds); or one in
+    the shared object store (`stored_snapshots`), with when it was stored and `holder`, the
+    installation id of the worker that uploaded it (the control plane removes only its own
+    workers' snapshots: a store may be shared beyond one installation)."""
 
     snapshot_id: str
     kept_at: float
+    holder: str = ""
 
 
 @dataclass(frozen=True)
@@ -835,9 +839,9 @@ class WorkerAPI(Protocol):
         the store fails (retry)."""
         ...
 
-    async def stored_snapshots(self) -> list[str]:
-        """The ids of the named snapshots whole in the shared object store (any worker's; [] without
-        one): the control plane removes those no record names and marks the rest stored."""
+    async def stored_snapshots(self) -> list[KeptSnapshot]:
+        """The named snapshots whole in the shared object store (any worker's; [] without one): the
+        control plane removes those of its workers that no record names and marks the rest stored."""
         ...
 
     async def inventory(self) -> Inventory: ...

@@ -218,10 +218,10 @@ class RemoteVerbs:
         )
         return wire.load(api.StoredSnapshot, data, "store snapshot answer")
 
-    async def stored_snapshots(self) -> list[str]:
+    async def stored_snapshots(self) -> list[api.KeptSnapshot]:
         url = "/stored-snapshots"
         data = await self._call("GET", url, timeout=CALL_TIMEOUT_S, effect=None)
-        return wire.load(list[str], data, "stored snapshots answer")
+        return wire.load(list[api.KeptSnapshot], data, "stored snapshots answer")
 
     async def start_process(self, sandbox_id: str, spec: api.ExecSpec) -> api.ProcessStarted:
         url = f"/sandboxes/{sandbox_id}/processes"

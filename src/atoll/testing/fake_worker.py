@@ -568,11 +568,13 @@ class FakeWorker(fake_files.FakeFileOps):
             raise errors.NotFound(
                 f"fake: snapshot {snapshot_id} is not on worker {self.name}", code="snapshot_not_found"
             )
-        self.snapshot_store[snapshot_id] = kept
+        self.snapshot_store[snapshot_id] = dataclasses.replace(kept, holder=self.installation)
         return api.StoredSnapshot(snapshot_id, sum(len(v) for v in kept.files.values()), 0.0)
 
-    async def stored_snapshots(self) -> list[str]:
-        return sorted(self.snapshot_store or ())
+    async def stored_snapshots(self) -> list[api.KeptSnapshot]:
+        return [
+            api.KeptSnapshot(i, 0.0, kept.holder) for i, kept in sorted((self.snapshot_store or {}).items())
+        ]
 
     async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         kept = self.snapshots.get(spec.snapshot_id)

@@ -20,14 +20,16 @@ never used in their place), download the object and check it against the manifes
 is unpacked, unpack into a staging directory beside the kept ones, write its `kept.json` naming
 this worker's layer paths and guest agent, and rename it into place: from then on it is kept here
 like any snapshot (the control plane's reconciliation removes it once no record names it). `remove`
-deletes the manifest first, then the rest of the prefix; `stored_ids` lists the snapshots whose
-manifest is in the store (the control plane's garbage collection of stored snapshots no record names).
+deletes the manifest first, then the rest of the prefix; `stored` lists the snapshots whose
+manifest is in the store, with the installation that uploaded each (the control plane's garbage
+collection of its own workers' stored snapshots no record names).
 Called by worker.service.node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -247,10 +249,22 @@ async def remove(store: objectstore.ObjectStore, snapshot_id: str) -> int:
     return len(keys)
 
 
-async def stored_ids(store: objectstore.ObjectStore) -> list[str]:
-    """The ids of the snapshots whose manifest is in the store."""
-    return [
+async def stored(
+    store: objectstore.ObjectStore, tmp_root: str, seen: dict[str, tuple[float, str]]
+) -> list[tuple[str, float, str]]:
+    """(id, stored_at, holder) of the snapshots whose manifest is in the store. `seen` caches the
+    manifests read before (they never change once written); an unreadable one is left out (never
+    taken for garbage)."""
+    ids = [
         k[len(ROOT) :].split("/", 1)[0]
         for k in await store.list(ROOT)
         if k.endswith("/manifest.json") and k.count("/") == 2
     ]
+    for gone in set(seen) - set(ids):
+        del seen[gone]
+    for snapshot_id in ids:
+        if snapshot_id not in seen:
+            with contextlib.suppress(errors.Conflict):  # unreadable, or removed meanwhile
+                man = await read_manifest(store, snapshot_id, tmp_root)
+                seen[snapshot_id] = (man.stored_at, man.holder)
+    return [(i, *seen[i]) for i in ids if i in seen]

@@ -322,6 +322,8 @@ class Node(StoreVerbs):
         self._inflight: dict[str, int] = {}
         self._snapshot_users: dict[str, int] = {}
         """Creates copying from each kept snapshot right now (several at once; a delete refuses)."""
+        self._stored_seen: dict[str, tuple[float, str]] = {}
+        """The stored snapshots' manifests read so far: (stored_at, holder) by id (`stored_snapshots`)."""
         self._stream_ends = stream_ends.StreamEnds()
         """The output follows and watches open per sandbox, which `pause(end_streams=True)` ends."""
         self._bg: set[asyncio.Task] = set()
@@ -1030,11 +1032,14 @@ class Node(StoreVerbs):
         )
         return api.StoredSnapshot(snapshot_id, man.size, took)
 
-    async def stored_snapshots(self) -> list[str]:
+    async def stored_snapshots(self) -> list[api.KeptSnapshot]:
         if not self.shared_store:
             return []
+        root = os.path.join(self.s.home, "snapshots")
+        os.makedirs(root, mode=0o700, exist_ok=True)
         try:
-            return await snapstore.stored_ids(self.store)
+            found = await snapstore.stored(self.store, root, self._stored_seen)
+            return [api.KeptSnapshot(i, at, holder) for i, at, holder in found]
         except objectstore.StoreError as e:
             raise errors.Unavailable(f"the object store failed while listing snapshots: {e}") from None
 
