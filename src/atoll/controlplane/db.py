@@ -217,7 +217,7 @@ class SnapshotRecord(Base):
     source: Mapped[dict] = mapped_column(sa.JSON)
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
     stored: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
-    """A whole copy is in the workers' shared object store (migration 0027): any worker with that
+    """A whole copy is in the workers' shared object store (migration 0026): any worker with that
     store creates from it, also when `worker_id` is gone."""
 
 

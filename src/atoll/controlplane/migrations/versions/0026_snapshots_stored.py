@@ -1,14 +1,14 @@
 """snapshots.stored: a named snapshot has a whole copy in the workers' shared object store
 
-Revision ID: 0027
+Revision ID: 0026
 Revises: 0025
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0027"
-down_revision = "0025"  # 0026 is taken by a branch not merged here; the lead chains them at merge
+revision = "0026"
+down_revision = "0025"
 branch_labels = None
 depends_on = None
 
