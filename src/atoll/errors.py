@@ -37,7 +37,7 @@ Stdlib only: the server's own tree lives in `atoll.core.errors` and is never imp
     │                               tenant_exists, tenant_in_use,
     │                               volume_exists, drive_exists, volume_in_use, drive_in_use,
     │                               checkpoint_refused (fork, snapshot: the sandbox's state cannot be saved now),
-    │                               snapshot_exists, snapshot_unavailable (the snapshot's worker is gone),
+    │                               snapshot_exists, snapshot_unavailable (its worker is gone, not stored),
     │                               not_adoptable (worker protocol only),
     │                               idempotency_key_reused, idempotency_key_in_use (retryable),
     │                               sandbox_changed (retryable: another server wrote it at once)

@@ -195,7 +195,8 @@ class SecretRecord(Base):
 
 
 class SnapshotRecord(Base):
-    """A named snapshot (controlplane.snapshots): a sandbox's state kept on the worker that made it,
+    """A named snapshot (controlplane.snapshots): a sandbox's state kept on the worker that made it
+    (and, with a shared object store, uploaded there: `stored`),
     from which sandboxes are created. `name` is unique per tenant (several unnamed ones may exist);
     `memory_mb` is the memory size a create from it must use (0: files only, any size); `source`
     holds what a create from it takes of its sandbox (template settings, user, shell, workdir, disk)."""
@@ -215,6 +216,9 @@ class SnapshotRecord(Base):
     memory_mb: Mapped[int] = mapped_column(sa.Integer)
     source: Mapped[dict] = mapped_column(sa.JSON)
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    stored: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    """A whole copy is in the workers' shared object store (migration 0026): any worker with that
+    store creates from it, also when `worker_id` is gone."""
 
 
 class WorkerRecord(Base):

@@ -451,6 +451,7 @@ class Ledger:
         prefer: str | None = None,
         avoid: str | None = None,
         fetchable: bool = False,
+        among: typing.Collection[str] | None = None,
         what: str = "a sandbox",
     ) -> WorkerHandle:
         """The worker a sandbox goes to (core.placement; the decision and its reason are logged);
@@ -458,13 +459,16 @@ class Ledger:
         (an archived sandbox moving to another worker); `prefer`: the worker with affinity;
         `tenant`: whose sandbox (spread by tenant); `avoid`: never that one (the worker a drain
         moves the sandbox off); `fetchable`: `template` is a build in the object store, which every
-        worker can fetch (worker.images.buildpack), so every worker counts as holding it."""
+        worker can fetch (worker.images.buildpack), so every worker counts as holding it; `among`:
+        only these worker ids (a create from a stored snapshot: the workers reading its store)."""
         held = self.held()
         empty = placement.Commitment()
         candidates = []
         for h in self.workers.ready():
             assert h.info is not None
             if (worker_id is not None and h.id != worker_id) or h.id == avoid:
+                continue
+            if among is not None and h.id not in among:
                 continue
             c = held.get(h.id, empty)
             candidates.append(

@@ -307,8 +307,9 @@ class SandboxManager:
         on_placed: typing.Callable[[str], None] | None = None,
         snap: dbm.SnapshotRecord | None = None,
     ) -> dbm.SandboxRecord:
+        among: set[str] | None = None
         if snap is not None:  # its template's build is the snapshot's, whatever the template serves now
-            self.snapshots.worker_for_create(snap)
+            among = self.snapshots.workers_for_create(snap)
             build = None
         else:
             build = self.templates.serving(req.template, tenant)
@@ -336,8 +337,10 @@ class SandboxManager:
             handle = self.ledger.place(
                 None if snap is not None else build.id if build is not None else req.template,
                 req.memory_mb,
-                snap.worker_id if snap is not None else pin,
+                snap.worker_id if snap is not None and among is None else pin,
                 fetchable=self.templates.placeable(build) if build is not None else False,
+                prefer=snap.worker_id if snap is not None else None,
+                among=among,
                 cpus=req.cpus,
                 tenant=tenant,
                 what=f"create {sid}",
@@ -422,8 +425,8 @@ class SandboxManager:
             except errors.AtollError as e:
                 self.ledger.fail(rec, e.message, e.detail)
                 self.stores.release_all(sid, rec.mounts, rec.tenant_id)  # its runtime is stopped
-                if isinstance(e, errors.NotFound | errors.InvalidRequest):
-                    raise
+                if isinstance(e, errors.NotFound | errors.InvalidRequest) or e.code == "snapshot_unavailable":
+                    raise  # the snapshot cannot be restored there (damaged, another runsc): 409, said why
                 raise errors.RuntimeFailure(f"sandbox {sid} could not be started: {e.message}") from None
             try:
                 self.ledger.persist(rec, Verb.START)

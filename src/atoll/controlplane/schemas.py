@@ -653,7 +653,13 @@ class Snapshot(BaseModel):
     memory: bool = Field(description="Whether it holds memory and processes (else files only)")
     memory_mb: int = Field(description="The memory_mb a sandbox made from it has (0: files only, any)")
     bytes: int = Field(description="Its size on its worker's disk (memory image + files)")
-    worker: str | None = Field(description="The worker that keeps it (creates from it are placed there)")
+    worker: str | None = Field(
+        description="The worker that keeps it (creates from it go there, or anywhere once it is stored)"
+    )
+    stored: bool = Field(
+        description="A whole copy is in the object store the workers share (uploaded in the background "
+        "after it is taken): a create from it goes to any ready worker, also when its own is gone"
+    )
     created_at: str | None
 
 

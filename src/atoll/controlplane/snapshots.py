@@ -7,15 +7,27 @@ restores it as a fork does (refused the same way: volumes or drives mounted, the
 blockers → 409 checkpoint_refused, calls in flight → 409 sandbox_busy) and keeps the image (with
 `memory`) and a copy of its writable layer; the record is written once the worker answers. Names
 are unique per tenant (the database's unique index); several unnamed snapshots may exist.
-`resolve` finds a tenant's snapshot by id or name for a create (controlplane.lifecycle), which is
-placed on the worker that keeps it: there is no upload to the object store yet, so a snapshot
-whose worker is gone answers 409 snapshot_unavailable (its record can still be deleted).
+`resolve` finds a tenant's snapshot by id or name for a create (controlplane.lifecycle).
+
+With an object store the workers share (WorkerInfo.shared_store: S3 or ATOLL_ARCHIVE_DIR), the
+snapshot is uploaded there in the background once its record is written (the seam's
+store_snapshot, worker.runtimes.snapstore; measured: the first snapshot of a template also
+publishes its layers, 17 s for `base`'s, against 2.5-4 s for the snapshot call, so `take` does not
+wait for it) and the record says `stored` when the upload is
+whole. A create from a stored snapshot goes to any ready worker reading that store, its own worker
+preferred (another one downloads it, checks it and fetches its template layers, as adoption does);
+an unstored one only to its worker: gone, lost or draining → 409 snapshot_unavailable (its record
+can still be deleted). A delete removes the stored copy too (through its worker, or any worker with
+the store when its worker is gone), and reconciliation removes stored snapshots no record names
+(seen twice: `_reconcile_store`), marks stored the records whose copy is whole in the store, and
+uploads again what a restarted server never saw stored.
 Another tenant's snapshot is as absent as one that never was (404 snapshot_not_found).
 Called by controlplane.routes_snapshots, controlplane.lifecycle and the E2B edge's routes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -66,6 +78,7 @@ def view(rec: dbm.SnapshotRecord, worker_name: str | None = None) -> dict:
         "memory_mb": rec.memory_mb,
         "bytes": rec.bytes,
         "worker": worker_name,
+        "stored": bool(rec.stored),
         "created_at": schemas.iso(rec.created_at),
     }
 
@@ -76,6 +89,12 @@ class Snapshots:
     def __init__(self, manager: SandboxManager):
         self.m = manager
         self.db = manager.db
+        self._storing: dict[str, asyncio.Task] = {}
+        """Uploads to the shared store in flight (snapshot id -> the task calling store_snapshot)."""
+        self._unstorable: set[str] = set()
+        """Snapshots whose worker refused the upload for good (409): not asked again."""
+        self._unrecorded: set[str] = set()
+        """Stored snapshots no record named at the last pass (removed if the next finds them too)."""
 
     # ---- reading --------------------------------------------------------------------------------
     def _not_found(self, ref: str) -> errors.AtollError:
@@ -226,7 +245,101 @@ class Snapshots:
                 raise
         if old is not None:
             await self._remove_files(old)
+        self._store_later(snap.id, m.workers.handles.get(snap.worker_id))
         return snap
+
+    # ---- the shared object store ------------------------------------------------------------------
+    def _store_later(self, snapshot_id: str, h: typing.Any) -> None:
+        """Upload the snapshot to the shared store in the background, if its worker `h` has one."""
+        if (
+            h is None
+            or h.worker is None
+            or h.info is None
+            or not h.info.shared_store
+            or snapshot_id in self._storing
+            or snapshot_id in self._unstorable
+        ):
+            return
+        task = asyncio.get_running_loop().create_task(self._store(snapshot_id, h), context=auth.detached())
+        self._storing[snapshot_id] = task
+        task.add_done_callback(lambda _t: self._storing.pop(snapshot_id, None))
+
+    async def _store(self, snapshot_id: str, h: typing.Any) -> None:
+        try:
+            out = await h.worker.store_snapshot(snapshot_id)
+        except errors.AtollError as e:
+            if isinstance(e, errors.Conflict):
+                self._unstorable.add(snapshot_id)
+            log.warning(
+                "snapshot %s stays on worker %s only for now: %s",
+                snapshot_id,
+                h.name,
+                e.message,
+                extra={"snapshot_id": snapshot_id, "worker": h.name},
+            )
+            return
+        with self.db.session.begin() as s:
+            s.execute(
+                sa.update(dbm.SnapshotRecord).where(dbm.SnapshotRecord.id == snapshot_id).values(stored=True)
+            )
+        log.info(
+            "snapshot.stored: %d bytes in %.0f ms",
+            out.bytes,
+            out.duration_ms,
+            extra={"snapshot_id": snapshot_id, "worker": h.name},
+        )
+
+    def _store_worker(self, but: str | None = None) -> typing.Any:
+        """A ready worker that reads the shared store (not `but`), or None."""
+        return next(
+            (h for h in self.m.workers.ready() if h.info is not None and h.info.shared_store and h.id != but),
+            None,
+        )
+
+    async def _reconcile_store(self, handle: typing.Any, inventory: api.Inventory) -> None:
+        """The shared store as `handle`'s worker sees it: stored snapshots that a worker of this
+        control plane uploaded (the store may be shared beyond it) and no record names are removed
+        once two passes found them so (a delete while the store failed, an upload that ended after
+        its snapshot's delete: the upload starts only once the record is written), records whose
+        copy is whole there are marked stored, and a snapshot this worker keeps that is not stored
+        is uploaded (a server restarted during its upload)."""
+        if handle.worker is None or handle.info is None or not handle.info.shared_store:
+            return
+        try:
+            listed = await handle.worker.stored_snapshots()
+        except errors.AtollError as e:
+            log.info("reconcile: the stored snapshots could not be listed: %s", e.message)
+            return
+        stored = {k.snapshot_id for k in listed}
+        R = dbm.SnapshotRecord
+        kept = {k.snapshot_id for k in inventory.snapshots}
+        with self.db.session() as s:
+            # the installation ids of every worker registered here (also those away or held by
+            # another server): only their uploads are this control plane's to remove
+            ours = set(
+                s.scalars(
+                    sa.select(dbm.WorkerRecord.installation).where(dbm.WorkerRecord.installation.is_not(None))
+                )
+            )
+            known = {i: bool(was) for i, was in s.execute(sa.select(R.id, R.stored).where(R.id.in_(stored)))}
+            unstored = set(s.scalars(sa.select(R.id).where(R.worker_id == handle.id, R.stored == sa.false())))
+        missing = {k.snapshot_id for k in listed if k.holder in ours} - set(known)
+        doomed, self._unrecorded = missing & self._unrecorded, missing
+        for snapshot_id in sorted(doomed):
+            log.info(
+                "reconcile: removing a stored snapshot no record names",
+                extra={"snapshot_id": snapshot_id, "worker": handle.name},
+            )
+            try:
+                await handle.worker.delete_snapshot(snapshot_id)
+            except errors.AtollError as e:
+                log.warning("reconcile: removing stored snapshot %s failed: %s", snapshot_id, e.message)
+        found = [i for i, was in known.items() if not was]
+        if found:
+            with self.db.session.begin() as s:
+                s.execute(sa.update(R).where(R.id.in_(found)).values(stored=True))
+        for snapshot_id in sorted((unstored & kept) - stored):
+            self._store_later(snapshot_id, handle)
 
     async def _remove_files(self, rec: dbm.SnapshotRecord) -> None:
         """Remove a replaced snapshot's files from its worker (best effort: one that cannot be
@@ -239,12 +352,23 @@ class Snapshots:
                 log.warning("replaced snapshot %s stays on worker %s: %s", rec.id, h.name, e.message)
 
     async def delete(self, snapshot_id: str) -> None:
-        """Remove it from its worker, then its record. A worker that is gone (no longer known) keeps
-        nothing to remove; one that is known but unreachable now refuses the delete (503)."""
+        """Remove it from its worker (its stored copy too), then its record. A worker that is gone (no
+        longer known) keeps nothing to remove; one that is known but unreachable now refuses the
+        delete (503) — unless the snapshot is stored: any worker with the store removes that copy."""
         rec = self.get(snapshot_id)
         h = self.m.workers.handles.get(rec.worker_id)
-        if h is not None and h.worker is not None:
-            await self.m.workers.api_for(rec.worker_id).delete_snapshot(snapshot_id)
+        if h is not None and h.worker is not None and (h.usable or not rec.stored):
+            await self.m.workers.api_for(rec.worker_id).delete_snapshot(snapshot_id)  # its stored copy too
+        elif rec.stored:
+            # its worker is away: another one removes the stored copy (the kept one goes when that
+            # worker is reconciled again); none ready: the store's garbage collection removes it
+            other = self._store_worker(but=rec.worker_id)
+            if other is not None:
+                await other.worker.delete_snapshot(snapshot_id)
+            else:
+                log.warning(
+                    "snapshot %s: its stored copy is left to the store's garbage collection", snapshot_id
+                )
         elif h is not None and h.state != "lost":
             raise errors.Unavailable(
                 f"the worker {h.name!r} that keeps snapshot {snapshot_id} cannot be reached now; try again"
@@ -257,6 +381,7 @@ class Snapshots:
         ORPHAN_GRACE_S (younger ones may be a `take` whose record is about to be written, here or
         on another server): a snapshot call whose answer was lost, or a delete while the worker was
         unreachable."""
+        await self._reconcile_store(handle, inventory)
         if not inventory.snapshots or handle.worker is None:
             return
         with self.db.session() as s:
@@ -280,15 +405,26 @@ class Snapshots:
             except errors.AtollError as e:
                 log.warning("reconcile: deleting snapshot %s failed: %s", k.snapshot_id, e.message)
 
-    def worker_for_create(self, snap: dbm.SnapshotRecord) -> None:
-        """Refuse a create from `snap` early when its worker is gone or lost: 409
-        snapshot_unavailable (one joining is left to placement's retryable 503)."""
+    def workers_for_create(self, snap: dbm.SnapshotRecord) -> set[str] | None:
+        """The workers a create from `snap` may go to: None for only its own (not stored, or no
+        ready worker reads the store), else the ready workers reading the shared store (placement
+        prefers its own). Refused early when it is only on a worker that is gone, lost or draining:
+        409 snapshot_unavailable (one joining is left to placement's retryable 503)."""
+        if snap.stored:
+            shared = {h.id for h in self.m.workers.ready() if h.info is not None and h.info.shared_store}
+            if shared:
+                return shared
         h = self.m.workers.handles.get(snap.worker_id)
         if h is None or h.state in ("lost", "draining"):
             why = "is gone" if h is None else f"{h.name!r} is {h.state}"
+            where = (
+                "its copy in the object store has no ready worker reading that store now; try again"
+                if snap.stored
+                else "it is not in an object store the workers share (ATOLL_S3_* or ATOLL_ARCHIVE_DIR; "
+                "it is uploaded there after it is taken), so sandboxes are created from it only there"
+            )
             raise errors.Conflict(
-                f"snapshot {snap.id} is kept on a worker that {why}: snapshots stay on the worker that "
-                "made them (no object-store copy yet), so sandboxes are created from it only there"
+                f"snapshot {snap.id} is kept on a worker that {why}, and {where}"
                 + (
                     "; a lost worker that comes back serves it again"
                     if h is not None and h.state == "lost"
@@ -296,3 +432,4 @@ class Snapshots:
                 ),
                 code="snapshot_unavailable",
             )
+        return None

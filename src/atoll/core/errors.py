@@ -93,7 +93,10 @@ CODES: dict[str, Code] = {
     "drive_exists": Code(409, False, "a drive of that name exists"),
     "snapshot_exists": Code(409, False, "the tenant has a snapshot of that name already"),
     "snapshot_unavailable": Code(
-        409, False, "the snapshot's worker is gone (snapshots stay on the worker that made them)"
+        409,
+        False,
+        "the snapshot's worker is gone and it is not in a shared object store (or cannot be restored "
+        "on the worker that fetched it)",
     ),
     "volume_in_use": Code(
         409, False, "the volume is attached to a sandbox (the error names it); delete that first"

@@ -222,6 +222,17 @@ VERBS: tuple[Verb, ...] = (
         step=True,
         effect="the snapshot may have been removed",
     ),
+    Verb(
+        "store_snapshot",
+        "POST",
+        "/snapshots/{snapshot_id}/store",
+        (Arg("snapshot_id", "path"),),
+        api.StoredSnapshot,
+        wait="step",
+        step=True,
+        effect="the snapshot may have been uploaded to the object store",
+    ),
+    Verb("stored_snapshots", "GET", "/stored-snapshots", answer=list[api.KeptSnapshot]),
     # ---- processes ------------------------------------------------------------------------------
     Verb(
         "start_process",

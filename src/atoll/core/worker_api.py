@@ -30,8 +30,10 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 13
-"""13: named snapshots (snapshot, delete_snapshot, SandboxSpec.snapshot_id); 12: a worker registering again sends `proof` (core.wire.registration_proof) that it holds the
+PROTOCOL_VERSION = 14
+"""14: named snapshots in the shared object store (store_snapshot, stored_snapshots,
+WorkerInfo.shared_store; a create's snapshot_id may name one this worker fetches; delete_snapshot
+removes the stored copy too); 13: named snapshots (snapshot, delete_snapshot, SandboxSpec.snapshot_id); 12: a worker registering again sends `proof` (core.wire.registration_proof) that it holds the
 token of the registration it replaces; 11: pause(end_streams) ends the sandbox's output follows and watches first (ProcessEnded, a
 watch's `ended` event) and a process killed by a signal says which (ProcessInfo.signal,
 ProcessExit.signal); 10: store entries with owner and times (StoreEntry: list_store_files with `depth`,
@@ -95,7 +97,8 @@ class SandboxSpec:
     mounts: tuple[MountSpec, ...] = ()
     """Volumes and drives (on this worker) bind-mounted into it; a sandbox with any boots cold."""
     snapshot_id: str = ""
-    """A snapshot on this worker (`snapshot`) it starts from, as a fork's copy does: its files,
+    """A snapshot on this worker (`snapshot`), or one in the shared object store (`store_snapshot`)
+    which this worker then downloads and checks first, it starts from, as a fork's copy does: its files,
     and with a memory snapshot its memory and processes (then `memory_mb` must be the snapshot's).
     Its template, build, user and workdir are the snapshot's; `env` is added to the snapshot's."""
 
@@ -205,6 +208,9 @@ class WorkerInfo:
     tunnel_port: int = 0
     """The port of its tunnel listener (worker.tunnel; same host as its API): the ingress
     router's way into its sandboxes. 0: none (an in-process worker is called directly)."""
+    shared_store: bool = False
+    """Its object store is one other workers read too (S3, or ATOLL_ARCHIVE_DIR set): it uploads
+    named snapshots there (`store_snapshot`) and creates from stored snapshots it does not keep."""
 
 
 # ---- lifecycle outcomes ----------------------------------------------------------------------
@@ -264,6 +270,16 @@ class SnapshotOutcome:
 
 
 @dataclass(frozen=True)
+class StoredSnapshot:
+    """A named snapshot uploaded to the shared object store (`store_snapshot`): the bytes of the
+    stored object (compressed) and what the upload cost."""
+
+    snapshot_id: str
+    bytes: int
+    duration_ms: float
+
+
+@dataclass(frozen=True)
 class RuntimeReport:
     """One runtime a worker holds, as its inventory reports it."""
 
@@ -287,10 +303,14 @@ class RuntimeReport:
 
 @dataclass(frozen=True)
 class KeptSnapshot:
-    """A named snapshot a worker keeps (`snapshot`), with when it was kept (Unix seconds)."""
+    """A named snapshot a worker keeps (`snapshot`), with when it was kept (Unix seconds); or one in
+    the shared object store (`stored_snapshots`), with when it was stored and `holder`, the
+    installation id of the worker that uploaded it (the control plane removes only its own
+    workers' snapshots: a store may be shared beyond one installation)."""
 
     snapshot_id: str
     kept_at: float
+    holder: str = ""
 
 
 @dataclass(frozen=True)
@@ -808,7 +828,20 @@ class WorkerAPI(Protocol):
         ...
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        """Remove a kept snapshot (nothing if it is not here)."""
+        """Remove a kept snapshot (nothing if it is not here), and its copy in the shared object
+        store if there is one (503 when the store fails: retry)."""
+        ...
+
+    async def store_snapshot(self, snapshot_id: str) -> StoredSnapshot:
+        """Upload a snapshot this worker keeps to the shared object store (its template layers
+        too), so that any worker with that store creates from it. 404 snapshot_not_found when it
+        is not kept here; 409 snapshot_unavailable when this worker has no shared store; 503 when
+        the store fails (retry)."""
+        ...
+
+    async def stored_snapshots(self) -> list[KeptSnapshot]:
+        """The named snapshots whole in the shared object store (any worker's; [] without one): the
+        control plane removes those of its workers that no record names and marks the rest stored."""
         ...
 
     async def inventory(self) -> Inventory: ...

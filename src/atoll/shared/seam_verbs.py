@@ -208,6 +208,21 @@ class RemoteVerbs:
         url = f"/snapshots/{snapshot_id}"
         await self._call("DELETE", url, timeout=STEP_TIMEOUT_S, effect="the snapshot may have been removed")
 
+    async def store_snapshot(self, snapshot_id: str) -> api.StoredSnapshot:
+        url = f"/snapshots/{snapshot_id}/store"
+        data = await self._call(
+            "POST",
+            url,
+            timeout=STEP_TIMEOUT_S,
+            effect="the snapshot may have been uploaded to the object store",
+        )
+        return wire.load(api.StoredSnapshot, data, "store snapshot answer")
+
+    async def stored_snapshots(self) -> list[api.KeptSnapshot]:
+        url = "/stored-snapshots"
+        data = await self._call("GET", url, timeout=CALL_TIMEOUT_S, effect=None)
+        return wire.load(list[api.KeptSnapshot], data, "stored snapshots answer")
+
     async def start_process(self, sandbox_id: str, spec: api.ExecSpec) -> api.ProcessStarted:
         url = f"/sandboxes/{sandbox_id}/processes"
         data = await self._call(

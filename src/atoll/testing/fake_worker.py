@@ -130,6 +130,7 @@ class FakeWorker(fake_files.FakeFileOps):
         store: dict[str, FakeRuntime] | None = None,
         published: dict[str, api.BuildInfo] | None = None,
         slots: int = 0,
+        snapshot_store: dict[str, FakeRuntime] | None = None,
     ):
         self.name = name
         self.store: dict[str, FakeRuntime] = {} if store is None else store
@@ -138,6 +139,10 @@ class FakeWorker(fake_files.FakeFileOps):
         """Builds in a shared object store (build id -> its info), as a real worker with S3 or
         ATOLL_ARCHIVE_DIR publishes them: fakes given the same dict publish ready builds there and
         fetch from it a build they lack (None: builds stay on this fake)."""
+        self.snapshot_store = snapshot_store
+        """Named snapshots in a shared object store (snapshot id -> the kept copy), as a real
+        worker with S3 or ATOLL_ARCHIVE_DIR uploads them (`store_snapshot`): fakes given the same
+        dict create from a snapshot another one kept (None: no shared store)."""
         self._fetching: dict[str, asyncio.Lock] = {}
         self.installation = installation
         self.capacity = api.Capacity(memory_mb=memory_mb, cpus=cpus, disk_mb=1 << 20, slots=slots)
@@ -259,6 +264,7 @@ class FakeWorker(fake_files.FakeFileOps):
                 api.TemplateInfo(t, "ready", description=f"fake {t}") for t in self.template_names
             ),
             builds=tuple(self.builds.values()),
+            shared_store=self.snapshot_store is not None,
         )
 
     async def _ensure_build(self, build_id: str) -> None:
@@ -547,9 +553,41 @@ class FakeWorker(fake_files.FakeFileOps):
     async def delete_snapshot(self, snapshot_id: str) -> None:
         self.calls.append(("delete_snapshot", snapshot_id))
         self.snapshots.pop(snapshot_id, None)
+        self.snapshot_times.pop(snapshot_id, None)
+        if self.snapshot_store is not None:
+            self.snapshot_store.pop(snapshot_id, None)
+
+    async def store_snapshot(self, snapshot_id: str) -> api.StoredSnapshot:
+        await self._step("store_snapshot", snapshot_id)
+        if self.snapshot_store is None:
+            raise errors.Conflict(
+                f"fake: worker {self.name} has no shared store", code="snapshot_unavailable"
+            )
+        kept = self.snapshots.get(snapshot_id)
+        if kept is None:
+            raise errors.NotFound(
+                f"fake: snapshot {snapshot_id} is not on worker {self.name}", code="snapshot_not_found"
+            )
+        self.snapshot_store[snapshot_id] = dataclasses.replace(kept, holder=self.installation)
+        return api.StoredSnapshot(snapshot_id, sum(len(v) for v in kept.files.values()), 0.0)
+
+    async def stored_snapshots(self) -> list[api.KeptSnapshot]:
+        return [
+            api.KeptSnapshot(i, 0.0, kept.holder) for i, kept in sorted((self.snapshot_store or {}).items())
+        ]
 
     async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         kept = self.snapshots.get(spec.snapshot_id)
+        if kept is None and self.snapshot_store is not None and spec.snapshot_id in self.snapshot_store:
+            kept = self.snapshot_store[spec.snapshot_id]  # fetched, as a worker does: kept here from now on
+            if kept.spec.memory_mb and kept.runtime_key != self.runtime_key:
+                raise errors.Conflict(
+                    f"fake: snapshot {spec.snapshot_id} was made under another runtime key",
+                    code="snapshot_unavailable",
+                )
+            self.calls.append(("fetch_snapshot", spec.snapshot_id))
+            self.snapshots[spec.snapshot_id] = kept
+            self.snapshot_times[spec.snapshot_id] = time.time()
         if kept is None:
             raise errors.NotFound(
                 f"fake: snapshot {spec.snapshot_id} is not on worker {self.name}", code="snapshot_not_found"

@@ -380,11 +380,7 @@ async def upload(store: objectstore.ObjectStore, sandbox_dir: str, man: ArchiveM
     out = os.path.join(sandbox_dir, PACKING)
     try:
         man = await asyncio.to_thread(pack, sandbox_dir, out, man)
-        stored = await store.put_file(man.key, out)
-        if stored != man.size or await store.size(man.key) != man.size:
-            raise objectstore.StoreUnavailable(
-                f"{store.name} holds {stored} bytes of {man.key}, {man.size} were uploaded"
-            )
+        await objectstore.put_checked(store, man.key, out, man.size)
         _write_json(os.path.join(sandbox_dir, LOCAL_MANIFEST + ".new"), man.dumps())
         await store.put_file(manifest_key(man.sandbox_id), os.path.join(sandbox_dir, LOCAL_MANIFEST + ".new"))
         os.replace(

@@ -71,6 +71,14 @@ class ObjectStore(typing.Protocol):
         ...
 
 
+async def put_checked(store: ObjectStore, key: str, path: str, size: int) -> None:
+    """Upload `path` (`size` bytes) as `key` and check the store holds all of it: StoreUnavailable
+    when it does not (the manifest naming an object is written only after this)."""
+    stored = await store.put_file(key, path)
+    if stored != size or await store.size(key) != size:
+        raise StoreUnavailable(f"{store.name} holds {stored} bytes of {key}, {size} were uploaded")
+
+
 def check_key(key: str) -> str:
     parts = key.split("/")
     if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):

@@ -118,12 +118,14 @@ def refs_of(lower: str) -> list[dict] | None:
 # ---- packing --------------------------------------------------------------------------------------
 
 
-def _pack(fs: str, out: str) -> tuple[str, int, int]:
-    """tar | zstd of `fs` into `out`: (sha256, size of the object, bytes before compression)."""
+def pack_tree(fs: str, out: str, members: tuple[str, ...] = (".",)) -> tuple[str, int, int]:
+    """tar | zstd of `members` of the directory `fs` into `out` (fsync'd): (sha256, size of the
+    object, bytes before compression). Blocking. Layers, and named snapshots' kept directories
+    (worker.runtimes.snapstore): trees with owners, xattrs and whiteout devices."""
     h = hashlib.sha256()
     raw = 0
     proc = subprocess.Popen(
-        ["tar", *TAR_FLAGS, "-C", fs, "-cf", "-", "."],
+        ["tar", *TAR_FLAGS, "-C", fs, "-cf", "-", *members],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -148,7 +150,9 @@ def _pack(fs: str, out: str) -> tuple[str, int, int]:
     return h.hexdigest(), os.path.getsize(out), raw
 
 
-def _unpack(obj: str, dest: str) -> None:
+def unpack_tree(obj: str, dest: str) -> None:
+    """Unpack a `pack_tree` object into `dest` (checked first: `matches`). Blocking.
+    LayerUnavailable when it is not a whole zstd tar."""
     proc = subprocess.Popen(
         ["tar", *TAR_FLAGS, "--same-permissions", "--same-owner", "-C", dest, "-xf", "-"],
         stdin=subprocess.PIPE,
@@ -177,6 +181,11 @@ def _sha256(path: str) -> str:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def matches(path: str, size: object, sha256: object) -> bool:
+    """Whether a fetched object is the one its manifest names (size, then sha256). Blocking."""
+    return os.path.getsize(path) == size and _sha256(path) == sha256
 
 
 async def _exists(store: objectstore.ObjectStore, key: str) -> bool:
@@ -214,12 +223,8 @@ async def _publish_one(
     out = os.path.join(tmp_dir, f"layer-{key}-{instance}.tar.zst")
     meta_path = out + ".json"
     try:
-        sha, size, raw = await asyncio.to_thread(_pack, ref["path"], out)
-        stored = await store.put_file(object_key(key, instance), out)
-        if stored != size or await store.size(object_key(key, instance)) != size:
-            raise objectstore.StoreUnavailable(
-                f"{store.name} holds {stored} bytes of layer {key}, {size} were uploaded"
-            )
+        sha, size, raw = await asyncio.to_thread(pack_tree, ref["path"], out)
+        await objectstore.put_checked(store, object_key(key, instance), out, size)
         with open(meta_path, "w") as f:
             json.dump(
                 {
@@ -300,13 +305,11 @@ async def fetch(store: objectstore.ObjectStore, layers: LayerStore, ref: dict) -
                     f"layer {key} (instance {instance}) in {store.name} is not the one pinned "
                     f"(sha256 {str(meta.get('sha256'))[:16]}…, pinned {str(ref['sha256'])[:16]}…)"
                 )
-            if os.path.getsize(obj) != meta.get("size") or await asyncio.to_thread(_sha256, obj) != meta.get(
-                "sha256"
-            ):
+            if not await asyncio.to_thread(matches, obj, meta.get("size"), meta.get("sha256")):
                 raise LayerUnavailable(
                     f"layer {key} (instance {instance}) in {store.name} does not match its checksum"
                 )
-            await asyncio.to_thread(_unpack, obj, fs)
+            await asyncio.to_thread(unpack_tree, obj, fs)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         layers.commit(local_key, fs, f"fetched from {store.name} (layer {key})", instance=instance)

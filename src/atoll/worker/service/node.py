@@ -41,7 +41,7 @@ from atoll.worker.host import agent_pack, bundle, cgroups, objectstore, storage,
 from atoll.worker.host.snapshots import LocalSnapshotStore
 from atoll.worker.images import layer_gc, layers, templates
 from atoll.worker.images.builder import Builder
-from atoll.worker.runtimes import adoption, archive_gc, budget, forks
+from atoll.worker.runtimes import adoption, archive_gc, budget, forks, snapstore
 from atoll.worker.runtimes.archiving import Archiver
 from atoll.worker.runtimes.edge import Edge
 from atoll.worker.runtimes.guest import Guest
@@ -242,11 +242,14 @@ class Node(StoreVerbs):
         self.liveness.on_failed = lambda rt: self._spawn(self.sandboxes.stop_container(rt))
         self.store = objectstore.from_settings(settings.home, settings.archive_dir, settings.s3)
         """The archive tier's object store (S3 when ATOLL_S3_* are set, else a local directory)."""
+        self.shared_store = bool(settings.s3 or settings.archive_dir)
+        """Whether `store` is one other workers read too: archives publish their layers, builds
+        and named snapshots are uploaded there (worker.runtimes.snapstore)."""
         self.archiver = Archiver(
             self.runtimes,
             self.store,
             os.path.join(settings.home, archive_gc.JOURNAL),
-            share_layers=bool(settings.s3 or settings.archive_dir),
+            share_layers=self.shared_store,
         )
         self.archiver.store_info = self.stores.info  # the volumes' state, pinned in each manifest
         self.retained = Retained(self.runtimes, self.stores)
@@ -319,6 +322,8 @@ class Node(StoreVerbs):
         self._inflight: dict[str, int] = {}
         self._snapshot_users: dict[str, int] = {}
         """Creates copying from each kept snapshot right now (several at once; a delete refuses)."""
+        self._stored_seen: dict[str, tuple[float, str]] = {}
+        """The stored snapshots' manifests read so far: (stored_at, holder) by id (`stored_snapshots`)."""
         self._stream_ends = stream_ends.StreamEnds()
         """The output follows and watches open per sandbox, which `pause(end_streams=True)` ends."""
         self._bg: set[asyncio.Task] = set()
@@ -719,6 +724,7 @@ class Node(StoreVerbs):
             builds=self.builder.infos(),
             default_disk_mb=self.s.default_disk_mb,
             tunnel_port=self.tunnel_port,
+            shared_store=self.shared_store,
         )
 
     async def _builtin_rootfs(self, name: str) -> tuple[str, str]:
@@ -972,6 +978,88 @@ class Node(StoreVerbs):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(dest, forks.KEPT_META))
                 await asyncio.to_thread(shutil.rmtree, dest, True)
+            if self.shared_store:
+                try:
+                    n = await snapstore.remove(self.store, snapshot_id)
+                except objectstore.StoreError as e:
+                    raise errors.Unavailable(
+                        f"the object store failed while deleting snapshot {snapshot_id}'s stored copy: {e}; "
+                        "delete it again"
+                    ) from None
+                if n:
+                    log.info("snapshot %s removed from %s (%d objects)", snapshot_id, self.store.name, n)
+
+    async def store_snapshot(self, snapshot_id: str) -> api.StoredSnapshot:
+        """Upload a kept snapshot to the shared store (worker.runtimes.snapstore). Not under the
+        snapshot's lock: creates from it go on meanwhile; a delete meanwhile removes the kept
+        directory, and what the upload then put in the store is removed here."""
+        dest = self._snapshot_dir(snapshot_id)
+        if not self.shared_store:
+            raise errors.Conflict(
+                f"worker {self.s.name} has no object store other workers read (ATOLL_S3_* or "
+                "ATOLL_ARCHIVE_DIR): its snapshots stay on it",
+                code="snapshot_unavailable",
+            )
+        kept = self._kept(snapshot_id)
+        t0 = time.perf_counter()
+        work = os.path.join(os.path.dirname(dest), f".upload-{snapshot_id}-{os.getpid()}-{int(t0 * 1000)}")
+        try:
+            man = await snapstore.upload(self.store, snapshot_id, kept, holder=self.install_id, work=work)
+        except objectstore.StoreError as e:
+            raise errors.Unavailable(
+                f"the object store failed while storing snapshot {snapshot_id}: {e}"
+            ) from None
+        except OSError as e:  # deleted while it was packed
+            if forks.Kept.load(dest) is not None:
+                raise
+            raise errors.NotFound(
+                f"snapshot {snapshot_id} was deleted while it was uploaded", code="snapshot_not_found"
+            ) from e
+        if forks.Kept.load(dest) is None:  # deleted meanwhile: nothing of it stays in the store
+            with contextlib.suppress(objectstore.StoreError):
+                await snapstore.remove(self.store, snapshot_id)
+            raise errors.NotFound(
+                f"snapshot {snapshot_id} was deleted while it was uploaded", code="snapshot_not_found"
+            )
+        took = round((time.perf_counter() - t0) * 1000, 1)
+        log.info(
+            "snapshot %s stored in %s: %d bytes (%d before compression) in %.0f ms",
+            snapshot_id,
+            self.store.name,
+            man.size,
+            man.raw_bytes,
+            took,
+        )
+        return api.StoredSnapshot(snapshot_id, man.size, took)
+
+    async def stored_snapshots(self) -> list[api.KeptSnapshot]:
+        if not self.shared_store:
+            return []
+        root = os.path.join(self.s.home, "snapshots")
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        try:
+            found = await snapstore.stored(self.store, root, self._stored_seen)
+            return [api.KeptSnapshot(i, at, holder) for i, at, holder in found]
+        except objectstore.StoreError as e:
+            raise errors.Unavailable(f"the object store failed while listing snapshots: {e}") from None
+
+    async def _fetch_snapshot(self, snapshot_id: str) -> forks.Kept:
+        """A snapshot this worker does not keep, from the shared store (under its lock)."""
+        if not self.shared_store:
+            return self._kept(snapshot_id)  # 404 snapshot_not_found: only its worker has it
+        try:
+            return await snapstore.fetch(
+                self.store,
+                snapshot_id,
+                self._snapshot_dir(snapshot_id),
+                layers=self.layers,
+                runtime_key=self.sandboxes.runtime_key(),
+                agent_dir=self.sandboxes.agent_dir,
+            )
+        except objectstore.StoreError as e:
+            raise errors.Unavailable(
+                f"the object store failed while fetching snapshot {snapshot_id}: {e}"
+            ) from None
 
     async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         """A create from a named snapshot: a copy of it, as a fork's (worker.runtimes.forks).
@@ -982,7 +1070,9 @@ class Node(StoreVerbs):
             )
         t0 = time.perf_counter()
         async with self._lock(spec.snapshot_id):  # a delete waits for this, and refuses while it is used
-            kept = self._kept(spec.snapshot_id)
+            kept = forks.Kept.load(self._snapshot_dir(spec.snapshot_id))
+            if kept is None:  # kept on another worker: downloaded from the shared store, once
+                kept = await self._fetch_snapshot(spec.snapshot_id)
             self._snapshot_users[spec.snapshot_id] = self._snapshot_users.get(spec.snapshot_id, 0) + 1
         try:
             return await self._copy_snapshot(spec, kept, t0)
