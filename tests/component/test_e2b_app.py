@@ -320,6 +320,23 @@ async def test_named_snapshots_map_onto_atolls(e2b):
     assert latest not in e2b.fake.worker.snapshots
 
 
+async def test_a_snapshot_quota_is_an_e2b_error_naming_the_limit(e2b):
+    """create_snapshot past the tenant's max_snapshots: 403 in E2B's shape (the SDK raises
+    SandboxException "403: quota_exceeded: …"), saying the limit, the use and how to make room."""
+    r = await e2b.fake.http.patch("/v1/tenants/default", json={"quotas": {"max_snapshots": 1}})
+    assert r.status_code == 200, r.text
+    sid = (await e2b.post("/v2/sandboxes", json={"timeout": 60})).json()["sandboxID"]
+    first = await e2b.post(f"/sandboxes/{sid}/snapshots", json={"name": "only"})
+    assert first.status_code == 201, first.text
+    r = await e2b.post(f"/sandboxes/{sid}/snapshots", json={})
+    msg = _error(r, 403)
+    assert msg.startswith("quota_exceeded: max_snapshots 1 reached: the tenant keeps 1 snapshot;"), msg
+    assert "Sandbox.delete_snapshot" in msg and r.headers.get("Should-Retry") is None
+    # the name E2B points at a new state replaces the old snapshot: no more kept, admitted
+    again = await e2b.post(f"/sandboxes/{sid}/snapshots", json={"name": "only"})
+    assert again.status_code == 201 and again.json()["snapshotID"] != first.json()["snapshotID"]
+
+
 async def test_the_e2b_hex_key_spelling_is_accepted(e2b):
     key = "e2b_" + e2b.fake.api_key.encode().hex()
     assert (await e2b.get("/v2/sandboxes", headers={"X-API-KEY": key})).status_code == 200

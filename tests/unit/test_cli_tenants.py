@@ -43,6 +43,9 @@ def test_tenant_create_sends_quotas_and_prints_the_id(routes):
     assert _body(routes) == {"name": "acme", "quotas": {"max_running": 2, "max_memory_mb": 4096}}
     assert run("tenant", "create", "bare").exit_code == 0
     assert _body(routes) == {"name": "bare"}
+    result = run("tenant", "create", "snaps", "--max-snapshots", "10", "--max-snapshot-gb", "2.5")
+    assert result.exit_code == 0, result.output
+    assert _body(routes) == {"name": "snaps", "quotas": {"max_snapshots": 10, "max_snapshot_gb": 2.5}}
 
 
 def test_tenant_list_follows_pages_and_prints_a_table(monkeypatch):
@@ -85,6 +88,9 @@ def test_tenant_update_and_rm(routes):
         run("tenant", "update", TENANT["id"], "--max-running", "5", "--unset", "max-memory-mb").exit_code == 0
     )
     assert _body(routes) == {"quotas": {"max_running": 5, "max_memory_mb": None}}
+    args = ("tenant", "update", TENANT["id"], "--max-snapshot-gb", "4", "--unset", "max-snapshots")
+    assert run(*args).exit_code == 0
+    assert _body(routes) == {"quotas": {"max_snapshot_gb": 4, "max_snapshots": None}}
     assert run("tenant", "update", TENANT["id"]).exit_code == 2  # nothing to change
     assert run("tenant", "update", TENANT["id"], "--unset", "bogus").exit_code == 2
     result = run("tenant", "rm", TENANT["id"])

@@ -24,6 +24,8 @@ QUOTA_OPTIONS = (
     ("creates_per_minute", "--creates-per-minute", "Sandbox creates per minute."),
     ("max_pool_slots", "--max-pool-slots", "Warm pool slots of its templates."),
     ("build_minutes_per_day", "--build-minutes-per-day", "Template build minutes per day."),
+    ("max_snapshots", "--max-snapshots", "Named snapshots kept at once."),
+    ("max_snapshot_gb", "--max-snapshot-gb", "Named snapshots' storage, in GB."),
 )
 
 
@@ -99,6 +101,12 @@ def _tenant_commands() -> typer.Typer:
         build_minutes_per_day: Annotated[
             float | None, typer.Option("--build-minutes-per-day", help=QUOTA_OPTIONS[6][2])
         ] = None,
+        max_snapshots: Annotated[
+            float | None, typer.Option("--max-snapshots", help=QUOTA_OPTIONS[7][2])
+        ] = None,
+        max_snapshot_gb: Annotated[
+            float | None, typer.Option("--max-snapshot-gb", help=QUOTA_OPTIONS[8][2])
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
     ) -> None:
         """Make a tenant (quotas left out are unlimited); prints its id."""
@@ -111,6 +119,8 @@ def _tenant_commands() -> typer.Typer:
                 "creates_per_minute": _number(creates_per_minute),
                 "max_pool_slots": _number(max_pool_slots),
                 "build_minutes_per_day": _number(build_minutes_per_day),
+                "max_snapshots": _number(max_snapshots),
+                "max_snapshot_gb": _number(max_snapshot_gb),
             },
             None,
         )
@@ -158,6 +168,12 @@ def _tenant_commands() -> typer.Typer:
         build_minutes_per_day: Annotated[
             float | None, typer.Option("--build-minutes-per-day", help=QUOTA_OPTIONS[6][2])
         ] = None,
+        max_snapshots: Annotated[
+            float | None, typer.Option("--max-snapshots", help=QUOTA_OPTIONS[7][2])
+        ] = None,
+        max_snapshot_gb: Annotated[
+            float | None, typer.Option("--max-snapshot-gb", help=QUOTA_OPTIONS[8][2])
+        ] = None,
         unset: Annotated[
             list[str] | None,
             typer.Option("--unset", help="Remove a quota (unlimited), e.g. max-running (repeat)."),
@@ -174,6 +190,8 @@ def _tenant_commands() -> typer.Typer:
                 "creates_per_minute": _number(creates_per_minute),
                 "max_pool_slots": _number(max_pool_slots),
                 "build_minutes_per_day": _number(build_minutes_per_day),
+                "max_snapshots": _number(max_snapshots),
+                "max_snapshot_gb": _number(max_snapshot_gb),
             },
             unset,
         )

@@ -46,6 +46,8 @@ QUOTA_KEYS = {
     "creates_per_minute": (0, 1_000_000),
     "max_pool_slots": (0, 100_000),
     "build_minutes_per_day": (0, 1 << 20),
+    "max_snapshots": (0, 100_000),
+    "max_snapshot_gb": (0, 1 << 20),
 }
 """Quota key -> (lowest, highest) accepted value; a key left out (or null) is unlimited."""
 

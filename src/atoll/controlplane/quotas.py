@@ -6,7 +6,10 @@ until claimed), `max_standby_gb` (standby storage: the disk size of its sandboxe
 archive tiers — an upper bound of what they hold), `max_volume_gb` (volumes and drives, by size),
 `creates_per_minute` (creates and claims in the last 60 s: 429 with Retry-After), `max_pool_slots`
 (the `max` of its templates' pools, summed), `build_minutes_per_day` (its template builds since
-00:00 UTC, running ones counted to now).
+00:00 UTC, running ones counted to now), `max_snapshots` and `max_snapshot_gb` (its named snapshots,
+by number and by the bytes their workers measured; a snapshot's size is known only once it is
+taken, so a take is refused when those kept already reach `max_snapshot_gb`, and the last one may
+pass it by its own size).
 
 Admission is check-and-reserve in one step of the event loop: the use is counted from the
 database plus the admissions in flight (reserved until their record is written), so two creates
@@ -15,7 +18,11 @@ transaction that holds the database's write lock (SQLite `BEGIN IMMEDIATE`; on P
 lock on the tenant) and counts again, so servers sharing a database cannot overshoot either. A
 refusal names the quota by its key, its limit and the current use. Lowering a quota below the use
 is allowed: new admissions are refused, nothing running is touched.
-Called by controlplane.lifecycle (create), pools (claim, pool settings), stores and templates.
+Snapshots are admitted the same way (`admitting_snapshot`, then `check_snapshot_locked` in the
+transaction that writes the record): a take that replaces a snapshot of the same name does not
+count that one.
+Called by controlplane.lifecycle (create), pools (claim, pool settings), stores, templates and
+snapshots.
 """
 
 from __future__ import annotations
@@ -54,6 +61,10 @@ class _Pending:
     running: int = 0
     memory_mb: int = 0
     creates: int = 0
+    snapshots: int = 0
+
+    def idle(self) -> bool:
+        return not (self.running or self.creates or self.snapshots)
 
 
 class Ticket:
@@ -157,7 +168,7 @@ class Quotas:
             pending.running -= 1
             pending.memory_mb -= memory_mb
             pending.creates -= 1
-            if not (pending.running or pending.creates) and self._pending.get(tenant) is pending:
+            if pending.idle() and self._pending.get(tenant) is pending:
                 del self._pending[tenant]
 
         ticket = Ticket(release)
@@ -180,20 +191,100 @@ class Quotas:
         held = 1 if ticket is not None and ticket._release is not None else 0
         others = _Pending(mine.running - held, mine.memory_mb - held * rec.memory_mb, mine.creates - held)
         with self.db.session() as s:
-            conn = s.connection()
-            if conn.dialect.name == "sqlite":
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-            else:
-                conn.execute(
-                    sa.select(auth.TenantRecord.id)
-                    .where(auth.TenantRecord.id == rec.tenant_id)
-                    .with_for_update()
-                )
+            conn = self.write_lock(s, rec.tenant_id)
             self._check_sandbox(limits, self._sandbox_use(conn, rec.tenant_id), others, rec.memory_mb)
             s.add(rec)
             s.commit()
         if ticket is not None:
             ticket.done()
+
+    @staticmethod
+    def write_lock(s: typing.Any, tenant: str) -> sa.Connection:
+        """Take the database's write lock in session `s`'s transaction, before it writes anything
+        (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: a row lock on the tenant), so that the use counted
+        next is still the use when the transaction commits, whichever server writes."""
+        conn = s.connection()
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.execute(
+                sa.select(auth.TenantRecord.id).where(auth.TenantRecord.id == tenant).with_for_update()
+            )
+        return conn
+
+    # ---- named snapshots ------------------------------------------------------------------------
+    @staticmethod
+    def _snapshot_use(conn: sa.Connection, tenant: str, replacing: str | None) -> tuple[int, int]:
+        """(number, bytes) of the tenant's snapshots, the one named `replacing` left out."""
+        t = dbm.SnapshotRecord.__table__
+        where = t.c.tenant_id == tenant
+        if replacing is not None:
+            where = where & (t.c.name.is_(None) | (t.c.name != replacing))
+        count, used = conn.execute(
+            sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(t.c.bytes), 0)).where(where)
+        ).one()
+        return int(count), int(used)
+
+    @staticmethod
+    def _check_snapshot(limits: dict, count: int, used: int, pending: int) -> None:
+        q = limits.get("max_snapshots")
+        n = count + pending
+        if q is not None and n + 1 > q:
+            raise QuotaExceeded(
+                f"max_snapshots {q} reached: the tenant keeps {n} snapshot{'' if n == 1 else 's'}"
+                + (f" ({pending} being taken)" if pending else "")
+                + "; delete one first (GET /v1/snapshots, DELETE /v1/snapshots/{id}) or ask an "
+                "admin to raise the quota"
+            )
+        q = limits.get("max_snapshot_gb")
+        if q is not None and used / 1024**3 >= q:
+            raise QuotaExceeded(
+                f"max_snapshot_gb {q} reached: the tenant's snapshots take {used / 1024**3:.2f} GB; "
+                "delete one first (GET /v1/snapshots, DELETE /v1/snapshots/{id}) or ask an admin to "
+                "raise the quota"
+            )
+
+    @contextlib.contextmanager
+    def admitting_snapshot(self, tenant: str, replacing: str | None = None) -> typing.Iterator[Ticket]:
+        """Check a snapshot take against the tenant's `max_snapshots` / `max_snapshot_gb` (the
+        snapshot named `replacing`, which the take deletes, not counted) and hold its place until
+        the block ends: a refusal comes before the sandbox is checkpointed."""
+        limits = self.limits(tenant)
+        if "max_snapshots" not in limits and "max_snapshot_gb" not in limits:
+            yield Ticket(lambda: None)
+            return
+        pending = self._pending.setdefault(tenant, _Pending())
+        with self.db.engine.connect() as conn:
+            count, used = self._snapshot_use(conn, tenant, replacing)
+        self._check_snapshot(limits, count, used, pending.snapshots)
+        pending.snapshots += 1
+
+        def release() -> None:
+            pending.snapshots -= 1
+            if pending.idle() and self._pending.get(tenant) is pending:
+                del self._pending[tenant]
+
+        ticket = Ticket(release)
+        try:
+            yield ticket
+        finally:
+            ticket.done()
+
+    def check_snapshot_locked(
+        self, s: typing.Any, tenant: str, replacing: str | None, ticket: Ticket
+    ) -> None:
+        """In the transaction (session `s`, nothing written yet) that records the snapshot admitted
+        with `ticket`: take the write lock and count the tenant's snapshots again (another server
+        sharing the database may have recorded one meanwhile); the other takes in flight here count
+        as well."""
+        limits = self.limits(tenant)
+        if "max_snapshots" not in limits and "max_snapshot_gb" not in limits:
+            return
+        conn = self.write_lock(s, tenant)
+        count, used = self._snapshot_use(conn, tenant, replacing)
+        held = 1 if ticket._release is not None else 0
+        others = self._pending.get(tenant, _Pending()).snapshots - held
+        self._check_snapshot(limits, count, used, max(0, others))
 
     # ---- stores, pools, builds ----------------------------------------------------------------
     def check_store(self, tenant: str, add_mb: int) -> None:
@@ -262,10 +353,14 @@ class Quotas:
                     dbm.StoreRecord.tenant_id == tenant
                 )
             )
+        with self.db.engine.connect() as conn:
+            snapshots, snapshot_bytes = self._snapshot_use(conn, tenant, None)
         return {
             "running": u["running"],
             "memory_mb": u["memory_mb"],
             "standby_gb": round(u["standby_mb"] / 1024, 3),
             "volume_gb": round(stores / 1024, 3),
             "creates_last_minute": len(u["recent"]),
+            "snapshots": snapshots,
+            "snapshot_gb": round(snapshot_bytes / 1024**3, 3),
         }

@@ -42,6 +42,7 @@ def answer(request: Request, rec, status: int = 200) -> Response:
         **http.error_responses(
             {
                 400: "invalid_request: a bad name or body",
+                403: "quota_exceeded: the tenant's max_snapshots or max_snapshot_gb is reached",
                 404: "sandbox_not_found",
                 409: "snapshot_exists (the name is taken in your tenant); checkpoint_refused (its state "
                 "cannot be saved now; it runs on untouched), sandbox_busy or invalid_state (volumes or "

@@ -1311,6 +1311,18 @@ class Quotas(BaseModel):
     creates_per_minute: int | None = Field(None, description="Sandbox creates per minute (429 beyond)")
     max_pool_slots: int | None = Field(None, description="Warm pool slots over all its templates")
     build_minutes_per_day: float | None = Field(None, description="Template build minutes per day")
+    max_snapshots: int | None = Field(None, description="Named snapshots kept at once")
+    max_snapshot_gb: float | None = Field(
+        None, description="Named snapshots' storage, GB (a take is refused once they reach it)"
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_only(cls, v: object) -> object:
+        # `true` or "5" is no quota (PATCH's check refuses them; pydantic's lax mode made them 1, 5)
+        if isinstance(v, bool | str):
+            raise ValueError("a quota is a number")
+        return v
 
 
 class CreateTenant(BaseModel):

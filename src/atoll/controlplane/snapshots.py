@@ -36,7 +36,7 @@ import typing
 
 import sqlalchemy as sa
 
-from atoll.controlplane import auth, forking, schemas
+from atoll.controlplane import auth, forking, quotas, schemas
 from atoll.controlplane import db as dbm
 from atoll.core import errors, ids
 from atoll.core import worker_api as api
@@ -177,6 +177,28 @@ class Snapshots:
                 f"sandbox {sid} has failed ({rec.failure_reason}); it cannot be snapshotted",
                 code="invalid_state",
             )
+        replacing = name if replace else None
+        with self.m.quotas.admitting_snapshot(rec.tenant_id, replacing) as ticket:
+            snap, old = await self._take(sid, rec, name, memory, replacing, end_streams, ticket)
+        if old is not None:
+            await self._remove_files(old)
+        self._store_later(snap.id, m.workers.handles.get(snap.worker_id))
+        return snap
+
+    async def _take(
+        self,
+        sid: str,
+        rec: dbm.SandboxRecord,
+        name: str | None,
+        memory: bool,
+        replacing: str | None,
+        end_streams: bool,
+        ticket: quotas.Ticket,
+    ) -> tuple[dbm.SnapshotRecord, dbm.SnapshotRecord | None]:
+        """The take once admitted: checkpoint, then the record (the quota counted again under
+        the database's write lock), the replaced snapshot's record deleted in the same
+        transaction; (the new record, the replaced one)."""
+        m = self.m.ledger
         if rec.state != State.RUNNING:
             rec = await self.m.resume(sid)
         snapshot_id = ids.new_snapshot_id()
@@ -222,10 +244,12 @@ class Snapshots:
             old = None
             try:
                 with self.db.session.begin() as s:
-                    if replace and name is not None:
+                    self.m.quotas.check_snapshot_locked(s, rec.tenant_id, replacing, ticket)
+                    if replacing is not None:
                         old = s.scalars(
                             sa.select(dbm.SnapshotRecord).where(
-                                dbm.SnapshotRecord.tenant_id == rec.tenant_id, dbm.SnapshotRecord.name == name
+                                dbm.SnapshotRecord.tenant_id == rec.tenant_id,
+                                dbm.SnapshotRecord.name == replacing,
                             )
                         ).first()
                         if old is not None:
@@ -243,10 +267,7 @@ class Snapshots:
                 with contextlib.suppress(errors.AtollError):
                     await worker.delete_snapshot(snapshot_id)
                 raise
-        if old is not None:
-            await self._remove_files(old)
-        self._store_later(snap.id, m.workers.handles.get(snap.worker_id))
-        return snap
+        return snap, old
 
     # ---- the shared object store ------------------------------------------------------------------
     def _store_later(self, snapshot_id: str, h: typing.Any) -> None:

@@ -425,7 +425,16 @@ class ControlAPI:
             f"/v1/sandboxes/{sid}/snapshots",
             # E2B pauses the sandbox for the snapshot: its process streams end (as for pause)
             json_body={"name": name or None, "memory": memory, "replace": bool(name), "end_streams": True},
+            passthrough=(403,),
         )
+        if r.status_code == 403:  # quota_exceeded (max_snapshots / max_snapshot_gb): E2B's shape,
+            failed = self._failed(r, "POST")  # with the E2B SDK's way to make room
+            raise control.E2BError(
+                403,
+                failed.message + " (with the e2b SDK: Sandbox.list_snapshots() and "
+                "Sandbox.delete_snapshot(snapshot_id))",
+                failed.headers,
+            )
         return JSONResponse(control.snapshot_info(r.json()), status_code=201)
 
     async def list_snapshots(self, request: Request) -> Response:

@@ -33,7 +33,7 @@ class AsyncTenants:
 
     A tenant is a dict `{id, name, quotas, created_at, updated_at}`; quotas left out are
     unlimited (keys: max_running, max_memory_mb, max_standby_gb, max_volume_gb,
-    creates_per_minute, max_pool_slots, build_minutes_per_day)."""
+    creates_per_minute, max_pool_slots, build_minutes_per_day, max_snapshots, max_snapshot_gb)."""
 
     def __init__(self, client: ClientLike) -> None:
         self._client = client

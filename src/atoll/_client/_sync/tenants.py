@@ -34,7 +34,7 @@ class Tenants:
 
     A tenant is a dict `{id, name, quotas, created_at, updated_at}`; quotas left out are
     unlimited (keys: max_running, max_memory_mb, max_standby_gb, max_volume_gb,
-    creates_per_minute, max_pool_slots, build_minutes_per_day)."""
+    creates_per_minute, max_pool_slots, build_minutes_per_day, max_snapshots, max_snapshot_gb)."""
 
     def __init__(self, client: ClientLike) -> None:
         self._client = client
