@@ -111,7 +111,10 @@ async def test_bad_input_duplicates_unknowns_and_memory_sizes(fake):
         == "sandbox_not_found"
     )
     assert _code(await c.get("/v1/snapshots/snp-0000000000000000"), 404) == "snapshot_not_found"
-    assert _code(await c.get("/v1/snapshots/nope"), 400) == "invalid_request"
+    assert _code(await c.get("/v1/snapshots/nope"), 404) == "snapshot_not_found"  # a name: none so
+    for bad in ("-x", "a%20b", "x" * 200):
+        assert _code(await c.get(f"/v1/snapshots/{bad}"), 400) == "invalid_request", bad
+        assert _code(await c.delete(f"/v1/snapshots/{bad}"), 400) == "invalid_request", bad
     assert _code(await c.delete("/v1/snapshots/snp-0000000000000000"), 404) == "snapshot_not_found"
     for ref in ("missing", "snp-0000000000000000"):
         assert _code(await c.post("/v1/sandboxes", json={"snapshot": ref}), 404) == "snapshot_not_found"
@@ -169,10 +172,41 @@ async def test_another_tenants_snapshot_is_absent(fake):
         # the owner's create by name works
         r = await ta.post("/v1/sandboxes", json={"snapshot": "mine"})
         assert r.status_code == 201, r.text
+        # a name is resolved in the caller's tenant: each sees its own "mine"
+        assert (await ta.get("/v1/snapshots/mine")).json()["id"] == snap
+        assert (await tb.get("/v1/snapshots/mine")).json()["id"] != snap
     # a tenant that owns a snapshot is not deleted until it is gone
     tid = next(t["id"] for t in (await c.get("/v1/tenants")).json()["items"] if t["name"] == "acme")
     r = await c.delete(f"/v1/tenants/{tid}")
     assert _code(r, 409) == "tenant_in_use" and snap in r.json()["error"]["message"]
+
+
+async def test_get_and_delete_take_a_name_resolved_in_the_acting_tenant(fake):
+    c = fake.http
+    key_a = await _tenant_key(c, "names-a")
+    tid = next(t["id"] for t in (await c.get("/v1/tenants")).json()["items"] if t["name"] == "names-a")
+    async with _as(fake, key_a) as ta:
+        sid = (await ta.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+        snap = (await ta.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "team/web:v1"})).json()
+        # by name, its '/' as it is or quoted
+        for path in ("/v1/snapshots/team/web:v1", "/v1/snapshots/team%2Fweb%3Av1"):
+            r = await ta.get(path)
+            assert r.status_code == 200 and r.json()["id"] == snap["id"], (path, r.text)
+        r = await ta.get("/v1/snapshots/team/other")
+        assert _code(r, 404) == "snapshot_not_found" and "no snapshot is named 'team/other'" in r.text
+    # an admin key resolves a name in `default` unless it names the tenant (?tenant_id=)
+    r = await c.get("/v1/snapshots/team/web:v1")
+    assert _code(r, 404) == "snapshot_not_found" and "in tenant 'default'" in r.text
+    r = await c.get("/v1/snapshots/team/web:v1", params={"tenant_id": tid})
+    assert r.status_code == 200 and r.json()["id"] == snap["id"], r.text
+    assert (await c.get(f"/v1/snapshots/{snap['id']}")).status_code == 200  # by id: any tenant's
+    # delete by name: 204, gone from the worker, then 404; audited as snapshot.delete
+    async with _as(fake, key_a) as ta:
+        assert (await ta.delete("/v1/snapshots/team/web:v1")).status_code == 204
+        assert snap["id"] not in fake.worker.snapshots
+        assert _code(await ta.delete("/v1/snapshots/team/web:v1"), 404) == "snapshot_not_found"
+    rows = (await c.get("/v1/audit", params={"action": "snapshot.delete"})).json()["items"]
+    assert any(r["result"]["status"] == 204 and "team/web:v1" in (r["target"] or "") for r in rows), rows
 
 
 async def test_the_sdk_takes_lists_creates_from_and_deletes_snapshots(fake):
@@ -187,6 +221,11 @@ async def test_the_sdk_takes_lists_creates_from_and_deletes_snapshots(fake):
         assert [s.id for s in await client.snapshots.list(sandbox_id=sb.id)] == [snap.id, files_only.id]
         assert [s.id for s in await client.snapshots.list(name="sdk-one")] == [snap.id]
         assert (await client.snapshots.get(snap.id)).id == snap.id
+        assert (await client.snapshots.get("sdk-one")).id == snap.id  # by name too
+        slashed = await sb.snapshot("team/a..b", memory=False)  # '/' and '..' stay in the one name
+        assert (await client.snapshots.get("team/a..b")).id == slashed.id
+        await client.snapshots.delete("team/a..b")
+        assert slashed.id not in fake.worker.snapshots
         copy = await client.sandboxes.create(snapshot="sdk-one")
         assert copy.id != sb.id and copy["memory_mb"] == 256 and copy.metadata["atoll.snapshot"] == snap.id
         await client.snapshots.delete(snap.id)

@@ -46,6 +46,9 @@ def test_snapshot_list_get_rm_and_a_create_from_one(routes):
     result = run("snapshot", "list", "--sandbox", SID)
     assert result.exit_code == 0, result.output
     assert SNAP["id"] in result.stdout and "base-1" in result.stdout and "memory" in result.stdout
+    header, row = result.stdout.splitlines()
+    assert header.split() == ["ID", "NAME", "TENANT", "SANDBOX", "KIND", "MB", "CREATED"]
+    assert row.split()[:4] == [SNAP["id"], "base-1", "default", SID]
     assert routes.last.url.params["sandbox_id"] == SID
     routes.on("GET", f"/v1/snapshots/{SNAP['id']}", httpx.Response(200, json=SNAP))
     assert json.loads(run("snapshot", "get", SNAP["id"]).stdout)["id"] == SNAP["id"]
@@ -64,3 +67,16 @@ def test_snapshot_list_get_rm_and_a_create_from_one(routes):
     )
     result = run("snapshot", "rm", SNAP["id"])
     assert result.exit_code == 1 and "snapshot_not_found" in result.output
+
+
+def test_snapshot_get_and_rm_take_a_name_quoting_its_slash(routes):
+    named = {**SNAP, "name": "team/web:v1", "names": ["team/web:v1"]}
+    routes.on("GET", "/v1/snapshots/team/web:v1", httpx.Response(200, json=named))
+    result = run("snapshot", "get", "team/web:v1")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["id"] == SNAP["id"]
+    assert routes.last.url.raw_path == b"/v1/snapshots/team%2Fweb%3Av1"  # one segment on the wire
+    routes.on("DELETE", "/v1/snapshots/team/web:v1", httpx.Response(204))
+    result = run("snapshot", "rm", "team/web:v1")
+    assert result.exit_code == 0 and result.stdout.strip() == "team/web:v1", result.output
+    assert routes.last.method == "DELETE" and routes.last.url.raw_path == b"/v1/snapshots/team%2Fweb%3Av1"

@@ -20,7 +20,10 @@ def _row(s: dict) -> str:
     kind = "memory" if s.get("memory") else "files"
     mb = f"{s.get('bytes', 0) / 2**20:.1f}"
     created = (s.get("created_at") or "-").replace("T", " ")[:19]
-    return f"{s['id']:21} {s.get('name') or '-':24} {s['sandbox_id']:20} {kind:7} {mb:>8} {created}"
+    return (
+        f"{s['id']:21} {s.get('name') or '-':24} {s.get('tenant_id') or '-':19} {s['sandbox_id']:20} "
+        f"{kind:7} {mb:>8} {created}"
+    )
 
 
 def _show(items: list[dict], as_json: bool) -> None:
@@ -28,7 +31,7 @@ def _show(items: list[dict], as_json: bool) -> None:
         items,
         as_json,
         empty="no snapshots",
-        header=f"{'ID':21} {'NAME':24} {'SANDBOX':20} {'KIND':7} {'MB':>8} CREATED",
+        header=f"{'ID':21} {'NAME':24} {'TENANT':19} {'SANDBOX':20} {'KIND':7} {'MB':>8} CREATED",
         row=_row,
     )
 
@@ -73,20 +76,20 @@ def _commands() -> typer.Typer:
         name: Annotated[str | None, typer.Option("--name", help="Only the snapshot of this name.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
     ) -> None:
-        """List your snapshots, oldest first."""
+        """List your snapshots, oldest first (an admin key: every tenant's, each row naming its tenant)."""
         with _session(ctx) as client:
             items = [s.to_dict() for s in client.snapshots.list(sandbox_id=sandbox, name=name)]
         _show(items, as_json)
 
     @sub.command("get")
-    def get(ctx: typer.Context, snapshot_id: Annotated[str, typer.Argument(metavar="SNAPSHOT_ID")]) -> None:
-        """Print one snapshot as JSON."""
+    def get(ctx: typer.Context, snapshot_id: Annotated[str, typer.Argument(metavar="ID_OR_NAME")]) -> None:
+        """Print one snapshot as JSON (named by id or by name)."""
         with _session(ctx) as client:
             typer.echo(json.dumps(client.snapshots.get(snapshot_id).to_dict(), indent=2))
 
     @sub.command("rm")
-    def rm(ctx: typer.Context, snapshot_id: Annotated[str, typer.Argument(metavar="SNAPSHOT_ID")]) -> None:
-        """Delete a snapshot (sandboxes made from it live on)."""
+    def rm(ctx: typer.Context, snapshot_id: Annotated[str, typer.Argument(metavar="ID_OR_NAME")]) -> None:
+        """Delete a snapshot, named by id or by name (sandboxes made from it live on)."""
         with _session(ctx) as client:
             client.snapshots.delete(snapshot_id)
         typer.echo(snapshot_id)

@@ -82,6 +82,8 @@ def _public(path: str) -> bool:
     return path in PUBLIC_PATHS or docs_pages.is_public(path) or ui_pages.is_public(path)
 
 
+SLASHED_NAMES = ("/v1/snapshots/",)
+"""Paths whose last part is a name that may hold '/' (sent encoded as %2F by the SDK): a snapshot's."""
 BEARER = "bearerAuth"  # the security scheme's name in /openapi.json
 
 
@@ -400,15 +402,17 @@ def create_app(
         path = scope["path"]
         principal = None
         raw_path = scope.get("raw_path") or b""
-        if b"%2f" in raw_path or b"%2F" in raw_path:
+        if (b"%2f" in raw_path or b"%2F" in raw_path) and not path.startswith(SLASHED_NAMES):
             # An id ending in an encoded '/' (`…/pty/..%2f`) decodes to a path with a trailing
             # slash, which the router would answer with a 307 to the path without it (`…/pty/..`),
             # and a client that follows it removes the dot segment: a DELETE of the sandbox.
+            # Snapshot names may hold '/': their routes take the rest of the path and never redirect.
             resp = http.error_response(
                 400,
                 "invalid_request",
                 f"the URL path {errors.shown(path)} has an encoded '/' (%2F) in a segment; no atoll id "
-                "or name contains '/' — send the id as GET /v1/sandboxes (or the list it came from) shows it",
+                "or name but a snapshot's contains '/' — send the id as GET /v1/sandboxes (or the list "
+                "it came from) shows it",
                 rid,
             )
             return await resp(scope, receive, send)

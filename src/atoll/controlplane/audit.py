@@ -70,7 +70,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/v1/sandboxes"): "sandbox.create",
     ("POST", "/v1/sandboxes/{sid}/fork"): "sandbox.fork",
     ("POST", "/v1/sandboxes/{sid}/snapshots"): "snapshot.create",
-    ("DELETE", "/v1/snapshots/{snid}"): "snapshot.delete",
+    ("DELETE", "/v1/snapshots/{snid:path}"): "snapshot.delete",
     ("DELETE", "/v1/sandboxes/{sid}"): "sandbox.delete",
     ("PATCH", "/v1/sandboxes/{sid}"): "sandbox.update",
     ("POST", "/v1/sandboxes/{sid}/pause"): "sandbox.pause",

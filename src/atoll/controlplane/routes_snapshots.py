@@ -15,15 +15,14 @@ from atoll.controlplane import auth, http, paging, schemas
 from atoll.controlplane import snapshots as snapshots_mod
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import SandboxId
-from atoll.core import ids
 
 router = APIRouter(tags=["snapshots"])
 
-SnapshotId = Annotated[
+SnapshotRef = Annotated[
     str,
     Path(
-        description="The snapshot's id: `snp-` and 16 hex digits",
-        json_schema_extra={"pattern": ids.SNAPSHOT_ID_RE.pattern},
+        description="The snapshot's id (`snp-` and 16 hex digits) or its name, resolved in the tenant "
+        "the caller acts in (an admin key's `?tenant_id=`, else `default`); a name may hold '/'",
     ),
 ]
 
@@ -87,31 +86,33 @@ async def list_snapshots(
 
 
 @router.get(
-    "/v1/snapshots/{snid}",
+    "/v1/snapshots/{snid:path}",
     responses={
         200: {"model": schemas.Snapshot},
-        **http.error_responses({400: "invalid_request: a malformed id", 404: "snapshot_not_found"}),
+        **http.error_responses({400: "invalid_request: neither an id nor a name", 404: "snapshot_not_found"}),
     },
 )
-async def get_snapshot(request: Request, snid: SnapshotId):
+async def get_snapshot(request: Request, snid: SnapshotRef):
+    """One snapshot, by id or by name."""
     return answer(request, ctx(request).manager.snapshots.get(snid))
 
 
 @router.delete(
-    "/v1/snapshots/{snid}",
+    "/v1/snapshots/{snid:path}",
     status_code=204,
     response_class=Response,
     responses={
         204: {"description": "deleted (sandboxes made from it are not affected)"},
         **http.error_responses(
             {
-                400: "invalid_request: a malformed id",
+                400: "invalid_request: neither an id nor a name",
                 404: "snapshot_not_found",
                 503: "worker_unavailable: the worker keeping it cannot be reached now (retryable)",
             }
         ),
     },
 )
-async def delete_snapshot(request: Request, snid: SnapshotId):
+async def delete_snapshot(request: Request, snid: SnapshotRef):
+    """Delete a snapshot, named by id or by name (sandboxes made from it live on)."""
     await ctx(request).manager.snapshots.delete(snid)
     return Response(status_code=204)

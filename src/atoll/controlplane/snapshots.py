@@ -103,16 +103,37 @@ class Snapshots:
             code="snapshot_not_found",
         )
 
-    def get(self, snapshot_id: str) -> dbm.SnapshotRecord:
-        """A snapshot the caller may see, by id (another tenant's: 404)."""
-        if not ids.is_snapshot_id(snapshot_id):
+    def get(self, ref: str) -> dbm.SnapshotRecord:
+        """A snapshot the caller may see, by id (another tenant's: 404) or by name, resolved in
+        the tenant the caller acts in (a tenant key's own; an admin's `?tenant_id=`, else
+        `default`), as a create's `snapshot` is."""
+        if ids.is_snapshot_id(ref):
+            with self.db.session() as s:
+                rec = s.get(dbm.SnapshotRecord, ref)
+            if rec is None or not auth.visible(rec.tenant_id):
+                raise self._not_found(ref)
+            return rec
+        if not NAME_RE.fullmatch(ref):
             raise errors.InvalidRequest(
-                f"malformed snapshot id {errors.shown(snapshot_id)}: ids look like 'snp-' followed by 16 hex digits"
+                f"{errors.shown(ref)} is neither a snapshot id ('snp-' and 16 hex digits) nor a snapshot "
+                "name (1-128 letters, digits and '._:/-' starting with a letter or digit)"
             )
+        tenant = auth.acting_tenant()
         with self.db.session() as s:
-            rec = s.get(dbm.SnapshotRecord, snapshot_id)
+            rec = s.scalars(
+                sa.select(dbm.SnapshotRecord).where(
+                    dbm.SnapshotRecord.tenant_id == tenant, dbm.SnapshotRecord.name == ref
+                )
+            ).first()
         if rec is None or not auth.visible(rec.tenant_id):
-            raise self._not_found(snapshot_id)
+            p = auth.current()
+            where = (
+                f" in tenant {tenant!r} (add ?tenant_id= for another)" if p is not None and p.admin else ""
+            )
+            raise errors.NotFound(
+                f"no snapshot is named {errors.shown(ref)}{where}; list yours with GET /v1/snapshots",
+                code="snapshot_not_found",
+            )
         return rec
 
     def resolve(self, ref: str, tenant: str) -> dbm.SnapshotRecord:
@@ -372,11 +393,13 @@ class Snapshots:
             except errors.AtollError as e:
                 log.warning("replaced snapshot %s stays on worker %s: %s", rec.id, h.name, e.message)
 
-    async def delete(self, snapshot_id: str) -> None:
-        """Remove it from its worker (its stored copy too), then its record. A worker that is gone (no
-        longer known) keeps nothing to remove; one that is known but unreachable now refuses the
-        delete (503) — unless the snapshot is stored: any worker with the store removes that copy."""
-        rec = self.get(snapshot_id)
+    async def delete(self, ref: str) -> None:
+        """Remove the snapshot `ref` names (its id, or its name: `get`) from its worker (its stored
+        copy too), then its record. A worker that is gone (no longer known) keeps nothing to remove;
+        one that is known but unreachable now refuses the delete (503) — unless the snapshot is
+        stored: any worker with the store removes that copy."""
+        rec = self.get(ref)
+        snapshot_id = rec.id
         h = self.m.workers.handles.get(rec.worker_id)
         if h is not None and h.worker is not None and (h.usable or not rec.stored):
             await self.m.workers.api_for(rec.worker_id).delete_snapshot(snapshot_id)  # its stored copy too

@@ -25,9 +25,12 @@ class AsyncSnapshots:
         return [Snapshot(item) for item in await self._client._items("/v1/snapshots", params)]
 
     async def get(self, snapshot_id: str) -> Snapshot:
+        """One snapshot, by id or by name (a name is looked up in your tenant; with an admin key,
+        in `default`)."""
         response = await self._client._request("GET", _base.snapshot_path(snapshot_id))
         return Snapshot(_base.json_body(response))
 
     async def delete(self, snapshot_id: str) -> None:
-        """Remove it (sandboxes made from it live on); NotFound if there is none of that id."""
+        """Remove it, named by id or by name (sandboxes made from it live on); NotFound if there
+        is none."""
         await self._client._request("DELETE", _base.snapshot_path(snapshot_id))
