@@ -180,6 +180,13 @@ async def test_errors_are_e2b_shaped(e2b):
     _error(await e2b.patch("/sandboxes/sb-0000000000000000"), 404)
     _error(await e2b.post("/sandboxes/sb-0000000000000000/timeout", json={}), 400)
     assert (await e2b.get("/snapshots")).json() == []
+    # a body that is no object: 400 in JSON's words (not Python's NoneType)
+    for raw, kind in ((b"null", "null"), (b"[]", "an array"), (b"7", "a number")):
+        assert f"not {kind}" in _error(await e2b.post("/v2/sandboxes", content=raw), 400), raw
+    # a bad page token is named as the SDKs name it (nextToken, its x-next-token), never "cursor"
+    for path in ("/v2/sandboxes", "/sandboxes", "/snapshots"):
+        msg = _error(await e2b.get(path, params={"nextToken": "made-up"}), 400)
+        assert "nextToken 'made-up'" in msg and "x-next-token" in msg and "cursor" not in msg, (path, msg)
     # envd paths: header required, the token checked
     assert "E2b-Sandbox-Id" in _error(await e2b.get("/health"), 404)
     _error(

@@ -112,6 +112,11 @@ async def test_bad_input_duplicates_unknowns_and_memory_sizes(fake):
     )
     assert _code(await c.get("/v1/snapshots/snp-0000000000000000"), 404) == "snapshot_not_found"
     assert _code(await c.get("/v1/snapshots/nope"), 404) == "snapshot_not_found"  # a name: none so
+    for raw, kind in ((b"null", "null"), (b'"x"', "a string"), (b"[]", "an array")):
+        r = await c.post(f"/v1/sandboxes/{sid}/snapshots", content=raw)
+        assert _code(r, 400) == "invalid_request" and r.json()["error"]["message"].endswith(f"got {kind}"), (
+            r.text
+        )
     for bad in ("-x", "a%20b", "x" * 200):
         assert _code(await c.get(f"/v1/snapshots/{bad}"), 400) == "invalid_request", bad
         assert _code(await c.delete(f"/v1/snapshots/{bad}"), 400) == "invalid_request", bad

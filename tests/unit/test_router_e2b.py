@@ -150,6 +150,23 @@ async def test_refusals_on_e2b_hosts_are_e2b_json(setup):
     status, hdrs, body = await ask(reader, writer, f"49983-nope.{DOMAIN}")
     assert status == 400 and hdrs["content-type"] == "application/json"
     assert json.loads(body)["code"] == 400 and "not a sandbox id" in json.loads(body)["message"]
+    # refused before the host is routed (a header twice, Content-Length with Transfer-Encoding):
+    # E2B's JSON on E2B's hosts, the plain page on a preview's
+    for host in (f"api.{DOMAIN}", f"49983-{SID}.{DOMAIN}", f"49999-nope.{DOMAIN}", f"8080-{SID}.{DOMAIN}"):
+        _, r3, w3 = await start()
+        status, hdrs, body = await ask(r3, w3, host, "Atoll-Access-Token: a\r\nAtoll-Access-Token: b\r\n")
+        assert status == 400 and "given more than once" in body.decode(), (host, body)
+        if host.startswith("8080-"):
+            assert hdrs["content-type"].startswith("text/plain"), body
+        else:
+            assert hdrs["content-type"] == "application/json", (host, body)
+            assert json.loads(body)["code"] == 400, body
+    _, r4, w4 = await start()
+    status, hdrs, body = await ask(
+        r4, w4, f"api.{DOMAIN}", "Transfer-Encoding: chunked\r\n", method="POST", body=b"2\r\n{}\r\n0\r\n\r\n"
+    )
+    assert status == 400 and hdrs["content-type"] == "application/json", body
+    assert "Content-Length and Transfer-Encoding" in json.loads(body)["message"]
     # the edge not listening: 502 in E2B's shape (the SDKs parse it), the connection goes on
     free = socket.socket()
     free.bind(("127.0.0.1", 0))

@@ -46,6 +46,22 @@ def check_json_size(size: int, declared: bool = False) -> None:
     raise errors.PayloadTooLarge(f"request body exceeds {MAX_JSON_BYTES} bytes, the limit for JSON bodies")
 
 
+def json_kind(value: typing.Any) -> str:
+    """What a decoded JSON value is, in JSON's words ("null", "an array", …) for error messages
+    (Python's type names — NoneType, list — mean nothing to a caller)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
 def json_object(raw: bytes | bytearray, expected: str = "a JSON object") -> dict[str, typing.Any] | None:
     """The JSON object of a request body; None for an empty body (the caller says whether that is
     allowed). `expected` names what was wanted in the messages (e.g. the model's name)."""
@@ -61,5 +77,5 @@ def json_object(raw: bytes | bytearray, expected: str = "a JSON object") -> dict
             "arrays or objects"
         ) from None
     if not isinstance(data, dict):
-        raise errors.InvalidRequest(f"request body must be a JSON object, got {type(data).__name__}")
+        raise errors.InvalidRequest(f"request body must be a JSON object, got {json_kind(data)}")
     return data

@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from atoll.core import ids
+from atoll.core import ids, inputs
 from atoll.e2b import control, envd_routes, interpreter, volumes
 from atoll.shared import http11
 
@@ -110,7 +110,7 @@ async def _body(request: Request, optional: bool = True) -> dict:
     except (ValueError, RecursionError):
         raise control.E2BError(400, "the request body is not JSON") from None
     if not isinstance(data, dict):
-        raise control.E2BError(400, f"the request body must be a JSON object, not {type(data).__name__}")
+        raise control.E2BError(400, f"the request body must be a JSON object, not {inputs.json_kind(data)}")
     return data
 
 
@@ -239,6 +239,25 @@ class ControlAPI:
             headers["Retry-After"] = r.headers["retry-after"]
         return control.E2BError(status, body["message"], headers)
 
+    async def page(self, key: str, path: str, params: dict[str, str]) -> tuple[dict, dict[str, str] | None]:
+        """One page of an atoll list for an E2B list: its body and the `x-next-token` header of the
+        next. A token atoll refuses is named as E2B's SDKs call it (`nextToken`, not `cursor`)."""
+        r = await self.call(key, "GET", path, params=params, passthrough=(400,))
+        if r.status_code == 400:
+            failed = self._failed(r, "GET")
+            token = params.get("cursor")
+            if token and "cursor" in failed.message:
+                shown = token[:40] + ("…" if len(token) > 40 else "")
+                raise control.E2BError(
+                    400,
+                    f"invalid_request: nextToken {shown!r} is not one this server handed out for this "
+                    "list (it is changed, cut short, made up or another list's); pass the x-next-token "
+                    "of the previous page exactly, or leave nextToken out to start from the first page",
+                )
+            raise failed
+        page = r.json()
+        return page, ({"x-next-token": page["next_cursor"]} if page.get("next_cursor") else None)
+
     async def sandbox(self, key: str, sid: str) -> dict:
         r = await self.call(key, "GET", f"/v1/sandboxes/{sid}")
         sb = r.json()
@@ -317,10 +336,8 @@ class ControlAPI:
     async def list(self, request: Request) -> Response:
         key = api_key(request)
         query = control.list_query(request.query_params)
-        r = await self.call(key, "GET", "/v1/sandboxes", params=dict(query))
-        page = r.json()
+        page, headers = await self.page(key, "/v1/sandboxes", dict(query))
         items = [control.listed_sandbox(sb) for sb in page.get("items") or []]
-        headers = {"x-next-token": page["next_cursor"]} if page.get("next_cursor") else None
         return JSONResponse(items, headers=headers)
 
     async def kill(self, request: Request) -> Response:
@@ -450,9 +467,7 @@ class ControlAPI:
             )
             if q.get(e2b)
         }
-        r = await self.call(key, "GET", "/v1/snapshots", params=params)
-        page = r.json()
-        headers = {"x-next-token": page["next_cursor"]} if page.get("next_cursor") else None
+        page, headers = await self.page(key, "/v1/snapshots", params)
         return JSONResponse([control.snapshot_info(s) for s in page.get("items") or []], headers=headers)
 
     async def delete_snapshot(self, request: Request) -> Response:

@@ -484,30 +484,45 @@ class _Session:
         await self.client.write(data)
         return not close and self.conn.our_state is h11.DONE
 
+    def _on_e2b_host(self, get: typing.Callable[[str], str | None]) -> bool:
+        """Whether the request is for one of E2B's hosts (its API's, or a sandbox's envd or
+        interpreter, well formed or not) while E2B's API is served."""
+        if self.r.e2b is None:
+            return False
+        try:
+            return preview.e2b_target(get("host") or "", self.r.domain) is not None
+        except preview.BadTarget:
+            return True
+
     async def _exchange(self, req: h11.Request) -> bool:
         self.r.stats.requests += 1
         headers = req.headers.raw_items()
+        get = _getter(req.headers)
+        e2b_json = self._on_e2b_host(get)  # refusals on E2B's hosts are E2B's JSON, which its SDKs parse
         # h11 bounds a head only while it is incomplete: one that came whole in a read is measured here
         if len(req.target) + sum(len(k) + len(v) + 4 for k, v in headers) > MAX_HEAD:
-            await self._refuse(431, f"atoll ingress: the request head is over {MAX_HEAD} bytes")
+            await self._refuse(431, f"atoll ingress: the request head is over {MAX_HEAD} bytes", e2b_json)
             return False
-        get = _getter(req.headers)
         if self.via_proxy:
             client = _forwarded_client(req.headers.raw_items(), self.r.is_trusted)
             if client is not None:
                 self.client_ip = client
                 if not self.r.rekey(self.held, client):
                     await self._refuse(
-                        429, f"atoll ingress: client {client} holds {MAX_PER_PEER} connections already"
+                        429,
+                        f"atoll ingress: client {client} holds {MAX_PER_PEER} connections already",
+                        e2b_json,
                     )
                     return False
         names = [k.lower() for k, _ in headers]
         for h in (preview.ID_HEADER, preview.PORT_HEADER, preview.TOKEN_HEADER, "host"):
             if names.count(h.encode()) > 1:
-                return await self._refuse(400, f"atoll ingress: the header {h!r} is given more than once")
+                return await self._refuse(
+                    400, f"atoll ingress: the header {h!r} is given more than once", e2b_json
+                )
         if b"transfer-encoding" in names and b"content-length" in names:
             await self._refuse(
-                400, "atoll ingress: the request has both Content-Length and Transfer-Encoding"
+                400, "atoll ingress: the request has both Content-Length and Transfer-Encoding", e2b_json
             )
             return False
         if self.r.e2b is not None:
