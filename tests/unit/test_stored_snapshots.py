@@ -44,3 +44,27 @@ async def test_stored_names_each_snapshots_uploader_and_skips_damaged_manifests(
     assert sorted(await snapstore.stored(store, work, seen)) == [(b, 20.0, "inst-two")]
     assert set(seen) == {b}
     assert os.listdir(work) == ["upload"]  # no manifest download left behind
+
+
+async def test_a_store_directory_that_fails_is_a_store_error_not_a_raw_oserror(tmp_path):
+    """A directory store whose tree is broken under a key (a file where a directory should be, as
+    on a damaged or wrongly mounted share) answers StoreUnavailable, which the worker turns into a
+    clear 503: never a bare OSError (a 500 and a traceback in the worker's log)."""
+    root = tmp_path / "store"
+    store = objectstore.LocalStore(str(root))
+    os.makedirs(root)
+    (root / "layers").write_text("not a directory")
+    src = tmp_path / "upload"
+    src.write_text("x")
+    for call in (
+        lambda: store.size("layers/a/b.json"),
+        lambda: store.put_file("layers/a/b.json", str(src)),
+    ):
+        try:
+            await call()
+        except objectstore.ObjectNotFound:
+            raise AssertionError("a broken store is not an absent object") from None
+        except objectstore.StoreUnavailable as e:
+            assert str(root) in str(e)
+        else:
+            raise AssertionError("a broken store answered")

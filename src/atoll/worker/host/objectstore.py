@@ -124,9 +124,20 @@ class LocalStore:
                 f"the archive directory {self.root} cannot be used: {e.strerror}"
             ) from None
 
+    def _failed(self, key: str, e: OSError) -> StoreUnavailable:
+        """A store directory broken under `key` (a file where a directory should be, a share gone
+        read-only): the store fails, the caller says so (never a bare OSError: a 500)."""
+        return StoreUnavailable(f"the archive directory {self.root} failed at {key!r}: {e.strerror}")
+
     async def put_file(self, key: str, path: str) -> int:
         self._available()
-        return await asyncio.to_thread(_write_atomically, path, self._p(key))
+        dest = self._p(key)
+        try:
+            return await asyncio.to_thread(_write_atomically, path, dest)
+        except OSError as e:
+            if not os.path.isfile(path):
+                raise  # the caller's file is gone, not the store
+            raise self._failed(key, e) from None
 
     async def get_file(self, key: str, path: str, *, durable: bool = True) -> int:
         self._available()
@@ -140,6 +151,8 @@ class LocalStore:
             return os.path.getsize(self._p(key))
         except FileNotFoundError:
             raise ObjectNotFound(f"no object {key!r} in {self.name}") from None
+        except OSError as e:
+            raise self._failed(key, e) from None
 
     async def delete(self, key: str) -> None:
         path = self._p(key)
