@@ -167,3 +167,38 @@ async def test_reconciliation_collects_stored_snapshots_no_record_names_and_uplo
     await fake.manager.workers.reconcile(handle)
     assert (await c.get(f"/v1/snapshots/{snap2}")).json()["stored"] is True
     assert len([x for x in w.calls if x == ("store_snapshot", snap2)]) == calls  # not uploaded again
+
+
+async def test_a_delete_waits_for_creates_copying_on_another_worker_and_a_create_after_it_is_404(tmp_path):
+    """A create from a stored snapshot downloading it on another worker holds the snapshot on the
+    control plane: its delete (which goes to the snapshot's own worker, where nothing is copying)
+    is 409 invalid_state until the create is done, as on one worker. And a create arriving while a
+    delete runs is 404 snapshot_not_found, with no failed sandbox left for it in the list."""
+    store: dict = {}
+    async with FakeAtoll(
+        tmp_path, [FakeWorker("w1", memory_mb=2048, snapshot_store=store)], api_key=KEY
+    ) as cp:
+        c = cp.http
+        w1, w2, _sid, snap = await _two(cp, store)
+        await _stored(c, snap)
+        assert (
+            await c.post(f"/v1/workers/{_ids(cp)['w1']}/drain", json={"evacuate": False})
+        ).status_code == 202
+        w2.delay["fetch_snapshot"] = 0.3
+        created = asyncio.create_task(c.post("/v1/sandboxes", json={"snapshot": snap, "idle_timeout_s": 0}))
+        await asyncio.sleep(0.1)
+        r = await c.delete(f"/v1/snapshots/{snap}")
+        assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state", r.text
+        r = await created
+        assert r.status_code == 201 and r.json()["worker"] == "w2", r.text
+        assert snap in store  # the refused delete removed nothing
+
+        w1.delay["delete_snapshot"] = 0.3
+        deleting = asyncio.create_task(c.delete(f"/v1/snapshots/{snap}"))
+        await asyncio.sleep(0.1)
+        before = {s["id"] for s in (await c.get("/v1/sandboxes")).json()["items"]}
+        r = await c.post("/v1/sandboxes", json={"snapshot": snap, "idle_timeout_s": 0})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "snapshot_not_found", r.text
+        assert (await deleting).status_code == 204
+        after = (await c.get("/v1/sandboxes")).json()["items"]
+        assert {s["id"] for s in after} == before, [(s["id"], s["state"]) for s in after]

@@ -295,7 +295,10 @@ class SandboxManager:
         if getattr(req, "snapshot", None):
             snap = self.snapshots.resolve(req.snapshot, tenant)
             req = _from_snapshot(req, snap)
-        with self.quotas.admitting(tenant, req.memory_mb) as ticket:
+        with (
+            self.snapshots.copying(snap) if snap is not None else contextlib.nullcontext(),
+            self.quotas.admitting(tenant, req.memory_mb) as ticket,
+        ):
             return await self._create(req, pooled, tenant, ticket, on_placed, snap)
 
     async def _create(

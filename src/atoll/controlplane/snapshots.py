@@ -28,6 +28,7 @@ Called by controlplane.routes_snapshots, controlplane.lifecycle and the E2B edge
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import re
@@ -95,6 +96,11 @@ class Snapshots:
         """Snapshots whose worker refused the upload for good (409): not asked again."""
         self._unrecorded: set[str] = set()
         """Stored snapshots no record named at the last pass (removed if the next finds them too)."""
+        self._copying: collections.Counter[str] = collections.Counter()
+        """Creates from each snapshot in flight here, from `resolve` until their worker answered:
+        a delete waits for them (its own worker sees only its own copies, not a download elsewhere)."""
+        self._deleting: set[str] = set()
+        """Snapshots being deleted here: a create from one is 404 before it reaches a worker."""
 
     # ---- reading --------------------------------------------------------------------------------
     def _not_found(self, ref: str) -> errors.AtollError:
@@ -150,6 +156,20 @@ class Snapshots:
         if rec is None or rec.tenant_id != tenant:
             raise self._not_found(ref)
         return rec
+
+    @contextlib.contextmanager
+    def copying(self, snap: dbm.SnapshotRecord) -> typing.Iterator[None]:
+        """Hold `snap` for a create from it (controlplane.lifecycle): a delete meanwhile is 409
+        invalid_state; one already under way makes the create 404, as if it were gone."""
+        if snap.id in self._deleting:
+            raise self._not_found(snap.name or snap.id)
+        self._copying[snap.id] += 1
+        try:
+            yield
+        finally:
+            self._copying[snap.id] -= 1
+            if self._copying[snap.id] <= 0:
+                del self._copying[snap.id]
 
     def find(self, ref: str, tenant: str) -> dbm.SnapshotRecord | None:
         """`resolve`, or None (the E2B edge looks a create's templateID up as a snapshot first)."""
@@ -385,8 +405,12 @@ class Snapshots:
 
     async def _remove_files(self, rec: dbm.SnapshotRecord) -> None:
         """Remove a replaced snapshot's files from its worker (best effort: one that cannot be
-        reached now keeps them; its record is gone)."""
+        reached now, or a create copying from it, leaves them to reconciliation; its record is
+        gone)."""
         h = self.m.workers.handles.get(rec.worker_id)
+        if self._copying[rec.id]:  # a create copies from it: reconciliation removes it later
+            log.info("replaced snapshot %s stays until the creates copying from it are done", rec.id)
+            return
         if h is not None and h.worker is not None:
             try:
                 await self.m.workers.api_for(rec.worker_id).delete_snapshot(rec.id)
@@ -399,6 +423,22 @@ class Snapshots:
         one that is known but unreachable now refuses the delete (503) — unless the snapshot is
         stored: any worker with the store removes that copy."""
         rec = self.get(ref)
+        snapshot_id = rec.id
+        if self._copying[snapshot_id]:
+            raise errors.Conflict(
+                f"snapshot {snapshot_id} is being copied into {self._copying[snapshot_id]} new "
+                "sandbox(es) right now; delete it when they have started",
+                code="invalid_state",
+            )
+        if snapshot_id in self._deleting:
+            raise errors.Conflict(f"snapshot {snapshot_id} is being deleted already", code="invalid_state")
+        self._deleting.add(snapshot_id)
+        try:
+            await self._delete(rec)
+        finally:
+            self._deleting.discard(snapshot_id)
+
+    async def _delete(self, rec: dbm.SnapshotRecord) -> None:
         snapshot_id = rec.id
         h = self.m.workers.handles.get(rec.worker_id)
         if h is not None and h.worker is not None and (h.usable or not rec.stored):

@@ -552,6 +552,7 @@ class FakeWorker(fake_files.FakeFileOps):
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         self.calls.append(("delete_snapshot", snapshot_id))
+        await asyncio.sleep(self.delay.get("delete_snapshot", 0))
         self.snapshots.pop(snapshot_id, None)
         self.snapshot_times.pop(snapshot_id, None)
         if self.snapshot_store is not None:
@@ -578,6 +579,9 @@ class FakeWorker(fake_files.FakeFileOps):
 
     async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
         kept = self.snapshots.get(spec.snapshot_id)
+        if kept is None and self.snapshot_store is not None and self.delay.get("fetch_snapshot"):
+            await asyncio.sleep(self.delay["fetch_snapshot"])  # the download, as a real worker's
+            kept = self.snapshots.get(spec.snapshot_id)
         if kept is None and self.snapshot_store is not None and spec.snapshot_id in self.snapshot_store:
             kept = self.snapshot_store[spec.snapshot_id]  # fetched, as a worker does: kept here from now on
             if kept.spec.memory_mb and kept.runtime_key != self.runtime_key:
