@@ -113,6 +113,25 @@ async def test_quota_changes_and_tenant_deletion(fake):
     assert r.status_code == 200 and r.json()["quotas"] == {"max_running": 0, "max_memory_mb": 512}
     r = await c.patch(f"/v1/tenants/{tid}", json={"quotas": {"max_running": None}})
     assert r.json()["quotas"] == {"max_memory_mb": 512}
+    # a count is whole, on PATCH as on create (2.5 snapshots or sandboxes is no limit anyone meant)
+    for key in ("max_running", "max_memory_mb", "creates_per_minute", "max_pool_slots", "max_snapshots"):
+        for make in ((lambda q: c.patch(f"/v1/tenants/{tid}", json={"quotas": q})), None):
+            if make is None:
+                r = await c.post("/v1/tenants", json={"name": "frac", "quotas": {key: 2.5}})
+            else:
+                r = await make({key: 2.5})
+            assert key in _err(r, 400, "invalid_request")
+        r = await c.patch(f"/v1/tenants/{tid}", json={"quotas": {key: 3.0}})
+        assert r.status_code == 200 and r.json()["quotas"][key] == 3, r.text
+    r = await c.patch(f"/v1/tenants/{tid}", json={"quotas": {"max_snapshot_gb": 2.5, "max_standby_gb": 0.5}})
+    assert r.status_code == 200 and r.json()["quotas"]["max_snapshot_gb"] == 2.5, r.text
+    r = await c.patch(
+        f"/v1/tenants/{tid}",
+        json={
+            "quotas": dict.fromkeys(("max_running", "creates_per_minute", "max_pool_slots", "max_snapshots"))
+        },
+    )
+    assert r.status_code == 200, r.text
     msg = _err(await c.delete(f"/v1/tenants/{tid}"), 409, "tenant_in_use")
     assert "key ak-" in msg  # its key is still valid
     for k in (await c.get("/v1/keys", params={"tenant_id": tid})).json()["items"]:
@@ -120,3 +139,13 @@ async def test_quota_changes_and_tenant_deletion(fake):
     assert (await c.delete(f"/v1/tenants/{tid}")).status_code == 204
     _err(await c.get(f"/v1/tenants/{tid}"), 404, "tenant_not_found")
     _err(await c.delete("/v1/tenants/default"), 400, "invalid_request")
+
+
+def test_whole_quotas_are_the_schemas_integer_quotas():
+    """PATCH's check (auth.WHOLE_QUOTAS) and create's schema (schemas.Quotas) agree on which quotas
+    are counts, and both know every quota."""
+    from atoll.controlplane import auth, schemas
+
+    fields = schemas.Quotas.model_fields
+    assert set(fields) == set(auth.QUOTA_KEYS)
+    assert {k for k, f in fields.items() if f.annotation == int | None} == auth.WHOLE_QUOTAS

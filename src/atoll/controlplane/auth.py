@@ -50,6 +50,10 @@ QUOTA_KEYS = {
     "max_snapshot_gb": (0, 1 << 20),
 }
 """Quota key -> (lowest, highest) accepted value; a key left out (or null) is unlimited."""
+WHOLE_QUOTAS = frozenset(
+    {"max_running", "max_memory_mb", "creates_per_minute", "max_pool_slots", "max_snapshots"}
+)
+"""Quotas that count (sandboxes, MB, creates, slots, snapshots): whole numbers (schemas.Quotas's ints)."""
 
 
 class TenantRecord(dbm.Base):
@@ -461,5 +465,7 @@ def check_quotas(quotas: object, partial: bool = False) -> dict:
         lo, hi = QUOTA_KEYS[k]
         if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi or v != v:
             raise errors.InvalidRequest(f"quota {k}={v!r} is out of range: give a number from {lo} to {hi}")
+        if k in WHOLE_QUOTAS and not float(v).is_integer():
+            raise errors.InvalidRequest(f"quota {k}={v!r} is a count: give a whole number from {lo} to {hi}")
         out[k] = int(v) if float(v).is_integer() else float(v)
     return out
