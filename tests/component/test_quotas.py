@@ -132,6 +132,31 @@ async def test_max_snapshots_counts_kept_snapshots_and_in_flight_takes(fake):
         assert (await _snap(fake.http, sid)).status_code == 201
 
 
+async def test_takes_replacing_one_name_at_once_count_that_name_once(fake):
+    """At max_snapshots, takes in flight that replace the same name (E2B's create_snapshot with a
+    used name, twice at once) leave the count as it is: all are admitted, one snapshot keeps the
+    name. A plain take beside a replace of a name that exists counts that name once too."""
+    tid, key = await _tenant(fake.http, "q-snaprepl", max_snapshots=2)
+    async with _as(fake, key) as t:
+        sids = [(await t.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"] for _ in range(3)]
+        assert (await _snap(t, sids[0], name="a")).status_code == 201
+        assert (await _snap(t, sids[0], name="b")).status_code == 201
+        fake.worker.delay["snapshot"] = 0.2
+        rs = await asyncio.gather(*(_snap(t, sid, name="a", replace=True) for sid in sids))
+        assert [r.status_code for r in rs] == [201, 201, 201], [r.text for r in rs]
+        kept = (await t.get("/v1/snapshots")).json()["items"]
+        assert sorted(s["name"] for s in kept) == ["a", "b"], kept
+        # one slot left: a replace of "a" in flight does not take it from a plain take
+        assert (
+            await fake.http.patch(f"/v1/tenants/{tid}", json={"quotas": {"max_snapshots": 3}})
+        ).status_code == 200
+        rs = await asyncio.gather(_snap(t, sids[0], name="a", replace=True), _snap(t, sids[1]))
+        fake.worker.delay.pop("snapshot")
+        assert [r.status_code for r in rs] == [201, 201], [r.text for r in rs]
+        assert len((await t.get("/v1/snapshots")).json()["items"]) == 3
+        _refused(await _snap(t, sids[2]))
+
+
 async def test_max_snapshot_gb_refuses_once_the_kept_bytes_reach_it(fake):
     tid, key = await _tenant(fake.http, "q-snapgb", max_snapshot_gb=0.3)
     async with _as(fake, key) as t:

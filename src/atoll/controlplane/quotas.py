@@ -20,13 +20,14 @@ refusal names the quota by its key, its limit and the current use. Lowering a qu
 is allowed: new admissions are refused, nothing running is touched.
 Snapshots are admitted the same way (`admitting_snapshot`, then `check_snapshot_locked` in the
 transaction that writes the record): a take that replaces a snapshot of the same name does not
-count that one.
+count that one, and takes in flight replacing one name count it once.
 Called by controlplane.lifecycle (create), pools (claim, pool settings), stores, templates and
 snapshots.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -62,9 +63,11 @@ class _Pending:
     memory_mb: int = 0
     creates: int = 0
     snapshots: int = 0
+    replacing: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    """Names that snapshot takes in flight replace (each ends as one snapshot, however many)."""
 
     def idle(self) -> bool:
-        return not (self.running or self.creates or self.snapshots)
+        return not (self.running or self.creates or self.snapshots or +self.replacing)
 
 
 class Ticket:
@@ -214,30 +217,50 @@ class Quotas:
 
     # ---- named snapshots ------------------------------------------------------------------------
     @staticmethod
-    def _snapshot_use(conn: sa.Connection, tenant: str, replacing: str | None) -> tuple[int, int]:
-        """(number, bytes) of the tenant's snapshots, the one named `replacing` left out."""
+    def _snapshot_use(
+        conn: sa.Connection, tenant: str, leave_out: typing.Collection[str] = ()
+    ) -> tuple[int, int]:
+        """(number, bytes) of the tenant's snapshots, those named in `leave_out` left out."""
         t = dbm.SnapshotRecord.__table__
         where = t.c.tenant_id == tenant
-        if replacing is not None:
-            where = where & (t.c.name.is_(None) | (t.c.name != replacing))
+        if leave_out:
+            where = where & (t.c.name.is_(None) | t.c.name.not_in(sorted(leave_out)))
         count, used = conn.execute(
             sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(t.c.bytes), 0)).where(where)
         ).one()
         return int(count), int(used)
 
-    @staticmethod
-    def _check_snapshot(limits: dict, count: int, used: int, pending: int) -> None:
+    def _check_snapshot(
+        self,
+        conn: sa.Connection,
+        limits: dict,
+        tenant: str,
+        replacing: str | None,
+        plain: int,
+        names: set[str],
+    ) -> None:
+        """Refuse a take (replacing the snapshot named `replacing`, if any) when the tenant's
+        snapshots once it and the other takes in flight are done (`plain` ones adding one each;
+        those replacing `names` one per name, whatever is kept under it now) would pass
+        max_snapshots, or when those kept (the replaced one left out) reach max_snapshot_gb."""
         q = limits.get("max_snapshots")
-        n = count + pending
-        if q is not None and n + 1 > q:
-            raise QuotaExceeded(
-                f"max_snapshots {q} reached: the tenant keeps {n} snapshot{'' if n == 1 else 's'}"
-                + (f" ({pending} being taken)" if pending else "")
-                + "; delete one first (GET /v1/snapshots, DELETE /v1/snapshots/{id}) or ask an "
-                "admin to raise the quota"
-            )
+        if q is not None:
+            named = names | ({replacing} if replacing is not None else set())
+            count, _ = self._snapshot_use(conn, tenant, named)
+            if count + plain + len(named) + (0 if replacing is not None else 1) > q:
+                kept, _ = self._snapshot_use(conn, tenant)
+                taking = plain + len(names)
+                raise QuotaExceeded(
+                    f"max_snapshots {q} reached: the tenant keeps {kept} snapshot{'' if kept == 1 else 's'}"
+                    + (f" ({taking} more being taken)" if taking else "")
+                    + "; delete one first (GET /v1/snapshots, DELETE /v1/snapshots/{id}) or ask an "
+                    "admin to raise the quota"
+                )
         q = limits.get("max_snapshot_gb")
-        if q is not None and used / 1024**3 >= q:
+        if q is None:
+            return
+        _, used = self._snapshot_use(conn, tenant, {replacing} if replacing is not None else ())
+        if used / 1024**3 >= q:
             raise QuotaExceeded(
                 f"max_snapshot_gb {q} reached: the tenant's snapshots take {used / 1024**3:.2f} GB; "
                 "delete one first (GET /v1/snapshots, DELETE /v1/snapshots/{id}) or ask an admin to "
@@ -255,12 +278,17 @@ class Quotas:
             return
         pending = self._pending.setdefault(tenant, _Pending())
         with self.db.engine.connect() as conn:
-            count, used = self._snapshot_use(conn, tenant, replacing)
-        self._check_snapshot(limits, count, used, pending.snapshots)
-        pending.snapshots += 1
+            self._check_snapshot(conn, limits, tenant, replacing, pending.snapshots, set(+pending.replacing))
+        if replacing is not None:
+            pending.replacing[replacing] += 1
+        else:
+            pending.snapshots += 1
 
         def release() -> None:
-            pending.snapshots -= 1
+            if replacing is not None:
+                pending.replacing[replacing] -= 1
+            else:
+                pending.snapshots -= 1
             if pending.idle() and self._pending.get(tenant) is pending:
                 del self._pending[tenant]
 
@@ -281,10 +309,15 @@ class Quotas:
         if "max_snapshots" not in limits and "max_snapshot_gb" not in limits:
             return
         conn = self.write_lock(s, tenant)
-        count, used = self._snapshot_use(conn, tenant, replacing)
         held = 1 if ticket._release is not None else 0
-        others = self._pending.get(tenant, _Pending()).snapshots - held
-        self._check_snapshot(limits, count, used, max(0, others))
+        pending = self._pending.get(tenant, _Pending())
+        names = +pending.replacing
+        plain = pending.snapshots
+        if replacing is not None:
+            names[replacing] -= held
+        else:
+            plain -= held
+        self._check_snapshot(conn, limits, tenant, replacing, max(0, plain), set(+names))
 
     # ---- stores, pools, builds ----------------------------------------------------------------
     def check_store(self, tenant: str, add_mb: int) -> None:
@@ -354,7 +387,7 @@ class Quotas:
                 )
             )
         with self.db.engine.connect() as conn:
-            snapshots, snapshot_bytes = self._snapshot_use(conn, tenant, None)
+            snapshots, snapshot_bytes = self._snapshot_use(conn, tenant)
         return {
             "running": u["running"],
             "memory_mb": u["memory_mb"],
