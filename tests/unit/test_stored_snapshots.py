@@ -68,3 +68,29 @@ async def test_a_store_directory_that_fails_is_a_store_error_not_a_raw_oserror(t
             assert str(root) in str(e)
         else:
             raise AssertionError("a broken store answered")
+
+
+async def test_a_snapshot_the_store_cannot_give_names_no_host_path_to_the_caller(tmp_path):
+    """409 snapshot_unavailable goes to the API caller (a tenant): its message says what is wrong
+    with the snapshot, and the store's host path (or S3 endpoint) is only in `detail`, which is
+    logged, never sent (docs/security-model.md, "Host details in errors")."""
+    import pytest
+
+    from atoll.core import errors
+
+    root = tmp_path / "secret-store-path"
+    store = objectstore.LocalStore(str(root))
+    work = tmp_path / "work"
+    os.makedirs(work)
+    missing = "snp-00000000000000dd"
+    with pytest.raises(errors.AtollError) as caught:
+        await snapstore.read_manifest(store, missing, str(work))
+    assert caught.value.code == "snapshot_unavailable"
+    assert "secret-store-path" not in caught.value.message, caught.value.message
+    assert "secret-store-path" in (caught.value.detail or "")
+    other = "snp-00000000000000ee"
+    await _put(store, snapstore.manifest_key(missing), _manifest(other, "inst", 1.0), str(work))
+    with pytest.raises(errors.AtollError) as caught:
+        await snapstore.read_manifest(store, missing, str(work))
+    assert "names another snapshot" in caught.value.message
+    assert "secret-store-path" not in caught.value.message, caught.value.message

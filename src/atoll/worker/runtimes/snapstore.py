@@ -100,9 +100,13 @@ class SnapshotManifest:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def unavailable(snapshot_id: str, why: str) -> errors.Conflict:
+def unavailable(snapshot_id: str, why: str, store: objectstore.ObjectStore | None = None) -> errors.Conflict:
+    """409 snapshot_unavailable; the store's name (a host path, an S3 endpoint) only in `detail`,
+    which is logged and never sent to the caller."""
     return errors.Conflict(
-        f"snapshot {snapshot_id} cannot be created from here: {why}", code="snapshot_unavailable"
+        f"snapshot {snapshot_id} cannot be created from here: {why}",
+        code="snapshot_unavailable",
+        detail=f"object store {store.name}" if store is not None else None,
     )
 
 
@@ -157,13 +161,17 @@ async def read_manifest(store: objectstore.ObjectStore, snapshot_id: str, tmp_ro
         with open(path) as f:
             man = SnapshotManifest.loads(f.read())
     except objectstore.ObjectNotFound:
-        raise unavailable(snapshot_id, f"it is neither kept on this worker nor in {store.name}") from None
+        raise unavailable(
+            snapshot_id, "it is neither kept on this worker nor in the object store the workers share", store
+        ) from None
     except (ValueError, TypeError) as e:
-        raise unavailable(snapshot_id, f"its manifest in {store.name} is unreadable: {e}") from None
+        raise unavailable(
+            snapshot_id, f"its manifest in the object store is unreadable: {e}", store
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if man.snapshot_id != snapshot_id or man.key != object_key(snapshot_id):
-        raise unavailable(snapshot_id, f"its manifest in {store.name} names another snapshot")
+        raise unavailable(snapshot_id, "its manifest in the object store names another snapshot", store)
     return man
 
 
@@ -202,11 +210,15 @@ async def fetch(
         try:
             await store.get_file(man.key, obj, durable=False)
         except objectstore.ObjectNotFound:
-            raise unavailable(snapshot_id, f"its object {man.key} is gone from {store.name}") from None
+            raise unavailable(
+                snapshot_id, f"its object {man.key} is gone from the object store", store
+            ) from None
         t_get = time.perf_counter()
         if not await asyncio.to_thread(layerpack.matches, obj, man.size, man.sha256):
             raise unavailable(
-                snapshot_id, f"its object in {store.name} does not match the size and sha256 of its manifest"
+                snapshot_id,
+                "its object in the object store does not match the size and sha256 of its manifest",
+                store,
             )
         try:
             await asyncio.to_thread(layerpack.unpack_tree, obj, staging)
@@ -216,7 +228,7 @@ async def fetch(
         if not os.path.isdir(os.path.join(staging, "upper")) or (
             man.memory and not os.path.isdir(os.path.join(staging, "image"))
         ):
-            raise unavailable(snapshot_id, f"its object in {store.name} lacks its image or layer")
+            raise unavailable(snapshot_id, "its object in the object store lacks its image or layer", store)
         settings = dict(man.settings) | {"lower": ":".join(paths), "agent_dir": agent_dir}
         forks.Kept(staging, settings, man.memory).save()
         os.rename(staging, dest)

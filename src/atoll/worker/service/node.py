@@ -983,8 +983,9 @@ class Node(StoreVerbs):
                     n = await snapstore.remove(self.store, snapshot_id)
                 except objectstore.StoreError as e:
                     raise errors.Unavailable(
-                        f"the object store failed while deleting snapshot {snapshot_id}'s stored copy: {e}; "
-                        "delete it again"
+                        f"the object store failed while deleting snapshot {snapshot_id}'s stored copy; "
+                        "delete it again",
+                        detail=str(e),
                     ) from None
                 if n:
                     log.info("snapshot %s removed from %s (%d objects)", snapshot_id, self.store.name, n)
@@ -1007,7 +1008,7 @@ class Node(StoreVerbs):
             man = await snapstore.upload(self.store, snapshot_id, kept, holder=self.install_id, work=work)
         except objectstore.StoreError as e:
             raise errors.Unavailable(
-                f"the object store failed while storing snapshot {snapshot_id}: {e}"
+                f"the object store failed while storing snapshot {snapshot_id}", detail=str(e)
             ) from None
         except OSError as e:  # deleted while it was packed
             if forks.Kept.load(dest) is not None:
@@ -1058,7 +1059,7 @@ class Node(StoreVerbs):
             )
         except objectstore.StoreError as e:
             raise errors.Unavailable(
-                f"the object store failed while fetching snapshot {snapshot_id}: {e}"
+                f"the object store failed while fetching snapshot {snapshot_id}; try again", detail=str(e)
             ) from None
 
     async def _create_from_snapshot(self, spec: api.SandboxSpec) -> api.CreateOutcome:
