@@ -202,7 +202,7 @@ async def fetch(
         for ref in man.layers:
             paths.append(await layerpack.fetch(store, layers, ref))
     except layerpack.LayerUnavailable as e:
-        raise unavailable(snapshot_id, str(e)) from None
+        raise unavailable(snapshot_id, str(e).replace(store.name, "the object store"), store) from None
     t_layers = time.perf_counter()
     staging = tempfile.mkdtemp(prefix=f".fetch-{snapshot_id}-", dir=root)  # no kept.json: swept at start
     try:
