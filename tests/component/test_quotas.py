@@ -115,9 +115,13 @@ async def test_max_snapshots_counts_kept_snapshots_and_in_flight_takes(fake):
         # refused takes checkpointed nothing and left nothing on the worker
         kept = (await t.get("/v1/snapshots")).json()["items"]
         assert len(kept) == 2 and sorted(fake.worker.snapshots) == sorted(s["id"] for s in kept)
+        # the tenant's view shows the use against the quota
+        use = (await fake.http.get(f"/v1/tenants/{tid}")).json()["use"]
+        assert use["snapshots"] == 2 and use["running"] == 4 and use["snapshot_gb"] >= 0, use
         # a take that replaces a snapshot of the same name does not grow the count
         r = await _snap(t, sids[0], name="a", replace=True)
         assert r.status_code == 201, r.text
+        assert (await fake.http.get(f"/v1/tenants/{tid}")).json()["use"]["snapshots"] == 2
         # lowering below the use is allowed; deleting makes room again
         assert (
             await fake.http.patch(f"/v1/tenants/{tid}", json={"quotas": {"max_snapshots": 1}})

@@ -9,6 +9,7 @@ store is controlplane.auth.Keys. Part of the app built by controlplane.app.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Annotated
 
@@ -118,7 +119,10 @@ async def list_tenants(request: Request):
     },
 )
 async def get_tenant(request: Request, tid: TenantId):
-    return http.json_response(tenant_view(_keys(request).tenant(tid)))
+    """The tenant, its quotas and what it uses now against them (`use`, by quota)."""
+    view = tenant_view(_keys(request).tenant(tid))
+    view["use"] = await asyncio.to_thread(ctx(request).manager.quotas.use, tid)
+    return http.json_response(view)
 
 
 @router.patch(

@@ -1345,6 +1345,11 @@ class Tenant(BaseModel):
     quotas: dict
     created_at: str | None
     updated_at: str | None
+    use: dict | None = Field(
+        None,
+        description="GET /v1/tenants/{id} only: what the tenant uses now, by quota (running, memory_mb, "
+        "standby_gb, volume_gb, creates_last_minute, snapshots, snapshot_gb)",
+    )
 
 
 class TenantList(BaseModel):
