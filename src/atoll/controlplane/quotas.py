@@ -8,8 +8,8 @@ archive tiers — an upper bound of what they hold), `max_volume_gb` (volumes an
 (the `max` of its templates' pools, summed), `build_minutes_per_day` (its template builds since
 00:00 UTC, running ones counted to now), `max_snapshots` and `max_snapshot_gb` (its named snapshots,
 by number and by the bytes their workers measured; a snapshot's size is known only once it is
-taken, so a take is refused when those kept already reach `max_snapshot_gb`, and the last one may
-pass it by its own size).
+taken, so a take is refused when those kept already reach `max_snapshot_gb`, and the takes admitted
+below it — the last one, or several running at once — may pass it by their own sizes).
 
 Admission is check-and-reserve in one step of the event loop: the use is counted from the
 database plus the admissions in flight (reserved until their record is written), so two creates
