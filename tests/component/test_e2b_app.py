@@ -486,3 +486,30 @@ async def test_the_answers_domain_names_the_ingress_router_when_set(tmp_path):
                 assert (await c.get(f"/sandboxes/{sid}")).json()["domain"] == domain
                 assert (await c.delete(f"/sandboxes/{sid}")).status_code == 204
             await app.control.aclose()
+
+
+async def test_an_admin_keys_create_by_name_looks_only_in_its_own_tenant(e2b):
+    """A name held by another tenant's snapshot is no snapshot of the admin key's (`default`): the
+    create takes it as a template name (before, the admin's list spanned every tenant, so the name
+    was taken for a snapshot and the create said the snapshot was not found)."""
+    fake = e2b.fake
+    r = await fake.http.post("/v1/tenants", json={"name": "other"})
+    tid = r.json()["id"]
+    key = (await fake.http.post(f"/v1/tenants/{tid}/keys", json={})).json()["key"]
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=fake.app),
+        base_url="http://api",
+        headers={"Authorization": f"Bearer {key}"},
+    ) as t:
+        sid = (await t.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+        assert (
+            await t.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "team/theirs"})
+        ).status_code == 201
+    r = await e2b.post("/v2/sandboxes", json={"templateID": "team/theirs", "timeout": 60})
+    msg = _error(r, 404)
+    assert "template" in msg and "snapshot" not in msg, msg
+    # the admin's own snapshot of that name is found, '/' and all
+    sid = (await e2b.post("/v2/sandboxes", json={"templateID": "base", "timeout": 60})).json()["sandboxID"]
+    assert (await e2b.post(f"/sandboxes/{sid}/snapshots", json={"name": "team/theirs"})).status_code == 201
+    r = await e2b.post("/v2/sandboxes", json={"templateID": "team/theirs", "timeout": 60})
+    assert r.status_code == 201, r.text

@@ -495,11 +495,12 @@ class ControlAPI:
             if r.status_code == 404:  # shaped like a snapshot id: no template is named so
                 raise control.E2BError(404, f"snapshot {ref} was not found (deleted, or not yours)")
             return ref
-        r = await self.call(key, "GET", "/v1/snapshots", params={"name": ref}, passthrough=(400,))
-        items = r.json().get("items") if r.status_code == 200 else None
-        # the name, not a listed id: an admin key's list spans every tenant, and the create resolves
-        # the name in the tenant it acts in (`default` for an admin key)
-        return ref if items else None
+        # by name, looked up in the tenant the key acts in (`default` for an admin key, whose list
+        # would span every tenant), as the create resolves it; 400: not a snapshot name at all
+        r = await self.call(
+            key, "GET", "/v1/snapshots/" + urllib.parse.quote(ref, safe=""), passthrough=(400, 404)
+        )
+        return ref if r.status_code == 200 else None
 
 
 def create_app(
