@@ -116,6 +116,21 @@ async def test_the_granted_worker_serves_the_data_verbs(two, by):
     assert text.startswith("out\n")
     await w.signal_process(a, started.pid, "TERM")
     assert not (await w.get_process(a, started.pid)).running
+    # started and followed in one call (run_process, E2B's Start): the pid first, then its
+    # output and its exit; a spec the worker refuses is its error, before any process
+    async with w.run_process(a, api.ExecSpec(cmd="cat", max_output_bytes=1 << 20)) as (run, events):
+        assert run.pid != started.pid and (await w.get_process(a, run.pid)).running
+        it = aiter(events)
+        first = await anext(it)
+        assert isinstance(first, api.ProcessOutput) and first.text == "out\n"
+        fake.end_process(a, run.pid, 3)
+        rest = [ev async for ev in it]
+    assert isinstance(rest[-1], api.ProcessExit) and rest[-1].exit_code == 3, rest
+    fake.fail.add("start_process")
+    with pytest.raises(errors.RuntimeFailure, match="fake start_process failure"):
+        async with w.run_process(a, api.ExecSpec(cmd="x", max_output_bytes=1)):
+            pass
+    fake.fail.discard("start_process")
     assert (await w.exec(a, api.ExecSpec(cmd="x", max_output_bytes=1 << 20))).stdout == "out\n"
     # terminals: opened and listed through the grant
     pty = await w.open_pty(a, api.PtySpec(cols=80, rows=24))

@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 
 from atoll.controlplane import evacuation
+from atoll.core import errors
 from atoll.core import worker_api as api
 from atoll.testing import FakeAtoll, FakeWorker, free_port
 from atoll.worker.service import httpapi, registration
@@ -167,6 +168,27 @@ async def test_every_call_crosses_the_seam(cluster):
             break
         await asyncio.sleep(0.02)
     assert sid not in fake.runtimes
+
+
+async def test_run_process_crosses_the_seam(cluster):
+    """The server's RemoteWorker over the worker's HTTP API: run_process is one call, the
+    process first, then its output follow and exit; a refused start is the worker's error."""
+    cp, c, fake, reg, _ = cluster
+    sid = (await c.post("/v1/sandboxes", json={"idle_timeout_s": 0})).json()["id"]
+    remote = cp.manager.workers.handles[reg.worker_id].worker
+    fake.exec_handler = lambda spec: api.ExecResult(0, "é\n", "", 1, False, 0, 0)
+    async with remote.run_process(sid, api.ExecSpec(cmd="cat", max_output_bytes=1 << 20)) as (run, events):
+        assert [p.pid for p in await remote.list_processes(sid)] == [run.pid]
+        it = aiter(events)
+        first = await anext(it)
+        assert isinstance(first, api.ProcessOutput) and (first.text, first.offset) == ("é\n", 3)
+        fake.end_process(sid, run.pid, 0)
+        rest = [ev async for ev in it]
+    assert rest == [api.ProcessExit(0, False, 0, 3)], rest
+    fake.fail.add("start_process")
+    with pytest.raises(errors.RuntimeFailure, match="fake start_process failure"):
+        async with remote.run_process(sid, api.ExecSpec(cmd="x", max_output_bytes=1)):
+            pass
 
 
 async def test_a_death_reported_by_the_worker_fails_the_record(cluster):

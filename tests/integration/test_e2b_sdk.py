@@ -7,10 +7,12 @@ twice; and the SDK's exceptions for a wrong key and unknown ids. The driver runs
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -399,3 +401,62 @@ def test_the_agents_sdk_e2b_extension_persists_a_workspace_as_a_snapshot(atoll_u
     assert out["first_state"] is False, out
     r = httpx.delete(f"{atoll_up.url}/v1/snapshots/{out['snapshot_id']}", headers=atoll_up.headers())
     assert r.status_code == 204, r.text
+
+
+def _connect_frames(raw: bytes) -> list[tuple[int, dict]]:
+    """A Connect server stream's envelopes: (flags, JSON message); flag 2 is the end of stream."""
+    out = []
+    while raw:
+        flags, size = struct.unpack(">BI", raw[:5])
+        out.append((flags, json.loads(raw[5 : 5 + size])))
+        raw = raw[5 + size :]
+    return out
+
+
+def test_envd_start_through_a_real_sandbox(atoll_up):
+    """envd's process.Process/Start without an SDK, through the edge child, the worker's
+    run_process and the guest agent (one call each): start{pid} first, stdout and stderr as data,
+    then end{exitCode}; Connect-Timeout-Ms kills the command and ends deadline_exceeded."""
+    e2b = httpx.Client(base_url=atoll_up.e2b_url, headers={"X-API-KEY": atoll_up.api_key}, timeout=120)
+    made = e2b.post("/v2/sandboxes", json={"templateID": "base", "timeout": 300})
+    assert made.status_code == 201, made.text
+    sid, token = made.json()["sandboxID"], made.json()["envdAccessToken"]
+    headers = {
+        "Content-Type": "application/connect+json",
+        "Connect-Protocol-Version": "1",
+        "E2b-Sandbox-Id": sid,
+        "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": token,
+    }
+
+    def start(cmd: str, **extra: str) -> list[tuple[int, dict]]:
+        body = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd]}, "stdin": False})
+        envelope = struct.pack(">BI", 0, len(body)) + body.encode()
+        r = e2b.post("/process.Process/Start", content=envelope, headers={**headers, **extra})
+        assert r.status_code == 200, r.text
+        return _connect_frames(r.content)
+
+    try:
+        frames = start("echo out; echo err >&2; exit 3")
+        events = [m["event"] for flags, m in frames if not flags & 2]
+        assert events[0]["start"]["pid"] > 0, frames
+        data = [base64.b64decode(v) for e in events[1:-1] for k, v in e["data"].items()]
+        streams = sorted(k for e in events[1:-1] for k in e["data"])
+        assert (sorted(data), streams) == ([b"err\n", b"out\n"], ["stderr", "stdout"]), frames
+        assert events[-1]["end"]["exitCode"] == 3 and events[-1]["end"]["status"] == "exit status 3"
+        assert frames[-1] == (2, {}), frames
+        # the deadline: the command is killed and the stream ends deadline_exceeded
+        t0 = time.monotonic()
+        frames = start("sleep 30", **{"Connect-Timeout-Ms": "1500"})
+        assert time.monotonic() - t0 < 20
+        assert frames[-1][0] & 2 and frames[-1][1]["error"]["code"] == "deadline_exceeded", frames
+        pid = frames[0][1]["event"]["start"]["pid"]
+        info = httpx.get(f"{atoll_up.url}/v1/sandboxes/{sid}/processes/{pid}", headers=atoll_up.headers())
+        deadline = time.monotonic() + 10
+        while info.json().get("running") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            info = httpx.get(f"{atoll_up.url}/v1/sandboxes/{sid}/processes/{pid}", headers=atoll_up.headers())
+        assert info.json()["running"] is False, info.text
+    finally:
+        e2b.delete(f"/sandboxes/{sid}")
+        e2b.close()

@@ -14,7 +14,10 @@ import httpx
 import pytest
 
 from atoll.core import errors
+from atoll.core import worker_api as api
+from atoll.core.worker_api import ExecSpec
 from atoll.guest.agent import procio, shells
+from atoll.shared import http11
 from atoll.worker.runtimes import guest
 from tests.unit.test_guest_agent import _start_agent
 
@@ -152,6 +155,40 @@ def test_follow_streams_as_it_comes_and_reattach_loses_nothing(agent, client):
     got += "".join(line.get("stdout", "") for line in lines)
     assert got == "".join(f"{i}\n" for i in range(40))
     assert lines[-1]["exit_code"] == 0
+
+
+def test_a_background_start_that_follows_in_the_same_answer(agent, client):
+    """POST /exec background with Accept: application/x-ndjson (the worker's run_process, E2B's
+    Start): `{pid, log_path}` first, then the lines of the output follow, then the exit; a caller
+    that leaves mid-way leaves the process running, and it is a handle like any other."""
+    ndjson = {"Accept": "application/x-ndjson"}
+    body = {"cmd": "echo out; echo err >&2; exit 4", "background": True}
+    lines = _lines(client.post("/exec", json=body, headers=ndjson))
+    pid = lines[0]["pid"]
+    assert lines[0]["log_path"] == f"/tmp/.atoll/proc-{pid}.log"
+    out = [(k, v) for line in lines[1:-1] for k, v in line.items() if k in ("stdout", "stderr")]
+    assert sorted(out) == [("stderr", "err\n"), ("stdout", "out\n")], lines
+    assert lines[-1]["exit_code"] == 4 and lines[-1]["offset"] == 8, lines
+    # the same lines as a follow of the handle
+    again = _lines(client.get(f"/processes/{pid}/output", params={"follow": "1"}))
+    assert again[-1] == lines[-1]
+
+    slow = {"cmd": ["python3", "-u", "-c", "import time\nprint('a')\ntime.sleep(0.5)\nprint('b')"]}
+    with httpx.Client(base_url=agent.url, timeout=30) as first:
+        with first.stream("POST", "/exec", json={**slow, "background": True}, headers=ndjson) as r:
+            it = r.iter_lines()
+            pid = json.loads(next(it))["pid"]
+            got = ""
+            while got != "a\n":  # print() may write "a" and "\n" apart (-u)
+                got += json.loads(next(it))["stdout"]
+    assert client.get(f"/processes/{pid}").json()["running"]  # the caller left; it runs on
+    lines = _lines(client.get(f"/processes/{pid}/output", params={"follow": "1"}))
+    assert "".join(line.get("stdout", "") for line in lines) == "a\nb\n" and lines[-1]["exit_code"] == 0
+    # a command that cannot start is the same 400 as without the follow
+    r = client.post(
+        "/exec", json={"cmd": ["true"], "cwd": "/nonexistent", "background": True}, headers=ndjson
+    )
+    _error(r, 400, "invalid_request")
 
 
 def test_signal_term_to_a_trapping_script_and_wait(client):
@@ -310,3 +347,39 @@ def test_output_that_is_not_utf8_also_travels_exactly(client):
     assert ev.b64 == out[0]["b64"]
     with pytest.raises(errors.RuntimeFailure, match="not base64"):
         guest._process_event(json.dumps({"stdout": "x", "offset": 1, "b64": "%%%"}).encode())
+
+
+class _OldAgent(http11.Channel):
+    """A channel to the agent that drops `Accept` from POST /exec: how an agent from before the
+    followed background start answers (`{pid, log_path}` alone)."""
+
+    def stream(self, method, url, *, headers=None, **kw):
+        if url == "/exec":
+            headers = {k: v for k, v in (headers or {}).items() if k.lower() != "accept"}
+        return super().stream(method, url, headers=headers, **kw)
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["one call", "an older agent"])
+async def test_the_workers_run_process_over_a_real_agent(agent, old):
+    """worker.guest.Guest.run_process: one agent call (the pid, then the output follow); an agent
+    that answers the pid alone has its output followed with a second call, to the same events."""
+    g = guest.Guest.__new__(guest.Guest)
+    g._channels = {"sb": (_OldAgent if old else http11.Channel)("127.0.0.1", agent.port)}
+
+    async def unwatched(sid, aw):
+        return await aw
+
+    g._watch = unwatched  # type: ignore[method-assign]  # no runtime to watch: the agent runs natively
+    spec = ExecSpec(cmd="echo out; echo err >&2; exit 5", max_output_bytes=1 << 20)
+    try:
+        async with g.run_process("sb", spec) as (started, events):
+            got = [ev async for ev in events]
+        assert started.pid > 0 and started.log_path == f"/tmp/.atoll/proc-{started.pid}.log"
+        text = sorted((ev.stream, ev.text) for ev in got if isinstance(ev, api.ProcessOutput))
+        assert text == [("stderr", "err\n"), ("stdout", "out\n")], got
+        assert isinstance(got[-1], api.ProcessExit) and (got[-1].exit_code, got[-1].offset) == (5, 8), got
+        with pytest.raises(errors.InvalidRequest, match="cwd"):
+            async with g.run_process("sb", ExecSpec(cmd="true", cwd="/nonexistent", max_output_bytes=1)):
+                pass
+    finally:
+        await g._channels["sb"].aclose()

@@ -335,12 +335,29 @@ class RemoteWorker(remote_verbs.RemoteVerbs):
         async with self._stream("GET", path, params=params, timeout=None) as r:
             yield self._process_events(r, path)
 
-    async def _process_events(self, r: http11.Response, path: str) -> AsyncIterator[api.ProcessEvent]:
-        async for line in _lines(r, self, "GET", path):
+    async def _process_events(
+        self, r: http11.Response, path: str, lines: AsyncIterator[bytes] | None = None
+    ) -> AsyncIterator[api.ProcessEvent]:
+        async for line in lines if lines is not None else _lines(r, self, "GET", path):
             obj = _json_line(line)
             if "error" in obj:
                 raise wire.error_from_body(500, obj, f"the output stream from worker {self.name!r} broke")
             yield wire.load_process_event(obj)
+
+    @contextlib.asynccontextmanager
+    async def run_process(
+        self, sandbox_id: str, spec: api.ExecSpec
+    ) -> AsyncIterator[tuple[api.ProcessStarted, AsyncIterator[api.ProcessEvent]]]:
+        path = self._sb(sandbox_id, "processes", "run")
+        async with self._stream("POST", path, json=wire.dump(spec), headers={"Accept": NDJSON}) as r:
+            lines = _lines(r, self, "POST", path)
+            first = await anext(lines, None)
+            obj = _json_line(first) if first is not None else {}
+            if "error" in obj or first is None:
+                raise wire.error_from_body(
+                    500, obj, f"worker {self.name!r} did not say which process it started"
+                )
+            yield wire.load(api.ProcessStarted, obj, "process started"), self._process_events(r, path, lines)
 
     # ---- files ----------------------------------------------------------------------------------
     def read_file(self, sandbox_id: str, path: api.FilePath) -> typing.AsyncContextManager[api.FileDownload]:

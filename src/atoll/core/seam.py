@@ -408,6 +408,7 @@ HAND_WRITTEN = (
     "exec",
     "exec_stream",
     "process_output",
+    "run_process",
     "read_file",
     "write_file",
     "watch_files",

@@ -30,8 +30,9 @@ from atoll.core.lifecycle import Phase, Tier
 # The seam's exec request: one definition, shared with the guest agent (which imports nothing of atoll).
 from atoll.guest.agent.execspec import ExecSpec as ExecSpec
 
-PROTOCOL_VERSION = 14
-"""14: named snapshots in the shared object store (store_snapshot, stored_snapshots,
+PROTOCOL_VERSION = 15
+"""15: run_process (start a background process and follow its output in one call: E2B's
+envd `Start`); 14: named snapshots in the shared object store (store_snapshot, stored_snapshots,
 WorkerInfo.shared_store; a create's snapshot_id may name one this worker fetches; delete_snapshot
 removes the stored copy too); 13: named snapshots (snapshot, delete_snapshot, SandboxSpec.snapshot_id); 12: a worker registering again sends `proof` (core.wire.registration_proof) that it holds the
 token of the registration it replaces; 11: pause(end_streams) ends the sandbox's output follows and watches first (ProcessEnded, a
@@ -860,6 +861,15 @@ class WorkerAPI(Protocol):
         ...
 
     async def start_process(self, sandbox_id: str, spec: ExecSpec) -> ProcessStarted: ...
+
+    def run_process(
+        self, sandbox_id: str, spec: ExecSpec
+    ) -> typing.AsyncContextManager[tuple[ProcessStarted, AsyncIterator[ProcessEvent]]]:
+        """Start a background process and follow its output from offset 0, in one call: entered
+        once it started (a spec that cannot start is refused as by `start_process`), it gives the
+        process and its events as `process_output(…, 0, follow=True)` gives them (a pause with
+        `end_streams` ends them with ProcessEnded). Leaving early leaves the process running."""
+        ...
 
     async def list_processes(self, sandbox_id: str) -> Sequence[ProcessInfo]: ...
 

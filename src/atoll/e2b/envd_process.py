@@ -1,9 +1,10 @@
 """envd's `process.Process` service (the `e2b` SDKs' `sandbox.commands` and `sandbox.pty`) over
 atoll's seam for one sandbox, answered as envd answers (docs/e2b-compat.md §4.2, §6.2):
 
-- every `Start` is an atoll **background** process (`start_process`) read by offset
-  (`process_output(follow=True)`): an E2B process outlives its stream, so a client that leaves
-  leaves it running, and `Connect(pid)` re-attaches at the current end of its output;
+- every `Start` is an atoll **background** process started and followed in one seam call
+  (`run_process`: one request to the worker, one to the guest agent); an E2B process outlives its
+  stream, so a client that leaves leaves it running, and `Connect(pid)` re-attaches at the current
+  end of its output (`process_output(follow=True)`, by offset);
 - `/bin/bash -l -c CMD` runs as atoll's `cmd=CMD, shell="bash"` (the same login shell); any other
   argv runs as a list; `stdin: false` feeds an empty stdin (EOF at once), else a pipe stays open
   for `SendInput`/`StreamInput`/`CloseStdin`;
@@ -171,51 +172,66 @@ class ProcessService(process_connect.Process):
     async def _follow(self, pid: int, offset: int, ctx: typing.Any) -> typing.AsyncIterator[Event]:
         """Output from `offset` and the end, keepalives in silences; at the deadline the process
         is killed (connectrpc ends the stream with deadline_exceeded)."""
-        keepalive = envd_files._keepalive_s(ctx)
-        try:
+        with self._guarded(pid, ctx):
             async with self.worker.process_output(self.sid, pid, offset, True) as events:
-                it = aiter(events)
-                while True:
-                    # the next piece, waited for across keepalives: cancelling a pending read
-                    # would close the output stream's generator
-                    nxt = asyncio.ensure_future(anext(it))
-                    try:
-                        while not (await asyncio.wait({nxt}, timeout=keepalive))[0]:
-                            yield _keepalive()
-                        ev = nxt.result()
-                    except StopAsyncIteration:
-                        raise ConnectError(
-                            Code.UNAVAILABLE, f"the output of process {pid} ended without its exit; reconnect"
-                        ) from None
-                    finally:
-                        if not nxt.done():
-                            nxt.cancel()
-                            # let the read end before the stream's generator is closed (closing it while
-                            # the read runs is `aclose(): asynchronous generator is already running`)
-                            await asyncio.wait({nxt})
-                    if isinstance(ev, api.ProcessOutput):
-                        raw = base64.b64decode(ev.b64) if ev.b64 is not None else ev.text.encode()
-                        if raw:
-                            yield _data(ev.stream, raw)
-                    elif isinstance(ev, api.ProcessEnded):
-                        # the sandbox is being paused: the process runs on after Sandbox.connect
-                        raise ConnectError(Code.CANCELED, envd_files.PAUSED_STREAM)
-                    elif isinstance(ev, api.ProcessExit):
-                        if ev.timed_out:
-                            raise ConnectError(
-                                Code.DEADLINE_EXCEEDED, f"process {pid} was killed at its timeout"
-                            )
-                        yield self._end_of(pid, ev)
-                        return
+                async for ev in self._relay(pid, events, ctx):
+                    yield ev
+
+    @contextlib.contextmanager
+    def _guarded(self, pid: int | None, ctx: typing.Any) -> typing.Iterator[list[int]]:
+        """Around a follow of process `pid` (or of the one being started: its pid is appended to
+        the list this gives once known): the seam's errors as Connect's, and the process killed
+        when the stream is cancelled at its deadline."""
+        known = [] if pid is None else [pid]
+        try:
+            yield known
         except errors.ProcessNotFound:
-            raise ConnectError(Code.NOT_FOUND, f"process with pid {pid} not found") from None
+            what = f"process with pid {known[0]}" if known else "the process"
+            raise ConnectError(Code.NOT_FOUND, f"{what} not found") from None
         except errors.AtollError as e:
             raise envd_files.connect_error(e) from None
         except asyncio.CancelledError:
             left = getattr(ctx, "timeout_ms", None)
-            if left is not None and left <= 0:  # the deadline, not a client that left
-                self._spawn(self._kill_at_deadline(pid))
+            if known and left is not None and left <= 0:  # the deadline, not a client that left
+                self._spawn(self._kill_at_deadline(known[0]))
             raise
+
+    async def _relay(
+        self, pid: int, events: typing.AsyncIterator[api.ProcessEvent], ctx: typing.Any
+    ) -> typing.AsyncIterator[Event]:
+        """The seam's events of a followed process as envd's, keepalives in silences."""
+        keepalive = envd_files._keepalive_s(ctx)
+        it = aiter(events)
+        while True:
+            # the next piece, waited for across keepalives: cancelling a pending read
+            # would close the output stream's generator
+            nxt = asyncio.ensure_future(anext(it))
+            try:
+                while not (await asyncio.wait({nxt}, timeout=keepalive))[0]:
+                    yield _keepalive()
+                ev = nxt.result()
+            except StopAsyncIteration:
+                raise ConnectError(
+                    Code.UNAVAILABLE, f"the output of process {pid} ended without its exit; reconnect"
+                ) from None
+            finally:
+                if not nxt.done():
+                    nxt.cancel()
+                    # let the read end before the stream's generator is closed (closing it while
+                    # the read runs is `aclose(): asynchronous generator is already running`)
+                    await asyncio.wait({nxt})
+            if isinstance(ev, api.ProcessOutput):
+                raw = base64.b64decode(ev.b64) if ev.b64 is not None else ev.text.encode()
+                if raw:
+                    yield _data(ev.stream, raw)
+            elif isinstance(ev, api.ProcessEnded):
+                # the sandbox is being paused: the process runs on after Sandbox.connect
+                raise ConnectError(Code.CANCELED, envd_files.PAUSED_STREAM)
+            elif isinstance(ev, api.ProcessExit):
+                if ev.timed_out:
+                    raise ConnectError(Code.DEADLINE_EXCEEDED, f"process {pid} was killed at its timeout")
+                yield self._end_of(pid, ev)
+                return
 
     # ---- RPCs ----------------------------------------------------------------------------------
     async def start(self, request: pr.StartRequest, ctx) -> typing.AsyncIterator[pr.StartResponse]:
@@ -251,19 +267,19 @@ class ProcessService(process_connect.Process):
             stdin="" if fed_and_closed else None,
             shell=shell,
         )
-        try:
-            started = await self.worker.start_process(self.sid, spec)
-        except errors.AtollError as e:
-            raise envd_files.connect_error(e) from None
-        pid = started.pid
-        self._configs[pid] = pr.ProcessConfig(
-            cmd=proc.cmd, args=args, envs=dict(proc.envs), cwd=proc.cwd or self.home
-        )
-        if request.tag:
-            self._tags[request.tag] = pid
-        yield pr.StartResponse(event=_start(pid))
-        async for ev in self._follow(pid, 0, ctx):
-            yield pr.StartResponse(event=ev)
+        # one call: the process started and its output followed (the seam's run_process)
+        with self._guarded(None, ctx) as known:
+            async with self.worker.run_process(self.sid, spec) as (started, events):
+                pid = started.pid
+                known.append(pid)
+                self._configs[pid] = pr.ProcessConfig(
+                    cmd=proc.cmd, args=args, envs=dict(proc.envs), cwd=proc.cwd or self.home
+                )
+                if request.tag:
+                    self._tags[request.tag] = pid
+                yield pr.StartResponse(event=_start(pid))
+                async for ev in self._relay(pid, events, ctx):
+                    yield pr.StartResponse(event=ev)
 
     async def connect(self, request: pr.ConnectRequest, ctx) -> typing.AsyncIterator[pr.ConnectResponse]:
         pid = self._pid(request.process)

@@ -209,6 +209,24 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
 
             yield events()
 
+    @contextlib.asynccontextmanager
+    async def run_process(
+        self, sandbox_id: str, spec: api.ExecSpec
+    ) -> AsyncIterator[tuple[api.ProcessStarted, AsyncIterator[api.ProcessEvent]]]:
+        path = self._sb(sandbox_id, "processes", "run")
+        async with self._open("POST", path, json=wire.dump(spec), headers=_NDJSON, timeout=None) as r:
+            lines = self._lines(r, "process stream")
+            first = await anext(lines, None)
+            if first is None:
+                raise errors.RuntimeFailure(f"{self.name} did not say which process it started")
+            started = wire.load(api.ProcessStarted, first, "process started")
+
+            async def events() -> AsyncIterator[api.ProcessEvent]:
+                async for obj in lines:
+                    yield wire.load_process_event(obj)
+
+            yield started, events()
+
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _download(

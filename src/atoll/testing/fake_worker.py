@@ -725,6 +725,15 @@ class FakeWorker(fake_files.FakeFileOps):
             timer.add_done_callback(self._timers.discard)
         return api.ProcessStarted(pid, f"/tmp/.atoll/proc-{pid}.log")
 
+    @contextlib.asynccontextmanager
+    async def run_process(
+        self, sandbox_id: str, spec: api.ExecSpec
+    ) -> AsyncIterator[tuple[api.ProcessStarted, AsyncIterator[api.ProcessEvent]]]:
+        """start_process, then its output followed from 0 (as one call, like a real worker)."""
+        started = await self.start_process(sandbox_id, spec)
+        async with self.process_output(sandbox_id, started.pid, 0, True) as events:
+            yield started, events
+
     # process handles: fake processes run until signalled; they echo their stdin to stdout
     def _process(self, sandbox_id: str, pid: int) -> tuple[FakeRuntime, api.ProcessInfo]:
         rt = self._running(sandbox_id)

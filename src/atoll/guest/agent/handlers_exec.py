@@ -143,9 +143,9 @@ class ExecHandlers:
 
     def exec(self, conn: Conn, req: Request) -> None:
         spec = self._exec_spec(json_body(req))
-        if spec.background:
-            return self._exec_background(conn, spec)
         streaming = "application/x-ndjson" in req.headers.get("accept", "").lower()
+        if spec.background:
+            return self._exec_background(conn, spec, follow=streaming)
         started = time.monotonic()
         q = queue.SimpleQueue()
         stdin_r = stdin_w = None
@@ -309,7 +309,10 @@ class ExecHandlers:
                 pass
         return (TIMEOUT_EXIT_CODE if timed_out else proc.exit_code), timed_out
 
-    def _exec_background(self, conn: Conn, spec: Launch) -> None:
+    def _exec_background(self, conn: Conn, spec: Launch, follow: bool = False) -> None:
+        """Start a background command: answer {pid, log_path}; or, with `follow` (Accept:
+        application/x-ndjson), that object as the first line of a chunked answer that goes on as
+        GET /processes/<pid>/output?follow=1 does (one round trip instead of two)."""
         if not self._log_dir_ready:
             try:
                 os.makedirs(LOG_DIR, mode=0o755, exist_ok=True)
@@ -362,7 +365,12 @@ class ExecHandlers:
             timer.start()
             if proc.exit_code is not None:
                 timer.cancel()
-        conn.send_json(200, {"pid": proc.pid, "log_path": log_path})
+        if not follow:
+            conn.send_json(200, {"pid": proc.pid, "log_path": log_path})
+            return
+        conn.start_chunked("application/x-ndjson")
+        conn.write_chunk(dumps({"pid": proc.pid, "log_path": log_path}) + b"\n")
+        self._follow_output(conn, proc, 0, True)  # type: ignore[attr-defined]  # handlers_procs's, in routing.Agent
 
     def _background_timeout(self, proc: Proc) -> None:
         if proc.exit_code is None and self.procs.get(proc.pid) is proc:

@@ -104,6 +104,13 @@ class ProcHandlers:
                 "pass an offset from an earlier line, or 0"
             )
         conn.start_chunked(NDJSON)
+        self._follow_output(conn, proc, offset, follow)
+
+    def _follow_output(self, conn: Conn, proc, offset: int, follow: bool) -> None:
+        """The output lines of `proc` from `offset` (and its exit line once it exited; `follow`:
+        waiting for more until then) on a chunked answer already started, then its end. A
+        follower that goes away leaves the process running (PeerGone)."""
+        log = proc.output
         while True:
             dropped, pieces = log.read(offset)
             if dropped:

@@ -446,6 +446,33 @@ class Guest:
         )
         return wire.load(api.ProcessStarted, r.json(), "process from the guest agent")
 
+    @contextlib.asynccontextmanager
+    async def run_process(
+        self, sid: str, spec: api.ExecSpec
+    ) -> AsyncIterator[tuple[api.ProcessStarted, AsyncIterator[api.ProcessEvent]]]:
+        """A background process started and followed in one agent call (POST /exec, background,
+        `Accept: application/x-ndjson`: `{pid, log_path}` first, then its output lines); an agent
+        from before that answers `{pid, log_path}` alone, and its output is then followed apart."""
+        async with self.stream(
+            sid,
+            "POST",
+            "/exec",
+            json=spec.to_json(background=True),
+            headers={"Accept": NDJSON},
+            timeout=SPAWN_TIMEOUT_S,
+        ) as r:
+            if NDJSON in r.headers.get("content-type", ""):
+                lines = ndjson.alines(r.aiter_raw())
+                first = await anext(lines, None)
+                if first is None:
+                    raise errors.RuntimeFailure("the guest agent's process stream ended before its pid")
+                started = _started(first)
+                yield started, _process_events_of(lines)
+                return
+            started = _started(await r.aread())
+        async with self.process_output(sid, started.pid, 0, True) as events:
+            yield started, events
+
     async def list_processes(self, sid: str) -> list[api.ProcessInfo]:
         r = await self.request(sid, "GET", "/processes")
         return wire.load(list[api.ProcessInfo], _items(r), "process list from the guest agent")
@@ -696,6 +723,22 @@ async def _process_events(raw: AsyncIterator[bytes]) -> AsyncIterator[api.Proces
     """The agent's ndjson process output as seam events (lines as in `_exec_events`)."""
     async for line in ndjson.alines(raw):
         yield _process_event(line)
+
+
+async def _process_events_of(lines: AsyncIterator[bytes]) -> AsyncIterator[api.ProcessEvent]:
+    async for line in lines:
+        yield _process_event(line)
+
+
+def _started(raw: bytes) -> api.ProcessStarted:
+    """The agent's `{pid, log_path}` of a background process it started."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and "error" in obj:
+        raise wire.error_from_body(500, obj, "the guest agent could not start the process")
+    return wire.load(api.ProcessStarted, obj, "process from the guest agent")
 
 
 def _process_event(line: bytes) -> api.ProcessEvent:

@@ -285,6 +285,26 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         reading = node.process_output(*_pid(request), int(offset), q.get("follow") == "1")
         return await ndjson_stream(reading, wire.dump_process_event)
 
+    async def run_process(request: Request) -> Response:
+        """A background process started and followed: `{pid, log_path}` (ProcessStarted) as the
+        first line, then the lines of its output follow (refusals before it started: an error
+        answer)."""
+        spec = await _body(request, api.ExecSpec, "exec spec")
+        opening = node.run_process(request.path_params["sid"], spec)
+        started, events = await opening.__aenter__()
+
+        async def lines() -> typing.AsyncIterator[bytes]:
+            try:
+                yield _dumps(wire.dump(started)) + b"\n"
+                async for ev in events:
+                    yield _dumps(wire.dump_process_event(ev)) + b"\n"
+            except errors.AtollError as e:
+                yield _dumps(wire.error_body(e)) + b"\n"
+            finally:
+                await opening.__aexit__(None, None, None)
+
+        return StreamingResponse(lines(), media_type=NDJSON, headers=proto)
+
     # ---- files ------------------------------------------------------------------------------------
     async def read_file(request: Request) -> Response:
         reading = node.read_file(request.path_params["sid"], _path(request))
@@ -420,6 +440,7 @@ def create_app(node: api.WorkerAPI, creds: Credentials) -> Starlette:
         Route(sb + "/exec", exec_, methods=["POST"]),
         Route(sb + "/alive", alive, methods=["GET"]),
         Route(sb + "/processes/{pid:int}/output", process_output, methods=["GET"]),
+        Route(sb + "/processes/run", run_process, methods=["POST"]),
         Route(sb + "/files", read_file, methods=["GET"]),
         Route(sb + "/files", write_file, methods=["PUT"]),
         Route(sb + "/files/watch", watch_files, methods=["GET"]),

@@ -1367,6 +1367,18 @@ class Node(StoreVerbs):
         async with self._serving(sandbox_id):
             return await self.guest.start_process(sandbox_id, spec)
 
+    @contextlib.asynccontextmanager
+    async def run_process(
+        self, sandbox_id: str, spec: api.ExecSpec
+    ) -> AsyncIterator[tuple[api.ProcessStarted, AsyncIterator[api.ProcessEvent]]]:
+        async with self._serving(sandbox_id), self.guest.run_process(sandbox_id, spec) as (started, events):
+            endable = self._stream_ends.process_output(sandbox_id, 0, events)
+            try:
+                yield started, endable
+            finally:
+                with contextlib.suppress(RuntimeError):  # still being read elsewhere: it ends with it
+                    await endable.aclose()
+
     async def list_processes(self, sandbox_id: str) -> Sequence[api.ProcessInfo]:
         async with self._serving(sandbox_id):
             return await self.guest.list_processes(sandbox_id)
