@@ -49,7 +49,10 @@ async def e2b(tmp_path):
             resumes.append(resume)
             return fake.worker
 
+        looks: list[str] = []
+
         async def state_of(sid: str) -> dict | None:  # as the edge child's `state` op answers
+            looks.append(sid)
             try:
                 rec = fake.manager.get(sid)
             except Exception:  # noqa: BLE001 - unknown: None
@@ -67,6 +70,7 @@ async def e2b(tmp_path):
             c.fake = fake  # type: ignore[attr-defined]
             c.seams = seams  # type: ignore[attr-defined]
             c.resumes = resumes  # type: ignore[attr-defined]
+            c.looks = looks  # type: ignore[attr-defined]
             yield c
         await app.control.aclose()
 
@@ -233,6 +237,9 @@ async def test_envd_calls_to_a_paused_sandbox_resume_it_only_with_auto_resume(e2
     files = await e2b.get("/files", params={"path": "/etc/hostname"}, headers=headers)
     if auto_resume:  # handed to a seam that resumes it (its grant does: test_edge_seam.py)
         assert e2b.seams == [sid, sid] and e2b.resumes == [True, True]
+        # its state was looked up once (/health, then the first envd call): calls that resume
+        # it need no look-up, only those that may have to answer "paused" do
+        assert e2b.looks == [sid, sid]
     else:  # envd's answer for a paused sandbox: the SDKs read "was not found" as not running
         assert "was not found: it is paused" in _error(stat, 502)
         assert "was not found: it is paused" in _error(files, 502)
@@ -242,6 +249,7 @@ async def test_envd_calls_to_a_paused_sandbox_resume_it_only_with_auto_resume(e2
             assert "was not found: it is paused" in _error(await e2b.get("/contexts", headers=h), 502)
         assert e2b.seams == []  # refused before any data path was asked for
         assert e2b.fake.manager.get(sid).state == "standby"
+        assert e2b.looks == [sid] * 5  # each call looked (one may follow a pause)
 
 
 async def test_without_a_data_path_envd_calls_are_502(tmp_path):

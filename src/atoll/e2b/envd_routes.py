@@ -46,6 +46,9 @@ class Envd:
             collections.OrderedDict()
         )
         self._factories: dict[str, typing.Any] | None = None
+        self._resuming: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """The sandboxes a look found whose envd calls resume them (`resumes`): E2B's auto-resume
+        is fixed at its create, so their later calls need no look-up."""
 
     @staticmethod
     def sandbox_id(request: Request) -> str:
@@ -100,15 +103,25 @@ class Envd:
         was created through E2B (its `compat`), atoll's own rule (always) otherwise, or when this
         edge cannot see states. A paused sandbox that does not resume is 502 here, before any
         grant is asked (a pause between this look and the grant: the grant, asked with
-        `resume: false`, is refused and the call answers `unavailable` with the same text)."""
+        `resume: false`, is refused and the call answers `unavailable` with the same text), so
+        such a sandbox is looked up at each call; one whose calls resume it is looked up once
+        (issue 22: the server-side time of `Start`)."""
         if self.state_of is None:
             return True
-        state, compat = await self.look(sid)
-        if compat is None:
+        if sid in self._resuming:
+            self._resuming.move_to_end(sid)
             return True
-        if state == "standby" and not compat.get("auto_resume"):
+        state, compat = await self.look(sid)
+        resume = True if compat is None else bool(compat.get("auto_resume"))
+        if (
+            state is not None and resume
+        ):  # found, and its auto-resume is settled (a failed look keeps nothing)
+            self._resuming[sid] = None
+            while len(self._resuming) > MAX_ENVD_APPS:
+                self._resuming.popitem(last=False)
+        if state == "standby" and not resume:
             raise control.E2BError(502, control.paused_message(sid))
-        return bool(compat.get("auto_resume"))
+        return resume
 
     def _services(self) -> dict[str, typing.Any]:
         """The envd services atoll has: path prefix → factory(seam, sid) of an ASGI app, made
