@@ -16,6 +16,7 @@ import uvicorn
 from atoll.controlplane import evacuation
 from atoll.core import errors
 from atoll.core import worker_api as api
+from atoll.core.lifecycle import Tier
 from atoll.testing import FakeAtoll, FakeWorker, free_port
 from atoll.worker.service import httpapi, registration
 from atoll.worker.service import settings as worker_settings
@@ -185,6 +186,20 @@ async def test_run_process_crosses_the_seam(cluster):
         fake.end_process(sid, run.pid, 0)
         rest = [ev async for ev in it]
     assert rest == [api.ProcessExit(0, False, 0, 3)], rest
+    # leaving early leaves the process running; a pause with end_streams ends the follow with
+    # ProcessEnded at the offset it stopped (the process runs on after a resume)
+    async with remote.run_process(sid, api.ExecSpec(cmd="cat", max_output_bytes=1 << 20)) as (left, events):
+        assert isinstance(await anext(aiter(events)), api.ProcessOutput)
+    assert (await remote.get_process(sid, left.pid)).running
+    async with remote.run_process(sid, api.ExecSpec(cmd="cat", max_output_bytes=1 << 20)) as (run, events):
+        it = aiter(events)
+        assert isinstance(await anext(it), api.ProcessOutput)
+        pausing = asyncio.create_task(remote.pause(sid, Tier.MEMORY, end_streams=True))
+        rest = [ev async for ev in it]
+        await pausing
+    assert rest == [api.ProcessEnded("paused", 3)], rest
+    await remote.resume(sid)
+    assert (await remote.get_process(sid, run.pid)).running
     fake.fail.add("start_process")
     with pytest.raises(errors.RuntimeFailure, match="fake start_process failure"):
         async with remote.run_process(sid, api.ExecSpec(cmd="x", max_output_bytes=1)):
