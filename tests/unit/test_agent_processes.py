@@ -363,7 +363,7 @@ class _OldAgent(http11.Channel):
 async def test_the_workers_run_process_over_a_real_agent(agent, old):
     """worker.guest.Guest.run_process: one agent call (the pid, then the output follow); an agent
     that answers the pid alone has its output followed with a second call, to the same events."""
-    g = guest.Guest.__new__(guest.Guest)
+    g = guest.Guest(None, "/nonexistent", None)  # type: ignore[arg-type]  # no runtimes: the agent runs natively
     g._channels = {"sb": (_OldAgent if old else http11.Channel)("127.0.0.1", agent.port)}
 
     async def unwatched(sid, aw):
