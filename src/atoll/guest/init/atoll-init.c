@@ -62,7 +62,6 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -597,31 +596,22 @@ static void limit_cpus(const char *cpus) {
 
 static struct pids spawned;
 
-/* Why a child failed before its exec. The child is started with vfork (see do_spawn): it shares
- * this process's memory until it execs or exits, so it writes this in the parent's frame, which
- * reads it once vfork returns (nothing written: the exec happened). */
 struct child_error {
     int err;
     char step[8]; /* "exec", "chdir", "setup"; "ctty": the controlling terminal could not be set */
 };
 
-static _Noreturn void child_fail(volatile struct child_error *ce, const char *step) {
-    ce->err = errno;
-    for (size_t i = 0; i < sizeof ce->step; i++) {
-        ce->step[i] = step[i];
-        if (!step[i]) break;
-    }
+static void child_fail(int pipe_w, const char *step) {
+    struct child_error ce = {.err = errno};
+    snprintf(ce.step, sizeof ce.step, "%s", step);
+    (void)!write(pipe_w, &ce, sizeof ce);
     _exit(255);
 }
 
 /* In the child: the command's descriptors, directory, session, user and terminal, then exec the
- * program, searched in the command's own PATH when its name has no slash (as subprocess does).
- * It runs in the parent's memory (vfork): it writes nothing of the parent's but `ce` and `full`,
- * never returns, and changes its user with raw system calls (glibc's setxid wrappers coordinate
- * the threads of the memory's owner; this process has none, but the raw calls need no such care). */
-static _Noreturn void child(volatile struct child_error *ce, const char *cg, int fds[3], const char *cwd,
-                            int ctty, long uid, long gid, gid_t *groups, size_t ngroups, char **argv,
-                            char **envp) {
+ * program, searched in the command's own PATH when its name has no slash (as subprocess does). */
+static void child(int pipe_w, const char *cg, int fds[3], const char *cwd, int ctty, long uid, long gid,
+                  gid_t *groups, size_t ngroups, char **argv, char **envp) {
     if (*cg) { /* its cgroup first: nothing it starts may be outside it (as root, before the user) */
         char file[PATH_LEN + 16];
         snprintf(file, sizeof file, "%s/cgroup.procs", cg);
@@ -629,18 +619,17 @@ static _Noreturn void child(volatile struct child_error *ce, const char *cg, int
             logf_("atoll-init: cannot limit command %d: %s", (int)getpid(), strerror(errno));
     }
     for (int i = 0; i < 3; i++) /* none of them is 0-2 (see serve): dup2 cannot clobber another */
-        if (dup2(fds[i], i) < 0) child_fail(ce, "setup");
-    if (cwd && chdir(cwd) < 0) child_fail(ce, "chdir");
-    if (setsid() < 0) child_fail(ce, "setup");
+        if (dup2(fds[i], i) < 0) child_fail(pipe_w, "setup");
+    if (cwd && chdir(cwd) < 0) child_fail(pipe_w, "chdir");
+    if (setsid() < 0) child_fail(pipe_w, "setup");
     if (uid >= 0) {
-        if (syscall(SYS_setgroups, ngroups, groups) < 0 || syscall(SYS_setregid, gid, gid) < 0 ||
-            syscall(SYS_setreuid, uid, uid) < 0)
-            child_fail(ce, "setup");
+        if (setgroups(ngroups, groups) < 0 || setregid(gid, gid) < 0 || setreuid(uid, uid) < 0)
+            child_fail(pipe_w, "setup");
     }
-    if (ctty && ioctl(0, TIOCSCTTY, 0) < 0) child_fail(ce, "ctty");
+    if (ctty && ioctl(0, TIOCSCTTY, 0) < 0) child_fail(pipe_w, "ctty");
     if (strchr(argv[0], '/')) {
         execve(argv[0], argv, envp);
-        child_fail(ce, "exec");
+        child_fail(pipe_w, "exec");
     }
     const char *path = "/bin:/usr/bin"; /* subprocess's default (os.defpath) */
     for (char **e = envp; *e; e++)
@@ -674,16 +663,7 @@ static _Noreturn void child(volatile struct child_error *ce, const char *cg, int
         p = colon;
     }
     if (first) errno = first;
-    child_fail(ce, "exec");
-}
-
-/* vfork in a frame of its own: after it, the parent uses nothing of this frame but the pid. */
-static __attribute__((noinline)) pid_t start_child(volatile struct child_error *ce, const char *cg, int fds[3],
-                                                   const char *cwd, int ctty, long uid, long gid, gid_t *groups,
-                                                   size_t ngroups, char **argv, char **envp) {
-    pid_t pid = vfork();
-    if (pid == 0) child(ce, cg, fds, cwd, ctty, uid, gid, groups, ngroups, argv, envp);
-    return pid;
+    child_fail(pipe_w, "exec");
 }
 
 static void spawn_error(long id, const char *kind, const char *message) {
@@ -733,29 +713,39 @@ static void do_spawn(char **f, size_t nf, int *fds, size_t nfds) {
         os_error(id, ENOENT, "exec");
         goto done;
     }
+    int ep[2];
+    if (pipe2(ep, O_CLOEXEC) < 0) {
+        os_error(id, errno, "setup");
+        goto done;
+    }
     char cg[PATH_LEN];
     limits_take(cg);
-    /* vfork, not fork: this process is suspended until the child has exec'd (or failed), and no
-     * address space is copied. In this gVisor (ptrace platform) every new address space costs a
-     * stub process on the host: a fork + exec made two, ~1.5 ms more per command than one. */
-    volatile struct child_error ce = {0};
-    pid_t pid = start_child(&ce, cg, fds, cwd, ctty, uid, gid, groups, ng, argv, envp);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(ep[0]);
+        child(ep[1], cg, fds, cwd, ctty, uid, gid, groups, ng, argv, envp);
+    }
     int fork_errno = errno;
+    close(ep[1]);
     if (pid < 0) {
+        close(ep[0]);
         limits_unused(cg);
         os_error(id, fork_errno, "setup");
         goto done;
     }
-    if (ce.step[0]) { /* it failed before its exec: reap it here, it ran nothing */
+    struct child_error ce;
+    ssize_t n;
+    while ((n = read(ep[0], &ce, sizeof ce)) < 0 && errno == EINTR) {
+    }
+    close(ep[0]);
+    if (n == (ssize_t)sizeof ce) { /* it failed before its exec: reap it here, it ran nothing */
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
         }
         limits_unused(cg);
-        char step[sizeof ce.step + 1] = {0};
-        for (size_t k = 0; k < sizeof ce.step; k++) step[k] = ce.step[k];
-        if (strcmp(step, "ctty") == 0)
+        if (strcmp(ce.step, "ctty") == 0)
             spawn_error(id, "other", "Exception occurred in preexec_fn.");
         else
-            os_error(id, ce.err, step);
+            os_error(id, ce.err, ce.step);
         goto done;
     }
     pids_add(&spawned, pid);
@@ -775,26 +765,18 @@ done:
 
 /* ---- serving the agent --------------------------------------------------------------------- */
 
-/* The request buffer, mapped once (a mapping per request cost a page fault and an munmap, each a
- * trap to the sentry on the ptrace platform); the pages a large request touched are given back
- * after it (madvise), so what stays is the few a spawn's argv and environment take. */
-#define KEEP_TOUCHED (64 << 10)
-static char *reqbuf;
-
 static void serve_one(void) {
-    if (!reqbuf) {
-        char *m = mmap(NULL, MAX_MESSAGE + 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) return;
-        reqbuf = m;
-    }
-    char *buf = reqbuf;
+    /* mapped per request and unmapped after: what a large request touched does not stay */
+    char *buf = mmap(NULL, MAX_MESSAGE + 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     char cbuf[CMSG_SPACE(4 * sizeof(int))];
     int fds[4];
     size_t nfds = 0;
+    if (buf == MAP_FAILED) return;
     struct iovec iov = {buf, MAX_MESSAGE};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
     ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) {
+        munmap(buf, MAX_MESSAGE + 1);
         if (errno == EINTR || errno == EAGAIN) return;
         logf_("atoll-init: reading the agent's socket failed: %s", strerror(errno));
         _exit(70);
@@ -851,7 +833,7 @@ static void serve_one(void) {
     }
     for (size_t j = 0; j < nfds; j++) close(fds[j]);
     free(f);
-    if (n > KEEP_TOUCHED) madvise(buf + KEEP_TOUCHED, MAX_MESSAGE + 1 - KEEP_TOUCHED, MADV_DONTNEED);
+    munmap(buf, MAX_MESSAGE + 1);
 }
 
 /* Reap every child that ended: report the commands the agent started, release their cgroups. */
