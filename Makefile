@@ -5,9 +5,10 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # make test runs test files on TEST_PROCS processes (pytest-xdist, one file per process at a time,
 # so module-scoped sandboxes and installations stay shared); TEST_PROCS=0 runs them in this one.
-# Four on 2 cores (README): most of the suite's time is spent waiting, not on the CPU; the files are
-# handed out longest first (tests/file_order.py).
-TEST_PROCS ?= 4
+# Three on 2 cores (README), the files handed out longest first (tests/file_order.py). Four were
+# faster, but a run on four (2026-12-07) hung in test_standby's concurrent resume for 600 s: a
+# load-made race to find before the count goes up.
+TEST_PROCS ?= 3
 XDIST := $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist loadfile)
 # Type-checked in `make lint`: the control plane <-> worker seam, the SDK, the control plane's ledger and the integrations
 # (`atoll mcp`) and the edge (scripts/check_seam.py holds the structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
