@@ -21,6 +21,7 @@ import pytest
 
 from atoll.testing import LocalAtoll, LocalCluster
 from atoll.testing import postgres as pgtesting
+from tests import file_order
 
 # One template layer cache for all test installations, so the Debian base layer is built once per
 # machine (~30-60 s) rather than once per test home.
@@ -31,6 +32,11 @@ TEMPLATE_CACHE = os.environ.get("ATOLL_TEST_TEMPLATE_DIR", "/var/tmp/atoll-test-
 # (worker.images.image_cache). ATOLL_TEST_IMAGE_CACHE= (empty) turns it off.
 IMAGE_CACHE = os.environ.setdefault("ATOLL_TEST_IMAGE_CACHE", "/var/tmp/atoll-test-images")
 PG_TEMPLATE = "atoll_template"
+
+
+def pytest_configure(config):
+    # `make test` (pytest-xdist, --dist loadfile): the longest files first (tests/file_order.py)
+    file_order.configure(config)
 
 
 def pytest_collection_modifyitems(config, items):

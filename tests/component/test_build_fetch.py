@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import httpx
 import pytest
@@ -23,12 +24,16 @@ SPEC = {"name": "web", "from": "base", "files": {"/app/marker": "hi\n"}}
 
 
 async def _in_store(c: httpx.AsyncClient, name: str) -> dict:
-    for _ in range(200):
+    # a deadline, not 200 polls: on a loaded machine (`make test` on four processes, load ~5) the
+    # fake build and its publication took longer than the ~2 s those polls gave
+    deadline = time.monotonic() + 30
+    while True:
         t = (await c.get(f"/v1/templates/{name}")).json()
         if t["in_store"]:
             return t
+        if time.monotonic() > deadline:
+            raise AssertionError(f"template {name} never showed in_store in 30 s: {t}")
         await asyncio.sleep(0.01)
-    raise AssertionError(f"template {name} never showed in_store: {t}")
 
 
 async def _builder_then_another(cp: FakeAtoll, published: dict | None) -> tuple[FakeWorker, FakeWorker, str]:

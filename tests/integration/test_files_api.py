@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import queue
 import re
 import tarfile
 import threading
@@ -141,13 +142,42 @@ def test_relative_paths_resolve_against_the_working_directory(api, sandbox):
     assert run(api, sid, "rm -r rel")["exit_code"] == 0
 
 
-def _collect(watch, n: int, until: float) -> list:
-    out = []
-    for ev in watch:
-        out.append(ev)
-        if len(out) >= n or time.monotonic() > until:
-            break
-    return out
+class _Events:
+    """The events of an open SDK watch, read on a thread of their own so that the test waits for
+    them with a deadline: iterating a quiet watch blocks until its next event (the SDK skips the
+    keep-alive lines), so a missed event would otherwise hang the test past any deadline (until
+    pytest-timeout's 300 s). The thread ends when the stream does (closed, or the sandbox deleted)."""
+
+    def __init__(self, watch):
+        self.seen: list = []
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, args=(watch,), daemon=True).start()
+
+    def _read(self, watch) -> None:
+        try:
+            for ev in watch:
+                self._queue.put(ev)
+        except Exception as e:  # closed under the reader, or broken: `until` reports it
+            self._queue.put(e)
+
+    def until(self, done, seconds: float = 20) -> list:
+        """Every event read so far once `done(events)` is true; fails after `seconds` otherwise."""
+        deadline = time.monotonic() + seconds
+        while not done(self.seen):
+            try:
+                ev = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(
+                    f"the watch did not report what was expected in {seconds} s; it reported {self.seen}"
+                )
+            if isinstance(ev, Exception):
+                pytest.fail(f"the watch stream ended ({ev!r}) after {self.seen}")
+            self.seen.append(ev)
+        return self.seen
+
+
+def _has(want: set):
+    return lambda events: want <= {(e.type, e.path) for e in events}
 
 
 @pytest.mark.seam
@@ -160,24 +190,34 @@ def test_watch_sees_what_a_command_writes(api, sdk, sandbox):
     _err(api.get(f"/v1/sandboxes/{sid}/files/watch", params={"path": "/not-there"}), 404, "file_not_found")
 
     with sb.files.watch("/watched", recursive=True) as w:
+        events = _Events(w)
         run(api, sid, "echo hi > /watched/one.txt; mkdir -p /watched/a/b; echo x > /watched/a/b/deep.txt")
+        # deep.txt is reported once /watched/a and /watched/a/b are watched too (by their own
+        # watches, or by the look into a directory newly watched): only then is a move into
+        # /watched/a one rename, since inotify pairs a move's halves across two watches; a move made
+        # before the agent has read the mkdir is a delete and a create, which is what a loaded CI
+        # run saw (as tests/unit/test_agent_fileops.py::test_watch_events_and_cleanup waits too)
+        events.until(
+            _has(
+                {
+                    ("create", "/watched/one.txt"),
+                    ("modify", "/watched/one.txt"),
+                    ("create", "/watched/a/b/deep.txt"),
+                }
+            )
+        )
         run(
             api, sid, "mv /watched/one.txt /watched/a/two.txt; chmod 700 /watched/a; rm /watched/a/b/deep.txt"
         )
-        seen: list = []
-        deadline = time.monotonic() + 20
-        want = {
-            ("create", "/watched/one.txt"),
-            ("modify", "/watched/one.txt"),
-            ("create", "/watched/a/b/deep.txt"),
-            ("rename", "/watched/a/two.txt"),
-            ("chmod", "/watched/a"),
-            ("delete", "/watched/a/b/deep.txt"),
-        }
-        while not want <= {(e.type, e.path) for e in seen} and time.monotonic() < deadline:
-            seen += _collect(w, 1, deadline)
-    got = {(e.type, e.path) for e in seen}
-    assert want <= got, sorted(got)
+        seen = events.until(
+            _has(
+                {
+                    ("rename", "/watched/a/two.txt"),
+                    ("chmod", "/watched/a"),
+                    ("delete", "/watched/a/b/deep.txt"),
+                }
+            )
+        )
     rename = next(e for e in seen if e.type == "rename")
     assert rename.from_path == "/watched/one.txt"
     assert w.closed
@@ -185,7 +225,7 @@ def test_watch_sees_what_a_command_writes(api, sdk, sandbox):
     # not recursive: a change in a subdirectory is not reported, one at the top is
     with sb.files.watch("/watched", recursive=False) as w:
         run(api, sid, "echo 1 > /watched/a/b/inner.txt; echo 2 > /watched/top.txt")
-        first = _collect(w, 1, time.monotonic() + 20)
+        first = _Events(w).until(lambda events: len(events) >= 1)
     assert (first[0].type, first[0].path) == ("create", "/watched/top.txt")
 
 
