@@ -16,8 +16,10 @@ import httpx
 import pytest
 import uvicorn
 
+from atoll.core import errors
 from atoll.e2b import app as e2b_app
 from atoll.e2b import control
+from atoll.edge import seam
 from atoll.testing import FakeAtoll
 
 TOKEN_KEY = b"test-token-key"
@@ -38,6 +40,53 @@ async def on_loopback(app):
         await task
 
 
+class _NoResume:
+    """The fake worker as the edge's seam asked not to resume sandbox `sid` gives it
+    (edge.seam.GrantedWorker, resume=False): its refusal of a sandbox that is not running (the
+    worker's 409, then the grant route's) is `SandboxPaused`."""
+
+    def __init__(self, worker, sid: str):
+        self._worker = worker
+        self._sid = sid
+
+    def __getattr__(self, name: str):
+        f = getattr(self._worker, name)
+        if not callable(f):
+            return f
+        return lambda *a, **kw: _Refusing(f(*a, **kw), self._sid)
+
+
+class _Refusing:
+    """An awaitable or async context manager of the fake worker, its invalid_state as SandboxPaused."""
+
+    def __init__(self, got, sid: str):
+        self._got = got
+        self._sid = sid
+
+    @contextlib.contextmanager
+    def _paused(self):
+        try:
+            yield
+        except errors.Conflict as e:
+            if e.code != "invalid_state":
+                raise
+            raise seam.SandboxPaused(control.paused_message(self._sid), detail=e.message) from None
+
+    def __await__(self):
+        return self._run().__await__()
+
+    async def _run(self):
+        with self._paused():
+            return await self._got
+
+    async def __aenter__(self):
+        with self._paused():
+            return await self._got.__aenter__()
+
+    async def __aexit__(self, *exc):
+        return await self._got.__aexit__(*exc)
+
+
 @pytest.fixture
 async def e2b(tmp_path):
     async with FakeAtoll(tmp_path) as fake, on_loopback(fake.app) as api_url:
@@ -47,7 +96,7 @@ async def e2b(tmp_path):
         def seam_for(request, sid: str, resume: bool = True):
             seams.append(sid)
             resumes.append(resume)
-            return fake.worker
+            return fake.worker if resume else _NoResume(fake.worker, sid)
 
         looks: list[str] = []
 
@@ -73,6 +122,15 @@ async def e2b(tmp_path):
             c.looks = looks  # type: ignore[attr-defined]
             yield c
         await app.control.aclose()
+
+
+CONNECT_STREAM = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+
+
+def _envelope(msg: dict) -> bytes:
+    """One Connect stream message (JSON codec)."""
+    raw = json.dumps(msg).encode()
+    return struct.pack(">BI", 0, len(raw)) + raw
 
 
 def _error(r: httpx.Response, status: int) -> str:
@@ -241,15 +299,28 @@ async def test_envd_calls_to_a_paused_sandbox_resume_it_only_with_auto_resume(e2
         # it need no look-up, only those that may have to answer "paused" do
         assert e2b.looks == [sid, sid]
     else:  # envd's answer for a paused sandbox: the SDKs read "was not found" as not running
+        # the first call looks the sandbox up and is refused before any data path is asked for;
+        # later calls are not looked up: their seam, asked not to resume, meets the sandbox
+        # paused (the worker's refusal, then the grant route's), and the answer is the same 502,
+        # for plain HTTP, for Connect (not its `unavailable`) and for a stream
         assert "was not found: it is paused" in _error(stat, 502)
         assert "was not found: it is paused" in _error(files, 502)
+        assert e2b.looks == [sid, sid] and e2b.seams == [sid]  # /health's look, the stat's
+        stat = await e2b.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=headers)
+        assert "was not found: it is paused" in _error(stat, 502)
+        start = await e2b.post(
+            "/process.Process/Start",
+            content=_envelope({"process": {"cmd": "true"}}),
+            headers={**headers, **CONNECT_STREAM},
+        )
+        assert "was not found: it is paused" in _error(start, 502)
         # the code interpreter's routes too, with the token and without (2.11.5's /contexts)
         port = {"E2b-Sandbox-Port": "49999"}
         for h in ({**headers, **port}, {"E2b-Sandbox-Id": sid, **port}):
             assert "was not found: it is paused" in _error(await e2b.get("/contexts", headers=h), 502)
-        assert e2b.seams == []  # refused before any data path was asked for
+        assert e2b.looks == [sid, sid]  # one look per sandbox (and /health's, which never resumes)
+        assert set(e2b.seams) == {sid} and set(e2b.resumes) == {False}
         assert e2b.fake.manager.get(sid).state == "standby"
-        assert e2b.looks == [sid] * 5  # each call looked (one may follow a pause)
 
 
 async def test_without_a_data_path_envd_calls_are_502(tmp_path):

@@ -5,6 +5,7 @@ the pure parts (the bounded output log, the shell's argv)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -383,3 +384,62 @@ async def test_the_workers_run_process_over_a_real_agent(agent, old):
                 pass
     finally:
         await g._channels["sb"].aclose()
+
+
+class _Conn:
+    """What `_Tail` writes to: the chunks it ended the answer with, and the thread that wrote them."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.ends: list[tuple[bytes, str]] = []
+
+    def end_chunked(self, last: bytes = b"") -> None:
+        import threading
+
+        self.ends.append((last, threading.current_thread().name))
+
+
+def test_the_pump_writes_a_followers_end_when_it_closes_the_log():
+    """The exit line of a followed process goes out from the pump's thread as it closes the log
+    (no hand-off to the follower's thread); not while the follower is writing, nor when more than
+    PUMP_END_BYTES are left or the connection cannot take it at once (the follower does it then)."""
+    import socket
+    import threading
+    import types
+
+    from atoll.guest.agent import handlers_procs
+
+    def run(fill: bytes = b"", hold: bool = False, full: bool = False):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        if full:
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    a.send(b"x" * 65536)
+        log = procio.OutputLog()
+        proc = types.SimpleNamespace(
+            output=log, exit_code=3, timed_out=False, ended_at=2.0, started_at=1.0, signal=None
+        )
+        conn = _Conn(a)
+        tail = handlers_procs._Tail(conn, proc, 0)
+        log.closers.append(tail.end_from_pump)
+        if fill:
+            log.add("stdout", fill)
+        if hold:
+            tail.lock.acquire()
+        t = threading.Thread(target=log.close, name="pump")
+        t.start()
+        t.join()
+        a.close()
+        b.close()
+        return tail, conn
+
+    tail, conn = run(b"hi\n")
+    assert tail.ended and not tail.gone and tail.offset == 3
+    [(last, thread)] = conn.ends
+    lines = [json.loads(x) for x in last.split(b"\n") if x]
+    assert thread == "pump"
+    assert lines[0]["stdout"] == "hi\n" and lines[1]["exit_code"] == 3 and lines[1]["offset"] == 3
+    for kw in ({"hold": True}, {"fill": b"x" * (handlers_procs.PUMP_END_BYTES + 1)}, {"full": True}):
+        tail, conn = run(**kw)
+        assert not tail.ended and conn.ends == [], kw  # left to the follower's own thread

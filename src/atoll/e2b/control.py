@@ -23,6 +23,7 @@ that changes what leaves the sandbox (`rules`, `egressProxy`, `maskRequestHost`)
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import ipaddress
 import math
@@ -281,6 +282,27 @@ def paused_message(sid: str) -> str:
     """What envd answers (502) for a call to a paused sandbox it does not resume: the SDKs map a
     502 whose message says `was not found` to "not running" (docs/e2b-compat.md §1 finding 9)."""
     return f"The sandbox {sid} was not found: it is paused; Sandbox.connect() resumes it"
+
+
+_PAUSED_SEEN: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "atoll_e2b_paused_seen", default=None
+)
+
+
+def watch_paused() -> list[bool]:
+    """A list that becomes non-empty when a call made from here on (this task, and tasks it
+    starts) meets a sandbox paused and not resumed (`mark_paused`): envd's routes answer such a
+    call 502 as envd does, when nothing of its answer was sent yet (e2b.envd_routes)."""
+    box: list[bool] = []
+    _PAUSED_SEEN.set(box)
+    return box
+
+
+def mark_paused() -> None:
+    """A call met a paused sandbox it was asked not to resume (edge.seam.SandboxPaused)."""
+    box = _PAUSED_SEEN.get()
+    if box is not None:
+        box.append(True)
 
 
 def auto_resume(sb: dict) -> bool:

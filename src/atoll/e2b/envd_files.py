@@ -32,6 +32,7 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from atoll.core import errors
 from atoll.core import worker_api as api
+from atoll.e2b import control
 from atoll.e2b.proto.filesystem import filesystem_connect
 from atoll.e2b.proto.filesystem import filesystem_pb as fs
 
@@ -67,6 +68,7 @@ def connect_error(e: errors.AtollError) -> ConnectError:
     paused and not resumed (edge.seam.SandboxPaused, marked `paused`) is `unavailable` with
     envd's "was not found" text, which both SDKs read as "not running"."""
     if getattr(e, "paused", False):
+        control.mark_paused()  # before anything was sent: envd_routes answers 502 instead
         return ConnectError(Code.UNAVAILABLE, e.message)
     return ConnectError(_STATUS_CODES.get(e.status, Code.INTERNAL), f"{e.code}: {e.message}")
 

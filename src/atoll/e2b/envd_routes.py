@@ -46,9 +46,9 @@ class Envd:
             collections.OrderedDict()
         )
         self._factories: dict[str, typing.Any] | None = None
-        self._resuming: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """The sandboxes a look found whose envd calls resume them (`resumes`): E2B's auto-resume
-        is fixed at its create, so their later calls need no look-up."""
+        self._resumes: collections.OrderedDict[str, bool] = collections.OrderedDict()
+        """Whether a sandbox's envd calls resume it, for those a look found (`resumes`): E2B's
+        auto-resume is fixed at its create, so their later calls need no look-up."""
 
     @staticmethod
     def sandbox_id(request: Request) -> str:
@@ -101,24 +101,23 @@ class Envd:
     async def resumes(self, sid: str) -> bool:
         """Whether this envd call may resume sandbox `sid` from standby: E2B's auto-resume when it
         was created through E2B (its `compat`), atoll's own rule (always) otherwise, or when this
-        edge cannot see states. A paused sandbox that does not resume is 502 here, before any
-        grant is asked (a pause between this look and the grant: the grant, asked with
-        `resume: false`, is refused and the call answers `unavailable` with the same text), so
-        such a sandbox is looked up at each call; one whose calls resume it is looked up once
-        (issue 22: the server-side time of `Start`)."""
+        edge cannot see states. The first call to a sandbox looks it up (a paused one that does
+        not resume is then 502 here, before any grant is asked); later calls do not (issue 22:
+        the server-side time of `Start`): a seam that does not resume asks its grant with
+        `resume: false`, so a sandbox paused since is refused by its worker and then by the
+        grant route (edge.seam.SandboxPaused), and `rpc` answers that 502 too."""
         if self.state_of is None:
             return True
-        if sid in self._resuming:
-            self._resuming.move_to_end(sid)
-            return True
+        known = self._resumes.get(sid)
+        if known is not None:
+            self._resumes.move_to_end(sid)
+            return known
         state, compat = await self.look(sid)
         resume = True if compat is None else bool(compat.get("auto_resume"))
-        if (
-            state is not None and resume
-        ):  # found, and its auto-resume is settled (a failed look keeps nothing)
-            self._resuming[sid] = None
-            while len(self._resuming) > MAX_ENVD_APPS:
-                self._resuming.popitem(last=False)
+        if state is not None:  # found, and its auto-resume is settled (a failed look keeps nothing)
+            self._resumes[sid] = resume
+            while len(self._resumes) > MAX_ENVD_APPS:
+                self._resumes.popitem(last=False)
         if state == "standby" and not resume:
             raise control.E2BError(502, control.paused_message(sid))
         return resume
@@ -181,7 +180,40 @@ class Envd:
                 self._apps.popitem(last=False)
         else:
             self._apps.move_to_end(k)
-        await app(scope, receive, send)
+        if resume:
+            await app(scope, receive, send)
+        else:
+            await _paused_as_502(app, scope, receive, send, sid)
+
+
+async def _paused_as_502(app, scope, receive, send, sid: str) -> None:
+    """`app` for a sandbox whose calls do not resume it, its answer held until its first body
+    message: if by then the call met the sandbox paused (control.mark_paused), the answer is envd's
+    502 for a paused sandbox (E2BError), not Connect's `unavailable` (a unary 503, or a 200 stream
+    ending in an error); after that first message everything passes as it comes."""
+    seen = control.watch_paused()
+    held: list[dict] = []
+    passing = False
+
+    async def hold(message: dict) -> None:
+        nonlocal passing
+        if passing:
+            await send(message)
+        elif message["type"] == "http.response.start" or seen:
+            held.append(message)
+        else:
+            passing = True
+            for m in held:
+                await send(m)
+            held.clear()
+            await send(message)
+
+    await app(scope, receive, hold)
+    if not passing:
+        if seen:
+            raise control.E2BError(502, control.paused_message(sid))
+        for m in held:
+            await send(m)
 
 
 def _asgi(handle: typing.Callable[[Request], typing.Awaitable[Response]]) -> typing.Any:

@@ -65,6 +65,8 @@ class _Headers(typing.NamedTuple):
 
 
 def _atoll_error(e: errors.AtollError, sid: str) -> control.E2BError:
+    if getattr(e, "paused", False):  # edge.seam.SandboxPaused: envd's answer for a paused sandbox
+        return control.E2BError(502, e.message)
     if e.code == "sandbox_not_found":
         return control.E2BError(502, f"The sandbox {sid} was not found: {e.message}")
     if e.status in (401, 403):

@@ -54,6 +54,28 @@ def _json_line(line: bytes, what: str) -> dict:
     return obj
 
 
+async def _ending(r: http11.Response, lines: AsyncIterator[dict]) -> AsyncIterator[api.ProcessEvent]:
+    """A process stream's events; at its last (the exit, or the end a pause brings) the answer is
+    marked finished, so that the connection to the worker is kept for the next call even when
+    the reader stops there (http11.Response.finished)."""
+    try:
+        async for obj in lines:
+            ev = wire.load_process_event(obj)
+            if isinstance(ev, (api.ProcessExit, api.ProcessEnded)):
+                r.finished()
+            yield ev
+    finally:
+        await _close(lines)
+
+
+async def _close(gen: typing.Any) -> None:
+    """Close an asynchronous generator a call is done with, rather than leave it to the garbage
+    collector (asyncio's finaliser hook: a loop wake-up and a task each, five per envd `Start`);
+    one still being read elsewhere (`already running`) is left to end with its reader."""
+    with contextlib.suppress(RuntimeError):
+        await gen.aclose()
+
+
 def _refused(p: upstream.Passed) -> errors.AtollError:
     """The server's refusal of a grant (its status and error body) as the domain error."""
     try:
@@ -152,11 +174,14 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         )
 
     async def _lines(self, r: http11.Response, what: str) -> AsyncIterator[dict]:
+        lines = ndjson.alines(r.aiter_raw())
         try:
-            async for line in ndjson.alines(r.aiter_raw()):
+            async for line in lines:
                 yield _json_line(line, what)
         except http11.ChannelError as e:
             raise self._broke(e, None) from None
+        finally:
+            await _close(lines)
 
     def _sb(self, sandbox_id: str, *rest: str) -> str:
         return "/".join([f"/sandboxes/{sandbox_id}", *rest])
@@ -202,12 +227,11 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
         params = {"offset": str(int(offset)), "follow": "1" if follow else "0"}
         path = self._sb(sandbox_id, "processes", str(int(pid)), "output")
         async with self._open("GET", path, params=params, timeout=None) as r:
-
-            async def events() -> AsyncIterator[api.ProcessEvent]:
-                async for obj in self._lines(r, "process output stream"):
-                    yield wire.load_process_event(obj)
-
-            yield events()
+            events = _ending(r, self._lines(r, "process output stream"))
+            try:
+                yield events
+            finally:
+                await _close(events)
 
     @contextlib.asynccontextmanager
     async def run_process(
@@ -220,12 +244,11 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
             if first is None:
                 raise errors.RuntimeFailure(f"{self.name} did not say which process it started")
             started = wire.load(api.ProcessStarted, first, "process started")
-
-            async def events() -> AsyncIterator[api.ProcessEvent]:
-                async for obj in lines:
-                    yield wire.load_process_event(obj)
-
-            yield started, events()
+            events = _ending(r, lines)
+            try:
+                yield started, events
+            finally:
+                await _close(events)
 
     # ---- files ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager

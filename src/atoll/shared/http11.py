@@ -28,6 +28,12 @@ _UPLOAD_CHUNK = 1024 * 1024
 # Answers read whole (listings, process tables, errors) are capped; exec answers and files are
 # relayed chunk by chunk (`stream`) and never held whole.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+DRAIN_S = 2.0
+DRAIN_BYTES = 64 * 1024
+"""A stream its caller marked `finished` is read to its end in the background within these bounds
+(the line after a command's exit, the chunked terminator), and its connection is then kept for
+the next call instead of being closed (a new connection costs a connect and the peer an accept:
+~0.5 ms of the E2B edge's envd `Start`)."""
 
 
 class ChannelError(Exception):
@@ -57,6 +63,14 @@ class Response:
         self._body_iter = body
         self._abort = abort
         self.content = b""
+        self.done = False
+
+    def finished(self) -> None:
+        """The caller has what it needs and what is left is only the answer's end (say the line
+        after a command's exit): leaving the stream early then keeps the connection (DRAIN_S)
+        instead of closing it, which is what a stream left early means otherwise (the peer sees
+        the caller gone)."""
+        self.done = True
 
     def abort(self) -> None:
         """Close the connection the body comes on: a read waiting on it ends with ChannelError
@@ -76,6 +90,16 @@ class Response:
             self.content = b"".join(parts)
             self._body_iter = None
         return self.content
+
+    async def close_body(self) -> None:
+        """Close what reads the body (a `wrap_body` wrapper too) when the answer is left: not left
+        to the garbage collector, whose asyncio hook costs a loop wake-up and a task each. One
+        still being read elsewhere (`already running`) ends with its reader."""
+        body, self._body_iter = self._body_iter, None
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(RuntimeError):
+                await aclose()
 
     def wrap_body(
         self, wrap: typing.Callable[[typing.AsyncIterator[bytes]], typing.AsyncIterator[bytes]]
@@ -166,6 +190,7 @@ class Channel:
         self._check_peer = check_peer
         self._idle: list[_Conn] = []
         self._open: set[_Conn] = set()
+        self._draining: set[asyncio.Task] = set()
 
     async def make_socket(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self._addr[0] else socket.AF_INET
@@ -217,6 +242,45 @@ class Channel:
     def _discard(self, conn: _Conn) -> None:
         conn.close()
         self._open.discard(conn)
+
+    def _drain(self, conn: _Conn) -> None:
+        """Read a finished stream's answer to its end, then keep the connection (`Response.finished`):
+        at once when what was read holds the end, else in the background within DRAIN_S and
+        DRAIN_BYTES; anything else (more than that, another event, an error) closes it."""
+        try:
+            while True:
+                ev = conn.h11.next_event()
+                if ev is h11.NEED_DATA:
+                    break
+                if isinstance(ev, h11.EndOfMessage):
+                    self._release(conn)
+                    return
+                if not isinstance(ev, h11.Data) or len(ev.data) > DRAIN_BYTES:
+                    self._discard(conn)
+                    return
+        except h11.ProtocolError:
+            self._discard(conn)
+            return
+        task = asyncio.ensure_future(self._drain_later(conn))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    async def _drain_later(self, conn: _Conn) -> None:
+        n = 0
+        try:
+            async with asyncio.timeout(DRAIN_S):
+                while conn in self._open:
+                    ev = await conn.next_event()
+                    if isinstance(ev, h11.Data) and n + len(ev.data) <= DRAIN_BYTES:
+                        n += len(ev.data)
+                        continue
+                    if isinstance(ev, h11.EndOfMessage) and conn in self._open and not conn.aborted:
+                        self._release(conn)
+                        return
+                    break
+        except (TimeoutError, OSError, h11.ProtocolError, ChannelError):
+            pass
+        self._discard(conn)
 
     async def _start(
         self,
@@ -303,6 +367,8 @@ class Channel:
         except (OSError, h11.ProtocolError) as e:
             self._discard(conn)
             raise ChannelError(f"reading the peer's answer failed: {e!r}") from e
+        except GeneratorExit:
+            raise  # left early: `stream` keeps (a finished answer) or closes the connection
         except BaseException:
             if conn in self._open and conn not in self._idle:
                 self._discard(conn)
@@ -339,16 +405,23 @@ class Channel:
         except TimeoutError:
             raise ChannelError(f"the peer did not answer {method} {url} within {timeout}s") from None
         body = self._body(conn)
+        resp = Response(head.status_code, _headers(head), body, abort=lambda: self._discard(conn))
         try:
-            yield Response(head.status_code, _headers(head), body, abort=lambda: self._discard(conn))
+            yield resp
         finally:
+            await resp.close_body()
             await body.aclose()
             if conn in self._open and conn not in self._idle:
-                self._discard(conn)  # the caller stopped early: drop the half-read connection
+                if resp.done and not conn.aborted and conn.h11.our_state is h11.DONE:
+                    self._drain(conn)  # only the answer's end is left: keep the connection
+                else:
+                    self._discard(conn)  # the caller stopped early: drop the half-read connection
 
     def abort_now(self) -> None:
         """Reset every connection (a call waiting on one ends with ChannelError); with SO_LINGER 0
         sockets (agent channels) each is an RST, so no TIME_WAIT lands inside a sandbox."""
+        for task in list(self._draining):
+            task.cancel()
         for conn in list(self._open):
             conn.aborted = True
             conn.close()

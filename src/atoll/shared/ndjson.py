@@ -12,6 +12,7 @@ exec, process output and watch streams). Pure: no I/O, stdlib only.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 
 
@@ -34,13 +35,21 @@ class Splitter:
 
 
 async def alines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """The non-blank lines of an asynchronous stream of byte chunks."""
+    """The non-blank lines of an asynchronous stream of byte chunks. Closed (or ended), it closes
+    `chunks` when that is an asynchronous generator: one left to the garbage collector costs the
+    event loop a wake-up and a task of its own (asyncio's finaliser hook)."""
     splitter = Splitter()
-    async for chunk in chunks:
-        for line in splitter.feed(chunk):
+    try:
+        async for chunk in chunks:
+            for line in splitter.feed(chunk):
+                yield line
+        for line in splitter.end():
             yield line
-    for line in splitter.end():
-        yield line
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(RuntimeError):  # still being read elsewhere: ends with its reader
+                await aclose()
 
 
 def lines(chunks: Iterable[bytes]) -> Iterator[bytes]:

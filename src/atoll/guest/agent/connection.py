@@ -403,15 +403,19 @@ class Conn:
     def send_no_content(self) -> None:
         self.send(204)
 
-    def start_chunked(self, content_type: str) -> None:
-        self.send_raw(self._head(200, [("Content-Type", content_type), ("Transfer-Encoding", "chunked")]))
+    def start_chunked(self, content_type: str, first: bytes = b"") -> None:
+        """The head of a chunked answer, with its `first` chunk in the same write (one segment:
+        every send costs ~70 us in gVisor, and the reader a wake-up)."""
+        head = self._head(200, [("Content-Type", content_type), ("Transfer-Encoding", "chunked")])
+        self.send_raw(head + (b"%x\r\n%b\r\n" % (len(first), first) if first else b""))
 
     def write_chunk(self, data: bytes) -> None:
         if data:
             self.send_raw(b"%x\r\n%b\r\n" % (len(data), data))
 
-    def end_chunked(self) -> None:
-        self.send_raw(b"0\r\n\r\n")
+    def end_chunked(self, last: bytes = b"") -> None:
+        """The end of a chunked answer, after its `last` chunk in the same write."""
+        self.send_raw((b"%x\r\n%b\r\n" % (len(last), last) if last else b"") + b"0\r\n\r\n")
 
 
 def json_body(req: Request) -> dict:

@@ -186,7 +186,7 @@ class ExecHandlers:
             if stdin_r is not None:
                 os.close(stdin_r)
         if stdin_w is not None:
-            pool.submit(procio.feed, procio.StdinPipe(stdin_w), spec.stdin, proc.ended.is_set)
+            procio.feed_soon(procio.StdinPipe(stdin_w), spec.stdin, proc.ended.is_set, pool.submit)
         pipes = [popen.stdout, popen.stderr]
         try:
             sink = Stream(conn) if streaming else Capture(spec.max_output)
@@ -207,10 +207,9 @@ class ExecHandlers:
         if streaming:
             for kind in ("stdout", "stderr"):
                 sink.add_final(kind)
-            conn.write_chunk(
+            conn.end_chunked(
                 dumps({"exit_code": exit_code, "timed_out": timed_out, "duration_ms": duration}) + b"\n"
             )
-            conn.end_chunked()
         else:
             stdout, stdout_dropped = sink.result("stdout")
             stderr, stderr_dropped = sink.result("stderr")
@@ -351,7 +350,7 @@ class ExecHandlers:
         proc.stdin = procio.StdinPipe(stdin_w)
         pool.submit(procio.pump, proc, [popen.stdout, popen.stderr], proc.output, fd, wake)
         if spec.stdin is not None:
-            pool.submit(procio.feed, proc.stdin, spec.stdin, proc.ended.is_set)
+            procio.feed_soon(proc.stdin, spec.stdin, proc.ended.is_set, pool.submit)
         log_path = f"{LOG_DIR}/proc-{proc.pid}.log"
         try:
             os.replace(tmp_log, log_path)
@@ -368,8 +367,7 @@ class ExecHandlers:
         if not follow:
             conn.send_json(200, {"pid": proc.pid, "log_path": log_path})
             return
-        conn.start_chunked("application/x-ndjson")
-        conn.write_chunk(dumps({"pid": proc.pid, "log_path": log_path}) + b"\n")
+        conn.start_chunked("application/x-ndjson", dumps({"pid": proc.pid, "log_path": log_path}) + b"\n")
         self._follow_output(conn, proc, 0, True)  # type: ignore[attr-defined]  # handlers_procs's, in routing.Agent
 
     def _background_timeout(self, proc: Proc) -> None:

@@ -12,6 +12,7 @@ import base64
 import select
 import signal
 import socket
+import threading
 
 from . import zygote
 from .common import dumps
@@ -25,6 +26,58 @@ MAX_STDIN_DRAIN = 64 << 20
 WAKE_S = 0.5  # how often a follower or waiter looks whether its caller went away
 _POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
 SIGNALS = {s.name[3:]: s for s in signal.Signals if not s.name.startswith("SIG_")}
+
+
+PUMP_END_BYTES = 4096
+"""At most this much output left unsent when the log closes: the pump's thread writes it and the
+exit line itself (`_Tail.end_from_pump`)."""
+
+
+class _Tail:
+    """Where one follower of a process's output is (`offset`), and whether its answer has ended.
+    Whoever holds `lock` writes to the follower's connection: its own thread, or the pump's as it
+    closes the log, which then writes what is left and the exit line at once instead of waking the
+    follower's thread to do it (a hand-off between threads costs ~1.5 ms under gVisor's ptrace
+    platform, measured inside a sandbox). The pump never waits for the lock, nor writes more than
+    PUMP_END_BYTES, nor to a connection that cannot take it at once."""
+
+    def __init__(self, conn: Conn, proc, offset: int) -> None:
+        self.conn = conn
+        self.proc = proc
+        self.offset = offset
+        self.lock = threading.Lock()
+        self.ended = False
+        self.gone = False
+
+    def end_from_pump(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            return  # the follower's thread is writing: it ends the answer itself
+        try:
+            if self.ended:
+                return
+            dropped, pieces = self.proc.output.read(self.offset)
+            if dropped or sum(len(data) for _, data, _ in pieces) > PUMP_END_BYTES:
+                return
+            if not _writable(self.conn.sock):
+                return
+            lines = [dumps(_output_line(kind, data, end)) + b"\n" for kind, data, end in pieces]
+            offset = pieces[-1][2] if pieces else self.offset
+            lines.append(dumps(ProcHandlers._exit_line(self.proc, offset)) + b"\n")
+            self.offset = offset
+            self.ended = True
+            try:
+                self.conn.end_chunked(b"".join(lines))
+            except PeerGone:
+                self.gone = True
+        finally:
+            self.lock.release()
+
+
+def _writable(sock: socket.socket) -> bool:
+    """Whether a short write to `sock` goes out at once; never blocks."""
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLOUT)
+    return bool(p.poll(0))
 
 
 def parse_signal(value) -> signal.Signals:
@@ -109,29 +162,46 @@ class ProcHandlers:
     def _follow_output(self, conn: Conn, proc, offset: int, follow: bool) -> None:
         """The output lines of `proc` from `offset` (and its exit line once it exited; `follow`:
         waiting for more until then) on a chunked answer already started, then its end. A
-        follower that goes away leaves the process running (PeerGone)."""
+        follower that goes away leaves the process running (PeerGone). Following, the end may be
+        written by the pump's thread as it closes the log (`_Tail.end_from_pump`)."""
         log = proc.output
-        while True:
-            dropped, pieces = log.read(offset)
-            if dropped:
-                offset += dropped
-                conn.write_chunk(dumps({"dropped": dropped, "offset": offset}) + b"\n")
-            for kind, data, end in pieces:
-                offset = end
-                conn.write_chunk(dumps(_output_line(kind, data, end)) + b"\n")
-            if dropped or pieces:
-                continue
-            with log.cond:
-                if log.end > offset:
+        tail = _Tail(conn, proc, offset)
+        if follow:
+            log.closers.append(tail.end_from_pump)
+        try:
+            while True:
+                with tail.lock:
+                    if tail.ended:
+                        break
+                    dropped, pieces = log.read(tail.offset)
+                    if dropped:
+                        tail.offset += dropped
+                        conn.write_chunk(dumps({"dropped": dropped, "offset": tail.offset}) + b"\n")
+                    for kind, data, end in pieces:
+                        tail.offset = end
+                        conn.write_chunk(dumps(_output_line(kind, data, end)) + b"\n")
+                if dropped or pieces:
                     continue
-                if log.closed or not follow:
-                    break
-                log.cond.wait(WAKE_S)
-            if _peer_gone(conn.sock):
-                raise PeerGone()  # the follower went away: the process runs on
-        if log.closed and offset >= log.end:
-            conn.write_chunk(dumps(self._exit_line(proc, offset)) + b"\n")
-        conn.end_chunked()
+                with log.cond:
+                    if log.end > tail.offset:
+                        continue
+                    if log.closed or not follow:
+                        break
+                    log.cond.wait(WAKE_S)
+                if _peer_gone(conn.sock):
+                    raise PeerGone()  # the follower went away: the process runs on
+            with tail.lock:
+                if not tail.ended:
+                    tail.ended = True
+                    closed = log.closed and tail.offset >= log.end
+                    conn.end_chunked(dumps(self._exit_line(proc, tail.offset)) + b"\n" if closed else b"")
+        finally:
+            if follow:
+                with log.cond:
+                    if tail.end_from_pump in log.closers:
+                        log.closers.remove(tail.end_from_pump)
+        if tail.gone:
+            raise PeerGone()
 
     @staticmethod
     def _exit_line(proc, offset: int) -> dict:
