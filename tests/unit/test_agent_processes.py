@@ -443,3 +443,28 @@ def test_the_pump_writes_a_followers_end_when_it_closes_the_log():
     for kw in ({"hold": True}, {"fill": b"x" * (handlers_procs.PUMP_END_BYTES + 1)}, {"full": True}):
         tail, conn = run(**kw)
         assert not tail.ended and conn.ends == [], kw  # left to the follower's own thread
+
+
+def test_a_follower_that_does_not_read_does_not_hold_the_process_back(agent, client):
+    """A background start followed in the same answer runs its pump on the follower's thread only
+    while the follower keeps up: one that reads nothing while the command writes far more than the
+    socket holds does not stop the command (the pump goes on on a pooled thread, the output into
+    the log), and still gets the newest output, the bytes dropped and the exit."""
+    ndjson = {"Accept": "application/x-ndjson"}
+    code = "import sys\nfor _ in range(256): sys.stdout.write('x' * 16384)\n"
+    with httpx.Client(base_url=agent.url, timeout=30) as follower:
+        with follower.stream(
+            "POST", "/exec", json={"cmd": ["python3", "-c", code], "background": True}, headers=ndjson
+        ) as r:
+            it = r.iter_lines()
+            pid = json.loads(next(it))["pid"]
+            deadline = time.monotonic() + 20
+            while client.get(f"/processes/{pid}").json()["running"]:  # nothing read meanwhile
+                assert time.monotonic() < deadline, "the command was held back by its follower"
+                time.sleep(0.05)
+            lines = [json.loads(line) for line in it if line.strip()]
+    assert lines[-1]["exit_code"] == 0 and lines[-1]["offset"] == 256 * 16384, lines[-1]
+    assert (
+        sum(len(line.get("stdout", "")) for line in lines) + sum(line.get("dropped", 0) for line in lines)
+        == 256 * 16384
+    )

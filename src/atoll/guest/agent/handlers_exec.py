@@ -348,7 +348,9 @@ class ExecHandlers:
             os.close(stdin_r)
         proc.output = procio.OutputLog()
         proc.stdin = procio.StdinPipe(stdin_w)
-        pool.submit(procio.pump, proc, [popen.stdout, popen.stderr], proc.output, fd, wake)
+        pumping = procio.Pump(proc, [popen.stdout, popen.stderr], proc.output, fd, wake)
+        if not follow:
+            pool.submit(pumping.run)
         if spec.stdin is not None:
             procio.feed_soon(proc.stdin, spec.stdin, proc.ended.is_set, pool.submit)
         log_path = f"{LOG_DIR}/proc-{proc.pid}.log"
@@ -367,8 +369,12 @@ class ExecHandlers:
         if not follow:
             conn.send_json(200, {"pid": proc.pid, "log_path": log_path})
             return
-        conn.start_chunked("application/x-ndjson", dumps({"pid": proc.pid, "log_path": log_path}) + b"\n")
-        self._follow_output(conn, proc, 0, True)  # type: ignore[attr-defined]  # handlers_procs's, in routing.Agent
+        try:
+            conn.start_chunked("application/x-ndjson", dumps({"pid": proc.pid, "log_path": log_path}) + b"\n")
+        except BaseException:
+            pool.submit(pumping.run)  # the caller left at once: the process runs on
+            raise
+        self._follow_pumping(conn, proc, pumping)  # type: ignore[attr-defined]  # handlers_procs's, in routing.Agent
 
     def _background_timeout(self, proc: Proc) -> None:
         if proc.exit_code is None and self.procs.get(proc.pid) is proc:

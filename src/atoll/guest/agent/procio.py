@@ -149,47 +149,97 @@ def pump(proc, pipes: list, log: OutputLog, log_fd: int, wake: ExitWake) -> None
     """Read a background process's stdout and stderr into `log` and its log file until they close,
     or until EXIT_DRAIN_GRACE_S after the process exited (a descendant still holding them then
     keeps writing to the log file only); then close the log. Runs on a pooled thread."""
-    exited = proc.ended
-    kinds = {pipes[0].fileno(): "stdout", pipes[1].fileno(): "stderr"}
-    files = {f.fileno(): f for f in pipes}
-    poller = select.poll()
-    for fd in kinds:
-        poller.register(fd, select.POLLIN)
-    poller.register(wake.r, select.POLLIN)
-    grace_end = None
-    try:
-        while kinds:
-            now = time.monotonic()
-            if grace_end is None and exited.is_set():
-                grace_end = now + EXIT_DRAIN_GRACE_S
-                poller.unregister(wake.r)
-            if grace_end is not None and now >= grace_end:
-                break
-            timeout = -1 if grace_end is None else max(1, int((grace_end - now) * 1000))
-            for fd, _ in poller.poll(timeout):
-                if fd == wake.r:
-                    continue  # the exit: seen at the top of the loop
-                try:
-                    data = os.read(fd, PIPE_READ)
-                except OSError:
-                    data = b""
-                if data:
-                    log.add(kinds[fd], data)
-                    _write_all(log_fd, data)
-                else:
-                    poller.unregister(fd)
-                    kinds.pop(fd)
-                    files.pop(fd).close()
-        exited.wait()
-    finally:
-        wake.close()
-        log.close()
-        if proc.stdin is not None:
-            proc.stdin.close()  # the process is gone: nothing will read more input
-    if files:
-        _to_log_file(list(files.values()), log_fd)
-    else:
-        os.close(log_fd)
+    Pump(proc, pipes, log, log_fd, wake).run()
+
+
+class Pump:
+    """`pump` in steps, so that a follower's own thread can run it while it follows (the agent's
+    `POST /exec` background with its output followed: no thread to wake while the command starts,
+    a hand-off that costs ~1.5 ms under gVisor's ptrace platform) and hand the rest to a pooled
+    thread (`run`) when it stops following."""
+
+    def __init__(self, proc, pipes: list, log: OutputLog, log_fd: int, wake: ExitWake) -> None:
+        self.proc = proc
+        self.log = log
+        self.log_fd = log_fd
+        self.wake = wake
+        self.kinds = {pipes[0].fileno(): "stdout", pipes[1].fileno(): "stderr"}
+        self.files = {f.fileno(): f for f in pipes}
+        self.poller = select.poll()
+        for fd in self.kinds:
+            self.poller.register(fd, select.POLLIN)
+        self.poller.register(wake.r, select.POLLIN)
+        self.grace_end: float | None = None
+        self.done = False  # the log is closed (`close`)
+
+    def step(self, wait_ms: int = -1) -> bool:
+        """Read what the pipes have, waiting up to `wait_ms` (-1: until something happens); False
+        once they are all closed or the grace after the exit has passed."""
+        if not self.kinds:
+            return False
+        now = time.monotonic()
+        if self.grace_end is None and self.proc.ended.is_set():
+            self.grace_end = now + EXIT_DRAIN_GRACE_S
+            self.poller.unregister(self.wake.r)
+        if self.grace_end is not None and now >= self.grace_end:
+            return False
+        timeout = -1 if self.grace_end is None else max(1, int((self.grace_end - now) * 1000))
+        if wait_ms >= 0:
+            timeout = wait_ms if timeout < 0 else min(timeout, wait_ms)
+        for fd, _ in self.poller.poll(timeout):
+            if fd == self.wake.r:
+                continue  # the exit: seen at the top of the next step
+            try:
+                data = os.read(fd, PIPE_READ)
+            except OSError:
+                data = b""
+            if data:
+                self.log.add(self.kinds[fd], data)
+                _write_all(self.log_fd, data)
+            else:
+                self.poller.unregister(fd)
+                self.kinds.pop(fd)
+                self.files.pop(fd).close()
+        return bool(self.kinds)
+
+    def close(self) -> None:
+        """After the pipes (and the process's exit, waited for by the caller): close the log, the
+        wake and stdin. What a descendant still writes then goes to the log file only, on a pooled
+        thread when `later` is given (a follower's thread must not wait for it), else here."""
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.wake.close()
+            self.log.close()
+        finally:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # the process is gone: nothing will read more input
+
+    def leftovers(self, later=None) -> None:
+        """The pipes a descendant still holds, to the log file only (`_to_log_file`), on `later`
+        (a pool's submit) when given; else the log file is closed."""
+        if self.files:
+            files = list(self.files.values())
+            self.files = {}
+            if later is not None:
+                later(_to_log_file, files, self.log_fd)
+            else:
+                _to_log_file(files, self.log_fd)
+        else:
+            os.close(self.log_fd)
+
+    def run(self) -> None:
+        """The rest of the pump, to its end (on a pooled thread)."""
+        if self.done:
+            return
+        try:
+            while self.step():
+                pass
+            self.proc.ended.wait()
+        finally:
+            self.close()
+        self.leftovers()
 
 
 def _to_log_file(files: list, log_fd: int) -> None:
