@@ -204,8 +204,7 @@ class Pump:
 
     def close(self) -> None:
         """After the pipes (and the process's exit, waited for by the caller): close the log, the
-        wake and stdin. What a descendant still writes then goes to the log file only, on a pooled
-        thread when `later` is given (a follower's thread must not wait for it), else here."""
+        wake and stdin; then `leftovers` for what a descendant still writes."""
         if self.done:
             return
         self.done = True
