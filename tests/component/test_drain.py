@@ -410,7 +410,9 @@ async def test_an_evacuation_resumed_when_its_worker_registers_again_with_a_work
     store: dict = {}
     w1, w2 = FakeWorker("w1", store=store), FakeWorker("w2", installation="fake01", store=store)
     async with FakeAtoll(tmp_path, [], api_key=KEY, tier_policy=False) as f:
-        f.manager.workers.lost_after_s = 1.0
+        # w1 must be lost once stopped, w2 never: at 1 s a loaded machine (one event loop for the
+        # server, both workers and the test) lost w2 as well
+        f.manager.workers.lost_after_s = 3.0
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         async with _serve(f.app, port):
