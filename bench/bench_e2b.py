@@ -10,11 +10,12 @@ that the two sides interleave (native, E2B, native, …) after two untimed pairs
   sdk_first_command   `Sandbox.create()` + first `commands.run("true")` (e2b SDK) against
                       `client.sandboxes.create()` + `exec("true", shell="bash")` (atoll's SDK: the
                       same `bash -l`); ratio E2B / native of the p50s (target ≤ 1.3×)
-  server_exec         the same `bash -l -c true` on one running sandbox each, with kept-alive httpx
-                      clients and no SDK, so that the difference is the servers' time: envd
-                      `process.Process/Start` (Connect, JSON; the edge child → the worker) against
-                      `POST /v1/sandboxes/{id}/exec {"cmd": "true", "shell": "bash"}` (the API)
-                      (target ≤ 1.1×)
+  server_exec         the same `bash -l -c true` with a 60 s deadline on one running sandbox each,
+                      with kept-alive httpx clients and no SDK, so that the difference is the
+                      servers' time: envd `process.Process/Start` with `Connect-Timeout-Ms: 60000`
+                      (Connect, JSON; the edge child → the worker; what `commands.run` sends, its
+                      default timeout being 60 s) against `POST /v1/sandboxes/{id}/exec {"cmd":
+                      "true", "shell": "bash", "timeout_s": 60}` (the API) (target ≤ 1.1×)
   server_create       `POST /v2/sandboxes` against `POST /v1/sandboxes` the same way (+ the delete)
   run_code            a warm code-interpreter-v1 sandbox: `run_code("1+1")` p50 through the SDK
                       (target ≤ 50 ms), the same `POST /execute` with a kept-alive httpx client,
@@ -50,7 +51,11 @@ from atoll.testing import LocalAtoll  # noqa: E402
 from tests import e2b_venv  # noqa: E402
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2b_bench_driver.py")
-START = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+START = {
+    "Content-Type": "application/connect+json",
+    "Connect-Protocol-Version": "1",
+    "Connect-Timeout-Ms": "60000",  # as the SDK's commands.run sends it (timeout=60 by default)
+}
 
 
 class Driver:
@@ -105,7 +110,7 @@ def _start_true(e2b: httpx.Client, sid: str, token: str) -> float:
 
 def _exec_true(api: httpx.Client, sid: str) -> float:
     with c.Timer() as t:
-        r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "shell": "bash"})
+        r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "shell": "bash", "timeout_s": 60})
     if r.status_code != 200 or r.json()["exit_code"] != 0:
         raise RuntimeError(f"exec: {r.status_code} {r.text[:300]}")
     return t.ms

@@ -14,13 +14,13 @@ import queue
 import select
 import signal
 import socket
-import threading
 import time
 
 from . import execspec, procio, shells
 from .capture import PIPE_READ, Capture, Stream, drain_leftovers
 from .common import PIPE, dumps
 from .connection import Conn, Request, json_body
+from .deadlines import DEADLINES
 from .errors import ApiError, PeerGone, SpawnFailed, invalid
 from .processes import NotRunnable, Proc, remove_log, spawn_error
 from .proctree import kill_tree
@@ -326,9 +326,12 @@ class ExecHandlers:
         except OSError as e:
             self._log_dir_ready = False
             raise ApiError(500, "runtime_error", f"cannot create the log file {tmp_log}: {e}") from None
-        # stdin is a pipe the agent holds (POST /processes/<pid>/stdin) or feeds `stdin` into;
-        # stdout and stderr go through procio.pump into the process's OutputLog and its log file.
-        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        # stdin is a pipe the agent holds (POST /processes/<pid>/stdin) or feeds `stdin` into; an
+        # empty `stdin` (E2B's `stdin: false`) is /dev/null and a pipe already closed (three
+        # syscalls fewer, ~0.3 ms under gVisor). stdout and stderr go through procio.Pump into the
+        # process's OutputLog and its log file.
+        no_input = spec.stdin is not None and not spec.stdin
+        stdin_r, stdin_w = (None, None) if no_input else os.pipe2(os.O_CLOEXEC)
         wake = procio.ExitWake()
         try:
             try:
@@ -341,17 +344,19 @@ class ExecHandlers:
             except OSError:
                 pass
             os.close(fd)
-            os.close(stdin_w)
+            if stdin_w is not None:
+                os.close(stdin_w)
             wake.close()
             raise
         finally:
-            os.close(stdin_r)
+            if stdin_r is not None:
+                os.close(stdin_r)
         proc.output = procio.OutputLog()
         proc.stdin = procio.StdinPipe(stdin_w)
         pumping = procio.Pump(proc, [popen.stdout, popen.stderr], proc.output, fd, wake)
         if not follow:
             pool.submit(pumping.run)
-        if spec.stdin is not None:
+        if spec.stdin:
             procio.feed_soon(proc.stdin, spec.stdin, proc.ended.is_set, pool.submit)
         log_path = f"{LOG_DIR}/proc-{proc.pid}.log"
         try:
@@ -360,10 +365,8 @@ class ExecHandlers:
             log_path = tmp_log
         proc.log_path = log_path
         if spec.timeout:
-            timer = threading.Timer(spec.timeout, self._background_timeout, (proc,))
-            timer.daemon = True
+            timer = DEADLINES.call_later(spec.timeout, self._background_timeout, proc)
             proc.timer = timer
-            timer.start()
             if proc.exit_code is not None:
                 timer.cancel()
         if not follow:

@@ -1,6 +1,6 @@
 """A background process's pipes: `OutputLog` keeps its stdout and stderr as one bounded sequence
-addressed by byte offsets that readers can re-read and follow; `pump` reads the process's pipes
-into that log (and into its log file) on a pooled thread; `StdinPipe` feeds its stdin.
+addressed by byte offsets that readers can re-read and follow; `Pump` reads the process's pipes
+into that log (and into its log file) on a pooled thread or a follower's; `StdinPipe` feeds its stdin.
 
 Used by `handlers_exec` (starting background commands, stdin given as a string) and
 `handlers_procs` (GET /processes/<pid>/output, POST /processes/<pid>/stdin, wait).
@@ -145,15 +145,11 @@ class ExitWake:
                 pass
 
 
-def pump(proc, pipes: list, log: OutputLog, log_fd: int, wake: ExitWake) -> None:
-    """Read a background process's stdout and stderr into `log` and its log file until they close,
-    or until EXIT_DRAIN_GRACE_S after the process exited (a descendant still holding them then
-    keeps writing to the log file only); then close the log. Runs on a pooled thread."""
-    Pump(proc, pipes, log, log_fd, wake).run()
-
-
 class Pump:
-    """`pump` in steps, so that a follower's own thread can run it while it follows (the agent's
+    """Reads a background process's stdout and stderr into its `OutputLog` and its log file until
+    they close, or until EXIT_DRAIN_GRACE_S after the process exited (a descendant still holding
+    them then keeps writing to the log file only); then closes the log. In steps, so that a
+    follower's own thread can run it while it follows (the agent's
     `POST /exec` background with its output followed: no thread to wake while the command starts,
     a hand-off that costs ~1.5 ms under gVisor's ptrace platform) and hand the rest to a pooled
     thread (`run`) when it stops following."""
@@ -279,13 +275,15 @@ class StdinClosed(Exception):
 
 
 class StdinPipe:
-    """The write end of a process's stdin pipe, non-blocking, written under a lock."""
+    """The write end of a process's stdin pipe, non-blocking, written under a lock; without `fd`
+    (a process whose stdin is /dev/null), one that is closed from the start."""
 
-    def __init__(self, fd: int) -> None:
-        os.set_blocking(fd, False)
-        self.fd = fd
+    def __init__(self, fd: int | None) -> None:
+        if fd is not None:
+            os.set_blocking(fd, False)
+        self.fd = -1 if fd is None else fd
         self.lock = threading.Lock()
-        self.closed = False
+        self.closed = fd is None
         self.broken = False  # the reader went away (EPIPE)
 
     def write(self, data: bytes, ended=lambda: False, timeout: float = STDIN_WRITE_TIMEOUT_S) -> int:
