@@ -205,6 +205,11 @@ async def test_get_and_delete_take_a_name_resolved_in_the_acting_tenant(fake):
     r = await c.get("/v1/snapshots/team/web:v1", params={"tenant_id": tid})
     assert r.status_code == 200 and r.json()["id"] == snap["id"], r.text
     assert (await c.get(f"/v1/snapshots/{snap['id']}")).status_code == 200  # by id: any tenant's
+    # nothing after the slash is the list, as every collection's trailing slash (not a 400)
+    r = await c.get("/v1/snapshots/", params={"tenant_id": tid})
+    assert r.status_code == 307 and r.headers["location"] == f"/v1/snapshots?tenant_id={tid}", r.text
+    r = await c.get("/v1/snapshots/", params={"tenant_id": tid}, follow_redirects=True)
+    assert [s["id"] for s in r.json()["items"]] == [snap["id"]], r.text
     # delete by name: 204, gone from the worker, then 404; audited as snapshot.delete
     async with _as(fake, key_a) as ta:
         assert (await ta.delete("/v1/snapshots/team/web:v1")).status_code == 204

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 
 from atoll.controlplane import auth, http, paging, schemas
 from atoll.controlplane import snapshots as snapshots_mod
@@ -89,11 +89,15 @@ async def list_snapshots(
     "/v1/snapshots/{snid:path}",
     responses={
         200: {"model": schemas.Snapshot},
+        307: {"description": "`GET /v1/snapshots/` (nothing after the slash): the list, at /v1/snapshots"},
         **http.error_responses({400: "invalid_request: neither an id nor a name", 404: "snapshot_not_found"}),
     },
 )
 async def get_snapshot(request: Request, snid: SnapshotRef):
     """One snapshot, by id or by name."""
+    if snid == "":  # as every other collection's trailing slash: to the list (this route took the path)
+        query = request.url.query
+        return RedirectResponse("/v1/snapshots" + ("?" + query if query else ""), status_code=307)
     return answer(request, ctx(request).manager.snapshots.get(snid))
 
 
