@@ -118,3 +118,34 @@ def test_death_cause_names_the_host_pids_limit(tmp_path, monkeypatch):
     (d / "pids.max").write_text("9216\n")
     assert cgroups.pids_limit_hits("inst/sb-1") == (3, 9216)
     assert cgroups.pids_limit_hits("inst/none") == (0, None)
+
+
+def test_a_runtime_found_without_its_sentry_fails_with_the_limit_that_killed_it(tmp_path, monkeypatch):
+    """Under load the reconciler saw an OOM-killed sentry gone before the liveness watch did, and
+    the sandbox failed with "its gVisor sentry is not running" instead of the memory_mb cause."""
+    from atoll.worker.host import cgroups
+    from atoll.worker.runtimes import liveness, recovery
+
+    monkeypatch.setattr(cgroups, "ROOT", str(tmp_path))
+
+    class Rt:
+        sandbox_id, memory_mb = "sb-1", 128
+
+        def cgroup(self, install_id: str) -> str:
+            return f"{install_id}/sb-1"
+
+    live = liveness.Liveness.__new__(liveness.Liveness)
+    live.install_id = "inst"
+    rec = recovery.Recovery.__new__(recovery.Recovery)
+    rec.liveness = live
+    mem = tmp_path / "memory" / "inst" / "sb-1"
+    mem.mkdir(parents=True)
+    (mem / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    gone = rec._vanished_cause(Rt(), recovery.SENTRY_GONE)
+    assert "vanished" in gone and recovery.SENTRY_GONE in gone
+    (mem / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    cause = rec._vanished_cause(Rt(), recovery.SENTRY_GONE)
+    assert "OOM killer" in cause and "memory_mb=128" in cause, cause
+    # another thing missing is that thing, whatever the cgroup says
+    other = rec._vanished_cause(Rt(), "its root filesystem is not mounted")
+    assert "root filesystem is not mounted" in other and "OOM" not in other

@@ -126,7 +126,10 @@ class Liveness:
         if self.on_failed is not None:  # its runtime is stopped; its files stay until the delete
             self.on_failed(rt)
 
-    def death_cause(self, rt: Runtime) -> str:
+    def limit_cause(self, rt: Runtime) -> str | None:
+        """A dead runtime's cause when one of its limits killed it (its memory cgroup's OOM killer,
+        its task limit), else None. Also asked by the reconciler, which may find the sentry gone
+        before the watch does (a loaded machine): the cause is the limit either way."""
         sid, cg = rt.sandbox_id, rt.cgroup(self.install_id)
         if cgroups.oom_kills(cg):
             return (
@@ -142,6 +145,13 @@ class Liveness:
                 f"thread); programs inside are limited to {bundle.GUEST_PIDS_MAX} tasks, so something "
                 "outran that limit; create a new sandbox and run fewer processes at once"
             )
+        return None
+
+    def death_cause(self, rt: Runtime) -> str:
+        sid = rt.sandbox_id
+        cause = self.limit_cause(rt)
+        if cause is not None:
+            return cause
         log.warning(
             "sandbox.runtime.died",
             extra={

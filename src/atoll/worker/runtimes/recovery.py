@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 RECONCILE_EVERY_S = 30.0
 ORPHAN_WAIT_S = 120.0
+SENTRY_GONE = "its gVisor sentry is not running"  # then a limit that killed it is the cause (Liveness.limit_cause)
 
 
 def _runsc_command_running(verb: str, needle: str) -> bool:
@@ -242,11 +243,7 @@ class Recovery:
                 missing = "its gVisor sentry was killed (SIGKILL) while in memory-tier standby"
             if missing:
                 failed.append(rt.sandbox_id)
-                self.liveness.failed(
-                    rt.sandbox_id,
-                    f"the runtime of sandbox {rt.sandbox_id} vanished from its worker's host ({missing}); "
-                    "its files may be gone — delete it and create a new one",
-                )
+                self.liveness.failed(rt.sandbox_id, self._vanished_cause(rt, missing))
             removed += self._stale_images(rt)
         report = ReconcileReport(
             runtimes=len(live),
@@ -259,6 +256,16 @@ class Recovery:
             log.info("reconcile: removed %d object(s), failed %d sandbox(es)", len(removed), len(failed))
         return report
 
+    def _vanished_cause(self, rt: Runtime, missing: str) -> str:
+        """The failure of a runtime the pass found incomplete: a limit that killed its sentry when
+        that is what is missing (the pass can see the sentry gone before the watch does), else
+        what vanished."""
+        cause = self.liveness.limit_cause(rt) if missing == SENTRY_GONE else None
+        return cause or (
+            f"the runtime of sandbox {rt.sandbox_id} vanished from its worker's host ({missing}); "
+            "its files may be gone — delete it and create a new one"
+        )
+
     def _vanished(self, rt: Runtime, found: sweep.HostObjects) -> str | None:
         """What a runtime needs on the host and does not have (None when all is there)."""
         if rt.phase in (Phase.FAILED, Phase.DELETING, Phase.CREATING, Phase.ARCHIVING, Phase.ARCHIVED):
@@ -270,7 +277,7 @@ class Recovery:
             return None if self.snapshots.committed(rt.sandbox_id) else "its snapshot is gone"
         if rt.phase in (Phase.RUNNING, Phase.FROZEN):
             if not has.get("sentry") and not self.liveness.alive(rt.sandbox_id):
-                return "its gVisor sentry is not running"
+                return SENTRY_GONE
             if len(has.get("netns", ())) < 2:
                 return "its network namespaces are gone"
         return None
