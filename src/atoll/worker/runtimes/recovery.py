@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 RECONCILE_EVERY_S = 30.0
 ORPHAN_WAIT_S = 120.0
-SENTRY_GONE = "its gVisor sentry is not running"  # then a limit that killed it is the cause (Liveness.limit_cause)
+# what a pass finds missing when the sentry died; a limit that killed it is then the cause
+SENTRY_GONE = "its gVisor sentry is not running"
 
 
 def _runsc_command_running(verb: str, needle: str) -> bool:
