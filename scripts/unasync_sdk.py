@@ -67,6 +67,7 @@ REPLACEMENTS = {
     "asleep": "sleep",
     "aretrying": "retrying",
     "AbstractAsyncContextManager": "AbstractContextManager",
+    "ws_ssl": "ws_ssl_sync",  # the sync terminal's TLS context (capped at 1.2: _base.ws_ssl_sync)
 }
 
 HEADER = '''"""GENERATED FILE - do not edit. {summary}

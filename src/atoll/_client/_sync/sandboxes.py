@@ -457,7 +457,7 @@ class Sandbox(SandboxFields):
                 open_timeout=self._client.create_timeout,
                 compression=None,
                 max_size=None,
-                ssl=_base.ws_ssl(url, verify),
+                ssl=_base.ws_ssl_sync(url, verify),
             )
         except ws_errors.InvalidStatus as exc:
             raise _base.ws_refused(exc.response.status_code, exc.response.body, url) from exc
