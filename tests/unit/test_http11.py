@@ -17,18 +17,11 @@ from atoll.testing import free_port
 
 
 @contextlib.asynccontextmanager
-async def _server(keep_alive_s: float):
-    app = FastAPI()
-
-    @app.post("/x")
-    async def x():
-        return {"ok": 1}
-
+async def _serve(app: FastAPI, **config):
+    """`app` under uvicorn on a free loopback port (yielded) while the block runs."""
     port = free_port()
     srv = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_config=None, timeout_keep_alive=keep_alive_s, lifespan="off"
-        )
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off", **config)
     )
     task = asyncio.ensure_future(srv.serve())
     while not srv.started:
@@ -38,6 +31,18 @@ async def _server(keep_alive_s: float):
     finally:
         srv.should_exit = True
         await task
+
+
+@contextlib.asynccontextmanager
+async def _server(keep_alive_s: float):
+    app = FastAPI()
+
+    @app.post("/x")
+    async def x():
+        return {"ok": 1}
+
+    async with _serve(app, timeout_keep_alive=keep_alive_s) as port:
+        yield port
 
 
 async def test_an_idle_connection_the_peer_closed_is_not_reused():
@@ -78,16 +83,8 @@ async def _streaming_server():
     async def caller_port(request: Request):
         return {"port": request.client.port}
 
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
-    task = asyncio.ensure_future(srv.serve())
-    while not srv.started:
-        await asyncio.sleep(0.01)
-    try:
+    async with _serve(app) as port:
         yield port
-    finally:
-        srv.should_exit = True
-        await task
 
 
 async def _first_line_then_leave(ch: http11.Channel, finished: bool, **params: str) -> int:
