@@ -29,6 +29,28 @@ QUOTA_OPTIONS = (
 )
 
 
+def _quota_option(i: int) -> typing.Any:
+    _, flag, text = QUOTA_OPTIONS[i]
+    return Annotated[float | None, typer.Option(flag, help=text)]
+
+
+# the quota options of `tenant create` and `tenant update`
+_QMaxRunning = _quota_option(0)
+_QMaxMemoryMb = _quota_option(1)
+_QMaxStandbyGb = _quota_option(2)
+_QMaxVolumeGb = _quota_option(3)
+_QCreatesPerMinute = _quota_option(4)
+_QMaxPoolSlots = _quota_option(5)
+_QBuildMinutesPerDay = _quota_option(6)
+_QMaxSnapshots = _quota_option(7)
+_QMaxSnapshotGb = _quota_option(8)
+
+
+def _numbers(values: dict[str, typing.Any]) -> dict[str, float | None]:
+    """The quota options' values in a command's `locals()`, whole numbers as ints."""
+    return {k: _number(values[k]) for k, _, _ in QUOTA_OPTIONS}
+
+
 class Scope(StrEnum):
     admin = "admin"
     worker = "worker"
@@ -82,46 +104,20 @@ def _tenant_commands() -> typer.Typer:
     def create(
         ctx: typer.Context,
         name: Annotated[str, typer.Argument(metavar="NAME")],
-        max_running: Annotated[float | None, typer.Option("--max-running", help=QUOTA_OPTIONS[0][2])] = None,
-        max_memory_mb: Annotated[
-            float | None, typer.Option("--max-memory-mb", help=QUOTA_OPTIONS[1][2])
-        ] = None,
-        max_standby_gb: Annotated[
-            float | None, typer.Option("--max-standby-gb", help=QUOTA_OPTIONS[2][2])
-        ] = None,
-        max_volume_gb: Annotated[
-            float | None, typer.Option("--max-volume-gb", help=QUOTA_OPTIONS[3][2])
-        ] = None,
-        creates_per_minute: Annotated[
-            float | None, typer.Option("--creates-per-minute", help=QUOTA_OPTIONS[4][2])
-        ] = None,
-        max_pool_slots: Annotated[
-            float | None, typer.Option("--max-pool-slots", help=QUOTA_OPTIONS[5][2])
-        ] = None,
-        build_minutes_per_day: Annotated[
-            float | None, typer.Option("--build-minutes-per-day", help=QUOTA_OPTIONS[6][2])
-        ] = None,
-        max_snapshots: Annotated[
-            float | None, typer.Option("--max-snapshots", help=QUOTA_OPTIONS[7][2])
-        ] = None,
-        max_snapshot_gb: Annotated[
-            float | None, typer.Option("--max-snapshot-gb", help=QUOTA_OPTIONS[8][2])
-        ] = None,
+        max_running: _QMaxRunning = None,
+        max_memory_mb: _QMaxMemoryMb = None,
+        max_standby_gb: _QMaxStandbyGb = None,
+        max_volume_gb: _QMaxVolumeGb = None,
+        creates_per_minute: _QCreatesPerMinute = None,
+        max_pool_slots: _QMaxPoolSlots = None,
+        build_minutes_per_day: _QBuildMinutesPerDay = None,
+        max_snapshots: _QMaxSnapshots = None,
+        max_snapshot_gb: _QMaxSnapshotGb = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
     ) -> None:
         """Make a tenant (quotas left out are unlimited); prints its id."""
         quotas = _quotas(
-            {
-                "max_running": _number(max_running),
-                "max_memory_mb": _number(max_memory_mb),
-                "max_standby_gb": _number(max_standby_gb),
-                "max_volume_gb": _number(max_volume_gb),
-                "creates_per_minute": _number(creates_per_minute),
-                "max_pool_slots": _number(max_pool_slots),
-                "build_minutes_per_day": _number(build_minutes_per_day),
-                "max_snapshots": _number(max_snapshots),
-                "max_snapshot_gb": _number(max_snapshot_gb),
-            },
+            _numbers(locals()),
             None,
         )
         with _session(ctx) as client:
@@ -149,31 +145,15 @@ def _tenant_commands() -> typer.Typer:
         ctx: typer.Context,
         tenant_id: Annotated[str, typer.Argument(metavar="ID")],
         name: Annotated[str | None, typer.Option("--name", help="A new name.")] = None,
-        max_running: Annotated[float | None, typer.Option("--max-running", help=QUOTA_OPTIONS[0][2])] = None,
-        max_memory_mb: Annotated[
-            float | None, typer.Option("--max-memory-mb", help=QUOTA_OPTIONS[1][2])
-        ] = None,
-        max_standby_gb: Annotated[
-            float | None, typer.Option("--max-standby-gb", help=QUOTA_OPTIONS[2][2])
-        ] = None,
-        max_volume_gb: Annotated[
-            float | None, typer.Option("--max-volume-gb", help=QUOTA_OPTIONS[3][2])
-        ] = None,
-        creates_per_minute: Annotated[
-            float | None, typer.Option("--creates-per-minute", help=QUOTA_OPTIONS[4][2])
-        ] = None,
-        max_pool_slots: Annotated[
-            float | None, typer.Option("--max-pool-slots", help=QUOTA_OPTIONS[5][2])
-        ] = None,
-        build_minutes_per_day: Annotated[
-            float | None, typer.Option("--build-minutes-per-day", help=QUOTA_OPTIONS[6][2])
-        ] = None,
-        max_snapshots: Annotated[
-            float | None, typer.Option("--max-snapshots", help=QUOTA_OPTIONS[7][2])
-        ] = None,
-        max_snapshot_gb: Annotated[
-            float | None, typer.Option("--max-snapshot-gb", help=QUOTA_OPTIONS[8][2])
-        ] = None,
+        max_running: _QMaxRunning = None,
+        max_memory_mb: _QMaxMemoryMb = None,
+        max_standby_gb: _QMaxStandbyGb = None,
+        max_volume_gb: _QMaxVolumeGb = None,
+        creates_per_minute: _QCreatesPerMinute = None,
+        max_pool_slots: _QMaxPoolSlots = None,
+        build_minutes_per_day: _QBuildMinutesPerDay = None,
+        max_snapshots: _QMaxSnapshots = None,
+        max_snapshot_gb: _QMaxSnapshotGb = None,
         unset: Annotated[
             list[str] | None,
             typer.Option("--unset", help="Remove a quota (unlimited), e.g. max-running (repeat)."),
@@ -182,17 +162,7 @@ def _tenant_commands() -> typer.Typer:
         """Rename a tenant or change its quotas (lowering one below the current use refuses new
         admissions; nothing running is stopped)."""
         quotas = _quotas(
-            {
-                "max_running": _number(max_running),
-                "max_memory_mb": _number(max_memory_mb),
-                "max_standby_gb": _number(max_standby_gb),
-                "max_volume_gb": _number(max_volume_gb),
-                "creates_per_minute": _number(creates_per_minute),
-                "max_pool_slots": _number(max_pool_slots),
-                "build_minutes_per_day": _number(build_minutes_per_day),
-                "max_snapshots": _number(max_snapshots),
-                "max_snapshot_gb": _number(max_snapshot_gb),
-            },
+            _numbers(locals()),
             unset,
         )
         if name is None and quotas is None:
