@@ -167,10 +167,23 @@ class Quotas:
         pending.memory_mb += memory_mb
         pending.creates += 1
 
-        def release() -> None:
+        def undo() -> None:
             pending.running -= 1
             pending.memory_mb -= memory_mb
             pending.creates -= 1
+
+        with self._holding(tenant, pending, undo) as ticket:
+            yield ticket
+
+    @contextlib.contextmanager
+    def _holding(
+        self, tenant: str, pending: _Pending, undo: typing.Callable[[], None]
+    ) -> typing.Iterator[Ticket]:
+        """A ticket for a place held in `pending` (the tenant's): done, it `undo`es the place and
+        forgets `pending` once nothing is held in it; done at the latest when the block ends."""
+
+        def release() -> None:
+            undo()
             if pending.idle() and self._pending.get(tenant) is pending:
                 del self._pending[tenant]
 
@@ -284,19 +297,14 @@ class Quotas:
         else:
             pending.snapshots += 1
 
-        def release() -> None:
+        def undo() -> None:
             if replacing is not None:
                 pending.replacing[replacing] -= 1
             else:
                 pending.snapshots -= 1
-            if pending.idle() and self._pending.get(tenant) is pending:
-                del self._pending[tenant]
 
-        ticket = Ticket(release)
-        try:
+        with self._holding(tenant, pending, undo) as ticket:
             yield ticket
-        finally:
-            ticket.done()
 
     def check_snapshot_locked(
         self, s: typing.Any, tenant: str, replacing: str | None, ticket: Ticket
