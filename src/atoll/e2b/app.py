@@ -28,14 +28,9 @@ process; `atoll up`/`atoll server` start it as a child, controlplane.edge_host).
 from __future__ import annotations
 
 import asyncio
-import binascii
-import contextlib
-import dataclasses
 import datetime as dt
-import json
 import logging
 import secrets
-import ssl
 import typing
 import urllib.parse
 
@@ -44,46 +39,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from atoll.core import ids, inputs
-from atoll.e2b import control, envd_routes, interpreter, volumes
-from atoll.shared import http11
+from atoll.core import ids
+from atoll.e2b import control, envd_routes, forward, interpreter, volumes
+from atoll.e2b.forward import Settings, api_key
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 1024 * 1024
 PAUSE_BUSY_RETRY_S = 5.0
 """A pause refused because a call that is not a stream is in flight (atoll's 409 sandbox_busy: a file
 transfer, a foreground command) is tried again for this long before answering 503 (E2B reads a 409
 on pause as "already paused", §6.4). Open process streams and watches do not refuse it: the pause
 ends them (`end_streams`)."""
-E2B_KEY_PREFIX = "e2b_"
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
-
-
-def api_key(request: Request) -> str:
-    """The atoll key the caller sent as `X-API-KEY` (an `e2b_<hex>` spelling decoded); 401 else."""
-    raw = request.headers.get("x-api-key", "").strip()
-    if not raw:
-        raise control.E2BError(
-            401, "missing API key: set E2B_API_KEY to an atoll API key (sent as X-API-KEY)"
-        )
-    if raw.startswith(E2B_KEY_PREFIX):
-        try:
-            raw = bytes.fromhex(raw[len(E2B_KEY_PREFIX) :]).decode("ascii")
-        except (ValueError, UnicodeDecodeError, binascii.Error):
-            raise control.E2BError(
-                401,
-                "invalid API key: an e2b_… key must be e2b_ followed by the hex of an atoll key's "
-                "characters (python -c \"print('e2b_' + KEY.encode().hex())\")",
-            ) from None
-    if not (raw.isascii() and raw.isprintable()):
-        raise control.E2BError(
-            401, "invalid API key: an atoll key is printable ASCII (check what was pasted)"
-        )
-    return raw
 
 
 def _sid(request: Request) -> str:
@@ -95,25 +65,6 @@ def _sid(request: Request) -> str:
     return sid
 
 
-async def _body(request: Request, optional: bool = True) -> dict:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY_BYTES:
-            raise control.E2BError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-    if not raw.strip():
-        if optional:
-            return {}
-        raise control.E2BError(400, "the request body is empty; send a JSON object")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise control.E2BError(400, "the request body is not JSON") from None
-    if not isinstance(data, dict):
-        raise control.E2BError(400, f"the request body must be a JSON object, not {inputs.json_kind(data)}")
-    return data
-
-
 def _timeout(body: dict, *, required: bool) -> int | None:
     v = body.get("timeout")
     if v is None:
@@ -123,173 +74,13 @@ def _timeout(body: dict, *, required: bool) -> int | None:
     return control.timeout_seconds(v, "timeout")
 
 
-@dataclasses.dataclass
-class Settings:
-    api_url: str
-    """atoll's REST API (loopback), where every control call is forwarded."""
-    verify: ssl.SSLContext | bool = True
-    """TLS check of an https api_url: an ssl.SSLContext (the installation CA), or True (the
-    system's roots)."""
-    token_key: bytes | None = None
-    """k_e2b, the key of the envd access tokens (ATOLL_E2B_TOKEN_KEY, hex, given by the server to
-    its edge child; core.grants.e2b_access_key): tokens are made and checked here. None (a
-    standalone `atoll edge`): the grant route makes and checks them."""
-    internet: bool = True
-    """E2B's `allow_internet_access` default (ATOLL_E2B_INTERNET=deny makes it False)."""
-    pause_tier: str = "memory"
-    """The standby tier of an E2B pause (ATOLL_E2B_PAUSE_TIER)."""
-    volume_mb: int = 1024
-    """The size of a volume `Volume.create` makes (ATOLL_E2B_VOLUME_MB; e2b.volumes)."""
-    domain: str | None = None
-    """The `domain` of the create/connect/detail answers (ATOLL_E2B_DOMAIN, `{preview domain}:{ingress
-    port}` by default): the SDKs build their sandbox hosts `{port}-{id}.{domain}` from it — get_host,
-    the code interpreter 2.8.1's URL, and envd when E2B_SANDBOX_URL is unset — which the ingress
-    router relays back here. None: null (the SDKs use their E2B_DOMAIN)."""
-
-
-def _channel(api_url: str, verify: ssl.SSLContext | bool) -> http11.Channel:
-    u = urllib.parse.urlsplit(api_url)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"the API's URL {api_url!r} is not http(s)://HOST:PORT")
-    port = u.port or (443 if u.scheme == "https" else 80)
-    if u.scheme == "http":
-        return http11.Channel(u.hostname, port)
-    ctx = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
-    if verify is False:
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    return http11.Channel(u.hostname, port, tls=ctx)
-
-
-class Answer(typing.NamedTuple):
-    """atoll's answer to a forwarded call."""
-
-    status_code: int
-    headers: dict[str, str]
-    content: bytes
-
-    def json(self) -> typing.Any:
-        return json.loads(self.content)
-
-
-class ControlAPI:
-    """The control routes over one kept-alive HTTP/1.1 channel to atoll's API (shared.http11:
-    ~1 ms a call less than httpx's pool)."""
-
-    def __init__(self, settings: Settings):
-        self.s = settings
-        self.api = _channel(settings.api_url, settings.verify)
-
-    async def aclose(self) -> None:
-        await self.api.aclose()
-
-    # ---- one forwarded call ------------------------------------------------------------------------
-    async def call(
-        self,
-        key: str,
-        method: str,
-        path: str,
-        *,
-        json_body: typing.Any = None,
-        params: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-        ok: tuple[int, ...] = (200, 201, 204),
-        passthrough: tuple[int, ...] = (),
-    ) -> Answer:
-        """atoll's answer to one call with the caller's key; an error status (other than
-        `passthrough`) raises control.E2BError with E2B's body."""
-        h = {"Authorization": f"Bearer {key}", **(headers or {})}
-        try:
-            r = await self.api.request(
-                method, path, json=json_body, params=params or None, headers=h, timeout=600
-            )
-        except http11.ChannelError as e:
-            unknown = not isinstance(e, http11.ConnectFailed) and method != "GET"
-            status, body, hdrs = control.error(
-                503,
-                "api_unreachable",
-                f"atoll's API at {self.s.api_url} did not answer ({str(e)[:200]}); "
-                + (
-                    "the call may have taken effect: look before repeating it" if unknown else "retry shortly"
-                ),
-                retryable=True,
-                outcome_unknown=unknown,
-            )
-            raise control.E2BError(status, body["message"], hdrs) from None
-        answer = Answer(r.status_code, r.headers, r.content)
-        if r.status_code in ok or r.status_code in passthrough:
-            return answer
-        raise self._failed(answer, method)
-
-    @staticmethod
-    def _failed(r: Answer, method: str) -> control.E2BError:
-        code, message, retryable = (
-            "error",
-            r.content.decode(errors="replace")[:500] or f"HTTP {r.status_code}",
-            False,
-        )
-        with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
-            err = r.json()["error"]
-            code, message, retryable = str(err["code"]), str(err["message"]), bool(err.get("retryable"))
-        # an atoll 5xx whose retry makes no sense on a POST: the outcome is not known
-        unknown = method != "GET" and r.status_code >= 500 and not retryable
-        status, body, headers = control.error(
-            r.status_code, code, message, retryable=retryable, outcome_unknown=unknown
-        )
-        if "retry-after" in r.headers and headers.get("Should-Retry") == "true":
-            headers["Retry-After"] = r.headers["retry-after"]
-        return control.E2BError(status, body["message"], headers)
-
-    async def page(self, key: str, path: str, params: dict[str, str]) -> tuple[dict, dict[str, str] | None]:
-        """One page of an atoll list for an E2B list: its body and the `x-next-token` header of the
-        next. A token atoll refuses is named as E2B's SDKs call it (`nextToken`, not `cursor`)."""
-        r = await self.call(key, "GET", path, params=params, passthrough=(400,))
-        if r.status_code == 400:
-            failed = self._failed(r, "GET")
-            token = params.get("cursor")
-            if token and "cursor" in failed.message:
-                shown = token[:40] + ("…" if len(token) > 40 else "")
-                raise control.E2BError(
-                    400,
-                    f"invalid_request: nextToken {shown!r} is not one this server handed out for this "
-                    "list (it is changed, cut short, made up or another list's); pass the x-next-token "
-                    "of the previous page exactly, or leave nextToken out to start from the first page",
-                )
-            raise failed
-        page = r.json()
-        return page, ({"x-next-token": page["next_cursor"]} if page.get("next_cursor") else None)
-
-    async def sandbox(self, key: str, sid: str) -> dict:
-        r = await self.call(key, "GET", f"/v1/sandboxes/{sid}")
-        sb = r.json()
-        if sb.get("state") in ("failed", "deleted"):
-            why = sb.get("failure_reason") or "it was deleted"
-            raise control.E2BError(404, f"sandbox {sid} was not found: it failed ({why}); create another")
-        return sb
-
-    async def access_token(self, key: str, sid: str) -> str | None:
-        """The sandbox's envd access token: made here when this process holds k_e2b (the edge
-        child of `atoll server` / `atoll up`: ATOLL_E2B_TOKEN_KEY), else the grant route's
-        `e2b_access_token` (a standalone `atoll edge`)."""
-        if self.s.token_key:
-            return self.local_token(sid)
-        r = await self.call(key, "POST", f"/v1/sandboxes/{sid}/grant", passthrough=(409,))
-        if r.status_code == 200:
-            return r.json().get("e2b_access_token") or None
-        return None
-
-    def local_token(self, sid: str) -> str | None:
-        return control.access_token(self.s.token_key, sid) if self.s.token_key else None
-
-    def _answer(self, sb: dict, token: str | None) -> dict:
-        out = control.sandbox(sb, token=token or "", domain=self.s.domain)
-        if token is None:
-            out.pop("envdAccessToken")
-        return out
+class ControlAPI(forward.Forwarder):
+    """The control routes, each forwarded to atoll's API over the Forwarder's channel."""
 
     # ---- routes -------------------------------------------------------------------------------------
     async def create(self, request: Request) -> Response:
         key = api_key(request)
-        body = await _body(request)
+        body = await forward.read_body(request)
         plan = control.create_request(body, internet=self.s.internet)
         snapshot = await self.snapshot_for(key, body.get("templateID"))
         if snapshot is not None:  # a create from a named snapshot: its template is the snapshot's
@@ -306,7 +97,7 @@ class ControlAPI:
     async def connect(self, request: Request) -> Response:
         key = api_key(request)
         sid = _sid(request)
-        body = await _body(request)
+        body = await forward.read_body(request)
         # 2.31's connect always sends it; 2.63's may leave it out (then the SDK's 300 s)
         timeout = _timeout(body, required=False) or control.DEFAULT_TIMEOUT_S
         sb = await self.sandbox(key, sid)
@@ -349,14 +140,14 @@ class ControlAPI:
     async def set_timeout(self, request: Request) -> Response:
         key = api_key(request)
         sid = _sid(request)
-        timeout = _timeout(await _body(request, optional=False), required=True)
+        timeout = _timeout(await forward.read_body(request, optional=False), required=True)
         await self.call(key, "PATCH", f"/v1/sandboxes/{sid}", json_body={"timeout_s": timeout})
         return Response(status_code=204)
 
     async def pause(self, request: Request) -> Response:
         key = api_key(request)
         sid = _sid(request)
-        await _body(request)  # memory / requireHealthyGuest: atoll always keeps memory (§6.2)
+        await forward.read_body(request)  # memory / requireHealthyGuest: atoll always keeps memory (§6.2)
         sb = await self.sandbox(key, sid)
         if sb.get("state") == "standby":
             raise control.E2BError(409, f"sandbox {sid} is already paused; Sandbox.connect() resumes it")
@@ -373,7 +164,7 @@ class ControlAPI:
             )
             if r.status_code != 409:
                 return Response(status_code=204)
-            failed = self._failed(r, "POST")
+            failed = self.failed(r, "POST")
             busy = "sandbox_busy" in failed.message
             if not busy:
                 raise failed
@@ -395,7 +186,7 @@ class ControlAPI:
     async def fork(self, request: Request) -> Response:
         key = api_key(request)
         sid = _sid(request)
-        body = await _body(request)
+        body = await forward.read_body(request)
         timeout = _timeout(body, required=False)
         count = body.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 20:
@@ -415,7 +206,7 @@ class ControlAPI:
     async def network(self, request: Request) -> Response:
         key = api_key(request)
         sid = _sid(request)
-        body = await _body(request, optional=False)
+        body = await forward.read_body(request, optional=False)
         internet = body.pop("allow_internet_access", None)
         if internet is not None and not isinstance(internet, bool):
             raise control.E2BError(400, f"allow_internet_access must be true or false, not {internet!r}")
@@ -428,7 +219,7 @@ class ControlAPI:
         snapshot (E2B points the name at the new state; atoll's `replace`)."""
         key = api_key(request)
         sid = _sid(request)
-        body = await _body(request)
+        body = await forward.read_body(request)
         name, memory = body.get("name"), body.get("memory", True)
         if name is not None and not isinstance(name, str):
             raise control.E2BError(400, f"name must be a string, not {type(name).__name__}")
@@ -445,7 +236,7 @@ class ControlAPI:
             passthrough=(403,),
         )
         if r.status_code == 403:  # quota_exceeded (max_snapshots / max_snapshot_gb): E2B's shape,
-            failed = self._failed(r, "POST")  # with the E2B SDK's way to make room
+            failed = self.failed(r, "POST")  # with the E2B SDK's way to make room
             raise control.E2BError(
                 403,
                 failed.message + " (with the e2b SDK: Sandbox.list_snapshots() and "

@@ -27,11 +27,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from atoll.core import grants
-from atoll.e2b import control
+from atoll.e2b import control, forward
 from atoll.shared import http11
-
-if typing.TYPE_CHECKING:
-    from atoll.e2b.app import ControlAPI
 
 MAX_LIST_PAGES = 100
 """`GET /volumes` follows atoll's cursors this many pages at most (E2B's list is not paged)."""
@@ -104,9 +101,9 @@ def _attrs(request: Request) -> dict:
 
 
 class Volumes:
-    """The volume routes over the E2B app's channel to the API (e2b.app.ControlAPI)."""
+    """The volume routes over the E2B app's channel to the API (its e2b.forward.Forwarder)."""
 
-    def __init__(self, c: ControlAPI, volume_mb: int):
+    def __init__(self, c: forward.Forwarder, volume_mb: int):
         self.c = c
         self.volume_mb = volume_mb
 
@@ -116,10 +113,8 @@ class Volumes:
 
     # ---- control ------------------------------------------------------------------------------------
     async def create(self, request: Request) -> Response:
-        from atoll.e2b import app  # it imports this module
-
-        key = app.api_key(request)
-        body = await app._body(request, optional=False)
+        key = forward.api_key(request)
+        body = await forward.read_body(request, optional=False)
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise control.E2BError(400, f"name must be a non-empty string (the volume's name), not {name!r}")
@@ -130,9 +125,7 @@ class Volumes:
         )
 
     async def list(self, request: Request) -> Response:
-        from atoll.e2b import app
-
-        key = app.api_key(request)
+        key = forward.api_key(request)
         out: list[dict] = []
         cursor = None
         for _ in range(MAX_LIST_PAGES):
@@ -145,17 +138,13 @@ class Volumes:
         return JSONResponse(out)
 
     async def get(self, request: Request) -> Response:
-        from atoll.e2b import app
-
-        key = app.api_key(request)
+        key = forward.api_key(request)
         r = await self.c.call(key, "GET", f"/v1/drives/{_vid(request)}")
         name = r.json()["name"]
         return JSONResponse({"volumeID": name, "name": name, "token": await self._token_of(key, name)})
 
     async def destroy(self, request: Request) -> Response:
-        from atoll.e2b import app
-
-        key = app.api_key(request)
+        key = forward.api_key(request)
         await self.c.call(key, "DELETE", f"/v1/drives/{_vid(request)}")
         return Response(status_code=204)
 
@@ -191,9 +180,7 @@ class Volumes:
         return JSONResponse(entry(e), status_code=201)
 
     async def set_attrs(self, request: Request) -> Response:
-        from atoll.e2b import app
-
-        body = await app._body(request)
+        body = await forward.read_body(request)
         for k in body:
             if k not in ("uid", "gid", "mode"):
                 raise control.E2BError(400, f"unknown field {k[:40]!r}: send uid, gid and/or mode")
@@ -224,9 +211,7 @@ class Volumes:
                 content = await resp.aread()
             finally:
                 await opening.__aexit__(None, None, None)
-            from atoll.e2b import app
-
-            raise self.c._failed(app.Answer(resp.status_code, resp.headers, content), "GET")
+            raise self.c.failed(forward.Answer(resp.status_code, resp.headers, content), "GET")
 
         async def chunks() -> typing.AsyncIterator[bytes]:
             try:
@@ -241,8 +226,6 @@ class Volumes:
         return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)
 
     async def write_file(self, request: Request) -> Response:
-        from atoll.e2b import app
-
         auth, path, attrs = _token(request), _path(request), _attrs(request)
         files = f"/v1/drives/{_vid(request)}/files"
         try:
@@ -262,7 +245,7 @@ class Volumes:
                 {"Should-Retry": "false"},
             ) from None
         if r.status_code != 200:
-            raise self.c._failed(app.Answer(r.status_code, r.headers, r.content), "PUT")
+            raise self.c.failed(forward.Answer(r.status_code, r.headers, r.content), "PUT")
         if attrs:  # the owner and mode asked for, set right after the (atomic) write
             e = await self._content(request, "PATCH", "", params={"path": path}, json_body=attrs)
         else:
