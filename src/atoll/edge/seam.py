@@ -5,12 +5,13 @@ The E2B edge (atoll.e2b: envd's Filesystem and Process services) is written agai
 this object lets it run in an edge that holds no worker token and no records. Each call gets a
 grant from the server through the edge's `Grants` cache (`POST /v1/sandboxes/{id}/grant` with the
 caller's Authorization: `Bearer <key>`, or `E2B-Access <envd access token>`) and is sent to the
-worker's seam route with `Authorization: Grant <grant>` by `Edge.call`, which asks for a new grant
-once when the worker refuses a stale one (or the sandbox moved). The plain verbs are the generated
+worker's seam route with `Authorization: Grant <grant>` by the edge's `call` (calls.Base), which
+asks for a new grant once when the worker refuses a stale one (or the sandbox moved). The plain verbs are the generated
 ones (shared.seam_verbs, from core.seam's table: the control plane's RemoteWorker has the same);
 the streams (exec, process output, file bodies, watches, tars) are written here over shared.http11
 as edge.service does, and a terminal's frame stream comes through the worker's port tunnel
-(`Edge.pty_stream`), as does a connection into the code interpreter's port (`Edge.port_stream`).
+(`pty_stream`), as does a connection into the code interpreter's port (`port_stream`; both
+terminals.TerminalRoutes, which edge.service.Edge is).
 Only what a grant opens is served (core.grants.DATA_PATH: exec, processes, files, terminals and
 the GRANT_PORTS of this one sandbox); any other verb, or another sandbox's id, is refused before
 anything is sent. The server's refusals (401 wrong key or token, 404 another tenant's sandbox,
@@ -30,7 +31,7 @@ from collections.abc import AsyncIterator
 
 from atoll.core import errors, grants, wire
 from atoll.core import worker_api as api
-from atoll.edge import service, upstream
+from atoll.edge import terminals, upstream
 from atoll.shared import http11, ndjson, seam_verbs
 
 _NDJSON = {"Accept": "application/x-ndjson"}
@@ -98,7 +99,7 @@ class GrantedWorker(seam_verbs.RemoteVerbs):
     header the grant is asked for with) through `edge`. Shares the edge's grant cache and worker
     channels: making one costs nothing; `aclose` closes nothing (the edge owns them)."""
 
-    def __init__(self, edge: service.Edge, auth: str, sandbox_id: str, resume: bool = True):
+    def __init__(self, edge: terminals.TerminalRoutes, auth: str, sandbox_id: str, resume: bool = True):
         self.edge = edge
         self.auth = auth
         self.sandbox_id = sandbox_id
@@ -387,14 +388,14 @@ def _header(value: str, what: str) -> str:
     return value
 
 
-def seam_for(edge: service.Edge, auth_header: str, sandbox_id: str) -> GrantedWorker:
+def seam_for(edge: terminals.TerminalRoutes, auth_header: str, sandbox_id: str) -> GrantedWorker:
     """Sandbox `sandbox_id`'s data verbs through `edge`, with the caller's Authorization header
     (`Bearer <API key>`, or `E2B-Access <token>`) as the grant route checks it."""
     return GrantedWorker(edge, _header(auth_header, "Authorization header"), sandbox_id)
 
 
 def seam_for_access_token(
-    edge: service.Edge, token: str, sandbox_id: str, resume: bool = True
+    edge: terminals.TerminalRoutes, token: str, sandbox_id: str, resume: bool = True
 ) -> GrantedWorker:
     """The same with the sandbox's envd access token (E2B's `X-Access-Token`) instead of a key: the
     server checks it (core.grants.check_e2b_access_token) and it opens this one sandbox only.
@@ -408,7 +409,7 @@ class _HasHeaders(typing.Protocol):
     def headers(self) -> typing.Mapping[str, str]: ...
 
 
-def request_seams(edge: service.Edge) -> typing.Callable[..., GrantedWorker]:
+def request_seams(edge: terminals.TerminalRoutes) -> typing.Callable[..., GrantedWorker]:
     """The E2B app's `seam_for(request, sid)`: a GrantedWorker with what the request carries —
     E2B's `X-Access-Token` (envd calls), else `X-API-Key` (control calls), else an
     `Authorization: Bearer <key>` (atoll's own). envd's `Authorization: Basic` (the user name) is

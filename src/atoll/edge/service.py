@@ -49,7 +49,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from atoll.core import errors, inputs, signals, wire
 from atoll.core import worker_api as api
-from atoll.edge import calls, files, pages, terminals, upstream
+from atoll.edge import calls, files, pages, seam, terminals, upstream
 from atoll.shared import logconfig, relay
 
 log = logging.getLogger(__name__)
@@ -374,8 +374,6 @@ def seam_for(edge: Edge) -> typing.Any:
     """The envd services' seam: `seam_for(request, sandbox_id)` → an edge.seam.GrantedWorker, the
     sandbox's data verbs on its worker under a grant asked with the request's X-Access-Token
     (`Authorization: E2B-Access`) or API key."""
-    from atoll.edge import seam  # it imports this module
-
     return seam.request_seams(edge)
 
 

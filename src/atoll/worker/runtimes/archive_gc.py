@@ -36,7 +36,6 @@ from atoll.core.lifecycle import Phase
 from atoll.worker.host import archive, objectstore
 
 if typing.TYPE_CHECKING:
-    from atoll.worker.runtimes.archiving import Archiver
     from atoll.worker.runtimes.runtime import Runtime, RuntimeStore
 
 log = logging.getLogger(__name__)
@@ -111,11 +110,21 @@ def drop_local_leftovers(rt: Runtime, sandbox_dir: str) -> list[str]:
     return out
 
 
+class Archives(typing.Protocol):
+    """What the collector uses of worker.runtimes.archiving.Archiver (which imports this module)."""
+
+    store: objectstore.ObjectStore
+    pending: PendingRemovals
+    holder: str
+
+    async def remove(self, sid: str, archive_key: str) -> bool: ...
+
+
 class ArchiveCollector:
     def __init__(
         self,
         runtimes: RuntimeStore,
-        archiver: Archiver,
+        archiver: Archives,
         lock: typing.Callable[[str], asyncio.Lock],
     ):
         self.runtimes = runtimes
