@@ -314,10 +314,10 @@ async def test_settling_onto_the_worker_that_adopted_it_before_takes_that_copy(t
             m.ledger.save(rec, ["moving_to"], durable=True)
         async with m.ledger.lock(sid):
             if cut_short:
-                await m._adopt_elsewhere(rec, "w1", avoid=ids["w1"])
+                await m.adopt_elsewhere(rec, "w1", avoid=ids["w1"])
             else:
                 with pytest.raises(errors.Conflict, match="already exists"):
-                    await m._adopt_elsewhere(rec, "w1", avoid=ids["w1"])
+                    await m.adopt_elsewhere(rec, "w1", avoid=ids["w1"])
         rec = m.get(sid)
         assert rec.moving_to is None
         assert rec.worker_id == (ids["w2"] if cut_short else ids["w1"]), rec.worker_id

@@ -10,7 +10,7 @@ that arrives meanwhile waits, then runs wherever the sandbox is):
    step and thawed again, never checkpointed: a failed checkpoint would kill it; a store that fails
    leaves it in the disk tier on its worker);
 3. another worker adopts it from the shared object store by reference (SandboxManager
-   `_move_archived_locked`: worker verb `adopt`, which names the new worker the archive's `holder`);
+   `move_archived_locked`: worker verb `adopt`, which names the new worker the archive's `holder`);
 4. a sandbox that was running is resumed on its new worker at once (a pause of a few seconds, its
    processes and memory intact); a standby one stays in the archive tier there and resumes on the
    next call;
@@ -54,7 +54,7 @@ from atoll.core import errors
 from atoll.core.lifecycle import State, Tier
 
 if typing.TYPE_CHECKING:
-    from atoll.controlplane.lifecycle import SandboxManager
+    from atoll.controlplane.manager_view import Manager
     from atoll.controlplane.workers import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class Evacuation:
 
 
 class Evacuator:
-    def __init__(self, manager: SandboxManager):
+    def __init__(self, manager: Manager):
         self.m = manager
         self.runs: dict[str, Evacuation] = {}
 
@@ -495,7 +495,7 @@ class Evacuator:
         was_running = rec.state == State.RUNNING or self._cut_short(ev, rec)
         if rec.standby_tier != Tier.ARCHIVE:
             try:
-                rec = await m._pause_locked(rec, Tier.ARCHIVE, False)
+                rec = await m.pause_locked(rec, Tier.ARCHIVE, False)
             except errors.SandboxBusy as e:
                 return f"busy: {e.message}"
             except errors.Unavailable as e:
@@ -515,7 +515,7 @@ class Evacuator:
                 if was_running and rec.state == State.STANDBY:
                     await self._resume_here(rec)
                 return stayed
-        refused = await m._move_archived_locked(rec, h.name, avoid=h.id)
+        refused = await m.move_archived_locked(rec, h.name, avoid=h.id)
         if refused is not None:
             if was_running:
                 await self._resume_here(rec)
@@ -523,7 +523,7 @@ class Evacuator:
         # the new holder owns the archive now; the drained worker drops its copy after (`_one`)
         if was_running:
             try:
-                await m._resume_locked(rec)
+                await m.resume_locked(rec)
             except errors.AtollError as e:  # it resumes on its next call (or says why it cannot)
                 log.warning(
                     "sandbox.evacuate: moved, not resumed yet: %s", e.message, extra={"sandbox_id": sid}
@@ -543,7 +543,7 @@ class Evacuator:
     async def _resume_here(self, rec: dbm.SandboxRecord) -> None:
         """A running sandbox that could not move runs again where it is."""
         try:
-            await self.m._resume_locked(rec)
+            await self.m.resume_locked(rec)
         except errors.AtollError as e:
             log.warning(
                 "sandbox.evacuate: not resumed on its worker: %s", e.message, extra={"sandbox_id": rec.id}

@@ -159,7 +159,7 @@ class SandboxManager:
     def worker(self, rec: dbm.SandboxRecord) -> api.WorkerAPI:
         return self.ledger.worker(rec)
 
-    async def _move_archived_locked(
+    async def move_archived_locked(
         self, rec: dbm.SandboxRecord, gone: str, avoid: str | None = None
     ) -> str | None:
         """A sandbox in the archive tier moves to another worker, which adopts it from the shared
@@ -168,13 +168,13 @@ class SandboxManager:
         holds it across the archive, the move and the resume of a drain; `avoid`: the worker it
         moves off."""
         try:
-            await self._adopt_elsewhere(rec, gone, avoid)
+            await self.adopt_elsewhere(rec, gone, avoid)
         except errors.AtollError as e:
             log.warning("sandbox.move.refused: %s", e.message, extra={"sandbox_id": rec.id, "from": gone})
             return e.message
         return None
 
-    async def _adopt_elsewhere(self, rec: dbm.SandboxRecord, gone: str, avoid: str | None) -> None:
+    async def adopt_elsewhere(self, rec: dbm.SandboxRecord, gone: str, avoid: str | None) -> None:
         """Another worker adopts `rec`'s archive from the store and the record names it (the
         record's state is the caller's to set); raises what refused it, the record untouched."""
         handle = self.ledger.place(
@@ -572,9 +572,9 @@ class SandboxManager:
         being busy with them (E2B's pause); the calls this server holds still make it busy."""
         self.get(sid)
         async with self.ledger.lock(sid):
-            return await self._pause_locked(self.get(sid), tier, only_if_idle, end_streams)
+            return await self.pause_locked(self.get(sid), tier, only_if_idle, end_streams)
 
-    async def _pause_locked(
+    async def pause_locked(
         self, rec: dbm.SandboxRecord, tier: Tier, only_if_idle: bool, end_streams: bool = False
     ) -> dbm.SandboxRecord:
         sid = rec.id
@@ -631,9 +631,9 @@ class SandboxManager:
             self.ledger.activity[sid] = time.monotonic()
             return rec
         async with self.ledger.lock(sid):
-            return await self._resume_locked(self.get(sid))
+            return await self.resume_locked(self.get(sid))
 
-    async def _resume_locked(self, rec: dbm.SandboxRecord) -> dbm.SandboxRecord:
+    async def resume_locked(self, rec: dbm.SandboxRecord) -> dbm.SandboxRecord:
         """`resume` under the sandbox's lock (also controlplane.evacuation's, after a move)."""
         sid = rec.id
         if rec.state == State.RUNNING:  # someone else resumed it while we waited: share it
@@ -684,7 +684,7 @@ class SandboxManager:
                     code="no_worker",
                 )
             try:
-                await self._adopt_elsewhere(rec, h.name, avoid=h.id)
+                await self.adopt_elsewhere(rec, h.name, avoid=h.id)
             except errors.Unavailable as e:
                 raise errors.Unavailable(
                     f"sandbox {rec.id} is archived on a full worker ({short}) and no other worker can "
@@ -862,7 +862,7 @@ class SandboxManager:
 
     def _adopted_here(self, report: api.RuntimeReport, handle: WorkerHandle) -> bool:
         """An unowned copy on `handle` that is a move through the object store cut short between
-        the adoption and the record (`_adopt_elsewhere`: `moving_to` names the worker before its
+        the adoption and the record (`adopt_elsewhere`: `moving_to` names the worker before its
         `adopt`, `worker_id` once adopted; a server stopped in between) — a drain's, a lost worker's
         sandbox settled elsewhere (archive tier, or `on_worker_lost: "restore"`), a resume off a
         full worker: archived here, its live record moving here. This worker holds the archive now
@@ -941,7 +941,7 @@ class SandboxManager:
             async with self.ledger.lock(sid):
                 rec = self.get(sid)
                 if rec.state == State.STANDBY:
-                    await self._resume_locked(rec)
+                    await self.resume_locked(rec)
         except errors.AtollError as e:  # it resumes on its next call, or says why not
             log.warning("sandbox.moved: not resumed yet: %s", e.message, extra={"sandbox_id": sid})
 

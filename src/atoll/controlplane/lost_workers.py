@@ -48,7 +48,7 @@ from atoll.core import errors
 from atoll.core.lifecycle import State, Tier, Verb
 
 if typing.TYPE_CHECKING:
-    from atoll.controlplane.lifecycle import SandboxManager
+    from atoll.controlplane.manager_view import Manager
     from atoll.controlplane.workers import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def failed_as_gone(rec: dbm.SandboxRecord) -> bool:
 
 
 class GoneWorkers:
-    def __init__(self, manager: SandboxManager, gone_after_s: float, every_s: float = 1.0):
+    def __init__(self, manager: Manager, gone_after_s: float, every_s: float = 1.0):
         self.m = manager
         self.gone_after_s = gone_after_s
         """ATOLL_WORKER_GONE_S (0: never)."""
@@ -196,7 +196,7 @@ class GoneWorkers:
                 m.ledger.fail(rec, f"{GONE}{cause}; it was not in the archive tier{_HINT}")
                 return True
             try:
-                await m._adopt_elsewhere(rec, h.name, avoid=h.id)
+                await m.adopt_elsewhere(rec, h.name, avoid=h.id)
             except errors.Unavailable as e:  # no room now, the store down: the next pass tries again
                 log.info("sandbox.gone: not moved yet: %s", e.message, extra={"sandbox_id": sid})
                 if final:
@@ -227,7 +227,7 @@ class GoneWorkers:
             )
             if was_running:
                 try:
-                    await m._resume_locked(rec)
+                    await m.resume_locked(rec)
                 except errors.AtollError as e:  # it resumes on its next call, or says why not
                     log.warning(
                         "sandbox.gone: restored, not resumed yet: %s", e.message, extra={"sandbox_id": sid}

@@ -15,7 +15,7 @@ import hashlib
 import hmac
 import time
 
-from atoll.controlplane.lifecycle import SandboxManager
+from atoll.controlplane.manager_view import Manager
 from atoll.core import errors, preview
 from atoll.core.lifecycle import State
 from atoll.ingress.router import Grant
@@ -31,7 +31,7 @@ def preview_key(secrets_key: bytes) -> bytes:
 
 
 class Previews:
-    def __init__(self, manager: SandboxManager, key: bytes, domain: str, ingress_port: int):
+    def __init__(self, manager: Manager, key: bytes, domain: str, ingress_port: int):
         self.manager = manager
         self.key = key
         self.domain = domain

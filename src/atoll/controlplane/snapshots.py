@@ -44,8 +44,7 @@ from atoll.core import worker_api as api
 from atoll.core.lifecycle import State
 
 if typing.TYPE_CHECKING:
-    from atoll.controlplane.lifecycle import SandboxManager
-    from atoll.controlplane.paging import Page
+    from atoll.controlplane.manager_view import Manager
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ def view(rec: dbm.SnapshotRecord, worker_name: str | None = None) -> dict:
 class Snapshots:
     """The snapshot records of every tenant, and the steps that make and remove them."""
 
-    def __init__(self, manager: SandboxManager):
+    def __init__(self, manager: Manager):
         self.m = manager
         self.db = manager.db
         self._storing: dict[str, asyncio.Task] = {}
@@ -177,22 +176,6 @@ class Snapshots:
             return self.resolve(ref, tenant)
         except errors.NotFound:
             return None
-
-    def page(
-        self, p: Page, tenant: str | None, sandbox_id: str | None, name: str | None
-    ) -> tuple[list[dbm.SnapshotRecord], str | None]:
-        from atoll.controlplane import paging  # it reads the app's context, which imports the manager
-
-        R = dbm.SnapshotRecord
-        stmt = sa.select(R)
-        if tenant is not None:
-            stmt = stmt.where(R.tenant_id == tenant)
-        if sandbox_id:
-            stmt = stmt.where(R.sandbox_id == sandbox_id)
-        if name:
-            stmt = stmt.where(R.name == name)
-        with self.db.session() as s:
-            return paging.of_query(p, s, stmt, (R.created_at, R.id), lambda r: (r.created_at, r.id))
 
     def worker_name(self, rec: dbm.SnapshotRecord) -> str | None:
         h = self.m.workers.handles.get(rec.worker_id)
