@@ -12,8 +12,9 @@ One Python snippet (the sandbox's python3 and the host's python, `-I -S`) times 
 
   timer_start_cancel   `threading.Timer(60, f)`, `start()`, `cancel()`: a thread started per
                        deadline (what the agent did before `deadlines.DEADLINES`)
-  condition_notify     appending to a list and `notify()` on a condition another thread waits on
-                       (what `deadlines.call_later` costs when its deadline is the earliest)
+  deadline_schedule    the agent's own `deadlines.Deadlines` (its source, sent with the snippet):
+                       `call_later(60, f)` then `cancel()` — what a background command's deadline
+                       costs now (a heap entry; its thread is woken only for a new earliest one)
   pool_handoff         `ThreadPoolExecutor.submit(f).result()`: a hand-off to a pooled thread and back
   pipe                 `os.pipe2` + two closes (a background command's stdin pipe, its exit wake)
   eventfd              `os.eventfd` + a close
@@ -32,6 +33,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common as c  # noqa: E402
 
+DEADLINES_PY = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "src",
+    "atoll",
+    "guest",
+    "agent",
+    "deadlines.py",
+)
+
 SNIPPET = r"""
 import concurrent.futures as cf, json, os, statistics, sys, tempfile, threading, time
 N = int(sys.argv[1])
@@ -44,16 +54,9 @@ def timed(f):
     return {"p50_us": round(statistics.median(xs), 1), "p90_us": round(xs[int(0.9 * (len(xs) - 1))], 1)}
 def timer(i):
     t = threading.Timer(60, lambda: None); t.daemon = True; t.start(); t.cancel()
-cond, items = threading.Condition(), []
-def waiter():
-    with cond:
-        while True:
-            cond.wait()
-            items.clear()
-threading.Thread(target=waiter, daemon=True).start()
-def notify(i):
-    with cond:
-        items.append(i); cond.notify()
+scheduler = Deadlines()
+def deadline(i):
+    scheduler.call_later(60, lambda: None).cancel()
 pool = cf.ThreadPoolExecutor(2)
 def handoff(i):
     pool.submit(lambda: None).result()
@@ -67,10 +70,16 @@ def log_file(i):
     fd = os.open(a, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
     os.replace(a, b); os.close(fd); os.unlink(b)
 print(json.dumps({
-    "timer_start_cancel": timed(timer), "condition_notify": timed(notify), "pool_handoff": timed(handoff),
+    "timer_start_cancel": timed(timer), "deadline_schedule": timed(deadline), "pool_handoff": timed(handoff),
     "pipe": timed(pipe), "eventfd": timed(efd), "log_file": timed(log_file), "getpid": timed(lambda i: os.getpid()),
 }))
 """
+
+
+def _snippet() -> str:
+    """SNIPPET after the agent's deadlines module (its relative import of `log` replaced)."""
+    src = open(DEADLINES_PY).read().replace("from .common import log", "log = print")
+    return src + "\n" + SNIPPET
 
 
 def _parts(out: str, where: str) -> dict:
@@ -85,7 +94,7 @@ def run(a: c.Atoll, n: int = 300) -> dict:
     sid = sb["id"]
     try:
         c.log(f"agent parts: in the sandbox x{n}")
-        r = a.exec(sid, ["python3", "-I", "-S", "-c", SNIPPET, str(n)], timeout_s=600)
+        r = a.exec(sid, ["python3", "-I", "-S", "-c", _snippet(), str(n)], timeout_s=600)
         if r["exit_code"] != 0:
             raise RuntimeError(f"in the sandbox: exit {r['exit_code']}: {r['stderr'][-500:]}")
         sandbox = _parts(r["stdout"], "in the sandbox")
@@ -93,7 +102,7 @@ def run(a: c.Atoll, n: int = 300) -> dict:
         a.delete(sid)
     c.log(f"agent parts: on the host x{n}")
     host = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", SNIPPET, str(n)],
+        [sys.executable, "-I", "-S", "-c", _snippet(), str(n)],
         capture_output=True,
         text=True,
         timeout=600,
