@@ -256,7 +256,9 @@ async def test_only_the_holder_runs_the_policy_and_another_takes_over_when_it_di
         await a.manager.leader.aclose(release=False)
         died = time.monotonic()
         assert not b.manager.leader.held  # its lease runs until TTL after the last renewal
-        await _until("the other server takes the lease", lambda: b.manager.leader.held, timeout=HOLDER_TTL * 3 + 5)
+        await _until(
+            "the other server takes the lease", lambda: b.manager.leader.held, timeout=HOLDER_TTL * 3 + 5
+        )
         took = time.monotonic() - died
         assert took <= HOLDER_TTL + HOLDER_TTL / 3 + 1.0, took  # TTL after the last renewal, at b's next try
         (row,) = (await b.http.get("/v1/leases")).json()["items"]
