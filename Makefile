@@ -5,11 +5,10 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # make test runs test files on TEST_PROCS processes (pytest-xdist, one file per process at a time,
 # so module-scoped sandboxes and installations stay shared); TEST_PROCS=0 runs them in this one.
-# Three on 2 cores (README); ATOLL_TEST_ORDER=longest hands the files out longest first
-# (tests/file_order.py, off by default: not yet shown faster). Four were faster; the one run on four
-# since its two races were fixed hung in test_standby's concurrent resume, which was atoll-init's
-# vfork (reverted): four is to be measured again.
-TEST_PROCS ?= 3
+# Four on 2 cores (README: measured 2026-12-07 on one tree, 2,138 tests: three 16-18 min, four
+# 14 min 46 s, five 15 min 46 s); ATOLL_TEST_ORDER=longest hands the files out longest first
+# (tests/file_order.py, off by default: measured neutral).
+TEST_PROCS ?= 4
 XDIST := $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist loadfile)
 # Type-checked in `make lint`: the control plane <-> worker seam, the SDK, the control plane's ledger and the integrations
 # (`atoll mcp`) and the edge (scripts/check_seam.py holds the structural checks that every implementation of core.worker_api.WorkerAPI satisfies it).
