@@ -28,7 +28,7 @@ KEY = "protocol-key"
 async def _serve(app, port: int):
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_config=None, lifespan="off", timeout_graceful_shutdown=1
+            app, host="127.0.0.1", port=port, log_config=None, lifespan="off", timeout_graceful_shutdown=0.1
         )
     )
     task = asyncio.ensure_future(server.serve())
