@@ -6,8 +6,8 @@
   (paged, `x-next-token`), `DELETE /sandboxes/{id}`, `POST …/timeout`, `…/pause`, `…/fork`,
   `PUT …/network`, `GET …/metrics`, named snapshots (`POST …/snapshots`, `GET /snapshots`,
   `DELETE /templates/{snapshot id}`; a create's `templateID` may name one, §6.5). Each is translated
-  with e2b.control and forwarded to atoll's REST API over loopback with `Authorization: Bearer
-  <the X-API-KEY value>` (also in its `e2b_<hex>` spelling, §1 finding 11), so the API keeps every
+  with e2b.control and forwarded (e2b.forward) to atoll's REST API over loopback with
+  `Authorization: Bearer <the X-API-KEY value>` (also in its `e2b_<hex>` spelling, §1 finding 11), so the API keeps every
   rule (keys, tenants, quotas, audit, idempotency); its answer is translated back.
 - **envd** (e2b.envd_routes, chosen by the `E2b-Sandbox-Id` header): `GET /health` (204 running, 502 paused or
   unknown — never resumes), and the Connect RPC services `filesystem.Filesystem`
