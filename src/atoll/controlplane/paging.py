@@ -1,15 +1,15 @@
 """Pages of every list of the public API: `?limit=` and `?cursor=` -> `{"items", "next_cursor"}`.
 
-A list is in a stable order by a key (sandboxes, tenants and keys: `(created_at, id)`; named
-resources: their name); a page is the first `limit` items whose key is past the cursor's (keyset
-paging, so a record inserted or deleted meanwhile never makes another one appear twice or be
-skipped). The cursor is the last key of the page and the list's name, as base64url JSON signed
+A list is in a stable order by a key (sandboxes, tenants, keys and snapshots: `(created_at, id)`;
+named resources: their name); a page is the first `limit` items whose key is past the cursor's
+(keyset paging, so a record inserted or deleted meanwhile never makes another one appear twice or
+be skipped). The cursor is the last key of the page and the list's name, as base64url JSON signed
 with an HMAC derived from the installation's secrets key: opaque to callers and tamper-evident — a
 cursor that was changed, made up, cut short or taken from another list is `400 invalid_request`
 saying so, never a 500.
 
-Lists held in the database page there (`sandboxes`, `tenants`, `keys`: a WHERE on the key and a
-LIMIT, never every row read); the short lists a service or a worker hands over whole (secrets,
+Lists held in the database page there (`sandboxes`, `tenants`, `keys`, `snapshots`: a WHERE on
+the key and a LIMIT, never every row read); the short lists a service or a worker hands over whole (secrets,
 templates, volumes, drives, workers, processes, terminals) page in memory with the same cursors.
 Called by the list routes (controlplane.routes_*).
 """
@@ -305,5 +305,21 @@ def keys(request: Request, p: Page, tenant_id: str | None) -> tuple[list[auth.Ke
     stmt = sa.select(R)
     if tenant_id is not None:
         stmt = stmt.where(R.tenant_id == tenant_id)
+    with ctx(request).manager.db.session() as s:
+        return of_query(p, s, stmt, (R.created_at, R.id), _created_key)
+
+
+def snapshots(
+    request: Request, p: Page, tenant: str | None, sandbox_id: str | None, name: str | None
+) -> tuple[list[dbm.SnapshotRecord], str | None]:
+    """The snapshots of `tenant` (None: every tenant's), oldest first."""
+    R = dbm.SnapshotRecord
+    stmt = sa.select(R)
+    if tenant is not None:
+        stmt = stmt.where(R.tenant_id == tenant)
+    if sandbox_id:
+        stmt = stmt.where(R.sandbox_id == sandbox_id)
+    if name:
+        stmt = stmt.where(R.name == name)
     with ctx(request).manager.db.session() as s:
         return of_query(p, s, stmt, (R.created_at, R.id), _created_key)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import sqlalchemy as sa
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from atoll.controlplane import auth, http, paging, schemas
-from atoll.controlplane import db as dbm
 from atoll.controlplane import snapshots as snapshots_mod
 from atoll.controlplane.context import ctx
 from atoll.controlplane.routes_sandboxes import SandboxId
@@ -65,22 +63,6 @@ async def create_snapshot(request: Request, sid: SandboxId):
     return answer(request, rec, 201)
 
 
-def _page(
-    request: Request, p: paging.Page, tenant: str | None, sandbox_id: str | None, name: str | None
-) -> tuple[list[dbm.SnapshotRecord], str | None]:
-    """One page of the snapshots of `tenant` (None: every tenant's), oldest first."""
-    R = dbm.SnapshotRecord
-    stmt = sa.select(R)
-    if tenant is not None:
-        stmt = stmt.where(R.tenant_id == tenant)
-    if sandbox_id:
-        stmt = stmt.where(R.sandbox_id == sandbox_id)
-    if name:
-        stmt = stmt.where(R.name == name)
-    with ctx(request).manager.db.session() as s:
-        return paging.of_query(p, s, stmt, (R.created_at, R.id), lambda r: (r.created_at, r.id))
-
-
 @router.get(
     "/v1/snapshots",
     openapi_extra=paging.OPENAPI,
@@ -96,7 +78,9 @@ async def list_snapshots(
 ):
     """Your snapshots, oldest first."""
     paging.once(request, "sandbox_id", "name")
-    recs, nxt = _page(request, paging.page(request, "/v1/snapshots"), auth.list_tenant(), sandbox_id, name)
+    recs, nxt = paging.snapshots(
+        request, paging.page(request, "/v1/snapshots"), auth.list_tenant(), sandbox_id, name
+    )
     snaps = ctx(request).manager.snapshots
     return http.json_response(paging.answer([snapshots_mod.view(r, snaps.worker_name(r)) for r in recs], nxt))
 
