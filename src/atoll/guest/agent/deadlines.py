@@ -2,11 +2,11 @@
 runs `fn` on that thread once `delay` seconds have passed, unless the handle it returns is
 cancelled first.
 
-Why not `threading.Timer`: each starts a thread and waits for it to run, ~2.9 ms inside this
-gVisor (ptrace platform; measured in a sandbox, start + cancel p50), paid by every E2B
+Why not `threading.Timer`: each starts a thread and waits for it to run, ~2.6 ms inside this
+gVisor (ptrace platform; bench/bench_agent_parts.py, start + cancel p50), paid by every E2B
 `commands.run` (the SDK always sends a deadline) while the command starts. Here scheduling is a
-heap push under a lock, and the thread is woken only when the new deadline is the earliest
-(~80 us). The thread starts with the first deadline and then sleeps in a condition wait without a
+heap push under a lock (~1 us with its cancel, the same bench), and the thread is woken only when
+the new deadline is the earliest. The thread starts with the first deadline and then sleeps in a condition wait without a
 timeout while there is none (an idle sandbox uses no CPU).
 
 Used by `handlers_exec` (a background command's timeout; the reaper in `processes` cancels it when

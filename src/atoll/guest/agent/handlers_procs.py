@@ -39,7 +39,7 @@ class _Tail:
     """Where one follower of a process's output is (`offset`), and whether its answer has ended.
     Whoever holds `lock` writes to the follower's connection: its own thread, or the pump's as it
     closes the log, which then writes what is left and the exit line at once instead of waking the
-    follower's thread to do it (a hand-off between threads costs ~1.5 ms under gVisor's ptrace
+    follower's thread to do it (a hand-off between threads costs 0.25–1.5 ms under gVisor's ptrace
     platform, measured inside a sandbox). The pump never waits for the lock, nor writes more than
     PUMP_END_BYTES, nor to a connection that cannot take it at once."""
 
@@ -164,7 +164,7 @@ class ProcHandlers:
     def _follow_pumping(self, conn: Conn, proc, pump) -> None:
         """`_follow_output` from the start of a process just started, its pump (procio.Pump) run
         on this thread while the follower keeps up: no pooled thread is woken while the command
-        starts (a hand-off costs ~1.5 ms under gVisor's ptrace platform, and a command started
+        starts (a hand-off costs 0.25–1.5 ms under gVisor's ptrace platform, and a command started
         beside one ran that much longer). Only small writes a connection takes at once are made
         here (at most PUMP_END_BYTES at a time): at more output, or a follower that is behind, the
         pump goes on on a pooled thread and this thread follows as `_follow_output` does, so a slow

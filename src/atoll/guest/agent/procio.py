@@ -151,7 +151,7 @@ class Pump:
     them then keeps writing to the log file only); then closes the log. In steps, so that a
     follower's own thread can run it while it follows (the agent's
     `POST /exec` background with its output followed: no thread to wake while the command starts,
-    a hand-off that costs ~1.5 ms under gVisor's ptrace platform) and hand the rest to a pooled
+    a hand-off that costs 0.25–1.5 ms under gVisor's ptrace platform) and hand the rest to a pooled
     thread (`run`) when it stops following."""
 
     def __init__(self, proc, pipes: list, log: OutputLog, log_fd: int, wake: ExitWake) -> None:
@@ -328,8 +328,8 @@ class StdinPipe:
 
 def feed_soon(pipe: StdinPipe, data: bytes, ended, submit) -> None:
     """`feed`, without a thread when `data` fits in the pipe at once (an empty stdin, a short
-    input): a hand-off to a pooled thread costs ~1.5 ms under gVisor's ptrace platform, measured
-    inside a sandbox. What does not fit is fed by `feed` on a thread `submit` gives it."""
+    input): a hand-off to a pooled thread costs 0.25–1.5 ms under gVisor's ptrace platform
+    (bench_agent_parts; more on a busy machine). What does not fit is fed by `feed` on a thread `submit` gives it."""
     with pipe.lock:
         if pipe.closed:
             return
